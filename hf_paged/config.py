@@ -1,0 +1,113 @@
+"""`PagedConfig`: every knob of the paged engine, validated at construction.
+
+Imports nothing of ours: every layer may read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+KV_CACHE_DTYPES = ("auto", "fp8", "int8", "int4")
+KV_EVICTION_POLICIES = (None, "streaming", "snapkv", "pyramidkv")
+PREEMPTION_MODES = ("recompute", "swap")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+PREFIX_EVICTION_POLICIES = ("lru", "lfu")
+
+
+def _is_power_of_two(n: int) -> bool:
+    return n > 0 and (n & (n - 1)) == 0
+
+
+@dataclass(slots=True)
+class PagedConfig:
+    """Settings of the paged KV cache and the continuous-batching engine.
+
+    Example:
+        >>> cfg = PagedConfig(block_size=16, max_num_batched_tokens=256)
+        >>> cfg.block_size
+        16
+    """
+
+    # -- the block pool ------------------------------------------------------------------------------
+    block_size: int = 16  # token slots per block; a power of two (1, 2, 4, ... 256)
+    num_blocks: int | None = None  # blocks in the pool; None: sized from max_cache_bytes
+    max_cache_bytes: int | None = None  # KV memory budget when num_blocks is None; None: a default budget
+    # -- the scheduler ---------------------------------------------------------------------------------
+    max_num_seqs: int = 128  # most requests in one forward
+    max_num_batched_tokens: int = 1024  # token budget of one forward (decodes + prefill chunks)
+    enable_chunked_prefill: bool = True  # split prompts longer than the remaining budget across steps
+    preemption_mode: str = "recompute"  # "recompute" | "swap" (blocks copied to CPU and back)
+    # -- prefix sharing ------------------------------------------------------------------------------
+    enable_prefix_caching: bool = True
+    prefix_eviction_policy: str = "lru"  # "lru" | "lfu"
+    cache_salt: str | None = None  # extra key of every block digest (separates tenants / adapters)
+    # -- KV compression --------------------------------------------------------------------------------
+    kv_cache_dtype: str = "auto"  # "auto" | "fp8" | "int8" | "int4"; sets keys and values alike
+    key_cache_dtype: str | None = None  # overrides kv_cache_dtype for keys (e.g. "int8" with values "int4")
+    value_cache_dtype: str | None = None  # overrides kv_cache_dtype for values
+    kv_eviction: str | None = None  # None | "streaming" | "snapkv" | "pyramidkv"
+    kv_keep_ratio: float = 1.0  # share of a request's prompt blocks kept by eviction (0 < r <= 1)
+    num_sink_tokens: int = 16  # attention sinks kept by "streaming"
+    window_tokens: int = 256  # recent window kept by eviction policies
+    # -- kernels ---------------------------------------------------------------------------------------
+    attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
+
+    def __post_init__(self) -> None:
+        _check_int("block_size", self.block_size, minimum=1)
+        if not _is_power_of_two(self.block_size) or self.block_size > 256:
+            raise ValueError(
+                f"PagedConfig.block_size must be a power of two between 1 and 256, got {self.block_size}; "
+                "use e.g. 16"
+            )
+        if self.num_blocks is not None:
+            _check_int("num_blocks", self.num_blocks, minimum=1)
+        if self.max_cache_bytes is not None:
+            _check_int("max_cache_bytes", self.max_cache_bytes, minimum=1)
+        _check_int("max_num_seqs", self.max_num_seqs, minimum=1)
+        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
+        _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        _check_choice("prefix_eviction_policy", self.prefix_eviction_policy, PREFIX_EVICTION_POLICIES)
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        for name in ("key_cache_dtype", "value_cache_dtype"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_choice(name, value, KV_CACHE_DTYPES)
+        _check_choice("kv_eviction", self.kv_eviction, KV_EVICTION_POLICIES)
+        if not isinstance(self.kv_keep_ratio, (int, float)) or not 0 < self.kv_keep_ratio <= 1:
+            raise ValueError(f"PagedConfig.kv_keep_ratio must be in (0, 1], got {self.kv_keep_ratio!r}")
+        _check_int("num_sink_tokens", self.num_sink_tokens, minimum=0)
+        _check_int("window_tokens", self.window_tokens, minimum=1)
+        _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        if self.cache_salt is not None and not isinstance(self.cache_salt, str):
+            raise TypeError(f"PagedConfig.cache_salt must be a str or None, got {type(self.cache_salt).__name__}")
+
+    @property
+    def key_dtype(self) -> str:
+        """Storage format of keys ("auto", "fp8", "int8" or "int4")."""
+        return self.key_cache_dtype or self.kv_cache_dtype
+
+    @property
+    def value_dtype(self) -> str:
+        """Storage format of values ("auto", "fp8", "int8" or "int4")."""
+        return self.value_cache_dtype or self.kv_cache_dtype
+
+    def with_overrides(self, **overrides: Any) -> PagedConfig:
+        """A copy with some fields changed; unknown names raise `TypeError` listing the valid ones."""
+        valid = {f.name for f in fields(self)}
+        unknown = sorted(set(overrides) - valid)
+        if unknown:
+            raise TypeError(f"unknown PagedConfig field(s) {unknown}; valid fields: {sorted(valid)}")
+        return replace(self, **overrides)
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"PagedConfig.{name} must be an int, got {type(value).__name__} ({value!r})")
+    if value < minimum:
+        raise ValueError(f"PagedConfig.{name} must be >= {minimum}, got {value}")
+
+
+def _check_choice(name: str, value: Any, allowed: tuple) -> None:
+    if value not in allowed:
+        raise ValueError(f"PagedConfig.{name} must be one of {list(allowed)}, got {value!r}")

@@ -1,0 +1,75 @@
+"""Typed errors of hf_paged. Every message names the problem and the fix.
+
+Each class also derives from the builtin a caller would catch without knowing us (`ValueError`, `TypeError`,
+`RuntimeError`), so `except ValueError` keeps working.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "HfPagedError",
+    "OutOfBlocksError",
+    "PromptTooLongError",
+    "UnsupportedModelError",
+    "UnsupportedGenerationError",
+    "RequestFailedError",
+    "SchemaError",
+    "InvalidSchemaError",
+    "UnsupportedSchemaError",
+    "UnsatisfiableSchemaError",
+    "SchemaTooComplexError",
+    "InvalidRegexError",
+    "TokenizerError",
+]
+
+
+class HfPagedError(Exception):
+    """Base class of every error raised by hf_paged."""
+
+
+class OutOfBlocksError(HfPagedError, RuntimeError):
+    """The block pool cannot hold what was asked for, even after evicting and preempting everything it may."""
+
+
+class PromptTooLongError(HfPagedError, ValueError):
+    """A prompt (plus the tokens to generate) exceeds the model's maximum length or the whole block pool."""
+
+
+class UnsupportedModelError(HfPagedError, TypeError):
+    """`wrap` was given a model whose attention hf_paged cannot drive."""
+
+
+class UnsupportedGenerationError(HfPagedError, ValueError):
+    """A generation option that the paged engine does not implement was asked for explicitly."""
+
+
+class RequestFailedError(HfPagedError, RuntimeError):
+    """A request ended FAILED; `generate` re-raises the first such error for a batch it cannot complete."""
+
+
+class SchemaError(HfPagedError, ValueError):
+    """Base class of the constrained-decoding errors (schema, regex, choices)."""
+
+
+class InvalidSchemaError(SchemaError):
+    """The schema is not valid JSON, or not a JSON Schema."""
+
+
+class UnsupportedSchemaError(SchemaError):
+    """The schema uses a keyword we cannot enforce exactly; the message names it and its JSON pointer."""
+
+
+class UnsatisfiableSchemaError(SchemaError):
+    """No JSON document satisfies the schema (or no token sequence of this vocabulary can spell one)."""
+
+
+class SchemaTooComplexError(SchemaError):
+    """Compiling the schema would exceed the configured time or state budget."""
+
+
+class InvalidRegexError(SchemaError):
+    """A `pattern` or user regex does not compile."""
+
+
+class TokenizerError(HfPagedError, ValueError):
+    """The tokenizer cannot be turned into a vocabulary (e.g. it has no EOS token)."""
