@@ -1,10 +1,55 @@
 """hf_paged: paged KV cache, prefix sharing, KV compression, constrained decoding and continuous batching for
-Hugging Face transformers causal LMs."""
+Hugging Face transformers causal LMs.
+
+    model = hf_paged.wrap(model)          # same object; generate / generate_batch run on the paged engine
+    hf_paged.engine_of(model).stats()     # the engine: add_request / step / stream / abort / stats
+    hf_paged.unwrap(model)                # back to stock
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from hf_paged import errors
 from hf_paged.config import PagedConfig
 
-__all__ = ["PagedConfig", "errors"]
 __version__ = "0.1.0"
+
+# Heavy modules (torch, transformers) load on first attribute access, so `import hf_paged` stays cheap.
+_LAZY = {
+    "wrap": "hf_paged.wrap",
+    "unwrap": "hf_paged.wrap",
+    "engine_of": "hf_paged.wrap",
+    "is_wrapped": "hf_paged.wrap",
+    "PagedCache": "hf_paged.cache.paged_cache",
+    "PagedLayer": "hf_paged.cache.paged_cache",
+    "Engine": "hf_paged.batching.engine",
+    "SamplingParams": "hf_paged.batching.sampling",
+    "RequestOutput": "hf_paged.batching.request",
+    "RequestStatus": "hf_paged.batching.request",
+    "JSONSchemaLogitsProcessor": "hf_paged.processors",
+    "RegexLogitsProcessor": "hf_paged.processors",
+    "ChoiceLogitsProcessor": "hf_paged.processors",
+    "default_model": "hf_paged.models",
+}
+
+__all__ = ["PagedConfig", "errors", *_LAZY]
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hf_paged' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hf_paged.batching.engine import Engine
+    from hf_paged.batching.request import RequestOutput, RequestStatus
+    from hf_paged.batching.sampling import SamplingParams
+    from hf_paged.cache.paged_cache import PagedCache, PagedLayer
+    from hf_paged.wrap import engine_of, is_wrapped, unwrap, wrap

@@ -1,0 +1,334 @@
+"""`Engine`: the step loop of continuous batching over the paged cache.
+
+One `step()`: schedule -> one packed forward -> sample the rows that need a token -> stop checks -> hand finished
+requests' blocks to the prefix cache. Requests may be added and aborted between steps. A request's bad input,
+failing processor or abort ends that request only; the pool returns to its state before it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from hf_paged.batching.metrics import EngineMetrics
+from hf_paged.batching.model_runner import ModelRunner
+from hf_paged.batching.request import Request, RequestOutput, RequestStatus
+from hf_paged.batching.sampler import Sampler
+from hf_paged.batching.sampling import SamplingParams
+from hf_paged.batching.scheduler import Scheduler, SchedulerOutput
+from hf_paged.batching.step_inputs import build_step_inputs
+from hf_paged.batching.stopping import check_stop
+from hf_paged.batching.swap import swap_in, swap_out
+from hf_paged.batching.weights import weights_fingerprint
+from hf_paged.cache.paged_cache import PagedCache
+from hf_paged.cache.sizing import kv_shape_of
+from hf_paged.config import PagedConfig
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one step produced: new tokens per request, and the requests that ended."""
+
+    new_tokens: dict[str, list[int]] = field(default_factory=dict)
+    finished: list[RequestOutput] = field(default_factory=list)
+
+
+class Engine:
+    """Continuous batching over a stock transformers causal LM.
+
+    Example:
+        >>> engine = Engine(model, PagedConfig(max_num_batched_tokens=256))          # doctest: +SKIP
+        >>> rid = engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=8))     # doctest: +SKIP
+        >>> while engine.has_unfinished: engine.step()                                # doctest: +SKIP
+    """
+
+    def __init__(self, model: torch.nn.Module, config: PagedConfig | None = None) -> None:
+        self.model = model
+        self.config = config or PagedConfig()
+        param = next(model.parameters())
+        self.cache = PagedCache(
+            model.config, self.config, dtype=param.dtype, device=param.device,
+            prefix_cache=self.config.enable_prefix_caching,
+        )
+        self.kv = self.cache.manager
+        self.scheduler = Scheduler(
+            self.config, self.kv, extra_keys=self._extra_keys,
+            on_preempt=lambda r: swap_out(self.cache, r), on_resume=lambda r: swap_in(self.cache, r),
+            inflight_prefix=self._waits_for_inflight_prefix,
+        )
+        self.runner = ModelRunner(model, self.cache)
+        self.sampler = Sampler()
+        self.metrics = EngineMetrics()
+        self.requests: dict[str, Request] = {}
+        self._children: dict[str, list[Request]] = {}  # parent id -> forks waiting for the parent's prompt
+        self._ended: list[RequestOutput] = []  # outputs not yet handed out by step()
+        self._arrivals = itertools.count()
+        self._ids = itertools.count()
+        text_config = model.config.get_text_config(decoder=True)
+        self.vocab_size = int(text_config.vocab_size)
+        self.max_model_len = kv_shape_of(model.config).max_model_len
+        self._weights = weights_fingerprint(model)
+
+    # -- requests ----------------------------------------------------------------------------------------
+    def add_request(
+        self, prompt_ids: Sequence[int] | torch.Tensor, params: SamplingParams | None = None, *,
+        request_id: str | None = None, priority: int = 0,
+    ) -> str:
+        """Queue a prompt; returns its id. Bad input does not raise: the request ends FAILED with `error`."""
+        params = params or SamplingParams()
+        request_id = request_id if request_id is not None else f"req_{next(self._ids)}"
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use; pass a unique request_id")
+        if isinstance(prompt_ids, torch.Tensor):
+            prompt_ids = prompt_ids.reshape(-1).tolist()
+        request = Request(request_id, [int(t) for t in prompt_ids], params, priority, next(self._arrivals))
+        if params.seed is not None:
+            request.generator = torch.Generator().manual_seed(params.seed)
+        self.requests[request_id] = request
+        error = self.validate_prompt(request.prompt_ids, params)
+        if error is not None:
+            self._end(request, RequestStatus.FAILED, "error", error)
+            return request_id
+        for k in range(params.num_return_sequences - 1):
+            child = Request(f"{request_id}__child#{k}", request.prompt_ids, params, priority, request.arrival_index)
+            child.parent_id = request_id
+            if params.seed is not None:
+                child.generator = torch.Generator().manual_seed(params.seed + k + 1)
+            self.requests[child.request_id] = child
+            self._children.setdefault(request_id, []).append(child)
+        for proc in params.logits_processors:
+            if hasattr(proc, "prepare"):
+                proc.prepare()  # constrained processors compile in the background while the prompt prefills
+        self.metrics.num_prompt_tokens += len(request.prompt_ids) * params.num_return_sequences
+        self.scheduler.add(request)
+        return request_id
+
+    def validate_prompt(self, prompt_ids: Sequence[int], params: SamplingParams) -> str | None:
+        """The reason a prompt cannot run, or None."""
+        if len(prompt_ids) == 0:
+            return "empty prompt: give at least one token id"
+        bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
+        if bad:
+            return f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+        if len(prompt_ids) >= self.max_model_len:
+            return (
+                f"prompt of {len(prompt_ids)} tokens leaves no room to generate within the model's maximum of "
+                f"{self.max_model_len} positions: shorten it"
+            )
+        need = -(-(len(prompt_ids) + 1) // self.config.block_size)
+        if need > self.cache.num_blocks:
+            return (
+                f"prompt of {len(prompt_ids)} tokens needs {need} blocks but the pool has {self.cache.num_blocks}: "
+                "raise PagedConfig.num_blocks (or max_cache_bytes)"
+            )
+        return None
+
+    def abort(self, request_id: str) -> None:
+        """End a request now; its blocks go back to the pool at once."""
+        request = self.requests.get(request_id)
+        if request is None or request.is_finished:
+            return
+        for child in self._children.pop(request_id, []):
+            self._end(child, RequestStatus.FAILED, "abort", "aborted by the caller")
+        self.scheduler.remove(request)
+        self.metrics.num_requests_aborted += 1
+        self._end(request, RequestStatus.FAILED, "abort", "aborted by the caller")
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished
+
+    def pop_output(self, request_id: str) -> RequestOutput:
+        """The output of an ended request, forgetting it."""
+        return self.requests.pop(request_id).to_output()
+
+    # -- the step loop -----------------------------------------------------------------------------------
+    def step(self) -> StepOutput:
+        self._check_weights()
+        result = StepOutput()
+        schedule = self.scheduler.schedule()
+        if schedule.is_empty:
+            self._fail_unschedulable()
+        else:
+            self._run(schedule, result)
+        result.finished, self._ended = self._ended, []
+        return result
+
+    def _run(self, schedule: SchedulerOutput, result: StepOutput) -> None:
+        inputs = build_step_inputs(schedule, self.kv, self.config.block_size)
+        try:
+            logits = self.runner.forward(inputs.input_ids, inputs.positions, inputs.metadata, inputs.logits_rows)
+        except Exception as exc:  # the forward failed: every request in it fails, the engine goes on
+            for item in schedule.scheduled:
+                self.scheduler.remove(item.request)
+                self._end(item.request, RequestStatus.FAILED, "error", f"forward failed: {type(exc).__name__}: {exc}")
+            return
+        self.metrics.num_steps += 1
+        self.metrics.num_computed_tokens += len(inputs.input_ids)
+        for item in schedule.scheduled:
+            request = item.request
+            request.num_computed_tokens += item.num_tokens
+            self.kv.cache_full_blocks(
+                request.request_id, request.all_token_ids[: request.num_computed_tokens], self._extra_keys(request)
+            )
+        samplers, row_of = list(inputs.sampled_requests), list(range(len(inputs.sampled_requests)))
+        for row, parent in enumerate(inputs.sampled_requests):
+            children = self._fork_children(parent)  # forks sample their first token from the parent's row
+            samplers.extend(children)
+            row_of.extend([row] * len(children))
+        if len(samplers) != len(inputs.sampled_requests):
+            logits = logits.index_select(0, torch.tensor(row_of))
+        sample = self.sampler(samplers, logits)
+        now = time.perf_counter()
+        for request, token, error in zip(samplers, sample.token_ids, sample.errors):
+            if error is not None:
+                self.scheduler.remove(request)
+                self._end(request, RequestStatus.FAILED, "error", error)
+                continue
+            self._append(request, [token], now, result)
+            if not request.is_finished and not request.params.output_scores:
+                self._jump_forward(request, now, result)
+
+    def _append(self, request: Request, tokens: list[int], now: float, result: StepOutput) -> None:
+        for token in tokens:
+            request.output_ids.append(token)
+            result.new_tokens.setdefault(request.request_id, []).append(token)
+            self.metrics.num_generated_tokens += 1
+            if request.first_token_time is None:
+                request.first_token_time = now
+                self.metrics.time_to_first_token.append(now - request.arrival_time)
+            request.last_token_time = now
+            reason = check_stop(request, self.max_model_len)
+            if reason is not None:
+                self.scheduler.remove(request)
+                self._end(request, RequestStatus.FINISHED, reason, None)
+                return
+
+    def _jump_forward(self, request: Request, now: float, result: StepOutput) -> None:
+        """Append the tokens a constraint forces (exactly one allowed continuation): they are computed in the next
+        forward as a chunk instead of one decode step each, and the output is what decoding would have given."""
+        budget = request.params.max_new_tokens - len(request.output_ids)
+        for proc in request.params.logits_processors:
+            forced = getattr(proc, "forced_tokens", None)
+            if forced is None or budget <= 0:
+                continue
+            try:
+                tokens = forced(request.request_id, request.output_ids, budget)
+            except Exception:
+                return  # the next step's processing reports the error on this request
+            if tokens:
+                request.num_forced_tokens += len(tokens)
+                self.metrics.num_forced_tokens += len(tokens)
+                self._append(request, list(tokens), now, result)
+            return
+
+    def _fork_children(self, parent: Request) -> list[Request]:
+        """At the parent's first sampled token, its forks take its blocks (shared, copy-on-write)."""
+        children = self._children.pop(parent.request_id, [])
+        for child in children:
+            self.kv.fork(parent.request_id, child.request_id)
+            child.num_computed_tokens = parent.num_computed_tokens
+            child.status = RequestStatus.RUNNING
+            self.scheduler.running.append(child)
+        return children
+
+    def _end(self, request: Request, status: RequestStatus, reason: str, error: str | None) -> None:
+        request.status, request.finish_reason, request.error = status, reason, error
+        request.finish_time = time.perf_counter()
+        request.swapped = None
+        for proc in request.params.logits_processors:
+            if hasattr(proc, "release"):
+                proc.release(request.request_id)
+        for child in self._children.pop(request.request_id, []):  # forks of a parent that never sampled
+            self._end(child, status, reason, error)
+        if status is RequestStatus.FINISHED:
+            self.metrics.num_requests_finished += 1
+            if request.first_token_time is not None and len(request.output_ids) > 1:
+                span = request.last_token_time - request.first_token_time
+                self.metrics.time_per_output_token.append(span / (len(request.output_ids) - 1))
+        elif reason != "abort":
+            self.metrics.num_requests_failed += 1
+        if request.parent_id is None:
+            self.metrics.num_prompt_tokens_cached += request.num_cached_tokens
+        self._ended.append(request.to_output())
+
+    def _fail_unschedulable(self) -> None:
+        """Nothing could run although requests wait: the head of the queue can never fit. Fail it (no hang)."""
+        if self.scheduler.running or not self.scheduler.waiting:
+            return
+        request = self.scheduler.waiting[0][1]
+        self.scheduler.remove(request)
+        self._end(
+            request, RequestStatus.FAILED, "error",
+            f"request needs more blocks than the pool can ever free ({self.cache.num_blocks} blocks of "
+            f"{self.config.block_size}): raise PagedConfig.num_blocks or lower max_new_tokens",
+        )
+
+    # -- prefix cache ------------------------------------------------------------------------------------
+    def _extra_keys(self, request: Request) -> tuple:
+        return (self.config.cache_salt,) if self.config.cache_salt else ()
+
+    def _waits_for_inflight_prefix(self, request: Request) -> bool:
+        radix = self.kv.prefix_cache
+        if radix is None or request.swapped is not None or request.num_preemptions:
+            return False
+        return radix.is_inflight(request.all_token_ids[:-1], self._extra_keys(request), self._inflight_digests())
+
+    def _inflight_digests(self) -> set[bytes]:
+        radix = self.kv.prefix_cache
+        digests: set[bytes] = set()
+        for r in self.scheduler.running:
+            if r.num_computed_tokens < len(r.prompt_ids):
+                digests.update(radix.digests(r.prompt_ids, self._extra_keys(r)))
+        return digests
+
+    def reset_prefix_cache(self) -> int:
+        """Forget every cached prefix (e.g. after the weights changed). Returns the entries dropped."""
+        radix = self.kv.prefix_cache
+        return radix.reset() if radix is not None else 0
+
+    def _check_weights(self) -> None:
+        fingerprint = weights_fingerprint(self.model)
+        if fingerprint != self._weights:
+            self._weights = fingerprint
+            self.reset_prefix_cache()
+
+    # -- drivers -----------------------------------------------------------------------------------------
+    def run(self, request_ids: Iterable[str] | None = None, *, on_step=None) -> dict[str, RequestOutput]:
+        """Step until the given requests (default: all) have ended; return and forget their outputs."""
+        wanted = list(request_ids) if request_ids is not None else list(self.requests)
+        while any(not self.requests[rid].is_finished for rid in wanted):
+            step = self.step()
+            if on_step is not None:
+                on_step(step)
+        return {rid: self.pop_output(rid) for rid in wanted}
+
+    def stream(self, request_ids: Iterable[str] | None = None) -> Iterator[tuple[str, list[int], bool]]:
+        """Yield `(request_id, new_tokens, finished)` as tokens arrive, until the given requests have ended."""
+        wanted = set(request_ids) if request_ids is not None else set(self.requests)
+        while any(not self.requests[rid].is_finished for rid in wanted if rid in self.requests):
+            step = self.step()
+            ended = {o.request_id for o in step.finished}
+            for rid, tokens in step.new_tokens.items():
+                if rid in wanted:
+                    yield rid, tokens, rid in ended
+            for rid in ended & wanted - step.new_tokens.keys():
+                yield rid, [], True
+
+    def stats(self) -> dict:
+        stats = self.metrics.summary(self.config.max_num_batched_tokens)
+        stats.update(self.cache.stats())
+        stats["preemptions"] = self.scheduler.num_preemptions
+        stats["prefix_evictions"] = self.cache.pool.num_evictions
+        stats["kv_usage"] = stats["blocks_used"] / stats["blocks_total"]
+        return stats
+
+    def check_integrity(self) -> None:
+        self.cache.check_integrity()
+        live = {r.request_id for r in self.scheduler.running}
+        assert live <= set(self.kv.seqs), "a running request has no block table"
+        assert set(self.kv.seqs) <= live, "a block table belongs to no running request"

@@ -1,0 +1,50 @@
+"""Engine metrics: counters and latency samples, summarised by `Engine.stats()`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (q in 0..100); None for no samples."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(0, min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1)))))
+    return ordered[rank]
+
+
+@dataclass(slots=True)
+class EngineMetrics:
+    num_requests_finished: int = 0
+    num_requests_failed: int = 0
+    num_requests_aborted: int = 0
+    num_prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission)
+    num_prompt_tokens_cached: int = 0  # of which served by the prefix cache
+    num_computed_tokens: int = 0  # tokens run through the model (prefill chunks, recompute, decodes)
+    num_generated_tokens: int = 0
+    num_forced_tokens: int = 0  # tokens appended by jump-forward (decode steps saved)
+    num_steps: int = 0
+    time_to_first_token: list[float] = field(default_factory=list)  # seconds, per request
+    time_per_output_token: list[float] = field(default_factory=list)  # seconds, per request (mean after first)
+
+    def summary(self, max_num_batched_tokens: int) -> dict:
+        steps = max(self.num_steps, 1)
+        return {
+            "requests_finished": self.num_requests_finished,
+            "requests_failed": self.num_requests_failed,
+            "requests_aborted": self.num_requests_aborted,
+            "prompt_tokens": self.num_prompt_tokens,
+            "prompt_tokens_cached": self.num_prompt_tokens_cached,
+            "prefix_hit_rate": self.num_prompt_tokens_cached / self.num_prompt_tokens if self.num_prompt_tokens else 0.0,
+            "computed_tokens": self.num_computed_tokens,
+            "generated_tokens": self.num_generated_tokens,
+            "forced_tokens": self.num_forced_tokens,
+            "steps": self.num_steps,
+            "tokens_per_step": self.num_computed_tokens / steps,
+            "batch_utilization": self.num_computed_tokens / (steps * max_num_batched_tokens),
+            "ttft_p50_s": percentile(self.time_to_first_token, 50),
+            "ttft_p99_s": percentile(self.time_to_first_token, 99),
+            "tpot_p50_s": percentile(self.time_per_output_token, 50),
+            "tpot_p99_s": percentile(self.time_per_output_token, 99),
+        }

@@ -1,0 +1,71 @@
+"""`ModelRunner`: one packed forward of a stock transformers model over the paged cache.
+
+    input_ids    [1, T]  the new tokens of every scheduled request, concatenated (no padding)
+    position_ids [1, T]  each request continues at its own logical position
+    paged_metadata       slots, block tables, context lengths (reaches every cache.update and attention call)
+    logits_to_keep       only the rows that need a next token
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+from hf_paged.cache.attention import ATTENTION_NAME, register
+from hf_paged.cache.metadata import PagedMetadata
+from hf_paged.cache.paged_cache import PagedCache
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, cache: PagedCache) -> None:
+        register()
+        self.model = model
+        self.cache = cache
+        # Every config object the model's modules read `_attn_implementation` from (one for most models).
+        configs = {id(model.config): model.config}
+        for module in model.modules():
+            config = getattr(module, "config", None)
+            if config is not None and hasattr(config, "_attn_implementation_internal"):
+                configs[id(config)] = config
+        self._configs = list(configs.values())
+        self.device = _input_device(model)
+
+    @contextmanager
+    def paged_attention(self):
+        """Route attention to `hf_paged` for one forward only; plain forwards keep the stock implementation."""
+        saved = [c._attn_implementation_internal for c in self._configs]
+        for config in self._configs:
+            config._attn_implementation_internal = ATTENTION_NAME
+        try:
+            yield
+        finally:
+            for config, value in zip(self._configs, saved):
+                config._attn_implementation_internal = value
+
+    @torch.inference_mode()
+    def forward(
+        self, input_ids: list[int], positions: list[int], metadata: PagedMetadata, logits_rows: list[int]
+    ) -> torch.Tensor:
+        """Returns fp32 logits `[len(logits_rows), vocab]`."""
+        self.cache.apply_pending_copies()
+        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
+        pos = torch.tensor([positions], dtype=torch.long, device=self.device)
+        keep = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
+        with self.paged_attention():
+            out = self.model(
+                input_ids=ids,
+                position_ids=pos,
+                cache=self.cache,
+                use_cache=True,
+                paged_metadata=metadata,
+                logits_to_keep=keep,
+            )
+        return out.logits[0].float()
+
+
+def _input_device(model: torch.nn.Module) -> torch.device:
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if embeddings is not None and hasattr(embeddings, "weight"):
+        return embeddings.weight.device
+    return next(model.parameters()).device

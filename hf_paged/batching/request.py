@@ -1,0 +1,110 @@
+"""`Request`: one prompt's journey through the engine, and `RequestOutput`, what the caller gets back."""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hf_paged.batching.sampling import SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    """Life cycle: WAITING -> RUNNING <-> PREEMPTED -> FINISHED | FAILED (terminal states compare highest)."""
+
+    WAITING = 0
+    RUNNING = 1
+    PREEMPTED = 2
+    FINISHED = 3
+    FAILED = 4
+
+    @property
+    def is_finished(self) -> bool:
+        return self >= RequestStatus.FINISHED
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """Engine-side state of one sequence.
+
+        prompt_ids + output_ids = all tokens
+        |---- num_computed_tokens (K/V in the cache) ----|-- still to compute --|
+        When num_computed_tokens == len(all tokens), the next forward samples a new token.
+    """
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    priority: int = 0  # higher runs first
+    arrival_index: int = 0  # FCFS tie-break among equal priorities
+    status: RequestStatus = RequestStatus.WAITING
+    output_ids: list[int] = field(default_factory=list)
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache (first admission)
+    finish_reason: str | None = None  # "stop" (EOS / stop string), "length", "abort", "error"
+    error: str | None = None
+    generator: torch.Generator | None = None
+    scores: list[torch.Tensor] = field(default_factory=list)  # processed scores per step (output_scores)
+    logits: list[torch.Tensor] = field(default_factory=list)  # raw logits per step (output_logits)
+    swapped: Any = None  # CPU copy of the K/V while swapped out
+    parent_id: str | None = None  # set on forked children (num_return_sequences)
+    num_preemptions: int = 0
+    arrival_time: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finish_time: float | None = None
+    num_forced_tokens: int = 0  # tokens appended by jump-forward (no sampling step of their own)
+
+    @property
+    def all_token_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_tokens_to_compute(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status.is_finished
+
+    def to_output(self) -> RequestOutput:
+        return RequestOutput(
+            request_id=self.request_id,
+            prompt_ids=list(self.prompt_ids),
+            generated_tokens=list(self.output_ids),
+            status=self.status,
+            error=self.error,
+            finish_reason=self.finish_reason,
+            num_cached_tokens=self.num_cached_tokens,
+            created_time=self.arrival_time,
+            lifespan=(self.first_token_time or -1.0, self.finish_time or -1.0),
+            scores=self.scores or None,
+            logits=self.logits or None,
+        )
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What a finished (or failed) request returns; field names follow transformers' `GenerationOutput`."""
+
+    request_id: str
+    prompt_ids: list[int]
+    generated_tokens: list[int]
+    status: RequestStatus
+    error: str | None = None
+    finish_reason: str | None = None  # "stop", "length", "abort", "error"
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    created_time: float = 0.0
+    lifespan: tuple[float, float] = (-1.0, -1.0)  # (first token time, finish time)
+    scores: list[torch.Tensor] | None = None  # processed scores per generated token (output_scores)
+    logits: list[torch.Tensor] | None = None  # raw logits per generated token (output_logits)
+
+    def is_finished(self) -> bool:
+        return self.status.is_finished

@@ -1,0 +1,112 @@
+"""`Sampler`: logits rows -> next tokens, per request (processors, warpers, seeds), in `generate`'s order.
+
+Order per row, as stock `generate`: logits processors (user and built-in, each with this request's own history)
+-> min_new_tokens EOS suppression -> temperature -> top-k -> top-p -> argmax or a draw from the request's own
+generator. Rows without processors or sampling take a single batched argmax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from hf_paged.batching.request import Request
+
+
+@dataclass(slots=True)
+class SampleResult:
+    token_ids: list[int | None]  # None where the row failed
+    errors: list[str | None]  # the failure message of each failed row
+
+
+class Sampler:
+    """Picks one token per row of logits."""
+
+    def __call__(self, requests: Sequence[Request], logits: torch.Tensor) -> SampleResult:
+        n = len(requests)
+        tokens: list[int | None] = [None] * n
+        errors: list[str | None] = [None] * n
+        scores = logits.clone() if any(r.params.output_logits for r in requests) else logits  # modified in place
+        plain = [i for i, r in enumerate(requests) if _is_plain_greedy(r)]
+        if plain:
+            idx = torch.tensor(plain)
+            for i, tok in zip(plain, scores.index_select(0, idx).argmax(dim=-1).tolist()):
+                tokens[i] = tok
+        special = [i for i in range(n) if tokens[i] is None]
+        self._apply_batched_processors(requests, scores, special, errors)
+        for i in special:
+            if errors[i] is not None:
+                continue
+            request = requests[i]
+            if request.params.output_logits:
+                request.logits.append(logits[i].clone())
+            try:
+                row = self._process_row(request, scores[i : i + 1])
+            except Exception as exc:  # a user processor failed: only this request fails
+                errors[i] = f"logits processor failed: {type(exc).__name__}: {exc}"
+                continue
+            if request.params.output_scores:
+                request.scores.append(row[0].clone())
+            tokens[i] = self._pick(request, row)
+        return SampleResult(tokens, errors)
+
+    def _apply_batched_processors(self, requests, scores, rows: list[int], errors: list[str | None]) -> None:
+        """Our constrained processors mask all their rows at once (one bitmask per batch)."""
+        groups: dict[int, tuple[object, list[int]]] = {}
+        for i in rows:
+            for proc in requests[i].params.logits_processors:
+                if getattr(proc, "supports_continuous_batching", False) and hasattr(proc, "process_rows"):
+                    groups.setdefault(id(proc), (proc, []))[1].append(i)
+        for proc, members in groups.values():
+            ids = [requests[i].request_id for i in members]
+            histories = [requests[i].output_ids for i in members]
+            idx = torch.tensor(members)
+            try:
+                masked = proc.process_rows(ids, histories, scores.index_select(0, idx))
+                scores.index_copy_(0, idx, masked)
+            except Exception as exc:
+                for i in members:
+                    errors[i] = f"logits processor {type(proc).__name__} failed: {exc}"
+
+    def _process_row(self, request: Request, row: torch.Tensor) -> torch.Tensor:
+        params = request.params
+        history = None
+        for proc in params.logits_processors:
+            if getattr(proc, "supports_continuous_batching", False) and hasattr(proc, "process_rows"):
+                continue  # already applied in the batched pass
+            if history is None:
+                history = torch.tensor([request.all_token_ids], dtype=torch.long, device=row.device)
+            row = proc(history, row)
+        if len(request.output_ids) < params.min_new_tokens and params.eos_token_ids:
+            row[:, list(params.eos_token_ids)] = float("-inf")
+        if params.do_sample:
+            if params.temperature != 1.0:
+                row = TemperatureLogitsWarper(params.temperature)(history, row)
+            if params.top_k:
+                row = TopKLogitsWarper(params.top_k)(history, row)
+            if params.top_p < 1.0:
+                row = TopPLogitsWarper(params.top_p)(history, row)
+        return row
+
+    def _pick(self, request: Request, row: torch.Tensor) -> int:
+        if not request.params.do_sample:
+            return int(row.argmax(dim=-1))
+        probs = torch.softmax(row.float(), dim=-1)
+        if request.generator is None and request.params.seed is not None:
+            request.generator = torch.Generator(device=row.device).manual_seed(request.params.seed)
+        return int(torch.multinomial(probs, num_samples=1, generator=request.generator))
+
+
+def _is_plain_greedy(request: Request) -> bool:
+    params = request.params
+    return (
+        not params.do_sample
+        and not params.logits_processors
+        and not params.output_scores
+        and not params.output_logits
+        and len(request.output_ids) >= params.min_new_tokens
+    )
+

@@ -1,0 +1,125 @@
+"""`SamplingParams`: how one request picks its tokens and when it stops."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Per-request decoding settings.
+
+    Args:
+        max_new_tokens: most tokens to generate.
+        do_sample: sample (True) or take the argmax (False, greedy).
+        temperature, top_k, top_p: the usual warpers (applied after the logits processors, as in `generate`).
+        seed: seed of this request's own random generator (reproducible whatever the batch around it).
+        eos_token_id: id or ids that end the request (they are kept in the output, like `generate`).
+        stop_strings: strings that end the request once the decoded output contains one (needs `tokenizer`).
+        logits_processors: transformers `LogitsProcessor`s; each gets this request's own history as input_ids.
+        num_return_sequences: independent continuations of the same prompt (they share the prompt's blocks).
+        min_new_tokens: EOS is suppressed before this many tokens.
+
+    Example:
+        >>> SamplingParams(max_new_tokens=8, do_sample=True, temperature=0.7, seed=1).do_sample
+        True
+    """
+
+    max_new_tokens: int = 20
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float = 1.0
+    seed: int | None = None
+    eos_token_id: int | list[int] | None = None
+    stop_strings: list[str] | None = None
+    logits_processors: list = field(default_factory=list)
+    num_return_sequences: int = 1
+    min_new_tokens: int = 0
+    output_scores: bool = False  # keep the processed scores of every step (for generate's output_scores)
+    output_logits: bool = False  # keep the raw logits of every step
+    tokenizer: Any = None  # needed by stop_strings
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if self.do_sample and not self.temperature > 0:
+            raise ValueError(f"SamplingParams.temperature must be > 0 when sampling, got {self.temperature!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
+            raise ValueError(f"SamplingParams.top_k must be None or an int >= 0, got {self.top_k!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
+        if not isinstance(self.num_return_sequences, int) or self.num_return_sequences < 1:
+            raise ValueError(f"SamplingParams.num_return_sequences must be >= 1, got {self.num_return_sequences!r}")
+        if self.stop_strings and self.tokenizer is None:
+            raise ValueError("SamplingParams.stop_strings needs `tokenizer=` to decode the output; pass it too")
+        if isinstance(self.stop_strings, str):
+            self.stop_strings = [self.stop_strings]
+        if self.logits_processors is None:
+            self.logits_processors = []
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        eos = self.eos_token_id
+        if eos is None:
+            return frozenset()
+        if isinstance(eos, int):
+            return frozenset((eos,))
+        return frozenset(int(e) for e in (eos.tolist() if hasattr(eos, "tolist") else eos))
+
+    def replace(self, **changes: Any) -> SamplingParams:
+        return replace(self, **changes)
+
+    @classmethod
+    def from_generation_config(cls, generation_config, **overrides: Any) -> SamplingParams:
+        """Read the options the engine implements from a `GenerationConfig`; raise naming unsupported ones."""
+        check_generation_config(generation_config)
+        gc = generation_config
+        params: dict[str, Any] = {
+            "do_sample": bool(gc.do_sample),
+            "temperature": gc.temperature if gc.temperature is not None else 1.0,
+            "top_k": gc.top_k,
+            "top_p": gc.top_p if gc.top_p is not None else 1.0,
+            "eos_token_id": gc.eos_token_id,
+            "stop_strings": gc.stop_strings,
+            "num_return_sequences": gc.num_return_sequences or 1,
+            "min_new_tokens": gc.min_new_tokens or 0,
+            "output_scores": bool(gc.output_scores),
+            "output_logits": bool(getattr(gc, "output_logits", False)),
+        }
+        if gc.max_new_tokens is not None:
+            params["max_new_tokens"] = gc.max_new_tokens
+        names = {f.name for f in fields(cls)}
+        params.update({k: v for k, v in overrides.items() if k in names})
+        return cls(**params)
+
+
+def check_generation_config(generation_config) -> None:
+    """Raise `UnsupportedGenerationError` naming every option the engine cannot honour."""
+    from hf_paged.errors import UnsupportedGenerationError
+
+    unsupported = []
+    if (generation_config.num_beams or 1) > 1:
+        unsupported.append(f"num_beams={generation_config.num_beams}")
+    if (getattr(generation_config, "num_beam_groups", 1) or 1) > 1:
+        unsupported.append("num_beam_groups")
+    if getattr(generation_config, "penalty_alpha", None):
+        unsupported.append("penalty_alpha (contrastive search)")
+    if getattr(generation_config, "assistant_early_exit", None) or getattr(generation_config, "prompt_lookup_num_tokens", None):
+        unsupported.append("assisted decoding")
+    if getattr(generation_config, "guidance_scale", None) not in (None, 1, 1.0):
+        unsupported.append("guidance_scale")
+    if unsupported:
+        raise UnsupportedGenerationError(
+            f"the paged engine does not support {', '.join(unsupported)}; use the unwrapped model "
+            "(hf_paged.unwrap) or stock generate for these modes"
+        )
+
+
+def as_list(ids: Sequence[int] | int | None) -> list[int]:
+    if ids is None:
+        return []
+    if isinstance(ids, int):
+        return [ids]
+    return [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]

@@ -1,0 +1,186 @@
+"""`Scheduler`: which requests run in the next forward, and how many tokens each. Policy only.
+
+One step, under a token budget (`max_num_batched_tokens`) and `max_num_seqs`:
+  1. running requests, decodes first, then running prefills (chunked: a long prompt takes what budget is left);
+     a request that cannot get its blocks preempts the lowest-priority, latest running request (possibly itself);
+  2. waiting requests by priority then arrival (preferring long prefix-cache hits, with an FCFS fallback when the
+     queue is long), as long as budget, sequence slots and blocks last.
+The block mechanics (tables, sharing, copy-on-write) are the `KVCacheManager`'s; storage work on preemption
+(swapping K/V to CPU) is the engine's, through `on_preempt` / `on_resume` callbacks.
+"""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hf_paged.batching.request import Request, RequestStatus
+from hf_paged.cache.kv_manager import KVCacheManager
+from hf_paged.config import PagedConfig
+
+# Beyond this many waiting requests, admission is strictly FCFS (no prefix-aware reordering), so nothing starves.
+_PREFIX_AWARE_QUEUE_LIMIT = 256
+
+
+@dataclass(slots=True)
+class ScheduledRequest:
+    request: Request
+    num_tokens: int  # tokens computed this step, starting at request.num_computed_tokens
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest] = field(default_factory=list)
+    preempted: list[Request] = field(default_factory=list)
+    num_batched_tokens: int = 0
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.scheduled
+
+
+def _queue_key(request: Request) -> tuple[int, int]:
+    return (-request.priority, request.arrival_index)
+
+
+class Scheduler:
+    """Admission, budgeting and preemption over a `KVCacheManager`."""
+
+    def __init__(
+        self,
+        config: PagedConfig,
+        kv: KVCacheManager,
+        *,
+        extra_keys: Callable[[Request], tuple] = lambda request: (),
+        on_preempt: Callable[[Request], None] | None = None,
+        on_resume: Callable[[Request], bool] | None = None,
+        inflight_prefix: Callable[[Request], bool] | None = None,
+    ) -> None:
+        self.config = config
+        self.kv = kv
+        self.extra_keys = extra_keys
+        self.on_preempt = on_preempt  # swap mode: copy the request's K/V to CPU before its blocks go
+        self.on_resume = on_resume  # swap mode: take blocks and copy the K/V back; False when they do not fit
+        self.inflight_prefix = inflight_prefix  # True when a request should wait for a prefix being computed
+        self.waiting: list[tuple[tuple[int, int], Request]] = []
+        self.running: list[Request] = []
+        self.num_preemptions = 0
+
+    # -- queues ----------------------------------------------------------------------------------------
+    def add(self, request: Request) -> None:
+        insort(self.waiting, (_queue_key(request), request), key=lambda item: item[0])
+
+    def remove(self, request: Request) -> None:
+        """Take a request out of the queues and give its blocks back (finish, abort, failure)."""
+        if request in self.running:
+            self.running.remove(request)
+        else:
+            self.waiting = [item for item in self.waiting if item[1] is not request]
+        if request.request_id in self.kv:
+            self.kv.free(request.request_id)
+
+    @property
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # -- one step --------------------------------------------------------------------------------------
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self.config.max_num_batched_tokens
+        # Decodes first, then running prefill chunks; within each, higher priority and earlier arrival first.
+        order = sorted(self.running, key=lambda r: (r.num_tokens_to_compute > 1, _queue_key(r)))
+        scheduled_ids: set[str] = set()
+        for request in order:
+            if budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this loop
+            num_tokens = min(request.num_tokens_to_compute, budget)
+            if not self._allocate_or_preempt(request, num_tokens, scheduled_ids, out):
+                continue
+            out.scheduled.append(ScheduledRequest(request, num_tokens))
+            scheduled_ids.add(request.request_id)
+            budget -= num_tokens
+        if not out.preempted:  # admitting while preempting would thrash
+            budget = self._admit(out, budget)
+        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        return out
+
+    def _allocate_or_preempt(self, request: Request, num_tokens: int, scheduled_ids: set[str], out) -> bool:
+        while not self.kv.allocate_slots(request.request_id, num_tokens):
+            victims = [r for r in self.running if r.request_id not in scheduled_ids]
+            victim = min(victims, key=lambda r: (r.priority, -r.arrival_index))
+            self._preempt(victim)
+            out.preempted.append(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        if self.on_preempt is not None and self.config.preemption_mode == "swap":
+            self.on_preempt(request)  # keeps num_computed_tokens; K/V now in request.swapped
+        else:
+            request.num_computed_tokens = 0
+        self.kv.free(request.request_id)
+        request.status = RequestStatus.PREEMPTED
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.add(request)
+
+    def _admit(self, out: SchedulerOutput, budget: int) -> int:
+        candidates = [item[1] for item in self.waiting]
+        if len(candidates) <= _PREFIX_AWARE_QUEUE_LIMIT and self.kv.prefix_cache is not None:
+            candidates = self._prefer_cached(candidates)
+        admitted: list[Request] = []
+        for request in candidates:
+            if budget == 0 or len(self.running) + len(admitted) >= self.config.max_num_seqs:
+                break
+            if self.inflight_prefix is not None and self.inflight_prefix(request):
+                continue  # its prefix is being computed by another request: wait one step and hit the cache
+            if not self._start(request):
+                break  # FCFS: do not let smaller requests overtake one that does not fit
+            num_tokens = min(request.num_tokens_to_compute, budget)
+            if num_tokens < request.num_tokens_to_compute and not self.config.enable_chunked_prefill:
+                self._unstart(request)
+                break
+            if not self.kv.allocate_slots(request.request_id, num_tokens):
+                self._unstart(request)
+                break
+            request.status = RequestStatus.RUNNING
+            request.swapped = None  # swapped-in K/V now live in blocks
+            admitted.append(request)
+            out.scheduled.append(ScheduledRequest(request, num_tokens))
+            budget -= num_tokens
+        if admitted:
+            ids = {id(r) for r in admitted}
+            self.waiting = [item for item in self.waiting if id(item[1]) not in ids]
+            self.running.extend(admitted)
+        return budget
+
+    def _start(self, request: Request) -> bool:
+        """Register the request's block table (prefix hit or swap-in)."""
+        if request.swapped is not None:
+            return self.on_resume(request) if self.on_resume is not None else False
+        cached = self.kv.add_sequence(request.request_id, request.all_token_ids, self.extra_keys(request))
+        request.num_computed_tokens = cached
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = cached
+        return True
+
+    def _unstart(self, request: Request) -> None:
+        if request.swapped is None:
+            request.num_computed_tokens = 0
+        self.kv.free(request.request_id)
+
+    def _prefer_cached(self, candidates: list[Request]) -> list[Request]:
+        """Stable re-order: within a priority level, requests with a longer cached prefix first."""
+        cache = self.kv.prefix_cache
+
+        def hit(request: Request) -> int:
+            if request.swapped is not None:
+                return 0
+            return cache.peek(request.all_token_ids[:-1], self.extra_keys(request))
+
+        return sorted(candidates, key=lambda r: (-r.priority, -hit(r), r.arrival_index))

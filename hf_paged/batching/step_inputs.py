@@ -1,0 +1,73 @@
+"""Pack the scheduled requests of one step into the inputs of one forward.
+
+    request A: computed 0, runs 5 (prefill chunk)   request B: computed 9, runs 1 (decode)
+    input_ids     a0 a1 a2 a3 a4 | b9
+    positions      0  1  2  3  4 |  9
+    query_start_loc  0 ........... 5 .. 6
+    context_lens          5           10
+    logits rows: B's only (A's prompt is not done: nothing to sample), unless A's chunk ends its prompt
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hf_paged.batching.request import Request
+from hf_paged.batching.scheduler import SchedulerOutput
+from hf_paged.cache.kv_manager import KVCacheManager
+from hf_paged.cache.metadata import PagedMetadata
+
+
+@dataclass(slots=True)
+class StepInputs:
+    input_ids: list[int]
+    positions: list[int]
+    metadata: PagedMetadata
+    logits_rows: list[int]  # packed rows whose logits are computed (one per sampled request)
+    sampled_requests: list[Request]  # the requests of those rows, in the same order
+
+
+def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size: int) -> StepInputs:
+    input_ids: list[int] = []
+    positions: list[int] = []
+    slots: list[int] = []
+    query_start_loc = [0]
+    context_lens: list[int] = []
+    tables: list[list[int]] = []
+    logits_rows: list[int] = []
+    sampled: list[Request] = []
+    for item in schedule.scheduled:
+        request, start, n = item.request, item.request.num_computed_tokens, item.num_tokens
+        end = start + n
+        input_ids.extend(_token_slice(request, start, end))
+        positions.extend(range(start, end))
+        slots.extend(kv.slots(request.request_id, start, end))
+        query_start_loc.append(query_start_loc[-1] + n)
+        context_lens.append(end)
+        tables.append(kv.block_ids(request.request_id))
+        if end == request.num_tokens:
+            logits_rows.append(query_start_loc[-1] - 1)
+            sampled.append(request)
+    width = max(len(t) for t in tables)
+    block_tables = torch.zeros((len(tables), width), dtype=torch.int32)
+    for i, table in enumerate(tables):
+        block_tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
+    metadata = PagedMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.long),
+        block_tables=block_tables,
+        query_start_loc=query_start_loc,
+        context_lens=context_lens,
+        block_size=block_size,
+    )
+    return StepInputs(input_ids, positions, metadata, logits_rows, sampled)
+
+
+def _token_slice(request: Request, start: int, end: int) -> list[int]:
+    num_prompt = len(request.prompt_ids)
+    if end <= num_prompt:
+        return request.prompt_ids[start:end]
+    if start >= num_prompt:
+        return request.output_ids[start - num_prompt : end - num_prompt]
+    return request.prompt_ids[start:] + request.output_ids[: end - num_prompt]

@@ -1,0 +1,68 @@
+"""The `hf_paged` attention function: each request's queries attend to its own pages.
+
+Registered under the name "hf_paged" in transformers' `AttentionInterface`. The engine switches a wrapped model
+to it only for the duration of its own packed forwards (see `hf_paged.batching.model_runner`), so a plain forward
+of a wrapped model (training, scoring) keeps its stock attention and masks.
+
+    query  [1, num_heads, T, head_dim]   packed new tokens of every request of the step
+    key    [num_blocks, block_size, num_kv_heads, head_dim]   block storage returned by `PagedLayer.update`
+    paged_metadata                        block tables, context lengths, query offsets (model kwarg)
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hf_paged.cache.kernels.reference import build_attention_plan, run_attention_plan
+from hf_paged.cache.metadata import PagedMetadata
+
+ATTENTION_NAME = "hf_paged"
+
+
+def paged_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    paged_metadata: PagedMetadata | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    if paged_metadata is None:
+        raise RuntimeError(
+            "the hf_paged attention ran without `paged_metadata`: it only serves the paged engine's forwards; "
+            "use the model's stock attention for plain forwards"
+        )
+    if key.dim() != 4 or query.shape[0] != 1:
+        raise RuntimeError(
+            "the hf_paged attention expects packed queries [1, heads, tokens, dim] and block storage "
+            f"[blocks, block_size, kv_heads, dim]; got query {tuple(query.shape)} and key {tuple(key.shape)}: the "
+            "model probably calls cache.update without its attention kwargs (unsupported model)"
+        )
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    q = query[0].transpose(0, 1)  # [T, H, D]
+    plan_key = (q.device, sliding_window)
+    plan = paged_metadata.plans.get(plan_key)
+    if plan is None:
+        plan = build_attention_plan(
+            paged_metadata.block_tables_on(q.device),
+            paged_metadata.query_start_loc,
+            paged_metadata.context_lens,
+            paged_metadata.block_size,
+            sliding_window,
+        )
+        paged_metadata.plans[plan_key] = plan
+    out = run_attention_plan(plan, q, key, value, scale=scale, softcap=softcap)
+    return out.unsqueeze(0), None
+
+
+def register() -> None:
+    """Register the attention function with transformers (idempotent)."""
+    from transformers import AttentionInterface
+
+    AttentionInterface.register(ATTENTION_NAME, paged_attention_forward)

@@ -1,0 +1,189 @@
+"""Torch reference of the paged kernels: the CPU path, and the yardstick of the Triton kernels.
+
+Every function here reads only the slots a sequence owns (positions 0 .. context_len - 1 through its block
+table), so unwritten slots (which may hold NaN) never reach the arithmetic.
+
+The work of turning block tables into gather indices is the same for every layer of a forward, so it is split
+out into an `AttentionPlan` that the caller may build once per step and reuse for all layers.
+
+    sequence i, context_len c, q_len q (the last q positions of the context are the new queries)
+    positions   0 ........................ c-q-1 | c-q ......... c-1
+                cached prefix (earlier steps)     | this chunk (already stored)
+    query j (position c-q+j) sees keys at positions <= c-q+j (and > c-q+j-window with a sliding window)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(slots=True)
+class PrefillGroup:
+    """One sequence with several new queries: attended on its own."""
+
+    q_start: int  # first row of the packed queries
+    q_end: int  # one past its last row
+    slots: torch.Tensor  # [context_len] int64 flat slot of every key position
+    mask: torch.Tensor | None  # [q_len, context_len] bool (True = attend); None = plain causal, q_len == context_len
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    """All sequences with exactly one new query, attended together over padded gathers."""
+
+    rows: torch.Tensor  # [n] int64 rows of the packed queries
+    slots: torch.Tensor  # [n, max_context_len] int64 (padding points at slot 0 and is masked out)
+    mask: torch.Tensor | None  # [n, 1, 1, max_context_len] bool; None when no padding and no window
+
+
+@dataclass(slots=True)
+class AttentionPlan:
+    """Gather indices of one forward, shared by every layer."""
+
+    num_query_tokens: int
+    prefills: list[PrefillGroup]
+    decode: DecodeGroup | None
+
+
+def _positions_to_slots(block_table: torch.Tensor, positions: torch.Tensor, block_size: int) -> torch.Tensor:
+    return block_table[positions // block_size].long() * block_size + positions % block_size
+
+
+def build_attention_plan(
+    block_tables: torch.Tensor,
+    query_start_loc: list[int],
+    context_lens: list[int],
+    block_size: int,
+    sliding_window: int | None = None,
+) -> AttentionPlan:
+    """Gather indices for a packed batch. `query_start_loc`/`context_lens` are python lists (host metadata)."""
+    device = block_tables.device
+    prefills: list[PrefillGroup] = []
+    decode_rows: list[int] = []
+    decode_lens: list[int] = []
+    decode_seqs: list[int] = []
+    for i, context_len in enumerate(context_lens):
+        q_start, q_end = query_start_loc[i], query_start_loc[i + 1]
+        q_len = q_end - q_start
+        if q_len == 0:
+            continue
+        if q_len == 1:
+            decode_rows.append(q_start)
+            decode_lens.append(context_len)
+            decode_seqs.append(i)
+            continue
+        positions = torch.arange(context_len, device=device)
+        slots = _positions_to_slots(block_tables[i], positions, block_size)
+        mask = None
+        if q_len != context_len or sliding_window is not None:
+            query_pos = torch.arange(context_len - q_len, context_len, device=device)[:, None]
+            mask = positions[None, :] <= query_pos
+            if sliding_window is not None:
+                mask &= positions[None, :] > query_pos - sliding_window
+        prefills.append(PrefillGroup(q_start, q_end, slots, mask))
+    decode = None
+    if decode_rows:
+        max_len = max(decode_lens)
+        lens = torch.tensor(decode_lens, device=device)
+        positions = torch.arange(max_len, device=device)
+        valid = positions[None, :] < lens[:, None]
+        tables = block_tables[decode_seqs]
+        slots = tables.gather(1, (positions // block_size).clamp(max=tables.shape[1] - 1).expand(len(decode_seqs), -1))
+        slots = slots.long() * block_size + positions % block_size
+        slots = torch.where(valid, slots, torch.zeros_like(slots))
+        if sliding_window is not None:
+            valid &= positions[None, :] > (lens[:, None] - 1 - sliding_window)
+        needs_mask = sliding_window is not None or min(decode_lens) != max_len
+        decode = DecodeGroup(
+            rows=torch.tensor(decode_rows, device=device),
+            slots=slots,
+            mask=valid[:, None, None, :] if needs_mask else None,
+        )
+    return AttentionPlan(query_start_loc[-1], prefills, decode)
+
+
+def run_attention_plan(
+    plan: AttentionPlan,
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    *,
+    scale: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """query [num_query_tokens, num_heads, head_dim] -> output of the same shape."""
+    num_kv_heads, head_dim = key_cache.shape[-2], key_cache.shape[-1]
+    flat_k = key_cache.view(-1, num_kv_heads, head_dim)
+    flat_v = value_cache.view(-1, num_kv_heads, head_dim)
+    out = torch.empty_like(query)
+    for group in plan.prefills:
+        q = query[group.q_start : group.q_end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
+        k = flat_k.index_select(0, group.slots).transpose(0, 1).unsqueeze(0).to(query.dtype)
+        v = flat_v.index_select(0, group.slots).transpose(0, 1).unsqueeze(0).to(query.dtype)
+        o = _sdpa(q, k, v, group.mask, causal=group.mask is None, scale=scale, softcap=softcap)
+        out[group.q_start : group.q_end] = o[0].transpose(0, 1)
+    if plan.decode is not None:
+        d = plan.decode
+        n, max_len = d.slots.shape
+        q = query.index_select(0, d.rows).unsqueeze(2)  # [n, H, 1, D]
+        k = flat_k.index_select(0, d.slots.reshape(-1)).view(n, max_len, num_kv_heads, head_dim)
+        v = flat_v.index_select(0, d.slots.reshape(-1)).view(n, max_len, num_kv_heads, head_dim)
+        k = k.transpose(1, 2).to(query.dtype)
+        v = v.transpose(1, 2).to(query.dtype)
+        o = _sdpa(q, k, v, d.mask, causal=False, scale=scale, softcap=softcap)
+        out[d.rows] = o.squeeze(2)
+    return out
+
+
+def _sdpa(q, k, v, mask, *, causal: bool, scale: float, softcap: float | None) -> torch.Tensor:
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=True)
+    # Soft-capped logits (Gemma 2): eager, since SDPA cannot cap.
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1)
+    v = v.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if causal:
+        q_len, k_len = scores.shape[-2], scores.shape[-1]
+        mask = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device).tril(k_len - q_len)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+    return torch.matmul(probs, v)
+
+
+# -- the kernel-shaped reference API (same signatures as the Triton functions) ----------------------------------
+
+
+def ref_store_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """Scatter key/value [num_tokens, num_kv_heads, head_dim] into their slots; slots < 0 are skipped."""
+    keep = slot_mapping >= 0
+    if not bool(keep.all()):
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    num_kv_heads, head_dim = key_cache.shape[-2], key_cache.shape[-1]
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping.long(), key.to(key_cache.dtype))
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping.long(), value.to(value_cache.dtype))
+
+
+def ref_paged_prefill_attention(
+    query, key_cache, value_cache, block_tables, query_start_loc, context_lens, *, scale, sliding_window=None
+) -> torch.Tensor:
+    plan = build_attention_plan(
+        block_tables, query_start_loc.tolist(), context_lens.tolist(), key_cache.shape[1], sliding_window
+    )
+    return run_attention_plan(plan, query, key_cache, value_cache, scale=scale)
+
+
+def ref_paged_decode_attention(
+    query, key_cache, value_cache, block_tables, context_lens, *, scale, sliding_window=None
+) -> torch.Tensor:
+    num_seqs = query.shape[0]
+    query_start_loc = torch.arange(num_seqs + 1, dtype=torch.int32)
+    return ref_paged_prefill_attention(
+        query, key_cache, value_cache, block_tables, query_start_loc, context_lens, scale=scale,
+        sliding_window=sliding_window,
+    )

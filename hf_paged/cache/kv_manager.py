@@ -1,0 +1,181 @@
+"""Block tables of live sequences on top of the block pool: growth, sharing, copy-on-write, prefix hits.
+
+A sequence is any hashable id (a request id in the engine, a batch row in the stock `cache=` path). The manager
+knows token counts and block ids, never requests, queues or budgets (that is the scheduler's business).
+
+    block table of one sequence (block_size 4, num_tokens 10)
+    | b7: t0..t3 | b2: t4..t7 | b9: t8 t9 _ _ |
+      full         full          partial: the only block that is ever written again
+    A full block may be shared (ref_count > 1, prefix hits, forks); a shared partial block is copied before the
+    next write (copy-on-write): the copy is queued in `pending_copies` for the storage owner to perform.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from hf_paged.cache.block_pool import BlockPool
+
+
+@dataclass(slots=True)
+class BlockCopy:
+    """Storage copy the owner of the K/V tensors must perform before the next forward."""
+
+    src_block_id: int
+    dst_block_id: int
+
+
+@dataclass(slots=True)
+class SeqBlocks:
+    """What the manager knows about one sequence."""
+
+    block_ids: list[int] = field(default_factory=list)
+    num_tokens: int = 0  # slots claimed: tokens written or being written by the current forward
+    num_cached_blocks: int = 0  # leading blocks already inserted into the prefix cache
+
+
+class KVCacheManager:
+    """Block tables over a `BlockPool`, with an optional prefix cache (`RadixCache`)."""
+
+    def __init__(self, pool: BlockPool, block_size: int, prefix_cache=None) -> None:
+        self.pool = pool
+        self.block_size = block_size
+        self.prefix_cache = prefix_cache
+        self.seqs: dict[Hashable, SeqBlocks] = {}
+        self.pending_copies: list[BlockCopy] = []
+
+    # -- queries ---------------------------------------------------------------------------------------
+    def __contains__(self, seq_id: Hashable) -> bool:
+        return seq_id in self.seqs
+
+    def block_ids(self, seq_id: Hashable) -> list[int]:
+        return self.seqs[seq_id].block_ids
+
+    def num_tokens(self, seq_id: Hashable) -> int:
+        return self.seqs[seq_id].num_tokens
+
+    def blocks_needed(self, seq_id: Hashable, num_new_tokens: int) -> int:
+        """Blocks `allocate_slots(seq_id, num_new_tokens)` would take from the pool (copy-on-write included)."""
+        seq = self.seqs.get(seq_id)
+        have_tokens = seq.num_tokens if seq else 0
+        have_blocks = len(seq.block_ids) if seq else 0
+        need = -(-(have_tokens + num_new_tokens) // self.block_size) - have_blocks
+        if seq and num_new_tokens > 0 and self._last_block_needs_copy(seq):
+            need += 1
+        return max(need, 0)
+
+    def slots(self, seq_id: Hashable, start: int, end: int) -> list[int]:
+        """Flat slots of positions start .. end - 1 of a sequence."""
+        table, bs = self.seqs[seq_id].block_ids, self.block_size
+        return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def num_unused_slots(self) -> int:
+        """Slots allocated but not holding a token (internal fragmentation), over live sequences."""
+        return sum(len(s.block_ids) * self.block_size - s.num_tokens for s in self.seqs.values())
+
+    # -- mechanism -------------------------------------------------------------------------------------
+    def add_sequence(self, seq_id: Hashable, token_ids: Sequence[int] = (), extra_keys: tuple = ()) -> int:
+        """Register a sequence; with a prefix cache, take the longest cached prefix of `token_ids` (full blocks,
+        always leaving at least the last token to compute). Returns the number of tokens served from cache."""
+        if seq_id in self.seqs:
+            raise KeyError(f"sequence {seq_id!r} is already registered")
+        seq = SeqBlocks()
+        self.seqs[seq_id] = seq
+        if self.prefix_cache is None or len(token_ids) < 2:
+            return 0
+        match = self.prefix_cache.match(token_ids[: len(token_ids) - 1], extra_keys)
+        if match.num_tokens:
+            self.pool.incref(match.block_ids)
+            seq.block_ids = list(match.block_ids)
+            seq.num_tokens = match.num_tokens
+            seq.num_cached_blocks = len(match.block_ids)
+        return match.num_tokens
+
+    def allocate_slots(self, seq_id: Hashable, num_new_tokens: int) -> bool:
+        """Claim slots for `num_new_tokens` more tokens; False (and no change) when the pool cannot hold them."""
+        seq = self.seqs[seq_id]
+        need = self.blocks_needed(seq_id, num_new_tokens)
+        if need and not self.pool.can_allocate(need):
+            return False
+        if num_new_tokens > 0 and self._last_block_needs_copy(seq):
+            (new_block,) = self.pool.allocate(1)
+            old_block = seq.block_ids[-1]
+            self.pending_copies.append(BlockCopy(old_block, new_block))
+            self.pool.free([old_block])
+            seq.block_ids[-1] = new_block
+            need -= 1
+        if need:
+            seq.block_ids.extend(self.pool.allocate(need))
+        seq.num_tokens += num_new_tokens
+        return True
+
+    def fork(self, src_id: Hashable, dst_id: Hashable) -> None:
+        """`dst` shares every block of `src` (its partial last block is copied on its first write)."""
+        src = self.seqs[src_id]
+        if dst_id in self.seqs:
+            raise KeyError(f"sequence {dst_id!r} is already registered")
+        self.pool.incref(src.block_ids)
+        self.seqs[dst_id] = SeqBlocks(list(src.block_ids), src.num_tokens, src.num_cached_blocks)
+
+    def truncate(self, seq_id: Hashable, num_tokens: int) -> None:
+        """Keep only the first `num_tokens` tokens (freeing whole blocks past them)."""
+        seq = self.seqs[seq_id]
+        keep_blocks = -(-num_tokens // self.block_size)
+        dropped = seq.block_ids[keep_blocks:]
+        del seq.block_ids[keep_blocks:]
+        self.pool.free(reversed(dropped))
+        seq.num_tokens = min(seq.num_tokens, num_tokens)
+        seq.num_cached_blocks = min(seq.num_cached_blocks, keep_blocks)
+
+    def free(self, seq_id: Hashable) -> None:
+        """Give a sequence's blocks back, tail first (so LRU order evicts suffixes before prefixes)."""
+        seq = self.seqs.pop(seq_id)
+        self.pool.free(reversed(seq.block_ids))
+
+    def cache_full_blocks(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple = ()) -> None:
+        """Insert the sequence's full, computed blocks into the prefix cache. `token_ids` are its tokens whose K/V
+        are written (prompt and output so far); only complete blocks among them are inserted."""
+        if self.prefix_cache is None:
+            return
+        seq = self.seqs[seq_id]
+        num_full = min(len(token_ids), seq.num_tokens) // self.block_size
+        if num_full <= seq.num_cached_blocks:
+            return
+        self.prefix_cache.insert(token_ids[: num_full * self.block_size], seq.block_ids[:num_full], extra_keys)
+        seq.num_cached_blocks = num_full
+
+    def take_pending_copies(self) -> list[BlockCopy]:
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
+
+    def reset(self) -> None:
+        """Forget every sequence (their blocks go back to the pool)."""
+        for seq_id in list(self.seqs):
+            self.free(seq_id)
+        self.pending_copies.clear()
+
+    def _last_block_needs_copy(self, seq: SeqBlocks) -> bool:
+        if not seq.block_ids or seq.num_tokens % self.block_size == 0:
+            return False
+        last = seq.block_ids[-1]
+        return self.pool.ref_counts[last] > 1 or self.pool.is_cached(last)
+
+    # -- invariants ------------------------------------------------------------------------------------
+    def expected_ref_counts(self) -> dict[int, int]:
+        counts: dict[int, int] = {}
+        for seq in self.seqs.values():
+            for block_id in seq.block_ids:
+                counts[block_id] = counts.get(block_id, 0) + 1
+        return counts
+
+    def check_integrity(self) -> None:
+        for seq_id, seq in self.seqs.items():
+            capacity = len(seq.block_ids) * self.block_size
+            assert seq.num_tokens <= capacity, f"sequence {seq_id!r}: {seq.num_tokens} tokens in {capacity} slots"
+            assert capacity - seq.num_tokens < self.block_size or seq.num_tokens == 0, (
+                f"sequence {seq_id!r} holds a whole unused block"
+            )
+        self.pool.check_integrity(self.expected_ref_counts())
+        if self.prefix_cache is not None:
+            self.prefix_cache.check_integrity()

@@ -1,0 +1,53 @@
+"""`PagedMetadata`: what one packed forward needs to know about its requests, passed as a model kwarg.
+
+The engine builds one per step and passes it as `model(..., paged_metadata=meta)`; transformers hands the kwargs
+to every `cache.update(...)` and attention call, so nothing per step lives in a global. Derived device tensors
+and gather plans are memoised on the object, so the layers of one forward share them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(slots=True)
+class PagedMetadata:
+    """Per-step attention metadata of a packed ragged batch (batch size 1, requests concatenated)."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64: flat slot of every new token
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32 (padded with 0)
+    query_start_loc: list[int]  # num_seqs + 1 offsets of each request's new tokens in the packed batch
+    context_lens: list[int]  # tokens in the cache per request after this step's tokens are stored
+    block_size: int
+    _on_device: dict = field(default_factory=dict)  # (name, device) -> tensor
+    plans: dict = field(default_factory=dict)  # attention plans per (device, sliding_window), built at first use
+
+    @property
+    def num_seqs(self) -> int:
+        return len(self.context_lens)
+
+    @property
+    def max_query_len(self) -> int:
+        return max(b - a for a, b in zip(self.query_start_loc, self.query_start_loc[1:]))
+
+    def _get(self, name: str, device: torch.device, make) -> torch.Tensor:
+        key = (name, device)
+        tensor = self._on_device.get(key)
+        if tensor is None:
+            tensor = make().to(device, non_blocking=True)
+            self._on_device[key] = tensor
+        return tensor
+
+    def slot_mapping_on(self, device: torch.device) -> torch.Tensor:
+        return self._get("slot_mapping", device, lambda: self.slot_mapping)
+
+    def block_tables_on(self, device: torch.device) -> torch.Tensor:
+        return self._get("block_tables", device, lambda: self.block_tables)
+
+    def query_start_loc_on(self, device: torch.device) -> torch.Tensor:
+        return self._get("query_start_loc", device, lambda: torch.tensor(self.query_start_loc, dtype=torch.int32))
+
+    def context_lens_on(self, device: torch.device) -> torch.Tensor:
+        return self._get("context_lens", device, lambda: torch.tensor(self.context_lens, dtype=torch.int32))

@@ -1,0 +1,77 @@
+"""How big a block is, how many blocks a budget buys, and the message when they run out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hf_paged.config import PagedConfig
+from hf_paged.errors import OutOfBlocksError
+
+_DEFAULT_CPU_BUDGET = 2 << 30  # bytes of KV on CPU when nothing is configured (allocated lazily, untouched)
+_DEFAULT_GPU_FRACTION = 0.4  # of free device memory when nothing is configured
+
+
+@dataclass(slots=True, frozen=True)
+class KVShape:
+    """What one token costs in every layer."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    max_model_len: int  # the model's maximum positions (for default sizing and prompt checks)
+
+    def bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.num_layers * block_size * self.num_kv_heads * self.head_dim * elem
+
+
+def kv_shape_of(config) -> KVShape:
+    """Read layer count, KV heads and head size from a transformers config (decoder part)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    num_layers = getattr(text, "num_hidden_layers", None)
+    num_heads = getattr(text, "num_attention_heads", None)
+    hidden = getattr(text, "hidden_size", None)
+    if not num_layers or not num_heads or not hidden:
+        raise ValueError(
+            f"cannot read num_hidden_layers / num_attention_heads / hidden_size from {type(config).__name__}"
+        )
+    num_kv_heads = getattr(text, "num_key_value_heads", None) or num_heads
+    head_dim = getattr(text, "head_dim", None) or hidden // num_heads
+    max_len = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None) or 1 << 20
+    return KVShape(int(num_layers), int(num_kv_heads), int(head_dim), int(max_len))
+
+
+def num_blocks_for(cfg: PagedConfig, shape: KVShape, dtype: torch.dtype, device=None) -> int:
+    """`num_blocks` if given, else what `max_cache_bytes` (or a default budget) buys, at most what
+    `max_num_seqs` sequences of the model's maximum length could use."""
+    if cfg.num_blocks is not None:
+        return cfg.num_blocks
+    per_block = shape.bytes_per_block(cfg.block_size, dtype)
+    budget = cfg.max_cache_bytes
+    if budget is None:
+        budget = _default_budget(device)
+        ceiling = cfg.max_num_seqs * -(-shape.max_model_len // cfg.block_size)
+        return max(1, min(budget // per_block, ceiling))
+    blocks = budget // per_block
+    if blocks < 1:
+        raise ValueError(
+            f"PagedConfig.max_cache_bytes={budget} is smaller than one block ({per_block} bytes); raise it"
+        )
+    return blocks
+
+
+def _default_budget(device) -> int:
+    device = torch.device(device) if device is not None else None
+    if device is not None and device.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free * _DEFAULT_GPU_FRACTION)
+    return _DEFAULT_CPU_BUDGET
+
+
+def out_of_blocks(needed: int, free: int, total: int, block_size: int) -> OutOfBlocksError:
+    return OutOfBlocksError(
+        f"need {needed} blocks of {block_size} tokens, {free} of {total} free: raise PagedConfig.num_blocks "
+        "(or max_cache_bytes), or lower the batch size / max_num_seqs / max_new_tokens"
+    )

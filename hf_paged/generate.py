@@ -1,0 +1,183 @@
+"""The patched `generate` and `generate_batch` of a wrapped model.
+
+`generate`: each row of `input_ids` (padding stripped by `attention_mask`) becomes a request; the engine runs
+them; the result is assembled exactly as stock `generate` returns it (left padding kept, finished rows padded with
+`pad_token_id`, `return_dict_in_generate`, `output_scores`, `streamer`). Modes the engine does not implement fall
+back to stock `generate` with a one-line warning.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from hf_paged.batching.request import RequestOutput, RequestStatus
+from hf_paged.batching.sampling import SamplingParams, as_list
+from hf_paged.errors import PromptTooLongError, RequestFailedError
+from hf_paged.generate_output import assemble_generate_output, make_streamer_hook
+from hf_paged.generate_processors import ProcessorFactory
+
+# generate() arguments (besides generation options) the engine understands.
+_ENGINE_MODEL_KWARGS = {"attention_mask", "use_cache"}
+
+
+class PagedFallbackWarning(UserWarning):
+    """`generate` was asked for something the paged engine does not do, and ran stock `generate` instead."""
+
+
+def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, extra: dict) -> str | None:
+    if (generation_config.num_beams or 1) > 1:
+        return "beam search"
+    if extra.get("assistant_model") is not None or generation_config.prompt_lookup_num_tokens:
+        return "assisted decoding"
+    if getattr(generation_config, "penalty_alpha", None):
+        return "contrastive search"
+    if generation_config.guidance_scale not in (None, 1, 1.0):
+        return "classifier-free guidance"
+    if extra.get("stopping_criteria"):
+        return "custom stopping_criteria"
+    if extra.get("prefix_allowed_tokens_fn") is not None:
+        return "prefix_allowed_tokens_fn"
+    if extra.get("custom_generate") is not None or extra.get("synced_gpus"):
+        return "custom_generate / synced_gpus"
+    if generation_config.output_attentions or generation_config.output_hidden_states:
+        return "output_attentions / output_hidden_states"
+    if getattr(generation_config, "token_healing", False):
+        return "token healing"
+    other = sorted(k for k, v in kwargs.items() if k not in _ENGINE_MODEL_KWARGS and v is not None)
+    if other:
+        return f"model inputs {other}"
+    return None
+
+
+def paged_generate(model, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None,
+                   logits_processor=None, stopping_criteria=None, prefix_allowed_tokens_fn=None, synced_gpus=None,
+                   assistant_model=None, streamer=None, negative_prompt_ids=None, negative_prompt_attention_mask=None,
+                   use_model_defaults=None, custom_generate=None, **kwargs: Any):
+    """Stock `generate` signature, run on the paged engine. See the module docstring."""
+    from hf_paged.wrap import engine_of
+
+    stock = type(model).generate.__get__(model)
+    extra = dict(stopping_criteria=stopping_criteria, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+                 synced_gpus=synced_gpus, assistant_model=assistant_model, custom_generate=custom_generate)
+    input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
+    if input_ids is None or "inputs_embeds" in kwargs or kwargs.get("cache") is not None \
+            or kwargs.get("past_key_values") is not None or negative_prompt_ids is not None:
+        return _fallback(stock, "inputs_embeds / an explicit cache / no input_ids", inputs, generation_config,
+                         logits_processor, streamer, extra, kwargs, negative_prompt_ids, negative_prompt_attention_mask)
+    gen_config, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
+    reason = _fallback_reason(model, gen_config, model_kwargs, extra)
+    if reason is not None:
+        return _fallback(stock, reason, input_ids, generation_config, logits_processor, streamer, extra, kwargs,
+                         negative_prompt_ids, negative_prompt_attention_mask)
+
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    attention_mask = model_kwargs.get("attention_mask")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    prompts = [row[mask.bool()].tolist() for row, mask in zip(input_ids.cpu(), attention_mask.cpu())]
+    engine = engine_of(model)
+    padded_len = input_ids.shape[1]
+    max_new_tokens = gen_config.max_new_tokens
+    if max_new_tokens is None:
+        max_new_tokens = max(gen_config.max_length - padded_len, 1)
+    _check_prompts(engine, prompts, max_new_tokens)
+
+    eos = as_list(gen_config.eos_token_id)
+    pad_token_id = gen_config.pad_token_id if gen_config.pad_token_id is not None else (eos[0] if eos else 0)
+    factory = ProcessorFactory(model, gen_config, logits_processor, input_ids.device)
+    num_seqs = gen_config.num_return_sequences or 1
+    ids = []
+    for i, prompt in enumerate(prompts):
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens, do_sample=bool(gen_config.do_sample), eos_token_id=eos or None,
+            logits_processors=factory.for_prompt_length(len(prompt)), num_return_sequences=num_seqs,
+            min_new_tokens=gen_config.min_new_tokens or 0,
+            output_scores=bool(gen_config.output_scores), output_logits=bool(gen_config.output_logits),
+            stop_strings=gen_config.stop_strings, tokenizer=kwargs.get("tokenizer"),
+        )
+        ids.append(engine.add_request(prompt, params, request_id=f"generate_{id(input_ids)}_{i}"))
+    order = [rid for rid in ids for rid in [rid] + [f"{rid}__child#{k}" for k in range(num_seqs - 1)]]
+    on_step = make_streamer_hook(streamer, input_ids, order, pad_token_id)
+    outputs = engine.run(order, on_step=on_step)
+    if streamer is not None:
+        streamer.end()
+    failed = [o for o in outputs.values() if o.status is RequestStatus.FAILED]
+    if failed:
+        raise RequestFailedError(f"request {failed[0].request_id} failed: {failed[0].error}")
+    ordered = [outputs[rid] for rid in order]
+    return assemble_generate_output(
+        input_ids.repeat_interleave(num_seqs, dim=0), ordered, gen_config, pad_token_id, factory.vocab_size,
+        scores=[o.scores or [] for o in ordered], logits=[o.logits or [] for o in ordered],
+    )
+
+
+def _check_prompts(engine, prompts: list[list[int]], max_new_tokens: int) -> None:
+    """Raise before any work starts (stock generate users expect exceptions, not FAILED outputs)."""
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"row {i} of input_ids is all padding (attention_mask is 0 everywhere)")
+        error = engine.validate_prompt(prompt, SamplingParams(max_new_tokens=max_new_tokens))
+        if error is not None:
+            kind = PromptTooLongError if "tokens" in error and "vocabulary" not in error else ValueError
+            raise kind(f"row {i}: {error}")
+
+
+def _fallback(stock, reason, inputs, generation_config, logits_processor, streamer, extra, kwargs,
+              negative_prompt_ids, negative_prompt_attention_mask):
+    warnings.warn(f"hf_paged: {reason} is not supported by the paged engine; running stock generate",
+                  PagedFallbackWarning, stacklevel=3)
+    return stock(inputs, generation_config, logits_processor=logits_processor, streamer=streamer,
+                 negative_prompt_ids=negative_prompt_ids, negative_prompt_attention_mask=negative_prompt_attention_mask,
+                 **{k: v for k, v in extra.items() if v is not None}, **kwargs)
+
+
+def paged_generate_batch(model, inputs: list[list[int]], generation_config: GenerationConfig | None = None,
+                         continuous_batching_config=None, record_timestamps: bool = False, progress_bar: bool = False,
+                         persistent_manager: bool = False, warmup: bool = True, *,
+                         logits_processor=None, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                         priorities: Sequence[int] | None = None, **kwargs: Any) -> dict[str, RequestOutput]:
+    """transformers' `generate_batch` signature on the paged engine; returns `{request_id: RequestOutput}` in input
+    order (`req_0`, `req_1`, ...; forks of `num_return_sequences` as `req_0__child#0`, ... after their parent).
+
+    Beyond transformers: `logits_processor=` (applied per request with its own history), `sampling_params=`
+    (one `SamplingParams` for all, or one per input), `priorities=` (higher first). `continuous_batching_config`,
+    `persistent_manager` and `warmup` are accepted for compatibility and ignored (the engine persists).
+    """
+    from hf_paged.batching.progress import progress_hook
+    from hf_paged.wrap import engine_of
+
+    if not inputs:
+        return {}
+    engine = engine_of(model)
+    per_request = _sampling_params_for(model, inputs, generation_config, logits_processor, sampling_params, kwargs)
+    ids = []
+    for i, (prompt, params) in enumerate(zip(inputs, per_request)):
+        priority = priorities[i] if priorities is not None else 0
+        ids.append(engine.add_request(list(prompt), params, request_id=f"req_{i}", priority=priority))
+    order = [c for rid, p in zip(ids, per_request) for c in [rid] + [f"{rid}__child#{k}" for k in range(p.num_return_sequences - 1)]]
+    with progress_hook(engine, len(order), enabled=progress_bar) as on_step:
+        return engine.run(order, on_step=on_step)
+
+
+def _sampling_params_for(model, inputs, generation_config, logits_processor, sampling_params, kwargs):
+    if sampling_params is not None:
+        if isinstance(sampling_params, SamplingParams):
+            return [sampling_params] * len(inputs)
+        if len(sampling_params) != len(inputs):
+            raise ValueError(f"got {len(sampling_params)} sampling_params for {len(inputs)} inputs; give one each")
+        return list(sampling_params)
+    gen_config = generation_config if generation_config is not None else model.generation_config
+    max_new_tokens = kwargs.pop("max_new_tokens", None)
+    if kwargs:
+        gen_config = GenerationConfig.from_dict({**gen_config.to_dict(), **kwargs})
+    factory = ProcessorFactory(model, gen_config, logits_processor, None)
+    overrides = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {}
+    base = SamplingParams.from_generation_config(gen_config, **overrides)
+    return [base.replace(logits_processors=factory.for_prompt_length(len(p)), temperature=1.0, top_k=None, top_p=1.0)
+            for p in inputs]

@@ -1,0 +1,130 @@
+"""`wrap` / `unwrap` / `engine_of`: patch a stock causal LM so `generate` runs on the paged engine.
+
+The model object stays what it was: `generate` and `generate_batch` become instance attributes (no class swap, so
+`save_pretrained` and `isinstance` are unaffected), the engine hangs off `model._hf_paged`, and the model's
+attention implementation is only switched during the engine's own forwards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MethodType
+from typing import Any
+
+import torch
+
+from hf_paged.config import PagedConfig
+from hf_paged.errors import UnsupportedModelError
+
+_STATE_ATTR = "_hf_paged"
+_PATCHED = ("generate", "generate_batch")
+# Families whose attention bypasses transformers' AttentionInterface or calls cache.update without its kwargs.
+_UNSUPPORTED_MODEL_TYPES = {
+    "gpt_neox": "its attention calls cache.update without the attention kwargs",
+    "falcon": "its attention bypasses transformers' AttentionInterface",
+    "bloom": "its attention bypasses transformers' AttentionInterface",
+    "mpt": "its attention bypasses transformers' AttentionInterface",
+}
+_SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
+
+
+@dataclass(slots=True)
+class _WrapState:
+    config: PagedConfig
+    saved: dict[str, Any]  # instance attributes we replaced (absent ones map to _MISSING)
+    engine: Any = None  # created at first use
+
+
+_MISSING = object()
+
+
+def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides: Any) -> torch.nn.Module:
+    """Make `model.generate` / `model.generate_batch` run on the paged continuous-batching engine.
+
+    Args:
+        model: a transformers causal LM (decoder-only, attention through `AttentionInterface`).
+        config: a `PagedConfig`; keyword `overrides` change single fields (`wrap(model, block_size=32)`).
+
+    Returns:
+        The same model object, patched. Wrapping an already wrapped model with no new settings is a no-op.
+
+    Example:
+        >>> model = hf_paged.wrap(AutoModelForCausalLM.from_pretrained(path))     # doctest: +SKIP
+        >>> model.generate(input_ids, attention_mask=mask, max_new_tokens=32)     # doctest: +SKIP
+    """
+    if config is not None and not isinstance(config, PagedConfig):
+        raise TypeError(f"config must be a hf_paged.PagedConfig, got {type(config).__name__}")
+    config = (config or PagedConfig()).with_overrides(**overrides) if overrides else (config or PagedConfig())
+    state: _WrapState | None = model.__dict__.get(_STATE_ATTR)
+    if state is not None:
+        if config != state.config and (overrides or config != PagedConfig()):
+            raise ValueError(
+                "model is already wrapped with a different PagedConfig; call hf_paged.unwrap(model) first"
+            )
+        return model
+    check_supported(model)
+    from hf_paged.generate import paged_generate, paged_generate_batch
+
+    saved = {name: model.__dict__.get(name, _MISSING) for name in _PATCHED}
+    object.__setattr__(model, _STATE_ATTR, _WrapState(config, saved))
+    model.__dict__["generate"] = MethodType(paged_generate, model)
+    model.__dict__["generate_batch"] = MethodType(paged_generate_batch, model)
+    return model
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """Undo `wrap`: the model is exactly as before (its engine and cache are released)."""
+    state: _WrapState | None = model.__dict__.pop(_STATE_ATTR, None)
+    if state is None:
+        return model
+    for name, value in state.saved.items():
+        if value is _MISSING:
+            model.__dict__.pop(name, None)
+        else:
+            model.__dict__[name] = value
+    return model
+
+
+def is_wrapped(model: torch.nn.Module) -> bool:
+    return _STATE_ATTR in model.__dict__
+
+
+def engine_of(model: torch.nn.Module):
+    """The `Engine` behind a wrapped model (created at first use)."""
+    state: _WrapState | None = model.__dict__.get(_STATE_ATTR)
+    if state is None:
+        raise ValueError("model is not wrapped: call hf_paged.wrap(model) first")
+    if state.engine is None:
+        from hf_paged.batching.engine import Engine
+
+        state.engine = Engine(model, state.config)
+    return state.engine
+
+
+def check_supported(model: torch.nn.Module) -> None:
+    """Raise `UnsupportedModelError` saying why the engine cannot drive this model."""
+    name = type(model).__name__
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(model, "generate"):
+        raise UnsupportedModelError(f"{name} is not a transformers generative model (no config / generate)")
+    if getattr(config, "is_encoder_decoder", False):
+        raise UnsupportedModelError(f"{name} is an encoder-decoder model; hf_paged serves decoder-only causal LMs")
+    model_type = getattr(config, "model_type", "")
+    if model_type in _UNSUPPORTED_MODEL_TYPES:
+        raise UnsupportedModelError(
+            f"{name} ({model_type}) is not supported: {_UNSUPPORTED_MODEL_TYPES[model_type]}; use stock generate"
+        )
+    can_set = getattr(model, "_can_set_attn_implementation", None)
+    if can_set is not None and not can_set():
+        raise UnsupportedModelError(
+            f"{name} does not route attention through transformers' AttentionInterface; use stock generate"
+        )
+    text = config.get_text_config(decoder=True)
+    layer_types = set(getattr(text, "layer_types", None) or ())
+    if layer_types - _SUPPORTED_LAYER_TYPES:
+        raise UnsupportedModelError(
+            f"{name} has layer types {sorted(layer_types - _SUPPORTED_LAYER_TYPES)}; hf_paged pages full and "
+            "sliding-window attention layers only"
+        )
+    if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is None:
+        raise UnsupportedModelError(f"{name} has no language-model head; wrap the *ForCausalLM class")
