@@ -182,7 +182,8 @@ class Engine:
             row_of.extend([row] * len(children))
         if len(samplers) != len(inputs.sampled_requests):
             logits = logits.index_select(0, torch.tensor(row_of))
-        sample = self.sampler(samplers, logits)
+        with torch.inference_mode():  # the logits are inference tensors: processors may edit them in place
+            sample = self.sampler(samplers, logits)
         now = time.perf_counter()
         for request, token, error in zip(samplers, sample.token_ids, sample.errors):
             if error is not None:
@@ -274,7 +275,7 @@ class Engine:
 
     def _waits_for_inflight_prefix(self, request: Request) -> bool:
         radix = self.kv.prefix_cache
-        if radix is None or request.swapped is not None or request.num_preemptions:
+        if not hasattr(radix, "is_inflight") or request.swapped is not None or request.num_preemptions:
             return False
         return radix.is_inflight(request.all_token_ids[:-1], self._extra_keys(request), self._inflight_digests())
 

@@ -131,7 +131,7 @@ class Scheduler:
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
         candidates = [item[1] for item in self.waiting]
-        if len(candidates) <= _PREFIX_AWARE_QUEUE_LIMIT and self.kv.prefix_cache is not None:
+        if len(candidates) <= _PREFIX_AWARE_QUEUE_LIMIT and hasattr(self.kv.prefix_cache, "peek"):
             candidates = self._prefer_cached(candidates)
         admitted: list[Request] = []
         for request in candidates:

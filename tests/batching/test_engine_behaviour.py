@@ -1,0 +1,161 @@
+"""Engine behaviour: processors, faults, aborts, streaming, outputs, metrics, soak."""
+
+import random
+
+import pytest
+import torch
+from transformers import GenerationConfig, LogitsProcessor, NoBadWordsLogitsProcessor, RepetitionPenaltyLogitsProcessor
+
+import hf_paged
+from hf_paged import Engine, PagedConfig, RequestStatus, SamplingParams
+from hf_paged.errors import UnsupportedGenerationError
+from tests.tiny_models import VOCAB, left_pad, ragged_prompts, tiny_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama")
+
+
+def test_user_logits_processors_match_stock(model):
+    prompts = ragged_prompts([7, 19, 30], seed=5)
+    procs = [RepetitionPenaltyLogitsProcessor(1.8), NoBadWordsLogitsProcessor([[10], [20, 21]], eos_token_id=None)]
+    ids, mask = left_pad(prompts)
+    stock = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, logits_processor=procs)
+    hf_paged.wrap(model, max_num_batched_tokens=16)
+    try:
+        wrapped = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, logits_processor=procs)
+        batch = model.generate_batch(prompts, GenerationConfig(max_new_tokens=20), logits_processor=procs)
+    finally:
+        hf_paged.unwrap(model)
+    assert torch.equal(wrapped, stock)
+    for i, out in enumerate(batch.values()):
+        assert out.generated_tokens == stock[i, ids.shape[1]:].tolist()
+        assert 10 not in out.generated_tokens
+
+
+class Exploding(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+        raise RuntimeError("boom")
+
+
+def test_faulty_requests_fail_alone_and_pool_is_whole(model):
+    engine = Engine(model, PagedConfig(block_size=4, num_blocks=64, max_num_batched_tokens=32))
+    good = [engine.add_request(p, SamplingParams(max_new_tokens=8)) for p in ragged_prompts([6, 9], seed=2)]
+    bad = {
+        "empty": engine.add_request([], SamplingParams(max_new_tokens=8)),
+        "vocab": engine.add_request([1, VOCAB + 5, 2], SamplingParams(max_new_tokens=8)),
+        "long": engine.add_request([3] * 600, SamplingParams(max_new_tokens=8)),
+        "pool": engine.add_request([3] * 300, SamplingParams(max_new_tokens=8)),
+        "processor": engine.add_request([4, 5, 6], SamplingParams(max_new_tokens=8, logits_processors=[Exploding()])),
+    }
+    while engine.has_unfinished:
+        engine.step()
+        engine.check_integrity()
+    for i in good:
+        out = engine.pop_output(i)
+        assert out.status is RequestStatus.FINISHED and len(out.generated_tokens) == 8
+    errors = {k: engine.pop_output(v) for k, v in bad.items()}
+    assert all(o.status is RequestStatus.FAILED for o in errors.values())
+    assert "empty prompt" in errors["empty"].error
+    assert "outside the vocabulary" in errors["vocab"].error
+    assert "maximum of 512 positions" in errors["long"].error
+    assert "raise PagedConfig.num_blocks" in errors["pool"].error
+    assert "boom" in errors["processor"].error
+    assert engine.cache.pool.num_free_blocks == 64
+
+
+def test_abort_frees_blocks_at_once(model):
+    engine = Engine(model, PagedConfig(block_size=4, num_blocks=64, enable_prefix_caching=False))
+    rid = engine.add_request(list(range(3, 30)), SamplingParams(max_new_tokens=50))
+    engine.step()
+    assert engine.cache.pool.num_free_blocks < 64
+    engine.abort(rid)
+    assert engine.cache.pool.num_free_blocks == 64
+    out = engine.pop_output(rid)
+    assert out.status is RequestStatus.FAILED and out.finish_reason == "abort"
+    engine.check_integrity()
+
+
+def test_soak_random_requests_and_aborts_leak_nothing(model):
+    rng = random.Random(0)
+    engine = Engine(model, PagedConfig(block_size=4, num_blocks=96, max_num_batched_tokens=64, max_num_seqs=16))
+    live: list[str] = []
+    for n in range(2000):
+        prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 12))]
+        live.append(engine.add_request(prompt, SamplingParams(max_new_tokens=rng.randint(1, 4))))
+        if rng.random() < 0.2 and live:
+            engine.abort(live.pop(rng.randrange(len(live))))
+        if n % 4 == 0:
+            engine.step()
+            engine.check_integrity()
+    while engine.has_unfinished:
+        engine.step()
+    engine.check_integrity()
+    assert engine.cache.pool.num_used_blocks == 0
+    assert engine.stats()["requests_finished"] + engine.stats()["requests_aborted"] == 2000
+
+
+def test_generate_batch_edges(model):
+    hf_paged.wrap(model)
+    try:
+        assert model.generate_batch([]) == {}
+        with pytest.raises(UnsupportedGenerationError, match="num_beams=2"):
+            model.generate_batch([[1, 2, 3]], GenerationConfig(num_beams=2, max_new_tokens=4))
+        outs = model.generate_batch([[5, 6, 7]], GenerationConfig(max_new_tokens=3, num_return_sequences=3,
+                                                                   do_sample=True), progress_bar=True)
+        assert list(outs) == ["req_0", "req_0__child#0", "req_0__child#1"]
+        assert all(len(o.generated_tokens) == 3 for o in outs.values())
+    finally:
+        hf_paged.unwrap(model)
+
+
+def test_stream_and_step_outputs(model):
+    engine = Engine(model, PagedConfig(block_size=4))
+    a = engine.add_request([3, 4, 5], SamplingParams(max_new_tokens=5))
+    b = engine.add_request([6, 7], SamplingParams(max_new_tokens=3))
+    seen: dict[str, list[int]] = {a: [], b: []}
+    finished = set()
+    for rid, tokens, done in engine.stream():
+        seen[rid].extend(tokens)
+        if done:
+            finished.add(rid)
+    assert finished == {a, b}
+    assert len(seen[a]) == 5 and len(seen[b]) == 3
+    assert engine.pop_output(a).generated_tokens == seen[a]
+
+
+def test_sampling_is_seeded_per_request(model):
+    def run():
+        engine = Engine(model, PagedConfig())
+        params = SamplingParams(max_new_tokens=12, do_sample=True, temperature=0.8, top_k=20, top_p=0.9, seed=7)
+        rid = engine.add_request([3, 4, 5, 6], params)
+        engine.add_request([9, 9, 9], SamplingParams(max_new_tokens=30, do_sample=True))  # noise around it
+        return engine.run([rid])[rid].generated_tokens
+
+    assert run() == run()
+
+
+def test_stop_conditions(model):
+    engine = Engine(model, PagedConfig())
+    free_run = engine.run([engine.add_request([3, 4, 5], SamplingParams(max_new_tokens=10))])
+    tokens = next(iter(free_run.values())).generated_tokens
+    stop_at = tokens[4]
+    rid = engine.add_request([3, 4, 5], SamplingParams(max_new_tokens=10, eos_token_id=[stop_at]))
+    out = engine.run([rid])[rid]
+    assert out.generated_tokens == tokens[: tokens.index(stop_at) + 1]
+    assert out.finish_reason == "stop"
+    rid = engine.add_request([3, 4, 5], SamplingParams(max_new_tokens=10, eos_token_id=stop_at, min_new_tokens=10))
+    assert engine.run([rid])[rid].finish_reason == "length"
+
+
+def test_stats_report_metrics(model):
+    engine = Engine(model, PagedConfig(max_num_batched_tokens=32))
+    engine.run([engine.add_request(p, SamplingParams(max_new_tokens=6)) for p in ragged_prompts([5, 50, 9])])
+    stats = engine.stats()
+    for key in ("requests_finished", "prompt_tokens", "generated_tokens", "tokens_per_step", "batch_utilization",
+                "ttft_p50_s", "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "preemptions", "blocks_used", "blocks_total",
+                "kv_usage", "prefix_hit_rate"):
+        assert key in stats
+    assert stats["requests_finished"] == 3 and stats["generated_tokens"] == 18
+    assert 0 < stats["batch_utilization"] <= 1

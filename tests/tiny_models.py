@@ -1,0 +1,57 @@
+"""Tiny random models of each supported family, built from configs (no hub)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import (
+    GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
+    MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+)
+
+VOCAB = 96
+COMMON = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=None, pad_token_id=0)
+DECODER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=512, **COMMON)
+
+FAMILIES = {
+    "llama": lambda: LlamaForCausalLM(LlamaConfig(**DECODER)),
+    "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**DECODER)),
+    "mistral": lambda: MistralForCausalLM(MistralConfig(sliding_window=24, **DECODER)),
+    "gemma": lambda: GemmaForCausalLM(GemmaConfig(head_dim=8, **DECODER)),
+    "gpt2": lambda: GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=512, **COMMON)),
+    "phi3": lambda: Phi3ForCausalLM(Phi3Config(**DECODER)),
+}
+
+
+def tiny_model(family: str = "llama", seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    model = FAMILIES[family]().eval()
+    model.config._attn_implementation = "sdpa"
+    model.generation_config.eos_token_id = None
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def ragged_prompts(lengths, seed: int = 1, vocab: int = VOCAB) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+def left_pad(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    return ids, mask
+
+
+def stock_greedy(model, prompts, max_new_tokens: int, **kwargs) -> list[list[int]]:
+    """Reference continuations: stock generate, one prompt at a time (no padding at all)."""
+    outs = []
+    for p in prompts:
+        out = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                             max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
+        outs.append(out[0, len(p):].tolist())
+    return outs
