@@ -102,7 +102,7 @@ class BlockPool:
     def incref(self, block_ids: Iterable[int]) -> None:
         """Share blocks with one more block table (a prefix hit, a fork)."""
         for block_id in block_ids:
-            count = self.ref_counts[block_id]
+            count = self.ref_counts[self._checked(block_id)]
             if count == 0:
                 if block_id not in self._idle_cached:
                     raise RuntimeError(f"block {block_id} is free: it cannot be shared (allocate it instead)")
@@ -112,7 +112,7 @@ class BlockPool:
     def free(self, block_ids: Iterable[int]) -> None:
         """Drop one reference from each block. Give tail blocks last-first so the queue frees them first."""
         for block_id in block_ids:
-            count = self.ref_counts[block_id]
+            count = self.ref_counts[self._checked(block_id)]
             if count <= 0:
                 raise RuntimeError(f"block {block_id} freed twice (ref_count is already 0)")
             self.ref_counts[block_id] = count - 1
@@ -124,7 +124,7 @@ class BlockPool:
 
     def mark_cached(self, block_id: int) -> None:
         """The prefix cache now maps this block (it must be in use: only written blocks are cached)."""
-        if self.ref_counts[block_id] <= 0:
+        if self.ref_counts[self._checked(block_id)] <= 0:
             raise RuntimeError(f"block {block_id} is not in use: only a written block can be cached")
         self._cached.add(block_id)
 
@@ -136,6 +136,12 @@ class BlockPool:
         if block_id in self._idle_cached:
             self._idle_cached.discard(block_id)
             self._free[block_id] = None
+
+    def _checked(self, block_id: int) -> int:
+        # A negative id would silently index from the end of `ref_counts` and corrupt another block's count.
+        if not 0 <= block_id < self.num_blocks:
+            raise IndexError(f"block id {block_id} is out of range: this pool has blocks 0..{self.num_blocks - 1}")
+        return block_id
 
     def _evict(self, num_blocks: int) -> None:
         if self.evictor is None:  # no cache policy attached: any idle cached blocks are fair game
@@ -156,6 +162,7 @@ class BlockPool:
         tables holding it, from the owner of the tables) also assert every ref count."""
         free = set(self._free)
         assert len(free) == len(self._free), "free queue holds a block twice"
+        assert free | self._cached <= set(range(self.num_blocks)), "a free or cached id is not a block of this pool"
         assert self._idle_cached <= self._cached, "an idle cached block is not cached"
         assert not (free & self._cached), "a free block is still cached"
         for block_id, count in enumerate(self.ref_counts):
@@ -165,7 +172,8 @@ class BlockPool:
             else:
                 idle = block_id in self._idle_cached
                 assert (block_id in free) != idle, f"block {block_id} with ref 0 is neither free nor idle cached"
-        assert len(free) + len(self._idle_cached) + self.num_used_blocks == self.num_blocks
+        in_use = sum(1 for count in self.ref_counts if count > 0)  # counted, not derived from the other two
+        assert len(free) + len(self._idle_cached) + in_use == self.num_blocks, "free + idle cached + in use != total"
         if expected_ref_counts is not None:
             for block_id, count in enumerate(self.ref_counts):
                 want = expected_ref_counts.get(block_id, 0)

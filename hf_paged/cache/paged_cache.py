@@ -46,8 +46,11 @@ class PagedLayer(CacheLayerMixin):
         num_kv_heads, head_dim = key_states.shape[1], key_states.shape[-1]
         shape = (self.cache.num_blocks, self.cache.block_size, num_kv_heads, head_dim)
         self.device = key_states.device
-        self.key_cache = torch.empty(shape, dtype=key_states.dtype, device=key_states.device)
-        self.value_cache = torch.empty(shape, dtype=value_states.dtype, device=value_states.device)
+        # Normal (not inference-mode) tensors: the first update may run under inference_mode, but swaps and
+        # copy-on-write must be able to write the storage outside it.
+        with torch.inference_mode(False):
+            self.key_cache = torch.empty(shape, dtype=key_states.dtype, device=key_states.device)
+            self.value_cache = torch.empty(shape, dtype=value_states.dtype, device=value_states.device)
         self.is_initialized = True
 
     def update(
