@@ -159,6 +159,7 @@ class Engine:
         return result
 
     def _run(self, schedule: SchedulerOutput, result: StepOutput) -> None:
+        self.metrics.peak_blocks_used = max(self.metrics.peak_blocks_used, self.cache.pool.num_used_blocks)
         inputs = build_step_inputs(schedule, self.kv, self.config.block_size)
         try:
             logits = self.runner.forward(inputs.input_ids, inputs.positions, inputs.metadata, inputs.logits_rows)

@@ -25,6 +25,7 @@ class EngineMetrics:
     num_generated_tokens: int = 0
     num_forced_tokens: int = 0  # tokens appended by jump-forward (decode steps saved)
     num_steps: int = 0
+    peak_blocks_used: int = 0  # most blocks in use after any step's scheduling
     time_to_first_token: list[float] = field(default_factory=list)  # seconds, per request
     time_per_output_token: list[float] = field(default_factory=list)  # seconds, per request (mean after first)
 
@@ -41,6 +42,7 @@ class EngineMetrics:
             "generated_tokens": self.num_generated_tokens,
             "forced_tokens": self.num_forced_tokens,
             "steps": self.num_steps,
+            "peak_blocks_used": self.peak_blocks_used,
             "tokens_per_step": self.num_computed_tokens / steps,
             "batch_utilization": self.num_computed_tokens / (steps * max_num_batched_tokens),
             "ttft_p50_s": percentile(self.time_to_first_token, 50),

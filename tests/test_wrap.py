@@ -1,0 +1,147 @@
+"""wrap / unwrap / the patched generate: output shapes and options as stock, fallbacks, errors."""
+
+import warnings
+
+import pytest
+import torch
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, TextIteratorStreamer
+
+import hf_paged
+from hf_paged import PagedCache, PagedConfig
+from hf_paged.errors import OutOfBlocksError, PromptTooLongError, UnsupportedModelError
+from hf_paged.generate import PagedFallbackWarning
+from tests.tiny_models import left_pad, ragged_prompts, tiny_model
+
+
+@pytest.fixture()
+def model():
+    return tiny_model("llama")
+
+
+@pytest.fixture()
+def batch():
+    return left_pad(ragged_prompts([4, 11, 7], seed=9))
+
+
+def test_wrap_is_same_object_idempotent_and_unwrap_restores(model):
+    stock_generate = model.generate
+    assert hf_paged.wrap(model) is model
+    assert hf_paged.is_wrapped(model) and type(model).__name__ == "LlamaForCausalLM"
+    engine = hf_paged.engine_of(model)
+    assert hf_paged.wrap(model) is model and hf_paged.engine_of(model) is engine  # no-op
+    with pytest.raises(ValueError, match="unwrap"):
+        hf_paged.wrap(model, block_size=32)
+    hf_paged.unwrap(model)
+    assert "generate" not in model.__dict__ and model.generate == stock_generate
+    assert not hf_paged.is_wrapped(model)
+    with pytest.raises(ValueError, match="not wrapped"):
+        hf_paged.engine_of(model)
+
+
+def test_save_pretrained_unaffected(model, tmp_path):
+    hf_paged.wrap(model)
+    model.save_pretrained(tmp_path)
+    config = (tmp_path / "config.json").read_text()
+    assert "LlamaForCausalLM" in config and "hf_paged" not in config
+
+
+def test_plain_forward_of_wrapped_model_keeps_stock_attention(model, batch):
+    ids, mask = batch
+    before = model(ids, attention_mask=mask).logits
+    hf_paged.wrap(model)
+    model.generate(ids, attention_mask=mask, max_new_tokens=3)
+    after = model(ids, attention_mask=mask).logits
+    assert torch.equal(before, after)
+    assert model.config._attn_implementation == "sdpa"
+
+
+def test_sampling_shapes_dtypes_and_dict_outputs(model, batch):
+    ids, mask = batch
+    stock = model.generate(ids, attention_mask=mask, max_new_tokens=6, return_dict_in_generate=True,
+                           output_scores=True, output_logits=True)
+    hf_paged.wrap(model)
+    sampled = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True, top_p=0.9)
+    assert sampled.shape == (3, ids.shape[1] + 6) and sampled.dtype == torch.long
+    assert torch.equal(sampled[:, : ids.shape[1]], ids)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=6, return_dict_in_generate=True,
+                         output_scores=True, output_logits=True)
+    assert type(out) is type(stock)
+    assert torch.equal(out.sequences, stock.sequences)
+    assert len(out.scores) == len(stock.scores) == 6 and out.scores[0].shape == stock.scores[0].shape
+    assert torch.allclose(torch.stack(out.scores), torch.stack(stock.scores), atol=1e-5)
+    assert torch.allclose(torch.stack(out.logits), torch.stack(stock.logits), atol=1e-5)
+    repeated = model.generate(ids, attention_mask=mask, max_new_tokens=4, do_sample=True, num_return_sequences=2)
+    assert repeated.shape == (6, ids.shape[1] + 4)
+
+
+def test_eos_and_pad_like_stock(model, batch):
+    ids, mask = batch
+    free = model.generate(ids, attention_mask=mask, max_new_tokens=8)
+    eos = int(free[1, ids.shape[1] + 2])  # a token row 1 emits early
+    stock = model.generate(ids, attention_mask=mask, max_new_tokens=8, eos_token_id=eos, pad_token_id=5)
+    hf_paged.wrap(model)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=8, eos_token_id=eos, pad_token_id=5)
+    assert torch.equal(out, stock)
+
+
+def test_streamer_receives_tokens(model):
+    class Collect:
+        def __init__(self):
+            self.chunks = []
+            self.ended = False
+
+        def put(self, value):
+            self.chunks.append(value.tolist())
+
+        def end(self):
+            self.ended = True
+
+    hf_paged.wrap(model)
+    streamer = Collect()
+    out = model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=5, streamer=streamer)
+    assert streamer.ended and streamer.chunks[0] == [[3, 4, 5]]
+    assert [c[0] for c in streamer.chunks[1:]] == out[0, 3:].tolist()
+
+
+def test_unsupported_modes_fall_back_with_one_warning(model, batch):
+    ids, mask = batch
+    stock = model.generate(ids, attention_mask=mask, max_new_tokens=5, num_beams=2)
+    hf_paged.wrap(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=5, num_beams=2)
+    fallbacks = [w for w in caught if issubclass(w.category, PagedFallbackWarning)]
+    assert len(fallbacks) == 1 and "beam search" in str(fallbacks[0].message)
+    assert torch.equal(out, stock)
+
+
+def test_beam_search_through_paged_cache_argument(model, batch):
+    ids, mask = batch
+    stock = model.generate(ids, attention_mask=mask, max_new_tokens=6, num_beams=3)
+    cache = PagedCache(model.config, PagedConfig(block_size=4, num_blocks=256))
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=6, num_beams=3, cache=cache)
+    assert torch.equal(out, stock)
+    cache.check_integrity()
+
+
+def test_errors_name_the_problem_and_the_setting(model, batch):
+    ids, mask = batch
+    cache = PagedCache(model.config, PagedConfig(block_size=4, num_blocks=3))
+    with pytest.raises(OutOfBlocksError, match=r"need \d+ blocks of 4 tokens, 3 of 3 free: raise PagedConfig.num_blocks"):
+        model.generate(ids, attention_mask=mask, max_new_tokens=4, cache=cache)
+    hf_paged.wrap(model, num_blocks=8, block_size=4)
+    engine = hf_paged.engine_of(model)
+    with pytest.raises(PromptTooLongError, match="maximum of 512 positions"):
+        model.generate(torch.ones(1, 600, dtype=torch.long), max_new_tokens=2)
+    with pytest.raises(PromptTooLongError, match="raise PagedConfig.num_blocks"):
+        model.generate(torch.ones(1, 40, dtype=torch.long), max_new_tokens=2)
+    assert engine.stats()["steps"] == 0  # raised before any work
+
+
+def test_unsupported_model_is_rejected_with_reason():
+    neox = GPTNeoXForCausalLM(GPTNeoXConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1,
+                                            num_attention_heads=2, intermediate_size=32))
+    with pytest.raises(UnsupportedModelError, match="gpt_neox.*cache.update"):
+        hf_paged.wrap(neox)
+    with pytest.raises(TypeError, match="PagedConfig"):
+        hf_paged.wrap(tiny_model("llama"), {"block_size": 16})
