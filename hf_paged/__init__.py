@@ -17,10 +17,10 @@ __version__ = "0.1.0"
 
 # Heavy modules (torch, transformers) load on first attribute access, so `import hf_paged` stays cheap.
 _LAZY = {
-    "wrap": "hf_paged.wrap",
-    "unwrap": "hf_paged.wrap",
-    "engine_of": "hf_paged.wrap",
-    "is_wrapped": "hf_paged.wrap",
+    "wrap": "hf_paged.wrapping",
+    "unwrap": "hf_paged.wrapping",
+    "engine_of": "hf_paged.wrapping",
+    "is_wrapped": "hf_paged.wrapping",
     "PagedCache": "hf_paged.cache.paged_cache",
     "PagedLayer": "hf_paged.cache.paged_cache",
     "Engine": "hf_paged.batching.engine",
@@ -52,4 +52,4 @@ if TYPE_CHECKING:  # pragma: no cover
     from hf_paged.batching.request import RequestOutput, RequestStatus
     from hf_paged.batching.sampling import SamplingParams
     from hf_paged.cache.paged_cache import PagedCache, PagedLayer
-    from hf_paged.wrap import engine_of, is_wrapped, unwrap, wrap
+    from hf_paged.wrapping import engine_of, is_wrapped, unwrap, wrap

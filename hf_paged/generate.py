@@ -59,7 +59,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
                    assistant_model=None, streamer=None, negative_prompt_ids=None, negative_prompt_attention_mask=None,
                    use_model_defaults=None, custom_generate=None, **kwargs: Any):
     """Stock `generate` signature, run on the paged engine. See the module docstring."""
-    from hf_paged.wrap import engine_of
+    from hf_paged.wrapping import engine_of
 
     stock = type(model).generate.__get__(model)
     extra = dict(stopping_criteria=stopping_criteria, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
@@ -150,7 +150,7 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     `persistent_manager` and `warmup` are accepted for compatibility and ignored (the engine persists).
     """
     from hf_paged.batching.progress import progress_hook
-    from hf_paged.wrap import engine_of
+    from hf_paged.wrapping import engine_of
 
     if not inputs:
         return {}

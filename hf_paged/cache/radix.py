@@ -1,0 +1,384 @@
+"""The prefix cache: a tree whose edges are full blocks, keyed by chained digests. No torch.
+
+    root ─ [sys prompt 0..15] ─ [sys prompt 16..31] ─┬─ [question A 32..47]
+                                                     └─ [question B 32..47] ─ [answer B 48..63]
+
+A node is one full block: its `block_size` token ids, the pool block that holds their KV, and
+`digest = block_digest(parent digest, token ids, extra keys)`. A block's KV depends on every token before it, so
+a node is only reachable through its whole prefix. A match is verified on the tokens (and extra keys), never on
+the digest alone. The tree takes no references: the caller `pool.incref`s what it keeps; the tree only marks
+its blocks cached in the pool and, as the pool's `Evictor`, gives idle ones back, leaves first, in policy order.
+
+Eviction order comes from an `EvictionQueue` (eviction_policy.py). A node enters it when created; touches only
+update the node's statistics, which the queue reads lazily.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from hf_paged.cache.block_pool import BlockPool
+from hf_paged.cache.eviction_policy import EvictionPolicy, EvictionQueue, make_eviction_policy
+
+__all__ = ["InsertResult", "PrefixMatch", "RadixCache", "block_digest", "prefix_digests"]
+
+_DIGEST_SIZE = 16  # 128 bits: collisions are negligible, and hits are verified on the tokens anyway
+
+
+def _encode_key(key: Any, out: bytearray) -> None:
+    # Type-tagged and length-prefixed so that ("a", "bc") and ("ab", "c") differ; never `hash()` (salted per process).
+    if key is None:
+        out += b"N"
+    elif isinstance(key, bool):
+        out += b"T" if key else b"F"
+    elif isinstance(key, int):
+        raw = key.to_bytes((key.bit_length() + 8) // 8, "little", signed=True)
+        out += b"I" + len(raw).to_bytes(2, "little") + raw
+    elif isinstance(key, float):
+        out += b"D" + struct.pack("<d", key)
+    elif isinstance(key, (str, bytes)):
+        raw = key.encode() if isinstance(key, str) else key
+        out += (b"S" if isinstance(key, str) else b"Y") + len(raw).to_bytes(8, "little") + raw
+    elif isinstance(key, (tuple, list)):
+        out += b"(" + len(key).to_bytes(8, "little")
+        for item in key:
+            _encode_key(item, out)
+    else:
+        raise TypeError(
+            f"extra key of type {type(key).__name__} cannot be hashed stably across processes; "
+            "pass str, bytes, int, float, bool, None or tuples of them (e.g. the adapter's name, not the adapter)"
+        )
+
+
+def _encode_extra_keys(extra_keys: tuple) -> bytes:
+    out = bytearray()
+    _encode_key(tuple(extra_keys), out)
+    return bytes(out)
+
+
+def _digest(parent: bytes | None, token_ids: tuple[int, ...], extra: bytes) -> bytes:
+    h = hashlib.blake2b(digest_size=_DIGEST_SIZE, person=b"hf_paged.block")
+    h.update(b"\x00" if parent is None else b"\x01" + parent)
+    h.update(len(token_ids).to_bytes(4, "little"))
+    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
+    h.update(extra)
+    return h.digest()
+
+
+def block_digest(parent: bytes | None, token_ids: Sequence[int], extra_keys: tuple = ()) -> bytes:
+    """The identity of one block: blake2b over (parent digest, token ids, extra keys); the same in every process.
+
+    Args:
+        parent: digest of the previous block of the sequence, `None` for the first block.
+        token_ids: the block's token ids.
+        extra_keys: what else the KV depends on (adapter name, cache salt); str/bytes/int/float/bool/None/tuples.
+
+    Example:
+        >>> first = block_digest(None, [1, 2, 3, 4])
+        >>> block_digest(first, [5, 6, 7, 8]) != block_digest(None, [5, 6, 7, 8])
+        True
+    """
+    return _digest(parent, tuple(map(int, token_ids)), _encode_extra_keys(extra_keys))
+
+
+def prefix_digests(token_ids: Sequence[int], block_size: int, extra_keys: tuple = ()) -> list[bytes]:
+    """Chained digests of every full block of `token_ids` (e.g. for routing a request to the replica holding it)."""
+    extra, parent, digests = _encode_extra_keys(extra_keys), None, []
+    for start in range(0, len(token_ids) - block_size + 1, block_size):
+        parent = _digest(parent, tuple(map(int, token_ids[start : start + block_size])), extra)
+        digests.append(parent)
+    return digests
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """The longest cached prefix of a query, in full blocks."""
+
+    block_ids: list[int]  # pool blocks holding the prefix, in order; not yet referenced by the caller
+    num_tokens: int  # tokens they cover: len(block_ids) * block_size
+
+
+@dataclass(slots=True)
+class InsertResult:
+    """What an insert did to the tree."""
+
+    num_new_blocks: int  # blocks that became cached by this call
+    cached_block_ids: list[int]  # the tree's block for each inserted position (differs at duplicates)
+    duplicate_block_ids: list[int] = field(default_factory=list)  # caller blocks not cached: another holds that prefix
+
+
+@dataclass(slots=True)
+class _Walk:
+    path: list[_Node]  # the cached blocks that equal the query's first full blocks
+    next_digest: bytes | None  # digest of the query's first full block past them; None if there is none
+
+
+@dataclass(slots=True, eq=False)
+class _Node:
+    token_ids: tuple[int, ...]
+    block_id: int  # -1 for the root
+    digest: bytes | None  # None for the root
+    parent: _Node | None
+    extra_keys: tuple
+    depth: int  # root 0, first block 1
+    children: dict[bytes, _Node] = field(default_factory=dict)  # by digest
+    last_access: int = 0
+    hit_count: int = 1  # its insert + every match that served it
+    priority: int = 0
+    version: int = 0  # bumped on every requeue: queue entries with an older version are stale
+    attached: bool = True
+
+
+class RadixCache:
+    """Prefix tree over full blocks of a `BlockPool`; registers itself as the pool's evictor.
+
+    Args:
+        pool: the block pool whose blocks the tree maps. It must hold no cached blocks yet.
+        block_size: tokens per block.
+        policy: eviction order of idle cached blocks: "lru" (default), "lfu", "priority", or a policy object.
+
+    Example:
+        >>> pool = BlockPool(8); cache = RadixCache(pool, block_size=2)
+        >>> ids = pool.allocate(2); _ = cache.insert([1, 2, 3, 4, 5], ids); pool.free(ids)
+        >>> cache.match([1, 2, 3, 9])
+        PrefixMatch(block_ids=[0], num_tokens=2)
+    """
+
+    def __init__(self, pool: BlockPool, block_size: int, *, policy: str | EvictionPolicy = "lru") -> None:
+        if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+            raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+        if pool.num_cached_blocks:
+            raise ValueError(
+                f"the pool already has {pool.num_cached_blocks} cached blocks from another prefix cache; "
+                "call that cache's reset() first, or give this one a fresh pool"
+            )
+        self.pool, self.block_size = pool, block_size
+        self.policy = make_eviction_policy(policy)
+        self._root = _Node(token_ids=(), block_id=-1, digest=None, parent=None, extra_keys=(), depth=0)
+        self._node_of_block: dict[int, _Node] = {}
+        self._queue: EvictionQueue[_Node] = EvictionQueue(self.policy)
+        self._clock = 0
+        self.num_queries = self.num_hits = self.num_query_tokens = self.num_hit_tokens = 0
+        self.num_evicted = 0
+        self.epoch = 0  # bumped by reset(): KV computed in an older epoch must not be inserted
+        pool.evictor = self
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self._node_of_block)
+
+    # -- lookup ----------------------------------------------------------------------------------------
+    def match(self, token_ids: Sequence[int], extra_keys: tuple = ()) -> PrefixMatch:
+        """Longest cached prefix of full blocks equal to `token_ids`' (checked token by token).
+
+        Refreshes the served blocks for eviction but takes no reference: `pool.incref` the ids you keep. To
+        always recompute a prompt's last token (its logits are needed), pass `token_ids[:-1]`.
+        """
+        bs, path = self.block_size, self._walk(token_ids, extra_keys).path
+        self._touch(path, hit=True)
+        self.num_queries += 1
+        self.num_hits += bool(path)
+        self.num_query_tokens += len(token_ids)
+        self.num_hit_tokens += len(path) * bs
+        return PrefixMatch(block_ids=[n.block_id for n in path], num_tokens=len(path) * bs)
+
+    def digests(self, token_ids: Sequence[int], extra_keys: tuple = ()) -> list[bytes]:
+        """Chained digests of the full blocks of `token_ids` with this cache's block size."""
+        return prefix_digests(token_ids, self.block_size, extra_keys)
+
+    def is_inflight(self, token_ids: Sequence[int], extra_keys: tuple, inflight_digests: Collection[bytes]) -> bool:
+        """Whether the first full block of `token_ids` past its cached prefix is being computed right now.
+
+        `inflight_digests` holds the `digests()` of the prompts still in prefill. When this is True, admitting
+        the request a step later turns that block (and what follows it) into a hit instead of a second
+        computation. Refreshes nothing and counts no query.
+        """
+        return bool(inflight_digests) and self._walk(token_ids, extra_keys).next_digest in inflight_digests
+
+    def _walk(self, token_ids: Sequence[int], extra_keys: tuple) -> _Walk:
+        extra, extra_keys, node, bs = _encode_extra_keys(extra_keys), tuple(extra_keys), self._root, self.block_size
+        path: list[_Node] = []
+        for start in range(0, len(token_ids) - bs + 1, bs):
+            tokens = tuple(map(int, token_ids[start : start + bs]))
+            digest = _digest(node.digest, tokens, extra)
+            child = node.children.get(digest)
+            if child is None or child.token_ids != tokens or child.extra_keys != extra_keys:
+                return _Walk(path, digest)  # absent, or a digest collision: serve only what the tokens prove
+            path.append(child)
+            node = child
+        return _Walk(path, None)
+
+    # -- insert ----------------------------------------------------------------------------------------
+    def insert(
+        self,
+        token_ids: Sequence[int],
+        block_ids: Sequence[int],
+        extra_keys: tuple = (),
+        *,
+        priority: int = 0,
+        epoch: int | None = None,
+    ) -> InsertResult:
+        """Cache the full blocks of a sequence: `block_ids[i]` holds `token_ids[i*bs:(i+1)*bs]`.
+
+        Only full blocks are inserted (`min(len(block_ids), len(token_ids) // block_size)` of them); the blocks
+        must be in use. Where the tree already holds a prefix in another block (two requests computed it at
+        once) the resident block is kept and the caller's is reported in `duplicate_block_ids` (it stays private
+        to the caller). Inserting the same blocks again is a no-op apart from refreshing them.
+
+        Pass `epoch=` the value of `self.epoch` when the request started computing: after a `reset()` (new
+        weights) its blocks hold stale KV and the insert does nothing. `priority` feeds the "priority" policy.
+        """
+        if epoch is not None and epoch != self.epoch:
+            return InsertResult(0, [], [])
+        extra, extra_keys, node, path = _encode_extra_keys(extra_keys), tuple(extra_keys), self._root, []
+        bs, new_nodes, duplicates = self.block_size, list[_Node](), list[int]()
+        try:  # on a misuse error, the blocks inserted so far stay valid and evictable
+            for i in range(min(len(block_ids), len(token_ids) // bs)):
+                tokens, block_id = tuple(map(int, token_ids[i * bs : (i + 1) * bs])), int(block_ids[i])
+                child = self._node_of_block.get(block_id)
+                if child and child.parent is node and child.token_ids == tokens and child.extra_keys == extra_keys:
+                    path.append(child)  # inserted before (a running request as its blocks fill): no need to hash
+                    node = child
+                    continue
+                digest = _digest(node.digest, tokens, extra)
+                child = node.children.get(digest)
+                if child is None:
+                    self._check_insertable(block_id)
+                    child = _Node(tokens, block_id, digest, node, extra_keys, node.depth + 1)
+                    node.children[digest] = child
+                    self._node_of_block[block_id] = child
+                    self.pool.mark_cached(block_id)
+                    new_nodes.append(child)
+                elif child.token_ids != tokens or child.extra_keys != extra_keys:
+                    break  # a digest collision: the resident entry stays, the rest of this sequence stays private
+                elif child.block_id != block_id:
+                    duplicates.append(block_id)
+                path.append(child)
+                node = child
+        finally:
+            self._touch(path, hit=False, priority=priority)
+            for child in new_nodes:  # queued once their statistics are set, so their first key is current
+                self._queue.push(child)
+        return InsertResult(len(new_nodes), [n.block_id for n in path], duplicates)
+
+    def _check_insertable(self, block_id: int) -> None:
+        if not 0 <= block_id < self.pool.num_blocks:
+            raise ValueError(f"block id {block_id} is out of range: the pool has blocks 0..{self.pool.num_blocks - 1}")
+        if self.pool.ref_counts[block_id] == 0:
+            raise ValueError(
+                f"block {block_id} is not in use (ref_count 0): insert a request's blocks before freeing them"
+            )
+        if block_id in self._node_of_block:
+            raise ValueError(
+                f"block {block_id} is already cached for another prefix; a block holds one prefix: pass the "
+                "request's own block table with the tokens it was computed from (and the same extra_keys)"
+            )
+
+    def _touch(self, path: list[_Node], *, hit: bool, priority: int = 0) -> None:
+        # Whole root paths only: keeps parents ordered after their children for every built-in policy.
+        self._clock += 1
+        for node in path:
+            node.last_access = self._clock
+            node.hit_count += hit
+            node.priority = max(node.priority, priority)
+
+    # -- eviction (the pool's Evictor protocol) ----------------------------------------------------------
+    def evict(self, num_blocks: int) -> list[int]:
+        """Drop `num_blocks` idle cached blocks, idle leaves first in policy order, and return their ids.
+
+        Called by the pool, which uncaches the returned ids. Removing a leaf may make its parent an idle leaf,
+        which then competes in the same order. Idle nodes with in-use descendants are not leaves; only if the
+        leaves do not suffice (a request released blocks in the middle of its prefix) is such a node dropped
+        with its subtree, whose in-use blocks then stop being cached but keep working.
+        """
+        refs, victims, interior = self.pool.ref_counts, list[int](), list[_Node]()
+        self._queue.unpark(refs)  # blocks released since the last call compete again
+        while len(victims) < num_blocks and (node := self._queue.pop()) is not None:
+            if refs[node.block_id] > 0:
+                self._queue.park(node)
+            elif node.children:
+                interior.append(node)
+            else:
+                self._detach(node)
+                victims.append(node.block_id)
+                parent = node.parent
+                assert parent is not None  # only the root has none, and the root is never queued
+                if parent is not self._root and not parent.children and refs[parent.block_id] == 0:
+                    self._queue.push(parent)  # for custom policies that do not order parents after children
+        interior.sort(key=self.policy.sort_key)
+        for node in interior:
+            if len(victims) < num_blocks and node.attached:
+                victims.extend(self._drop_subtree(node))
+            elif node.attached:
+                self._queue.push(node)
+        if len(self._queue) > 2 * len(self._node_of_block) + 64:  # stale duplicates from the parent pushes above
+            self._queue.rebuild(self._node_of_block.values())
+        self.num_evicted += len(victims)
+        return victims
+
+    def _detach(self, node: _Node) -> None:
+        assert node.parent is not None and node.digest is not None, "the root cannot be detached"
+        del node.parent.children[node.digest]
+        del self._node_of_block[node.block_id]
+        node.attached = False
+        self._queue.discard(node)
+
+    def _drop_subtree(self, top: _Node) -> list[int]:
+        """Remove `top` and its descendants; return the idle blocks; uncache the in-use ones (they keep working)."""
+        idle, stack, order = [], [top], []
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(node.children.values())
+        for node in reversed(order):  # children before parents
+            self._detach(node)
+            if self.pool.ref_counts[node.block_id] == 0:
+                idle.append(node.block_id)
+            else:
+                self.pool.uncache(node.block_id)
+        return idle
+
+    def reset(self) -> int:
+        """Forget every entry (the weights changed). In-use blocks keep working, uncached; idle ones become free.
+
+        Bumps `epoch`, so inserts from requests that started before (stale KV) are refused. Returns the number of
+        entries dropped.
+        """
+        dropped = list(self._node_of_block.values())
+        for node in dropped:
+            node.attached = False
+            self.pool.uncache(node.block_id)
+        self._root.children.clear()
+        self._node_of_block.clear()
+        self._queue.clear()
+        self.epoch += 1
+        return len(dropped)
+
+    # -- invariants ------------------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Assert tree <-> pool consistency, chained digests, full blocks and the eviction queue's coverage."""
+        pool, bs, seen = self.pool, self.block_size, 0
+        stack = [self._root]
+        while stack:
+            parent = stack.pop()
+            for digest, node in parent.children.items():
+                seen += 1
+                assert node.attached and node.parent is parent, f"block {node.block_id}: wrong parent link"
+                assert node.depth == parent.depth + 1, f"block {node.block_id}: depth {node.depth}"
+                assert len(node.token_ids) == bs, f"block {node.block_id} holds {len(node.token_ids)} tokens"
+                want = _digest(parent.digest, node.token_ids, _encode_extra_keys(node.extra_keys))
+                assert node.digest == digest == want, f"block {node.block_id}: digest does not chain"
+                assert self._node_of_block.get(node.block_id) is node, f"block {node.block_id} not indexed"
+                assert pool.is_cached(node.block_id), f"block {node.block_id} in the tree but not cached in the pool"
+                if parent is not self._root:  # orderings the eviction queue relies on (see eviction_policy.py)
+                    assert parent.last_access >= node.last_access and parent.hit_count >= node.hit_count
+                    assert parent.priority >= node.priority, f"block {node.block_id}: priority above its parent's"
+                stack.append(node)
+        assert seen == len(self._node_of_block), f"{len(self._node_of_block)} indexed blocks, {seen} in the tree"
+        assert pool.num_cached_blocks == seen, f"pool caches {pool.num_cached_blocks} blocks, the tree maps {seen}"
+        stuck = self._queue.unqueued(self._node_of_block.values())
+        assert not stuck, f"blocks {[n.block_id for n in stuck]} are in no eviction queue: they can never be evicted"
