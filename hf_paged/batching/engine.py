@@ -16,6 +16,7 @@ import torch
 
 from hf_paged.batching.metrics import EngineMetrics
 from hf_paged.batching.model_runner import ModelRunner
+from hf_paged.batching.prefix_policy import PrefixPolicy
 from hf_paged.batching.request import Request, RequestOutput, RequestStatus
 from hf_paged.batching.sampler import Sampler
 from hf_paged.batching.sampling import SamplingParams
@@ -58,7 +59,8 @@ class Engine:
         self.scheduler = Scheduler(
             self.config, self.kv, extra_keys=self._extra_keys,
             on_preempt=lambda r: swap_out(self.cache, r), on_resume=lambda r: swap_in(self.cache, r),
-            inflight_prefix=self._waits_for_inflight_prefix,
+            prefix_policy=PrefixPolicy(self.kv.prefix_cache, self.config.block_size, self._extra_keys)
+            if self.kv.prefix_cache is not None else None,
         )
         self.runner = ModelRunner(model, self.cache)
         self.sampler = Sampler()
@@ -273,20 +275,6 @@ class Engine:
     # -- prefix cache ------------------------------------------------------------------------------------
     def _extra_keys(self, request: Request) -> tuple:
         return (self.config.cache_salt,) if self.config.cache_salt else ()
-
-    def _waits_for_inflight_prefix(self, request: Request) -> bool:
-        radix = self.kv.prefix_cache
-        if not hasattr(radix, "is_inflight") or request.swapped is not None or request.num_preemptions:
-            return False
-        return radix.is_inflight(request.all_token_ids[:-1], self._extra_keys(request), self._inflight_digests())
-
-    def _inflight_digests(self) -> set[bytes]:
-        radix = self.kv.prefix_cache
-        digests: set[bytes] = set()
-        for r in self.scheduler.running:
-            if r.num_computed_tokens < len(r.prompt_ids):
-                digests.update(radix.digests(r.prompt_ids, self._extra_keys(r)))
-        return digests
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (e.g. after the weights changed). Returns the entries dropped."""

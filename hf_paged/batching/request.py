@@ -57,6 +57,7 @@ class Request:
     last_token_time: float | None = None
     finish_time: float | None = None
     num_forced_tokens: int = 0  # tokens appended by jump-forward (no sampling step of their own)
+    prompt_digests: list[bytes] | None = None  # prefix-cache digests of the prompt's full blocks (computed once)
 
     @property
     def all_token_ids(self) -> list[int]:

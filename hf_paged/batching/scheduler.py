@@ -55,14 +55,14 @@ class Scheduler:
         extra_keys: Callable[[Request], tuple] = lambda request: (),
         on_preempt: Callable[[Request], None] | None = None,
         on_resume: Callable[[Request], bool] | None = None,
-        inflight_prefix: Callable[[Request], bool] | None = None,
+        prefix_policy=None,
     ) -> None:
         self.config = config
         self.kv = kv
         self.extra_keys = extra_keys
         self.on_preempt = on_preempt  # swap mode: copy the request's K/V to CPU before its blocks go
         self.on_resume = on_resume  # swap mode: take blocks and copy the K/V back; False when they do not fit
-        self.inflight_prefix = inflight_prefix  # True when a request should wait for a prefix being computed
+        self.prefix_policy = prefix_policy  # cache-aware admission (`PrefixPolicy`), None without a prefix cache
         self.waiting: list[tuple[tuple[int, int], Request]] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -131,14 +131,20 @@ class Scheduler:
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
         candidates = [item[1] for item in self.waiting]
-        if len(candidates) <= _PREFIX_AWARE_QUEUE_LIMIT and hasattr(self.kv.prefix_cache, "peek"):
-            candidates = self._prefer_cached(candidates)
+        policy = self.prefix_policy
+        inflight: set[bytes] = set()
+        if policy is not None:
+            inflight = policy.inflight(self.running)
+            if 1 < len(candidates) <= _PREFIX_AWARE_QUEUE_LIMIT:
+                # Cache-aware: within a priority level, longer cached prefixes first; FCFS beyond the limit.
+                hits = {id(r): policy.cached_prefix_len(r) for r in candidates}
+                candidates.sort(key=lambda r: (-r.priority, -hits[id(r)], r.arrival_index))
         admitted: list[Request] = []
         for request in candidates:
             if budget == 0 or len(self.running) + len(admitted) >= self.config.max_num_seqs:
                 break
-            if self.inflight_prefix is not None and self.inflight_prefix(request):
-                continue  # its prefix is being computed by another request: wait one step and hit the cache
+            if policy is not None and policy.should_wait(request, inflight):
+                continue  # its prefix is being computed by another request: wait, then hit the cache
             if not self._start(request):
                 break  # FCFS: do not let smaller requests overtake one that does not fit
             num_tokens = min(request.num_tokens_to_compute, budget)
@@ -151,6 +157,8 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             request.swapped = None  # swapped-in K/V now live in blocks
             admitted.append(request)
+            if policy is not None:
+                inflight.update(policy.computing(request))
             out.scheduled.append(ScheduledRequest(request, num_tokens))
             budget -= num_tokens
         if admitted:
@@ -173,14 +181,3 @@ class Scheduler:
         if request.swapped is None:
             request.num_computed_tokens = 0
         self.kv.free(request.request_id)
-
-    def _prefer_cached(self, candidates: list[Request]) -> list[Request]:
-        """Stable re-order: within a priority level, requests with a longer cached prefix first."""
-        cache = self.kv.prefix_cache
-
-        def hit(request: Request) -> int:
-            if request.swapped is not None:
-                return 0
-            return cache.peek(request.all_token_ids[:-1], self.extra_keys(request))
-
-        return sorted(candidates, key=lambda r: (-r.priority, -hit(r), r.arrival_index))

@@ -33,6 +33,7 @@ class SeqBlocks:
     block_ids: list[int] = field(default_factory=list)
     num_tokens: int = 0  # slots claimed: tokens written or being written by the current forward
     num_cached_blocks: int = 0  # leading blocks already inserted into the prefix cache
+    cache_epoch: int = 0  # prefix-cache epoch when the sequence started: K/V of an older epoch is never inserted
 
 
 class KVCacheManager:
@@ -82,6 +83,8 @@ class KVCacheManager:
             raise KeyError(f"sequence {seq_id!r} is already registered")
         seq = SeqBlocks()
         self.seqs[seq_id] = seq
+        if self.prefix_cache is not None:
+            seq.cache_epoch = self.prefix_cache.epoch
         if self.prefix_cache is None or len(token_ids) < 2:
             return 0
         match = self.prefix_cache.match(token_ids[: len(token_ids) - 1], extra_keys)
@@ -116,7 +119,7 @@ class KVCacheManager:
         if dst_id in self.seqs:
             raise KeyError(f"sequence {dst_id!r} is already registered")
         self.pool.incref(src.block_ids)
-        self.seqs[dst_id] = SeqBlocks(list(src.block_ids), src.num_tokens, src.num_cached_blocks)
+        self.seqs[dst_id] = SeqBlocks(list(src.block_ids), src.num_tokens, src.num_cached_blocks, src.cache_epoch)
 
     def truncate(self, seq_id: Hashable, num_tokens: int) -> None:
         """Keep only the first `num_tokens` tokens (freeing whole blocks past them)."""
@@ -142,7 +145,9 @@ class KVCacheManager:
         num_full = min(len(token_ids), seq.num_tokens) // self.block_size
         if num_full <= seq.num_cached_blocks:
             return
-        self.prefix_cache.insert(token_ids[: num_full * self.block_size], seq.block_ids[:num_full], extra_keys)
+        self.prefix_cache.insert(
+            token_ids[: num_full * self.block_size], seq.block_ids[:num_full], extra_keys, epoch=seq.cache_epoch
+        )
         seq.num_cached_blocks = num_full
 
     def take_pending_copies(self) -> list[BlockCopy]:

@@ -190,21 +190,30 @@ class RadixCache:
         """Chained digests of the full blocks of `token_ids` with this cache's block size."""
         return prefix_digests(token_ids, self.block_size, extra_keys)
 
-    def is_inflight(self, token_ids: Sequence[int], extra_keys: tuple, inflight_digests: Collection[bytes]) -> bool:
+    def peek(self, token_ids: Sequence[int], extra_keys: tuple = (), digests: Sequence[bytes] | None = None) -> int:
+        """Tokens of the longest cached prefix (full blocks), refreshing nothing and counting no query.
+
+        With `digests` (this sequence's `digests()`, computed once by the caller) nothing is hashed again."""
+        return len(self._walk(token_ids, extra_keys, digests).path) * self.block_size
+
+    def is_inflight(self, token_ids: Sequence[int], extra_keys: tuple, inflight_digests: Collection[bytes],
+                    digests: Sequence[bytes] | None = None) -> bool:
         """Whether the first full block of `token_ids` past its cached prefix is being computed right now.
 
         `inflight_digests` holds the `digests()` of the prompts still in prefill. When this is True, admitting
         the request a step later turns that block (and what follows it) into a hit instead of a second
         computation. Refreshes nothing and counts no query.
         """
-        return bool(inflight_digests) and self._walk(token_ids, extra_keys).next_digest in inflight_digests
+        if not inflight_digests:
+            return False
+        return self._walk(token_ids, extra_keys, digests).next_digest in inflight_digests
 
-    def _walk(self, token_ids: Sequence[int], extra_keys: tuple) -> _Walk:
+    def _walk(self, token_ids: Sequence[int], extra_keys: tuple, digests: Sequence[bytes] | None = None) -> _Walk:
         extra, extra_keys, node, bs = _encode_extra_keys(extra_keys), tuple(extra_keys), self._root, self.block_size
         path: list[_Node] = []
-        for start in range(0, len(token_ids) - bs + 1, bs):
+        for i, start in enumerate(range(0, len(token_ids) - bs + 1, bs)):
             tokens = tuple(map(int, token_ids[start : start + bs]))
-            digest = _digest(node.digest, tokens, extra)
+            digest = digests[i] if digests is not None and i < len(digests) else _digest(node.digest, tokens, extra)
             child = node.children.get(digest)
             if child is None or child.token_ids != tokens or child.extra_keys != extra_keys:
                 return _Walk(path, digest)  # absent, or a digest collision: serve only what the tokens prove

@@ -1,0 +1,107 @@
+"""Prefix caching in the engine: parity with caching off and with stock generate, sharing, eviction, weights."""
+
+import pytest
+import torch
+
+from hf_paged import Engine, PagedConfig, SamplingParams
+from tests.tiny_models import ragged_prompts, stock_greedy, tiny_model
+
+MAX_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama")
+
+
+def run(engine, prompts, max_new=MAX_NEW, **kw):
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=max_new, **kw)) for p in prompts]
+    while engine.has_unfinished:
+        engine.step()
+        engine.check_integrity()
+    return [engine.pop_output(i).generated_tokens for i in ids]
+
+
+def shared_prompts():
+    system = ragged_prompts([37], seed=21)[0]  # 37 tokens: with block_size 8 the shared part ends mid-block
+    return [system + q for q in ragged_prompts([1, 4, 9, 13], seed=22)]
+
+
+def test_parity_with_hits_that_end_mid_block(model):
+    prompts = shared_prompts()
+    expected = stock_greedy(model, prompts, MAX_NEW)
+    off = Engine(model, PagedConfig(block_size=8, enable_prefix_caching=False))
+    on = Engine(model, PagedConfig(block_size=8))
+    assert run(off, prompts) == expected
+    assert run(on, prompts[:1]) == expected[:1]  # warms the cache
+    assert run(on, prompts[1:]) == expected[1:]
+    stats = on.stats()
+    assert stats["prompt_tokens_cached"] == 3 * 32  # 4 full blocks of the 37 shared tokens, for 3 requests
+    assert stats["blocks_cached"] > 0
+
+
+def test_requests_arriving_together_compute_the_shared_prefix_once(model):
+    prompts = shared_prompts()
+    engine = Engine(model, PagedConfig(block_size=8, max_num_batched_tokens=256))
+    assert run(engine, prompts) == stock_greedy(model, prompts, MAX_NEW)
+    stats = engine.stats()
+    assert stats["prompt_tokens_cached"] == 3 * 32
+    assert stats["prefix_hit_rate"] == pytest.approx(96 / sum(map(len, prompts)))
+
+
+def test_evicted_blocks_are_recomputed_correctly(model):
+    prompts = [p + q for p in ragged_prompts([40, 40, 40], seed=31) for q in ragged_prompts([5], seed=32)]
+    expected = stock_greedy(model, prompts, MAX_NEW)
+    engine = Engine(model, PagedConfig(block_size=8, num_blocks=10))  # room for about one request at a time
+    first = run(engine, prompts)
+    assert first == expected
+    again = run(engine, prompts[::-1])  # the last prompt's blocks are cached, the others were evicted
+    assert again == expected[::-1]
+    assert engine.stats()["prefix_evictions"] > 0
+    assert engine.stats()["prompt_tokens_cached"] > 0
+
+
+def test_forks_share_prompt_blocks_and_copy_on_write(model):
+    prompt = ragged_prompts([21], seed=41)[0]  # 21 tokens, block_size 8: the last prompt block is partial
+    engine = Engine(model, PagedConfig(block_size=8))
+    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=MAX_NEW, num_return_sequences=3))
+    engine.step()  # prefill + first token: the forks now share all of the parent's blocks
+    ids = (rid, f"{rid}__child#0", f"{rid}__child#1")
+    assert len({tuple(engine.kv.block_ids(r)) for r in ids}) == 1
+    engine.step()  # each writes its first token into the partial block: copied on write
+    tables = [engine.kv.block_ids(r) for r in ids]
+    assert tables[0][:2] == tables[1][:2] == tables[2][:2]  # full prompt blocks still shared
+    assert len({t[2] for t in tables}) == 3
+    while engine.has_unfinished:
+        engine.step()
+        engine.check_integrity()
+    outs = [engine.pop_output(r).generated_tokens for r in (rid, f"{rid}__child#0", f"{rid}__child#1")]
+    assert outs[0] == outs[1] == outs[2] == stock_greedy(model, [prompt], MAX_NEW)[0]
+    assert engine.cache.pool.num_used_blocks == 0
+
+
+def test_multi_turn_reuses_previous_answer(model):
+    engine = Engine(model, PagedConfig(block_size=8))
+    prompt = ragged_prompts([30], seed=51)[0]
+    answer = run(engine, [prompt], max_new=20)[0]
+    follow_up = prompt + answer + ragged_prompts([6], seed=52)[0]
+    before = engine.stats()["prompt_tokens_cached"]
+    assert run(engine, [follow_up]) == stock_greedy(model, [follow_up], MAX_NEW)
+    cached = engine.stats()["prompt_tokens_cached"] - before
+    assert cached >= (len(prompt) + len(answer) - 1) // 8 * 8  # the whole previous turn, generated part too
+
+
+def test_weight_change_invalidates_the_cache():
+    model = tiny_model("llama", seed=3)
+    prompts = shared_prompts()
+    engine = Engine(model, PagedConfig(block_size=8))
+    run(engine, prompts[:1])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    loss = model(torch.tensor([prompts[0]]), labels=torch.tensor([prompts[0]])).loss
+    loss.backward()
+    optimizer.step()
+    before = engine.stats()["prompt_tokens_cached"]
+    assert run(engine, prompts[1:2]) == stock_greedy(model, prompts[1:2], MAX_NEW)
+    assert engine.stats()["prompt_tokens_cached"] == before  # no stale hit
+    engine.check_integrity()
+    assert engine.reset_prefix_cache() >= 0
