@@ -1,0 +1,265 @@
+"""Paged decode attention in Triton: one query token per sequence, split-K over its pages (flash-decoding).
+
+Grid: (num_seqs, num_kv_heads, num_splits). A program takes every query head of one KV head (GQA: the
+`num_heads // num_kv_heads` heads become the rows of one `tl.dot`, padded to 16) and one contiguous range of key
+tiles of the sequence:
+
+    positions  0 ......... start .......................... context_len - 1 | beyond: masked, never read
+    tiles               [ split 0 ][ split 1 ][ split 2 ]            (BLOCK_N keys each, any block size)
+    start = max(0, context_len - sliding_window), else 0
+
+Each split keeps a running max / sum (online softmax, base 2) and writes its normalised partial output and its
+log-sum-exp; `_merge_kernel` combines the splits. With one split the first kernel writes the output directly.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hf_paged.cache.kernels import launch, triton_common
+from hf_paged.cache.kernels.launch import DecodeLaunchConfig, KernelLaunch, next_power_of_2
+
+__all__ = ["decode_launches", "paged_decode_attention_triton"]
+
+_DEFINED = False
+
+
+def _define() -> None:
+    """Define the kernels as module globals on first use (see triton_common for why globals)."""
+    global _DEFINED, triton, tl, load_kv_tile, attend_tile, _decode_kernel, _merge_kernel
+    if _DEFINED:
+        return
+    tl, load_kv_tile, attend_tile, _ = triton_common.jit_helpers()
+    triton = triton_common.import_triton()
+
+    @triton.jit
+    def _decode_kernel(
+        q_ptr,
+        k_cache_ptr,
+        v_cache_ptr,
+        block_tables_ptr,
+        context_lens_ptr,
+        out_ptr,
+        part_out_ptr,
+        part_lse_ptr,
+        qk_scale,
+        sliding_window,
+        stride_q_seq,
+        stride_q_head,
+        stride_k_block,
+        stride_k_slot,
+        stride_k_head,
+        stride_v_block,
+        stride_v_slot,
+        stride_v_head,
+        stride_bt_seq,
+        stride_o_seq,
+        stride_o_head,
+        GROUP: tl.constexpr,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_SIZE: tl.constexpr,
+        BLOCK_G: tl.constexpr,
+        BLOCK_N: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        NUM_SPLITS: tl.constexpr,
+        USE_WINDOW: tl.constexpr,
+        DOT_PRECISION: tl.constexpr,
+    ):
+        seq = tl.program_id(0)
+        kv_head = tl.program_id(1)
+        split = tl.program_id(2)
+        context_len = tl.load(context_lens_ptr + seq)
+        start = 0
+        if USE_WINDOW:
+            start = tl.maximum(context_len - sliding_window, 0)
+        first_tile = start // BLOCK_N
+        num_tiles = tl.cdiv(context_len, BLOCK_N) - first_tile
+        tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+        tile_lo = first_tile + split * tiles_per_split
+        tile_hi = tl.minimum(tile_lo + tiles_per_split, first_tile + num_tiles)
+
+        rows = tl.arange(0, BLOCK_G)
+        heads = kv_head * GROUP + rows
+        row_mask = rows < GROUP
+        dims = tl.arange(0, BLOCK_D)
+        dim_mask = dims < HEAD_DIM
+        q = tl.load(
+            q_ptr + seq * stride_q_seq + heads[:, None] * stride_q_head + dims[None, :],
+            mask=row_mask[:, None] & dim_mask[None, :],
+            other=0.0,
+        )
+
+        k_base = k_cache_ptr + kv_head * stride_k_head
+        v_base = v_cache_ptr + kv_head * stride_v_head
+        m_i = tl.full([BLOCK_G], -1.0e30, tl.float32)  # finite: see attend_tile
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+        for tile in range(tile_lo, tile_hi):
+            positions = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+            valid = (positions >= start) & (positions < context_len)
+            # Masked: table entries past the sequence's last block may be stale or -1.
+            block_ids = tl.load(
+                block_tables_ptr + seq * stride_bt_seq + positions // BLOCK_SIZE, mask=valid, other=0
+            ).to(tl.int64)
+            slot_offsets = positions % BLOCK_SIZE
+            kv_mask = valid[:, None] & dim_mask[None, :]
+            k = load_kv_tile(k_base, block_ids, slot_offsets, dims, kv_mask, stride_k_block, stride_k_slot)
+            v = load_kv_tile(v_base, block_ids, slot_offsets, dims, kv_mask, stride_v_block, stride_v_slot)
+            m_i, l_i, acc = attend_tile(q, k, v, valid[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION)
+
+        safe_l = tl.where(l_i > 0, l_i, 1.0)  # an empty split (or context_len 0) writes zeros, not NaN
+        out = acc / safe_l[:, None]
+        out_mask = row_mask[:, None] & dim_mask[None, :]
+        if NUM_SPLITS == 1:
+            tl.store(
+                out_ptr + seq * stride_o_seq + heads[:, None] * stride_o_head + dims[None, :],
+                out.to(out_ptr.dtype.element_ty),
+                mask=out_mask,
+            )
+        else:
+            # partials are contiguous [num_seqs, num_heads, NUM_SPLITS, BLOCK_D] / [..., NUM_SPLITS]
+            part_row = (seq * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS + split
+            tl.store(part_out_ptr + part_row[:, None] * BLOCK_D + dims[None, :], out, mask=out_mask)
+            lse = tl.where(l_i > 0, m_i + tl.log2(safe_l), float("-inf"))
+            tl.store(part_lse_ptr + part_row, lse, mask=row_mask)
+
+    @triton.jit
+    def _merge_kernel(
+        part_out_ptr,
+        part_lse_ptr,
+        out_ptr,
+        stride_o_seq,
+        stride_o_head,
+        num_heads,
+        HEAD_DIM: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        NUM_SPLITS: tl.constexpr,
+        BLOCK_S: tl.constexpr,
+    ):
+        seq = tl.program_id(0)
+        head = tl.program_id(1)
+        splits = tl.arange(0, BLOCK_S)
+        dims = tl.arange(0, BLOCK_D)
+        base = (seq * num_heads + head) * NUM_SPLITS
+        lse = tl.load(part_lse_ptr + base + splits, mask=splits < NUM_SPLITS, other=float("-inf"))
+        lse_max = tl.max(lse, 0)
+        lse_max = tl.where(lse_max == float("-inf"), 0.0, lse_max)  # every split empty: weights 0, output 0
+        weights = tl.exp2(lse - lse_max)
+        part = tl.load(
+            part_out_ptr + (base + splits)[:, None] * BLOCK_D + dims[None, :],
+            mask=(splits < NUM_SPLITS)[:, None],
+            other=0.0,
+        )
+        total = tl.sum(weights, 0)
+        out = tl.sum(part * weights[:, None], 0) / tl.where(total > 0, total, 1.0)
+        tl.store(
+            out_ptr + seq * stride_o_seq + head * stride_o_head + dims,
+            out.to(out_ptr.dtype.element_ty),
+            mask=dims < HEAD_DIM,
+        )
+
+    _DEFINED = True
+
+
+def paged_decode_attention_triton(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    config: DecodeLaunchConfig | None = None,
+) -> torch.Tensor:
+    """Run paged decode attention; arguments are checked by `hf_paged.cache.kernels.paged_decode_attention`.
+
+    `config` overrides the heuristic `launch.decode_launch_config` (tests use it to force a number of splits).
+    """
+    out = torch.empty_like(query, memory_format=torch.contiguous_format)
+    if query.shape[0] == 0:
+        return out
+    for kernel_launch in decode_launches(query, key_cache, value_cache, block_tables, context_lens, out,
+                                         scale=scale, sliding_window=sliding_window, config=config):  # fmt: skip
+        kernel_launch.run()
+    return out
+
+
+def decode_launches(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    scale: float,
+    sliding_window: int | None = None,
+    config: DecodeLaunchConfig | None = None,
+) -> list[KernelLaunch]:
+    """The launches of one decode step (the split-K kernel, then the merge when it splits), not yet run."""
+    _define()
+    num_seqs, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = key_cache.shape
+    if config is None:
+        config = launch.decode_launch_config(
+            num_seqs=num_seqs,
+            num_heads=num_heads,
+            num_kv_heads=num_kv_heads,
+            head_dim=head_dim,
+            max_context_len=block_tables.shape[1] * block_size,
+            dtype=query.dtype,
+            num_sms=launch.num_sms(query.device),
+        )
+    splits = config.num_splits
+    if splits > 1:
+        part_out = torch.empty(num_seqs, num_heads, splits, config.block_d, dtype=torch.float32, device=query.device)
+        part_lse = torch.empty(num_seqs, num_heads, splits, dtype=torch.float32, device=query.device)
+    else:  # unused by the kernel when NUM_SPLITS == 1
+        part_out = part_lse = out
+    # fmt: off
+    args = (
+        query, key_cache, value_cache, block_tables, context_lens, out, part_out, part_lse,
+        scale * math.log2(math.e), sliding_window or 0,
+        query.stride(0), query.stride(1),
+        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
+        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
+        block_tables.stride(0), out.stride(0), out.stride(1),
+    )
+    # fmt: on
+    main = KernelLaunch(
+        kernel=_decode_kernel,
+        grid=(num_seqs, num_kv_heads, splits),
+        args=args,
+        constexprs={
+            "GROUP": num_heads // num_kv_heads,
+            "HEAD_DIM": head_dim,
+            "BLOCK_SIZE": block_size,
+            "BLOCK_G": config.block_g,
+            "BLOCK_N": config.block_n,
+            "BLOCK_D": config.block_d,
+            "NUM_SPLITS": splits,
+            "USE_WINDOW": sliding_window is not None,
+            "DOT_PRECISION": config.dot_precision,
+        },
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    if splits == 1:
+        return [main]
+    merge = KernelLaunch(
+        kernel=_merge_kernel,
+        grid=(num_seqs, num_heads),
+        args=(part_out, part_lse, out, out.stride(0), out.stride(1), num_heads),
+        constexprs={
+            "HEAD_DIM": head_dim,
+            "BLOCK_D": config.block_d,
+            "NUM_SPLITS": splits,
+            "BLOCK_S": next_power_of_2(splits),
+        },
+        num_warps=1 if config.block_d <= 64 else 2,
+        num_stages=1,
+    )
+    return [main, merge]

@@ -1,0 +1,177 @@
+"""Micro-benchmark of paged decode attention: achieved memory bandwidth against the device's copy bandwidth.
+
+    python scripts/gpu_bench_decode.py --json decode.json            # batch 64, context 4k, Llama-3-8B heads, bf16
+    TRITON_INTERPRET=1 python scripts/gpu_bench_decode.py --tiny     # CPU smoke test of this script
+
+Bytes counted: every K and V element the batch's contexts hold (read once), plus query and output. Copy bandwidth
+is measured with `dst.copy_(src)` on a large buffer and counts bytes read + written, the usual convention (an H200
+copies ~4.3 TB/s that way). Acceptance: decode reaches >= 70% of it at batch 64, context 4k.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+from hf_paged.cache.kernels import paged_decode_attention
+from hf_paged.cache.kernels.launch import decode_launch_config, num_sms
+from hf_paged.cache.kernels.reference import ref_paged_decode_attention
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass(slots=True)
+class DecodeBenchResult:
+    """What the report needs from this benchmark."""
+
+    device: str
+    shape: str  # batch x context, heads / kv heads x head_dim, dtype, block size
+    launch: str  # the launch config the kernel used
+    copy_bytes_per_s: float  # device copy bandwidth, read + write
+    decode_ms: float  # median time of one paged decode attention call
+    decode_bytes: int  # bytes the call must move
+    decode_bytes_per_s: float
+    fraction_of_copy: float
+    reference_ms: float  # the torch reference on the same inputs (gather + SDPA)
+    max_abs_err: float  # Triton vs torch reference on the first sequences
+
+
+def time_ms(fn, *, warmup: int, iters: int, device: torch.device) -> float:
+    """Median milliseconds of fn() (CUDA events on GPU, perf_counter elsewhere)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(iters):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            samples.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - t0) * 1e3)
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+def copy_bandwidth(nbytes: int, device: torch.device, iters: int) -> float:
+    """Bytes read + written per second by a device-to-device copy of `nbytes`."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src), warmup=3, iters=iters, device=device)
+    return 2 * nbytes / (ms / 1e3)
+
+
+def decode_bytes(context_lens: list[int], num_heads: int, num_kv_heads: int, head_dim: int, elem: int) -> int:
+    """K and V of every context position, plus the query read and the output written."""
+    kv = 2 * sum(context_lens) * num_kv_heads * head_dim * elem
+    return kv + 2 * len(context_lens) * num_heads * head_dim * elem
+
+
+def build_inputs(args, device: torch.device):
+    """Caches filled with random values, each sequence's blocks scattered by a random permutation."""
+    dtype = DTYPES[args.dtype]
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    blocks_per_seq = math.ceil(args.context / args.block_size)
+    num_blocks = args.batch * blocks_per_seq + 1
+    shape = (num_blocks, args.block_size, args.kv_heads, args.head_dim)
+    key_cache = torch.randn(shape, dtype=dtype, device=device)
+    value_cache = torch.randn(shape, dtype=dtype, device=device)
+    perm = torch.randperm(num_blocks, generator=gen)[: args.batch * blocks_per_seq]
+    block_tables = perm.view(args.batch, blocks_per_seq).to(torch.int32).to(device)
+    context_lens = torch.full((args.batch,), args.context, dtype=torch.int32, device=device)
+    query = torch.randn(args.batch, args.heads, args.head_dim, dtype=dtype, device=device)
+    return query, key_cache, value_cache, block_tables, context_lens
+
+
+def run(args) -> DecodeBenchResult:
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = DTYPES[args.dtype]
+    query, key_cache, value_cache, block_tables, context_lens = build_inputs(args, device)
+    scale = args.head_dim**-0.5
+    backend = "triton"
+
+    def kernel():
+        return paged_decode_attention(
+            query, key_cache, value_cache, block_tables, context_lens, scale=scale, backend=backend
+        )
+
+    n_check = min(4, args.batch)
+    ref = ref_paged_decode_attention(
+        query[:n_check], key_cache, value_cache, block_tables[:n_check], context_lens[:n_check], scale=scale
+    )
+    err = (kernel()[:n_check].float() - ref.float()).abs().max().item()
+    ms = time_ms(kernel, warmup=args.warmup, iters=args.iters, device=device)
+    ref_ms = time_ms(
+        lambda: ref_paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale=scale),
+        warmup=1,
+        iters=3,
+        device=device,
+    )
+    nbytes = decode_bytes(context_lens.tolist(), args.heads, args.kv_heads, args.head_dim, dtype.itemsize)
+    copy = copy_bandwidth(args.copy_bytes, device, iters=args.iters)
+    config = decode_launch_config(
+        num_seqs=args.batch,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        max_context_len=block_tables.shape[1] * args.block_size,
+        dtype=dtype,
+        num_sms=num_sms(device),
+    )
+    achieved = nbytes / (ms / 1e3)
+    return DecodeBenchResult(
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)",
+        shape=f"b{args.batch} x ctx {args.context}, {args.heads}/{args.kv_heads} heads x {args.head_dim}, "
+        f"{args.dtype}, block {args.block_size}",
+        launch=f"BLOCK_N={config.block_n} splits={config.num_splits} warps={config.num_warps}",
+        copy_bytes_per_s=copy,
+        decode_ms=ms,
+        decode_bytes=nbytes,
+        decode_bytes_per_s=achieved,
+        fraction_of_copy=achieved / copy,
+        reference_ms=ref_ms,
+        max_abs_err=err,
+    )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--heads", type=int, default=32)
+    p.add_argument("--kv-heads", type=int, default=8)
+    p.add_argument("--head-dim", type=int, default=128)
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--warmup", type=int, default=10)
+    p.add_argument("--iters", type=int, default=50)
+    p.add_argument("--copy-bytes", type=int, default=2 << 30)
+    p.add_argument("--tiny", action="store_true", help="tiny fp32 shapes: a CPU smoke test of this script")
+    p.add_argument("--json", help="write the result here")
+    args = p.parse_args(argv)
+    if args.tiny:
+        args.batch, args.context, args.heads, args.kv_heads, args.head_dim = 2, 40, 4, 2, 16
+        args.dtype, args.warmup, args.iters, args.copy_bytes = "fp32", 0, 1, 1 << 20
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    text = json.dumps(asdict(run(args)), indent=2)
+    print(text)
+    if args.json:
+        with open(args.json, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Print the one table of scripts/gpu_check.sh from the files its steps wrote.
+
+    python scripts/gpu_report.py RESULTS_DIR  # reads kernel_tests.xml, compile.json, decode.json, e2e.json
+
+Exit status 0 only when every check with a target passed. Pure Python: runs anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+DECODE_TARGET = 0.70  # of measured copy bandwidth, batch 64, context 4k (issue 7, acceptance 3)
+E2E_TARGET = 3.0  # wrapped generate_batch tokens/s over stock generate (issue 7, acceptance 3)
+
+
+@dataclass(slots=True)
+class Row:
+    check: str
+    measured: str
+    target: str = ""
+    verdict: str = ""  # "PASS", "FAIL", or "" for information only
+
+
+def test_rows(path: Path) -> list[Row]:
+    name = "kernel tests, compiled (bf16 incl.)"
+    if not path.exists():
+        return [Row(name, "not run (no junit file)", "all pass", "FAIL")]
+    root = ET.parse(path).getroot()
+    suites = [root] if root.tag == "testsuite" else list(root.iter("testsuite"))
+    count = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    passed = count["tests"] - count["failures"] - count["errors"] - count["skipped"]
+    text = f"{passed} passed, {count['failures'] + count['errors']} failed, {count['skipped']} skipped"
+    ok = count["failures"] + count["errors"] == 0 and passed > 0
+    return [Row(name, text, "all pass", "PASS" if ok else "FAIL")]
+
+
+def compile_rows(path: Path) -> list[Row]:
+    name = "compile check (registers, spills)"
+    if not path.exists():
+        return [Row(name, "not run (no compile.json)")]
+    results = json.loads(path.read_text())
+    failed = [r for r in results if not r["ok"]]
+    caps = ",".join(sorted({f"sm_{r['capability']}" for r in results}))
+    text = (f"{len(results)} launches for {caps}: max {max((r['registers'] for r in results), default=0)} registers, "
+            f"{sum(r['spill_bytes'] for r in results)} B spilled, {len(failed)} failed")  # fmt: skip
+    return [Row(name, text, "no spill, fits", "FAIL" if failed or not results else "PASS")]
+
+
+def decode_rows(path: Path) -> list[Row]:
+    name = "paged decode attention"
+    if not path.exists():
+        return [Row(name, "not run (no decode.json)", f">= {DECODE_TARGET:.0%} of copy", "FAIL")]
+    d = json.loads(path.read_text())
+    fraction = d["fraction_of_copy"]
+    return [
+        Row("device", d["device"]),
+        Row("device copy bandwidth (read + write)", f"{d['copy_bytes_per_s'] / 1e12:.2f} TB/s"),
+        Row(
+            f"{name}: {d['shape']}",
+            f"{d['decode_ms']:.3f} ms, {d['decode_bytes_per_s'] / 1e12:.2f} TB/s = {fraction:.0%} of copy "
+            f"({d['launch']})",
+            f">= {DECODE_TARGET:.0%} of copy",
+            "PASS" if fraction >= DECODE_TARGET else "FAIL",
+        ),
+        Row(
+            "  torch reference, same inputs",
+            f"{d['reference_ms']:.3f} ms ({d['reference_ms'] / d['decode_ms']:.1f}x the kernel's time)",
+        ),
+        Row("  max abs(triton - reference)", f"{d['max_abs_err']:.2e}"),
+    ]
+
+
+def e2e_rows(path: Path) -> list[Row]:
+    if not path.exists():
+        return [Row("end-to-end throughput", "not run (no e2e.json)", f">= {E2E_TARGET:.0f}x stock", "FAIL")]
+    d = json.loads(path.read_text())
+    rows = [Row("end-to-end model", d["model"]), Row("end-to-end workload", d["workload"])]
+    paths = {p["name"]: p for p in d["paths"]}
+    stock = next((p for n, p in paths.items() if n.startswith("stock") and not p["error"]), None)
+    for p in d["paths"]:
+        wrapped = p["name"].startswith("hf_paged")
+        target = f">= {E2E_TARGET:.0f}x stock" if wrapped else ""
+        if p["error"]:
+            rows.append(Row(p["name"], f"error: {p['error']}", target, "FAIL" if wrapped else ""))
+            continue
+        text = f"{p['tokens_per_s']:.1f} tok/s ({p['tokens']} tokens in {p['seconds']:.2f} s)"
+        verdict = ""
+        if stock is not None and p is not stock:
+            ratio = p["tokens_per_s"] / stock["tokens_per_s"]
+            text += f", {ratio:.2f}x stock"
+            verdict = ("PASS" if ratio >= E2E_TARGET else "FAIL") if wrapped else ""
+        elif wrapped:
+            verdict = "FAIL"  # no stock number to compare with
+        if stock is not None and p is not stock and p["first_tokens"] != stock["first_tokens"]:
+            text += " (first tokens differ from stock: bf16 batch effects, or a bug)"
+        rows.append(Row(p["name"], text, target, verdict))
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    header = Row("check", "measured", "target", "verdict")
+    cols = [max(len(getattr(r, f)) for r in [header, *rows]) for f in ("check", "measured", "target", "verdict")]
+
+    def line(r: Row) -> str:
+        cells = (r.check, r.measured, r.target, r.verdict)
+        return "| " + " | ".join(c.ljust(w) for c, w in zip(cells, cols)) + " |"
+
+    rule = "|" + "|".join("-" * (w + 2) for w in cols) + "|"
+    return "\n".join([line(header), rule, *(line(r) for r in rows)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    results = Path(argv[0] if argv else ".")
+    rows = test_rows(results / "kernel_tests.xml") + compile_rows(results / "compile.json")
+    rows += decode_rows(results / "decode.json")
+    rows += e2e_rows(results / "e2e.json")
+    print(format_table(rows))
+    return 1 if any(r.verdict == "FAIL" for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
