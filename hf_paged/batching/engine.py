@@ -162,7 +162,7 @@ class Engine:
 
     def _run(self, schedule: SchedulerOutput, result: StepOutput) -> None:
         self.metrics.peak_blocks_used = max(self.metrics.peak_blocks_used, self.cache.pool.num_used_blocks)
-        inputs = build_step_inputs(schedule, self.kv, self.config.block_size)
+        inputs = build_step_inputs(schedule, self.kv, self.config.block_size, self.config.attention_backend)
         try:
             logits = self.runner.forward(inputs.input_ids, inputs.positions, inputs.metadata, inputs.logits_rows)
         except Exception as exc:  # the forward failed: every request in it fails, the engine goes on

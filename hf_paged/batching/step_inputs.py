@@ -29,7 +29,8 @@ class StepInputs:
     sampled_requests: list[Request]  # the requests of those rows, in the same order
 
 
-def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size: int) -> StepInputs:
+def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size: int,
+                      attention_backend: str = "auto") -> StepInputs:
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -60,6 +61,7 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
         query_start_loc=query_start_loc,
         context_lens=context_lens,
         block_size=block_size,
+        attention_backend=attention_backend,
     )
     return StepInputs(input_ids, positions, metadata, logits_rows, sampled)
 

@@ -46,9 +46,15 @@ def paged_attention_forward(
         )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q = query[0].transpose(0, 1)  # [T, H, D]
+    if _use_kernel(paged_metadata, q, softcap, "compressed_step" in paged_metadata.plans):
+        out = _kernel_attention(paged_metadata, q, key, value, scale, sliding_window)
+        return out.unsqueeze(0), None
     plan_key = (q.device, sliding_window)
     plan = paged_metadata.plans.get(plan_key)
-    if plan is None:
+    step = paged_metadata.plans.get("compressed_step")
+    if step is not None:  # compressed cache: `key`/`value` are the step's read buffers, not the block storage
+        plan = step.attention_plan(q.device, sliding_window)
+    elif plan is None:
         plan = build_attention_plan(
             paged_metadata.block_tables_on(q.device),
             paged_metadata.query_start_loc,
@@ -59,6 +65,29 @@ def paged_attention_forward(
         paged_metadata.plans[plan_key] = plan
     out = run_attention_plan(plan, q, key, value, scale=scale, softcap=softcap)
     return out.unsqueeze(0), None
+
+
+def _use_kernel(metadata: PagedMetadata, q: torch.Tensor, softcap, compressed: bool) -> bool:
+    """Triton on CUDA under "auto" (and always under "triton"); the torch reference for soft-capped logits and
+    compressed blocks (no fused variants yet) and everywhere else."""
+    backend = metadata.attention_backend
+    if backend == "torch" or softcap is not None or compressed:
+        return False
+    return backend == "triton" or q.is_cuda
+
+
+def _kernel_attention(metadata: PagedMetadata, q, key_cache, value_cache, scale, sliding_window) -> torch.Tensor:
+    from hf_paged.cache.kernels import paged_decode_attention, paged_prefill_attention
+
+    device = q.device
+    tables = metadata.block_tables_on(device)
+    context_lens = metadata.context_lens_on(device)
+    backend = "triton"
+    if metadata.max_query_len == 1 and q.shape[0] == metadata.num_seqs:  # all decodes: split-K decode kernel
+        return paged_decode_attention(q.contiguous(), key_cache, value_cache, tables, context_lens, scale=scale,
+                                      sliding_window=sliding_window, backend=backend)
+    return paged_prefill_attention(q.contiguous(), key_cache, value_cache, tables, metadata.query_start_loc_on(device),
+                                   context_lens, scale=scale, sliding_window=sliding_window, backend=backend)
 
 
 def register() -> None:

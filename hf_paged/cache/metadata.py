@@ -21,6 +21,7 @@ class PagedMetadata:
     query_start_loc: list[int]  # num_seqs + 1 offsets of each request's new tokens in the packed batch
     context_lens: list[int]  # tokens in the cache per request after this step's tokens are stored
     block_size: int
+    attention_backend: str = "auto"  # PagedConfig.attention_backend: "auto" (Triton on CUDA), "torch", "triton"
     _on_device: dict = field(default_factory=dict)  # (name, device) -> tensor
     plans: dict = field(default_factory=dict)  # attention plans per (device, sliding_window), built at first use
 
