@@ -47,14 +47,20 @@ def load_model():
 
     if (DEFAULT_MODEL_PATH / "model.safetensors").exists():
         model, tokenizer = default_model()
-        return model, tokenizer, f"the embedded default model ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
+        return model, tokenizer, f"the embedded default model ({_num_params(model)} parameters, fp32, CPU)"
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=259, hidden_size=128, intermediate_size=352, num_hidden_layers=4,
                          num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048,
                          bos_token_id=256, eos_token_id=257, pad_token_id=258)
-    return LlamaForCausalLM(config).eval(), None, "a tiny RANDOMLY INITIALISED Llama (default model not installed; "
+    model = LlamaForCausalLM(config).eval()
+    return model, None, (f"a tiny RANDOMLY INITIALISED Llama ({_num_params(model)} parameters, fp32, CPU): the trained "
+                         "default model is not installed, so outputs are noise and JSON extraction is skipped")
+
+
+def _num_params(model) -> str:
+    return f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M"
 
 
 def build_workload(tokenizer, vocab: int, num_questions: int = 24) -> list[DemoRequest]:
@@ -68,7 +74,7 @@ def build_workload(tokenizer, vocab: int, num_questions: int = 24) -> list[DemoR
             return tokenizer(s)["input_ids"]
         return [b % vocab for b in s.encode()]
 
-    system = "You are a Python expert. Answer briefly.\n" + text[:700] + "\n"
+    system = "You are a Python expert. Answer briefly.\n" + text[:400] + "\n"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("def ")][:num_questions]
     requests = [DemoRequest(encode(f"{system}Q: what does `{ln}` do?\nA:"), 24, "question") for ln in lines]
     for i in range(3):
@@ -177,11 +183,9 @@ def _json_valid_share(requests, outputs, tokenizer) -> str:
 
 
 def _table(note, requests, stock, paged, stats, tokenizer, total_seconds) -> str:
-    from hf_paged.batching.metrics import percentile  # noqa: F401  (kept for symmetry with bench)
-
     same = sum(a == b for a, b in zip(stock.outputs, paged.outputs))
     lines = [
-        f"model: {note}parameters, fp32, CPU)",
+        f"model: {note}",
         f"workload: {sum(r.kind == 'question' for r in requests)} questions after one shared system prompt, "
         f"{sum(r.kind == 'json' for r in requests)} JSON extractions, {sum(r.kind == 'long' for r in requests)} "
         f"long prompts; {sum(len(r.prompt_ids) for r in requests)} prompt tokens",
