@@ -39,12 +39,16 @@ def test_bench_writes_json_result(tmp_path, capsys):
     "argv, message",
     [
         (["generate", "--model", MODEL, "--prompts", "/nonexistent.jsonl"], "prompts file"),
-        (["generate", "--model", "/no/such/model", "--prompts", __file__], "not found"),
+        (["generate", "--model", "/no/such/model", "--prompts", "PROMPTS"], "not found"),
+        (["generate", "--model", MODEL, "--prompts", "PROMPTS", "--schema", "/no/schema.json"], "schema file"),
         (["bench", "--model", MODEL, "--workload", "nope"], "unknown workload"),
+        (["bench", "--model", "/no/such/model"], "not found"),
     ],
 )
-def test_bad_arguments_give_one_line_and_nonzero_exit(argv, message, capsys):
-    assert main(argv) == 2
+def test_bad_arguments_give_one_line_and_nonzero_exit(argv, message, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('"hello"\n')
+    assert main([str(prompts) if a == "PROMPTS" else a for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and "Traceback" not in err
 
