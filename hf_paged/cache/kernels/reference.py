@@ -44,6 +44,8 @@ class DecodeGroup:
     max_blocks: int
     invalid: torch.Tensor  # flat positions in [n * max_blocks * block_size] past each row's context
     mask: torch.Tensor | None  # [n, 1, 1, max_blocks * block_size] bool; None when nothing is masked
+    shared_blocks: torch.Tensor | None = None  # leading blocks every row shares (cascade); `blocks` then holds
+    # only each row's remaining blocks, and `mask`/`invalid` are relative to them
 
 
 @dataclass(slots=True)
@@ -111,14 +113,34 @@ def _length_buckets(lens: list[int], min_len: int = 64) -> list[list[int]]:
     return groups
 
 
+_CASCADE_MIN_SHARED_BLOCKS = 4  # shared prefix (in blocks) from which rows attend to it once, together
+
+
+def _shared_prefix_blocks(tables: torch.Tensor, lens: list[int], block_size: int) -> int:
+    """Leading block ids common to every row and full in every row (prefix-cache hits, forks)."""
+    if tables.shape[0] < 2:
+        return 0
+    same = (tables == tables[:1]).all(dim=0).tolist()
+    shared = next((i for i, s in enumerate(same) if not s), len(same))
+    return min(shared, min(lens) // block_size)
+
+
 def _decode_group(block_tables, rows, seqs, lens, block_size, sliding_window) -> DecodeGroup:
     device = block_tables.device
     n = len(rows)
     max_blocks = -(-max(lens) // block_size)
     tables = block_tables[seqs, :max_blocks].long()
+    shared = 0 if sliding_window is not None else _shared_prefix_blocks(tables, lens, block_size)
+    if shared >= _CASCADE_MIN_SHARED_BLOCKS:
+        # Cascade: the shared blocks are gathered once for all rows; each row gathers only what follows.
+        group = _decode_group(tables[:, shared:], rows, list(range(n)), [n_ - shared * block_size for n_ in lens],
+                              block_size, None)
+        group.shared_blocks = tables[0, :shared]
+        return group
+    max_blocks = max(max_blocks, 1)
     counts = torch.tensor([-(-length // block_size) for length in lens], device=device)
     used = torch.arange(max_blocks, device=device)[None, :] < counts[:, None]
-    tables = torch.where(used, tables, tables[:, :1])  # pad with the row's own first block
+    tables = torch.where(used, tables[:, :max_blocks], tables[:, :1])  # pad with the row's own first block
     positions = torch.arange(max_blocks * block_size, device=device)
     lens_t = torch.tensor(lens, device=device)
     valid = positions[None, :] < lens_t[:, None]
@@ -159,9 +181,38 @@ def run_attention_plan(
             v.index_fill_(0, d.invalid, 0)
         k = k.view(n, length, num_kv_heads, head_dim).transpose(1, 2).to(query.dtype)
         v = v.view(n, length, num_kv_heads, head_dim).transpose(1, 2).to(query.dtype)
+        if d.shared_blocks is not None and softcap is None:
+            shared_k = key_cache.index_select(0, d.shared_blocks).view(-1, num_kv_heads, head_dim).to(query.dtype)
+            shared_v = value_cache.index_select(0, d.shared_blocks).view(-1, num_kv_heads, head_dim).to(query.dtype)
+            out[d.rows] = _cascade_decode(q.squeeze(2), shared_k, shared_v, k, v, d.mask, scale)
+            continue
         o = _sdpa(q, k, v, d.mask, causal=False, scale=scale, softcap=softcap)
         out[d.rows] = o.squeeze(2)
     return out
+
+
+def _cascade_decode(q, shared_k, shared_v, k, v, mask, scale: float) -> torch.Tensor:
+    """One query per row over [shared prefix | own suffix], with one softmax across both parts.
+
+    q [n, H, D]; shared_k/v [Ls, Hkv, D] (read once for all rows); k/v [n, Hkv, L, D] (each row's suffix);
+    mask [n, 1, 1, L] or None. Scores of both parts share one running maximum, so the merge is exact."""
+    n, num_heads, dim = q.shape
+    num_kv_heads = shared_k.shape[1]
+    g = num_heads // num_kv_heads
+    qg = q.view(n, num_kv_heads, g, dim).float()
+    sk = shared_k.permute(1, 2, 0).float()  # [Hkv, D, Ls]
+    s1 = torch.matmul(qg.permute(1, 0, 2, 3).reshape(num_kv_heads, n * g, dim), sk) * scale  # [Hkv, n*g, Ls]
+    s1 = s1.view(num_kv_heads, n, g, -1).permute(1, 0, 2, 3)  # [n, Hkv, g, Ls]
+    s2 = torch.matmul(qg, k.float().transpose(-1, -2)) * scale  # [n, Hkv, g, L]
+    if mask is not None:
+        s2 = s2.masked_fill(~mask, float("-inf"))
+    m = torch.maximum(s1.amax(dim=-1), s2.amax(dim=-1)).unsqueeze(-1)  # finite: the shared part is never empty
+    p1, p2 = torch.exp(s1 - m), torch.exp(s2 - m)
+    denom = p1.sum(dim=-1, keepdim=True) + p2.sum(dim=-1, keepdim=True)
+    o1 = torch.matmul(p1.permute(1, 0, 2, 3).reshape(num_kv_heads, n * g, -1), shared_v.permute(1, 0, 2).float())
+    o1 = o1.view(num_kv_heads, n, g, dim).permute(1, 0, 2, 3)
+    o2 = torch.matmul(p2, v.float())
+    return ((o1 + o2) / denom).reshape(n, num_heads, dim).to(q.dtype)
 
 
 def _sdpa(q, k, v, mask, *, causal: bool, scale: float, softcap: float | None) -> torch.Tensor:
