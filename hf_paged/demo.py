@@ -63,7 +63,7 @@ def _num_params(model) -> str:
     return f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M"
 
 
-def build_workload(tokenizer, vocab: int, num_questions: int = 24) -> list[DemoRequest]:
+def build_workload(tokenizer, vocab: int, num_questions: int = 16) -> list[DemoRequest]:
     from hf_paged.datasets import stdlib_documents
 
     docs = stdlib_documents("heldout")
@@ -77,12 +77,12 @@ def build_workload(tokenizer, vocab: int, num_questions: int = 24) -> list[DemoR
     system = "You are a Python expert. Answer briefly.\n" + text[:400] + "\n"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("def ")][:num_questions]
     requests = [DemoRequest(encode(f"{system}Q: what does `{ln}` do?\nA:"), 24, "question") for ln in lines]
-    for i in range(3):
-        requests.append(DemoRequest(encode(text[2000 + 1500 * i: 3400 + 1500 * i]), 32, "long"))
+    for i in range(2):
+        requests.append(DemoRequest(encode(text[2000 + 1500 * i: 3000 + 1500 * i]), 32, "long"))
     if tokenizer is not None:
         for name, age, city in _PEOPLE:
             prompt = f"Record: {name} is {age} and lives in {city}.\nJSON: "
-            requests.append(DemoRequest(encode(prompt), 48, "json"))
+            requests.append(DemoRequest(encode(prompt), 96, "json"))
     return requests
 
 

@@ -55,3 +55,17 @@ def stock_greedy(model, prompts, max_new_tokens: int, **kwargs) -> list[list[int
                              max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
         outs.append(out[0, len(p):].tolist())
     return outs
+
+
+def byte_tokenizer():
+    """A byte-level tokenizer (256 byte tokens + <eos>), built offline with the `tokenizers` library."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    byte_to_unicode = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(byte_to_unicode))}
+    vocab["<eos>"] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")

@@ -1,0 +1,460 @@
+"""JSON-schema constrained decoding benchmark: hf_paged processors vs plain outlines-core, same schemas, same run.
+
+For every schema of `--schemas` (MaskBench sample, see its README), in a forked child process with a wall-clock
+budget (`--timeout`, default 10 s) and a memory cap (`--memory-gb`), each side:
+  1. translates the schema to a regex (ours: `schema_to_regex`; outlines: `build_regex_from_schema`) and builds
+     the token `Index` over the GPT-2 vocabulary (cold: a fresh process, no cache);
+  2. feeds each test instance's tokens through the automaton (the instance is written the way our regex spells
+     documents: `canonical_json`, keys in schema order, compact separators) and records accept/reject;
+  3. (ours) times mask computation + application per token along the valid instances: `write_mask_into` into
+     the preallocated bitmask + `apply_token_bitmask_` on a [1, 50257] fp32 logits row.
+Then end-to-end: a tiny random GPT-2 (n_layer=2, n_embd=64, the 50,257-token vocabulary) samples with
+`JSONSchemaLogitsProcessor` in stock `model.generate` for the first `--gen-schemas` compiled schemas; every
+finished output must parse with `json.loads` and validate with `jsonschema`.
+
+Usage:
+    python benchmarks/json_schema.py --limit 40 --timeout 10 --out benchmarks/json_schema_results.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import math
+import multiprocessing as mp
+import os
+import platform
+import resource
+import sys
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_SHARED = os.path.join(os.path.dirname(ROOT), "shared", "data")
+
+
+@dataclass(slots=True)
+class SideResult:
+    """One schema, one implementation."""
+
+    status: str = "not run"  # "ok" | "timeout" | "crash" | error class name
+    compile_s: float | None = None  # translation + index build, cold, wall clock
+    compile_cpu_s: float | None = None  # the same, CPU time of the compiling thread (immune to other load)
+    num_valid: int = 0
+    num_valid_accepted: int = 0
+    num_invalid: int = 0
+    num_invalid_accepted: int = 0  # false accepts: must be 0 for us
+    mask_us: list[float] = field(default_factory=list)  # per token, wall clock
+    mask_cpu_us: list[float] = field(default_factory=list)  # per token, thread CPU time
+    message: str = ""
+
+
+# -- child-side work -------------------------------------------------------------------------------------
+_STATE: dict = {}  # set in the parent before forking: tokenizer, vocabulary
+
+
+def _walk(index, token_ids: list[int]) -> bool:
+    state = index.get_initial_state()
+    for token in token_ids:
+        state = index.get_next_state(state, token)
+        if state is None:
+            return False
+    return bool(index.is_final_state(state))
+
+
+def _texts(schema, tests) -> list[tuple[bool, str | None]]:
+    from hf_paged.processors.schema_regex import canonical_json
+
+    out = []
+    for test in tests:
+        try:
+            text = canonical_json(schema, test["data"])
+        except Exception:  # noqa: BLE001 -- a writer failure on odd data: fall back to compact JSON
+            text = None
+        if text is None:
+            try:
+                text = json.dumps(test["data"], ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+            except ValueError:
+                text = None
+        out.append((bool(test["valid"]), text))
+    return out
+
+
+def _run_side(side: str, schema, tests, conn) -> None:
+    from outlines_core import Guide, Index
+
+    from hf_paged.processors.bitmask import apply_token_bitmask_, write_guide_mask
+    from hf_paged.processors.index_cache import CompiledIndex, anchored
+
+    tok, vocab = _STATE["tokenizer"], _STATE["vocab"]
+    result = SideResult()
+    try:
+        start, start_cpu = time.perf_counter(), time.thread_time()
+        if side in ("ours", "ours-lenient"):
+            from hf_paged.processors.index_cache import validate_regex
+            from hf_paged.processors.schema_regex import schema_to_regex
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                regex = schema_to_regex(schema, strict=side == "ours")
+            validate_regex(regex)
+            index = Index(anchored(regex), vocab.vocabulary)
+        else:
+            from outlines_core.json_schema import build_regex_from_schema
+
+            index = Index(build_regex_from_schema(json.dumps(schema)), vocab.vocabulary)
+        result.compile_s = time.perf_counter() - start
+        result.compile_cpu_s = time.thread_time() - start_cpu
+        result.status = "ok"
+        conn.send({"compiled_s": result.compile_s})  # the parent stops the compile clock here
+        logits = torch.zeros(1, vocab.vocab_size)
+        bitmask = torch.zeros(1, (vocab.vocab_size + 31) // 32, dtype=torch.int32)
+        bitmask_np = bitmask.numpy()
+        compiled = CompiledIndex(index, "", vocab, 0.0)
+        for valid, text in _texts(schema, tests):
+            if text is None:
+                continue
+            ids = tok.encode(text)
+            accepted = _walk(index, ids)
+            if valid:
+                result.num_valid += 1
+                result.num_valid_accepted += accepted
+            else:
+                result.num_invalid += 1
+                result.num_invalid_accepted += accepted
+            if side != "outlines-core" and valid and accepted and len(result.mask_us) < 400:
+                # the processors' path: a state's words come from the per-index memo after its first visit
+                # (first visits included in the timings: the memo starts empty for every schema)
+                guide = Guide(index, max_rollback=0)
+                for token in [*ids, None]:
+                    logits.zero_()
+                    t0, c0 = time.perf_counter(), time.thread_time()
+                    state = guide.get_state()
+                    cached = compiled.state_mask(state)
+                    if cached is not None:
+                        bitmask_np[0] = cached
+                    else:
+                        write_guide_mask(guide, bitmask, 0)
+                        compiled.remember_mask(state, bitmask_np[0])
+                    apply_token_bitmask_(logits, bitmask)
+                    result.mask_us.append((time.perf_counter() - t0) * 1e6)
+                    result.mask_cpu_us.append((time.thread_time() - c0) * 1e6)
+                    if token is not None:
+                        guide.advance(token, return_tokens=False)
+    except Exception as exc:  # noqa: BLE001 -- recorded per schema, the benchmark goes on
+        result.status = type(exc).__name__
+        result.message = str(exc)[:200]
+    conn.send(asdict(result))
+    conn.close()
+
+
+def _child(side, schema, tests, conn, memory_gb) -> None:
+    limit = int(memory_gb * 2**30)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    torch.set_num_threads(1)
+    try:
+        _run_side(side, schema, tests, conn)
+    except MemoryError:
+        conn.send(asdict(SideResult(status="MemoryError")))
+
+
+def run_side(side: str, schema, tests, timeout: float, memory_gb: float) -> SideResult:
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(side, schema, tests, child, memory_gb))
+    proc.start()
+    child.close()
+    # the compile budget covers translation + index (first message); instance walks and mask timing get 30 s more
+    result = SideResult(status="no answer")
+    try:
+        if parent.poll(timeout + 1):
+            first = parent.recv()
+            if "compiled_s" not in first:  # failed before compiling: the final result came straight away
+                result = SideResult(**first)
+            elif parent.poll(30):
+                result = SideResult(**parent.recv())
+            else:
+                result = SideResult(status="ok", compile_s=first["compiled_s"], message="instance checks timed out")
+    except EOFError:
+        result = SideResult(status="crash")
+    proc.join(1)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+    if result.status == "ok" and result.compile_s is not None and result.compile_s > timeout:
+        result.status = "timeout"
+    if result.status == "no answer":
+        result.status = "timeout"
+    if proc.exitcode not in (0, None) and result.status == "not run":
+        result.status = "crash"
+    return result
+
+
+# -- end-to-end generation -----------------------------------------------------------------------------
+class ClosingBias:
+    """Adds `bias` to the logits of `token_ids` (a plain transformers logits processor)."""
+
+    def __init__(self, token_ids: list[int], bias: float) -> None:
+        self.token_ids = torch.tensor(sorted(set(token_ids)))
+        self.bias = bias
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        scores[:, self.token_ids] += self.bias
+        return scores
+
+
+def generate_compliance(
+    schemas: list[tuple[str, dict]], max_new_tokens: int, rows: int, args_bias: float = 0.0
+) -> dict:
+    import jsonschema
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from hf_paged.processors import IndexCache, JSONSchemaLogitsProcessor
+
+    tok = _STATE["tokenizer"]
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=2,
+        vocab_size=len(tok),
+        n_positions=1024,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.eos_token_id,
+    )
+    model = GPT2LMHeadModel(config).eval()
+    cache = IndexCache(max_compile_s=60)
+    stats = {"schemas": 0, "generations": 0, "finished": 0, "parsed": 0, "valid": 0, "failures": []}
+    prompt = torch.tensor([[tok.eos_token_id] * 4] * rows)
+    # A random model almost never closes an open string or object by chance (schemas allow extra keys and
+    # unbounded strings). A fixed bonus on closing tokens ('"', '}', ']' and their combinations) and EOS makes
+    # documents end within the budget; it runs before the constraint, so it never makes a refused token allowed.
+    closing = [i for t, i in tok.get_vocab().items() if t and set(t) <= set('"}]')] + [tok.eos_token_id]
+    bias = ClosingBias(closing, args_bias)
+    for name, schema in schemas:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            proc = JSONSchemaLogitsProcessor(schema, tok, index_cache=cache)
+        stats["schemas"] += 1
+        with torch.no_grad():
+            out = model.generate(
+                prompt,
+                attention_mask=torch.ones_like(prompt),
+                logits_processor=[bias, proc],
+                do_sample=True,
+                max_new_tokens=max_new_tokens,
+                pad_token_id=tok.eos_token_id,
+            )
+        for row in out[:, prompt.shape[1] :].tolist():
+            stats["generations"] += 1
+            if tok.eos_token_id not in row:
+                continue
+            stats["finished"] += 1
+            text = tok.decode(row[: row.index(tok.eos_token_id)])
+            try:
+                doc = json.loads(text)
+                stats["parsed"] += 1
+                jsonschema.validate(doc, schema)
+                stats["valid"] += 1
+            except Exception as exc:  # noqa: BLE001
+                stats["failures"].append(f"{name}: {type(exc).__name__}: {text[:120]!r}")
+    return stats
+
+
+# -- report ----------------------------------------------------------------------------------------------
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+def summarize(side: str, results: dict[str, SideResult], timeout: float) -> dict:
+    done = [r for r in results.values() if r.status == "ok"]
+    times = [r.compile_s * 1e3 for r in done]
+    cpu_times = [r.compile_cpu_s * 1e3 for r in done if r.compile_cpu_s is not None]
+    glaive = [r.compile_s * 1e3 for n, r in results.items() if r.status == "ok" and n.startswith("Glaiveai2K")]
+    masks = [m for r in done for m in r.mask_us]
+    masks_cpu = [m for r in done for m in r.mask_cpu_us]
+    glaive_cpu = [
+        r.compile_cpu_s * 1e3
+        for n, r in results.items()
+        if r.status == "ok" and n.startswith("Glaiveai2K") and r.compile_cpu_s is not None
+    ]
+    valid = sum(r.num_valid for r in done)
+    invalid = sum(r.num_invalid for r in done)
+    return {
+        "side": side,
+        "coverage": f"{len(done)}/{len(results)} ({100 * len(done) / max(1, len(results)):.1f}%)",
+        "compile_ms_p50": _pct(times, 50),
+        "compile_ms_p90": _pct(times, 90),
+        "compile_ms_p99": _pct(times, 99),
+        "glaive_compile_ms_p50": _pct(glaive, 50),
+        "compile_cpu_ms_p50": _pct(cpu_times, 50),
+        "glaive_compile_cpu_ms_p50": _pct(glaive_cpu, 50),
+        "mask_cpu_us_p50": _pct(masks_cpu, 50),
+        "mask_cpu_us_p99": _pct(masks_cpu, 99),
+        "mask_us_p50": _pct(masks, 50),
+        "mask_us_p99": _pct(masks, 99),
+        "mask_samples": len(masks),
+        "accept_valid": f"{sum(r.num_valid_accepted for r in done)}/{valid}",
+        "reject_invalid": f"{invalid - sum(r.num_invalid_accepted for r in done)}/{invalid}",
+        "false_accepts": sum(r.num_invalid_accepted for r in done),
+        "failures": {
+            s: sum(r.status == s for r in results.values())
+            for s in sorted({r.status for r in results.values()} - {"ok"})
+        },
+    }
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as handle:
+            names = [line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")]
+        cpu = names[0] if names else cpu
+    except OSError:
+        pass
+    load = os.getloadavg()
+    return (
+        f"{cpu}, {os.cpu_count()} logical CPUs (load average at start {load[0]:.1f}), Python "
+        f"{platform.python_version()}, torch {torch.__version__}"
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--schemas", default=os.path.join(DEFAULT_SHARED, "schemas"))
+    parser.add_argument("--tokenizer", default=os.path.join(DEFAULT_SHARED, "tokenizers", "gpt2"))
+    parser.add_argument("--limit", type=int, default=None, help="first N schemas (sorted by name)")
+    parser.add_argument("--stride", type=int, default=1, help="take every k-th schema (a spread-out sample)")
+    parser.add_argument("--timeout", type=float, default=10.0, help="compile budget per schema and side, seconds")
+    parser.add_argument("--memory-gb", type=float, default=4.0, help="address-space cap of each child")
+    parser.add_argument("--gen-schemas", type=int, default=10, help="schemas used for end-to-end generation")
+    parser.add_argument("--gen-rows", type=int, default=2)
+    parser.add_argument("--closing-bias", type=float, default=8.0, help="logit bonus of closing tokens and EOS")
+    parser.add_argument("--max-new-tokens", type=int, default=160)
+    parser.add_argument(
+        "--sides",
+        default="ours,outlines-core",
+        help="comma-separated: ours (strict=True), ours-lenient (strict=False), outlines-core",
+    )
+    parser.add_argument("--out", default=None, help="write the markdown report here")
+    args = parser.parse_args(argv)
+
+    from transformers import AutoTokenizer
+
+    from hf_paged.processors.vocabulary import build_vocabulary
+
+    files = sorted(glob.glob(os.path.join(args.schemas, "*.json")))[:: args.stride][: args.limit]
+    tok = AutoTokenizer.from_pretrained(args.tokenizer)
+    _STATE["tokenizer"] = tok
+    _STATE["vocab"] = build_vocabulary(tok)
+    header = machine()
+    print(f"machine: {header}\nschemas: {len(files)} from {args.schemas}", flush=True)
+
+    sides = [side.strip() for side in args.sides.split(",") if side.strip()]
+    unknown = set(sides) - {"ours", "ours-lenient", "outlines-core"}
+    if unknown or "ours" not in sides:
+        parser.error(f"--sides must include 'ours' and only name ours, ours-lenient, outlines-core; got {args.sides}")
+    results: dict[str, dict[str, SideResult]] = {s: {} for s in sides}
+    started = time.time()
+    for k, path in enumerate(files):
+        name = os.path.basename(path)[: -len(".json")]
+        with open(path) as handle:
+            spec = json.load(handle)
+        for side in sides:
+            results[side][name] = run_side(side, spec["schema"], spec.get("tests", []), args.timeout, args.memory_gb)
+        line = "  ".join(
+            f"{s}={results[s][name].status}"
+            + (f" {results[s][name].compile_s * 1e3:.0f}ms" if results[s][name].compile_s else "")
+            for s in sides
+        )
+        print(f"[{k + 1}/{len(files)} {time.time() - started:.0f}s] {name}: {line}", flush=True)
+
+    summaries = [summarize(s, results[s], args.timeout) for s in sides]
+    ours_ok = [n for n, r in results["ours"].items() if r.status == "ok" and r.compile_s < 2.0]
+    gen_names = ours_ok[: args.gen_schemas]
+    schemas_by_name = {}
+    for path in files:
+        name = os.path.basename(path)[: -len(".json")]
+        if name in gen_names:
+            with open(path) as handle:
+                schemas_by_name[name] = json.load(handle)["schema"]
+    gen = generate_compliance(
+        [(n, schemas_by_name[n]) for n in gen_names], args.max_new_tokens, args.gen_rows, args.closing_bias
+    )
+
+    report = render(header, args, len(files), summaries, gen, results)
+    print(report)
+    if args.out:
+        with open(args.out, "w") as handle:
+            handle.write(report)
+    return 0
+
+
+def render(header, args, num_files, summaries, gen, results) -> str:
+    lines = [
+        "# JSON-schema constrained decoding: hf_paged vs plain outlines-core",
+        "",
+        f"Machine: {header}. Command: `python benchmarks/json_schema.py {' '.join(sys.argv[1:])}`.",
+        (
+            f"Schemas: {num_files} of MaskBench (`shared/data/schemas`), GPT-2 vocabulary (50,257 tokens), "
+            f"compile budget {args.timeout:g} s per schema and side, cold compiles in a fresh forked process "
+            "(no cache)."
+        ),
+        "",
+        "| metric | " + " | ".join(s["side"] for s in summaries) + " |",
+        "|---|" + "---|" * len(summaries),
+    ]
+    rows = [
+        ("compile coverage", "coverage", "{}"),
+        ("compile ms p50", "compile_ms_p50", "{:.0f}"),
+        ("compile ms p90", "compile_ms_p90", "{:.0f}"),
+        ("compile ms p99", "compile_ms_p99", "{:.0f}"),
+        ("compile ms p50, Glaive function-call schemas", "glaive_compile_ms_p50", "{:.0f}"),
+        ("compile CPU ms p50 (thread CPU time)", "compile_cpu_ms_p50", "{:.0f}"),
+        ("compile CPU ms p50, Glaive", "glaive_compile_cpu_ms_p50", "{:.0f}"),
+        ("mask compute+apply us/token p50", "mask_us_p50", "{:.1f}"),
+        ("mask compute+apply us/token p99", "mask_us_p99", "{:.1f}"),
+        ("mask compute+apply CPU us/token p50", "mask_cpu_us_p50", "{:.1f}"),
+        ("mask compute+apply CPU us/token p99", "mask_cpu_us_p99", "{:.1f}"),
+        ("accept valid instances (compiled schemas)", "accept_valid", "{}"),
+        ("reject invalid instances (compiled schemas)", "reject_invalid", "{}"),
+        ("false accepts", "false_accepts", "{}"),
+        ("failures by kind", "failures", "{}"),
+    ]
+    for label, key, fmt in rows:
+        cells = []
+        for s in summaries:
+            value = s[key]
+            cells.append("-" if isinstance(value, float) and math.isnan(value) else fmt.format(value))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        (
+            f"Mask timing: {summaries[0]['mask_samples']} tokens along accepted valid instances, one row "
+            "(`write_mask_into` + `apply_token_bitmask_`, numpy CPU path). Wall-clock and thread-CPU times are both "
+            "shown: on a shared machine (see the load average) wall clock includes time spent waiting for a CPU."
+        ),
+        "",
+        (
+            f"End-to-end generation (ours, stock `generate`, tiny random GPT-2 n_layer=2 n_embd=64, sampling with "
+            f"a +{args.closing_bias:g} logit bonus on closing tokens and EOS, "
+            f"{args.gen_rows} rows x {gen['schemas']} schemas, max_new_tokens={args.max_new_tokens}): "
+            f"{gen['finished']}/{gen['generations']} finished, {gen['parsed']}/{gen['finished']} parse with "
+            f"json.loads, {gen['valid']}/{gen['finished']} validate with jsonschema."
+        ),
+    ]
+    if gen["failures"]:
+        lines += ["", "Generation failures:"] + [f"- {f}" for f in gen["failures"][:20]]
+    false = [(n, r.num_invalid_accepted) for n, r in results["ours"].items() if r.num_invalid_accepted]
+    if false:
+        lines += ["", "Schemas with false accepts (ours): " + ", ".join(f"{n} ({c})" for n, c in false)]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

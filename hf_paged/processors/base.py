@@ -1,0 +1,275 @@
+"""Shared logic of the guided processors: one compiled index, one guide per row (stock `generate`) or per request
+(the continuous-batching engine), one preallocated bitmask.
+
+    constraint --(subclass)--> regex --IndexCache--> CompiledIndex (shared, immutable)
+                                                        |
+              generate: row i  ----> GuideState(guide)  |  engine: request id ----> GuideState(guide)
+                                           \\            |            /
+                                      write_mask_into -> bitmask [rows, words] -> apply_token_bitmask_
+
+EOS: outlines-core knows one EOS id (the vocabulary's first); every other EOS/stop id gets the same bit.
+A row whose document emitted EOS, or that was fed a token the automaton refuses (e.g. forced by another
+processor), may only produce EOS from then on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import LogitsProcessor
+
+from hf_paged.errors import SchemaTooComplexError
+from hf_paged.processors.bitmask import allocate_token_bitmask, apply_token_bitmask_
+from hf_paged.processors.index_cache import CompiledIndex, IndexCache, default_index_cache, index_key, validate_regex
+from hf_paged.processors.vocabulary import TokenVocabulary, build_vocabulary
+
+__all__ = ["GuideState", "GuidedLogitsProcessor"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class GuideState:
+    """Where one sequence stands in the automaton."""
+
+    guide: Any  # outlines_core.Guide over the shared index
+    num_consumed: int = 0  # generated tokens already advanced over
+    finished: bool = False  # EOS was produced: only EOS from now on
+    error: str | None = None  # a refused token ended the document early: only EOS from now on
+
+
+class GuidedLogitsProcessor(LogitsProcessor):
+    """Masks logits so that the generated text matches a regex; subclasses turn their constraint into one.
+
+    Works in stock `model.generate` (`__call__`, every row its own state, reusable across calls) and in the
+    continuous-batching engine (`process_rows`, state keyed by request id). See the subclasses for examples.
+    """
+
+    supports_continuous_batching = True
+
+    def __init__(
+        self,
+        regex: str,
+        tokenizer: Any,
+        *,
+        key_parts: tuple[Any, ...],
+        eos_token_id: int | Iterable[int] | None = None,
+        index_cache: IndexCache | None = None,
+        backend: str = "auto",
+    ) -> None:
+        self.vocab: TokenVocabulary = build_vocabulary(tokenizer, eos_token_id)
+        self.regex = regex
+        self.backend = backend
+        self.index_cache = index_cache if index_cache is not None else default_index_cache()
+        self.index_key = index_key(*key_parts, self.vocab.fingerprint)
+        if self.index_cache.get(self.index_key) is None:
+            # cheap (a 256-token probe): bad patterns and empty languages raise here, at construction
+            validate_regex(regex, max_regex_size=self.index_cache.max_regex_size)
+        self._future: Future | None = None
+        self._compiled: CompiledIndex | None = None
+        self._eos_ids = self.vocab.eos_token_ids
+        self._eos_set = frozenset(self._eos_ids)
+        # stock generate: per-row states, and the ids of the previous call to recognise a new generate() call
+        self._rows: list[GuideState] = []
+        self._prev_ids: torch.Tensor | None = None
+        self._prompt_len = 0  # length of input_ids at the first step of the current generate call
+        # engine: per-request states
+        self._requests: dict[str, GuideState] = {}
+        self._bitmask = allocate_token_bitmask(1, self.vocab.vocab_size)
+        self._bitmask_np = self._bitmask.numpy()
+        self._bitmask_ptr = self._bitmask.data_ptr()
+        self._copy_done: Any = None  # CUDA event of the last bitmask upload
+
+    # -- compilation -----------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Start compiling the index in a background thread (idempotent, returns at once)."""
+        if self._compiled is None and self._future is None:
+            self._future = self.index_cache.compile_async(self.index_key, self.regex, self.vocab)
+
+    @property
+    def compiled(self) -> CompiledIndex:
+        """The compiled index, waiting for (or running) the build at most `index_cache.max_compile_s`."""
+        if self._compiled is None:
+            self.prepare()
+            assert self._future is not None
+            try:
+                self._compiled = self._future.result(timeout=self.index_cache.max_compile_s)
+            except FutureTimeout:
+                raise SchemaTooComplexError(
+                    f"building the token index took longer than {self.index_cache.max_compile_s:g} s; simplify "
+                    "the constraint or raise `IndexCache(max_compile_s=...)`"
+                ) from None
+        return self._compiled
+
+    # -- per-sequence state ----------------------------------------------------------------------------
+    def _new_state(self) -> GuideState:
+        from outlines_core import Guide
+
+        return GuideState(Guide(self.compiled.index, max_rollback=0))
+
+    def _advance(self, state: GuideState, token_id: int) -> None:
+        state.num_consumed += 1
+        if state.finished or state.error is not None:
+            return
+        if token_id in self._eos_set:
+            state.finished = True
+            return
+        try:
+            state.guide.advance(token_id, return_tokens=False)
+        except ValueError:
+            state.error = f"token {token_id} is not allowed in automaton state {state.guide.get_state()}"
+            logger.warning("guided decoding: %s; the document is ended (only EOS allowed from now on)", state.error)
+
+    def _catch_up(self, state: GuideState, generated: Sequence[int]) -> None:
+        for token_id in generated[state.num_consumed :]:
+            self._advance(state, int(token_id))
+
+    def _ensure_rows(self, num_rows: int) -> torch.Tensor:
+        if self._bitmask.shape[0] < num_rows:
+            self._bitmask = allocate_token_bitmask(max(num_rows, 2 * self._bitmask.shape[0]), self.vocab.vocab_size)
+            self._bitmask_np = self._bitmask.numpy()
+            self._bitmask_ptr = self._bitmask.data_ptr()
+        return self._bitmask[:num_rows]
+
+    def _fill_row(self, state: GuideState, row: int, compiled: CompiledIndex) -> None:
+        words = self._bitmask_np[row]
+        if state.finished or state.error is not None:
+            words[:] = 0
+            self._set_eos(words)
+            return
+        index_state = state.guide.get_state()
+        cached = compiled.state_mask(index_state)
+        if cached is not None:
+            words[:] = cached
+        else:
+            # outlines-core writes the words straight into our buffer (no list of ids is ever built)
+            num_words = words.shape[0]
+            state.guide.write_mask_into(self._bitmask_ptr + row * num_words * 4, num_words, 4)
+            primary = self._eos_ids[0]
+            if len(self._eos_ids) > 1 and (words[primary >> 5] >> (primary & 31)) & 1:
+                self._set_eos(words)
+            compiled.remember_mask(index_state, words)
+
+    def _set_eos(self, words: np.ndarray) -> None:
+        for eos in self._eos_ids:
+            words[eos >> 5] |= np.int32(np.uint32(1 << (eos & 31)).view(np.int32))
+
+    def _mask(self, states: Sequence[GuideState], scores: torch.Tensor) -> torch.Tensor:
+        if self._copy_done is not None:  # the last asynchronous upload still reads the buffer we rewrite
+            self._copy_done.synchronize()
+            self._copy_done = None
+        bitmask = self._ensure_rows(len(states))
+        compiled = self.compiled
+        for row, state in enumerate(states):
+            self._fill_row(state, row, compiled)
+        if scores.is_cuda:
+            bitmask = bitmask.to(scores.device, non_blocking=True)
+            self._copy_done = torch.cuda.Event()
+            self._copy_done.record()
+        return apply_token_bitmask_(scores, bitmask, backend=self.backend)
+
+    # -- contract 1: stock transformers generate -------------------------------------------------------
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """Mask `scores` [batch, vocab] in place for each row of `input_ids` [batch, length]; returns `scores`.
+
+        A call continues the previous one when the batch size is the same, the ids are one token longer and the
+        prompt part is unchanged; otherwise it is a new `generate` call and every row starts a fresh document at
+        its first generated token. A continuing row whose history is not its previous row's (beam search
+        reorders rows) is replayed from the prompt, so its state always matches its own tokens.
+        """
+        batch, length = input_ids.shape
+        prev = self._prev_ids
+        continuing = (
+            prev is not None
+            and prev.shape[0] == batch
+            and prev.shape[1] + 1 == length
+            and len(self._rows) == batch
+            and torch.equal(prev[:, : self._prompt_len], input_ids[:, : self._prompt_len])
+        )
+        if continuing:
+            assert prev is not None
+            same_row = (prev == input_ids[:, :-1]).all(dim=1).tolist()
+            last = input_ids[:, -1].tolist()
+            for row in range(batch):
+                if same_row[row]:
+                    self._advance(self._rows[row], last[row])
+                else:
+                    state = self._new_state()
+                    self._catch_up(state, input_ids[row, self._prompt_len :].tolist())
+                    self._rows[row] = state
+        else:
+            self._rows = [self._new_state() for _ in range(batch)]
+            self._prompt_len = length
+        self._prev_ids = input_ids.clone()
+        return self._mask(self._rows, scores)
+
+    def reset(self) -> None:
+        """Forget every row and request (the next call starts fresh)."""
+        self._rows = []
+        self._prev_ids = None
+        self._requests.clear()
+
+    # -- contract 2: the continuous-batching engine ----------------------------------------------------
+    def _request_state(self, request_id: str, generated: Sequence[int]) -> GuideState:
+        state = self._requests.get(request_id)
+        if state is None or len(generated) < state.num_consumed:  # unknown, or restarted (e.g. preempted)
+            state = self._requests[request_id] = self._new_state()
+        self._catch_up(state, generated)
+        return state
+
+    def process_rows(
+        self, request_ids: Sequence[str], generated: Sequence[Sequence[int]], scores: torch.Tensor
+    ) -> torch.Tensor:
+        """Mask `scores` [n, vocab] in place: row `i` belongs to `request_ids[i]`, which has produced
+        `generated[i]` so far. Unknown ids start a fresh document. Blocks until the index is compiled."""
+        if len(request_ids) != scores.shape[0] or len(generated) != scores.shape[0]:
+            raise ValueError(
+                f"process_rows got {len(request_ids)} request ids and {len(generated)} histories for "
+                f"{scores.shape[0]} score rows; pass one of each per row"
+            )
+        states = [self._request_state(rid, gen) for rid, gen in zip(request_ids, generated)]
+        return self._mask(states, scores)
+
+    def forced_tokens(self, request_id: str, generated: Sequence[int], max_tokens: int) -> list[int]:
+        """Jump-forward: the chain of tokens that are each the only allowed continuation (never EOS), at most
+        `max_tokens`. The request's state is not moved: the engine feeds them back through `generated`."""
+        state = self._request_state(request_id, generated)
+        if state.finished or state.error is not None:
+            return []
+        compiled = self.compiled
+        index_state = state.guide.get_state()
+        forced: list[int] = []
+        while len(forced) < max_tokens:
+            token_id = compiled.forced_token(index_state)
+            if token_id is None:
+                break
+            forced.append(token_id)
+            index_state = compiled.index.get_next_state(index_state, token_id)
+        return forced
+
+    def is_complete(self, request_id: str) -> bool:
+        """True when the request's document is complete (EOS allowed now, or already produced)."""
+        state = self._requests.get(request_id)
+        if state is None:
+            return False
+        return state.finished or self.compiled.index.is_final_state(state.guide.get_state())
+
+    def error(self, request_id: str) -> str | None:
+        """Why the request's document was cut short (a refused token), or None."""
+        state = self._requests.get(request_id)
+        return None if state is None else state.error
+
+    def release(self, request_id: str) -> None:
+        """Forget the request's state (finished or aborted); unknown ids are ignored."""
+        self._requests.pop(request_id, None)
+
+    @property
+    def num_active_requests(self) -> int:
+        return len(self._requests)

@@ -1,0 +1,326 @@
+"""Compiled outlines-core `Index`es: an LRU keyed by (schema or regex, whitespace, vocabulary fingerprint), an
+optional on-disk copy, a compile budget, and background compilation.
+
+Two facts about outlines-core 0.2.14 shape this module:
+- Its `Index` builder decides "may this token end here" from regex-automata's *delayed* match flag, so from a
+  state that is already a match it drops every token that leads to a non-final state: with `[0-9]+(\\.[0-9]+)?`
+  the `.` after `1` is refused and a number can only be an integer. Anchoring the pattern at the end of input
+  (`(?:R)\\z`) makes no state a match before end of input, which restores every transition (and also
+  neutralises leftmost-first alternation, `a|abc` then accepts `abc`). Every regex is compiled anchored.
+- `Index` is eager (cost ~ states x vocabulary) and cannot be interrupted; `DFA::new` has no size limit, so a
+  pattern like `a{99999999}` exhausts memory. We estimate the pattern's size first and refuse what is too big
+  (`SchemaTooComplexError`), and wait for a compile at most `max_compile_s` seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
+from hf_paged.processors.regex_size import estimate_regex_size
+from hf_paged.processors.vocabulary import TokenVocabulary
+
+__all__ = [
+    "CompiledIndex",
+    "IndexCache",
+    "anchored",
+    "check_regex_size",
+    "default_index_cache",
+    "index_key",
+    "validate_regex",
+]
+
+_NO_FORCED = -1  # memo value: this state has no single forced token
+MAX_CACHED_MASKS = 4096  # per index; 4096 x 6 KB = 25 MB with GPT-2's vocabulary
+
+
+def anchored(regex: str) -> str:
+    """`regex` anchored at end of input, the form every index is compiled from (see the module docstring)."""
+    return f"(?:{regex})\\z"
+
+
+def index_key(kind: str, text: str, whitespace: str | None, fingerprint: str, *extra: Any) -> str:
+    """A stable digest naming one compiled index (no salted `hash()`: it also names files on disk)."""
+    raw = json.dumps([kind, text, whitespace, fingerprint, *extra], ensure_ascii=False, default=str)
+    return hashlib.blake2b(raw.encode("utf-8"), digest_size=20).hexdigest()
+
+
+@dataclass(slots=True)
+class CompiledIndex:
+    """An immutable compiled index, shared by every guide (request) that uses the same schema and vocabulary."""
+
+    index: Any  # outlines_core.Index over anchored(regex)
+    regex: str  # the un-anchored pattern
+    vocab: TokenVocabulary
+    compile_s: float  # wall time of the build (0.0 when loaded from disk)
+    from_disk: bool = False
+    # state -> the only allowed non-EOS token, or _NO_FORCED; filled lazily by jump-forward (`forced_token`)
+    _forced: dict[int, int] = field(default_factory=dict)
+    # state -> its bitmask words (see `state_mask`)
+    _masks: dict[int, np.ndarray] = field(default_factory=dict)
+
+    def forced_token(self, state: int) -> int | None:
+        """The single token allowed in `state` when nothing else (EOS included) is, else None. Memoised."""
+        forced = self._forced.get(state)
+        if forced is None:
+            allowed = self.index.get_allowed_tokens(state) or []
+            only = allowed[0] if len(allowed) == 1 else _NO_FORCED
+            forced = _NO_FORCED if only in self.vocab.eos_token_ids else only
+            self._forced[state] = forced
+        return None if forced == _NO_FORCED else forced
+
+    def state_mask(self, state: int) -> np.ndarray | None:
+        """The bitmask words of `state` saved by `remember_mask`, or None.
+
+        outlines-core's `write_mask_into` walks every allowed token: ~1 us in a key, but ~60 us inside a string
+        where 50k tokens are allowed. A state's mask never changes, so each is computed once per index and
+        later copied (6 KB for GPT-2's vocabulary).
+        """
+        return self._masks.get(state)
+
+    def remember_mask(self, state: int, words: np.ndarray) -> None:
+        """Keep a copy of `state`'s words (bounded: past `MAX_CACHED_MASKS` states, nothing more is kept)."""
+        if len(self._masks) < MAX_CACHED_MASKS:
+            self._masks[state] = words.copy()
+
+
+def _probe_vocabulary() -> Any:
+    from outlines_core import Vocabulary
+
+    return Vocabulary(256, {bytes([b]): [b] for b in range(256)})
+
+
+_PROBE: Any = None
+
+
+def _translate_error(exc: Exception, regex: str) -> Exception:
+    message = str(exc)
+    if "exceeds limit" in message or "too big" in message or "size limit" in message:
+        return SchemaTooComplexError(
+            f"the constraint's automaton is too large for the regex engine ({message[:200]}); simplify the "
+            "schema (fewer alternatives, smaller counted repetitions) or raise its limits"
+        )
+    if "DFA" in message or "parse" in message.lower() or "NFA" in message:
+        return InvalidRegexError(
+            f"the regex does not compile ({message}); outlines-core uses Rust `regex` syntax (no look-around, "
+            f"no back-references): fix the pattern {regex[:200]!r}"
+        )
+    return UnsatisfiableSchemaError(
+        f"no token sequence of this vocabulary can spell a match of the constraint ({message[:300]}); "
+        "check the schema/regex, or use a tokenizer whose tokens cover every character it needs"
+    )
+
+
+def check_regex_size(regex: str, max_regex_size: int) -> None:
+    """Raise `SchemaTooComplexError` when `regex` unrolls to more than `max_regex_size` positions."""
+    size = estimate_regex_size(regex)
+    if size > max_regex_size:
+        raise SchemaTooComplexError(
+            f"the constraint's regex would expand to about {size:,} automaton positions (budget "
+            f"{max_regex_size:,}); lower counted repetitions (maxLength, maxItems, integer ranges) or raise "
+            "`max_regex_size`"
+        )
+
+
+def validate_regex(regex: str, *, max_regex_size: int = 200_000) -> None:
+    """Check a pattern cheaply before the full build: size budget, syntax, and a non-empty language.
+
+    The probe compiles against a 256-token vocabulary (one token per byte), so it costs a few milliseconds where
+    the real build walks the whole vocabulary from every state.
+
+    Raises:
+        SchemaTooComplexError: the estimated automaton is larger than `max_regex_size`.
+        InvalidRegexError: the pattern does not parse.
+        UnsatisfiableSchemaError: the pattern matches nothing.
+    """
+    global _PROBE
+    check_regex_size(regex, max_regex_size)
+    from outlines_core import Index
+
+    if _PROBE is None:
+        _PROBE = _probe_vocabulary()
+    try:
+        Index(anchored(regex), _PROBE)
+    except ValueError as exc:
+        raise _translate_error(exc, regex) from None
+
+
+class IndexCache:
+    """LRU of `CompiledIndex`es with an optional directory of persisted indexes and a background compiler.
+
+    Args:
+        max_entries: indexes kept in memory (least recently used dropped first).
+        cache_dir: directory where compiled indexes are saved and looked up across processes; None: memory only.
+        max_compile_s: longest wait for one build before `SchemaTooComplexError`.
+        max_regex_size: budget of `validate_regex`.
+        max_workers: background compile threads (outlines-core releases the GIL while it builds).
+
+    Example:
+        >>> cache = IndexCache(max_entries=8)
+        >>> future = cache.compile_async(key, regex, vocab)     # doctest: +SKIP
+        >>> compiled = future.result()                          # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        max_entries: int = 64,
+        *,
+        cache_dir: str | os.PathLike | None = None,
+        max_compile_s: float = 10.0,
+        max_regex_size: int = 200_000,
+        max_workers: int = 2,
+    ) -> None:
+        if max_entries < 1:
+            raise ValueError(f"IndexCache.max_entries must be >= 1, got {max_entries}")
+        if max_compile_s <= 0:
+            raise ValueError(f"IndexCache.max_compile_s must be > 0, got {max_compile_s}")
+        self.max_entries = max_entries
+        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
+        self.max_compile_s = max_compile_s
+        self.max_regex_size = max_regex_size
+        self._entries: OrderedDict[str, CompiledIndex] = OrderedDict()
+        self._in_flight: dict[str, Future] = {}
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hf_paged-compile")
+        self.num_hits = 0
+        self.num_misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: str) -> CompiledIndex | None:
+        """The cached index for `key` (memory, then disk), or None."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self.num_hits += 1
+                return entry
+        return None
+
+    def compile_async(self, key: str, regex: str, vocab: TokenVocabulary) -> Future:
+        """Start building the index for `regex` in a background thread; a hit returns a finished future.
+
+        Concurrent calls for the same key share one build.
+        """
+        entry = self.get(key)
+        if entry is not None:
+            done: Future = Future()
+            done.set_result(entry)
+            return done
+        with self._lock:
+            future = self._in_flight.get(key)
+            if future is None:
+                self.num_misses += 1
+                future = self._executor.submit(self._build, key, regex, vocab)
+                self._in_flight[key] = future
+        return future
+
+    def get_or_compile(self, key: str, regex: str, vocab: TokenVocabulary) -> CompiledIndex:
+        """Return the index for `key`, building it (within `max_compile_s`) on a miss.
+
+        Raises:
+            SchemaTooComplexError: the build did not finish within `max_compile_s` (it still completes in the
+                background and is cached, so nothing is lost, but this call gives up).
+            InvalidRegexError | UnsatisfiableSchemaError: see `validate_regex`.
+        """
+        future = self.compile_async(key, regex, vocab)
+        try:
+            return future.result(timeout=self.max_compile_s)
+        except FutureTimeout:
+            raise SchemaTooComplexError(
+                f"building the token index took longer than {self.max_compile_s:g} s (vocabulary of "
+                f"{vocab.num_tokens:,} tokens, regex of {len(regex):,} characters); simplify the schema, "
+                "or raise `IndexCache(max_compile_s=...)`"
+            ) from None
+
+    def clear(self) -> None:
+        """Drop every in-memory entry (files on disk stay)."""
+        with self._lock:
+            self._entries.clear()
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _build(self, key: str, regex: str, vocab: TokenVocabulary) -> CompiledIndex:
+        try:
+            compiled = self._load(key, regex, vocab)
+            if compiled is None:
+                from outlines_core import Index
+
+                check_regex_size(regex, self.max_regex_size)
+                start = time.perf_counter()
+                try:
+                    index = Index(anchored(regex), vocab.vocabulary)
+                except ValueError as exc:
+                    raise _translate_error(exc, regex) from None
+                compiled = CompiledIndex(index, regex, vocab, time.perf_counter() - start)
+                self._save(key, compiled)
+            with self._lock:
+                self._entries[key] = compiled
+                self._entries.move_to_end(key)
+                while len(self._entries) > self.max_entries:
+                    self._entries.popitem(last=False)
+            return compiled
+        finally:
+            with self._lock:
+                self._in_flight.pop(key, None)
+
+    def _path(self, key: str) -> str | None:
+        return None if self.cache_dir is None else os.path.join(self.cache_dir, f"{key}.index")
+
+    def _load(self, key: str, regex: str, vocab: TokenVocabulary) -> CompiledIndex | None:
+        path = self._path(key)
+        if path is None or not os.path.exists(path):
+            return None
+        from outlines_core import Index
+
+        try:
+            with open(path, "rb") as handle:
+                saved = pickle.load(handle)
+            # the key is a digest: check what it stands for before trusting the file
+            if saved.get("regex") != regex or saved.get("fingerprint") != vocab.fingerprint:
+                return None
+            return CompiledIndex(Index.from_binary(saved["index"]), regex, vocab, 0.0, from_disk=True)
+        except Exception:  # noqa: BLE001 -- a truncated or foreign file: rebuild (and overwrite it)
+            return None
+
+    def _save(self, key: str, compiled: CompiledIndex) -> None:
+        path = self._path(key)
+        if path is None:
+            return
+        os.makedirs(self.cache_dir, exist_ok=True)
+        payload = {
+            "regex": compiled.regex,
+            "fingerprint": compiled.vocab.fingerprint,
+            "index": compiled.index.__reduce__()[1][0],  # outlines-core's own binary form
+        }
+        # write then rename, so a concurrent reader never sees half a file
+        fd, tmp = tempfile.mkstemp(dir=self.cache_dir, suffix=".tmp")
+        with os.fdopen(fd, "wb") as handle:
+            pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+
+
+_DEFAULT: IndexCache | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_index_cache() -> IndexCache:
+    """The process-wide cache every processor uses unless given its own `index_cache=`."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = IndexCache(cache_dir=os.environ.get("HF_PAGED_INDEX_CACHE_DIR") or None)
+        return _DEFAULT

@@ -1,0 +1,107 @@
+"""`JSONSchemaLogitsProcessor`: generated text is a JSON document valid under a JSON Schema."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from typing import Any
+
+from hf_paged.errors import InvalidRegexError, InvalidSchemaError
+from hf_paged.processors.base import GuidedLogitsProcessor
+from hf_paged.processors.index_cache import IndexCache
+from hf_paged.processors.schema_regex import schema_to_regex
+
+__all__ = ["JSONSchemaLogitsProcessor", "load_schema"]
+
+
+def load_schema(schema: Any) -> dict | bool:
+    """Accept a schema as a dict/bool, JSON text, or a pydantic model class; check it against its meta-schema.
+
+    Raises:
+        InvalidSchemaError: not JSON, not a schema, or an object of another type.
+        InvalidRegexError: a `pattern` (or other regex keyword) that does not compile.
+    """
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):  # pydantic v2 model class
+        schema = schema.model_json_schema()
+    elif isinstance(schema, (str, bytes, bytearray)):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise InvalidSchemaError(
+                f"the schema is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); pass a dict "
+                "or valid JSON text"
+            ) from None
+    if not isinstance(schema, (dict, bool)):
+        raise InvalidSchemaError(
+            f"a JSON Schema is an object or a boolean, got {type(schema).__name__}; pass a dict, JSON text or a "
+            "pydantic model class"
+        )
+    from jsonschema import Draft202012Validator, exceptions, validators
+
+    try:
+        validators.validator_for(schema, default=Draft202012Validator).check_schema(schema)
+    except exceptions.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        if exc.validator == "format" and exc.validator_value == "regex":
+            raise InvalidRegexError(
+                f"the regex {exc.instance!r} at #/{where} does not compile; fix the pattern"
+            ) from None
+        raise InvalidSchemaError(
+            f"this is not a valid JSON Schema: {exc.message} at #/{where}; fix that keyword"
+        ) from None
+    return schema
+
+
+class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
+    """Constrain generation to JSON documents that validate against `schema`.
+
+    Args:
+        schema: a dict (or boolean) schema, its JSON text, or a pydantic model class.
+        tokenizer: the model's tokenizer (any HF fast tokenizer).
+        whitespace: regex of the whitespace allowed between JSON tokens; None: at most one space (bounded, so a
+            model cannot run away in spaces or newlines).
+        strict: raise `UnsupportedSchemaError` for keywords that cannot be enforced exactly; False: warn and use a
+            looser constraint that still only allows valid JSON.
+        eos_token_id: the id(s) that end a document; default `tokenizer.eos_token_id`.
+        index_cache: where compiled indexes live; default the process-wide cache.
+        backend: how masks are applied (see `apply_token_bitmask_`).
+
+    Raises:
+        InvalidSchemaError, UnsupportedSchemaError, UnsatisfiableSchemaError, InvalidRegexError,
+        SchemaTooComplexError, TokenizerError (from `hf_paged.errors`), at construction.
+
+    Example:
+        >>> processor = JSONSchemaLogitsProcessor({"type": "object", "properties": {"n": {"type": "integer"}},
+        ...                                        "required": ["n"]}, tokenizer)          # doctest: +SKIP
+        >>> out = model.generate(**inputs, logits_processor=[processor], max_new_tokens=20)  # doctest: +SKIP
+        >>> json.loads(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
+        {'n': 42}
+    """
+
+    def __init__(
+        self,
+        schema: Any,
+        tokenizer: Any,
+        *,
+        whitespace: str | None = None,
+        strict: bool = True,
+        eos_token_id: int | Iterable[int] | None = None,
+        index_cache: IndexCache | None = None,
+        backend: str = "auto",
+    ) -> None:
+        if whitespace is not None and not isinstance(whitespace, str):
+            raise TypeError(f"whitespace must be a regex string or None, got {type(whitespace).__name__}")
+        self.schema = load_schema(schema)
+        self.whitespace = whitespace
+        self.strict = strict
+        regex = schema_to_regex(self.schema, whitespace=whitespace, strict=strict)
+        # property order matters to the regex (keys are generated in schema order): never sort keys here
+        canonical = json.dumps(self.schema, ensure_ascii=False, separators=(",", ":"))
+        super().__init__(
+            regex,
+            tokenizer,
+            key_parts=("json_schema", canonical, whitespace, strict),
+            eos_token_id=eos_token_id,
+            index_cache=index_cache,
+            backend=backend,
+        )

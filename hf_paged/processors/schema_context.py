@@ -1,0 +1,107 @@
+"""State shared by one schema-to-regex translation: options, budgets, the root for `$ref`, and error helpers.
+
+One `Context` lives for one `schema_to_regex` call. It carries the knobs (whitespace, strictness, size and
+recursion budgets) and the single place that decides between raising `UnsupportedSchemaError` (strict) and
+warning (non-strict), so every module reports unsupported keywords the same way: keyword + JSON pointer + fix.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsupportedSchemaError
+from hf_paged.processors.schema_rx import Rx
+
+__all__ = ["ANNOTATION_KEYWORDS", "DEFAULT_WHITESPACE", "Context", "pointer_join"]
+
+DEFAULT_WHITESPACE = "[ ]?"  # at most one space between tokens: no runaway whitespace
+
+# Keywords that never restrict validation (annotations, identifiers, metadata): ignored on purpose.
+ANNOTATION_KEYWORDS = frozenset(
+    {
+        "title", "description", "default", "examples", "example", "$comment", "$schema", "$id", "id",
+        "$anchor", "$dynamicAnchor", "$vocabulary", "deprecated", "readOnly", "writeOnly",
+        "contentMediaType", "contentEncoding", "contentSchema", "$defs", "definitions", "markdownDescription",
+    }
+)
+
+
+def pointer_join(pointer: str, *tokens: Any) -> str:
+    """JSON pointer `pointer` extended by `tokens` (escaped per RFC 6901)."""
+    for t in tokens:
+        pointer += "/" + str(t).replace("~", "~0").replace("/", "~1")
+    return pointer
+
+
+@dataclass(slots=True)
+class Context:
+    """Options and budgets of one translation.
+
+    Args:
+        root: the whole schema, target of `#...` references.
+        whitespace: regex of the whitespace allowed between JSON tokens.
+        strict: raise on keywords we cannot enforce; False: warn and drop them (looser output).
+        max_cost: budget of the estimated automaton size (see `Rx.cost`).
+        max_ref_depth: how many times one `$ref` may be entered on one path (recursive schemas).
+        max_repeat: counted repetitions (`maxLength`, `maxItems`, `{m,n}` in patterns) above this are
+            lowered to it; a subset of the valid language, so still sound, but compilable.
+        any_depth: nesting depth of the arrays/objects produced for an unconstrained value (`{}`, `true`).
+        prune_cost: None: exact translation. Else the per-object / per-alternation budget above which
+            optional properties and `anyOf` branches are left out (a subset of the valid documents, so still
+            sound); `schema_to_regex` sets it when the exact regex exceeds `max_cost`.
+    """
+
+    root: Any
+    whitespace: str = DEFAULT_WHITESPACE
+    strict: bool = True
+    max_cost: int = 10_000
+    max_ref_depth: int = 3
+    max_repeat: int = 32
+    any_depth: int = 1
+    prune_cost: int | None = None  # when set: drop optional members / alternatives costlier than this budget
+    deadline: float = float("inf")  # time.monotonic() after which translation gives up (SchemaTooComplexError)
+    max_visits: int = 20_000  # sub-schema translations allowed (recursive $refs multiply them)
+    num_visits: int = 0
+    num_pruned: int = 0  # optional properties and anyOf branches dropped to fit the budget (reported once)
+    translate: Callable[..., Rx | None] | None = None  # the dispatcher, set by schema_regex (avoids a cycle)
+    ref_stack: list[str] = field(default_factory=list)  # $ref targets entered on the current path
+    ref_index: dict = field(default_factory=dict)  # $id / $anchor -> RefTarget, built on the first $ref
+    draft4: bool = False  # `$schema` says draft-04 (boolean exclusiveMinimum/Maximum)
+
+    def unsupported(self, keyword: str, pointer: str, fix: str, *, restricts: bool = True) -> None:
+        """Report a keyword we cannot enforce: raise when strict, warn otherwise."""
+        where = pointer_join(pointer, keyword)
+        msg = f"schema keyword `{keyword}` at {where!r} cannot be enforced by a regular expression; {fix}"
+        if self.strict:
+            raise UnsupportedSchemaError(msg + " (or pass strict=False to drop it with a warning)")
+        effect = "output may violate it" if restricts else "output is looser than the schema allows"
+        warnings.warn(f"{msg}; dropped because strict=False: {effect}", UserWarning, stacklevel=4)
+
+    def invalid(self, pointer: str, problem: str, fix: str) -> InvalidSchemaError:
+        """An `InvalidSchemaError` naming where and what."""
+        return InvalidSchemaError(f"invalid schema at {pointer or '#'!r}: {problem}; {fix}")
+
+    def check_cost(self, rx: Rx | None, pointer: str) -> Rx | None:
+        """Raise `SchemaTooComplexError` when a fragment exceeds the budget."""
+        if rx is not None and rx.cost > self.max_cost:
+            raise SchemaTooComplexError(
+                f"the regex for {pointer or '#'!r} would unroll to ~{rx.cost:,} automaton states, over the "
+                f"budget of {self.max_cost:,} (~{self.max_cost // 4:,} automaton states) even with optional "
+                "properties left out; simplify the schema (fewer alternatives, smaller maxItems/maxLength), "
+                "or raise max_cost"
+            )
+        return rx
+
+    def cap(self, hi: int | None, lo: int = 0) -> int | None:
+        """Lower a counted repetition's upper bound to the `max_repeat` budget (never below `lo`)."""
+        if hi is None or hi <= self.max_repeat:
+            return hi
+        return max(self.max_repeat, lo)
+
+    def sub(self, schema: Any, pointer: str) -> Rx | None:
+        """Translate a sub-schema through the dispatcher."""
+        assert self.translate is not None, "Context.translate is set by schema_to_regex"
+        return self.translate(schema, self, pointer)

@@ -1,0 +1,312 @@
+"""Objects: properties in schema order, `required`, `additionalProperties`, `patternProperties`,
+`propertyNames`, `min/maxProperties`, `dependentRequired`/`dependentSchemas`/`dependencies`.
+
+Layout of the regex (ws = the whitespace regex):
+
+    \\{ ws  [ "p1" ws : ws v1 ]  [ ws , ws "p2" ws : ws v2 ] ...  [ ws , ws extra-key ws : ws v ]*  ws \\}
+            declared names in schema order, each once            extras: names never declared
+
+Declared names appear at most once and extras can never spell a declared name, so a duplicate key cannot
+override a checked value. Extras may repeat each other; json keeps the last, which validates too, but then
+there are fewer properties than texts, so extras never count toward `minProperties`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from hf_paged.processors.schema_context import Context, pointer_join
+from hf_paged.processors.schema_pattern import emit, parse_pattern
+from hf_paged.processors.schema_rx import MAX_CODE_POINT, Rx, alt, char_class, lit, opt, raw, rep, seq
+
+__all__ = ["key_matches", "member_order", "object_regex", "ordered_members"]
+
+_MAX_DEPENDENCY_VARIANTS = 4  # optional dependency triggers expanded as present/absent (2^n variants)
+_KEY_CHARS = [(0x20, 0x21), (0x23, 0x5B), (0x5D, MAX_CODE_POINT)]  # extra keys: bare characters, no escapes
+
+
+def ordered_members(
+    elements: list[tuple[Rx | None, bool]],
+    sep: Rx,
+    min_count: int,
+    max_count: int | None,
+    tail: Callable[[int], Rx | None],
+) -> Rx | None:
+    """Members in a fixed order, each (regex, required), joined by `sep`, with a member count bound.
+
+    `tail(k)` gives the regex allowed after the members once k of them are written (e.g. extra keys; it must
+    add its own separator when k > 0). Required members whose regex is None make the whole thing None.
+    """
+    n = len(elements)
+    saturate = max(1, min_count) if max_count is None else None  # counts above this all look alike
+    memo: dict[tuple[int, int], Rx | None] = {}
+
+    def f(i: int, k: int) -> Rx | None:
+        if saturate is not None:
+            k = min(k, saturate)
+        key = (i, k)
+        if key in memo:
+            return memo[key]
+        if i == n:
+            out = tail(k) if k >= min_count else None
+        else:
+            member, required = elements[i]
+            lead = member if k == 0 else seq(sep, member)
+            if saturate is not None and k == saturate and k >= min_count:
+                # Saturated: later members only need a separator; keep the regex linear, not a tree.
+                out = seq(lead, f(i + 1, k)) if required else seq(opt(lead), f(i + 1, k))
+            else:
+                take = None if max_count is not None and k + 1 > max_count else seq(lead, f(i + 1, k + 1))
+                out = take if required else alt([take, f(i + 1, k)])
+        memo[key] = out
+        return out
+
+    return f(0, 0)
+
+
+def member_order(props: dict, required: list[str]) -> list[str]:
+    """The order declared names are written in: the schema's, except that required names move to the front
+    when more than two optional ones precede the first of them.
+
+    Why: optional members before the first required one cost a quadratic regex (each can be the first,
+    written without a leading comma); after a required member every optional one is a linear `(, m)?`.
+    """
+    names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
+    needed = set(required)
+    first_required = next((i for i, n in enumerate(names) if n in needed), len(names))
+    if 2 < first_required < len(names):
+        return [n for n in names if n in needed] + [n for n in names if n not in needed]
+    return names
+
+
+def key_matches(pattern: str, name: str, where: str) -> bool:
+    """ECMA `pattern` search semantics on a property name (through the same translation as strings)."""
+    body = emit(parse_pattern(pattern, where), None)
+    return body is not None and re.fullmatch(body.text, json.dumps(name, ensure_ascii=False)[1:-1]) is not None
+
+
+def _not_in(names: list[str]) -> Rx:
+    """Bare-character JSON keys (with quotes) whose text is none of `names`: a complement trie."""
+    trie: dict = {}
+    for name in names:
+        node = trie
+        for ch in name:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    any_key = rep(Rx(char_class(_KEY_CHARS) or "", 4), 0, None)
+
+    def walk(node: dict) -> Rx | None:
+        kids = sorted(c for c in node if c)
+        parts: list[Rx | None] = [] if "" in node else [Rx("", 0)]
+        excluded = [(ord(c), ord(c)) for c in kids]
+        others = _minus(_KEY_CHARS, excluded)
+        cls = char_class(others)
+        if cls is not None:
+            parts.append(seq(Rx(cls, 4), any_key))
+        for c in kids:
+            if ord(c) >= 0x20 and c not in '"\\':
+                parts.append(seq(lit(c), walk(node[c])))
+        return alt(parts)
+
+    return seq(raw('"', atomic=True), walk(trie), raw('"', atomic=True))  # type: ignore[return-value]
+
+
+def _minus(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = []
+    for lo, hi in ranges:
+        cur = lo
+        for a, b in sorted(holes):
+            if b < cur or a > hi:
+                continue
+            if a > cur:
+                out.append((cur, a - 1))
+            cur = max(cur, b + 1)
+        if cur <= hi:
+            out.append((cur, hi))
+    return out
+
+
+def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
+    """Regex of the JSON objects allowed by the object keywords of `schema`."""
+    deps = _dependencies(schema)
+    if deps:
+        return _with_dependencies(schema, deps, ctx, pointer)
+    props = schema.get("properties", {})
+    required = schema.get("required", [])
+    if not isinstance(props, dict):
+        raise ctx.invalid(pointer_join(pointer, "properties"), "`properties` must be an object", "fix it")
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise ctx.invalid(pointer_join(pointer, "required"), "`required` must be a list of strings", "fix it")
+    patterns = schema.get("patternProperties", {})
+    extra_schema = schema.get("additionalProperties", True)
+    if schema.get("unevaluatedProperties") is not None and schema.get("unevaluatedProperties") is not True:
+        if schema["unevaluatedProperties"] is not False:
+            ctx.unsupported("unevaluatedProperties", pointer, "only `false` is supported; use additionalProperties")
+        extra_schema = False
+    forbidden = _negated_required(schema, required, ctx, pointer)
+    names = member_order(props, required)
+    ws = raw(ctx.whitespace) if ctx.whitespace else Rx("", 0)
+    colon = seq(ws, raw("\\:", atomic=True), ws)
+    elements: list[tuple[Rx | None, bool]] = []
+    for name in names:
+        where = pointer_join(pointer, "properties", name)
+        parts = [props[name]] if name in props else []
+        for pat, sub in patterns.items():
+            if key_matches(pat, name, pointer_join(pointer, "patternProperties", pat)):
+                parts.append(sub)
+        if name not in props and len(parts) == 0:
+            parts.append(extra_schema)
+        value = None if name in forbidden else _value(parts, ctx, where)
+        if value is not None and "propertyNames" in schema and not _name_ok(name, schema["propertyNames"], ctx, pointer):
+            value = None
+        member = seq(lit(json.dumps(name, ensure_ascii=False)), colon, value) if value is not None else None
+        elements.append((member, name in required))
+    state = {"extras": _extras(schema, extra_schema, names, ctx, pointer, colon)}
+    min_p, max_p = schema.get("minProperties", 0), schema.get("maxProperties")
+    sep = seq(ws, raw("\\,", atomic=True), ws)
+    assert sep is not None
+
+    def tail(k: int) -> Rx | None:
+        extras = state["extras"]
+        if extras is None:
+            return Rx("", 0)
+        room = None if max_p is None else max_p - k
+        if room is not None and room <= 0:
+            return Rx("", 0)
+        more = rep(seq(sep, extras), 0, None if room is None else ctx.cap(room))
+        if k > 0:
+            return more
+        return opt(seq(extras, rep(seq(sep, extras), 0, None if room is None else ctx.cap(room - 1))))
+
+    def build(members: list[tuple[Rx | None, bool]]) -> Rx | None:
+        body = ordered_members(members, sep, int(min_p), None if max_p is None else int(max_p), tail)
+        return seq(raw("\\{", atomic=True), ws, body, ws, raw("\\}", atomic=True))
+
+    out = build(elements)
+    if ctx.prune_cost is not None and out is not None and out.cost > ctx.prune_cost:
+        if state["extras"] is not None:  # undeclared keys go first: they cost a whole generic value
+            state["extras"] = None
+            ctx.num_pruned += 1
+            out = build(elements)
+        if out is not None and out.cost > ctx.prune_cost:
+            out = _prune(elements, build, ctx)
+    return ctx.check_cost(out, pointer)
+
+
+def _prune(elements: list[tuple[Rx | None, bool]], build: Callable, ctx: Context) -> Rx | None:
+    """Leave out the costliest optional members until the object fits `ctx.prune_cost` (fewest dropped)."""
+    optional = sorted((i for i, (m, req) in enumerate(elements) if m is not None and not req),
+                      key=lambda i: -elements[i][0].cost)  # type: ignore[union-attr]
+    best: tuple[int, Rx | None] | None = None
+    lo, hi = 1, len(optional)
+    while lo <= hi:  # binary search on how many to drop
+        mid = (lo + hi) // 2
+        dropped = set(optional[:mid])
+        candidate = build([(None if i in dropped else m, req) for i, (m, req) in enumerate(elements)])
+        if candidate is None or candidate.cost <= ctx.prune_cost:  # type: ignore[operator]
+            best, hi = (mid, candidate), mid - 1
+        else:
+            lo = mid + 1
+    if best is None:
+        dropped = set(optional)
+        best = (len(optional), build([(None if i in dropped else m, req) for i, (m, req) in enumerate(elements)]))
+    ctx.num_pruned += best[0]
+    return best[1]
+
+
+def _value(parts: list[Any], ctx: Context, where: str) -> Rx | None:
+    if any(p is False for p in parts):
+        return None
+    parts = [p for p in parts if p is not True and p != {}]
+    if len(parts) <= 1:
+        return ctx.sub(parts[0] if parts else True, where)
+    return ctx.sub({"allOf": parts}, where)
+
+
+def _name_ok(name: str, names_schema: Any, ctx: Context, pointer: str) -> bool:
+    rx = ctx.sub(names_schema, pointer_join(pointer, "propertyNames"))
+    return rx is not None and re.fullmatch(rx.text, json.dumps(name, ensure_ascii=False)) is not None
+
+
+def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, pointer: str, colon: Rx) -> Rx | None:
+    """One `"key": value` for names not declared, or None when we generate none.
+
+    Free keys are bare-character strings that spell no declared name; they are written for maps (no
+    declared names) and when `additionalProperties` is a schema, not for the default `true` beside
+    declared names (see below). With `patternProperties` and no
+    declared names, keys are drawn from the patterns instead, and their value must satisfy every pattern's
+    schema (a key may match several). Never with `propertyNames` (a free key could violate it).
+    """
+    if "propertyNames" in schema:
+        return None
+    patterns = schema.get("patternProperties")
+    if patterns:
+        if names or not isinstance(patterns, dict):
+            return None  # a pattern key could spell a declared name: keep to the declared ones
+        keys = [emit(parse_pattern(p, pointer_join(pointer, "patternProperties", p)), ctx.max_repeat, open_too=False)
+                for p in patterns]
+        key_rx = alt(seq(raw('"', atomic=True), k, raw('"', atomic=True)) for k in keys)
+        values = [v for v in patterns.values() if v is not True and v != {}]
+        value = ctx.sub({"allOf": values} if len(values) > 1 else values[0] if values else True,
+                        pointer_join(pointer, "patternProperties"))
+        return seq(key_rx, colon, value) if value is not None else None
+    if extra_schema is False or names and (extra_schema is True or extra_schema == {}):
+        # With declared names and the default `true`, extras are left out: a free value after every
+        # optional member multiplies the automaton (measured: 5 optional members + extras > 25 s to index
+        # with GPT-2). A subset, still sound; declare `additionalProperties` as a schema to get them.
+        return None
+    value = ctx.sub(extra_schema, pointer_join(pointer, "additionalProperties"))
+    if value is None:
+        return None
+    return seq(_not_in(names), colon, value)
+
+
+def _negated_required(schema: dict, required: list[str], ctx: Context, pointer: str) -> set[str]:
+    """`not: {required: [...]}`: keep one of the names absent (a sound subset of 'not all present')."""
+    neg = schema.get("not")
+    if neg is None:
+        return set()
+    if isinstance(neg, dict) and set(neg) <= {"required"} and isinstance(neg.get("required"), list) and neg["required"]:
+        for name in neg["required"]:
+            if name not in required:
+                return {name}
+        return set(neg["required"])  # all of them required: nothing satisfies the schema
+    ctx.unsupported("not", pointer, "only `not: {required: [...]}` is supported on objects; remove `not`")
+    return set()
+
+
+def _dependencies(schema: dict) -> dict[str, Any]:
+    deps: dict[str, Any] = {}
+    for key in ("dependencies", "dependentRequired", "dependentSchemas"):
+        value = schema.get(key)
+        if isinstance(value, dict):
+            deps.update(value)
+    return deps
+
+
+def _with_dependencies(schema: dict, deps: dict[str, Any], ctx: Context, pointer: str) -> Rx | None:
+    """Expand each dependency trigger into 'present (with its dependents)' and 'absent' variants."""
+    base = {k: v for k, v in schema.items() if k not in ("dependencies", "dependentRequired", "dependentSchemas")}
+    required = list(base.get("required", []))
+    optional = [t for t in deps if t not in required]
+    if len(optional) > _MAX_DEPENDENCY_VARIANTS:
+        ctx.unsupported("dependencies", pointer, f"{len(optional)} optional triggers would need "
+                        f"2^{len(optional)} variants; make some of them required")
+    variants: list[dict] = [base]
+    for trigger, dep in deps.items():
+        present: list[dict] = []
+        for v in variants:
+            with_t = dict(v, required=list(dict.fromkeys(list(v.get("required", [])) + [trigger])))
+            if isinstance(dep, list):
+                with_t["required"] = list(dict.fromkeys(with_t["required"] + list(dep)))
+                present.append(with_t)
+            else:
+                present.append({"allOf": [with_t, dep]} if dep is not True else with_t)
+            if trigger not in v.get("required", []) and trigger in optional:
+                absent = dict(v, properties={**v.get("properties", {}), trigger: False})
+                present.append(absent)
+        variants = present[: 2 ** _MAX_DEPENDENCY_VARIANTS]
+    return alt(ctx.sub(v, pointer) for v in variants)

@@ -1,0 +1,327 @@
+"""JSON Schema -> regex, sound first: every text the regex matches is JSON that validates against the schema.
+
+Entry point of the schema layer; the processors compile its output with outlines-core's `Index`.
+
+    schema --$ref / allOf merge / anyOf distribution--> branches (plain dicts)
+           --type by type (numbers, strings, objects, arrays)--> Rx fragments --alternation--> regex
+
+What cannot be enforced exactly raises `UnsupportedSchemaError` naming the keyword and its JSON pointer
+(`strict=False`: a warning and a looser regex). The output is valid for Python `re` and Rust `regex-automata`.
+
+Example:
+    >>> import re
+    >>> rx = schema_to_regex({"type": "integer", "minimum": 1, "maximum": 12})
+    >>> bool(re.fullmatch(rx, "12")), bool(re.fullmatch(rx, "13"))
+    (True, False)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsatisfiableSchemaError
+from hf_paged.processors.schema_arrays import array_regex
+from hf_paged.processors.schema_context import ANNOTATION_KEYWORDS, DEFAULT_WHITESPACE, Context, pointer_join
+from hf_paged.processors.schema_numbers import NUMBER, integer_regex, number_regex
+from hf_paged.processors.schema_objects import object_regex
+from hf_paged.processors.schema_oneof import TYPES, inferred_types, narrow_exclusive, types_of
+from hf_paged.processors.schema_refs import merge_all, resolve_ref, same_json
+from hf_paged.processors.schema_rx import Rx, alt, lit, opt, raw, rep, seq
+from hf_paged.processors.schema_strings import STRING, string_regex
+
+__all__ = ["Branch", "branches", "canonical_json", "dump_value", "schema_to_regex"]
+
+_MAX_MERGE_ROUNDS = 16
+
+
+def schema_to_regex(
+    schema: dict | bool,
+    *,
+    whitespace: str | None = None,
+    strict: bool = True,
+    max_cost: int = 10_000,
+    max_ref_depth: int = 3,
+    max_repeat: int = 32,
+    max_seconds: float = 10.0,
+) -> str:
+    """Translate a JSON Schema into a regex whose every match is a JSON text valid under the schema.
+
+    Args:
+        schema: the schema (dict or boolean).
+        whitespace: regex of the whitespace allowed between tokens; None: `[ ]?` (bounded).
+        strict: raise `UnsupportedSchemaError` on keywords we cannot enforce; False: warn and drop them.
+        max_cost: budget of the estimated automaton size; above it `SchemaTooComplexError`.
+        max_ref_depth: times one `$ref` may be entered on one path (recursion is cut off beyond, soundly).
+        max_repeat: counted repetitions above this are lowered to it (fewer texts, all still valid).
+        max_seconds: wall-clock budget of the translation itself (all retries together).
+
+    Raises:
+        InvalidSchemaError, UnsupportedSchemaError, UnsatisfiableSchemaError, InvalidRegexError,
+        SchemaTooComplexError (all from `hf_paged.errors`).
+    """
+    if not isinstance(schema, (dict, bool)):
+        raise InvalidSchemaError(f"a JSON Schema is an object or a boolean, got {type(schema).__name__}; "
+                                 "pass a dict (parse JSON text with json.loads first)")
+    ws = DEFAULT_WHITESPACE if whitespace is None else whitespace
+    deadline = time.monotonic() + max_seconds
+    # Exact first; then leave out optional members / alternatives, cap repetitions and recursion harder.
+    attempts = [(None, max_repeat, max_ref_depth)] + [
+        (max_cost >> (2 * i), max(max_repeat >> i, 1), max(max_ref_depth - i, 1)) for i in range(1, 5)
+    ]
+    for n, (prune_cost, repeat, ref_depth) in enumerate(attempts):
+        ctx = Context(root=schema, strict=strict, max_cost=max_cost, max_ref_depth=ref_depth,
+                      max_repeat=repeat, whitespace=ws, translate=translate, prune_cost=prune_cost,
+                      deadline=deadline)
+        try:
+            rx = translate(schema, ctx, "#")
+        except SchemaTooComplexError:
+            if n == len(attempts) - 1 or time.monotonic() > deadline:
+                raise
+            continue  # retry, leaving out optional members and alternatives to fit the budget
+        if rx is None:
+            raise UnsatisfiableSchemaError("no JSON document satisfies this schema (or every way to satisfy it "
+                                           "needs recursion deeper than max_ref_depth); check its constraints")
+        if ctx.num_pruned:
+            warnings.warn(f"schema too large for the regex budget ({max_cost:,}): left out {ctx.num_pruned} "
+                          "optional properties / anyOf branches and capped repetitions at "
+                          f"{repeat}; output stays valid but cannot use them (raise max_cost to keep them)",
+                          UserWarning, stacklevel=2)
+        return rx.text
+    raise AssertionError("unreachable")
+
+
+@dataclass(slots=True)
+class Branch:
+    """One alternative of a schema after `$ref`, `allOf`, `anyOf` and `oneOf` are flattened."""
+
+    schema: Any  # a dict without $ref/allOf/anyOf/oneOf at its top level, or a boolean
+    refs: list[str]  # $ref targets entered to build it (they count toward the recursion limit)
+
+
+def translate(schema: Any, ctx: Context, pointer: str) -> Rx | None:
+    """Regex fragment of one (sub-)schema; None when nothing satisfies it."""
+    ctx.num_visits += 1
+    if time.monotonic() > ctx.deadline:
+        raise SchemaTooComplexError("translating the schema took longer than max_seconds; simplify the schema "
+                                    "(fewer alternatives or recursive $refs) or raise max_seconds")
+    if ctx.num_visits > ctx.max_visits:
+        raise SchemaTooComplexError(
+            f"translating the schema visited more than {ctx.max_visits:,} sub-schemas (deep or mutually "
+            "recursive $refs); lower max_ref_depth or simplify the schema"
+        )
+    out = []
+    for branch in branches(schema, ctx, pointer):
+        ctx.ref_stack.extend(branch.refs)
+        try:
+            out.append(_plain(branch.schema, ctx, pointer))
+        finally:
+            del ctx.ref_stack[len(ctx.ref_stack) - len(branch.refs):]
+    result = alt(out)
+    if ctx.prune_cost is not None and result is not None and result.cost > ctx.prune_cost:
+        kept = sorted((r for r in out if r is not None), key=lambda r: r.cost)
+        while len(kept) > 1 and sum(r.cost for r in kept) > ctx.prune_cost:
+            kept.pop()  # leave out the costliest alternative: a subset, still sound
+            ctx.num_pruned += 1
+        result = alt(kept)
+    return ctx.check_cost(result, pointer)
+
+
+def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None = None) -> list[Branch]:
+    """Flatten `$ref`, `allOf`, `anyOf`, `oneOf` into alternatives (anyOf distributes over siblings).
+
+    `entered` are the `$ref` targets already resolved on the way here; a target entered `max_ref_depth`
+    times (counting the translation's stack too) yields the empty branch: recursion is cut off soundly.
+    """
+    if isinstance(schema, bool):
+        return [Branch(schema, [])]
+    if not isinstance(schema, dict):
+        raise ctx.invalid(pointer, f"a schema must be an object or a boolean, got {schema!r}", "fix the sub-schema")
+    refs: list[str] = list(entered or [])
+    current: Any = _double_negation(schema)
+    for _ in range(_MAX_MERGE_ROUNDS):
+        if not isinstance(current, dict) or not ("$ref" in current or "allOf" in current):
+            break
+        parts = current.get("allOf", [])
+        if not isinstance(parts, list):
+            raise ctx.invalid(pointer_join(pointer, "allOf"), "`allOf` must be a list", "fix it")
+        parts = list(parts)
+        rest = {k: v for k, v in current.items() if k not in ("allOf", "$ref")}
+        if "$ref" in current:
+            target = resolve_ref(current["$ref"], ctx, pointer)
+            if (ctx.ref_stack + refs).count(target.pointer) >= ctx.max_ref_depth:
+                return [Branch(False, refs)]
+            refs.append(target.pointer)
+            parts.insert(0, target.schema)
+        current = _double_negation(merge_all([rest] + [_double_negation(p) for p in parts], ctx, pointer))
+    else:
+        return [Branch(False, refs)]  # `$ref` chains deeper than the merge budget: cut off (sound)
+    for key in ("anyOf", "oneOf"):
+        if isinstance(current, dict) and key in current:
+            options = current[key]
+            if not isinstance(options, list) or not options:
+                raise ctx.invalid(pointer_join(pointer, key), f"`{key}` must be a non-empty list", "fix it")
+            rest = {k: v for k, v in current.items() if k != key}
+            subs = []
+            for i, option in enumerate(options):
+                merged = {"allOf": [rest, option]} if rest else option
+                subs.append(branches(merged, ctx, pointer_join(pointer, key, i), refs))
+            if key == "oneOf" and len(options) > 1:
+                narrowed = narrow_exclusive([[b.schema for b in bs] for bs in subs])
+                if narrowed is None:
+                    ctx.unsupported("oneOf", pointer, "its branches may overlap (exactly-one cannot be checked); use "
+                                    "`anyOf`, or make branches disjoint by `type`, `required` keys or a `const` "
+                                    "discriminator property")
+                else:
+                    kept = [[b for b in bs if b.schema is not False] for bs in subs]
+                    subs = [[Branch(n, b.refs) for n, b in zip(ns, bs)] for ns, bs in zip(narrowed, kept)]
+            return [b for bs in subs for b in bs]
+    return [Branch(current, refs)]
+
+
+def _double_negation(schema: Any) -> Any:
+    """`not: {not: X}` is X: fold it into an `allOf` part so the usual merging applies."""
+    if not isinstance(schema, dict) or "unevaluatedProperties" in schema or "unevaluatedItems" in schema:
+        return schema  # `not` drops annotations: folding it would let unevaluated* see its properties
+    neg = schema.get("not")
+    if isinstance(neg, dict) and set(neg) - ANNOTATION_KEYWORDS == {"not"}:
+        rest = {k: v for k, v in schema.items() if k != "not"}
+        return {**rest, "allOf": list(rest.get("allOf", [])) + [neg["not"]]}
+    return schema
+
+
+def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
+    """Regex of a schema without $ref/allOf/anyOf/oneOf at its top."""
+    if schema is True or schema == {}:
+        return any_value(ctx, ctx.any_depth)
+    if schema is False:
+        return None
+    types = _allowed_types(schema, ctx, pointer)
+    if "if" in schema and ("then" in schema or "else" in schema):
+        ctx.unsupported("if", pointer, "conditional schemas need negation; rewrite as `anyOf` of exclusive cases")
+    for key in ("$dynamicRef", "$recursiveRef"):
+        if key in schema:
+            ctx.unsupported(key, pointer, "use a plain `$ref` to a `$defs` entry")
+    if "enum" in schema or "const" in schema:
+        return _enum(schema, ctx, pointer)
+    parts: list[Rx | None] = []
+    for t in types:
+        if t == "null":
+            parts.append(lit("null"))
+        elif t == "boolean":
+            parts.append(raw("true|false"))
+        elif t == "integer" and "number" not in types:
+            parts.append(integer_regex(schema, ctx, pointer))
+        elif t == "number":
+            parts.append(number_regex(schema, ctx, pointer))
+        elif t == "string":
+            parts.append(string_regex(schema, ctx, pointer))
+        elif t == "array":
+            parts.append(array_regex(schema, ctx, pointer, dump_value))
+        elif t == "object":
+            parts.append(object_regex(schema, ctx, pointer))
+    return alt(parts)
+
+
+def _allowed_types(schema: dict, ctx: Context, pointer: str) -> list[str]:
+    t = schema.get("type")
+    if t is None:
+        types = inferred_types(schema) or set(TYPES)
+    else:
+        listed = [t] if isinstance(t, str) else t
+        if not isinstance(listed, list) or not all(x in TYPES for x in listed):
+            raise ctx.invalid(pointer_join(pointer, "type"), f"unknown type {t!r}", f"use one of {list(TYPES)}")
+        types = set(listed)
+    neg = schema.get("not")
+    if neg is True or neg == {}:
+        return []
+    if isinstance(neg, dict) and neg and set(neg) - ANNOTATION_KEYWORDS == {"type"}:
+        types -= types_of({"type": neg["type"]}) if neg["type"] != "number" else {"number", "integer"}
+    elif neg is not None and neg is not False and not (isinstance(neg, dict) and set(neg) <= {"required"}):
+        if "enum" not in schema and "const" not in schema:  # beside an enum, `not` filters the values
+            ctx.unsupported("not", pointer, "only `not` of a `type`, of `required`, or of values beside an `enum` "
+                            "is supported; remove `not`")
+    if "integer" in types and "number" in types:
+        types.discard("integer")
+    return [x for x in TYPES if x in types]
+
+
+def _enum(schema: dict, ctx: Context, pointer: str) -> Rx | None:
+    """Alternation of the listed values that also satisfy the sibling keywords (checked by their regex)."""
+    values = list(schema["enum"]) if "enum" in schema else [schema["const"]]
+    if "enum" in schema and "const" in schema:
+        values = [v for v in values if same_json(v, schema["const"])]
+    neg = schema.get("not")
+    if neg is not None and neg is not False:
+        values = [v for v in values if not _validates(v, neg, ctx)]
+    rest = {k: v for k, v in schema.items() if k not in ("enum", "const", "not") and k not in ANNOTATION_KEYWORDS}
+    check = _plain(rest, ctx, pointer) if rest else None
+    texts = []
+    for v in values:
+        text = dump_value(v)
+        if text is not None and (check is None or re.fullmatch(check.text, text)):
+            texts.append(lit(text))
+    return alt(texts)
+
+
+def _validates(value: Any, schema: Any, ctx: Context) -> bool:
+    """Whether `value` satisfies `schema` per jsonschema (references resolve against the root)."""
+    import jsonschema
+
+    root = ctx.root if isinstance(ctx.root, dict) else {}
+    try:
+        validator = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)(root)
+        return bool(validator.evolve(schema=schema).is_valid(value))
+    except Exception as exc:  # noqa: BLE001 -- an unresolvable `not` cannot be used to filter: refuse
+        raise ctx.invalid(pointer_join("#", "not"), f"cannot evaluate `not` ({exc})", "fix the sub-schema") from exc
+
+
+def any_value(ctx: Context, depth: int) -> Rx | None:
+    """Any JSON value, arrays and objects nested at most `depth` deep (keys may repeat: anything is valid)."""
+    scalars = alt([raw("null|true|false"), NUMBER, STRING])
+    if depth <= 0:
+        return scalars
+    inner = any_value(ctx, depth - 1)
+    ws = raw(ctx.whitespace) if ctx.whitespace else Rx("", 0)
+    sep = seq(ws, raw("\\,", atomic=True), ws)
+    member = seq(STRING, ws, raw("\\:", atomic=True), ws, inner)
+    array = seq(raw("\\[", atomic=True), ws, opt(seq(inner, rep(seq(sep, inner), 0, None))), ws, raw("\\]", atomic=True))
+    obj = seq(raw("\\{", atomic=True), ws, opt(seq(member, rep(seq(sep, member), 0, None))), ws, raw("\\}", atomic=True))
+    return alt([scalars, array, obj])
+
+
+def dump_value(value: Any) -> str | None:
+    """Compact JSON of a value in our number format (positional decimals, integral floats as ints)."""
+    if value is None or isinstance(value, bool):
+        return json.dumps(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            return None
+        if value.is_integer():
+            return str(int(value))
+        from decimal import Decimal
+
+        return format(Decimal(repr(value)), "f")
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, list):
+        items = [dump_value(v) for v in value]
+        return None if None in items else "[" + ",".join(items) + "]"  # type: ignore[arg-type]
+    if isinstance(value, dict):
+        members = [(json.dumps(k, ensure_ascii=False), dump_value(v)) for k, v in value.items()]
+        return None if any(v is None for _, v in members) else "{" + ",".join(f"{k}:{v}" for k, v in members) + "}"
+    return None
+
+
+def canonical_json(schema: dict | bool, instance: Any) -> str | None:
+    """Write `instance` the way `schema_to_regex(schema)` spells it (for benchmarks and tests)."""
+    from hf_paged.processors.schema_canonical import serialize
+
+    return serialize(schema, instance)

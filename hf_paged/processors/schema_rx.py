@@ -1,0 +1,209 @@
+"""Regex fragments for the JSON-Schema translation: a tiny algebra over regex text with a size estimate.
+
+Every fragment is written in the common subset of Python `re` and Rust `regex-automata` (the engine under
+outlines-core): no lookaround, no backreferences, no `\\d`/`\\w` (both engines make them Unicode-aware), code
+points escaped as `\\xHH` / `\\uHHHH`, ASCII punctuation always backslash-escaped. So the same text can be
+checked with `re.fullmatch` in tests and benchmarks and compiled by `outlines_core.Index`.
+
+`None` stands for the empty language (no text matches): combinators propagate it, which is how an
+unsatisfiable sub-schema (a required property whose schema admits nothing, a recursion cut off at its depth
+limit) removes exactly the alternatives that need it instead of producing invalid output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+__all__ = [
+    "MAX_CODE_POINT",
+    "Rx",
+    "alt",
+    "char_class",
+    "class_cost",
+    "escape_text",
+    "lit",
+    "opt",
+    "raw",
+    "rep",
+    "seq",
+]
+
+MAX_CODE_POINT = 0x10FFFF
+_META = frozenset("\\.+*?()|[]{}^$#&-~")
+_SURROGATES = (0xD800, 0xDFFF)
+
+
+@dataclass(slots=True, frozen=True)
+class Rx:
+    """A regex fragment: its text and an estimate of the automaton it unrolls into.
+
+    `cost` grows with the text, and multiplies through counted repetitions (`x{0,100}` costs ~100x `x`),
+    because the DFA that outlines-core builds unrolls them; the translator compares it to its budget.
+    """
+
+    text: str  # regex source, always safe to concatenate (alternations are wrapped in a group)
+    cost: int  # estimated automaton size, ~4x the DFA states outlines-core builds (len(text) for literals)
+
+
+def raw(text: str, *, atomic: bool = False) -> Rx:
+    """Wrap regex source written by hand. Non-atomic text is grouped before it is repeated or concatenated."""
+    return Rx(text if atomic or _is_atomic(text) else f"(?:{text})", len(text))
+
+
+def lit(text: str) -> Rx:
+    """A fragment matching exactly `text`."""
+    return Rx(escape_text(text), len(text))
+
+
+def seq(*parts: Rx | None) -> Rx | None:
+    """Concatenation; the empty language if any part is."""
+    if any(p is None for p in parts):
+        return None
+    return Rx("".join(p.text for p in parts), sum(p.cost for p in parts))  # type: ignore[union-attr]
+
+
+def alt(parts: Iterable[Rx | None]) -> Rx | None:
+    """Alternation of the parts that are not empty; duplicates dropped (order kept)."""
+    seen: dict[str, Rx] = {}
+    for p in parts:
+        if p is not None and p.text not in seen:
+            seen[p.text] = p
+    if not seen:
+        return None
+    if len(seen) == 1:
+        return next(iter(seen.values()))
+    texts = list(seen)
+    return Rx("(?:" + "|".join(texts) + ")", sum(p.cost for p in seen.values()) + len(texts))
+
+
+def opt(part: Rx | None) -> Rx:
+    """Zero or one occurrence (the empty string when `part` is the empty language)."""
+    if part is None or part.text == "":
+        return Rx("", 0)
+    return Rx(_group(part.text) + "?", part.cost + 1)
+
+
+def rep(part: Rx | None, lo: int, hi: int | None) -> Rx | None:
+    """`part` repeated lo..hi times (hi None: unbounded). Cost multiplies by the unrolled count."""
+    if hi is not None and hi < lo:
+        return None
+    if part is None:
+        return Rx("", 0) if lo == 0 else None
+    if hi == 0 or part.text == "":
+        return Rx("", 0)
+    if (lo, hi) == (1, 1):
+        return part
+    if lo == hi == 0:
+        return Rx("", 0)
+    g = _group(part.text)
+    if hi is None:
+        quant = "*" if lo == 0 else "+" if lo == 1 else "{%d,}" % lo
+        return Rx(g + quant, part.cost * max(lo, 1) + 2)
+    quant = "?" if (lo, hi) == (0, 1) else "{%d}" % lo if lo == hi else "{%d,%d}" % (lo, hi)
+    return Rx(g + quant, part.cost * hi + 2)
+
+
+def escape_text(text: str) -> str:
+    """Escape a literal for both engines (only code points that are safe and unambiguous stay bare)."""
+    return "".join(_escape_char(ord(c), in_class=False) for c in text)
+
+
+def char_class(ranges: list[tuple[int, int]]) -> str | None:
+    """A positive character class over sorted, disjoint code point ranges (surrogates are skipped)."""
+    items: list[str] = []
+    for lo, hi in ranges:
+        for a, b in _minus_surrogates(lo, hi):
+            if a == b:
+                items.append(_escape_char(a, in_class=True))
+            elif b == a + 1:
+                items.append(_escape_char(a, in_class=True) + _escape_char(b, in_class=True))
+            else:
+                items.append(_escape_char(a, in_class=True) + "-" + _escape_char(b, in_class=True))
+    if not items:
+        return None
+    if len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
+        return items[0]  # a single code point needs no class
+    return "[" + "".join(items) + "]"
+
+
+def _minus_surrogates(lo: int, hi: int) -> list[tuple[int, int]]:
+    s_lo, s_hi = _SURROGATES
+    out = []
+    if lo < s_lo:
+        out.append((lo, min(hi, s_lo - 1)))
+    if hi > s_hi:
+        out.append((max(lo, s_hi + 1), hi))
+    return [(a, b) for a, b in out if a <= b]
+
+
+def _escape_char(cp: int, *, in_class: bool) -> str:
+    c = chr(cp)
+    if c.isascii() and c.isalnum():
+        return c
+    if cp < 0x20 or cp == 0x7F:
+        return "\\x%02x" % cp
+    if cp < 0x80:
+        # Only meta characters are escaped: Rust reads some other escapes as assertions (`\<` is a word
+        # boundary there). `&`, `-`, `~` are set operators inside Rust classes, so they are escaped too.
+        return "\\" + c if c in _META else c
+    if cp <= 0xFFFF:
+        return "\\u%04x" % cp
+    return c  # astral code points: both engines take them literally (no common escape syntax)
+
+
+def _group(text: str) -> str:
+    return text if _is_atomic(text) else f"(?:{text})"
+
+
+def _is_atomic(text: str) -> bool:
+    """True when `text` is a single atom a quantifier can follow without a group."""
+    if len(text) == 1 and text not in "()[]{}|*+?.^$\\":
+        return True
+    if len(text) == 2 and text[0] == "\\":
+        return True
+    if text.startswith("\\x") and len(text) == 4 or text.startswith("\\u") and len(text) == 6:
+        return True
+    if text.startswith("[") and text.endswith("]") and _class_end(text) == len(text) - 1:
+        return True
+    if text.startswith("(") and text.endswith(")") and _group_end(text) == len(text) - 1:
+        return True
+    return False
+
+
+def _class_end(text: str) -> int:
+    i = 1
+    while i < len(text):
+        if text[i] == "\\":
+            i += 2
+            continue
+        if text[i] == "]":
+            return i
+        i += 1
+    return -1
+
+
+def _group_end(text: str) -> int:
+    depth, i = 0, 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\":
+            i += 2
+            continue
+        if c == "[":
+            j = _class_end(text[i:])
+            i += j + 1 if j > 0 else 1
+            continue
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    return -1
+
+
+def class_cost(text: str) -> int:
+    """Cost of one character class: a broad non-ASCII class unrolls into ~8 UTF-8 states (measured)."""
+    return 30 if ("\\u" in text or "^" in text[:2] or any(ord(c) > 0x7F for c in text)) else 4

@@ -1,0 +1,111 @@
+"""Index cache: anchoring, LRU, disk persistence, background compile, budgets."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
+from hf_paged.processors.index_cache import IndexCache, anchored, index_key, validate_regex
+from hf_paged.processors.regex_size import estimate_regex_size
+from hf_paged.processors.vocabulary import build_vocabulary
+from tests.processors.toy_tokenizers import byte_level_tokenizer
+
+VOCAB = build_vocabulary(byte_level_tokenizer())
+V = byte_level_tokenizer().get_vocab()
+
+
+def walk(index, tokens):
+    state = index.get_initial_state()
+    for token in tokens:
+        state = index.get_next_state(state, token)
+        if state is None:
+            return None
+    return state
+
+
+def test_anchored_index_accepts_continuations_after_a_match():
+    cache = IndexCache(max_entries=2)
+    compiled = cache.get_or_compile("k", r"(0|[1-9][0-9]*)(\.[0-9]+)?", VOCAB)
+    end = walk(compiled.index, [V["1"], V["2"], V["."], V["5"]])  # "12.5"
+    assert end is not None and compiled.index.is_final_state(end)
+    assert not compiled.index.is_final_state(walk(compiled.index, [V["1"], V["."]]))
+    assert anchored("a|b") == r"(?:a|b)\z"
+
+
+def test_lru_evicts_the_least_recently_used():
+    cache = IndexCache(max_entries=2)
+    cache.get_or_compile("a", "a", VOCAB)
+    cache.get_or_compile("b", "b", VOCAB)
+    assert cache.get("a") is not None  # "a" is now the most recent
+    cache.get_or_compile("c", "c", VOCAB)
+    assert cache.get("b") is None and cache.get("a") is not None and len(cache) == 2
+    assert cache.num_misses == 3
+
+
+def test_compile_async_shares_one_build():
+    cache = IndexCache()
+    first = cache.compile_async("k", "[a-c]{2}", VOCAB)
+    second = cache.compile_async("k", "[a-c]{2}", VOCAB)
+    assert first.result(timeout=30) is second.result(timeout=30)
+    assert cache.num_misses == 1
+    hit = cache.compile_async("k", "[a-c]{2}", VOCAB)
+    assert hit.done() and hit.result() is first.result()
+
+
+def test_disk_persistence_round_trip(tmp_path):
+    key = index_key("regex", "ab?c", None, VOCAB.fingerprint)
+    built = IndexCache(cache_dir=tmp_path).get_or_compile(key, "ab?c", VOCAB)
+    assert not built.from_disk and os.listdir(tmp_path) == [f"{key}.index"]
+    loaded = IndexCache(cache_dir=tmp_path).get_or_compile(key, "ab?c", VOCAB)
+    assert loaded.from_disk and loaded.compile_s == 0.0
+    assert loaded.index.get_transitions() == built.index.get_transitions()
+    # a file whose content does not match the key's regex is ignored and rebuilt
+    other = IndexCache(cache_dir=tmp_path).get_or_compile(key, "abc", VOCAB)
+    assert not other.from_disk
+
+
+def test_regex_size_estimate_and_budget():
+    assert estimate_regex_size("a{3}(bc){2}") == 7
+    assert estimate_regex_size("(x{100}){100}") == 10_000
+    assert estimate_regex_size("[^a{99}]") == 1  # braces inside a class are literals
+    with pytest.raises(SchemaTooComplexError, match="max_regex_size"):
+        validate_regex("a{99999999}")  # would exhaust memory inside regex-automata
+    with pytest.raises(SchemaTooComplexError):
+        IndexCache(max_regex_size=50).get_or_compile("big", "[ab]{60}", VOCAB)
+
+
+def test_bad_patterns():
+    with pytest.raises(InvalidRegexError, match="does not compile"):
+        validate_regex("a(")
+    with pytest.raises(UnsatisfiableSchemaError):
+        validate_regex(r"[^\x00-\x{10FFFF}]")
+
+
+def test_compile_time_budget(monkeypatch):
+    cache = IndexCache(max_compile_s=0.05)
+    release = threading.Event()
+    real_build = cache._build
+
+    def slow_build(key, regex, vocab):  # a build that outlasts the budget, deterministically
+        release.wait(5)
+        return real_build(key, regex, vocab)
+
+    monkeypatch.setattr(cache, "_build", slow_build)
+    with pytest.raises(SchemaTooComplexError, match="max_compile_s"):
+        cache.get_or_compile("slow", "[a-z]{1,4}", VOCAB)
+    release.set()
+    # the build still finishes in the background and is cached for the next caller
+    assert cache.compile_async("slow", "[a-z]{1,4}", VOCAB).result(timeout=30).regex == "[a-z]{1,4}"
+
+
+def test_engine_errors_map_to_typed_errors():
+    from hf_paged.processors.index_cache import _translate_error
+
+    too_big = ValueError("Failed to build DFA number of DFA states exceeds limit of 2147483647")
+    assert isinstance(_translate_error(too_big, "x"), SchemaTooComplexError)
+    assert isinstance(_translate_error(ValueError("Failed to build DFA error building NFA"), "("), InvalidRegexError)
+    incompatible = ValueError("The vocabulary provided is incompatible with the regex 'b'.")
+    assert isinstance(_translate_error(incompatible, "b"), UnsatisfiableSchemaError)

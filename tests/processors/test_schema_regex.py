@@ -1,0 +1,166 @@
+"""The entry point: $ref, allOf/anyOf/oneOf, enum/const, errors, canonical_json, engine compatibility, soundness."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hf_paged.errors import (
+    InvalidSchemaError,
+    SchemaTooComplexError,
+    UnsatisfiableSchemaError,
+    UnsupportedSchemaError,
+)
+from hf_paged.processors.schema_regex import canonical_json, schema_to_regex
+
+
+def accepts(schema, text: str, **kw) -> bool:
+    return re.fullmatch(schema_to_regex(schema, **kw), text) is not None
+
+
+def test_boolean_schemas():
+    assert accepts(True, '{"a":1}') and accepts(True, '[1,"x"]') and accepts(True, "null")
+    assert not accepts(True, '{"a":[1]}')  # unconstrained values nest one level (any_depth)
+    with pytest.raises(UnsatisfiableSchemaError):
+        schema_to_regex(False)
+
+
+def test_refs_to_defs_and_definitions_and_recursion_is_cut_soundly():
+    s = {"$defs": {"pos": {"type": "integer", "minimum": 1}}, "definitions": {"name": {"type": "string"}},
+         "type": "object", "properties": {"n": {"$ref": "#/$defs/pos"}, "s": {"$ref": "#/definitions/name"}},
+         "required": ["n"]}
+    assert accepts(s, '{"n":3,"s":"x"}') and not accepts(s, '{"n":0}')
+    tree = {"$defs": {"node": {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+                               "additionalProperties": False}}, "$ref": "#/$defs/node"}
+    rx = schema_to_regex(tree, max_ref_depth=2)
+    assert re.fullmatch(rx, '{"kids":[{"kids":[]}]}') and not re.fullmatch(rx, '{"kids":[{"kids":[{}]}]}')
+
+
+def test_bad_ref_is_an_invalid_schema():
+    with pytest.raises(InvalidSchemaError, match="does not resolve"):
+        schema_to_regex({"$ref": "#/$defs/missing"})
+
+
+def test_all_of_is_an_intersection_not_a_concatenation():
+    s = {"allOf": [{"type": "integer", "minimum": 2}, {"maximum": 4}]}
+    assert [accepts(s, str(v)) for v in range(7)] == [False, False, True, True, True, False, False]
+    objs = {"allOf": [{"properties": {"a": {"type": "string"}}, "required": ["a"]},
+                      {"properties": {"b": {"type": "integer"}}, "required": ["b"]}]}
+    assert accepts(objs, '{"a":"x","b":1}') and not accepts(objs, '{"a":"x"}')
+    closed = {"allOf": [{"properties": {"a": {}}}, {"properties": {"b": {}}, "additionalProperties": False}]}
+    assert not accepts(closed, '{"a":1}') and accepts(closed, '{"b":1}')  # "a" is additional for branch 2
+
+
+def test_any_of_distributes_over_siblings():
+    s = {"type": "object", "properties": {"k": {"type": "string"}}, "required": ["k"],
+         "anyOf": [{"properties": {"k": {"const": "x"}}}, {"properties": {"k": {"const": "y"}}}]}
+    assert accepts(s, '{"k":"x"}') and accepts(s, '{"k":"y"}') and not accepts(s, '{"k":"z"}')
+
+
+def test_one_of_narrowed_to_exclusive_branches_or_rejected():
+    typed = {"oneOf": [{"type": "string"}, {"type": "integer"}]}
+    assert accepts(typed, '"a"') and accepts(typed, "1")
+    tagged = {"oneOf": [{"properties": {"t": {"const": "a"}, "x": {"type": "integer"}}},
+                        {"properties": {"t": {"const": "b"}, "y": {"type": "string"}}}]}
+    assert accepts(tagged, '{"t":"a","x":1}') and not accepts(tagged, "{}")  # tag made required: exactly one
+    keyed = {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]}
+    assert accepts(keyed, '{"a":1}') and not accepts(keyed, '{"a":1,"b":2}')
+    with pytest.raises(UnsupportedSchemaError, match=r"oneOf.*'#/oneOf'"):
+        schema_to_regex({"oneOf": [{"type": "integer"}, {"type": "number"}]})
+
+
+def test_enum_and_const_are_filtered_by_siblings():
+    s = {"type": "string", "enum": ["a", 1, "bb", None], "maxLength": 1}
+    assert accepts(s, '"a"') and not accepts(s, "1") and not accepts(s, '"bb"') and not accepts(s, "null")
+    assert accepts({"const": {"x": [1, 2]}}, '{"x":[1,2]}')
+    with pytest.raises(UnsatisfiableSchemaError):
+        schema_to_regex({"type": "integer", "enum": ["a"]})
+
+
+def test_type_lists_and_nullable():
+    s = {"type": ["string", "null"], "maxLength": 2}
+    assert accepts(s, "null") and accepts(s, '"ab"') and not accepts(s, '"abc"') and not accepts(s, "0")
+
+
+@pytest.mark.parametrize("keyword,schema", [
+    ("if", {"if": {"type": "string"}, "then": {"minLength": 1}}),
+    ("not", {"type": "integer", "not": {"multipleOf": 3}}),
+    ("$dynamicRef", {"$dynamicRef": "#x", "type": "string"}),
+    ("maxContains", {"type": "array", "contains": {"type": "null"}, "maxContains": 1}),
+])
+def test_unsupported_keywords_name_keyword_and_pointer(keyword, schema):
+    with pytest.raises(UnsupportedSchemaError, match=re.escape(f"`{keyword}` at '#/{keyword}'")):
+        schema_to_regex(schema)
+    with pytest.warns(UserWarning, match=re.escape(keyword)):
+        schema_to_regex(schema, strict=False)
+
+
+def test_nested_pointer_in_message():
+    s = {"properties": {"a": {"type": "object", "properties": {"b": {"if": {}, "then": {}}}}}}
+    with pytest.raises(UnsupportedSchemaError, match="#/properties/a/properties/b/if"):
+        schema_to_regex(s)
+
+
+def test_invalid_schemas():
+    for bad in ([1], {"type": "strin"}, {"properties": 3}, {"minLength": -1, "type": "string"}):
+        with pytest.raises(InvalidSchemaError):
+            schema_to_regex(bad)
+
+
+def test_unsatisfiable_and_too_complex():
+    with pytest.raises(UnsatisfiableSchemaError):
+        schema_to_regex({"type": "integer", "minimum": 5, "maximum": 4})
+    with pytest.raises(SchemaTooComplexError, match="budget"):
+        schema_to_regex({"type": "array", "items": {"type": "string", "minLength": 50}, "minItems": 40})
+
+
+def test_canonical_json_follows_the_regex_spelling():
+    s = {"type": "object", "properties": {"b": {"type": "number"}, "a": {"type": "string"}}}
+    text = canonical_json(s, {"a": "x", "b": 2.50})
+    assert text == '{"b":2.5,"a":"x"}'
+    assert canonical_json({"type": "object"}, {"z": 1.0, "y": [True]}) == '{"z":1,"y":[true]}'
+    assert re.fullmatch(schema_to_regex(s), text)
+    assert canonical_json(True, float("nan")) is None
+
+
+def test_regexes_compile_with_outlines_core_on_a_byte_vocabulary():
+    oc = pytest.importorskip("outlines_core")
+    vocab = oc.Vocabulary(256, {bytes([b]): [b] for b in range(256)})
+    for schema in ({"type": "object", "properties": {"a": {"type": "string", "pattern": "^a|b$", "maxLength": 4},
+                                                     "n": {"type": "number", "exclusiveMaximum": 1.5}}},
+                   {"type": "string", "format": "email"}, {"enum": ["x", 1, None]}, True):
+        index = oc.Index(schema_to_regex(schema), vocab)
+        assert index.get_initial_state() is not None
+
+
+_SCHEMAS = [
+    {"type": "object", "properties": {"a": {"type": "integer", "minimum": -3, "maximum": 7}, "b": {"type": "string",
+     "maxLength": 2}}, "required": ["a"]},
+    {"type": "array", "items": {"type": "number", "exclusiveMinimum": 0, "maximum": 2.5}, "maxItems": 3},
+    {"anyOf": [{"type": "string", "pattern": "^[ab]+$"}, {"type": "boolean"}, {"const": None}]},
+    {"type": "object", "additionalProperties": {"type": "integer", "multipleOf": 2}, "maxProperties": 2},
+]
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-20, 20) | st.floats(-5, 5, allow_nan=False) | st.text("ab\"\\é", max_size=3),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(["a", "b", "c"]), inner, max_size=3),
+    max_leaves=6,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(range(len(_SCHEMAS))), _JSON)
+def test_soundness_every_accepted_text_validates(i, value):
+    schema = _SCHEMAS[i]
+    text = canonical_json(schema, value)
+    if text is not None and re.fullmatch(schema_to_regex(schema), text):
+        jsonschema.validate(json.loads(text), schema)
+
+
+def test_translation_time_budget():
+    with pytest.raises(SchemaTooComplexError, match="max_seconds"):
+        schema_to_regex({"type": "object", "properties": {"a": {"type": "string"}}}, max_seconds=0)

@@ -1,0 +1,108 @@
+"""Objects and arrays: order, required, additional keys, counts, dependencies, uniqueness."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from hf_paged.errors import UnsatisfiableSchemaError, UnsupportedSchemaError
+from hf_paged.processors.schema_regex import schema_to_regex
+
+
+def accepts(schema, text: str, **kw) -> bool:
+    return re.fullmatch(schema_to_regex(schema, **kw), text) is not None
+
+
+def test_properties_in_schema_order_optional_may_be_omitted():
+    s = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "boolean"}}, "required": ["b"]}
+    assert accepts(s, '{"a":1,"b":true}') and accepts(s, '{"b":false}') and accepts(s, '{ "b": true }')
+    assert not accepts(s, '{"a":1}') and not accepts(s, '{"b":true,"a":1}') and not accepts(s, '{"a":1,"a":2,"b":true}')
+    assert not accepts(s, '{"b":true,"c":1}')  # declared names only beside the default `true` (cost)
+    assert accepts({"type": "object"}, '{"c":1}')  # a map without declared names gets free keys
+    closed = dict(s, additionalProperties=False)
+    assert not accepts(closed, '{"b":true,"c":1}') and accepts(closed, '{"b":true}')
+
+
+def test_whitespace_is_bounded_and_configurable():
+    s = {"type": "object", "properties": {"a": {"type": "null"}}, "required": ["a"]}
+    assert not accepts(s, '{  "a":null}')
+    assert accepts(s, '{\n  "a": null\n}', whitespace="[ \\n]{0,3}")
+
+
+def test_empty_subschema_in_properties_keeps_the_object_valid():
+    s = {"type": "object", "properties": {"x": {}, "y": {"type": "string"}}, "required": ["x", "y"]}
+    assert accepts(s, '{"x":[1,"a"],"y":"s"}') and accepts(s, '{"x":null,"y":""}')
+    assert not accepts(s, '{"x":,"y":"s"}')
+
+
+def test_required_name_missing_from_properties_is_still_required():
+    s = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"], "additionalProperties": False}
+    with pytest.raises(UnsatisfiableSchemaError):
+        schema_to_regex(s)
+    s2 = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["b"]}
+    assert accepts(s2, '{"b":1}') and not accepts(s2, '{"a":1}')
+
+
+def test_additional_properties_schema_and_reserved_names():
+    s = {"type": "object", "properties": {"id": {"type": "integer"}}, "additionalProperties": {"type": "string"}}
+    assert accepts(s, '{"id":1,"x":"y","z":"w"}') and accepts(s, '{"k":"v"}')
+    assert not accepts(s, '{"id":1,"x":2}') and not accepts(s, '{"x":"y","id":"nope"}')
+    assert not accepts(s, '{"id":1,"id":"dup"}')  # an extra key never spells a declared name
+
+
+def test_min_and_max_properties():
+    s = {"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}, "c": {"type": "null"}},
+         "minProperties": 1, "maxProperties": 2}
+    assert not accepts(s, "{}") and accepts(s, '{"b":null}') and accepts(s, '{"a":null,"c":null}')
+    assert not accepts(s, '{"a":null,"b":null,"c":null}')
+
+
+def test_dependent_required():
+    s = {"type": "object", "properties": {"card": {"type": "string"}, "cvv": {"type": "string"}},
+         "dependentRequired": {"card": ["cvv"]}}
+    assert accepts(s, '{"card":"1","cvv":"2"}') and accepts(s, '{"cvv":"2"}') and accepts(s, "{}")
+    assert not accepts(s, '{"card":"1"}')
+
+
+def test_pattern_properties_constrain_declared_names_and_map_keys():
+    s = {"type": "object", "properties": {"n_a": {}}, "patternProperties": {"^n_": {"type": "integer"}}}
+    assert accepts(s, '{"n_a":3}') and not accepts(s, '{"n_a":"x"}')
+    m = {"type": "object", "patternProperties": {"^x-[a-z]+$": {"type": "boolean"}}, "additionalProperties": False}
+    assert accepts(m, '{"x-ab":true,"x-c":false}') and not accepts(m, '{"y":true}') and not accepts(m, '{"x-a":1}')
+
+
+def test_not_required_keeps_one_name_out():
+    s = {"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}}, "not": {"required": ["a"]}}
+    assert accepts(s, '{"b":null}') and not accepts(s, '{"a":null}')
+
+
+def test_arrays_items_counts_and_tuples():
+    s = {"type": "array", "items": {"type": "integer"}, "minItems": 1, "maxItems": 3}
+    assert [accepts(s, t) for t in ("[]", "[1]", "[1, 2,3]", "[1,2,3,4]", '[1,"a"]')] == [False, True, True, False, False]
+    t = {"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False}
+    assert accepts(t, '["a",1]') and accepts(t, '["a"]') and accepts(t, "[]") and not accepts(t, '["a",1,2]')
+    legacy = {"type": "array", "items": [{"type": "string"}], "additionalItems": {"type": "null"}}
+    assert accepts(legacy, '["a",null,null]') and not accepts(legacy, '[null]')
+
+
+def test_contains_puts_the_match_first():
+    s = {"type": "array", "items": {"type": "integer"}, "contains": {"minimum": 10}}
+    assert accepts(s, "[10,1]") and not accepts(s, "[]") and not accepts(s, "[1,2]")
+
+
+def test_unique_items_over_a_finite_set_and_rejection_otherwise():
+    s = {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True}
+    assert accepts(s, '["a","c"]') and accepts(s, "[]") and not accepts(s, '["a","a"]')
+    assert accepts({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, "[false,true]")
+    with pytest.raises(UnsupportedSchemaError, match=r"uniqueItems.*#/uniqueItems"):
+        schema_to_regex({"type": "array", "items": {"type": "string"}, "uniqueItems": True})
+    assert accepts({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "maxItems": 1}, '["x"]')
+
+
+def test_optional_members_are_left_out_when_over_budget():
+    s = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 30} for i in range(12)},
+         "required": ["p0"]}
+    with pytest.warns(UserWarning, match="left out"):
+        rx = schema_to_regex(s, max_cost=3000)
+    assert re.fullmatch(rx, '{"p0":"x"}') and not re.fullmatch(rx, '{"p1":"x"}')

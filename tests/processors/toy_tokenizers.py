@@ -1,0 +1,100 @@
+"""Tiny hand-made tokenizers for the processor tests (built with the `tokenizers` library, no files, no hub)."""
+
+from __future__ import annotations
+
+from functools import cache
+
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from transformers import PreTrainedTokenizerFast
+
+from hf_paged.processors.vocabulary import bytes_to_unicode
+
+# merges over GPT-2's byte-level alphabet (space is "Ġ"); chosen so JSON keys and punctuation get multi-byte tokens
+BPE_MERGES = [
+    ("{", '"'),
+    ('"', ":"),
+    ('"', ","),
+    ("Ġ", '"'),
+    ("n", "a"),
+    ("m", "e"),
+    ("na", "me"),
+    ("a", "g"),
+    ("ag", "e"),
+    ("t", "r"),
+    ("tr", "u"),
+    ("tru", "e"),
+    ("f", "a"),
+    ("fa", "l"),
+    ("fal", "s"),
+    ("fals", "e"),
+    ("1", "2"),
+    ("Ġ", "Ġ"),
+    ("}", "Ċ"),
+]
+
+
+@cache
+def byte_level_tokenizer() -> PreTrainedTokenizerFast:
+    """GPT-2-style byte-level BPE: 256 byte tokens, a few merges, specials <eos> <pad> <|end|>, an added
+    non-special token <tool>."""
+    alphabet = list(bytes_to_unicode().values())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    for left, right in BPE_MERGES:
+        vocab[left + right] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(BPE_MERGES)))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(
+        [AddedToken("<eos>", special=True), AddedToken("<pad>", special=True), AddedToken("<|end|>", special=True)]
+    )
+    tok.add_tokens([AddedToken("<tool>", special=False, normalized=False)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
+
+
+@cache
+def sentencepiece_tokenizer() -> PreTrainedTokenizerFast:
+    """Llama-style SentencePiece BPE with byte fallback: `<0xNN>` byte tokens, `▁` for spaces, a few pieces."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for b in range(256):
+        vocab[f"<0x{b:02X}>"] = len(vocab)
+    pieces = [
+        "▁",
+        "{",
+        "}",
+        '"',
+        ":",
+        ",",
+        "a",
+        "b",
+        "e",
+        "m",
+        "n",
+        "1",
+        "2",
+        "x",
+        "é",
+        "na",
+        "me",
+        "name",
+        '{"',
+        '":',
+        "▁1",
+        "▁{",
+        '▁"',
+    ]
+    merges = [("n", "a"), ("m", "e"), ("na", "me"), ("{", '"'), ('"', ":"), ("▁", "1"), ("▁", "{"), ("▁", '"')]
+    for piece in pieces:
+        vocab.setdefault(piece, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
+    tok.normalizer = normalizers.Replace(" ", "▁")
+    tok.pre_tokenizer = pre_tokenizers.Split("▁", behavior="merged_with_next")  # keep ▁ attached
+    tok.decoder = decoders.Sequence([decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tok.add_special_tokens(
+        [AddedToken("<unk>", special=True), AddedToken("<s>", special=True), AddedToken("</s>", special=True)]
+    )
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="</s>", bos_token="<s>", unk_token="<unk>")
+
+
+def ids_of(tokenizer: PreTrainedTokenizerFast, text: str) -> list[int]:
+    """Token ids of `text` without special tokens."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
