@@ -50,6 +50,10 @@ class PagedConfig:
     kv_keep_ratio: float = 1.0  # share of a request's prompt blocks kept by eviction (0 < r <= 1)
     num_sink_tokens: int = 16  # attention sinks kept by "streaming"
     window_tokens: int = 256  # recent window kept by eviction policies
+    kv_budget_tokens: int | None = None  # most tokens a request keeps after eviction; None: only kv_keep_ratio
+    # per layer, the KV heads kept in the model dtype while the others use key/value_cache_dtype (head-aware
+    # precision: e.g. `calibrate_retrieval_heads(...).full_precision_heads`); None: every head alike
+    kv_full_precision_heads: tuple[tuple[int, ...], ...] | None = None
     # -- kernels ---------------------------------------------------------------------------------------
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
 
@@ -78,7 +82,25 @@ class PagedConfig:
             raise ValueError(f"PagedConfig.kv_keep_ratio must be in (0, 1], got {self.kv_keep_ratio!r}")
         _check_int("num_sink_tokens", self.num_sink_tokens, minimum=0)
         _check_int("window_tokens", self.window_tokens, minimum=1)
+        if self.kv_budget_tokens is not None:
+            _check_int("kv_budget_tokens", self.kv_budget_tokens, minimum=1)
+            floor = self.num_sink_tokens + self.window_tokens
+            if self.kv_budget_tokens < floor:
+                raise ValueError(
+                    f"PagedConfig.kv_budget_tokens={self.kv_budget_tokens} is smaller than num_sink_tokens + "
+                    f"window_tokens = {floor}; allowed: None or an int >= {floor}"
+                )
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        if self.kv_full_precision_heads is not None:
+            heads = self.kv_full_precision_heads
+            if not isinstance(heads, (tuple, list)) or not all(
+                isinstance(layer, (tuple, list)) and all(isinstance(h, int) and h >= 0 for h in layer) for layer in heads
+            ):
+                raise ValueError(
+                    "PagedConfig.kv_full_precision_heads must be None or one tuple of KV head indices (ints >= 0) per "
+                    f"layer, e.g. ((0,), (), (1,)); got {heads!r}"
+                )
+            self.kv_full_precision_heads = tuple(tuple(layer) for layer in heads)
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise TypeError(f"PagedConfig.cache_salt must be a str or None, got {type(self.cache_salt).__name__}")
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hf_paged.batching.kv_eviction import KVEvictor
 from hf_paged.batching.metrics import EngineMetrics
 from hf_paged.batching.model_runner import ModelRunner
 from hf_paged.batching.prefix_policy import PrefixPolicy
@@ -63,6 +64,7 @@ class Engine:
             if self.kv.prefix_cache is not None else None,
         )
         self.runner = ModelRunner(model, self.cache)
+        self.evictor = KVEvictor(self.config, self.kv, self.cache.kv_shape.num_layers)
         self.sampler = Sampler()
         self.metrics = EngineMetrics()
         self.requests: dict[str, Request] = {}
@@ -162,7 +164,9 @@ class Engine:
 
     def _run(self, schedule: SchedulerOutput, result: StepOutput) -> None:
         self.metrics.peak_blocks_used = max(self.metrics.peak_blocks_used, self.cache.pool.num_used_blocks)
-        inputs = build_step_inputs(schedule, self.kv, self.config.block_size, self.config.attention_backend)
+        inputs = build_step_inputs(schedule, self.kv, self.config.block_size, self.config.attention_backend,
+                                   self.evictor.observation_window)
+        self.evictor.annotate(schedule, inputs.metadata)
         try:
             logits = self.runner.forward(inputs.input_ids, inputs.positions, inputs.metadata, inputs.logits_rows)
         except Exception as exc:  # the forward failed: every request in it fails, the engine goes on
@@ -173,11 +177,12 @@ class Engine:
         self.metrics.num_steps += 1
         self.metrics.num_computed_tokens += len(inputs.input_ids)
         for item in schedule.scheduled:
+            item.request.num_computed_tokens += item.num_tokens
+        self.evictor.after_forward(schedule, inputs.metadata)  # KV eviction drops blocks before they can be shared
+        for item in schedule.scheduled:
             request = item.request
-            request.num_computed_tokens += item.num_tokens
-            self.kv.cache_full_blocks(
-                request.request_id, request.all_token_ids[: request.num_computed_tokens], self._extra_keys(request)
-            )
+            tokens = self.evictor.cacheable_tokens(request, request.all_token_ids[: request.num_computed_tokens])
+            self.kv.cache_full_blocks(request.request_id, tokens, self._extra_keys(request))
         samplers, row_of = list(inputs.sampled_requests), list(range(len(inputs.sampled_requests)))
         for row, parent in enumerate(inputs.sampled_requests):
             children = self._fork_children(parent)  # forks sample their first token from the parent's row
@@ -241,6 +246,10 @@ class Engine:
         return children
 
     def _end(self, request: Request, status: RequestStatus, reason: str, error: str | None) -> None:
+        if reason == "length" and any(
+            hasattr(p, "is_complete") and not p.is_complete(request.request_id) for p in request.params.logits_processors
+        ):
+            reason = "length_incomplete"  # max_new_tokens cut a constrained document short: it will not parse
         request.status, request.finish_reason, request.error = status, reason, error
         request.finish_time = time.perf_counter()
         request.swapped = None
@@ -314,6 +323,7 @@ class Engine:
         stats.update(self.cache.stats())
         stats["preemptions"] = self.scheduler.num_preemptions
         stats["prefix_evictions"] = self.cache.pool.num_evictions
+        stats["kv_blocks_evicted"] = self.evictor.num_evictions
         stats["kv_usage"] = stats["blocks_used"] / stats["blocks_total"]
         return stats
 

@@ -100,7 +100,8 @@ class RequestOutput:
     generated_tokens: list[int]
     status: RequestStatus
     error: str | None = None
-    finish_reason: str | None = None  # "stop", "length", "abort", "error"
+    finish_reason: str | None = None  # "stop", "length", "length_incomplete" (a constrained document cut short),
+    # "abort", "error"
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     created_time: float = 0.0
     lifespan: tuple[float, float] = (-1.0, -1.0)  # (first token time, finish time)

@@ -30,7 +30,9 @@ class StepInputs:
 
 
 def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size: int,
-                      attention_backend: str = "auto") -> StepInputs:
+                      attention_backend: str = "auto", observation_window: int = 0) -> StepInputs:
+    """`observation_window` > 0: requests whose prompt ends in this step get their last prompt queries' attention
+    scored (SnapKV eviction reads `metadata.eviction_scores` after the forward)."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -39,14 +41,17 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
     tables: list[list[int]] = []
     logits_rows: list[int] = []
     sampled: list[Request] = []
-    for item in schedule.scheduled:
+    observed: dict[int, int] = {}
+    for i, item in enumerate(schedule.scheduled):
         request, start, n = item.request, item.request.num_computed_tokens, item.num_tokens
         end = start + n
         input_ids.extend(_token_slice(request, start, end))
         positions.extend(range(start, end))
         slots.extend(kv.slots(request.request_id, start, end))
         query_start_loc.append(query_start_loc[-1] + n)
-        context_lens.append(end)
+        context_lens.append(end - kv.num_evicted_tokens(request.request_id))  # table positions, not logical
+        if observation_window and start < len(request.prompt_ids) <= end:
+            observed[i] = min(observation_window, n)
         tables.append(kv.block_ids(request.request_id))
         if end == request.num_tokens:
             logits_rows.append(query_start_loc[-1] - 1)
@@ -62,6 +67,7 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
         context_lens=context_lens,
         block_size=block_size,
         attention_backend=attention_backend,
+        observed=observed,
     )
     return StepInputs(input_ids, positions, metadata, logits_rows, sampled)
 

@@ -4,31 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from hf_paged.batching.request import Request
 from hf_paged.cache.paged_cache import PagedCache
 
 
 @dataclass(slots=True)
 class SwappedKV:
-    num_tokens: int  # computed tokens held by the copy
-    layers: list[tuple[torch.Tensor, torch.Tensor] | None]  # per layer (keys, values) [blocks, block_size, ...]
+    num_tokens: int  # computed tokens held by the copy (logical: evicted ones included)
+    num_evicted_tokens: int  # of those, dropped by KV eviction before the swap
+    layers: list  # per layer: what `PagedCache.save_blocks` copied (None for a layer never written)
 
 
 def swap_out(cache: PagedCache, request: Request) -> None:
     """Copy the request's computed K/V to CPU (its blocks are freed by the scheduler right after)."""
     block_ids = cache.manager.block_ids(request.request_id)
-    num_blocks = -(-request.num_computed_tokens // cache.block_size)
-    idx = torch.tensor(block_ids[:num_blocks], dtype=torch.long)
-    layers = []
-    for layer in cache.layers:
-        if not layer.is_initialized:
-            layers.append(None)
-            continue
-        i = idx.to(layer.device)
-        layers.append((layer.key_cache[i].to("cpu"), layer.value_cache[i].to("cpu")))
-    request.swapped = SwappedKV(request.num_computed_tokens, layers)
+    evicted = cache.manager.num_evicted_tokens(request.request_id)
+    num_blocks = -(-(request.num_computed_tokens - evicted) // cache.block_size)
+    layers = cache.save_blocks(block_ids[:num_blocks])
+    request.swapped = SwappedKV(request.num_computed_tokens, evicted, layers)
 
 
 def swap_in(cache: PagedCache, request: Request) -> bool:
@@ -36,15 +29,10 @@ def swap_in(cache: PagedCache, request: Request) -> bool:
     swapped: SwappedKV = request.swapped
     manager = cache.manager
     manager.add_sequence(request.request_id)
-    if not manager.allocate_slots(request.request_id, swapped.num_tokens):
+    if not manager.allocate_slots(request.request_id, swapped.num_tokens - swapped.num_evicted_tokens):
         manager.free(request.request_id)
         return False
-    idx = torch.tensor(manager.block_ids(request.request_id), dtype=torch.long)
-    for layer, saved in zip(cache.layers, swapped.layers):
-        if saved is None:
-            continue
-        i = idx.to(layer.device)
-        layer.key_cache[i] = saved[0].to(layer.device)
-        layer.value_cache[i] = saved[1].to(layer.device)
+    manager.restore_evicted(request.request_id, swapped.num_evicted_tokens)
+    cache.load_blocks(manager.block_ids(request.request_id), swapped.layers)
     request.num_computed_tokens = swapped.num_tokens
     return True

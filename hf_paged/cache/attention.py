@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from hf_paged.cache.eviction import hide_positions
 from hf_paged.cache.kernels.reference import build_attention_plan, run_attention_plan
 from hf_paged.cache.metadata import PagedMetadata
 
@@ -46,7 +47,10 @@ def paged_attention_forward(
         )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q = query[0].transpose(0, 1)  # [T, H, D]
-    if _use_kernel(paged_metadata, q, softcap, "compressed_step" in paged_metadata.plans):
+    if paged_metadata.observed:
+        _record_scores(paged_metadata, getattr(module, "layer_idx", 0), q, key, scale)
+    needs_reference = "compressed_step" in paged_metadata.plans or bool(paged_metadata.hidden)
+    if _use_kernel(paged_metadata, q, softcap, needs_reference):
         out = _kernel_attention(paged_metadata, q, key, value, scale, sliding_window)
         return out.unsqueeze(0), None
     plan_key = (q.device, sliding_window)
@@ -63,13 +67,39 @@ def paged_attention_forward(
             sliding_window,
         )
         paged_metadata.plans[plan_key] = plan
+    layer_idx = getattr(module, "layer_idx", 0)
+    if paged_metadata.hidden.get(layer_idx):  # PyramidKV: this layer does not see some kept blocks
+        layer_key = (q.device, sliding_window, "layer", layer_idx)
+        if layer_key not in paged_metadata.plans:
+            paged_metadata.plans[layer_key] = hide_positions(
+                plan, paged_metadata.hidden[layer_idx], paged_metadata.query_start_loc, paged_metadata.context_lens,
+                paged_metadata.block_size,
+            )
+        plan = paged_metadata.plans[layer_key]
     out = run_attention_plan(plan, q, key, value, scale=scale, softcap=softcap)
     return out.unsqueeze(0), None
 
 
+def _record_scores(metadata: PagedMetadata, layer_idx: int, q: torch.Tensor, key: torch.Tensor, scale: float) -> None:
+    """SnapKV: how much the last prompt queries of the observed requests attend to each of their keys."""
+    from hf_paged.cache.eviction import observation_scores
+
+    step = metadata.plans.get("compressed_step")  # compressed: `key` is the step's read buffer, indexed virtually
+    bs, (heads, dim) = metadata.block_size, key.shape[-2:]
+    flat = key.reshape(-1, heads, dim)
+    for i, num_observed in metadata.observed.items():
+        context_len, q_end = metadata.context_lens[i], metadata.query_start_loc[i + 1]
+        table = torch.tensor(step.virtual_tables[i]) if step is not None else metadata.block_tables[i].long()
+        positions = torch.arange(context_len)
+        slots = (table[positions // bs] * bs + positions % bs).to(key.device)
+        keys = flat.index_select(0, slots)
+        metadata.eviction_scores[i, layer_idx] = observation_scores(q[q_end - num_observed : q_end], keys,
+                                                                    num_observed, scale)
+
+
 def _use_kernel(metadata: PagedMetadata, q: torch.Tensor, softcap, compressed: bool) -> bool:
     """Triton on CUDA under "auto" (and always under "triton"); the torch reference for soft-capped logits and
-    compressed blocks (no fused variants yet) and everywhere else."""
+    compressed blocks or per-layer hidden blocks (no fused variants yet) and everywhere else."""
     backend = metadata.attention_backend
     if backend == "torch" or softcap is not None or compressed:
         return False

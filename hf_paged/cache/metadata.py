@@ -24,6 +24,9 @@ class PagedMetadata:
     attention_backend: str = "auto"  # PagedConfig.attention_backend: "auto" (Triton on CUDA), "torch", "triton"
     _on_device: dict = field(default_factory=dict)  # (name, device) -> tensor
     plans: dict = field(default_factory=dict)  # attention plans per (device, sliding_window), built at first use
+    observed: dict[int, int] = field(default_factory=dict)  # seq index -> last queries whose attention is scored
+    eviction_scores: dict = field(default_factory=dict)  # (seq index, layer) -> [context_len] attention scores
+    hidden: dict = field(default_factory=dict)  # layer -> {seq index: table positions that layer must not see}
 
     @property
     def num_seqs(self) -> int:

@@ -22,6 +22,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from hf_paged.cache.block_pool import BlockPool
+from hf_paged.cache.compressed_cache import CompressedCacheMixin
 from hf_paged.cache.kv_manager import KVCacheManager
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.sizing import KVShape, kv_shape_of, num_blocks_for
@@ -39,13 +40,18 @@ class PagedLayer(CacheLayerMixin):
         super().__init__()
         self.cache = cache
         self.layer_idx = layer_idx
-        self.key_cache: torch.Tensor | None = None
+        self.key_cache: torch.Tensor | None = None  # uncompressed storage ("auto" keys and values)
         self.value_cache: torch.Tensor | None = None
+        self.compressed: tuple | None = None  # (keys, values) `CompressedKV` when a format quantizes
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         num_kv_heads, head_dim = key_states.shape[1], key_states.shape[-1]
         shape = (self.cache.num_blocks, self.cache.block_size, num_kv_heads, head_dim)
         self.device = key_states.device
+        if self.cache.compressed:
+            self.compressed = self.cache.new_compressed_storage(self.layer_idx, num_kv_heads, head_dim, key_states)
+            self.is_initialized = True
+            return
         # Normal (not inference-mode) tensors: the first update may run under inference_mode, but swaps and
         # copy-on-write must be able to write the storage outside it.
         with torch.inference_mode(False):
@@ -68,11 +74,17 @@ class PagedLayer(CacheLayerMixin):
         # key_states [1, kv_heads, T, head_dim] -> [T, kv_heads, head_dim]
         key = key_states[0].transpose(0, 1)
         value = value_states[0].transpose(0, 1)
+        if self.compressed is not None:
+            return self.cache.write_and_read(self, key, value, self.cache.step_plan_of(metadata))
         self.cache.store(self, key, value, metadata.slot_mapping_on(self.device))
         return self.key_cache, self.value_cache
 
     def copy_blocks(self, src: torch.Tensor, dst: torch.Tensor) -> None:
-        if self.is_initialized:
+        if self.compressed is not None:
+            for store in self.compressed:
+                for t in store.parts.values():
+                    t[dst.to(self.device)] = t[src.to(self.device)]
+        elif self.is_initialized:
             self.key_cache[dst.to(self.device)] = self.key_cache[src.to(self.device)]
             self.value_cache[dst.to(self.device)] = self.value_cache[src.to(self.device)]
 
@@ -91,10 +103,12 @@ class PagedLayer(CacheLayerMixin):
     def nbytes(self) -> int:
         if not self.is_initialized:
             return 0
+        if self.compressed is not None:
+            return sum(store.nbytes() for store in self.compressed)
         return self.key_cache.nbytes + self.value_cache.nbytes
 
 
-class PagedCache(Cache):
+class PagedCache(CompressedCacheMixin, Cache):
     """A transformers `Cache` whose K/V live in fixed-size blocks shared through block tables.
 
     Args:
@@ -123,6 +137,14 @@ class PagedCache(Cache):
         self.kv_shape: KVShape = kv_shape_of(config)
         self.block_size = self.paged_config.block_size
         self.num_blocks = num_blocks_for(self.paged_config, self.kv_shape, dtype or _config_dtype(config), device)
+        self._init_compression()
+        if self.compressed and self.paged_config.num_blocks is None:
+            # The budget buys more blocks when they are quantized.
+            model_dtype = dtype or _config_dtype(config)
+            ratio = self.kv_shape.bytes_per_block(self.block_size, model_dtype) / self.compressed_bytes_per_block(
+                model_dtype)
+            self.num_blocks = int(self.num_blocks * ratio)
+            self._init_compression()
         super().__init__(layers=[PagedLayer(self, i) for i in range(self.kv_shape.num_layers)])
         self.pool = BlockPool(self.num_blocks)
         radix = None
@@ -137,15 +159,19 @@ class PagedCache(Cache):
     # -- shared storage mechanics --------------------------------------------------------------------------
     def store(self, layer: PagedLayer, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         """Write key/value `[T, kv_heads, head_dim]` into their slots of `layer`."""
-        from hf_paged.cache.kernels.reference import ref_store_kv
+        from hf_paged.cache.kernels import store_kv
 
-        ref_store_kv(key, value, layer.key_cache, layer.value_cache, slot_mapping)
+        store_kv(key.to(layer.key_cache.dtype), value.to(layer.value_cache.dtype), layer.key_cache, layer.value_cache,
+                 slot_mapping, backend=self.paged_config.attention_backend)
 
     def apply_pending_copies(self) -> None:
         """Perform the copy-on-write block copies queued by the manager, in every layer."""
         copies = self.manager.take_pending_copies()
         if not copies:
             return
+        if self.compressed:
+            for c in copies:
+                self.copy_staging(c.src_block_id, c.dst_block_id)
         src = torch.tensor([c.src_block_id for c in copies])
         dst = torch.tensor([c.dst_block_id for c in copies])
         for layer in self.layers:
@@ -156,6 +182,12 @@ class PagedCache(Cache):
         return self._row_len[layer_idx]
 
     def _update_dense(self, layer: PagedLayer, key_states: torch.Tensor, value_states: torch.Tensor):
+        if self.paged_config.kv_eviction is not None:
+            raise ValueError(
+                f"PagedConfig.kv_eviction={self.paged_config.kv_eviction!r} needs the hf_paged attention (it scores "
+                "and drops blocks the stock attention cannot see); allowed on the stock cache= path: None. Use "
+                "hf_paged.wrap(model, config) so generate runs on the engine"
+            )
         batch, _, q_len, _ = key_states.shape
         idx = layer.layer_idx
         start = self._row_len[idx]
@@ -163,8 +195,12 @@ class PagedCache(Cache):
             self._start_rows(batch)
         if batch != self._rows:
             raise ValueError(f"PagedCache holds {self._rows} rows but got a batch of {batch}; use a new cache")
-        if self._row_len[idx] == self._max_claimed():
+        new_step = self._row_len[idx] == self._max_claimed()
+        if new_step:
             self._claim(q_len)  # first layer to see this step's tokens claims their slots for every layer
+        if layer.compressed is not None:
+            self._row_len[idx] = start + q_len
+            return self.dense_compressed(layer, key_states, value_states, start, new_step)
         slots = torch.tensor([self.manager.slots(r, start, start + q_len) for r in range(batch)], dtype=torch.long)
         key = key_states.transpose(1, 2).reshape(batch * q_len, *key_states.shape[-3:-2], key_states.shape[-1])
         value = value_states.transpose(1, 2).reshape(batch * q_len, *value_states.shape[-3:-2], value_states.shape[-1])
@@ -226,6 +262,11 @@ class PagedCache(Cache):
         keep = max_length if max_length >= 0 else length + max_length
         if keep >= length:
             return
+        if self.compressed and keep % self.block_size:
+            raise NotImplementedError(
+                f"crop to {keep} tokens would reopen a quantized block (block_size {self.block_size}); crop to a "
+                "multiple of block_size or use kv_cache_dtype='auto'"
+            )
         for r in range(self._rows):
             self.manager.truncate(r, keep)
         self._row_len = [min(n, keep) for n in self._row_len]
@@ -245,10 +286,16 @@ class PagedCache(Cache):
             "blocks_cached": self.pool.num_cached_blocks,
             "block_size": self.block_size,
             "kv_bytes_allocated": sum(layer.nbytes() for layer in self.layers),
-            "kv_bytes_per_block": self.kv_shape.bytes_per_block(self.block_size, _storage_dtype(self)),
+            "kv_bytes_per_block": self._bytes_per_block(),
+            "kv_staging_bytes": sum(s.staging.nbytes for layer in self.layers if layer.compressed for s in layer.compressed),
             "unused_slots": self.manager.num_unused_slots(),
             "live_sequences": len(self.manager.seqs),
         }
+
+    def _bytes_per_block(self) -> int:
+        if self.compressed:
+            return self.compressed_bytes_per_block(_storage_dtype(self))
+        return self.kv_shape.bytes_per_block(self.block_size, _storage_dtype(self))
 
     def check_integrity(self) -> None:
         self.manager.check_integrity()
@@ -264,5 +311,5 @@ def _config_dtype(config) -> torch.dtype:
 def _storage_dtype(cache: PagedCache) -> torch.dtype:
     for layer in cache.layers:
         if layer.is_initialized:
-            return layer.key_cache.dtype
+            return layer.compressed[0].dtype if layer.compressed else layer.key_cache.dtype
     return torch.float32

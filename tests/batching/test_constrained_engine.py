@@ -67,3 +67,13 @@ def test_a_failing_constraint_only_fails_its_request():
     json.loads(tok.decode(outs[good].generated_tokens, skip_special_tokens=True))
     assert outs[bad].status is RequestStatus.FAILED and "guide exploded" in outs[bad].error
     assert engine.cache.pool.num_free_blocks == 64
+
+
+def test_max_new_tokens_cutting_a_document_short_is_reported():
+    model, tok = model_and_tokenizer()
+    proc = JSONSchemaLogitsProcessor(SCHEMA, tok)
+    engine = Engine(model, PagedConfig(block_size=8))
+    rid = engine.add_request(tok("x")["input_ids"], SamplingParams(max_new_tokens=5, eos_token_id=tok.eos_token_id,
+                                                                    logits_processors=[proc]))
+    out = engine.run([rid])[rid]
+    assert out.finish_reason == "length_incomplete" and len(out.generated_tokens) == 5

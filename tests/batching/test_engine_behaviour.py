@@ -79,14 +79,14 @@ def test_abort_frees_blocks_at_once(model):
 
 def test_soak_random_requests_and_aborts_leak_nothing(model):
     rng = random.Random(0)
-    engine = Engine(model, PagedConfig(block_size=4, num_blocks=96, max_num_batched_tokens=64, max_num_seqs=16))
+    engine = Engine(model, PagedConfig(block_size=4, num_blocks=64, max_num_batched_tokens=160, max_num_seqs=40))
     live: list[str] = []
     for n in range(2000):
         prompt = [rng.randrange(3, VOCAB) for _ in range(rng.randint(1, 12))]
         live.append(engine.add_request(prompt, SamplingParams(max_new_tokens=rng.randint(1, 4))))
         if rng.random() < 0.2 and live:
             engine.abort(live.pop(rng.randrange(len(live))))
-        if n % 4 == 0:
+        if n % 10 == 0:
             engine.step()
             engine.check_integrity()
     while engine.has_unfinished:

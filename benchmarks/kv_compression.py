@@ -1,0 +1,225 @@
+"""KV compression benchmark: quantized blocks and token eviction on the embedded trained model.
+
+For each setting, against the uncompressed cache ("auto", the model's fp32) in the same run:
+- kv_rel_bf16: resident KV bytes while decoding (blocks held x bytes per block, scales included; staging rows
+  for partial blocks excluded: they are O(sequences), not O(tokens)) over what bf16 blocks without eviction hold;
+- kl, top1: KL(uncompressed || setting) of the next-token distributions and top-1 agreement, teacher-forced
+  over the continuation of held-out stdlib files after a prefill (eviction happens at that prefill);
+- bpb: bits per byte of that continuation (the tokenizer is byte-level);
+- passkey: share of passkey examples (512-1024 tokens) whose 5 digits come out exactly (greedy);
+- kv_rel_passkey: blocks in each passkey request's table right after its prompt (and eviction), summed, x bytes
+  per block, over the same for auto in bf16: what eviction of a prompt saves (kv_rel_bf16 also counts the 64
+  decoded tokens, which SnapKV keeps);
+- decode_tok_s: median tokens per second over the decode steps of the held-out run (relative: `decode_rel`).
+
+Run: `python benchmarks/kv_compression.py` (a few minutes on 2 CPU cores); `--quick` shrinks it for a smoke test,
+`--model random` uses an untrained model of the same shape (only to test the script), `--model PATH` a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import LogitsProcessor
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.common import machine, print_table
+from hf_paged import Engine, PagedConfig, SamplingParams
+from hf_paged.cache.calibration import calibrate_retrieval_heads
+from hf_paged.datasets import BYTE_BOS_TOKEN_ID, passkey_example, stdlib_documents
+
+EVICTION = {"num_sink_tokens": 16, "window_tokens": 32}  # sinks + window: the question of a passkey prompt fits
+SETTINGS: dict[str, dict] = {
+    "auto": {},
+    "fp8": {"kv_cache_dtype": "fp8"},
+    "int8": {"kv_cache_dtype": "int8"},
+    "int4": {"kv_cache_dtype": "int4"},
+    "K8V4": {"key_cache_dtype": "int8", "value_cache_dtype": "int4"},
+    "snapkv 0.5": {"kv_eviction": "snapkv", "kv_keep_ratio": 0.5, **EVICTION},
+    "snapkv 0.25": {"kv_eviction": "snapkv", "kv_keep_ratio": 0.25, **EVICTION},
+    "snapkv 0.2": {"kv_eviction": "snapkv", "kv_keep_ratio": 0.2, **EVICTION},
+    "streaming 0.5": {"kv_eviction": "streaming", "kv_keep_ratio": 0.5, **EVICTION},
+    "streaming 0.25": {"kv_eviction": "streaming", "kv_keep_ratio": 0.25, **EVICTION},
+    "int8 + snapkv 0.25": {"kv_cache_dtype": "int8", "kv_eviction": "snapkv", "kv_keep_ratio": 0.25, **EVICTION},
+    "K8V4 + snapkv 0.25": {"key_cache_dtype": "int8", "value_cache_dtype": "int4", "kv_eviction": "snapkv",
+                           "kv_keep_ratio": 0.25, **EVICTION},
+    "int4 + snapkv 0.4": {"kv_cache_dtype": "int4", "kv_eviction": "snapkv", "kv_keep_ratio": 0.4, **EVICTION},
+    "int4 + snapkv 0.25": {"kv_cache_dtype": "int4", "kv_eviction": "snapkv", "kv_keep_ratio": 0.25, **EVICTION},
+    "pyramidkv 0.5": {"kv_eviction": "pyramidkv", "kv_keep_ratio": 0.5, **EVICTION},
+    "pyramidkv 0.25": {"kv_eviction": "pyramidkv", "kv_keep_ratio": 0.25, **EVICTION},
+    # head-aware: the calibrated retrieval heads stay in full precision (filled in by main()), the others int4
+    "int4, retrieval heads fp": {"kv_cache_dtype": "int4"},
+    "int4, retrieval heads fp + snapkv 0.25": {"kv_cache_dtype": "int4", "kv_eviction": "snapkv",
+                                               "kv_keep_ratio": 0.25, **EVICTION},
+}
+RETRIEVAL_FRACTION = 0.25  # share of (layer, KV head) pairs calibrated as retrieval heads
+
+
+class ForceNext(LogitsProcessor):
+    """Teacher forcing: the next token is the reference text's, whatever the model says (raw logits are kept)."""
+
+    def __init__(self, reference: list[int]) -> None:
+        self.reference = reference
+
+    def __call__(self, input_ids, scores):
+        target = self.reference[input_ids.shape[-1]]
+        forced = torch.full_like(scores, float("-inf"))
+        forced[:, target] = 0.0
+        return forced
+
+
+@dataclass(slots=True)
+class Result:
+    kv_rel_bf16: float
+    kl: float
+    top1: float
+    bpb: float
+    passkey: float
+    decode_tok_s: float
+
+
+def load_model(name: str):
+    if name == "random":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        torch.manual_seed(0)
+        config = LlamaConfig(vocab_size=259, hidden_size=256, intermediate_size=512, num_hidden_layers=4,
+                             num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=2048)
+        return LlamaForCausalLM(config).eval()
+    if name != "default":  # a checkpoint directory
+        from transformers import AutoModelForCausalLM
+
+        return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, local_files_only=True).eval()
+    from hf_paged.models import default_model
+
+    return default_model().model
+
+
+def heldout_sequences(num: int, length: int) -> list[list[int]]:
+    docs = [d for d in stdlib_documents("heldout") if len(d.text.encode("utf-8")) >= length]
+    step = max(1, len(docs) // num)
+    return [[BYTE_BOS_TOKEN_ID, *d.text.encode("utf-8")[: length - 1]] for d in docs[::step][:num]]
+
+
+def run_engine(model, overrides: dict, requests: list[tuple[list[int], SamplingParams]]):
+    """Run requests together; returns outputs, blocks held at the last all-decode step, decode tokens/s."""
+    settings = {k: v for k, v in overrides.items() if not k.startswith("_")}
+    engine = Engine(model, PagedConfig(block_size=16, max_num_batched_tokens=2048, **settings))
+    ids = [engine.add_request(p, s) for p, s in requests]
+    held, rates, after_prefill = 0, [], {}
+    while engine.has_unfinished:
+        decoding = all(r.num_computed_tokens >= len(r.prompt_ids) for r in engine.scheduler.running) and \
+            engine.scheduler.running and not engine.scheduler.waiting
+        start = time.perf_counter()
+        step = engine.step()
+        for r in engine.scheduler.running:  # blocks in each table right after its prompt (and any eviction)
+            if r.request_id not in after_prefill and r.num_computed_tokens >= len(r.prompt_ids):
+                after_prefill[r.request_id] = len(engine.kv.block_ids(r.request_id))
+        if decoding:
+            rates.append(sum(len(t) for t in step.new_tokens.values()) / (time.perf_counter() - start))
+            held = max(held, engine.cache.pool.num_used_blocks)
+    outs = [engine.pop_output(i) for i in ids]
+    bytes_per_block = _bytes_per_block(model, overrides)
+    if overrides.get("_per_request"):
+        held = sum(after_prefill.values())
+    # Median over decode steps: the machine is shared, a mean would mostly measure the neighbours.
+    return outs, held * bytes_per_block, float(torch.tensor(rates).median()) if rates else 0.0
+
+
+def _bytes_per_block(model, overrides: dict, block_size: int = 16) -> int:
+    """Bytes of one block over every layer, scales included, with "auto" costed as bf16 (the table's yardstick)."""
+    from hf_paged import PagedCache
+
+    settings = {k: v for k, v in overrides.items() if not k.startswith("_")}
+    cfg = PagedConfig(block_size=block_size, num_blocks=1, **settings)
+    cache = PagedCache(model.config, cfg)
+    if cache.compressed:
+        return cache.compressed_bytes_per_block(torch.bfloat16)
+    return cache.kv_shape.bytes_per_block(block_size, torch.bfloat16)
+
+
+def quality(model, overrides: dict, sequences: list[list[int]], prefill: int):
+    requests = []
+    for seq in sequences:
+        params = SamplingParams(max_new_tokens=len(seq) - prefill, output_logits=True,
+                                logits_processors=[ForceNext(seq)])
+        requests.append((seq[:prefill], params))
+    outs, held_bytes, tok_s = run_engine(model, overrides, requests)
+    logits = torch.cat([torch.stack(o.logits) for o in outs]).float()
+    targets = torch.cat([torch.tensor(seq[prefill:]) for seq in sequences])
+    return logits, targets, held_bytes, tok_s
+
+
+def passkey(model, overrides: dict, examples) -> tuple[float, int]:
+    """Accuracy, and the KV bytes the requests' tables hold right after their prompts (summed over requests)."""
+    requests = [(ex.prompt_ids, SamplingParams(max_new_tokens=len(ex.answer))) for ex in examples]
+    outs, held_bytes, _ = run_engine(model, {**overrides, "_per_request": True}, requests)
+    right = sum(bytes(o.generated_tokens).decode("latin-1") == ex.answer for o, ex in zip(outs, examples))
+    return right / len(examples), held_bytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="default",
+                        help="'default' (the embedded model), 'random' (untrained, same shape) or a checkpoint path")
+    parser.add_argument("--quick", action="store_true", help="2 texts, 6 passkeys, 5 settings")
+    parser.add_argument("--passkeys", type=int, default=20, help="passkey examples (512-1024 tokens)")
+    parser.add_argument("--texts", type=int, default=4, help="held-out texts (448 prefill + 64 scored tokens)")
+    parser.add_argument("--settings", nargs="*", default=None, help="names from the table (default: all)")
+    parser.add_argument("--out", default=None, help="write the markdown table here")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model = load_model(args.model)
+    num_texts, num_passkeys, prefill, length = (2, 6, 320, 384) if args.quick else (args.texts, args.passkeys, 448, 512)
+    sequences = heldout_sequences(num_texts, length)
+    quality(model, {}, sequences[:1], length - 4)  # warm-up: first-call costs out of the measured runs
+    examples = [passkey_example(seed, 512 + (seed * 17) % 513) for seed in range(num_passkeys)]
+    names = args.settings or (["auto", "int8", "int4", "snapkv 0.25", "int4 + snapkv 0.25"] if args.quick
+                              else list(SETTINGS))
+    # Retrieval heads, calibrated on passkey prompts that are not among the evaluated ones.
+    calibration = [passkey_example(1000 + seed, 640).prompt_ids for seed in range(4)]
+    heads = calibrate_retrieval_heads(model, calibration, fraction=RETRIEVAL_FRACTION, window=64, num_sink_tokens=16)
+    print(f"retrieval heads (layer: kv heads): {heads.full_precision_heads}; far-attention mass:\n{heads.scores}",
+          file=sys.stderr)
+    for name, setting in SETTINGS.items():
+        if "retrieval heads fp" in name:
+            setting["kv_full_precision_heads"] = heads.full_precision_heads
+    base_logits, targets, base_bytes, base_tok_s = quality(model, {}, sequences, prefill)
+    base_logp = F.log_softmax(base_logits, -1)
+    base_passkey, base_pk_bytes = passkey(model, {}, examples)
+    rows = []
+    for name in names:
+        t0 = time.perf_counter()
+        if name == "auto":
+            logits, held, tok_s, acc, pk_held = base_logits, base_bytes, base_tok_s, base_passkey, base_pk_bytes
+        else:
+            logits, _, held, tok_s = quality(model, SETTINGS[name], sequences, prefill)
+            acc, pk_held = passkey(model, SETTINGS[name], examples)
+        logp = F.log_softmax(logits, -1)
+        kl = float((base_logp.exp() * (base_logp - logp)).sum(-1).mean())
+        top1 = float((logits.argmax(-1) == base_logits.argmax(-1)).float().mean())
+        bpb = float(-logp.gather(1, targets[:, None]).mean() / math.log(2))
+        rel = held / base_bytes
+        rows.append([name, f"{rel:.3f}", f"{pk_held / base_pk_bytes:.3f}", f"{kl:.2e}", f"{top1:.4f}", f"{bpb:.3f}", f"{acc:.2f}",
+                     f"{acc / max(base_passkey, 1e-9):.2f}", f"{tok_s:.0f}", f"{tok_s / base_tok_s:.2f}"])
+        print(f"  {name}: {time.perf_counter() - t0:.1f} s  {rows[-1]}", file=sys.stderr, flush=True)
+    headers = ["setting", "kv_rel_bf16", "kv_rel_passkey", "kl", "top1", "bpb", "passkey", "passkey_rel", "decode_tok_s", "decode_rel"]
+    title = (f"KV compression, {args.model} model, {len(sequences)} held-out texts ({prefill} prefill + "
+             f"{length - prefill} scored), {len(examples)} passkeys (512-1024 tokens), block 16, sinks "
+             f"{EVICTION['num_sink_tokens']}, window {EVICTION['window_tokens']}\n{machine()}\n")
+    title += f"retrieval heads (fp in the 'retrieval heads fp' rows): {heads.full_precision_heads}\n"
+    table = print_table(headers, rows, title)
+    if args.out:
+        Path(args.out).write_text(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""The compressed-storage side of `PagedCache` (a mixin, so `paged_cache.py` stays about one concept).
+
+Active when `PagedConfig.key_dtype` or `value_dtype` quantizes (fp8, int8, int4). See `compressed_blocks` for the
+block life cycle (staged while partial, quantized once when full) and for what a query reads.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hf_paged.cache.compressed_blocks import CompressedKV, SeqSpan, StagingMap, StepPlan, plan_step
+from hf_paged.cache.compression import BlockFormat, formats_for
+from hf_paged.cache.metadata import PagedMetadata
+
+_STEP_KEY = "compressed_step"  # where the step plan is memoised in `PagedMetadata.plans`
+
+
+class CompressedCacheMixin:
+    """Compressed block storage for `PagedCache`: formats, staging, per-step plans, swaps."""
+
+    def _init_compression(self) -> None:
+        cfg = self.paged_config
+        self.key_format, self.value_format = formats_for(cfg.key_dtype, cfg.value_dtype)
+        self.compressed = self.key_format.is_quantized or self.value_format.is_quantized
+        for fmt in (self.key_format, self.value_format):  # e.g. int4 needs an even head_dim: fail now, not mid-forward
+            fmt.part_shapes(self.block_size, self.kv_shape.num_kv_heads, self.kv_shape.head_dim)
+        heads = cfg.kv_full_precision_heads
+        if heads is not None:
+            s = self.kv_shape
+            if len(heads) > s.num_layers or any(h >= s.num_kv_heads for layer in heads for h in layer):
+                raise ValueError(
+                    f"PagedConfig.kv_full_precision_heads={heads!r} does not fit the model: allowed at most "
+                    f"{s.num_layers} layers of KV head indices in [0, {s.num_kv_heads})"
+                )
+        # One partial block per live sequence at most; reclaimed and grown on demand (forks, beams).
+        self.staging = StagingMap(min(cfg.max_num_seqs, self.num_blocks) + 2)
+        self._dense_plan: StepPlan | None = None
+
+    def head_groups(self, layer_idx: int, num_kv_heads: int) -> tuple[list, list]:
+        """(key groups, value groups) of `(kv head indices, format)`: heads named in
+        `PagedConfig.kv_full_precision_heads[layer_idx]` stay in the model dtype, the rest use the configured format."""
+        chosen = self.paged_config.kv_full_precision_heads
+        full = sorted(set(chosen[layer_idx])) if chosen is not None and layer_idx < len(chosen) else []
+        rest = [h for h in range(num_kv_heads) if h not in full]
+        auto = BlockFormat("auto")
+        return [(full, auto), (rest, self.key_format)], [(full, auto), (rest, self.value_format)]
+
+    def compressed_bytes_per_block(self, dtype: torch.dtype) -> int:
+        """Main-storage bytes of one block over every layer (staging rows not included)."""
+        s = self.kv_shape
+        total = 0
+        for layer_idx in range(s.num_layers):
+            for groups in self.head_groups(layer_idx, s.num_kv_heads):
+                for heads, fmt in groups:
+                    if heads:
+                        total += fmt.bytes_per_block(self.block_size, len(heads), s.head_dim, dtype)
+        return total
+
+    def new_compressed_storage(self, layer_idx: int, num_kv_heads: int, head_dim: int, like: torch.Tensor) -> tuple:
+        args = (self.num_blocks, self.block_size, num_kv_heads, head_dim, like.dtype, like.device,
+                self.staging.capacity)
+        key_groups, value_groups = self.head_groups(layer_idx, num_kv_heads)
+        with torch.inference_mode(False):  # swaps and copy-on-write write the storage outside inference mode
+            return CompressedKV(key_groups, *args), CompressedKV(value_groups, *args)
+
+    def _live_blocks(self) -> set[int]:
+        return {b for s in self.manager.seqs.values() for b in s.block_ids}
+
+    def _plan(self, spans: list[SeqSpan]) -> StepPlan:
+        plan = plan_step(spans, self.block_size, self.staging, self._live_blocks)
+        for layer in self.layers:
+            if layer.compressed is not None:
+                for store in layer.compressed:
+                    store.grow_staging(self.staging.capacity)
+        return plan
+
+    def step_plan_of(self, metadata: PagedMetadata) -> StepPlan:
+        """The engine step's plan, built at the first layer and shared by the others through the metadata."""
+        plan = metadata.plans.get(_STEP_KEY)
+        if plan is None:
+            tables = metadata.block_tables.tolist()
+            spans = []
+            for i, context_len in enumerate(metadata.context_lens):
+                q_len = metadata.query_start_loc[i + 1] - metadata.query_start_loc[i]
+                table = tables[i][: -(-context_len // self.block_size)]
+                spans.append(SeqSpan(table, context_len - q_len, context_len))
+            plan = metadata.plans[_STEP_KEY] = self._plan(spans)
+        return plan
+
+    def write_and_read(self, layer, key: torch.Tensor, value: torch.Tensor, plan: StepPlan):
+        """Store one layer's new K/V `[T, H, D]`; return the step's read buffers `[n, bs, H, D]`."""
+        keys, values = layer.compressed
+        temp_k, temp_v = keys.write(plan, key), values.write(plan, value)
+        return keys.read(plan, temp_k), values.read(plan, temp_v)
+
+    def dense_compressed(self, layer, key_states: torch.Tensor, value_states: torch.Tensor, start: int, new_step: bool):
+        """Stock path: store `[batch, H, q, D]` for every row; return dense `[batch, H, start + q, D]` K/V."""
+        batch, heads, q_len, dim = key_states.shape
+        if new_step or self._dense_plan is None:
+            spans = [SeqSpan(self.manager.block_ids(r), start, start + q_len) for r in range(batch)]
+            self._dense_plan = self._plan(spans)
+        plan = self._dense_plan
+        key = key_states.transpose(1, 2).reshape(batch * q_len, heads, dim)
+        value = value_states.transpose(1, 2).reshape(batch * q_len, heads, dim)
+        k_buf, v_buf = self.write_and_read(layer, key, value, plan)
+        total = start + q_len
+        positions = torch.arange(total)
+        rows = torch.stack([torch.tensor(t)[positions // self.block_size] for t in plan.virtual_tables])
+        slots = (rows * self.block_size + positions % self.block_size).view(-1).to(k_buf.device)
+        keys = k_buf.view(-1, heads, dim).index_select(0, slots).view(batch, total, heads, dim)
+        values = v_buf.view(-1, heads, dim).index_select(0, slots).view(batch, total, heads, dim)
+        return keys.transpose(1, 2), values.transpose(1, 2)
+
+    def copy_staging(self, src_block_id: int, dst_block_id: int) -> None:
+        """Copy-on-write of a partial block: the copy gets its own staging row with the same contents."""
+        src_row = self.staging.rows.get(src_block_id)
+        if src_row is None:
+            return
+        dst_row = self.staging.assign(dst_block_id, lambda: self._live_blocks() | {src_block_id})
+        for layer in self.layers:
+            if layer.compressed is not None:
+                for store in layer.compressed:
+                    store.grow_staging(self.staging.capacity)
+                    store.staging[dst_row] = store.staging[src_row]
+
+    # -- swap (preemption) ---------------------------------------------------------------------------------
+    def save_blocks(self, block_ids: list[int]) -> list:
+        """CPU copies of the blocks' K/V in every layer (staged contents of partial blocks included)."""
+        idx = torch.tensor(block_ids, dtype=torch.long)
+        saved = []
+        for layer in self.layers:
+            if not layer.is_initialized:
+                saved.append(None)
+            elif layer.compressed is None:
+                i = idx.to(layer.device)
+                saved.append((layer.key_cache[i].to("cpu"), layer.value_cache[i].to("cpu")))
+            else:
+                i = idx.to(layer.device)
+                staged = {n: self.staging.rows[b] for n, b in enumerate(block_ids) if b in self.staging.rows}
+                saved.append([
+                    ({k: t[i].to("cpu") for k, t in store.parts.items()},
+                     {n: store.staging[row].to("cpu", copy=True) for n, row in staged.items()})
+                    for store in layer.compressed
+                ])
+        return saved
+
+    def load_blocks(self, block_ids: list[int], saved: list) -> None:
+        """Write back what `save_blocks` copied, into (possibly other) blocks `block_ids`."""
+        idx = torch.tensor(block_ids, dtype=torch.long)
+        for layer, entry in zip(self.layers, saved):
+            if entry is None:
+                continue
+            i = idx.to(layer.device)
+            if layer.compressed is None:
+                layer.key_cache[i] = entry[0].to(layer.device)
+                layer.value_cache[i] = entry[1].to(layer.device)
+                continue
+            for store, (parts, staged) in zip(layer.compressed, entry):
+                for k, t in store.parts.items():
+                    t[i] = parts[k].to(layer.device)
+                for n, contents in staged.items():
+                    row = self.staging.assign(block_ids[n], lambda: self._live_blocks() | set(block_ids))
+                    store.grow_staging(self.staging.capacity)
+                    store.staging[row] = contents.to(layer.device)
+
