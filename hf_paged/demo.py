@@ -63,7 +63,7 @@ def _num_params(model) -> str:
     return f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M"
 
 
-def build_workload(tokenizer, vocab: int, num_questions: int = 16) -> list[DemoRequest]:
+def build_workload(tokenizer, vocab: int, num_questions: int = 12) -> list[DemoRequest]:
     from hf_paged.datasets import stdlib_documents
 
     docs = stdlib_documents("heldout")
@@ -74,11 +74,11 @@ def build_workload(tokenizer, vocab: int, num_questions: int = 16) -> list[DemoR
             return tokenizer(s)["input_ids"]
         return [b % vocab for b in s.encode()]
 
-    system = "You are a Python expert. Answer briefly.\n" + text[:400] + "\n"
+    system = "You are a Python expert. Answer briefly.\n" + text[:300] + "\n"
     lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("def ")][:num_questions]
     requests = [DemoRequest(encode(f"{system}Q: what does `{ln}` do?\nA:"), 24, "question") for ln in lines]
     for i in range(2):
-        requests.append(DemoRequest(encode(text[2000 + 1500 * i: 3000 + 1500 * i]), 32, "long"))
+        requests.append(DemoRequest(encode(text[2000 + 1500 * i: 2800 + 1500 * i]), 32, "long"))
     if tokenizer is not None:
         for name, age, city in _PEOPLE:
             prompt = f"Record: {name} is {age} and lives in {city}.\nJSON: "
