@@ -27,7 +27,7 @@ from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import hf_paged  # noqa: E402
 from benchmarks.common import machine, print_table  # noqa: E402
-from hf_paged.workloads import ragged  # noqa: E402
+from hf_paged.workloads import left_pad, ragged  # noqa: E402
 
 
 def small_llama(vocab: int, hidden: int, layers: int) -> LlamaForCausalLM:
@@ -40,16 +40,6 @@ def small_llama(vocab: int, hidden: int, layers: int) -> LlamaForCausalLM:
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model
-
-
-def left_pad(prompts):
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros((len(prompts), width), dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    return ids, mask
 
 
 @torch.inference_mode()

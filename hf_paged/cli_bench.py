@@ -27,12 +27,7 @@ def _stock(model, prompts, wants, pad) -> tuple[float, list[float]]:
     latencies = []
     for s in range(0, len(prompts), 8):
         chunk, new = prompts[s:s + 8], wants[s:s + 8]
-        width = max(map(len, chunk))
-        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for i, p in enumerate(chunk):
-            ids[i, width - len(p):] = torch.tensor(p)
-            mask[i, width - len(p):] = 1
+        ids, mask = workloads.left_pad(chunk, pad)
         t0 = time.perf_counter()
         with torch.inference_mode():
             model.generate(ids.to(model.device), attention_mask=mask.to(model.device), max_new_tokens=max(new),

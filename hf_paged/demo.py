@@ -120,6 +120,8 @@ def run_demo(progress: bool = True) -> str:
 def _run_stock(model, requests, json_proc, eos, pad, progress) -> MethodResult:
     from tqdm.auto import tqdm
 
+    from hf_paged.workloads import left_pad
+
     outputs: list[list[int] | None] = [None] * len(requests)
     kv_peak = 0
     per_token = _kv_bytes_per_token(model)
@@ -127,13 +129,8 @@ def _run_stock(model, requests, json_proc, eos, pad, progress) -> MethodResult:
     groups = [[i for i, r in enumerate(requests) if r.kind == kind] for kind in ("question", "long", "json")]
     batches = [g[s:s + 16] for g in groups for s in range(0, len(g), 16)]
     for batch in tqdm(batches, desc="stock generate", disable=not progress, unit="batch"):
-        width = max(len(requests[i].prompt_ids) for i in batch)
-        ids = torch.full((len(batch), width), pad, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        for row, i in enumerate(batch):
-            p = requests[i].prompt_ids
-            ids[row, width - len(p):] = torch.tensor(p)
-            mask[row, width - len(p):] = 1
+        ids, mask = left_pad([requests[i].prompt_ids for i in batch], pad)
+        width = ids.shape[1]
         new = max(requests[i].max_new_tokens for i in batch)
         procs = [json_proc] if requests[batch[0]].kind == "json" else None
         with torch.inference_mode():

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from hf_paged.batching.request import RequestOutput, RequestStatus
+from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
 from hf_paged.batching.sampling import SamplingParams, as_list
 from hf_paged.errors import PromptTooLongError, RequestFailedError
 from hf_paged.generate_output import assemble_generate_output, make_streamer_hook
@@ -102,7 +102,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
             stop_strings=gen_config.stop_strings, tokenizer=kwargs.get("tokenizer"),
         )
         ids.append(engine.add_request(prompt, params, request_id=f"generate_{id(input_ids)}_{i}"))
-    order = [rid for rid in ids for rid in [rid] + [f"{rid}__child#{k}" for k in range(num_seqs - 1)]]
+    order = [c for rid in ids for c in fork_ids(rid, num_seqs)]
     on_step = make_streamer_hook(streamer, input_ids, order, pad_token_id)
     outputs = engine.run(order, on_step=on_step)
     if streamer is not None:
@@ -160,7 +160,7 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     for i, (prompt, params) in enumerate(zip(inputs, per_request)):
         priority = priorities[i] if priorities is not None else 0
         ids.append(engine.add_request(list(prompt), params, request_id=f"req_{i}", priority=priority))
-    order = [c for rid, p in zip(ids, per_request) for c in [rid] + [f"{rid}__child#{k}" for k in range(p.num_return_sequences - 1)]]
+    order = [c for rid, p in zip(ids, per_request) for c in fork_ids(rid, p.num_return_sequences)]
     with progress_hook(engine, len(order), enabled=progress_bar) as on_step:
         return engine.run(order, on_step=on_step)
 

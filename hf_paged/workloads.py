@@ -72,3 +72,16 @@ def multi_turn(num_users: int = 8, num_turns: int = 4, first_len: int = 200, mes
 
 def next_turn(previous_prompt: list[int], answer: list[int], message: list[int]) -> list[int]:
     return previous_prompt + answer + message
+
+
+def left_pad(prompts: list[list[int]], pad: int = 0):
+    """`(input_ids, attention_mask)` of a left-padded batch, as users hand them to stock `generate`."""
+    import torch
+
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    return ids, mask

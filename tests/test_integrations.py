@@ -6,7 +6,7 @@ from transformers import Trainer, TrainingArguments
 
 import hf_paged
 from hf_paged.integrations import PagedGenerationCallback
-from tests.tiny_models import ragged_prompts, tiny_model
+from tests.tiny_models import ragged_prompts, stock_greedy, tiny_model
 
 
 class RandomTokens(torch.utils.data.Dataset):
@@ -19,14 +19,6 @@ class RandomTokens(torch.utils.data.Dataset):
 
     def __getitem__(self, i):
         return {"input_ids": self.rows[i], "labels": self.rows[i]}
-
-
-def stock_greedy(model, prompts, max_new_tokens):
-    out = []
-    for p in prompts:
-        ids = model.generate(torch.tensor([p]), max_new_tokens=max_new_tokens, do_sample=False)
-        out.append(ids[0, len(p):].tolist())
-    return out
 
 
 @pytest.mark.parametrize("prewrapped", [False, True])

@@ -8,6 +8,8 @@ from transformers import (
     MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
 )
 
+from hf_paged.workloads import left_pad  # noqa: F401  (re-exported for the tests)
+
 VOCAB = 96
 COMMON = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=None, pad_token_id=0)
 DECODER = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
@@ -35,16 +37,6 @@ def tiny_model(family: str = "llama", seed: int = 0) -> torch.nn.Module:
 def ragged_prompts(lengths, seed: int = 1, vocab: int = VOCAB) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
-
-
-def left_pad(prompts: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    return ids, mask
 
 
 def stock_greedy(model, prompts, max_new_tokens: int, **kwargs) -> list[list[int]]:

@@ -18,7 +18,7 @@ from hf_paged.batching.kv_eviction import KVEvictor
 from hf_paged.batching.metrics import EngineMetrics
 from hf_paged.batching.model_runner import ModelRunner
 from hf_paged.batching.prefix_policy import PrefixPolicy
-from hf_paged.batching.request import Request, RequestOutput, RequestStatus
+from hf_paged.batching.request import Request, RequestOutput, RequestStatus, fork_ids
 from hf_paged.batching.sampler import Sampler
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.batching.scheduler import Scheduler, SchedulerOutput
@@ -97,8 +97,8 @@ class Engine:
         if error is not None:
             self._end(request, RequestStatus.FAILED, "error", error)
             return request_id
-        for k in range(params.num_return_sequences - 1):
-            child = Request(f"{request_id}__child#{k}", request.prompt_ids, params, priority, request.arrival_index)
+        for k, child_id in enumerate(fork_ids(request_id, params.num_return_sequences)[1:]):
+            child = Request(child_id, request.prompt_ids, params, priority, request.arrival_index)
             child.parent_id = request_id
             if params.seed is not None:
                 child.generator = torch.Generator().manual_seed(params.seed + k + 1)

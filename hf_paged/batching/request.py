@@ -12,6 +12,11 @@ import torch
 from hf_paged.batching.sampling import SamplingParams
 
 
+def fork_ids(request_id: str, num_sequences: int) -> list[str]:
+    """Ids of a request and its forks (`num_return_sequences`), parent first, as transformers names them."""
+    return [request_id] + [f"{request_id}__child#{k}" for k in range(num_sequences - 1)]
+
+
 class RequestStatus(enum.IntEnum):
     """Life cycle: WAITING -> RUNNING <-> PREEMPTED -> FINISHED | FAILED (terminal states compare highest)."""
 

@@ -130,6 +130,8 @@ class Scheduler:
         self.add(request)
 
     def _admit(self, out: SchedulerOutput, budget: int) -> int:
+        if not self.waiting:
+            return budget  # the common decode-only step: no in-flight digests, no cache peeks
         candidates = [item[1] for item in self.waiting]
         policy = self.prefix_policy
         inflight: set[bytes] = set()
