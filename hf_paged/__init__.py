@@ -33,7 +33,7 @@ _LAZY = {
     "default_model": "hf_paged.models",
 }
 
-__all__ = ["PagedConfig", "errors", *_LAZY]
+__all__ = ["PagedConfig", "errors", *_LAZY]  # noqa: PLE0604 -- the lazy names are strings
 
 
 def __getattr__(name: str):
@@ -48,8 +48,13 @@ def __getattr__(name: str):
 
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hf_paged.batching.engine import Engine
-    from hf_paged.batching.request import RequestOutput, RequestStatus
-    from hf_paged.batching.sampling import SamplingParams
-    from hf_paged.cache.paged_cache import PagedCache, PagedLayer
-    from hf_paged.wrapping import engine_of, is_wrapped, unwrap, wrap
+    from hf_paged.batching.engine import Engine as Engine
+    from hf_paged.batching.request import RequestOutput as RequestOutput
+    from hf_paged.batching.request import RequestStatus as RequestStatus
+    from hf_paged.batching.sampling import SamplingParams as SamplingParams
+    from hf_paged.cache.paged_cache import PagedCache as PagedCache
+    from hf_paged.cache.paged_cache import PagedLayer as PagedLayer
+    from hf_paged.wrapping import engine_of as engine_of
+    from hf_paged.wrapping import is_wrapped as is_wrapped
+    from hf_paged.wrapping import unwrap as unwrap
+    from hf_paged.wrapping import wrap as wrap

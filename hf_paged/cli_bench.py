@@ -42,7 +42,7 @@ def run_bench(args) -> dict:
 
     if args.num_prompts < 1:
         raise CliError("--num-prompts must be >= 1")
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    model, _ = load_model(args.model, args.device, args.dtype)
     work = _workload(args.workload, args.num_prompts, model.config.vocab_size)
     prompts, wants = list(work.prompts), list(work.max_new_tokens)
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0

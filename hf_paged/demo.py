@@ -173,7 +173,7 @@ def _json_valid_share(requests, outputs, tokenizer) -> str:
             if jsonschema is not None:
                 jsonschema.validate(doc, PERSON_SCHEMA)
             valid += 1
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 -- any failure (parse or schema) counts as invalid
             pass
     how = "schema-valid" if jsonschema is not None else "parse"
     return f"{valid}/{len(rows)} {how}"
@@ -183,9 +183,9 @@ def _table(note, requests, stock, paged, stats, tokenizer, total_seconds) -> str
     same = sum(a == b for a, b in zip(stock.outputs, paged.outputs))
     lines = [
         f"model: {note}",
-        f"workload: {sum(r.kind == 'question' for r in requests)} questions after one shared system prompt, "
-        f"{sum(r.kind == 'json' for r in requests)} JSON extractions, {sum(r.kind == 'long' for r in requests)} "
-        f"long prompts; {sum(len(r.prompt_ids) for r in requests)} prompt tokens",
+        (f"workload: {sum(r.kind == 'question' for r in requests)} questions after one shared system prompt, "
+         f"{sum(r.kind == 'json' for r in requests)} JSON extractions, {sum(r.kind == 'long' for r in requests)} "
+         f"long prompts; {sum(len(r.prompt_ids) for r in requests)} prompt tokens"),
         "",
         "| metric                         | stock generate (batches of 16) | hf_paged generate_batch |",
         "|--------------------------------|--------------------------------|-------------------------|",
@@ -195,8 +195,8 @@ def _table(note, requests, stock, paged, stats, tokenizer, total_seconds) -> str
         f"| prefix-cache hit rate          | {'-':>30} | {stats['prefix_hit_rate']:>23.0%} |",
         f"| peak KV bytes                  | {stock.kv_bytes:>30,} | {paged.kv_bytes:>23,} |",
         f"| KV bytes vs dense              | {'100%':>30} | {paged.kv_bytes / max(stock.kv_bytes, 1):>23.0%} |",
-        f"| JSON outputs valid             | {_json_valid_share(requests, stock.outputs, tokenizer):>30} | "
-        f"{_json_valid_share(requests, paged.outputs, tokenizer):>23} |",
+        (f"| JSON outputs valid             | {_json_valid_share(requests, stock.outputs, tokenizer):>30} | "
+         f"{_json_valid_share(requests, paged.outputs, tokenizer):>23} |"),
         f"| outputs identical to stock     | {'-':>30} | {f'{same}/{len(requests)}':>23} |",
         "",
         f"total time {total_seconds:.1f} s (model load, both runs, schema compile)",

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 __all__ = [
     "HfPagedError",
+    "InvalidRegexError",
+    "InvalidSchemaError",
     "OutOfBlocksError",
     "PromptTooLongError",
-    "UnsupportedModelError",
-    "UnsupportedGenerationError",
     "RequestFailedError",
     "SchemaError",
-    "InvalidSchemaError",
-    "UnsupportedSchemaError",
-    "UnsatisfiableSchemaError",
     "SchemaTooComplexError",
-    "InvalidRegexError",
     "TokenizerError",
+    "UnsatisfiableSchemaError",
+    "UnsupportedGenerationError",
+    "UnsupportedModelError",
+    "UnsupportedSchemaError",
 ]
 
 

@@ -62,8 +62,8 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     from hf_paged.wrapping import engine_of
 
     stock = type(model).generate.__get__(model)
-    extra = dict(stopping_criteria=stopping_criteria, prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
-                 synced_gpus=synced_gpus, assistant_model=assistant_model, custom_generate=custom_generate)
+    extra = {"stopping_criteria": stopping_criteria, "prefix_allowed_tokens_fn": prefix_allowed_tokens_fn,
+             "synced_gpus": synced_gpus, "assistant_model": assistant_model, "custom_generate": custom_generate}
     input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
     if input_ids is None or "inputs_embeds" in kwargs or kwargs.get("cache") is not None \
             or kwargs.get("past_key_values") is not None or negative_prompt_ids is not None:

@@ -34,7 +34,7 @@ def ragged(num_prompts: int = 64, min_len: int = 8, max_len: int = 1000, min_new
     prompts, news = [], []
     for i in range(num_prompts):
         frac = i / max(num_prompts - 1, 1)
-        n = int(round(min_len * (max_len / min_len) ** frac))
+        n = round(min_len * (max_len / min_len) ** frac)
         prompts.append(_random_tokens(rng, n, vocab))
         news.append(rng.randint(min_new, max_new))
     order = list(range(num_prompts))

@@ -4,7 +4,7 @@ import warnings
 
 import pytest
 import torch
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM, TextIteratorStreamer
+from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 import hf_paged
 from hf_paged import PagedCache, PagedConfig

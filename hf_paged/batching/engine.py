@@ -169,7 +169,7 @@ class Engine:
         self.evictor.annotate(schedule, inputs.metadata)
         try:
             logits = self.runner.forward(inputs.input_ids, inputs.positions, inputs.metadata, inputs.logits_rows)
-        except Exception as exc:  # the forward failed: every request in it fails, the engine goes on
+        except Exception as exc:  # noqa: BLE001 -- the forward failed: its requests fail, the engine goes on
             for item in schedule.scheduled:
                 self.scheduler.remove(item.request)
                 self._end(item.request, RequestStatus.FAILED, "error", f"forward failed: {type(exc).__name__}: {exc}")
@@ -227,7 +227,7 @@ class Engine:
                 continue
             try:
                 tokens = forced(request.request_id, request.output_ids, budget)
-            except Exception:
+            except Exception:  # noqa: BLE001
                 return  # the next step's processing reports the error on this request
             if tokens:
                 request.num_forced_tokens += len(tokens)

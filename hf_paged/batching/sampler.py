@@ -45,7 +45,7 @@ class Sampler:
                 request.logits.append(logits[i].clone())
             try:
                 row = self._process_row(request, scores[i : i + 1])
-            except Exception as exc:  # a user processor failed: only this request fails
+            except Exception as exc:  # noqa: BLE001 -- a user processor failed: only this request fails
                 errors[i] = f"logits processor failed: {type(exc).__name__}: {exc}"
                 continue
             if request.params.output_scores:
@@ -67,7 +67,7 @@ class Sampler:
             try:
                 masked = proc.process_rows(ids, histories, scores.index_select(0, idx))
                 scores.index_copy_(0, idx, masked)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 -- isolate the failure to this processor's requests
                 for i in members:
                     errors[i] = f"logits processor {type(proc).__name__} failed: {exc}"
 

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+
 @dataclass(slots=True)
 class SamplingParams:
     """Per-request decoding settings.

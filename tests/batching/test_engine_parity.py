@@ -1,7 +1,6 @@
 """Engine parity with stock generate under chunked prefill, preemption and arrivals between steps."""
 
 import pytest
-import torch
 from transformers import GenerationConfig
 
 import hf_paged
