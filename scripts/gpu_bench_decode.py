@@ -3,7 +3,11 @@
     python scripts/gpu_bench_decode.py --json decode.json            # batch 64, context 4k, Llama-3-8B heads, bf16
     TRITON_INTERPRET=1 python scripts/gpu_bench_decode.py --tiny     # CPU smoke test of this script
 
-Bytes counted: every K and V element the batch's contexts hold (read once), plus query and output. Copy bandwidth
+    python scripts/gpu_bench_decode.py --kv-format int4 --json decode_int4.json   # fused-dequant variant
+
+Bytes counted: every K and V element the batch's contexts hold (read once), plus query and output; for a quantized
+cache (`--kv-format int8|fp8|int4`) the bytes actually stored and read (packed data, scales, zero points), so
+the bandwidth is comparable and the time shows what quantization saves. Copy bandwidth
 is measured with `dst.copy_(src)` on a large buffer and counts bytes read + written, the usual convention (an H200
 copies ~4.3 TB/s that way). Acceptance: decode reaches >= 70% of it at batch 64, context 4k.
 """
@@ -18,9 +22,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from hf_paged.cache.kernels import paged_decode_attention
+from hf_paged.cache.compression import BlockFormat
+from hf_paged.cache.kernels import FullPrecisionTail, QuantizedKV, paged_decode_attention
 from hf_paged.cache.kernels.launch import decode_launch_config, num_sms
 from hf_paged.cache.kernels.reference import ref_paged_decode_attention
+from hf_paged.cache.kernels.reference_quantized import ref_paged_decode_attention_quantized
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -30,7 +36,7 @@ class DecodeBenchResult:
     """What the report needs from this benchmark."""
 
     device: str
-    shape: str  # batch x context, heads / kv heads x head_dim, dtype, block size
+    shape: str  # batch x context, heads / kv heads x head_dim, dtype, block size, KV format
     launch: str  # the launch config the kernel used
     copy_bytes_per_s: float  # device copy bandwidth, read + write
     decode_ms: float  # median time of one paged decode attention call
@@ -92,31 +98,57 @@ def build_inputs(args, device: torch.device):
     return query, key_cache, value_cache, block_tables, context_lens
 
 
+def quantize_inputs(fmt: str, key_cache: torch.Tensor, value_cache: torch.Tensor, block_tables: torch.Tensor):
+    """(key, value, tail, bytes per block of K + V): every block quantized (int4 keys per channel, KIVI), and a
+    one-block tail (a copy of block 0) for a last partial block: none at the default context, 4096 = 256 blocks."""
+    caches, per_block = [], 0
+    for cache, per_channel in ((key_cache, fmt == "int4"), (value_cache, False)):
+        block_format = BlockFormat(fmt, per_channel=per_channel)
+        parts = {name: [] for name in block_format.part_shapes(*cache.shape[1:])}
+        for chunk in cache.split(4096):  # bounded fp32 temporaries
+            for name, t in block_format.quantize(chunk).items():
+                parts[name].append(t)
+        parts = {name: torch.cat(ts) for name, ts in parts.items()}
+        caches.append(QuantizedKV(parts["data"], parts["scale"], fmt, parts.get("zero"), per_channel))
+        per_block += block_format.bytes_per_block(*cache.shape[1:], cache.dtype)
+    tail_block = key_cache[:1].clone()
+    tail = FullPrecisionTail(tail_block, tail_block.clone(), torch.zeros_like(block_tables))
+    return caches[0], caches[1], tail, per_block
+
+
 def run(args) -> DecodeBenchResult:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[args.dtype]
     query, key_cache, value_cache, block_tables, context_lens = build_inputs(args, device)
     scale = args.head_dim**-0.5
     backend = "triton"
+    tail, kv_block_bytes = None, None
+    if args.kv_format != "auto":
+        key_cache, value_cache, tail, kv_block_bytes = quantize_inputs(args.kv_format, key_cache, value_cache,
+                                                                       block_tables)  # fmt: skip
 
     def kernel():
         return paged_decode_attention(
-            query, key_cache, value_cache, block_tables, context_lens, scale=scale, backend=backend
+            query, key_cache, value_cache, block_tables, context_lens, scale=scale, tail=tail, backend=backend
         )
 
+    def reference(n):
+        if tail is None:
+            return ref_paged_decode_attention(query[:n], key_cache, value_cache, block_tables[:n], context_lens[:n],
+                                              scale=scale)  # fmt: skip
+        n_tail = FullPrecisionTail(tail.key, tail.value, tail.block_tables[:n])
+        return ref_paged_decode_attention_quantized(query[:n], key_cache, value_cache, block_tables[:n],
+                                                    context_lens[:n], scale=scale, tail=n_tail)  # fmt: skip
+
     n_check = min(4, args.batch)
-    ref = ref_paged_decode_attention(
-        query[:n_check], key_cache, value_cache, block_tables[:n_check], context_lens[:n_check], scale=scale
-    )
-    err = (kernel()[:n_check].float() - ref.float()).abs().max().item()
+    err = (kernel()[:n_check].float() - reference(n_check).float()).abs().max().item()
     ms = time_ms(kernel, warmup=args.warmup, iters=args.iters, device=device)
-    ref_ms = time_ms(
-        lambda: ref_paged_decode_attention(query, key_cache, value_cache, block_tables, context_lens, scale=scale),
-        warmup=1,
-        iters=3,
-        device=device,
-    )
+    ref_ms = time_ms(lambda: reference(args.batch), warmup=1, iters=3, device=device)
     nbytes = decode_bytes(context_lens.tolist(), args.heads, args.kv_heads, args.head_dim, dtype.itemsize)
+    if kv_block_bytes is not None:  # what the quantized cache holds for these contexts, instead of 2 x elements
+        kv_plain = decode_bytes(context_lens.tolist(), 0, args.kv_heads, args.head_dim, dtype.itemsize)
+        blocks = sum(math.ceil(c / args.block_size) for c in context_lens.tolist())
+        nbytes += blocks * kv_block_bytes - kv_plain
     copy = copy_bandwidth(args.copy_bytes, device, iters=args.iters)
     config = decode_launch_config(
         num_seqs=args.batch,
@@ -126,12 +158,13 @@ def run(args) -> DecodeBenchResult:
         max_context_len=block_tables.shape[1] * args.block_size,
         dtype=dtype,
         num_sms=num_sms(device),
+        quantized=args.kv_format != "auto",
     )
     achieved = nbytes / (ms / 1e3)
     return DecodeBenchResult(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)",
         shape=f"b{args.batch} x ctx {args.context}, {args.heads}/{args.kv_heads} heads x {args.head_dim}, "
-        f"{args.dtype}, block {args.block_size}",
+        f"{args.dtype}, block {args.block_size}, KV {args.kv_format}",
         launch=f"BLOCK_N={config.block_n} splits={config.num_splits} warps={config.num_warps}",
         copy_bytes_per_s=copy,
         decode_ms=ms,
@@ -152,6 +185,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--kv-format", choices=["auto", "int8", "fp8", "int4"], default="auto",
+                   help="cache format: auto (the dtype) or quantized blocks read by the fused-dequant kernel")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--copy-bytes", type=int, default=2 << 30)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One command for a CUDA machine (issue 7): the kernel tests compiled (no interpreter, bf16 included), the paged
-# decode bandwidth micro-benchmark, and the end-to-end throughput comparison; then one table.
+# One command for a CUDA machine (issue 7): the kernel tests compiled (no interpreter, bf16 included; the quantized
+# fused-dequant kernels too), the paged decode bandwidth micro-benchmark (bf16, then int8 and int4 caches), and the
+# end-to-end throughput comparison; then one table.
 #
 #   scripts/gpu_check.sh                       # results in a temporary folder, printed at the end
 #   GPU_CHECK_OUT=$OUT scripts/gpu_check.sh    # keep the junit / json files there
@@ -46,6 +47,10 @@ timeout "${GPU_CHECK_TEST_TIMEOUT:-360}" "$PY" -m pytest tests/kernels -q -m "no
 
 echo "== 2/3 paged decode attention vs copy bandwidth =="
 timeout "${GPU_CHECK_DECODE_TIMEOUT:-180}" "$PY" scripts/gpu_bench_decode.py --json "$RESULTS/decode.json"
+for fmt in int8 int4; do  # the fused-dequant kernel on the same shape: bytes actually read, beside bf16
+    timeout "${GPU_CHECK_DECODE_TIMEOUT:-180}" "$PY" scripts/gpu_bench_decode.py --kv-format "$fmt" \
+        --json "$RESULTS/decode_$fmt.json" | grep -E '"(shape|decode_ms|decode_bytes_per_s|max_abs_err)"'
+done
 
 echo "== 3/3 end-to-end throughput =="
 timeout "${GPU_CHECK_E2E_TIMEOUT:-420}" "$PY" scripts/gpu_bench_e2e.py --json "$RESULTS/e2e.json"

@@ -28,6 +28,7 @@ os.environ.pop("TRITON_INTERPRET", None)  # compiled-mode kernels; must precede 
 import torch
 
 from hf_paged.cache.kernels.launch import decode_launch_config
+from hf_paged.cache.kernels.quantized import FullPrecisionTail, QuantizedKV
 from hf_paged.cache.kernels.triton_decode import decode_launches
 from hf_paged.cache.kernels.triton_prefill import prefill_launch
 from hf_paged.cache.kernels.triton_store import store_launch
@@ -35,7 +36,7 @@ from hf_paged.cache.kernels.triton_store import store_launch
 NUM_SMS = 132  # an H100 / H200: the split-K heuristic then splits batch 64 x 4k in two (the merge kernel runs)
 SHARED_LIMIT = {90: 227 * 1024, 80: 163 * 1024}  # opt-in shared memory per block
 POINTER = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32", torch.int32: "*i32",
-           torch.int64: "*i64"}  # fmt: skip
+           torch.int64: "*i64", torch.int8: "*i8", torch.uint8: "*u8", torch.float8_e4m3fn: "*fp8e4nv"}  # fmt: skip
 
 
 @dataclass(slots=True)
@@ -132,9 +133,40 @@ def scenarios(quick: bool):
                                                    scale=0.1, sliding_window=window, config=config)  # fmt: skip
             yield f"prefill {tag}", [prefill_launch(packed, cache, cache, tables, qsl, lens, torch.empty_like(packed),
                                                     scale=0.1, sliding_window=window)]  # fmt: skip
+        # quick: int4 only (per-channel key scales and zero points: the most registers of the formats)
+        formats = ("int4",) if quick else ("int8", "fp8", "fp8-bytes", "int4")
+        for fmt in formats if name.startswith("llama3") else ():
+            key, value = quantized_meta(fmt, cache.shape)
+            tail = FullPrecisionTail(cache[: 2 * batch], cache[: 2 * batch], tables)
+            tag = f"{name} {fmt} KV, b{batch} ctx{context}"
+            config = decode_launch_config(num_seqs=batch, num_heads=heads, num_kv_heads=kv_heads,
+                                          head_dim=head_dim, max_context_len=context, dtype=dtype,
+                                          num_sms=NUM_SMS, quantized=True)  # fmt: skip
+            yield f"decode {tag}", decode_launches(query, key, value, tables, lens, torch.empty_like(query),
+                                                   scale=0.1, tail=tail, config=config)  # fmt: skip
+            yield f"prefill {tag}", [prefill_launch(packed, key, value, tables, qsl, lens, torch.empty_like(packed),
+                                                    scale=0.1, tail=tail)]  # fmt: skip
         rows = torch.empty(256, kv_heads, head_dim, dtype=dtype, device=meta)
         slots = torch.empty(256, dtype=torch.int64, device=meta)
         yield f"store {name}", [store_launch(rows, rows, cache, cache, slots)]
+
+
+def quantized_meta(fmt: str, shape) -> tuple[QuantizedKV, QuantizedKV]:
+    """(key, value) caches in `fmt` on the meta device (int4: keys per channel, values per token, like KIVI)."""
+    meta = torch.device("meta")
+    num_blocks, block_size, kv_heads, head_dim = shape
+    if fmt == "int4":
+        data = torch.empty(num_blocks, block_size, kv_heads, head_dim // 2, dtype=torch.uint8, device=meta)
+        channel = torch.empty(num_blocks, kv_heads, head_dim, dtype=torch.float16, device=meta)
+        token = torch.empty(num_blocks, block_size, dtype=torch.float16, device=meta)
+        return (QuantizedKV(data, channel, "int4", torch.empty_like(channel, dtype=torch.int8), per_channel=True),
+                QuantizedKV(data, token, "int4", torch.empty_like(token, dtype=torch.int8)))
+    # "fp8-bytes": e4m3 given as uint8, decoded with integer ops (what GPUs before sm_89 run)
+    dtype = {"int8": torch.int8, "fp8": torch.float8_e4m3fn, "fp8-bytes": torch.uint8}[fmt]
+    data = torch.empty(shape, dtype=dtype, device=meta)
+    scale = torch.empty(num_blocks, block_size, dtype=torch.float16, device=meta)
+    fmt = "fp8" if fmt == "fp8-bytes" else fmt
+    return QuantizedKV(data, scale, fmt), QuantizedKV(data, scale, fmt)
 
 
 def run(capabilities: list[int], quick: bool) -> list[CompileResult]:
@@ -142,6 +174,8 @@ def run(capabilities: list[int], quick: bool) -> list[CompileResult]:
     for scenario, launches in scenarios(quick):
         for launch in launches:
             for capability in capabilities:
+                if " fp8 KV" in scenario and capability < 89:
+                    continue  # no fp8 conversion before sm_89: the launchers use the fp8-bytes variant there
                 t0 = time.perf_counter()
                 kernel = launch.kernel.__name__
                 try:
@@ -167,7 +201,7 @@ def nvidia_tools_present() -> bool:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--capability", type=int, action="append", help="sm_XY as XY; default 90 and 80")
-    p.add_argument("--quick", action="store_true", help="two model shapes, no sliding window")
+    p.add_argument("--quick", action="store_true", help="two model shapes, no sliding window, int4 the only quantized format")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args(argv)
     capabilities = args.capability or [90, 80]

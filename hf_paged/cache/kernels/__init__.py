@@ -4,6 +4,10 @@
     paged_decode_attention   one query token per sequence -> its pages (split-K, flash-decoding)
     paged_prefill_attention  a packed chunk of query tokens per sequence -> its pages, causally
 
+Both attention kernels also read quantized caches (`QuantizedKV`: int8, fp8, int4 blocks with their scales),
+dequantized where the K/V tiles are loaded, with the blocks not yet full in a `FullPrecisionTail` (see
+`quantized.py`; the torch reference of that path is `reference_quantized.py`).
+
 `backend="auto"` runs Triton when the tensors are on CUDA (and triton is installed) and the torch reference
 (`reference.py`) otherwise; `"triton"` on CPU tensors runs the Triton interpreter, so it needs `TRITON_INTERPRET=1`.
 Every argument is checked here, before any launch (shapes, dtypes, strides, devices; no value is read, so nothing
@@ -30,8 +34,16 @@ import torch
 
 from hf_paged.cache.kernels import _checks as chk
 from hf_paged.cache.kernels._checks import KernelArgumentError
+from hf_paged.cache.kernels.quantized import FullPrecisionTail, QuantizedKV, check_kv_operands
 
-__all__ = ["KernelArgumentError", "paged_decode_attention", "paged_prefill_attention", "store_kv"]
+__all__ = [
+    "FullPrecisionTail",
+    "KernelArgumentError",
+    "QuantizedKV",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "store_kv",
+]
 
 _CACHE_LAYOUT = "[num_blocks, block_size, num_kv_heads, head_dim]"
 
@@ -89,13 +101,14 @@ def store_kv(
 
 def paged_decode_attention(
     query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
+    key_cache: torch.Tensor | QuantizedKV,
+    value_cache: torch.Tensor | QuantizedKV,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     *,
     scale: float,
     sliding_window: int | None = None,
+    tail: FullPrecisionTail | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Attention of one query token per sequence to its cached keys 0 .. context_len - 1.
@@ -103,10 +116,13 @@ def paged_decode_attention(
     Args:
         query: `[num_seqs, num_heads, head_dim]`; the query sits at position context_len - 1.
         key_cache, value_cache: `[num_blocks, block_size, num_kv_heads, head_dim]`, query's dtype;
-            `num_heads` must be a multiple of `num_kv_heads` (GQA).
+            `num_heads` must be a multiple of `num_kv_heads` (GQA). Either may be a `QuantizedKV` (int8, fp8,
+            int4 blocks with their scales), dequantized where its tiles are loaded.
         block_tables: `[num_seqs, max_blocks_per_seq]` int32; context_lens: `[num_seqs]` int32.
         scale: softmax scale, usually `head_dim ** -0.5`.
         sliding_window: if set, the query at position p sees keys at positions > p - sliding_window.
+        tail: the blocks not yet quantized in full precision (required with a `QuantizedKV`): the last block of a
+            sequence whose context_len is not a multiple of block_size is read from it (see `quantized.py`).
         backend: "auto" (Triton on CUDA, torch elsewhere), "triton" or "torch".
 
     Returns:
@@ -115,14 +131,19 @@ def paged_decode_attention(
     chk.check_ndim("query", query, 3, "[num_seqs, num_heads, head_dim]")
     num_seqs = query.shape[0]
     _check_attention(
-        query, key_cache, value_cache, block_tables, context_lens, num_seqs, scale, sliding_window, backend, extra={}
+        query, key_cache, value_cache, block_tables, context_lens, num_seqs, scale, sliding_window, backend, extra={},
+        tail=tail,
     )
     if _use_triton(backend, query.device):
         from hf_paged.cache.kernels.triton_decode import paged_decode_attention_triton
 
-        return paged_decode_attention_triton(
-            query, key_cache, value_cache, block_tables, context_lens, scale=scale, sliding_window=sliding_window
-        )
+        return paged_decode_attention_triton(query, key_cache, value_cache, block_tables, context_lens, scale=scale,
+                                             sliding_window=sliding_window, tail=tail)  # fmt: skip
+    if tail is not None:
+        from hf_paged.cache.kernels.reference_quantized import ref_paged_decode_attention_quantized
+
+        return ref_paged_decode_attention_quantized(query, key_cache, value_cache, block_tables, context_lens,
+                                                    scale=scale, sliding_window=sliding_window, tail=tail)  # fmt: skip
     from hf_paged.cache.kernels.reference import ref_paged_decode_attention
 
     return ref_paged_decode_attention(
@@ -132,26 +153,30 @@ def paged_decode_attention(
 
 def paged_prefill_attention(
     query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
+    key_cache: torch.Tensor | QuantizedKV,
+    value_cache: torch.Tensor | QuantizedKV,
     block_tables: torch.Tensor,
     query_start_loc: torch.Tensor,
     context_lens: torch.Tensor,
     *,
     scale: float,
     sliding_window: int | None = None,
+    tail: FullPrecisionTail | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
     """Causal attention of a packed chunk of query tokens per sequence to its cached keys (K/V already stored).
 
     Args:
         query: `[total_q_tokens, num_heads, head_dim]`, sequences packed back to back.
-        key_cache, value_cache: `[num_blocks, block_size, num_kv_heads, head_dim]`, query's dtype.
+        key_cache, value_cache: `[num_blocks, block_size, num_kv_heads, head_dim]`, query's dtype, or
+            `QuantizedKV` (dequantized where loaded).
         block_tables: `[num_seqs, max_blocks_per_seq]` int32.
         query_start_loc: `[num_seqs + 1]` int32, cu_seqlens of the queries (0, q_len_0, q_len_0 + q_len_1, ...).
         context_lens: `[num_seqs]` int32, cached tokens of each sequence INCLUDING this chunk; query j of
             sequence i sits at position context_lens[i] - q_len_i + j and sees keys at positions <= its own.
         scale: softmax scale; sliding_window: if set, keys at positions > p - sliding_window only.
+        tail: full-precision blocks (required with a `QuantizedKV`): query p reads block b from the tail when b is
+            not full at p (p's own block, unless p is its last slot), from the quantized cache otherwise.
         backend: "auto" (Triton on CUDA, torch elsewhere), "triton" or "torch".
 
     Returns:
@@ -174,6 +199,7 @@ def paged_prefill_attention(
         sliding_window,
         backend,
         extra={"query_start_loc": query_start_loc},
+        tail=tail,
     )
     if _use_triton(backend, query.device):
         from hf_paged.cache.kernels.triton_prefill import paged_prefill_attention_triton
@@ -187,7 +213,14 @@ def paged_prefill_attention(
             context_lens,
             scale=scale,
             sliding_window=sliding_window,
+            tail=tail,
         )
+    if tail is not None:
+        from hf_paged.cache.kernels.reference_quantized import ref_paged_prefill_attention_quantized
+
+        return ref_paged_prefill_attention_quantized(query, key_cache, value_cache, block_tables, query_start_loc,
+                                                     context_lens, scale=scale, sliding_window=sliding_window,
+                                                     tail=tail)  # fmt: skip
     from hf_paged.cache.kernels.reference import ref_paged_prefill_attention
 
     return ref_paged_prefill_attention(
@@ -228,10 +261,22 @@ def _check_attention(
     sliding_window: int | None,
     backend: str,
     extra: dict[str, torch.Tensor],
+    tail: FullPrecisionTail | None = None,
 ) -> None:
     chk.check_backend(backend)
-    _check_caches(key_cache, value_cache)
-    _, _, num_kv_heads, head_dim = key_cache.shape
+    if tail is None and isinstance(key_cache, torch.Tensor) and isinstance(value_cache, torch.Tensor):
+        _check_caches(key_cache, value_cache)
+        _, _, num_kv_heads, head_dim = key_cache.shape
+        cache_tensors = {"key_cache": key_cache, "value_cache": value_cache}
+    else:
+        chk.check_dtype("query", query, chk.FLOAT_DTYPES)
+        _, num_kv_heads, head_dim, more = check_kv_operands(key_cache, value_cache, tail, query, num_seqs)
+        cache_tensors = {f"cache part {i}": t for i, t in enumerate(more)}
+        if tail is not None and tail.block_tables.shape[1] != block_tables.shape[1]:
+            raise KernelArgumentError(
+                f"tail.block_tables has {tail.block_tables.shape[1]} columns but block_tables has "
+                f"{block_tables.shape[1]}; give both one width (max_blocks_per_seq)"
+            )
     num_heads = query.shape[1]
     chk.check_dim("query", query, 2, head_dim, "the caches' head_dim")
     if num_kv_heads == 0 or num_heads % num_kv_heads != 0:
@@ -239,7 +284,7 @@ def _check_attention(
             f"query has {num_heads} heads, not a multiple of the caches' {num_kv_heads} KV heads; "
             "check the cache was built with the model's num_key_value_heads"
         )
-    if query.dtype != key_cache.dtype:
+    if isinstance(key_cache, torch.Tensor) and query.dtype != key_cache.dtype:
         raise KernelArgumentError(
             f"query is {query.dtype} but the caches hold {key_cache.dtype}; pass query.to({key_cache.dtype})"
         )
@@ -253,8 +298,7 @@ def _check_attention(
     chk.check_sliding_window(sliding_window)
     tensors = {
         "query": query,
-        "key_cache": key_cache,
-        "value_cache": value_cache,
+        **cache_tensors,
         "block_tables": block_tables,
         "context_lens": context_lens,
         **extra,

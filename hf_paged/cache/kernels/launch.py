@@ -148,11 +148,12 @@ def store_launch_config(*, num_kv_heads: int, head_dim: int, dtype: torch.dtype)
 
 def decode_launch_config(
     *, num_seqs: int, num_heads: int, num_kv_heads: int, head_dim: int, max_context_len: int,
-    dtype: torch.dtype, num_sms: int,
+    dtype: torch.dtype, num_sms: int, quantized: bool = False,
 ) -> DecodeLaunchConfig:  # fmt: skip
     """Choose a decode launch. `max_context_len` is an upper bound known without a device sync
     (`max_blocks_per_seq * block_size`). Splits are added until the grid has ~4 programs per SM, never below
-    `MIN_TILES_PER_SPLIT` tiles per split."""
+    `MIN_TILES_PER_SPLIT` tiles per split. A quantized cache gets at least 8 warps: its K/V tiles are
+    dequantized in registers (4 warps took 255 registers on sm_80/sm_90 at head_dim 128)."""
     elem_bytes = torch.empty((), dtype=dtype).element_size()
     block_g = max(16, next_power_of_2(num_heads // num_kv_heads))
     block_d = max(16, next_power_of_2(head_dim))
@@ -166,30 +167,35 @@ def decode_launch_config(
         block_n=block_n,
         block_d=block_d,
         num_splits=max(1, min(wanted, num_tiles // MIN_TILES_PER_SPLIT, MAX_SPLITS)),
-        num_warps=choose_num_warps(rows=block_g, block_n=block_n, block_d=block_d, elem_bytes=elem_bytes),
+        num_warps=max(choose_num_warps(rows=block_g, block_n=block_n, block_d=block_d, elem_bytes=elem_bytes),
+                      8 if quantized else 4),
         num_stages=num_stages,
         dot_precision="ieee" if dtype == torch.float32 else "tf32",
     )
 
 
 def prefill_launch_config(
-    *, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    *, num_heads: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, quantized: bool = False
 ) -> PrefillLaunchConfig:
     """Choose a prefill launch: 64 query rows per tile (e.g. 16 tokens x 4 heads, 8 tokens x 8 heads) and at
     most 32 keys per tile. Compiled for sm_80, 64 x 64 tiles of head_dim 128 on 4 warps took 255 registers and
-    spilled; 64 x 32 takes 190 on sm_80 and 147 on sm_90 (scripts/gpu_compile_check.py)."""
+    spilled; 64 x 32 takes 190 on sm_80 and 147 on sm_90 (scripts/gpu_compile_check.py). A quantized cache
+    (dequantized in registers, plus the tail pass) spilled on sm_80 at 64 x 32, on 4 warps and on 8 (int4): it
+    gets 64 x 16 tiles on 8 warps."""
     group = num_heads // num_kv_heads
     elem_bytes = torch.empty((), dtype=dtype).element_size()
     block_d = max(16, next_power_of_2(head_dim))
     block_m = max(64, next_power_of_2(group))
-    num_stages = 2
-    block_n = choose_block_n(block_d=block_d, elem_bytes=elem_bytes, num_stages=num_stages, largest=32)
+    num_stages = 1 if quantized else 2  # quantized: the dequant needs the registers a second stage holds
+    block_n = choose_block_n(block_d=block_d, elem_bytes=elem_bytes, num_stages=num_stages,
+                             largest=16 if quantized else 32)
     return PrefillLaunchConfig(
         block_m=block_m,
         block_q=block_m // group,
         block_n=block_n,
         block_d=block_d,
-        num_warps=choose_num_warps(rows=block_m, block_n=block_n, block_d=block_d, elem_bytes=elem_bytes),
+        num_warps=max(choose_num_warps(rows=block_m, block_n=block_n, block_d=block_d, elem_bytes=elem_bytes),
+                      8 if quantized else 4),
         num_stages=num_stages,
         dot_precision="ieee" if dtype == torch.float32 else "tf32",
     )

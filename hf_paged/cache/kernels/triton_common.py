@@ -46,15 +46,46 @@ def define_jit_helpers() -> None:
     _check_interpreter_consistent(tl)
 
     @triton.jit
-    def load_kv_tile(head_ptr, block_ids, slot_offsets, dims, mask, stride_block, stride_slot):
-        """One [BLOCK_N, BLOCK_D] tile of one KV head (`head_ptr` = cache + head * stride_head), gathered from
-        its blocks; masked rows read 0.
+    def load_kv_tile(
+        head_ptr, scale_ptr, zero_ptr, block_ids, slot_offsets, dims, rows, dim_mask, stride_block, stride_slot,
+        stride_scale_block, stride_scale_slot, FMT: tl.constexpr, PER_CHANNEL: tl.constexpr,
+    ):  # fmt: skip
+        """One [BLOCK_N, BLOCK_D] tile of one KV head (`head_ptr` = cache + head * stride_head, `scale_ptr` /
+        `zero_ptr` offset to the head too when PER_CHANNEL), gathered from its blocks and dequantized; rows off
+        `rows` (and dims off `dim_mask`) read 0 from data, scale and zero alike, so NaN in unused slots, bytes or
+        scales never reaches the arithmetic.
 
-        The single place where both attention kernels read the cache: a dequantizing variant replaces this load
-        with load + scale, so the dequant step is fused where the tile is loaded.
+        The single place where both attention kernels read the cache. FMT (see `quantized.FORMAT_CODES`): 0 plain
+        (returned in the cache dtype), 1 int8 / 2 fp8 / 4 fp8 decoded from bytes (`q * scale`, per token), 3 int4 (two per byte, even dims
+        in the low nibble; `(q - zero) * scale`, per token or PER_CHANNEL): returned in fp32, the reference's
+        `BlockFormat.dequantize` arithmetic, for the caller to round to the query dtype.
         """
-        ptrs = head_ptr + block_ids[:, None] * stride_block + slot_offsets[:, None] * stride_slot + dims[None, :]
-        return tl.load(ptrs, mask=mask, other=0.0)
+        mask = rows[:, None] & dim_mask[None, :]
+        row_offsets = block_ids * stride_block + slot_offsets * stride_slot
+        if FMT == 3:
+            packed = tl.load(head_ptr + row_offsets[:, None] + (dims // 2)[None, :], mask=mask, other=0)
+            x = ((packed.to(tl.int32) >> ((dims % 2) * 4)[None, :]) & 15).to(tl.float32)
+        elif FMT == 4:  # fp8 e4m3 from its bytes: GPUs before sm_89 have no fp8 conversion
+            byte = tl.load(head_ptr + row_offsets[:, None] + dims[None, :], mask=mask, other=0).to(tl.int32)
+            exponent, mantissa = (byte >> 3) & 15, byte & 7
+            normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)  # bias 7 -> 127
+            x = tl.where(exponent == 0, mantissa.to(tl.float32) * 0.001953125, normal)  # subnormal: m * 2^-9
+            x = tl.where((byte & 128) != 0, -x, x)
+        else:
+            x = tl.load(head_ptr + row_offsets[:, None] + dims[None, :], mask=mask, other=0.0)
+        if FMT != 0:
+            x = x.to(tl.float32)
+            scale_offsets = block_ids * stride_scale_block + slot_offsets * stride_scale_slot
+            if PER_CHANNEL:
+                channel = scale_offsets[:, None] + dims[None, :]
+                if FMT == 3:
+                    x = x - tl.load(zero_ptr + channel, mask=mask, other=0).to(tl.float32)
+                x = x * tl.load(scale_ptr + channel, mask=mask, other=0.0).to(tl.float32)
+            else:
+                if FMT == 3:
+                    x = x - tl.load(zero_ptr + scale_offsets, mask=rows, other=0).to(tl.float32)[:, None]
+                x = x * tl.load(scale_ptr + scale_offsets, mask=rows, other=0.0).to(tl.float32)[:, None]
+        return x
 
     @triton.jit
     def attend_tile(q, k, v, seen, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr):

@@ -10,6 +10,11 @@ tiles of the sequence:
 
 Each split keeps a running max / sum (online softmax, base 2) and writes its normalised partial output and its
 log-sum-exp; `_merge_kernel` combines the splits. With one split the first kernel writes the output directly.
+
+Quantized caches (`quantized.QuantizedKV`, format codes as constexprs): K/V tiles are dequantized where they are
+loaded (`triton_common.load_kv_tile`). Only full blocks are quantized; keys from `context_len // block_size *
+block_size` on (one partial block at most) are read from the full-precision tail, after the loop, by the split
+that holds the sequence's last tile.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import torch
 
 from hf_paged.cache.kernels import launch, triton_common
 from hf_paged.cache.kernels.launch import DecodeLaunchConfig, KernelLaunch, next_power_of_2
+from hf_paged.cache.kernels.quantized import FullPrecisionTail, QuantizedKV, kv_operand, tail_args
 
 __all__ = ["decode_launches", "paged_decode_attention_triton"]
 
@@ -37,8 +43,13 @@ def _define() -> None:
     @triton.jit
     def _decode_kernel(
         q_ptr,
-        k_cache_ptr,
-        v_cache_ptr,
+        k_cache_ptr, k_scale_ptr, k_zero_ptr, stride_k_block, stride_k_slot, stride_k_head,
+        stride_ks_block, stride_ks_slot, stride_ks_head,
+        v_cache_ptr, v_scale_ptr, v_zero_ptr, stride_v_block, stride_v_slot, stride_v_head,
+        stride_vs_block, stride_vs_slot, stride_vs_head,
+        tail_k_ptr, tail_v_ptr, tail_tables_ptr,
+        stride_tk_block, stride_tk_slot, stride_tk_head, stride_tv_block, stride_tv_slot, stride_tv_head,
+        stride_tt_seq,
         block_tables_ptr,
         context_lens_ptr,
         out_ptr,
@@ -48,12 +59,6 @@ def _define() -> None:
         sliding_window,
         stride_q_seq,
         stride_q_head,
-        stride_k_block,
-        stride_k_slot,
-        stride_k_head,
-        stride_v_block,
-        stride_v_slot,
-        stride_v_head,
         stride_bt_seq,
         stride_o_seq,
         stride_o_head,
@@ -66,7 +71,12 @@ def _define() -> None:
         NUM_SPLITS: tl.constexpr,
         USE_WINDOW: tl.constexpr,
         DOT_PRECISION: tl.constexpr,
-    ):
+        K_FMT: tl.constexpr = 0,
+        V_FMT: tl.constexpr = 0,
+        K_PER_CHANNEL: tl.constexpr = False,
+        V_PER_CHANNEL: tl.constexpr = False,
+        HAS_TAIL: tl.constexpr = False,
+    ):  # fmt: skip
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
         split = tl.program_id(2)
@@ -93,21 +103,50 @@ def _define() -> None:
 
         k_base = k_cache_ptr + kv_head * stride_k_head
         v_base = v_cache_ptr + kv_head * stride_v_head
+        ks_base, kz_base = k_scale_ptr + kv_head * stride_ks_head, k_zero_ptr + kv_head * stride_ks_head
+        vs_base, vz_base = v_scale_ptr + kv_head * stride_vs_head, v_zero_ptr + kv_head * stride_vs_head
+        # With a tail (quantized cache), keys past the last full block are still in full precision:
+        #   positions 0 ........ full_end - 1 | full_end ... context_len - 1
+        #             quantized cache         | tail (one partial block at most): read after the loop by the
+        #                                       split that holds the last tile
+        full_end = context_len
+        if HAS_TAIL:
+            full_end = context_len // BLOCK_SIZE * BLOCK_SIZE
         m_i = tl.full([BLOCK_G], -1.0e30, tl.float32)  # finite: see attend_tile
         l_i = tl.zeros([BLOCK_G], tl.float32)
         acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
         for tile in range(tile_lo, tile_hi):
             positions = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-            valid = (positions >= start) & (positions < context_len)
+            valid = (positions >= start) & (positions < full_end)
             # Masked: table entries past the sequence's last block may be stale or -1.
             block_ids = tl.load(
                 block_tables_ptr + seq * stride_bt_seq + positions // BLOCK_SIZE, mask=valid, other=0
             ).to(tl.int64)
             slot_offsets = positions % BLOCK_SIZE
-            kv_mask = valid[:, None] & dim_mask[None, :]
-            k = load_kv_tile(k_base, block_ids, slot_offsets, dims, kv_mask, stride_k_block, stride_k_slot)
-            v = load_kv_tile(v_base, block_ids, slot_offsets, dims, kv_mask, stride_v_block, stride_v_slot)
-            m_i, l_i, acc = attend_tile(q, k, v, valid[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION)
+            k = load_kv_tile(k_base, ks_base, kz_base, block_ids, slot_offsets, dims, valid, dim_mask,
+                             stride_k_block, stride_k_slot, stride_ks_block, stride_ks_slot, K_FMT, K_PER_CHANNEL)
+            v = load_kv_tile(v_base, vs_base, vz_base, block_ids, slot_offsets, dims, valid, dim_mask,
+                             stride_v_block, stride_v_slot, stride_vs_block, stride_vs_slot, V_FMT, V_PER_CHANNEL)
+            m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), valid[None, :], m_i, l_i, acc, qk_scale,
+                                        DOT_PRECISION)
+        if HAS_TAIL:
+            last_tile = tl.cdiv(context_len, BLOCK_N) - 1
+            if (tile_lo <= last_tile) & (last_tile < tile_hi):
+                tail_lo = tl.maximum(full_end, start)
+                tk_base = tail_k_ptr + kv_head * stride_tk_head
+                tv_base = tail_v_ptr + kv_head * stride_tv_head
+                for tile in range(tail_lo // BLOCK_N, last_tile + 1):
+                    positions = tile * BLOCK_N + tl.arange(0, BLOCK_N)
+                    valid = (positions >= tail_lo) & (positions < context_len)
+                    tail_ids = tl.load(
+                        tail_tables_ptr + seq * stride_tt_seq + positions // BLOCK_SIZE, mask=valid, other=0
+                    ).to(tl.int64)
+                    slot_offsets = positions % BLOCK_SIZE
+                    k = load_kv_tile(tk_base, tk_base, tk_base, tail_ids, slot_offsets, dims, valid, dim_mask,
+                                     stride_tk_block, stride_tk_slot, 0, 0, 0, False)
+                    v = load_kv_tile(tv_base, tv_base, tv_base, tail_ids, slot_offsets, dims, valid, dim_mask,
+                                     stride_tv_block, stride_tv_slot, 0, 0, 0, False)
+                    m_i, l_i, acc = attend_tile(q, k, v, valid[None, :], m_i, l_i, acc, qk_scale, DOT_PRECISION)
 
         safe_l = tl.where(l_i > 0, l_i, 1.0)  # an empty split (or context_len 0) writes zeros, not NaN
         out = acc / safe_l[:, None]
@@ -165,13 +204,14 @@ def _define() -> None:
 
 def paged_decode_attention_triton(
     query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
+    key_cache: torch.Tensor | QuantizedKV,
+    value_cache: torch.Tensor | QuantizedKV,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     *,
     scale: float,
     sliding_window: int | None = None,
+    tail: FullPrecisionTail | None = None,
     config: DecodeLaunchConfig | None = None,
 ) -> torch.Tensor:
     """Run paged decode attention; arguments are checked by `hf_paged.cache.kernels.paged_decode_attention`.
@@ -182,27 +222,30 @@ def paged_decode_attention_triton(
     if query.shape[0] == 0:
         return out
     for kernel_launch in decode_launches(query, key_cache, value_cache, block_tables, context_lens, out,
-                                         scale=scale, sliding_window=sliding_window, config=config):  # fmt: skip
+                                         scale=scale, sliding_window=sliding_window, tail=tail,
+                                         config=config):  # fmt: skip
         kernel_launch.run()
     return out
 
 
 def decode_launches(
     query: torch.Tensor,
-    key_cache: torch.Tensor,
-    value_cache: torch.Tensor,
+    key_cache: torch.Tensor | QuantizedKV,
+    value_cache: torch.Tensor | QuantizedKV,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
     out: torch.Tensor,
     *,
     scale: float,
     sliding_window: int | None = None,
+    tail: FullPrecisionTail | None = None,
     config: DecodeLaunchConfig | None = None,
 ) -> list[KernelLaunch]:
     """The launches of one decode step (the split-K kernel, then the merge when it splits), not yet run."""
     _define()
     num_seqs, num_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = key_cache.shape
+    k_op, v_op = kv_operand(key_cache), kv_operand(value_cache)
+    _, block_size, num_kv_heads, _ = k_op.data.shape
     if config is None:
         config = launch.decode_launch_config(
             num_seqs=num_seqs,
@@ -212,6 +255,7 @@ def decode_launches(
             max_context_len=block_tables.shape[1] * block_size,
             dtype=query.dtype,
             num_sms=launch.num_sms(query.device),
+            quantized=k_op.fmt != 0 or v_op.fmt != 0,
         )
     splits = config.num_splits
     if splits > 1:
@@ -221,12 +265,10 @@ def decode_launches(
         part_out = part_lse = out
     # fmt: off
     args = (
-        query, key_cache, value_cache, block_tables, context_lens, out, part_out, part_lse,
+        query, *k_op.args(), *v_op.args(), *tail_args(tail, k_op.data),
+        block_tables, context_lens, out, part_out, part_lse,
         scale * math.log2(math.e), sliding_window or 0,
-        query.stride(0), query.stride(1),
-        key_cache.stride(0), key_cache.stride(1), key_cache.stride(2),
-        value_cache.stride(0), value_cache.stride(1), value_cache.stride(2),
-        block_tables.stride(0), out.stride(0), out.stride(1),
+        query.stride(0), query.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
     )
     # fmt: on
     main = KernelLaunch(
@@ -243,6 +285,11 @@ def decode_launches(
             "NUM_SPLITS": splits,
             "USE_WINDOW": sliding_window is not None,
             "DOT_PRECISION": config.dot_precision,
+            "K_FMT": k_op.fmt,
+            "V_FMT": v_op.fmt,
+            "K_PER_CHANNEL": k_op.per_channel,
+            "V_PER_CHANNEL": v_op.per_channel,
+            "HAS_TAIL": tail is not None,
         },
         num_warps=config.num_warps,
         num_stages=config.num_stages,
