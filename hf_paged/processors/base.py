@@ -1,15 +1,16 @@
-"""Shared logic of the guided processors: one compiled index, one guide per row (stock `generate`) or per request
-(the continuous-batching engine), one preallocated bitmask.
+"""Shared logic of the guided processors: one compiled index, one guide state per row (stock `generate`) or per
+request (the continuous-batching engine), one preallocated bitmask.
 
-    constraint --(subclass)--> regex --IndexCache--> CompiledIndex (shared, immutable)
+    constraint --(subclass)--> regex --IndexCache--> CompiledIndex (shared; masks memoised per automaton state)
                                                         |
-              generate: row i  ----> GuideState(guide)  |  engine: request id ----> GuideState(guide)
+              generate: row i  ----> GuideState(int)    |  engine: request id ----> GuideState(int)
                                            \\            |            /
-                                      write_mask_into -> bitmask [rows, words] -> apply_token_bitmask_
+                          state's memoised words -> bitmask [rows, words] -> applied in place
+                                                   (CPU: by the state's saved ids when few; else the words)
 
-EOS: outlines-core knows one EOS id (the vocabulary's first); every other EOS/stop id gets the same bit.
-A row whose document emitted EOS, or that was fed a token the automaton refuses (e.g. forced by another
-processor), may only produce EOS from then on.
+A guide state is a plain automaton state id: advancing walks the token's bytes through the byte automaton.
+EOS: every EOS/stop id is allowed exactly in final states. A row whose document emitted EOS, or that was fed a
+token the automaton refuses (e.g. forced by another processor), may only produce EOS from then on.
 """
 
 from __future__ import annotations
@@ -26,8 +27,14 @@ import torch
 from transformers import LogitsProcessor
 
 from hf_paged.errors import SchemaTooComplexError
-from hf_paged.processors.bitmask import allocate_token_bitmask, apply_token_bitmask_
+from hf_paged.processors.bitmask import (
+    allocate_token_bitmask,
+    apply_token_bitmask_,
+    apply_token_ids_,
+    num_bitmask_words,
+)
 from hf_paged.processors.index_cache import CompiledIndex, IndexCache, default_index_cache, index_key, validate_regex
+from hf_paged.processors.token_index import StateMask
 from hf_paged.processors.vocabulary import TokenVocabulary, build_vocabulary
 
 __all__ = ["GuideState", "GuidedLogitsProcessor"]
@@ -39,10 +46,17 @@ logger = logging.getLogger(__name__)
 class GuideState:
     """Where one sequence stands in the automaton."""
 
-    guide: Any  # outlines_core.Guide over the shared index
+    state: int  # automaton state of the shared index
     num_consumed: int = 0  # generated tokens already advanced over
     finished: bool = False  # EOS was produced: only EOS from now on
     error: str | None = None  # a refused token ended the document early: only EOS from now on
+
+
+def _eos_only_mask(eos_ids: tuple[int, ...], vocab_size: int) -> StateMask:
+    ids = np.asarray(sorted(eos_ids), dtype=np.int64)
+    words = np.zeros(num_bitmask_words(vocab_size), dtype=np.uint32)
+    np.bitwise_or.at(words, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
+    return StateMask(words.view(np.int32), len(ids), -1, ids, None)
 
 
 class GuidedLogitsProcessor(LogitsProcessor):
@@ -84,8 +98,8 @@ class GuidedLogitsProcessor(LogitsProcessor):
         self._requests: dict[str, GuideState] = {}
         self._bitmask = allocate_token_bitmask(1, self.vocab.vocab_size)
         self._bitmask_np = self._bitmask.numpy()
-        self._bitmask_ptr = self._bitmask.data_ptr()
         self._copy_done: Any = None  # CUDA event of the last bitmask upload
+        self._eos_only = _eos_only_mask(self._eos_ids, self.vocab.vocab_size)  # rows whose document has ended
 
     # -- compilation -----------------------------------------------------------------------------------
     def prepare(self) -> None:
@@ -110,9 +124,7 @@ class GuidedLogitsProcessor(LogitsProcessor):
 
     # -- per-sequence state ----------------------------------------------------------------------------
     def _new_state(self) -> GuideState:
-        from outlines_core import Guide
-
-        return GuideState(Guide(self.compiled.index, max_rollback=0))
+        return GuideState(self.compiled.index.get_initial_state())
 
     def _advance(self, state: GuideState, token_id: int) -> None:
         state.num_consumed += 1
@@ -121,13 +133,16 @@ class GuidedLogitsProcessor(LogitsProcessor):
         if token_id in self._eos_set:
             state.finished = True
             return
-        try:
-            state.guide.advance(token_id, return_tokens=False)
-        except ValueError:
-            state.error = f"token {token_id} is not allowed in automaton state {state.guide.get_state()}"
+        following = (self._compiled or self.compiled).index.get_next_state(state.state, token_id)
+        if following is None:
+            state.error = f"token {token_id} is not allowed in automaton state {state.state}"
             logger.warning("guided decoding: %s; the document is ended (only EOS allowed from now on)", state.error)
+        else:
+            state.state = following
 
     def _catch_up(self, state: GuideState, generated: Sequence[int]) -> None:
+        if len(generated) == state.num_consumed:
+            return
         for token_id in generated[state.num_consumed :]:
             self._advance(state, int(token_id))
 
@@ -135,31 +150,12 @@ class GuidedLogitsProcessor(LogitsProcessor):
         if self._bitmask.shape[0] < num_rows:
             self._bitmask = allocate_token_bitmask(max(num_rows, 2 * self._bitmask.shape[0]), self.vocab.vocab_size)
             self._bitmask_np = self._bitmask.numpy()
-            self._bitmask_ptr = self._bitmask.data_ptr()
         return self._bitmask[:num_rows]
 
-    def _fill_row(self, state: GuideState, row: int, compiled: CompiledIndex) -> None:
-        words = self._bitmask_np[row]
+    def _row_mask(self, state: GuideState, compiled: CompiledIndex) -> StateMask:
         if state.finished or state.error is not None:
-            words[:] = 0
-            self._set_eos(words)
-            return
-        index_state = state.guide.get_state()
-        cached = compiled.state_mask(index_state)
-        if cached is not None:
-            words[:] = cached
-        else:
-            # outlines-core writes the words straight into our buffer (no list of ids is ever built)
-            num_words = words.shape[0]
-            state.guide.write_mask_into(self._bitmask_ptr + row * num_words * 4, num_words, 4)
-            primary = self._eos_ids[0]
-            if len(self._eos_ids) > 1 and (words[primary >> 5] >> (primary & 31)) & 1:
-                self._set_eos(words)
-            compiled.remember_mask(index_state, words)
-
-    def _set_eos(self, words: np.ndarray) -> None:
-        for eos in self._eos_ids:
-            words[eos >> 5] |= np.int32(np.uint32(1 << (eos & 31)).view(np.int32))
+            return self._eos_only
+        return compiled.mask(state.state)
 
     def _mask(self, states: Sequence[GuideState], scores: torch.Tensor) -> torch.Tensor:
         if self._copy_done is not None:  # the last asynchronous upload still reads the buffer we rewrite
@@ -167,8 +163,22 @@ class GuidedLogitsProcessor(LogitsProcessor):
             self._copy_done = None
         bitmask = self._ensure_rows(len(states))
         compiled = self.compiled
-        for row, state in enumerate(states):
-            self._fill_row(state, row, compiled)
+        masks = [self._row_mask(state, compiled) for state in states]
+        for row, mask in enumerate(masks):
+            self._bitmask_np[row] = mask.words  # a copy of the memoised words (6 KB with GPT-2's vocabulary)
+        by_ids = (
+            not scores.is_cuda
+            and self.backend in ("auto", "numpy")
+            and scores.dtype in (torch.float32, torch.float16, torch.float64)
+            and scores.shape[1] >= self.vocab.vocab_size
+            and scores.stride(-1) == 1
+        )
+        if by_ids:  # CPU: each row from its state's saved ids (few allowed or few banned), else its words
+            values = scores.detach().numpy()
+            size = self.vocab.vocab_size
+            for row, mask in enumerate(masks):
+                apply_token_ids_(values[row], self._bitmask_np[row], mask.allowed_ids, mask.banned_ids, size)
+            return scores
         if scores.is_cuda:
             bitmask = bitmask.to(scores.device, non_blocking=True)
             self._copy_done = torch.cuda.Event()
@@ -244,7 +254,7 @@ class GuidedLogitsProcessor(LogitsProcessor):
         if state.finished or state.error is not None:
             return []
         compiled = self.compiled
-        index_state = state.guide.get_state()
+        index_state = state.state
         forced: list[int] = []
         while len(forced) < max_tokens:
             token_id = compiled.forced_token(index_state)
@@ -259,7 +269,7 @@ class GuidedLogitsProcessor(LogitsProcessor):
         state = self._requests.get(request_id)
         if state is None:
             return False
-        return state.finished or self.compiled.index.is_final_state(state.guide.get_state())
+        return state.finished or self.compiled.index.is_final_state(state.state)
 
     def error(self, request_id: str) -> str | None:
         """Why the request's document was cut short (a refused token), or None."""

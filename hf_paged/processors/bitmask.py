@@ -21,7 +21,13 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["allocate_token_bitmask", "apply_token_bitmask_", "num_bitmask_words", "write_guide_mask"]
+__all__ = [
+    "allocate_token_bitmask",
+    "apply_token_bitmask_",
+    "apply_token_ids_",
+    "num_bitmask_words",
+    "write_guide_mask",
+]
 
 BACKENDS = ("auto", "torch", "numpy", "triton")
 
@@ -165,6 +171,40 @@ def _mask_row_numpy(values: np.ndarray, words: np.ndarray) -> None:
         np.copyto(values[:covered], -np.inf, where=banned)
     if covered < width:  # padded embedding rows past the vocabulary
         values[covered:] = -np.inf
+
+
+def apply_token_ids_(
+    values: np.ndarray,
+    words: np.ndarray,
+    allowed_ids: np.ndarray | None = None,
+    banned_ids: np.ndarray | None = None,
+    vocab_size: int | None = None,
+) -> None:
+    """Mask one numpy logits row in place from ids saved with its mask (no unpacking of the words).
+
+    A guide keeps, per automaton state, the allowed ids when they are few (keys, punctuation, digits) or the
+    banned ids when those are few (a string body): applying is then one gather/fill/scatter or one scatter,
+    a few microseconds on a 50k row. With neither, the row falls back to the words (`apply_token_bitmask_`'s
+    numpy path).
+
+    Args:
+        values: the `[width]` row (a view into the logits).
+        words: the row's int32 bitmask words (used when neither id list is given).
+        allowed_ids: every allowed id (all other columns become -inf).
+        banned_ids: every disallowed id below `vocab_size`; columns at or past `vocab_size` become -inf too.
+        vocab_size: ids covered by `banned_ids` (required with it).
+    """
+    if allowed_ids is not None:
+        saved = values[allowed_ids]
+        values.fill(-np.inf)
+        values[allowed_ids] = saved
+    elif banned_ids is not None:
+        if vocab_size is None:
+            raise ValueError("apply_token_ids_ needs vocab_size= with banned_ids= (columns past it are masked)")
+        values[banned_ids] = -np.inf
+        values[vocab_size:] = -np.inf
+    else:
+        _mask_row_numpy(values, words)
 
 
 def _apply_numpy(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None) -> None:

@@ -1,15 +1,17 @@
-"""Compiled outlines-core `Index`es: an LRU keyed by (schema or regex, whitespace, vocabulary fingerprint), an
-optional on-disk copy, a compile budget, and background compilation.
+"""Compiled token indexes: an LRU keyed by (schema or regex, whitespace, vocabulary fingerprint), an optional
+on-disk copy, a compile budget, and background compilation.
 
-Two facts about outlines-core 0.2.14 shape this module:
+A compiled index is a byte automaton (`byte_dfa.py`, built by outlines-core in milliseconds) plus the lazy
+token view over the vocabulary trie (`token_index.py`): masks are computed per state on first visit, so a
+compile no longer scans the vocabulary from every state. Two facts about outlines-core 0.2.14 shape this module:
 - Its `Index` builder decides "may this token end here" from regex-automata's *delayed* match flag, so from a
   state that is already a match it drops every token that leads to a non-final state: with `[0-9]+(\\.[0-9]+)?`
   the `.` after `1` is refused and a number can only be an integer. Anchoring the pattern at the end of input
   (`(?:R)\\z`) makes no state a match before end of input, which restores every transition (and also
   neutralises leftmost-first alternation, `a|abc` then accepts `abc`). Every regex is compiled anchored.
-- `Index` is eager (cost ~ states x vocabulary) and cannot be interrupted; `DFA::new` has no size limit, so a
-  pattern like `a{99999999}` exhausts memory. We estimate the pattern's size first and refuse what is too big
-  (`SchemaTooComplexError`), and wait for a compile at most `max_compile_s` seconds.
+- `DFA::new` has no size limit and cannot be interrupted, so a pattern like `a{99999999}` exhausts memory. We
+  estimate the pattern's size first and refuse what is too big (`SchemaTooComplexError`), and wait for a
+  compile at most `max_compile_s` seconds.
 """
 
 from __future__ import annotations
@@ -24,13 +26,14 @@ import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
+from hf_paged.processors.byte_dfa import ByteDFA, build_byte_dfa
 from hf_paged.processors.regex_size import estimate_regex_size
+from hf_paged.processors.token_index import StateMask, TokenIndex
+from hf_paged.processors.token_trie import token_trie
 from hf_paged.processors.vocabulary import TokenVocabulary
 
 __all__ = [
@@ -43,8 +46,10 @@ __all__ = [
     "validate_regex",
 ]
 
-_NO_FORCED = -1  # memo value: this state has no single forced token
-MAX_CACHED_MASKS = 4096  # per index; 4096 x 6 KB = 25 MB with GPT-2's vocabulary
+
+# CPU time a compile spends precomputing the masks of cheap (narrow) states, nearest the start first: ~20 us
+# each, so a 300-state function-call schema is warm in ~6 ms, and decoding meets fewer first visits
+WARM_SECONDS = 0.015
 
 
 def anchored(regex: str) -> str:
@@ -62,48 +67,44 @@ def index_key(kind: str, text: str, whitespace: str | None, fingerprint: str, *e
 class CompiledIndex:
     """An immutable compiled index, shared by every guide (request) that uses the same schema and vocabulary."""
 
-    index: Any  # outlines_core.Index over anchored(regex)
+    index: TokenIndex  # over anchored(regex); outlines-core's Index API, masks computed lazily
     regex: str  # the un-anchored pattern
     vocab: TokenVocabulary
     compile_s: float  # wall time of the build (0.0 when loaded from disk)
     from_disk: bool = False
-    # state -> the only allowed non-EOS token, or _NO_FORCED; filled lazily by jump-forward (`forced_token`)
-    _forced: dict[int, int] = field(default_factory=dict)
-    # state -> its bitmask words (see `state_mask`)
-    _masks: dict[int, np.ndarray] = field(default_factory=dict)
 
     def forced_token(self, state: int) -> int | None:
         """The single token allowed in `state` when nothing else (EOS included) is, else None. Memoised."""
-        forced = self._forced.get(state)
-        if forced is None:
-            allowed = self.index.get_allowed_tokens(state) or []
-            only = allowed[0] if len(allowed) == 1 else _NO_FORCED
-            forced = _NO_FORCED if only in self.vocab.eos_token_ids else only
-            self._forced[state] = forced
-        return None if forced == _NO_FORCED else forced
+        return self.index.forced_token(state)
 
-    def state_mask(self, state: int) -> np.ndarray | None:
-        """The bitmask words of `state` saved by `remember_mask`, or None.
+    def mask(self, state: int) -> StateMask:
+        """The mask of `state`, computed on its first visit and memoised (see `TokenIndex.state_mask`)."""
+        return self.index.state_mask(state)
 
-        outlines-core's `write_mask_into` walks every allowed token: ~1 us in a key, but ~60 us inside a string
-        where 50k tokens are allowed. A state's mask never changes, so each is computed once per index and
-        later copied (6 KB for GPT-2's vocabulary).
-        """
-        return self._masks.get(state)
-
-    def remember_mask(self, state: int, words: np.ndarray) -> None:
-        """Keep a copy of `state`'s words (bounded: past `MAX_CACHED_MASKS` states, nothing more is kept)."""
-        if len(self._masks) < MAX_CACHED_MASKS:
-            self._masks[state] = words.copy()
+    def state_mask(self, state: int) -> StateMask | None:
+        """The memoised mask of `state`, or None when no sequence has visited it yet."""
+        return self.index.cached_mask(state)
 
 
-def _probe_vocabulary() -> Any:
-    from outlines_core import Vocabulary
-
-    return Vocabulary(256, {bytes([b]): [b] for b in range(256)})
-
-
-_PROBE: Any = None
+def _compile(regex: str, vocab: TokenVocabulary, dfa: ByteDFA | None = None, from_disk: bool = False) -> CompiledIndex:
+    """Byte automaton + lazy token view. The initial state's mask is computed now (an empty one means no token
+    sequence of this vocabulary can match, reported at compile time rather than at the first step), and the
+    cheap states' masks within `WARM_SECONDS`."""
+    start = time.perf_counter()
+    if dfa is None:
+        try:
+            dfa = build_byte_dfa(anchored(regex))
+        except ValueError as exc:
+            raise _translate_error(exc, regex) from None
+    compiled = CompiledIndex(TokenIndex(dfa, vocab, token_trie(vocab)), regex, vocab, 0.0, from_disk)
+    if compiled.mask(dfa.initial).num_allowed == 0:
+        raise UnsatisfiableSchemaError(
+            f"no token of this vocabulary can start a match of the constraint {regex[:200]!r}; check the "
+            "schema/regex, or use a tokenizer whose tokens cover every character it needs"
+        )
+    compiled.index.warm(WARM_SECONDS)
+    compiled.compile_s = 0.0 if from_disk else time.perf_counter() - start
+    return compiled
 
 
 def _translate_error(exc: Exception, regex: str) -> Exception:
@@ -138,22 +139,16 @@ def check_regex_size(regex: str, max_regex_size: int) -> None:
 def validate_regex(regex: str, *, max_regex_size: int = 200_000) -> None:
     """Check a pattern cheaply before the full build: size budget, syntax, and a non-empty language.
 
-    The probe compiles against a 256-token vocabulary (one token per byte), so it costs a few milliseconds where
-    the real build walks the whole vocabulary from every state.
+    The byte automaton built here (a few milliseconds: one token per byte) is memoised and reused by the build.
 
     Raises:
         SchemaTooComplexError: the estimated automaton is larger than `max_regex_size`.
         InvalidRegexError: the pattern does not parse.
         UnsatisfiableSchemaError: the pattern matches nothing.
     """
-    global _PROBE
     check_regex_size(regex, max_regex_size)
-    from outlines_core import Index
-
-    if _PROBE is None:
-        _PROBE = _probe_vocabulary()
     try:
-        Index(anchored(regex), _PROBE)
+        build_byte_dfa(anchored(regex))
     except ValueError as exc:
         raise _translate_error(exc, regex) from None
 
@@ -166,7 +161,7 @@ class IndexCache:
         cache_dir: directory where compiled indexes are saved and looked up across processes; None: memory only.
         max_compile_s: longest wait for one build before `SchemaTooComplexError`.
         max_regex_size: budget of `validate_regex`.
-        max_workers: background compile threads (outlines-core releases the GIL while it builds).
+        max_workers: background compile threads (outlines-core releases the GIL while it builds the automaton).
 
     Example:
         >>> cache = IndexCache(max_entries=8)
@@ -257,15 +252,8 @@ class IndexCache:
         try:
             compiled = self._load(key, regex, vocab)
             if compiled is None:
-                from outlines_core import Index
-
                 check_regex_size(regex, self.max_regex_size)
-                start = time.perf_counter()
-                try:
-                    index = Index(anchored(regex), vocab.vocabulary)
-                except ValueError as exc:
-                    raise _translate_error(exc, regex) from None
-                compiled = CompiledIndex(index, regex, vocab, time.perf_counter() - start)
+                compiled = _compile(regex, vocab)
                 self._save(key, compiled)
             with self._lock:
                 self._entries[key] = compiled
@@ -284,17 +272,16 @@ class IndexCache:
         path = self._path(key)
         if path is None or not os.path.exists(path):
             return None
-        from outlines_core import Index
-
         try:
             with open(path, "rb") as handle:
                 saved = pickle.load(handle)
             # the key is a digest: check what it stands for before trusting the file
             if saved.get("regex") != regex or saved.get("fingerprint") != vocab.fingerprint:
                 return None
-            return CompiledIndex(Index.from_binary(saved["index"]), regex, vocab, 0.0, from_disk=True)
+            dfa = ByteDFA.from_arrays(saved["transitions"], saved["initial"], saved["finals"])
         except Exception:  # noqa: BLE001 -- a truncated or foreign file: rebuild (and overwrite it)
             return None
+        return _compile(regex, vocab, dfa, from_disk=True)
 
     def _save(self, key: str, compiled: CompiledIndex) -> None:
         path = self._path(key)
@@ -304,7 +291,10 @@ class IndexCache:
         payload = {
             "regex": compiled.regex,
             "fingerprint": compiled.vocab.fingerprint,
-            "index": compiled.index.__reduce__()[1][0],  # outlines-core's own binary form
+            # the automaton only: token masks are lazy (computed per state on first visit), never saved
+            "transitions": compiled.index.dfa.transitions,
+            "initial": compiled.index.dfa.initial,
+            "finals": compiled.index.dfa.finals,
         }
         # write then rename, so a concurrent reader never sees half a file
         fd, tmp = tempfile.mkstemp(dir=self.cache_dir, suffix=".tmp")

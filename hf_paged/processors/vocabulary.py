@@ -21,7 +21,7 @@ import json
 import threading
 import weakref
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hf_paged.errors import TokenizerError
@@ -41,6 +41,8 @@ class TokenVocabulary:
     eos_token_ids: tuple[int, ...]  # every id that ends a document; the first one is outlines-core's EOS
     num_tokens: int  # regular tokens in the automaton (special tokens excluded)
     kind: str  # "byte_level" | "sentencepiece" | "decode": how token strings were mapped to bytes
+    # token bytes -> ids spelling them (regular tokens only): what the lazy token index builds its trie from
+    tokens: dict[bytes, tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -244,6 +246,7 @@ def build_vocabulary(tokenizer: Any, eos_token_id: int | Iterable[int] | None = 
                 eos_token_ids=eos_ids,
                 num_tokens=sum(len(ids) for ids in grouped.values()),
                 kind=kind,
+                tokens={raw: tuple(ids) for raw, ids in grouped.items()},
             )
             _BY_FINGERPRINT[fingerprint] = cached
         _BY_TOKENIZER[memo_key] = (_ref(tokenizer), size, fingerprint)

@@ -109,3 +109,25 @@ def test_triton_on_cuda_matches_the_reference(dtype):
     want = apply_token_bitmask_(logits.clone(), bitmask, rows=[4, 1], backend="torch")
     got = apply_token_bitmask_(logits.cuda(), bitmask.cuda(), rows=rows, backend="triton").cpu()
     assert torch.equal(got, want)
+
+
+def test_apply_token_ids_matches_the_words():
+    import numpy as np
+
+    from hf_paged.processors.bitmask import apply_token_ids_
+
+    vocab_size, width = 70, 75  # logits wider than the vocabulary: padded columns are always masked
+    allowed = np.array([0, 2, 33, 69])
+    words = np.zeros(num_bitmask_words(vocab_size), dtype=np.uint32)
+    for token_id in allowed:
+        words[token_id >> 5] |= np.uint32(1 << (token_id & 31))
+    words = words.view(np.int32)
+    banned = np.setdiff1d(np.arange(vocab_size), allowed)
+    base = torch.randn(1, width)
+    expected = _expected(base, torch.from_numpy(words.copy())[None])
+    for kwargs in ({"allowed_ids": allowed}, {"banned_ids": banned, "vocab_size": vocab_size}, {}):
+        values = base.clone()
+        apply_token_ids_(values.numpy()[0], words, **kwargs)
+        assert torch.equal(values, expected), kwargs
+    with pytest.raises(ValueError, match="vocab_size"):
+        apply_token_ids_(base.clone().numpy()[0], words, banned_ids=banned)

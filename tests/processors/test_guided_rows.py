@@ -91,3 +91,22 @@ def test_reordered_rows_follow_their_own_history():
     swapped = torch.tensor([[5, X, ONE], [5, ONE, X]])
     assert allowed(proc(swapped, torch.zeros(2, 279))) == [[TWO], [TWO]]
     assert allowed(proc(torch.cat([swapped, torch.tensor([[TWO], [TWO]])], 1), torch.zeros(2, 279))) == [[EOS]] * 2
+
+
+def test_cpu_id_path_equals_the_bitmask_path_and_fills_the_bitmask():
+    # a string body (few banned ids) and structural states (few allowed), logits wider than the vocabulary
+    fast = RegexLogitsProcessor(r'\{"a":"[^"]*"\}', TOK)
+    reference = RegexLogitsProcessor(r'\{"a":"[^"]*"\}', TOK, backend="torch")
+    history = [V['{"'], V["a"], V['":'], V['"'], V["x"]]
+    gen = torch.Generator().manual_seed(0)
+    for length in range(len(history) + 1):
+        logits = torch.randn(2, 290, generator=gen)
+        ids = [history[:length], history[: max(0, length - 1)]]
+        got = fast.process_rows(["p", "q"], ids, logits.clone())
+        want = reference.process_rows(["p", "q"], ids, logits.clone())
+        assert torch.equal(got, want), length
+        bits = fast._bitmask[:2]  # the per-batch bitmask holds each row's words, whichever path applied them
+        unpacked = ((bits.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).reshape(2, -1).bool()
+        covered = unpacked.shape[1]  # 288 bits for 279 ids; the 2 columns past them are padding
+        assert torch.equal(unpacked, got[:, :covered] != float("-inf"))
+        assert bool((got[:, covered:] == float("-inf")).all())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 
+import numpy as np
 import pytest
 
 from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
@@ -61,7 +62,8 @@ def test_disk_persistence_round_trip(tmp_path):
     assert not built.from_disk and os.listdir(tmp_path) == [f"{key}.index"]
     loaded = IndexCache(cache_dir=tmp_path).get_or_compile(key, "ab?c", VOCAB)
     assert loaded.from_disk and loaded.compile_s == 0.0
-    assert loaded.index.get_transitions() == built.index.get_transitions()
+    assert np.array_equal(loaded.index.dfa.transitions, built.index.dfa.transitions)
+    assert np.array_equal(loaded.index.dfa.finals, built.index.dfa.finals)
     # a file whose content does not match the key's regex is ignored and rebuilt
     other = IndexCache(cache_dir=tmp_path).get_or_compile(key, "abc", VOCAB)
     assert not other.from_disk

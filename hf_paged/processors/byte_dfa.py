@@ -1,0 +1,109 @@
+"""A regex as a dense byte automaton: `transitions[state, byte] -> state`, built by outlines-core in milliseconds.
+
+outlines-core stays our regex compiler: an `Index` over a 256-token vocabulary (one token per byte) is exactly
+the byte-level DFA of the pattern, and costs ~2 ms where the same pattern over a 50k-token vocabulary costs
+100+ ms (every state scans every token). The token-level view is computed lazily from this table
+(`token_index.py`).
+
+    state ids 0..S-1 (outlines-core's ids remapped, initial state first), S = the dead state
+    transitions  int32 [S + 1, 256]   row S is all S (dead stays dead)
+    finals       bool  [S + 1]        EOS allowed here (the document may end)
+    loops        uint64 [S + 1, 4]    256-bit set of the bytes b with transitions[s, b] == s
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ByteDFA", "build_byte_dfa", "byte_sets"]
+
+_PROBE: Any = None
+_MEMO: OrderedDict[str, ByteDFA] = OrderedDict()  # anchored regex -> automaton: validate + build compile once
+_MEMO_SIZE = 32
+_LOCK = threading.Lock()
+
+
+@dataclass(slots=True)
+class ByteDFA:
+    """The byte automaton of one anchored regex (immutable once built)."""
+
+    transitions: np.ndarray  # int32 [num_states + 1, 256]; row `dead` maps every byte to `dead`
+    initial: int  # start state (always 0)
+    finals: np.ndarray  # bool [num_states + 1]
+    loops: np.ndarray  # uint64 [num_states + 1, 4]: bytes that keep each state where it is
+
+    @property
+    def num_states(self) -> int:
+        return self.transitions.shape[0] - 1
+
+    @property
+    def dead(self) -> int:
+        return self.transitions.shape[0] - 1
+
+    @classmethod
+    def from_arrays(cls, transitions: np.ndarray, initial: int, finals: np.ndarray) -> ByteDFA:
+        """Rebuild from the saved arrays (the loop sets are derived)."""
+        transitions = np.ascontiguousarray(transitions, dtype=np.int32)
+        states = np.arange(transitions.shape[0], dtype=np.int32)[:, None]
+        return cls(transitions, int(initial), np.asarray(finals, dtype=bool), byte_sets(transitions == states))
+
+
+def byte_sets(member: np.ndarray) -> np.ndarray:
+    """bool `[n, 256]` -> `[n, 4]` uint64 bit sets (bit `b % 64` of word `b // 64` is byte `b`)."""
+    packed = np.packbits(member.astype(bool, copy=False), axis=1, bitorder="little")  # [n, 32] uint8
+    return np.ascontiguousarray(packed).view(np.uint64).reshape(member.shape[0], 4)
+
+
+def _probe_vocabulary() -> Any:
+    global _PROBE
+    if _PROBE is None:
+        from outlines_core import Vocabulary
+
+        _PROBE = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
+    return _PROBE
+
+
+def build_byte_dfa(anchored_regex: str) -> ByteDFA:
+    """Compile `anchored_regex` (already wrapped by `index_cache.anchored`) into a `ByteDFA`; memoised (small LRU).
+
+    Raises:
+        ValueError: outlines-core's own error (the caller translates it into a typed error).
+    """
+    with _LOCK:
+        hit = _MEMO.get(anchored_regex)
+        if hit is not None:
+            _MEMO.move_to_end(anchored_regex)
+            return hit
+    from outlines_core import Index
+
+    index = Index(anchored_regex, _probe_vocabulary())
+    table = index.get_transitions()  # {state: {byte (or 256 = EOS): next}}
+    initial = index.get_initial_state()
+    ids = {initial}
+    for state, edges in table.items():
+        ids.add(state)
+        ids.update(edges.values())
+    # initial first, then the others in outlines-core's order: ids are dense and deterministic
+    order = [initial] + sorted(ids - {initial})
+    remap = {state: i for i, state in enumerate(order)}
+    dead = len(order)
+    transitions = np.full((dead + 1, 256), dead, dtype=np.int32)
+    for state, edges in table.items():
+        row = transitions[remap[state]]
+        for byte, target in edges.items():
+            if byte < 256:
+                row[byte] = remap[target]
+    finals = np.zeros(dead + 1, dtype=bool)
+    for state in index.get_final_states():
+        finals[remap[state]] = True
+    dfa = ByteDFA.from_arrays(transitions, 0, finals)
+    with _LOCK:
+        _MEMO[anchored_regex] = dfa
+        while len(_MEMO) > _MEMO_SIZE:
+            _MEMO.popitem(last=False)
+    return dfa

@@ -1,0 +1,180 @@
+"""The token-level view of a `ByteDFA`, computed lazily: a state's allowed tokens on its first visit, memoised.
+
+outlines-core's `Index` scans the whole vocabulary from every state up front (~0.6-1 ms per state with GPT-2's
+50k tokens). Here a state's mask is computed when a sequence first reaches it, by walking the vocabulary trie
+(`token_trie.py`) from that state (`token_walk.py`), and kept (bounded by `max_cached_bytes`) as its bitmask
+words plus the shorter of its allowed / banned id lists, which is how the processors apply it on CPU.
+
+A token is allowed when its whole byte string stays out of the dead state (outlines-core's rule for an index
+compiled from an end-anchored pattern, see `index_cache`; the property tests compare with outlines-core's eager
+`Index`). Sequences hold a plain int state and move with `get_next_state`, which walks the token's bytes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from hf_paged.processors.bitmask import num_bitmask_words
+from hf_paged.processors.byte_dfa import ByteDFA
+from hf_paged.processors.token_trie import TokenTrie
+from hf_paged.processors.token_walk import NARROW_BYTES, TAIL_TOKENS, TrieWalk
+from hf_paged.processors.vocabulary import TokenVocabulary
+
+__all__ = ["StateMask", "TokenIndex"]
+
+MAX_CACHED_BYTES = 64 << 20  # memoised masks per index: 6 KB of words + up to 200 KB of ids with GPT-2
+
+
+@dataclass(slots=True)
+class StateMask:
+    """Everything the processors need about one automaton state, computed once."""
+
+    words: np.ndarray  # int32 [num_words]: bit `t % 32` of word `t // 32` set iff token t is allowed (EOS too)
+    num_allowed: int  # allowed ids, EOS ids included
+    forced: int  # the only allowed token when exactly one is allowed and EOS is not, else -1
+    # exactly one of the two is set, the shorter: applying a mask is then one scatter of at most half the
+    # vocabulary (~25 us for 25k ids; unpacking the words and a masked copy costs 130+ us on a 50k row)
+    allowed_ids: np.ndarray | None  # int64, ascending, EOS included: when at most half the ids are allowed
+    banned_ids: np.ndarray | None  # int64 ids < vocab_size not allowed: when more than half are allowed
+
+    @property
+    def num_bytes(self) -> int:
+        ids = self.allowed_ids if self.allowed_ids is not None else self.banned_ids
+        return self.words.nbytes + (0 if ids is None else ids.nbytes)
+
+
+class TokenIndex:
+    """The token index of one regex over one vocabulary; outlines-core's `Index` API, masks lazily.
+
+    Args:
+        dfa: the regex's byte automaton.
+        vocab: the vocabulary (its EOS ids are allowed exactly in final states).
+        trie: the vocabulary's trie (`token_trie(vocab)`).
+        max_cached_bytes: memory for memoised masks; past it, new states' masks are recomputed on each visit.
+        tail_tokens: finish the walk token by token once at most this many tokens remain under the frontier.
+        narrow_bytes: states with at most this many live bytes are walked node by node in Python.
+    """
+
+    def __init__(
+        self,
+        dfa: ByteDFA,
+        vocab: TokenVocabulary,
+        trie: TokenTrie,
+        max_cached_bytes: int = MAX_CACHED_BYTES,
+        tail_tokens: int = TAIL_TOKENS,
+        narrow_bytes: int = NARROW_BYTES,
+    ):
+        self.dfa = dfa
+        self.trie = trie
+        self.vocab_size = vocab.vocab_size
+        self.eos_token_ids = vocab.eos_token_ids
+        self.max_cached_bytes = max_cached_bytes
+        self._cached_bytes = 0
+        self._eos = np.asarray(self.eos_token_ids, dtype=np.int64)
+        self._finals = dfa.finals.tolist()
+        self._walk = TrieWalk(dfa, trie, tail_tokens, narrow_bytes)
+        self._masks: dict[int, StateMask] = {}
+        self._lock = threading.Lock()
+
+    # -- outlines-core's Index API ---------------------------------------------------------------------
+    def get_initial_state(self) -> int:
+        return self.dfa.initial
+
+    def is_final_state(self, state: int) -> bool:
+        return bool(self._finals[state])
+
+    def get_final_states(self) -> list[int]:
+        return np.flatnonzero(self.dfa.finals).tolist()
+
+    def get_next_state(self, state: int, token_id: int) -> int | None:
+        """The state after `token_id`, or None when the token is not allowed (EOS and special tokens included)."""
+        raw = self.trie.token_bytes[token_id] if 0 <= token_id < len(self.trie.token_bytes) else None
+        if raw is None:
+            return None
+        return self._walk.next_state(state, raw)
+
+    def get_allowed_tokens(self, state: int) -> list[int]:
+        """Allowed ids, ascending (every EOS id when `state` is final)."""
+        mask = self.state_mask(state)
+        if mask.allowed_ids is not None:
+            return mask.allowed_ids.tolist()
+        bits = np.unpackbits(mask.words.view(np.uint8), bitorder="little")[: self.vocab_size]
+        return np.flatnonzero(bits).tolist()
+
+    # -- masks -------------------------------------------------------------------------------------------
+    def cached_mask(self, state: int) -> StateMask | None:
+        """The memoised mask of `state`, or None when it was never computed (or did not fit the memo)."""
+        return self._masks.get(state)
+
+    def state_mask(self, state: int) -> StateMask:
+        """The mask of `state`: memoised, computed on first visit."""
+        mask = self._masks.get(state)
+        if mask is None:
+            mask = self._build_mask(state)
+            with self._lock:
+                if self._cached_bytes + mask.num_bytes <= self.max_cached_bytes and state not in self._masks:
+                    self._masks[state] = mask
+                    self._cached_bytes += mask.num_bytes
+        return mask
+
+    def warm(self, max_seconds: float) -> int:
+        """Compute masks ahead of decoding for at most `max_seconds` of this thread's CPU time, nearest the
+        start first: narrow states (keys, punctuation, numbers: tens of microseconds each), then, with
+        time left, wide ones (string bodies: hundreds). Returns how many masks were computed.
+
+        Run at compile time, in the background while the prompt prefills: decoding then computes masks only on
+        the first visits of states the budget did not reach (big schemas, counted strings).
+        """
+        deadline = time.thread_time() + max_seconds
+        # state ids follow regex-automata's construction order (breadth-first from the start, initial = 0)
+        num_live = (self.dfa.transitions[:-1] != self.dfa.dead).sum(axis=1)
+        narrow = np.flatnonzero(num_live <= self._walk.narrow_bytes).tolist()
+        wide = np.flatnonzero(num_live > self._walk.narrow_bytes).tolist()
+        num_warmed = 0
+        for state in narrow + wide:
+            if time.thread_time() >= deadline:
+                break
+            if self.cached_mask(state) is None:
+                self.state_mask(state)
+                num_warmed += 1
+        return num_warmed
+
+    def forced_token(self, state: int) -> int | None:
+        """The only allowed token in `state` when nothing else (EOS included) is, else None."""
+        forced = self.state_mask(state).forced
+        return None if forced < 0 else forced
+
+    def _build_mask(self, state: int) -> StateMask:
+        found = self._walk.allowed(state)
+        final = self._finals[state]
+        num_words = num_bitmask_words(self.vocab_size)
+        num_found = len(found)
+        num_allowed = num_found + (len(self.eos_token_ids) if final else 0)
+        forced = int(found[0]) if num_found == 1 and not final else -1
+        if isinstance(found, list):  # few, found by the Python walk: no vocabulary-sized array at all
+            allowed_list = sorted(found + list(self.eos_token_ids) if final else found)
+            bits: dict[int, int] = {}
+            for token_id in allowed_list:
+                bits[token_id >> 5] = bits.get(token_id >> 5, 0) | (1 << (token_id & 31))
+            words = np.zeros(num_words, dtype=np.uint32)
+            words[list(bits)] = list(bits.values())
+            allowed_ids = np.array(allowed_list, dtype=np.int64)
+            return StateMask(words.view(np.int32), num_allowed, forced, allowed_ids, None)
+        ids = found
+        allowed = np.zeros(num_words * 32, dtype=bool)
+        allowed[ids] = True
+        if final:
+            allowed[self._eos] = True
+        words = np.packbits(allowed, bitorder="little").view(np.int32)
+        if 2 * num_allowed <= self.vocab_size:
+            return StateMask(words, num_allowed, forced, np.flatnonzero(allowed[: self.vocab_size]), None)
+        return StateMask(words, num_allowed, forced, None, np.flatnonzero(~allowed[: self.vocab_size]))
+
+    def allowed_regular_ids(self, state: int) -> np.ndarray:
+        """Ids of the regular tokens whose bytes keep `state` out of the dead state (unique, unordered, int64)."""
+        found = self._walk.allowed(state)
+        return found if isinstance(found, np.ndarray) else np.array(found, dtype=np.int64)

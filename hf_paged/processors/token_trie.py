@@ -1,0 +1,155 @@
+"""The vocabulary as a byte trie in flat numpy arrays, built once per `TokenVocabulary` (memoised by fingerprint).
+
+Nodes are numbered in DFS pre-order (children by byte value), so every subtree is a contiguous node range, and
+the tokens are laid out in the same order ("positions"), so the tokens of a subtree are a contiguous slice:
+
+    node:       0 (root)  1 'a'  2 'ab'  3 'abc'  4 'b'  ...
+    positions:            [a]    [ab]    [abc]    [b]        pos_ptr[n] .. pos_ptr[n + 1]: tokens ending at n
+    subtree(1) = nodes 1..3 = positions pos_ptr[1] .. sub_end[1]
+
+Built without a Python loop over nodes: the sorted token strings' longest common prefixes give the nodes each
+token adds (a string adds the nodes of its bytes past the common prefix with its predecessor), and parents,
+subtree sizes and subtree byte sets come from one pass per depth.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from hf_paged.processors.byte_dfa import byte_sets
+from hf_paged.processors.vocabulary import TokenVocabulary
+
+__all__ = ["TokenTrie", "bit_ints", "build_token_trie", "token_trie"]
+
+
+@dataclass(slots=True)
+class TokenTrie:
+    """One vocabulary's trie (immutable, shared by every index over the vocabulary)."""
+
+    node_byte: np.ndarray  # uint8 [num_nodes]: the byte leading into each node (root: 0, unused)
+    child_ptr: np.ndarray  # int64 [num_nodes + 1]: children of n are child_ids[child_ptr[n]:child_ptr[n + 1]]
+    child_ids: np.ndarray  # int64 [num_nodes - 1]
+    pos_ptr: np.ndarray  # int64 [num_nodes + 1]: tokens ending at n are pos_ids[pos_ptr[n]:pos_ptr[n + 1]]
+    sub_end: np.ndarray  # int64 [num_nodes]: tokens of the subtree of n are pos_ids[pos_ptr[n]:sub_end[n]]
+    pos_ids: np.ndarray  # int64 [num_tokens]: token ids in DFS order
+    sub_bytes: np.ndarray  # uint64 [num_nodes, 4]: bytes occurring strictly below n (256-bit set)
+    # the same facts as Python objects, for the per-node walk of narrow states (a numpy call costs ~1 us; a dict
+    # lookup ~50 ns: when a state allows only a few bytes, walking node by node in Python is the cheaper way)
+    depth: list[int]  # node -> length of its byte string
+    pos_bytes: list[bytes]  # position -> its token's bytes (finishing small subtrees token by token)
+    child_of: dict[int, int]  # (node << 8) | byte -> child node
+    pos_start: list[int]  # = pos_ptr, as a list
+    pos_id_list: list[int]  # = pos_ids, as a list
+    pos_end: list[int]  # = sub_end, as a list
+    sub_set: list[int]  # = sub_bytes as 256-bit Python ints
+    token_bytes: list[bytes | None]  # id -> its bytes (None: not a regular token: special, EOS, padding)
+
+    @property
+    def num_nodes(self) -> int:
+        return self.node_byte.shape[0]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.pos_ids.shape[0]
+
+
+def bit_ints(sets: np.ndarray) -> list[int]:
+    """`[n, 4]` uint64 bit sets -> n Python ints (bit b = byte b)."""
+    raw = np.ascontiguousarray(sets).view(np.uint8).reshape(sets.shape[0], 32)
+    return [int.from_bytes(row, "little") for row in map(bytes, raw)]
+
+
+def build_token_trie(tokens: dict[bytes, tuple[int, ...]], vocab_size: int) -> TokenTrie:
+    """Build the trie of `tokens` (bytes -> ids; empty strings are ignored)."""
+    keys = sorted(k for k in tokens if k)
+    n = len(keys)
+    lengths = np.fromiter((len(k) for k in keys), dtype=np.int64, count=n)
+    width = int(lengths.max()) if n else 1
+    # padded byte matrix [n, width]: row i holds keys[i]
+    flat = np.frombuffer(b"".join(keys), dtype=np.uint8)
+    starts = np.cumsum(lengths) - lengths
+    rows = np.repeat(np.arange(n), lengths)
+    matrix = np.zeros((n, width), dtype=np.uint8)
+    matrix[rows, np.arange(flat.shape[0]) - np.repeat(starts, lengths)] = flat
+    # longest common prefix with the previous key (sorted, unique: always shorter than the key itself)
+    lcp = np.zeros(n, dtype=np.int64)
+    if n > 1:
+        differs = matrix[1:] != matrix[:-1]
+        first = np.where(differs.any(axis=1), differs.argmax(axis=1), width)
+        lcp[1:] = np.minimum(first, np.minimum(lengths[1:], lengths[:-1]))
+    added = lengths - lcp  # nodes each key adds: its prefixes of length lcp+1 .. len
+    num_nodes = 1 + int(added.sum())
+    owner = np.repeat(np.arange(n), added)
+    first_node = 1 + np.cumsum(added) - added
+    depth = np.zeros(num_nodes, dtype=np.int64)
+    depth[1:] = np.repeat(lcp, added) + 1 + (np.arange(num_nodes - 1) + 1 - np.repeat(first_node, added))
+    node_byte = np.zeros(num_nodes, dtype=np.uint8)
+    node_byte[1:] = matrix[owner, depth[1:] - 1]
+    # parent: the previous node, except for a key's first node, whose parent is the last node before it at
+    # depth lcp (the end of the shared prefix) or the root
+    parent = np.arange(num_nodes, dtype=np.int64) - 1
+    parent[0] = -1
+    heads = first_node[lcp > 0]
+    head_depth = lcp[lcp > 0]
+    for d in np.unique(head_depth):
+        at_depth = np.flatnonzero(depth == d)
+        queries = heads[head_depth == d]
+        parent[queries] = at_depth[np.searchsorted(at_depth, queries) - 1]
+    parent[first_node[lcp == 0]] = 0
+    # subtree sizes and byte sets, deepest level first
+    size = np.ones(num_nodes, dtype=np.int64)
+    own_bit = byte_sets(np.eye(256, dtype=bool)[node_byte])
+    sub_bytes = np.zeros((num_nodes, 4), dtype=np.uint64)
+    for d in range(int(depth.max()), 0, -1):
+        level = np.flatnonzero(depth == d)
+        np.add.at(size, parent[level], size[level])
+        np.bitwise_or.at(sub_bytes, parent[level], sub_bytes[level] | own_bit[level])
+    # children CSR (stable: children stay in DFS order, i.e. by byte)
+    child_ids = np.argsort(parent[1:], kind="stable") + 1
+    child_ptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(np.bincount(parent[1:], minlength=num_nodes), out=child_ptr[1:])
+    # token positions: a key's ids sit at its last node
+    own = np.zeros(num_nodes, dtype=np.int64)
+    key_node = first_node + added - 1
+    own[key_node] = [len(tokens[k]) for k in keys]
+    pos_ptr = np.zeros(num_nodes + 1, dtype=np.int64)
+    np.cumsum(own, out=pos_ptr[1:])
+    pos_ids = np.fromiter((i for k in keys for i in tokens[k]), dtype=np.int64, count=int(own.sum()))
+    token_bytes: list[bytes | None] = [None] * vocab_size
+    for key in keys:
+        for token_id in tokens[key]:
+            token_bytes[token_id] = key
+    return TokenTrie(
+        node_byte=node_byte,
+        child_ptr=child_ptr,
+        child_ids=child_ids.astype(np.int64),
+        pos_ptr=pos_ptr,
+        sub_end=pos_ptr[np.arange(num_nodes) + size],
+        pos_ids=pos_ids,
+        sub_bytes=sub_bytes,
+        depth=depth.tolist(),
+        pos_bytes=[key for key in keys for _ in tokens[key]],
+        child_of=dict(zip(((parent[1:] << 8) | node_byte[1:]).tolist(), range(1, num_nodes))),
+        pos_start=pos_ptr.tolist(),
+        pos_id_list=pos_ids.tolist(),
+        pos_end=pos_ptr[np.arange(num_nodes) + size].tolist(),
+        sub_set=bit_ints(sub_bytes),
+        token_bytes=token_bytes,
+    )
+
+
+_LOCK = threading.Lock()
+_BY_FINGERPRINT: dict[str, TokenTrie] = {}
+
+
+def token_trie(vocab: TokenVocabulary) -> TokenTrie:
+    """The trie of `vocab`, built on first use and shared (keyed by the vocabulary's fingerprint)."""
+    with _LOCK:
+        trie = _BY_FINGERPRINT.get(vocab.fingerprint)
+        if trie is None:
+            trie = build_token_trie(vocab.tokens, vocab.vocab_size)
+            _BY_FINGERPRINT[vocab.fingerprint] = trie
+        return trie
