@@ -63,10 +63,18 @@ class Sampler:
         for proc, members in groups.values():
             ids = [requests[i].request_id for i in members]
             histories = [requests[i].output_ids for i in members]
-            idx = torch.tensor(members)
+            first, last = members[0], members[-1]
+            contiguous = last - first + 1 == len(members)  # sorted rows: a plain slice, masked in place, no copies
             try:
-                masked = proc.process_rows(ids, histories, scores.index_select(0, idx))
-                scores.index_copy_(0, idx, masked)
+                if contiguous:
+                    view = scores[first : last + 1]
+                    masked = proc.process_rows(ids, histories, view)
+                    if masked is not view:
+                        view.copy_(masked)
+                else:
+                    idx = torch.tensor(members)
+                    masked = proc.process_rows(ids, histories, scores.index_select(0, idx))
+                    scores.index_copy_(0, idx, masked)
             except Exception as exc:  # noqa: BLE001 -- isolate the failure to this processor's requests
                 for i in members:
                     errors[i] = f"logits processor {type(proc).__name__} failed: {exc}"
