@@ -14,6 +14,12 @@ For each setting, against the uncompressed cache ("auto", the model's fp32) in t
 
 Run: `python benchmarks/kv_compression.py` (a few minutes on 2 CPU cores); `--quick` shrinks it for a smoke test,
 `--model random` uses an untrained model of the same shape (only to test the script), `--model PATH` a checkpoint.
+
+`--long`: the long-context table instead (`long_context`): 960-token prefills + 64 teacher-forced positions, and
+streaming heads (DuoAttention) calibrated on other held-out texts and passkeys. Its byte columns are what the
+cache reports in use (`PagedCache.kv_bytes_in_use`: live blocks x block-group bytes + live streaming slots x
+streaming-group bytes, "auto" parts costed as bf16, staging rows excluded), maximum over the decode steps (text)
+or over all steps (passkeys), over the same for "auto".
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.common import machine, print_table
 from hf_paged import Engine, PagedConfig, SamplingParams
-from hf_paged.cache.calibration import calibrate_retrieval_heads
+from hf_paged.cache.calibration import calibrate_retrieval_heads, calibrate_streaming_heads, choose_streaming_heads
 from hf_paged.datasets import BYTE_BOS_TOKEN_ID, passkey_example, stdlib_documents
 
 EVICTION = {"num_sink_tokens": 16, "window_tokens": 32}  # sinks + window: the question of a passkey prompt fits
@@ -61,6 +67,18 @@ SETTINGS: dict[str, dict] = {
                                                "kv_keep_ratio": 0.25, **EVICTION},
 }
 RETRIEVAL_FRACTION = 0.25  # share of (layer, KV head) pairs calibrated as retrieval heads
+# Long-context table: `_streaming` = number of (layer, KV head) pairs made streaming, calibrated per window.
+_STREAM = {"enable_prefix_caching": False, "num_sink_tokens": 16}
+LONG_SETTINGS: dict[str, dict] = {
+    "auto": {},
+    "int8": {"kv_cache_dtype": "int8"},
+    "int4": {"kv_cache_dtype": "int4"},
+    "streaming 5/8, w128 (fp)": {"_streaming": 5, "window_tokens": 128, **_STREAM},
+    "int4 + streaming 5/8, w128": {"kv_cache_dtype": "int4", "_streaming": 5, "window_tokens": 128, **_STREAM},
+    "int4 + streaming 5/8, w64": {"kv_cache_dtype": "int4", "_streaming": 5, "window_tokens": 64, **_STREAM},
+    "int4 + streaming 6/8, w128": {"kv_cache_dtype": "int4", "_streaming": 6, "window_tokens": 128, **_STREAM},
+    "int8 + streaming 5/8, w64": {"kv_cache_dtype": "int8", "_streaming": 5, "window_tokens": 64, **_STREAM},
+}
 
 
 class ForceNext(LogitsProcessor):
@@ -114,7 +132,7 @@ def run_engine(model, overrides: dict, requests: list[tuple[list[int], SamplingP
     settings = {k: v for k, v in overrides.items() if not k.startswith("_")}
     engine = Engine(model, PagedConfig(block_size=16, max_num_batched_tokens=2048, **settings))
     ids = [engine.add_request(p, s) for p, s in requests]
-    held, rates, after_prefill = 0, [], {}
+    held, rates, after_prefill, in_use = 0, [], {}, 0
     while engine.has_unfinished:
         decoding = all(r.num_computed_tokens >= len(r.prompt_ids) for r in engine.scheduler.running) and \
             engine.scheduler.running and not engine.scheduler.waiting
@@ -123,10 +141,14 @@ def run_engine(model, overrides: dict, requests: list[tuple[list[int], SamplingP
         for r in engine.scheduler.running:  # blocks in each table right after its prompt (and any eviction)
             if r.request_id not in after_prefill and r.num_computed_tokens >= len(r.prompt_ids):
                 after_prefill[r.request_id] = len(engine.kv.block_ids(r.request_id))
+        if decoding or overrides.get("_in_use") == "all":
+            in_use = max(in_use, engine.cache.kv_bytes_in_use(torch.bfloat16))
         if decoding:
             rates.append(sum(len(t) for t in step.new_tokens.values()) / (time.perf_counter() - start))
             held = max(held, engine.cache.pool.num_used_blocks)
     outs = [engine.pop_output(i) for i in ids]
+    if overrides.get("_in_use"):  # what the cache reports in use, streaming slots included
+        return outs, in_use, float(torch.tensor(rates).median()) if rates else 0.0
     bytes_per_block = _bytes_per_block(model, overrides)
     if overrides.get("_per_request"):
         held = sum(after_prefill.values())
@@ -166,6 +188,80 @@ def passkey(model, overrides: dict, examples) -> tuple[float, int]:
     return right / len(examples), held_bytes
 
 
+def calibration_samples(num_texts: int, num_passkeys: int, exclude: list[list[int]]) -> list[list[int]]:
+    """Held-out texts that are not evaluated (1024 tokens) and passkey prompts with their answers (seeds 1000+)."""
+    docs = [d for d in stdlib_documents("heldout") if len(d.text.encode("utf-8")) >= 1024]
+    texts = [[BYTE_BOS_TOKEN_ID, *d.text.encode("utf-8")[:1023]] for d in docs]
+    texts = [t for t in texts if t not in exclude]
+    step = max(1, len(texts) // num_texts)
+    samples = texts[step // 2 :: step][:num_texts]
+    for seed in range(num_passkeys):
+        ex = passkey_example(1000 + seed, 768)
+        samples.append(ex.prompt_ids + list(ex.answer.encode("latin-1")))
+    return samples
+
+
+def long_context(model, args) -> None:
+    """The long-context table (see the module docstring)."""
+    num_texts, num_passkeys = (2, 4) if args.quick else (args.texts, args.passkeys)
+    prefill, length = (448, 512) if args.quick else (960, 1024)
+    sequences = heldout_sequences(num_texts, length)
+    examples = [passkey_example(seed, 512 + (seed * 17) % 513) for seed in range(num_passkeys)]
+    samples = calibration_samples(2 if args.quick else 4, 2 if args.quick else 4, sequences)
+    names = args.settings or list(LONG_SETTINGS)
+    chosen: dict[tuple[int, int], tuple] = {}
+    kl_by_window: dict[int, torch.Tensor] = {}  # the per-pair KL depends on the window, not on how many are chosen
+    for name in names:
+        setting = LONG_SETTINGS[name]
+        if "_streaming" in setting:
+            key = (setting["_streaming"], setting["window_tokens"])
+            if key[1] not in kl_by_window:
+                t0 = time.process_time()
+                heads = calibrate_streaming_heads(model, samples, num_streaming=key[0], num_sink_tokens=16,
+                                                  window=key[1])
+                kl_by_window[key[1]] = heads.kl
+                print(f"window {key[1]}: KL per (layer, kv head) ({time.process_time() - t0:.0f} s CPU):\n{heads.kl}",
+                      file=sys.stderr, flush=True)
+            chosen[key] = choose_streaming_heads(kl_by_window[key[1]], key[0])
+    quality(model, {}, sequences[:1], length - 4)  # warm-up
+    rows, base = [], None
+    for name in names:
+        setting = dict(LONG_SETTINGS[name])
+        if "_streaming" in setting:
+            setting["kv_streaming_heads"] = chosen[setting.pop("_streaming"), setting["window_tokens"]]
+        t0 = time.perf_counter()
+        logits, targets, held, tok_s = quality(model, {**setting, "_in_use": "decode"}, sequences, prefill)
+        acc, pk_held, _ = run_passkeys(model, {**setting, "_in_use": "all"}, examples)
+        if base is None:
+            if name != "auto":
+                raise ValueError("the long-context table needs 'auto' first (the reference)")
+            base = (logits, held, tok_s, acc, pk_held)
+        base_logp = F.log_softmax(base[0], -1)
+        logp = F.log_softmax(logits, -1)
+        kl = float((base_logp.exp() * (base_logp - logp)).sum(-1).mean())
+        top1 = float((logits.argmax(-1) == base[0].argmax(-1)).float().mean())
+        bpb = float(-logp.gather(1, targets[:, None]).mean() / math.log(2))
+        rows.append([name, f"{held / base[1]:.3f}", f"{pk_held / base[4]:.3f}", f"{kl:.2e}", f"{top1:.4f}",
+                     f"{bpb:.3f}", f"{acc:.2f}", f"{acc / max(base[3], 1e-9):.2f}", f"{tok_s:.0f}",
+                     f"{tok_s / base[2]:.2f}"])
+        print(f"  {name}: {time.perf_counter() - t0:.1f} s  {rows[-1]}", file=sys.stderr, flush=True)
+    headers = ["setting", "kv_rel_bf16", "kv_rel_passkey", "kl", "top1", "bpb", "passkey", "passkey_rel",
+               "decode_tok_s", "decode_rel"]
+    title = (f"KV compression, long context, {args.model} model, {len(sequences)} held-out texts ({prefill} prefill "
+             f"+ {length - prefill} scored), {len(examples)} passkeys (512-1024 tokens), block 16, sinks 16\n"
+             f"{machine()}\nstreaming heads (layer: kv heads) by (pairs, window): {chosen}\n")
+    table = print_table(headers, rows, title)
+    if args.out:
+        Path(args.out).write_text(table + "\n")
+
+
+def run_passkeys(model, overrides: dict, examples) -> tuple[float, int, list]:
+    requests = [(ex.prompt_ids, SamplingParams(max_new_tokens=len(ex.answer))) for ex in examples]
+    outs, held, _ = run_engine(model, overrides, requests)
+    right = [bytes(o.generated_tokens).decode("latin-1") == ex.answer for o, ex in zip(outs, examples)]
+    return sum(right) / len(examples), held, right
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="default",
@@ -175,9 +271,12 @@ def main() -> None:
     parser.add_argument("--texts", type=int, default=4, help="held-out texts (448 prefill + 64 scored tokens)")
     parser.add_argument("--settings", nargs="*", default=None, help="names from the table (default: all)")
     parser.add_argument("--out", default=None, help="write the markdown table here")
+    parser.add_argument("--long", action="store_true", help="the long-context table (streaming heads)")
     args = parser.parse_args()
     torch.manual_seed(0)
     model = load_model(args.model)
+    if args.long:
+        return long_context(model, args)
     num_texts, num_passkeys, prefill, length = (2, 6, 320, 384) if args.quick else (args.texts, args.passkeys, 448, 512)
     sequences = heldout_sequences(num_texts, length)
     quality(model, {}, sequences[:1], length - 4)  # warm-up: first-call costs out of the measured runs

@@ -54,6 +54,10 @@ class PagedConfig:
     # per layer, the KV heads kept in the model dtype while the others use key/value_cache_dtype (head-aware
     # precision: e.g. `calibrate_retrieval_heads(...).full_precision_heads`); None: every head alike
     kv_full_precision_heads: tuple[tuple[int, ...], ...] | None = None
+    # per layer, the KV heads that keep only the first `num_sink_tokens` and the last `window_tokens` (at block
+    # granularity) in a smaller store of their own (DuoAttention's streaming heads, e.g.
+    # `calibrate_streaming_heads(...).streaming_heads`); None: every head keeps its whole history
+    kv_streaming_heads: tuple[tuple[int, ...], ...] | None = None
     # -- kernels ---------------------------------------------------------------------------------------
     attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
 
@@ -93,16 +97,49 @@ class PagedConfig:
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
         if self.kv_full_precision_heads is not None:
             heads = self.kv_full_precision_heads
-            if not isinstance(heads, (tuple, list)) or not all(
-                isinstance(layer, (tuple, list)) and all(isinstance(h, int) and h >= 0 for h in layer) for layer in heads
-            ):
+            if not _is_head_table(heads):
                 raise ValueError(
                     "PagedConfig.kv_full_precision_heads must be None or one tuple of KV head indices (ints >= 0) per "
                     f"layer, e.g. ((0,), (), (1,)); got {heads!r}"
                 )
             self.kv_full_precision_heads = tuple(tuple(layer) for layer in heads)
+        if self.kv_streaming_heads is not None:
+            self._check_streaming_heads()
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise TypeError(f"PagedConfig.cache_salt must be a str or None, got {type(self.cache_salt).__name__}")
+
+    def _check_streaming_heads(self) -> None:
+        heads = self.kv_streaming_heads
+        if not _is_head_table(heads):
+            raise ValueError(
+                "PagedConfig.kv_streaming_heads must be None or one tuple of KV head indices (ints >= 0) per layer, "
+                f"e.g. ((), (1,), (0, 1)); got {heads!r}"
+            )
+        heads = self.kv_streaming_heads = tuple(tuple(sorted(set(layer))) for layer in heads)
+        full = self.kv_full_precision_heads or ()
+        for layer, chosen in enumerate(heads):
+            overlap = sorted(set(chosen) & set(full[layer] if layer < len(full) else ()))
+            if overlap:
+                raise ValueError(
+                    f"PagedConfig.kv_streaming_heads and kv_full_precision_heads both name layer {layer} KV heads "
+                    f"{overlap}; allowed: disjoint sets (a head either keeps its whole history or streams)"
+                )
+        # Streaming heads drop the history of their blocks as the window moves on: a block shared through the
+        # prefix cache, dropped again by token eviction or copied out by a swap would need that history.
+        unsupported = [
+            (name, value, allowed)
+            for name, value, allowed in (
+                ("enable_prefix_caching", self.enable_prefix_caching, False),
+                ("kv_eviction", self.kv_eviction, None),
+                ("preemption_mode", self.preemption_mode, "recompute"),
+            )
+            if value != allowed
+        ]
+        for name, value, allowed in unsupported:
+            raise ValueError(
+                f"PagedConfig.kv_streaming_heads does not work with {name}={value!r}; allowed with streaming heads: "
+                f"{name}={allowed!r} (or kv_streaming_heads=None)"
+            )
 
     @property
     def key_dtype(self) -> str:
@@ -121,6 +158,15 @@ class PagedConfig:
         if unknown:
             raise TypeError(f"unknown PagedConfig field(s) {unknown}; valid fields: {sorted(valid)}")
         return replace(self, **overrides)
+
+
+def _is_head_table(heads: Any) -> bool:
+    """One tuple/list of KV head indices (ints >= 0) per layer."""
+    return isinstance(heads, (tuple, list)) and all(
+        isinstance(layer, (tuple, list)) and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
+                                                 for h in layer)
+        for layer in heads
+    )
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:

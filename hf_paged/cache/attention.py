@@ -16,6 +16,7 @@ import torch
 from hf_paged.cache.eviction import hide_positions
 from hf_paged.cache.kernels.reference import build_attention_plan, run_attention_plan
 from hf_paged.cache.metadata import PagedMetadata
+from hf_paged.cache.streaming_heads import split_attention
 
 ATTENTION_NAME = "hf_paged"
 
@@ -47,6 +48,13 @@ def paged_attention_forward(
         )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q = query[0].transpose(0, 1)  # [T, H, D]
+    step = paged_metadata.plans.get("compressed_step")
+    stores = None if step is None else step.plans.get(("kernel_stores", getattr(module, "layer_idx", 0)))
+    if stores is not None:  # compressed, read deferred: `key`/`value` are only the step's touched blocks
+        if _use_kernel(paged_metadata, q, softcap, bool(paged_metadata.hidden or paged_metadata.observed)):
+            out = _compressed_kernel_attention(paged_metadata, step, stores, q, key, value, scale, sliding_window)
+            return out.unsqueeze(0), None
+        key, value = stores[0].read(step, key), stores[1].read(step, value)  # the torch path's read buffers
     if paged_metadata.observed:
         _record_scores(paged_metadata, getattr(module, "layer_idx", 0), q, key, scale)
     needs_reference = "compressed_step" in paged_metadata.plans or bool(paged_metadata.hidden)
@@ -76,6 +84,12 @@ def paged_attention_forward(
                 paged_metadata.block_size,
             )
         plan = paged_metadata.plans[layer_key]
+    if step is not None and step.stream is not None and step.stream.layer_heads(layer_idx):
+        # Streaming heads (DuoAttention) see only sinks + window; the other heads see everything.
+        stream_plan = step.streaming_attention_plan(q.device, sliding_window)
+        out = split_attention(step.stream.layer_heads(layer_idx), plan, stream_plan, q, key, value, scale=scale,
+                              softcap=softcap)
+        return out.unsqueeze(0), None
     out = run_attention_plan(plan, q, key, value, scale=scale, softcap=softcap)
     return out.unsqueeze(0), None
 
@@ -97,16 +111,40 @@ def _record_scores(metadata: PagedMetadata, layer_idx: int, q: torch.Tensor, key
                                                                     num_observed, scale)
 
 
-def _use_kernel(metadata: PagedMetadata, q: torch.Tensor, softcap, compressed: bool) -> bool:
-    """Triton on CUDA under "auto" (and always under "triton"); the torch reference for soft-capped logits and
-    compressed blocks or per-layer hidden blocks (no fused variants yet) and everywhere else."""
+def _use_kernel(metadata: PagedMetadata, q: torch.Tensor, softcap, needs_reference: bool) -> bool:
+    """Triton on CUDA under "auto" (and always under "triton"); the torch reference for soft-capped logits, for
+    per-layer hidden blocks and SnapKV observation (no kernel variants), for compressed layers whose heads are
+    split into groups of different formats (retrieval heads in full precision, streaming heads), and elsewhere.
+    Compressed layers of one format run the fused-dequant kernels (`_compressed_kernel_attention`)."""
     backend = metadata.attention_backend
-    if backend == "torch" or softcap is not None or compressed:
+    if backend == "torch" or softcap is not None or needs_reference:
         return False
     return backend == "triton" or q.is_cuda
 
 
-def _kernel_attention(metadata: PagedMetadata, q, key_cache, value_cache, scale, sliding_window) -> torch.Tensor:
+def _compressed_kernel_attention(metadata: PagedMetadata, step, stores, q, touched_k, touched_v, scale,
+                                 sliding_window) -> torch.Tensor:
+    """Fused-dequant kernels on the quantized blocks in place; the step's touched blocks are the full-precision
+    tail (a query reads its own block from there unless the query fills it: see `compressed_blocks`)."""
+    from hf_paged.cache.kernels import FullPrecisionTail
+
+    device = q.device
+    key = ("tail_tables", device)
+    tables = step.plans.get(key)
+    if tables is None:  # logical block b of span i (written this step) -> its index among the touched blocks
+        bs, touched = step.block_size, {b: i for i, b in enumerate(step.touched_ids)}
+        rows = torch.zeros(metadata.block_tables.shape, dtype=torch.int32)
+        for i, span in enumerate(step.spans):
+            for b in range(span.start // bs, -(-span.end // bs)):
+                rows[i, b] = touched[span.block_ids[b]]
+        tables = step.plans[key] = rows.to(device)
+    tail = FullPrecisionTail(touched_k, touched_v, tables)
+    return _kernel_attention(metadata, q, stores[0].kernel_operand(), stores[1].kernel_operand(), scale,
+                             sliding_window, tail=tail)
+
+
+def _kernel_attention(metadata: PagedMetadata, q, key_cache, value_cache, scale, sliding_window,
+                      tail=None) -> torch.Tensor:
     from hf_paged.cache.kernels import paged_decode_attention, paged_prefill_attention
 
     device = q.device
@@ -115,9 +153,10 @@ def _kernel_attention(metadata: PagedMetadata, q, key_cache, value_cache, scale,
     backend = "triton"
     if metadata.max_query_len == 1 and q.shape[0] == metadata.num_seqs:  # all decodes: split-K decode kernel
         return paged_decode_attention(q.contiguous(), key_cache, value_cache, tables, context_lens, scale=scale,
-                                      sliding_window=sliding_window, backend=backend)
+                                      sliding_window=sliding_window, tail=tail, backend=backend)
     return paged_prefill_attention(q.contiguous(), key_cache, value_cache, tables, metadata.query_start_loc_on(device),
-                                   context_lens, scale=scale, sliding_window=sliding_window, backend=backend)
+                                   context_lens, scale=scale, sliding_window=sliding_window, tail=tail,
+                                   backend=backend)
 
 
 def register() -> None:

@@ -24,6 +24,7 @@ import torch
 
 from hf_paged.cache.compression import BlockFormat
 from hf_paged.cache.kernels.reference import AttentionPlan, build_attention_plan
+from hf_paged.cache.streaming_heads import StreamStep, read_streaming_heads, streaming_plan, write_streaming_heads
 
 
 @dataclass(slots=True)
@@ -52,12 +53,23 @@ class StepPlan:
     ref_full_ids: torch.Tensor  # every full block the step reads (dequantized into the read buffer)
     virtual_tables: list[list[int]]  # per span: read-buffer block index of each table entry (main copy)
     plans: dict = field(default_factory=dict)  # attention plans per (device, sliding_window)
+    stream: StreamStep | None = None  # streaming heads' slots (`streaming_heads`); None without streaming heads
 
     def attention_plan(self, device: torch.device, sliding_window: int | None) -> AttentionPlan:
         key = (device, sliding_window)
         plan = self.plans.get(key)
         if plan is None:
             plan = self.plans[key] = _build_read_plan(self, device, sliding_window)
+        return plan
+
+    def streaming_attention_plan(self, device: torch.device, sliding_window: int | None) -> AttentionPlan:
+        """What the streaming heads see: the plan restricted to sinks + window (see `streaming_heads`)."""
+        key = (device, sliding_window)
+        plan = self.stream.plans.get(key)
+        if plan is None:
+            base = self.attention_plan(device, sliding_window)
+            plan = self.stream.plans[key] = streaming_plan(base, self.stream, self.spans, self.virtual_tables,
+                                                           self.block_size, device, sliding_window)
         return plan
 
 
@@ -185,19 +197,29 @@ class CompressedKV:
 
     Heads may be split into groups with their own format (head-aware precision: retrieval heads kept in full
     precision, the others quantized); each group's parts are named "<group>.<part>", all with the block id as
-    leading dim, so copies and swaps treat them alike.
+    leading dim, so copies and swaps treat them alike. Streaming heads (`stream`: heads and format) are not a
+    block group: their parts `slot_parts["<part>"]` have one row per slot of the streaming store (`SlotMap`),
+    far fewer than blocks, and only full blocks in some sequence's sinks or window have one.
     """
 
     def __init__(self, groups: list[tuple[list[int], BlockFormat]], num_blocks: int, block_size: int,
-                 num_heads: int, head_dim: int, dtype: torch.dtype, device, staging_capacity: int) -> None:
+                 num_heads: int, head_dim: int, dtype: torch.dtype, device, staging_capacity: int,
+                 stream: tuple[list[int], BlockFormat] | None = None, slot_capacity: int = 0) -> None:
         self.groups = [(torch.tensor(heads, dtype=torch.long), fmt) for heads, fmt in groups if heads]
-        self.whole = len(self.groups) == 1 and len(groups[0][0]) == num_heads
+        self.whole = len(self.groups) == 1 and len(self.groups[0][0]) == num_heads
         self.dtype = dtype
         self.parts = {}
         for g, (heads, fmt) in enumerate(self.groups):
             for name, t in fmt.allocate(num_blocks, block_size, len(heads), head_dim, dtype, device).items():
                 self.parts[f"{g}.{name}"] = t
         self.staging = torch.zeros((staging_capacity, block_size, num_heads, head_dim), dtype=dtype, device=device)
+        self.stream = None if stream is None or not stream[0] else (torch.tensor(stream[0], dtype=torch.long),
+                                                                     stream[1])
+        self.slot_parts: dict[str, torch.Tensor] = {}
+        if self.stream is not None:
+            self.slot_parts = self.stream[1].allocate(slot_capacity, block_size, len(stream[0]), head_dim, dtype,
+                                                      device)
+        self._fresh: torch.Tensor | None = None  # streaming heads of the blocks quantized this step, dequantized
 
     @property
     def format(self) -> BlockFormat:
@@ -208,6 +230,11 @@ class CompressedKV:
         if extra > 0:
             pad = self.staging.new_zeros((extra, *self.staging.shape[1:]))
             self.staging = torch.cat((self.staging, pad))
+
+    def grow_slots(self, capacity: int) -> None:
+        for name, t in self.slot_parts.items():
+            if capacity > t.shape[0]:
+                self.slot_parts[name] = torch.cat((t, t.new_zeros((capacity - t.shape[0], *t.shape[1:]))))
 
     def _group_parts(self, g: int) -> dict[str, torch.Tensor]:
         prefix = f"{g}."
@@ -228,12 +255,14 @@ class CompressedKV:
                 quantized = fmt.quantize(x)
                 for name, t in self._group_parts(g).items():
                     t[step.full_ids.to(device)] = quantized[name].to(t.dtype)
+            if self.stream is not None:
+                self._fresh = write_streaming_heads(self.stream, self.slot_parts, step.stream, full, self.dtype)
         if step.partial_pos.numel():
             self.staging[step.partial_rows.to(device)] = temp[step.partial_pos.to(device)]
         return temp
 
     def dequantize(self, block_ids: torch.Tensor) -> torch.Tensor:
-        """Blocks `[n, bs, H, D]` in the model dtype."""
+        """Blocks `[n, bs, H, D]` in the model dtype (streaming heads, if any, left as zeros: see `read`)."""
         out = None
         for g, (heads, fmt) in enumerate(self.groups):
             parts = {n: t.index_select(0, block_ids) for n, t in self._group_parts(g).items()}
@@ -241,15 +270,33 @@ class CompressedKV:
             if self.whole:
                 return x
             if out is None:
-                out = x.new_empty((x.shape[0], x.shape[1], self.staging.shape[2], x.shape[3]))
+                out = x.new_zeros((x.shape[0], x.shape[1], self.staging.shape[2], x.shape[3]))
             out[:, :, heads.to(x.device)] = x
+        if out is None:  # every head of the layer streams
+            out = self.staging.new_zeros((block_ids.numel(), *self.staging.shape[1:]))
         return out
 
     def read(self, step: StepPlan, temp: torch.Tensor) -> torch.Tensor:
         """The read buffer of the step: referenced full blocks dequantized, then the touched blocks."""
         if not step.ref_full_ids.numel():
             return temp
-        return torch.cat((self.dequantize(step.ref_full_ids.to(temp.device)), temp))
+        full = self.dequantize(step.ref_full_ids.to(temp.device))
+        if self.stream is not None:
+            read_streaming_heads(self.stream, self.slot_parts, step.stream, full, self._fresh, self.dtype)
+        return torch.cat((full, temp))
 
     def nbytes(self) -> int:
-        return sum(t.nbytes for t in self.parts.values()) + self.staging.nbytes
+        slots = sum(t.nbytes for t in self.slot_parts.values())
+        return sum(t.nbytes for t in self.parts.values()) + self.staging.nbytes + slots
+
+    def kernel_operand(self):
+        """The main storage as the paged kernels take it (one format for all heads, no streaming heads): a plain
+        `[num_blocks, bs, H, D]` tensor ("auto") or a `QuantizedKV` over the parts, dequantized by the kernels."""
+        from hf_paged.cache.kernels.quantized import QuantizedKV
+
+        if not self.whole or self.stream is not None:
+            raise ValueError("kernel_operand() needs one format for every head of the layer (no head groups)")
+        fmt, parts = self.format, self._group_parts(0)
+        if not fmt.is_quantized:
+            return parts["data"]
+        return QuantizedKV(parts["data"], parts["scale"], fmt.name, parts.get("zero"), fmt.per_channel)

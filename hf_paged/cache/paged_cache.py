@@ -75,7 +75,7 @@ class PagedLayer(CacheLayerMixin):
         key = key_states[0].transpose(0, 1)
         value = value_states[0].transpose(0, 1)
         if self.compressed is not None:
-            return self.cache.write_and_read(self, key, value, self.cache.step_plan_of(metadata))
+            return self.cache.write_and_read(self, key, value, self.cache.step_plan_of(metadata), defer_read=True)
         self.cache.store(self, key, value, metadata.slot_mapping_on(self.device))
         return self.key_cache, self.value_cache
 
@@ -141,8 +141,8 @@ class PagedCache(CompressedCacheMixin, Cache):
         if self.compressed and self.paged_config.num_blocks is None:
             # The budget buys more blocks when they are quantized.
             model_dtype = dtype or _config_dtype(config)
-            ratio = self.kv_shape.bytes_per_block(self.block_size, model_dtype) / self.compressed_bytes_per_block(
-                model_dtype)
+            ratio = self.kv_shape.bytes_per_block(self.block_size, model_dtype) / max(1, self.compressed_bytes_per_block(
+                model_dtype))
             self.num_blocks = int(self.num_blocks * ratio)
             self._init_compression()
         super().__init__(layers=[PagedLayer(self, i) for i in range(self.kv_shape.num_layers)])
@@ -187,6 +187,12 @@ class PagedCache(CompressedCacheMixin, Cache):
                 f"PagedConfig.kv_eviction={self.paged_config.kv_eviction!r} needs the hf_paged attention (it scores "
                 "and drops blocks the stock attention cannot see); allowed on the stock cache= path: None. Use "
                 "hf_paged.wrap(model, config) so generate runs on the engine"
+            )
+        if self.paged_config.kv_streaming_heads and any(self.paged_config.kv_streaming_heads):
+            raise ValueError(
+                "PagedConfig.kv_streaming_heads needs the hf_paged attention (stock attention cannot restrict some "
+                "heads to sinks + window); allowed on the stock cache= path: None. Use hf_paged.wrap(model, config) "
+                "so generate runs on the engine"
             )
         batch, _, q_len, _ = key_states.shape
         idx = layer.layer_idx

@@ -123,3 +123,50 @@ def test_pyramidkv_keeps_the_union_and_hides_per_layer(model):
     out = engine.run([rid])[rid]
     assert len(out.generated_tokens) == 6 and out.error is None
     engine.check_integrity()
+
+
+# -- streaming heads (DuoAttention): sinks + window per head, in a small store of their own ---------------------
+STREAMING = ((1,), (0, 1))  # layer 0: KV head 1; layer 1: both KV heads
+
+
+def run_streaming(model, prompts, max_new, **config):
+    config = {"block_size": BS, "kv_streaming_heads": STREAMING, "kv_cache_dtype": "int8", "num_sink_tokens": 4,
+              "window_tokens": 8, "enable_prefix_caching": False} | config
+    n = config.pop("num_return_sequences", 1)
+    engine = Engine(model, PagedConfig(**config))
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=max_new, num_return_sequences=n)) for p in prompts]
+    while engine.has_unfinished:
+        engine.step()
+        engine.check_integrity()
+    ids += [f"{i}__child#{c}" for i in ids for c in range(n - 1)]
+    outs = [engine.pop_output(i) for i in ids]
+    assert all(o.error is None for o in outs)
+    return engine, [o.generated_tokens for o in outs]
+
+
+@pytest.fixture(scope="module")
+def streaming_alone(model):
+    prompts = ragged_prompts([41, 3, 29, 17], seed=5)
+    return prompts, [run_streaming(model, [p], 12, max_num_batched_tokens=256)[1][0] for p in prompts]
+
+
+def test_streaming_heads_int8_ragged_chunked_batch_matches_one_at_a_time(model, streaming_alone):
+    prompts, alone = streaming_alone
+    engine, got = run_streaming(model, prompts, 12, max_num_batched_tokens=16)
+    assert got == alone
+    assert engine.cache.kv_bytes_in_use(torch.float32) == 0  # finished: no live block, no live slot
+    assert engine.cache.slots.capacity <= 4 * (1 + 2 + 2)  # 4 sequences at most hold 1 sink + 2 window blocks each
+
+
+def test_streaming_heads_survive_recompute_preemption(model, streaming_alone):
+    prompts, alone = streaming_alone
+    engine, got = run_streaming(model, prompts, 12, max_num_batched_tokens=16, num_blocks=20)
+    assert engine.stats()["preemptions"] > 0
+    assert got == alone
+
+
+def test_streaming_heads_forks_share_their_slots(model, streaming_alone):
+    """Forks share full blocks (and so their slots) and copy the partial one; each gets the tokens run alone."""
+    prompts, alone = streaming_alone
+    _, got = run_streaming(model, prompts[:1], 12, num_return_sequences=3)
+    assert got == [alone[0]] * 3

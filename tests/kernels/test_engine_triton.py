@@ -1,5 +1,6 @@
 """The engine on the Triton kernels (interpreter on CPU): same greedy tokens as stock generate."""
 
+import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -18,3 +19,45 @@ def test_engine_with_triton_backend_matches_stock():
     ids = [engine.add_request(p, SamplingParams(max_new_tokens=5)) for p in prompts]
     outs = engine.run(ids)
     assert [outs[i].generated_tokens for i in ids] == expected
+
+
+COMPRESSED = {
+    "int8": {"kv_cache_dtype": "int8"},
+    "int4": {"kv_cache_dtype": "int4"},
+    # head groups of two formats: the torch path, even under attention_backend="triton"
+    "int8, head 0 full precision": {"kv_cache_dtype": "int8", "kv_full_precision_heads": ((0,), (0,))},
+    # SnapKV scores the last prompt chunk on the torch path; the decodes after it run fused
+    "int4 + snapkv": {"kv_cache_dtype": "int4", "kv_eviction": "snapkv", "kv_keep_ratio": 0.5, "window_tokens": 8,
+                      "num_sink_tokens": 4},
+}
+
+
+@pytest.mark.parametrize("setting", list(COMPRESSED))
+def test_engine_on_fused_dequant_kernels_matches_the_torch_path(setting, monkeypatch):
+    # Chunked prefill (chunks start mid-block) and decodes across block boundaries, on quantized blocks: the
+    # Triton path must run the fused kernels (not dequantize blocks) and give the torch path's tokens.
+    from hf_paged.cache import attention
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                         eos_token_id=None, pad_token_id=0)).eval()
+    prompts = ragged_prompts([3, 11, 21], seed=5, vocab=64)
+    outputs, fused_calls = {}, []
+    original = attention._compressed_kernel_attention
+
+    def spy(*args, **kwargs):
+        fused_calls.append(args[3].shape[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "_compressed_kernel_attention", spy)
+    for backend in ("torch", "triton"):
+        config = PagedConfig(block_size=8, attention_backend=backend, max_num_batched_tokens=16, **COMPRESSED[setting])
+        engine = Engine(model, config)
+        ids = [engine.add_request(p, SamplingParams(max_new_tokens=4)) for p in prompts]
+        outs = engine.run(ids)
+        outputs[backend] = [outs[i].generated_tokens for i in ids]
+        assert bool(fused_calls) == (backend == "triton" and "full precision" not in setting)
+    assert outputs["triton"] == outputs["torch"]
+    if "full precision" not in setting:
+        assert len(fused_calls) >= 2 * 3  # both layers of every step (of the 3 decode-only steps at least)
