@@ -284,7 +284,7 @@ class PagedCache(CompressedCacheMixin, Cache):
 
     # -- introspection -----------------------------------------------------------------------------------
     def stats(self) -> dict[str, int]:
-        """Blocks total/used/free/cached, KV bytes allocated, and slots allocated but unused."""
+        """Blocks total/used/free/cached, KV bytes allocated and in use, and slots allocated but unused."""
         return {
             "blocks_total": self.num_blocks,
             "blocks_used": self.pool.num_used_blocks,
@@ -293,6 +293,8 @@ class PagedCache(CompressedCacheMixin, Cache):
             "block_size": self.block_size,
             "kv_bytes_allocated": sum(layer.nbytes() for layer in self.layers),
             "kv_bytes_per_block": self._bytes_per_block(),
+            # what the live sequences hold (streaming heads' slots included), not what is preallocated
+            "kv_bytes_in_use": self.kv_bytes_in_use(_storage_dtype(self)),
             "kv_staging_bytes": sum(s.staging.nbytes for layer in self.layers if layer.compressed for s in layer.compressed),
             "unused_slots": self.manager.num_unused_slots(),
             "live_sequences": len(self.manager.seqs),

@@ -69,6 +69,7 @@ def run(model, prompts, max_new, **config):
         engine.step()
         engine.check_integrity()
         in_use.append(engine.cache.kv_bytes_in_use(torch.float32))
+        assert engine.stats()["kv_bytes_in_use"] == in_use[-1]  # the model is fp32: stats cost it the same
     outs = [engine.pop_output(i) for i in ids]
     assert all(o.error is None for o in outs)
     return engine, outs, in_use
