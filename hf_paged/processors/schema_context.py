@@ -48,6 +48,10 @@ class Context:
         max_ref_depth: how many times one `$ref` may be entered on one path (recursive schemas).
         max_repeat: counted repetitions (`maxLength`, `maxItems`, `{m,n}` in patterns) above this are
             lowered to it; a subset of the valid language, so still sound, but compilable.
+        max_string_repeat: the same for string lengths (`maxLength`, counted `pattern` repeats): a counted
+            character costs ~4 automaton states, far less than a counted item or member.
+        extras_beside_declared: whether an open object (`additionalProperties` absent or true) may carry
+            undeclared keys after its declared ones (a free key-value pair per extra).
         any_depth: nesting depth of the arrays/objects produced for an unconstrained value (`{}`, `true`).
         prune_cost: None: exact translation. Else the per-object / per-alternation budget above which
             optional properties and `anyOf` branches are left out (a subset of the valid documents, so still
@@ -60,6 +64,8 @@ class Context:
     max_cost: int = 10_000
     max_ref_depth: int = 3
     max_repeat: int = 32
+    max_string_repeat: int = 256
+    extras_beside_declared: bool = True
     any_depth: int = 1
     prune_cost: int | None = None  # when set: drop optional members / alternatives costlier than this budget
     deadline: float = float("inf")  # time.monotonic() after which translation gives up (SchemaTooComplexError)
@@ -100,6 +106,12 @@ class Context:
         if hi is None or hi <= self.max_repeat:
             return hi
         return max(self.max_repeat, lo)
+
+    def cap_string(self, hi: int | None, lo: int = 0) -> int | None:
+        """Lower a string length bound to the `max_string_repeat` budget (never below `lo`)."""
+        if hi is None or hi <= self.max_string_repeat:
+            return hi
+        return max(self.max_string_repeat, lo)
 
     def sub(self, schema: Any, pointer: str) -> Rx | None:
         """Translate a sub-schema through the dispatcher."""

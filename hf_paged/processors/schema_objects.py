@@ -20,12 +20,12 @@ from typing import Any
 
 from hf_paged.processors.schema_context import Context, pointer_join
 from hf_paged.processors.schema_pattern import emit, parse_pattern
-from hf_paged.processors.schema_rx import MAX_CODE_POINT, Rx, alt, char_class, lit, opt, raw, rep, seq
+from hf_paged.processors.schema_rx import Rx, alt, char_class, lit, opt, raw, rep, seq
 
 __all__ = ["key_matches", "member_order", "object_regex", "ordered_members"]
 
 _MAX_DEPENDENCY_VARIANTS = 4  # optional dependency triggers expanded as present/absent (2^n variants)
-_KEY_CHARS = [(0x20, 0x21), (0x23, 0x5B), (0x5D, MAX_CODE_POINT)]  # extra keys: bare characters, no escapes
+_KEY_CHARS = [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E)]  # extra keys: printable ASCII, no escapes (cheap classes)
 
 
 def ordered_members(
@@ -164,7 +164,8 @@ def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
             value = None
         member = seq(lit(json.dumps(name, ensure_ascii=False)), colon, value) if value is not None else None
         elements.append((member, name in required))
-    state = {"extras": _extras(schema, extra_schema, names, ctx, pointer, colon)}
+    # Forbidden names may be undeclared: the extras must not spell them either.
+    state = {"extras": _extras(schema, extra_schema, names + sorted(forbidden - set(names)), ctx, pointer, colon)}
     min_p, max_p = schema.get("minProperties", 0), schema.get("maxProperties")
     sep = seq(ws, raw("\\,", atomic=True), ws)
     assert sep is not None
@@ -234,9 +235,8 @@ def _name_ok(name: str, names_schema: Any, ctx: Context, pointer: str) -> bool:
 def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, pointer: str, colon: Rx) -> Rx | None:
     """One `"key": value` for names not declared, or None when we generate none.
 
-    Free keys are bare-character strings that spell no declared name; they are written for maps (no
-    declared names) and when `additionalProperties` is a schema, not for the default `true` beside
-    declared names (see below). With `patternProperties` and no
+    Free keys are bare-character strings that spell no declared name (a complement trie of the names), after
+    the declared members; beside declared names only while `ctx.extras_beside_declared`. With `patternProperties` and no
     declared names, keys are drawn from the patterns instead, and their value must satisfy every pattern's
     schema (a key may match several). Never with `propertyNames` (a free key could violate it).
     """
@@ -253,10 +253,7 @@ def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, poi
         value = ctx.sub({"allOf": values} if len(values) > 1 else values[0] if values else True,
                         pointer_join(pointer, "patternProperties"))
         return seq(key_rx, colon, value) if value is not None else None
-    if extra_schema is False or names and (extra_schema is True or extra_schema == {}):
-        # With declared names and the default `true`, extras are left out: a free value after every
-        # optional member multiplies the automaton (measured: 5 optional members + extras > 25 s to index
-        # with GPT-2). A subset, still sound; declare `additionalProperties` as a schema to get them.
+    if extra_schema is False or names and not ctx.extras_beside_declared and (extra_schema is True or extra_schema == {}):
         return None
     value = ctx.sub(extra_schema, pointer_join(pointer, "additionalProperties"))
     if value is None:

@@ -116,7 +116,9 @@ def test_unsatisfiable_and_too_complex():
     with pytest.raises(UnsatisfiableSchemaError):
         schema_to_regex({"type": "integer", "minimum": 5, "maximum": 4})
     with pytest.raises(SchemaTooComplexError, match="budget"):
-        schema_to_regex({"type": "array", "items": {"type": "string", "minLength": 50}, "minItems": 40})
+        schema_to_regex({"type": "array", "items": {"type": "string", "minLength": 50}, "minItems": 40}, max_cost=10_000)
+    with pytest.raises(SchemaTooComplexError, match="budget"):  # 40 x 200 counted characters at the default budget
+        schema_to_regex({"type": "array", "items": {"type": "string", "minLength": 200}, "minItems": 40})
 
 
 def test_canonical_json_follows_the_regex_spelling():

@@ -33,7 +33,7 @@ def test_length_counts_code_points():
 
 
 def test_max_length_above_the_repeat_cap_is_narrowed_not_dropped():
-    rx = schema_to_regex({"type": "string", "maxLength": 1000}, max_repeat=8)
+    rx = schema_to_regex({"type": "string", "maxLength": 1000}, max_string_repeat=8)
     assert re.fullmatch(rx, '"' + "a" * 8 + '"') and not re.fullmatch(rx, '"' + "a" * 9 + '"')
 
 
