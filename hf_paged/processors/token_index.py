@@ -130,6 +130,8 @@ class TokenIndex:
         the first visits of states the budget did not reach (big schemas, counted strings).
         """
         deadline = time.thread_time() + max_seconds
+        if max_seconds > 0:
+            self._walk.prepare()  # string bodies: the automaton-wide facts first (within the budget)
         # state ids follow regex-automata's construction order (breadth-first from the start, initial = 0)
         num_live = (self.dfa.transitions[:-1] != self.dfa.dead).sum(axis=1)
         narrow = np.flatnonzero(num_live <= self._walk.narrow_bytes).tolist()

@@ -15,11 +15,12 @@ subtree sizes and subtree byte sets come from one pass per depth.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from hf_paged.processors.byte_dfa import byte_sets
+from hf_paged.processors.utf8_bodies import valid_utf8_suffixes
 from hf_paged.processors.vocabulary import TokenVocabulary
 
 __all__ = ["TokenTrie", "bit_ints", "build_token_trie", "token_trie"]
@@ -46,6 +47,19 @@ class TokenTrie:
     pos_end: list[int]  # = sub_end, as a list
     sub_set: list[int]  # = sub_bytes as 256-bit Python ints
     token_bytes: list[bytes | None]  # id -> its bytes (None: not a regular token: special, EOS, padding)
+    # per position (token in DFS order), for `body_tokens`: its ASCII bytes (2 x uint64), whether it has a byte
+    # >= 0x80, its characters (bytes that are not UTF-8 continuations), whether it is well-formed UTF-8
+    pos_ascii: np.ndarray
+    pos_high: np.ndarray
+    pos_chars: np.ndarray
+    pos_utf8: np.ndarray
+    # the same for the bytes past the first one, and the first byte itself
+    pos_first: np.ndarray
+    pos_ascii_1: np.ndarray
+    pos_high_1: np.ndarray
+    pos_chars_1: np.ndarray
+    pos_utf8_1: np.ndarray
+    bodies: dict = field(default_factory=dict)  # (ASCII set, multibyte, skip) -> BodyTokens (`body_tokens`)
 
     @property
     def num_nodes(self) -> int:
@@ -103,10 +117,20 @@ def build_token_trie(tokens: dict[bytes, tuple[int, ...]], vocab_size: int) -> T
     size = np.ones(num_nodes, dtype=np.int64)
     own_bit = byte_sets(np.eye(256, dtype=bool)[node_byte])
     sub_bytes = np.zeros((num_nodes, 4), dtype=np.uint64)
-    for d in range(int(depth.max()), 0, -1):
-        level = np.flatnonzero(depth == d)
+    levels = [np.flatnonzero(depth == d) for d in range(int(depth.max()) + 1)]
+    for level in reversed(levels[1:]):
         np.add.at(size, parent[level], size[level])
         np.bitwise_or.at(sub_bytes, parent[level], sub_bytes[level] | own_bit[level])
+    # from the root to each node: its bytes, and its characters (bytes that are not UTF-8 continuations)
+    chars = np.zeros(num_nodes, dtype=np.int64)
+    path_bytes = own_bit.copy()
+    path_bytes[0] = 0  # the root has no byte (its `node_byte` 0 is a placeholder)
+    for level in levels[1:]:
+        chars[level] = chars[parent[level]] + ((node_byte[level] < 0x80) | (node_byte[level] >= 0xC0))
+        path_bytes[level] |= path_bytes[parent[level]]
+    path_1 = np.zeros_like(path_bytes)  # the bytes past the first one (for `TrieWalk`'s first-byte dispatch)
+    for level in levels[2:]:
+        path_1[level] = path_1[parent[level]] | own_bit[level]
     # children CSR (stable: children stay in DFS order, i.e. by byte)
     child_ids = np.argsort(parent[1:], kind="stable") + 1
     child_ptr = np.zeros(num_nodes + 1, dtype=np.int64)
@@ -122,6 +146,11 @@ def build_token_trie(tokens: dict[bytes, tuple[int, ...]], vocab_size: int) -> T
     for key in keys:
         for token_id in tokens[key]:
             token_bytes[token_id] = key
+    per_key = [len(tokens[k]) for k in keys]
+    pos_node = np.repeat(key_node, per_key)
+    pos_path, pos_path_1 = path_bytes[pos_node], path_1[pos_node]
+    pos_first = np.repeat(np.fromiter((k[0] for k in keys), dtype=np.uint8, count=n), per_key)
+    first_chars = ((pos_first < 0x80) | (pos_first >= 0xC0)).astype(np.int64)
     return TokenTrie(
         node_byte=node_byte,
         child_ptr=child_ptr,
@@ -138,6 +167,15 @@ def build_token_trie(tokens: dict[bytes, tuple[int, ...]], vocab_size: int) -> T
         pos_end=pos_ptr[np.arange(num_nodes) + size].tolist(),
         sub_set=bit_ints(sub_bytes),
         token_bytes=token_bytes,
+        pos_ascii=np.ascontiguousarray(pos_path[:, :2]),
+        pos_high=(pos_path[:, 2] | pos_path[:, 3]) != 0,
+        pos_chars=chars[pos_node],
+        pos_utf8=np.repeat(np.array([k.isascii() or valid_utf8_suffixes(k)[0] for k in keys], dtype=bool), per_key),
+        pos_first=pos_first,
+        pos_ascii_1=np.ascontiguousarray(pos_path_1[:, :2]),
+        pos_high_1=(pos_path_1[:, 2] | pos_path_1[:, 3]) != 0,
+        pos_chars_1=chars[pos_node] - first_chars,
+        pos_utf8_1=np.repeat(np.array([k.isascii() or valid_utf8_suffixes(k)[1] for k in keys], dtype=bool), per_key),
     )
 
 
@@ -150,6 +188,9 @@ def token_trie(vocab: TokenVocabulary) -> TokenTrie:
     with _LOCK:
         trie = _BY_FINGERPRINT.get(vocab.fingerprint)
         if trie is None:
+            from hf_paged.processors.body_tokens import JSON_STRING_ASCII, body_tokens  # (it imports this module)
+
             trie = build_token_trie(vocab.tokens, vocab.vocab_size)
+            body_tokens(trie, JSON_STRING_ASCII, True)  # the body of every JSON string: split once, here (~1 ms)
             _BY_FINGERPRINT[vocab.fingerprint] = trie
         return trie

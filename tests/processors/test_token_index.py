@@ -72,6 +72,7 @@ def check_against_eager(regex: str, vocab: TokenVocabulary, tail_tokens: int, na
         mask = lazy.state_mask(l_state)
         bits = np.unpackbits(mask.words.view(np.uint8), bitorder="little")
         assert np.flatnonzero(bits).tolist() == sorted(got)  # the words say the same as the ids
+        assert mask.num_allowed == len(got)  # no token counted twice (the walk's parts are disjoint)
         assert mask.forced == (next(iter(expected)) if len(expected) == 1 and not final else -1)
         for token_id in expected:
             pair = (eager.get_next_state(e_state, token_id), lazy.get_next_state(l_state, token_id))

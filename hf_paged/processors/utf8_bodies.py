@@ -1,0 +1,79 @@
+"""Well-formed UTF-8, as the byte automata of JSON string bodies see it (for `body_steps` and `body_tokens`).
+
+A string body (`[^"\\\\\\x00-\\x1f]`) takes every multi-byte character, each through one or more intermediate
+automaton states, so "this token is made of body characters" is a UTF-8 question:
+
+    per token (once per vocabulary):   is it well-formed UTF-8 (its last character may be cut short)?
+    per automaton state (all at once): which state do the well-formed multi-byte characters from s end in?
+
+Well-formed follows Unicode's table 3-7 (no overlongs, no surrogates, nothing past U+10FFFF), like the automata
+that regex-automata (inside outlines-core) builds for Unicode classes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["multibyte_ends", "valid_utf8_suffixes"]
+
+# (lead bytes, second-byte range, continuation bytes after the second): the well-formed sequences of
+# Unicode 15, table 3-7 (no overlongs, no surrogates, nothing past U+10FFFF)
+_SEQUENCES = [
+    (range(0xC2, 0xE0), (0x80, 0xBF), 0),
+    (range(0xE0, 0xE1), (0xA0, 0xBF), 1),
+    ([*range(0xE1, 0xED), 0xEE, 0xEF], (0x80, 0xBF), 1),
+    (range(0xED, 0xEE), (0x80, 0x9F), 1),
+    (range(0xF0, 0xF1), (0x90, 0xBF), 2),
+    (range(0xF1, 0xF4), (0x80, 0xBF), 2),
+    (range(0xF4, 0xF5), (0x80, 0x8F), 2),
+]
+_SECOND = {}  # lead byte -> (low, high) of its second byte, and how many bytes the character has
+for _leads, (_low, _high), _more in _SEQUENCES:
+    for _lead in _leads:
+        _SECOND[_lead] = (_low, _high, _more + 2)
+
+
+def multibyte_ends(transitions: np.ndarray) -> np.ndarray:
+    """int64 `[S + 1]`: per state s, the one state that every well-formed multi-byte character read from s ends
+    in, or -1 when they end in several (or, to keep this vectorised, when the state after a lead byte is not the
+    same for every allowed byte of a range: a string body's always is). When it is a live state, every prefix
+    of every character is alive too (the dead state is absorbing). ~20 numpy calls over the whole table."""
+    table = transitions
+
+    def uniform(low: int, high: int) -> np.ndarray:  # per state: the state every byte low..high leads to, or -1
+        block = table[:, low : high + 1]
+        return np.where((block == block[:, :1]).all(axis=1), block[:, 0], -1)
+
+    cont = uniform(0x80, 0xBF)
+    ends = np.full(table.shape[0], -2, dtype=np.int64)  # -2: no group seen yet
+    for leads, (low, high), more in _SEQUENCES:
+        second = cont if (low, high) == (0x80, 0xBF) else uniform(low, high)
+        reached = second[table[:, list(leads)]]  # [S + 1, leads]
+        for _ in range(more):
+            reached = np.where(reached >= 0, cont[np.maximum(reached, 0)], -1)
+        same = (reached == reached[:, :1]).all(axis=1) & (reached[:, 0] >= 0)
+        group = np.where(same, reached[:, 0], -1)
+        ends = np.where(ends == -2, group, np.where(ends == group, ends, -1))
+    return ends
+
+
+def valid_utf8_suffixes(raw: bytes) -> list[bool]:
+    """`ok[i]` for i in 0..len(raw): `raw[i:]` is well-formed UTF-8 starting at a character boundary, its last
+    character possibly cut short (`ok[len(raw)]` is True: the empty suffix)."""
+    n = len(raw)
+    ok = [False] * (n + 1)
+    ok[n] = True
+    for i in range(n - 1, -1, -1):
+        byte = raw[i]
+        if byte < 0x80:
+            ok[i] = ok[i + 1]
+            continue
+        shape = _SECOND.get(byte)
+        if shape is None:  # a continuation byte, C0/C1 or F5..FF: never starts a character
+            continue
+        low, high, length = shape
+        end = min(i + length, n)  # a character cut by the end of the token is fine
+        good = end == i + 1 or low <= raw[i + 1] <= high
+        good = good and all(0x80 <= raw[j] <= 0xBF for j in range(i + 2, end))
+        ok[i] = good and ok[end]
+    return ok
