@@ -8,11 +8,10 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 
 from hf_paged.cache.attention import ATTENTION_NAME, register
+from hf_paged.cache.attention_switch import attention_configs, use_attention
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.paged_cache import PagedCache
 
@@ -22,26 +21,12 @@ class ModelRunner:
         register()
         self.model = model
         self.cache = cache
-        # Every config object the model's modules read `_attn_implementation` from (one for most models).
-        configs = {id(model.config): model.config}
-        for module in model.modules():
-            config = getattr(module, "config", None)
-            if config is not None and hasattr(config, "_attn_implementation_internal"):
-                configs[id(config)] = config
-        self._configs = list(configs.values())
+        self._configs = attention_configs(model)
         self.device = _input_device(model)
 
-    @contextmanager
     def paged_attention(self):
         """Route attention to `hf_paged` for one forward only; plain forwards keep the stock implementation."""
-        saved = [c._attn_implementation_internal for c in self._configs]
-        for config in self._configs:
-            config._attn_implementation_internal = ATTENTION_NAME
-        try:
-            yield
-        finally:
-            for config, value in zip(self._configs, saved):
-                config._attn_implementation_internal = value
+        return use_attention(self._configs, ATTENTION_NAME)
 
     @torch.inference_mode()
     def forward(

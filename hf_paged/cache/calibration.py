@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hf_paged.cache.attention_switch import attention_configs, use_attention
+
 
 @dataclass(slots=True)
 class RetrievalHeads:
@@ -80,15 +82,7 @@ def calibrate_retrieval_heads(
     """
     text = model.config.get_text_config(decoder=True)
     num_kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
-    configs = {id(model.config): model.config}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation_internal"):
-            configs[id(config)] = config
-    saved = [(c, c._attn_implementation_internal) for c in configs.values()]
-    for config, _ in saved:
-        config._attn_implementation_internal = "eager"  # only eager attention returns the maps
-    try:
+    with use_attention(attention_configs(model), "eager"):  # only eager attention returns the maps
         total = None
         for sample in samples:
             ids = torch.tensor([list(sample)], device=next(model.parameters()).device)
@@ -96,9 +90,6 @@ def calibrate_retrieval_heads(
             scores = retrieval_scores(out.attentions, num_kv_heads, window=window, num_sink_tokens=num_sink_tokens,
                                       num_queries=num_queries)
             total = scores if total is None else total + scores
-    finally:
-        for config, value in saved:
-            config._attn_implementation_internal = value
     if total is None:
         raise ValueError("calibrate_retrieval_heads needs at least one sample; pass token id lists")
     total = total / len(samples)
@@ -182,16 +173,8 @@ def calibrate_streaming_heads(
         raise ValueError("calibrate_streaming_heads needs at least one sample; pass token id lists")
     masker = _StreamingMask(block_size, -(-num_sink_tokens // block_size), -(-window // block_size))
     AttentionInterface.register(_CALIBRATION_ATTENTION, masker)
-    configs = {id(model.config): model.config}
-    for module in model.modules():
-        config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation_internal"):
-            configs[id(config)] = config
-    saved = [(c, c._attn_implementation_internal) for c in configs.values()]
-    for config, _ in saved:
-        config._attn_implementation_internal = _CALIBRATION_ATTENTION
     kl = torch.zeros(num_layers, num_kv_heads)
-    try:
+    with use_attention(attention_configs(model), _CALIBRATION_ATTENTION):
         device = next(model.parameters()).device
         for sample in samples:
             ids = torch.tensor([list(sample)], device=device)
@@ -202,9 +185,6 @@ def calibrate_streaming_heads(
                     masker.heads = {(layer, head)}
                     logp = torch.log_softmax(model(ids, use_cache=False).logits[0, -num_positions:].float(), -1)
                     kl[layer, head] += float((base.exp() * (base - logp)).sum(-1).mean())
-    finally:
-        for config, value in saved:
-            config._attn_implementation_internal = value
     kl /= len(samples)
     return StreamingHeads(kl, choose_streaming_heads(kl, num_streaming))
 

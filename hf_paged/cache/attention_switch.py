@@ -1,0 +1,38 @@
+"""Switch a stock transformers model to another registered attention function for a while.
+
+A model reads `config._attn_implementation` at every forward, from its own config and from sub-configs (a
+multimodal model's text config, ...). The engine switches to "hf_paged" only for its own packed forwards, and the
+calibration helpers to "eager" or a masking function, so a plain forward of the same model keeps its attention.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+
+
+def attention_configs(model: torch.nn.Module) -> list[Any]:
+    """Every config object the model's modules read the attention implementation from (one for most models)."""
+    configs = {id(model.config): model.config}
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if config is not None and hasattr(config, "_attn_implementation_internal"):
+            configs[id(config)] = config
+    return list(configs.values())
+
+
+@contextmanager
+def use_attention(configs: Sequence[Any], name: str) -> Iterator[None]:
+    """Set every config in `configs` to the attention registered as `name`; restore each one's own afterwards,
+    also on error."""
+    saved = [config._attn_implementation_internal for config in configs]
+    for config in configs:
+        config._attn_implementation_internal = name
+    try:
+        yield
+    finally:
+        for config, value in zip(configs, saved):
+            config._attn_implementation_internal = value
