@@ -104,7 +104,7 @@ def _run_side(side: str, schema, tests, conn) -> None:
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                regex = schema_to_regex(schema, strict=side == "ours")
+                regex = schema_to_regex(schema, strict=side == "ours", undeclared_keys=_STATE.get("undeclared_keys", False))
             validate_regex(regex)
             compiled = _compile(regex, vocab)  # byte automaton + lazy token index (trie built before forking)
             index = compiled.index
@@ -449,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated: ours (strict=True), ours-lenient (strict=False), outlines-core",
     )
     parser.add_argument("--check-eager", type=int, default=0, help="compare N compiled schemas with eager Index")
+    parser.add_argument("--undeclared-keys", action="store_true",
+                        help="ours: undeclared_keys=True (open objects with declared properties take undeclared keys)")
     parser.add_argument("--out", default=None, help="write the markdown report here")
     args = parser.parse_args(argv)
 
@@ -459,6 +461,7 @@ def main(argv: list[str] | None = None) -> int:
     files = sorted(glob.glob(os.path.join(args.schemas, "*.json")))[:: args.stride][: args.limit]
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     _STATE["tokenizer"] = tok
+    _STATE["undeclared_keys"] = args.undeclared_keys
     _STATE["vocab"] = build_vocabulary(tok)
     from hf_paged.processors.token_trie import token_trie
 

@@ -51,6 +51,8 @@ class SchemaResult:
     dfa_disagree: list[str] = field(default_factory=list)
 
 
+_UNDECLARED_KEYS = False  # set by main() before forking
+
 def _keyword(message: str) -> str:
     m = re.search(r"keyword `([^`]+)`", message)
     if m:
@@ -89,7 +91,7 @@ def evaluate(path: Path, *, strict: bool, dfa: bool) -> SchemaResult:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            rx_text = schema_to_regex(schema, strict=strict)
+            rx_text = schema_to_regex(schema, strict=strict, undeclared_keys=_UNDECLARED_KEYS)
     except SchemaError as exc:
         return SchemaResult(path.name, type(exc).__name__, str(exc), time.thread_time() - t0)
     res = SchemaResult(path.name, "ok", translate_cpu_s=time.thread_time() - t0, regex_chars=len(rx_text),
@@ -182,6 +184,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stride", type=int, default=1, help="every n-th file (sorted by name)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per schema (translate + checks)")
     parser.add_argument("--lenient", action="store_true", help="strict=False")
+    parser.add_argument("--undeclared-keys", action="store_true",
+                        help="undeclared_keys=True: open objects with declared properties also take undeclared keys")
     parser.add_argument("--dfa", action="store_true", help="also build the byte DFA and cross-check it")
     parser.add_argument("--out", type=Path, default=None, help="write a markdown summary here")
     parser.add_argument("--show", type=int, default=0, help="print up to N rejected valid texts per schema")
@@ -189,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dump", type=Path, default=None, help="pickle the per-schema results here")
     args = parser.parse_args(argv)
     _warm_up()
+    global _UNDECLARED_KEYS
+    _UNDECLARED_KEYS = args.undeclared_keys  # read by the forked children
     files = sorted(args.dir.glob("*.json"))[:: args.stride]
     if args.only:
         files = [f for f in files if args.only in f.name]

@@ -62,6 +62,9 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
             model cannot run away in spaces or newlines).
         strict: raise `UnsupportedSchemaError` for keywords that cannot be enforced exactly; False: warn and use a
             looser constraint that still only allows valid JSON.
+        undeclared_keys: objects that declare `properties` but have no `additionalProperties` keyword get only
+            their declared keys (default, like xgrammar's and OpenAI's strict modes: every output is still valid,
+            and a model cannot wander into invented fields); True: undeclared keys too, as JSON Schema allows.
         eos_token_id: the id(s) that end a document; default `tokenizer.eos_token_id`.
         index_cache: where compiled indexes live; default the process-wide cache.
         backend: how masks are applied (see `apply_token_bitmask_`).
@@ -85,6 +88,7 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
         *,
         whitespace: str | None = None,
         strict: bool = True,
+        undeclared_keys: bool = False,
         eos_token_id: int | Iterable[int] | None = None,
         index_cache: IndexCache | None = None,
         backend: str = "auto",
@@ -94,13 +98,13 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
         self.schema = load_schema(schema)
         self.whitespace = whitespace
         self.strict = strict
-        regex = schema_to_regex(self.schema, whitespace=whitespace, strict=strict)
+        regex = schema_to_regex(self.schema, whitespace=whitespace, strict=strict, undeclared_keys=undeclared_keys)
         # property order matters to the regex (keys are generated in schema order): never sort keys here
         canonical = json.dumps(self.schema, ensure_ascii=False, separators=(",", ":"))
         super().__init__(
             regex,
             tokenizer,
-            key_parts=("json_schema", canonical, whitespace, strict),
+            key_parts=("json_schema", canonical, whitespace, strict, undeclared_keys),
             eos_token_id=eos_token_id,
             index_cache=index_cache,
             backend=backend,

@@ -52,6 +52,9 @@ class Context:
             character costs ~4 automaton states, far less than a counted item or member.
         extras_beside_declared: whether an open object (`additionalProperties` absent or true) may carry
             undeclared keys after its declared ones (a free key-value pair per extra).
+        undeclared_keys: whether an object with declared properties and no `additionalProperties` keyword may
+            get undeclared keys (JSON Schema allows them; generating them is rarely wanted, so off by default, as
+            in xgrammar's and OpenAI's strict modes). An explicit `additionalProperties` is always followed.
         any_depth: nesting depth of the arrays/objects produced for an unconstrained value (`{}`, `true`).
         prune_cost: None: exact translation. Else the per-object / per-alternation budget above which
             optional properties and `anyOf` branches are left out (a subset of the valid documents, so still
@@ -66,6 +69,7 @@ class Context:
     max_repeat: int = 32
     max_string_repeat: int = 256
     extras_beside_declared: bool = True
+    undeclared_keys: bool = False
     any_depth: int = 1
     prune_cost: int | None = None  # when set: drop optional members / alternatives costlier than this budget
     deadline: float = float("inf")  # time.monotonic() after which translation gives up (SchemaTooComplexError)

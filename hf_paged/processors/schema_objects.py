@@ -255,6 +255,8 @@ def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, poi
         return seq(key_rx, colon, value) if value is not None else None
     if extra_schema is False or names and not ctx.extras_beside_declared and (extra_schema is True or extra_schema == {}):
         return None
+    if schema.get("properties") and "additionalProperties" not in schema and not ctx.undeclared_keys:
+        return None  # not asked for: generate the declared members only (a subset of the valid documents)
     value = ctx.sub(extra_schema, pointer_join(pointer, "additionalProperties"))
     if value is None:
         return None

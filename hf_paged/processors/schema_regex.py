@@ -61,6 +61,7 @@ def schema_to_regex(
     max_repeat: int = 32,
     max_string_repeat: int = 256,
     max_seconds: float = 10.0,
+    undeclared_keys: bool = False,
 ) -> str:
     """Translate a JSON Schema into a regex whose every match is a JSON text valid under the schema.
 
@@ -73,6 +74,8 @@ def schema_to_regex(
         max_repeat: counted repetitions above this are lowered to it (fewer texts, all still valid).
         max_string_repeat: the same for string lengths (`maxLength`, counted `pattern` repeats).
         max_seconds: wall-clock budget of the translation itself (all retries together).
+        undeclared_keys: let objects that declare properties but say nothing of `additionalProperties` also
+            carry undeclared keys (valid JSON Schema, rarely wanted in generated output); default False.
 
     Raises:
         InvalidSchemaError, UnsupportedSchemaError, UnsatisfiableSchemaError, InvalidRegexError,
@@ -97,7 +100,7 @@ def schema_to_regex(
         ctx = Context(root=schema, strict=strict, max_cost=attempt.max_cost, max_ref_depth=attempt.ref_depth,
                       max_repeat=attempt.repeat, max_string_repeat=max(max_string_repeat >> max(n - 1, 0), 1),
                       extras_beside_declared=attempt.extras, whitespace=ws, translate=translate,
-                      prune_cost=attempt.prune_cost, deadline=deadline)
+                      prune_cost=attempt.prune_cost, deadline=deadline, undeclared_keys=undeclared_keys)
         try:
             rx = translate(schema, ctx, "#")
         except SchemaTooComplexError:

@@ -21,19 +21,30 @@ def accepts(schema, text: str, **kw) -> bool:
 OPEN = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}, "required": ["a"]}
 
 
+def test_undeclared_keys_only_when_asked_for_or_explicitly_allowed():
+    assert accepts(OPEN, '{"a":1,"b":"x"}') and not accepts(OPEN, '{"a":1,"c":true}')  # default: declared keys only
+    explicit = dict(OPEN, additionalProperties=True)
+    assert accepts(explicit, '{"a":1,"c":true}')  # an explicit additionalProperties is always followed
+    assert accepts({"type": "object"}, '{"c":1}')  # a map without declared names gets free keys
+
+
 def test_open_object_takes_undeclared_keys_after_declared_ones():
-    assert accepts(OPEN, '{"a":1,"c":true}') and accepts(OPEN, '{"a":1,"b":"x","c":null,"d":{"e":1}}')
-    assert accepts(OPEN, '{"a":1,"ab":2}') and accepts(OPEN, '{"a":1,"":2}')  # prefixes/extensions of names
-    assert not accepts(OPEN, '{"c":true,"a":1}')  # extras come last
-    assert not accepts(OPEN, '{"a":1,"a":"x"}') and not accepts(OPEN, '{"a":1,"b":"x","b":2}')  # never a declared name
-    assert not accepts(OPEN, '{"a":1,"\\u0062":2}')  # nor an escaped spelling of one
+    def open_accepts(text):
+        return accepts(OPEN, text, undeclared_keys=True)
+
+    assert open_accepts('{"a":1,"c":true}') and open_accepts('{"a":1,"b":"x","c":null,"d":{"e":1}}')
+    assert open_accepts('{"a":1,"ab":2}') and open_accepts('{"a":1,"":2}')  # prefixes/extensions of names
+    assert not open_accepts('{"c":true,"a":1}')  # extras come last
+    assert not open_accepts('{"a":1,"a":"x"}') and not open_accepts('{"a":1,"b":"x","b":2}')  # never a declared name
+    assert not open_accepts('{"a":1,"\\u0062":2}')  # nor an escaped spelling of one
 
 
 def test_undeclared_keys_respect_closed_objects_and_max_properties():
     closed = dict(OPEN, additionalProperties=False)
     assert accepts(closed, '{"a":1}') and not accepts(closed, '{"a":1,"c":1}')
     capped = dict(OPEN, maxProperties=2)
-    assert accepts(capped, '{"a":1,"c":1}') and not accepts(capped, '{"a":1,"c":1,"d":2}')
+    assert accepts(capped, '{"a":1,"c":1}', undeclared_keys=True)
+    assert not accepts(capped, '{"a":1,"c":1,"d":2}', undeclared_keys=True)
     typed = dict(OPEN, additionalProperties={"type": "boolean"})
     assert accepts(typed, '{"a":1,"c":true}') and not accepts(typed, '{"a":1,"c":1}')
 
@@ -82,7 +93,7 @@ def test_fallback_without_extras_keeps_schemas_that_only_fit_without_them():
 def test_byte_dfa_agrees_with_re_and_accepts_valid_documents(schema, valid):
     from outlines_core import Index, Vocabulary
 
-    rx = schema_to_regex(schema)
+    rx = schema_to_regex(schema, undeclared_keys=True)
     start = time.thread_time()
     index = Index(anchored(rx), Vocabulary(256, {bytes([b]): [b] for b in range(256)}))
     assert time.thread_time() - start < 5.0
