@@ -152,6 +152,9 @@ def _run_side(side: str, schema, tests, conn) -> None:
     conn.close()
 
 
+_WARM_SCHEMA = {"type": "object", "properties": {"warm": {"type": "string"}}}
+
+
 def _warm_up(side: str, vocab) -> None:
     """One untimed compile of a one-line schema: the timed compile then pays for the schema, not for the
     forked process's first touches (imports, copy-on-write faults of the shared vocabulary and trie)."""
@@ -161,12 +164,11 @@ def _warm_up(side: str, vocab) -> None:
         from hf_paged.processors.index_cache import _compile
         from hf_paged.processors.schema_regex import schema_to_regex
 
-        _compile(schema_to_regex({"type": "object", "properties": {"warm": {"type": "string"}}}), vocab)
+        _compile(schema_to_regex(_WARM_SCHEMA), vocab)
     else:
         from outlines_core.json_schema import build_regex_from_schema
 
-        Index(build_regex_from_schema(json.dumps({"type": "object", "properties": {"warm": {"type": "string"}}})),
-              vocab.vocabulary)
+        Index(build_regex_from_schema(json.dumps(_WARM_SCHEMA)), vocab.vocabulary)
 
 
 def _child(side, schema, tests, conn, memory_gb) -> None:
