@@ -6,7 +6,8 @@
 
 `contains` is enforced on the first items (a sound subset: an array whose match sits later is not produced).
 `uniqueItems` cannot be checked by a regex in general; when every item comes from a finite set of at most
-a few dozen values, we write each value at most once, in the set's order, which is unique by construction.
+a few dozen values, we write each value at most once, in the set's order, which is unique by construction;
+otherwise (and when at most one item is required) arrays hold at most one item, with the pruning warning.
 """
 
 from __future__ import annotations
@@ -117,9 +118,17 @@ def _contains(schema: dict, prefix: list[Any], rest: Any, min_items: int, ctx: C
 def _unique(prefix: list[Any], rest: Any, lo: int, hi: int | None, sep: Rx, ctx: Context, pointer: str,
             canonical: Any) -> Rx | None:
     values = _finite_values(rest, ctx, pointer, canonical) if not prefix else None
+    if values is None and lo <= 1 and len(prefix) <= 1:
+        # A regex cannot compare items; a single item is unique by itself. A subset of the valid arrays (counted
+        # as left out, so the caller warns), where refusing would leave the user nothing.
+        ctx.num_pruned += 1
+        first = prefix[0] if prefix else rest
+        item = None if first is False else ctx.sub(first, pointer_join(pointer, "prefixItems" if prefix else "items"))
+        return opt(item) if lo == 0 else item
     if values is None:
         ctx.unsupported("uniqueItems", pointer, "uniqueness is only enforced when items come from a small "
-                        "`enum`/`const`/boolean set; add `maxItems: 1` or an `enum` to `items`")
+                        "`enum`/`const`/boolean set or arrays hold at most one item; add `maxItems: 1` or an "
+                        "`enum` to `items`")
         prefix_rx = [ctx.sub(s, pointer_join(pointer, "prefixItems", i)) for i, s in enumerate(prefix)]
         rest_rx = None if rest is False else ctx.sub(rest, pointer_join(pointer, "items"))
         return _sequence(prefix_rx, rest_rx, lo, ctx.cap(hi, lo), sep)

@@ -40,6 +40,10 @@ def ordered_members(
     `tail(k)` gives the regex allowed after the members once k of them are written (e.g. extra keys; it must
     add its own separator when k > 0). Required members whose regex is None make the whole thing None.
     """
+    if any(m is None and req for m, req in elements):
+        return None
+    if max_count is None and min_count <= 1:
+        return _linear_members(elements, sep, min_count, tail)
     n = len(elements)
     saturate = max(1, min_count) if max_count is None else None  # counts above this all look alike
     memo: dict[tuple[int, int], Rx | None] = {}
@@ -67,19 +71,38 @@ def ordered_members(
     return f(0, 0)
 
 
-def member_order(props: dict, required: list[str]) -> list[str]:
-    """The order declared names are written in: the schema's, except that required names move to the front
-    when more than two optional ones precede the first of them.
+def _linear_members(elements: list[tuple[Rx | None, bool]], sep: Rx, min_count: int,
+                    tail: Callable[[int], Rx | None]) -> Rx | None:
+    """`ordered_members` without an upper bound and with at most one member required by count: linear size.
 
-    Why: optional members before the first required one cost a quadratic regex (each can be the first,
-    written without a leading comma); after a required member every optional one is a linear `(, m)?`.
+    Only the members before the first required one are hard: the first of them written has no separator.
+    Their non-empty in-order subsequences ending at or before member j obey
+    U_j = U_{j-1} (sep m_j)? | m_j, so each member is written twice instead of once per possible first member
+    (the quadratic form, exponential through nested objects). After the first member everything is `(sep m)?`.
     """
-    names = list(props) + [r for r in dict.fromkeys(required) if r not in props]
-    needed = set(required)
-    first_required = next((i for i, n in enumerate(names) if n in needed), len(names))
-    if 2 < first_required < len(names):
-        return [n for n in names if n in needed] + [n for n in names if n not in needed]
-    return names
+    first_required = next((i for i, (_, req) in enumerate(elements) if req), len(elements))
+    prefix: Rx | None = None  # U over the optional members before the first required one
+    for member, _ in elements[:first_required]:
+        if member is not None:
+            prefix = member if prefix is None else alt([seq(prefix, opt(seq(sep, member))), member])
+    rest: list[Rx | None] = []
+    for member, required in elements[first_required + 1:]:
+        if member is not None:
+            rest.append(seq(sep, member) if required else opt(seq(sep, member)))
+    if first_required == len(elements):  # nothing required: the members may be absent altogether
+        written = None if prefix is None else seq(prefix, tail(1))
+        return alt([written, tail(0) if min_count == 0 else None])
+    head = elements[first_required][0]
+    lead = head if prefix is None else seq(opt(seq(prefix, sep)), head)
+    return seq(lead, *rest, tail(1))
+
+
+def member_order(props: dict, required: list[str]) -> list[str]:
+    """The order declared names are written in: the schema's, then required names it does not declare.
+
+    (Keeping the schema's order costs nothing since `_linear_members`; models also expect it.)
+    """
+    return list(props) + [r for r in dict.fromkeys(required) if r not in props]
 
 
 def key_matches(pattern: str, name: str, where: str) -> bool:
@@ -263,18 +286,38 @@ def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, poi
     return seq(_not_in(names), colon, value)
 
 
+def negated_required(neg: Any) -> list[list[str]] | None:
+    """The name lists of `not: {required: [...]}` or `not: {anyOf: [{required: [...]}, ...]}` (how `allOf` merges
+    several `not`s), or None when `neg` is anything else."""
+    clauses = neg.get("anyOf") if isinstance(neg, dict) and set(neg) == {"anyOf"} else [neg]
+    if not isinstance(clauses, list) or not clauses:
+        return None
+    out = []
+    for c in clauses:
+        if not (isinstance(c, dict) and set(c) == {"required"} and isinstance(c["required"], list) and c["required"]
+                and all(isinstance(n, str) for n in c["required"])):
+            return None
+        out.append(c["required"])
+    return out
+
+
 def _negated_required(schema: dict, required: list[str], ctx: Context, pointer: str) -> set[str]:
-    """`not: {required: [...]}`: keep one of the names absent (a sound subset of 'not all present')."""
+    """`not` of `required` lists: keep one name of each list absent (a sound subset of 'not all present'),
+    reusing names already kept out so that as few as possible go."""
     neg = schema.get("not")
     if neg is None:
         return set()
-    if isinstance(neg, dict) and set(neg) <= {"required"} and isinstance(neg.get("required"), list) and neg["required"]:
-        for name in neg["required"]:
-            if name not in required:
-                return {name}
-        return set(neg["required"])  # all of them required: nothing satisfies the schema
-    ctx.unsupported("not", pointer, "only `not: {required: [...]}` is supported on objects; remove `not`")
-    return set()
+    clauses = negated_required(neg)
+    if clauses is None:
+        ctx.unsupported("not", pointer, "only `not: {required: [...]}` is supported on objects; remove `not`")
+        return set()
+    forbidden: set[str] = set()
+    for names in clauses:
+        if forbidden & set(names):
+            continue
+        free = [n for n in names if n not in required]
+        forbidden.add(free[0] if free else names[0])  # all of them required: nothing satisfies the schema
+    return forbidden
 
 
 def _dependencies(schema: dict) -> dict[str, Any]:

@@ -5,6 +5,9 @@ branches (b, c) we look for a reason no document of b can satisfy c, and narrow 
 to create one where the schemas allow it:
 
     disjoint types / disjoint enum or const                 nothing to narrow
+    c finite and none of its values valid under b (or b/c)  nothing to narrow
+    arrays whose item types are disjoint                    b keeps at least one item
+    b's required keys exceed c's maxProperties (or b closed under c's minProperties)  nothing to narrow
     a property whose enum/const differs in b and c          make it required in b (a discriminator)
     c requires a key that b does not                        forbid that key in b (b objects only)
     c forbids extra keys and b requires one c lacks         nothing to narrow
@@ -70,9 +73,39 @@ def _json_type(v: Any) -> str:
 
 
 def _values(s: Any) -> list[Any] | None:
+    """A finite superset of the values `s` allows (its own or an `allOf` part's enum/const), or None."""
     if not isinstance(s, dict):
         return None
-    return [s["const"]] if "const" in s else list(s["enum"]) if isinstance(s.get("enum"), list) else None
+    if "const" in s:
+        return [s["const"]]
+    if isinstance(s.get("enum"), list):
+        return list(s["enum"])
+    for part in s.get("allOf", []) if isinstance(s.get("allOf"), list) else []:
+        found = _values(part)
+        if found is not None:
+            return found
+    return None
+
+
+def _none_valid(values: list[Any], schema: Any) -> bool:
+    """True when jsonschema rejects every value under `schema` alone (False when it cannot tell: `$ref`s)."""
+    import jsonschema
+
+    try:
+        validator = jsonschema.Draft202012Validator(schema)
+        return not any(validator.is_valid(v) for v in values)
+    except Exception:  # noqa: BLE001 -- an unresolvable reference: no conclusion
+        return False
+
+
+def _count_bounds_exclude(b: dict, c: dict) -> bool:
+    """No object of b has a property count c allows: b requires more than c's maxProperties, or b is closed with
+    fewer properties than c's minProperties."""
+    req_b = set(b.get("required", []))
+    if isinstance(c.get("maxProperties"), int) and len(req_b) > c["maxProperties"]:
+        return True
+    closed = b.get("additionalProperties") is False and not b.get("patternProperties")
+    return closed and isinstance(c.get("minProperties"), int) and len(set(b.get("properties", {})) | req_b) < c["minProperties"]
 
 
 def _disjoint(a: list[Any], b: list[Any]) -> bool:
@@ -88,6 +121,13 @@ def _narrow(b: dict, c: Any) -> dict | None:
     vb, vc = _values(b), _values(c)
     if vb is not None and vc is not None and _disjoint(vb, vc):
         return b
+    if vc is not None and _none_valid(vc, b) or vb is not None and _none_valid(vb, c):
+        return b  # a finite side none of whose values the other side accepts
+    items_b, items_c = b.get("items"), c.get("items")
+    if (types_of(b) == {"array"} and isinstance(items_b, dict) and isinstance(items_c, dict)
+            and not (types_of(items_b) & types_of(items_c))):
+        # only the empty array can satisfy both: b's arrays keep at least one item
+        return b if b.get("minItems", 0) >= 1 else dict(b, minItems=1)
     objects_only = types_of(b) == {"object"}
     props_b, props_c = b.get("properties", {}), c.get("properties", {})
     if not (isinstance(props_b, dict) and isinstance(props_c, dict)):
@@ -98,6 +138,8 @@ def _narrow(b: dict, c: Any) -> dict | None:
             return dict(b, required=list(dict.fromkeys(list(b.get("required", [])) + [name])))
     if not objects_only:
         return None
+    if _count_bounds_exclude(b, c) or _count_bounds_exclude(c, b):
+        return b
     req_b, req_c = list(b.get("required", [])), list(c.get("required", []))
     if c.get("additionalProperties") is False and not c.get("patternProperties"):
         if any(r not in props_c for r in req_b):

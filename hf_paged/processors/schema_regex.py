@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import time
 import warnings
 from dataclasses import dataclass
@@ -29,9 +28,9 @@ from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, Unsatisfi
 from hf_paged.processors.schema_arrays import array_regex
 from hf_paged.processors.schema_context import ANNOTATION_KEYWORDS, DEFAULT_WHITESPACE, Context, pointer_join
 from hf_paged.processors.schema_numbers import NUMBER, integer_regex, number_regex
-from hf_paged.processors.schema_objects import object_regex
+from hf_paged.processors.schema_objects import negated_required, object_regex
 from hf_paged.processors.schema_oneof import TYPES, inferred_types, narrow_exclusive, types_of
-from hf_paged.processors.schema_refs import merge_all, resolve_ref, same_json
+from hf_paged.processors.schema_refs import merge_all, resolve_ref
 from hf_paged.processors.schema_rx import Rx, alt, lit, opt, raw, rep, seq
 from hf_paged.processors.schema_strings import string_regex
 
@@ -46,6 +45,7 @@ class _Attempt:
 
     prune_cost: int | None  # None: exact; else the budget above which optional parts are left out
     repeat: int  # max_repeat (counted items, members, pattern repeats)
+    string_repeat: int  # max_string_repeat (string lengths)
     ref_depth: int  # max_ref_depth
     extras: bool  # undeclared keys beside declared ones in open objects
     max_cost: int  # cost budget of this try (see `Context.max_cost`)
@@ -87,18 +87,28 @@ def schema_to_regex(
     ws = DEFAULT_WHITESPACE if whitespace is None else whitespace
     deadline = time.monotonic() + max_seconds
     # Exact first, with undeclared keys allowed in open objects; then without them (each open object's free
-    # key-value loop is the costliest part of most real schemas); then leave out optional members /
-    # alternatives, cap repetitions and recursion harder.
-    # The first try gets a quarter of the budget: free values after every open object inflate the byte DFA
+    # key-value loop is the costliest part of most real schemas); then cap counted repetitions (a DFA unrolls
+    # `x{0,64}` into 64 copies of x, and real documents rarely come near such bounds) and recursion (each level
+    # copies every recursive reference of the level above); only then leave out optional members / alternatives,
+    # capping repetitions and recursion harder.
+    # The first try gets an eighth of the budget: free values after every open object inflate the byte DFA
     # faster than the cost estimate grows (measured: 2.6k -> 49k regex characters, 12 ms -> 4.8 s CPU).
-    attempts = [_Attempt(None, max_repeat, max_ref_depth, True, max_cost // 8),
-                _Attempt(None, max_repeat, max_ref_depth, False, max_cost)] + [
-        _Attempt(max_cost >> (2 * i), max(max_repeat >> i, 1), max(max_ref_depth - i, 1), False, max_cost)
+    attempts = [_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 8),
+                _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, False, max_cost)] + [
+        _Attempt(None, max(max_repeat >> i, 1), max(max_string_repeat >> i, 1), max(max_ref_depth - d, 1), False,
+                 max_cost)
+        for i, d in ((1, 0), (2, 1), (3, 1), (3, 2))
+    ] + [
+        _Attempt(max_cost >> (2 * i), max(max_repeat >> (i + 1), 1), max(max_string_repeat >> (i + 1), 1),
+                 max(max_ref_depth - 1 - i, 1), False, max_cost)
         for i in range(1, 5)
     ]
+    start = time.monotonic()
     for n, attempt in enumerate(attempts):
+        if attempt.prune_cost is None and n > 1 and time.monotonic() - start > max_seconds / 10:
+            continue  # slow translations go straight to the pruning tries, which fit the budget sooner
         ctx = Context(root=schema, strict=strict, max_cost=attempt.max_cost, max_ref_depth=attempt.ref_depth,
-                      max_repeat=attempt.repeat, max_string_repeat=max(max_string_repeat >> max(n - 1, 0), 1),
+                      max_repeat=attempt.repeat, max_string_repeat=attempt.string_repeat,
                       extras_beside_declared=attempt.extras, whitespace=ws, translate=translate,
                       prune_cost=attempt.prune_cost, deadline=deadline, undeclared_keys=undeclared_keys)
         try:
@@ -107,16 +117,42 @@ def schema_to_regex(
             if n == len(attempts) - 1 or time.monotonic() > deadline:
                 raise
             continue  # retry, leaving out optional members and alternatives to fit the budget
+        if rx is not None and n < len(attempts) - 1 and not _engine_accepts(rx.text):
+            continue  # too long to build in seconds, or over outlines-core's NFA size limit: retry smaller
         if rx is None:
             raise UnsatisfiableSchemaError("no JSON document satisfies this schema (or every way to satisfy it "
                                            "needs recursion deeper than max_ref_depth); check its constraints")
-        if ctx.num_pruned:
-            warnings.warn(f"schema too large for the regex budget ({max_cost:,}): left out {ctx.num_pruned} "
-                          "optional properties / anyOf branches and capped repetitions at "
-                          f"{attempt.repeat}; output stays valid but cannot use them (raise max_cost to keep them)",
-                          UserWarning, stacklevel=2)
+        if ctx.num_pruned or n > 1:
+            capped = (f"over the regex budget ({max_cost:,}): counted repetitions capped at {attempt.repeat} items / "
+                      f"{attempt.string_repeat} characters; " if n > 1 else "")
+            warnings.warn(f"{capped}left out {ctx.num_pruned} optional properties / anyOf branches / items of unique "
+                          "arrays beyond the first (a regex cannot compare items); output stays valid but cannot use "
+                          "them (raise max_cost to keep what the budget left out)", UserWarning, stacklevel=2)
         return rx.text
     raise AssertionError("unreachable")
+
+
+_PROBE_CHARS = 16_000  # regexes shorter than this stay far below outlines-core's NFA size limit (measured)
+_MAX_CHARS = 100_000  # longer ones take seconds to build (MaskBench: 105k chars 1.2 s, 110k chars 8 s CPU)
+
+
+def _engine_accepts(text: str) -> bool:
+    """Whether outlines-core can build the byte automaton of a long regex quickly (memoised, so the compile that
+    follows reuses it); short ones are not probed, to keep the build off the caller's thread."""
+    if len(text) < _PROBE_CHARS:
+        return True
+    if len(text) > _MAX_CHARS:
+        return False
+    from hf_paged.processors.byte_dfa import build_byte_dfa
+    from hf_paged.processors.index_cache import anchored
+
+    try:
+        build_byte_dfa(anchored(text))
+    except ValueError as exc:
+        if "NFA" in str(exc) or "limit" in str(exc):
+            return False
+        raise
+    return True
 
 
 @dataclass(slots=True)
@@ -224,14 +260,15 @@ def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
         return any_value(ctx, ctx.any_depth)
     if schema is False:
         return None
+    finite = _finite_domain(schema)
+    if finite is not None:
+        return alt(lit(t) for t in (dump_value(v) for v in finite if _validates(v, schema, ctx)) if t is not None)
     types = _allowed_types(schema, ctx, pointer)
     if "if" in schema and ("then" in schema or "else" in schema):
         ctx.unsupported("if", pointer, "conditional schemas need negation; rewrite as `anyOf` of exclusive cases")
     for key in ("$dynamicRef", "$recursiveRef"):
         if key in schema:
             ctx.unsupported(key, pointer, "use a plain `$ref` to a `$defs` entry")
-    if "enum" in schema or "const" in schema:
-        return _enum(schema, ctx, pointer)
     parts: list[Rx | None] = []
     for t in types:
         if t == "null":
@@ -265,7 +302,7 @@ def _allowed_types(schema: dict, ctx: Context, pointer: str) -> list[str]:
         return []
     if isinstance(neg, dict) and neg and set(neg) - ANNOTATION_KEYWORDS == {"type"}:
         types -= types_of({"type": neg["type"]}) if neg["type"] != "number" else {"number", "integer"}
-    elif neg is not None and neg is not False and not (isinstance(neg, dict) and set(neg) <= {"required"}):
+    elif neg is not None and neg is not False and negated_required(neg) is None:
         if "enum" not in schema and "const" not in schema:  # beside an enum, `not` filters the values
             ctx.unsupported("not", pointer, "only `not` of a `type`, of `required`, or of values beside an `enum` "
                             "is supported; remove `not`")
@@ -274,22 +311,37 @@ def _allowed_types(schema: dict, ctx: Context, pointer: str) -> list[str]:
     return [x for x in TYPES if x in types]
 
 
-def _enum(schema: dict, ctx: Context, pointer: str) -> Rx | None:
-    """Alternation of the listed values that also satisfy the sibling keywords (checked by their regex)."""
-    values = list(schema["enum"]) if "enum" in schema else [schema["const"]]
-    if "enum" in schema and "const" in schema:
-        values = [v for v in values if same_json(v, schema["const"])]
-    neg = schema.get("not")
-    if neg is not None and neg is not False:
-        values = [v for v in values if not _validates(v, neg, ctx)]
-    rest = {k: v for k, v in schema.items() if k not in ("enum", "const", "not") and k not in ANNOTATION_KEYWORDS}
-    check = _plain(rest, ctx, pointer) if rest else None
-    texts = []
-    for v in values:
-        text = dump_value(v)
-        if text is not None and (check is None or re.fullmatch(check.text, text)):
-            texts.append(lit(text))
-    return alt(texts)
+_MAX_FINITE_INTEGERS = 4096  # integers of a bounded range tried one by one against the whole schema
+_NEEDS_VALUES = ("not", "if", "multipleOf")  # keywords a finite domain checks exactly where regexes cannot
+
+
+def _finite_domain(schema: dict) -> list[Any] | None:
+    """The candidate values of a schema whose documents form a small finite set: its `enum`/`const`, or a bounded
+    integer range beside keywords our regexes cannot pin down (`not`, `if`, `multipleOf`). Each candidate is then
+    checked against the whole schema by jsonschema, so the alternation is exact (sound and complete), whatever
+    the sibling keywords (`maxLength` beside a numeric enum does not make it a string)."""
+    if "enum" in schema and isinstance(schema["enum"], list):
+        return list(schema["enum"])
+    if "const" in schema:
+        return [schema["const"]]
+    if not any(k in schema for k in _NEEDS_VALUES):
+        return None
+    t = schema.get("type")
+    step = schema.get("multipleOf")
+    integral = t in ("integer", ["integer"]) or (
+        t in ("number", ["number"]) and isinstance(step, int) and not isinstance(step, bool) and step > 0)
+    if not integral:
+        return None
+    lows = [schema.get(k) for k in ("minimum", "exclusiveMinimum")]
+    highs = [schema.get(k) for k in ("maximum", "exclusiveMaximum")]
+    lows = [v for v in lows if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    highs = [v for v in highs if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
+    if not lows or not highs:
+        return None
+    lo, hi = math.floor(max(lows)), math.ceil(min(highs))  # a superset: jsonschema decides each value exactly
+    if hi - lo + 1 > _MAX_FINITE_INTEGERS:
+        return None
+    return list(range(lo, hi + 1))
 
 
 def _validates(value: Any, schema: Any, ctx: Context) -> bool:
@@ -300,8 +352,8 @@ def _validates(value: Any, schema: Any, ctx: Context) -> bool:
     try:
         validator = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)(root)
         return bool(validator.evolve(schema=schema).is_valid(value))
-    except Exception as exc:  # noqa: BLE001 -- an unresolvable `not` cannot be used to filter: refuse
-        raise ctx.invalid(pointer_join("#", "not"), f"cannot evaluate `not` ({exc})", "fix the sub-schema") from exc
+    except Exception as exc:
+        raise ctx.invalid("#", f"cannot check values against the schema ({exc})", "fix the sub-schema") from exc
 
 
 # Strings inside an unconstrained value: bare characters and short escapes, no `\uXXXX` (which JSON writers

@@ -47,7 +47,10 @@ _URI_CHARS = "[A-Za-z0-9\\-._~!$&'()*+,;=:@]"
 _POINTER = "(?:/(?:[^~/\"\\\\\\x00-\\x1f]|~[01])*)*"
 _DATE_PART = "(?:[0-9]+Y(?:[0-9]+M)?(?:[0-9]+D)?|[0-9]+M(?:[0-9]+D)?|[0-9]+D)"
 _TIME_PART = "(?:[0-9]+H(?:[0-9]+M)?(?:[0-9]+S)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
-_URI = f"https?://{_LABEL}(?:\\.{_LABEL}){{0,3}}(?:/{_URI_CHARS}*)*(?:\\?(?:{_URI_CHARS}|/|\\?)*)?"
+# scheme://host[:port][/path][?query][#fragment] (RFC 3986 with a registered-name host), or file:///path
+_URI_PATH = f"(?:/{_URI_CHARS}*)"
+_URI = (f"(?:[a-z][a-z0-9+.\\-]{{0,15}}://{_LABEL}(?:\\.{_LABEL}){{0,3}}(?::[0-9]{{1,5}})?{_URI_PATH}*"
+        f"|file://{_URI_PATH}+)(?:\\?(?:{_URI_CHARS}|/|\\?)*)?(?:\\#(?:{_URI_CHARS}|/|\\?)*)?")
 
 # Anchored ECMA patterns, each accepting only strings the format's usual validators accept.
 FORMATS: dict[str, str] = {

@@ -74,6 +74,22 @@ def test_one_of_narrowed_to_exclusive_branches_or_rejected():
         schema_to_regex({"oneOf": [{"type": "integer"}, {"type": "number"}]})
 
 
+def test_one_of_narrowing_rules_for_arrays_counts_and_finite_sides():
+    nested = {"oneOf": [{"type": "array", "items": {"type": "number"}},
+                        {"type": "array", "items": {"type": "array", "items": {"type": "number"}}}]}
+    assert accepts(nested, "[1,2]") and accepts(nested, "[[1],[2]]")
+    assert not accepts(nested, "[]")  # [] satisfies both branches: not exactly one
+    counted = {"oneOf": [{"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}},
+                          "required": ["a", "b"], "additionalProperties": False},
+                         {"type": "object", "additionalProperties": {"const": False}, "maxProperties": 1}]}
+    assert accepts(counted, '{"a":null,"b":null}') and accepts(counted, "{}")
+    finite = {"oneOf": [{"type": "string", "pattern": "^[a-f0-9]{4}$"}, {"type": "string", "enum": ["", "zz"]}]}
+    assert accepts(finite, '"ab12"') and accepts(finite, '""') and not accepts(finite, '"ab1"')
+    hidden_tag = {"oneOf": [{"properties": {"t": {"allOf": [{"type": "string"}, {"enum": ["a"]}]}}, "required": ["t"]},
+                            {"properties": {"t": {"allOf": [{"type": "string"}, {"enum": ["b"]}]}}, "required": ["t"]}]}
+    assert accepts(hidden_tag, '{"t":"a"}') and accepts(hidden_tag, '{"t":"b"}')
+
+
 def test_enum_and_const_are_filtered_by_siblings():
     s = {"type": "string", "enum": ["a", 1, "bb", None], "maxLength": 1}
     assert accepts(s, '"a"') and not accepts(s, "1") and not accepts(s, '"bb"') and not accepts(s, "null")

@@ -106,3 +106,18 @@ def test_fractional_multiple_of_is_unsupported_then_dropped_with_a_warning():
 def test_unbounded_multiple_of_odd_step_is_unsupported():
     with pytest.raises(UnsupportedSchemaError, match="multipleOf"):
         schema_to_regex({"type": "integer", "multipleOf": 7})
+
+
+def test_finite_domains_are_checked_value_by_value():
+    # a bounded integer range beside `not` / `multipleOf`: every integer is checked against the whole schema
+    s = {"type": "integer", "minimum": 100, "exclusiveMaximum": 200, "multipleOf": 13,
+         "not": {"anyOf": [{"multipleOf": 2}, {"multipleOf": 3}]}}
+    rx = re.compile(schema_to_regex(s))
+    assert [v for v in range(90, 210) if rx.fullmatch(str(v))] == [143, 169]  # 13 x 11, 13 x 13: odd, not 3k
+    # an enum beside `if`/`then`/`else` and `not`
+    s = {"enum": [1, 2, 3, 4, 5, 6], "if": {"maximum": 3}, "then": {"multipleOf": 2}, "else": {"minimum": 5},
+         "not": {"const": 6}}
+    rx = re.compile(schema_to_regex(s))
+    assert [v for v in range(8) if rx.fullmatch(str(v))] == [2, 5]
+    with pytest.raises(UnsupportedSchemaError, match="`if`"):
+        schema_to_regex({"type": "integer", "minimum": 0, "if": {"maximum": 3}, "then": {"minimum": 2}})  # unbounded

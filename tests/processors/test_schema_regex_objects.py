@@ -97,8 +97,12 @@ def test_unique_items_over_a_finite_set_and_rejection_otherwise():
     s = {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True}
     assert accepts(s, '["a","c"]') and accepts(s, "[]") and not accepts(s, '["a","a"]')
     assert accepts({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True}, "[false,true]")
+    free = {"type": "array", "items": {"type": "string"}, "uniqueItems": True}
+    with pytest.warns(UserWarning, match="left out"):  # items a regex cannot compare: at most one of them
+        rx = schema_to_regex(free)
+    assert re.fullmatch(rx, '["x"]') and re.fullmatch(rx, "[]") and not re.fullmatch(rx, '["x","y"]')
     with pytest.raises(UnsupportedSchemaError, match=r"uniqueItems.*#/uniqueItems"):
-        schema_to_regex({"type": "array", "items": {"type": "string"}, "uniqueItems": True})
+        schema_to_regex({**free, "minItems": 2})
     assert accepts({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "maxItems": 1}, '["x"]')
 
 
@@ -108,3 +112,36 @@ def test_optional_members_are_left_out_when_over_budget():
     with pytest.warns(UserWarning, match="left out"):
         rx = schema_to_regex(s, max_cost=3000)
     assert re.fullmatch(rx, '{"p0":"x"}') and not re.fullmatch(rx, '{"p1":"x"}')
+
+
+def test_all_optional_members_any_subset_in_order_with_linear_regex():
+    names = [f"k{i}" for i in range(6)]
+    s = {"type": "object", "properties": {n: {"type": "integer"} for n in names}, "additionalProperties": False}
+    rx = re.compile(schema_to_regex(s))
+    for mask in range(64):
+        chosen = [n for i, n in enumerate(names) if mask >> i & 1]
+        text = "{" + ",".join(f'"{n}":{i}' for i, n in enumerate(chosen)) + "}"
+        assert rx.fullmatch(text), text
+    assert not rx.fullmatch('{"k1":1,"k0":0}') and not rx.fullmatch('{,"k0":0}') and not rx.fullmatch('{"k0":0,}')
+    assert not rx.fullmatch('{"k0":0,"k0":0}')
+    # each member is written at most twice (first or after a comma): the regex grows linearly, not quadratically
+    big = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(40)}}
+    assert schema_to_regex(big).count('"p20"') == 2
+
+
+def test_optional_members_before_a_required_one_keep_the_schema_order():
+    s = {"type": "object", "properties": {"a": {"type": "null"}, "b": {"type": "null"}, "c": {"type": "null"},
+                                          "r": {"type": "null"}, "d": {"type": "null"}}, "required": ["r"]}
+    assert accepts(s, '{"a":null,"c":null,"r":null,"d":null}') and accepts(s, '{"r":null}')
+    assert accepts(s, '{"b":null,"r":null}') and not accepts(s, '{"r":null,"a":null}')
+    assert not accepts(s, '{"a":null}') and not accepts(s, '{"a":null,"r":null,}')
+
+
+def test_counted_repetitions_are_capped_before_members_are_left_out():
+    item = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 200} for i in range(4)}}
+    s = {"type": "object", "properties": {"xs": {"type": "array", "items": item, "maxItems": 64},
+                                          "tag": {"type": "string", "maxLength": 8}}}
+    with pytest.warns(UserWarning, match="counted repetitions capped"):
+        rx = schema_to_regex(s, max_cost=40_000)
+    assert re.fullmatch(rx, '{"xs":[{"p0":"a","p3":"b"},{"p1":"c"}],"tag":"t"}')  # every member kept
+    assert not re.fullmatch(rx, '{"xs":[' + ",".join(['{"p0":"a"}'] * 33) + "]}")  # but fewer items
