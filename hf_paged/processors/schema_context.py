@@ -80,6 +80,7 @@ class Context:
     ref_stack: list[str] = field(default_factory=list)  # $ref targets entered on the current path
     ref_index: dict = field(default_factory=dict)  # $id / $anchor -> RefTarget, built on the first $ref
     draft4: bool = False  # `$schema` says draft-04 (boolean exclusiveMinimum/Maximum)
+    validator: Any = None  # jsonschema validator of the root, built on first use (value checks evolve it)
 
     def unsupported(self, keyword: str, pointer: str, fix: str, *, restricts: bool = True) -> None:
         """Report a keyword we cannot enforce: raise when strict, warn otherwise."""

@@ -262,7 +262,9 @@ def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
         return None
     finite = _finite_domain(schema)
     if finite is not None:
-        return alt(lit(t) for t in (dump_value(v) for v in finite if _validates(v, schema, ctx)) if t is not None)
+        # the candidates are the enum itself: checking them against it again would cost O(n^2) comparisons
+        rest = {k: v for k, v in schema.items() if k != "enum"} if "enum" in schema else schema
+        return alt(lit(t) for t in (dump_value(v) for v in _valid_values(finite, rest, ctx)) if t is not None)
     types = _allowed_types(schema, ctx, pointer)
     if "if" in schema and ("then" in schema or "else" in schema):
         ctx.unsupported("if", pointer, "conditional schemas need negation; rewrite as `anyOf` of exclusive cases")
@@ -346,12 +348,19 @@ def _finite_domain(schema: dict) -> list[Any] | None:
 
 def _validates(value: Any, schema: Any, ctx: Context) -> bool:
     """Whether `value` satisfies `schema` per jsonschema (references resolve against the root)."""
+    return bool(_valid_values([value], schema, ctx))
+
+
+def _valid_values(values: list[Any], schema: Any, ctx: Context) -> list[Any]:
+    """The `values` that satisfy `schema` per jsonschema (references resolve against the root)."""
     import jsonschema
 
-    root = ctx.root if isinstance(ctx.root, dict) else {}
     try:
-        validator = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)(root)
-        return bool(validator.evolve(schema=schema).is_valid(value))
+        if ctx.validator is None:
+            root = ctx.root if isinstance(ctx.root, dict) else {}
+            ctx.validator = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)(root)
+        validator = ctx.validator.evolve(schema=schema)
+        return [v for v in values if validator.is_valid(v)]
     except Exception as exc:
         raise ctx.invalid("#", f"cannot check values against the schema ({exc})", "fix the sub-schema") from exc
 
