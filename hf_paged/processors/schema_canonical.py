@@ -58,7 +58,7 @@ def _pick(schema: Any, instance: Any, ctx: Context, validator: Any, pointer: str
 
 
 def _write(schema: Any, x: Any, ctx: Context, validator: Any, pointer: str, depth: int) -> str | None:
-    from hf_paged.processors.schema_regex import dump_value
+    from hf_paged.processors.schema_values import dump_value
 
     if depth > 64:
         return dump_value(x)

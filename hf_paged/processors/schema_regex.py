@@ -17,8 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import json
-import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -27,12 +25,14 @@ from typing import Any
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors.schema_arrays import array_regex
 from hf_paged.processors.schema_context import ANNOTATION_KEYWORDS, DEFAULT_WHITESPACE, Context, pointer_join
+from hf_paged.processors.schema_name_rules import negated_required
 from hf_paged.processors.schema_numbers import NUMBER, integer_regex, number_regex
-from hf_paged.processors.schema_objects import negated_required, object_regex
+from hf_paged.processors.schema_objects import object_regex
 from hf_paged.processors.schema_oneof import TYPES, inferred_types, narrow_exclusive, types_of
 from hf_paged.processors.schema_refs import merge_all, resolve_ref
 from hf_paged.processors.schema_rx import Rx, alt, lit, opt, raw, rep, seq
 from hf_paged.processors.schema_strings import string_regex
+from hf_paged.processors.schema_values import dump_value, finite_domain, valid_values
 
 __all__ = ["Branch", "branches", "canonical_json", "dump_value", "schema_to_regex"]
 
@@ -260,11 +260,11 @@ def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
         return any_value(ctx, ctx.any_depth)
     if schema is False:
         return None
-    finite = _finite_domain(schema)
+    finite = finite_domain(schema)
     if finite is not None:
         # the candidates are the enum itself: checking them against it again would cost O(n^2) comparisons
         rest = {k: v for k, v in schema.items() if k != "enum"} if "enum" in schema else schema
-        return alt(lit(t) for t in (dump_value(v) for v in _valid_values(finite, rest, ctx)) if t is not None)
+        return alt(lit(t) for t in (dump_value(v) for v in valid_values(finite, rest, ctx)) if t is not None)
     types = _allowed_types(schema, ctx, pointer)
     if "if" in schema and ("then" in schema or "else" in schema):
         ctx.unsupported("if", pointer, "conditional schemas need negation; rewrite as `anyOf` of exclusive cases")
@@ -313,58 +313,6 @@ def _allowed_types(schema: dict, ctx: Context, pointer: str) -> list[str]:
     return [x for x in TYPES if x in types]
 
 
-_MAX_FINITE_INTEGERS = 4096  # integers of a bounded range tried one by one against the whole schema
-_NEEDS_VALUES = ("not", "if", "multipleOf")  # keywords a finite domain checks exactly where regexes cannot
-
-
-def _finite_domain(schema: dict) -> list[Any] | None:
-    """The candidate values of a schema whose documents form a small finite set: its `enum`/`const`, or a bounded
-    integer range beside keywords our regexes cannot pin down (`not`, `if`, `multipleOf`). Each candidate is then
-    checked against the whole schema by jsonschema, so the alternation is exact (sound and complete), whatever
-    the sibling keywords (`maxLength` beside a numeric enum does not make it a string)."""
-    if "enum" in schema and isinstance(schema["enum"], list):
-        return list(schema["enum"])
-    if "const" in schema:
-        return [schema["const"]]
-    if not any(k in schema for k in _NEEDS_VALUES):
-        return None
-    t = schema.get("type")
-    step = schema.get("multipleOf")
-    integral = t in ("integer", ["integer"]) or (
-        t in ("number", ["number"]) and isinstance(step, int) and not isinstance(step, bool) and step > 0)
-    if not integral:
-        return None
-    lows = [schema.get(k) for k in ("minimum", "exclusiveMinimum")]
-    highs = [schema.get(k) for k in ("maximum", "exclusiveMaximum")]
-    lows = [v for v in lows if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
-    highs = [v for v in highs if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)]
-    if not lows or not highs:
-        return None
-    lo, hi = math.floor(max(lows)), math.ceil(min(highs))  # a superset: jsonschema decides each value exactly
-    if hi - lo + 1 > _MAX_FINITE_INTEGERS:
-        return None
-    return list(range(lo, hi + 1))
-
-
-def _validates(value: Any, schema: Any, ctx: Context) -> bool:
-    """Whether `value` satisfies `schema` per jsonschema (references resolve against the root)."""
-    return bool(_valid_values([value], schema, ctx))
-
-
-def _valid_values(values: list[Any], schema: Any, ctx: Context) -> list[Any]:
-    """The `values` that satisfy `schema` per jsonschema (references resolve against the root)."""
-    import jsonschema
-
-    try:
-        if ctx.validator is None:
-            root = ctx.root if isinstance(ctx.root, dict) else {}
-            ctx.validator = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)(root)
-        validator = ctx.validator.evolve(schema=schema)
-        return [v for v in values if validator.is_valid(v)]
-    except Exception as exc:
-        raise ctx.invalid("#", f"cannot check values against the schema ({exc})", "fix the sub-schema") from exc
-
-
 # Strings inside an unconstrained value: bare characters and short escapes, no `\uXXXX` (which JSON writers
 # use only for rare control characters). A subset, still valid; it keeps the free value, which every open
 # object repeats for its undeclared keys, about a third of the automaton of the full string grammar.
@@ -383,31 +331,6 @@ def any_value(ctx: Context, depth: int) -> Rx | None:
     array = seq(raw("\\[", atomic=True), ws, opt(seq(inner, rep(seq(sep, inner), 0, None))), ws, raw("\\]", atomic=True))
     obj = seq(raw("\\{", atomic=True), ws, opt(seq(member, rep(seq(sep, member), 0, None))), ws, raw("\\}", atomic=True))
     return alt([scalars, array, obj])
-
-
-def dump_value(value: Any) -> str | None:
-    """Compact JSON of a value in our number format (positional decimals, integral floats as ints)."""
-    if value is None or isinstance(value, bool):
-        return json.dumps(value)
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            return None
-        if value.is_integer():
-            return str(int(value))
-        from decimal import Decimal
-
-        return format(Decimal(repr(value)), "f")
-    if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, list):
-        items = [dump_value(v) for v in value]
-        return None if None in items else "[" + ",".join(items) + "]"  # type: ignore[arg-type]
-    if isinstance(value, dict):
-        members = [(json.dumps(k, ensure_ascii=False), dump_value(v)) for k, v in value.items()]
-        return None if any(v is None for _, v in members) else "{" + ",".join(f"{k}:{v}" for k, v in members) + "}"
-    return None
 
 
 def canonical_json(schema: dict | bool, instance: Any) -> str | None:
