@@ -27,26 +27,37 @@ class RefTarget:
         self.pointer = pointer
 
 
-def _index_ids(node: Any, pointer: str, out: dict[str, RefTarget]) -> None:
+def _index_ids(node: Any, pointer: str, out: dict[str, RefTarget], ref_overrides: bool = False) -> None:
+    """Index `$id`s and `$anchor`s. `ref_overrides`: drafts up to 7, where a `$ref` makes its siblings (its `$id`
+    too) ignored."""
     if isinstance(node, dict):
-        for key in ("$id", "id"):
+        for key in () if ref_overrides and "$ref" in node else ("$id", "id"):
             v = node.get(key)
             if isinstance(v, str) and v:
                 out.setdefault(v.rstrip("#"), RefTarget(node, pointer))
-                if pointer != "#" and not v.startswith("#"):
-                    out[_NESTED_BASE] = RefTarget(v, pointer)  # a sub-schema changes the base URI
+                if pointer != "#" and not v.startswith("#") and _has_ref(node):
+                    # a sub-schema changes the base URI of the references inside it (none: nothing changes)
+                    out[_NESTED_BASE] = RefTarget(v, pointer)
         anchor = node.get("$anchor")
         if isinstance(anchor, str):
             out.setdefault("#" + anchor, RefTarget(node, pointer))
         for k, v in node.items():
             if k not in ("enum", "const", "default", "examples"):
-                _index_ids(v, pointer_join(pointer, k), out)
+                _index_ids(v, pointer_join(pointer, k), out, ref_overrides)
     elif isinstance(node, list):
         for i, v in enumerate(node):
-            _index_ids(v, pointer_join(pointer, i), out)
+            _index_ids(v, pointer_join(pointer, i), out, ref_overrides)
 
 
 _NESTED_BASE = "\x00nested-base"
+
+
+def _has_ref(node: Any) -> bool:
+    """Whether a `$ref` appears anywhere in `node` (outside values: enum, const, default, examples)."""
+    if isinstance(node, dict):
+        return "$ref" in node or any(_has_ref(v) for k, v in node.items()
+                                     if k not in ("enum", "const", "default", "examples"))
+    return isinstance(node, list) and any(_has_ref(v) for v in node)
 
 
 def resolve_ref(ref: Any, ctx: Context, pointer: str) -> RefTarget:
@@ -54,7 +65,9 @@ def resolve_ref(ref: Any, ctx: Context, pointer: str) -> RefTarget:
     if not isinstance(ref, str):
         raise ctx.invalid(pointer_join(pointer, "$ref"), f"`$ref` must be a string, got {ref!r}", "fix it")
     if not ctx.ref_index:  # built once per translation, on the first reference
-        _index_ids(ctx.root, "#", ctx.ref_index)
+        draft = ctx.root.get("$schema") if isinstance(ctx.root, dict) else None
+        old_draft = isinstance(draft, str) and any(f"draft-0{n}" in draft for n in (3, 4, 6, 7))
+        _index_ids(ctx.root, "#", ctx.ref_index, old_draft)
         ctx.ref_index[""] = RefTarget(ctx.root, "#")  # marks the index as built, even with no $id at all
     ids = ctx.ref_index
     if _NESTED_BASE in ids:

@@ -72,9 +72,11 @@ FORMATS: dict[str, str] = {
     "json-pointer": f"^{_POINTER}$",
     "relative-json-pointer": f"^(?:0|[1-9][0-9]*)(?:#|{_POINTER})$",
     "duration": f"^P(?:{_DATE_PART}(?:T{_TIME_PART})?|T{_TIME_PART}|[0-9]+W)$",
+    # regexes made of literal characters only: a small subset, but every one compiles (ECMA-262 and re)
+    "regex": "^[A-Za-z0-9 _\\-]*$",
 }
 # Formats the specification defines that we cannot write a safe regex for: refused, never ignored.
-UNSUPPORTED_FORMATS = frozenset({"regex"})
+UNSUPPORTED_FORMATS: frozenset[str] = frozenset()
 
 
 @lru_cache(maxsize=512)

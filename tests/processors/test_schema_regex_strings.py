@@ -83,7 +83,9 @@ def test_pattern_errors():
         ("email", ["a.b@example.com", "x+y@d-e.org"], ['a"b@example.com', "a@b", "@example.com", "a..b@x.io"]),
         ("uuid", ["123e4567-e89b-12d3-a456-426614174000"], ["123e4567e89b12d3a456426614174000"]),
         ("ipv4", ["192.168.0.1", "0.0.0.0"], ["256.1.1.1", "01.2.3.4", "1.2.3"]),
-        ("uri", ["https://example.com/a?b=c", "http://x.io"], ["example.com", "https://", 'http://a"b']),
+        ("uri", ["https://example.com/a?b=c", "http://x.io", "http://localhost:8086/x#top", "gs://bucket/a",
+                 "file:///tmp/x"], ["example.com", "https://", 'http://a"b', "file://", "http://a b"]),
+        ("regex", ["abc", "", "a-b c_1"], ["a(", "x\\d", "[a]"]),  # literal characters only: always compiles
     ],
 )
 def test_formats_accept_only_valid_json_strings_of_the_format(fmt, good, bad):
