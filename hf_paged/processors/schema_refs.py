@@ -27,26 +27,30 @@ class RefTarget:
         self.pointer = pointer
 
 
-def _index_ids(node: Any, pointer: str, out: dict[str, RefTarget], ref_overrides: bool = False) -> None:
+def _index_ids(node: Any, pointer: str, out: dict[str, RefTarget], ref_overrides: bool = False,
+               nested: bool = False) -> None:
     """Index `$id`s and `$anchor`s. `ref_overrides`: drafts up to 7, where a `$ref` makes its siblings (its `$id`
-    too) ignored."""
+    too) ignored. `nested`: inside a sub-resource (a nested `$id`), whose anchors `#name` from the root cannot
+    reach (the root's references resolve against the root's own anchors)."""
     if isinstance(node, dict):
         for key in () if ref_overrides and "$ref" in node else ("$id", "id"):
             v = node.get(key)
             if isinstance(v, str) and v:
                 out.setdefault(v.rstrip("#"), RefTarget(node, pointer))
-                if pointer != "#" and not v.startswith("#") and _has_ref(node):
-                    # a sub-schema changes the base URI of the references inside it (none: nothing changes)
-                    out[_NESTED_BASE] = RefTarget(v, pointer)
+                if pointer != "#" and not v.startswith("#"):
+                    nested = True
+                    if _has_ref(node):
+                        # the references inside it resolve against another base URI: we do not track scopes
+                        out[_NESTED_BASE] = RefTarget(v, pointer)
         anchor = node.get("$anchor")
-        if isinstance(anchor, str):
+        if isinstance(anchor, str) and not nested:
             out.setdefault("#" + anchor, RefTarget(node, pointer))
         for k, v in node.items():
             if k not in ("enum", "const", "default", "examples"):
-                _index_ids(v, pointer_join(pointer, k), out, ref_overrides)
+                _index_ids(v, pointer_join(pointer, k), out, ref_overrides, nested)
     elif isinstance(node, list):
         for i, v in enumerate(node):
-            _index_ids(v, pointer_join(pointer, i), out, ref_overrides)
+            _index_ids(v, pointer_join(pointer, i), out, ref_overrides, nested)
 
 
 _NESTED_BASE = "\x00nested-base"

@@ -182,3 +182,17 @@ def test_soundness_every_accepted_text_validates(i, value):
 def test_translation_time_budget():
     with pytest.raises(SchemaTooComplexError, match="max_seconds"):
         schema_to_regex({"type": "object", "properties": {"a": {"type": "string"}}}, max_seconds=0)
+
+
+def test_nested_id_resources_keep_their_anchors_and_refuse_scoped_references():
+    # `#A` from the root means the root's anchor, not the one inside the sub-resource with its own $id
+    s = {"$ref": "#A", "$defs": {"root_a": {"$anchor": "A", "type": "integer"},
+                                 "other": {"$id": "http://x/other", "$defs": {"a": {"$anchor": "A", "type": "string"}}}}}
+    assert accepts(s, "1") and not accepts(s, '"x"')
+    # a nested $id with no reference inside changes nothing; one with references inside is refused
+    harmless = {"type": "object", "properties": {"v": {"$id": "http://x/v", "type": "integer"}}, "required": ["v"]}
+    assert accepts(harmless, '{"v":1}')
+    scoped = {"properties": {"v": {"$id": "http://x/v", "$ref": "#/$defs/t", "$defs": {"t": {"type": "string"}}}},
+              "$defs": {"t": {"type": "integer"}}}
+    with pytest.raises(UnsupportedSchemaError, match=r"\$id"):
+        schema_to_regex(scoped)
