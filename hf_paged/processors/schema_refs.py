@@ -28,23 +28,23 @@ class RefTarget:
 
 
 def _index_ids(node: Any, pointer: str, out: dict[str, RefTarget], ref_overrides: bool = False,
-               nested: bool = False) -> None:
+               nested: str | None = None) -> None:
     """Index `$id`s and `$anchor`s. `ref_overrides`: drafts up to 7, where a `$ref` makes its siblings (its `$id`
-    too) ignored. `nested`: inside a sub-resource (a nested `$id`), whose anchors `#name` from the root cannot
-    reach (the root's references resolve against the root's own anchors)."""
+    too) ignored. `nested`: the `$id` of the sub-resource we are in, whose anchors a bare `#name` from the root
+    cannot reach (indexed as `<id>#name` instead). A `$dynamicAnchor` is also a plain anchor for `$ref`."""
     if isinstance(node, dict):
         for key in () if ref_overrides and "$ref" in node else ("$id", "id"):
             v = node.get(key)
             if isinstance(v, str) and v:
                 out.setdefault(v.rstrip("#"), RefTarget(node, pointer))
                 if pointer != "#" and not v.startswith("#"):
-                    nested = True
+                    nested = v.rstrip("#")
                     if _has_ref(node):
                         # the references inside it resolve against another base URI: we do not track scopes
                         out[_NESTED_BASE] = RefTarget(v, pointer)
-        anchor = node.get("$anchor")
-        if isinstance(anchor, str) and not nested:
-            out.setdefault("#" + anchor, RefTarget(node, pointer))
+        for anchor in (node.get("$anchor"), node.get("$dynamicAnchor")):
+            if isinstance(anchor, str):
+                out.setdefault(f"{nested or ''}#{anchor}", RefTarget(node, pointer))
         for k, v in node.items():
             if k not in ("enum", "const", "default", "examples"):
                 _index_ids(v, pointer_join(pointer, k), out, ref_overrides, nested)
@@ -98,8 +98,12 @@ def resolve_ref(ref: Any, ctx: Context, pointer: str) -> RefTarget:
     path = doc_pointer
     if fragment and not fragment.startswith("/"):
         key = "#" + fragment
-        if key in ids:
+        if (not base or doc_pointer == "#") and key in ids:  # the root resource's own anchor
             return ids[key]
+        for k, target in ids.items():  # an anchor of the resource `base` names (ids as matched above)
+            resource, _, name = k.partition("#")
+            if name == fragment and base and (resource == base or resource.endswith("/" + base)):
+                return target
         raise ctx.invalid(pointer_join(pointer, "$ref"), f"anchor {ref!r} not found", "define the `$anchor`")
     for raw_token in fragment.split("/")[1:] if fragment else []:
         token = unquote(raw_token).replace("~1", "/").replace("~0", "~")
