@@ -317,6 +317,9 @@ def check_eager(schemas: list[tuple[str, dict]], max_eager_s: float = 5.0) -> di
             ) != lazy.is_final_state(l_state):
                 stats["mismatches"].append(f"{name}: eager state {e_state}")
                 break
+            if not _ids_match_words(lazy.state_mask(l_state), vocab.vocab_size):  # the ids the processors apply
+                stats["mismatches"].append(f"{name}: saved ids of state {l_state}")
+                break
             for token in expected:
                 following = (eager.get_next_state(e_state, token), lazy.get_next_state(l_state, token))
                 if following not in seen:
@@ -325,6 +328,14 @@ def check_eager(schemas: list[tuple[str, dict]], max_eager_s: float = 5.0) -> di
         stats["schemas"] += 1
         stats["states"] += len(seen)
     return stats
+
+
+def _ids_match_words(mask, vocab_size: int) -> bool:
+    """The allowed (or banned) ids saved with a mask name exactly the tokens its words allow (or refuse)."""
+    bits = np.unpackbits(mask.words.view(np.uint8), count=vocab_size, bitorder="little").view(bool)
+    if mask.allowed_ids is not None:
+        return np.array_equal(np.sort(mask.allowed_ids), np.flatnonzero(bits)) and mask.num_allowed == bits.sum()
+    return np.array_equal(np.sort(mask.banned_ids), np.flatnonzero(~bits)) and mask.num_allowed == bits.sum()
 
 
 # -- per-state mask cost of reference patterns ------------------------------------------------------------
@@ -582,7 +593,8 @@ def render(header, args, num_files, summaries, gen, results, probe, checked) -> 
         lines += [
             "",
             (
-                f"Lazy index vs outlines-core's eager `Index` (same anchored regex, same vocabulary): "
+                "Lazy index vs outlines-core's eager `Index` (same anchored regex, same vocabulary; allowed tokens, "
+                "finality, moves, and the saved allowed/banned id lists against the bitmask words): "
                 f"{checked['schemas']} schemas, {checked['states']} reachable states compared, "
                 f"{len(checked['mismatches'])} mismatches {checked['mismatches'][:5]}."
             ),

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hf_paged.processors.bitmask import num_bitmask_words
+from hf_paged.processors.body_masks import PlannedIds, count_bits, set_bits
 from hf_paged.processors.byte_dfa import ByteDFA
 from hf_paged.processors.token_trie import TokenTrie
 from hf_paged.processors.token_walk import NARROW_BYTES, TAIL_TOKENS, TrieWalk
@@ -38,7 +39,7 @@ class StateMask:
     forced: int  # the only allowed token when exactly one is allowed and EOS is not, else -1
     # exactly one of the two is set, the shorter: applying a mask is then one scatter of at most half the
     # vocabulary (~25 us for 25k ids; unpacking the words and a masked copy costs 130+ us on a 50k row)
-    allowed_ids: np.ndarray | None  # int64, ascending, EOS included: when at most half the ids are allowed
+    allowed_ids: np.ndarray | None  # int64 (ascending but for string bodies), EOS included: when at most half are
     banned_ids: np.ndarray | None  # int64 ids < vocab_size not allowed: when more than half are allowed
 
     @property
@@ -101,7 +102,7 @@ class TokenIndex:
         """Allowed ids, ascending (every EOS id when `state` is final)."""
         mask = self.state_mask(state)
         if mask.allowed_ids is not None:
-            return mask.allowed_ids.tolist()
+            return np.sort(mask.allowed_ids).tolist()
         bits = np.unpackbits(mask.words.view(np.uint8), bitorder="little")[: self.vocab_size]
         return np.flatnonzero(bits).tolist()
 
@@ -123,15 +124,18 @@ class TokenIndex:
 
     def warm(self, max_seconds: float) -> int:
         """Compute masks ahead of decoding for at most `max_seconds` of this thread's CPU time, nearest the
-        start first: narrow states (keys, punctuation, numbers: tens of microseconds each), then, with
-        time left, wide ones (string bodies: hundreds). Returns how many masks were computed.
+        start first: narrow states (keys, punctuation, numbers: tens of microseconds each), then, with time left,
+        wide ones (string bodies: ~0.1 ms with the per-vocabulary plans). Returns how many masks were computed.
 
         Run at compile time, in the background while the prompt prefills: decoding then computes masks only on
-        the first visits of states the budget did not reach (big schemas, counted strings).
+        the first visits of states the budget did not reach (big schemas, counted strings). The automaton-wide
+        facts of string bodies (`TrieWalk.prepare`, ~0.7 us a state) come first, outside the budget.
         """
-        deadline = time.thread_time() + max_seconds
         if max_seconds > 0:
-            self._walk.prepare()  # string bodies: the automaton-wide facts first (within the budget)
+            # string bodies: the automaton-wide facts first, outside the budget (~0.7 us a state, a few percent of
+            # building the automaton; inside it, a 10k-state automaton would have no budget left for masks)
+            self._walk.prepare()
+        deadline = time.thread_time() + max_seconds
         # state ids follow regex-automata's construction order (breadth-first from the start, initial = 0)
         num_live = (self.dfa.transitions[:-1] != self.dfa.dead).sum(axis=1)
         narrow = np.flatnonzero(num_live <= self._walk.narrow_bytes).tolist()
@@ -151,8 +155,10 @@ class TokenIndex:
         return None if forced < 0 else forced
 
     def _build_mask(self, state: int) -> StateMask:
-        found = self._walk.allowed(state)
+        found = self._walk.decide(state)
         final = self._finals[state]
+        if isinstance(found, PlannedIds):
+            return self._planned_mask(found, final)
         num_words = num_bitmask_words(self.vocab_size)
         num_found = len(found)
         num_allowed = num_found + (len(self.eos_token_ids) if final else 0)
@@ -175,6 +181,35 @@ class TokenIndex:
         if 2 * num_allowed <= self.vocab_size:
             return StateMask(words, num_allowed, forced, np.flatnonzero(allowed[: self.vocab_size]), None)
         return StateMask(words, num_allowed, forced, None, np.flatnonzero(~allowed[: self.vocab_size]))
+
+    def _planned_mask(self, found: PlannedIds, final: bool) -> StateMask:
+        """A string body's mask from its plan row: a copy of the row's words plus the extra bits, and ids sliced
+        from the plan's permutation (or, for a first-byte group, read back from the words: no 50k-id scan)."""
+        plan, extra = found.plan, found.extra
+        words = found.body_words()
+        if found.group_words is None:
+            count = int(plan.counts[found.row])
+        else:
+            count = count_bits(words)
+        set_bits(words, extra)
+        if final:
+            set_bits(words, self._eos)
+        num_found = count + extra.shape[0]
+        num_allowed = num_found + (len(self.eos_token_ids) if final else 0)
+        forced = -1
+        if num_found == 1 and not final:
+            forced = int(found.ids()[0])
+        if found.group_words is not None:  # the words are the truth: unpack them (50 KB of bools, not 400 KB of ids)
+            bits = np.unpackbits(words.view(np.uint8), count=self.vocab_size, bitorder="little").view(bool)
+            if 2 * num_allowed <= self.vocab_size:
+                return StateMask(words, num_allowed, forced, np.flatnonzero(bits), None)
+            return StateMask(words, num_allowed, forced, None, np.flatnonzero(~bits))
+        if 2 * num_allowed <= self.vocab_size:
+            parts = [plan.perm[:count], extra] + ([self._eos] if final else [])
+            return StateMask(words, num_allowed, forced, np.concatenate(parts), None)
+        rest = plan.perm[count:]  # every id but the row's body tokens: banned unless its bit got set above
+        banned = rest[(words.view(np.uint32)[rest >> 5] >> (rest & 31).astype(np.uint32)) & 1 == 0]
+        return StateMask(words, num_allowed, forced, None, banned)
 
     def allowed_regular_ids(self, state: int) -> np.ndarray:
         """Ids of the regular tokens whose bytes keep `state` out of the dead state (unique, unordered, int64)."""

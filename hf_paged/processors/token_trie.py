@@ -23,7 +23,7 @@ from hf_paged.processors.byte_dfa import byte_sets
 from hf_paged.processors.utf8_bodies import valid_utf8_suffixes
 from hf_paged.processors.vocabulary import TokenVocabulary
 
-__all__ = ["TokenTrie", "bit_ints", "build_token_trie", "token_trie"]
+__all__ = ["TokenTrie", "bit_ints", "build_token_trie", "ranges_to_ids", "token_trie"]
 
 
 @dataclass(slots=True)
@@ -59,6 +59,11 @@ class TokenTrie:
     pos_high_1: np.ndarray
     pos_chars_1: np.ndarray
     pos_utf8_1: np.ndarray
+    # per first byte b, the bitmask words of the tokens starting with b (`body_masks`: first-byte groups)
+    first_words: np.ndarray  # int32 [256, num_words]
+    # per byte b, how many tokens hold b (anywhere / past their first byte): a lower bound on a body's other tokens
+    byte_tokens: np.ndarray  # int64 [256]
+    byte_tokens_1: np.ndarray  # int64 [256]
     bodies: dict = field(default_factory=dict)  # (ASCII set, multibyte, skip) -> BodyTokens (`body_tokens`)
 
     @property
@@ -74,6 +79,23 @@ def bit_ints(sets: np.ndarray) -> list[int]:
     """`[n, 4]` uint64 bit sets -> n Python ints (bit b = byte b)."""
     raw = np.ascontiguousarray(sets).view(np.uint8).reshape(sets.shape[0], 32)
     return [int.from_bytes(row, "little") for row in map(bytes, raw)]
+
+
+def ranges_to_ids(trie: TokenTrie, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Token ids at the disjoint DFS position ranges [starts, ends) (subtrees, the tokens ending at nodes)."""
+    lengths = ends - starts
+    nonempty = lengths > 0
+    starts, lengths = starts[nonempty], lengths[nonempty]
+    total = int(lengths.sum())
+    pos_ids = trie.pos_ids
+    if total * 8 < pos_ids.shape[0]:  # few tokens: enumerate the positions
+        offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+        return pos_ids[np.arange(total) + offsets]
+    # many: mark range boundaries and prefix-sum them (ranges are disjoint)
+    delta = np.zeros(pos_ids.shape[0] + 1, dtype=np.int32)
+    delta[starts] += 1  # disjoint non-empty ranges: starts are distinct, and so are ends (no `np.add.at`)
+    delta[starts + lengths] -= 1
+    return pos_ids[np.cumsum(delta[:-1]) > 0]
 
 
 def build_token_trie(tokens: dict[bytes, tuple[int, ...]], vocab_size: int) -> TokenTrie:
@@ -151,6 +173,13 @@ def build_token_trie(tokens: dict[bytes, tuple[int, ...]], vocab_size: int) -> T
     pos_path, pos_path_1 = path_bytes[pos_node], path_1[pos_node]
     pos_first = np.repeat(np.fromiter((k[0] for k in keys), dtype=np.uint8, count=n), per_key)
     first_chars = ((pos_first < 0x80) | (pos_first >= 0xC0)).astype(np.int64)
+    first_words = np.zeros((256, (vocab_size + 31) // 32), dtype=np.uint32)
+    np.bitwise_or.at(first_words, (pos_first, pos_ids >> 5), np.left_shift(1, pos_ids & 31).astype(np.uint32))
+
+    def per_byte(sets: np.ndarray) -> np.ndarray:  # [n, 4] uint64 bit sets -> tokens holding each byte
+        bits = np.unpackbits(np.ascontiguousarray(sets).view(np.uint8).reshape(-1, 32), axis=1, bitorder="little")
+        return bits.sum(axis=0, dtype=np.int64)
+
     return TokenTrie(
         node_byte=node_byte,
         child_ptr=child_ptr,
@@ -176,6 +205,9 @@ def build_token_trie(tokens: dict[bytes, tuple[int, ...]], vocab_size: int) -> T
         pos_high_1=(pos_path_1[:, 2] | pos_path_1[:, 3]) != 0,
         pos_chars_1=chars[pos_node] - first_chars,
         pos_utf8_1=np.repeat(np.array([k.isascii() or valid_utf8_suffixes(k)[1] for k in keys], dtype=bool), per_key),
+        first_words=first_words.view(np.int32),
+        byte_tokens=per_byte(pos_path),
+        byte_tokens_1=per_byte(pos_path_1),
     )
 
 
@@ -188,9 +220,15 @@ def token_trie(vocab: TokenVocabulary) -> TokenTrie:
     with _LOCK:
         trie = _BY_FINGERPRINT.get(vocab.fingerprint)
         if trie is None:
-            from hf_paged.processors.body_tokens import JSON_STRING_ASCII, body_tokens  # (it imports this module)
+            # (these import this module)
+            from hf_paged.processors.body_masks import body_plan
+            from hf_paged.processors.body_tokens import JSON_KEY_ASCII, JSON_STRING_ASCII, body_tokens
 
             trie = build_token_trie(vocab.tokens, vocab.vocab_size)
-            body_tokens(trie, JSON_STRING_ASCII, True)  # the body of every JSON string: split once, here (~1 ms)
+            # the bodies of JSON strings and of free-form keys, and their bytes past a first one (a key's first
+            # character): split and planned once per vocabulary, here (~8 ms), not on a first visit (~2 ms each)
+            for ascii_bits, multibyte in ((JSON_STRING_ASCII, True), (JSON_KEY_ASCII, False)):
+                for skip_first in (False, True):
+                    body_plan(trie, body_tokens(trie, ascii_bits, multibyte, skip_first))
             _BY_FINGERPRINT[vocab.fingerprint] = trie
         return trie

@@ -13,21 +13,24 @@ Shortcut on every path: when every byte below a node loops on the node's state (
 every token of the subtree is allowed: its contiguous DFS slice is taken without descending.
 
 Before any of that, a wide state with a string body (`body_steps`: plain or counted, `[^"]{0,n}` included) is
-decided from the vocabulary's body split (`body_tokens`): one comparison over the vocabulary plus an exact walk
-of the few hundred tokens holding a quote, a backslash, a control byte or malformed UTF-8 (~0.1-0.2 ms, where
-the trie walk took 0.4-0.9 ms for a plain body and 1-7 ms for a counted one). A state whose biggest group of
-bytes leads into such a body (the first character of a free-form key) is decided the same way on the bytes past
-the first, and walks the trie only below the other first bytes.
+decided from the vocabulary's body split (`body_tokens`) and its plan (`body_masks`): a row of per-vocabulary
+bitmask words plus an exact walk of the few hundred tokens holding a quote, a backslash, a control byte or
+malformed UTF-8 (`decide` returns a `PlannedIds`; ~60 us, where the trie walk took 0.4-7 ms). A state whose
+biggest group of bytes leads into such a body (the first character of a free-form key) is decided the same way on
+the bytes past the first, and walks the trie only below the other first bytes.
 """
 
 from __future__ import annotations
 
+from array import array
+
 import numpy as np
 
+from hf_paged.processors.body_masks import PlannedIds, body_plan, group_words
 from hf_paged.processors.body_steps import UNBOUNDED, BodySteps
-from hf_paged.processors.body_tokens import BodyTokens, body_tokens, walk_others
+from hf_paged.processors.body_tokens import body_tokens, walk_others
 from hf_paged.processors.byte_dfa import ByteDFA
-from hf_paged.processors.token_trie import TokenTrie
+from hf_paged.processors.token_trie import TokenTrie, ranges_to_ids
 
 __all__ = ["TrieWalk"]
 
@@ -57,9 +60,12 @@ class TrieWalk:
         self.narrow_bytes = narrow_bytes
         self._dead = dfa.dead
         self._has_loops = dfa.loops.any(axis=1)
-        self._rows: list[list[int] | None] = [None] * (dfa.num_states + 1)  # state -> next state per byte
+        # per-state Python views as objects that hold no other objects (`array`, `bytes`, big ints): lists of ints
+        # here made every young-generation collection visit 256 scattered ints per state seen (measured: 1-16 ms
+        # pauses landing on random first visits)
+        self._rows: list[array | None] = [None] * (dfa.num_states + 1)  # state -> next state per byte
         self._leaving: list[int | None] = [None] * (dfa.num_states + 1)  # state -> bytes that move it (bit set)
-        self._live: list[list[tuple[int, int]] | None] = [None] * (dfa.num_states + 1)  # state -> (byte, next)
+        self._live: list[bytes | None] = [None] * (dfa.num_states + 1)  # state -> its live bytes
         self.use_bodies = True  # the `body_tokens` path for string bodies (off: trie walk only, for tests)
         self._body = BodySteps(dfa.transitions, self._dead)
 
@@ -72,8 +78,8 @@ class TrieWalk:
                 return None
         return state
 
-    def _row(self, state: int) -> list[int]:
-        row = self._rows[state] = self.dfa.transitions[state].tolist()
+    def _row(self, state: int) -> array:
+        row = self._rows[state] = array("i", self.dfa.transitions[state].astype(np.int32, copy=False).tobytes())
         return row
 
     def _leaving_set(self, state: int) -> int:
@@ -84,14 +90,21 @@ class TrieWalk:
         return leaving
 
     def allowed(self, state: int) -> list[int] | np.ndarray:
-        """The allowed regular ids of `state`: a list when the Python walk found few, else an int64 array.
+        """The allowed regular ids of `state`: a list when the Python walk found few, else an int64 array."""
+        found = self.decide(state)
+        return found.ids() if isinstance(found, PlannedIds) else found
+
+    def decide(self, state: int) -> list[int] | np.ndarray | PlannedIds:
+        """The allowed regular ids of `state`, in the cheapest form to turn into a mask: a list when the Python walk
+        found few, a `PlannedIds` for a string body (a row of a per-vocabulary plan plus a few extra ids), else an
+        int64 array.
 
         Narrow states (at most `NARROW_BYTES` live bytes: keys, punctuation, numbers) are walked node by node in
         Python, following only their live bytes; wide pairs (a string body) go to the numpy level walk.
         """
         trie = self.trie
         if len(self._live_bytes(state)) > self.narrow_bytes:
-            found = self._body_allowed(state)
+            found = self._body_planned(state) or self._first_byte_planned(state)
             if found is not None:
                 return found
         pos_start, pos_end, sub_set, child_of = trie.pos_start, trie.pos_end, trie.sub_set, trie.child_of
@@ -119,10 +132,11 @@ class TrieWalk:
                 ranges.append((start, pos_start[node + 1]))
             base = node << 8
             budget -= len(live)
-            for byte, following in live:
+            row = self._rows[current] or self._row(current)
+            for byte in live:
                 child = child_of.get(base | byte)
                 if child is not None:
-                    stack.append((child, following))
+                    stack.append((child, row[byte]))
         if not wide_nodes and sum(end - start for start, end in ranges) <= PYTHON_IDS:
             pos_id_list = trie.pos_id_list
             return [pos_id_list[p] for start, end in ranges for p in range(start, end)]
@@ -131,9 +145,9 @@ class TrieWalk:
         if wide_nodes:
             kept = self._numpy_walk(np.array(wide_nodes), np.array(wide_states), starts, ends)
             if kept.shape[0]:  # single allowed positions
-                ids = self._ranges_to_ids(np.concatenate(starts), np.concatenate(ends))
+                ids = ranges_to_ids(self.trie, np.concatenate(starts), np.concatenate(ends))
                 return np.concatenate([ids, trie.pos_ids[kept]])
-        ids = self._ranges_to_ids(np.concatenate(starts), np.concatenate(ends))
+        ids = ranges_to_ids(self.trie, np.concatenate(starts), np.concatenate(ends))
         return ids
 
     def prepare(self) -> None:
@@ -141,24 +155,41 @@ class TrieWalk:
         self._body.prepare()
 
     def _body_allowed(self, state: int) -> np.ndarray | None:
-        """The allowed ids of a state from the vocabulary's body split (`body_tokens`): its own body, else the
-        body its biggest group of ASCII bytes leads to (a key's first character, then the key's body); None when
-        neither decides it."""
+        """The allowed ids of a state decided from the vocabulary's body split (its own body, else on its first
+        byte), or None."""
+        planned = self._body_planned(state) or self._first_byte_planned(state)
+        return None if planned is None else planned.ids()
+
+    def _body_planned(self, state: int) -> PlannedIds | None:
+        """The allowed ids of a state with a string body, from the vocabulary's body split (`body_tokens`) and its
+        plan (`body_masks`); None when its body does not decide them."""
         if not self.use_bodies:
             return None
         body = self._body
         steps = body.steps_of(state)
-        if steps >= 1:
-            ascii_bits, _, multibyte = body.body_of(state)
-            if self._bans_longer(state, steps, ascii_bits, multibyte):
-                split = body_tokens(self.trie, ascii_bits, multibyte)
-                if split.complete:
-                    return self._body_ids(split, steps, state, None)
-        return self._first_byte_allowed(state)
+        if steps < 1:
+            return None
+        ascii_bits, _, multibyte = body.body_of(state)
+        if not self._bans_longer(state, steps, ascii_bits, multibyte):
+            return None
+        split = body_tokens(self.trie, ascii_bits, multibyte)
+        if not split.complete:
+            return None
+        plan = body_plan(self.trie, split)
+        kept = walk_others(split, self.dfa.transitions, state, self._dead, None)
+        return PlannedIds(plan, plan.row(steps), self.trie.pos_ids[kept])
 
     def _first_byte_allowed(self, state: int) -> np.ndarray | None:
+        """The allowed ids of a state decided on its first byte (`_first_byte_planned`), or None."""
+        planned = self._first_byte_planned(state)
+        return None if planned is None else planned.ids()
+
+    def _first_byte_planned(self, state: int) -> PlannedIds | None:
         """Tokens whose first byte is in the state's biggest ASCII group G (all lead to one state t with a body):
-        their bytes past the first from t's body split; the others (first byte outside G) by the trie walk."""
+        their bytes past the first from t's `skip_first` body split and its plan, restricted to G; the others
+        (first byte outside G) by the trie walk."""
+        if not self.use_bodies:
+            return None
         body, trie = self._body, self.trie
         group_bits, target, _ = body.body_of(state)
         if not group_bits or target == self._dead or target == state:
@@ -172,26 +203,27 @@ class TrieWalk:
         split = body_tokens(trie, ascii_bits, multibyte, skip_first=True)
         if not split.complete:
             return None
+        plan = body_plan(trie, split)
         in_group = np.zeros(256, dtype=bool)
         in_group[:128] = np.unpackbits(np.frombuffer(group_bits.to_bytes(16, "little"), np.uint8), bitorder="little")
-        first_in = in_group[trie.pos_first]
-        keep = first_in[split.other_positions]
-        found = self._body_ids(split, steps, state, first_in, keep)
+        keep = in_group[trie.pos_first[split.other_positions]]
+        parts = [trie.pos_ids[walk_others(split, self.dfa.transitions, state, self._dead, keep)]]
         nodes, states = [], []  # the root's children outside G, in their next states
-        for byte, following in self._live_bytes(state):
+        row = self._rows[state] or self._row(state)
+        for byte in self._live_bytes(state):
             child = trie.child_of.get(byte)  # a child of the root (node 0): key (0 << 8) | byte
             if child is not None and not in_group[byte]:
                 nodes.append(child)
-                states.append(following)
-        if not nodes:
-            return found
-        starts: list[np.ndarray] = []
-        ends: list[np.ndarray] = []
-        singles = self._numpy_walk(np.array(nodes, dtype=np.int64), np.array(states, dtype=np.int64), starts, ends)
-        parts = [found, trie.pos_ids[singles]]
-        if starts:
-            parts.append(self._ranges_to_ids(np.concatenate(starts), np.concatenate(ends)))
-        return np.concatenate(parts)
+                states.append(row[byte])
+        if nodes:
+            starts: list[np.ndarray] = []
+            ends: list[np.ndarray] = []
+            singles = self._numpy_walk(np.array(nodes, dtype=np.int64), np.array(states, dtype=np.int64), starts, ends)
+            parts.append(trie.pos_ids[singles])
+            if starts:
+                parts.append(ranges_to_ids(self.trie, np.concatenate(starts), np.concatenate(ends)))
+        extra = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return PlannedIds(plan, plan.row(steps), extra, group_bits, group_words(trie, plan, group_bits))
 
     def _bans_longer(self, state: int, steps: int, ascii_bits: int, multibyte: bool) -> bool:
         """True when a body token longer than `steps` characters dies: its next character is read in the state
@@ -205,30 +237,17 @@ class TrieWalk:
             return False
         return not multibyte or all(target == dead for target in row[0xC2:0xF5])
 
-    def _body_ids(
-        self, split: BodyTokens, steps: int, state: int, first_in: np.ndarray | None, keep: np.ndarray | None = None
-    ) -> np.ndarray:
-        """Ids of the body tokens that fit `steps` (only those whose first byte is in the group, if given) and of
-        the other tokens (those in `keep`) that `state` lets through."""
-        chars = split.chars
-        inside = chars >= 0 if steps == UNBOUNDED else (chars >= 0) & (chars <= steps)
-        if first_in is not None:
-            inside &= first_in
-        kept = walk_others(split, self.dfa.transitions, state, self._dead, keep)
-        pos_ids = self.trie.pos_ids
-        return np.concatenate([pos_ids[np.flatnonzero(inside)], pos_ids[kept]])
-
     def is_narrow(self, state: int) -> bool:
         """True when `state` is walked node by node in Python (its masks are cheap: tens of microseconds)."""
         return len(self._live_bytes(state)) <= self.narrow_bytes
 
-    def _live_bytes(self, state: int) -> list[tuple[int, int]]:
+    def _live_bytes(self, state: int) -> bytes:
+        """The bytes that do not kill `state` (their next states: `_row`)."""
         live = self._live[state]
         if live is None:
-            dead = self._dead
-            row = self.dfa.transitions[state]
-            live_bytes = np.flatnonzero(row != dead)
-            live = self._live[state] = list(zip(live_bytes.tolist(), row[live_bytes].tolist()))
+            live = self._live[state] = (
+                np.flatnonzero(self.dfa.transitions[state] != self._dead).astype(np.uint8).tobytes()
+            )
         return live
 
     def _numpy_walk(
@@ -290,19 +309,3 @@ class TrieWalk:
                 else:
                     kept.append(position)
         return kept
-
-    def _ranges_to_ids(self, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Token ids at the disjoint DFS position ranges [starts, ends)."""
-        lengths = ends - starts
-        nonempty = lengths > 0
-        starts, lengths = starts[nonempty], lengths[nonempty]
-        total = int(lengths.sum())
-        pos_ids = self.trie.pos_ids
-        if total * 8 < pos_ids.shape[0]:  # few tokens: enumerate the positions
-            offsets = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
-            return pos_ids[np.arange(total) + offsets]
-        # many: mark range boundaries and prefix-sum them (ranges are disjoint)
-        delta = np.zeros(pos_ids.shape[0] + 1, dtype=np.int32)
-        delta[starts] += 1  # disjoint non-empty ranges: starts are distinct, and so are ends (no `np.add.at`)
-        delta[starts + lengths] -= 1
-        return pos_ids[np.cumsum(delta[:-1]) > 0]

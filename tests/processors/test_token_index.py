@@ -72,6 +72,11 @@ def check_against_eager(regex: str, vocab: TokenVocabulary, tail_tokens: int, na
         mask = lazy.state_mask(l_state)
         bits = np.unpackbits(mask.words.view(np.uint8), bitorder="little")
         assert np.flatnonzero(bits).tolist() == sorted(got)  # the words say the same as the ids
+        if mask.allowed_ids is not None:  # and so do the saved ids the processors apply (no repeats)
+            assert sorted(mask.allowed_ids.tolist()) == sorted(got) and mask.banned_ids is None
+        else:
+            banned = np.flatnonzero(bits[: vocab.vocab_size] == 0).tolist()
+            assert sorted(mask.banned_ids.tolist()) == banned
         assert mask.num_allowed == len(got)  # no token counted twice (the walk's parts are disjoint)
         assert mask.forced == (next(iter(expected)) if len(expected) == 1 and not final else -1)
         for token_id in expected:
