@@ -49,6 +49,7 @@ SETTINGS: dict[str, dict] = {
     "int8": {"kv_cache_dtype": "int8"},
     "int4": {"kv_cache_dtype": "int4"},
     "K8V4": {"key_cache_dtype": "int8", "value_cache_dtype": "int4"},
+    "int4, V per head": {"kv_cache_dtype": "int4", "value_quant_group": "head"},
     "snapkv 0.5": {"kv_eviction": "snapkv", "kv_keep_ratio": 0.5, **EVICTION},
     "snapkv 0.25": {"kv_eviction": "snapkv", "kv_keep_ratio": 0.25, **EVICTION},
     "snapkv 0.2": {"kv_eviction": "snapkv", "kv_keep_ratio": 0.2, **EVICTION},
@@ -78,6 +79,12 @@ LONG_SETTINGS: dict[str, dict] = {
     "int4 + streaming 5/8, w64": {"kv_cache_dtype": "int4", "_streaming": 5, "window_tokens": 64, **_STREAM},
     "int4 + streaming 6/8, w128": {"kv_cache_dtype": "int4", "_streaming": 6, "window_tokens": 128, **_STREAM},
     "int8 + streaming 5/8, w64": {"kv_cache_dtype": "int8", "_streaming": 5, "window_tokens": 64, **_STREAM},
+    # values quantized per (token, KV head) instead of per token (`value_quant_group="head"`)
+    "int4, V per head": {"kv_cache_dtype": "int4", "value_quant_group": "head"},
+    "int4 V/head + streaming 5/8, w64": {"kv_cache_dtype": "int4", "value_quant_group": "head", "_streaming": 5,
+                                         "window_tokens": 64, **_STREAM},
+    "int4 V/head + streaming 5/8, w128": {"kv_cache_dtype": "int4", "value_quant_group": "head", "_streaming": 5,
+                                          "window_tokens": 128, **_STREAM},
 }
 
 

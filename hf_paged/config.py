@@ -13,6 +13,7 @@ KV_EVICTION_POLICIES = (None, "streaming", "snapkv", "pyramidkv")
 PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 PREFIX_EVICTION_POLICIES = ("lru", "lfu")
+VALUE_QUANT_GROUPS = ("token", "head")
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -46,6 +47,9 @@ class PagedConfig:
     kv_cache_dtype: str = "auto"  # "auto" | "fp8" | "int8" | "int4"; sets keys and values alike
     key_cache_dtype: str | None = None  # overrides kv_cache_dtype for keys (e.g. "int8" with values "int4")
     value_cache_dtype: str | None = None  # overrides kv_cache_dtype for values
+    # quantized values' scale groups: "token" (one scale per token over all its KV heads; int4 30.9% of bf16 with
+    # int4 keys) | "head" (one per token and KV head: int4 32.0%, half the value error; see cache/compression.py)
+    value_quant_group: str = "token"
     kv_eviction: str | None = None  # None | "streaming" | "snapkv" | "pyramidkv"
     kv_keep_ratio: float = 1.0  # share of a request's prompt blocks kept by eviction (0 < r <= 1)
     num_sink_tokens: int = 16  # attention sinks kept by "streaming"
@@ -81,6 +85,7 @@ class PagedConfig:
             value = getattr(self, name)
             if value is not None:
                 _check_choice(name, value, KV_CACHE_DTYPES)
+        _check_choice("value_quant_group", self.value_quant_group, VALUE_QUANT_GROUPS)
         _check_choice("kv_eviction", self.kv_eviction, KV_EVICTION_POLICIES)
         if not isinstance(self.kv_keep_ratio, (int, float)) or not 0 < self.kv_keep_ratio <= 1:
             raise ValueError(f"PagedConfig.kv_keep_ratio must be in (0, 1], got {self.kv_keep_ratio!r}")

@@ -299,4 +299,4 @@ class CompressedKV:
         fmt, parts = self.format, self._group_parts(0)
         if not fmt.is_quantized:
             return parts["data"]
-        return QuantizedKV(parts["data"], parts["scale"], fmt.name, parts.get("zero"), fmt.per_channel)
+        return QuantizedKV(parts["data"], parts["scale"], fmt.name, parts.get("zero"), fmt.per_channel, fmt.per_head)

@@ -23,7 +23,7 @@ class CompressedCacheMixin:
 
     def _init_compression(self) -> None:
         cfg = self.paged_config
-        self.key_format, self.value_format = formats_for(cfg.key_dtype, cfg.value_dtype)
+        self.key_format, self.value_format = formats_for(cfg.key_dtype, cfg.value_dtype, cfg.value_quant_group)
         streaming = cfg.kv_streaming_heads
         self.compressed = self.key_format.is_quantized or self.value_format.is_quantized or bool(
             streaming and any(streaming))

@@ -8,6 +8,7 @@ as leading dim; the kernels take them as one `QuantizedKV` each and dequantize w
     fp8     float8_e4m3fn [.., D]                scale fp16 [num_blocks, bs] (per token)    q * scale
     int4    uint8 [.., D/2], even dims low       scale fp16, zero int8 [num_blocks, bs]     (q - zero) * scale
             nibble                               or [num_blocks, H, D] (per_channel, keys)
+    any     (per_head)                           per-token scale / zero [num_blocks, bs, H]  (one per KV head)
 
 A block is quantized once it is full; the blocks still being written live in full precision elsewhere (staging
 rows, the step's touched blocks). `FullPrecisionTail` points at them: a query at position p reads the keys of
@@ -44,6 +45,7 @@ class QuantizedKV:
     format: str  # "int8" | "fp8" | "int4"
     zero: torch.Tensor | None = None  # int8, scale's shape and strides (int4 only)
     per_channel: bool = False  # int4 keys (KIVI): scale and zero per (head, dim) over a block's tokens
+    per_head: bool = False  # per-token scale and zero split by KV head: [num_blocks, block_size, num_kv_heads]
 
     def head_dim(self) -> int:
         return self.data.shape[3] * (2 if self.format == "int4" else 1)
@@ -76,7 +78,7 @@ class KVOperand:
     stride_head: int
     stride_scale_block: int
     stride_scale_slot: int  # 0 per channel
-    stride_scale_head: int  # 0 per token
+    stride_scale_head: int  # 0 per token (all heads share it)
 
     def args(self) -> tuple:
         """Kernel arguments in the kernels' order: pointers, then strides."""
@@ -94,6 +96,8 @@ def kv_operand(cache: torch.Tensor | QuantizedKV) -> KVOperand:
     zero = cache.zero if cache.zero is not None else cache.scale
     if cache.per_channel:
         scale_strides = (sc[0], 0, sc[1])
+    elif cache.per_head:  # the kernels offset scale/zero by kv_head * stride_scale_head, as per channel
+        scale_strides = (sc[0], sc[1], sc[2])
     else:
         scale_strides = (sc[0], sc[1], 0)
     data, fmt = cache.data, FORMAT_CODES[cache.format]
@@ -118,8 +122,12 @@ def _check_quantized(name: str, q: QuantizedKV) -> None:
     if q.per_channel:
         if q.format != "int4":
             raise KernelArgumentError(f"{name}: per_channel scales exist for int4 only (KIVI keys); got {q.format}")
+        if q.per_head:
+            raise KernelArgumentError(f"{name}: per_channel and per_head exclude each other; set one of them")
         expected = (num_blocks, num_heads, q.head_dim())
         layout = "[num_blocks, num_kv_heads, head_dim]"
+    elif q.per_head:
+        expected, layout = (num_blocks, block_size, num_heads), "[num_blocks, block_size, num_kv_heads]"
     else:
         expected, layout = (num_blocks, block_size), "[num_blocks, block_size]"
     if tuple(q.scale.shape) != expected:

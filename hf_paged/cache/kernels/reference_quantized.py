@@ -28,7 +28,7 @@ def dequantize_blocks(cache: torch.Tensor | QuantizedKV, block_ids: torch.Tensor
     parts = {"data": data.index_select(0, block_ids), "scale": cache.scale.index_select(0, block_ids)}
     if cache.zero is not None:
         parts["zero"] = cache.zero.index_select(0, block_ids)
-    return BlockFormat(cache.format, per_channel=cache.per_channel).dequantize(parts, dtype)
+    return BlockFormat(cache.format, per_channel=cache.per_channel, per_head=cache.per_head).dequantize(parts, dtype)
 
 
 def ref_paged_prefill_attention_quantized(

@@ -1,0 +1,181 @@
+"""Values quantized per (token, KV head) (`PagedConfig.value_quant_group="head"`): format, bytes, cache, kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_paged import Engine, PagedCache, PagedConfig, SamplingParams
+from hf_paged.cache.compression import BlockFormat, formats_for
+from hf_paged.cache.kernels import QuantizedKV, paged_decode_attention, paged_prefill_attention
+from tests.kernels.paged_cases import make_case, tolerance
+from tests.kernels.quantized_cases import QuantizedCase, dense_quantized_attention, quantize_case
+from tests.tiny_models import left_pad, ragged_prompts, tiny_model
+
+
+def _two_heads_far_apart() -> torch.Tensor:
+    """One token, two KV heads x 8 dims: head 0 on the grid of step 0.5, head 1 on the grid of step 10."""
+    x = torch.zeros(1, 1, 2, 8)
+    x[0, 0, 0] = torch.tensor([0, 1, 2, 3, 4, 5, 6, 15]) * 0.5
+    x[0, 0, 1] = torch.tensor([0, 15, 2, 3, 4, 5, 6, 7]) * 10.0
+    return x
+
+
+def test_int4_per_head_scales_are_exact_per_head_where_per_token_is_not():
+    x = _two_heads_far_apart()
+    fmt = BlockFormat("int4", per_head=True)
+    parts = fmt.quantize(x)
+    assert parts["scale"].shape == (1, 1, 2) and parts["zero"].shape == (1, 1, 2)
+    assert parts["scale"][0, 0].tolist() == [0.5, 10.0] and parts["zero"][0, 0].tolist() == [0, 0]
+    assert torch.equal(fmt.dequantize(parts, torch.float32), x)
+    per_token = BlockFormat("int4")
+    back = per_token.dequantize(per_token.quantize(x), torch.float32)  # one scale of 150 / 15 = 10 for both heads
+    assert back[0, 0, 0].tolist() == [0, 0, 0, 0, 0, 0, 0, 10]
+
+
+def test_int8_per_head_scales():
+    x = _two_heads_far_apart()
+    fmt = BlockFormat("int8", per_head=True)
+    parts = fmt.quantize(x)
+    assert parts["scale"][0, 0].tolist() == [torch.tensor(7.5 / 127).half().item(), torch.tensor(150 / 127).half().item()]
+    back = fmt.dequantize(parts, torch.float32)
+    assert (back - x)[0, 0, 0].abs().max() <= 7.5 / 127 / 2 * 1.01
+
+
+def test_formats_and_config_choose_per_head_values_only():
+    key, value = formats_for("int4", "int4", "head")
+    assert key.per_channel and not key.per_head and value.per_head and not value.per_channel
+    assert not formats_for("int4", "auto", "head")[1].per_head  # nothing to scale in full precision
+    assert not formats_for("int4", "int4")[1].per_head  # the default stays per token
+    with pytest.raises(ValueError, match=r"PagedConfig.value_quant_group must be one of \['token', 'head'\]"):
+        PagedConfig(kv_cache_dtype="int4", value_quant_group="channel")
+    with pytest.raises(ValueError, match=r"value_quant_group must be one of \['token', 'head'\]"):
+        formats_for("int4", "int4", "dim")
+
+
+def test_bytes_of_int4_with_per_head_values():
+    # The default model's shape: 2 KV heads x 32 dims, block 16. Keys 512 data + 2x32 x 3 scale/zero bytes;
+    # values 512 data + 16x2 x 3 (per head) instead of 16 x 3 (per token).
+    key, value = formats_for("int4", "int4", "head")
+    assert key.bytes_per_block(16, 2, 32, torch.bfloat16) == 704
+    assert value.bytes_per_block(16, 2, 32, torch.bfloat16) == 608
+    assert BlockFormat("int4").bytes_per_block(16, 2, 32, torch.bfloat16) == 560
+    bf16 = 2 * BlockFormat("auto").bytes_per_block(16, 2, 32, torch.bfloat16)
+    assert (704 + 608) / bf16 == 0.3203125  # vs (704 + 560) / 4096 = 0.30859375 per token
+
+
+def test_cache_stores_per_head_value_scales_and_reports_their_bytes():
+    model = tiny_model("llama")  # 2 layers, 2 KV heads x 8 dims
+    ids, mask = left_pad(ragged_prompts([5, 9]))
+    config = PagedConfig(block_size=4, num_blocks=10, max_num_seqs=2, kv_cache_dtype="int4", value_quant_group="head")
+    cache = PagedCache(model.config, config)
+    model.generate(ids, attention_mask=mask, max_new_tokens=3, do_sample=False, cache=cache)
+    keys, values = cache.layers[0].compressed
+    assert values.parts["0.scale"].shape == (10, 4, 2) and values.parts["0.zero"].shape == (10, 4, 2)
+    assert keys.parts["0.scale"].shape == (10, 2, 8)  # keys unchanged: per channel
+    # per layer and block: keys 4x2x4 + 2x8 x 3 = 80 bytes, values 4x2x4 + 4x2 x 3 = 56 bytes
+    assert cache.stats()["kv_bytes_per_block"] == 2 * (80 + 56)
+    cache.check_integrity()
+
+
+def test_stock_cache_argument_with_int8_per_head_values_keeps_greedy_tokens():
+    model = tiny_model("llama")
+    ids, mask = left_pad(ragged_prompts([3, 17, 33], seed=1))
+    stock = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False)
+    cache = PagedCache(model.config, PagedConfig(block_size=16, num_blocks=64, kv_cache_dtype="int8",
+                                                 value_quant_group="head"))
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, cache=cache)
+    assert torch.equal(out, stock)
+    cache.check_integrity()
+
+
+def _per_head_values(qc: QuantizedCase, fmt_name: str) -> QuantizedCase:
+    """`qc` with its values re-quantized per (token, head); the blocks no sequence reads get NaN scales."""
+    cache = qc.case.value_cache
+    fmt = BlockFormat(fmt_name, per_head=True)
+    full = torch.isfinite(qc.dequantized_value.flatten(1)).all(1)
+    parts = fmt.allocate(*cache.shape, cache.dtype, cache.device)
+    parts["scale"].fill_(float("nan"))
+    ids = full.nonzero().squeeze(1)
+    for name, t in fmt.quantize(cache[ids]).items():
+        parts[name][ids] = t.to(parts[name].dtype)
+    value = QuantizedKV(parts["data"], parts["scale"], fmt_name, parts.get("zero"), per_head=True)
+    deq = torch.full_like(cache, float("nan"))
+    deq[ids] = fmt.dequantize({n: t[ids] for n, t in parts.items()}, cache.dtype)
+    return QuantizedCase(qc.case, qc.key, value, qc.tail, qc.dequantized_key, deq)
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_fused_kernels_read_per_head_value_scales(fmt):
+    # Triton (the interpreter on CPU) and the torch reference against the dense oracle, decode and prefill.
+    for context_lens, q_lens in (([1, 17, 40], [1, 1, 1]), ([20, 40], [7, 40])):
+        case = make_case(context_lens, q_lens, num_heads=4, num_kv_heads=2, head_dim=16, block_size=8,
+                         dtype=torch.float32, seed=3)
+        case.value_cache[:, :, 1] *= 30.0  # heads of very different magnitude: a per-token scale would blur head 0
+        case.dense_values = [v.clone() for v in case.dense_values]
+        for v in case.dense_values:
+            v[:, 1] *= 30.0
+        qc = _per_head_values(quantize_case(case, fmt, fmt, seed=1), fmt)
+        expected = dense_quantized_attention(qc)
+        for backend in ("triton", "torch"):
+            if q_lens == [1] * len(q_lens):
+                out = paged_decode_attention(case.query, qc.key, qc.value, case.block_tables, case.context_lens,
+                                             scale=case.scale, tail=qc.tail, backend=backend)
+            else:
+                out = paged_prefill_attention(case.query, qc.key, qc.value, case.block_tables, case.query_start_loc,
+                                              case.context_lens, scale=case.scale, tail=qc.tail, backend=backend)
+            assert torch.isfinite(out).all()
+            torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+
+
+def test_engine_on_fused_kernels_with_per_head_values_matches_the_torch_path(monkeypatch):
+    from hf_paged.cache import attention
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                         eos_token_id=None, pad_token_id=0)).eval()
+    prompts = ragged_prompts([3, 11, 21], seed=5, vocab=64)
+    outputs, fused_calls = {}, []
+    original = attention._compressed_kernel_attention
+
+    def spy(*args, **kwargs):
+        fused_calls.append(args[3].shape[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "_compressed_kernel_attention", spy)
+    for backend in ("torch", "triton"):
+        config = PagedConfig(block_size=8, attention_backend=backend, max_num_batched_tokens=16,
+                             kv_cache_dtype="int4", value_quant_group="head")
+        engine = Engine(model, config)
+        ids = [engine.add_request(p, SamplingParams(max_new_tokens=4)) for p in prompts]
+        outs = engine.run(ids)
+        outputs[backend] = [outs[i].generated_tokens for i in ids]
+        assert bool(fused_calls) == (backend == "triton")
+    assert outputs["triton"] == outputs["torch"]
+
+
+def _engine_tokens(model, prompts, **config) -> tuple[list[list[int]], Engine]:
+    engine = Engine(model, PagedConfig(block_size=8, kv_cache_dtype="int4", value_quant_group="head", **config))
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=12)) for p in prompts]
+    while engine.has_unfinished:
+        engine.step()
+        engine.check_integrity()
+    outs = [engine.pop_output(i) for i in ids]
+    assert all(o.error is None for o in outs)
+    return [o.generated_tokens for o in outs], engine
+
+
+def test_engine_parity_with_per_head_values_chunked_swapped_and_prefix_shared():
+    # Batched + chunked, swap preemption and prefix hits give the tokens of each request run alone, same setting.
+    model = tiny_model("llama")
+    shared = ragged_prompts([24], seed=9)[0]
+    prompts = [*ragged_prompts([5, 33, 19], seed=3), shared + [7, 8, 9], shared + [10, 11]]
+    alone = [_engine_tokens(model, [p], max_num_batched_tokens=256)[0][0] for p in prompts]
+    assert _engine_tokens(model, prompts, max_num_batched_tokens=16)[0] == alone
+    got, engine = _engine_tokens(model, prompts, num_blocks=12, max_num_batched_tokens=32, preemption_mode="swap",
+                                 enable_prefix_caching=False)
+    assert engine.stats()["preemptions"] > 0 and got == alone
+    got, engine = _engine_tokens(model, prompts, max_num_batched_tokens=256, max_num_seqs=1)
+    assert got == alone and engine.stats()["prompt_tokens_cached"] >= 24
