@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_paged import Engine, PagedCache, PagedConfig, SamplingParams
 from hf_paged.cache.compression import BlockFormat, formats_for
@@ -127,33 +126,6 @@ def test_fused_kernels_read_per_head_value_scales(fmt):
                                               case.context_lens, scale=case.scale, tail=qc.tail, backend=backend)
             assert torch.isfinite(out).all()
             torch.testing.assert_close(out, expected, **tolerance(torch.float32))
-
-
-def test_engine_on_fused_kernels_with_per_head_values_matches_the_torch_path(monkeypatch):
-    from hf_paged.cache import attention
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                         eos_token_id=None, pad_token_id=0)).eval()
-    prompts = ragged_prompts([3, 11, 21], seed=5, vocab=64)
-    outputs, fused_calls = {}, []
-    original = attention._compressed_kernel_attention
-
-    def spy(*args, **kwargs):
-        fused_calls.append(args[3].shape[0])
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(attention, "_compressed_kernel_attention", spy)
-    for backend in ("torch", "triton"):
-        config = PagedConfig(block_size=8, attention_backend=backend, max_num_batched_tokens=16,
-                             kv_cache_dtype="int4", value_quant_group="head")
-        engine = Engine(model, config)
-        ids = [engine.add_request(p, SamplingParams(max_new_tokens=4)) for p in prompts]
-        outs = engine.run(ids)
-        outputs[backend] = [outs[i].generated_tokens for i in ids]
-        assert bool(fused_calls) == (backend == "triton")
-    assert outputs["triton"] == outputs["torch"]
 
 
 def _engine_tokens(model, prompts, **config) -> tuple[list[list[int]], Engine]:

@@ -24,6 +24,7 @@ def test_engine_with_triton_backend_matches_stock():
 COMPRESSED = {
     "int8": {"kv_cache_dtype": "int8"},
     "int4": {"kv_cache_dtype": "int4"},
+    "int4, values per head": {"kv_cache_dtype": "int4", "value_quant_group": "head"},
     # head groups of two formats: the torch path, even under attention_backend="triton"
     "int8, head 0 full precision": {"kv_cache_dtype": "int8", "kv_full_precision_heads": ((0,), (0,))},
     # SnapKV scores the last prompt chunk on the torch path; the decodes after it run fused
