@@ -17,6 +17,7 @@ from hf_paged.processors.schema_context import Context
 __all__ = ["dump_value", "finite_domain", "valid_values"]
 
 _MAX_FINITE_INTEGERS = 4096  # integers of a bounded range tried one by one against the whole schema
+_FEW_MULTIPLES = 256  # schema_numbers writes up to this many multiples of a step itself
 _NEEDS_VALUES = ("not", "if", "multipleOf")  # keywords a finite domain checks exactly where regexes cannot
 
 
@@ -44,9 +45,13 @@ def finite_domain(schema: dict) -> list[Any] | None:
     if not lows or not highs:
         return None
     lo, hi = math.floor(max(lows)), math.ceil(min(highs))  # a superset: jsonschema decides each value exactly
-    if hi - lo + 1 > _MAX_FINITE_INTEGERS:
-        return None
-    return list(range(lo, hi + 1))
+    stride = step if isinstance(step, int) and not isinstance(step, bool) and step > 0 else 1
+    first = -(-lo // stride) * stride  # valid integers are multiples of an integer step: only those are candidates
+    if hi < first or (hi - first) // stride + 1 > _MAX_FINITE_INTEGERS:
+        return None if hi >= first else []
+    if "not" not in schema and "if" not in schema and (hi - first) // stride + 1 <= _FEW_MULTIPLES:
+        return None  # a plain bounded `multipleOf`: the number translation enumerates it without jsonschema
+    return list(range(first, hi + 1, stride))
 
 
 def valid_values(values: list[Any], schema: Any, ctx: Context) -> list[Any]:

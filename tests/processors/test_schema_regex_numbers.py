@@ -121,3 +121,8 @@ def test_finite_domains_are_checked_value_by_value():
     assert [v for v in range(8) if rx.fullmatch(str(v))] == [2, 5]
     with pytest.raises(UnsupportedSchemaError, match="`if`"):
         schema_to_regex({"type": "integer", "minimum": 0, "if": {"maximum": 3}, "then": {"minimum": 2}})  # unbounded
+
+
+def test_bounded_multiples_beyond_the_enumeration_limit_are_checked_as_a_finite_set():
+    rx = re.compile(schema_to_regex({"type": "integer", "minimum": 0, "maximum": 4000, "multipleOf": 5}))  # 801
+    assert rx.fullmatch("3995") and rx.fullmatch("0") and not rx.fullmatch("3996") and not rx.fullmatch("4005")
