@@ -17,6 +17,7 @@ A pair with no such reason makes the whole `oneOf` unsupported.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from hf_paged.processors.schema_refs import same_json
@@ -87,15 +88,9 @@ def _values(s: Any) -> list[Any] | None:
     return None
 
 
-def _none_valid(values: list[Any], schema: Any) -> bool:
-    """True when jsonschema rejects every value under `schema` alone (False when it cannot tell: `$ref`s)."""
-    import jsonschema
-
-    try:
-        validator = jsonschema.Draft202012Validator(schema)
-        return not any(validator.is_valid(v) for v in values)
-    except Exception:  # noqa: BLE001 -- an unresolvable reference: no conclusion
-        return False
+# `check(values, schema) -> bool`: True when the root's jsonschema validator (its draft, references resolved
+# against the root) rejects every value under `schema`; False when it cannot tell
+NoneValid = Callable[[list[Any], Any], bool]
 
 
 def _count_bounds_exclude(b: dict, c: dict) -> bool:
@@ -112,7 +107,7 @@ def _disjoint(a: list[Any], b: list[Any]) -> bool:
     return not any(same_json(x, y) for x in a for y in b)
 
 
-def _narrow(b: dict, c: Any) -> dict | None:
+def _narrow(b: dict, c: Any, none_valid: NoneValid) -> dict | None:
     """b narrowed so that no document of it satisfies c; None when no rule applies."""
     if c is False or not (types_of(b) & types_of(c)):
         return b
@@ -121,10 +116,11 @@ def _narrow(b: dict, c: Any) -> dict | None:
     vb, vc = _values(b), _values(c)
     if vb is not None and vc is not None and _disjoint(vb, vc):
         return b
-    if vc is not None and _none_valid(vc, b) or vb is not None and _none_valid(vb, c):
+    if vc is not None and none_valid(vc, b) or vb is not None and none_valid(vb, c):
         return b  # a finite side none of whose values the other side accepts
     items_b, items_c = b.get("items"), c.get("items")
     if (types_of(b) == {"array"} and isinstance(items_b, dict) and isinstance(items_c, dict)
+            and "prefixItems" not in b and "prefixItems" not in c  # (else `items` skips the first items)
             and not (types_of(items_b) & types_of(items_c))):
         # only the empty array can satisfy both: b's arrays keep at least one item
         return b if b.get("minItems", 0) >= 1 else dict(b, minItems=1)
@@ -150,7 +146,7 @@ def _narrow(b: dict, c: Any) -> dict | None:
     return None
 
 
-def narrow_exclusive(options: list[list[Any]]) -> list[list[Any]] | None:
+def narrow_exclusive(options: list[list[Any]], none_valid: NoneValid) -> list[list[Any]] | None:
     """Narrow every flattened branch of every `oneOf` option against all branches of the other options."""
     out: list[list[Any]] = []
     for i, subs in enumerate(options):
@@ -164,7 +160,7 @@ def narrow_exclusive(options: list[list[Any]]) -> list[list[Any]] | None:
                 if j == i:
                     continue
                 for c in others:
-                    nb = _narrow(b, c)
+                    nb = _narrow(b, c, none_valid)
                     if nb is None:
                         return None
                     b = nb

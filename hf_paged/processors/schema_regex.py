@@ -231,7 +231,8 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
                 merged = {"allOf": [rest, option]} if rest else option
                 subs.append(branches(merged, ctx, pointer_join(pointer, key, i), refs))
             if key == "oneOf" and len(options) > 1:
-                narrowed = narrow_exclusive([[b.schema for b in bs] for bs in subs])
+                narrowed = narrow_exclusive([[b.schema for b in bs] for bs in subs],
+                                            lambda values, sub: _none_valid(values, sub, ctx))
                 if narrowed is None:
                     ctx.unsupported("oneOf", pointer, "its branches may overlap (exactly-one cannot be checked); use "
                                     "`anyOf`, or make branches disjoint by `type`, `required` keys or a `const` "
@@ -311,6 +312,14 @@ def _allowed_types(schema: dict, ctx: Context, pointer: str) -> list[str]:
     if "integer" in types and "number" in types:
         types.discard("integer")
     return [x for x in TYPES if x in types]
+
+
+def _none_valid(values: list[Any], schema: Any, ctx: Context) -> bool:
+    """Whether the root's validator rejects every value under `schema` (False when it cannot evaluate it)."""
+    try:
+        return not valid_values(values, schema, ctx)
+    except InvalidSchemaError:
+        return False
 
 
 # Strings inside an unconstrained value: bare characters and short escapes, no `\uXXXX` (which JSON writers

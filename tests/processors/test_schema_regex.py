@@ -196,3 +196,20 @@ def test_nested_id_resources_keep_their_anchors_and_refuse_scoped_references():
               "$defs": {"t": {"type": "integer"}}}
     with pytest.raises(UnsupportedSchemaError, match=r"\$id"):
         schema_to_regex(scoped)
+
+
+def test_one_of_narrowing_uses_the_schema_draft_and_prefix_items():
+    # draft-04: exclusiveMinimum false keeps 0 valid, so 0 satisfies both branches and must not be produced
+    draft4 = {"$schema": "http://json-schema.org/draft-04/schema#",
+              "oneOf": [{"type": "number", "minimum": 0, "exclusiveMinimum": False}, {"enum": [0]}]}
+    try:
+        assert not accepts(draft4, "0")
+    except UnsupportedSchemaError:
+        pass
+    # `items` after `prefixItems` does not see the first item: ["x"] satisfies both branches
+    tuple_first = {"oneOf": [{"type": "array", "prefixItems": [{"type": "string"}], "items": {"type": "number"}},
+                             {"type": "array", "items": {"type": "string"}}]}
+    try:
+        assert not accepts(tuple_first, '["x"]')
+    except UnsupportedSchemaError:
+        pass
