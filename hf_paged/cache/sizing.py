@@ -51,15 +51,23 @@ def num_blocks_for(cfg: PagedConfig, shape: KVShape, dtype: torch.dtype, device=
     per_block = shape.bytes_per_block(cfg.block_size, dtype)
     budget = cfg.max_cache_bytes
     if budget is None:
-        budget = _default_budget(device)
-        ceiling = cfg.max_num_seqs * -(-shape.max_model_len // cfg.block_size)
-        return max(1, min(budget // per_block, ceiling))
+        return max(1, min(budget_bytes(cfg, device) // per_block, max_useful_blocks(cfg, shape)))
     blocks = budget // per_block
     if blocks < 1:
         raise ValueError(
             f"PagedConfig.max_cache_bytes={budget} is smaller than one block ({per_block} bytes); raise it"
         )
     return blocks
+
+
+def budget_bytes(cfg: PagedConfig, device=None) -> int:
+    """The KV memory budget: `max_cache_bytes`, or a default share of the device's free memory."""
+    return cfg.max_cache_bytes if cfg.max_cache_bytes is not None else _default_budget(device)
+
+
+def max_useful_blocks(cfg: PagedConfig, shape: KVShape) -> int:
+    """Blocks that `max_num_seqs` sequences of the model's maximum length could use (the default budget's cap)."""
+    return cfg.max_num_seqs * -(-shape.max_model_len // cfg.block_size)
 
 
 def _default_budget(device) -> int:

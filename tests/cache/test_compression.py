@@ -143,3 +143,24 @@ def test_head_aware_precision_keeps_chosen_heads_exact():
 def test_full_precision_heads_are_validated():
     with pytest.raises(ValueError, match="kv_full_precision_heads must be None or one tuple of KV head indices"):
         PagedConfig(kv_full_precision_heads=((0, -1),))
+
+
+@pytest.mark.parametrize("setting", [
+    {"kv_cache_dtype": "int4"},
+    {"kv_cache_dtype": "int8"},
+    {"kv_cache_dtype": "int4", "kv_streaming_heads": ((1,), (0, 1)), "num_sink_tokens": 8, "window_tokens": 16,
+     "enable_prefix_caching": False},
+])
+def test_max_cache_bytes_bounds_compressed_storage_staging_and_streaming_store(setting):
+    from hf_paged import Engine, SamplingParams
+    from tests.tiny_models import ragged_prompts, tiny_model
+
+    model = tiny_model("llama")
+    budget = 200_000
+    engine = Engine(model, PagedConfig(block_size=8, max_cache_bytes=budget, **setting))
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=4)) for p in ragged_prompts([10, 19], seed=2)]
+    engine.run(ids)
+    stats = engine.cache.stats()
+    assert stats["kv_staging_bytes"] > 0 and stats["kv_bytes_allocated"] <= budget
+    with pytest.raises(ValueError, match="max_cache_bytes"):  # staging rows alone exceed it
+        Engine(model, PagedConfig(block_size=8, max_cache_bytes=stats["kv_bytes_per_block"] * 2, **setting))
