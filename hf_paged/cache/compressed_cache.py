@@ -13,6 +13,7 @@ import torch
 from hf_paged.cache.compressed_blocks import CompressedKV, SeqSpan, StagingMap, StepPlan, plan_step
 from hf_paged.cache.compression import BlockFormat, formats_for
 from hf_paged.cache.metadata import PagedMetadata
+from hf_paged.cache.sizing import budget_bytes, max_useful_blocks
 from hf_paged.cache.streaming_heads import SlotMap, plan_stream_step
 
 _STEP_KEY = "compressed_step"  # where the step plan is memoised in `PagedMetadata.plans`
@@ -45,6 +46,29 @@ class CompressedCacheMixin:
         per_seq = self.sink_blocks + self.window_blocks + 2
         self.slots = SlotMap(min(cfg.max_num_seqs * per_seq, 4 * per_seq, self.num_blocks))
         self._dense_plan: StepPlan | None = None
+
+    def _compressed_num_blocks(self, model_dtype: torch.dtype, device) -> int:
+        """What the budget buys in quantized blocks once the staging rows and the streaming heads' store are paid
+        for, so that `max_cache_bytes` bounds all of it. n blocks need min(max_num_seqs, n) + 2 staging rows (one
+        model-dtype block per partially written block, see `_init_compression`)."""
+        cfg = self.paged_config
+        dense = self.kv_shape.bytes_per_block(self.block_size, model_dtype)
+        per_block = max(1, self.compressed_bytes_per_block(model_dtype))
+        per_seq = self.sink_blocks + self.window_blocks + 2
+        slots = min(cfg.max_num_seqs * per_seq, 4 * per_seq) * self.streaming_bytes_per_slot(model_dtype)
+        budget = budget_bytes(cfg, device) - slots - 2 * dense
+        blocks = budget // (per_block + dense)  # while n <= max_num_seqs, each block brings a staging row
+        if blocks > cfg.max_num_seqs:
+            blocks = (budget - cfg.max_num_seqs * dense) // per_block
+        if cfg.max_cache_bytes is None:  # the default budget: no more than the sequences could use
+            blocks = min(blocks, max_useful_blocks(cfg, self.kv_shape))
+        if blocks < 1:
+            raise ValueError(
+                f"PagedConfig.max_cache_bytes={cfg.max_cache_bytes} cannot hold one compressed block beside the "
+                f"full-precision staging rows of partially written blocks ({dense} bytes each, at least 3); raise "
+                "max_cache_bytes"
+            )
+        return int(blocks)
 
     def _layer_heads(self, name: str, layer_idx: int) -> list[int]:
         chosen = getattr(self.paged_config, name)
