@@ -55,6 +55,8 @@ class Context:
         undeclared_keys: whether an object with declared properties and no `additionalProperties` keyword may
             get undeclared keys (JSON Schema allows them; generating them is rarely wanted, so off by default, as
             in xgrammar's and OpenAI's strict modes). An explicit `additionalProperties` is always followed.
+        narrow_strings: counted strings (`minLength`/`maxLength` without `pattern`) spell only characters below
+            U+0800, which costs a third of the automaton states (a subset, so still sound); for shrunk tries.
         any_depth: nesting depth of the arrays/objects produced for an unconstrained value (`{}`, `true`).
         prune_cost: None: exact translation. Else the per-object / per-alternation budget above which
             optional properties and `anyOf` branches are left out (a subset of the valid documents, so still
@@ -70,6 +72,7 @@ class Context:
     max_string_repeat: int = 256
     extras_beside_declared: bool = True
     undeclared_keys: bool = False
+    narrow_strings: bool = False
     any_depth: int = 1
     prune_cost: int | None = None  # when set: drop optional members / alternatives costlier than this budget
     deadline: float = float("inf")  # time.monotonic() after which translation gives up (SchemaTooComplexError)

@@ -14,6 +14,7 @@ there are fewer properties than texts, so extras never count toward `minProperti
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
 from typing import Any
@@ -76,15 +77,10 @@ def _linear_members(elements: list[tuple[Rx | None, bool]], sep: Rx, min_count: 
     """`ordered_members` without an upper bound and with at most one member required by count: linear size.
 
     Only the members before the first required one are hard: the first of them written has no separator.
-    Their non-empty in-order subsequences ending at or before member j obey
-    U_j = U_{j-1} (sep m_j)? | m_j, so each member is written twice instead of once per possible first member
-    (the quadratic form, exponential through nested objects). After the first member everything is `(sep m)?`.
+    After the first member everything is `(sep m)?`. See `_any_first` for the optional ones before it.
     """
     first_required = next((i for i, (_, req) in enumerate(elements) if req), len(elements))
-    prefix: Rx | None = None  # U over the optional members before the first required one
-    for member, _ in elements[:first_required]:
-        if member is not None:
-            prefix = member if prefix is None else alt([seq(prefix, opt(seq(sep, member))), member])
+    prefix = _any_first([m for m, _ in elements[:first_required] if m is not None], sep)
     rest: list[Rx | None] = []
     for member, required in elements[first_required + 1:]:
         if member is not None:
@@ -95,6 +91,36 @@ def _linear_members(elements: list[tuple[Rx | None, bool]], sep: Rx, min_count: 
     head = elements[first_required][0]
     lead = head if prefix is None else seq(opt(seq(prefix, sep)), head)
     return seq(lead, *rest, tail(1))
+
+
+def _any_first(members: list[Rx], sep: Rx) -> Rx | None:
+    """Non-empty in-order subsequences of optional `members`, separated by `sep`, in linear size.
+
+    Those ending at or before member j obey U_j = U_{j-1} (sep m_j)? | m_j: each member is written twice
+    instead of once per possible first member (the quadratic form, exponential through nested objects). The
+    recursion nests one group per member, and outlines-core's regex parser refuses nesting past ~250 groups
+    (about 80 members), so long lists apply it to blocks of ~sqrt(n) members: V_k = V_{k-1} P_k | A_k, where
+    A_k is U over block k and P_k its members each as `(sep m)?`. Nesting is then ~2 sqrt(n), size 3n.
+    """
+    if len(members) <= _FLAT_MEMBERS:
+        return _subsequences(members, sep)
+    size = math.isqrt(len(members) - 1) + 1
+    out: Rx | None = None
+    for start in range(0, len(members), size):
+        block = members[start:start + size]
+        first_here = _subsequences(block, sep)
+        out = first_here if out is None else alt([seq(out, *(opt(seq(sep, m)) for m in block)), first_here])
+    return out
+
+
+_FLAT_MEMBERS = 24  # up to this many, one group per member (nesting well inside the parser's limit)
+
+
+def _subsequences(members: list[Rx], sep: Rx) -> Rx | None:
+    out: Rx | None = None
+    for member in members:
+        out = member if out is None else alt([seq(out, opt(seq(sep, member))), member])
+    return out
 
 
 def member_order(props: dict, required: list[str]) -> list[str]:

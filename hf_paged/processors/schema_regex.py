@@ -49,6 +49,7 @@ class _Attempt:
     ref_depth: int  # max_ref_depth
     extras: bool  # undeclared keys beside declared ones in open objects
     max_cost: int  # cost budget of this try (see `Context.max_cost`)
+    narrow: bool = True  # counted strings below U+0800 only (`Context.narrow_strings`): every shrunk try
 
 
 def schema_to_regex(
@@ -87,17 +88,18 @@ def schema_to_regex(
     ws = DEFAULT_WHITESPACE if whitespace is None else whitespace
     deadline = time.monotonic() + max_seconds
     # Exact first, with undeclared keys allowed in open objects; then without them (each open object's free
-    # key-value loop is the costliest part of most real schemas); then cap counted repetitions (a DFA unrolls
+    # key-value loop is the costliest part of most real schemas); then spell counted strings below U+0800 only
+    # (a third of their automaton: each counted character has its own UTF-8 continuation states); then cap counted repetitions (a DFA unrolls
     # `x{0,64}` into 64 copies of x, and real documents rarely come near such bounds) and recursion (each level
     # copies every recursive reference of the level above); only then leave out optional members / alternatives,
     # capping repetitions and recursion harder.
     # The first try gets an eighth of the budget: free values after every open object inflate the byte DFA
     # faster than the cost estimate grows (measured: 2.6k -> 49k regex characters, 12 ms -> 4.8 s CPU).
-    attempts = [_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 8),
-                _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, False, max_cost)] + [
+    attempts = [_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 8, False),
+                _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, False, max_cost, False)] + [
         _Attempt(None, max(max_repeat >> i, 1), max(max_string_repeat >> i, 1), max(max_ref_depth - d, 1), False,
                  max_cost)
-        for i, d in ((1, 0), (2, 1), (3, 1), (3, 2))
+        for i, d in ((0, 0), (1, 0), (2, 1), (3, 1), (3, 2))
     ] + [
         _Attempt(max_cost >> (2 * i), max(max_repeat >> (i + 1), 1), max(max_string_repeat >> (i + 1), 1),
                  max(max_ref_depth - 1 - i, 1), False, max_cost)
@@ -109,7 +111,7 @@ def schema_to_regex(
             continue  # slow translations go straight to the pruning tries, which fit the budget sooner
         ctx = Context(root=schema, strict=strict, max_cost=attempt.max_cost, max_ref_depth=attempt.ref_depth,
                       max_repeat=attempt.repeat, max_string_repeat=attempt.string_repeat,
-                      extras_beside_declared=attempt.extras, whitespace=ws, translate=translate,
+                      extras_beside_declared=attempt.extras, narrow_strings=attempt.narrow, whitespace=ws, translate=translate,
                       prune_cost=attempt.prune_cost, deadline=deadline, undeclared_keys=undeclared_keys)
         try:
             rx = translate(schema, ctx, "#")
@@ -124,7 +126,7 @@ def schema_to_regex(
                                            "needs recursion deeper than max_ref_depth); check its constraints")
         if ctx.num_pruned or n > 1:
             capped = (f"over the regex budget ({max_cost:,}): counted repetitions capped at {attempt.repeat} items / "
-                      f"{attempt.string_repeat} characters; " if n > 1 else "")
+                      f"{attempt.string_repeat} characters (below U+0800); " if n > 1 else "")
             warnings.warn(f"{capped}left out {ctx.num_pruned} optional properties / anyOf branches / items of unique "
                           "arrays beyond the first (a regex cannot compare items); output stays valid but cannot use "
                           "them (raise max_cost to keep what the budget left out)", UserWarning, stacklevel=2)

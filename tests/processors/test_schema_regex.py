@@ -16,6 +16,8 @@ from hf_paged.errors import (
     UnsatisfiableSchemaError,
     UnsupportedSchemaError,
 )
+from hf_paged.processors.byte_dfa import build_byte_dfa
+from hf_paged.processors.index_cache import anchored
 from hf_paged.processors.schema_regex import canonical_json, schema_to_regex
 
 
@@ -133,8 +135,32 @@ def test_unsatisfiable_and_too_complex():
         schema_to_regex({"type": "integer", "minimum": 5, "maximum": 4})
     with pytest.raises(SchemaTooComplexError, match="budget"):
         schema_to_regex({"type": "array", "items": {"type": "string", "minLength": 50}, "minItems": 40}, max_cost=10_000)
-    with pytest.raises(SchemaTooComplexError, match="budget"):  # 40 x 200 counted characters at the default budget
-        schema_to_regex({"type": "array", "items": {"type": "string", "minLength": 200}, "minItems": 40})
+    with pytest.raises(SchemaTooComplexError, match="budget"):  # 40 x 300 counted characters at the default budget
+        schema_to_regex({"type": "array", "items": {"type": "string", "minLength": 300}, "minItems": 40})
+
+
+def test_many_optional_members_stay_within_the_engines_nesting_limit():
+    # 100 optional members: one group per member would nest past outlines-core's parser limit (~250 groups)
+    names = [f"k{i}" for i in range(100)]
+    rx = schema_to_regex({"type": "object", "properties": {n: {"type": "integer"} for n in names}})
+    build_byte_dfa(anchored(rx))  # raises ValueError("... error building NFA") on the one-group-per-member form
+    for keys in ([], [0], [99], [0, 99], [3, 4, 50, 98], list(range(0, 100, 7))):
+        assert re.fullmatch(rx, "{" + ",".join(f'"k{i}":{i}' for i in keys) + "}")
+    for keys in ([99, 0], [4, 3], [5, 5], [10, 50, 20]):  # out of schema order, or repeated
+        assert not re.fullmatch(rx, "{" + ",".join(f'"k{i}":{i}' for i in keys) + "}")
+    assert not re.fullmatch(rx, '{,"k1":1}') and not re.fullmatch(rx, '{"k1":1,}')
+
+
+def test_shrunk_translations_narrow_counted_strings_first():
+    schema = {"type": "string", "maxLength": 10}
+    exact = schema_to_regex(schema)
+    assert re.fullmatch(exact, '"caf\u00e9 \u6f22"')
+    # over the budget: the first shrunk try spells counted strings below U+0800 only, lengths still exact
+    with pytest.warns(UserWarning, match="below U\\+0800"):
+        narrow = schema_to_regex(schema, max_cost=200)
+    assert re.fullmatch(narrow, '"caf\u00e9 \u0416\\n"')  # two-byte UTF-8 and a short escape
+    assert not re.fullmatch(narrow, '"\u6f22"')  # three-byte UTF-8
+    assert re.fullmatch(narrow, '"' + "x" * 10 + '"') and not re.fullmatch(narrow, '"' + "x" * 11 + '"')
 
 
 def test_canonical_json_follows_the_regex_spelling():
