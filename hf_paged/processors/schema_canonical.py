@@ -46,15 +46,30 @@ def _pick(schema: Any, instance: Any, ctx: Context, validator: Any, pointer: str
         options = branches(schema, ctx, pointer)
     except HfPagedError:
         return schema if isinstance(schema, dict) else True
+    valid = []
     for b in options:
         if isinstance(b.schema, bool) or validator is None:
-            return b.schema
+            valid.append(b.schema)
+            break
         try:
             if validator.evolve(schema=b.schema).is_valid(instance):
-                return b.schema
+                valid.append(b.schema)
         except Exception:  # noqa: BLE001 -- unresolvable refs, bad patterns: try the next branch
             continue
-    return options[0].schema if options else True
+    # objects: a branch that declares every key the instance has, since by default the regex gives an object
+    # with declared properties only those keys (`undeclared_keys=False`), even where JSON Schema allows more
+    for s in valid:
+        if not isinstance(instance, dict) or _declares_all(s, instance):
+            return s
+    return valid[0] if valid else options[0].schema if options else True
+
+
+def _declares_all(s: Any, x: dict) -> bool:
+    if not isinstance(s, dict) or "patternProperties" in s or s.get("additionalProperties", False) is not False:
+        return True
+    props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
+    required = s.get("required") if isinstance(s.get("required"), list) else []
+    return all(k in props or k in required for k in x)
 
 
 def _write(schema: Any, x: Any, ctx: Context, validator: Any, pointer: str, depth: int) -> str | None:

@@ -38,8 +38,9 @@ def ordered_members(
 ) -> Rx | None:
     """Members in a fixed order, each (regex, required), joined by `sep`, with a member count bound.
 
-    `tail(k)` gives the regex allowed after the members once k of them are written (e.g. extra keys; it must
-    add its own separator when k > 0). Required members whose regex is None make the whole thing None.
+    `tail(k)` gives the regex allowed after the members once k of them are written (e.g. extra keys, which must
+    then make up any shortfall below `min_count`, and add their own separator when k > 0), None when nothing
+    can complete the object. Required members whose regex is None make the whole thing None.
     """
     if any(m is None and req for m, req in elements):
         return None
@@ -56,7 +57,7 @@ def ordered_members(
         if key in memo:
             return memo[key]
         if i == n:
-            out = tail(k) if k >= min_count else None
+            out = tail(k)
         else:
             member, required = elements[i]
             lead = member if k == 0 else seq(sep, member)
@@ -87,7 +88,7 @@ def _linear_members(elements: list[tuple[Rx | None, bool]], sep: Rx, min_count: 
             rest.append(seq(sep, member) if required else opt(seq(sep, member)))
     if first_required == len(elements):  # nothing required: the members may be absent altogether
         written = None if prefix is None else seq(prefix, tail(1))
-        return alt([written, tail(0) if min_count == 0 else None])
+        return alt([written, tail(0)])  # no member written: the tail alone meets min_count
     head = elements[first_required][0]
     lead = head if prefix is None else seq(opt(seq(prefix, sep)), head)
     return seq(lead, *rest, tail(1))
@@ -220,16 +221,21 @@ def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
     assert sep is not None
 
     def tail(k: int) -> Rx | None:
+        """Undeclared keys after k members: as many as `minProperties` still needs, up to `maxProperties`."""
         extras = state["extras"]
+        need = max(0, int(min_p) - k)
         if extras is None:
+            return Rx("", 0) if need == 0 else None
+        room = None if max_p is None else int(max_p) - k
+        if room is not None and room < need:
+            return None
+        if room == 0:
             return Rx("", 0)
-        room = None if max_p is None else max_p - k
-        if room is not None and room <= 0:
-            return Rx("", 0)
-        more = rep(seq(sep, extras), 0, None if room is None else ctx.cap(room))
+        hi = None if room is None else ctx.cap(room, need)
         if k > 0:
-            return more
-        return opt(seq(extras, rep(seq(sep, extras), 0, None if room is None else ctx.cap(room - 1))))
+            return rep(seq(sep, extras), need, hi)
+        first = seq(extras, rep(seq(sep, extras), max(0, need - 1), None if hi is None else hi - 1))
+        return first if need > 0 else opt(first)
 
     def build(members: list[tuple[Rx | None, bool]]) -> Rx | None:
         body = ordered_members(members, sep, int(min_p), None if max_p is None else int(max_p), tail)

@@ -27,7 +27,10 @@ def accepts(schema, text: str, **kw) -> bool:
 
 def test_boolean_schemas():
     assert accepts(True, '{"a":1}') and accepts(True, '[1,"x"]') and accepts(True, "null")
-    assert not accepts(True, '{"a":[1]}')  # unconstrained values nest one level (any_depth)
+    # unconstrained values nest two levels when that fits a sixteenth of the budget, else one (any_depth)
+    assert accepts(True, '{"a":[1]}') and not accepts(True, '{"a":[[1]]}')
+    shallow = schema_to_regex(True, max_cost=32_000)
+    assert re.fullmatch(shallow, '{"a":1}') and not re.fullmatch(shallow, '{"a":[1]}')
     with pytest.raises(UnsatisfiableSchemaError):
         schema_to_regex(False)
 
@@ -161,6 +164,17 @@ def test_shrunk_translations_narrow_counted_strings_first():
     assert re.fullmatch(narrow, '"caf\u00e9 \u0416\\n"')  # two-byte UTF-8 and a short escape
     assert not re.fullmatch(narrow, '"\u6f22"')  # three-byte UTF-8
     assert re.fullmatch(narrow, '"' + "x" * 10 + '"') and not re.fullmatch(narrow, '"' + "x" * 11 + '"')
+
+
+def test_canonical_json_picks_the_branch_that_declares_the_instances_keys():
+    # jsonschema finds the first branch valid (it allows undeclared keys), but its regex gives only declared ones
+    base = {"type": "object", "properties": {"content": {"type": "string"}}, "required": ["content"]}
+    active = {"oneOf": [{"$ref": "#/$defs/base"}], "type": "object",
+              "properties": {"config": {"type": "boolean"}}, "required": ["config"]}
+    s = {"$defs": {"base": base}, "anyOf": [{"$ref": "#/$defs/base"}, active]}
+    text = canonical_json(s, {"content": "x", "config": True})
+    assert text == '{"config":true,"content":"x"}' and re.fullmatch(schema_to_regex(s), text)
+    assert canonical_json(s, {"content": "x"}) == '{"content":"x"}'
 
 
 def test_canonical_json_follows_the_regex_spelling():

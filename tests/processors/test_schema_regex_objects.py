@@ -148,3 +148,15 @@ def test_counted_repetitions_are_capped_before_members_are_left_out():
         rx = schema_to_regex(s, max_cost=40_000)
     assert re.fullmatch(rx, '{"xs":[{"p0":"a","p3":"b"},{"p1":"c"}],"tag":"t"}')  # every member kept
     assert not re.fullmatch(rx, '{"xs":[' + ",".join(['{"p0":"a"}'] * 33) + "]}")  # but fewer items
+
+
+def test_undeclared_keys_count_toward_min_and_max_properties():
+    # a map with minProperties was reported unsatisfiable: only declared members counted toward the minimum
+    m = {"type": "object", "minProperties": 1, "additionalProperties": {"type": "string"}}
+    assert accepts(m, '{"v1.0":"first","v2.0":"second"}') and not accepts(m, "{}") and not accepts(m, '{"a":1}')
+    s = {"type": "object", "properties": {"a": {"type": "null"}}, "minProperties": 2, "maxProperties": 3,
+         "additionalProperties": {"type": "integer"}}
+    for text, ok in [("{}", False), ('{"a":null}', False), ('{"x":1}', False), ('{"a":null,"x":1}', True),
+                     ('{"x":1,"y":2}', True), ('{"a":null,"x":1,"y":2}', True), ('{"x":1,"y":2,"z":3}', True),
+                     ('{"x":1,"y":2,"z":3,"w":4}', False), ('{"a":null,"x":1,"y":2,"z":3}', False)]:
+        assert accepts(s, text) is ok, text
