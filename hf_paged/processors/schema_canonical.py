@@ -58,18 +58,25 @@ def _pick(schema: Any, instance: Any, ctx: Context, validator: Any, pointer: str
             continue
     # objects: a branch that declares every key the instance has, since by default the regex gives an object
     # with declared properties only those keys (`undeclared_keys=False`), even where JSON Schema allows more
-    for s in valid:
-        if not isinstance(instance, dict) or _declares_all(s, instance):
-            return s
+    # (one that names them all before one that is merely open: its key order is the one the regex follows)
+    if isinstance(instance, dict):
+        for accept in (_names_all, _open):
+            for s in valid:
+                if accept(s, instance):
+                    return s
     return valid[0] if valid else options[0].schema if options else True
 
 
-def _declares_all(s: Any, x: dict) -> bool:
-    if not isinstance(s, dict) or "patternProperties" in s or s.get("additionalProperties", False) is not False:
-        return True
+def _names_all(s: Any, x: dict) -> bool:
+    if not isinstance(s, dict):
+        return s is True
     props = s.get("properties") if isinstance(s.get("properties"), dict) else {}
     required = s.get("required") if isinstance(s.get("required"), list) else []
     return all(k in props or k in required for k in x)
+
+
+def _open(s: Any, x: dict) -> bool:
+    return not isinstance(s, dict) or "patternProperties" in s or s.get("additionalProperties", False) is not False
 
 
 def _write(schema: Any, x: Any, ctx: Context, validator: Any, pointer: str, depth: int) -> str | None:

@@ -53,8 +53,13 @@ _DATE_PART = "(?:[0-9]+Y(?:[0-9]+M)?(?:[0-9]+D)?|[0-9]+M(?:[0-9]+D)?|[0-9]+D)"
 _TIME_PART = "(?:[0-9]+H(?:[0-9]+M)?(?:[0-9]+S)?|[0-9]+M(?:[0-9]+S)?|[0-9]+S)"
 # scheme://host[:port][/path][?query][#fragment] (RFC 3986 with a registered-name host), or file:///path
 _URI_PATH = f"(?:/{_URI_CHARS}*)"
+_QUERY_FRAGMENT = f"(?:\\?(?:{_URI_CHARS}|/|\\?)*)?(?:\\#(?:{_URI_CHARS}|/|\\?)*)?"
 _URI = (f"(?:[a-z][a-z0-9+.\\-]{{0,15}}://{_LABEL}(?:\\.{_LABEL}){{0,3}}(?::[0-9]{{1,5}})?{_URI_PATH}*"
-        f"|file://{_URI_PATH}+)(?:\\?(?:{_URI_CHARS}|/|\\?)*)?(?:\\#(?:{_URI_CHARS}|/|\\?)*)?")
+        f"|file://{_URI_PATH}+){_QUERY_FRAGMENT}")
+# A relative reference (RFC 3986 4.2) as `path-absolute` or `path-noscheme` (no ':' in the first segment, so it
+# cannot read as a scheme), e.g. `images/icon.png`, `/a/b?q`; network-path (`//host`) and empty ones left out.
+_NOSCHEME_CHARS = "[A-Za-z0-9\\-._~!$&'()*+,;=@]"
+_RELATIVE_REF = f"(?:/(?:{_URI_CHARS}+{_URI_PATH}*)?|{_NOSCHEME_CHARS}+{_URI_PATH}*){_QUERY_FRAGMENT}"
 
 # Anchored ECMA patterns, each accepting only strings the format's usual validators accept.
 FORMATS: dict[str, str] = {
@@ -67,9 +72,9 @@ FORMATS: dict[str, str] = {
     "ipv6": f"^{_HEX4}(?::{_HEX4}){{7}}$",
     "hostname": f"^{_LABEL}(?:\\.{_LABEL}){{0,3}}$",
     "uri": f"^{_URI}$",
-    "uri-reference": f"^{_URI}$",
+    "uri-reference": f"^(?:{_URI}|{_RELATIVE_REF})$",
     "iri": f"^{_URI}$",
-    "iri-reference": f"^{_URI}$",
+    "iri-reference": f"^(?:{_URI}|{_RELATIVE_REF})$",
     "uri-template": f"^{_URI}$",  # a URI without braces is a valid template
     "idn-email": "^[A-Za-z0-9]+(?:[._+\\-][A-Za-z0-9]+)*@[A-Za-z0-9]+(?:-[A-Za-z0-9]+)*(?:\\.[A-Za-z0-9]+)*\\.[A-Za-z]{2,}$",
     "idn-hostname": f"^{_LABEL}(?:\\.{_LABEL}){{0,3}}$",

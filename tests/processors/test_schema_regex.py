@@ -172,6 +172,12 @@ def test_canonical_json_picks_the_branch_that_declares_the_instances_keys():
     text = canonical_json(s, {"content": "x", "config": True})
     assert text == '{"config":true,"content":"x"}' and re.fullmatch(schema_to_regex(s), text)
     assert canonical_json(s, {"content": "x"}) == '{"content":"x"}'
+    # a branch that names every key comes before one that is merely open (its regex puts extras last)
+    anything = {"type": "object", "properties": {"meta": {"type": "object"}}}
+    named = {"type": "object", "properties": {"meta": {"type": "object"}, "info": {"type": "string"},
+                                              "version": {"type": "string"}}}
+    s2 = {"anyOf": [dict(anything, additionalProperties={}), named]}
+    assert canonical_json(s2, {"version": "1", "info": "x"}) == '{"info":"x","version":"1"}'
 
 
 def test_canonical_json_follows_the_regex_spelling():

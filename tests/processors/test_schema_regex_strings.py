@@ -85,6 +85,8 @@ def test_pattern_errors():
         ("ipv4", ["192.168.0.1", "0.0.0.0"], ["256.1.1.1", "01.2.3.4", "1.2.3"]),
         ("uri", ["https://example.com/a?b=c", "http://x.io", "http://localhost:8086/x#top", "gs://bucket/a",
                  "file:///tmp/x"], ["example.com", "https://", 'http://a"b', "file://", "http://a b"]),
+        ("uri-reference", ["https://example.com/a", "images/icon.png", "/a/b?q=1#f", "../x.json#/defs"],
+         ["", "//host/x", "a:b/c", "a b", 'a"b', "images\\icon.png"]),  # relative: path-absolute / noscheme
         ("regex", ["abc", "", "a-b c_1"], ["a(", "x\\d", "[a]"]),  # literal characters only: always compiles
     ],
 )
