@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections import deque
 
 import numpy as np
@@ -53,9 +54,22 @@ def check_against_eager(regex: str, vocab: TokenVocabulary, tail_tokens: int, na
     """Walk every state reachable in both indexes in lockstep; returns the number of states compared."""
     try:
         eager = Index(anchored(regex), vocab.vocabulary)
-    except ValueError:  # e.g. a pattern matching the empty string: outlines-core refuses it, and so do we
-        with pytest.raises(ValueError):
-            build_byte_dfa(anchored(regex))
+    except ValueError:
+        # outlines-core refuses a pattern whose anchored start state is not universal, e.g. one matching the empty
+        # string; ours, built behind a sentinel byte (`byte_dfa`), accepts it: its start state is final
+        # exactly when the pattern matches the empty string, and a first byte it refuses starts no match of `re`
+        try:
+            dfa = build_byte_dfa(anchored(regex))
+        except ValueError:
+            return 0
+        try:
+            pattern = re.compile(regex)
+        except re.error:  # Rust syntax Python does not read: nothing to compare with
+            return 0
+        assert bool(dfa.finals[dfa.initial]) == (pattern.fullmatch("") is not None), regex
+        for b in range(32, 127):  # a first byte we refuse starts no match `re` finds either
+            if dfa.transitions[dfa.initial, b] == dfa.dead:
+                assert not any(pattern.fullmatch(chr(b) + tail) for tail in ("", "a", "0", "00", " ")), (regex, b)
         return 0
     trie = build_token_trie(vocab.tokens, vocab.vocab_size)
     lazy = TokenIndex(build_byte_dfa(anchored(regex)), vocab, trie, tail_tokens=tail_tokens, narrow_bytes=narrow_bytes)
@@ -191,3 +205,18 @@ def test_warm_computes_masks_ahead_within_its_budget():
     assert index.warm(10.0) == 0
     for state in range(compiled.dfa.num_states):
         assert np.array_equal(index.cached_mask(state).words, compiled.state_mask(state).words)
+
+
+def test_byte_automaton_is_the_patterns_own_behind_the_sentinel():
+    # built as `\x01` + pattern (outlines-core is far faster that way); the sentinel's state is dropped
+    dfa = build_byte_dfa(anchored('"(?:[a-z]|\\\\n)*"'))
+    walk = dfa.initial
+    for b in b'"ab\\nc"':
+        walk = int(dfa.transitions[walk, b])
+    assert dfa.finals[walk] and not dfa.finals[dfa.initial]
+    assert dfa.transitions[dfa.initial, 0x01] == dfa.dead  # the sentinel is not part of the language
+    # a pattern matching the empty string (outlines-core refuses it as a whole): the start state is final
+    empty_ok = build_byte_dfa(anchored("a*"))
+    assert empty_ok.finals[empty_ok.initial] and empty_ok.transitions[empty_ok.initial, ord("a")] == empty_ok.initial
+    with pytest.raises(ValueError):
+        build_byte_dfa(anchored("x(?m:^)y"))  # matches nothing
