@@ -19,7 +19,10 @@ Run: `python benchmarks/kv_compression.py` (a few minutes on 2 CPU cores); `--qu
 streaming heads (DuoAttention) calibrated on other held-out texts and passkeys. Its byte columns are what the
 cache reports in use (`PagedCache.kv_bytes_in_use`: live blocks x block-group bytes + live streaming slots x
 streaming-group bytes, "auto" parts costed as bf16, staging rows excluded), maximum over the decode steps (text)
-or over all steps (passkeys), over the same for "auto".
+or over all steps (passkeys), over the same for "auto". Settings ending in "bs32" use 32-token blocks (the others
+16): their staging rows (the one partially written block per sequence, full precision, excluded as above) are
+twice as large. "log8": one-byte log scales (`kv_scale_format`); "K derot.": int4 keys in the block's RoPE frame
+(`kv_key_derotate`).
 """
 
 from __future__ import annotations
@@ -85,7 +88,28 @@ LONG_SETTINGS: dict[str, dict] = {
                                          "window_tokens": 64, **_STREAM},
     "int4 V/head + streaming 5/8, w128": {"kv_cache_dtype": "int4", "value_quant_group": "head", "_streaming": 5,
                                           "window_tokens": 128, **_STREAM},
+    "int4 V/head + streaming 5/8, w96": {"kv_cache_dtype": "int4", "value_quant_group": "head", "_streaming": 5,
+                                         "window_tokens": 96, **_STREAM},
+    # 32-token blocks: KIVI's key group size, half the per-channel key scale bytes per token
+    "int4 V/head, bs32": {"kv_cache_dtype": "int4", "value_quant_group": "head", "block_size": 32},
+    "int4 V/head + streaming 5/8, w128, bs32": {"kv_cache_dtype": "int4", "value_quant_group": "head",
+                                                "_streaming": 5, "window_tokens": 128, "block_size": 32, **_STREAM},
+    "int4 V/head + streaming 5/8, w96, bs32": {"kv_cache_dtype": "int4", "value_quant_group": "head",
+                                               "_streaming": 5, "window_tokens": 96, "block_size": 32, **_STREAM},
+    # scales as one-byte log codes (`kv_scale_format="log8"`): int4 keys 0.625 B/elt, per-head int4 values 0.5625
+    "int8, log8": {"kv_cache_dtype": "int8", "kv_scale_format": "log8"},
+    "int4 V/head, log8": {"kv_cache_dtype": "int4", "value_quant_group": "head", "kv_scale_format": "log8"},
+    "int4 V/head, log8, bs32": {"kv_cache_dtype": "int4", "value_quant_group": "head", "kv_scale_format": "log8",
+                                "block_size": 32},
 }
+LONG_SETTINGS["int4 V/head, log8, K derotated"] = {**LONG_SETTINGS["int4 V/head, log8"], "kv_key_derotate": True}
+for _window in (64, 96, 128):
+    for _block in (16, 32):
+        _name = f"int4 V/head log8 + streaming 5/8, w{_window}" + (", bs32" if _block == 32 else "")
+        LONG_SETTINGS[_name] = {"kv_cache_dtype": "int4", "value_quant_group": "head", "kv_scale_format": "log8",
+                                "_streaming": 5, "window_tokens": _window, "block_size": _block, **_STREAM}
+        # int4 keys in the block's RoPE frame (`kv_key_derotate`, cache/key_frame.py)
+        LONG_SETTINGS[_name.replace("log8", "log8 K derot.")] = {**LONG_SETTINGS[_name], "kv_key_derotate": True}
 
 
 class ForceNext(LogitsProcessor):
@@ -137,7 +161,7 @@ def heldout_sequences(num: int, length: int) -> list[list[int]]:
 def run_engine(model, overrides: dict, requests: list[tuple[list[int], SamplingParams]]):
     """Run requests together; returns outputs, blocks held at the last all-decode step, decode tokens/s."""
     settings = {k: v for k, v in overrides.items() if not k.startswith("_")}
-    engine = Engine(model, PagedConfig(block_size=16, max_num_batched_tokens=2048, **settings))
+    engine = Engine(model, PagedConfig(**{"block_size": 16, "max_num_batched_tokens": 2048, **settings}))
     ids = [engine.add_request(p, s) for p, s in requests]
     held, rates, after_prefill, in_use = 0, [], {}, 0
     while engine.has_unfinished:
@@ -168,11 +192,11 @@ def _bytes_per_block(model, overrides: dict, block_size: int = 16) -> int:
     from hf_paged import PagedCache
 
     settings = {k: v for k, v in overrides.items() if not k.startswith("_")}
-    cfg = PagedConfig(block_size=block_size, num_blocks=1, **settings)
+    cfg = PagedConfig(**{"block_size": block_size, "num_blocks": 1, **settings})
     cache = PagedCache(model.config, cfg)
     if cache.compressed:
         return cache.compressed_bytes_per_block(torch.bfloat16)
-    return cache.kv_shape.bytes_per_block(block_size, torch.bfloat16)
+    return cache.kv_shape.bytes_per_block(cfg.block_size, torch.bfloat16)
 
 
 def quality(model, overrides: dict, sequences: list[list[int]], prefill: int):
@@ -216,26 +240,28 @@ def long_context(model, args) -> None:
     examples = [passkey_example(seed, 512 + (seed * 17) % 513) for seed in range(num_passkeys)]
     samples = calibration_samples(2 if args.quick else 4, 2 if args.quick else 4, sequences)
     names = args.settings or list(LONG_SETTINGS)
-    chosen: dict[tuple[int, int], tuple] = {}
-    kl_by_window: dict[int, torch.Tensor] = {}  # the per-pair KL depends on the window, not on how many are chosen
+    chosen: dict[tuple[int, int, int], tuple] = {}
+    # the per-pair KL depends on the window (and block size), not on how many pairs are chosen
+    kl_by_window: dict[tuple[int, int], torch.Tensor] = {}
     for name in names:
         setting = LONG_SETTINGS[name]
         if "_streaming" in setting:
-            key = (setting["_streaming"], setting["window_tokens"])
-            if key[1] not in kl_by_window:
+            key = (setting["_streaming"], setting["window_tokens"], setting.get("block_size", 16))
+            if key[1:] not in kl_by_window:
                 t0 = time.process_time()
                 heads = calibrate_streaming_heads(model, samples, num_streaming=key[0], num_sink_tokens=16,
-                                                  window=key[1])
-                kl_by_window[key[1]] = heads.kl
-                print(f"window {key[1]}: KL per (layer, kv head) ({time.process_time() - t0:.0f} s CPU):\n{heads.kl}",
-                      file=sys.stderr, flush=True)
-            chosen[key] = choose_streaming_heads(kl_by_window[key[1]], key[0])
+                                                  window=key[1], block_size=key[2])
+                kl_by_window[key[1:]] = heads.kl
+                print(f"window {key[1]}, block {key[2]}: KL per (layer, kv head) ({time.process_time() - t0:.0f} s "
+                      f"CPU):\n{heads.kl}", file=sys.stderr, flush=True)
+            chosen[key] = choose_streaming_heads(kl_by_window[key[1:]], key[0])
     quality(model, {}, sequences[:1], length - 4)  # warm-up
     rows, base = [], None
     for name in names:
         setting = dict(LONG_SETTINGS[name])
         if "_streaming" in setting:
-            setting["kv_streaming_heads"] = chosen[setting.pop("_streaming"), setting["window_tokens"]]
+            setting["kv_streaming_heads"] = chosen[setting.pop("_streaming"), setting["window_tokens"],
+                                                   setting.get("block_size", 16)]
         t0 = time.perf_counter()
         logits, targets, held, tok_s = quality(model, {**setting, "_in_use": "decode"}, sequences, prefill)
         acc, pk_held, _ = run_passkeys(model, {**setting, "_in_use": "all"}, examples)
@@ -255,8 +281,8 @@ def long_context(model, args) -> None:
     headers = ["setting", "kv_rel_bf16", "kv_rel_passkey", "kl", "top1", "bpb", "passkey", "passkey_rel",
                "decode_tok_s", "decode_rel"]
     title = (f"KV compression, long context, {args.model} model, {len(sequences)} held-out texts ({prefill} prefill "
-             f"+ {length - prefill} scored), {len(examples)} passkeys (512-1024 tokens), block 16, sinks 16\n"
-             f"{machine()}\nstreaming heads (layer: kv heads) by (pairs, window): {chosen}\n")
+             f"+ {length - prefill} scored), {len(examples)} passkeys (512-1024 tokens), block 16 (bs32: 32), sinks 16\n"
+             f"{machine()}\nstreaming heads (layer: kv heads) by (pairs, window, block): {chosen}\n")
     table = print_table(headers, rows, title)
     if args.out:
         Path(args.out).write_text(table + "\n")

@@ -14,6 +14,7 @@ PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 PREFIX_EVICTION_POLICIES = ("lru", "lfu")
 VALUE_QUANT_GROUPS = ("token", "head")
+KV_SCALE_FORMATS = ("fp16", "log8")
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -50,6 +51,13 @@ class PagedConfig:
     # quantized values' scale groups: "token" (one scale per token over all its KV heads; int4 30.9% of bf16 with
     # int4 keys) | "head" (one per token and KV head: int4 32.0%, half the value error; see cache/compression.py)
     value_quant_group: str = "token"
+    # how quantized blocks store their scales: "fp16" | "log8" (one byte, 2^(k/10) rounded up: 7.2% steps, scales
+    # 2^-16 .. 2^9.5; int4 keys 0.625 instead of 0.688 bytes per element, see cache/compression.py)
+    kv_scale_format: str = "fp16"
+    # int4 keys: quantize each block in the RoPE rotation of its first slot (undo each token's rotation by its
+    # offset in the block, redo it on read; see cache/key_frame.py). Same bytes, about half the int4 key error on
+    # the default model; torch read path only (the fused kernels do not rotate)
+    kv_key_derotate: bool = False
     kv_eviction: str | None = None  # None | "streaming" | "snapkv" | "pyramidkv"
     kv_keep_ratio: float = 1.0  # share of a request's prompt blocks kept by eviction (0 < r <= 1)
     num_sink_tokens: int = 16  # attention sinks kept by "streaming"
@@ -86,6 +94,17 @@ class PagedConfig:
             if value is not None:
                 _check_choice(name, value, KV_CACHE_DTYPES)
         _check_choice("value_quant_group", self.value_quant_group, VALUE_QUANT_GROUPS)
+        _check_choice("kv_scale_format", self.kv_scale_format, KV_SCALE_FORMATS)
+        if not isinstance(self.kv_key_derotate, bool):
+            raise ValueError(  # noqa: TRY004 - every invalid setting is a ValueError naming the field
+                f"PagedConfig.kv_key_derotate must be True or False, got {self.kv_key_derotate!r}"
+            )
+        if self.kv_key_derotate and (self.key_cache_dtype or self.kv_cache_dtype) != "int4":
+            raise ValueError(
+                f"PagedConfig.kv_key_derotate=True acts on int4 keys (quantized per channel) but the keys are "
+                f"{self.key_cache_dtype or self.kv_cache_dtype!r}; allowed: kv_key_derotate=False, or True with "
+                "kv_cache_dtype / key_cache_dtype 'int4'"
+            )
         _check_choice("kv_eviction", self.kv_eviction, KV_EVICTION_POLICIES)
         if not isinstance(self.kv_keep_ratio, (int, float)) or not 0 < self.kv_keep_ratio <= 1:
             raise ValueError(f"PagedConfig.kv_keep_ratio must be in (0, 1], got {self.kv_keep_ratio!r}")

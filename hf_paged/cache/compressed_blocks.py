@@ -289,6 +289,12 @@ class CompressedKV:
         slots = sum(t.nbytes for t in self.slot_parts.values())
         return sum(t.nbytes for t in self.parts.values()) + self.staging.nbytes + slots
 
+    @property
+    def kernel_readable(self) -> bool:
+        """Whether the fused kernels can read the main storage: one format for every head, no streaming heads,
+        keys not in the block's RoPE frame (`key_frame`: the kernels do not rotate)."""
+        return self.whole and self.stream is None and not self.format.rope_frequencies
+
     def kernel_operand(self):
         """The main storage as the paged kernels take it (one format for all heads, no streaming heads): a plain
         `[num_blocks, bs, H, D]` tensor ("auto") or a `QuantizedKV` over the parts, dequantized by the kernels."""
@@ -296,6 +302,11 @@ class CompressedKV:
 
         if not self.whole or self.stream is not None:
             raise ValueError("kernel_operand() needs one format for every head of the layer (no head groups)")
+        if self.format.rope_frequencies:
+            raise ValueError(
+                "the fused kernels cannot read keys stored in the block's RoPE frame (PagedConfig.kv_key_derotate="
+                "True): read them with CompressedKV.read (the torch path), or set kv_key_derotate=False"
+            )
         fmt, parts = self.format, self._group_parts(0)
         if not fmt.is_quantized:
             return parts["data"]

@@ -24,7 +24,14 @@ class CompressedCacheMixin:
 
     def _init_compression(self) -> None:
         cfg = self.paged_config
-        self.key_format, self.value_format = formats_for(cfg.key_dtype, cfg.value_dtype, cfg.value_quant_group)
+        if cfg.kv_key_derotate and not self.kv_shape.rope_frequencies:
+            raise ValueError(
+                "PagedConfig.kv_key_derotate=True needs the model's RoPE frequencies, but its config names no "
+                "rope_theta (rope_parameters); set kv_key_derotate=False for this model"
+            )
+        frequencies = self.kv_shape.rope_frequencies if cfg.kv_key_derotate else ()
+        self.key_format, self.value_format = formats_for(cfg.key_dtype, cfg.value_dtype, cfg.value_quant_group,
+                                                         cfg.kv_scale_format, frequencies)
         streaming = cfg.kv_streaming_heads
         self.compressed = self.key_format.is_quantized or self.value_format.is_quantized or bool(
             streaming and any(streaming))
@@ -166,7 +173,7 @@ class CompressedCacheMixin:
         attention reads them with the fused-dequant kernels, or calls `CompressedKV.read` itself."""
         keys, values = layer.compressed
         temp_k, temp_v = keys.write(plan, key), values.write(plan, value)
-        if defer_read and keys.whole and values.whole and keys.stream is None and values.stream is None:
+        if defer_read and keys.kernel_readable and values.kernel_readable:
             plan.plans[("kernel_stores", layer.layer_idx)] = layer.compressed
             return temp_k, temp_v
         return keys.read(plan, temp_k), values.read(plan, temp_v)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hf_paged.cache.key_frame import rope_frequencies
 from hf_paged.config import PagedConfig
 from hf_paged.errors import OutOfBlocksError
 
@@ -21,6 +22,7 @@ class KVShape:
     num_kv_heads: int
     head_dim: int
     max_model_len: int  # the model's maximum positions (for default sizing and prompt checks)
+    rope_frequencies: tuple[float, ...] = ()  # RoPE inverse frequencies (`key_frame`); () when the config has none
 
     def bytes_per_block(self, block_size: int, dtype: torch.dtype) -> int:
         elem = torch.empty((), dtype=dtype).element_size()
@@ -40,7 +42,7 @@ def kv_shape_of(config) -> KVShape:
     num_kv_heads = getattr(text, "num_key_value_heads", None) or num_heads
     head_dim = getattr(text, "head_dim", None) or hidden // num_heads
     max_len = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None) or 1 << 20
-    return KVShape(int(num_layers), int(num_kv_heads), int(head_dim), int(max_len))
+    return KVShape(int(num_layers), int(num_kv_heads), int(head_dim), int(max_len), rope_frequencies(config))
 
 
 def num_blocks_for(cfg: PagedConfig, shape: KVShape, dtype: torch.dtype, device=None) -> int:

@@ -9,6 +9,7 @@ as leading dim; the kernels take them as one `QuantizedKV` each and dequantize w
     int4    uint8 [.., D/2], even dims low       scale fp16, zero int8 [num_blocks, bs]     (q - zero) * scale
             nibble                               or [num_blocks, H, D] (per_channel, keys)
     any     (per_head)                           per-token scale / zero [num_blocks, bs, H]  (one per KV head)
+    any     (log8 scales)                        scale uint8 codes c, any of the shapes       scale = 2^((c - 160) / 10)
 
 A block is quantized once it is full; the blocks still being written live in full precision elsewhere (staging
 rows, the step's touched blocks). `FullPrecisionTail` points at them: a query at position p reads the keys of
@@ -31,7 +32,9 @@ __all__ = [
 
 # Format codes the kernels branch on (constexpr): 0 is a plain full-precision cache; "fp8_bytes" is fp8 e4m3 decoded
 # from its bytes with integer ops, for GPUs without fp8 conversions (before sm_89: A100) and fp8 data given as uint8.
+# A cache whose scales are log8 codes (uint8, `compression.encode_log_scale`) adds LOG_SCALE_CODE to its format's code.
 FORMAT_CODES = {"plain": 0, "int8": 1, "fp8": 2, "int4": 3, "fp8_bytes": 4}
+LOG_SCALE_CODE = 8
 _DATA_DTYPES = {"int8": (torch.int8,), "fp8": (torch.float8_e4m3fn, torch.uint8), "int4": (torch.uint8,)}
 
 
@@ -41,7 +44,8 @@ class QuantizedKV:
 
     data: torch.Tensor  # [num_blocks, block_size, num_kv_heads, head_dim] (int4: head_dim // 2 bytes; fp8: float8_e4m3fn
     # or its bytes as uint8)
-    scale: torch.Tensor  # fp16, [num_blocks, block_size] per token, [num_blocks, num_kv_heads, head_dim] per channel
+    scale: torch.Tensor  # fp16 (or uint8 log8 codes), [num_blocks, block_size] per token, [num_blocks, num_kv_heads,
+    # head_dim] per channel
     format: str  # "int8" | "fp8" | "int4"
     zero: torch.Tensor | None = None  # int8, scale's shape and strides (int4 only)
     per_channel: bool = False  # int4 keys (KIVI): scale and zero per (head, dim) over a block's tokens
@@ -71,7 +75,7 @@ class KVOperand:
     data: torch.Tensor
     scale: torch.Tensor  # the data tensor itself for a plain cache (never read)
     zero: torch.Tensor  # the scale (int8/fp8) or the data tensor (plain): never read
-    fmt: int  # FORMAT_CODES value
+    fmt: int  # FORMAT_CODES value (+ LOG_SCALE_CODE when the scales are log8 codes)
     per_channel: bool
     stride_block: int
     stride_slot: int
@@ -103,6 +107,8 @@ def kv_operand(cache: torch.Tensor | QuantizedKV) -> KVOperand:
     data, fmt = cache.data, FORMAT_CODES[cache.format]
     if cache.format == "fp8" and (data.dtype == torch.uint8 or not _has_fp8_conversion(data.device)):
         data, fmt = data.view(torch.uint8), FORMAT_CODES["fp8_bytes"]
+    if cache.scale.dtype == torch.uint8:
+        fmt += LOG_SCALE_CODE
     return KVOperand(data, cache.scale, zero, fmt, cache.per_channel, s[0], s[1], s[2], *scale_strides)
 
 
@@ -117,7 +123,7 @@ def _check_quantized(name: str, q: QuantizedKV) -> None:
     layout = "[num_blocks, block_size, num_kv_heads, head_dim" + (" // 2]" if q.format == "int4" else "]")
     chk.check_ndim(f"{name}.data", q.data, 4, layout)
     chk.check_dtype(f"{name}.data", q.data, _DATA_DTYPES[q.format])
-    chk.check_dtype(f"{name}.scale", q.scale, (torch.float16,))
+    chk.check_dtype(f"{name}.scale", q.scale, (torch.float16, torch.uint8))  # uint8: log8 codes
     num_blocks, block_size, num_heads, _ = q.data.shape
     if q.per_channel:
         if q.format != "int4":

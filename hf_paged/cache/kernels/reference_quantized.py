@@ -28,7 +28,9 @@ def dequantize_blocks(cache: torch.Tensor | QuantizedKV, block_ids: torch.Tensor
     parts = {"data": data.index_select(0, block_ids), "scale": cache.scale.index_select(0, block_ids)}
     if cache.zero is not None:
         parts["zero"] = cache.zero.index_select(0, block_ids)
-    return BlockFormat(cache.format, per_channel=cache.per_channel, per_head=cache.per_head).dequantize(parts, dtype)
+    fmt = BlockFormat(cache.format, per_channel=cache.per_channel, per_head=cache.per_head,
+                      log_scale=cache.scale.dtype == torch.uint8)
+    return fmt.dequantize(parts, dtype)
 
 
 def ref_paged_prefill_attention_quantized(

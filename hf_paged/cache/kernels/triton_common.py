@@ -58,14 +58,15 @@ def define_jit_helpers() -> None:
         The single place where both attention kernels read the cache. FMT (see `quantized.FORMAT_CODES`): 0 plain
         (returned in the cache dtype), 1 int8 / 2 fp8 / 4 fp8 decoded from bytes (`q * scale`, per token), 3 int4 (two per byte, even dims
         in the low nibble; `(q - zero) * scale`, per token or PER_CHANNEL): returned in fp32, the reference's
-        `BlockFormat.dequantize` arithmetic, for the caller to round to the query dtype.
+        `BlockFormat.dequantize` arithmetic, for the caller to round to the query dtype. FMT + 8 (`LOG_SCALE_CODE`):
+        the same with uint8 log8 scale codes c, scale = 2^((c - 160) * 0.1) (`compression.decode_log_scale`).
         """
         mask = rows[:, None] & dim_mask[None, :]
         row_offsets = block_ids * stride_block + slot_offsets * stride_slot
-        if FMT == 3:
+        if FMT % 8 == 3:
             packed = tl.load(head_ptr + row_offsets[:, None] + (dims // 2)[None, :], mask=mask, other=0)
             x = ((packed.to(tl.int32) >> ((dims % 2) * 4)[None, :]) & 15).to(tl.float32)
-        elif FMT == 4:  # fp8 e4m3 from its bytes: GPUs before sm_89 have no fp8 conversion
+        elif FMT % 8 == 4:  # fp8 e4m3 from its bytes: GPUs before sm_89 have no fp8 conversion
             byte = tl.load(head_ptr + row_offsets[:, None] + dims[None, :], mask=mask, other=0).to(tl.int32)
             exponent, mantissa = (byte >> 3) & 15, byte & 7
             normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)  # bias 7 -> 127
@@ -78,13 +79,16 @@ def define_jit_helpers() -> None:
             scale_offsets = block_ids * stride_scale_block + slot_offsets * stride_scale_slot
             if PER_CHANNEL:
                 channel = scale_offsets[:, None] + dims[None, :]
-                if FMT == 3:
+                if FMT % 8 == 3:
                     x = x - tl.load(zero_ptr + channel, mask=mask, other=0).to(tl.float32)
-                x = x * tl.load(scale_ptr + channel, mask=mask, other=0.0).to(tl.float32)
+                s = tl.load(scale_ptr + channel, mask=mask, other=0).to(tl.float32)
             else:
-                if FMT == 3:
+                if FMT % 8 == 3:
                     x = x - tl.load(zero_ptr + scale_offsets, mask=rows, other=0).to(tl.float32)[:, None]
-                x = x * tl.load(scale_ptr + scale_offsets, mask=rows, other=0.0).to(tl.float32)[:, None]
+                s = tl.load(scale_ptr + scale_offsets, mask=rows, other=0).to(tl.float32)[:, None]
+            if FMT >= 8:
+                s = tl.exp2((s - 160.0) * 0.1)  # compression.LOG_SCALE_ZERO / LOG_SCALE_STEPS
+            x = x * s
         return x
 
     @triton.jit

@@ -1,0 +1,187 @@
+"""The fused-dequant kernels read one-byte log8 scale codes (`PagedConfig.kv_scale_format="log8"`).
+
+Triton (the interpreter on CPU) and the torch reference against the dense oracle; the engine on the kernels against
+its torch path; and a real sm_90 / sm_80 compile of the log8 variants (no GPU needed, like test_kernel_compile).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_paged import Engine, PagedConfig, SamplingParams
+from hf_paged.cache.compression import BlockFormat
+from hf_paged.cache.kernels import QuantizedKV, paged_decode_attention, paged_prefill_attention
+from hf_paged.cache.kernels.quantized import LOG_SCALE_CODE, kv_operand
+from tests.kernels.paged_cases import make_case, tolerance
+from tests.kernels.quantized_cases import QuantizedCase, dense_quantized_attention, quantize_case
+from tests.tiny_models import ragged_prompts
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _log8(cache: torch.Tensor, full: torch.Tensor, fmt: BlockFormat) -> tuple[QuantizedKV, torch.Tensor]:
+    """Blocks `full` of `cache` quantized in `fmt` (log8 scales); the others poisoned: data 0xFF, scale code 255
+    (2^9.5), zero 127, so a kernel reading them is far off."""
+    parts = fmt.allocate(*cache.shape, cache.dtype, cache.device)
+    parts["data"].view(torch.uint8).fill_(0xFF)
+    parts["scale"].fill_(255)
+    if "zero" in parts:
+        parts["zero"].fill_(127)
+    ids = full.nonzero().squeeze(1)
+    for name, t in fmt.quantize(cache[ids]).items():
+        parts[name][ids] = t.to(parts[name].dtype)
+    q = QuantizedKV(parts["data"], parts["scale"], fmt.name, parts.get("zero"), fmt.per_channel, fmt.per_head)
+    deq = torch.full_like(cache, float("nan"))
+    deq[ids] = fmt.dequantize({n: t[ids] for n, t in parts.items()}, cache.dtype)
+    return q, deq
+
+
+def _log8_case(case, key: BlockFormat, value: BlockFormat) -> QuantizedCase:
+    qc = quantize_case(case, key.name, value.name, seed=1)  # for the tail and which blocks are full
+    full = torch.isfinite(qc.dequantized_key.flatten(1)).all(1)
+    k, deq_k = _log8(case.key_cache, full, key)
+    v, deq_v = _log8(case.value_cache, full, value)
+    return QuantizedCase(case, k, v, qc.tail, deq_k, deq_v)
+
+
+FORMATS = {
+    "int4 K per channel, V per head": (BlockFormat("int4", per_channel=True, log_scale=True),
+                                       BlockFormat("int4", per_head=True, log_scale=True)),
+    "int4 V per token": (BlockFormat("int4", per_channel=True, log_scale=True), BlockFormat("int4", log_scale=True)),
+    "int8": (BlockFormat("int8", log_scale=True), BlockFormat("int8", log_scale=True)),
+    "fp8, V per head": (BlockFormat("fp8", log_scale=True), BlockFormat("fp8", per_head=True, log_scale=True)),
+}
+
+
+@pytest.mark.parametrize("formats", list(FORMATS))
+def test_fused_kernels_read_log_scales(formats):
+    key, value = FORMATS[formats]
+    for context_lens, q_lens in (([1, 17, 40], [1, 1, 1]), ([20, 40], [7, 40])):
+        case = make_case(context_lens, q_lens, num_heads=4, num_kv_heads=2, head_dim=16, block_size=8,
+                         dtype=torch.float32, seed=3)
+        qc = _log8_case(case, key, value)
+        assert qc.key.scale.dtype == torch.uint8 and kv_operand(qc.key).fmt >= LOG_SCALE_CODE
+        expected = dense_quantized_attention(qc)
+        for backend in ("triton", "torch"):
+            if q_lens == [1] * len(q_lens):
+                out = paged_decode_attention(case.query, qc.key, qc.value, case.block_tables, case.context_lens,
+                                             scale=case.scale, tail=qc.tail, backend=backend)
+            else:
+                out = paged_prefill_attention(case.query, qc.key, qc.value, case.block_tables, case.query_start_loc,
+                                              case.context_lens, scale=case.scale, tail=qc.tail, backend=backend)
+            assert torch.isfinite(out).all()
+            torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+
+
+def test_log_codes_change_what_the_kernel_reads():
+    # The same data read with its scales as fp16 values vs as codes: the kernel must decode, not cast.
+    key, value = FORMATS["int8"]
+    case = make_case([24], [1], num_heads=2, num_kv_heads=1, head_dim=8, block_size=8, dtype=torch.float32, seed=0)
+    qc = _log8_case(case, key, value)
+    right = paged_decode_attention(case.query, qc.key, qc.value, case.block_tables, case.context_lens,
+                                   scale=case.scale, tail=qc.tail, backend="triton")
+    as_fp16 = QuantizedKV(qc.key.data, qc.key.scale.half(), "int8")  # codes 150.. taken literally
+    wrong = paged_decode_attention(case.query, as_fp16, qc.value, case.block_tables, case.context_lens,
+                                   scale=case.scale, tail=qc.tail, backend="triton")
+    assert not torch.allclose(right, wrong, atol=1e-2)
+
+
+@pytest.mark.parametrize("derotate", [False, True])
+def test_engine_on_fused_kernels_with_log_scales_matches_the_torch_path(derotate, monkeypatch):
+    # kv_key_derotate (keys in the block's RoPE frame): the kernels do not rotate, so the layers take the torch
+    # read path under attention_backend="triton" too, with the same tokens.
+    from hf_paged.cache import attention
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                         eos_token_id=None, pad_token_id=0)).eval()
+    prompts = ragged_prompts([3, 11, 21], seed=5, vocab=64)
+    outputs, fused_calls = {}, []
+    original = attention._compressed_kernel_attention
+
+    def spy(*args, **kwargs):
+        fused_calls.append(args[3].shape[0])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention, "_compressed_kernel_attention", spy)
+    for backend in ("torch", "triton"):
+        config = PagedConfig(block_size=8, attention_backend=backend, max_num_batched_tokens=16,
+                             kv_cache_dtype="int4", value_quant_group="head", kv_scale_format="log8",
+                             kv_key_derotate=derotate)
+        engine = Engine(model, config)
+        ids = [engine.add_request(p, SamplingParams(max_new_tokens=4)) for p in prompts]
+        outs = engine.run(ids)
+        outputs[backend] = [outs[i].generated_tokens for i in ids]
+        assert bool(fused_calls) == (backend == "triton" and not derotate)
+    assert outputs["triton"] == outputs["torch"]
+    assert derotate or len(fused_calls) >= 2 * 3
+
+
+_COMPILE = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import torch
+import gpu_compile_check as g
+from hf_paged.cache.kernels.launch import decode_launch_config
+from hf_paged.cache.kernels.quantized import FullPrecisionTail, QuantizedKV
+from hf_paged.cache.kernels.triton_decode import decode_launches
+from hf_paged.cache.kernels.triton_prefill import prefill_launch
+
+meta = torch.device("meta")
+blocks, bs, kv_heads, dim, heads, batch, ctx = 64 * 256 + 1, 16, 8, 128, 32, 64, 4096
+cache = torch.empty(blocks, bs, kv_heads, dim, dtype=torch.bfloat16, device=meta)
+data = torch.empty(blocks, bs, kv_heads, dim // 2, dtype=torch.uint8, device=meta)
+channel = torch.empty(blocks, kv_heads, dim, dtype=torch.uint8, device=meta)
+per_head = torch.empty(blocks, bs, kv_heads, dtype=torch.uint8, device=meta)
+key = QuantizedKV(data, channel, "int4", torch.empty_like(channel, dtype=torch.int8), per_channel=True)
+value = QuantizedKV(data, per_head, "int4", torch.empty_like(per_head, dtype=torch.int8), per_head=True)
+tables = torch.empty(batch, ctx // bs, dtype=torch.int32, device=meta)
+lens = torch.empty(batch, dtype=torch.int32, device=meta)
+query = torch.empty(batch, heads, dim, dtype=torch.bfloat16, device=meta)
+packed = torch.empty(2048, heads, dim, dtype=torch.bfloat16, device=meta)
+qsl = torch.empty(batch + 1, dtype=torch.int32, device=meta)
+tail = FullPrecisionTail(cache[: 2 * batch], cache[: 2 * batch], tables)
+config = decode_launch_config(num_seqs=batch, num_heads=heads, num_kv_heads=kv_heads, head_dim=dim,
+                              max_context_len=ctx, dtype=torch.bfloat16, num_sms=g.NUM_SMS, quantized=True)
+launches = [*decode_launches(query, key, value, tables, lens, torch.empty_like(query), scale=0.1, tail=tail,
+                             config=config),
+            prefill_launch(packed, key, value, tables, qsl, lens, torch.empty_like(packed), scale=0.1, tail=tail)]
+results = []
+for launch in launches:
+    for capability in (90, 80):
+        registers, spills, shared = g.compile_launch(launch, capability)
+        results.append([launch.kernel.__name__, capability, registers, spills, shared])
+print(json.dumps(results))
+"""
+
+
+def _nvidia_tools_present() -> bool:
+    try:
+        import triton
+    except ImportError:
+        return False
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    return (tools / "ptxas").exists() and (tools / "cuobjdump").exists()
+
+
+@pytest.mark.skipif(not _nvidia_tools_present(), reason="triton without its NVIDIA backend tools (ptxas, cuobjdump)")
+def test_log_scale_kernels_compile_for_sm90_and_sm80_without_spills(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-c", _COMPILE, str(ROOT / "scripts")], check=False, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    kernels = {(name, cap) for name, cap, *_ in results}
+    assert {("_decode_kernel", 90), ("_decode_kernel", 80), ("_prefill_kernel", 90), ("_prefill_kernel", 80)} <= kernels
+    assert all(spills == 0 and 0 < registers <= 255 for _, _, registers, spills, _ in results)
