@@ -6,9 +6,9 @@ Per schema file (`schema` + `tests` with `valid` flags), in a forked child with 
 2. Every test instance is written with `canonical_json` and checked with Python `re.fullmatch`. A valid
    instance matched counts as accepted; an invalid one matched is a false accept; an accepted text that
    `jsonschema` rejects after `json.loads` is a false accept too (the serialiser cannot hide one).
-3. With `--dfa`: outlines-core `Index(anchored(regex), <256 one-byte tokens>)` is built (thread CPU time
-   measured) and the UTF-8 bytes of every instance are walked through `get_next_state`; the verdict must
-   equal `re`'s (disagreements are counted and listed).
+3. With `--dfa`: the byte automaton the processors use (`byte_dfa.build_byte_dfa`: outlines-core's `Index` over
+   256 one-byte tokens, read into a numpy table) is built afresh (thread CPU time measured) and the UTF-8 bytes
+   of every instance are walked through it; the verdict must equal `re`'s (disagreements are counted and listed).
 
     python benchmarks/schema_coverage.py --dfa --out benchmarks/schema_coverage_results.md
 """
@@ -61,19 +61,11 @@ def _keyword(message: str) -> str:
     return m.group(1).strip() if m else message[:60]
 
 
-def _byte_vocab():
-    from outlines_core import Vocabulary
-
-    return Vocabulary(256, {bytes([b]): [b] for b in range(256)})
-
-
-def _dfa_accepts(index, text: str) -> bool:
-    state = index.get_initial_state()
+def _dfa_accepts(automaton, text: str) -> bool:
+    state = automaton.initial
     for b in text.encode("utf-8"):
-        state = index.get_next_state(state, b)
-        if state is None:
-            return False
-    return bool(index.is_final_state(state))
+        state = int(automaton.transitions[state, b])
+    return bool(automaton.finals[state])
 
 
 def evaluate(path: Path, *, strict: bool, dfa: bool) -> SchemaResult:
@@ -115,13 +107,13 @@ def evaluate(path: Path, *, strict: bool, dfa: bool) -> SchemaResult:
             if accepted:
                 res.false_accepts.append(text[:200])
     if dfa:
-        from outlines_core import Index
+        from hf_paged.processors.byte_dfa import build_byte_dfa
 
         t0 = time.thread_time()
-        index = Index(anchored(rx_text), _byte_vocab())
+        automaton = build_byte_dfa(anchored(rx_text), fresh=True)  # the translation may have built it
         res.dfa_cpu_s = time.thread_time() - t0
         for (valid, text), accepted in zip(texts, verdicts):
-            if text is not None and _dfa_accepts(index, text) != accepted:
+            if text is not None and _dfa_accepts(automaton, text) != accepted:
                 res.dfa_disagree.append(text[:200])
     return res
 
@@ -239,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if dfa_times:
         lines += [
-            (f"- byte-DFA build (`Index(anchored(rx), 256 one-byte tokens)`) CPU ms p50/p99/max: "
+            (f"- byte-DFA build (`build_byte_dfa(anchored(rx))`) CPU ms p50/p99/max: "
             f"{_pct(dfa_times, 0.5):.1f} / {_pct(dfa_times, 0.99):.1f} / {max(dfa_times):.1f}; "
             f"over 1 s: {sum(t > 1000 for t in dfa_times)}"),
             f"- byte-DFA walk vs `re.fullmatch` disagreements: **{disagree}**",

@@ -69,14 +69,16 @@ def _probe_vocabulary() -> Any:
     return _PROBE
 
 
-def build_byte_dfa(anchored_regex: str) -> ByteDFA:
+def build_byte_dfa(anchored_regex: str, *, fresh: bool = False) -> ByteDFA:
     """Compile `anchored_regex` (already wrapped by `index_cache.anchored`) into a `ByteDFA`; memoised (small LRU).
+
+    `fresh=True` builds it even when memoised (benchmarks time the build).
 
     Raises:
         ValueError: outlines-core's own error (the caller translates it into a typed error).
     """
     with _LOCK:
-        hit = _MEMO.get(anchored_regex)
+        hit = None if fresh else _MEMO.get(anchored_regex)
         if hit is not None:
             _MEMO.move_to_end(anchored_regex)
             return hit

@@ -50,6 +50,7 @@ class _Attempt:
     extras: bool  # undeclared keys beside declared ones in open objects
     max_cost: int  # cost budget of this try (see `Context.max_cost`)
     narrow: bool = True  # counted strings below U+0800 only (`Context.narrow_strings`): every shrunk try
+    any_depth: int = 1  # nesting of unconstrained values (`Context.any_depth`)
 
 
 def schema_to_regex(
@@ -93,11 +94,11 @@ def schema_to_regex(
     # `x{0,64}` into 64 copies of x, and real documents rarely come near such bounds) and recursion (each level
     # copies every recursive reference of the level above); only then leave out optional members / alternatives,
     # capping repetitions and recursion harder.
-    # The first try gets an eighth of the budget: free values after every open object inflate the byte DFA
-    # faster than the cost estimate grows (measured: 2.6k -> 49k regex characters, 12 ms -> 4.8 s CPU).
-    # Unconstrained values (`{}`) stay one level deep: two levels fit the budget of small schemas, but in arrays
-    # or at the top outlines-core takes 1-4 s to build them (a 1,500-state DFA; 20 ms as an object member).
-    attempts = [_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 8, False),
+    # The first tries get a sixteenth / an eighth of the budget: free values after every open object inflate the
+    # byte DFA faster than the cost estimate grows (measured: 2.6k -> 49k regex characters, 12 ms -> 4.8 s CPU).
+    # The very first lets unconstrained values (`{}`, `additionalProperties: true`) nest two levels deep.
+    attempts = [_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 16, False, 2),
+                _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 8, False),
                 _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, False, max_cost, False)] + [
         _Attempt(None, max(max_repeat >> i, 1), max(max_string_repeat >> i, 1), max(max_ref_depth - d, 1), False,
                  max_cost)
@@ -109,12 +110,13 @@ def schema_to_regex(
     ]
     start = time.monotonic()
     for n, attempt in enumerate(attempts):
-        if attempt.prune_cost is None and n > 1 and time.monotonic() - start > max_seconds / 10:
+        if attempt.prune_cost is None and n > 2 and time.monotonic() - start > max_seconds / 10:
             continue  # slow translations go straight to the pruning tries, which fit the budget sooner
         ctx = Context(root=schema, strict=strict, max_cost=attempt.max_cost, max_ref_depth=attempt.ref_depth,
                       max_repeat=attempt.repeat, max_string_repeat=attempt.string_repeat,
                       extras_beside_declared=attempt.extras, narrow_strings=attempt.narrow, whitespace=ws, translate=translate,
-                      prune_cost=attempt.prune_cost, deadline=deadline, undeclared_keys=undeclared_keys)
+                      prune_cost=attempt.prune_cost, deadline=deadline, undeclared_keys=undeclared_keys,
+                      any_depth=attempt.any_depth)
         try:
             rx = translate(schema, ctx, "#")
         except SchemaTooComplexError:

@@ -27,7 +27,10 @@ def accepts(schema, text: str, **kw) -> bool:
 
 def test_boolean_schemas():
     assert accepts(True, '{"a":1}') and accepts(True, '[1,"x"]') and accepts(True, "null")
-    assert not accepts(True, '{"a":[1]}')  # unconstrained values nest one level (any_depth)
+    # unconstrained values nest two levels when that fits a sixteenth of the budget, else one (any_depth)
+    assert accepts(True, '{"a":[1]}') and not accepts(True, '{"a":[[1]]}')
+    shallow = schema_to_regex(True, max_cost=32_000)
+    assert re.fullmatch(shallow, '{"a":1}') and not re.fullmatch(shallow, '{"a":[1]}')
     with pytest.raises(UnsatisfiableSchemaError):
         schema_to_regex(False)
 
