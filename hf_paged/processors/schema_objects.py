@@ -8,7 +8,8 @@ Layout of the regex (ws = the whitespace regex):
 
 Declared names appear at most once and extras can never spell a declared name, so a duplicate key cannot
 override a checked value. Extras may repeat each other; json keeps the last, which validates too, but then
-there are fewer properties than texts, so extras never count toward `minProperties`.
+there are fewer properties than texts, so extras count toward `minProperties` at most once (one extra is one
+property more than the declared ones written, for sure; two may be the same key).
 """
 
 from __future__ import annotations
@@ -221,11 +222,14 @@ def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
     assert sep is not None
 
     def tail(k: int) -> Rx | None:
-        """Undeclared keys after k members: as many as `minProperties` still needs, up to `maxProperties`."""
+        """Undeclared keys after k members, up to `maxProperties`; at least one when `minProperties` needs one more
+        (see the module docstring: extras count toward it at most once)."""
         extras = state["extras"]
         need = max(0, int(min_p) - k)
+        if need > 1 or (extras is None and need):
+            return None
         if extras is None:
-            return Rx("", 0) if need == 0 else None
+            return Rx("", 0)
         room = None if max_p is None else int(max_p) - k
         if room is not None and room < need:
             return None
