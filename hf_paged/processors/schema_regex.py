@@ -109,9 +109,12 @@ def schema_to_regex(
         for i in range(1, 5)
     ]
     start = time.monotonic()
+    too_many_visits: tuple[SchemaTooComplexError, int] | None = None  # (error, recursion depth it happened at)
     for n, attempt in enumerate(attempts):
         if attempt.prune_cost is None and n > 2 and time.monotonic() - start > max_seconds / 10:
             continue  # slow translations go straight to the pruning tries, which fit the budget sooner
+        if too_many_visits is not None and attempt.ref_depth >= too_many_visits[1]:
+            continue  # caps and pruning translate every sub-schema all the same: only less recursion visits fewer
         ctx = Context(root=schema, strict=strict, max_cost=attempt.max_cost, max_ref_depth=attempt.ref_depth,
                       max_repeat=attempt.repeat, max_string_repeat=attempt.string_repeat,
                       extras_beside_declared=attempt.extras, narrow_strings=attempt.narrow, whitespace=ws, translate=translate,
@@ -119,9 +122,11 @@ def schema_to_regex(
                       any_depth=attempt.any_depth)
         try:
             rx = translate(schema, ctx, "#")
-        except SchemaTooComplexError:
+        except SchemaTooComplexError as exc:
             if n == len(attempts) - 1 or time.monotonic() > deadline:
                 raise
+            if ctx.num_visits > ctx.max_visits:
+                too_many_visits = (exc, attempt.ref_depth)
             continue  # retry, leaving out optional members and alternatives to fit the budget
         if rx is not None and n < len(attempts) - 1 and not _engine_accepts(rx.text):
             continue  # too long to build in seconds, or over outlines-core's NFA size limit: retry smaller
@@ -135,7 +140,8 @@ def schema_to_regex(
                           "arrays beyond the first (a regex cannot compare items); output stays valid but cannot use "
                           "them (raise max_cost to keep what the budget left out)", UserWarning, stacklevel=2)
         return rx.text
-    raise AssertionError("unreachable")
+    assert too_many_visits is not None, "only skipped tries end the loop without a result"
+    raise too_many_visits[0]
 
 
 _PROBE_CHARS = 16_000  # regexes shorter than this stay far below outlines-core's NFA size limit (measured)
