@@ -8,9 +8,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, Phi3Config
 
-from hf_paged import Engine, PagedCache, PagedConfig, SamplingParams
+from hf_paged import PagedCache, PagedConfig
 from hf_paged.cache.compression import BlockFormat, formats_for
 from hf_paged.cache.key_frame import rope_frequencies, rotate_by_offset
+from tests.cache.engine_parity import check_engine_parity
 from tests.tiny_models import ragged_prompts, tiny_model
 
 
@@ -89,31 +90,9 @@ def test_cache_keeps_derotated_keys_and_the_fused_kernels_refuse_them():
     cache.check_integrity()
 
 
-def _engine_tokens(model, prompts, **config) -> tuple[list[list[int]], Engine]:
-    engine = Engine(model, PagedConfig(**{"block_size": 8, "kv_cache_dtype": "int4", "value_quant_group": "head",
-                                          "kv_scale_format": "log8", "kv_key_derotate": True, **config}))
-    ids = [engine.add_request(p, SamplingParams(max_new_tokens=12)) for p in prompts]
-    while engine.has_unfinished:
-        engine.step()
-        engine.check_integrity()
-    outs = [engine.pop_output(i) for i in ids]
-    assert all(o.error is None for o in outs)
-    return [o.generated_tokens for o in outs], engine
-
-
-def test_engine_parity_with_derotated_keys_chunked_swapped_and_prefix_shared():
-    model = tiny_model("llama")
-    shared = ragged_prompts([24], seed=9)[0]
-    prompts = [*ragged_prompts([5, 33, 19], seed=3), shared + [7, 8, 9], shared + [10, 11]]
-    alone = [_engine_tokens(model, [p], max_num_batched_tokens=256)[0][0] for p in prompts]
-    assert _engine_tokens(model, prompts, max_num_batched_tokens=16)[0] == alone
-    got, engine = _engine_tokens(model, prompts, num_blocks=12, max_num_batched_tokens=32, preemption_mode="swap",
-                                 enable_prefix_caching=False)
-    assert engine.stats()["preemptions"] > 0 and got == alone
-    got, engine = _engine_tokens(model, prompts, max_num_batched_tokens=256, max_num_seqs=1)
-    assert got == alone and engine.stats()["prompt_tokens_cached"] >= 24
+@pytest.mark.parametrize("streaming", [None, {"kv_streaming_heads": ((1,), ()), "num_sink_tokens": 8,
+                                              "window_tokens": 8}])
+def test_engine_parity_with_derotated_keys_chunked_swapped_and_prefix_shared(streaming):
     # streaming heads read their derotated keys through the same format
-    streaming = {"kv_streaming_heads": ((1,), ()), "num_sink_tokens": 8, "window_tokens": 8,
-                 "enable_prefix_caching": False}
-    alone = [_engine_tokens(model, [p], max_num_batched_tokens=256, **streaming)[0][0] for p in prompts]
-    assert _engine_tokens(model, prompts, max_num_batched_tokens=16, **streaming)[0] == alone
+    check_engine_parity({"block_size": 8, "kv_cache_dtype": "int4", "value_quant_group": "head",
+                         "kv_scale_format": "log8", "kv_key_derotate": True}, streaming)

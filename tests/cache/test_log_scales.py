@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_paged import Engine, PagedCache, PagedConfig, SamplingParams
+from hf_paged import PagedCache, PagedConfig
 from hf_paged.cache.compression import BlockFormat, decode_log_scale, encode_log_scale, formats_for
+from tests.cache.engine_parity import check_engine_parity
 from tests.tiny_models import left_pad, ragged_prompts, tiny_model
 
 
@@ -107,32 +108,8 @@ def test_stock_cache_argument_with_int8_log_scales_keeps_greedy_tokens():
     cache.check_integrity()
 
 
-def _engine_tokens(model, prompts, **config) -> tuple[list[list[int]], Engine]:
-    engine = Engine(model, PagedConfig(**{"block_size": 8, "kv_cache_dtype": "int4", "value_quant_group": "head",
-                                          "kv_scale_format": "log8", **config}))
-    ids = [engine.add_request(p, SamplingParams(max_new_tokens=12)) for p in prompts]
-    while engine.has_unfinished:
-        engine.step()
-        engine.check_integrity()
-    outs = [engine.pop_output(i) for i in ids]
-    assert all(o.error is None for o in outs)
-    return [o.generated_tokens for o in outs], engine
-
-
-@pytest.mark.parametrize("extra", [{}, {"kv_streaming_heads": ((1,), ()), "num_sink_tokens": 8, "window_tokens": 8}])
-def test_engine_parity_with_log_scales_chunked_swapped_and_prefix_shared(extra):
-    # Batched + chunked, swap preemption and prefix hits give the tokens of each request run alone, same setting
-    # (streaming heads: prefix caching is off with them, so no prefix-hit run).
-    model = tiny_model("llama")
-    shared = ragged_prompts([24], seed=9)[0]
-    prompts = [*ragged_prompts([5, 33, 19], seed=3), shared + [7, 8, 9], shared + [10, 11]]
-    streaming = {**extra, "enable_prefix_caching": False} if extra else {}
-    alone = [_engine_tokens(model, [p], max_num_batched_tokens=256, **streaming)[0][0] for p in prompts]
-    assert _engine_tokens(model, prompts, max_num_batched_tokens=16, **streaming)[0] == alone
-    preemption = "recompute" if extra else "swap"  # streaming heads allow recompute only
-    got, engine = _engine_tokens(model, prompts, num_blocks=12, max_num_batched_tokens=32, preemption_mode=preemption,
-                                 **{**streaming, "enable_prefix_caching": False})
-    assert engine.stats()["preemptions"] > 0 and got == alone
-    if not extra:
-        got, engine = _engine_tokens(model, prompts, max_num_batched_tokens=256, max_num_seqs=1)
-        assert got == alone and engine.stats()["prompt_tokens_cached"] >= 24
+@pytest.mark.parametrize("streaming", [None, {"kv_streaming_heads": ((1,), ()), "num_sink_tokens": 8,
+                                              "window_tokens": 8}])
+def test_engine_parity_with_log_scales_chunked_swapped_and_prefix_shared(streaming):
+    check_engine_parity({"block_size": 8, "kv_cache_dtype": "int4", "value_quant_group": "head",
+                         "kv_scale_format": "log8"}, streaming)

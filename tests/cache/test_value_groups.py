@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_paged import Engine, PagedCache, PagedConfig, SamplingParams
+from hf_paged import PagedCache, PagedConfig
 from hf_paged.cache.compression import BlockFormat, formats_for
 from hf_paged.cache.kernels import QuantizedKV, paged_decode_attention, paged_prefill_attention
+from tests.cache.engine_parity import check_engine_parity
 from tests.kernels.paged_cases import make_case, tolerance
 from tests.kernels.quantized_cases import QuantizedCase, dense_quantized_attention, quantize_case
 from tests.tiny_models import left_pad, ragged_prompts, tiny_model
@@ -128,26 +129,5 @@ def test_fused_kernels_read_per_head_value_scales(fmt):
             torch.testing.assert_close(out, expected, **tolerance(torch.float32))
 
 
-def _engine_tokens(model, prompts, **config) -> tuple[list[list[int]], Engine]:
-    engine = Engine(model, PagedConfig(block_size=8, kv_cache_dtype="int4", value_quant_group="head", **config))
-    ids = [engine.add_request(p, SamplingParams(max_new_tokens=12)) for p in prompts]
-    while engine.has_unfinished:
-        engine.step()
-        engine.check_integrity()
-    outs = [engine.pop_output(i) for i in ids]
-    assert all(o.error is None for o in outs)
-    return [o.generated_tokens for o in outs], engine
-
-
 def test_engine_parity_with_per_head_values_chunked_swapped_and_prefix_shared():
-    # Batched + chunked, swap preemption and prefix hits give the tokens of each request run alone, same setting.
-    model = tiny_model("llama")
-    shared = ragged_prompts([24], seed=9)[0]
-    prompts = [*ragged_prompts([5, 33, 19], seed=3), shared + [7, 8, 9], shared + [10, 11]]
-    alone = [_engine_tokens(model, [p], max_num_batched_tokens=256)[0][0] for p in prompts]
-    assert _engine_tokens(model, prompts, max_num_batched_tokens=16)[0] == alone
-    got, engine = _engine_tokens(model, prompts, num_blocks=12, max_num_batched_tokens=32, preemption_mode="swap",
-                                 enable_prefix_caching=False)
-    assert engine.stats()["preemptions"] > 0 and got == alone
-    got, engine = _engine_tokens(model, prompts, max_num_batched_tokens=256, max_num_seqs=1)
-    assert got == alone and engine.stats()["prompt_tokens_cached"] >= 24
+    check_engine_parity({"block_size": 8, "kv_cache_dtype": "int4", "value_quant_group": "head"})

@@ -25,12 +25,19 @@ COMPRESSED = {
     "int8": {"kv_cache_dtype": "int8"},
     "int4": {"kv_cache_dtype": "int4"},
     "int4, values per head": {"kv_cache_dtype": "int4", "value_quant_group": "head"},
+    "int4, values per head, log8 scales": {"kv_cache_dtype": "int4", "value_quant_group": "head",
+                                           "kv_scale_format": "log8"},
+    # keys in the block's RoPE frame: the kernels do not rotate, so the torch path under "triton" too
+    "int4, log8, keys derotated": {"kv_cache_dtype": "int4", "value_quant_group": "head", "kv_scale_format": "log8",
+                                   "kv_key_derotate": True},
     # head groups of two formats: the torch path, even under attention_backend="triton"
     "int8, head 0 full precision": {"kv_cache_dtype": "int8", "kv_full_precision_heads": ((0,), (0,))},
     # SnapKV scores the last prompt chunk on the torch path; the decodes after it run fused
     "int4 + snapkv": {"kv_cache_dtype": "int4", "kv_eviction": "snapkv", "kv_keep_ratio": 0.5, "window_tokens": 8,
                       "num_sink_tokens": 4},
 }
+
+TORCH_PATH = {"int8, head 0 full precision", "int4, log8, keys derotated"}  # settings the fused kernels cannot read
 
 
 @pytest.mark.parametrize("setting", list(COMPRESSED))
@@ -58,7 +65,7 @@ def test_engine_on_fused_dequant_kernels_matches_the_torch_path(setting, monkeyp
         ids = [engine.add_request(p, SamplingParams(max_new_tokens=4)) for p in prompts]
         outs = engine.run(ids)
         outputs[backend] = [outs[i].generated_tokens for i in ids]
-        assert bool(fused_calls) == (backend == "triton" and "full precision" not in setting)
+        assert bool(fused_calls) == (backend == "triton" and setting not in TORCH_PATH)
     assert outputs["triton"] == outputs["torch"]
-    if "full precision" not in setting:
+    if setting not in TORCH_PATH:
         assert len(fused_calls) >= 2 * 3  # both layers of every step (of the 3 decode-only steps at least)

@@ -1,7 +1,7 @@
 """The fused-dequant kernels read one-byte log8 scale codes (`PagedConfig.kv_scale_format="log8"`).
 
-Triton (the interpreter on CPU) and the torch reference against the dense oracle; the engine on the kernels against
-its torch path; and a real sm_90 / sm_80 compile of the log8 variants (no GPU needed, like test_kernel_compile).
+Triton (the interpreter on CPU) and the torch reference against the dense oracle, and a real sm_90 / sm_80 compile
+of the log8 variants (no GPU needed, like test_kernel_compile). The engine on them: test_engine_triton's table.
 """
 
 from __future__ import annotations
@@ -10,21 +10,16 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-from hf_paged import Engine, PagedConfig, SamplingParams
 from hf_paged.cache.compression import BlockFormat
 from hf_paged.cache.kernels import QuantizedKV, paged_decode_attention, paged_prefill_attention
 from hf_paged.cache.kernels.quantized import LOG_SCALE_CODE, kv_operand
 from tests.kernels.paged_cases import make_case, tolerance
 from tests.kernels.quantized_cases import QuantizedCase, dense_quantized_attention, quantize_case
-from tests.tiny_models import ragged_prompts
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.kernels.test_kernel_compile import ROOT, _nvidia_tools_present
 
 
 def _log8(cache: torch.Tensor, full: torch.Tensor, fmt: BlockFormat) -> tuple[QuantizedKV, torch.Tensor]:
@@ -94,38 +89,6 @@ def test_log_codes_change_what_the_kernel_reads():
     assert not torch.allclose(right, wrong, atol=1e-2)
 
 
-@pytest.mark.parametrize("derotate", [False, True])
-def test_engine_on_fused_kernels_with_log_scales_matches_the_torch_path(derotate, monkeypatch):
-    # kv_key_derotate (keys in the block's RoPE frame): the kernels do not rotate, so the layers take the torch
-    # read path under attention_backend="triton" too, with the same tokens.
-    from hf_paged.cache import attention
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
-                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                         eos_token_id=None, pad_token_id=0)).eval()
-    prompts = ragged_prompts([3, 11, 21], seed=5, vocab=64)
-    outputs, fused_calls = {}, []
-    original = attention._compressed_kernel_attention
-
-    def spy(*args, **kwargs):
-        fused_calls.append(args[3].shape[0])
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(attention, "_compressed_kernel_attention", spy)
-    for backend in ("torch", "triton"):
-        config = PagedConfig(block_size=8, attention_backend=backend, max_num_batched_tokens=16,
-                             kv_cache_dtype="int4", value_quant_group="head", kv_scale_format="log8",
-                             kv_key_derotate=derotate)
-        engine = Engine(model, config)
-        ids = [engine.add_request(p, SamplingParams(max_new_tokens=4)) for p in prompts]
-        outs = engine.run(ids)
-        outputs[backend] = [outs[i].generated_tokens for i in ids]
-        assert bool(fused_calls) == (backend == "triton" and not derotate)
-    assert outputs["triton"] == outputs["torch"]
-    assert derotate or len(fused_calls) >= 2 * 3
-
-
 _COMPILE = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
@@ -162,15 +125,6 @@ for launch in launches:
         results.append([launch.kernel.__name__, capability, registers, spills, shared])
 print(json.dumps(results))
 """
-
-
-def _nvidia_tools_present() -> bool:
-    try:
-        import triton
-    except ImportError:
-        return False
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-    return (tools / "ptxas").exists() and (tools / "cuobjdump").exists()
 
 
 @pytest.mark.skipif(not _nvidia_tools_present(), reason="triton without its NVIDIA backend tools (ptxas, cuobjdump)")
