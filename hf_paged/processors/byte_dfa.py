@@ -14,9 +14,9 @@ the byte-level DFA of the pattern, and costs ~2 ms where the same pattern over a
 from __future__ import annotations
 
 import threading
-from itertools import chain
 from collections import OrderedDict
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np
