@@ -7,10 +7,9 @@ import torch
 
 from hf_paged import PagedCache, PagedConfig
 from hf_paged.cache.compression import BlockFormat, formats_for
-from hf_paged.cache.kernels import QuantizedKV, paged_decode_attention, paged_prefill_attention
 from tests.cache.engine_parity import check_engine_parity
-from tests.kernels.paged_cases import make_case, tolerance
-from tests.kernels.quantized_cases import QuantizedCase, dense_quantized_attention, quantize_case
+from tests.kernels.paged_cases import make_case
+from tests.kernels.quantized_cases import assert_kernels_match_oracle, quantize_case, requantize
 from tests.tiny_models import left_pad, ragged_prompts, tiny_model
 
 
@@ -90,22 +89,6 @@ def test_stock_cache_argument_with_int8_per_head_values_keeps_greedy_tokens():
     cache.check_integrity()
 
 
-def _per_head_values(qc: QuantizedCase, fmt_name: str) -> QuantizedCase:
-    """`qc` with its values re-quantized per (token, head); the blocks no sequence reads get NaN scales."""
-    cache = qc.case.value_cache
-    fmt = BlockFormat(fmt_name, per_head=True)
-    full = torch.isfinite(qc.dequantized_value.flatten(1)).all(1)
-    parts = fmt.allocate(*cache.shape, cache.dtype, cache.device)
-    parts["scale"].fill_(float("nan"))
-    ids = full.nonzero().squeeze(1)
-    for name, t in fmt.quantize(cache[ids]).items():
-        parts[name][ids] = t.to(parts[name].dtype)
-    value = QuantizedKV(parts["data"], parts["scale"], fmt_name, parts.get("zero"), per_head=True)
-    deq = torch.full_like(cache, float("nan"))
-    deq[ids] = fmt.dequantize({n: t[ids] for n, t in parts.items()}, cache.dtype)
-    return QuantizedCase(qc.case, qc.key, value, qc.tail, qc.dequantized_key, deq)
-
-
 @pytest.mark.parametrize("fmt", ["int4", "int8"])
 def test_fused_kernels_read_per_head_value_scales(fmt):
     # Triton (the interpreter on CPU) and the torch reference against the dense oracle, decode and prefill.
@@ -116,17 +99,8 @@ def test_fused_kernels_read_per_head_value_scales(fmt):
         case.dense_values = [v.clone() for v in case.dense_values]
         for v in case.dense_values:
             v[:, 1] *= 30.0
-        qc = _per_head_values(quantize_case(case, fmt, fmt, seed=1), fmt)
-        expected = dense_quantized_attention(qc)
-        for backend in ("triton", "torch"):
-            if q_lens == [1] * len(q_lens):
-                out = paged_decode_attention(case.query, qc.key, qc.value, case.block_tables, case.context_lens,
-                                             scale=case.scale, tail=qc.tail, backend=backend)
-            else:
-                out = paged_prefill_attention(case.query, qc.key, qc.value, case.block_tables, case.query_start_loc,
-                                              case.context_lens, scale=case.scale, tail=qc.tail, backend=backend)
-            assert torch.isfinite(out).all()
-            torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+        qc = requantize(quantize_case(case, fmt, fmt, seed=1), value=BlockFormat(fmt, per_head=True))
+        assert_kernels_match_oracle(qc)
 
 
 def test_engine_parity_with_per_head_values_chunked_swapped_and_prefix_shared():

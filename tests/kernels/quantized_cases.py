@@ -28,8 +28,10 @@ class QuantizedCase:
     dequantized_value: torch.Tensor
 
 
-def _quantize(cache: torch.Tensor, full: torch.Tensor, fmt: BlockFormat) -> tuple[torch.Tensor | QuantizedKV, torch.Tensor]:
-    """Quantize the blocks `full` (bool [num_blocks]) of `cache`; others poisoned. Returns (cache, dequantized)."""
+def quantize_blocks(cache: torch.Tensor, full: torch.Tensor,
+                    fmt: BlockFormat) -> tuple[torch.Tensor | QuantizedKV, torch.Tensor]:
+    """Quantize the blocks `full` (bool [num_blocks]) of `cache` in `fmt`; others poisoned (data 0xFF, scales NaN
+    or log8 code 255 = 2^9.5, zero points 127). Returns (cache, dequantized: NaN outside `full`)."""
     if not fmt.is_quantized:
         poisoned = cache.clone()
         poisoned[~full] = float("nan")
@@ -37,14 +39,13 @@ def _quantize(cache: torch.Tensor, full: torch.Tensor, fmt: BlockFormat) -> tupl
     num_blocks, bs, heads, dim = cache.shape
     parts = fmt.allocate(num_blocks, bs, heads, dim, cache.dtype, cache.device)
     parts["data"].view(torch.uint8).fill_(0xFF)
-    parts["scale"].fill_(float("nan"))
+    parts["scale"].fill_(255 if parts["scale"].dtype == torch.uint8 else float("nan"))
     if "zero" in parts:
         parts["zero"].fill_(127)
     ids = full.nonzero().squeeze(1)
     for name, t in fmt.quantize(cache[ids]).items():
         parts[name][ids] = t.to(parts[name].dtype)
-    q = QuantizedKV(parts["data"], parts["scale"], fmt.name, parts["zero"] if fmt.name == "int4" else None,
-                    fmt.per_channel)
+    q = QuantizedKV(parts["data"], parts["scale"], fmt.name, parts.get("zero"), fmt.per_channel, fmt.per_head)
     deq = torch.full_like(cache, float("nan"))
     deq[ids] = fmt.dequantize({n: t[ids] for n, t in parts.items()}, cache.dtype)
     return q, deq
@@ -60,8 +61,8 @@ def quantize_case(case: PagedCase, key_format: str, value_format: str, *, seed: 
         full[case.block_tables[i, : ctx // bs].long()] = True
         q_len = qsl[i + 1] - qsl[i]
         tail_blocks += [(i, b) for b in range((ctx - q_len) // bs, math.ceil(ctx / bs))]
-    key, deq_k = _quantize(case.key_cache, full, BlockFormat(key_format, per_channel=key_format == "int4"))
-    value, deq_v = _quantize(case.value_cache, full, BlockFormat(value_format))
+    key, deq_k = quantize_blocks(case.key_cache, full, BlockFormat(key_format, per_channel=key_format == "int4"))
+    value, deq_v = quantize_blocks(case.value_cache, full, BlockFormat(value_format))
     n_tail = len(tail_blocks) + 1  # one spare block, left NaN
     order = torch.randperm(n_tail, generator=torch.Generator().manual_seed(seed)).tolist()
     shape = (n_tail, *case.key_cache.shape[1:])
@@ -99,3 +100,31 @@ def dense_quantized_attention(qc: QuantizedCase, sliding_window: int | None = No
                                                scale=case.scale, enable_gqa=True)  # fmt: skip
             outs.append(o[0, :, 0])
     return torch.stack(outs).to(case.query.dtype)
+
+
+def requantize(qc: QuantizedCase, key: BlockFormat | None = None, value: BlockFormat | None = None) -> QuantizedCase:
+    """`qc` with its keys and/or values quantized again in other formats (same full blocks, same tail)."""
+    full = torch.isfinite(qc.dequantized_key.flatten(1)).all(1)
+    k, deq_k = (qc.key, qc.dequantized_key) if key is None else quantize_blocks(qc.case.key_cache, full, key)
+    v, deq_v = (qc.value, qc.dequantized_value) if value is None else quantize_blocks(qc.case.value_cache, full, value)
+    return QuantizedCase(qc.case, k, v, qc.tail, deq_k, deq_v)
+
+
+def assert_kernels_match_oracle(qc: QuantizedCase) -> None:
+    """Triton (the interpreter on CPU) and the torch reference, decode (one query per sequence) or prefill, against
+    `dense_quantized_attention`."""
+    from hf_paged.cache.kernels import paged_decode_attention, paged_prefill_attention
+    from tests.kernels.paged_cases import tolerance
+
+    case = qc.case
+    expected = dense_quantized_attention(qc)
+    decode = bool((case.query_start_loc.diff() == 1).all())
+    for backend in ("triton", "torch"):
+        if decode:
+            out = paged_decode_attention(case.query, qc.key, qc.value, case.block_tables, case.context_lens,
+                                         scale=case.scale, tail=qc.tail, backend=backend)
+        else:
+            out = paged_prefill_attention(case.query, qc.key, qc.value, case.block_tables, case.query_start_loc,
+                                          case.context_lens, scale=case.scale, tail=qc.tail, backend=backend)
+        assert torch.isfinite(out).all()
+        torch.testing.assert_close(out, expected, **tolerance(torch.float32))

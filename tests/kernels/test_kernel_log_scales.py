@@ -15,37 +15,11 @@ import pytest
 import torch
 
 from hf_paged.cache.compression import BlockFormat
-from hf_paged.cache.kernels import QuantizedKV, paged_decode_attention, paged_prefill_attention
+from hf_paged.cache.kernels import QuantizedKV, paged_decode_attention
 from hf_paged.cache.kernels.quantized import LOG_SCALE_CODE, kv_operand
-from tests.kernels.paged_cases import make_case, tolerance
-from tests.kernels.quantized_cases import QuantizedCase, dense_quantized_attention, quantize_case
+from tests.kernels.paged_cases import make_case
+from tests.kernels.quantized_cases import assert_kernels_match_oracle, quantize_case, requantize
 from tests.kernels.test_kernel_compile import ROOT, _nvidia_tools_present
-
-
-def _log8(cache: torch.Tensor, full: torch.Tensor, fmt: BlockFormat) -> tuple[QuantizedKV, torch.Tensor]:
-    """Blocks `full` of `cache` quantized in `fmt` (log8 scales); the others poisoned: data 0xFF, scale code 255
-    (2^9.5), zero 127, so a kernel reading them is far off."""
-    parts = fmt.allocate(*cache.shape, cache.dtype, cache.device)
-    parts["data"].view(torch.uint8).fill_(0xFF)
-    parts["scale"].fill_(255)
-    if "zero" in parts:
-        parts["zero"].fill_(127)
-    ids = full.nonzero().squeeze(1)
-    for name, t in fmt.quantize(cache[ids]).items():
-        parts[name][ids] = t.to(parts[name].dtype)
-    q = QuantizedKV(parts["data"], parts["scale"], fmt.name, parts.get("zero"), fmt.per_channel, fmt.per_head)
-    deq = torch.full_like(cache, float("nan"))
-    deq[ids] = fmt.dequantize({n: t[ids] for n, t in parts.items()}, cache.dtype)
-    return q, deq
-
-
-def _log8_case(case, key: BlockFormat, value: BlockFormat) -> QuantizedCase:
-    qc = quantize_case(case, key.name, value.name, seed=1)  # for the tail and which blocks are full
-    full = torch.isfinite(qc.dequantized_key.flatten(1)).all(1)
-    k, deq_k = _log8(case.key_cache, full, key)
-    v, deq_v = _log8(case.value_cache, full, value)
-    return QuantizedCase(case, k, v, qc.tail, deq_k, deq_v)
-
 
 FORMATS = {
     "int4 K per channel, V per head": (BlockFormat("int4", per_channel=True, log_scale=True),
@@ -62,25 +36,16 @@ def test_fused_kernels_read_log_scales(formats):
     for context_lens, q_lens in (([1, 17, 40], [1, 1, 1]), ([20, 40], [7, 40])):
         case = make_case(context_lens, q_lens, num_heads=4, num_kv_heads=2, head_dim=16, block_size=8,
                          dtype=torch.float32, seed=3)
-        qc = _log8_case(case, key, value)
+        qc = requantize(quantize_case(case, key.name, value.name, seed=1), key, value)
         assert qc.key.scale.dtype == torch.uint8 and kv_operand(qc.key).fmt >= LOG_SCALE_CODE
-        expected = dense_quantized_attention(qc)
-        for backend in ("triton", "torch"):
-            if q_lens == [1] * len(q_lens):
-                out = paged_decode_attention(case.query, qc.key, qc.value, case.block_tables, case.context_lens,
-                                             scale=case.scale, tail=qc.tail, backend=backend)
-            else:
-                out = paged_prefill_attention(case.query, qc.key, qc.value, case.block_tables, case.query_start_loc,
-                                              case.context_lens, scale=case.scale, tail=qc.tail, backend=backend)
-            assert torch.isfinite(out).all()
-            torch.testing.assert_close(out, expected, **tolerance(torch.float32))
+        assert_kernels_match_oracle(qc)
 
 
 def test_log_codes_change_what_the_kernel_reads():
     # The same data read with its scales as fp16 values vs as codes: the kernel must decode, not cast.
     key, value = FORMATS["int8"]
     case = make_case([24], [1], num_heads=2, num_kv_heads=1, head_dim=8, block_size=8, dtype=torch.float32, seed=0)
-    qc = _log8_case(case, key, value)
+    qc = requantize(quantize_case(case, key.name, value.name, seed=1), key, value)
     right = paged_decode_attention(case.query, qc.key, qc.value, case.block_tables, case.context_lens,
                                    scale=case.scale, tail=qc.tail, backend="triton")
     as_fp16 = QuantizedKV(qc.key.data, qc.key.scale.half(), "int8")  # codes 150.. taken literally
