@@ -2,13 +2,17 @@
 refusal tally, and the cost of the regex -> byte DFA build (no token index, no tokenizer).
 
 Per schema file (`schema` + `tests` with `valid` flags), in a forked child with a wall-clock limit:
-1. `schema_to_regex(schema)` (strict by default); a `SchemaError` is tallied by type and keyword.
-2. Every test instance is written with `canonical_json` and checked with Python `re.fullmatch`. A valid
-   instance matched counts as accepted; an invalid one matched is a false accept; an accepted text that
+1. `schema_to_grammar(schema)` (strict by default), what the processors compile: a regex, or for a schema whose
+   flat regex is over budget a grammar of regexes that call each other; a `SchemaError` is tallied by type and
+   keyword.
+2. Every test instance is written with `canonical_json` and checked with Python `re.fullmatch` (a grammar: its
+   rules inlined into one regex, when that stays under 400k characters; else the automaton of step 3 decides).
+   A valid instance matched counts as accepted; an invalid one matched is a false accept; an accepted text that
    `jsonschema` rejects after `json.loads` is a false accept too (the serialiser cannot hide one).
-3. With `--dfa`: the byte automaton the processors use (`byte_dfa.build_byte_dfa`: outlines-core's `Index` over
-   256 one-byte tokens, read into a numpy table) is built afresh (thread CPU time measured) and the UTF-8 bytes
-   of every instance are walked through it; the verdict must equal `re`'s (disagreements are counted and listed).
+3. With `--dfa` (always, for a grammar): the byte automaton the processors use (`index_cache.build_automaton`:
+   outlines-core's `Index` over 256 one-byte tokens read into a numpy table, per rule for a grammar) is built
+   afresh (thread CPU time measured) and the UTF-8 bytes of every instance are walked through it; the verdict
+   must equal `re`'s (disagreements are counted and listed).
 
     python benchmarks/schema_coverage.py --dfa --out benchmarks/schema_coverage_results.md
 """
@@ -42,6 +46,7 @@ class SchemaResult:
     translate_cpu_s: float = 0.0
     regex_chars: int = 0
     regex_size: int = 0  # `estimate_regex_size` (index_cache refuses above its `max_regex_size`, 200,000)
+    rules: int = 0  # grammar rules (0: one flat regex)
     valid: int = 0  # valid instances with a JSON text
     valid_accepted: int = 0
     invalid: int = 0
@@ -64,8 +69,12 @@ def _keyword(message: str) -> str:
 def _dfa_accepts(automaton, text: str) -> bool:
     state = automaton.initial
     for b in text.encode("utf-8"):
+        automaton.ensure_one(state)  # (a grammar's rows are built on demand)
         state = int(automaton.transitions[state, b])
     return bool(automaton.finals[state])
+
+
+_MAX_INLINE_CHARS = 400_000
 
 
 def evaluate(path: Path, *, strict: bool, dfa: bool) -> SchemaResult:
@@ -73,9 +82,9 @@ def evaluate(path: Path, *, strict: bool, dfa: bool) -> SchemaResult:
     import jsonschema
 
     from hf_paged.errors import SchemaError
-    from hf_paged.processors.index_cache import anchored
+    from hf_paged.processors.grammar_dfa import inline_grammar, split_grammar
     from hf_paged.processors.regex_size import estimate_regex_size
-    from hf_paged.processors.schema_regex import canonical_json, schema_to_regex
+    from hf_paged.processors.schema_regex import canonical_json, schema_to_grammar
 
     doc = json.loads(path.read_text())
     schema, tests = doc["schema"], doc["tests"]
@@ -83,17 +92,39 @@ def evaluate(path: Path, *, strict: bool, dfa: bool) -> SchemaResult:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            rx_text = schema_to_regex(schema, strict=strict, undeclared_keys=_UNDECLARED_KEYS)
+            rx_text = schema_to_grammar(schema, strict=strict, undeclared_keys=_UNDECLARED_KEYS)
     except SchemaError as exc:
         return SchemaResult(path.name, type(exc).__name__, str(exc), time.thread_time() - t0)
+    rules = split_grammar(rx_text) or [rx_text]
     res = SchemaResult(path.name, "ok", translate_cpu_s=time.thread_time() - t0, regex_chars=len(rx_text),
-                       regex_size=estimate_regex_size(rx_text))
-    rx = re.compile(rx_text)
+                       regex_size=max(map(estimate_regex_size, rules)), rules=len(rules) - 1)
+    automaton = None
+    if dfa or len(rules) > 1:
+        from hf_paged.processors.index_cache import build_automaton
+
+        if len(rules) == 1:
+            from hf_paged.processors.byte_dfa import build_byte_dfa
+            from hf_paged.processors.index_cache import anchored
+
+            t0 = time.thread_time()
+            automaton = build_byte_dfa(anchored(rx_text), fresh=True)  # the translation may have built it
+        else:
+            from hf_paged.processors import byte_dfa
+
+            byte_dfa._MEMO.clear()  # built afresh, like the flat case (the translation may have built some rules)
+            t0 = time.thread_time()
+            automaton = build_automaton(rx_text)
+        res.dfa_cpu_s = time.thread_time() - t0
+    flat = rx_text if len(rules) == 1 else inline_grammar(rx_text)
+    rx = re.compile(flat) if len(flat) < _MAX_INLINE_CHARS or len(rules) == 1 else None
     validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
     texts = [(t["valid"], canonical_json(schema, t["data"])) for t in tests]
     verdicts = []
     for valid, text in texts:
-        accepted = text is not None and rx.fullmatch(text) is not None
+        if rx is None:
+            accepted = text is not None and _dfa_accepts(automaton, text)
+        else:
+            accepted = text is not None and rx.fullmatch(text) is not None
         verdicts.append(accepted)
         if accepted and not validator.is_valid(json.loads(text)):
             res.false_accepts.append(f"(jsonschema rejects) {text[:200]}")
@@ -106,12 +137,7 @@ def evaluate(path: Path, *, strict: bool, dfa: bool) -> SchemaResult:
             res.invalid += 1
             if accepted:
                 res.false_accepts.append(text[:200])
-    if dfa:
-        from hf_paged.processors.byte_dfa import build_byte_dfa
-
-        t0 = time.thread_time()
-        automaton = build_byte_dfa(anchored(rx_text), fresh=True)  # the translation may have built it
-        res.dfa_cpu_s = time.thread_time() - t0
+    if automaton is not None:
         for (valid, text), accepted in zip(texts, verdicts):
             if text is not None and _dfa_accepts(automaton, text) != accepted:
                 res.dfa_disagree.append(text[:200])
@@ -220,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.timeout:.0f} s per schema, {elapsed:.0f} s in all, load average {load:.1f} at the end."),
         "",
         f"- compile coverage: **{len(ok)}/{len(files)}** ({100 * len(ok) / max(len(files), 1):.1f}%)",
+        (f"- written as grammars (big values as called rules): {sum(r.rules > 0 for r in ok)} schemas, "
+        f"{sum(r.rules for r in ok)} rules; their valid instances accepted: "
+        f"{sum(r.valid_accepted for r in ok if r.rules)}/{sum(r.valid for r in ok if r.rules)}"),
         (f"- valid instances accepted (accepted schemas): **{accepted}/{valid}** "
         f"({100 * accepted / max(valid, 1):.1f}%)"),
         f"- invalid instances of accepted schemas: {sum(r.invalid for r in ok)}; false accepts: **{fa}**",
@@ -231,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     if dfa_times:
         lines += [
-            (f"- byte-DFA build (`build_byte_dfa(anchored(rx))`) CPU ms p50/p99/max: "
+            (f"- byte-DFA build (`build_automaton(rx)`, a grammar's rules' automata) CPU ms p50/p99/max: "
             f"{_pct(dfa_times, 0.5):.1f} / {_pct(dfa_times, 0.99):.1f} / {max(dfa_times):.1f}; "
             f"over 1 s: {sum(t > 1000 for t in dfa_times)}"),
             f"- byte-DFA walk vs `re.fullmatch` disagreements: **{disagree}**",

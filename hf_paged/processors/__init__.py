@@ -12,7 +12,7 @@ from hf_paged.processors.choice import ChoiceLogitsProcessor
 from hf_paged.processors.index_cache import IndexCache, default_index_cache
 from hf_paged.processors.json_schema import JSONSchemaLogitsProcessor
 from hf_paged.processors.regex import RegexLogitsProcessor
-from hf_paged.processors.schema_regex import schema_to_regex
+from hf_paged.processors.schema_regex import schema_to_grammar, schema_to_regex
 from hf_paged.processors.vocabulary import TokenVocabulary, build_vocabulary
 
 __all__ = [
@@ -25,5 +25,6 @@ __all__ = [
     "apply_token_bitmask_",
     "build_vocabulary",
     "default_index_cache",
+    "schema_to_grammar",
     "schema_to_regex",
 ]

@@ -21,6 +21,8 @@ memoised.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from hf_paged.processors.utf8_bodies import multibyte_ends
@@ -38,33 +40,36 @@ class BodySteps:
     Args:
         transitions: the automaton's table, int32 `[S + 1, 256]` (dead state included).
         dead: the dead state.
+        ensure: a grammar automaton's `ensure` (rows built on demand), called before rows are read; None: every
+            row is built.
     """
 
-    def __init__(self, transitions: np.ndarray, dead: int):
+    def __init__(self, transitions: np.ndarray, dead: int, ensure: Callable[[np.ndarray], None] | None = None):
         num_states = transitions.shape[0]
         self.ascii = np.zeros((num_states, 2), dtype=np.uint64)  # A(s) as two 64-bit words (bytes 0..127)
         self.multibyte = np.zeros(num_states, dtype=bool)
         self.steps = np.full(num_states, -1, dtype=np.int64)  # -1: not computed yet
         self._table = transitions
         self._dead = dead
+        self._ensure = ensure
         self._ends = np.full(num_states, _UNKNOWN, dtype=np.int64)  # `multibyte_ends`, per state on first use
         self._body: dict[int, tuple[int, int, bool]] = {}  # state -> (A as int, t(s), multibyte)
 
     def prepare(self) -> None:
         """Compute the multi-byte ends of every state now (~0.7 us a state: a few percent of what building the
         automaton took) rather than state by state on the first visits of string bodies (~0.3 ms each)."""
-        if (self._ends == _UNKNOWN).any():
+        if self._ensure is None and (self._ends == _UNKNOWN).any():  # (rows built on demand: per state)
             self._ends = multibyte_ends(self._table)
 
     def multibyte_end(self, states: np.ndarray) -> np.ndarray:
         """`multibyte_ends` of `states` (int64 array), computed for the ones not seen yet."""
         unknown = states[self._ends[states] == _UNKNOWN]
         if unknown.shape[0]:
-            if self._table.shape[0] <= _ALL_AT_ONCE:  # not prepared, but small: every state (~1 ms at most)
+            if self._table.shape[0] <= _ALL_AT_ONCE and self._ensure is None:  # not prepared, but small: every state (~1 ms at most)
                 self.prepare()
             else:
                 unknown = np.unique(unknown)
-                self._ends[unknown] = multibyte_ends(self._table, unknown)
+                self._ends[unknown] = multibyte_ends(self._table, unknown, self._ensure)
         return self._ends[states]
 
     def ensure(self, states: np.ndarray) -> None:
@@ -91,12 +96,14 @@ class BodySteps:
         byte = (bits & -bits).bit_length() - 1  # the lowest byte of A
         table = self._table
         for _ in range(steps):
+            self._one(state)
             state = int(table[state, byte])
         return state
 
     def _look(self, state: int) -> tuple[int, int, bool]:
         body = self._body.get(state)
         if body is None:
+            self._one(state)
             ascii_row = self._table[state, :128]
             targets = ascii_row.tolist()
             live = set(targets) - {self._dead}
@@ -111,6 +118,10 @@ class BodySteps:
                 self.multibyte[state] = body[2]
             self._body[state] = body
         return body
+
+    def _one(self, state: int) -> None:
+        if self._ensure is not None:
+            self._ensure(np.array([state]))
 
     @staticmethod
     def _ascii_members(bits: int) -> np.ndarray:
@@ -132,6 +143,7 @@ class BodySteps:
         seen = {state}
         tail = -1  # steps of the state after the chain (-1: it takes no step of this body)
         while True:
+            self._one(chain[-1])
             following = int(table[chain[-1], byte])
             if following == dead:
                 break

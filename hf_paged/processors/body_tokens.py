@@ -21,6 +21,7 @@ first visit costs a comparison over the vocabulary plus the walk of the others (
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,7 +100,12 @@ def _remember(trie: TokenTrie, key: tuple[int, bool, bool], split: BodyTokens) -
 
 
 def walk_others(
-    split: BodyTokens, transitions: np.ndarray, state: int, dead: int, keep: np.ndarray | None = None
+    split: BodyTokens,
+    transitions: np.ndarray,
+    state: int,
+    dead: int,
+    keep: np.ndarray | None = None,
+    ensure: Callable[[np.ndarray], None] | None = None,
 ) -> np.ndarray:
     """Positions of the other tokens (those where `keep`, if given) whose bytes keep `state` alive: one gather per
     byte column over the tokens still long enough (longest first, so a prefix), stopping once all are dead."""
@@ -111,6 +117,8 @@ def walk_others(
     # how many have more than c bytes, for each column c (lengths descend: -lengths ascend)
     counts = np.searchsorted(-lengths, -np.arange(width), side="left").tolist()
     for column, count in enumerate(counts):
+        if ensure is not None:  # a grammar automaton: build the rows about to be read
+            ensure(states[:count])
         states[:count] = transitions[states[:count], matrix[:count, column]]
         if column % 4 == 3 and count and not (states[:count] != dead).any():
             break  # every token longer than this is dead already (the shorter ones are finished)

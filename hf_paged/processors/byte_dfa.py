@@ -17,7 +17,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -38,6 +38,7 @@ class ByteDFA:
     initial: int  # start state (always 0)
     finals: np.ndarray  # bool [num_states + 1]
     loops: np.ndarray  # uint64 [num_states + 1, 4]: bytes that keep each state where it is
+    lazy: ClassVar[bool] = False  # every row is built (a `GrammarDFA` builds rows on demand: `ensure`)
 
     @property
     def num_states(self) -> int:
@@ -46,6 +47,12 @@ class ByteDFA:
     @property
     def dead(self) -> int:
         return self.transitions.shape[0] - 1
+
+    def ensure(self, states: np.ndarray) -> None:
+        """Nothing to do: every row is built (`GrammarDFA.ensure` builds missing rows)."""
+
+    def ensure_one(self, state: int) -> None:
+        """Nothing to do: every row is built."""
 
     @classmethod
     def from_arrays(cls, transitions: np.ndarray, initial: int, finals: np.ndarray) -> ByteDFA:

@@ -31,6 +31,7 @@ from typing import Any
 
 from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors.byte_dfa import ByteDFA, build_byte_dfa
+from hf_paged.processors.grammar_dfa import GrammarDFA, split_grammar
 from hf_paged.processors.regex_size import estimate_regex_size
 from hf_paged.processors.token_index import StateMask, TokenIndex
 from hf_paged.processors.token_trie import token_trie
@@ -55,6 +56,17 @@ WARM_SECONDS = 0.010
 def anchored(regex: str) -> str:
     """`regex` anchored at end of input, the form every index is compiled from (see the module docstring)."""
     return f"(?:{regex})\\z"
+
+
+def build_automaton(regex: str) -> ByteDFA | GrammarDFA:
+    """The byte automaton of a regex, or of a grammar string (`grammar_dfa.join_grammar`: rows built on demand).
+
+    Raises:
+        ValueError: outlines-core's error (the caller translates it into a typed error).
+    """
+    if split_grammar(regex) is not None:
+        return GrammarDFA(regex)
+    return build_byte_dfa(anchored(regex))
 
 
 def index_key(kind: str, text: str, whitespace: str | None, fingerprint: str, *extra: Any) -> str:
@@ -86,14 +98,16 @@ class CompiledIndex:
         return self.index.cached_mask(state)
 
 
-def _compile(regex: str, vocab: TokenVocabulary, dfa: ByteDFA | None = None, from_disk: bool = False) -> CompiledIndex:
+def _compile(
+    regex: str, vocab: TokenVocabulary, dfa: ByteDFA | GrammarDFA | None = None, from_disk: bool = False
+) -> CompiledIndex:
     """Byte automaton + lazy token view. The initial state's mask is computed now (an empty one means no token
     sequence of this vocabulary can match, reported at compile time rather than at the first step), and the
     cheap states' masks within `WARM_SECONDS`."""
     start = time.perf_counter()
     if dfa is None:
         try:
-            dfa = build_byte_dfa(anchored(regex))
+            dfa = build_automaton(regex)
         except ValueError as exc:
             raise _translate_error(exc, regex) from None
     compiled = CompiledIndex(TokenIndex(dfa, vocab, token_trie(vocab)), regex, vocab, 0.0, from_disk)
@@ -126,8 +140,10 @@ def _translate_error(exc: Exception, regex: str) -> Exception:
 
 
 def check_regex_size(regex: str, max_regex_size: int) -> None:
-    """Raise `SchemaTooComplexError` when `regex` unrolls to more than `max_regex_size` positions."""
-    size = estimate_regex_size(regex)
+    """Raise `SchemaTooComplexError` when `regex` (or a grammar's biggest rule) unrolls to more than
+    `max_regex_size` positions."""
+    rules = split_grammar(regex)
+    size = max(map(estimate_regex_size, rules)) if rules is not None else estimate_regex_size(regex)
     if size > max_regex_size:
         raise SchemaTooComplexError(
             f"the constraint's regex would expand to about {size:,} automaton positions (budget "
@@ -148,7 +164,7 @@ def validate_regex(regex: str, *, max_regex_size: int = 200_000) -> None:
     """
     check_regex_size(regex, max_regex_size)
     try:
-        build_byte_dfa(anchored(regex))
+        build_automaton(regex)
     except ValueError as exc:
         raise _translate_error(exc, regex) from None
 
@@ -285,7 +301,7 @@ class IndexCache:
 
     def _save(self, key: str, compiled: CompiledIndex) -> None:
         path = self._path(key)
-        if path is None:
+        if path is None or compiled.index.dfa.lazy:  # a grammar's rows are built on demand: nothing to save
             return
         os.makedirs(self.cache_dir, exist_ok=True)
         payload = {

@@ -9,7 +9,7 @@ from typing import Any
 from hf_paged.errors import InvalidRegexError, InvalidSchemaError
 from hf_paged.processors.base import GuidedLogitsProcessor
 from hf_paged.processors.index_cache import IndexCache
-from hf_paged.processors.schema_regex import schema_to_regex
+from hf_paged.processors.schema_regex import schema_to_grammar
 
 __all__ = ["JSONSchemaLogitsProcessor", "load_schema"]
 
@@ -98,7 +98,8 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
         self.schema = load_schema(schema)
         self.whitespace = whitespace
         self.strict = strict
-        regex = schema_to_regex(self.schema, whitespace=whitespace, strict=strict, undeclared_keys=undeclared_keys)
+        # a regex, or for a schema whose flat regex is over budget a grammar of rules (`grammar_dfa`)
+        regex = schema_to_grammar(self.schema, whitespace=whitespace, strict=strict, undeclared_keys=undeclared_keys)
         # property order matters to the regex (keys are generated in schema order): never sort keys here
         canonical = json.dumps(self.schema, ensure_ascii=False, separators=(",", ":"))
         super().__init__(

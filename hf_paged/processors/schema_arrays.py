@@ -57,8 +57,8 @@ def array_regex(schema: dict, ctx: Context, pointer: str, canonical: Any) -> Rx 
     if schema.get("uniqueItems") is True and (max_items is None or max_items > 1):
         body = _unique(prefix_schemas, rest, min_items, max_items, sep, ctx, pointer, canonical)
     else:
-        prefix = [ctx.sub(s, pointer_join(pointer, "prefixItems", i)) for i, s in enumerate(prefix_schemas)]
-        rest_rx = None if rest is False else ctx.sub(rest, pointer_join(pointer, "items"))
+        prefix = [ctx.value(s, pointer_join(pointer, "prefixItems", i)) for i, s in enumerate(prefix_schemas)]
+        rest_rx = None if rest is False else ctx.value(rest, pointer_join(pointer, "items"))
         body = _sequence(prefix, rest_rx, min_items, ctx.cap(max_items, min_items), sep)
     return ctx.check_cost(seq(raw("\\[", atomic=True), ws, body, ws, raw("\\]", atomic=True)), pointer)
 
@@ -123,14 +123,14 @@ def _unique(prefix: list[Any], rest: Any, lo: int, hi: int | None, sep: Rx, ctx:
         # as left out, so the caller warns), where refusing would leave the user nothing.
         ctx.num_pruned += 1
         first = prefix[0] if prefix else rest
-        item = None if first is False else ctx.sub(first, pointer_join(pointer, "prefixItems" if prefix else "items"))
+        item = None if first is False else ctx.value(first, pointer_join(pointer, "prefixItems" if prefix else "items"))
         return opt(item) if lo == 0 else item
     if values is None:
         ctx.unsupported("uniqueItems", pointer, "uniqueness is only enforced when items come from a small "
                         "`enum`/`const`/boolean set or arrays hold at most one item; add `maxItems: 1` or an "
                         "`enum` to `items`")
-        prefix_rx = [ctx.sub(s, pointer_join(pointer, "prefixItems", i)) for i, s in enumerate(prefix)]
-        rest_rx = None if rest is False else ctx.sub(rest, pointer_join(pointer, "items"))
+        prefix_rx = [ctx.value(s, pointer_join(pointer, "prefixItems", i)) for i, s in enumerate(prefix)]
+        rest_rx = None if rest is False else ctx.value(rest, pointer_join(pointer, "items"))
         return _sequence(prefix_rx, rest_rx, lo, ctx.cap(hi, lo), sep)
     elements: list[tuple[Rx | None, bool]] = [(lit(v), False) for v in values]
     return ordered_members(elements, sep, lo, hi, lambda k: Rx("", 0))

@@ -13,11 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsupportedSchemaError
-from hf_paged.processors.schema_rx import Rx
+from hf_paged.processors.grammar_dfa import MAX_RULES, call_regex
+from hf_paged.processors.schema_rx import Rx, raw
 
 __all__ = ["ANNOTATION_KEYWORDS", "DEFAULT_WHITESPACE", "Context", "pointer_join"]
 
 DEFAULT_WHITESPACE = "[ ]?"  # at most one space between tokens: no runaway whitespace
+MIN_RULE_COST = 400  # values cheaper than this (~100 automaton states) are written in place, not called
+_CALL_COST = 20  # a call's own cost: the mark and three digit bytes
 
 # Keywords that never restrict validation (annotations, identifiers, metadata): ignored on purpose.
 ANNOTATION_KEYWORDS = frozenset(
@@ -61,6 +64,9 @@ class Context:
         prune_cost: None: exact translation. Else the per-object / per-alternation budget above which
             optional properties and `anyOf` branches are left out (a subset of the valid documents, so still
             sound); `schema_to_regex` sets it when the exact regex exceeds `max_cost`.
+        rules: None: one flat regex. Else member values and array items costing at least `MIN_RULE_COST` become
+            grammar rules (text -> number, written once, called from every use: `grammar_dfa`); their costs
+            together stay within `max_cost`, each rule's too.
     """
 
     root: Any
@@ -79,6 +85,8 @@ class Context:
     max_visits: int = 20_000  # sub-schema translations allowed (recursive $refs multiply them)
     num_visits: int = 0
     num_pruned: int = 0  # optional properties and anyOf branches dropped to fit the budget (reported once)
+    rules: dict[str, int] | None = None  # rule text -> its number (1, 2, ...), when values may be called
+    rules_cost: int = 0  # cost of the rules so far
     translate: Callable[..., Rx | None] | None = None  # the dispatcher, set by schema_regex (avoids a cycle)
     ref_stack: list[str] = field(default_factory=list)  # $ref targets entered on the current path
     ref_index: dict = field(default_factory=dict)  # $id / $anchor -> RefTarget, built on the first $ref
@@ -125,3 +133,23 @@ class Context:
         """Translate a sub-schema through the dispatcher."""
         assert self.translate is not None, "Context.translate is set by schema_to_regex"
         return self.translate(schema, self, pointer)
+
+    def value(self, schema: Any, pointer: str) -> Rx | None:
+        """A member value or an array item: `sub`, or, when `rules` is on and it is big, a call to it as a rule
+        (the same text is one rule however many places use it). Only where the text is concatenated, never
+        matched with `re` (a call is not the text it stands for)."""
+        rx = self.sub(schema, pointer)
+        if self.rules is None or rx is None or rx.cost < MIN_RULE_COST:
+            return rx
+        number = self.rules.get(rx.text)
+        if number is None:
+            number = len(self.rules) + 1
+            self.rules_cost += rx.cost
+            if number >= MAX_RULES or self.rules_cost > self.max_cost:
+                raise SchemaTooComplexError(
+                    f"the grammar for {pointer or '#'!r} needs more than {self.max_cost:,} of regex budget across "
+                    f"its {number} rules; simplify the schema (fewer alternatives, smaller maxItems/maxLength), or "
+                    "raise max_cost"
+                )
+            self.rules[rx.text] = number
+        return Rx(raw(call_regex(number)).text, _CALL_COST)

@@ -282,8 +282,8 @@ def _value(parts: list[Any], ctx: Context, where: str) -> Rx | None:
         return None
     parts = [p for p in parts if p is not True and p != {}]
     if len(parts) <= 1:
-        return ctx.sub(parts[0] if parts else True, where)
-    return ctx.sub({"allOf": parts}, where)
+        return ctx.value(parts[0] if parts else True, where)
+    return ctx.value({"allOf": parts}, where)
 
 
 def _name_ok(name: str, names_schema: Any, ctx: Context, pointer: str) -> bool:
@@ -309,14 +309,14 @@ def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, poi
                 for p in patterns]
         key_rx = alt(seq(raw('"', atomic=True), k, raw('"', atomic=True)) for k in keys)
         values = [v for v in patterns.values() if v is not True and v != {}]
-        value = ctx.sub({"allOf": values} if len(values) > 1 else values[0] if values else True,
+        value = ctx.value({"allOf": values} if len(values) > 1 else values[0] if values else True,
                         pointer_join(pointer, "patternProperties"))
         return seq(key_rx, colon, value) if value is not None else None
     if extra_schema is False or names and not ctx.extras_beside_declared and (extra_schema is True or extra_schema == {}):
         return None
     if schema.get("properties") and "additionalProperties" not in schema and not ctx.undeclared_keys:
         return None  # not asked for: generate the declared members only (a subset of the valid documents)
-    value = ctx.sub(extra_schema, pointer_join(pointer, "additionalProperties"))
+    value = ctx.value(extra_schema, pointer_join(pointer, "additionalProperties"))
     if value is None:
         return None
     return seq(_not_in(names), colon, value)

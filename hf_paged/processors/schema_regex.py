@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsatisfiableSchemaError
+from hf_paged.processors.grammar_dfa import join_grammar
 from hf_paged.processors.schema_arrays import array_regex
 from hf_paged.processors.schema_context import ANNOTATION_KEYWORDS, DEFAULT_WHITESPACE, Context, pointer_join
 from hf_paged.processors.schema_name_rules import negated_required
@@ -34,7 +35,7 @@ from hf_paged.processors.schema_rx import Rx, alt, lit, opt, raw, rep, seq
 from hf_paged.processors.schema_strings import string_regex
 from hf_paged.processors.schema_values import dump_value, finite_domain, valid_values
 
-__all__ = ["Branch", "branches", "canonical_json", "dump_value", "schema_to_regex"]
+__all__ = ["Branch", "branches", "canonical_json", "dump_value", "schema_to_grammar", "schema_to_regex"]
 
 _MAX_MERGE_ROUNDS = 16
 
@@ -51,6 +52,7 @@ class _Attempt:
     max_cost: int  # cost budget of this try (see `Context.max_cost`)
     narrow: bool = True  # counted strings below U+0800 only (`Context.narrow_strings`): every shrunk try
     any_depth: int = 1  # nesting of unconstrained values (`Context.any_depth`)
+    calls: bool = False  # big values written once as grammar rules and called (`Context.rules`)
 
 
 def schema_to_regex(
@@ -83,6 +85,32 @@ def schema_to_regex(
         InvalidSchemaError, UnsupportedSchemaError, UnsatisfiableSchemaError, InvalidRegexError,
         SchemaTooComplexError (all from `hf_paged.errors`).
     """
+    return _translate_ladder(schema, False, whitespace, strict, max_cost, max_ref_depth, max_repeat,
+                             max_string_repeat, max_seconds, undeclared_keys)
+
+
+def schema_to_grammar(
+    schema: dict | bool,
+    *,
+    whitespace: str | None = None,
+    strict: bool = True,
+    max_cost: int = 100_000,
+    max_ref_depth: int = 3,
+    max_repeat: int = 32,
+    max_string_repeat: int = 256,
+    max_seconds: float = 10.0,
+    undeclared_keys: bool = False,
+) -> str:
+    """`schema_to_regex`, but a schema whose flat regex is over `max_cost` is written as a grammar (its big values
+    as rules that every use calls, `grammar_dfa.join_grammar`) before anything is left out. What the processors
+    compile (`index_cache.build_automaton` takes both forms). Same arguments and errors as `schema_to_regex`."""
+    return _translate_ladder(schema, True, whitespace, strict, max_cost, max_ref_depth, max_repeat,
+                             max_string_repeat, max_seconds, undeclared_keys)
+
+
+def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, strict: bool, max_cost: int,
+                      max_ref_depth: int, max_repeat: int, max_string_repeat: int, max_seconds: float,
+                      undeclared_keys: bool) -> str:
     if not isinstance(schema, (dict, bool)):
         raise InvalidSchemaError(f"a JSON Schema is an object or a boolean, got {type(schema).__name__}; "
                                  "pass a dict (parse JSON text with json.loads first)")
@@ -97,21 +125,29 @@ def schema_to_regex(
     # The first tries get a sixteenth / an eighth of the budget: free values after every open object inflate the
     # byte DFA faster than the cost estimate grows (measured: 2.6k -> 49k regex characters, 12 ms -> 4.8 s CPU).
     # The very first lets unconstrained values (`{}`, `additionalProperties: true`) nest two levels deep.
-    attempts = [_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 16, False, 2),
-                _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 8, False),
-                _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, False, max_cost, False)] + [
+    # With `calls`, every try after the flat exact ones writes big values once, as grammar rules: a flat regex
+    # copies each value once per context it may follow (nested optional members multiply them), a grammar once.
+    shrinking = [
         _Attempt(None, max(max_repeat >> i, 1), max(max_string_repeat >> i, 1), max(max_ref_depth - d, 1), False,
-                 max_cost)
+                 max_cost, calls=calls)
         for i, d in ((0, 0), (1, 0), (2, 1), (3, 1), (3, 2))
     ] + [
         _Attempt(max_cost >> (2 * i), max(max_repeat >> (i + 1), 1), max(max_string_repeat >> (i + 1), 1),
-                 max(max_ref_depth - 1 - i, 1), False, max_cost)
+                 max(max_ref_depth - 1 - i, 1), False, max_cost, calls=calls)
         for i in range(1, 5)
     ]
+    attempts = [_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 16, False, 2),
+                _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 8, False),
+                _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, False, max_cost, False)]
+    if calls:
+        attempts += [_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost, False, 2, True),
+                     _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, False, max_cost, False, 1, True)]
+    attempts += shrinking
+    num_exact = sum(a.prune_cost is None and not a.narrow for a in attempts)
     start = time.monotonic()
     too_many_visits: tuple[SchemaTooComplexError, int] | None = None  # (error, recursion depth it happened at)
     for n, attempt in enumerate(attempts):
-        if attempt.prune_cost is None and n > 2 and time.monotonic() - start > max_seconds / 10:
+        if attempt.prune_cost is None and n >= num_exact and time.monotonic() - start > max_seconds / 10:
             continue  # slow translations go straight to the pruning tries, which fit the budget sooner
         if too_many_visits is not None and attempt.ref_depth >= too_many_visits[1]:
             continue  # caps and pruning translate every sub-schema all the same: only less recursion visits fewer
@@ -119,7 +155,7 @@ def schema_to_regex(
                       max_repeat=attempt.repeat, max_string_repeat=attempt.string_repeat,
                       extras_beside_declared=attempt.extras, narrow_strings=attempt.narrow, whitespace=ws, translate=translate,
                       prune_cost=attempt.prune_cost, deadline=deadline, undeclared_keys=undeclared_keys,
-                      any_depth=attempt.any_depth)
+                      any_depth=attempt.any_depth, rules={} if attempt.calls else None)
         try:
             rx = translate(schema, ctx, "#")
         except SchemaTooComplexError as exc:
@@ -128,7 +164,8 @@ def schema_to_regex(
             if ctx.num_visits > ctx.max_visits:
                 too_many_visits = (exc, attempt.ref_depth)
             continue  # retry, leaving out optional members and alternatives to fit the budget
-        if rx is not None and n < len(attempts) - 1 and not _engine_accepts(rx.text):
+        texts = [] if rx is None else [rx.text, *(ctx.rules or ())]
+        if rx is not None and n < len(attempts) - 1 and not all(map(_engine_accepts, texts)):
             continue  # too long to build in seconds, or over outlines-core's NFA size limit: retry smaller
         if rx is None:
             raise UnsatisfiableSchemaError("no JSON document satisfies this schema (or every way to satisfy it "
@@ -138,8 +175,8 @@ def schema_to_regex(
                       f"{attempt.string_repeat} characters (below U+0800); " if attempt.narrow else "")
             warnings.warn(f"{capped}left out {ctx.num_pruned} optional properties / anyOf branches / items of unique "
                           "arrays beyond the first (a regex cannot compare items); output stays valid but cannot use "
-                          "them (raise max_cost to keep what the budget left out)", UserWarning, stacklevel=2)
-        return rx.text
+                          "them (raise max_cost to keep what the budget left out)", UserWarning, stacklevel=3)
+        return join_grammar(texts[0], texts[1:]) if ctx.rules else rx.text
     assert too_many_visits is not None, "only skipped tries end the loop without a result"
     raise too_many_visits[0]
 

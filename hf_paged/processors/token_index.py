@@ -76,7 +76,8 @@ class TokenIndex:
         self.max_cached_bytes = max_cached_bytes
         self._cached_bytes = 0
         self._eos = np.asarray(self.eos_token_ids, dtype=np.int64)
-        self._finals = dfa.finals.tolist()
+        # a grammar automaton names states (and their finality) as walks reach them: read its array live
+        self._finals = dfa.finals if dfa.lazy else dfa.finals.tolist()
         self._walk = TrieWalk(dfa, trie, tail_tokens, narrow_bytes)
         self._masks: dict[int, StateMask] = {}
         self._lock = threading.Lock()
@@ -136,6 +137,13 @@ class TokenIndex:
             # building the automaton; inside it, a 10k-state automaton would have no budget left for masks)
             self._walk.prepare()
         deadline = time.thread_time() + max_seconds
+        if self.dfa.lazy:  # states are named as walks reach them, nearest the start first: warm in that order
+            state = self.dfa.initial
+            while state < self.dfa.num_built and time.thread_time() < deadline:
+                if self.cached_mask(state) is None:
+                    self.state_mask(state)
+                state += 1
+            return state - self.dfa.initial
         # state ids follow regex-automata's construction order (breadth-first from the start, initial = 0)
         num_live = (self.dfa.transitions[:-1] != self.dfa.dead).sum(axis=1)
         narrow = np.flatnonzero(num_live <= self._walk.narrow_bytes).tolist()

@@ -59,7 +59,9 @@ class TrieWalk:
         self.tail_tokens = tail_tokens
         self.narrow_bytes = narrow_bytes
         self._dead = dfa.dead
-        self._has_loops = dfa.loops.any(axis=1)
+        # a `GrammarDFA` builds rows on demand: its loop flags are filled as rows are, so read them live
+        self._has_loops = dfa.has_loops if dfa.lazy else dfa.loops.any(axis=1)
+        self._ensure = dfa.ensure if dfa.lazy else None
         # per-state Python views as objects that hold no other objects (`array`, `bytes`, big ints): lists of ints
         # here made every young-generation collection visit 256 scattered ints per state seen (measured: 1-16 ms
         # pauses landing on random first visits)
@@ -67,7 +69,7 @@ class TrieWalk:
         self._leaving: list[int | None] = [None] * (dfa.num_states + 1)  # state -> bytes that move it (bit set)
         self._live: list[bytes | None] = [None] * (dfa.num_states + 1)  # state -> its live bytes
         self.use_bodies = True  # the `body_tokens` path for string bodies (off: trie walk only, for tests)
-        self._body = BodySteps(dfa.transitions, self._dead)
+        self._body = BodySteps(dfa.transitions, self._dead, self._ensure)
 
     def next_state(self, state: int, raw: bytes) -> int | None:
         """The state after the bytes `raw`, or None when they reach the dead state (a few list reads a byte)."""
@@ -79,12 +81,14 @@ class TrieWalk:
         return state
 
     def _row(self, state: int) -> array:
+        self.dfa.ensure_one(state)
         row = self._rows[state] = array("i", self.dfa.transitions[state].astype(np.int32, copy=False).tobytes())
         return row
 
     def _leaving_set(self, state: int) -> int:
         leaving = self._leaving[state]
         if leaving is None:
+            self.dfa.ensure_one(state)
             loops = int.from_bytes(self.dfa.loops[state].tobytes(), "little")
             leaving = self._leaving[state] = ((1 << 256) - 1) ^ loops
         return leaving
@@ -176,7 +180,7 @@ class TrieWalk:
         if not split.complete:
             return None
         plan = body_plan(self.trie, split)
-        kept = walk_others(split, self.dfa.transitions, state, self._dead, None)
+        kept = walk_others(split, self.dfa.transitions, state, self._dead, None, self._ensure)
         return PlannedIds(plan, plan.row(steps), self.trie.pos_ids[kept])
 
     def _first_byte_allowed(self, state: int) -> np.ndarray | None:
@@ -207,7 +211,7 @@ class TrieWalk:
         in_group = np.zeros(256, dtype=bool)
         in_group[:128] = np.unpackbits(np.frombuffer(group_bits.to_bytes(16, "little"), np.uint8), bitorder="little")
         keep = in_group[trie.pos_first[split.other_positions]]
-        parts = [trie.pos_ids[walk_others(split, self.dfa.transitions, state, self._dead, keep)]]
+        parts = [trie.pos_ids[walk_others(split, self.dfa.transitions, state, self._dead, keep, self._ensure)]]
         nodes, states = [], []  # the root's children outside G, in their next states
         row = self._rows[state] or self._row(state)
         for byte in self._live_bytes(state):
@@ -245,6 +249,7 @@ class TrieWalk:
         """The bytes that do not kill `state` (their next states: `_row`)."""
         live = self._live[state]
         if live is None:
+            self.dfa.ensure_one(state)
             live = self._live[state] = (
                 np.flatnonzero(self.dfa.transitions[state] != self._dead).astype(np.uint8).tobytes()
             )
@@ -257,6 +262,8 @@ class TrieWalk:
         trie, dfa = self.trie, self.dfa
         table, dead = dfa.transitions, self._dead
         while nodes.shape[0]:
+            if self._ensure is not None:
+                self._ensure(states)
             if self._has_loops[states].any():
                 # shortcut: every byte below the node loops on its state -> the whole subtree is allowed
                 below, loops = trie.sub_bytes[nodes], dfa.loops[states]

@@ -12,6 +12,8 @@ that regex-automata (inside outlines-core) builds for Unicode classes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 __all__ = ["multibyte_ends", "valid_utf8_suffixes"]
@@ -33,12 +35,15 @@ for _leads, (_low, _high), _more in _SEQUENCES:
         _SECOND[_lead] = (_low, _high, _more + 2)
 
 
-def multibyte_ends(transitions: np.ndarray, states: np.ndarray | None = None) -> np.ndarray:
+def multibyte_ends(
+    transitions: np.ndarray, states: np.ndarray | None = None, ensure: Callable[[np.ndarray], None] | None = None
+) -> np.ndarray:
     """int64 `[S + 1]` (or one per entry of `states`): per state s, the one state that every well-formed multi-byte
     character read from s ends in, or -1 when they end in several (or, to keep this vectorised, when the state
     after a lead byte is not the same for every allowed byte of a range: a string body's always is). When it is a
     live state, every prefix of every character is alive too (the dead state is absorbing). All states: ~0.7 us a
-    state; a few states of a big automaton: ~0.1-0.3 ms (only the rows they reach)."""
+    state; a few states of a big automaton: ~0.1-0.3 ms (only the rows they reach). `ensure` (a grammar
+    automaton's) builds the rows of `states` and of the states they reach before they are read."""
     table = transitions
     if states is None:  # every state: each range's uniform target once per state, then gathers
         states = np.arange(table.shape[0])
@@ -53,6 +58,8 @@ def multibyte_ends(transitions: np.ndarray, states: np.ndarray | None = None) ->
     else:  # a few states: only the rows they reach (a body's lead bytes share a handful of next states)
 
         def uniform(rows: np.ndarray, low: int, high: int) -> np.ndarray:
+            if ensure is not None:
+                ensure(rows.reshape(-1))
             if rows.size * (high + 1 - low) <= 1 << 16:  # small: gather the blocks as they come
                 block = table[rows, low : high + 1]
                 return np.where((block == block[..., :1]).all(axis=-1), block[..., 0], -1)
@@ -60,6 +67,8 @@ def multibyte_ends(transitions: np.ndarray, states: np.ndarray | None = None) ->
             block = table[unique, low : high + 1]
             return np.where((block == block[:, :1]).all(axis=1), block[:, 0], -1)[inverse.reshape(rows.shape)]
 
+    if ensure is not None:
+        ensure(states)
     ends = np.full(states.shape[0], -2, dtype=np.int64)  # -2: no group seen yet
     for leads, (low, high), more in _SEQUENCES:
         reached = uniform(table[states[:, None], list(leads)], low, high)  # [n, leads]: after the second byte

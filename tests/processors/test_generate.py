@@ -10,6 +10,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_paged.processors import ChoiceLogitsProcessor, JSONSchemaLogitsProcessor
+from hf_paged.processors.grammar_dfa import split_grammar
 from tests.processors.toy_tokenizers import byte_level_tokenizer, sentencepiece_tokenizer
 
 SCHEMA = {
@@ -91,3 +92,24 @@ def test_pydantic_model_class():
     proc = JSONSchemaLogitsProcessor(Point, byte_level_tokenizer())
     assert proc.schema["required"] == ["x", "y"]
     assert proc.regex.startswith(r"\{")
+
+
+def test_grammar_schema_generations_parse_and_validate():
+    # four levels of four optional members: over the flat regex budget, so written as a grammar of called rules
+    node: dict = {"type": "string", "maxLength": 6}
+    for level in range(4):
+        node = {"type": "object", "properties": {f"k{level}{i}": node for i in range(4)}, "additionalProperties": False}
+    tok = byte_level_tokenizer()
+    model = tiny_model(tok, len(tok))
+    proc = JSONSchemaLogitsProcessor(node, tok)
+    assert split_grammar(proc.regex) is not None
+    prompt = torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13], [14, 15, 16]])
+    torch.manual_seed(0)
+    out = model.generate(prompt, attention_mask=torch.ones_like(prompt), logits_processor=[proc], max_new_tokens=80,
+                         do_sample=True, pad_token_id=tok.eos_token_id)
+    finished = 0
+    for row in out[:, prompt.shape[1] :].tolist():
+        if tok.eos_token_id in row:
+            finished += 1
+            jsonschema.validate(json.loads(tok.decode(row[: row.index(tok.eos_token_id)])), node)
+    assert finished >= 2

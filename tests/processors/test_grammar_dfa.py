@@ -1,0 +1,207 @@
+"""Grammars (regex rules that call each other) as lazily built byte automata: the same token masks, moves and
+finals as the flat regex with every call inlined, on hand-made and random grammars and on schemas."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from collections import deque
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hf_paged.errors import SchemaTooComplexError
+from hf_paged.processors import schema_context
+from hf_paged.processors.grammar_dfa import (
+    GrammarDFA,
+    call_regex,
+    inline_grammar,
+    join_grammar,
+    split_grammar,
+)
+from hf_paged.processors.index_cache import build_automaton
+from hf_paged.processors.schema_context import Context
+from hf_paged.processors.schema_regex import schema_to_grammar, schema_to_regex, translate
+from hf_paged.processors.token_index import TokenIndex
+from hf_paged.processors.token_trie import build_token_trie
+from hf_paged.processors.vocabulary import TokenVocabulary
+from tests.processors.test_token_index import EOS, TOY, make_vocab
+
+WALKS = [(0, 0), (40, 4), (0, 256)]  # (tail_tokens, narrow_bytes): numpy levels, mixed, Python node by node
+
+
+def check_same_as_inlined(grammar: str, vocab: TokenVocabulary, tail_tokens: int, narrow_bytes: int,
+                          limit: int = 400) -> int:
+    """Walk the grammar's index and the inlined regex's index in lockstep; returns the number of states compared."""
+    trie = build_token_trie(vocab.tokens, vocab.vocab_size)
+    flat = TokenIndex(build_automaton(inline_grammar(grammar)), vocab, trie, tail_tokens=tail_tokens,
+                      narrow_bytes=narrow_bytes)
+    lazy = TokenIndex(GrammarDFA(grammar), vocab, trie, tail_tokens=tail_tokens, narrow_bytes=narrow_bytes)
+    start = (flat.get_initial_state(), lazy.get_initial_state())
+    seen, queue = {start}, deque([start])
+    while queue and len(seen) < limit:
+        f_state, l_state = queue.popleft()
+        expected = flat.get_allowed_tokens(f_state)
+        assert lazy.get_allowed_tokens(l_state) == expected, (grammar, f_state, l_state)
+        assert lazy.is_final_state(l_state) == flat.is_final_state(f_state)
+        mask = lazy.state_mask(l_state)
+        assert mask.num_allowed == len(expected)
+        assert mask.forced == flat.state_mask(f_state).forced
+        for token_id in expected:
+            if token_id == EOS:
+                continue
+            pair = (flat.get_next_state(f_state, token_id), lazy.get_next_state(l_state, token_id))
+            assert pair[1] is not None
+            if pair not in seen:
+                seen.add(pair)
+                queue.append(pair)
+        for refused in {1, 2, 3, 34, 300, vocab.vocab_size - 1} - set(expected):
+            assert lazy.get_next_state(l_state, refused) is None
+    return len(seen)
+
+
+def schema_grammar(schema: dict, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The schema's exact translation with every value of any size a rule (calls everywhere)."""
+    monkeypatch.setattr(schema_context, "MIN_RULE_COST", 0)
+    ctx = Context(root=schema, translate=translate, rules={}, max_cost=400_000)
+    rx = translate(schema, ctx, "#")
+    assert ctx.rules, "the schema has values to call"
+    return join_grammar(rx.text, list(ctx.rules))
+
+
+def test_call_text_and_grammar_string_round_trip():
+    assert call_regex(1) == "\\x02\\x0e\\x0e\\x0f"
+    assert re.fullmatch(call_regex(18 * 18 + 2), "\x02\x0f\x0e\x10")
+    text = join_grammar(f"a{call_regex(1)}c", [f"b{call_regex(2)}", "d|e"])
+    assert split_grammar(text) == [f"a{call_regex(1)}c", f"b{call_regex(2)}", "d|e"]
+    assert split_grammar("a|b") is None and inline_grammar("a|b") == "a|b"
+    assert re.fullmatch(inline_grammar(text), "abec") and not re.fullmatch(inline_grammar(text), "abc")
+    with pytest.raises(ValueError, match="out of range"):
+        call_regex(0)
+
+
+def test_byte_walk_follows_calls_and_returns():
+    # root: x then rule 1 or rule 2 (both start with "{": two configurations at once), then "!"
+    text = join_grammar(f"x(?:{call_regex(1)}|{call_regex(2)})!", ['\\{a\\}', '\\{a?b\\}'])
+    dfa = GrammarDFA(text)
+
+    def accepts(data: bytes) -> bool:
+        state = dfa.initial
+        for byte in data:
+            dfa.ensure_one(state)
+            state = int(dfa.transitions[state, byte])
+        return state != dfa.dead and bool(dfa.finals[state])
+
+    assert [accepts(d) for d in (b"x{a}!", b"x{b}!", b"x{ab}!", b"x{a}", b"x{}!", b"x{a}!!")] == [
+        True, True, True, False, False, False]
+    assert not dfa.finals[dfa.initial] and dfa.dead == 0 and dfa.initial == 1
+
+
+def test_unknown_rule_and_capacity_are_clear_errors():
+    with pytest.raises(ValueError, match="calls rule 3"):
+        GrammarDFA(join_grammar(f"a{call_regex(3)}", ["b"]))
+    dfa = GrammarDFA(join_grammar(f"(?:{call_regex(1)})*", ["[a-z]{0,40}"]), capacity=16)
+    with pytest.raises(SchemaTooComplexError, match="more than 16 states"):
+        state = dfa.initial
+        for byte in b"abcdefghijklmnopqrstuvwxyz":
+            dfa.ensure_one(state)
+            state = int(dfa.transitions[state, byte])
+
+
+# (rules never match raw control bytes, as JSON text never holds them: 0x02 and 0x0E..0x1F spell calls)
+ATOMS = st.sampled_from(["a", "b", "1", "[0-9]", '[^"\\x00-\\x1f]', '"', "é", " ", "name", "\\{", "\\}"])
+
+
+def _regexes(calls: list[str]) -> st.SearchStrategy[str]:
+    atoms = st.one_of(ATOMS, st.sampled_from(calls)) if calls else ATOMS
+
+    def extend(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        return st.one_of(
+            st.tuples(inner, inner).map("".join),
+            st.tuples(inner, inner).map(lambda p: f"(?:{p[0]}|{p[1]})"),
+            st.tuples(inner, st.sampled_from(["?", "*", "{0,2}"])).map(lambda p: f"(?:{p[0]}){p[1]}"),
+        )
+
+    return st.recursive(atoms, extend, max_leaves=5)
+
+
+@settings(max_examples=40, deadline=None)
+@given(_regexes([call_regex(1), call_regex(2)]), _regexes([call_regex(2)]), _regexes([]))
+def test_random_grammars_match_their_inlined_regex(root, rule1, rule2):
+    grammar = join_grammar(root, [rule1, rule2])
+    for tail_tokens, narrow_bytes in WALKS:
+        check_same_as_inlined(grammar, TOY, tail_tokens, narrow_bytes, limit=120)
+
+
+SCHEMAS = {
+    "nested optional objects": {
+        "type": "object",
+        "properties": {
+            "a": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "string", "maxLength": 4}}},
+            "b": {"type": "array", "items": {"type": "object", "properties": {"x": {"type": "number"}},
+                                             "required": ["x"]}},
+            "c": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        },
+    },
+    "alternatives that start alike": {
+        "anyOf": [
+            {"type": "object", "properties": {"k": {"type": "string", "enum": ["é", "e"]}}, "required": ["k"]},
+            {"type": "object", "properties": {"k": {"type": "integer"}, "m": {"type": "boolean"}}},
+        ]
+    },
+    "recursive ref and free values": {
+        "$defs": {"node": {"type": "object", "properties": {"v": {}, "next": {"$ref": "#/$defs/node"}}}},
+        "$ref": "#/$defs/node",
+    },
+}
+
+
+@pytest.mark.parametrize("name", list(SCHEMAS))
+def test_schema_grammars_match_the_flat_regex(name, monkeypatch):
+    grammar = schema_grammar(SCHEMAS[name], monkeypatch)
+    assert len(split_grammar(grammar)) > 2
+    for tail_tokens, narrow_bytes in WALKS:
+        assert check_same_as_inlined(grammar, TOY, tail_tokens, narrow_bytes) > 15
+
+
+def test_string_bodies_in_rules_use_the_planned_masks(monkeypatch):
+    # counted and plain string bodies inside called rules, with tokens that cross a rule's end ('"}')
+    vocab = make_vocab([bytes([b]) for b in range(256)] + [b'"}', b'"},', b'":"', b'ab', b'abcd', b'\xc3\xa9'])
+    schema = {"type": "array", "items": {"type": "object", "properties": {
+        "s": {"type": "string", "maxLength": 6}, "t": {"type": "string"}}, "required": ["s"]}}
+    grammar = schema_grammar(schema, monkeypatch)
+    assert check_same_as_inlined(grammar, vocab, 128, 16, limit=600) > 40
+
+
+def _nested_schema(width: int, depth: int) -> dict:
+    """`depth` levels of objects with `width` optional members each: the flat regex doubles per level."""
+    leaf = {"type": "string", "maxLength": 40}
+    node: dict = leaf
+    for level in range(depth):
+        node = {"type": "object", "properties": {f"k{level}_{i}": node for i in range(width)}}
+    return node
+
+
+def test_schema_to_grammar_keeps_what_the_flat_budget_leaves_out():
+    schema = _nested_schema(width=4, depth=3)
+    with warnings.catch_warnings(record=True) as flat_warnings:
+        warnings.simplefilter("always")
+        flat = schema_to_regex(schema, max_cost=20_000)
+    assert any("left out" in str(w.message) for w in flat_warnings)  # the flat regex had to shrink
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the grammar is exact: no warning
+        grammar = schema_to_grammar(schema, max_cost=20_000)
+    rules = split_grammar(grammar)
+    assert rules is not None and 1 < len(rules) < 10  # each level's value is one rule, shared by its 4 uses
+    deep = {"k2_0": {"k1_2": {"k0_1": "é"}}, "k2_3": {"k1_0": {}, "k1_3": {"k0_3": "x" * 40}}}  # (schema order)
+    text = json.dumps(deep, separators=(",", ":"), ensure_ascii=False)
+    assert re.fullmatch(inline_grammar(grammar), text) and not re.fullmatch(flat, text)
+    dfa = GrammarDFA(grammar)
+    state = dfa.initial
+    for byte in text.encode():
+        dfa.ensure_one(state)
+        state = int(dfa.transitions[state, byte])
+    assert dfa.finals[state]
+    assert schema_to_grammar({"type": "integer"}) == schema_to_regex({"type": "integer"})  # small: flat
