@@ -6,7 +6,8 @@ Per schema file (`schema` + `tests` with `valid` flags), in a forked child with 
    flat regex is over budget a grammar of regexes that call each other; a `SchemaError` is tallied by type and
    keyword.
 2. Every test instance is written with `canonical_json` and checked with Python `re.fullmatch` (a grammar: its
-   rules inlined into one regex, when that stays under 400k characters; else the automaton of step 3 decides).
+   rules inlined into one regex, when that stays under 400k characters and is not recursive; else the automaton
+   of step 3 decides).
    A valid instance matched counts as accepted; an invalid one matched is a false accept; an accepted text that
    `jsonschema` rejects after `json.loads` is a false accept too (the serialiser cannot hide one).
 3. With `--dfa` (always, for a grammar): the byte automaton the processors use (`index_cache.build_automaton`:
@@ -115,8 +116,11 @@ def evaluate(path: Path, *, strict: bool, dfa: bool) -> SchemaResult:
             t0 = time.thread_time()
             automaton = build_automaton(rx_text)
         res.dfa_cpu_s = time.thread_time() - t0
-    flat = rx_text if len(rules) == 1 else inline_grammar(rx_text)
-    rx = re.compile(flat) if len(flat) < _MAX_INLINE_CHARS or len(rules) == 1 else None
+    try:
+        flat = rx_text if len(rules) == 1 else inline_grammar(rx_text)
+    except ValueError:  # a recursive grammar has no flat regex: the automaton decides
+        flat = None
+    rx = re.compile(flat) if flat is not None and (len(flat) < _MAX_INLINE_CHARS or len(rules) == 1) else None
     validator = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)(schema)
     texts = [(t["valid"], canonical_json(schema, t["data"])) for t in tests]
     verdicts = []

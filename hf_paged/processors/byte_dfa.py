@@ -48,6 +48,13 @@ class ByteDFA:
     def dead(self) -> int:
         return self.transitions.shape[0] - 1
 
+    def accepts(self, data: bytes) -> bool:
+        """Whether the automaton matches all of `data` (tests and benchmarks; the processors walk tokens)."""
+        state = self.initial
+        for byte in data:
+            state = int(self.transitions[state, byte])
+        return bool(self.finals[state])
+
     def ensure(self, states: np.ndarray) -> None:
         """Nothing to do: every row is built (`GrammarDFA.ensure` builds missing rows)."""
 

@@ -41,7 +41,7 @@ MARK = 0x02
 _DIGITS = list(range(0x0E, 0x20))  # 18 digit bytes
 _WIDTH = 3
 MAX_RULES = len(_DIGITS) ** _WIDTH
-MAX_DEPTH = 64  # calls nested deeper are not entered (a subset: sound)
+MAX_DEPTH = 128  # calls nested deeper are not entered (a subset: sound; a document that deep may find no way out)
 CAPACITY = 1 << 18  # states a grammar automaton may build (rows are 1 KB each, allocated on first touch)
 
 
@@ -69,20 +69,29 @@ def split_grammar(text: str) -> list[str] | None:
 
 
 def inline_grammar(text: str) -> str:
-    """The flat regex of a grammar (every call replaced by its rule's text); for tests and small grammars."""
+    """The flat regex of a grammar (every call replaced by its rule's text); for tests and small grammars.
+
+    Raises:
+        ValueError: the grammar is recursive (no flat regex).
+    """
     parts = split_grammar(text)
     if parts is None:
         return text
     flat: dict[int, str] = {}
+    open_rules: set[int] = set()
 
     def expand(rule: int) -> str:
+        if rule in open_rules:
+            raise ValueError(f"rule {rule} calls itself: a recursive grammar has no flat regex")
         if rule not in flat:
+            open_rules.add(rule)
             body = parts[rule]
             for callee in range(len(parts) - 1, 0, -1):  # longest numbers first is moot: all are 3 digits
                 marker = call_regex(callee)
                 if marker in body:
                     body = body.replace(marker, f"(?:{expand(callee)})")
             flat[rule] = body
+            open_rules.discard(rule)
         return flat[rule]
 
     return expand(0)
@@ -164,6 +173,16 @@ class GrammarDFA:
     def num_built(self) -> int:
         """States named so far (dead included); their rows are built on first `ensure`."""
         return len(self._sets)
+
+    def accepts(self, data: bytes) -> bool:
+        """Whether the grammar matches all of `data` (tests and benchmarks; the processors walk tokens)."""
+        state = self.initial
+        for byte in data:
+            self.ensure_one(state)
+            state = int(self.transitions[state, byte])
+            if state == self.dead:
+                return False
+        return bool(self.finals[state])
 
     def ensure_one(self, state: int) -> None:
         """Build the row of `state` if it is not built yet."""

@@ -21,6 +21,7 @@ __all__ = ["ANNOTATION_KEYWORDS", "DEFAULT_WHITESPACE", "Context", "pointer_join
 DEFAULT_WHITESPACE = "[ ]?"  # at most one space between tokens: no runaway whitespace
 MIN_RULE_COST = 400  # values cheaper than this (~100 automaton states) are written in place, not called
 _CALL_COST = 20  # a call's own cost: the mark and three digit bytes
+_NOTHING = "\\x02\\x02"  # a rule text no document matches (the mark byte leads nowhere inside a rule)
 
 # Keywords that never restrict validation (annotations, identifiers, metadata): ignored on purpose.
 ANNOTATION_KEYWORDS = frozenset(
@@ -85,7 +86,13 @@ class Context:
     max_visits: int = 20_000  # sub-schema translations allowed (recursive $refs multiply them)
     num_visits: int = 0
     num_pruned: int = 0  # optional properties and anyOf branches dropped to fit the budget (reported once)
-    rules: dict[str, int] | None = None  # rule text -> its number (1, 2, ...), when values may be called
+    rules: dict[str, int] | None = None  # value rule text -> its number (1, 2, ...), when values may be called
+    rule_texts: list[str | None] = field(default_factory=list)  # rule n's text at n - 1 (None: matches nothing)
+    ref_rules: dict[str, int] = field(default_factory=dict)  # recursive rule (`$ref` target, free value) -> number
+    _defining: set[int] = field(default_factory=set)  # recursive rules being built (calls to them are fine)
+    _recursive: set[int] = field(default_factory=set)  # rules called while being built
+    _built: dict[int, Rx | None] = field(default_factory=dict)  # recursive rules' translations
+    _called: set[int] = field(default_factory=set)  # rules some text calls (the others compile as nothing)
     rules_cost: int = 0  # cost of the rules so far
     translate: Callable[..., Rx | None] | None = None  # the dispatcher, set by schema_regex (avoids a cycle)
     ref_stack: list[str] = field(default_factory=list)  # $ref targets entered on the current path
@@ -143,13 +150,78 @@ class Context:
             return rx
         number = self.rules.get(rx.text)
         if number is None:
-            number = len(self.rules) + 1
-            self.rules_cost += rx.cost
-            if number >= MAX_RULES or self.rules_cost > self.max_cost:
-                raise SchemaTooComplexError(
-                    f"the grammar for {pointer or '#'!r} needs more than {self.max_cost:,} of regex budget across "
-                    f"its {number} rules; simplify the schema (fewer alternatives, smaller maxItems/maxLength), or "
-                    "raise max_cost"
-                )
-            self.rules[rx.text] = number
+            number = self.rules[rx.text] = self._new_rule(pointer)
+            self._define_rule(number, rx, pointer)
+        return self._call(number)
+
+    def recursive_call(self, key: str, build: Callable[[], Rx | None], pointer: str) -> Rx | None:
+        """A call to the rule named `key` (a `$ref` target, or the free value), built on first use by `build`, in
+        which calls to `key` itself already work: recursion as deep as the automaton's call stack
+        (`grammar_dfa.MAX_DEPTH`) instead of `max_ref_depth` copies. None when the rule matches nothing."""
+        assert self.rules is not None, "recursive calls need rules"
+        number = self.ref_rules.get(key)
+        if number is None:
+            number = self.ref_rules[key] = self._new_rule(pointer)
+            self._defining.add(number)
+            try:
+                rx = build()
+            finally:
+                self._defining.discard(number)
+            self._define_rule(number, rx, pointer)
+            self._built[number] = rx
+        if number in self._defining:
+            self._recursive.add(number)
+        elif self.rule_texts[number - 1] is None:
+            return None
+        return self._call(number)
+
+    def ref_rule(self, target: str, schema: Any, pointer: str) -> Rx | None:
+        """The `$ref` target `target` as a rule (translated once, with only `target` on the reference stack, so a
+        deeper entry calls the rule: recursion is a rule calling itself, and mutually recursive definitions cost
+        one translation each instead of one per path); a small rule that does not call itself is written in
+        place instead."""
+
+        def build() -> Rx | None:
+            outer, self.ref_stack = self.ref_stack, [target]
+            try:
+                return self.sub(schema, pointer)
+            finally:
+                self.ref_stack = outer
+
+        call = self.recursive_call(target, build, pointer)
+        number = self.ref_rules[target]
+        built = self._built.get(number)
+        if call is not None and built is not None and number not in self._recursive and built.cost < MIN_RULE_COST:
+            self._called.discard(number)  # (never called: small and not recursive, so always written in place)
+            return built
+        return call
+
+    def _new_rule(self, pointer: str) -> int:
+        self.rule_texts.append(None)
+        if len(self.rule_texts) >= MAX_RULES:
+            raise SchemaTooComplexError(f"the grammar for {pointer or '#'!r} needs more than {MAX_RULES - 1:,} "
+                                        "rules; simplify the schema")
+        return len(self.rule_texts)
+
+    def _define_rule(self, number: int, rx: Rx | None, pointer: str) -> None:
+        if rx is None:  # (a rule that matches nothing: its calls lead nowhere; the mark byte is dead in rules)
+            self.rule_texts[number - 1] = None
+            return
+        self.rules_cost += rx.cost
+        if self.rules_cost > self.max_cost:
+            raise SchemaTooComplexError(
+                f"the grammar for {pointer or '#'!r} needs more than {self.max_cost:,} of regex budget across "
+                f"its {len(self.rule_texts)} rules; simplify the schema (fewer alternatives, smaller "
+                "maxItems/maxLength), or raise max_cost"
+            )
+        self.rule_texts[number - 1] = rx.text
+
+    def grammar_rules(self) -> list[str]:
+        """The rules' texts, rule 1 first (one that matches nothing, or that no text calls: a text no JSON
+        matches, which costs nothing to compile)."""
+        return [_NOTHING if text is None or n not in self._called else text
+                for n, text in enumerate(self.rule_texts, start=1)]
+
+    def _call(self, number: int) -> Rx:
+        self._called.add(number)
         return Rx(raw(call_regex(number)).text, _CALL_COST)

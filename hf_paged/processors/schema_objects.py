@@ -140,7 +140,8 @@ def key_matches(pattern: str, name: str, where: str) -> bool:
 
 
 def _not_in(names: list[str]) -> Rx:
-    """Bare-character JSON keys (with quotes) whose text is none of `names`: a complement trie."""
+    """JSON keys (with quotes) whose text is none of `names`: bare characters through a complement trie, or, when
+    no name holds a quote or a backslash, any key with an escaped one (`"Vendor\\\\Package"`)."""
     trie: dict = {}
     for name in names:
         node = trie
@@ -162,7 +163,14 @@ def _not_in(names: list[str]) -> Rx:
                 parts.append(seq(lit(c), walk(node[c])))
         return alt(parts)
 
-    return seq(raw('"', atomic=True), walk(trie), raw('"', atomic=True))  # type: ignore[return-value]
+    quote = raw('"', atomic=True)
+    bare = seq(quote, walk(trie), quote)
+    if any('"' in name or "\\" in name for name in names):
+        return bare  # type: ignore[return-value]
+    escape = raw('\\\\["\\\\]', atomic=True)  # \" or \\ in the JSON text
+    char = alt([Rx(char_class(_KEY_CHARS) or "", 4), escape])
+    escaped = seq(quote, rep(char, 0, None), escape, rep(char, 0, None), quote)
+    return alt([bare, escaped])  # type: ignore[return-value]
 
 
 def _minus(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:

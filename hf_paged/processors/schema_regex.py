@@ -164,7 +164,7 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
             if ctx.num_visits > ctx.max_visits:
                 too_many_visits = (exc, attempt.ref_depth)
             continue  # retry, leaving out optional members and alternatives to fit the budget
-        texts = [] if rx is None else [rx.text, *(ctx.rules or ())]
+        texts = [] if rx is None else [rx.text, *ctx.grammar_rules()]
         if rx is not None and n < len(attempts) - 1 and not all(map(_engine_accepts, texts)):
             continue  # too long to build in seconds, or over outlines-core's NFA size limit: retry smaller
         if rx is None:
@@ -176,7 +176,7 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
             warnings.warn(f"{capped}left out {ctx.num_pruned} optional properties / anyOf branches / items of unique "
                           "arrays beyond the first (a regex cannot compare items); output stays valid but cannot use "
                           "them (raise max_cost to keep what the budget left out)", UserWarning, stacklevel=3)
-        return join_grammar(texts[0], texts[1:]) if ctx.rules else rx.text
+        return join_grammar(texts[0], texts[1:]) if ctx.rule_texts else rx.text
     assert too_many_visits is not None, "only skipped tries end the loop without a result"
     raise too_many_visits[0]
 
@@ -210,6 +210,7 @@ class Branch:
 
     schema: Any  # a dict without $ref/allOf/anyOf/oneOf at its top level, or a boolean
     refs: list[str]  # $ref targets entered to build it (they count toward the recursion limit)
+    call: str | None = None  # with grammar rules: a recursive `$ref` target whose rule stands for this branch
 
 
 def translate(schema: Any, ctx: Context, pointer: str) -> Rx | None:
@@ -227,7 +228,10 @@ def translate(schema: Any, ctx: Context, pointer: str) -> Rx | None:
     for branch in branches(schema, ctx, pointer):
         ctx.ref_stack.extend(branch.refs)
         try:
-            out.append(_plain(branch.schema, ctx, pointer))
+            if branch.call is not None:
+                out.append(ctx.ref_rule(branch.call, branch.schema, pointer))
+            else:
+                out.append(_plain(branch.schema, ctx, pointer))
         finally:
             del ctx.ref_stack[len(ctx.ref_stack) - len(branch.refs):]
     result = alt(out)
@@ -262,6 +266,8 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
         rest = {k: v for k, v in current.items() if k not in ("allOf", "$ref")}
         if "$ref" in current:
             target = resolve_ref(current["$ref"], ctx, pointer)
+            if ctx.rules is not None and not parts and set(rest) <= ANNOTATION_KEYWORDS:
+                return [Branch(target.schema, refs, call=target.pointer)]  # the target's rule (`Context.ref_rule`)
             if (ctx.ref_stack + refs).count(target.pointer) >= ctx.max_ref_depth:
                 return [Branch(False, refs)]
             refs.append(target.pointer)
@@ -307,6 +313,8 @@ def _double_negation(schema: Any) -> Any:
 def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
     """Regex of a schema without $ref/allOf/anyOf/oneOf at its top."""
     if schema is True or schema == {}:
+        if ctx.rules is not None:  # one rule that calls itself: any depth
+            return ctx.recursive_call("#any", lambda: _any_value_rule(ctx), pointer)
         return any_value(ctx, ctx.any_depth)
     if schema is False:
         return None
@@ -375,20 +383,30 @@ def _none_valid(values: list[Any], schema: Any, ctx: Context) -> bool:
 # use only for rare control characters). A subset, still valid; it keeps the free value, which every open
 # object repeats for its undeclared keys, about a third of the automaton of the full string grammar.
 _ANY_STRING = raw('"(?:[^"\\\\\\x00-\\x1f]|\\\\["\\\\/bfnrt])*"', atomic=True)
+_SCALARS = alt([raw("null|true|false"), NUMBER, _ANY_STRING])
 
 
 def any_value(ctx: Context, depth: int) -> Rx | None:
     """Any JSON value, arrays and objects nested at most `depth` deep (keys may repeat: anything is valid)."""
-    scalars = alt([raw("null|true|false"), NUMBER, _ANY_STRING])
     if depth <= 0:
-        return scalars
-    inner = any_value(ctx, depth - 1)
+        return _SCALARS
+    return _any_value_of(ctx, any_value(ctx, depth - 1))
+
+
+def _any_value_rule(ctx: Context) -> Rx | None:
+    """The free value's grammar rule: arrays and objects of calls to itself (nested as deep as the call stack)."""
+    inner = ctx.recursive_call("#any", lambda: None, "#")  # (being built: a call to the rule itself)
+    return _any_value_of(ctx, inner)
+
+
+def _any_value_of(ctx: Context, inner: Rx | None) -> Rx | None:
+    """Any scalar, or an array / object whose items and values are `inner`."""
     ws = raw(ctx.whitespace) if ctx.whitespace else Rx("", 0)
     sep = seq(ws, raw("\\,", atomic=True), ws)
     member = seq(_ANY_STRING, ws, raw("\\:", atomic=True), ws, inner)
     array = seq(raw("\\[", atomic=True), ws, opt(seq(inner, rep(seq(sep, inner), 0, None))), ws, raw("\\]", atomic=True))
     obj = seq(raw("\\{", atomic=True), ws, opt(seq(member, rep(seq(sep, member), 0, None))), ws, raw("\\}", atomic=True))
-    return alt([scalars, array, obj])
+    return alt([_SCALARS, array, obj])
 
 
 def canonical_json(schema: dict | bool, instance: Any) -> str | None:

@@ -4,10 +4,12 @@ finals as the flat regex with every call inlined, on hand-made and random gramma
 from __future__ import annotations
 
 import json
+import random
 import re
 import warnings
 from collections import deque
 
+import jsonschema
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 from hf_paged.errors import SchemaTooComplexError
 from hf_paged.processors import schema_context
 from hf_paged.processors.grammar_dfa import (
+    MAX_DEPTH,
     GrammarDFA,
     call_regex,
     inline_grammar,
@@ -68,7 +71,7 @@ def schema_grammar(schema: dict, monkeypatch: pytest.MonkeyPatch) -> str:
     ctx = Context(root=schema, translate=translate, rules={}, max_cost=400_000)
     rx = translate(schema, ctx, "#")
     assert ctx.rules, "the schema has values to call"
-    return join_grammar(rx.text, list(ctx.rules))
+    return join_grammar(rx.text, ctx.grammar_rules())
 
 
 def test_call_text_and_grammar_string_round_trip():
@@ -151,9 +154,10 @@ SCHEMAS = {
             {"type": "object", "properties": {"k": {"type": "integer"}, "m": {"type": "boolean"}}},
         ]
     },
-    "recursive ref and free values": {
-        "$defs": {"node": {"type": "object", "properties": {"v": {}, "next": {"$ref": "#/$defs/node"}}}},
-        "$ref": "#/$defs/node",
+    "shared ref": {
+        "$defs": {"leaf": {"type": "object", "properties": {"v": {"type": "integer"}, "w": {"type": "string"}}}},
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/leaf"}, "b": {"type": "array", "items": {"$ref": "#/$defs/leaf"}}},
     },
 }
 
@@ -205,3 +209,70 @@ def test_schema_to_grammar_keeps_what_the_flat_budget_leaves_out():
         state = int(dfa.transitions[state, byte])
     assert dfa.finals[state]
     assert schema_to_grammar({"type": "integer"}) == schema_to_regex({"type": "integer"})  # small: flat
+
+
+RECURSIVE = {
+    "$defs": {"node": {"type": "object", "properties": {"v": {}, "next": {"$ref": "#/$defs/node"}},
+                       "required": ["v"], "additionalProperties": False}},
+    "$ref": "#/$defs/node",
+}
+
+
+def _random_documents(index: TokenIndex, vocab: TokenVocabulary, num: int, max_tokens: int) -> list[bytes]:
+    """Texts of random token walks that ended with EOS (uniform over allowed tokens, EOS taken when allowed)."""
+    rng = random.Random(0)
+    done = []
+    for _ in range(num):
+        state, text = index.get_initial_state(), b""
+        for _ in range(max_tokens):
+            allowed = index.get_allowed_tokens(state)
+            if EOS in allowed and (len(allowed) == 1 or rng.random() < 0.5):
+                done.append(text)
+                break
+            token_id = rng.choice([t for t in allowed if t != EOS])
+            text += index.trie.token_bytes[token_id]
+            state = index.get_next_state(state, token_id)
+    return done
+
+
+def test_recursive_refs_and_free_values_are_rules_that_call_themselves(monkeypatch):
+    monkeypatch.setattr(schema_context, "MIN_RULE_COST", 0)
+    ctx = Context(root=RECURSIVE, translate=translate, rules={})
+    rx = translate(RECURSIVE, ctx, "#")
+    grammar = join_grammar(rx.text, ctx.grammar_rules())
+    assert set(ctx.ref_rules) == {"#/$defs/node", "#any"}
+    with pytest.raises(ValueError, match="recursive"):
+        inline_grammar(grammar)
+    dfa = GrammarDFA(grammar)
+
+    def accepts(doc: object) -> bool:
+        state = dfa.initial
+        for byte in json.dumps(doc, separators=(",", ":")).encode():
+            dfa.ensure_one(state)
+            state = int(dfa.transitions[state, byte])
+        return bool(dfa.finals[state])
+
+    deep: dict = {"v": [[[[{"x": [1, {"y": None}]}]]]]}
+    for level in range(20):  # far past max_ref_depth (3) and the flat free value's two levels
+        deep = {"v": level, "next": deep}
+    assert accepts(deep)
+    assert not accepts({"v": 1, "next": {"next": {"v": 2}}})  # a missing `v` deep down
+    assert not accepts({"v": 1, "next": {"v": 2, "x": 3}})
+    trie = build_token_trie(TOY.tokens, TOY.vocab_size)
+    texts = _random_documents(TokenIndex(dfa, TOY, trie), TOY, num=40, max_tokens=150)
+    assert len(texts) >= 10
+    for text in texts:
+        jsonschema.validate(json.loads(text), RECURSIVE)
+
+
+def test_grammar_stack_depth_is_capped():
+    # a rule that calls itself once per "[": MAX_DEPTH levels open, the next is refused (sound: a subset)
+    grammar = join_grammar(call_regex(1), [f"\\[(?:{call_regex(1)})?\\]"])
+    dfa = GrammarDFA(grammar)
+    state = dfa.initial
+    for depth in range(MAX_DEPTH + 1):
+        dfa.ensure_one(state)
+        state = int(dfa.transitions[state, ord("[")])
+        if state == dfa.dead:
+            break
+    assert depth == MAX_DEPTH - 1
