@@ -21,6 +21,7 @@ __all__ = ["ANNOTATION_KEYWORDS", "DEFAULT_WHITESPACE", "Context", "pointer_join
 DEFAULT_WHITESPACE = "[ ]?"  # at most one space between tokens: no runaway whitespace
 MIN_RULE_COST = 400  # values cheaper than this (~100 automaton states) are written in place, not called
 _CALL_COST = 20  # a call's own cost: the mark and three digit bytes
+GRAMMAR_BUDGET = 4  # a grammar's rules together may cost this many times `max_cost` (each rule at most `max_cost`)
 _NOTHING = "\\x02\\x02"  # a rule text no document matches (the mark byte leads nowhere inside a rule)
 
 # Keywords that never restrict validation (annotations, identifiers, metadata): ignored on purpose.
@@ -65,7 +66,7 @@ class Context:
         prune_cost: None: exact translation. Else the per-object / per-alternation budget above which
             optional properties and `anyOf` branches are left out (a subset of the valid documents, so still
             sound); `schema_to_regex` sets it when the exact regex exceeds `max_cost`.
-        rules: None: one flat regex. Else member values and array items costing at least `MIN_RULE_COST` become
+        rules: None: one flat regex. Else member values and array items costing at least `min_rule_cost` become
             grammar rules (text -> number, written once, called from every use: `grammar_dfa`); their costs
             together stay within `max_cost`, each rule's too.
     """
@@ -87,6 +88,7 @@ class Context:
     num_visits: int = 0
     num_pruned: int = 0  # optional properties and anyOf branches dropped to fit the budget (reported once)
     rules: dict[str, int] | None = None  # value rule text -> its number (1, 2, ...), when values may be called
+    min_rule_cost: int = MIN_RULE_COST  # values cheaper than this are written in place (0: every value a rule)
     rule_texts: list[str | None] = field(default_factory=list)  # rule n's text at n - 1 (None: matches nothing)
     ref_rules: dict[str, int] = field(default_factory=dict)  # recursive rule (`$ref` target, free value) -> number
     _defining: set[int] = field(default_factory=set)  # recursive rules being built (calls to them are fine)
@@ -145,8 +147,12 @@ class Context:
         """A member value or an array item: `sub`, or, when `rules` is on and it is big, a call to it as a rule
         (the same text is one rule however many places use it). Only where the text is concatenated, never
         matched with `re` (a call is not the text it stands for)."""
-        rx = self.sub(schema, pointer)
-        if self.rules is None or rx is None or rx.cost < MIN_RULE_COST:
+        return self.as_rule(self.sub(schema, pointer), pointer)
+
+    def as_rule(self, rx: Rx | None, pointer: str) -> Rx | None:
+        """`rx` itself, or, when `rules` is on and it costs at least `min_rule_cost`, a call to it as a rule (one
+        rule per distinct text)."""
+        if self.rules is None or rx is None or rx.cost < self.min_rule_cost:
             return rx
         number = self.rules.get(rx.text)
         if number is None:
@@ -191,7 +197,7 @@ class Context:
         call = self.recursive_call(target, build, pointer)
         number = self.ref_rules[target]
         built = self._built.get(number)
-        if call is not None and built is not None and number not in self._recursive and built.cost < MIN_RULE_COST:
+        if call is not None and built is not None and number not in self._recursive and built.cost < self.min_rule_cost:
             self._called.discard(number)  # (never called: small and not recursive, so always written in place)
             return built
         return call
@@ -208,7 +214,7 @@ class Context:
             self.rule_texts[number - 1] = None
             return
         self.rules_cost += rx.cost
-        if self.rules_cost > self.max_cost:
+        if self.rules_cost > GRAMMAR_BUDGET * self.max_cost:
             raise SchemaTooComplexError(
                 f"the grammar for {pointer or '#'!r} needs more than {self.max_cost:,} of regex budget across "
                 f"its {len(self.rule_texts)} rules; simplify the schema (fewer alternatives, smaller "

@@ -327,4 +327,5 @@ def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, poi
     value = ctx.value(extra_schema, pointer_join(pointer, "additionalProperties"))
     if value is None:
         return None
-    return seq(_not_in(names), colon, value)
+    # (a rule in a grammar: the complement trie of many names is long, and each count of members repeats it)
+    return ctx.as_rule(seq(_not_in(names), colon, value), pointer_join(pointer, "additionalProperties"))

@@ -25,7 +25,13 @@ from typing import Any
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors.grammar_dfa import join_grammar
 from hf_paged.processors.schema_arrays import array_regex
-from hf_paged.processors.schema_context import ANNOTATION_KEYWORDS, DEFAULT_WHITESPACE, Context, pointer_join
+from hf_paged.processors.schema_context import (
+    ANNOTATION_KEYWORDS,
+    DEFAULT_WHITESPACE,
+    MIN_RULE_COST,
+    Context,
+    pointer_join,
+)
 from hf_paged.processors.schema_name_rules import negated_required
 from hf_paged.processors.schema_numbers import NUMBER, integer_regex, number_regex
 from hf_paged.processors.schema_objects import object_regex
@@ -53,6 +59,7 @@ class _Attempt:
     narrow: bool = True  # counted strings below U+0800 only (`Context.narrow_strings`): every shrunk try
     any_depth: int = 1  # nesting of unconstrained values (`Context.any_depth`)
     calls: bool = False  # big values written once as grammar rules and called (`Context.rules`)
+    rule_cost: int = MIN_RULE_COST  # with calls: values from this cost on are rules (`Context.min_rule_cost`)
 
 
 def schema_to_regex(
@@ -136,12 +143,16 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
                  max(max_ref_depth - 1 - i, 1), False, max_cost, calls=calls)
         for i in range(1, 5)
     ]
-    attempts = [_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 16, False, 2),
-                _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 8, False),
-                _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, False, max_cost, False)]
-    if calls:
-        attempts += [_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost, False, 2, True),
-                     _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, False, max_cost, False, 1, True)]
+    flat_extras = [_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 16, False, 2),
+                   _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 8, False)]
+    flat = _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, False, max_cost, False)
+    if calls:  # an exact grammar beats a flat regex without the extras (and recursion as deep as wanted)
+        # (every value a rule when the first grammar has a rule too long to build: an object of many small members)
+        grammars = [[_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, extras, max_cost, False, calls=True,
+                              rule_cost=cost) for cost in (MIN_RULE_COST, 0)] for extras in (True, False)]
+        attempts = flat_extras + grammars[0] + [flat] + grammars[1]
+    else:
+        attempts = [*flat_extras, flat]
     attempts += shrinking
     num_exact = sum(a.prune_cost is None and not a.narrow for a in attempts)
     start = time.monotonic()
@@ -155,7 +166,8 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
                       max_repeat=attempt.repeat, max_string_repeat=attempt.string_repeat,
                       extras_beside_declared=attempt.extras, narrow_strings=attempt.narrow, whitespace=ws, translate=translate,
                       prune_cost=attempt.prune_cost, deadline=deadline, undeclared_keys=undeclared_keys,
-                      any_depth=attempt.any_depth, rules={} if attempt.calls else None)
+                      any_depth=attempt.any_depth, rules={} if attempt.calls else None,
+                      min_rule_cost=attempt.rule_cost)
         try:
             rx = translate(schema, ctx, "#")
         except SchemaTooComplexError as exc:

@@ -15,7 +15,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_paged.errors import SchemaTooComplexError
-from hf_paged.processors import schema_context
 from hf_paged.processors.grammar_dfa import (
     MAX_DEPTH,
     GrammarDFA,
@@ -65,10 +64,9 @@ def check_same_as_inlined(grammar: str, vocab: TokenVocabulary, tail_tokens: int
     return len(seen)
 
 
-def schema_grammar(schema: dict, monkeypatch: pytest.MonkeyPatch) -> str:
+def schema_grammar(schema: dict) -> str:
     """The schema's exact translation with every value of any size a rule (calls everywhere)."""
-    monkeypatch.setattr(schema_context, "MIN_RULE_COST", 0)
-    ctx = Context(root=schema, translate=translate, rules={}, max_cost=400_000)
+    ctx = Context(root=schema, translate=translate, rules={}, max_cost=400_000, min_rule_cost=0)
     rx = translate(schema, ctx, "#")
     assert ctx.rules, "the schema has values to call"
     return join_grammar(rx.text, ctx.grammar_rules())
@@ -163,19 +161,19 @@ SCHEMAS = {
 
 
 @pytest.mark.parametrize("name", list(SCHEMAS))
-def test_schema_grammars_match_the_flat_regex(name, monkeypatch):
-    grammar = schema_grammar(SCHEMAS[name], monkeypatch)
+def test_schema_grammars_match_the_flat_regex(name):
+    grammar = schema_grammar(SCHEMAS[name])
     assert len(split_grammar(grammar)) > 2
     for tail_tokens, narrow_bytes in WALKS:
         assert check_same_as_inlined(grammar, TOY, tail_tokens, narrow_bytes) > 15
 
 
-def test_string_bodies_in_rules_use_the_planned_masks(monkeypatch):
+def test_string_bodies_in_rules_use_the_planned_masks():
     # counted and plain string bodies inside called rules, with tokens that cross a rule's end ('"}')
     vocab = make_vocab([bytes([b]) for b in range(256)] + [b'"}', b'"},', b'":"', b'ab', b'abcd', b'\xc3\xa9'])
     schema = {"type": "array", "items": {"type": "object", "properties": {
         "s": {"type": "string", "maxLength": 6}, "t": {"type": "string"}}, "required": ["s"]}}
-    grammar = schema_grammar(schema, monkeypatch)
+    grammar = schema_grammar(schema)
     assert check_same_as_inlined(grammar, vocab, 128, 16, limit=600) > 40
 
 
@@ -235,9 +233,8 @@ def _random_documents(index: TokenIndex, vocab: TokenVocabulary, num: int, max_t
     return done
 
 
-def test_recursive_refs_and_free_values_are_rules_that_call_themselves(monkeypatch):
-    monkeypatch.setattr(schema_context, "MIN_RULE_COST", 0)
-    ctx = Context(root=RECURSIVE, translate=translate, rules={})
+def test_recursive_refs_and_free_values_are_rules_that_call_themselves():
+    ctx = Context(root=RECURSIVE, translate=translate, rules={}, min_rule_cost=0)
     rx = translate(RECURSIVE, ctx, "#")
     grammar = join_grammar(rx.text, ctx.grammar_rules())
     assert set(ctx.ref_rules) == {"#/$defs/node", "#any"}
