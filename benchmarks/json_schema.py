@@ -2,7 +2,8 @@
 
 For every schema of `--schemas` (MaskBench sample, see its README), in a forked child process with a wall-clock
 budget (`--timeout`, default 10 s) and a memory cap (`--memory-gb`), each side:
-  1. translates the schema to a regex (ours: `schema_to_regex`; outlines: `build_regex_from_schema`) and builds
+  1. translates the schema (ours: `schema_to_grammar`, a regex or, over the flat budget, a grammar of rules;
+     outlines: `build_regex_from_schema`) and builds
      the token `Index` over the GPT-2 vocabulary (cold: a fresh process, no cache);
   2. feeds each test instance's tokens through the automaton (the instance is written the way our regex spells
      documents: `canonical_json`, keys in schema order, compact separators) and records accept/reject;
@@ -100,11 +101,12 @@ def _run_side(side: str, schema, tests, conn) -> None:
         start, start_cpu = time.perf_counter(), time.thread_time()
         if side in ("ours", "ours-lenient"):
             from hf_paged.processors.index_cache import _compile, validate_regex
-            from hf_paged.processors.schema_regex import schema_to_regex
+            from hf_paged.processors.schema_regex import schema_to_grammar
 
-            with warnings.catch_warnings():
+            with warnings.catch_warnings():  # (a regex, or a grammar of rules when the flat regex is over budget)
                 warnings.simplefilter("ignore")
-                regex = schema_to_regex(schema, strict=side == "ours", undeclared_keys=_STATE.get("undeclared_keys", False))
+                regex = schema_to_grammar(schema, strict=side == "ours",
+                                          undeclared_keys=_STATE.get("undeclared_keys", False))
             validate_regex(regex)
             compiled = _compile(regex, vocab)  # byte automaton + lazy token index (trie built before forking)
             index = compiled.index
