@@ -68,11 +68,7 @@ def _keyword(message: str) -> str:
 
 
 def _dfa_accepts(automaton, text: str) -> bool:
-    state = automaton.initial
-    for b in text.encode("utf-8"):
-        automaton.ensure_one(state)  # (a grammar's rows are built on demand)
-        state = int(automaton.transitions[state, b])
-    return bool(automaton.finals[state])
+    return automaton.accepts(text.encode("utf-8"))
 
 
 _MAX_INLINE_CHARS = 400_000
@@ -83,7 +79,7 @@ def evaluate(path: Path, *, strict: bool, dfa: bool) -> SchemaResult:
     import jsonschema
 
     from hf_paged.errors import SchemaError
-    from hf_paged.processors.grammar_dfa import inline_grammar, split_grammar
+    from hf_paged.processors.grammar_text import inline_grammar, split_grammar
     from hf_paged.processors.regex_size import estimate_regex_size
     from hf_paged.processors.schema_regex import canonical_json, schema_to_grammar
 

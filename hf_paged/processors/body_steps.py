@@ -42,16 +42,28 @@ class BodySteps:
         dead: the dead state.
         ensure: a grammar automaton's `ensure` (rows built on demand), called before rows are read; None: every
             row is built.
+        ensure_path: a grammar automaton's `ensure_path`: a body's chain of rows built at once, before it is read.
+        ends: a grammar automaton's `multibyte_ends` (per rule, renamed), instead of walking its rows.
     """
 
-    def __init__(self, transitions: np.ndarray, dead: int, ensure: Callable[[np.ndarray], None] | None = None):
+    def __init__(
+        self,
+        transitions: np.ndarray,
+        dead: int,
+        ensure: Callable[[np.ndarray], None] | None = None,
+        ensure_path: Callable[[int, int], None] | None = None,
+        ends: Callable[[np.ndarray], np.ndarray] | None = None,
+    ):
         num_states = transitions.shape[0]
         self.ascii = np.zeros((num_states, 2), dtype=np.uint64)  # A(s) as two 64-bit words (bytes 0..127)
         self.multibyte = np.zeros(num_states, dtype=bool)
         self.steps = np.full(num_states, -1, dtype=np.int64)  # -1: not computed yet
         self._table = transitions
         self._dead = dead
+        self.dead = dead
         self._ensure = ensure
+        self._ensure_path = ensure_path
+        self._ends_of = ends
         self._ends = np.full(num_states, _UNKNOWN, dtype=np.int64)  # `multibyte_ends`, per state on first use
         self._body: dict[int, tuple[int, int, bool]] = {}  # state -> (A as int, t(s), multibyte)
 
@@ -69,7 +81,10 @@ class BodySteps:
                 self.prepare()
             else:
                 unknown = np.unique(unknown)
-                self._ends[unknown] = multibyte_ends(self._table, unknown, self._ensure)
+                if self._ends_of is not None:
+                    self._ends[unknown] = self._ends_of(unknown)
+                else:
+                    self._ends[unknown] = multibyte_ends(self._table, unknown, self._ensure)
         return self._ends[states]
 
     def ensure(self, states: np.ndarray) -> None:
@@ -95,6 +110,8 @@ class BodySteps:
         bits = self._look(state)[0]
         byte = (bits & -bits).bit_length() - 1  # the lowest byte of A
         table = self._table
+        if self._ensure_path is not None:
+            self._ensure_path(state, byte)
         for _ in range(steps):
             self._one(state)
             state = int(table[state, byte])
@@ -139,6 +156,8 @@ class BodySteps:
             return 0
         byte = (bits & -bits).bit_length() - 1  # the lowest byte of A: every chain state sends A to its next
         table, dead = self._table, self._dead
+        if self._ensure_path is not None:
+            self._ensure_path(state, byte)
         chain = [state]
         seen = {state}
         tail = -1  # steps of the state after the chain (-1: it takes no step of this body)

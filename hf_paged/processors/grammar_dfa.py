@@ -1,21 +1,18 @@
-"""A grammar of regexes that call each other (rules), as a byte automaton whose states are built on demand.
+"""The byte automaton of a grammar (`grammar_text`), its states named and their rows built on demand.
 
-A flat regex copies every sub-pattern once per context it can appear in: the value of an optional member is
-spelled once "after the first member" and once "after a comma", and a nested object multiplies that per level, so
-a schema whose documents are small can unroll into millions of DFA states. Here a big sub-pattern is written once,
-as a rule, and its uses *call* it (a recursive transition network, like the per-rule automata of xgrammar or
-llguidance):
+Each rule is compiled by outlines-core (`build_byte_dfa`, anchored), its call edges read off and cut out. The
+grammar's automaton is the subset construction over call stacks, done lazily. A configuration is a stack of
+(rule, state) pairs, the callers' return states below and the current position on top; an automaton state is a
+set of configurations, and a byte moves every configuration of the set's closure (calls entered, finished rules
+returned from) along its top rule's edge. Most states hold one configuration, and most of those sit inside a rule,
+away from its calls and ends: their row is the rule's own row, renamed. So:
 
-    rule text  ... \\x02 D D D ...     a call: the mark byte 0x02, then the callee's number in three digit bytes
-                                        (0x0E..0x1F); JSON text never holds raw control bytes, so no document
-                                        byte can be mistaken for a call
-    grammar    GRAMMAR_PREFIX + root + "\\x00" + rule 1 + "\\x00" + rule 2 ...   (one string: cache keys, errors)
+    context   (the stack below, rule): a table rule state -> automaton state, filled as states are reached
+    inside    one configuration, no call here, not a finished callee: row = context ids[rule row] (one gather)
+    boundary  any other state: rows from the closure, byte by byte (calls, returns, several configurations)
 
-Each rule is compiled by outlines-core (`build_byte_dfa`, anchored). The grammar's own automaton is the subset
-construction over call stacks, done lazily: a state is a set of configurations, each a stack of (rule, state)
-pairs (the callers' return states below, the current position on top); a byte moves every configuration of the
-set's closure (calls entered, finished rules returned from) along its top rule's edge. A state's row is built
-when a walk first needs it (`ensure`), which is what keeps the compile in milliseconds.
+A row is built when a walk first needs it (`ensure`, `ensure_path` for a string body's run of states), which
+keeps the compile in milliseconds whatever the size of the flat automaton.
 
 The automaton looks like a `ByteDFA` to the token walk, with two differences: the dead state is 0 and the
 initial state 1 (a row not built yet reads as all-dead, so a missed `ensure` can only forbid, never allow), and
@@ -25,76 +22,22 @@ raises `SchemaTooComplexError`.
 
 from __future__ import annotations
 
+import mmap
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from hf_paged.errors import SchemaTooComplexError
-from hf_paged.processors.byte_dfa import build_byte_dfa, byte_sets
+from hf_paged.processors.byte_dfa import build_byte_dfa
+from hf_paged.processors.grammar_text import DIGITS, MARK, WIDTH, split_grammar
+from hf_paged.processors.utf8_bodies import multibyte_ends
 
-__all__ = ["GRAMMAR_PREFIX", "GrammarDFA", "call_regex", "inline_grammar", "join_grammar", "split_grammar"]
+__all__ = ["CAPACITY", "MAX_DEPTH", "GrammarDFA"]
 
-GRAMMAR_PREFIX = "\x00grammar\x00"
-_SEPARATOR = "\x00"
-MARK = 0x02
-_DIGITS = list(range(0x0E, 0x20))  # 18 digit bytes
-_WIDTH = 3
-MAX_RULES = len(_DIGITS) ** _WIDTH
 MAX_DEPTH = 128  # calls nested deeper are not entered (a subset: sound; a document that deep may find no way out)
-CAPACITY = 1 << 18  # states a grammar automaton may build (rows are 1 KB each, allocated on first touch)
-
-
-def call_regex(rule: int) -> str:
-    """The regex text of a call to rule number `rule` (1 .. MAX_RULES - 1)."""
-    if not 0 < rule < MAX_RULES:
-        raise ValueError(f"rule number {rule} out of range 1..{MAX_RULES - 1}")
-    digits = []
-    for _ in range(_WIDTH):
-        rule, digit = divmod(rule, len(_DIGITS))
-        digits.append(_DIGITS[digit])
-    return "\\x02" + "".join(f"\\x{d:02x}" for d in reversed(digits))
-
-
-def join_grammar(root: str, rules: list[str]) -> str:
-    """One string naming the grammar (root regex, then rule 1, 2, ...)."""
-    return GRAMMAR_PREFIX + _SEPARATOR.join([root, *rules])
-
-
-def split_grammar(text: str) -> list[str] | None:
-    """[root, rule 1, ...] of a grammar string, or None for a plain regex."""
-    if not text.startswith(GRAMMAR_PREFIX):
-        return None
-    return text[len(GRAMMAR_PREFIX):].split(_SEPARATOR)
-
-
-def inline_grammar(text: str) -> str:
-    """The flat regex of a grammar (every call replaced by its rule's text); for tests and small grammars.
-
-    Raises:
-        ValueError: the grammar is recursive (no flat regex).
-    """
-    parts = split_grammar(text)
-    if parts is None:
-        return text
-    flat: dict[int, str] = {}
-    open_rules: set[int] = set()
-
-    def expand(rule: int) -> str:
-        if rule in open_rules:
-            raise ValueError(f"rule {rule} calls itself: a recursive grammar has no flat regex")
-        if rule not in flat:
-            open_rules.add(rule)
-            body = parts[rule]
-            for callee in range(len(parts) - 1, 0, -1):  # longest numbers first is moot: all are 3 digits
-                marker = call_regex(callee)
-                if marker in body:
-                    body = body.replace(marker, f"(?:{expand(callee)})")
-            flat[rule] = body
-            open_rules.discard(rule)
-        return flat[rule]
-
-    return expand(0)
+CAPACITY = 1 << 20  # states a grammar automaton may name (a row is 1 KB, allocated when first written)
 
 
 @dataclass(slots=True)
@@ -104,8 +47,11 @@ class _Rule:
     table: np.ndarray  # int32 [S + 1, 256]; the mark byte's column is dead
     dead: int
     initial: int
-    finals: list[bool]
+    finals: np.ndarray  # bool [S + 1]
+    loops: np.ndarray  # uint64 [S + 1, 4]: the bytes that keep a state where it is
     calls: dict[int, list[tuple[int, int]]]  # state -> [(callee rule, state to return to)]
+    has_calls: np.ndarray  # bool [S + 1]
+    multibyte: np.ndarray | None = None  # `utf8_bodies.multibyte_ends` of every state, on first need
 
 
 def _rule(text: str) -> _Rule:
@@ -116,20 +62,66 @@ def _rule(text: str) -> _Rule:
     calls: dict[int, list[tuple[int, int]]] = {}
     for state in np.flatnonzero(table[:-1, MARK] != dead).tolist():
         paths = [(int(table[state, MARK]), 0)]  # (automaton state, digits read as a number)
-        for _ in range(_WIDTH):
-            paths = [(int(table[at, d]), number * len(_DIGITS) + i)
-                     for at, number in paths for i, d in enumerate(_DIGITS) if table[at, d] != dead]
+        for _ in range(WIDTH):
+            paths = [(int(table[at, d]), number * len(DIGITS) + i)
+                     for at, number in paths for i, d in enumerate(DIGITS) if table[at, d] != dead]
         calls[state] = [(number, at) for at, number in paths]
     table[:, MARK] = dead
-    return _Rule(table, dead, dfa.initial, dfa.finals.tolist(), calls)
+    has_calls = np.zeros(table.shape[0], dtype=bool)
+    has_calls[list(calls)] = True
+    return _Rule(table, dead, dfa.initial, dfa.finals.copy(), dfa.loops, calls, has_calls)
+
+
+_RULES: OrderedDict[str, list[_Rule]] = OrderedDict()  # grammar -> its rules (validation, then the build)
+_RULES_SIZE = 8
+_RULES_LOCK = threading.Lock()
+
+
+def _rules(text: str) -> list[_Rule]:
+    """The rules of a grammar string, memoised (they are immutable; every `GrammarDFA` has its own states)."""
+    with _RULES_LOCK:
+        hit = _RULES.get(text)
+        if hit is not None:
+            _RULES.move_to_end(text)
+            return hit
+    parts = split_grammar(text)
+    if parts is None:
+        raise ValueError("not a grammar string (see grammar_text.join_grammar)")
+    rules = [_rule(part) for part in parts]
+    for number, rule in enumerate(rules):
+        for targets in rule.calls.values():
+            for callee, _ in targets:
+                if not 0 < callee < len(rules):
+                    raise ValueError(f"rule {number} calls rule {callee}, which the grammar does not have")
+    with _RULES_LOCK:
+        _RULES[text] = rules
+        while len(_RULES) > _RULES_SIZE:
+            _RULES.popitem(last=False)
+    return rules
+
+
+def _zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
+    """A zero-filled array on its own anonymous mapping, in 4 KB pages: numpy asks the kernel for 2 MB pages on
+    big arrays, and zeroing one on first touch costs milliseconds (measured: 5 ms for one row of a new context)."""
+    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    return np.frombuffer(mmap.mmap(-1, size), dtype=dtype).reshape(shape)
+
+
+@dataclass(slots=True)
+class _Context:
+    """The states of one rule under one stack of callers: automaton states base + rule state."""
+
+    prefix: tuple  # the callers: (rule, return state) pairs, flattened, outermost first
+    rule: int
+    base: int
 
 
 class GrammarDFA:
-    """The byte automaton of a grammar string (`join_grammar`), rows built on demand.
+    """The byte automaton of a grammar string (`grammar_text.join_grammar`), rows built on demand.
 
     Args:
         text: the grammar string.
-        capacity: most states built (then `SchemaTooComplexError`).
+        capacity: most states named (then `SchemaTooComplexError`).
 
     Raises:
         ValueError: a rule does not compile (outlines-core's error), or calls a rule that does not exist.
@@ -140,28 +132,25 @@ class GrammarDFA:
     dead = 0
 
     def __init__(self, text: str, capacity: int = CAPACITY):
-        parts = split_grammar(text)
-        if parts is None:
-            raise ValueError("not a grammar string (see join_grammar)")
-        self.rules = [_rule(part) for part in parts]
-        for number, rule in enumerate(self.rules):
-            for targets in rule.calls.values():
-                for callee, _ in targets:
-                    if not 0 < callee < len(self.rules):
-                        raise ValueError(f"rule {number} calls rule {callee}, which the grammar does not have")
+        self.rules = _rules(text)
         self.capacity = capacity
-        self.transitions = np.zeros((capacity, 256), dtype=np.int32)  # zero-filled pages: touched on first write
+        # zero-filled arrays: the OS hands out their pages on first write, so capacity costs address space only
+        self.transitions = _zeros((capacity, 256), np.int32)
         self.finals = np.zeros(capacity, dtype=bool)
-        self.loops = np.zeros((capacity, 4), dtype=np.uint64)
+        self.loops = _zeros((capacity, 4), np.uint64)
         self.has_loops = np.zeros(capacity, dtype=bool)
         self.known = np.zeros(capacity, dtype=bool)  # row built
         self.known[0] = True  # dead: all zeros, loops on itself (never walked)
-        self._sets: list[frozenset] = [frozenset()]
-        self._ids: dict[frozenset, int] = {frozenset(): 0}
+        self._num_named = 1
+        self._state_context = np.zeros(capacity, dtype=np.int32)  # one configuration: its context + 1, else 0
+        self._rule_state = np.zeros(capacity, dtype=np.int32)  # ... and its rule state
+        self._contexts: list[_Context] = []
+        self._context_ids: dict[tuple, int] = {}  # prefix + (rule,) -> context
+        self._sets: dict[int, frozenset] = {}  # states of several configurations
+        self._set_ids: dict[frozenset, int] = {}
         self._closures: dict[tuple, list[tuple]] = {}
         self._lock = threading.RLock()
-        root = self.rules[0]
-        if self._intern(frozenset({(0, root.initial)})) != self.initial:
+        if self._config_state((0, self.rules[0].initial)) != self.initial:
             raise AssertionError("the initial state is state 1")
 
     @property
@@ -172,7 +161,7 @@ class GrammarDFA:
     @property
     def num_built(self) -> int:
         """States named so far (dead included); their rows are built on first `ensure`."""
-        return len(self._sets)
+        return self._num_named
 
     def accepts(self, data: bytes) -> bool:
         """Whether the grammar matches all of `data` (tests and benchmarks; the processors walk tokens)."""
@@ -182,25 +171,158 @@ class GrammarDFA:
             state = int(self.transitions[state, byte])
             if state == self.dead:
                 return False
+        self.ensure_one(state)
         return bool(self.finals[state])
 
     def ensure_one(self, state: int) -> None:
-        """Build the row of `state` if it is not built yet."""
+        """Build the row (and finality) of `state` if it is not built yet."""
         if not self.known[state]:
             with self._lock:
                 if not self.known[state]:
                     self._expand(state)
 
     def ensure(self, states: np.ndarray) -> None:
-        """Build the rows of `states` (any int array) not built yet."""
+        """Build the rows of `states` (any int array) not built yet: inside states one gather per context."""
         missing = states[~self.known[states]]
-        if missing.shape[0]:
-            with self._lock:
-                for state in np.unique(missing).tolist():
-                    if not self.known[state]:
-                        self._expand(state)
+        if not missing.shape[0]:
+            return
+        with self._lock:
+            missing = np.unique(missing)
+            missing = missing[~self.known[missing]]
+            contexts = self._state_context[missing]
+            for context in np.unique(contexts[contexts > 0]).tolist():
+                ctx = self._contexts[context - 1]
+                rule = self.rules[ctx.rule]
+                rule_states = self._rule_state[missing[contexts == context]].astype(np.int64)
+                inside = ~self._boundaries(ctx, rule, rule_states)
+                if inside.any():
+                    self._inside_rows(ctx, rule, rule_states[inside])
+            for state in missing[~self.known[missing]].tolist():  # the others, one by one, from the closure
+                self._expand(state)
 
-    # -- construction --------------------------------------------------------------------------------------
+    def ensure_path(self, state: int, byte: int) -> None:
+        """Build the rows along the run of `byte` from `state` (a string body's chain of counted characters)
+        while it stays inside one rule, in one gather."""
+        context = int(self._state_context[state])
+        if not context:
+            return
+        with self._lock:
+            ctx = self._contexts[context - 1]
+            rule = self.rules[ctx.rule]
+            current, run, seen = int(self._rule_state[state]), [], set()
+            while current != rule.dead and current not in seen and not self._boundaries(ctx, rule, current):
+                run.append(current)
+                seen.add(current)
+                current = int(rule.table[current, byte])
+            if run:
+                run_states = np.asarray(run, dtype=np.int64)
+                run_states = run_states[~self.known[ctx.base + run_states]]
+                if run_states.shape[0]:
+                    self._inside_rows(ctx, rule, run_states)
+
+    def multibyte_ends(self, states: np.ndarray) -> np.ndarray:
+        """`utf8_bodies.multibyte_ends` of `states`: a state inside a rule takes its rule state's (computed for the
+        whole rule at once, then renamed: a character's middle states are inside the rule too); others (rare) are
+        walked on their own rows."""
+        out = np.full(states.shape[0], -1, dtype=np.int64)
+        with self._lock:
+            contexts = self._state_context[states]
+            odd = contexts == 0
+            for context in np.unique(contexts[~odd]).tolist():
+                ctx = self._contexts[context - 1]
+                rule = self.rules[ctx.rule]
+                which = np.flatnonzero(contexts == context)
+                rule_states = self._rule_state[states[which]].astype(np.int64)
+                if rule.multibyte is None:
+                    rule.multibyte = multibyte_ends(rule.table)
+                ends = rule.multibyte[rule_states]
+                out[which] = np.where(ends < 0, -1, np.where(ends == rule.dead, 0, ctx.base + ends))
+                odd[which[self._boundaries(ctx, rule, rule_states)]] = True
+            if odd.any():
+                out[odd] = multibyte_ends(self.transitions, states[odd], self.ensure)
+        return out
+
+    def inside(self, state: int) -> tuple[int, int, int] | None:
+        """(context base, rule, rule state) of a state inside a rule (one configuration, no call, not a finished
+        callee: its row is its rule state's, renamed), else None."""
+        context = int(self._state_context[state])
+        if not context:
+            return None
+        ctx = self._contexts[context - 1]
+        rule_state = int(self._rule_state[state])
+        if self._boundaries(ctx, self.rules[ctx.rule], rule_state):
+            return None
+        return ctx.base, ctx.rule, rule_state
+
+    # -- naming states -----------------------------------------------------------------------------------
+    def _new_states(self, count: int) -> int:
+        first = self._num_named
+        if first + count > self.capacity:
+            raise SchemaTooComplexError(
+                f"the schema's grammar automaton needs more than {self.capacity:,} states for this generation; "
+                "simplify the schema (fewer optional members or alternatives) or shorten the output"
+            )
+        self._num_named += count
+        return first
+
+    def _context(self, prefix: tuple, rule: int) -> _Context:
+        """The context of `rule` under `prefix`: a block of states, one per rule state, named at once (their
+        rows come later, on demand)."""
+        key = prefix + (rule,)
+        context = self._context_ids.get(key)
+        if context is not None:
+            return self._contexts[context]
+        the_rule = self.rules[rule]
+        size = the_rule.table.shape[0] - 1  # (the rule's dead state is our dead state, 0)
+        base = self._new_states(size)
+        ctx = _Context(prefix, rule, base)
+        self._context_ids[key] = len(self._contexts)
+        self._contexts.append(ctx)
+        self._state_context[base:base + size] = len(self._contexts)
+        self._rule_state[base:base + size] = np.arange(size, dtype=np.int32)
+        if not prefix:  # the root, uncalled: final where the root rule is (a call's state: from its closure)
+            self.finals[base:base + size] = the_rule.finals[:size] & ~the_rule.has_calls[:size]
+        return ctx
+
+    def _config_state(self, config: tuple) -> int:
+        """The automaton state of one configuration."""
+        ctx = self._context(config[:-2], config[-2])
+        state = config[-1]
+        return 0 if state == self.rules[ctx.rule].dead else ctx.base + state
+
+    def _set_state(self, configs: frozenset) -> int:
+        """The automaton state of a set of configurations (0 for none)."""
+        if not configs:
+            return 0
+        if len(configs) == 1:
+            return self._config_state(next(iter(configs)))
+        state = self._set_ids.get(configs)
+        if state is None:
+            state = self._new_states(1)
+            self._sets[state] = configs
+            self._set_ids[configs] = state
+            self.finals[state] = any(self._config_final(config) for config in configs)
+        return state
+
+    def _config_final(self, config: tuple) -> bool:
+        root = self.rules[0]
+        return any(len(c) == 2 and root.finals[c[1]] for c in self._closure(config))
+
+    # -- rows ------------------------------------------------------------------------------------------------
+    @staticmethod
+    def _boundaries(ctx: _Context, rule: _Rule, rule_states: np.ndarray | int) -> np.ndarray:
+        """Whether each rule state is a call or a finished callee (its row and finality come from the closure)."""
+        return rule.has_calls[rule_states] | (rule.finals[rule_states] if ctx.prefix else False)
+
+    def _inside_rows(self, ctx: _Context, rule: _Rule, rule_states: np.ndarray) -> None:
+        """Rows of states inside a rule: the rule's rows, moved to the context's block (one gather)."""
+        rows = rule.table[rule_states]
+        states = ctx.base + rule_states
+        self.transitions[states] = np.where(rows == rule.dead, 0, rows + ctx.base)
+        self.loops[states] = rule.loops[rule_states]  # (a byte that keeps the rule state keeps the state)
+        self.has_loops[states] = rule.loops[rule_states].any(axis=1)
+        self.known[states] = True
+
     def _closure(self, config: tuple) -> list[tuple]:
         """Every configuration reachable from `config` without reading a byte (calls entered, returns taken)."""
         found = self._closures.get(config)
@@ -227,49 +349,36 @@ class GrammarDFA:
         self._closures[config] = order
         return order
 
-    def _intern(self, configs: frozenset) -> int:
-        state = self._ids.get(configs)
-        if state is not None:
-            return state
-        state = len(self._sets)
-        if state >= self.capacity:
-            raise SchemaTooComplexError(
-                f"the schema's grammar automaton needs more than {self.capacity:,} states for this generation; "
-                "simplify the schema (fewer optional members or alternatives) or shorten the output"
-            )
-        self._sets.append(configs)
-        self._ids[configs] = state
-        root = self.rules[0]
-        self.finals[state] = any(len(c) == 2 and root.finals[c[1]] for config in configs for c in self._closure(config))
-        return state
-
     def _expand(self, state: int) -> None:
-        """Build the row of `state`: per byte, the set of configurations its closure moves to."""
-        rules = self.rules
-        configs = [c for config in self._sets[state] for c in self._closure(config)]
-        moving = []  # (configuration, its top rule's row) for the configurations with a live byte
+        """Build the row of `state` (and, for a boundary state, its finality)."""
+        context = int(self._state_context[state])
+        if context:
+            ctx = self._contexts[context - 1]
+            rule = self.rules[ctx.rule]
+            rule_state = int(self._rule_state[state])
+            if not self._boundaries(ctx, rule, rule_state):
+                self._inside_rows(ctx, rule, np.array([rule_state], dtype=np.int64))
+                return
+            config = ctx.prefix + (ctx.rule, rule_state)
+            self.finals[state] = self._config_final(config)
+            configs = self._closure(config)
+        else:
+            configs = [c for config in self._sets[state] for c in self._closure(config)]
+        moving = []  # (configuration, its top rule's row with -1 for dead) for the configurations with a live byte
         for config in dict.fromkeys(configs):
-            rule = rules[config[-2]]
-            row = rule.table[config[-1]]
-            if (row != rule.dead).any():
-                moving.append((config, row, rule.dead))
+            rule = self.rules[config[-2]]
+            targets = rule.table[config[-1]]
+            if (targets != rule.dead).any():
+                moving.append((config, np.where(targets == rule.dead, -1, targets)))
         if not moving:
             row = np.zeros(256, dtype=np.int32)
-        elif len(moving) == 1:  # the usual case: one configuration, a handful of distinct next states
-            config, targets, dead = moving[0]
-            values, inverse = np.unique(targets, return_inverse=True)
-            ids = [0 if t == dead else self._intern(frozenset({config[:-1] + (t,)})) for t in values.tolist()]
-            row = np.asarray(ids, dtype=np.int32)[inverse]
         else:
-            stacked = np.stack([np.where(t == d, -1, t) for _, t, d in moving])  # [configs, 256], -1: dead
-            columns, inverse = np.unique(stacked, axis=1, return_inverse=True)
-            ids = []
-            for column in columns.T.tolist():
-                nexts = frozenset(c[:-1] + (t,) for (c, _, _), t in zip(moving, column) if t >= 0)
-                ids.append(self._intern(nexts) if nexts else 0)
+            columns, inverse = np.unique(np.stack([t for _, t in moving]), axis=1, return_inverse=True)
+            ids = [self._set_state(frozenset(c[:-1] + (t,) for (c, _), t in zip(moving, column) if t >= 0))
+                   for column in columns.T.tolist()]
             row = np.asarray(ids, dtype=np.int32)[inverse.reshape(-1)]
         self.transitions[state] = row
-        loops = byte_sets((row == state)[None, :])[0]
-        self.loops[state] = loops
-        self.has_loops[state] = bool(loops.any())
+        member = row == state
+        self.loops[state] = np.packbits(member, bitorder="little").view(np.uint64)
+        self.has_loops[state] = bool(member.any())
         self.known[state] = True

@@ -31,7 +31,8 @@ from typing import Any
 
 from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors.byte_dfa import ByteDFA, build_byte_dfa
-from hf_paged.processors.grammar_dfa import GrammarDFA, split_grammar
+from hf_paged.processors.grammar_dfa import GrammarDFA
+from hf_paged.processors.grammar_text import split_grammar
 from hf_paged.processors.regex_size import estimate_regex_size
 from hf_paged.processors.token_index import StateMask, TokenIndex
 from hf_paged.processors.token_trie import token_trie

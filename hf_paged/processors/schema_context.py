@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsupportedSchemaError
-from hf_paged.processors.grammar_dfa import MAX_RULES, call_regex
+from hf_paged.processors.grammar_text import MAX_RULES, call_regex
 from hf_paged.processors.schema_rx import Rx, raw
 
 __all__ = ["ANNOTATION_KEYWORDS", "DEFAULT_WHITESPACE", "Context", "pointer_join"]

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsatisfiableSchemaError
-from hf_paged.processors.grammar_dfa import join_grammar
+from hf_paged.processors.grammar_text import join_grammar
 from hf_paged.processors.schema_arrays import array_regex
 from hf_paged.processors.schema_context import (
     ANNOTATION_KEYWORDS,

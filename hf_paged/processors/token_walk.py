@@ -30,6 +30,7 @@ from hf_paged.processors.body_masks import PlannedIds, body_plan, group_words
 from hf_paged.processors.body_steps import UNBOUNDED, BodySteps
 from hf_paged.processors.body_tokens import body_tokens, walk_others
 from hf_paged.processors.byte_dfa import ByteDFA
+from hf_paged.processors.grammar_bodies import GrammarBodySteps
 from hf_paged.processors.token_trie import TokenTrie, ranges_to_ids
 
 __all__ = ["TrieWalk"]
@@ -69,7 +70,10 @@ class TrieWalk:
         self._leaving: list[int | None] = [None] * (dfa.num_states + 1)  # state -> bytes that move it (bit set)
         self._live: list[bytes | None] = [None] * (dfa.num_states + 1)  # state -> its live bytes
         self.use_bodies = True  # the `body_tokens` path for string bodies (off: trie walk only, for tests)
-        self._body = BodySteps(dfa.transitions, self._dead, self._ensure)
+        self._body: BodySteps | GrammarBodySteps = BodySteps(dfa.transitions, self._dead)
+        if dfa.lazy:  # a grammar: inside states from their rules' own facts, the others on rows built on demand
+            fallback = BodySteps(dfa.transitions, self._dead, self._ensure, dfa.ensure_path, dfa.multibyte_ends)
+            self._body = GrammarBodySteps(dfa, fallback)
 
     def next_state(self, state: int, raw: bytes) -> int | None:
         """The state after the bytes `raw`, or None when they reach the dead state (a few list reads a byte)."""

@@ -15,14 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_paged.errors import SchemaTooComplexError
-from hf_paged.processors.grammar_dfa import (
-    MAX_DEPTH,
-    GrammarDFA,
-    call_regex,
-    inline_grammar,
-    join_grammar,
-    split_grammar,
-)
+from hf_paged.processors.grammar_dfa import MAX_DEPTH, GrammarDFA
+from hf_paged.processors.grammar_text import call_regex, inline_grammar, join_grammar, split_grammar
 from hf_paged.processors.index_cache import build_automaton
 from hf_paged.processors.schema_context import Context
 from hf_paged.processors.schema_regex import schema_to_grammar, schema_to_regex, translate
@@ -88,14 +82,7 @@ def test_byte_walk_follows_calls_and_returns():
     text = join_grammar(f"x(?:{call_regex(1)}|{call_regex(2)})!", ['\\{a\\}', '\\{a?b\\}'])
     dfa = GrammarDFA(text)
 
-    def accepts(data: bytes) -> bool:
-        state = dfa.initial
-        for byte in data:
-            dfa.ensure_one(state)
-            state = int(dfa.transitions[state, byte])
-        return state != dfa.dead and bool(dfa.finals[state])
-
-    assert [accepts(d) for d in (b"x{a}!", b"x{b}!", b"x{ab}!", b"x{a}", b"x{}!", b"x{a}!!")] == [
+    assert [dfa.accepts(d) for d in (b"x{a}!", b"x{b}!", b"x{ab}!", b"x{a}", b"x{}!", b"x{a}!!")] == [
         True, True, True, False, False, False]
     assert not dfa.finals[dfa.initial] and dfa.dead == 0 and dfa.initial == 1
 
@@ -200,12 +187,7 @@ def test_schema_to_grammar_keeps_what_the_flat_budget_leaves_out():
     deep = {"k2_0": {"k1_2": {"k0_1": "é"}}, "k2_3": {"k1_0": {}, "k1_3": {"k0_3": "x" * 40}}}  # (schema order)
     text = json.dumps(deep, separators=(",", ":"), ensure_ascii=False)
     assert re.fullmatch(inline_grammar(grammar), text) and not re.fullmatch(flat, text)
-    dfa = GrammarDFA(grammar)
-    state = dfa.initial
-    for byte in text.encode():
-        dfa.ensure_one(state)
-        state = int(dfa.transitions[state, byte])
-    assert dfa.finals[state]
+    assert GrammarDFA(grammar).accepts(text.encode())
     assert schema_to_grammar({"type": "integer"}) == schema_to_regex({"type": "integer"})  # small: flat
 
 
@@ -243,11 +225,7 @@ def test_recursive_refs_and_free_values_are_rules_that_call_themselves():
     dfa = GrammarDFA(grammar)
 
     def accepts(doc: object) -> bool:
-        state = dfa.initial
-        for byte in json.dumps(doc, separators=(",", ":")).encode():
-            dfa.ensure_one(state)
-            state = int(dfa.transitions[state, byte])
-        return bool(dfa.finals[state])
+        return dfa.accepts(json.dumps(doc, separators=(",", ":")).encode())
 
     deep: dict = {"v": [[[[{"x": [1, {"y": None}]}]]]]}
     for level in range(20):  # far past max_ref_depth (3) and the flat free value's two levels
