@@ -86,6 +86,7 @@ class Context:
     deadline: float = float("inf")  # time.monotonic() after which translation gives up (SchemaTooComplexError)
     max_visits: int = 20_000  # sub-schema translations allowed (recursive $refs multiply them)
     num_visits: int = 0
+    num_cut: int = 0  # places a flat translation allows less than the schema (free values' depth, extras, recursion)
     num_pruned: int = 0  # optional properties and anyOf branches dropped to fit the budget (reported once)
     rules: dict[str, int] | None = None  # value rule text -> its number (1, 2, ...), when values may be called
     min_rule_cost: int = MIN_RULE_COST  # values cheaper than this are written in place (0: every value a rule)

@@ -320,7 +320,10 @@ def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, poi
         value = ctx.value({"allOf": values} if len(values) > 1 else values[0] if values else True,
                         pointer_join(pointer, "patternProperties"))
         return seq(key_rx, colon, value) if value is not None else None
-    if extra_schema is False or names and not ctx.extras_beside_declared and (extra_schema is True or extra_schema == {}):
+    if extra_schema is False:
+        return None
+    if names and not ctx.extras_beside_declared and (extra_schema is True or extra_schema == {}):
+        ctx.num_cut += 1  # (undeclared keys the schema allows, left out)
         return None
     if schema.get("properties") and "additionalProperties" not in schema and not ctx.undeclared_keys:
         return None  # not asked for: generate the declared members only (a subset of the valid documents)

@@ -146,18 +146,19 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
     flat_extras = [_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 16, False, 2),
                    _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, True, max_cost // 8, False)]
     flat = _Attempt(None, max_repeat, max_string_repeat, max_ref_depth, False, max_cost, False)
-    if calls:  # an exact grammar beats a flat regex without the extras (and recursion as deep as wanted)
+    attempts = [*flat_extras, flat]
+    if calls:  # an exact grammar beats a flat regex that cuts anything (extras, free values' depth, recursion)
         # (every value a rule when the first grammar has a rule too long to build: an object of many small members)
-        grammars = [[_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, extras, max_cost, False, calls=True,
-                              rule_cost=cost) for cost in (MIN_RULE_COST, 0)] for extras in (True, False)]
-        attempts = flat_extras + grammars[0] + [flat] + grammars[1]
-    else:
-        attempts = [*flat_extras, flat]
+        attempts += [_Attempt(None, max_repeat, max_string_repeat, max_ref_depth, extras, max_cost, False, calls=True,
+                              rule_cost=cost) for extras in (True, False) for cost in (MIN_RULE_COST, 0)]
     attempts += shrinking
     num_exact = sum(a.prune_cost is None and not a.narrow for a in attempts)
     start = time.monotonic()
     too_many_visits: tuple[SchemaTooComplexError, int] | None = None  # (error, recursion depth it happened at)
+    cut: str | None = None  # with calls: the first flat regex that cut something, used if no grammar fits
     for n, attempt in enumerate(attempts):
+        if cut is not None and (attempt.narrow or attempt.prune_cost is not None):
+            return cut  # no grammar fits: a flat regex that cuts a little beats one that leaves members out
         if attempt.prune_cost is None and n >= num_exact and time.monotonic() - start > max_seconds / 10:
             continue  # slow translations go straight to the pruning tries, which fit the budget sooner
         if too_many_visits is not None and attempt.ref_depth >= too_many_visits[1]:
@@ -179,6 +180,9 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
         texts = [] if rx is None else [rx.text, *ctx.grammar_rules()]
         if rx is not None and n < len(attempts) - 1 and not all(map(_engine_accepts, texts)):
             continue  # too long to build in seconds, or over outlines-core's NFA size limit: retry smaller
+        if calls and rx is not None and ctx.num_cut and not attempt.calls and not attempt.narrow:
+            cut = cut or rx.text
+            continue
         if rx is None:
             raise UnsatisfiableSchemaError("no JSON document satisfies this schema (or every way to satisfy it "
                                            "needs recursion deeper than max_ref_depth); check its constraints")
@@ -189,6 +193,8 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
                           "arrays beyond the first (a regex cannot compare items); output stays valid but cannot use "
                           "them (raise max_cost to keep what the budget left out)", UserWarning, stacklevel=3)
         return join_grammar(texts[0], texts[1:]) if ctx.rule_texts else rx.text
+    if cut is not None:
+        return cut
     assert too_many_visits is not None, "only skipped tries end the loop without a result"
     raise too_many_visits[0]
 
@@ -285,11 +291,13 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
             if calls and ctx.rules is not None and not parts and set(rest) <= ANNOTATION_KEYWORDS:
                 return [Branch(target.schema, refs, call=target.pointer)]  # the target's rule (`Context.ref_rule`)
             if (ctx.ref_stack + refs).count(target.pointer) >= ctx.max_ref_depth:
+                ctx.num_cut += 1
                 return [Branch(False, refs)]
             refs.append(target.pointer)
             parts.insert(0, target.schema)
         current = _double_negation(merge_all([rest] + [_double_negation(p) for p in parts], ctx, pointer))
     else:
+        ctx.num_cut += 1
         return [Branch(False, refs)]  # `$ref` chains deeper than the merge budget: cut off (sound)
     for key in ("anyOf", "oneOf"):
         if isinstance(current, dict) and key in current:
@@ -331,6 +339,7 @@ def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
     if schema is True or schema == {}:
         if ctx.rules is not None:  # one rule that calls itself: any depth
             return ctx.recursive_call("#any", lambda: _any_value_rule(ctx), pointer)
+        ctx.num_cut += 1  # (nested at most `any_depth` deep)
         return any_value(ctx, ctx.any_depth)
     if schema is False:
         return None

@@ -21,6 +21,7 @@ import numpy as np
 from hf_paged.processors.bitmask import num_bitmask_words
 from hf_paged.processors.body_masks import PlannedIds, count_bits, set_bits
 from hf_paged.processors.byte_dfa import ByteDFA
+from hf_paged.processors.grammar_masks import GrammarMasks
 from hf_paged.processors.token_trie import TokenTrie
 from hf_paged.processors.token_walk import NARROW_BYTES, TAIL_TOKENS, TrieWalk
 from hf_paged.processors.vocabulary import TokenVocabulary
@@ -79,6 +80,8 @@ class TokenIndex:
         # a grammar automaton names states (and their finality) as walks reach them: read its array live
         self._finals = dfa.finals if dfa.lazy else dfa.finals.tolist()
         self._walk = TrieWalk(dfa, trie, tail_tokens, narrow_bytes)
+        # a grammar: masks of states inside a rule computed once per rule state where the callers cannot matter
+        self._grammar = GrammarMasks(dfa, trie, self._walk, tail_tokens, narrow_bytes) if dfa.lazy else None
         self._masks: dict[int, StateMask] = {}
         self._lock = threading.Lock()
 
@@ -164,8 +167,19 @@ class TokenIndex:
         return None if forced < 0 else forced
 
     def _build_mask(self, state: int) -> StateMask:
-        found = self._walk.decide(state)
-        final = self._finals[state]
+        if self._grammar is None:
+            return self._mask_of(self._walk.decide(state), self._finals[state])
+        self.dfa.ensure_one(state)  # (its finality)
+        found = self._walk.planned(state)  # a string body: its plan, cheapest
+        if found is None:
+            shared = self._grammar.mask(state, bool(self._finals[state]), self._mask_of)
+            if shared is not None:
+                return shared
+            found = self._walk.decide(state, planned=False)
+        return self._mask_of(found, self._finals[state])
+
+    def _mask_of(self, found: list[int] | np.ndarray | PlannedIds, final: bool) -> StateMask:
+        """The mask of a state whose allowed regular ids are `found` (EOS added when `final`)."""
         if isinstance(found, PlannedIds):
             return self._planned_mask(found, final)
         num_words = num_bitmask_words(self.vocab_size)

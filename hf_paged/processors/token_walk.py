@@ -102,17 +102,24 @@ class TrieWalk:
         found = self.decide(state)
         return found.ids() if isinstance(found, PlannedIds) else found
 
-    def decide(self, state: int) -> list[int] | np.ndarray | PlannedIds:
+    def planned(self, state: int) -> PlannedIds | None:
+        """A wide state's allowed ids from a string-body plan (`_body_planned`, `_first_byte_planned`), or None."""
+        if len(self._live_bytes(state)) <= self.narrow_bytes:
+            return None
+        return self._body_planned(state) or self._first_byte_planned(state)
+
+    def decide(self, state: int, planned: bool = True) -> list[int] | np.ndarray | PlannedIds:
         """The allowed regular ids of `state`, in the cheapest form to turn into a mask: a list when the Python walk
         found few, a `PlannedIds` for a string body (a row of a per-vocabulary plan plus a few extra ids), else an
         int64 array.
 
         Narrow states (at most `NARROW_BYTES` live bytes: keys, punctuation, numbers) are walked node by node in
         Python, following only their live bytes; wide pairs (a string body) go to the numpy level walk.
+        `planned=False`: the caller tried `planned` already.
         """
         trie = self.trie
-        if len(self._live_bytes(state)) > self.narrow_bytes:
-            found = self._body_planned(state) or self._first_byte_planned(state)
+        if planned:
+            found = self.planned(state)
             if found is not None:
                 return found
         pos_start, pos_end, sub_set, child_of = trie.pos_start, trie.pos_end, trie.sub_set, trie.child_of

@@ -2,10 +2,12 @@
 
 import json
 
+import jsonschema
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_paged import Engine, JSONSchemaLogitsProcessor, PagedConfig, RequestStatus, SamplingParams
+from hf_paged.processors.grammar_text import split_grammar
 from tests.tiny_models import byte_tokenizer
 
 SCHEMA = {
@@ -47,6 +49,35 @@ def test_engine_json_outputs_validate_and_jump_forward_is_exact():
     stats = engine.stats()
     assert stats["forced_tokens"] > 0  # jump-forward saved decode steps (keys, punctuation)
     assert stats["steps"] < sum(map(len, ours))
+
+
+def _nested(levels: int) -> dict:
+    node: dict = {"type": "string", "maxLength": 6}
+    for level in range(levels):
+        node = {"type": "object", "properties": {f"k{level}{i}": node for i in range(4)}, "additionalProperties": False}
+    return node
+
+
+def test_engine_with_a_grammar_schema_matches_stock_generate():
+    # over the flat regex budget: compiled as a grammar of rules whose automaton is built while decoding
+    model, tok = model_and_tokenizer()
+    schema = _nested(4)
+    proc = JSONSchemaLogitsProcessor(schema, tok)
+    assert split_grammar(proc.regex) is not None
+    prompts = [tok(p)["input_ids"] for p in ("Config: ", "{")]
+    stock = []
+    for p in prompts:
+        out = model.generate(torch.tensor([p]), max_new_tokens=40, do_sample=False, logits_processor=[proc],
+                             eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+        stock.append(out[0, len(p):].tolist())
+    engine = Engine(model, PagedConfig(block_size=8))
+    params = SamplingParams(max_new_tokens=40, eos_token_id=tok.eos_token_id, logits_processors=[proc])
+    ids = [engine.add_request(p, params) for p in prompts]
+    outs = engine.run(ids)
+    assert [outs[i].generated_tokens for i in ids] == stock
+    for tokens in stock:
+        if tok.eos_token_id in tokens:
+            jsonschema.validate(json.loads(tok.decode(tokens, skip_special_tokens=True)), schema)
 
 
 def test_a_failing_constraint_only_fails_its_request():
