@@ -1,7 +1,7 @@
 """The byte automaton of a grammar (`grammar_text`), its states named and their rows built on demand.
 
-Each rule is compiled by outlines-core (`build_byte_dfa`, anchored), its call edges read off and cut out. The
-grammar's automaton is the subset construction over call stacks, done lazily. A configuration is a stack of
+Each rule is a byte automaton of its own (`grammar_rules`), its call edges read off and cut out. The grammar's
+automaton is the subset construction over call stacks, done lazily. A configuration is a stack of
 (rule, state) pairs, the callers' return states below and the current position on top; an automaton state is a
 set of configurations, and a byte moves every configuration of the set's closure (calls entered, finished rules
 returned from) along its top rule's edge. Most states hold one configuration, and most of those sit inside a rule,
@@ -24,80 +24,18 @@ from __future__ import annotations
 
 import mmap
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 import numpy as np
 
 from hf_paged.errors import SchemaTooComplexError
-from hf_paged.processors.byte_dfa import build_byte_dfa
-from hf_paged.processors.grammar_text import DIGITS, MARK, WIDTH, split_grammar
+from hf_paged.processors.grammar_rules import Rule, grammar_rules
 from hf_paged.processors.utf8_bodies import multibyte_ends
 
 __all__ = ["CAPACITY", "MAX_DEPTH", "GrammarDFA"]
 
 MAX_DEPTH = 128  # calls nested deeper are not entered (a subset: sound; a document that deep may find no way out)
 CAPACITY = 1 << 20  # states a grammar automaton may name (a row is 1 KB, allocated when first written)
-
-
-@dataclass(slots=True)
-class _Rule:
-    """One rule's automaton, its call edges taken out."""
-
-    table: np.ndarray  # int32 [S + 1, 256]; the mark byte's column is dead
-    dead: int
-    initial: int
-    finals: np.ndarray  # bool [S + 1]
-    loops: np.ndarray  # uint64 [S + 1, 4]: the bytes that keep a state where it is
-    calls: dict[int, list[tuple[int, int]]]  # state -> [(callee rule, state to return to)]
-    has_calls: np.ndarray  # bool [S + 1]
-    multibyte: np.ndarray | None = None  # `utf8_bodies.multibyte_ends` of every state, on first need
-
-
-def _rule(text: str) -> _Rule:
-    from hf_paged.processors.index_cache import anchored
-
-    dfa = build_byte_dfa(anchored(text))
-    table, dead = dfa.transitions.copy(), dfa.dead
-    calls: dict[int, list[tuple[int, int]]] = {}
-    for state in np.flatnonzero(table[:-1, MARK] != dead).tolist():
-        paths = [(int(table[state, MARK]), 0)]  # (automaton state, digits read as a number)
-        for _ in range(WIDTH):
-            paths = [(int(table[at, d]), number * len(DIGITS) + i)
-                     for at, number in paths for i, d in enumerate(DIGITS) if table[at, d] != dead]
-        calls[state] = [(number, at) for at, number in paths]
-    table[:, MARK] = dead
-    has_calls = np.zeros(table.shape[0], dtype=bool)
-    has_calls[list(calls)] = True
-    return _Rule(table, dead, dfa.initial, dfa.finals.copy(), dfa.loops, calls, has_calls)
-
-
-_RULES: OrderedDict[str, list[_Rule]] = OrderedDict()  # grammar -> its rules (validation, then the build)
-_RULES_SIZE = 8
-_RULES_LOCK = threading.Lock()
-
-
-def _rules(text: str) -> list[_Rule]:
-    """The rules of a grammar string, memoised (they are immutable; every `GrammarDFA` has its own states)."""
-    with _RULES_LOCK:
-        hit = _RULES.get(text)
-        if hit is not None:
-            _RULES.move_to_end(text)
-            return hit
-    parts = split_grammar(text)
-    if parts is None:
-        raise ValueError("not a grammar string (see grammar_text.join_grammar)")
-    rules = [_rule(part) for part in parts]
-    for number, rule in enumerate(rules):
-        for targets in rule.calls.values():
-            for callee, _ in targets:
-                if not 0 < callee < len(rules):
-                    raise ValueError(f"rule {number} calls rule {callee}, which the grammar does not have")
-    with _RULES_LOCK:
-        _RULES[text] = rules
-        while len(_RULES) > _RULES_SIZE:
-            _RULES.popitem(last=False)
-    return rules
 
 
 def _zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -132,7 +70,7 @@ class GrammarDFA:
     dead = 0
 
     def __init__(self, text: str, capacity: int = CAPACITY):
-        self.rules = _rules(text)
+        self.rules = grammar_rules(text)
         self.capacity = capacity
         # zero-filled arrays: the OS hands out their pages on first write, so capacity costs address space only
         self.transitions = _zeros((capacity, 256), np.int32)
@@ -310,11 +248,11 @@ class GrammarDFA:
 
     # -- rows ------------------------------------------------------------------------------------------------
     @staticmethod
-    def _boundaries(ctx: _Context, rule: _Rule, rule_states: np.ndarray | int) -> np.ndarray:
+    def _boundaries(ctx: _Context, rule: Rule, rule_states: np.ndarray | int) -> np.ndarray:
         """Whether each rule state is a call or a finished callee (its row and finality come from the closure)."""
         return rule.has_calls[rule_states] | (rule.finals[rule_states] if ctx.prefix else False)
 
-    def _inside_rows(self, ctx: _Context, rule: _Rule, rule_states: np.ndarray) -> None:
+    def _inside_rows(self, ctx: _Context, rule: Rule, rule_states: np.ndarray) -> None:
         """Rows of states inside a rule: the rule's rows, moved to the context's block (one gather)."""
         rows = rule.table[rule_states]
         states = ctx.base + rule_states

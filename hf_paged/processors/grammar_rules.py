@@ -1,0 +1,76 @@
+"""The rules of a grammar (`grammar_text`) as byte automata: each compiled by outlines-core (`build_byte_dfa`,
+anchored), its call edges read off and cut out. Immutable, memoised per grammar: validation and the build share
+them, and every `GrammarDFA` of the grammar names its own states over them."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from hf_paged.processors.byte_dfa import build_byte_dfa
+from hf_paged.processors.grammar_text import DIGITS, MARK, WIDTH, split_grammar
+
+__all__ = ["Rule", "grammar_rules"]
+
+
+@dataclass(slots=True)
+class Rule:
+    """One rule's automaton, its call edges taken out."""
+
+    table: np.ndarray  # int32 [S + 1, 256]; the mark byte's column is dead
+    dead: int
+    initial: int
+    finals: np.ndarray  # bool [S + 1]
+    loops: np.ndarray  # uint64 [S + 1, 4]: the bytes that keep a state where it is
+    calls: dict[int, list[tuple[int, int]]]  # state -> [(callee rule, state to return to)]
+    has_calls: np.ndarray  # bool [S + 1]
+    multibyte: np.ndarray | None = None  # `utf8_bodies.multibyte_ends` of every state, on first need
+
+
+def _compile_rule(text: str) -> Rule:
+    from hf_paged.processors.index_cache import anchored
+
+    dfa = build_byte_dfa(anchored(text))
+    table, dead = dfa.transitions.copy(), dfa.dead
+    calls: dict[int, list[tuple[int, int]]] = {}
+    for state in np.flatnonzero(table[:-1, MARK] != dead).tolist():
+        paths = [(int(table[state, MARK]), 0)]  # (automaton state, digits read as a number)
+        for _ in range(WIDTH):
+            paths = [(int(table[at, d]), number * len(DIGITS) + i)
+                     for at, number in paths for i, d in enumerate(DIGITS) if table[at, d] != dead]
+        calls[state] = [(number, at) for at, number in paths]
+    table[:, MARK] = dead
+    has_calls = np.zeros(table.shape[0], dtype=bool)
+    has_calls[list(calls)] = True
+    return Rule(table, dead, dfa.initial, dfa.finals.copy(), dfa.loops, calls, has_calls)
+
+
+_RULES: OrderedDict[str, list[Rule]] = OrderedDict()  # grammar -> its rules (validation, then the build)
+_RULES_SIZE = 8
+_RULES_LOCK = threading.Lock()
+
+
+def grammar_rules(text: str) -> list[Rule]:
+    """The rules of a grammar string, memoised (they are immutable; every `GrammarDFA` has its own states)."""
+    with _RULES_LOCK:
+        hit = _RULES.get(text)
+        if hit is not None:
+            _RULES.move_to_end(text)
+            return hit
+    parts = split_grammar(text)
+    if parts is None:
+        raise ValueError("not a grammar string (see grammar_text.join_grammar)")
+    rules = [_compile_rule(part) for part in parts]
+    for number, rule in enumerate(rules):
+        for targets in rule.calls.values():
+            for callee, _ in targets:
+                if not 0 < callee < len(rules):
+                    raise ValueError(f"rule {number} calls rule {callee}, which the grammar does not have")
+    with _RULES_LOCK:
+        _RULES[text] = rules
+        while len(_RULES) > _RULES_SIZE:
+            _RULES.popitem(last=False)
+    return rules
