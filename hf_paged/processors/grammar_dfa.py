@@ -258,7 +258,7 @@ class GrammarDFA:
         states = ctx.base + rule_states
         self.transitions[states] = np.where(rows == rule.dead, 0, rows + ctx.base)
         self.loops[states] = rule.loops[rule_states]  # (a byte that keeps the rule state keeps the state)
-        self.has_loops[states] = rule.loops[rule_states].any(axis=1)
+        self.has_loops[states] = rule.has_loops[rule_states]
         self.known[states] = True
 
     def _closure(self, config: tuple) -> list[tuple]:
@@ -294,8 +294,14 @@ class GrammarDFA:
             ctx = self._contexts[context - 1]
             rule = self.rules[ctx.rule]
             rule_state = int(self._rule_state[state])
-            if not self._boundaries(ctx, rule, rule_state):
-                self._inside_rows(ctx, rule, np.array([rule_state], dtype=np.int64))
+            if not (rule.has_calls[rule_state] or (ctx.prefix and rule.finals[rule_state])):
+                # inside: the rule's row moved to the block (the narrow walks build rows one at a time: keep it short)
+                row = self.transitions[state]
+                np.add(rule.table[rule_state], ctx.base, out=row)
+                row[~rule.live[rule_state]] = 0
+                self.loops[state] = rule.loops[rule_state]
+                self.has_loops[state] = rule.has_loops[rule_state]
+                self.known[state] = True
                 return
             config = ctx.prefix + (ctx.rule, rule_state)
             self.finals[state] = self._config_final(config)

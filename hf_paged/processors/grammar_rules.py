@@ -25,6 +25,8 @@ class Rule:
     initial: int
     finals: np.ndarray  # bool [S + 1]
     loops: np.ndarray  # uint64 [S + 1, 4]: the bytes that keep a state where it is
+    has_loops: np.ndarray  # bool [S + 1]
+    live: np.ndarray  # bool [S + 1, 256]: the bytes that do not lead to the dead state
     calls: dict[int, list[tuple[int, int]]]  # state -> [(callee rule, state to return to)]
     has_calls: np.ndarray  # bool [S + 1]
     multibyte: np.ndarray | None = None  # `utf8_bodies.multibyte_ends` of every state, on first need
@@ -45,7 +47,8 @@ def _compile_rule(text: str) -> Rule:
     table[:, MARK] = dead
     has_calls = np.zeros(table.shape[0], dtype=bool)
     has_calls[list(calls)] = True
-    return Rule(table, dead, dfa.initial, dfa.finals.copy(), dfa.loops, calls, has_calls)
+    return Rule(table, dead, dfa.initial, dfa.finals.copy(), dfa.loops, dfa.loops.any(axis=1), table != dead,
+                calls, has_calls)
 
 
 _RULES: OrderedDict[str, list[Rule]] = OrderedDict()  # grammar -> its rules (validation, then the build)

@@ -150,10 +150,10 @@ class Context:
         matched with `re` (a call is not the text it stands for)."""
         return self.as_rule(self.sub(schema, pointer), pointer)
 
-    def as_rule(self, rx: Rx | None, pointer: str) -> Rx | None:
-        """`rx` itself, or, when `rules` is on and it costs at least `min_rule_cost`, a call to it as a rule (one
-        rule per distinct text)."""
-        if self.rules is None or rx is None or rx.cost < self.min_rule_cost:
+    def as_rule(self, rx: Rx | None, pointer: str, scale: int = 1) -> Rx | None:
+        """`rx` itself, or, when `rules` is on and it costs at least `scale` x `min_rule_cost`, a call to it as a
+        rule (one rule per distinct text)."""
+        if self.rules is None or rx is None or rx.cost < scale * self.min_rule_cost:
             return rx
         number = self.rules.get(rx.text)
         if number is None:

@@ -263,11 +263,13 @@ def translate(schema: Any, ctx: Context, pointer: str) -> Rx | None:
 
 
 def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None = None,
-             calls: bool = True) -> list[Branch]:
+             calls: str = "always") -> list[Branch]:
     """Flatten `$ref`, `allOf`, `anyOf`, `oneOf` into alternatives (anyOf distributes over siblings).
 
-    With grammar rules (`ctx.rules`), a bare `$ref` is a branch that calls the target's rule, unless `calls` is
-    False (a `oneOf` option: exclusivity is decided on the flattened branches).
+    With grammar rules (`ctx.rules`), a bare `$ref` is a branch that calls the target's rule: `calls="always"`;
+    `"recursion"` (an `anyOf` option): only a target entered again on its own path (options written in place
+    make one automaton, while calls to several rules that start alike run side by side, costlier to mask);
+    `"never"` (a `oneOf` option: exclusivity is decided on the flattened branches).
 
     `entered` are the `$ref` targets already resolved on the way here; a target entered `max_ref_depth`
     times (counting the translation's stack too) yields the empty branch: recursion is cut off soundly.
@@ -288,9 +290,11 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
         rest = {k: v for k, v in current.items() if k not in ("allOf", "$ref")}
         if "$ref" in current:
             target = resolve_ref(current["$ref"], ctx, pointer)
-            if calls and ctx.rules is not None and not parts and set(rest) <= ANNOTATION_KEYWORDS:
+            entered = (ctx.ref_stack + refs).count(target.pointer)
+            if (ctx.rules is not None and not parts and set(rest) <= ANNOTATION_KEYWORDS
+                    and (calls == "always" or calls == "recursion" and entered)):
                 return [Branch(target.schema, refs, call=target.pointer)]  # the target's rule (`Context.ref_rule`)
-            if (ctx.ref_stack + refs).count(target.pointer) >= ctx.max_ref_depth:
+            if entered >= ctx.max_ref_depth:
                 ctx.num_cut += 1
                 return [Branch(False, refs)]
             refs.append(target.pointer)
@@ -308,7 +312,8 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
             subs = []
             for i, option in enumerate(options):
                 merged = {"allOf": [rest, option]} if rest else option
-                subs.append(branches(merged, ctx, pointer_join(pointer, key, i), refs, calls and key == "anyOf"))
+                option_calls = "recursion" if key == "anyOf" and calls != "never" else "never"
+                subs.append(branches(merged, ctx, pointer_join(pointer, key, i), refs, option_calls))
             if key == "oneOf" and len(options) > 1:
                 narrowed = narrow_exclusive([[b.schema for b in bs] for bs in subs],
                                             lambda values, sub: _none_valid(values, sub, ctx))
