@@ -251,3 +251,23 @@ def test_grammar_stack_depth_is_capped():
         if state == dfa.dead:
             break
     assert depth == MAX_DEPTH - 1
+
+
+def test_masks_shared_across_contexts_equal_each_contexts_own():
+    # rule 1 (a quoted word, then digits) is called from two members: its first-letter state is wide, so (string-body
+    # plans off) its second context takes its mask from the rule's own views (shared, or plus crossing tokens)
+    word = '"[a-z]{1,2}[0-9]{0,2}"'
+    grammar = join_grammar(f'\\{{"a":{call_regex(1)}(?:,"b":{call_regex(1)})?\\}}', [word])
+    vocab = make_vocab([bytes([b]) for b in range(256)] + [b'a"', b'ab', b'a1"', b'b"}', b'7",', b'",', b'"}'])
+    trie = build_token_trie(vocab.tokens, vocab.vocab_size)
+    flat = TokenIndex(build_automaton(inline_grammar(grammar)), vocab, trie)
+    lazy = TokenIndex(GrammarDFA(grammar), vocab, trie)
+    lazy._walk.use_bodies = False  # (no string-body plans: every wide state goes through the shared path)
+    for text in (b'{"a":"', b'{"a":"x1","b":"'):  # the word's first letter, in its two contexts
+        f_state, l_state = flat.get_initial_state(), lazy.get_initial_state()
+        for byte in text:
+            f_state = flat.get_next_state(f_state, byte + 1)  # (token id = byte + 1 for single bytes)
+            l_state = lazy.get_next_state(l_state, byte + 1)
+        assert lazy.get_allowed_tokens(l_state) == flat.get_allowed_tokens(f_state)
+    assert lazy._grammar._views  # the second context went through the rule's views
+    assert check_same_as_inlined(grammar, vocab, 128, 16) > 20
