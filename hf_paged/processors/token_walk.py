@@ -43,6 +43,13 @@ NARROW_BYTES = 16  # a state with at most this many live bytes is walked node by
 PYTHON_LOOKUPS = 256  # ... for at most this many child lookups; what is left then goes to the numpy walk
 
 
+class _Sparse(dict):
+    """A dict read like the per-state lists: a state not seen yet gives None."""
+
+    def __missing__(self, key: int) -> None:
+        return None
+
+
 class TrieWalk:
     """Per-state Python views of a `ByteDFA` (filled on first use: a big automaton has thousands of states, most
     never seen) and the trie walk over them.
@@ -66,9 +73,11 @@ class TrieWalk:
         # per-state Python views as objects that hold no other objects (`array`, `bytes`, big ints): lists of ints
         # here made every young-generation collection visit 256 scattered ints per state seen (measured: 1-16 ms
         # pauses landing on random first visits)
-        self._rows: list[array | None] = [None] * (dfa.num_states + 1)  # state -> next state per byte
-        self._leaving: list[int | None] = [None] * (dfa.num_states + 1)  # state -> bytes that move it (bit set)
-        self._live: list[bytes | None] = [None] * (dfa.num_states + 1)  # state -> its live bytes
+        # (a grammar automaton has room for a million states and names few: sparse views, read the same way)
+        size = dfa.num_states + 1
+        self._rows: list[array | None] | _Sparse = _Sparse() if dfa.lazy else [None] * size  # next state per byte
+        self._leaving: list[int | None] | _Sparse = _Sparse() if dfa.lazy else [None] * size  # bytes that move it
+        self._live: list[bytes | None] | _Sparse = _Sparse() if dfa.lazy else [None] * size  # its live bytes
         self.use_bodies = True  # the `body_tokens` path for string bodies (off: trie walk only, for tests)
         self._body: BodySteps | GrammarBodySteps = BodySteps(dfa.transitions, self._dead)
         if dfa.lazy:  # a grammar: inside states from their rules' own facts, the others on rows built on demand
