@@ -67,8 +67,9 @@ class Context:
             optional properties and `anyOf` branches are left out (a subset of the valid documents, so still
             sound); `schema_to_regex` sets it when the exact regex exceeds `max_cost`.
         rules: None: one flat regex. Else member values and array items costing at least `min_rule_cost` become
-            grammar rules (text -> number, written once, called from every use: `grammar_dfa`); their costs
-            together stay within `max_cost`, each rule's too.
+            grammar rules (text -> number, written once, called from every use: `grammar_dfa`), and so do `$ref`
+            targets and the free value; each rule's cost stays within `max_cost`, all together within
+            `GRAMMAR_BUDGET` x `max_cost`.
     """
 
     root: Any
@@ -217,9 +218,9 @@ class Context:
         self.rules_cost += rx.cost
         if self.rules_cost > GRAMMAR_BUDGET * self.max_cost:
             raise SchemaTooComplexError(
-                f"the grammar for {pointer or '#'!r} needs more than {self.max_cost:,} of regex budget across "
-                f"its {len(self.rule_texts)} rules; simplify the schema (fewer alternatives, smaller "
-                "maxItems/maxLength), or raise max_cost"
+                f"the grammar for {pointer or '#'!r} needs more than {GRAMMAR_BUDGET * self.max_cost:,} of regex "
+                f"budget across its {len(self.rule_texts)} rules ({GRAMMAR_BUDGET} x max_cost); simplify the schema "
+                "(fewer alternatives, smaller maxItems/maxLength), or raise max_cost"
             )
         self.rule_texts[number - 1] = rx.text
 

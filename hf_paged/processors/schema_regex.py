@@ -108,9 +108,11 @@ def schema_to_grammar(
     max_seconds: float = 10.0,
     undeclared_keys: bool = False,
 ) -> str:
-    """`schema_to_regex`, but a schema whose flat regex is over `max_cost` is written as a grammar (its big values
-    as rules that every use calls, `grammar_dfa.join_grammar`) before anything is left out. What the processors
-    compile (`index_cache.build_automaton` takes both forms). Same arguments and errors as `schema_to_regex`."""
+    """`schema_to_regex`, but a schema whose flat regex is over `max_cost`, or would allow less than the schema
+    (undeclared keys beside declared ones, free values nested past two levels, recursion past `max_ref_depth`), is
+    written as a grammar (big values and `$ref` targets as rules that every use calls, `grammar_text.join_grammar`)
+    before anything is capped or left out. What the processors compile (`index_cache.build_automaton` takes both
+    forms). Same arguments and errors as `schema_to_regex`."""
     return _translate_ladder(schema, True, whitespace, strict, max_cost, max_ref_depth, max_repeat,
                              max_string_repeat, max_seconds, undeclared_keys)
 
@@ -132,8 +134,9 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
     # The first tries get a sixteenth / an eighth of the budget: free values after every open object inflate the
     # byte DFA faster than the cost estimate grows (measured: 2.6k -> 49k regex characters, 12 ms -> 4.8 s CPU).
     # The very first lets unconstrained values (`{}`, `additionalProperties: true`) nest two levels deep.
-    # With `calls`, every try after the flat exact ones writes big values once, as grammar rules: a flat regex
-    # copies each value once per context it may follow (nested optional members multiply them), a grammar once.
+    # With `calls`, a flat try that cuts something the schema allows is kept aside; exact grammars come next (big
+    # values written once, as rules: a flat regex copies each value once per context it may follow, and nested
+    # optional members multiply them), then that flat try, and only then the tries that cap or leave out.
     shrinking = [
         _Attempt(None, max(max_repeat >> i, 1), max(max_string_repeat >> i, 1), max(max_ref_depth - d, 1), False,
                  max_cost, calls=calls)
@@ -228,7 +231,7 @@ class Branch:
 
     schema: Any  # a dict without $ref/allOf/anyOf/oneOf at its top level, or a boolean
     refs: list[str]  # $ref targets entered to build it (they count toward the recursion limit)
-    call: str | None = None  # with grammar rules: a recursive `$ref` target whose rule stands for this branch
+    call: str | None = None  # with grammar rules: the `$ref` target whose rule stands for this branch
 
 
 def translate(schema: Any, ctx: Context, pointer: str) -> Rx | None:

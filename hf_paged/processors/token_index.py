@@ -142,12 +142,13 @@ class TokenIndex:
             self._walk.prepare()
         deadline = time.thread_time() + max_seconds
         if self.dfa.lazy:  # states are named as walks reach them, nearest the start first: warm in that order
-            state = self.dfa.initial
+            state, num_warmed = self.dfa.initial, 0
             while state < self.dfa.num_built and time.thread_time() < deadline:
                 if self.cached_mask(state) is None:
                     self.state_mask(state)
+                    num_warmed += 1
                 state += 1
-            return state - self.dfa.initial
+            return num_warmed
         # state ids follow regex-automata's construction order (breadth-first from the start, initial = 0)
         num_live = (self.dfa.transitions[:-1] != self.dfa.dead).sum(axis=1)
         narrow = np.flatnonzero(num_live <= self._walk.narrow_bytes).tolist()
