@@ -36,6 +36,8 @@ __all__ = ["CAPACITY", "MAX_DEPTH", "GrammarDFA"]
 
 MAX_DEPTH = 128  # calls nested deeper are not entered (a subset: sound; a document that deep may find no way out)
 CAPACITY = 1 << 20  # states a grammar automaton may name (a row is 1 KB, allocated when first written)
+ROOT_ROWS = 1 << 15  # a root rule up to this many states has its rows built with the automaton
+CONTEXT_ROWS = 256  # a called rule up to this many states has its rows built when its context is first met
 
 
 def _zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -90,6 +92,14 @@ class GrammarDFA:
         self._lock = threading.RLock()
         if self._config_state((0, self.rules[0].initial)) != self.initial:
             raise AssertionError("the initial state is state 1")
+        # the root rule's inside rows now, in one gather (compile time): every document walks it, and its key states
+        # fan out over many rows that a walk would otherwise build a level at a time
+        root = self._contexts[0]
+        size = self.rules[0].table.shape[0] - 1
+        if size <= ROOT_ROWS:
+            every = np.arange(size, dtype=np.int64)
+            inside = ~self._boundaries(root, self.rules[0], every)
+            self._inside_rows(root, self.rules[0], every[inside])
 
     @property
     def num_states(self) -> int:
@@ -177,7 +187,11 @@ class GrammarDFA:
                 out[which] = np.where(ends < 0, -1, np.where(ends == rule.dead, 0, ctx.base + ends))
                 odd[which[self._boundaries(ctx, rule, rule_states)]] = True
             if odd.any():
-                out[odd] = multibyte_ends(self.transitions, states[odd], self.ensure)
+                self.ensure(states[odd])
+                leads = (self.transitions[states, 0xC2:0xF5] != 0).any(axis=1)
+                out[odd & ~leads] = 0  # no character of two bytes or more starts here: they all end dead
+                if (odd & leads).any():
+                    out[odd & leads] = multibyte_ends(self.transitions, states[odd & leads], self.ensure)
         return out
 
     def inside(self, state: int) -> tuple[int, int, int] | None:
@@ -220,6 +234,10 @@ class GrammarDFA:
         self._rule_state[base:base + size] = np.arange(size, dtype=np.int32)
         if not prefix:  # the root, uncalled: final where the root rule is (a call's state: from its closure)
             self.finals[base:base + size] = the_rule.finals[:size] & ~the_rule.has_calls[:size]
+        if size <= CONTEXT_ROWS:  # a small rule: all its inside rows at once (one gather beats a walk's level-by-level)
+            every = np.arange(size, dtype=np.int64)
+            inside = ~self._boundaries(ctx, the_rule, every)
+            self._inside_rows(ctx, the_rule, every[inside])
         return ctx
 
     def _config_state(self, config: tuple) -> int:
