@@ -30,7 +30,7 @@ from hf_paged.processors.utf8_bodies import multibyte_ends
 __all__ = ["UNBOUNDED", "BodySteps"]
 
 UNBOUNDED = 1 << 30  # steps of a state whose body loops on itself
-_UNKNOWN = -3  # a multi-byte end not computed yet
+_ENDS_OFFSET = 3  # `_ends` holds multibyte_ends + 3: 0 (zero-filled, so free until written) is "not computed"
 _ALL_AT_ONCE = 2048  # an automaton up to this size computes every multi-byte end on first need when not prepared
 
 
@@ -57,46 +57,48 @@ class BodySteps:
         num_states = transitions.shape[0]
         self.ascii = np.zeros((num_states, 2), dtype=np.uint64)  # A(s) as two 64-bit words (bytes 0..127)
         self.multibyte = np.zeros(num_states, dtype=bool)
-        self.steps = np.full(num_states, -1, dtype=np.int64)  # -1: not computed yet
+        # steps + 1, so that 0 is "not computed": zero-filled arrays cost no memory until written (a grammar
+        # automaton's capacity is a million states, most never named)
+        self._steps1 = np.zeros(num_states, dtype=np.int64)
         self._table = transitions
         self._dead = dead
         self.dead = dead
         self._ensure = ensure
         self._ensure_path = ensure_path
         self._ends_of = ends
-        self._ends = np.full(num_states, _UNKNOWN, dtype=np.int64)  # `multibyte_ends`, per state on first use
+        self._ends = np.zeros(num_states, dtype=np.int64)  # `multibyte_ends` + _ENDS_OFFSET, per state on first use
         self._body: dict[int, tuple[int, int, bool]] = {}  # state -> (A as int, t(s), multibyte)
 
     def prepare(self) -> None:
         """Compute the multi-byte ends of every state now (~0.7 us a state: a few percent of what building the
         automaton took) rather than state by state on the first visits of string bodies (~0.3 ms each)."""
-        if self._ensure is None and (self._ends == _UNKNOWN).any():  # (rows built on demand: per state)
-            self._ends = multibyte_ends(self._table)
+        if self._ensure is None and (self._ends == 0).any():  # (rows built on demand: per state)
+            self._ends = multibyte_ends(self._table) + _ENDS_OFFSET
 
     def multibyte_end(self, states: np.ndarray) -> np.ndarray:
         """`multibyte_ends` of `states` (int64 array), computed for the ones not seen yet."""
-        unknown = states[self._ends[states] == _UNKNOWN]
+        unknown = states[self._ends[states] == 0]
         if unknown.shape[0]:
             if self._table.shape[0] <= _ALL_AT_ONCE and self._ensure is None:  # not prepared, but small: every state (~1 ms at most)
                 self.prepare()
             else:
                 unknown = np.unique(unknown)
                 if self._ends_of is not None:
-                    self._ends[unknown] = self._ends_of(unknown)
+                    self._ends[unknown] = self._ends_of(unknown) + _ENDS_OFFSET
                 else:
-                    self._ends[unknown] = multibyte_ends(self._table, unknown, self._ensure)
-        return self._ends[states]
+                    self._ends[unknown] = multibyte_ends(self._table, unknown, self._ensure) + _ENDS_OFFSET
+        return self._ends[states] - _ENDS_OFFSET
 
     def ensure(self, states: np.ndarray) -> None:
         """Compute `steps` (and A, `multibyte`) of every state in `states` not seen yet."""
-        unknown = states[self.steps[states] < 0]
+        unknown = states[self._steps1[states] == 0]
         if unknown.shape[0]:
             for state in np.unique(unknown).tolist():
                 self._steps(state)
 
     def steps_of(self, state: int) -> int:
         """steps(state), computed on first use."""
-        steps = int(self.steps[state])
+        steps = int(self._steps1[state]) - 1
         return steps if steps >= 0 else self._steps(state)
 
     def body_of(self, state: int) -> tuple[int, int, bool]:
@@ -152,7 +154,7 @@ class BodySteps:
         instead of a few per state)."""
         bits, _, multibyte = self._look(state)
         if not bits:  # no body
-            self.steps[state] = 0
+            self._steps1[state] = 1
             return 0
         byte = (bits & -bits).bit_length() - 1  # the lowest byte of A: every chain state sends A to its next
         table, dead = self._table, self._dead
@@ -169,7 +171,7 @@ class BodySteps:
             if following in seen:  # a loop: as many characters as wanted
                 tail = UNBOUNDED
                 break
-            known = int(self.steps[following])
+            known = int(self._steps1[following]) - 1
             if known >= 0:
                 look = self._look(following)
                 if (look[0], look[2]) == (bits, multibyte):
@@ -196,7 +198,7 @@ class BodySteps:
                 own = self._body[member] = (bits, target, multibyte)
                 self.ascii[member] = words
                 self.multibyte[member] = multibyte
-            if self.steps[member] < 0 and (own[0], own[2]) == (bits, multibyte):  # steps count in its own A
-                self.steps[member] = total
-        self.steps[state] = max(self.steps[state], 0)  # (-1 cannot stay: A is `state`'s own group, it qualifies)
-        return int(self.steps[state])
+            if self._steps1[member] == 0 and (own[0], own[2]) == (bits, multibyte):  # steps count in its own A
+                self._steps1[member] = total + 1
+        self._steps1[state] = max(self._steps1[state], 1)  # (unknown cannot stay: A is `state`'s own group)
+        return int(self._steps1[state]) - 1
