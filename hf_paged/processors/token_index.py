@@ -90,7 +90,8 @@ class TokenIndex:
         return self.dfa.initial
 
     def is_final_state(self, state: int) -> bool:
-        self.dfa.ensure_one(state)  # (a grammar automaton decides a boundary state's finality with its row)
+        if self._grammar is not None:  # a grammar automaton decides a boundary state's finality with its row
+            self.dfa.ensure_one(state)
         return bool(self._finals[state])
 
     def get_final_states(self) -> list[int]:

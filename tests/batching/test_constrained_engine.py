@@ -28,20 +28,26 @@ def model_and_tokenizer():
     return model, tok
 
 
+def stock_and_engine(model, tok, proc, prompts: list[list[int]], max_new_tokens: int):
+    """Greedy outputs of stock `generate` (one prompt at a time) and of the engine (all at once, jump-forward on),
+    both with `proc`; and the engine."""
+    stock = []
+    for p in prompts:
+        out = model.generate(torch.tensor([p]), max_new_tokens=max_new_tokens, do_sample=False,
+                             logits_processor=[proc], eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
+        stock.append(out[0, len(p):].tolist())
+    engine = Engine(model, PagedConfig(block_size=8))
+    params = SamplingParams(max_new_tokens=max_new_tokens, eos_token_id=tok.eos_token_id, logits_processors=[proc])
+    ids = [engine.add_request(p, params) for p in prompts]
+    outs = engine.run(ids)
+    return stock, [outs[i].generated_tokens for i in ids], engine
+
+
 def test_engine_json_outputs_validate_and_jump_forward_is_exact():
     model, tok = model_and_tokenizer()
     proc = JSONSchemaLogitsProcessor(SCHEMA, tok)
     prompts = [tok(p)["input_ids"] for p in ("Pets: ", "Tell me about 3 cats as JSON:", "{")]
-    stock = []
-    for p in prompts:
-        out = model.generate(torch.tensor([p]), max_new_tokens=60, do_sample=False, logits_processor=[proc],
-                             eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
-        stock.append(out[0, len(p):].tolist())
-    engine = Engine(model, PagedConfig(block_size=8))
-    params = SamplingParams(max_new_tokens=60, eos_token_id=tok.eos_token_id, logits_processors=[proc])
-    ids = [engine.add_request(p, params) for p in prompts]
-    outs = engine.run(ids)
-    ours = [outs[i].generated_tokens for i in ids]
+    stock, ours, engine = stock_and_engine(model, tok, proc, prompts, max_new_tokens=60)
     assert ours == stock  # forced tokens appended in one forward give exactly what decoding step by step gives
     for tokens in ours:
         doc = json.loads(tok.decode(tokens, skip_special_tokens=True))
@@ -65,16 +71,8 @@ def test_engine_with_a_grammar_schema_matches_stock_generate():
     proc = JSONSchemaLogitsProcessor(schema, tok)
     assert split_grammar(proc.regex) is not None
     prompts = [tok(p)["input_ids"] for p in ("Config: ", "{")]
-    stock = []
-    for p in prompts:
-        out = model.generate(torch.tensor([p]), max_new_tokens=40, do_sample=False, logits_processor=[proc],
-                             eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)
-        stock.append(out[0, len(p):].tolist())
-    engine = Engine(model, PagedConfig(block_size=8))
-    params = SamplingParams(max_new_tokens=40, eos_token_id=tok.eos_token_id, logits_processors=[proc])
-    ids = [engine.add_request(p, params) for p in prompts]
-    outs = engine.run(ids)
-    assert [outs[i].generated_tokens for i in ids] == stock
+    stock, ours, _ = stock_and_engine(model, tok, proc, prompts, max_new_tokens=40)
+    assert ours == stock
     for tokens in stock:
         if tok.eos_token_id in tokens:
             jsonschema.validate(json.loads(tok.decode(tokens, skip_special_tokens=True)), schema)
