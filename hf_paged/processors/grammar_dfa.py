@@ -89,6 +89,7 @@ class GrammarDFA:
         self._sets: dict[int, frozenset] = {}  # states of several configurations
         self._set_ids: dict[frozenset, int] = {}
         self._closures: dict[tuple, list[tuple]] = {}
+        self._inside_masks: dict[tuple[int, bool], np.ndarray] = {}  # (rule, called) -> `rule_view`'s mask
         self._lock = threading.RLock()
         if self._config_state((0, self.rules[0].initial)) != self.initial:
             raise AssertionError("the initial state is state 1")
@@ -205,6 +206,29 @@ class GrammarDFA:
         if self._boundaries(ctx, self.rules[ctx.rule], rule_state):
             return None
         return ctx.base, ctx.rule, rule_state
+
+    def set_members(self, state: int) -> list[int] | None:
+        """The single-configuration states of a state of several configurations (None for any other state): a
+        token keeps the set alive exactly when it keeps one of them alive (the subset construction), so the set's
+        mask is the union of theirs."""
+        configs = self._sets.get(state)
+        if configs is None:
+            return None
+        with self._lock:
+            return [self._config_state(config) for config in configs]
+
+    def rule_view(self, context: int) -> tuple[int, Rule, np.ndarray]:
+        """(base, rule, inside) of a context (`_state_context`'s number, from 1): a walk may follow the rule's own
+        table from every rule state where `inside` holds (state base + rule state has the rule's row, renamed),
+        and must come back to the automaton at the others (calls, finished callees)."""
+        ctx = self._contexts[context - 1]
+        rule = self.rules[ctx.rule]
+        key = (ctx.rule, bool(ctx.prefix))
+        inside = self._inside_masks.get(key)
+        if inside is None:
+            every = np.arange(rule.table.shape[0], dtype=np.int64)
+            inside = self._inside_masks[key] = ~self._boundaries(ctx, rule, every)
+        return ctx.base, rule, inside
 
     # -- naming states -----------------------------------------------------------------------------------
     def _new_states(self, count: int) -> int:

@@ -36,14 +36,13 @@ class GrammarMasks:
         dfa: the grammar automaton (`GrammarDFA`).
         trie: the vocabulary trie.
         walk: the trie walk over `dfa` (its `next_state` checks tokens in one context).
-        tail_tokens, narrow_bytes: the walks' knobs (`TrieWalk`).
+        narrow_bytes: the walks' knob (`TrieWalk`).
     """
 
-    def __init__(self, dfa, trie: TokenTrie, walk: TrieWalk, tail_tokens: int, narrow_bytes: int):
+    def __init__(self, dfa, trie: TokenTrie, walk: TrieWalk, narrow_bytes: int):
         self.dfa = dfa
         self.trie = trie
         self.walk = walk
-        self.tail_tokens = tail_tokens
         self.narrow_bytes = narrow_bytes
         self._views: dict[int, tuple[TrieWalk, TrieWalk]] = {}
         self._shared: dict[tuple[int, int, bool], object] = {}  # (rule, rule state, final) -> mask, when O = U
@@ -100,10 +99,9 @@ class GrammarMasks:
             over[dead + 1] = dead + 1
             no_finals = np.zeros(dead + 1, dtype=bool)
             views = (
-                TrieWalk(ByteDFA.from_arrays(under, rule.initial, no_finals), self.trie, self.tail_tokens,
-                         self.narrow_bytes),
+                TrieWalk(ByteDFA.from_arrays(under, rule.initial, no_finals), self.trie, self.narrow_bytes),
                 TrieWalk(ByteDFA.from_arrays(over, rule.initial, np.zeros(dead + 2, dtype=bool)), self.trie,
-                         self.tail_tokens, self.narrow_bytes),
+                         self.narrow_bytes),
             )
             with self._lock:
                 self._views.setdefault(rule_index, views)

@@ -19,11 +19,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from hf_paged.processors.bitmask import num_bitmask_words
-from hf_paged.processors.body_masks import PlannedIds, count_bits, set_bits
+from hf_paged.processors.body_masks import PlannedIds, set_bits
 from hf_paged.processors.byte_dfa import ByteDFA
 from hf_paged.processors.grammar_masks import GrammarMasks
 from hf_paged.processors.token_trie import TokenTrie
-from hf_paged.processors.token_walk import NARROW_BYTES, TAIL_TOKENS, TrieWalk
+from hf_paged.processors.token_walk import NARROW_BYTES, TrieWalk
 from hf_paged.processors.vocabulary import TokenVocabulary
 
 __all__ = ["StateMask", "TokenIndex"]
@@ -57,7 +57,6 @@ class TokenIndex:
         vocab: the vocabulary (its EOS ids are allowed exactly in final states).
         trie: the vocabulary's trie (`token_trie(vocab)`).
         max_cached_bytes: memory for memoised masks; past it, new states' masks are recomputed on each visit.
-        tail_tokens: finish the walk token by token once at most this many tokens remain under the frontier.
         narrow_bytes: states with at most this many live bytes are walked node by node in Python.
     """
 
@@ -67,7 +66,6 @@ class TokenIndex:
         vocab: TokenVocabulary,
         trie: TokenTrie,
         max_cached_bytes: int = MAX_CACHED_BYTES,
-        tail_tokens: int = TAIL_TOKENS,
         narrow_bytes: int = NARROW_BYTES,
     ):
         self.dfa = dfa
@@ -79,9 +77,9 @@ class TokenIndex:
         self._eos = np.asarray(self.eos_token_ids, dtype=np.int64)
         # a grammar automaton names states (and their finality) as walks reach them: read its array live
         self._finals = dfa.finals if dfa.lazy else dfa.finals.tolist()
-        self._walk = TrieWalk(dfa, trie, tail_tokens, narrow_bytes)
+        self._walk = TrieWalk(dfa, trie, narrow_bytes)
         # a grammar: masks of states inside a rule computed once per rule state where the callers cannot matter
-        self._grammar = GrammarMasks(dfa, trie, self._walk, tail_tokens, narrow_bytes) if dfa.lazy else None
+        self._grammar = GrammarMasks(dfa, trie, self._walk, narrow_bytes) if dfa.lazy else None
         self._masks: dict[int, StateMask] = {}
         self._lock = threading.Lock()
 
@@ -172,6 +170,9 @@ class TokenIndex:
         if self._grammar is None:
             return self._mask_of(self._walk.decide(state), self._finals[state])
         self.dfa.ensure_one(state)  # (its finality)
+        members = self.dfa.set_members(state)
+        if members is not None:  # several call stacks at once: the union of their masks (memoised, often met)
+            return self._union([self.state_mask(member) for member in members], bool(self._finals[state]))
         found = self._walk.planned(state)  # a string body: its plan, cheapest
         if found is None:
             shared = self._grammar.mask(state, bool(self._finals[state]), self._mask_of)
@@ -207,28 +208,44 @@ class TokenIndex:
             return StateMask(words, num_allowed, forced, np.flatnonzero(allowed[: self.vocab_size]), None)
         return StateMask(words, num_allowed, forced, None, np.flatnonzero(~allowed[: self.vocab_size]))
 
+    def _union(self, masks: list[StateMask], final: bool) -> StateMask:
+        """The mask allowing what any of `masks` allows (EOS ids exactly when `final`)."""
+        words = masks[0].words.copy()
+        for mask in masks[1:]:
+            np.bitwise_or(words, mask.words, out=words)
+        eos = self._eos
+        np.bitwise_and.at(words.view(np.uint32), eos >> 5, ~np.left_shift(1, eos & 31).astype(np.uint32))
+        if final:
+            set_bits(words, eos)
+        return self._from_bits(words)
+
+    def _from_bits(self, words: np.ndarray) -> StateMask:
+        """A mask from its words alone (EOS bits included): the id lists read back from them."""
+        bits = np.unpackbits(words.view(np.uint8), count=self.vocab_size, bitorder="little").view(bool)
+        num_allowed = int(np.count_nonzero(bits))
+        forced = -1
+        if num_allowed == 1 and not bits[self._eos].any():
+            forced = int(np.flatnonzero(bits)[0])
+        if 2 * num_allowed <= self.vocab_size:
+            return StateMask(words, num_allowed, forced, np.flatnonzero(bits), None)
+        return StateMask(words, num_allowed, forced, None, np.flatnonzero(~bits))
+
     def _planned_mask(self, found: PlannedIds, final: bool) -> StateMask:
         """A string body's mask from its plan row: a copy of the row's words plus the extra bits, and ids sliced
         from the plan's permutation (or, for a first-byte group, read back from the words: no 50k-id scan)."""
         plan, extra = found.plan, found.extra
         words = found.body_words()
-        if found.group_words is None:
-            count = int(plan.counts[found.row])
-        else:
-            count = count_bits(words)
         set_bits(words, extra)
         if final:
             set_bits(words, self._eos)
+        if found.group_words is not None:  # the words are the truth: unpack them (50 KB of bools, not 400 KB of ids)
+            return self._from_bits(words)
+        count = int(plan.counts[found.row])
         num_found = count + extra.shape[0]
         num_allowed = num_found + (len(self.eos_token_ids) if final else 0)
         forced = -1
         if num_found == 1 and not final:
             forced = int(found.ids()[0])
-        if found.group_words is not None:  # the words are the truth: unpack them (50 KB of bools, not 400 KB of ids)
-            bits = np.unpackbits(words.view(np.uint8), count=self.vocab_size, bitorder="little").view(bool)
-            if 2 * num_allowed <= self.vocab_size:
-                return StateMask(words, num_allowed, forced, np.flatnonzero(bits), None)
-            return StateMask(words, num_allowed, forced, None, np.flatnonzero(~bits))
         if 2 * num_allowed <= self.vocab_size:
             parts = [plan.perm[:count], extra] + ([self._eos] if final else [])
             return StateMask(words, num_allowed, forced, np.concatenate(parts), None)

@@ -33,6 +33,7 @@ class TokenTrie:
     node_byte: np.ndarray  # uint8 [num_nodes]: the byte leading into each node (root: 0, unused)
     child_ptr: np.ndarray  # int64 [num_nodes + 1]: children of n are child_ids[child_ptr[n]:child_ptr[n + 1]]
     child_ids: np.ndarray  # int64 [num_nodes - 1]
+    child_bytes: np.ndarray  # uint8 [num_nodes - 1]: node_byte[child_ids] (the compiled walk reads it in order)
     pos_ptr: np.ndarray  # int64 [num_nodes + 1]: tokens ending at n are pos_ids[pos_ptr[n]:pos_ptr[n + 1]]
     sub_end: np.ndarray  # int64 [num_nodes]: tokens of the subtree of n are pos_ids[pos_ptr[n]:sub_end[n]]
     pos_ids: np.ndarray  # int64 [num_tokens]: token ids in DFS order
@@ -64,6 +65,7 @@ class TokenTrie:
     # per byte b, how many tokens hold b (anywhere / past their first byte): a lower bound on a body's other tokens
     byte_tokens: np.ndarray  # int64 [256]
     byte_tokens_1: np.ndarray  # int64 [256]
+    max_depth: int = 0  # bytes of the longest token (bounds the compiled walk's stack, `trie_kernel`)
     bodies: dict = field(default_factory=dict)  # (ASCII set, multibyte, skip) -> BodyTokens (`body_tokens`)
 
     @property
@@ -184,6 +186,7 @@ def build_token_trie(tokens: dict[bytes, tuple[int, ...]], vocab_size: int) -> T
         node_byte=node_byte,
         child_ptr=child_ptr,
         child_ids=child_ids.astype(np.int64),
+        child_bytes=node_byte[child_ids],
         pos_ptr=pos_ptr,
         sub_end=pos_ptr[np.arange(num_nodes) + size],
         pos_ids=pos_ids,
@@ -208,6 +211,7 @@ def build_token_trie(tokens: dict[bytes, tuple[int, ...]], vocab_size: int) -> T
         first_words=first_words.view(np.int32),
         byte_tokens=per_byte(pos_path),
         byte_tokens_1=per_byte(pos_path_1),
+        max_depth=int(depth.max()),
     )
 
 
@@ -223,6 +227,7 @@ def token_trie(vocab: TokenVocabulary) -> TokenTrie:
             # (these import this module)
             from hf_paged.processors.body_masks import body_plan
             from hf_paged.processors.body_tokens import JSON_KEY_ASCII, JSON_STRING_ASCII, body_tokens
+            from hf_paged.processors.trie_kernel import load_walk
 
             trie = build_token_trie(vocab.tokens, vocab.vocab_size)
             # the bodies of JSON strings and of free-form keys, and their bytes past a first one (a key's first
@@ -230,5 +235,6 @@ def token_trie(vocab: TokenVocabulary) -> TokenTrie:
             for ascii_bits, multibyte in ((JSON_STRING_ASCII, True), (JSON_KEY_ASCII, False)):
                 for skip_first in (False, True):
                     body_plan(trie, body_tokens(trie, ascii_bits, multibyte, skip_first))
+            load_walk()  # the compiled walk, loaded (or compiled) now rather than on a first visit's clock
             _BY_FINGERPRINT[vocab.fingerprint] = trie
         return trie

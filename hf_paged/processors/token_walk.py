@@ -1,23 +1,21 @@
 """Which tokens of a vocabulary trie keep one byte-automaton state alive: the walk behind `TokenIndex`'s masks.
 
-Three ways over the (node, DFA state) pairs still alive, chosen per pair:
+Two ways over the (node, DFA state) pairs still alive, chosen per pair:
 
     narrow state (<= NARROW_BYTES live bytes: keys, punctuation, numbers)
-        node by node in Python, following only the live bytes (dict lookups, no numpy call)
+        node by node in Python, following only the live bytes (dict lookups, no array call)
     wide state (a string body), or a narrow walk that grew past PYTHON_LOOKUPS
-        level by level with numpy:  frontier --children--> T[state, byte] --dead? drop--> next frontier
-    at most TAIL_TOKENS tokens left under the frontier (deep runs of multi-byte characters)
-        token by token in Python over their remaining bytes
+        the compiled depth-first walk (`trie_kernel`): ~10 ns a node
 
-Shortcut on every path: when every byte below a node loops on the node's state (`T[s, b] == s`, a string body),
+Shortcut on both paths: when every byte below a node loops on the node's state (`T[s, b] == s`, a string body),
 every token of the subtree is allowed: its contiguous DFS slice is taken without descending.
 
 Before any of that, a wide state with a string body (`body_steps`: plain or counted, `[^"]{0,n}` included) is
 decided from the vocabulary's body split (`body_tokens`) and its plan (`body_masks`): a row of per-vocabulary
 bitmask words plus an exact walk of the few hundred tokens holding a quote, a backslash, a control byte or
-malformed UTF-8 (`decide` returns a `PlannedIds`; ~60 us, where the trie walk took 0.4-7 ms). A state whose
-biggest group of bytes leads into such a body (the first character of a free-form key) is decided the same way on
-the bytes past the first, and walks the trie only below the other first bytes.
+malformed UTF-8 (`decide` returns a `PlannedIds`). A state whose biggest group of bytes leads into such a body
+(the first character of a free-form key) is decided the same way on the bytes past the first, and walks the trie
+only below the other first bytes.
 """
 
 from __future__ import annotations
@@ -32,15 +30,13 @@ from hf_paged.processors.body_tokens import body_tokens, walk_others
 from hf_paged.processors.byte_dfa import ByteDFA
 from hf_paged.processors.grammar_bodies import GrammarBodySteps
 from hf_paged.processors.token_trie import TokenTrie, ranges_to_ids
+from hf_paged.processors.trie_kernel import walk_pairs
 
 __all__ = ["TrieWalk"]
 
 PYTHON_IDS = 256  # the Python walk hands back a list when it found at most this many tokens
-# below this many tokens left under the frontier, finish token by token in Python: a level costs ~15 numpy calls
-# (~20 us) and a deep subtree (long runs of multi-byte characters) is tens of levels for a handful of tokens
-TAIL_TOKENS = 128
 NARROW_BYTES = 16  # a state with at most this many live bytes is walked node by node in Python
-PYTHON_LOOKUPS = 256  # ... for at most this many child lookups; what is left then goes to the numpy walk
+PYTHON_LOOKUPS = 256  # ... for at most this many child lookups; what is left then goes to the compiled walk
 
 
 class _Sparse(dict):
@@ -57,17 +53,16 @@ class TrieWalk:
     Args:
         dfa: the byte automaton.
         trie: the vocabulary trie.
-        tail_tokens: finish the walk token by token once at most this many tokens remain under the frontier.
         narrow_bytes: states with at most this many live bytes are walked node by node in Python.
     """
 
-    def __init__(self, dfa: ByteDFA, trie: TokenTrie, tail_tokens: int = TAIL_TOKENS, narrow_bytes: int = NARROW_BYTES):
+    def __init__(self, dfa: ByteDFA, trie: TokenTrie, narrow_bytes: int = NARROW_BYTES):
         self.dfa = dfa
         self.trie = trie
-        self.tail_tokens = tail_tokens
         self.narrow_bytes = narrow_bytes
         self._dead = dfa.dead
-        # a `GrammarDFA` builds rows on demand: its loop flags are filled as rows are, so read them live
+        # for the compiled walk: every row of an automaton built at once can be read; which states have loops
+        self._known = None if dfa.lazy else np.ones(dfa.transitions.shape[0], dtype=bool)
         self._has_loops = dfa.has_loops if dfa.lazy else dfa.loops.any(axis=1)
         self._ensure = dfa.ensure if dfa.lazy else None
         # per-state Python views as objects that hold no other objects (`array`, `bytes`, big ints): lists of ints
@@ -123,7 +118,7 @@ class TrieWalk:
         int64 array.
 
         Narrow states (at most `NARROW_BYTES` live bytes: keys, punctuation, numbers) are walked node by node in
-        Python, following only their live bytes; wide pairs (a string body) go to the numpy level walk.
+        Python, following only their live bytes; wide pairs (a string body) go to the compiled walk.
         `planned=False`: the caller tried `planned` already.
         """
         trie = self.trie
@@ -138,7 +133,7 @@ class TrieWalk:
         stack = [(0, state)]
         budget = PYTHON_LOOKUPS
         while stack:
-            if budget < 0:  # a wide subtree after all (e.g. every token made of digits): numpy from here on
+            if budget < 0:  # a wide subtree after all (e.g. every token made of digits): compiled walk from here on
                 wide_nodes.extend(node for node, _ in stack)
                 wide_states.extend(current for _, current in stack)
                 break
@@ -164,14 +159,12 @@ class TrieWalk:
         if not wide_nodes and sum(end - start for start, end in ranges) <= PYTHON_IDS:
             pos_id_list = trie.pos_id_list
             return [pos_id_list[p] for start, end in ranges for p in range(start, end)]
-        starts = [np.array([r[0] for r in ranges], dtype=np.int64)]
-        ends = [np.array([r[1] for r in ranges], dtype=np.int64)]
+        ids = ranges_to_ids(
+            self.trie, np.array([r[0] for r in ranges], dtype=np.int64), np.array([r[1] for r in ranges], dtype=np.int64)
+        )
         if wide_nodes:
-            kept = self._numpy_walk(np.array(wide_nodes), np.array(wide_states), starts, ends)
-            if kept.shape[0]:  # single allowed positions
-                ids = ranges_to_ids(self.trie, np.concatenate(starts), np.concatenate(ends))
-                return np.concatenate([ids, trie.pos_ids[kept]])
-        ids = ranges_to_ids(self.trie, np.concatenate(starts), np.concatenate(ends))
+            kept = self._wide_walk(np.array(wide_nodes, dtype=np.int64), np.array(wide_states, dtype=np.int64))
+            return np.concatenate([ids, trie.pos_ids[kept]])
         return ids
 
     def prepare(self) -> None:
@@ -240,12 +233,8 @@ class TrieWalk:
                 nodes.append(child)
                 states.append(row[byte])
         if nodes:
-            starts: list[np.ndarray] = []
-            ends: list[np.ndarray] = []
-            singles = self._numpy_walk(np.array(nodes, dtype=np.int64), np.array(states, dtype=np.int64), starts, ends)
-            parts.append(trie.pos_ids[singles])
-            if starts:
-                parts.append(ranges_to_ids(self.trie, np.concatenate(starts), np.concatenate(ends)))
+            kept = self._wide_walk(np.array(nodes, dtype=np.int64), np.array(states, dtype=np.int64))
+            parts.append(trie.pos_ids[kept])
         extra = np.concatenate(parts) if len(parts) > 1 else parts[0]
         return PlannedIds(plan, plan.row(steps), extra, group_bits, group_words(trie, plan, group_bits))
 
@@ -275,64 +264,45 @@ class TrieWalk:
             )
         return live
 
-    def _numpy_walk(
-        self, nodes: np.ndarray, states: np.ndarray, starts: list[np.ndarray], ends: list[np.ndarray]
-    ) -> np.ndarray:
-        """Level-by-level walk of wide (node, state) pairs; appends position ranges, returns single positions."""
-        trie, dfa = self.trie, self.dfa
-        table, dead = dfa.transitions, self._dead
-        while nodes.shape[0]:
-            if self._ensure is not None:
-                self._ensure(states)
-            if self._has_loops[states].any():
-                # shortcut: every byte below the node loops on its state -> the whole subtree is allowed
-                below, loops = trie.sub_bytes[nodes], dfa.loops[states]
-                # four 64-bit words compared column by column: 2x faster than `.any(axis=1)` on [n, 4]
-                whole = (
-                    (below[:, 0] & ~loops[:, 0])
-                    | (below[:, 1] & ~loops[:, 1])
-                    | (below[:, 2] & ~loops[:, 2])
-                    | (below[:, 3] & ~loops[:, 3])
-                ) == 0
-                if whole.any():
-                    taken = nodes[whole]
-                    starts.append(trie.pos_ptr[taken])
-                    ends.append(trie.sub_end[taken])
-                    keep = ~whole
-                    nodes, states = nodes[keep], states[keep]
-                    if nodes.shape[0] == 0:
-                        break
-            if int((trie.sub_end[nodes] - trie.pos_ptr[nodes]).sum()) <= self.tail_tokens:
-                return np.array(self._walk_tokens(nodes.tolist(), states.tolist()), dtype=np.int64)
-            # the tokens ending at each frontier node (the root ends none)
-            starts.append(trie.pos_ptr[nodes])
-            ends.append(trie.pos_ptr[nodes + 1])
-            # descend: every child of every frontier node, in its parent's state, then drop the dead
-            first = trie.child_ptr[nodes]
-            counts = trie.child_ptr[nodes + 1] - first
-            total = int(counts.sum())
-            if total == 0:
-                break
-            offsets = np.repeat(first - (np.cumsum(counts) - counts), counts)
-            children = trie.child_ids[np.arange(total) + offsets]
-            following = table[np.repeat(states, counts), trie.node_byte[children]]
-            alive = following != dead
-            nodes, states = children[alive], following[alive].astype(np.int64)
-        return np.zeros(0, dtype=np.int64)
+    def _wide_walk(self, nodes: np.ndarray, states: np.ndarray) -> np.ndarray:
+        """DFS positions of the allowed tokens below wide (node, state) pairs, by the compiled walk (`trie_kernel`).
 
-    def _walk_tokens(self, nodes: list[int], states: list[int]) -> list[int]:
-        """Positions of the tokens under `nodes` (each in its state) whose remaining bytes stay alive."""
-        trie, rows, dead = self.trie, self._rows, self._dead
-        pos_ptr, sub_end, pos_bytes = trie.pos_ptr, trie.sub_end, trie.pos_bytes
-        kept: list[int] = []
-        for node, start_state in zip(nodes, states):
-            depth = trie.depth[node]
-            for position in range(int(pos_ptr[node]), int(sub_end[node])):
-                current = start_state
-                for byte in pos_bytes[position][depth:]:
-                    current = (rows[current] or self._row(current))[byte]
-                    if current == dead:
-                        break
-                else:
-                    kept.append(position)
-        return kept
+        A grammar automaton builds rows on demand: pairs inside a rule are walked on the rule's own table (every
+        row there), back in the automaton at calls and finished callees; the automaton's pairs whose rows are
+        not built yet come back from the walk, get their rows (`ensure`, one gather per context) and go again.
+        """
+        trie, dfa = self.trie, self.dfa
+        if not dfa.lazy:
+            positions, _, _ = walk_pairs(
+                trie, nodes, states, dfa.transitions, self._known, self._dead, dfa.loops, self._has_loops
+            )
+            return positions
+        found: list[np.ndarray] = []
+        while nodes.shape[0]:
+            contexts = dfa._state_context[states]
+            rest = np.ones(nodes.shape[0], dtype=bool)
+            more_nodes, more_states = [], []
+            for context in np.unique(contexts[contexts > 0]).tolist():
+                base, rule, inside = dfa.rule_view(context)
+                which = np.flatnonzero(contexts == context)
+                rule_states = dfa._rule_state[states[which]].astype(np.int64)
+                keep = inside[rule_states]
+                if keep.any():
+                    rest[which[keep]] = False
+                    positions, back_nodes, back_states = walk_pairs(
+                        trie, nodes[which[keep]], rule_states[keep], rule.table, inside, rule.dead, rule.loops,
+                        rule.has_loops,
+                    )
+                    found.append(positions)
+                    more_nodes.append(back_nodes)
+                    more_states.append(back_states + base)
+            nodes = np.concatenate([nodes[rest], *more_nodes])
+            states = np.concatenate([states[rest], *more_states])
+            if not nodes.shape[0]:
+                break
+            self._ensure(states)
+            positions, nodes, states = walk_pairs(
+                trie, nodes, states, dfa.transitions, dfa.known, self._dead, dfa.loops, dfa.has_loops
+            )
+            found.append(positions)
+        return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)

@@ -126,8 +126,8 @@ REGEXES = [
 
 def test_masks_equal_the_eager_index_with_body_tokens():
     for regex in REGEXES:
-        assert check_against_eager(regex, UTF8_VOCAB, tail_tokens=0, narrow_bytes=0) > 2, regex
-        assert check_against_eager(regex, UTF8_VOCAB, tail_tokens=40, narrow_bytes=16) > 2, regex
+        assert check_against_eager(regex, UTF8_VOCAB, narrow_bytes=0) > 2, regex
+        assert check_against_eager(regex, UTF8_VOCAB, narrow_bytes=16) > 2, regex
 
 
 def test_body_tokens_decide_string_bodies_and_give_way_elsewhere():
@@ -169,8 +169,8 @@ BODY_ATOMS = st.sampled_from(['[^"]', "[a-z]", "[^a]", '[^é"]', '"', "a", "é",
 def test_random_body_chains_match_the_eager_index(parts):
     """Bodies next to bodies: chains that end in another body, counted runs that share states, loops."""
     regex = "".join(f"(?:{atom}){count}" for atom, count in parts)
-    check_against_eager(regex, UTF8_VOCAB, tail_tokens=0, narrow_bytes=0)
-    check_against_eager(regex, UTF8_VOCAB, tail_tokens=40, narrow_bytes=16)
+    check_against_eager(regex, UTF8_VOCAB, narrow_bytes=0)
+    check_against_eager(regex, UTF8_VOCAB, narrow_bytes=16)
 
 
 def test_a_body_with_too_many_other_tokens_is_left_to_the_trie_walk(monkeypatch):
@@ -183,4 +183,4 @@ def test_a_body_with_too_many_other_tokens_is_left_to_the_trie_walk(monkeypatch)
     dfa = build_byte_dfa(anchored(JSON_BODY))
     assert TrieWalk(dfa, trie, narrow_bytes=0)._body_allowed(_after_quote(dfa)) is None
     for regex in (JSON_BODY, '"(?:[b-z][a-z]*|a)"'):
-        assert check_against_eager(regex, UTF8_VOCAB, tail_tokens=0, narrow_bytes=0) > 2
+        assert check_against_eager(regex, UTF8_VOCAB, narrow_bytes=0) > 2

@@ -1,0 +1,99 @@
+"""The compiled inner loop of the vocabulary-trie walk (numba): which tokens under some (trie node, automaton
+state) pairs keep the automaton alive.
+
+    pop (node, state)
+      state's row not available (`known[state]` false)  -> hand the pair back (the caller builds rows, calls again)
+      every byte below node loops on state               -> the whole subtree's positions, no descent
+      else                                               -> the positions of tokens ending at node, and push
+                                                            (child, table[state, child's byte]) for live children
+
+A position is a token's place in the trie's DFS order (`token_trie`): a subtree is a contiguous slice of them.
+The walk is depth-first with an explicit stack, ~10 ns a node: the whole GPT-2 trie (98k nodes) in about 1 ms,
+where the numpy level-by-level walk it replaces paid ~15 array calls a level (1-7 ms on wide states).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = ["load_walk", "walk_pairs"]
+
+
+@njit(cache=True, nogil=True)
+def _walk(nodes, states, table, known, dead, loops, has_loops, child_ptr, child_ids, child_bytes, pos_ptr, sub_end,
+          sub_bytes, stack_size, positions, pending_nodes, pending_states):  # pragma: no cover (compiled)
+    stack_nodes = np.empty(stack_size, np.int64)
+    stack_states = np.empty(stack_size, np.int64)
+    top = nodes.shape[0]
+    stack_nodes[:top] = nodes
+    stack_states[:top] = states
+    num_positions = 0
+    num_pending = 0
+    while top > 0:
+        top -= 1
+        node = stack_nodes[top]
+        state = stack_states[top]
+        if not known[state]:
+            pending_nodes[num_pending] = node
+            pending_states[num_pending] = state
+            num_pending += 1
+            continue
+        if has_loops[state]:
+            below = sub_bytes[node]
+            loop = loops[state]
+            if ((below[0] & ~loop[0]) | (below[1] & ~loop[1]) | (below[2] & ~loop[2]) | (below[3] & ~loop[3])) == 0:
+                for position in range(pos_ptr[node], sub_end[node]):
+                    positions[num_positions] = position
+                    num_positions += 1
+                continue
+        for position in range(pos_ptr[node], pos_ptr[node + 1]):
+            positions[num_positions] = position
+            num_positions += 1
+        row = table[state]
+        for c in range(child_ptr[node], child_ptr[node + 1]):
+            following = row[child_bytes[c]]
+            if following != dead:
+                stack_nodes[top] = child_ids[c]
+                stack_states[top] = following
+                top += 1
+    return num_positions, num_pending
+
+
+def walk_pairs(trie, nodes: np.ndarray, states: np.ndarray, table: np.ndarray, known: np.ndarray, dead: int,
+               loops: np.ndarray, has_loops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Walk the trie below each (node, state) pair (distinct nodes, live states) with the automaton `table`.
+
+    Args:
+        trie: the vocabulary's `TokenTrie`.
+        nodes, states: the starting pairs (int64), the node's bytes already read.
+        table: int32 [S, 256] next state per byte; `dead` the dead state.
+        known: bool [S]: the states whose row (and `loops` row) can be read; the others are handed back.
+        loops: uint64 [S, 4]: the bytes that keep each state where it is; `has_loops` bool [S]: any of them.
+
+    Returns:
+        (positions of the allowed tokens, pending nodes, pending states): the pairs met in a state not `known`
+        (their node's own tokens not decided yet).
+    """
+    num_tokens = trie.pos_ids.shape[0]
+    positions = np.empty(num_tokens, np.int64)
+    pending_nodes = np.empty(trie.node_byte.shape[0], np.int64)
+    pending_states = np.empty(trie.node_byte.shape[0], np.int64)
+    # depth-first: at most 256 children pushed per level of the deepest path, above the starting pairs
+    stack_size = nodes.shape[0] + 256 * (trie.max_depth + 1)
+    num_positions, num_pending = _walk(
+        nodes.astype(np.int64, copy=False), states.astype(np.int64, copy=False), table, known, dead, loops, has_loops,
+        trie.child_ptr, trie.child_ids, trie.child_bytes, trie.pos_ptr, trie.sub_end, trie.sub_bytes,
+        stack_size, positions, pending_nodes, pending_states,
+    )
+    return positions[:num_positions], pending_nodes[:num_pending], pending_states[:num_pending]
+
+
+def load_walk() -> None:
+    """Load the compiled walk (numba's on-disk cache: ~0.2 s; a first compile: ~1 s) with a one-node call, so that
+    no mask's first visit pays it (`token_trie` calls this once per vocabulary)."""
+    one = np.zeros(1, np.int64)
+    empty = np.zeros((1, 4), np.uint64)
+    _walk(one, one, np.zeros((1, 256), np.int32), np.ones(1, bool), -1, empty, np.zeros(1, bool),
+          np.zeros(2, np.int64), one, np.zeros(1, np.uint8), np.zeros(2, np.int64), one, empty, 1,
+          np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64))
