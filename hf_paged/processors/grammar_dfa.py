@@ -359,7 +359,16 @@ class GrammarDFA:
         if not moving:
             row = np.zeros(256, dtype=np.int32)
         else:
-            columns, inverse = np.unique(np.stack([t for _, t in moving]), axis=1, return_inverse=True)
+            stack = np.stack([t for _, t in moving])  # [configurations, 256]: next rule state, -1 dead
+            # one key per byte for its column of next states (mixed radix; `np.unique(axis=1)` costs ~0.1 ms)
+            radix = int(stack.max()) + 2
+            if radix ** stack.shape[0] < 1 << 62:
+                weights = radix ** np.arange(stack.shape[0], dtype=np.int64)
+                _, first, inverse = np.unique(((stack + 1) * weights[:, None]).sum(axis=0), return_index=True,
+                                              return_inverse=True)
+                columns = stack[:, first]
+            else:
+                columns, inverse = np.unique(stack, axis=1, return_inverse=True)
             ids = [self._set_state(frozenset(c[:-1] + (t,) for (c, _), t in zip(moving, column) if t >= 0))
                    for column in columns.T.tolist()]
             row = np.asarray(ids, dtype=np.int32)[inverse.reshape(-1)]
