@@ -217,18 +217,34 @@ class GrammarDFA:
         with self._lock:
             return [self._config_state(config) for config in configs]
 
+    def inside_view(self, state: int) -> tuple[int, int, bool, int, np.ndarray] | None:
+        """(context base, rule, called, rule state, the rule's inside mask (`rule_view`)) of a state inside a rule,
+        else None."""
+        context = int(self._state_context[state])
+        if not context:
+            return None
+        base, rule, inside = self.rule_view(context)
+        rule_state = int(self._rule_state[state])
+        if not inside[rule_state]:
+            return None
+        ctx = self._contexts[context - 1]
+        return base, ctx.rule, bool(ctx.prefix), rule_state, inside
+
     def rule_view(self, context: int) -> tuple[int, Rule, np.ndarray]:
         """(base, rule, inside) of a context (`_state_context`'s number, from 1): a walk may follow the rule's own
         table from every rule state where `inside` holds (state base + rule state has the rule's row, renamed),
         and must come back to the automaton at the others (calls, finished callees)."""
         ctx = self._contexts[context - 1]
-        rule = self.rules[ctx.rule]
-        key = (ctx.rule, bool(ctx.prefix))
-        inside = self._inside_masks.get(key)
+        return ctx.base, self.rules[ctx.rule], self.inside_mask(ctx.rule, bool(ctx.prefix))
+
+    def inside_mask(self, rule_index: int, called: bool) -> np.ndarray:
+        """bool per rule state: no call there, and (`called`) not a finished callee."""
+        inside = self._inside_masks.get((rule_index, called))
         if inside is None:
-            every = np.arange(rule.table.shape[0], dtype=np.int64)
-            inside = self._inside_masks[key] = ~self._boundaries(ctx, rule, every)
-        return ctx.base, rule, inside
+            rule = self.rules[rule_index]
+            inside = rule.has_calls | (rule.finals if called else False)
+            inside = self._inside_masks[rule_index, called] = ~inside
+        return inside
 
     # -- naming states -----------------------------------------------------------------------------------
     def _new_states(self, count: int) -> int:

@@ -1,108 +1,166 @@
-"""Token masks of a grammar automaton's states shared across contexts.
+"""Token masks of a grammar automaton's wide states inside rules, from walks shared across counts and contexts.
 
 A state inside a rule (`grammar_dfa.GrammarDFA.inside`) walks tokens exactly as its rule state does in the rule's
-own automaton until a token reaches one of the rule's calls or ends (its boundary); only beyond that do the
-callers matter. So per rule state, on the rule's own table:
+own table until a token reaches one of the rule's stops (a call, a finished callee); only beyond a stop do the
+callers matter. And a counted pattern (`maxLength`, `{0,29}` words) names a new rule state at nearly every token,
+though a token is a few bytes long. So per rule and lookahead class (`lookahead.lookahead_classes`: rule states no
+string of <= LOOKAHEAD bytes tells apart), one walk of the rule's table from the first state met gives:
 
-    under   boundary rows dead                  U: the tokens that never pass a boundary (allowed in every context)
-    over    boundary rows lead to a sink that   O: U plus the tokens that pass one (allowed in some contexts)
-            takes any byte
+    within    the tokens of <= LOOKAHEAD bytes that stay inside the rule: allowed in every state of the class,
+              in every context
+    stops     the (trie node, stop state) pairs met at depth <= LOOKAHEAD: the same for the whole class
 
-U is every context's answer when O = U, and its mask is shared by all of them (a `format: uri` value used by
-twenty members: one trie walk, not twenty). Otherwise the few tokens of O - U are walked in this context's
-automaton. The caller tries the automaton's own string-body plans (`TrieWalk.planned`, already cheap) first.
+and a state's mask is `within`, plus the stops walked on in its own context (`TrieWalk.continue_pairs`: the
+closing quote and what follows it), plus the few tokens longer than LOOKAHEAD walked one by one from the state
+itself (72 with GPT-2): no walk of the vocabulary trie. A class's first state takes its string-body plan instead
+when it has one (cheaper than a walk, and most classes are met once); the classes themselves are computed with
+the automaton (`prepare`, compile time: ~3 ms per 1000 rule states).
+
+Measured on MaskBench's Github_hard---o21072 (word-count patterns under `maxLength`: a new rule state per token):
+its first visits over 500 us went from 85 to 32 of 261 tokens.
 """
 
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from hf_paged.processors.byte_dfa import ByteDFA
+from hf_paged.processors.lookahead import LOOKAHEAD, lookahead_classes
 from hf_paged.processors.token_trie import TokenTrie
 from hf_paged.processors.token_walk import TrieWalk
+from hf_paged.processors.trie_kernel import walk_pairs, walk_tokens
 
 __all__ = ["GrammarMasks"]
 
-MAX_CROSSING = 256  # tokens past a boundary walked per context; beyond this the automaton's own walk decides
+MAX_ENTRIES = 256  # class walks kept per index (each up to 4 bytes per allowed token: <= 200 KB with GPT-2)
+
+
+@dataclass(slots=True)
+class _ClassWalk:
+    """What one walk of a rule's table decides for every state of a lookahead class."""
+
+    within: np.ndarray  # int32 ids of the tokens of <= LOOKAHEAD bytes that stay inside the rule
+    stop_nodes: np.ndarray  # int64 trie nodes (depth <= LOOKAHEAD) where a token reaches a stop...
+    stop_states: np.ndarray  # int64 ... and the stop's rule state
+
+
+@dataclass(slots=True)
+class _LongTokens:
+    """The vocabulary's tokens longer than LOOKAHEAD bytes, laid out for `walk_tokens`."""
+
+    ids: np.ndarray  # int64
+    raw: list[bytes]
+    flat: np.ndarray  # uint8: their bytes, one after the other
+    offsets: np.ndarray  # int64 [n + 1]
 
 
 class GrammarMasks:
-    """Per rule state, the tokens allowed whatever the callers (`allowed`) and the shared masks built from them.
+    """Masks of wide states inside rules, shared per (rule, stops, lookahead class).
 
     Args:
         dfa: the grammar automaton (`GrammarDFA`).
         trie: the vocabulary trie.
-        walk: the trie walk over `dfa` (its `next_state` checks tokens in one context).
-        narrow_bytes: the walks' knob (`TrieWalk`).
+        walk: the trie walk over `dfa` (its `continue_pairs` and `next_state` finish a state in its context).
     """
 
-    def __init__(self, dfa, trie: TokenTrie, walk: TrieWalk, narrow_bytes: int):
+    def __init__(self, dfa, trie: TokenTrie, walk: TrieWalk):
         self.dfa = dfa
         self.trie = trie
         self.walk = walk
-        self.narrow_bytes = narrow_bytes
-        self._views: dict[int, tuple[TrieWalk, TrieWalk]] = {}
-        self._shared: dict[tuple[int, int, bool], object] = {}  # (rule, rule state, final) -> mask, when O = U
-        self._seen: dict[tuple[int, int], int] = {}  # (rule, rule state) -> contexts it was met in
+        self._classes: dict[tuple[int, bool], np.ndarray] = {}  # (rule, called) -> class per rule state
+        self._walks: OrderedDict[tuple[int, bool, int], _ClassWalk] = OrderedDict()
+        self._seen: dict[tuple[int, bool, int], int] = {}  # wide states met per class
+        self._long = _long_tokens(trie)
         self._lock = threading.Lock()
 
-    def mask(self, state: int, final: bool, build: Callable[[list[int] | np.ndarray, bool], object]) -> object | None:
-        """The mask of `state` built by `build(allowed ids, final)` (shared across contexts when it can be), or
-        None when the automaton's own walk should decide (not inside a rule, first met, narrow, many crossings)."""
-        found = self.dfa.inside(state)
-        if found is None:
-            return None
-        _, rule_index, rule_state = found
-        rule = self.dfa.rules[rule_index]
-        key = (rule_index, rule_state, final)
-        shared = self._shared.get(key)
-        if shared is not None:
-            return shared
-        # worth two walks of the rule's views only for a wide state met in a second context (a narrow one costs
-        # tens of microseconds; a string body has its plan)
-        seen = self._seen[rule_index, rule_state] = self._seen.get((rule_index, rule_state), 0) + 1
-        if seen < 2 or rule.has_calls[rule_state] or rule.finals[rule_state] or self.walk.is_narrow(state):
-            return None
-        under, over = self._rule_views(rule_index)
-        within = np.asarray(under.allowed(rule_state), dtype=np.int64)  # (unique ids: the walks' contract)
-        reach = np.asarray(over.allowed(rule_state), dtype=np.int64)
-        if reach.shape[0] == within.shape[0]:  # no token passes the boundary: the same in every context
-            mask = build(within, final)
-            with self._lock:
-                self._shared[key] = mask
-            return mask
-        member = np.zeros(max(int(reach.max()), int(within.max(initial=0))) + 1, dtype=bool)
-        member[within] = True
-        crossing = reach[~member[reach]]
-        if crossing.shape[0] > MAX_CROSSING:
-            return None
-        token_bytes = self.trie.token_bytes
-        kept = [t for t in crossing.tolist() if self.walk.next_state(state, token_bytes[t]) is not None]
-        return build(np.concatenate([within, np.asarray(kept, dtype=np.int64)]), final)
+    def prepare(self) -> None:
+        """The lookahead classes of every rule with a wide state, now (compile time) rather than on a decoding
+        step: the root uncalled, the others called (a root called again by recursion: on first need)."""
+        for rule_index, rule in enumerate(self.dfa.rules):
+            if (rule.live.sum(axis=1) > self.walk.narrow_bytes).any():
+                called = rule_index > 0
+                self.classes(rule_index, called, self.dfa.inside_mask(rule_index, called))
 
-    def _rule_views(self, rule_index: int) -> tuple[TrieWalk, TrieWalk]:
-        views = self._views.get(rule_index)
-        if views is None:
-            rule = self.dfa.rules[rule_index]
-            table, dead = rule.table, rule.dead  # [S + 1, 256], dead = S
-            boundary = rule.has_calls | rule.finals
-            boundary[dead] = False
-            under = table.copy()
-            under[boundary] = dead
-            over = np.empty((dead + 2, 256), dtype=np.int32)  # rows: the rule's states, the sink S, dead S + 1
-            over[:dead] = np.where(table[:dead] == dead, dead + 1, table[:dead])
-            over[:dead][boundary[:dead]] = dead  # (the sink's number is the rule's old dead)
-            over[dead] = dead
-            over[dead + 1] = dead + 1
-            no_finals = np.zeros(dead + 1, dtype=bool)
-            views = (
-                TrieWalk(ByteDFA.from_arrays(under, rule.initial, no_finals), self.trie, self.narrow_bytes),
-                TrieWalk(ByteDFA.from_arrays(over, rule.initial, np.zeros(dead + 2, dtype=bool)), self.trie,
-                         self.narrow_bytes),
-            )
-            with self._lock:
-                self._views.setdefault(rule_index, views)
-        return self._views[rule_index]
+    def mask(self, state: int, final: bool, build: Callable[[object, bool], object],
+             planned: Callable[[int], object | None]) -> object | None:
+        """The mask of a wide state inside a rule, built by `build(allowed ids, final)`; None for any other state
+        (the automaton's own walk decides).
+
+        A class's first state takes `planned(state)` (a string body's plan: cheap, but per state) when there is
+        one; from its second on (the counted states that keep meeting the class) the class's shared walk.
+        """
+        view = self.dfa.inside_view(state)
+        if view is None or self.walk.is_narrow(state):
+            return None
+        base, rule_index, called, rule_state, inside = view
+        classes = self.classes(rule_index, called, inside)
+        key = (rule_index, called, int(classes[rule_state]))
+        shared = self._walks.get(key)
+        if shared is None:
+            met = self._seen[key] = self._seen.get(key, 0) + 1
+            if met < 2:
+                found = planned(state)
+                if found is not None:
+                    return build(found, final)
+            shared = self._class_walk(key, rule_state, inside)
+        rule = self.dfa.rules[rule_index]
+        parts = [shared.within.astype(np.int64)]
+        if shared.stop_nodes.shape[0]:
+            parts.append(self.walk.continue_pairs(shared.stop_nodes, shared.stop_states + base))
+        long = self._long
+        if long.ids.shape[0]:
+            outcome, depth, stopped = walk_tokens(rule_state, rule.table, inside, rule.dead, long.flat, long.offsets)
+            parts.append(long.ids[outcome == 1])
+            for i in np.flatnonzero((outcome == 2) & (depth > LOOKAHEAD)).tolist():  # stops past the classes' reach
+                if self.walk.next_state(base + int(stopped[i]), long.raw[i][int(depth[i]):]) is not None:
+                    parts.append(long.ids[i : i + 1])
+        return build(np.concatenate(parts), final)
+
+    def classes(self, rule_index: int, called: bool, inside: np.ndarray) -> np.ndarray:
+        """The lookahead classes of a rule's states (`inside`: not a stop), memoised."""
+        found = self._classes.get((rule_index, called))
+        if found is not None:
+            return found
+        rule = self.dfa.rules[rule_index]
+        stops = ~inside
+        stops[rule.dead] = False
+        classes = lookahead_classes(rule.table, rule.dead, stops)
+        with self._lock:
+            self._classes[rule_index, called] = classes
+        return classes
+
+    def _class_walk(self, key: tuple[int, bool, int], rule_state: int, inside: np.ndarray) -> _ClassWalk:
+        """One walk of the rule's table from `rule_state`, kept for its lookahead class `key`."""
+        rule_index = key[0]
+        rule, trie = self.dfa.rules[rule_index], self.trie
+        root = np.zeros(1, dtype=np.int64)
+        positions, nodes, states = walk_pairs(
+            trie, root, np.array([rule_state], dtype=np.int64), rule.table, inside, rule.dead, rule.loops,
+            rule.has_loops,
+        )
+        positions = positions[trie.pos_len[positions] <= LOOKAHEAD]
+        shallow = trie.node_depth[nodes] <= LOOKAHEAD  # (deeper stops hold long tokens only: walked per state)
+        found = _ClassWalk(trie.pos_ids[positions].astype(np.int32), nodes[shallow], states[shallow])
+        with self._lock:
+            self._walks[key] = found
+            while len(self._walks) > MAX_ENTRIES:
+                self._walks.popitem(last=False)
+        return found
+
+
+def _long_tokens(trie: TokenTrie) -> _LongTokens:
+    """The tokens of `trie` longer than LOOKAHEAD bytes (memoised on the trie)."""
+    found = trie.long_tokens
+    if found is None:
+        positions = np.flatnonzero(trie.pos_len > LOOKAHEAD)
+        raw = [trie.pos_bytes[p] for p in positions.tolist()]
+        lengths = np.array([len(r) for r in raw], dtype=np.int64)
+        offsets = np.zeros(len(raw) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = np.frombuffer(b"".join(raw), dtype=np.uint8).copy()  # (writable: the compiled walk's one signature)
+        found = trie.long_tokens = _LongTokens(trie.pos_ids[positions], raw, flat, offsets)
+    return found

@@ -78,8 +78,8 @@ class TokenIndex:
         # a grammar automaton names states (and their finality) as walks reach them: read its array live
         self._finals = dfa.finals if dfa.lazy else dfa.finals.tolist()
         self._walk = TrieWalk(dfa, trie, narrow_bytes)
-        # a grammar: masks of states inside a rule computed once per rule state where the callers cannot matter
-        self._grammar = GrammarMasks(dfa, trie, self._walk, narrow_bytes) if dfa.lazy else None
+        # a grammar: masks of wide states inside rules from walks shared per lookahead class (`grammar_masks`)
+        self._grammar = GrammarMasks(dfa, trie, self._walk) if dfa.lazy else None
         self._masks: dict[int, StateMask] = {}
         self._lock = threading.Lock()
 
@@ -139,6 +139,8 @@ class TokenIndex:
             # string bodies: the automaton-wide facts first, outside the budget (~0.7 us a state, a few percent of
             # building the automaton; inside it, a 10k-state automaton would have no budget left for masks)
             self._walk.prepare()
+            if self._grammar is not None:  # a grammar's lookahead classes (~3 ms per 1000 rule states)
+                self._grammar.prepare()
         deadline = time.thread_time() + max_seconds
         if self.dfa.lazy:  # states are named as walks reach them, nearest the start first: warm in that order
             state, num_warmed = self.dfa.initial, 0
@@ -173,12 +175,12 @@ class TokenIndex:
         members = self.dfa.set_members(state)
         if members is not None:  # several call stacks at once: the union of their masks (memoised, often met)
             return self._union([self.state_mask(member) for member in members], bool(self._finals[state]))
-        found = self._walk.planned(state)  # a string body: its plan, cheapest
+        found = self._walk.body_planned(state)  # a string body: its plan, cheapest
         if found is None:
-            shared = self._grammar.mask(state, bool(self._finals[state]), self._mask_of)
+            shared = self._grammar.mask(state, bool(self._finals[state]), self._mask_of, self._walk.planned)
             if shared is not None:
                 return shared
-            found = self._walk.decide(state, planned=False)
+            found = self._walk.decide(state)
         return self._mask_of(found, self._finals[state])
 
     def _mask_of(self, found: list[int] | np.ndarray | PlannedIds, final: bool) -> StateMask:

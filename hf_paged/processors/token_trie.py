@@ -38,6 +38,8 @@ class TokenTrie:
     sub_end: np.ndarray  # int64 [num_nodes]: tokens of the subtree of n are pos_ids[pos_ptr[n]:sub_end[n]]
     pos_ids: np.ndarray  # int64 [num_tokens]: token ids in DFS order
     sub_bytes: np.ndarray  # uint64 [num_nodes, 4]: bytes occurring strictly below n (256-bit set)
+    node_depth: np.ndarray  # int64 [num_nodes]: bytes from the root
+    pos_len: np.ndarray  # int64 [num_tokens]: each position's token length in bytes
     # the same facts as Python objects, for the per-node walk of narrow states (a numpy call costs ~1 us; a dict
     # lookup ~50 ns: when a state allows only a few bytes, walking node by node in Python is the cheaper way)
     depth: list[int]  # node -> length of its byte string
@@ -66,6 +68,7 @@ class TokenTrie:
     byte_tokens: np.ndarray  # int64 [256]
     byte_tokens_1: np.ndarray  # int64 [256]
     max_depth: int = 0  # bytes of the longest token (bounds the compiled walk's stack, `trie_kernel`)
+    long_tokens: object | None = None  # `grammar_masks`: the tokens past the lookahead classes' reach, on first use
     bodies: dict = field(default_factory=dict)  # (ASCII set, multibyte, skip) -> BodyTokens (`body_tokens`)
 
     @property
@@ -191,6 +194,8 @@ def build_token_trie(tokens: dict[bytes, tuple[int, ...]], vocab_size: int) -> T
         sub_end=pos_ptr[np.arange(num_nodes) + size],
         pos_ids=pos_ids,
         sub_bytes=sub_bytes,
+        node_depth=depth,
+        pos_len=depth[pos_node],
         depth=depth.tolist(),
         pos_bytes=[key for key in keys for _ in tokens[key]],
         child_of=dict(zip(((parent[1:] << 8) | node_byte[1:]).tolist(), range(1, num_nodes))),

@@ -112,6 +112,16 @@ class TrieWalk:
             return None
         return self._body_planned(state) or self._first_byte_planned(state)
 
+    def body_planned(self, state: int) -> PlannedIds | None:
+        """A wide state's allowed ids from its own string body's plan (`_body_planned`), or None."""
+        if len(self._live_bytes(state)) <= self.narrow_bytes:
+            return None
+        return self._body_planned(state)
+
+    def continue_pairs(self, nodes: np.ndarray, states: np.ndarray) -> np.ndarray:
+        """Ids of the allowed tokens below (trie node, state) pairs (the node's own tokens included)."""
+        return self.trie.pos_ids[self._wide_walk(nodes, states)]
+
     def decide(self, state: int, planned: bool = True) -> list[int] | np.ndarray | PlannedIds:
         """The allowed regular ids of `state`, in the cheapest form to turn into a mask: a list when the Python walk
         found few, a `PlannedIds` for a string body (a row of a per-vocabulary plan plus a few extra ids), else an

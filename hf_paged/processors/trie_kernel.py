@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-__all__ = ["load_walk", "walk_pairs"]
+__all__ = ["load_walk", "walk_pairs", "walk_tokens"]
 
 
 @njit(cache=True, nogil=True)
@@ -60,6 +60,39 @@ def _walk(nodes, states, table, known, dead, loops, has_loops, child_ptr, child_
     return num_positions, num_pending
 
 
+@njit(cache=True, nogil=True)
+def _walk_tokens(state, table, inside, dead, flat, offsets, outcome, stop_depth, stop_state):  # pragma: no cover
+    for i in range(offsets.shape[0] - 1):
+        current = state
+        outcome[i] = 1
+        for j in range(offsets[i], offsets[i + 1]):
+            current = table[current, flat[j]]
+            if current == dead:
+                outcome[i] = 0
+                break
+            if not inside[current]:
+                outcome[i] = 2
+                stop_depth[i] = j - offsets[i] + 1
+                stop_state[i] = current
+                break
+
+
+def walk_tokens(state: int, table: np.ndarray, inside: np.ndarray, dead: int, flat: np.ndarray,
+                offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Walk whole tokens (bytes `flat[offsets[i]:offsets[i + 1]]`) from `state` while they stay in `inside` states.
+
+    Returns:
+        (outcome per token: 0 dead, 1 alive to its end, 2 stopped; the bytes read when stopped; the state stopped
+        at).
+    """
+    num_tokens = offsets.shape[0] - 1
+    outcome = np.zeros(num_tokens, np.int8)
+    stop_depth = np.zeros(num_tokens, np.int64)
+    stop_state = np.zeros(num_tokens, np.int64)
+    _walk_tokens(state, table, inside, dead, flat, offsets, outcome, stop_depth, stop_state)
+    return outcome, stop_depth, stop_state
+
+
 def walk_pairs(trie, nodes: np.ndarray, states: np.ndarray, table: np.ndarray, known: np.ndarray, dead: int,
                loops: np.ndarray, has_loops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Walk the trie below each (node, state) pair (distinct nodes, live states) with the automaton `table`.
@@ -90,10 +123,12 @@ def walk_pairs(trie, nodes: np.ndarray, states: np.ndarray, table: np.ndarray, k
 
 
 def load_walk() -> None:
-    """Load the compiled walk (numba's on-disk cache: ~0.2 s; a first compile: ~1 s) with a one-node call, so that
+    """Load the compiled walks (numba's on-disk cache: ~0.2 s; a first compile: ~1 s) with a one-node call, so that
     no mask's first visit pays it (`token_trie` calls this once per vocabulary)."""
     one = np.zeros(1, np.int64)
     empty = np.zeros((1, 4), np.uint64)
     _walk(one, one, np.zeros((1, 256), np.int32), np.ones(1, bool), -1, empty, np.zeros(1, bool),
           np.zeros(2, np.int64), one, np.zeros(1, np.uint8), np.zeros(2, np.int64), one, empty, 1,
           np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64))
+    walk_tokens(0, np.zeros((1, 256), np.int32), np.ones(1, bool), -1, np.zeros(1, np.uint8),
+                np.zeros(2, np.int64))

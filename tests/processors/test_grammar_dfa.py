@@ -28,11 +28,14 @@ from tests.processors.test_token_index import EOS, TOY, make_vocab
 WALKS = [0, 4, 256]  # narrow_bytes: the compiled walk, mixed, Python node by node
 
 
-def check_same_as_inlined(grammar: str, vocab: TokenVocabulary, narrow_bytes: int, limit: int = 400) -> int:
-    """Walk the grammar's index and the inlined regex's index in lockstep; returns the number of states compared."""
+def check_same_as_inlined(grammar: str, vocab: TokenVocabulary, narrow_bytes: int, limit: int = 400,
+                          use_bodies: bool = True) -> int:
+    """Walk the grammar's index and the inlined regex's index in lockstep; returns the number of states compared
+    (`use_bodies=False`: no string-body plans in the grammar's index, every wide state by its other paths)."""
     trie = build_token_trie(vocab.tokens, vocab.vocab_size)
     flat = TokenIndex(build_automaton(inline_grammar(grammar)), vocab, trie, narrow_bytes=narrow_bytes)
     lazy = TokenIndex(GrammarDFA(grammar), vocab, trie, narrow_bytes=narrow_bytes)
+    lazy._walk.use_bodies = use_bodies
     start = (flat.get_initial_state(), lazy.get_initial_state())
     seen, queue = {start}, deque([start])
     while queue and len(seen) < limit:
@@ -119,6 +122,7 @@ def test_random_grammars_match_their_inlined_regex(root, rule1, rule2):
     grammar = join_grammar(root, [rule1, rule2])
     for narrow_bytes in WALKS:
         check_same_as_inlined(grammar, TOY, narrow_bytes, limit=120)
+    check_same_as_inlined(grammar, TOY, 0, limit=120, use_bodies=False)  # wide states by lookahead classes
 
 
 def test_states_of_several_stacks_take_the_union_of_their_members_masks():
@@ -267,7 +271,7 @@ def test_grammar_stack_depth_is_capped():
 
 def test_masks_shared_across_contexts_equal_each_contexts_own():
     # rule 1 (a quoted word, then digits) is called from two members: its first-letter state is wide, so (string-body
-    # plans off) its second context takes its mask from the rule's own views (shared, or plus crossing tokens)
+    # plans off) its second context takes its mask from the first one's walk of the rule (plus its own crossings)
     word = '"[a-z]{1,2}[0-9]{0,2}"'
     grammar = join_grammar(f'\\{{"a":{call_regex(1)}(?:,"b":{call_regex(1)})?\\}}', [word])
     vocab = make_vocab([bytes([b]) for b in range(256)] + [b'a"', b'ab', b'a1"', b'b"}', b'7",', b'",', b'"}'])
@@ -281,5 +285,28 @@ def test_masks_shared_across_contexts_equal_each_contexts_own():
             f_state = flat.get_next_state(f_state, byte + 1)  # (token id = byte + 1 for single bytes)
             l_state = lazy.get_next_state(l_state, byte + 1)
         assert lazy.get_allowed_tokens(l_state) == flat.get_allowed_tokens(f_state)
-    assert lazy._grammar._views  # the second context went through the rule's views
+    assert len(lazy._grammar._walks) == 1  # one walk of the rule served both contexts
     assert check_same_as_inlined(grammar, vocab, 16) > 20
+    assert check_same_as_inlined(grammar, vocab, 16, use_bodies=False) > 20
+
+
+def test_counted_states_share_one_walk_per_lookahead_class():
+    # a counted run of letters and spaces (<= 40) in a rule called from two members: decoding meets a new rule state
+    # per count, but states far from the bound are one lookahead class; tokens longer than the lookahead (20 "a",
+    # 18 spaces, and one crossing the rule's end) are walked per state
+    body = '"[a-z ]{0,40}"'
+    grammar = join_grammar(f'\\{{"a":{call_regex(1)}(?:,"b":{call_regex(1)})?\\}}', [body])
+    long_tokens = [b"a" * 20, b" " * 18, b"b" * 17 + b'",', b"c" * 17 + b'"}']
+    vocab = make_vocab([bytes([b]) for b in range(256)] + [b"ab", b" a", b'a"', b'",', b'"}'] + long_tokens)
+    trie = build_token_trie(vocab.tokens, vocab.vocab_size)
+    assert check_same_as_inlined(grammar, vocab, 16, limit=600, use_bodies=False) > 80
+    lazy = TokenIndex(GrammarDFA(grammar), vocab, trie)
+    lazy._walk.use_bodies = False
+    state = lazy.get_initial_state()
+    for token in [b'{"a":"'[i:i + 1] for i in range(6)] + [b"a" * 20, b"ab", b" a"]:
+        lazy.get_allowed_tokens(state)
+        state = lazy.get_next_state(state, vocab.tokens[token][0])
+    assert lazy.get_next_state(state, vocab.tokens[b'",'][0]) is not None
+    assert lazy.get_next_state(state, vocab.tokens[b"a" * 20][0]) is None  # 24 + 20 > 40
+    assert lazy.get_next_state(state, vocab.tokens[b" " * 18][0]) is None  # 24 + 18 > 40
+    assert len(lazy._grammar._walks) < 3  # 3 wide states met, far from the bound: fewer walks
