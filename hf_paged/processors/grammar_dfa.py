@@ -32,7 +32,7 @@ from hf_paged.errors import SchemaTooComplexError
 from hf_paged.processors.grammar_rules import Rule, grammar_rules
 from hf_paged.processors.utf8_bodies import multibyte_ends
 
-__all__ = ["CAPACITY", "MAX_DEPTH", "GrammarDFA"]
+__all__ = ["CAPACITY", "MAX_DEPTH", "GrammarDFA", "InsideView"]
 
 MAX_DEPTH = 128  # calls nested deeper are not entered (a subset: sound; a document that deep may find no way out)
 CAPACITY = 1 << 20  # states a grammar automaton may name (a row is 1 KB, allocated when first written)
@@ -45,6 +45,17 @@ def _zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
     big arrays, and zeroing one on first touch costs milliseconds (measured: 5 ms for one row of a new context)."""
     size = int(np.prod(shape)) * np.dtype(dtype).itemsize
     return np.frombuffer(mmap.mmap(-1, size), dtype=dtype).reshape(shape)
+
+
+@dataclass(slots=True)
+class InsideView:
+    """A state inside a rule: automaton state = base + rule state, with the rule's row renamed."""
+
+    base: int  # its context's first state
+    rule: int
+    called: bool  # under callers (a finished rule state is then a stop: it returns)
+    rule_state: int
+    inside: np.ndarray  # bool per rule state: not a stop (no call, not a finished callee)
 
 
 @dataclass(slots=True)
@@ -217,18 +228,17 @@ class GrammarDFA:
         with self._lock:
             return [self._config_state(config) for config in configs]
 
-    def inside_view(self, state: int) -> tuple[int, int, bool, int, np.ndarray] | None:
-        """(context base, rule, called, rule state, the rule's inside mask (`rule_view`)) of a state inside a rule,
-        else None."""
+    def inside_view(self, state: int) -> InsideView | None:
+        """Where a state inside a rule sits (None for any other state)."""
         context = int(self._state_context[state])
         if not context:
             return None
-        base, rule, inside = self.rule_view(context)
+        ctx = self._contexts[context - 1]
+        inside = self.inside_mask(ctx.rule, bool(ctx.prefix))
         rule_state = int(self._rule_state[state])
         if not inside[rule_state]:
             return None
-        ctx = self._contexts[context - 1]
-        return base, ctx.rule, bool(ctx.prefix), rule_state, inside
+        return InsideView(ctx.base, ctx.rule, bool(ctx.prefix), rule_state, inside)
 
     def rule_view(self, context: int) -> tuple[int, Rule, np.ndarray]:
         """(base, rule, inside) of a context (`_state_context`'s number, from 1): a walk may follow the rule's own

@@ -96,7 +96,7 @@ class GrammarMasks:
         view = self.dfa.inside_view(state)
         if view is None or self.walk.is_narrow(state):
             return None
-        base, rule_index, called, rule_state, inside = view
+        base, rule_index, called, rule_state, inside = view.base, view.rule, view.called, view.rule_state, view.inside
         classes = self.classes(rule_index, called, inside)
         key = (rule_index, called, int(classes[rule_state]))
         shared = self._walks.get(key)
