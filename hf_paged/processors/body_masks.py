@@ -85,7 +85,11 @@ def count_bits(words: np.ndarray) -> int:
 
 def set_bits(words: np.ndarray, ids: np.ndarray) -> None:
     """Set the bits of `ids` in the int32 bitmask `words`, in place (ids may share a word)."""
-    if ids.shape[0]:
+    if ids.shape[0] > 64:  # many: through a bool per token (`ufunc.at` costs ~20 ns an id: 0.3 ms for 15k)
+        bits = np.zeros(words.shape[0] * 32, dtype=bool)
+        bits[ids] = True
+        words |= np.packbits(bits, bitorder="little").view(np.int32)
+    elif ids.shape[0]:
         np.bitwise_or.at(words.view(np.uint32), ids >> 5, np.left_shift(1, ids & 31).astype(np.uint32))
 
 
