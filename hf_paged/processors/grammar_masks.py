@@ -36,7 +36,7 @@ from hf_paged.processors.trie_kernel import walk_pairs, walk_tokens
 
 __all__ = ["GrammarMasks"]
 
-MAX_ENTRIES = 256  # class walks kept per index (each up to 4 bytes per allowed token: <= 200 KB with GPT-2)
+MAX_WALK_BYTES = 16 << 20  # class walks kept per index (4 bytes per token of `within`: <= 200 KB each with GPT-2)
 
 
 @dataclass(slots=True)
@@ -73,6 +73,7 @@ class GrammarMasks:
         self.walk = walk
         self._classes: dict[tuple[int, bool], np.ndarray] = {}  # (rule, called) -> class per rule state
         self._walks: OrderedDict[tuple[int, bool, int], _ClassWalk] = OrderedDict()
+        self._walk_bytes = 0
         self._seen: dict[tuple[int, bool, int], int] = {}  # wide states met per class
         self._long = _long_tokens(trie)
         self._lock = threading.Lock()
@@ -146,9 +147,11 @@ class GrammarMasks:
         shallow = trie.node_depth[nodes] <= LOOKAHEAD  # (deeper stops hold long tokens only: walked per state)
         found = _ClassWalk(trie.pos_ids[positions].astype(np.int32), nodes[shallow], states[shallow])
         with self._lock:
-            self._walks[key] = found
-            while len(self._walks) > MAX_ENTRIES:
-                self._walks.popitem(last=False)
+            if key not in self._walks:
+                self._walks[key] = found
+                self._walk_bytes += found.within.nbytes
+            while self._walk_bytes > MAX_WALK_BYTES and len(self._walks) > 1:  # oldest first
+                self._walk_bytes -= self._walks.popitem(last=False)[1].within.nbytes
         return found
 
 

@@ -310,3 +310,19 @@ def test_counted_states_share_one_walk_per_lookahead_class():
     assert lazy.get_next_state(state, vocab.tokens[b"a" * 20][0]) is None  # 24 + 20 > 40
     assert lazy.get_next_state(state, vocab.tokens[b" " * 18][0]) is None  # 24 + 18 > 40
     assert len(lazy._grammar._walks) < 3  # 3 wide states met, far from the bound: fewer walks
+
+
+def test_class_walks_past_their_memory_budget_are_dropped_oldest_first(monkeypatch):
+    from hf_paged.processors import grammar_masks
+
+    monkeypatch.setattr(grammar_masks, "MAX_WALK_BYTES", 1)  # every new walk evicts the one before
+    grammar = join_grammar(f'\\{{"a":{call_regex(1)}(?:,"b":{call_regex(1)})?\\}}', ['"[a-z ]{0,40}"'])
+    vocab = make_vocab([bytes([b]) for b in range(256)] + [b"ab", b" a", b'a"', b'",', b'"}', b"a" * 20])
+    assert check_same_as_inlined(grammar, vocab, 16, limit=300, use_bodies=False) > 80
+    lazy = TokenIndex(GrammarDFA(grammar), vocab, build_token_trie(vocab.tokens, vocab.vocab_size))
+    lazy._walk.use_bodies = False
+    state = lazy.get_initial_state()
+    for token in [b'{"a":"'[i:i + 1] for i in range(6)] + [b"a" * 20] * 2:
+        lazy.get_allowed_tokens(state)
+        state = lazy.get_next_state(state, vocab.tokens[token][0])
+    assert len(lazy._grammar._walks) == 1
