@@ -114,7 +114,8 @@ class GrammarMasks:
             parts.append(self.walk.continue_pairs(shared.stop_nodes, shared.stop_states + base))
         long = self._long
         if long.ids.shape[0]:
-            outcome, depth, stopped = walk_tokens(rule_state, rule.table, inside, rule.dead, long.flat, long.offsets)
+            walked = walk_tokens(rule_state, rule.table, inside, rule.dead, long.flat, long.offsets)
+            outcome, depth, stopped = walked.outcome, walked.stop_depth, walked.stop_state
             parts.append(long.ids[outcome == 1])
             for i in np.flatnonzero((outcome == 2) & (depth > LOOKAHEAD)).tolist():  # stops past the classes' reach
                 if self.walk.next_state(base + int(stopped[i]), long.raw[i][int(depth[i]):]) is not None:
@@ -139,10 +140,11 @@ class GrammarMasks:
         rule_index = key[0]
         rule, trie = self.dfa.rules[rule_index], self.trie
         root = np.zeros(1, dtype=np.int64)
-        positions, nodes, states = walk_pairs(
+        walked = walk_pairs(
             trie, root, np.array([rule_state], dtype=np.int64), rule.table, inside, rule.dead, rule.loops,
             rule.has_loops,
         )
+        positions, nodes, states = walked.positions, walked.pending_nodes, walked.pending_states
         positions = positions[trie.pos_len[positions] <= LOOKAHEAD]
         shallow = trie.node_depth[nodes] <= LOOKAHEAD  # (deeper stops hold long tokens only: walked per state)
         found = _ClassWalk(trie.pos_ids[positions].astype(np.int32), nodes[shallow], states[shallow])

@@ -283,10 +283,9 @@ class TrieWalk:
         """
         trie, dfa = self.trie, self.dfa
         if not dfa.lazy:
-            positions, _, _ = walk_pairs(
+            return walk_pairs(
                 trie, nodes, states, dfa.transitions, self._known, self._dead, dfa.loops, self._has_loops
-            )
-            return positions
+            ).positions
         found: list[np.ndarray] = []
         while nodes.shape[0]:
             contexts = dfa._state_context[states]
@@ -299,20 +298,21 @@ class TrieWalk:
                 keep = inside[rule_states]
                 if keep.any():
                     rest[which[keep]] = False
-                    positions, back_nodes, back_states = walk_pairs(
+                    walked = walk_pairs(
                         trie, nodes[which[keep]], rule_states[keep], rule.table, inside, rule.dead, rule.loops,
                         rule.has_loops,
                     )
-                    found.append(positions)
-                    more_nodes.append(back_nodes)
-                    more_states.append(back_states + base)
+                    found.append(walked.positions)
+                    more_nodes.append(walked.pending_nodes)
+                    more_states.append(walked.pending_states + base)
             nodes = np.concatenate([nodes[rest], *more_nodes])
             states = np.concatenate([states[rest], *more_states])
             if not nodes.shape[0]:
                 break
             self._ensure(states)
-            positions, nodes, states = walk_pairs(
+            walked = walk_pairs(
                 trie, nodes, states, dfa.transitions, dfa.known, self._dead, dfa.loops, dfa.has_loops
             )
-            found.append(positions)
+            found.append(walked.positions)
+            nodes, states = walked.pending_nodes, walked.pending_states
         return np.concatenate(found) if found else np.zeros(0, dtype=np.int64)

@@ -14,10 +14,30 @@ where the numpy level-by-level walk it replaces paid ~15 array calls a level (1-
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 from numba import njit
 
-__all__ = ["load_walk", "walk_pairs", "walk_tokens"]
+__all__ = ["PairWalk", "TokenWalk", "load_walk", "walk_pairs", "walk_tokens"]
+
+
+@dataclass(slots=True)
+class PairWalk:
+    """What `walk_pairs` found."""
+
+    positions: np.ndarray  # int64 DFS positions of the allowed tokens
+    pending_nodes: np.ndarray  # int64 nodes met in a state not `known` (their own tokens not decided yet)...
+    pending_states: np.ndarray  # int64 ... and that state
+
+
+@dataclass(slots=True)
+class TokenWalk:
+    """What `walk_tokens` found, per token."""
+
+    outcome: np.ndarray  # int8: 0 dead, 1 alive to its end, 2 stopped at a state not `inside`
+    stop_depth: np.ndarray  # int64: the bytes read when stopped
+    stop_state: np.ndarray  # int64: the state stopped at
 
 
 @njit(cache=True, nogil=True)
@@ -78,23 +98,18 @@ def _walk_tokens(state, table, inside, dead, flat, offsets, outcome, stop_depth,
 
 
 def walk_tokens(state: int, table: np.ndarray, inside: np.ndarray, dead: int, flat: np.ndarray,
-                offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Walk whole tokens (bytes `flat[offsets[i]:offsets[i + 1]]`) from `state` while they stay in `inside` states.
-
-    Returns:
-        (outcome per token: 0 dead, 1 alive to its end, 2 stopped; the bytes read when stopped; the state stopped
-        at).
-    """
+                offsets: np.ndarray) -> TokenWalk:
+    """Walk whole tokens (bytes `flat[offsets[i]:offsets[i + 1]]`) from `state` while they stay in `inside` states."""
     num_tokens = offsets.shape[0] - 1
     outcome = np.zeros(num_tokens, np.int8)
     stop_depth = np.zeros(num_tokens, np.int64)
     stop_state = np.zeros(num_tokens, np.int64)
     _walk_tokens(state, table, inside, dead, flat, offsets, outcome, stop_depth, stop_state)
-    return outcome, stop_depth, stop_state
+    return TokenWalk(outcome, stop_depth, stop_state)
 
 
 def walk_pairs(trie, nodes: np.ndarray, states: np.ndarray, table: np.ndarray, known: np.ndarray, dead: int,
-               loops: np.ndarray, has_loops: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+               loops: np.ndarray, has_loops: np.ndarray) -> PairWalk:
     """Walk the trie below each (node, state) pair (distinct nodes, live states) with the automaton `table`.
 
     Args:
@@ -103,10 +118,6 @@ def walk_pairs(trie, nodes: np.ndarray, states: np.ndarray, table: np.ndarray, k
         table: int32 [S, 256] next state per byte; `dead` the dead state.
         known: bool [S]: the states whose row (and `loops` row) can be read; the others are handed back.
         loops: uint64 [S, 4]: the bytes that keep each state where it is; `has_loops` bool [S]: any of them.
-
-    Returns:
-        (positions of the allowed tokens, pending nodes, pending states): the pairs met in a state not `known`
-        (their node's own tokens not decided yet).
     """
     num_tokens = trie.pos_ids.shape[0]
     positions = np.empty(num_tokens, np.int64)
@@ -119,7 +130,7 @@ def walk_pairs(trie, nodes: np.ndarray, states: np.ndarray, table: np.ndarray, k
         trie.child_ptr, trie.child_ids, trie.child_bytes, trie.pos_ptr, trie.sub_end, trie.sub_bytes,
         stack_size, positions, pending_nodes, pending_states,
     )
-    return positions[:num_positions], pending_nodes[:num_pending], pending_states[:num_pending]
+    return PairWalk(positions[:num_positions], pending_nodes[:num_pending], pending_states[:num_pending])
 
 
 def load_walk() -> None:
