@@ -49,12 +49,13 @@ def _zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
 
 @dataclass(slots=True)
 class InsideView:
-    """A state inside a rule: automaton state = base + rule state, with the rule's row renamed."""
+    """A state inside a rule (or a whole context, `context_view`): automaton state = base + rule state, with the
+    rule's row renamed."""
 
     base: int  # its context's first state
     rule: int
     called: bool  # under callers (a finished rule state is then a stop: it returns)
-    rule_state: int
+    rule_state: int  # (-1 for a whole context)
     inside: np.ndarray  # bool per rule state: not a stop (no call, not a finished callee)
 
 
@@ -100,7 +101,7 @@ class GrammarDFA:
         self._sets: dict[int, frozenset] = {}  # states of several configurations
         self._set_ids: dict[frozenset, int] = {}
         self._closures: dict[tuple, list[tuple]] = {}
-        self._inside_masks: dict[tuple[int, bool], np.ndarray] = {}  # (rule, called) -> `rule_view`'s mask
+        self._inside_masks: dict[tuple[int, bool], np.ndarray] = {}  # (rule, called) -> `inside_mask`
         self._lock = threading.RLock()
         if self._config_state((0, self.rules[0].initial)) != self.initial:
             raise AssertionError("the initial state is state 1")
@@ -240,12 +241,12 @@ class GrammarDFA:
             return None
         return InsideView(ctx.base, ctx.rule, bool(ctx.prefix), rule_state, inside)
 
-    def rule_view(self, context: int) -> tuple[int, Rule, np.ndarray]:
-        """(base, rule, inside) of a context (`_state_context`'s number, from 1): a walk may follow the rule's own
-        table from every rule state where `inside` holds (state base + rule state has the rule's row, renamed),
-        and must come back to the automaton at the others (calls, finished callees)."""
+    def context_view(self, context: int) -> InsideView:
+        """A context (`_state_context`'s number, from 1) seen from its rule: a walk may follow the rule's own table
+        from every rule state where `inside` holds (state base + rule state has the rule's row, renamed), and must
+        come back to the automaton at the others (calls, finished callees). (`rule_state` is -1: no state.)"""
         ctx = self._contexts[context - 1]
-        return ctx.base, self.rules[ctx.rule], self.inside_mask(ctx.rule, bool(ctx.prefix))
+        return InsideView(ctx.base, ctx.rule, bool(ctx.prefix), -1, self.inside_mask(ctx.rule, bool(ctx.prefix)))
 
     def inside_mask(self, rule_index: int, called: bool) -> np.ndarray:
         """bool per rule state: no call there, and (`called`) not a finished callee."""

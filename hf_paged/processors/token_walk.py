@@ -292,7 +292,8 @@ class TrieWalk:
             rest = np.ones(nodes.shape[0], dtype=bool)
             more_nodes, more_states = [], []
             for context in np.unique(contexts[contexts > 0]).tolist():
-                base, rule, inside = dfa.rule_view(context)
+                view = dfa.context_view(context)
+                base, rule, inside = view.base, dfa.rules[view.rule], view.inside
                 which = np.flatnonzero(contexts == context)
                 rule_states = dfa._rule_state[states[which]].astype(np.int64)
                 keep = inside[rule_states]
