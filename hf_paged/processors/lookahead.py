@@ -9,7 +9,7 @@ over to whatever decides beyond the stops. That is Moore's partition refinement 
     round 0    dead | each stop state alone | every other state
     round r+1  same class at round r, and for every byte the same class of next state at round r
 
-k = 16 leaves 72 of GPT-2's 50k tokens longer (`TrieWalk`'s classes walk those per state). Bytes that every state
+k = 16 leaves 72 of GPT-2's 50k tokens longer (`grammar_masks` walks those per state). Bytes that every state
 sends alike are one column (a JSON string's pattern has ~30 byte columns, not 256), and a round compares rows by
 a random-weight hash checked exactly against each class's first member.
 """
