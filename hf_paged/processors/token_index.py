@@ -175,12 +175,13 @@ class TokenIndex:
         members = self.dfa.set_members(state)
         if members is not None:  # several call stacks at once: the union of their masks (memoised, often met)
             return self._union([self.state_mask(member) for member in members], bool(self._finals[state]))
-        found = self._walk.body_planned(state)  # a string body: its plan, cheapest
+        walk = self._walk
+        found = walk.body_planned(state)  # a string body: its plan, cheapest
         if found is None:
-            shared = self._grammar.mask(state, bool(self._finals[state]), self._mask_of, self._walk.planned)
+            shared = self._grammar.mask(state, bool(self._finals[state]), self._mask_of, walk.first_byte_planned)
             if shared is not None:
                 return shared
-            found = self._walk.decide(state)
+            found = walk.first_byte_planned(state) or walk.decide(state, planned=False)
         return self._mask_of(found, self._finals[state])
 
     def _mask_of(self, found: list[int] | np.ndarray | PlannedIds, final: bool) -> StateMask:

@@ -118,6 +118,13 @@ class TrieWalk:
             return None
         return self._body_planned(state)
 
+    def first_byte_planned(self, state: int) -> PlannedIds | None:
+        """A wide state's allowed ids from the plan of the body its first bytes lead into (`_first_byte_planned`),
+        or None (`planned` without trying the state's own body again)."""
+        if len(self._live_bytes(state)) <= self.narrow_bytes:
+            return None
+        return self._first_byte_planned(state)
+
     def continue_pairs(self, nodes: np.ndarray, states: np.ndarray) -> np.ndarray:
         """Ids of the allowed tokens below (trie node, state) pairs (the node's own tokens included)."""
         return self.trie.pos_ids[self._wide_walk(nodes, states)]
