@@ -22,7 +22,7 @@ __all__ = ["LOOKAHEAD", "lookahead_classes"]
 
 LOOKAHEAD = 16  # bytes of lookahead the classes answer for
 
-_RANDOM = np.random.default_rng(20261129)
+_SEED = 20261129  # hash weights: fixed, drawn per call (no generator shared between compiling threads)
 
 
 def lookahead_classes(table: np.ndarray, dead: int, stops: np.ndarray, rounds: int = LOOKAHEAD) -> np.ndarray:
@@ -45,7 +45,7 @@ def lookahead_classes(table: np.ndarray, dead: int, stops: np.ndarray, rounds: i
     color[dead] = -1
     _, classes = np.unique(color, return_inverse=True)
     num_classes = int(classes.max()) + 1
-    weights = _RANDOM.random(columns.shape[1] + 1)  # float hashes: one BLAS product a round (collisions: checked)
+    weights = np.random.default_rng(_SEED).random(columns.shape[1] + 1)  # float hashes: one BLAS product a round (collisions: checked)
     for _ in range(rounds):
         rows = np.concatenate([classes[:, None], classes[columns]], axis=1)  # [S, 1 + columns]
         _, first, refined = np.unique(rows.astype(np.float64) @ weights, return_index=True, return_inverse=True)
@@ -61,7 +61,7 @@ def lookahead_classes(table: np.ndarray, dead: int, stops: np.ndarray, rounds: i
 
 def _distinct_columns(table: np.ndarray) -> np.ndarray:
     """The distinct byte columns of `table` ([S, C]: bytes every state sends alike kept once)."""
-    weights = _RANDOM.random(table.shape[0], dtype=np.float32)
+    weights = np.random.default_rng(_SEED + 1).random(table.shape[0], dtype=np.float32)
     _, first, inverse = np.unique(weights @ table.astype(np.float32), return_index=True, return_inverse=True)
     columns = table[:, first]
     if not (columns[:, inverse.reshape(-1)] == table).all():  # a hash collision: keep every column (exact)
