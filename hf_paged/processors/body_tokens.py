@@ -50,6 +50,9 @@ class BodyTokens:
     other_lengths: np.ndarray  # int64 [K]: their lengths (descending)
     complete: bool = True  # False: more than MAX_OTHERS others, their bytes were not gathered (undecided)
     plan: Any = None  # its `body_masks.BodyPlan`, built on first use
+    # the same bytes one token after the other (uint8), and where each starts (int64 [K + 1]): `walk_tokens`'s form
+    other_flat: np.ndarray | None = None
+    other_offsets: np.ndarray | None = None
 
 
 def body_tokens(trie: TokenTrie, ascii_bits: int, multibyte: bool, skip_first: bool = False) -> BodyTokens:
@@ -88,7 +91,10 @@ def body_tokens(trie: TokenTrie, ascii_bits: int, multibyte: bool, skip_first: b
     columns = np.arange(flat.shape[0]) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     matrix = np.zeros((others.shape[0], width), dtype=np.uint8)
     matrix[rows, columns] = flat
-    return _remember(trie, key, BodyTokens(np.where(inside, chars, -1), others, matrix, lengths))
+    offsets = np.zeros(others.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    split = BodyTokens(np.where(inside, chars, -1), others, matrix, lengths, other_flat=flat.copy(), other_offsets=offsets)
+    return _remember(trie, key, split)
 
 
 def _remember(trie: TokenTrie, key: tuple[int, bool, bool], split: BodyTokens) -> BodyTokens:

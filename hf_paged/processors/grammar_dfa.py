@@ -219,6 +219,16 @@ class GrammarDFA:
             return None
         return ctx.base, ctx.rule, rule_state
 
+    def frames(self, state: int) -> tuple[tuple[int, int], ...] | None:
+        """The call stack of a single-configuration state, outermost first: (rule, return state) per caller, then
+        (rule, rule state) (None for a set state or the dead state)."""
+        context = int(self._state_context[state])
+        if not context:
+            return None
+        ctx = self._contexts[context - 1]
+        config = ctx.prefix + (ctx.rule, int(self._rule_state[state]))
+        return tuple(zip(config[::2], config[1::2]))
+
     def set_members(self, state: int) -> list[int] | None:
         """The single-configuration states of a state of several configurations (None for any other state): a
         token keeps the set alive exactly when it keeps one of them alive (the subset construction), so the set's

@@ -176,7 +176,9 @@ class TokenIndex:
         if members is not None:  # several call stacks at once: the union of their masks (memoised, often met)
             return self._union([self.state_mask(member) for member in members], bool(self._finals[state]))
         walk = self._walk
-        found = walk.body_planned(state)  # a string body: its plan, cheapest
+        if walk.is_narrow(state):  # keys, punctuation, numbers: the walk follows their few live bytes
+            return self._mask_of(walk.decide(state, planned=False), self._finals[state])
+        found = walk.body_planned(state) or walk.closed_planned(state)  # a string body or a key: a plan, cheapest
         if found is None:
             shared = self._grammar.mask(state, bool(self._finals[state]), self._mask_of, walk.first_byte_planned)
             if shared is not None:

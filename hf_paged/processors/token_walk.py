@@ -24,19 +24,22 @@ from array import array
 
 import numpy as np
 
+from hf_paged.processors.body_closure import closed_states
 from hf_paged.processors.body_masks import PlannedIds, body_plan, group_words
 from hf_paged.processors.body_steps import UNBOUNDED, BodySteps
-from hf_paged.processors.body_tokens import body_tokens, walk_others
+from hf_paged.processors.body_tokens import JSON_KEY_ASCII, BodyTokens, body_tokens, walk_others
 from hf_paged.processors.byte_dfa import ByteDFA
 from hf_paged.processors.grammar_bodies import GrammarBodySteps
+from hf_paged.processors.grammar_dfa import MAX_DEPTH
 from hf_paged.processors.token_trie import TokenTrie, ranges_to_ids
-from hf_paged.processors.trie_kernel import walk_pairs
+from hf_paged.processors.trie_kernel import walk_pairs, walk_tokens
 
 __all__ = ["TrieWalk"]
 
 PYTHON_IDS = 256  # the Python walk hands back a list when it found at most this many tokens
 NARROW_BYTES = 16  # a state with at most this many live bytes is walked node by node in Python
 PYTHON_LOOKUPS = 256  # ... for at most this many child lookups; what is left then goes to the compiled walk
+MANY_STOPS = 32  # listed tokens past a rule's stop followed one by one (`alive_past_stop`); more: on the automaton
 
 
 class _Sparse(dict):
@@ -78,6 +81,8 @@ class TrieWalk:
         if dfa.lazy:  # a grammar: inside states from their rules' own facts, the others on rows built on demand
             fallback = BodySteps(dfa.transitions, self._dead, self._ensure, dfa.ensure_path, dfa.multibyte_ends)
             self._body = GrammarBodySteps(dfa, fallback)
+        self._closed: dict[tuple[int, bool], np.ndarray] = {}  # (rule, called) -> `closed_states` per rule state
+        self._all_inside: np.ndarray | None = None  # an automaton built at once: no stops (`walk_tokens`)
 
     def next_state(self, state: int, raw: bytes) -> int | None:
         """The state after the bytes `raw`, or None when they reach the dead state (a few list reads a byte)."""
@@ -124,6 +129,119 @@ class TrieWalk:
         if len(self._live_bytes(state)) <= self.narrow_bytes:
             return None
         return self._first_byte_planned(state)
+
+    def closed_planned(self, state: int) -> PlannedIds | None:
+        """The allowed ids of a grammar state inside a rule from which every string of key characters stays alive
+        and inside (`body_closure`: a free-form key's prefixes), or None: the plan row of every key-body token, plus
+        the tokens holding another byte (a quote, a backslash, non-ASCII: ~1k with GPT-2) walked on the rule's
+        table, on in the automaton past a stop."""
+        if not self.use_bodies or not self.dfa.lazy or self.is_narrow(state):
+            return None
+        view = self.dfa.inside_view(state)
+        if view is None:
+            return None
+        rule = self.dfa.rules[view.rule]
+        closed = self._closed.get((view.rule, view.called))
+        if closed is None:
+            closed = self._closed[view.rule, view.called] = closed_states(
+                rule.table, view.inside, rule.dead, JSON_KEY_ASCII
+            )
+        if not closed[view.rule_state]:
+            return None
+        split = body_tokens(self.trie, JSON_KEY_ASCII, False)
+        if not split.complete:
+            return None
+        plan = body_plan(self.trie, split)
+        return PlannedIds(plan, plan.row(UNBOUNDED), self.trie.pos_ids[self._others_alive(split, state)])
+
+    def _others_alive(self, split: BodyTokens, state: int, keep: np.ndarray | None = None) -> np.ndarray:
+        """Positions of `split`'s other tokens (those where `keep`, if given) whose bytes keep `state` alive, each
+        walked on its own by the compiled loop (`walk_tokens`): on the automaton's table when every row is built,
+        else (a grammar) on the state's rule's table, on from a stop with `alive_past_stop`."""
+        if not self.dfa.lazy:
+            if self._all_inside is None:
+                self._all_inside = np.ones(self.dfa.transitions.shape[0], dtype=bool)
+            table, inside, dead, start, base = self.dfa.transitions, self._all_inside, self._dead, state, 0
+        else:
+            view = self.dfa.inside_view(state)
+            if view is None:  # a call or a finished callee itself (rare): byte column by byte column
+                return walk_others(split, self.dfa.transitions, state, self._dead, keep, self._ensure)
+            rule = self.dfa.rules[view.rule]
+            table, inside, dead, start, base = rule.table, view.inside, rule.dead, view.rule_state, view.base
+        walked = walk_tokens(start, table, inside, dead, split.other_flat, split.other_offsets)
+        alive = walked.outcome == 1
+        stopped = walked.outcome == 2
+        if keep is not None:
+            alive &= keep
+            stopped &= keep
+        positions, pos_bytes = split.other_positions, self.trie.pos_bytes
+        which = np.flatnonzero(stopped)
+        if which.shape[0] > MANY_STOPS:  # (a string closing its rule: ~100 tokens) the automaton, column by column
+            return np.concatenate([positions[alive], walk_others(split, self.dfa.transitions, state, self._dead,
+                                                                 stopped, self._ensure)])
+        for i in which.tolist():  # a few at a call or a finished callee: on in their stacks, no state named
+            rest = pos_bytes[int(positions[i])][int(walked.stop_depth[i]):]
+            alive[i] = self.alive_past_stop(base + int(walked.stop_state[i]), rest)
+        return positions[alive]
+
+    def alive_past_stop(self, stop: int, rest: bytes) -> bool:
+        """Whether the bytes `rest` keep a grammar automaton alive from `stop`, a single-configuration state at a
+        call or a finished callee.
+
+        The stacks of calls the bytes open and close are followed on the rules' own tables, from the state's own
+        stack, exactly as the automaton's closure would (calls entered below `MAX_DEPTH` frames, callees returned
+        from), but naming no automaton state: a call would name the callee's context, tens of microseconds, for
+        a token that may never be sampled.
+        """
+        frames = self.dfa.frames(stop)
+        if frames is None:
+            return self.next_state(stop, rest) is not None
+        rules = self.dfa.rules
+        if len(frames) < MAX_DEPTH:  # most often one callee reads all of it on its own table: alive
+            for callee_index, _ in rules[frames[-1][0]].calls.get(frames[-1][1], ()):
+                callee = rules[callee_index]
+                table, current, dead = callee.table, callee.initial, callee.dead
+                for byte in rest:
+                    current = table[current, byte]
+                    if current == dead:
+                        break
+                else:
+                    return True
+        stacks = self._stack_closure([frames])
+        for byte in rest:
+            moved = []
+            for stack in stacks:
+                rule_index, state = stack[-1]
+                rule = rules[rule_index]
+                following = int(rule.table[state, byte])
+                if following != rule.dead:
+                    moved.append(stack[:-1] + ((rule_index, following),))
+            if not moved:
+                return False
+            stacks = self._stack_closure(moved)
+        return True
+
+    def _stack_closure(self, stacks: list[tuple]) -> list[tuple]:
+        """Every call stack reachable from `stacks` without reading a byte: calls entered while the stack holds
+        fewer than `MAX_DEPTH` frames, callees returned from (`GrammarDFA._closure` on frames)."""
+        rules = self.dfa.rules
+        seen = set(stacks)
+        pending = list(stacks)
+        while pending:
+            stack = pending.pop()
+            rule_index, state = stack[-1]
+            rule = rules[rule_index]
+            moves = []
+            if len(stack) < MAX_DEPTH:
+                for callee, back in rule.calls.get(state, ()):
+                    moves.append(stack[:-1] + ((rule_index, back), (callee, rules[callee].initial)))
+            if len(stack) > 1 and rule.finals[state]:
+                moves.append(stack[:-1])  # (the caller's top holds its return state already)
+            for move in moves:
+                if move not in seen:
+                    seen.add(move)
+                    pending.append(move)
+        return list(seen)
 
     def continue_pairs(self, nodes: np.ndarray, states: np.ndarray) -> np.ndarray:
         """Ids of the allowed tokens below (trie node, state) pairs (the node's own tokens included)."""
@@ -210,7 +328,7 @@ class TrieWalk:
         if not split.complete:
             return None
         plan = body_plan(self.trie, split)
-        kept = walk_others(split, self.dfa.transitions, state, self._dead, None, self._ensure)
+        kept = self._others_alive(split, state)
         return PlannedIds(plan, plan.row(steps), self.trie.pos_ids[kept])
 
     def _first_byte_allowed(self, state: int) -> np.ndarray | None:
@@ -241,7 +359,7 @@ class TrieWalk:
         in_group = np.zeros(256, dtype=bool)
         in_group[:128] = np.unpackbits(np.frombuffer(group_bits.to_bytes(16, "little"), np.uint8), bitorder="little")
         keep = in_group[trie.pos_first[split.other_positions]]
-        parts = [trie.pos_ids[walk_others(split, self.dfa.transitions, state, self._dead, keep, self._ensure)]]
+        parts = [trie.pos_ids[self._others_alive(split, state, keep)]]
         nodes, states = [], []  # the root's children outside G, in their next states
         row = self._rows[state] or self._row(state)
         for byte in self._live_bytes(state):
