@@ -25,20 +25,22 @@ from array import array
 import numpy as np
 
 from hf_paged.processors.body_closure import closed_states
-from hf_paged.processors.body_masks import PlannedIds, body_plan, group_words
+from hf_paged.processors.body_masks import PlannedIds, body_plan, group_words, set_bits
 from hf_paged.processors.body_steps import UNBOUNDED, BodySteps
 from hf_paged.processors.body_tokens import JSON_KEY_ASCII, BodyTokens, body_tokens, walk_others
 from hf_paged.processors.byte_dfa import ByteDFA
 from hf_paged.processors.grammar_bodies import GrammarBodySteps
 from hf_paged.processors.grammar_dfa import MAX_DEPTH
 from hf_paged.processors.token_trie import TokenTrie, ranges_to_ids
-from hf_paged.processors.trie_kernel import walk_pairs, walk_tokens
+from hf_paged.processors.trie_kernel import walk_marked, walk_pairs, walk_tokens
 
 __all__ = ["TrieWalk"]
 
 PYTHON_IDS = 256  # the Python walk hands back a list when it found at most this many tokens
 NARROW_BYTES = 16  # a state with at most this many live bytes is walked node by node in Python
 PYTHON_LOOKUPS = 256  # ... for at most this many child lookups; what is left then goes to the compiled walk
+_ROOT = np.zeros(1, dtype=np.int64)  # the trie's root node, as the compiled walk's one starting node
+MAX_STACK_STEPS = 1 << 16  # memoised steps of call stacks past stops (`_stacks_after`), then cleared
 MANY_STOPS = 32  # listed tokens past a rule's stop followed one by one (`alive_past_stop`); more: on the automaton
 
 
@@ -77,12 +79,14 @@ class TrieWalk:
         self._leaving: list[int | None] | _Sparse = _Sparse() if dfa.lazy else [None] * size  # bytes that move it
         self._live: list[bytes | None] | _Sparse = _Sparse() if dfa.lazy else [None] * size  # its live bytes
         self.use_bodies = True  # the `body_tokens` path for string bodies (off: trie walk only, for tests)
+        self.compiled_narrow = True  # narrow states by the compiled walk (off: the Python walk, for tests)
         self._body: BodySteps | GrammarBodySteps = BodySteps(dfa.transitions, self._dead)
         if dfa.lazy:  # a grammar: inside states from their rules' own facts, the others on rows built on demand
             fallback = BodySteps(dfa.transitions, self._dead, self._ensure, dfa.ensure_path, dfa.multibyte_ends)
             self._body = GrammarBodySteps(dfa, fallback)
         self._closed: dict[tuple[int, bool], np.ndarray] = {}  # (rule, called) -> `closed_states` per rule state
         self._all_inside: np.ndarray | None = None  # an automaton built at once: no stops (`walk_tokens`)
+        self._stack_steps: dict[tuple[frozenset, int | None], frozenset] = {}  # `_stacks_after`
 
     def next_state(self, state: int, raw: bytes) -> int | None:
         """The state after the bytes `raw`, or None when they reach the dead state (a few list reads a byte)."""
@@ -207,19 +211,34 @@ class TrieWalk:
                         break
                 else:
                     return True
-        stacks = self._stack_closure([frames])
+        current = self._stacks_after(frozenset([frames]), None)
         for byte in rest:
-            moved = []
-            for stack in stacks:
-                rule_index, state = stack[-1]
-                rule = rules[rule_index]
-                following = int(rule.table[state, byte])
-                if following != rule.dead:
-                    moved.append(stack[:-1] + ((rule_index, following),))
-            if not moved:
+            current = self._stacks_after(current, byte)
+            if not current:
                 return False
-            stacks = self._stack_closure(moved)
         return True
+
+    def _stacks_after(self, stacks: frozenset, byte: int | None) -> frozenset:
+        """The call stacks after `byte` from `stacks` (None: `stacks` themselves), closed under calls and returns;
+        memoised per (stacks, byte), so the tokens through one stop share their steps."""
+        key = (stacks, byte)
+        found = self._stack_steps.get(key)
+        if found is None:
+            if byte is None:
+                moved = list(stacks)
+            else:
+                moved = []
+                for stack in stacks:
+                    rule_index, state = stack[-1]
+                    rule = self.dfa.rules[rule_index]
+                    following = int(rule.table[state, byte])
+                    if following != rule.dead:
+                        moved.append(stack[:-1] + ((rule_index, following),))
+            found = frozenset(self._stack_closure(moved)) if moved else frozenset()
+            if len(self._stack_steps) >= MAX_STACK_STEPS:
+                self._stack_steps.clear()
+            self._stack_steps[key] = found
+        return found
 
     def _stack_closure(self, stacks: list[tuple]) -> list[tuple]:
         """Every call stack reachable from `stacks` without reading a byte: calls entered while the stack holds
@@ -259,6 +278,10 @@ class TrieWalk:
         trie = self.trie
         if planned:
             found = self.planned(state)
+            if found is not None:
+                return found
+        if self.compiled_narrow and self.is_narrow(state):
+            found = self._narrow_compiled(state)
             if found is not None:
                 return found
         pos_start, pos_end, sub_set, child_of = trie.pos_start, trie.pos_end, trie.sub_set, trie.child_of
@@ -301,6 +324,69 @@ class TrieWalk:
             kept = self._wide_walk(np.array(wide_nodes, dtype=np.int64), np.array(wide_states, dtype=np.int64))
             return np.concatenate([ids, trie.pos_ids[kept]])
         return ids
+
+    def narrow_marked(self, state: int, words: np.ndarray) -> np.ndarray | None:
+        """A narrow state's allowed ids (int64, unordered), their bits set in `words` (uint32) by the same compiled
+        call that walks the trie (`walk_marked`); None where `_narrow_compiled` is None (or it is off)."""
+        if not self.compiled_narrow:
+            return None
+        trie, dfa = self.trie, self.dfa
+        if not dfa.lazy:
+            walked = walk_marked(trie, state, dfa.transitions, self._known, self._dead, dfa.loops, self._has_loops,
+                                 words)
+            return walked.positions
+        view = dfa.inside_view(state)
+        if view is None:
+            return None
+        rule = dfa.rules[view.rule]
+        walked = walk_marked(trie, view.rule_state, rule.table, view.inside, rule.dead, rule.loops, rule.has_loops,
+                             words)
+        if not walked.pending_nodes.shape[0]:
+            return walked.positions
+        more = trie.pos_ids[self._past_stops(walked.pending_nodes, walked.pending_states + view.base)]
+        set_bits(words.view(np.int32), more)
+        return np.concatenate([walked.positions, more])
+
+    def _narrow_compiled(self, state: int) -> list[int] | np.ndarray | None:
+        """A narrow state's allowed ids by the compiled walk (~5 us where the Python one reads a few new states' rows
+        at ~5 us each): on the automaton's table, or a grammar state inside a rule on its rule's table, the pairs
+        at a stop followed on with `_past_stops`. None for a grammar state at a call or a finished callee (the
+        Python walk builds the rows it needs)."""
+        trie, dfa = self.trie, self.dfa
+        if not dfa.lazy:
+            walked = walk_pairs(trie, _ROOT, np.array([state], dtype=np.int64), dfa.transitions, self._known,
+                                self._dead, dfa.loops, self._has_loops)
+            positions = walked.positions
+        else:
+            view = dfa.inside_view(state)
+            if view is None:
+                return None
+            rule = dfa.rules[view.rule]
+            walked = walk_pairs(trie, _ROOT, np.array([view.rule_state], dtype=np.int64), rule.table, view.inside,
+                                rule.dead, rule.loops, rule.has_loops)
+            positions = walked.positions
+            if walked.pending_nodes.shape[0]:
+                positions = np.concatenate(
+                    [positions, self._past_stops(walked.pending_nodes, walked.pending_states + view.base)]
+                )
+        if positions.shape[0] <= PYTHON_IDS:
+            return trie.pos_ids[positions].tolist()
+        return trie.pos_ids[positions]
+
+    def _past_stops(self, nodes: np.ndarray, states: np.ndarray) -> np.ndarray:
+        """DFS positions of the allowed tokens below (trie node, stop state) pairs: the node's bytes took a walk to a
+        call or a finished callee. A few tokens: each on its own stacks (`alive_past_stop`); more: the automaton."""
+        trie = self.trie
+        starts, ends = trie.pos_ptr[nodes], trie.sub_end[nodes]
+        if int((ends - starts).sum()) > MANY_STOPS:
+            return self._wide_walk(nodes, states)
+        kept = []
+        for node, state, start, end in zip(nodes.tolist(), states.tolist(), starts.tolist(), ends.tolist()):
+            depth = int(trie.node_depth[node])
+            for position in range(start, end):
+                if self.alive_past_stop(state, trie.pos_bytes[position][depth:]):
+                    kept.append(position)
+        return np.array(kept, dtype=np.int64)
 
     def prepare(self) -> None:
         """Per-automaton facts the string-body path needs (`BodySteps.prepare`), ahead of the first visit."""

@@ -14,12 +14,19 @@ where the numpy level-by-level walk it replaces paid ~15 array calls a level (1-
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
-__all__ = ["PairWalk", "TokenWalk", "load_walk", "walk_pairs", "walk_tokens"]
+from hf_paged.processors.body_closure import closed_states
+
+__all__ = ["PairWalk", "TokenWalk", "load_walk", "walk_marked", "walk_pairs", "walk_tokens"]
+
+
+_LOCAL = threading.local()  # per thread: output buffers of the walk (`_scratch`)
+_ROOT = np.zeros(1, dtype=np.int64)  # the trie's root node, the one starting node of `walk_marked`
 
 
 @dataclass(slots=True)
@@ -81,6 +88,20 @@ def _walk(nodes, states, table, known, dead, loops, has_loops, child_ptr, child_
 
 
 @njit(cache=True, nogil=True)
+def _walk_marked(nodes, states, table, known, dead, loops, has_loops, child_ptr, child_ids, child_bytes, pos_ptr,
+                 sub_end, sub_bytes, stack_size, positions, pending_nodes, pending_states, pos_ids,
+                 words):  # pragma: no cover (compiled)
+    num_positions, num_pending = _walk(nodes, states, table, known, dead, loops, has_loops, child_ptr, child_ids,
+                                       child_bytes, pos_ptr, sub_end, sub_bytes, stack_size, positions,
+                                       pending_nodes, pending_states)
+    for i in range(num_positions):  # the ids in place of their positions, and their bits
+        token = pos_ids[positions[i]]
+        positions[i] = token
+        words[token >> 5] |= np.uint32(1) << np.uint32(token & 31)
+    return num_positions, num_pending
+
+
+@njit(cache=True, nogil=True)
 def _walk_tokens(state, table, inside, dead, flat, offsets, outcome, stop_depth, stop_state):  # pragma: no cover
     for i in range(offsets.shape[0] - 1):
         current = state
@@ -119,10 +140,7 @@ def walk_pairs(trie, nodes: np.ndarray, states: np.ndarray, table: np.ndarray, k
         known: bool [S]: the states whose row (and `loops` row) can be read; the others are handed back.
         loops: uint64 [S, 4]: the bytes that keep each state where it is; `has_loops` bool [S]: any of them.
     """
-    num_tokens = trie.pos_ids.shape[0]
-    positions = np.empty(num_tokens, np.int64)
-    pending_nodes = np.empty(trie.node_byte.shape[0], np.int64)
-    pending_states = np.empty(trie.node_byte.shape[0], np.int64)
+    positions, pending_nodes, pending_states = _scratch(trie)
     # depth-first: at most 256 children pushed per level of the deepest path, above the starting pairs
     stack_size = nodes.shape[0] + 256 * (trie.max_depth + 1)
     num_positions, num_pending = _walk(
@@ -130,7 +148,33 @@ def walk_pairs(trie, nodes: np.ndarray, states: np.ndarray, table: np.ndarray, k
         trie.child_ptr, trie.child_ids, trie.child_bytes, trie.pos_ptr, trie.sub_end, trie.sub_bytes,
         stack_size, positions, pending_nodes, pending_states,
     )
-    return PairWalk(positions[:num_positions], pending_nodes[:num_pending], pending_states[:num_pending])
+    return PairWalk(positions[:num_positions].copy(), pending_nodes[:num_pending].copy(),
+                    pending_states[:num_pending].copy())
+
+
+def walk_marked(trie, state: int, table: np.ndarray, known: np.ndarray, dead: int, loops: np.ndarray,
+                has_loops: np.ndarray, words: np.ndarray) -> PairWalk:
+    """`walk_pairs` from the root in one state, the allowed tokens' bits set in `words` (uint32) as it goes; the
+    walk's `positions` hold token ids. One compiled call from state to bitmask: a narrow state's first visit."""
+    positions, pending_nodes, pending_states = _scratch(trie)
+    num_ids, num_pending = _walk_marked(
+        _ROOT, np.array([state], dtype=np.int64), table, known, dead, loops, has_loops, trie.child_ptr, trie.child_ids, trie.child_bytes,
+        trie.pos_ptr, trie.sub_end, trie.sub_bytes, 1 + 256 * (trie.max_depth + 1), positions, pending_nodes,
+        pending_states, trie.pos_ids, words,
+    )
+    return PairWalk(positions[:num_ids].copy(), pending_nodes[:num_pending].copy(),
+                    pending_states[:num_pending].copy())
+
+
+def _scratch(trie) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's output buffers for walks of `trie` (every token, every node), reused: a narrow walk finds a few
+    tokens, and three fresh vocabulary-sized arrays per walk cost more than the walk."""
+    buffers = getattr(_LOCAL, "buffers", None)
+    if buffers is None or buffers[0] is not trie:
+        num_nodes = trie.node_byte.shape[0]
+        buffers = _LOCAL.buffers = (trie, np.empty(trie.pos_ids.shape[0], np.int64), np.empty(num_nodes, np.int64),
+                                    np.empty(num_nodes, np.int64))
+    return buffers[1], buffers[2], buffers[3]
 
 
 def load_walk() -> None:
@@ -141,5 +185,9 @@ def load_walk() -> None:
     _walk(one, one, np.zeros((1, 256), np.int32), np.ones(1, bool), -1, empty, np.zeros(1, bool),
           np.zeros(2, np.int64), one, np.zeros(1, np.uint8), np.zeros(2, np.int64), one, empty, 1,
           np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64))
+    _walk_marked(one, one, np.zeros((1, 256), np.int32), np.ones(1, bool), -1, empty, np.zeros(1, bool),
+                 np.zeros(2, np.int64), one, np.zeros(1, np.uint8), np.zeros(2, np.int64), one, empty, 1,
+                 np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64), one, np.zeros(1, np.uint32))
     walk_tokens(0, np.zeros((1, 256), np.int32), np.ones(1, bool), -1, np.zeros(1, np.uint8),
                 np.zeros(2, np.int64))
+    closed_states(np.zeros((1, 256), np.int32), np.ones(1, bool), 0, 1 << 0x41)

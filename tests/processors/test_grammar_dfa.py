@@ -25,7 +25,10 @@ from hf_paged.processors.token_trie import build_token_trie
 from hf_paged.processors.vocabulary import TokenVocabulary
 from tests.processors.test_token_index import EOS, TOY, make_vocab
 
-WALKS = [0, 4, 256]  # narrow_bytes: the compiled walk, mixed, Python node by node
+# narrow_bytes: the compiled walk for every state, mixed, the default (narrow states by the compiled walk on their
+# rule's table), and node by node in Python (`PYTHON_WALK`: the compiled narrow walk off)
+WALKS = [0, 4, 16, 256]
+PYTHON_WALK = 256
 
 
 def check_same_as_inlined(grammar: str, vocab: TokenVocabulary, narrow_bytes: int, limit: int = 400,
@@ -36,6 +39,7 @@ def check_same_as_inlined(grammar: str, vocab: TokenVocabulary, narrow_bytes: in
     flat = TokenIndex(build_automaton(inline_grammar(grammar)), vocab, trie, narrow_bytes=narrow_bytes)
     lazy = TokenIndex(GrammarDFA(grammar), vocab, trie, narrow_bytes=narrow_bytes)
     lazy._walk.use_bodies = use_bodies
+    flat._walk.compiled_narrow = lazy._walk.compiled_narrow = narrow_bytes != PYTHON_WALK
     start = (flat.get_initial_state(), lazy.get_initial_state())
     seen, queue = {start}, deque([start])
     while queue and len(seen) < limit:

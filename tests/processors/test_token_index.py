@@ -73,6 +73,7 @@ def check_against_eager(regex: str, vocab: TokenVocabulary, narrow_bytes: int) -
         return 0
     trie = build_token_trie(vocab.tokens, vocab.vocab_size)
     lazy = TokenIndex(build_byte_dfa(anchored(regex)), vocab, trie, narrow_bytes=narrow_bytes)
+    lazy._walk.compiled_narrow = narrow_bytes < 256  # (256: every state node by node in Python)
     start = (eager.get_initial_state(), lazy.get_initial_state())
     seen, queue = {start}, deque([start])
     while queue:
@@ -124,7 +125,8 @@ def _regexes() -> st.SearchStrategy[str]:
 @given(_regexes())
 def test_random_regexes_match_the_eager_index(regex):
     check_against_eager(regex, TOY, narrow_bytes=0)  # the compiled walk all the way down
-    check_against_eager(regex, TOY, narrow_bytes=4)  # mixed: Python near the root, compiled below wide states
+    check_against_eager(regex, TOY, narrow_bytes=4)  # mixed: narrow states and wide ones below them
+    check_against_eager(regex, TOY, narrow_bytes=16)  # the default
     check_against_eager(regex, TOY, narrow_bytes=256)  # node by node in Python
 
 
