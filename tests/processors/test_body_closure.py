@@ -9,7 +9,6 @@ from collections import deque
 import numpy as np
 
 from hf_paged.processors.body_closure import closed_states
-from hf_paged.processors.body_tokens import JSON_KEY_ASCII
 from hf_paged.processors.grammar_dfa import GrammarDFA
 from hf_paged.processors.schema_regex import schema_to_grammar
 from hf_paged.processors.token_index import TokenIndex
