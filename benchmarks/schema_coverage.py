@@ -57,7 +57,7 @@ class SchemaResult:
     dfa_disagree: list[str] = field(default_factory=list)
 
 
-_UNDECLARED_KEYS = False  # set by main() before forking
+_UNDECLARED_KEYS = True  # set by main() before forking
 
 def _keyword(message: str) -> str:
     m = re.search(r"keyword `([^`]+)`", message)
@@ -202,8 +202,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stride", type=int, default=1, help="every n-th file (sorted by name)")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds per schema (translate + checks)")
     parser.add_argument("--lenient", action="store_true", help="strict=False")
-    parser.add_argument("--undeclared-keys", action="store_true",
-                        help="undeclared_keys=True: open objects with declared properties also take undeclared keys")
+    parser.add_argument("--declared-keys-only", action="store_true",
+                        help="undeclared_keys=False: objects with declared properties and no additionalProperties "
+                             "keyword get their declared keys only")
     parser.add_argument("--dfa", action="store_true", help="also build the byte DFA and cross-check it")
     parser.add_argument("--out", type=Path, default=None, help="write a markdown summary here")
     parser.add_argument("--show", type=int, default=0, help="print up to N rejected valid texts per schema")
@@ -212,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _warm_up()
     global _UNDECLARED_KEYS
-    _UNDECLARED_KEYS = args.undeclared_keys  # read by the forked children
+    _UNDECLARED_KEYS = not args.declared_keys_only  # read by the forked children
     files = sorted(args.dir.glob("*.json"))[:: args.stride]
     if args.only:
         files = [f for f in files if args.only in f.name]

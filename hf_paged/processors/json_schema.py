@@ -62,9 +62,11 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
             model cannot run away in spaces or newlines).
         strict: raise `UnsupportedSchemaError` for keywords that cannot be enforced exactly; False: warn and use a
             looser constraint that still only allows valid JSON.
-        undeclared_keys: objects that declare `properties` but have no `additionalProperties` keyword get only
-            their declared keys (default, like xgrammar's and OpenAI's strict modes: every output is still valid,
-            and a model cannot wander into invented fields); True: undeclared keys too, as JSON Schema allows.
+        undeclared_keys: objects that declare `properties` but have no `additionalProperties` keyword may also
+            get undeclared keys, after the declared ones, as JSON Schema allows (default: every valid document
+            can be produced); False: their declared keys only, like xgrammar's and OpenAI's strict modes (every
+            output is still valid, and a model cannot wander into invented fields). A schema that wants no
+            extras says so with `"additionalProperties": false`, which both settings follow.
         eos_token_id: the id(s) that end a document; default `tokenizer.eos_token_id`.
         index_cache: where compiled indexes live; default the process-wide cache.
         backend: how masks are applied (see `apply_token_bitmask_`).
@@ -88,7 +90,7 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
         *,
         whitespace: str | None = None,
         strict: bool = True,
-        undeclared_keys: bool = False,
+        undeclared_keys: bool = True,
         eos_token_id: int | Iterable[int] | None = None,
         index_cache: IndexCache | None = None,
         backend: str = "auto",

@@ -56,8 +56,8 @@ def _pick(schema: Any, instance: Any, ctx: Context, validator: Any, pointer: str
                 valid.append(b.schema)
         except Exception:  # noqa: BLE001 -- unresolvable refs, bad patterns: try the next branch
             continue
-    # objects: a branch that declares every key the instance has, since by default the regex gives an object
-    # with declared properties only those keys (`undeclared_keys=False`), even where JSON Schema allows more
+    # objects: a branch that declares every key the instance has, since the regex gives an object with declared
+    # properties those keys first (and only those with `undeclared_keys=False`), undeclared ones after them
     # (one that names them all before one that is merely open: its key order is the one the regex follows)
     if isinstance(instance, dict):
         for accept in (_names_all, _open):

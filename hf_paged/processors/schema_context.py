@@ -58,8 +58,8 @@ class Context:
         extras_beside_declared: whether an open object (`additionalProperties` absent or true) may carry
             undeclared keys after its declared ones (a free key-value pair per extra).
         undeclared_keys: whether an object with declared properties and no `additionalProperties` keyword may
-            get undeclared keys (JSON Schema allows them; generating them is rarely wanted, so off by default, as
-            in xgrammar's and OpenAI's strict modes). An explicit `additionalProperties` is always followed.
+            get undeclared keys (on by default: JSON Schema allows them; off, as in xgrammar's and OpenAI's strict
+            modes, only the declared keys). An explicit `additionalProperties` is always followed.
         narrow_strings: counted strings (`minLength`/`maxLength` without `pattern`) spell only characters below
             U+0800, which costs a third of the automaton states (a subset, so still sound); for shrunk tries.
         any_depth: nesting depth of the arrays/objects produced for an unconstrained value (`{}`, `true`).
@@ -80,7 +80,7 @@ class Context:
     max_repeat: int = 32
     max_string_repeat: int = 256
     extras_beside_declared: bool = True
-    undeclared_keys: bool = False
+    undeclared_keys: bool = True
     narrow_strings: bool = False
     any_depth: int = 1
     prune_cost: int | None = None  # when set: drop optional members / alternatives costlier than this budget

@@ -72,7 +72,7 @@ def schema_to_regex(
     max_repeat: int = 32,
     max_string_repeat: int = 256,
     max_seconds: float = 10.0,
-    undeclared_keys: bool = False,
+    undeclared_keys: bool = True,
 ) -> str:
     """Translate a JSON Schema into a regex whose every match is a JSON text valid under the schema.
 
@@ -86,7 +86,8 @@ def schema_to_regex(
         max_string_repeat: the same for string lengths (`maxLength`, counted `pattern` repeats).
         max_seconds: wall-clock budget of the translation itself (all retries together).
         undeclared_keys: let objects that declare properties but say nothing of `additionalProperties` also
-            carry undeclared keys (valid JSON Schema, rarely wanted in generated output); default False.
+            carry undeclared keys, after the declared ones, as JSON Schema allows (default); False: only the
+            declared keys (a subset of the valid documents, as in xgrammar's and OpenAI's strict modes).
 
     Raises:
         InvalidSchemaError, UnsupportedSchemaError, UnsatisfiableSchemaError, InvalidRegexError,
@@ -106,7 +107,7 @@ def schema_to_grammar(
     max_repeat: int = 32,
     max_string_repeat: int = 256,
     max_seconds: float = 10.0,
-    undeclared_keys: bool = False,
+    undeclared_keys: bool = True,
 ) -> str:
     """`schema_to_regex`, but a schema whose flat regex is over `max_cost`, or would allow less than the schema
     (undeclared keys beside declared ones, free values nested past two levels, recursion past `max_ref_depth`), is

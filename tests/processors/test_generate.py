@@ -91,7 +91,9 @@ def test_pydantic_model_class():
 
     proc = JSONSchemaLogitsProcessor(Point, byte_level_tokenizer())
     assert proc.schema["required"] == ["x", "y"]
-    assert proc.regex.startswith(r"\{")
+    assert split_grammar(proc.regex) is not None  # (undeclared keys after x and y: a free value, a rule)
+    strict = JSONSchemaLogitsProcessor(Point, byte_level_tokenizer(), undeclared_keys=False)
+    assert strict.regex.startswith(r"\{")
 
 
 def test_grammar_schema_generations_parse_and_validate():

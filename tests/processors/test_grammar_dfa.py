@@ -64,8 +64,9 @@ def check_same_as_inlined(grammar: str, vocab: TokenVocabulary, narrow_bytes: in
 
 
 def schema_grammar(schema: dict) -> str:
-    """The schema's exact translation with every value of any size a rule (calls everywhere)."""
-    ctx = Context(root=schema, translate=translate, rules={}, max_cost=400_000, min_rule_cost=0)
+    """The schema's exact translation with every value of any size a rule (calls everywhere), declared keys only
+    (undeclared keys take free values, a recursive rule that no flat regex inlines)."""
+    ctx = Context(root=schema, translate=translate, rules={}, max_cost=400_000, min_rule_cost=0, undeclared_keys=False)
     rx = translate(schema, ctx, "#")
     assert ctx.rules, "the schema has values to call"
     return join_grammar(rx.text, ctx.grammar_rules())
@@ -197,11 +198,11 @@ def test_schema_to_grammar_keeps_what_the_flat_budget_leaves_out():
     schema = _nested_schema(width=4, depth=3)
     with warnings.catch_warnings(record=True) as flat_warnings:
         warnings.simplefilter("always")
-        flat = schema_to_regex(schema, max_cost=20_000)
+        flat = schema_to_regex(schema, max_cost=20_000, undeclared_keys=False)
     assert any("left out" in str(w.message) for w in flat_warnings)  # the flat regex had to shrink
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the grammar is exact: no warning
-        grammar = schema_to_grammar(schema, max_cost=20_000)
+        grammar = schema_to_grammar(schema, max_cost=20_000, undeclared_keys=False)
     rules = split_grammar(grammar)
     assert rules is not None and 1 < len(rules) < 10  # each level's value is one rule, shared by its 4 uses
     deep = {"k2_0": {"k1_2": {"k0_1": "é"}}, "k2_3": {"k1_0": {}, "k1_3": {"k0_3": "x" * 40}}}  # (schema order)
