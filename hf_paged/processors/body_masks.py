@@ -1,8 +1,8 @@
 """String-body masks as slices of one per-vocabulary plan: a body state's first visit without vocabulary-sized work.
 
 A state with a string body (`body_steps`) allows the body tokens of at most k characters (k = its steps, capped at
-the longest body token) plus the few other tokens that `walk_others` keeps alive. The body part depends only on
-(vocabulary, body split, k), so it is laid out once per split of a vocabulary:
+the longest body token) plus the few other tokens that stay alive (`TrieWalk._others_alive`). The body part
+depends only on (vocabulary, body split, k), so it is laid out once per split of a vocabulary:
 
     perm    | body tokens by character count: 1 char | 2 chars | ... | max | every other id < vocab_size |
     counts             counts[k] = body tokens of at most k characters

@@ -102,6 +102,7 @@ class GrammarDFA:
         self._set_ids: dict[frozenset, int] = {}
         self._closures: dict[tuple, list[tuple]] = {}
         self._inside_masks: dict[tuple[int, bool], np.ndarray] = {}  # (rule, called) -> `inside_mask`
+        self._views: dict[int, InsideView | None] = {}  # state -> `inside_view`
         self._lock = threading.RLock()
         if self._config_state((0, self.rules[0].initial)) != self.initial:
             raise AssertionError("the initial state is state 1")
@@ -240,16 +241,20 @@ class GrammarDFA:
             return [self._config_state(config) for config in configs]
 
     def inside_view(self, state: int) -> InsideView | None:
-        """Where a state inside a rule sits (None for any other state)."""
+        """Where a state inside a rule sits (None for any other state), memoised (a first visit asks 2-3 times)."""
+        view = self._views.get(state, False)
+        if view is not False:
+            return view
         context = int(self._state_context[state])
-        if not context:
-            return None
-        ctx = self._contexts[context - 1]
-        inside = self.inside_mask(ctx.rule, bool(ctx.prefix))
-        rule_state = int(self._rule_state[state])
-        if not inside[rule_state]:
-            return None
-        return InsideView(ctx.base, ctx.rule, bool(ctx.prefix), rule_state, inside)
+        view = None
+        if context:
+            ctx = self._contexts[context - 1]
+            inside = self.inside_mask(ctx.rule, bool(ctx.prefix))
+            rule_state = int(self._rule_state[state])
+            if inside[rule_state]:
+                view = InsideView(ctx.base, ctx.rule, bool(ctx.prefix), rule_state, inside)
+        self._views[state] = view
+        return view
 
     def context_view(self, context: int) -> InsideView:
         """A context (`_state_context`'s number, from 1) seen from its rule: a walk may follow the rule's own table

@@ -64,7 +64,7 @@ class GrammarMasks:
     Args:
         dfa: the grammar automaton (`GrammarDFA`).
         trie: the vocabulary trie.
-        walk: the trie walk over `dfa` (its `continue_pairs` and `next_state` finish a state in its context).
+        walk: the trie walk over `dfa` (its `continue_pairs` and `alive_past_stop` finish a state in its context).
     """
 
     def __init__(self, dfa, trie: TokenTrie, walk: TrieWalk):
@@ -79,12 +79,15 @@ class GrammarMasks:
         self._lock = threading.Lock()
 
     def prepare(self) -> None:
-        """The lookahead classes of every rule with a wide state, now (compile time) rather than on a decoding
-        step: the root uncalled, the others called (a root called again by recursion: on first need)."""
-        for rule_index, rule in enumerate(self.dfa.rules):
-            if (rule.live.sum(axis=1) > self.walk.narrow_bytes).any():
+        """The lookahead classes and closed key states (`body_closure`) of every rule with a wide state, now
+        (compile time) rather than on a decoding step: the root uncalled, the others called (a root called again
+        by recursion: on first need)."""
+        for rule_index in range(len(self.dfa.rules)):
+            if not self.walk.rule_narrow(rule_index).all():
                 called = rule_index > 0
-                self.classes(rule_index, called, self.dfa.inside_mask(rule_index, called))
+                inside = self.dfa.inside_mask(rule_index, called)
+                self.classes(rule_index, called, inside)
+                self.walk.closed_of(rule_index, called, inside)
 
     def mask(self, state: int, final: bool, build: Callable[[object, bool], object],
              planned: Callable[[int], object | None]) -> object | None:
@@ -118,7 +121,7 @@ class GrammarMasks:
             outcome, depth, stopped = walked.outcome, walked.stop_depth, walked.stop_state
             parts.append(long.ids[outcome == 1])
             for i in np.flatnonzero((outcome == 2) & (depth > LOOKAHEAD)).tolist():  # stops past the classes' reach
-                if self.walk.next_state(base + int(stopped[i]), long.raw[i][int(depth[i]):]) is not None:
+                if self.walk.alive_past_stop(base + int(stopped[i]), long.raw[i][int(depth[i]):]):
                     parts.append(long.ids[i : i + 1])
         return build(np.concatenate(parts), final)
 

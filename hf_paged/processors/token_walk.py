@@ -27,7 +27,7 @@ import numpy as np
 from hf_paged.processors.body_closure import closed_states
 from hf_paged.processors.body_masks import PlannedIds, body_plan, group_words, set_bits
 from hf_paged.processors.body_steps import UNBOUNDED, BodySteps
-from hf_paged.processors.body_tokens import JSON_KEY_ASCII, BodyTokens, body_tokens, walk_others
+from hf_paged.processors.body_tokens import JSON_KEY_ASCII, BodyTokens, body_tokens
 from hf_paged.processors.byte_dfa import ByteDFA
 from hf_paged.processors.grammar_bodies import GrammarBodySteps
 from hf_paged.processors.grammar_dfa import MAX_DEPTH
@@ -86,6 +86,7 @@ class TrieWalk:
             self._body = GrammarBodySteps(dfa, fallback)
         self._closed: dict[tuple[int, bool], np.ndarray] = {}  # (rule, called) -> `closed_states` per rule state
         self._all_inside: np.ndarray | None = None  # an automaton built at once: no stops (`walk_tokens`)
+        self._rule_narrow: dict[int, np.ndarray] = {}  # grammar rule -> `rule_narrow`
         self._stack_steps: dict[tuple[frozenset, int | None], frozenset] = {}  # `_stacks_after`
 
     def next_state(self, state: int, raw: bytes) -> int | None:
@@ -144,19 +145,21 @@ class TrieWalk:
         view = self.dfa.inside_view(state)
         if view is None:
             return None
-        rule = self.dfa.rules[view.rule]
-        closed = self._closed.get((view.rule, view.called))
-        if closed is None:
-            closed = self._closed[view.rule, view.called] = closed_states(
-                rule.table, view.inside, rule.dead, JSON_KEY_ASCII
-            )
-        if not closed[view.rule_state]:
+        if not self.closed_of(view.rule, view.called, view.inside)[view.rule_state]:
             return None
         split = body_tokens(self.trie, JSON_KEY_ASCII, False)
         if not split.complete:
             return None
         plan = body_plan(self.trie, split)
         return PlannedIds(plan, plan.row(UNBOUNDED), self.trie.pos_ids[self._others_alive(split, state)])
+
+    def closed_of(self, rule_index: int, called: bool, inside: np.ndarray) -> np.ndarray:
+        """`closed_states` of a grammar rule's states for the key body (`inside`: not a stop), memoised."""
+        closed = self._closed.get((rule_index, called))
+        if closed is None:
+            rule = self.dfa.rules[rule_index]
+            closed = self._closed[rule_index, called] = closed_states(rule.table, inside, rule.dead, JSON_KEY_ASCII)
+        return closed
 
     def _others_alive(self, split: BodyTokens, state: int, keep: np.ndarray | None = None) -> np.ndarray:
         """Positions of `split`'s other tokens (those where `keep`, if given) whose bytes keep `state` alive, each
@@ -168,8 +171,10 @@ class TrieWalk:
             table, inside, dead, start, base = self.dfa.transitions, self._all_inside, self._dead, state, 0
         else:
             view = self.dfa.inside_view(state)
-            if view is None:  # a call or a finished callee itself (rare): byte column by byte column
-                return walk_others(split, self.dfa.transitions, state, self._dead, keep, self._ensure)
+            if view is None:  # a call or a finished callee itself (rare): on the automaton's rows
+                which = np.arange(split.other_positions.shape[0]) if keep is None else np.flatnonzero(keep)
+                raws = [self.trie.pos_bytes[p] for p in split.other_positions[which].tolist()]
+                return split.other_positions[which[self._rests_alive(np.full(which.shape[0], state), raws)]]
             rule = self.dfa.rules[view.rule]
             table, inside, dead, start, base = rule.table, view.inside, rule.dead, view.rule_state, view.base
         walked = walk_tokens(start, table, inside, dead, split.other_flat, split.other_offsets)
@@ -180,13 +185,42 @@ class TrieWalk:
             stopped &= keep
         positions, pos_bytes = split.other_positions, self.trie.pos_bytes
         which = np.flatnonzero(stopped)
-        if which.shape[0] > MANY_STOPS:  # (a string closing its rule: ~100 tokens) the automaton, column by column
-            return np.concatenate([positions[alive], walk_others(split, self.dfa.transitions, state, self._dead,
-                                                                 stopped, self._ensure)])
-        for i in which.tolist():  # a few at a call or a finished callee: on in their stacks, no state named
-            rest = pos_bytes[int(positions[i])][int(walked.stop_depth[i]):]
-            alive[i] = self.alive_past_stop(base + int(walked.stop_state[i]), rest)
+        rests = [pos_bytes[p][d:] for p, d in zip(positions[which].tolist(), walked.stop_depth[which].tolist())]
+        stops = walked.stop_state[which] + base
+        if which.shape[0] > MANY_STOPS:  # (a string closing its rule: ~100 tokens) on the automaton's rows
+            alive[which] = self._rests_alive(stops, rests)
+        else:  # a few at a call or a finished callee: on in their stacks, no state named
+            alive[which] = [self.alive_past_stop(stop, rest) for stop, rest in zip(stops.tolist(), rests)]
         return positions[alive]
+
+    def _rests_alive(self, states: np.ndarray, rests: list[bytes]) -> np.ndarray:
+        """Whether each byte string `rests[i]` keeps a grammar automaton alive from `states[i]`: the strings from one
+        state in one compiled call (`walk_tokens` over the rows built so far), the rows they stop at built in one
+        `ensure`, and on from there."""
+        dfa = self.dfa
+        alive = np.zeros(len(rests), dtype=bool)
+        pending = np.arange(len(rests))
+        current = states.astype(np.int64)
+        while pending.shape[0]:
+            self._ensure(current[pending])
+            stopped = []
+            for state in np.unique(current[pending]).tolist():
+                group = pending[current[pending] == state]
+                raw = [rests[i] for i in group.tolist()]
+                lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
+                offsets = np.zeros(len(raw) + 1, dtype=np.int64)
+                np.cumsum(lengths, out=offsets[1:])
+                flat = np.frombuffer(b"".join(raw), dtype=np.uint8).copy()
+                walked = walk_tokens(state, dfa.transitions, dfa.known, self._dead, flat, offsets)
+                alive[group[walked.outcome == 1]] = True
+                halted = np.flatnonzero(walked.outcome == 2)  # at a row not built yet: on from there
+                for i, depth, at in zip(group[halted].tolist(), walked.stop_depth[halted].tolist(),
+                                        walked.stop_state[halted].tolist()):
+                    rests[i] = rests[i][depth:]
+                    current[i] = at
+                    stopped.append(i)
+            pending = np.array(stopped, dtype=np.int64)
+        return alive
 
     def alive_past_stop(self, stop: int, rest: bytes) -> bool:
         """Whether the bytes `rest` keep a grammar automaton alive from `stop`, a single-configuration state at a
@@ -263,8 +297,8 @@ class TrieWalk:
         return list(seen)
 
     def continue_pairs(self, nodes: np.ndarray, states: np.ndarray) -> np.ndarray:
-        """Ids of the allowed tokens below (trie node, state) pairs (the node's own tokens included)."""
-        return self.trie.pos_ids[self._wide_walk(nodes, states)]
+        """Ids of the allowed tokens below (trie node, stop state) pairs (the node's own tokens included)."""
+        return self.trie.pos_ids[self.past_stops(nodes, states)]
 
     def decide(self, state: int, planned: bool = True) -> list[int] | np.ndarray | PlannedIds:
         """The allowed regular ids of `state`, in the cheapest form to turn into a mask: a list when the Python walk
@@ -281,9 +315,9 @@ class TrieWalk:
             if found is not None:
                 return found
         if self.compiled_narrow and self.is_narrow(state):
-            found = self._narrow_compiled(state)
+            found = self.narrow_marked(state, np.zeros(trie.first_words.shape[1], dtype=np.uint32))
             if found is not None:
-                return found
+                return found.tolist() if found.shape[0] <= PYTHON_IDS else found
         pos_start, pos_end, sub_set, child_of = trie.pos_start, trie.pos_end, trie.sub_set, trie.child_of
         ranges: list[tuple[int, int]] = []  # DFS position ranges of allowed tokens
         wide_nodes: list[int] = []
@@ -327,7 +361,10 @@ class TrieWalk:
 
     def narrow_marked(self, state: int, words: np.ndarray) -> np.ndarray | None:
         """A narrow state's allowed ids (int64, unordered), their bits set in `words` (uint32) by the same compiled
-        call that walks the trie (`walk_marked`); None where `_narrow_compiled` is None (or it is off)."""
+        call that walks the trie (`walk_marked`, ~5 us where the Python walk reads a few new states' rows at ~5 us
+        each): on the automaton's table, or for a grammar state inside a rule on its rule's table, the pairs at a
+        stop followed on with `past_stops`. None for a grammar state at a call or a finished callee (the Python
+        walk builds the rows it needs), or when the compiled narrow walk is off."""
         if not self.compiled_narrow:
             return None
         trie, dfa = self.trie, self.dfa
@@ -343,37 +380,11 @@ class TrieWalk:
                              words)
         if not walked.pending_nodes.shape[0]:
             return walked.positions
-        more = trie.pos_ids[self._past_stops(walked.pending_nodes, walked.pending_states + view.base)]
+        more = trie.pos_ids[self.past_stops(walked.pending_nodes, walked.pending_states + view.base)]
         set_bits(words.view(np.int32), more)
         return np.concatenate([walked.positions, more])
 
-    def _narrow_compiled(self, state: int) -> list[int] | np.ndarray | None:
-        """A narrow state's allowed ids by the compiled walk (~5 us where the Python one reads a few new states' rows
-        at ~5 us each): on the automaton's table, or a grammar state inside a rule on its rule's table, the pairs
-        at a stop followed on with `_past_stops`. None for a grammar state at a call or a finished callee (the
-        Python walk builds the rows it needs)."""
-        trie, dfa = self.trie, self.dfa
-        if not dfa.lazy:
-            walked = walk_pairs(trie, _ROOT, np.array([state], dtype=np.int64), dfa.transitions, self._known,
-                                self._dead, dfa.loops, self._has_loops)
-            positions = walked.positions
-        else:
-            view = dfa.inside_view(state)
-            if view is None:
-                return None
-            rule = dfa.rules[view.rule]
-            walked = walk_pairs(trie, _ROOT, np.array([view.rule_state], dtype=np.int64), rule.table, view.inside,
-                                rule.dead, rule.loops, rule.has_loops)
-            positions = walked.positions
-            if walked.pending_nodes.shape[0]:
-                positions = np.concatenate(
-                    [positions, self._past_stops(walked.pending_nodes, walked.pending_states + view.base)]
-                )
-        if positions.shape[0] <= PYTHON_IDS:
-            return trie.pos_ids[positions].tolist()
-        return trie.pos_ids[positions]
-
-    def _past_stops(self, nodes: np.ndarray, states: np.ndarray) -> np.ndarray:
+    def past_stops(self, nodes: np.ndarray, states: np.ndarray) -> np.ndarray:
         """DFS positions of the allowed tokens below (trie node, stop state) pairs: the node's bytes took a walk to a
         call or a finished callee. A few tokens: each on its own stacks (`alive_past_stop`); more: the automaton."""
         trie = self.trie
@@ -472,8 +483,21 @@ class TrieWalk:
         return not multibyte or all(target == dead for target in row[0xC2:0xF5])
 
     def is_narrow(self, state: int) -> bool:
-        """True when `state` is walked node by node in Python (its masks are cheap: tens of microseconds)."""
-        return len(self._live_bytes(state)) <= self.narrow_bytes
+        """True when `state` has at most `narrow_bytes` live bytes (keys, punctuation, numbers: a walk of a few
+        subtrees); a grammar state inside a rule reads its rule's counts (no row of its own needed)."""
+        live = self._live[state]
+        if live is None and self.dfa.lazy:
+            view = self.dfa.inside_view(state)
+            if view is not None:
+                return bool(self.rule_narrow(view.rule)[view.rule_state])
+        return len(live if live is not None else self._live_bytes(state)) <= self.narrow_bytes
+
+    def rule_narrow(self, rule_index: int) -> np.ndarray:
+        """bool per state of a grammar rule: at most `narrow_bytes` live bytes (memoised)."""
+        narrow = self._rule_narrow.get(rule_index)
+        if narrow is None:
+            narrow = self._rule_narrow[rule_index] = self.dfa.rules[rule_index].live.sum(axis=1) <= self.narrow_bytes
+        return narrow
 
     def _live_bytes(self, state: int) -> bytes:
         """The bytes that do not kill `state` (their next states: `_row`)."""

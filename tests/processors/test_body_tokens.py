@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_paged.processors.body_steps import UNBOUNDED, BodySteps
-from hf_paged.processors.body_tokens import body_tokens, walk_others
+from hf_paged.processors.body_tokens import body_tokens
 from hf_paged.processors.byte_dfa import build_byte_dfa
 from hf_paged.processors.index_cache import anchored
 from hf_paged.processors.schema_regex import schema_to_regex
@@ -104,7 +104,7 @@ def test_body_split_of_a_small_vocabulary():
     no_multibyte = body_tokens(trie, json_ascii, False)
     assert {raw_at[p] for p, c in enumerate(no_multibyte.chars) if c >= 0} == {b"ab", b"abc"}
     dfa = build_byte_dfa(anchored(JSON_BODY + ",?"))
-    kept = walk_others(split, dfa.transitions, _after_quote(dfa), dfa.dead)
+    kept = TrieWalk(dfa, trie)._others_alive(split, _after_quote(dfa))
     assert sorted(raw_at[p] for p in kept.tolist()) == [b"\\n", b'a"']  # "\n" and a lone continuation die
 
 
@@ -179,7 +179,7 @@ def test_a_body_with_too_many_other_tokens_is_left_to_the_trie_walk(monkeypatch)
     monkeypatch.setattr(module, "MAX_OTHERS", 5)
     trie = build_token_trie(UTF8_VOCAB.tokens, UTF8_VOCAB.vocab_size)
     split = body_tokens(trie, module.JSON_STRING_ASCII, True)
-    assert not split.complete and split.other_bytes.shape == (0, 0)
+    assert not split.complete and split.other_flat.shape == (0,)
     dfa = build_byte_dfa(anchored(JSON_BODY))
     assert TrieWalk(dfa, trie, narrow_bytes=0)._body_allowed(_after_quote(dfa)) is None
     for regex in (JSON_BODY, '"(?:[b-z][a-z]*|a)"'):
