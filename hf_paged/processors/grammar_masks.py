@@ -64,7 +64,7 @@ class GrammarMasks:
     Args:
         dfa: the grammar automaton (`GrammarDFA`).
         trie: the vocabulary trie.
-        walk: the trie walk over `dfa` (its `continue_pairs` and `alive_past_stop` finish a state in its context).
+        walk: the trie walk over `dfa` (its `continue_pairs` and `stops` finish a state in its context).
     """
 
     def __init__(self, dfa, trie: TokenTrie, walk: TrieWalk):
@@ -121,7 +121,7 @@ class GrammarMasks:
             outcome, depth, stopped = walked.outcome, walked.stop_depth, walked.stop_state
             parts.append(long.ids[outcome == 1])
             for i in np.flatnonzero((outcome == 2) & (depth > LOOKAHEAD)).tolist():  # stops past the classes' reach
-                if self.walk.alive_past_stop(base + int(stopped[i]), long.raw[i][int(depth[i]):]):
+                if self.walk.stops.alive(base + int(stopped[i]), long.raw[i][int(depth[i]):]):
                     parts.append(long.ids[i : i + 1])
         return build(np.concatenate(parts), final)
 

@@ -57,7 +57,7 @@ class TokenIndex:
         vocab: the vocabulary (its EOS ids are allowed exactly in final states).
         trie: the vocabulary's trie (`token_trie(vocab)`).
         max_cached_bytes: memory for memoised masks; past it, new states' masks are recomputed on each visit.
-        narrow_bytes: states with at most this many live bytes are walked node by node in Python.
+        narrow_bytes: states with at most this many live bytes are narrow (`TrieWalk.narrow_marked`).
     """
 
     def __init__(

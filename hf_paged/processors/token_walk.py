@@ -1,21 +1,26 @@
 """Which tokens of a vocabulary trie keep one byte-automaton state alive: the walk behind `TokenIndex`'s masks.
 
-Two ways over the (node, DFA state) pairs still alive, chosen per pair:
+Over the (node, DFA state) pairs still alive, the compiled depth-first walk (`trie_kernel`, ~10 ns a node):
 
     narrow state (<= NARROW_BYTES live bytes: keys, punctuation, numbers)
-        node by node in Python, following only the live bytes (dict lookups, no array call)
-    wide state (a string body), or a narrow walk that grew past PYTHON_LOOKUPS
-        the compiled depth-first walk (`trie_kernel`): ~10 ns a node
+        one compiled call from the root that also sets the mask's bits (`narrow_marked`, a few microseconds); a
+        grammar state inside a rule walks its rule's own table, the tokens reaching a call or a finished callee
+        are followed on from there (`past_stops`, `grammar_stops`). The Python walk, node by node along the live
+        bytes, is left for a grammar's states at a call or a finished callee (it builds the rows it reads)
+    wide state (a string body, a free-form key)
+        the compiled walk of the whole trie below the state, unless a plan decides it (below)
 
-Shortcut on both paths: when every byte below a node loops on the node's state (`T[s, b] == s`, a string body),
-every token of the subtree is allowed: its contiguous DFS slice is taken without descending.
+Shortcut: when every byte below a node loops on the node's state (`T[s, b] == s`, a string body), every token of
+the subtree is allowed: its contiguous DFS slice is taken without descending.
 
 Before any of that, a wide state with a string body (`body_steps`: plain or counted, `[^"]{0,n}` included) is
 decided from the vocabulary's body split (`body_tokens`) and its plan (`body_masks`): a row of per-vocabulary
 bitmask words plus an exact walk of the few hundred tokens holding a quote, a backslash, a control byte or
-malformed UTF-8 (`decide` returns a `PlannedIds`). A state whose biggest group of bytes leads into such a body
-(the first character of a free-form key) is decided the same way on the bytes past the first, and walks the trie
-only below the other first bytes.
+malformed UTF-8 (`_others_alive`; `decide` returns a `PlannedIds`). So is a grammar state from which every string
+of key characters stays alive (`body_closure`: the prefixes of a free-form key, whatever names they may still
+spell), with the plan of all key-body tokens. A state whose biggest group of bytes leads into a body (the first
+character of a free-form key) is decided the same way on the bytes past the first, and walks the trie only below
+the other first bytes.
 """
 
 from __future__ import annotations
@@ -30,18 +35,16 @@ from hf_paged.processors.body_steps import UNBOUNDED, BodySteps
 from hf_paged.processors.body_tokens import JSON_KEY_ASCII, BodyTokens, body_tokens
 from hf_paged.processors.byte_dfa import ByteDFA
 from hf_paged.processors.grammar_bodies import GrammarBodySteps
-from hf_paged.processors.grammar_dfa import MAX_DEPTH
+from hf_paged.processors.grammar_stops import GrammarStops
 from hf_paged.processors.token_trie import TokenTrie, ranges_to_ids
 from hf_paged.processors.trie_kernel import walk_marked, walk_pairs, walk_tokens
 
 __all__ = ["TrieWalk"]
 
 PYTHON_IDS = 256  # the Python walk hands back a list when it found at most this many tokens
-NARROW_BYTES = 16  # a state with at most this many live bytes is walked node by node in Python
-PYTHON_LOOKUPS = 256  # ... for at most this many child lookups; what is left then goes to the compiled walk
-_ROOT = np.zeros(1, dtype=np.int64)  # the trie's root node, as the compiled walk's one starting node
-MAX_STACK_STEPS = 1 << 16  # memoised steps of call stacks past stops (`_stacks_after`), then cleared
-MANY_STOPS = 32  # listed tokens past a rule's stop followed one by one (`alive_past_stop`); more: on the automaton
+NARROW_BYTES = 16  # a state with at most this many live bytes is narrow (a walk of a few subtrees)
+PYTHON_LOOKUPS = 256  # the Python walk takes at most this many child lookups; what is left goes to the compiled walk
+MANY_STOPS = 32  # tokens past a rule's stop followed one by one on call stacks; more: on the automaton's rows
 
 
 class _Sparse(dict):
@@ -58,7 +61,7 @@ class TrieWalk:
     Args:
         dfa: the byte automaton.
         trie: the vocabulary trie.
-        narrow_bytes: states with at most this many live bytes are walked node by node in Python.
+        narrow_bytes: states with at most this many live bytes are narrow (`narrow_marked`).
     """
 
     def __init__(self, dfa: ByteDFA, trie: TokenTrie, narrow_bytes: int = NARROW_BYTES):
@@ -87,7 +90,7 @@ class TrieWalk:
         self._closed: dict[tuple[int, bool], np.ndarray] = {}  # (rule, called) -> `closed_states` per rule state
         self._all_inside: np.ndarray | None = None  # an automaton built at once: no stops (`walk_tokens`)
         self._rule_narrow: dict[int, np.ndarray] = {}  # grammar rule -> `rule_narrow`
-        self._stack_steps: dict[tuple[frozenset, int | None], frozenset] = {}  # `_stacks_after`
+        self.stops = GrammarStops(dfa) if dfa.lazy else None  # tokens past a rule's stop, on call stacks
 
     def next_state(self, state: int, raw: bytes) -> int | None:
         """The state after the bytes `raw`, or None when they reach the dead state (a few list reads a byte)."""
@@ -138,8 +141,8 @@ class TrieWalk:
     def closed_planned(self, state: int) -> PlannedIds | None:
         """The allowed ids of a grammar state inside a rule from which every string of key characters stays alive
         and inside (`body_closure`: a free-form key's prefixes), or None: the plan row of every key-body token, plus
-        the tokens holding another byte (a quote, a backslash, non-ASCII: ~1k with GPT-2) walked on the rule's
-        table, on in the automaton past a stop."""
+        the tokens holding another byte (a quote, a backslash, non-ASCII: ~1k with GPT-2) walked one by one
+        (`_others_alive`)."""
         if not self.use_bodies or not self.dfa.lazy or self.is_narrow(state):
             return None
         view = self.dfa.inside_view(state)
@@ -164,7 +167,7 @@ class TrieWalk:
     def _others_alive(self, split: BodyTokens, state: int, keep: np.ndarray | None = None) -> np.ndarray:
         """Positions of `split`'s other tokens (those where `keep`, if given) whose bytes keep `state` alive, each
         walked on its own by the compiled loop (`walk_tokens`): on the automaton's table when every row is built,
-        else (a grammar) on the state's rule's table, on from a stop with `alive_past_stop`."""
+        else (a grammar) on the state's rule's table, on from a stop with `grammar_stops`."""
         if not self.dfa.lazy:
             if self._all_inside is None:
                 self._all_inside = np.ones(self.dfa.transitions.shape[0], dtype=bool)
@@ -174,7 +177,7 @@ class TrieWalk:
             if view is None:  # a call or a finished callee itself (rare): on the automaton's rows
                 which = np.arange(split.other_positions.shape[0]) if keep is None else np.flatnonzero(keep)
                 raws = [self.trie.pos_bytes[p] for p in split.other_positions[which].tolist()]
-                return split.other_positions[which[self._rests_alive(np.full(which.shape[0], state), raws)]]
+                return split.other_positions[which[self.stops.rests_alive(np.full(which.shape[0], state), raws)]]
             rule = self.dfa.rules[view.rule]
             table, inside, dead, start, base = rule.table, view.inside, rule.dead, view.rule_state, view.base
         walked = walk_tokens(start, table, inside, dead, split.other_flat, split.other_offsets)
@@ -188,113 +191,10 @@ class TrieWalk:
         rests = [pos_bytes[p][d:] for p, d in zip(positions[which].tolist(), walked.stop_depth[which].tolist())]
         stops = walked.stop_state[which] + base
         if which.shape[0] > MANY_STOPS:  # (a string closing its rule: ~100 tokens) on the automaton's rows
-            alive[which] = self._rests_alive(stops, rests)
+            alive[which] = self.stops.rests_alive(stops, rests)
         else:  # a few at a call or a finished callee: on in their stacks, no state named
-            alive[which] = [self.alive_past_stop(stop, rest) for stop, rest in zip(stops.tolist(), rests)]
+            alive[which] = [self.stops.alive(stop, rest) for stop, rest in zip(stops.tolist(), rests)]
         return positions[alive]
-
-    def _rests_alive(self, states: np.ndarray, rests: list[bytes]) -> np.ndarray:
-        """Whether each byte string `rests[i]` keeps a grammar automaton alive from `states[i]`: the strings from one
-        state in one compiled call (`walk_tokens` over the rows built so far), the rows they stop at built in one
-        `ensure`, and on from there."""
-        dfa = self.dfa
-        alive = np.zeros(len(rests), dtype=bool)
-        pending = np.arange(len(rests))
-        current = states.astype(np.int64)
-        while pending.shape[0]:
-            self._ensure(current[pending])
-            stopped = []
-            for state in np.unique(current[pending]).tolist():
-                group = pending[current[pending] == state]
-                raw = [rests[i] for i in group.tolist()]
-                lengths = np.fromiter(map(len, raw), dtype=np.int64, count=len(raw))
-                offsets = np.zeros(len(raw) + 1, dtype=np.int64)
-                np.cumsum(lengths, out=offsets[1:])
-                flat = np.frombuffer(b"".join(raw), dtype=np.uint8).copy()
-                walked = walk_tokens(state, dfa.transitions, dfa.known, self._dead, flat, offsets)
-                alive[group[walked.outcome == 1]] = True
-                halted = np.flatnonzero(walked.outcome == 2)  # at a row not built yet: on from there
-                for i, depth, at in zip(group[halted].tolist(), walked.stop_depth[halted].tolist(),
-                                        walked.stop_state[halted].tolist()):
-                    rests[i] = rests[i][depth:]
-                    current[i] = at
-                    stopped.append(i)
-            pending = np.array(stopped, dtype=np.int64)
-        return alive
-
-    def alive_past_stop(self, stop: int, rest: bytes) -> bool:
-        """Whether the bytes `rest` keep a grammar automaton alive from `stop`, a single-configuration state at a
-        call or a finished callee.
-
-        The stacks of calls the bytes open and close are followed on the rules' own tables, from the state's own
-        stack, exactly as the automaton's closure would (calls entered below `MAX_DEPTH` frames, callees returned
-        from), but naming no automaton state: a call would name the callee's context, tens of microseconds, for
-        a token that may never be sampled.
-        """
-        frames = self.dfa.frames(stop)
-        if frames is None:
-            return self.next_state(stop, rest) is not None
-        rules = self.dfa.rules
-        if len(frames) < MAX_DEPTH:  # most often one callee reads all of it on its own table: alive
-            for callee_index, _ in rules[frames[-1][0]].calls.get(frames[-1][1], ()):
-                callee = rules[callee_index]
-                table, current, dead = callee.table, callee.initial, callee.dead
-                for byte in rest:
-                    current = table[current, byte]
-                    if current == dead:
-                        break
-                else:
-                    return True
-        current = self._stacks_after(frozenset([frames]), None)
-        for byte in rest:
-            current = self._stacks_after(current, byte)
-            if not current:
-                return False
-        return True
-
-    def _stacks_after(self, stacks: frozenset, byte: int | None) -> frozenset:
-        """The call stacks after `byte` from `stacks` (None: `stacks` themselves), closed under calls and returns;
-        memoised per (stacks, byte), so the tokens through one stop share their steps."""
-        key = (stacks, byte)
-        found = self._stack_steps.get(key)
-        if found is None:
-            if byte is None:
-                moved = list(stacks)
-            else:
-                moved = []
-                for stack in stacks:
-                    rule_index, state = stack[-1]
-                    rule = self.dfa.rules[rule_index]
-                    following = int(rule.table[state, byte])
-                    if following != rule.dead:
-                        moved.append(stack[:-1] + ((rule_index, following),))
-            found = frozenset(self._stack_closure(moved)) if moved else frozenset()
-            if len(self._stack_steps) >= MAX_STACK_STEPS:
-                self._stack_steps.clear()
-            self._stack_steps[key] = found
-        return found
-
-    def _stack_closure(self, stacks: list[tuple]) -> list[tuple]:
-        """Every call stack reachable from `stacks` without reading a byte: calls entered while the stack holds
-        fewer than `MAX_DEPTH` frames, callees returned from (`GrammarDFA._closure` on frames)."""
-        rules = self.dfa.rules
-        seen = set(stacks)
-        pending = list(stacks)
-        while pending:
-            stack = pending.pop()
-            rule_index, state = stack[-1]
-            rule = rules[rule_index]
-            moves = []
-            if len(stack) < MAX_DEPTH:
-                for callee, back in rule.calls.get(state, ()):
-                    moves.append(stack[:-1] + ((rule_index, back), (callee, rules[callee].initial)))
-            if len(stack) > 1 and rule.finals[state]:
-                moves.append(stack[:-1])  # (the caller's top holds its return state already)
-            for move in moves:
-                if move not in seen:
-                    seen.add(move)
-                    pending.append(move)
-        return list(seen)
 
     def continue_pairs(self, nodes: np.ndarray, states: np.ndarray) -> np.ndarray:
         """Ids of the allowed tokens below (trie node, stop state) pairs (the node's own tokens included)."""
@@ -305,9 +205,9 @@ class TrieWalk:
         found few, a `PlannedIds` for a string body (a row of a per-vocabulary plan plus a few extra ids), else an
         int64 array.
 
-        Narrow states (at most `NARROW_BYTES` live bytes: keys, punctuation, numbers) are walked node by node in
-        Python, following only their live bytes; wide pairs (a string body) go to the compiled walk.
-        `planned=False`: the caller tried `planned` already.
+        Narrow states (at most `NARROW_BYTES` live bytes: keys, punctuation, numbers) take `narrow_marked` (the
+        Python walk, node by node along their live bytes, when it does not apply or `compiled_narrow` is off);
+        wide pairs met on the way go to the compiled walk. `planned=False`: the caller tried `planned` already.
         """
         trie = self.trie
         if planned:
@@ -386,7 +286,7 @@ class TrieWalk:
 
     def past_stops(self, nodes: np.ndarray, states: np.ndarray) -> np.ndarray:
         """DFS positions of the allowed tokens below (trie node, stop state) pairs: the node's bytes took a walk to a
-        call or a finished callee. A few tokens: each on its own stacks (`alive_past_stop`); more: the automaton."""
+        call or a finished callee. A few tokens: each on its own stacks (`grammar_stops`); more: the automaton."""
         trie = self.trie
         starts, ends = trie.pos_ptr[nodes], trie.sub_end[nodes]
         if int((ends - starts).sum()) > MANY_STOPS:
@@ -395,7 +295,7 @@ class TrieWalk:
         for node, state, start, end in zip(nodes.tolist(), states.tolist(), starts.tolist(), ends.tolist()):
             depth = int(trie.node_depth[node])
             for position in range(start, end):
-                if self.alive_past_stop(state, trie.pos_bytes[position][depth:]):
+                if self.stops.alive(state, trie.pos_bytes[position][depth:]):
                     kept.append(position)
         return np.array(kept, dtype=np.int64)
 

@@ -1,5 +1,5 @@
 """Free-form key states from a plan (`body_closure`), narrow states by the marking walk, and stops followed on call
-stacks (`TrieWalk.alive_past_stop`): each checked against the plain walk of the grammar's own automaton."""
+stacks (`grammar_stops`): each checked against the plain walk of the grammar's own automaton."""
 
 from __future__ import annotations
 
@@ -128,7 +128,7 @@ def test_stops_followed_on_call_stacks_agree_with_the_automaton():
             if frames is not None and dfa.inside_view(state) is None:  # a stop
                 for _ in range(25):
                     rest = bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 7)))
-                    assert walk.alive_past_stop(state, rest) == (walk.next_state(state, rest) is not None), rest
+                    assert walk.stops.alive(state, rest) == (walk.next_state(state, rest) is not None), rest
                     checked += 1
             state = walk.next_state(state, bytes([byte]))
             assert state is not None
