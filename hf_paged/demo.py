@@ -21,6 +21,9 @@ PERSON_SCHEMA = {
         "city": {"type": "string", "maxLength": 16},
     },
     "required": ["name", "age"],
+    # a closed record: JSON Schema (and the processors' default) would let more keys follow, and a 2.3M-parameter
+    # model wanders into them (`"the" : 100, "the" : 100, ...` until max_new_tokens: 3/8 valid instead of 8/8)
+    "additionalProperties": False,
 }
 _PEOPLE = [("Ada", 36, "London"), ("Grace", 45, "Arlington"), ("Linus", 21, "Helsinki"), ("Guido", 39, "Haarlem"),
            ("Barbara", 50, "Boston"), ("Ken", 41, "Murray Hill"), ("Margaret", 33, "Cambridge"), ("Dennis", 30, "Bronx")]
