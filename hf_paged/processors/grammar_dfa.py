@@ -38,6 +38,7 @@ MAX_DEPTH = 128  # calls nested deeper are not entered (a subset: sound; a docum
 CAPACITY = 1 << 20  # states a grammar automaton may name (a row is 1 KB, allocated when first written)
 ROOT_ROWS = 1 << 15  # a root rule up to this many states has its rows built with the automaton
 CONTEXT_ROWS = 256  # a called rule up to this many states has its rows built when its context is first met
+MAX_VIEWS = 1 << 17  # memoised `inside_view`s (~200 bytes each), then cleared
 
 
 def _zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
@@ -253,6 +254,8 @@ class GrammarDFA:
             rule_state = int(self._rule_state[state])
             if inside[rule_state]:
                 view = InsideView(ctx.base, ctx.rule, bool(ctx.prefix), rule_state, inside)
+        if len(self._views) >= MAX_VIEWS:
+            self._views.clear()
         self._views[state] = view
         return view
 
