@@ -4,7 +4,6 @@ stacks (`grammar_stops`): each checked against the plain walk of the grammar's o
 from __future__ import annotations
 
 import random
-from collections import deque
 
 import numpy as np
 
@@ -14,7 +13,8 @@ from hf_paged.processors.schema_regex import schema_to_grammar
 from hf_paged.processors.token_index import TokenIndex
 from hf_paged.processors.token_trie import build_token_trie
 from hf_paged.processors.token_walk import TrieWalk
-from tests.processors.test_token_index import EOS, make_vocab
+from tests.processors.test_grammar_dfa import walk_in_lockstep
+from tests.processors.test_token_index import make_vocab
 
 
 def _closed_by_search(table: np.ndarray, inside: np.ndarray, dead: int, body: list[int]) -> np.ndarray:
@@ -55,30 +55,14 @@ def test_closed_states_are_the_greatest_fixed_point():
         assert got.tolist() == _closed_by_search(table, inside, dead, body).tolist()
 
 
-def _lockstep(grammar: str, vocab, limit: int) -> tuple[int, TokenIndex]:
+def _lockstep(grammar: str, vocab, limit: int) -> int:
     """The grammar's index with every fast path on, against its plain walk (every state node by node in Python,
     no plans, no compiled narrow walk) on a second automaton: the same masks, moves and finals."""
     trie = build_token_trie(vocab.tokens, vocab.vocab_size)
-    fast = TokenIndex(GrammarDFA(grammar), vocab, trie)
     plain = TokenIndex(GrammarDFA(grammar), vocab, trie, narrow_bytes=256)
     plain._walk.use_bodies = False
     plain._walk.compiled_narrow = False
-    start = (plain.get_initial_state(), fast.get_initial_state())
-    seen, queue = {start}, deque([start])
-    while queue and len(seen) < limit:
-        p_state, f_state = queue.popleft()
-        expected = plain.get_allowed_tokens(p_state)
-        assert fast.get_allowed_tokens(f_state) == expected, (p_state, f_state)
-        assert fast.is_final_state(f_state) == plain.is_final_state(p_state)
-        for token_id in expected:
-            if token_id == EOS:
-                continue
-            pair = (plain.get_next_state(p_state, token_id), fast.get_next_state(f_state, token_id))
-            assert pair[1] is not None
-            if pair not in seen:
-                seen.add(pair)
-                queue.append(pair)
-    return len(seen), fast
+    return walk_in_lockstep(plain, TokenIndex(GrammarDFA(grammar), vocab, trie), vocab, limit)
 
 
 KEY_TOKENS = [b'"', b'":', b'":"', b'":{"', b'":[', b'":[{"', b'":1', b'":1}', b'":""},{"', b'"},', b'":"",',
@@ -101,7 +85,7 @@ def test_free_form_keys_match_the_plain_walk(monkeypatch):
         return found
 
     monkeypatch.setattr(TrieWalk, "closed_planned", counting)
-    compared, _ = _lockstep(grammar, vocab, limit=500)
+    compared = _lockstep(grammar, vocab, limit=500)
     assert compared > 200
     assert sum(planned) >= 4  # key states went through the plan
 

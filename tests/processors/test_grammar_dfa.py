@@ -40,26 +40,32 @@ def check_same_as_inlined(grammar: str, vocab: TokenVocabulary, narrow_bytes: in
     lazy = TokenIndex(GrammarDFA(grammar), vocab, trie, narrow_bytes=narrow_bytes)
     lazy._walk.use_bodies = use_bodies
     flat._walk.compiled_narrow = lazy._walk.compiled_narrow = narrow_bytes != PYTHON_WALK
-    start = (flat.get_initial_state(), lazy.get_initial_state())
+    return walk_in_lockstep(flat, lazy, vocab, limit)
+
+
+def walk_in_lockstep(reference: TokenIndex, index: TokenIndex, vocab: TokenVocabulary, limit: int) -> int:
+    """Walk two indexes of one language in lockstep (breadth-first over the allowed tokens, at most `limit` state
+    pairs): the same allowed tokens, finals, forced tokens and refusals everywhere. Returns the pairs compared."""
+    start = (reference.get_initial_state(), index.get_initial_state())
     seen, queue = {start}, deque([start])
     while queue and len(seen) < limit:
-        f_state, l_state = queue.popleft()
-        expected = flat.get_allowed_tokens(f_state)
-        assert lazy.get_allowed_tokens(l_state) == expected, (grammar, f_state, l_state)
-        assert lazy.is_final_state(l_state) == flat.is_final_state(f_state)
-        mask = lazy.state_mask(l_state)
+        r_state, i_state = queue.popleft()
+        expected = reference.get_allowed_tokens(r_state)
+        assert index.get_allowed_tokens(i_state) == expected, (r_state, i_state)
+        assert index.is_final_state(i_state) == reference.is_final_state(r_state)
+        mask = index.state_mask(i_state)
         assert mask.num_allowed == len(expected)
-        assert mask.forced == flat.state_mask(f_state).forced
+        assert mask.forced == reference.state_mask(r_state).forced
         for token_id in expected:
             if token_id == EOS:
                 continue
-            pair = (flat.get_next_state(f_state, token_id), lazy.get_next_state(l_state, token_id))
+            pair = (reference.get_next_state(r_state, token_id), index.get_next_state(i_state, token_id))
             assert pair[1] is not None
             if pair not in seen:
                 seen.add(pair)
                 queue.append(pair)
         for refused in {1, 2, 3, 34, 300, vocab.vocab_size - 1} - set(expected):
-            assert lazy.get_next_state(l_state, refused) is None
+            assert index.get_next_state(i_state, refused) is None
     return len(seen)
 
 
