@@ -10,6 +10,10 @@ state) pairs keep the automaton alive.
 A position is a token's place in the trie's DFS order (`token_trie`): a subtree is a contiguous slice of them.
 The walk is depth-first with an explicit stack, ~10 ns a node: the whole GPT-2 trie (98k nodes) in about 1 ms,
 where the numpy level-by-level walk it replaces paid ~15 array calls a level (1-7 ms on wide states).
+
+`walk_marked` is the same walk from the root that also sets the found tokens' bits in a bitmask (a narrow state's
+whole first visit in one call); `walk_tokens` walks listed tokens one by one until a stop (a string body's few
+hundred tokens holding a quote or a backslash, the tokens longer than the lookahead classes reach).
 """
 
 from __future__ import annotations
@@ -158,9 +162,9 @@ def walk_marked(trie, state: int, table: np.ndarray, known: np.ndarray, dead: in
     walk's `positions` hold token ids. One compiled call from state to bitmask: a narrow state's first visit."""
     positions, pending_nodes, pending_states = _scratch(trie)
     num_ids, num_pending = _walk_marked(
-        _ROOT, np.array([state], dtype=np.int64), table, known, dead, loops, has_loops, trie.child_ptr, trie.child_ids, trie.child_bytes,
-        trie.pos_ptr, trie.sub_end, trie.sub_bytes, 1 + 256 * (trie.max_depth + 1), positions, pending_nodes,
-        pending_states, trie.pos_ids, words,
+        _ROOT, np.array([state], dtype=np.int64), table, known, dead, loops, has_loops, trie.child_ptr,
+        trie.child_ids, trie.child_bytes, trie.pos_ptr, trie.sub_end, trie.sub_bytes, 1 + 256 * (trie.max_depth + 1),
+        positions, pending_nodes, pending_states, trie.pos_ids, words,
     )
     return PairWalk(positions[:num_ids].copy(), pending_nodes[:num_pending].copy(),
                     pending_states[:num_pending].copy())
@@ -178,8 +182,9 @@ def _scratch(trie) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def load_walk() -> None:
-    """Load the compiled walks (numba's on-disk cache: ~0.2 s; a first compile: ~1 s) with a one-node call, so that
-    no mask's first visit pays it (`token_trie` calls this once per vocabulary)."""
+    """Load the compiled loops (these walks and `body_closure`'s; numba's on-disk cache: ~0.2 s, a first compile:
+    ~3 s) with one tiny call each, in the signatures the masks use, so that no mask's first visit pays for it
+    (`token_trie` calls this once per vocabulary)."""
     one = np.zeros(1, np.int64)
     empty = np.zeros((1, 4), np.uint64)
     _walk(one, one, np.zeros((1, 256), np.int32), np.ones(1, bool), -1, empty, np.zeros(1, bool),
