@@ -9,9 +9,10 @@ the vocabulary trie (0.3-7 ms). But every prefix takes every key character, and 
 
 From a state of C every string of B bytes stays alive, so its mask is the plan row of all body tokens of B
 (`body_masks`, per vocabulary) plus the tokens holding another byte (a quote, a backslash, non-ASCII: ~1k of
-GPT-2's 50k) walked one by one on the rule's table (`trie_kernel.walk_tokens`), on in the automaton past a
-stop. C is the greatest fixed point, found backwards: start from the states that fail B themselves (a dead or
-stop next state) and remove every predecessor through a B byte, once, in a compiled loop (O(states x |B|)).
+GPT-2's 50k) walked one by one on the rule's table (`trie_kernel.walk_tokens`), on past a stop on call stacks
+(`grammar_stops`). C is the greatest fixed point, found backwards: start from the states that fail B themselves
+(a dead or stop next state) and remove every predecessor through a B byte, once, in a compiled loop
+(O(states x |B|)).
 """
 
 from __future__ import annotations
