@@ -24,7 +24,7 @@ from hf_paged.processors.trie_kernel import walk_tokens
 
 __all__ = ["GrammarStops"]
 
-MAX_STACK_STEPS = 1 << 16  # memoised steps of call stacks (`_stacks_after`), then cleared
+MAX_STACK_STEPS = 1 << 14  # memoised steps of call stacks (`_stacks_after`, ~1 KB each at depth 100), then cleared
 
 
 class GrammarStops:

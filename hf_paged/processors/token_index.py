@@ -277,8 +277,3 @@ class TokenIndex:
         rest = plan.perm[count:]  # every id but the row's body tokens: banned unless its bit got set above
         banned = rest[(words.view(np.uint32)[rest >> 5] >> (rest & 31).astype(np.uint32)) & 1 == 0]
         return StateMask(words, num_allowed, forced, None, banned)
-
-    def allowed_regular_ids(self, state: int) -> np.ndarray:
-        """Ids of the regular tokens whose bytes keep `state` out of the dead state (unique, unordered, int64)."""
-        found = self._walk.allowed(state)
-        return found if isinstance(found, np.ndarray) else np.array(found, dtype=np.int64)
