@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from hf_paged.processors.token_trie import TokenTrie
+from hf_paged.processors.trie_kernel import pack_tokens
 
 __all__ = ["JSON_KEY_ASCII", "JSON_STRING_ASCII", "MAX_OTHERS", "BodyTokens", "body_tokens"]
 
@@ -77,10 +78,7 @@ def body_tokens(trie: TokenTrie, ascii_bits: int, multibyte: bool, skip_first: b
     if others.shape[0] > MAX_OTHERS:  # a narrow body (hex digits, `[a-z]`): remembered as undecided, no bytes
         no_bytes, no_offsets = np.zeros(0, dtype=np.uint8), np.zeros(1, dtype=np.int64)
         return _remember(trie, key, BodyTokens(np.where(inside, chars, -1), others, no_bytes, no_offsets, False))
-    raws = [trie.pos_bytes[p] for p in others.tolist()]
-    offsets = np.zeros(others.shape[0] + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, raws), dtype=np.int64, count=len(raws)), out=offsets[1:])
-    flat = np.frombuffer(b"".join(raws), dtype=np.uint8).copy()  # (writable: the compiled walk's one signature)
+    flat, offsets = pack_tokens([trie.pos_bytes[p] for p in others.tolist()])
     return _remember(trie, key, BodyTokens(np.where(inside, chars, -1), others, flat, offsets))
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from hf_paged.processors.lookahead import LOOKAHEAD, lookahead_classes
 from hf_paged.processors.token_trie import TokenTrie
 from hf_paged.processors.token_walk import TrieWalk
-from hf_paged.processors.trie_kernel import walk_pairs, walk_tokens
+from hf_paged.processors.trie_kernel import pack_tokens, walk_pairs, walk_tokens
 
 __all__ = ["GrammarMasks"]
 
@@ -166,9 +166,6 @@ def _long_tokens(trie: TokenTrie) -> _LongTokens:
     if found is None:
         positions = np.flatnonzero(trie.pos_len > LOOKAHEAD)
         raw = [trie.pos_bytes[p] for p in positions.tolist()]
-        lengths = np.array([len(r) for r in raw], dtype=np.int64)
-        offsets = np.zeros(len(raw) + 1, dtype=np.int64)
-        np.cumsum(lengths, out=offsets[1:])
-        flat = np.frombuffer(b"".join(raw), dtype=np.uint8).copy()  # (writable: the compiled walk's one signature)
+        flat, offsets = pack_tokens(raw)
         found = trie.long_tokens = _LongTokens(trie.pos_ids[positions], raw, flat, offsets)
     return found

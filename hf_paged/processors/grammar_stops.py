@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from hf_paged.processors.grammar_dfa import MAX_DEPTH
-from hf_paged.processors.trie_kernel import walk_tokens
+from hf_paged.processors.trie_kernel import pack_tokens, walk_tokens
 
 __all__ = ["GrammarStops"]
 
@@ -69,10 +69,7 @@ class GrammarStops:
             stopped = []
             for state in np.unique(current[pending]).tolist():
                 group = pending[current[pending] == state]
-                raw = [rests[i] for i in group.tolist()]
-                offsets = np.zeros(len(raw) + 1, dtype=np.int64)
-                np.cumsum(np.fromiter(map(len, raw), dtype=np.int64, count=len(raw)), out=offsets[1:])
-                flat = np.frombuffer(b"".join(raw), dtype=np.uint8).copy()  # (writable: one compiled signature)
+                flat, offsets = pack_tokens([rests[i] for i in group.tolist()])
                 walked = walk_tokens(state, dfa.transitions, dfa.known, dfa.dead, flat, offsets)
                 alive[group[walked.outcome == 1]] = True
                 halted = np.flatnonzero(walked.outcome == 2)  # at a row not built yet: on from there

@@ -26,7 +26,7 @@ from numba import njit
 
 from hf_paged.processors.body_closure import closed_states
 
-__all__ = ["PairWalk", "TokenWalk", "load_walk", "walk_marked", "walk_pairs", "walk_tokens"]
+__all__ = ["PairWalk", "TokenWalk", "load_walk", "pack_tokens", "walk_marked", "walk_pairs", "walk_tokens"]
 
 
 _LOCAL = threading.local()  # per thread: output buffers of the walk (`_scratch`)
@@ -120,6 +120,14 @@ def _walk_tokens(state, table, inside, dead, flat, offsets, outcome, stop_depth,
                 stop_depth[i] = j - offsets[i] + 1
                 stop_state[i] = current
                 break
+
+
+def pack_tokens(raws: list[bytes]) -> tuple[np.ndarray, np.ndarray]:
+    """Byte strings laid out for `walk_tokens`: their bytes one after the other (uint8, writable: the compiled
+    walk's one signature) and where each starts (int64 [n + 1])."""
+    offsets = np.zeros(len(raws) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, raws), dtype=np.int64, count=len(raws)), out=offsets[1:])
+    return np.frombuffer(b"".join(raws), dtype=np.uint8).copy(), offsets
 
 
 def walk_tokens(state: int, table: np.ndarray, inside: np.ndarray, dead: int, flat: np.ndarray,
