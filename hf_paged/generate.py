@@ -92,25 +92,26 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     pad_token_id = gen_config.pad_token_id if gen_config.pad_token_id is not None else (eos[0] if eos else 0)
     factory = ProcessorFactory(model, gen_config, logits_processor, input_ids.device)
     num_seqs = gen_config.num_return_sequences or 1
-    ids = []
-    for i, prompt in enumerate(prompts):
-        params = SamplingParams(
+    params = [
+        SamplingParams(
             max_new_tokens=max_new_tokens, do_sample=bool(gen_config.do_sample), eos_token_id=eos or None,
             logits_processors=factory.for_prompt_length(len(prompt)), num_return_sequences=num_seqs,
             min_new_tokens=gen_config.min_new_tokens or 0,
             output_scores=bool(gen_config.output_scores), output_logits=bool(gen_config.output_logits),
             stop_strings=gen_config.stop_strings, tokenizer=kwargs.get("tokenizer"),
         )
-        ids.append(engine.add_request(prompt, params, request_id=f"generate_{id(input_ids)}_{i}"))
-    order = [c for rid in ids for c in fork_ids(rid, num_seqs)]
-    on_step = make_streamer_hook(streamer, input_ids, order, pad_token_id)
-    outputs = engine.run(order, on_step=on_step)
+        for prompt in prompts
+    ]
+    # The engine's loop thread runs these together with every other caller's requests (any thread).
+    submission = engine.loop.submit(prompts, params)
+    on_step = make_streamer_hook(streamer, input_ids, submission.all_ids, pad_token_id)
+    outputs = submission.result(on_step)
     if streamer is not None:
         streamer.end()
     failed = [o for o in outputs.values() if o.status is RequestStatus.FAILED]
     if failed:
         raise RequestFailedError(f"request {failed[0].request_id} failed: {failed[0].error}")
-    ordered = [outputs[rid] for rid in order]
+    ordered = list(outputs.values())
     return assemble_generate_output(
         input_ids.repeat_interleave(num_seqs, dim=0), ordered, gen_config, pad_token_id, factory.vocab_size,
         scores=[o.scores or [] for o in ordered], logits=[o.logits or [] for o in ordered],
@@ -156,13 +157,17 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
         return {}
     engine = engine_of(model)
     per_request = _sampling_params_for(model, inputs, generation_config, logits_processor, sampling_params, kwargs)
-    ids = []
-    for i, (prompt, params) in enumerate(zip(inputs, per_request)):
-        priority = priorities[i] if priorities is not None else 0
-        ids.append(engine.add_request(list(prompt), params, request_id=f"req_{i}", priority=priority))
-    order = [c for rid, p in zip(ids, per_request) for c in fork_ids(rid, p.num_return_sequences)]
-    with progress_hook(engine, len(order), enabled=progress_bar) as on_step:
-        return engine.run(order, on_step=on_step)
+    # Engine ids are unique across concurrent callers; this call's outputs are renamed req_0, req_1, ... as
+    # transformers names them.
+    submission = engine.loop.submit([list(p) for p in inputs], per_request, priorities=priorities)
+    names = [c for i, p in enumerate(per_request) for c in fork_ids(f"req_{i}", p.num_return_sequences)]
+    with progress_hook(engine, len(names), enabled=progress_bar) as on_step:
+        outputs = submission.result(on_step)
+    renamed = {}
+    for name, output in zip(names, outputs.values()):
+        output.request_id = name
+        renamed[name] = output
+    return renamed
 
 
 def _sampling_params_for(model, inputs, generation_config, logits_processor, sampling_params, kwargs):

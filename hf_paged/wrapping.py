@@ -7,6 +7,7 @@ attention implementation is only switched during the engine's own forwards.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from types import MethodType
 from typing import Any
@@ -36,6 +37,7 @@ class _WrapState:
 
 
 _MISSING = object()
+_ENGINE_LOCK = threading.Lock()
 
 
 def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides: Any) -> torch.nn.Module:
@@ -77,6 +79,8 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     state: _WrapState | None = model.__dict__.pop(_STATE_ATTR, None)
     if state is None:
         return model
+    if state.engine is not None and state.engine._loop is not None:
+        state.engine._loop.shutdown()  # aborts what is still running and stops its thread
     for name, value in state.saved.items():
         if value is _MISSING:
             model.__dict__.pop(name, None)
@@ -97,7 +101,9 @@ def engine_of(model: torch.nn.Module):
     if state.engine is None:
         from hf_paged.batching.engine import Engine
 
-        state.engine = Engine(model, state.config)
+        with _ENGINE_LOCK:  # threads calling generate at once must share one engine
+            if state.engine is None:
+                state.engine = Engine(model, state.config)
     return state.engine
 
 

@@ -3,13 +3,18 @@
 One `step()`: schedule -> one packed forward -> sample the rows that need a token -> stop checks -> hand finished
 requests' blocks to the prefix cache. Requests may be added and aborted between steps. A request's bad input,
 failing processor or abort ends that request only; the pool returns to its state before it.
+
+Thread safety: `add_request`, `abort`, `step` and `pop_output` hold the engine's lock, so callers in several
+threads never see a half-done step. One background thread drives the engine for concurrent callers
+(`Engine.loop`, `engine_loop.py`); step listeners see every step, whichever thread ran it.
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -72,6 +77,11 @@ class Engine:
         self._ended: list[RequestOutput] = []  # outputs not yet handed out by step()
         self._arrivals = itertools.count()
         self._ids = itertools.count()
+        self._reserved_ids: set[str] = set()  # ids handed out by `reserve_request_id`, not yet added
+        self._ids_lock = threading.Lock()  # guards ids only (never held during a step)
+        self._lock = threading.RLock()  # held by every call that changes requests or the pool
+        self._step_listeners: list[Callable[[StepOutput], None]] = []
+        self._loop = None  # the EngineLoop, created by `loop` at first use
         text_config = model.config.get_text_config(decoder=True)
         self.vocab_size = int(text_config.vocab_size)
         self.max_model_len = kv_shape_of(model.config).max_model_len
@@ -82,11 +92,43 @@ class Engine:
         self, prompt_ids: Sequence[int] | torch.Tensor, params: SamplingParams | None = None, *,
         request_id: str | None = None, priority: int = 0,
     ) -> str:
-        """Queue a prompt; returns its id. Bad input does not raise: the request ends FAILED with `error`."""
+        """Queue a prompt; returns its id (unique in this engine when not given). Bad input does not raise: the
+        request ends FAILED with `error`. A `request_id` already in use raises `ValueError`."""
         params = params or SamplingParams()
-        request_id = request_id if request_id is not None else f"req_{next(self._ids)}"
-        if request_id in self.requests:
-            raise ValueError(f"request id {request_id!r} is already in use; pass a unique request_id")
+        return self.add_reserved_request(self.reserve_request_id(request_id), prompt_ids, params, priority)
+
+    def reserve_request_id(self, request_id: str | None = None) -> str:
+        """Claim a request id before `add_request` (a new unique one when None); thread-safe, never waits for a
+        step. Raises `ValueError` when the given id is in use or already claimed."""
+        with self._ids_lock:
+            if request_id is None:
+                request_id = f"req_{next(self._ids)}"
+                while request_id in self.requests or request_id in self._reserved_ids:
+                    request_id = f"req_{next(self._ids)}"
+            elif request_id in self.requests or request_id in self._reserved_ids:
+                raise ValueError(f"request id {request_id!r} is already in use; pass a unique request_id (or none)")
+            self._reserved_ids.add(request_id)
+            return request_id
+
+    def release_request_ids(self, request_ids: Iterable[str]) -> None:
+        """Give back ids claimed with `reserve_request_id` that will not be added."""
+        with self._ids_lock:
+            self._reserved_ids.difference_update(request_ids)
+
+    def add_reserved_request(
+        self, request_id: str, prompt_ids: Sequence[int] | torch.Tensor, params: SamplingParams | None = None,
+        priority: int = 0,
+    ) -> str:
+        """`add_request` under an id claimed earlier with `reserve_request_id`."""
+        params = params or SamplingParams()
+        with self._lock:
+            with self._ids_lock:
+                if request_id not in self._reserved_ids:
+                    raise ValueError(f"request id {request_id!r} was not reserved; use add_request")
+                self._reserved_ids.discard(request_id)
+            return self._add(request_id, prompt_ids, params, priority)
+
+    def _add(self, request_id: str, prompt_ids, params: SamplingParams, priority: int) -> str:
         if isinstance(prompt_ids, torch.Tensor):
             prompt_ids = prompt_ids.reshape(-1).tolist()
         request = Request(request_id, [int(t) for t in prompt_ids], params, priority, next(self._arrivals))
@@ -131,16 +173,20 @@ class Engine:
             )
         return None
 
-    def abort(self, request_id: str) -> None:
-        """End a request now; its blocks go back to the pool at once."""
-        request = self.requests.get(request_id)
-        if request is None or request.is_finished:
-            return
-        for child in self._children.pop(request_id, []):
-            self._end(child, RequestStatus.FAILED, "abort", "aborted by the caller")
-        self.scheduler.remove(request)
-        self.metrics.num_requests_aborted += 1
-        self._end(request, RequestStatus.FAILED, "abort", "aborted by the caller")
+    def abort(self, request_id: str, *, error: str | None = None) -> None:
+        """End a request now; its blocks go back to the pool at once. With `error`, it ends FAILED with that error
+        (finish reason "error") instead of as aborted by the caller."""
+        with self._lock:
+            request = self.requests.get(request_id)
+            if request is None or request.is_finished:
+                return
+            reason, message = ("error", error) if error is not None else ("abort", "aborted by the caller")
+            for child in self._children.pop(request_id, []):
+                self._end(child, RequestStatus.FAILED, reason, message)
+            self.scheduler.remove(request)
+            if error is None:
+                self.metrics.num_requests_aborted += 1
+            self._end(request, RequestStatus.FAILED, reason, message)
 
     @property
     def has_unfinished(self) -> bool:
@@ -148,19 +194,40 @@ class Engine:
 
     def pop_output(self, request_id: str) -> RequestOutput:
         """The output of an ended request, forgetting it."""
-        return self.requests.pop(request_id).to_output()
+        with self._lock:
+            return self.requests.pop(request_id).to_output()
+
+    @property
+    def loop(self):
+        """The `EngineLoop` that drives this engine from one background thread for any number of callers
+        (threads or asyncio tasks); created at first use, its thread started at the first submission."""
+        if self._loop is None:
+            from hf_paged.batching.engine_loop import EngineLoop
+
+            with self._ids_lock:
+                if self._loop is None:
+                    self._loop = EngineLoop(self)
+        return self._loop
+
+    def add_step_listener(self, listener: Callable[[StepOutput], None]) -> None:
+        """Call `listener(step_output)` after every step, in the stepping thread, under the engine's lock: it must
+        be quick and must not call back into the engine."""
+        self._step_listeners.append(listener)
 
     # -- the step loop -----------------------------------------------------------------------------------
     def step(self) -> StepOutput:
-        self._check_weights()
-        result = StepOutput()
-        schedule = self.scheduler.schedule()
-        if schedule.is_empty:
-            self._fail_unschedulable()
-        else:
-            self._run(schedule, result)
-        result.finished, self._ended = self._ended, []
-        return result
+        with self._lock:
+            self._check_weights()
+            result = StepOutput()
+            schedule = self.scheduler.schedule()
+            if schedule.is_empty:
+                self._fail_unschedulable()
+            else:
+                self._run(schedule, result)
+            result.finished, self._ended = self._ended, []
+            for listener in self._step_listeners:
+                listener(result)
+            return result
 
     def _run(self, schedule: SchedulerOutput, result: StepOutput) -> None:
         self.metrics.peak_blocks_used = max(self.metrics.peak_blocks_used, self.cache.pool.num_used_blocks)
@@ -307,24 +374,36 @@ class Engine:
         return {rid: self.pop_output(rid) for rid in wanted}
 
     def stream(self, request_ids: Iterable[str] | None = None) -> Iterator[tuple[str, list[int], bool]]:
-        """Yield `(request_id, new_tokens, finished)` as tokens arrive, until the given requests have ended."""
-        wanted = set(request_ids) if request_ids is not None else set(self.requests)
-        while any(not self.requests[rid].is_finished for rid in wanted if rid in self.requests):
-            step = self.step()
-            ended = {o.request_id for o in step.finished}
-            for rid, tokens in step.new_tokens.items():
-                if rid in wanted:
-                    yield rid, tokens, rid in ended
-            for rid in ended & wanted - step.new_tokens.keys():
-                yield rid, [], True
+        """Yield `(request_id, new_tokens, finished)` as tokens arrive, until the given requests have ended.
+
+        Tokens are read from the requests themselves, so none is missed when another thread steps too."""
+        wanted = list(request_ids) if request_ids is not None else list(self.requests)
+        seen = dict.fromkeys(wanted, 0)
+        while seen:
+            if any(not self.requests[rid].is_finished for rid in seen):
+                self.step()
+            for rid in list(seen):
+                request = self.requests[rid]
+                tokens = request.output_ids[seen[rid]:]
+                seen[rid] += len(tokens)
+                if tokens or request.is_finished:
+                    yield rid, list(tokens), request.is_finished
+                if request.is_finished:
+                    del seen[rid]
 
     def stats(self) -> dict:
+        with self._lock:
+            return self._stats()
+
+    def _stats(self) -> dict:
         stats = self.metrics.summary(self.config.max_num_batched_tokens)
         stats.update(self.cache.stats())
         stats["preemptions"] = self.scheduler.num_preemptions
         stats["prefix_evictions"] = self.cache.pool.num_evictions
         stats["kv_blocks_evicted"] = self.evictor.num_evictions
         stats["kv_usage"] = stats["blocks_used"] / stats["blocks_total"]
+        stats["requests_running"] = len(self.scheduler.running)
+        stats["requests_waiting"] = len(self.scheduler.waiting)
         return stats
 
     def check_integrity(self) -> None:

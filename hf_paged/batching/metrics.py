@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
+# Latency samples kept for percentiles: the most recent ones (a long-running server must not grow without bound).
+MAX_LATENCY_SAMPLES = 10_000
 
-def percentile(values: list[float], q: float) -> float | None:
+
+def percentile(values, q: float) -> float | None:
     """Nearest-rank percentile (q in 0..100); None for no samples."""
     if not values:
         return None
@@ -26,8 +30,10 @@ class EngineMetrics:
     num_forced_tokens: int = 0  # tokens appended by jump-forward (decode steps saved)
     num_steps: int = 0
     peak_blocks_used: int = 0  # most blocks in use after any step's scheduling
-    time_to_first_token: list[float] = field(default_factory=list)  # seconds, per request
-    time_per_output_token: list[float] = field(default_factory=list)  # seconds, per request (mean after first)
+    # seconds, per request, the most recent MAX_LATENCY_SAMPLES
+    time_to_first_token: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_LATENCY_SAMPLES))
+    # seconds, per request (mean after its first token), the most recent MAX_LATENCY_SAMPLES
+    time_per_output_token: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_LATENCY_SAMPLES))
 
     def summary(self, max_num_batched_tokens: int) -> dict:
         steps = max(self.num_steps, 1)

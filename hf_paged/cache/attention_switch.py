@@ -7,6 +7,7 @@ calibration helpers to "eager" or a masking function, so a plain forward of the 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -24,15 +25,29 @@ def attention_configs(model: torch.nn.Module) -> list[Any]:
     return list(configs.values())
 
 
+# Forwards of several engines over one model may overlap (threads), and switches may nest: each config keeps its
+# own value and the switches in force, and always shows the latest one still in force (its own value when none).
+_lock = threading.Lock()
+_active: dict[int, tuple[str | None, list[tuple[object, str]]]] = {}  # id(config) -> (own value, switches)
+
+
 @contextmanager
 def use_attention(configs: Sequence[Any], name: str) -> Iterator[None]:
     """Set every config in `configs` to the attention registered as `name`; restore each one's own afterwards,
     also on error."""
-    saved = [config._attn_implementation_internal for config in configs]
-    for config in configs:
-        config._attn_implementation_internal = name
+    token = object()
+    with _lock:
+        for config in configs:
+            _own, switches = _active.setdefault(id(config), (config._attn_implementation_internal, []))
+            switches.append((token, name))
+            config._attn_implementation_internal = name
     try:
         yield
     finally:
-        for config, value in zip(configs, saved):
-            config._attn_implementation_internal = value
+        with _lock:
+            for config in configs:
+                own, switches = _active[id(config)]
+                switches[:] = [s for s in switches if s[0] is not token]
+                config._attn_implementation_internal = switches[-1][1] if switches else own
+                if not switches:
+                    del _active[id(config)]

@@ -1,0 +1,302 @@
+"""`EngineLoop`: one background thread drives an `Engine` for any number of callers, threads or asyncio tasks.
+
+Why a thread and not an asyncio task: a step is a blocking torch forward (milliseconds up to a second for a long
+prefill chunk). As a task it would freeze a server's event loop for that long, and `model.generate` callers in
+plain threads have no event loop at all. torch releases the GIL inside its kernels, so callers keep running.
+
+    callers (any thread or task)                      the loop thread (the only one that steps for them)
+      submit() / generate_async(): ids reserved now  --commands-->  add_request / abort, between two steps
+      Submission.result() / async for ...           <--deltas---   step listener: each caller's new tokens
+                                                                    and ended requests, once per step
+
+Requests of all callers run in the same steps. The loop sleeps on a condition while it has no request of its own
+(no busy-wait). A failing request ends FAILED with its error and the loop goes on; an exception out of a whole
+step fails the requests in flight, never the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from hf_paged.batching.engine import Engine, StepOutput
+from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
+from hf_paged.batching.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["EngineLoop", "LoopClosedError", "RequestDelta", "Submission"]
+
+
+class LoopClosedError(RuntimeError):
+    """The engine loop was shut down: it takes no new requests."""
+
+
+@dataclass(slots=True)
+class RequestDelta:
+    """What one step gave one request: its new tokens, and its output once it has ended."""
+
+    request_id: str
+    new_token_ids: list[int]
+    output: RequestOutput | None = None  # set on the request's last delta
+
+    @property
+    def finished(self) -> bool:
+        return self.output is not None
+
+
+_Put = Callable[[list[RequestDelta]], None]  # hands one step's deltas of one caller to that caller
+
+
+class Submission:
+    """Requests submitted together by one synchronous caller; read them with `result()` or `steps()`."""
+
+    def __init__(self, loop: EngineLoop, request_ids: list[str], all_ids: list[str]) -> None:
+        self.request_ids = request_ids  # one per prompt, in order
+        self.all_ids = all_ids  # with the forks of num_return_sequences after their parent
+        self._loop = loop
+        self._queue: queue.SimpleQueue[list[RequestDelta]] = queue.SimpleQueue()
+        self._remaining = set(all_ids)
+
+    def steps(self) -> Iterator[list[RequestDelta]]:
+        """Each step's deltas of these requests, as they come, until all have ended. Leaving early (an exception,
+        Ctrl-C, `break`) aborts the requests still running."""
+        try:
+            while self._remaining:
+                deltas = self._queue.get()
+                self._remaining.difference_update(d.request_id for d in deltas if d.finished)
+                yield deltas
+        finally:
+            if self._remaining:
+                self._loop.abort(*self._remaining)
+
+    def result(self, on_step: Callable[[StepOutput], None] | None = None) -> dict[str, RequestOutput]:
+        """Wait for every request; `{request_id: output}` in submission order (forks after their parent).
+        `on_step` sees each step's new tokens and ended requests of this submission."""
+        outputs: dict[str, RequestOutput] = {}
+        for deltas in self.steps():
+            ended = [d.output for d in deltas if d.output is not None]
+            for out in ended:
+                outputs[out.request_id] = out
+            if on_step is not None:
+                on_step(StepOutput({d.request_id: d.new_token_ids for d in deltas if d.new_token_ids}, ended))
+        return {rid: outputs[rid] for rid in self.all_ids}
+
+
+class EngineLoop:
+    """Drives one `Engine` from a background thread; every method is thread-safe.
+
+    Example:
+        >>> loop = engine.loop                                                            # doctest: +SKIP
+        >>> outs = loop.submit([[1, 2, 3]], [SamplingParams(max_new_tokens=8)]).result()  # doctest: +SKIP
+        >>> async for delta in loop.generate_async([1, 2, 3], SamplingParams()):          # doctest: +SKIP
+        ...     print(delta.new_token_ids, delta.finished)
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self._cond = threading.Condition()
+        self._commands: deque[Callable[[], None]] = deque()
+        self._sinks: dict[str, _Put] = {}  # request id -> its caller; changed under the engine's lock
+        self._num_pending = 0  # requests submitted whose add command has not run yet
+        self._thread: threading.Thread | None = None
+        self._closed = False  # no new submissions
+        self._stopping = False  # the thread exits once its commands are done
+        engine.add_step_listener(self._dispatch)
+
+    # -- callers -----------------------------------------------------------------------------------------
+    def submit(
+        self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], *,
+        request_ids: Sequence[str | None] | None = None, priorities: Sequence[int] | None = None,
+    ) -> Submission:
+        """Queue prompts (one `SamplingParams` each) and return at once; ids are unique unless given, and a given
+        id already in use raises `ValueError` here."""
+        holder: list[Submission] = []
+        ids, all_ids = self._submit(prompts, params, request_ids, priorities, lambda d: holder[0]._queue.put(d))
+        holder.append(Submission(self, ids, all_ids))
+        return holder[0]
+
+    async def generate_async(
+        self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *, request_id: str | None = None,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestDelta]:
+        """Stream one request (and its forks) as deltas. Cancelling the consuming task, or closing the generator
+        early (`contextlib.aclosing`), aborts what is still running; its blocks are freed before the next step."""
+        params = params or SamplingParams()
+        event_loop = asyncio.get_running_loop()
+        deltas: asyncio.Queue[list[RequestDelta]] = asyncio.Queue()
+        (rid,), all_ids = self._submit(
+            [prompt_ids], [params], [request_id], [priority], lambda d: event_loop.call_soon_threadsafe(deltas.put_nowait, d)
+        )
+        remaining = set(all_ids)
+        try:
+            while remaining:
+                for delta in await deltas.get():
+                    if delta.finished:
+                        remaining.discard(delta.request_id)
+                    yield delta
+        finally:
+            if remaining:
+                self.abort(*remaining)
+
+    def abort(self, *request_ids: str) -> None:
+        """End these requests before the next step (their blocks go back to the pool); unknown ids are ignored."""
+        self._command(lambda: [self.engine.abort(rid) for rid in request_ids])
+
+    @property
+    def num_waiting(self) -> int:
+        """Requests submitted that have not started running (queued here or in the scheduler)."""
+        return self._num_pending + len(self.engine.scheduler.waiting)
+
+    @property
+    def num_in_flight(self) -> int:
+        """Requests of this loop's callers that have not ended."""
+        return self._num_pending + len(self._sinks)
+
+    @property
+    def is_alive(self) -> bool:
+        """True while the loop takes requests (its thread runs, or starts at the first submission)."""
+        return not self._closed and (self._thread is None or self._thread.is_alive())
+
+    def start(self) -> None:
+        """Start the thread now (it also starts at the first submission)."""
+        with self._cond:
+            if self._closed:
+                raise LoopClosedError("the engine loop was shut down; create a new Engine to serve again")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="hf_paged-engine-loop", daemon=True)
+                self._thread.start()
+
+    def shutdown(self, timeout: float = 0.0) -> None:
+        """Take no new requests, give those in flight up to `timeout` seconds to finish, abort the rest, and stop
+        the thread. The engine itself stays usable directly."""
+        with self._cond:
+            self._closed = True
+        if self._thread is None:
+            return
+        deadline = time.monotonic() + timeout
+        while self.num_in_flight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self._command(lambda: [self.engine.abort(rid) for rid in list(self._sinks)], force=True)
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+
+    # -- submission ----------------------------------------------------------------------------------------
+    def _submit(self, prompts, params, request_ids, priorities, put: _Put) -> tuple[list[str], list[str]]:
+        if len(params) != len(prompts):
+            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; give one each")
+        if self._closed:
+            raise LoopClosedError("the engine loop was shut down; it takes no new requests")
+        wanted = list(request_ids) if request_ids is not None else [None] * len(prompts)
+        ids: list[str] = []
+        try:
+            for rid in wanted:
+                ids.append(self.engine.reserve_request_id(rid))
+        except ValueError:
+            self.engine.release_request_ids(ids)
+            raise
+        all_ids = [c for rid, p in zip(ids, params) for c in fork_ids(rid, p.num_return_sequences)]
+        levels = list(priorities) if priorities is not None else [0] * len(prompts)
+        items = list(zip(ids, prompts, params, levels))
+
+        def add() -> None:
+            with self.engine._lock:
+                self._num_pending -= len(items)
+                for rid in all_ids:
+                    self._sinks[rid] = put
+                for rid, prompt, p, priority in items:  # bad input ends FAILED here: delivered after the next step
+                    self.engine.add_reserved_request(rid, prompt, p, priority)
+
+        with self._cond:
+            self._num_pending += len(items)
+        self._command(add)
+        return ids, all_ids
+
+    def _command(self, command: Callable[[], None], *, force: bool = False) -> None:
+        with self._cond:
+            if self._stopping and not force:
+                return
+            self._commands.append(command)
+            self._cond.notify()
+        if self._thread is None and not self._closed:
+            self.start()
+
+    # -- the loop thread -----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._commands or self._sinks or self._stopping):
+                    self._cond.wait()  # idle: sleep until a caller submits (no polling)
+                commands = list(self._commands)
+                self._commands.clear()
+                stopping = self._stopping
+            for command in commands:
+                try:
+                    command()
+                except Exception:  # noqa: BLE001 -- a bad command must not stop the loop
+                    logger.exception("hf_paged engine loop: a command failed")
+            if self._sinks:
+                self._step()  # when stopping, this delivers the aborted requests' outputs
+            if stopping and not self._commands:
+                if self._sinks:
+                    self._fail_in_flight("the engine loop shut down")
+                return
+
+    def _step(self) -> None:
+        try:
+            self.engine.step()
+        except Exception as exc:  # noqa: BLE001 -- the step failed as a whole: its requests fail, the loop goes on
+            logger.exception("hf_paged engine loop: a step failed")
+            self._fail_in_flight(f"engine step failed: {type(exc).__name__}: {exc}")
+            return
+        if not self.engine.has_unfinished:  # every caller's request must have been delivered by now
+            lost = [rid for rid in self._sinks if rid not in self.engine.requests]
+            if lost:
+                self._fail_in_flight("the request left the engine without an output (popped by another caller?)")
+
+    def _fail_in_flight(self, error: str) -> None:
+        with self.engine._lock:
+            for rid in list(self._sinks):
+                try:
+                    self.engine.abort(rid, error=error)
+                except Exception:  # noqa: BLE001
+                    logger.exception("hf_paged engine loop: aborting %s failed", rid)
+            ended, self.engine._ended = self.engine._ended, []
+            self._dispatch(StepOutput(finished=ended))
+            for rid in list(self._sinks):  # whatever the engine could not end
+                output = RequestOutput(rid, [], [], RequestStatus.FAILED, error=error, finish_reason="error")
+                self._deliver(self._sinks.pop(rid), [RequestDelta(rid, [], output)])
+
+    def _dispatch(self, step: StepOutput) -> None:
+        """Step listener (the stepping thread, under the engine's lock): hand each caller its deltas."""
+        if not self._sinks:
+            return
+        per_caller: dict[int, tuple[_Put, dict[str, RequestDelta]]] = {}
+        for rid, tokens in step.new_tokens.items():
+            put = self._sinks.get(rid)
+            if put is not None:
+                per_caller.setdefault(id(put), (put, {}))[1][rid] = RequestDelta(rid, tokens)
+        for output in step.finished:
+            put = self._sinks.pop(output.request_id, None)
+            if put is None:
+                continue
+            self.engine.requests.pop(output.request_id, None)  # the caller holds the output now
+            deltas = per_caller.setdefault(id(put), (put, {}))[1]
+            deltas.setdefault(output.request_id, RequestDelta(output.request_id, [])).output = output
+        for put, deltas in per_caller.values():
+            self._deliver(put, list(deltas.values()))
+
+    def _deliver(self, put: _Put, deltas: list[RequestDelta]) -> None:
+        try:
+            put(deltas)
+        except RuntimeError:  # the caller's event loop is closed: nobody will read these requests
+            self._commands.append(lambda: [self.engine.abort(d.request_id) for d in deltas if not d.finished])
