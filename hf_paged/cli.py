@@ -1,4 +1,4 @@
-"""The `hf-paged` command: `demo`, `bench`, `generate`.
+"""The `hf-paged` command: `demo`, `bench`, `generate`, `serve`.
 
 Bad arguments end with one line on stderr and exit status 2, never a traceback.
 """
@@ -35,6 +35,10 @@ def main(argv: list[str] | None = None) -> int:
     gen.add_argument("--schema", default=None, help="JSON-schema file constraining every output")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over one engine (needs hf_paged[serve])")
+    from hf_paged.serving.server import add_serve_arguments
+
+    add_serve_arguments(serve)
     args = parser.parse_args(argv)
     try:
         if args.command == "demo":
@@ -47,6 +51,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.workload not in WORKLOADS:
                 raise CliError(f"unknown workload {args.workload!r}; choose one of {', '.join(WORKLOADS)}")
             run_bench(args)
+        elif args.command == "serve":
+            from hf_paged.serving.server import run_serve
+
+            return run_serve(args)
         else:
             run_generate(args)
     except CliError as exc:

@@ -243,6 +243,7 @@ class Engine:
             return
         self.metrics.num_steps += 1
         self.metrics.num_computed_tokens += len(inputs.input_ids)
+        self.metrics.recent_step_tokens.append(len(inputs.input_ids))
         for item in schedule.scheduled:
             item.request.num_computed_tokens += item.num_tokens
         self.evictor.after_forward(schedule, inputs.metadata)  # KV eviction drops blocks before they can be shared
@@ -334,6 +335,8 @@ class Engine:
             self.metrics.num_requests_failed += 1
         if request.parent_id is None:
             self.metrics.num_prompt_tokens_cached += request.num_cached_tokens
+            if request.num_computed_tokens or request.output_ids:  # it ran (was admitted at least once)
+                self.metrics.num_prompt_tokens_queried += len(request.prompt_ids)
         self._ended.append(request.to_output())
 
     def _fail_unschedulable(self) -> None:

@@ -25,11 +25,13 @@ class EngineMetrics:
     num_requests_aborted: int = 0
     num_prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission)
     num_prompt_tokens_cached: int = 0  # of which served by the prefix cache
+    num_prompt_tokens_queried: int = 0  # prompt tokens of ended requests that ran (each once, forks not counted)
     num_computed_tokens: int = 0  # tokens run through the model (prefill chunks, recompute, decodes)
     num_generated_tokens: int = 0
     num_forced_tokens: int = 0  # tokens appended by jump-forward (decode steps saved)
     num_steps: int = 0
     peak_blocks_used: int = 0  # most blocks in use after any step's scheduling
+    recent_step_tokens: deque[int] = field(default_factory=lambda: deque(maxlen=256))  # tokens of the last steps
     # seconds, per request, the most recent MAX_LATENCY_SAMPLES
     time_to_first_token: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_LATENCY_SAMPLES))
     # seconds, per request (mean after its first token), the most recent MAX_LATENCY_SAMPLES
@@ -51,6 +53,10 @@ class EngineMetrics:
             "peak_blocks_used": self.peak_blocks_used,
             "tokens_per_step": self.num_computed_tokens / steps,
             "batch_utilization": self.num_computed_tokens / (steps * max_num_batched_tokens),
+            # over the last steps (at most 256): what a server's health check reads
+            "recent_batch_utilization": sum(self.recent_step_tokens) / (len(self.recent_step_tokens) * max_num_batched_tokens)
+            if self.recent_step_tokens else None,
+            "prompt_tokens_queried": self.num_prompt_tokens_queried,
             "ttft_p50_s": percentile(self.time_to_first_token, 50),
             "ttft_p99_s": percentile(self.time_to_first_token, 99),
             "tpot_p50_s": percentile(self.time_per_output_token, 50),

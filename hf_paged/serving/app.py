@@ -1,0 +1,293 @@
+"""The HTTP layer: OpenAI's endpoints over one `EngineLoop`. It translates requests and errors, nothing more:
+scheduling, batching and cancellation live in the engine loop.
+
+    POST /v1/completions, /v1/chat/completions   (stream: server-sent events ending with `data: [DONE]`)
+    GET  /v1/models, /health (?detail=1), /metrics
+
+Every error is an OpenAI error body with a 4xx (the client's fault: the field is named) or a 5xx without a
+traceback (ours: logged here). A client that goes away, streaming or not, has its requests aborted at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from hf_paged.batching.engine import Engine
+from hf_paged.batching.engine_loop import LoopClosedError
+from hf_paged.serving.errors import ApiError
+from hf_paged.serving.generation import ChoiceEvent, Usage, run_choices
+from hf_paged.serving.metrics import ServerMetrics
+from hf_paged.serving.prepare import ConstraintCache, PreparedRequest, Preparer
+from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, UnsupportedField
+
+logger = logging.getLogger("hf_paged.serving")
+
+__all__ = ["ServerSettings", "build_app"]
+
+
+@dataclass(slots=True)
+class ServerSettings:
+    model_name: str = "hf-paged"
+    max_waiting: int | None = None  # most requests queued before new ones get 429; None: no bound
+    retry_after_s: int = 1  # the Retry-After of a 429
+
+
+class _Server:
+    """What the routes share: the engine loop, the tokenizer, the preparer and the metrics."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, settings: ServerSettings) -> None:
+        self.engine = engine
+        self.loop = engine.loop
+        self.tokenizer = tokenizer
+        self.settings = settings
+        self.preparer = Preparer(engine, tokenizer, ConstraintCache(tokenizer, []))
+        self.preparer.constraints.eos_token_ids = self.preparer.eos_token_ids
+        self.metrics = ServerMetrics(self.loop, settings.model_name)
+
+    async def parse(self, request: Request, model: type) -> Any:
+        try:
+            data = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(f"the request body is not valid JSON ({exc}); send a JSON object",
+                           code="invalid_json") from None
+        if not isinstance(data, dict):
+            raise ApiError(f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
+        try:
+            body = model.model_validate(data)
+            body.check_supported()
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            param = ".".join(str(p) for p in first["loc"]) or None
+            raise ApiError(f"{param}: {first['msg']}" if param else first["msg"], param=param,
+                           code="invalid_value") from None
+        except UnsupportedField as exc:
+            raise ApiError(str(exc), param=exc.param, code="unsupported_parameter") from None
+        if body.model is not None and body.model != self.settings.model_name:
+            raise ApiError(f"the model {body.model!r} does not exist here; this server serves "
+                           f"{self.settings.model_name!r} (GET /v1/models)", status=404, param="model",
+                           code="model_not_found")
+        return body
+
+    def admit(self) -> None:
+        limit = self.settings.max_waiting
+        if limit is not None and self.loop.num_waiting >= limit:
+            raise ApiError(f"the server's queue is full ({limit} requests waiting); retry after "
+                           f"{self.settings.retry_after_s} s", status=429, code="rate_limit_exceeded",
+                           headers={"Retry-After": str(self.settings.retry_after_s)})
+        if not self.loop.is_alive:
+            raise ApiError("the server is shutting down; retry on another replica", status=503,
+                           code="shutting_down")
+
+
+def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = None) -> FastAPI:
+    """The FastAPI app over `engine` (its loop starts with the app and stops, aborting what runs, at shutdown)."""
+    server = _Server(engine, tokenizer, settings or ServerSettings())
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        server.loop.start()
+        yield
+        await run_in_threadpool(server.loop.shutdown)
+
+    app = FastAPI(title="hf-paged serve", lifespan=lifespan)
+    app.state.server = server
+    _error_handlers(app, server)
+
+    @app.get("/health")
+    async def health(detail: int = 0) -> Response:
+        status = 200 if server.loop.is_alive else 503
+        if not detail:
+            return Response(status_code=status)
+        return JSONResponse(await run_in_threadpool(server.metrics.health), status_code=status)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        body = await run_in_threadpool(server.metrics.render)
+        return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return {"object": "list", "data": [{"id": server.settings.model_name, "object": "model", "created": 0,
+                                            "owned_by": "hf_paged", "max_model_len": engine.max_model_len}]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        received = time.perf_counter()
+        body = await server.parse(request, CompletionRequest)
+        return await _answer(server, request, body, server.preparer.completion, "text_completion", received)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        received = time.perf_counter()
+        body = await server.parse(request, ChatCompletionRequest)
+        return await _answer(server, request, body, server.preparer.chat, "chat.completion", received)
+
+    return app
+
+
+async def _answer(server: _Server, request: Request, body, prepare: Callable[[Any], PreparedRequest], kind: str,
+                  received: float) -> Response:
+    server.admit()
+    prepared = await run_in_threadpool(prepare, body)  # may compile a schema: off the event loop
+    server.admit()
+    head = _Head(kind, body.model or server.settings.model_name)
+    usage = Usage()
+    events = run_choices(server.loop, prepared, server.tokenizer, server.metrics, usage, received)
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    if body.stream:
+        return StreamingResponse(_sse(head, events, usage, include_usage), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    result = await _until_disconnect(request, _collect(head, events, usage, prepared))
+    if result is None:
+        return Response(status_code=499)  # the client is gone: nobody reads this
+    return JSONResponse(result)
+
+
+@dataclass(slots=True)
+class _Head:
+    kind: str  # "text_completion" | "chat.completion"
+    model: str
+    id: str = ""
+    created: int = 0
+
+    def __post_init__(self) -> None:
+        self.id = ("chatcmpl-" if self.kind.startswith("chat") else "cmpl-") + uuid.uuid4().hex
+        self.created = int(time.time())
+
+    def envelope(self, choices: list[dict], usage: dict | None = None, chunk: bool = False) -> dict:
+        kind = f"{self.kind}.chunk" if chunk and self.kind.startswith("chat") else self.kind
+        out = {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
+        if usage is not None:
+            out["usage"] = usage
+        return out
+
+    def choice(self, event: ChoiceEvent, chunk: bool, first: bool = False) -> dict:
+        finish = event.finish_reason if event.finish_reason != "error" else None
+        if not self.kind.startswith("chat"):
+            return {"index": event.index, "text": event.text, "logprobs": None, "finish_reason": finish}
+        if chunk:
+            delta = {"role": "assistant", "content": event.text} if first else {"content": event.text}
+            return {"index": event.index, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return {"index": event.index, "message": {"role": "assistant", "content": event.text}, "logprobs": None,
+                "finish_reason": finish}
+
+
+async def _collect(head: _Head, events: AsyncIterator[ChoiceEvent], usage: Usage, prepared: PreparedRequest) -> dict:
+    texts: dict[int, list[str]] = {}
+    finals: dict[int, ChoiceEvent] = {}
+    try:
+        async with _closing(events):
+            async for event in events:
+                texts.setdefault(event.index, []).append(event.text)
+                if event.finish_reason is not None:
+                    finals[event.index] = event
+    except LoopClosedError:
+        raise ApiError("the server is shutting down; retry", status=503, code="shutting_down") from None
+    failed = [e for e in finals.values() if e.finish_reason in ("error", "abort")]
+    if failed:
+        if failed[0].finish_reason == "abort":
+            raise ApiError("the server shut down before the request finished; retry", status=503,
+                           code="shutting_down")
+        raise ApiError(f"the request failed on the server: {failed[0].error}", status=500, code="request_failed")
+    choices = []
+    for index in sorted(finals):
+        event = finals[index]
+        choices.append(head.choice(ChoiceEvent(index, "".join(texts[index]), event.finish_reason), chunk=False))
+    return head.envelope(choices, usage.as_dict())
+
+
+async def _sse(head: _Head, events: AsyncIterator[ChoiceEvent], usage: Usage, include_usage: bool):
+    """Server-sent events in OpenAI's chunk format. A failed choice sends an error event; the stream still ends
+    with `data: [DONE]`."""
+    started: set[int] = set()
+    try:
+        async with _closing(events):
+            async for event in events:
+                if event.finish_reason == "error":
+                    yield _error_event(f"the request failed on the server: {event.error}")
+                    continue
+                first = event.index not in started
+                started.add(event.index)
+                chunk = head.envelope([head.choice(event, chunk=True, first=first)], chunk=True)
+                if include_usage:
+                    chunk["usage"] = None
+                yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+    except LoopClosedError:
+        yield _error_event("the server shut down before the request finished; retry", 503, "shutting_down")
+    except Exception as exc:  # noqa: BLE001 -- headers are sent: the error goes in the stream, never a traceback
+        logger.exception("stream failed")
+        yield _error_event(f"internal error ({type(exc).__name__}); the server log has the details")
+    if include_usage:
+        yield f"data: {json.dumps(head.envelope([], usage.as_dict(), chunk=True))}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def _error_event(message: str, status: int = 500, code: str = "request_failed") -> str:
+    return f"data: {json.dumps(ApiError(message, status=status, code=code).body())}\n\n"
+
+
+@asynccontextmanager
+async def _closing(events: AsyncIterator):
+    try:
+        yield events
+    finally:
+        await events.aclose()  # aborts the requests still running (client gone, task cancelled)
+
+
+async def _until_disconnect(request: Request, work: Awaitable[dict]) -> dict | None:
+    """Run `work` unless the client disconnects first: then cancel it (which aborts its requests)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    return None
+
+
+def _error_handlers(app: FastAPI, server: _Server) -> None:
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError) -> JSONResponse:
+        server.metrics.observe_rejected(exc.status)
+        if exc.status >= 500:
+            logger.error("%s %s: %s", request.method, request.url.path, exc.message)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error = ApiError(f"{request.method} {request.url.path}: {exc.detail}", status=exc.status_code,
+                         code=str(exc.status_code))
+        return await api_error(request, error)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unexpected error on %s %s", request.method, request.url.path)
+        error = ApiError(f"internal error ({type(exc).__name__}); the server log has the details", status=500,
+                         code="internal_error")
+        return JSONResponse(error.body(), status_code=500)

@@ -1,0 +1,112 @@
+"""Run one prepared OpenAI request on the engine loop: every prompt and fork becomes a choice, streamed as text.
+
+    prompts x n forks --generate_async (one per prompt)--> RequestDelta --TextStream--> ChoiceEvent(index, text)
+
+Choice `i * n + k` is fork k of prompt i (OpenAI's order). Leaving the iteration early (client gone, task
+cancelled) aborts every request still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from hf_paged.batching.engine_loop import EngineLoop
+from hf_paged.batching.request import RequestStatus, fork_ids
+from hf_paged.serving.metrics import ServerMetrics
+from hf_paged.serving.prepare import PreparedRequest
+from hf_paged.serving.text import TextStream
+
+__all__ = ["ChoiceEvent", "Usage", "run_choices"]
+
+_FINISH_REASONS = {"stop": "stop", "length": "length", "length_incomplete": "length", "abort": "abort"}
+
+
+@dataclass(slots=True)
+class ChoiceEvent:
+    index: int
+    text: str
+    finish_reason: str | None = None  # set on the choice's last event
+    error: str | None = None  # the request failed on the server (e.g. its logits processor raised)
+    num_tokens: int = 0  # tokens behind this event
+
+
+@dataclass(slots=True)
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+async def run_choices(
+    loop: EngineLoop, prepared: PreparedRequest, tokenizer: Any, metrics: ServerMetrics, usage: Usage,
+    received: float,
+) -> AsyncIterator[ChoiceEvent]:
+    """Choice events of all prompts as they come; `usage` is filled in as requests end."""
+    n = prepared.params.num_return_sequences
+    usage.prompt_tokens = sum(len(p) for p in prepared.prompts)
+    queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
+
+    async def pump(i: int, prompt: list[int]) -> None:
+        try:
+            async with aclosing(loop.generate_async(prompt, prepared.params)) as deltas:
+                async for delta in deltas:
+                    await queue.put((i, delta))
+        except Exception as exc:  # noqa: BLE001 -- handed to the consumer, which answers with it
+            await queue.put((i, exc))
+
+    tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(prepared.prompts)]
+    texts: dict[str, TextStream] = {}
+    index_of: dict[str, int] = {}
+    timing: dict[str, float] = {}  # request id -> time of its last token
+    remaining = len(prepared.prompts) * n
+    try:
+        while remaining:
+            i, delta = await queue.get()
+            if isinstance(delta, Exception):
+                raise delta
+            rid = delta.request_id
+            if rid not in index_of:
+                parent = rid.split("__child#")[0]
+                index_of.update({c: i * n + k for k, c in enumerate(fork_ids(parent, n))})
+            stream = texts.setdefault(rid, TextStream(tokenizer, prepared.stop))
+            now = time.perf_counter()
+            if delta.new_token_ids:
+                metrics.observe_tokens(now - timing[rid] if rid in timing else None, now - received)
+                timing[rid] = now
+            text = stream.push(delta.new_token_ids)
+            if not delta.finished:
+                if text:
+                    yield ChoiceEvent(index_of[rid], text, num_tokens=len(delta.new_token_ids))
+                continue
+            remaining -= 1
+            yield _last_event(index_of[rid], text + stream.finish(), delta, stream, usage, metrics, now - received)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _last_event(index, text, delta, stream: TextStream, usage: Usage, metrics: ServerMetrics, e2e: float):
+    output = delta.output
+    usage.completion_tokens += len(output.generated_tokens)
+    if output.request_id.find("__child#") < 0:
+        usage.cached_tokens += output.num_cached_tokens
+    if output.status is RequestStatus.FAILED and output.finish_reason != "abort":
+        metrics.observe_finished("error", e2e)
+        return ChoiceEvent(index, text, "error", output.error, len(delta.new_token_ids))
+    reason = "stop" if stream.stopped else _FINISH_REASONS.get(output.finish_reason or "", "stop")
+    metrics.observe_finished(reason, e2e)
+    return ChoiceEvent(index, text, reason, num_tokens=len(delta.new_token_ids))

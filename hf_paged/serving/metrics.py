@@ -1,0 +1,133 @@
+"""The server's Prometheus metrics (vLLM's naming under `hf_paged:`) and the health summary of `/health?detail=1`.
+
+Two sources:
+- the engine's own state and counters, read as one snapshot per scrape (`refresh`, under the engine's lock, from a
+  worker thread so a long step never blocks the event loop): requests running/waiting, KV blocks, prefix-cache
+  queries and hits, preemptions, token counters, batch utilisation;
+- latencies the server observes as a client would (from the moment the HTTP request arrived): time to first token,
+  inter-token latency, end-to-end latency, and finished requests by reason.
+Each server has its own registry (several servers may live in one process, e.g. in tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from hf_paged.batching.engine_loop import EngineLoop
+
+__all__ = ["HEALTH_TARGETS", "ServerMetrics"]
+
+# Our design notes' health figures: (engine stat, comparison, threshold, what it says).
+HEALTH_TARGETS = {
+    "prefix_hit_rate": ("prefix_hit_rate", ">", 0.80, "prompt tokens served from the prefix cache"),
+    "batch_utilization": ("recent_batch_utilization", ">", 0.75, "tokens per step / token budget, last 256 steps"),
+    "memory_pressure": ("kv_usage", "<", 0.90, "KV blocks in use / blocks in the pool"),
+}
+_LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                    20.0, 40.0, 80.0)
+_PREFIX = "hf_paged:"
+
+
+class ServerMetrics:
+    def __init__(self, loop: EngineLoop, model_name: str) -> None:
+        self.loop = loop
+        self.model_name = model_name
+        self.registry = CollectorRegistry()
+        labels = {"labelnames": ["model_name"], "registry": self.registry}
+        self.ttft = Histogram(f"{_PREFIX}time_to_first_token_seconds", "Time from request arrival to its first token",
+                              buckets=_LATENCY_BUCKETS, **labels).labels(model_name)
+        self.itl = Histogram(f"{_PREFIX}inter_token_latency_seconds", "Time between two token deliveries of a request",
+                             buckets=_LATENCY_BUCKETS, **labels).labels(model_name)
+        self.e2e = Histogram(f"{_PREFIX}e2e_request_latency_seconds", "Time from request arrival to its last token",
+                             buckets=_LATENCY_BUCKETS, **labels).labels(model_name)
+        self.success = Counter(f"{_PREFIX}request_success", "Finished requests (choices) by finish reason",
+                               labelnames=["model_name", "finished_reason"], registry=self.registry)
+        self.rejected = Counter(f"{_PREFIX}request_rejected", "Requests answered with an HTTP error, by status",
+                                labelnames=["model_name", "status"], registry=self.registry)
+        self.snapshot: dict[str, Any] = {}
+        self.registry.register(_EngineCollector(self))
+
+    # -- observations (event loop thread) ------------------------------------------------------------------
+    def observe_tokens(self, gap: float | None, since_arrival: float) -> None:
+        """A delivery of tokens: the first of a request (gap None) or a later one."""
+        if gap is None:
+            self.ttft.observe(since_arrival)
+        else:
+            self.itl.observe(gap)
+
+    def observe_finished(self, reason: str, e2e: float) -> None:
+        self.success.labels(self.model_name, reason).inc()
+        self.e2e.observe(e2e)
+
+    def observe_rejected(self, status: int) -> None:
+        self.rejected.labels(self.model_name, str(status)).inc()
+
+    # -- reading (worker thread) ---------------------------------------------------------------------------
+    def refresh(self) -> dict[str, Any]:
+        """Take a snapshot of the engine's figures (waits for the step in progress)."""
+        stats = self.loop.engine.stats()
+        stats["requests_waiting"] = self.loop.num_waiting
+        queried = stats["prompt_tokens_queried"]
+        stats["prefix_hit_rate"] = stats["prompt_tokens_cached"] / queried if queried else None
+        self.snapshot = stats
+        return stats
+
+    def render(self) -> bytes:
+        self.refresh()
+        return generate_latest(self.registry)
+
+    def health(self) -> dict[str, Any]:
+        """The three health figures, each with its threshold and whether it holds (None: no sample yet)."""
+        stats = self.refresh()
+        checks = {}
+        for name, (key, op, threshold, meaning) in HEALTH_TARGETS.items():
+            value = stats.get(key)
+            holds = None if value is None else (value > threshold if op == ">" else value < threshold)
+            checks[name] = {"value": value, "comparison": op, "threshold": threshold, "holds": holds,
+                            "meaning": meaning}
+        return {"status": "ok" if self.loop.is_alive else "down", "engine_loop_alive": self.loop.is_alive,
+                "requests_running": stats["requests_running"], "requests_waiting": stats["requests_waiting"],
+                "checks": checks}
+
+
+class _EngineCollector:
+    """Exposes the last engine snapshot (taken by `ServerMetrics.refresh` just before each scrape)."""
+
+    _GAUGES = (
+        ("num_requests_running", "requests_running", "Requests in the running batch"),
+        ("num_requests_waiting", "requests_waiting", "Requests queued, not yet running"),
+        ("kv_cache_usage_perc", "kv_usage", "KV-cache usage: blocks in use / total (1 = full)"),
+        ("kv_cache_used_blocks", "blocks_used", "KV blocks held by live requests"),
+        ("kv_cache_total_blocks", "blocks_total", "KV blocks in the pool"),
+        ("kv_cache_cached_blocks", "blocks_cached", "KV blocks kept by the prefix cache, reusable"),
+        ("prefix_cache_hit_rate", "prefix_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens"),
+        ("batch_utilization", "recent_batch_utilization", "Tokens per step / token budget over the last 256 steps"),
+    )
+    _COUNTERS = (
+        ("prefix_cache_queries", "prompt_tokens_queried", "Prompt tokens looked up in the prefix cache"),
+        ("prefix_cache_hits", "prompt_tokens_cached", "Prompt tokens served from the prefix cache"),
+        ("num_preemptions", "preemptions", "Requests preempted (blocks taken back) so far"),
+        ("prompt_tokens", "prompt_tokens", "Prompt tokens submitted"),
+        ("generation_tokens", "generated_tokens", "Tokens generated"),
+        ("num_steps", "steps", "Engine steps (forwards) run"),
+        ("computed_tokens", "computed_tokens", "Tokens run through the model (prefill chunks and decodes)"),
+    )
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+
+    def collect(self):
+        stats = self.metrics.snapshot
+        model = self.metrics.model_name
+        for name, key, doc in self._GAUGES:
+            family = GaugeMetricFamily(f"{_PREFIX}{name}", doc, labels=["model_name"])
+            value = stats.get(key)
+            family.add_metric([model], float(value) if value is not None else 0.0)
+            yield family
+        for name, key, doc in self._COUNTERS:
+            family = CounterMetricFamily(f"{_PREFIX}{name}", doc, labels=["model_name"])
+            family.add_metric([model], float(stats.get(key) or 0))
+            yield family

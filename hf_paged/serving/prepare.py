@@ -1,0 +1,192 @@
+"""An OpenAI request -> token ids and `SamplingParams` for the engine, or an `ApiError` (400) naming the field.
+
+Everything a request can get wrong is found here, before the engine sees it: the prompt's length against the
+model's positions and the block pool, `max_tokens`, the sampling fields, and the output constraint (compiled
+through `ConstraintCache`, so a schema is compiled once and its processor serves every request that names it).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from hf_paged.batching.engine import Engine
+from hf_paged.batching.sampling import SamplingParams, as_list
+from hf_paged.errors import SchemaError, TokenizerError
+from hf_paged.serving.errors import ApiError
+from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+
+__all__ = ["ConstraintCache", "PreparedRequest", "Preparer"]
+
+
+@dataclass(slots=True)
+class PreparedRequest:
+    prompts: list[list[int]]  # one engine request per prompt (each with n forks)
+    params: SamplingParams
+    stop: list[str] = field(default_factory=list)  # cut from the text the client sees
+
+
+class ConstraintCache:
+    """Output-constraint processors by (kind, canonical spec), least recently used dropped past `capacity`.
+
+    A processor keeps one guide state per request id, so one object serves every request with the same schema;
+    the compiled token index behind it lives in the processors' own index cache."""
+
+    def __init__(self, tokenizer: Any, eos_token_ids: list[int], capacity: int = 64) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids
+        self.capacity = capacity
+        self._items: OrderedDict[tuple, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, kind: str, spec: Any) -> Any:
+        """The processor for a constraint (built on a miss: call from a worker thread, it may compile)."""
+        key = (kind, json.dumps(spec, sort_keys=False, separators=(",", ":")))
+        with self._lock:
+            if key in self._items:
+                self._items.move_to_end(key)
+                return self._items[key]
+        processor = self._build(kind, spec)
+        with self._lock:
+            processor = self._items.setdefault(key, processor)
+            self._items.move_to_end(key)
+            while len(self._items) > self.capacity:
+                self._items.popitem(last=False)
+        return processor
+
+    def _build(self, kind: str, spec: Any) -> Any:
+        from hf_paged.processors import ChoiceLogitsProcessor, JSONSchemaLogitsProcessor, RegexLogitsProcessor
+
+        eos = self.eos_token_ids or None
+        if kind == "json_schema":
+            return JSONSchemaLogitsProcessor(spec, self.tokenizer, eos_token_id=eos)
+        if kind == "regex":
+            return RegexLogitsProcessor(spec, self.tokenizer, eos_token_id=eos)
+        return ChoiceLogitsProcessor(spec, self.tokenizer, eos_token_id=eos)
+
+
+def constraint_of(request: _Sampling) -> tuple[str, Any, str] | None:
+    """(kind, spec, the field that gave it) of the request's output constraint, or None."""
+    fmt = request.response_format
+    if fmt is not None and fmt.type == "json_schema":
+        return "json_schema", fmt.json_schema.schema_, "response_format"
+    if fmt is not None and fmt.type == "json_object":
+        return "json_schema", {"type": "object"}, "response_format"
+    if request.guided_json is not None:
+        return "json_schema", request.guided_json, "guided_json"
+    if request.guided_regex is not None:
+        return "regex", request.guided_regex, "guided_regex"
+    if request.guided_choice is not None:
+        return "choice", request.guided_choice, "guided_choice"
+    return None
+
+
+def build_constraint(cache: ConstraintCache, request: _Sampling) -> list:
+    """The request's processors (at most one); schema errors become a 400 naming the keyword's JSON pointer."""
+    found = constraint_of(request)
+    if found is None:
+        return []
+    kind, spec, param = found
+    try:
+        return [cache.get(kind, spec)]
+    except (SchemaError, TokenizerError, TypeError) as exc:
+        raise ApiError(f"{param}: {exc}", param=param, code="invalid_schema" if kind == "json_schema" else
+                       f"invalid_{kind}") from None
+    except RecursionError:
+        raise ApiError(f"{param}: the schema nests too deeply to compile; flatten it", param=param,
+                       code="invalid_schema") from None
+
+
+class Preparer:
+    """Turns requests into engine work for one engine and tokenizer."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, constraints: ConstraintCache) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.constraints = constraints
+        gen_eos = as_list(getattr(engine.model.generation_config, "eos_token_id", None))
+        tok_eos = [tokenizer.eos_token_id] if getattr(tokenizer, "eos_token_id", None) is not None else []
+        self.eos_token_ids = list(dict.fromkeys(gen_eos + tok_eos))
+
+    # -- requests ----------------------------------------------------------------------------------------
+    def completion(self, request: CompletionRequest) -> PreparedRequest:
+        prompts = []
+        for prompt in request.prompts():
+            ids = list(prompt) if isinstance(prompt, list) else self.tokenizer(prompt)["input_ids"]
+            prompts.append(ids)
+        return self._prepare(request, prompts, request.max_tokens, "prompt", default_to_room=False)
+
+    def chat(self, request: ChatCompletionRequest) -> PreparedRequest:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ApiError(
+                "this model's tokenizer has no chat template; use /v1/completions, or start the server with "
+                "--chat-template FILE", param="messages", code="no_chat_template",
+            )
+        messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in request.messages]
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        except Exception as exc:  # noqa: BLE001 -- a template error is the request's (e.g. roles out of order)
+            raise ApiError(f"the chat template refused these messages: {exc}", param="messages",
+                           code="chat_template_error") from None
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return self._prepare(request, [ids], request.requested_max_tokens, "messages", default_to_room=True)
+
+    # -- shared ------------------------------------------------------------------------------------------
+    def _prepare(self, request: _Sampling, prompts: list[list[int]], max_tokens: int | None, prompt_param: str,
+                 *, default_to_room: bool) -> PreparedRequest:
+        max_len = self.engine.max_model_len
+        longest = max(len(p) for p in prompts)
+        if max_tokens is None:
+            max_tokens = max(max_len - longest, 1) if default_to_room else 16
+        if max_tokens < 1:
+            name = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) is not None else "max_tokens"
+            raise ApiError(f"{name} must be at least 1, got {max_tokens}", param=name, code="invalid_value")
+        for prompt in prompts:
+            self._check_prompt(prompt, max_tokens, prompt_param)
+        stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+        greedy = request.temperature == 0
+        processors = list(build_constraint(self.constraints, request))
+        if request.repetition_penalty not in (None, 1, 1.0):
+            from transformers import RepetitionPenaltyLogitsProcessor
+
+            processors.append(RepetitionPenaltyLogitsProcessor(float(request.repetition_penalty)))
+        params = SamplingParams(
+            max_new_tokens=max_tokens,
+            do_sample=not greedy,
+            temperature=float(request.temperature) if request.temperature else 1.0,
+            top_p=float(request.top_p) if request.top_p is not None else 1.0,
+            top_k=request.top_k if request.top_k and request.top_k > 0 else None,
+            seed=request.seed,
+            eos_token_id=None if request.ignore_eos else (self.eos_token_ids or None),
+            stop_strings=stop or None,
+            tokenizer=self.tokenizer if stop else None,
+            logits_processors=processors,
+            num_return_sequences=request.n,
+            min_new_tokens=request.min_tokens,
+        )
+        return PreparedRequest(prompts, params, stop)
+
+    def _check_prompt(self, prompt: list[int], max_tokens: int, param: str) -> None:
+        max_len = self.engine.max_model_len
+        if not prompt:
+            raise ApiError(f"{param} is empty: give at least one token", param=param, code="empty_prompt")
+        if len(prompt) + max_tokens > max_len:
+            raise ApiError(
+                f"this model's maximum context length is {max_len} tokens, but {len(prompt)} prompt tokens plus "
+                f"max_tokens={max_tokens} ask for {len(prompt) + max_tokens}; shorten the {param} or lower max_tokens",
+                param=param if len(prompt) >= max_len else "max_tokens", code="context_length_exceeded",
+            )
+        error = self.engine.validate_prompt(prompt, SamplingParams(max_new_tokens=max_tokens))
+        if error is not None:
+            raise ApiError(error, param=param, code="invalid_prompt")
+        block_size, num_blocks = self.engine.config.block_size, self.engine.cache.num_blocks
+        need = -(-(len(prompt) + max_tokens) // block_size)
+        if need > num_blocks:
+            raise ApiError(
+                f"{len(prompt)} prompt tokens plus max_tokens={max_tokens} need {need} KV blocks of {block_size} but "
+                f"the server's pool holds {num_blocks}; lower max_tokens (or restart with a larger --num-blocks)",
+                param="max_tokens", code="context_length_exceeded",
+            )

@@ -1,0 +1,167 @@
+"""OpenAI request bodies (completions and chat), as pydantic models that refuse what we cannot honour.
+
+Fields follow OpenAI's API reference; `top_k`, `min_tokens`, `ignore_eos`, `repetition_penalty`, `guided_json`,
+`guided_regex` and `guided_choice` are vLLM's extras. An unknown field is refused (as OpenAI does: a typo such as
+`max_token` must not be ignored silently); fields we know but cannot honour are refused when set to anything but
+their neutral value, with the field named (`param`) in the 400 answer.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+
+__all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "ResponseFormat", "UnsupportedField"]
+
+Number = StrictInt | StrictFloat
+
+
+class UnsupportedField(ValueError):
+    """A known OpenAI field set to a value this server does not implement."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JSONSchemaFormat(_Strict):
+    name: StrictStr | None = None
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | bool = Field(alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError('response_format of type "json_schema" needs a "json_schema": {"schema": {...}} object')
+        return self
+
+
+class StreamOptions(_Strict):
+    include_usage: StrictBool = False
+
+
+class _Sampling(_Strict):
+    """Fields shared by completions and chat completions."""
+
+    model: StrictStr | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=128)] = 1
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    temperature: Annotated[Number, Field(ge=0)] | None = None
+    top_p: Annotated[Number, Field(gt=0, le=1)] | None = None
+    seed: StrictInt | None = None
+    stop: StrictStr | list[StrictStr] | None = None
+    response_format: ResponseFormat | None = None
+    user: StrictStr | None = None
+    # accepted and ignored: they do not change the output
+    store: StrictBool | None = None
+    metadata: dict[str, StrictStr] | None = None
+    service_tier: StrictStr | None = None
+    # known, refused unless neutral
+    logprobs: Any = None
+    top_logprobs: Any = None
+    logit_bias: dict[str, Number] | None = None
+    presence_penalty: Number | None = None
+    frequency_penalty: Number | None = None
+    # vLLM extras
+    top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
+    ignore_eos: StrictBool = False
+    repetition_penalty: Annotated[Number, Field(gt=0)] | None = None
+    guided_json: dict[str, Any] | bool | StrictStr | None = None
+    guided_regex: StrictStr | None = None
+    guided_choice: list[StrictStr] | None = None
+
+    def check_supported(self) -> None:
+        """Raise `UnsupportedField` for the first field we know but cannot honour."""
+        refused = {
+            "logprobs": self.logprobs not in (None, False, 0),
+            "top_logprobs": self.top_logprobs not in (None, 0),
+            "logit_bias": bool(self.logit_bias),
+            "presence_penalty": self.presence_penalty not in (None, 0),
+            "frequency_penalty": self.frequency_penalty not in (None, 0),
+        }
+        for name, bad in refused.items():
+            if bad:
+                raise UnsupportedField(name, f"{name} is not supported by hf-paged serve; leave it out")
+        guides = [name for name in ("response_format", "guided_json", "guided_regex", "guided_choice")
+                  if getattr(self, name) is not None and not (name == "response_format" and self.response_format.type == "text")]
+        if len(guides) > 1:
+            raise UnsupportedField(guides[1], f"give one output constraint, not {' and '.join(guides)}")
+        if self.stop is not None and any(s == "" for s in ([self.stop] if isinstance(self.stop, str) else self.stop)):
+            raise UnsupportedField("stop", "stop sequences must be non-empty strings")
+
+
+class CompletionRequest(_Sampling):
+    prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
+    max_tokens: StrictInt | None = 16  # OpenAI's default for completions
+    echo: StrictBool = False
+    suffix: StrictStr | None = None
+    best_of: StrictInt | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.echo:
+            raise UnsupportedField("echo", "echo is not supported by hf-paged serve; leave it out")
+        if self.suffix:
+            raise UnsupportedField("suffix", "suffix (insertion) is not supported by hf-paged serve; leave it out")
+        if self.best_of not in (None, self.n):
+            raise UnsupportedField("best_of", "best_of is not supported by hf-paged serve; use n")
+
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: text, or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if not p:
+            return [[]]  # an empty prompt: refused later with the engine's own message
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: StrictStr
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")  # tool_calls, refusal, ... pass through to the chat template
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: StrictStr | list[TextPart] | None = None
+    name: StrictStr | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, list):
+            return "".join(part.text for part in self.content)
+        return self.content or ""
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_tokens: StrictInt | None = None
+    max_completion_tokens: StrictInt | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: StrictBool | None = None
+
+    def check_supported(self) -> None:
+        super().check_supported()
+        if self.tools or self.tool_choice not in (None, "none"):
+            raise UnsupportedField("tools", "tool calling is not supported by hf-paged serve; leave tools out")
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens

@@ -1,0 +1,116 @@
+"""`hf-paged serve`: load the model, build the app, run uvicorn; stop cleanly on SIGTERM.
+
+On SIGTERM (or Ctrl-C) uvicorn stops accepting connections and gives the requests in flight up to
+`--shutdown-timeout` seconds; what still runs then is cancelled (its engine requests aborted), the engine loop
+stops, and the process exits with status 0 (130 after Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from pathlib import Path
+
+__all__ = ["add_serve_arguments", "run_serve"]
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="a local model directory; default: the embedded tiny model")
+    parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: from --model)")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    parser.add_argument("--chat-template", default=None, help="a Jinja chat template file (overrides the tokenizer's)")
+    parser.add_argument("--max-waiting", type=int, default=None,
+                        help="most requests queued before new ones get HTTP 429 (default: no bound)")
+    parser.add_argument("--shutdown-timeout", type=float, default=10.0,
+                        help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
+    parser.add_argument("--block-size", type=int, default=None)
+    parser.add_argument("--num-blocks", type=int, default=None)
+    parser.add_argument("--max-cache-bytes", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=None)
+    parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--kv-cache-dtype", default=None, choices=("auto", "fp8", "int8", "int4"))
+    parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+
+
+def _paged_config(args):
+    from hf_paged.config import PagedConfig
+
+    names = ("block_size", "num_blocks", "max_cache_bytes", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype")
+    overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
+    if args.no_prefix_caching:
+        overrides["enable_prefix_caching"] = False
+    return PagedConfig(**overrides)
+
+
+def run_serve(args) -> int:
+    """Run the server until SIGTERM / Ctrl-C. Raises `CliError` for bad arguments (one line, exit status 2)."""
+    from hf_paged.cli import CliError
+
+    try:
+        import uvicorn
+
+        from hf_paged.serving import ServerSettings, build_app
+    except ImportError as exc:
+        raise CliError(str(exc)) from None
+    if args.max_waiting is not None and args.max_waiting < 1:
+        raise CliError(f"--max-waiting must be >= 1, got {args.max_waiting}")
+    if args.shutdown_timeout < 0:
+        raise CliError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    try:
+        config = _paged_config(args)
+    except (TypeError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    model, tokenizer, name = _load(args)
+    if args.chat_template is not None:
+        file = Path(args.chat_template)
+        if not file.is_file():
+            raise CliError(f"chat template file {args.chat_template!r} not found")
+        tokenizer.chat_template = file.read_text()
+    from hf_paged.batching.engine import Engine
+
+    engine = Engine(model, config)
+    settings = ServerSettings(model_name=args.served_model_name or name, max_waiting=args.max_waiting)
+    app = build_app(engine, tokenizer, settings)
+    uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
+                               timeout_graceful_shutdown=args.shutdown_timeout)
+    server = _Server(uv_config)
+    logging.getLogger("hf_paged").info("serving %s on http://%s:%d", settings.model_name, args.host, args.port)
+    server.run()
+    return 130 if server.interrupted else 0
+
+
+class _Server:
+    """uvicorn's server, except that a SIGTERM'd server exits 0 after its graceful stop (uvicorn re-raises the
+    signal once stopped, which would end the process with 143)."""
+
+    def __new__(cls, config):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            interrupted = False
+
+            def handle_exit(self, sig, frame) -> None:
+                super().handle_exit(sig, frame)
+                if sig == signal.SIGTERM:
+                    self._captured_signals.remove(sig)
+                else:
+                    self.interrupted = True
+
+        return Server(config)
+
+
+def _load(args):
+    from hf_paged.cli import load_model
+
+    if args.model is None:
+        from hf_paged.models import default_model
+
+        model, tokenizer = default_model(dtype=getattr(__import__("torch"), args.dtype), device=args.device)
+        return model, tokenizer, "hf-paged/tiny-lm"
+    model, tokenizer = load_model(args.model, args.device, args.dtype)
+    return model, tokenizer, args.model
