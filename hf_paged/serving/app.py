@@ -71,7 +71,7 @@ class _Server:
             body.check_supported()
         except ValidationError as exc:
             first = exc.errors()[0]
-            param = ".".join(str(p) for p in first["loc"]) or None
+            param = str(first["loc"][0]) if first["loc"] else None  # the top-level field (as vLLM names it)
             raise ApiError(f"{param}: {first['msg']}" if param else first["msg"], param=param,
                            code="invalid_value") from None
         except UnsupportedField as exc:

@@ -27,13 +27,15 @@ class TextStream:
             return ""
         self.token_ids.extend(token_ids)
         text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
-        if not text.endswith("\ufffd"):  # a character cut in half: wait for its other bytes
-            self.text = text
+        self.text = text.rstrip("\ufffd")  # a character cut in half at the end: wait for its other bytes
         return self._emit(final=False)
 
     def finish(self) -> str:
         """The rest of the text once the choice has ended."""
-        return "" if self.stopped else self._emit(final=True)
+        if self.stopped:
+            return ""
+        self.text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)  # a cut character stays cut
+        return self._emit(final=True)
 
     def _emit(self, final: bool) -> str:
         text, end = self.text, len(self.text)

@@ -1,0 +1,158 @@
+"""Bad input and trouble: OpenAI error bodies with a 4xx (never a 500 or a traceback for the client's mistakes),
+aborted disconnects, 429 under a bounded queue, a failing processor that fails alone."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import time
+
+import httpx
+import pytest
+from transformers import LogitsProcessor
+
+from hf_paged.serving import ServerSettings
+from tests.serving.conftest import make_server, wait_idle
+
+
+def post(server, path, body, timeout=60):
+    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
+    return httpx.post(server.url + path, content=content, headers={"content-type": "application/json"},
+                      timeout=timeout)
+
+
+def assert_error(response, status, param=None, words=()):
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    assert "Traceback" not in response.text
+    if param is not None:
+        assert body["error"]["param"] == param
+    for word in words:
+        assert word in body["error"]["message"], body["error"]["message"]
+    return body["error"]
+
+
+DEEP = {"type": "object", "properties": {"xs": {"type": "array", "contains": {"type": "integer"}, "maxContains": 2}}}
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ('{"prompt": "x", "max_tokens": ', None, ["not valid JSON"]),
+        ("[1, 2]", None, ["JSON object"]),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens", ["at least 1"]),
+        ({"prompt": "x", "max_tokens": -5}, "max_tokens", ["at least 1"]),
+        ({"prompt": "x", "max_tokens": "ten"}, "max_tokens", ["integer"]),
+        ({"prompt": "x", "temperature": -1}, "temperature", ["greater than or equal to 0"]),
+        ({"prompt": "x", "temperature": "hot"}, "temperature", []),
+        ({"prompt": 5}, "prompt", []),
+        ({"prompt": "x", "n": 0}, "n", []),
+        ({"prompt": "x", "top_p": 0}, "top_p", []),
+        ({"prompt": "x", "max_token": 5}, "max_token", ["Extra inputs"]),
+        ({"prompt": "x", "logprobs": 3}, "logprobs", ["not supported"]),
+        ({"prompt": "x", "echo": True}, "echo", ["not supported"]),
+        ({"prompt": "x" * 3000, "max_tokens": 4}, "prompt", ["maximum context length is 2048"]),
+        ({"prompt": "x" * 2000, "max_tokens": 100}, "max_tokens", ["maximum context length is 2048"]),
+        ({"prompt": [1, 2, 999]}, "prompt", ["outside the vocabulary"]),
+        ({"prompt": []}, "prompt", ["empty"]),
+        ({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "foo"}}}},
+         "response_format", ["#/type"]),
+        ({"prompt": "x", "response_format": {"type": "json_schema", "json_schema": {"schema": DEEP}}},
+         "response_format", ["maxContains", "/properties/xs"]),
+        ({"prompt": "x", "response_format": {"type": "json_schema"}}, "response_format", ["json_schema"]),
+        ({"prompt": "x", "guided_regex": "(unclosed"}, "guided_regex", []),
+        ({"prompt": "x", "guided_choice": []}, "guided_choice", []),
+        ({"prompt": "x", "guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", ["one output constraint"]),
+    ],
+)
+def test_bad_completion_requests_get_400(server, body, param, words):
+    assert_error(post(server, "/v1/completions", body), 400, param, words)
+
+
+def test_bad_chat_requests_get_400(server, tiny_lm):
+    assert_error(post(server, "/v1/chat/completions", {"messages": []}), 400, "messages")
+    assert_error(post(server, "/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}), 400)
+    assert_error(post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                        "max_completion_tokens": 0}), 400, "max_completion_tokens")
+    assert_error(post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                                                        "tools": [{"type": "function"}]}), 400, "tools")
+    tokenizer = tiny_lm.tokenizer
+    template, tokenizer.chat_template = tokenizer.chat_template, None
+    try:
+        assert_error(post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]}), 400,
+                     "messages", ["no chat template", "/v1/completions"])
+    finally:
+        tokenizer.chat_template = template
+
+
+def test_wrong_model_and_unknown_route(server):
+    assert_error(post(server, "/v1/completions", {"model": "gpt-9", "prompt": "x"}), 404, "model", ["tiny-lm"])
+    assert_error(httpx.get(server.url + "/v1/nothing"), 404)
+    assert_error(httpx.get(server.url + "/v1/completions"), 405)
+
+
+def test_client_disconnect_mid_stream_aborts_and_frees_blocks(server, engine):
+    body = {"prompt": "def main():", "max_tokens": 1500, "stream": True, "temperature": 0}
+    aborted = engine.metrics.num_requests_aborted
+    with httpx.Client(timeout=60) as client, client.stream("POST", server.url + "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        got = [next(lines) for _ in range(6)]
+        assert any(line.startswith("data: {") for line in got)
+        assert engine.cache.pool.num_used_blocks > 0
+    wait_idle(engine)  # the request is gone and its blocks are back
+    assert engine.metrics.num_requests_aborted == aborted + 1
+
+
+def test_client_disconnect_without_streaming_aborts(server, engine):
+    aborted = engine.metrics.num_requests_aborted
+    with pytest.raises(httpx.ReadTimeout):
+        post(server, "/v1/completions", {"prompt": "def main():", "max_tokens": 1900}, timeout=0.5)
+    wait_idle(engine)
+    assert engine.metrics.num_requests_aborted == aborted + 1
+
+
+class Exploding(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+        raise RuntimeError("boom")
+
+
+def test_a_failing_processor_fails_only_its_request(server, engine):
+    constraints = server.app.state.server.preparer.constraints
+    constraints._items[("regex", json.dumps("explode"))] = Exploding()  # what the cache returns for this regex
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            good = [pool.submit(post, server, "/v1/completions", {"prompt": f"def f{i}():", "max_tokens": 20})
+                    for i in range(3)]
+            bad = pool.submit(post, server, "/v1/completions", {"prompt": "x", "max_tokens": 20,
+                                                                "guided_regex": "explode"})
+            streamed = pool.submit(post, server, "/v1/completions", {"prompt": "x", "max_tokens": 20, "stream": True,
+                                                                     "guided_regex": "explode"})
+        for future in good:
+            assert future.result().status_code == 200
+            assert future.result().json()["usage"]["completion_tokens"] == 20
+        error = assert_error(bad.result(), 500, words=["boom"])
+        assert error["type"] == "server_error"
+        events = [line for line in streamed.result().text.splitlines() if line.startswith("data: ")]
+        assert "boom" in json.loads(events[0][6:])["error"]["message"] and events[-1] == "data: [DONE]"
+    finally:
+        constraints._items.pop(("regex", json.dumps("explode")), None)
+
+
+def test_a_full_queue_answers_429_with_retry_after(tiny_lm):
+    server, engine = make_server(tiny_lm, max_num_seqs=1,
+                                 settings=ServerSettings(model_name="tiny-lm", max_waiting=1))
+    with server:
+        body = {"prompt": "def main():", "max_tokens": 200}
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            responses = list(pool.map(lambda _: post(server, "/v1/completions", body), range(6)))
+        codes = sorted(r.status_code for r in responses)
+        assert codes.count(200) >= 2 and 429 in codes, codes
+        for r in responses:
+            if r.status_code == 429:
+                assert_error(r, 429)
+                assert r.headers["retry-after"] == "1"
+        wait_idle(engine)
+        metrics = httpx.get(server.url + "/metrics").text
+        assert 'hf_paged:request_rejected_total{model_name="tiny-lm",status="429"}' in metrics

@@ -1,0 +1,136 @@
+"""/metrics in Prometheus' text format, /health and its detail, and a real `hf-paged serve` process stopped by
+SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from hf_paged.serving.text import TextStream
+
+
+def scrape(server) -> dict[str, dict]:
+    text = httpx.get(server.url + "/metrics").text
+    out: dict[str, dict] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            out.setdefault(sample.name, {})[tuple(sorted(sample.labels.items()))] = sample.value
+    return out
+
+
+def value(samples, name, **labels):
+    wanted = {"model_name": "tiny-lm", **labels}
+    return next(v for k, v in samples[name].items() if dict(k).items() >= wanted.items())
+
+
+def test_metrics_parse_and_count(server):
+    before = scrape(server)
+    prompt = "import collections\n" * 6
+    for _ in range(2):
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8}, timeout=60)
+        assert r.status_code == 200
+    after = scrape(server)
+    for name in ("hf_paged:num_requests_running", "hf_paged:num_requests_waiting", "hf_paged:kv_cache_usage_perc",
+                 "hf_paged:prefix_cache_hit_rate", "hf_paged:batch_utilization", "hf_paged:num_preemptions_total",
+                 "hf_paged:time_to_first_token_seconds_count", "hf_paged:inter_token_latency_seconds_count",
+                 "hf_paged:e2e_request_latency_seconds_count", "hf_paged:kv_cache_used_blocks"):
+        assert name in after, name
+    assert value(after, "hf_paged:generation_tokens_total") - value(before, "hf_paged:generation_tokens_total") == 16
+    hits = value(after, "hf_paged:prefix_cache_hits_total") - value(before, "hf_paged:prefix_cache_hits_total")
+    queries = value(after, "hf_paged:prefix_cache_queries_total") - value(before, "hf_paged:prefix_cache_queries_total")
+    assert queries == 2 * (len(prompt) + 1) and hits >= len(prompt) - 32  # the second prompt came from the cache
+    e2e = "hf_paged:e2e_request_latency_seconds_count"
+    assert value(after, e2e) - value(before, e2e) == 2
+    assert value(after, "hf_paged:request_success_total", finished_reason="length") >= 2
+    assert value(after, "hf_paged:num_requests_running") == 0
+
+
+def test_health_and_its_detail(server):
+    assert httpx.get(server.url + "/health").status_code == 200
+    detail = httpx.get(server.url + "/health", params={"detail": 1}).json()
+    assert detail["status"] == "ok" and detail["engine_loop_alive"] is True
+    checks = detail["checks"]
+    assert set(checks) == {"prefix_hit_rate", "batch_utilization", "memory_pressure"}
+    assert (checks["prefix_hit_rate"]["threshold"], checks["prefix_hit_rate"]["comparison"]) == (0.8, ">")
+    assert (checks["batch_utilization"]["threshold"], checks["batch_utilization"]["comparison"]) == (0.75, ">")
+    assert (checks["memory_pressure"]["threshold"], checks["memory_pressure"]["comparison"]) == (0.9, "<")
+    pressure = checks["memory_pressure"]
+    assert pressure["value"] == 0.0 and pressure["holds"] is True
+
+
+class ByteTokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_text_stream_holds_half_characters_and_stop_prefixes():
+    stream = TextStream(ByteTokenizer(), stop=["END"])
+    euro = "€".encode()
+    assert stream.push([ord("a"), euro[0]]) == "a"  # half a character: held
+    assert stream.push(list(euro[1:])) == "€"
+    assert stream.push(list(b"xE")) == "x"  # "E" may begin "END"
+    assert stream.push(list(b"N")) == ""
+    assert stream.push(list(b"Dtail")) == "" and stream.stopped
+    assert stream.finish() == ""
+    stream = TextStream(ByteTokenizer(), stop=["END"])
+    assert stream.push(list(b"abE")) == "ab"
+    assert stream.finish() == "E"  # the choice ended: a stop prefix is plain text
+    stream = TextStream(ByteTokenizer())
+    assert stream.push([0xFF]) == ""  # an invalid byte stays invalid
+    assert stream.finish() == "\ufffd"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_sigterm_finishes_in_flight_and_exits_0():
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hf_paged.cli", "serve", "--port", str(port), "--shutdown-timeout", "20",
+         "--log-level", "warning"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stdout.read().decode()[-2000:]
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        result = {}
+
+        def long_request():
+            result["r"] = httpx.post(url + "/v1/completions", json={"prompt": "def f():", "max_tokens": 300},
+                                     timeout=60)
+
+        t = threading.Thread(target=long_request)
+        t.start()
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+        t.join(timeout=60)
+        assert result["r"].status_code == 200 and result["r"].json()["usage"]["completion_tokens"] == 300
+        try:
+            httpx.get(url + "/health", timeout=1)
+            raise AssertionError("the server still answers after SIGTERM")
+        except httpx.TransportError:
+            pass
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
