@@ -43,6 +43,11 @@ def test_bench_writes_json_result(tmp_path, capsys):
         (["generate", "--model", MODEL, "--prompts", "PROMPTS", "--schema", "/no/schema.json"], "schema file"),
         (["bench", "--model", MODEL, "--workload", "nope"], "unknown workload"),
         (["bench", "--model", "/no/such/model"], "not found"),
+        (["serve", "--max-waiting", "0"], "--max-waiting must be >= 1"),
+        (["serve", "--shutdown-timeout", "-1"], "--shutdown-timeout"),
+        (["serve", "--block-size", "3"], "block_size must be a power of two"),
+        (["serve", "--model", "/no/such/model"], "not found"),
+        (["serve", "--chat-template", "/no/template.jinja"], "chat template file"),
     ],
 )
 def test_bad_arguments_give_one_line_and_nonzero_exit(argv, message, tmp_path, capsys):

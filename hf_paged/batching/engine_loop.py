@@ -149,6 +149,10 @@ class EngineLoop:
         """End these requests before the next step (their blocks go back to the pool); unknown ids are ignored."""
         self._command(lambda: [self.engine.abort(rid) for rid in request_ids])
 
+    def abort_all(self) -> None:
+        """Abort every request of this loop's callers before the next step (e.g. a server shutting down)."""
+        self._command(lambda: [self.engine.abort(rid) for rid in list(self._sinks)])
+
     @property
     def num_waiting(self) -> int:
         """Requests submitted that have not started running (queued here or in the scheduler)."""
@@ -183,7 +187,7 @@ class EngineLoop:
         deadline = time.monotonic() + timeout
         while self.num_in_flight and time.monotonic() < deadline:
             time.sleep(0.02)
-        self._command(lambda: [self.engine.abort(rid) for rid in list(self._sinks)], force=True)
+        self.abort_all()
         with self._cond:
             self._stopping = True
             self._cond.notify()

@@ -220,6 +220,10 @@ async def _sse(head: _Head, events: AsyncIterator[ChoiceEvent], usage: Usage, in
                 if event.finish_reason == "error":
                     yield _error_event(f"the request failed on the server: {event.error}")
                     continue
+                if event.finish_reason == "abort":  # only the server aborts (a client that left reads nothing)
+                    yield _error_event("the server shut down before the request finished; retry", 503,
+                                       "shutting_down")
+                    continue
                 first = event.index not in started
                 started.add(event.index)
                 chunk = head.envelope([head.choice(event, chunk=True, first=first)], chunk=True)

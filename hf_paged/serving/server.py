@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import threading
 from pathlib import Path
 
 __all__ = ["add_serve_arguments", "run_serve"]
@@ -65,12 +66,15 @@ def run_serve(args) -> int:
         config = _paged_config(args)
     except (TypeError, ValueError) as exc:
         raise CliError(str(exc)) from None
-    model, tokenizer, name = _load(args)
+    template = None
     if args.chat_template is not None:
         file = Path(args.chat_template)
         if not file.is_file():
             raise CliError(f"chat template file {args.chat_template!r} not found")
-        tokenizer.chat_template = file.read_text()
+        template = file.read_text()
+    model, tokenizer, name = _load(args)
+    if template is not None:
+        tokenizer.chat_template = template
     from hf_paged.batching.engine import Engine
 
     engine = Engine(model, config)
@@ -78,7 +82,11 @@ def run_serve(args) -> int:
     app = build_app(engine, tokenizer, settings)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                timeout_graceful_shutdown=args.shutdown_timeout)
-    server = _Server(uv_config)
+    # uvicorn cancels what still runs when the graceful timeout ends (a bare 500); abort the engine's requests a
+    # little before, so each client gets a 503 error body (or an error event on its stream) instead.
+    margin = min(1.0, args.shutdown_timeout / 10)
+    server = _Server(uv_config, on_exit=lambda: threading.Timer(args.shutdown_timeout - margin,
+                                                                engine.loop.abort_all).start())
     logging.getLogger("hf_paged").info("serving %s on http://%s:%d", settings.model_name, args.host, args.port)
     server.run()
     return 130 if server.interrupted else 0
@@ -88,13 +96,15 @@ class _Server:
     """uvicorn's server, except that a SIGTERM'd server exits 0 after its graceful stop (uvicorn re-raises the
     signal once stopped, which would end the process with 143)."""
 
-    def __new__(cls, config):
+    def __new__(cls, config, on_exit):
         import uvicorn
 
         class Server(uvicorn.Server):
             interrupted = False
 
             def handle_exit(self, sig, frame) -> None:
+                if not self.should_exit:
+                    on_exit()
                 super().handle_exit(sig, frame)
                 if sig == signal.SIGTERM:
                     self._captured_signals.remove(sig)

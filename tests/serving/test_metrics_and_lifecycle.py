@@ -3,6 +3,7 @@ SIGTERM."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -94,10 +95,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_sigterm_finishes_in_flight_and_exits_0():
+def test_sigterm_finishes_what_it_can_aborts_the_rest_and_exits_0():
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hf_paged.cli", "serve", "--port", str(port), "--shutdown-timeout", "20",
+        [sys.executable, "-m", "hf_paged.cli", "serve", "--port", str(port), "--shutdown-timeout", "4",
          "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
     )
@@ -113,17 +114,29 @@ def test_sigterm_finishes_in_flight_and_exits_0():
                 time.sleep(0.2)
         result = {}
 
-        def long_request():
-            result["r"] = httpx.post(url + "/v1/completions", json={"prompt": "def f():", "max_tokens": 300},
-                                     timeout=60)
+        def short():
+            result["short"] = httpx.post(url + "/v1/completions", json={"prompt": "def f():", "max_tokens": 60},
+                                         timeout=60)
 
-        t = threading.Thread(target=long_request)
-        t.start()
+        def endless():  # ~2000 tokens: cannot finish within the shutdown timeout
+            with httpx.stream("POST", url + "/v1/completions", timeout=60,
+                              json={"prompt": "x", "max_tokens": 2000, "stream": True, "ignore_eos": True}) as r:
+                result["endless"] = [line for line in r.iter_lines() if line]
+
+        threads = [threading.Thread(target=short), threading.Thread(target=endless)]
+        for t in threads:
+            t.start()
         time.sleep(0.3)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
-        t.join(timeout=60)
-        assert result["r"].status_code == 200 and result["r"].json()["usage"]["completion_tokens"] == 300
+        for t in threads:
+            t.join(timeout=60)
+        assert result["short"].status_code == 200, result["short"].text
+        assert result["short"].json()["usage"]["completion_tokens"] == 60
+        events = result["endless"]
+        assert events[-1] == "data: [DONE]"
+        error = json.loads(events[-2][len("data: "):])["error"]
+        assert error["code"] == "shutting_down" and "Traceback" not in "".join(events)
         try:
             httpx.get(url + "/health", timeout=1)
             raise AssertionError("the server still answers after SIGTERM")
