@@ -85,8 +85,9 @@ def run_serve(args) -> int:
     # uvicorn cancels what still runs when the graceful timeout ends (a bare 500); abort the engine's requests a
     # little before, so each client gets a 503 error body (or an error event on its stream) instead.
     margin = min(1.0, args.shutdown_timeout / 10)
-    server = _Server(uv_config, on_exit=lambda: threading.Timer(args.shutdown_timeout - margin,
-                                                                engine.loop.abort_all).start())
+    timer = threading.Timer(args.shutdown_timeout - margin, engine.loop.abort_all)
+    timer.daemon = True  # never keeps the process alive
+    server = _Server(uv_config, on_exit=timer.start)
     logging.getLogger("hf_paged").info("serving %s on http://%s:%d", settings.model_name, args.host, args.port)
     server.run()
     return 130 if server.interrupted else 0

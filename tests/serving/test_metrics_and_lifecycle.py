@@ -13,6 +13,7 @@ import threading
 import time
 
 import httpx
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hf_paged.serving.text import TextStream
@@ -95,10 +96,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_sigterm_finishes_what_it_can_aborts_the_rest_and_exits_0():
+@pytest.mark.parametrize(
+    ("timeout", "body", "finishes"),
+    [
+        ("30", {"prompt": "def f():", "max_tokens": 100}, True),  # in flight at SIGTERM, finished in time
+        ("1", {"prompt": "x", "max_tokens": 2000, "ignore_eos": True}, False),  # ~2000 steps: aborted at ~0.9 s
+    ],
+)
+def test_sigterm_finishes_or_aborts_in_flight_requests_and_exits_0(timeout, body, finishes):
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hf_paged.cli", "serve", "--port", str(port), "--shutdown-timeout", "4",
+        [sys.executable, "-m", "hf_paged.cli", "serve", "--port", str(port), "--shutdown-timeout", timeout,
          "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
     )
@@ -114,16 +122,11 @@ def test_sigterm_finishes_what_it_can_aborts_the_rest_and_exits_0():
                 time.sleep(0.2)
         result = {}
 
-        def short():
-            result["short"] = httpx.post(url + "/v1/completions", json={"prompt": "def f():", "max_tokens": 60},
-                                         timeout=60)
+        def call(stream: bool):
+            with httpx.stream("POST", url + "/v1/completions", json={**body, "stream": stream}, timeout=60) as r:
+                result[stream] = (r.status_code, [line for line in r.iter_lines() if line])
 
-        def endless():  # ~2000 tokens: cannot finish within the shutdown timeout
-            with httpx.stream("POST", url + "/v1/completions", timeout=60,
-                              json={"prompt": "x", "max_tokens": 2000, "stream": True, "ignore_eos": True}) as r:
-                result["endless"] = [line for line in r.iter_lines() if line]
-
-        threads = [threading.Thread(target=short), threading.Thread(target=endless)]
+        threads = [threading.Thread(target=call, args=(stream,)) for stream in (False, True)]
         for t in threads:
             t.start()
         time.sleep(0.3)
@@ -131,12 +134,15 @@ def test_sigterm_finishes_what_it_can_aborts_the_rest_and_exits_0():
         assert proc.wait(timeout=60) == 0
         for t in threads:
             t.join(timeout=60)
-        assert result["short"].status_code == 200, result["short"].text
-        assert result["short"].json()["usage"]["completion_tokens"] == 60
-        events = result["endless"]
-        assert events[-1] == "data: [DONE]"
-        error = json.loads(events[-2][len("data: "):])["error"]
-        assert error["code"] == "shutting_down" and "Traceback" not in "".join(events)
+        (plain_status, plain), (stream_status, events) = result[False], result[True]
+        assert stream_status == 200 and events[-1] == "data: [DONE]"
+        if finishes:
+            assert plain_status == 200 and json.loads(plain[0])["usage"]["completion_tokens"] == 100
+            assert json.loads(events[-2][len("data: "):])["choices"][0]["finish_reason"] == "length"
+        else:
+            assert plain_status == 503 and json.loads(plain[0])["error"]["code"] == "shutting_down"
+            assert json.loads(events[-2][len("data: "):])["error"]["code"] == "shutting_down"
+        assert "Traceback" not in "".join(plain + events)
         try:
             httpx.get(url + "/health", timeout=1)
             raise AssertionError("the server still answers after SIGTERM")
