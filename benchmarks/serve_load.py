@@ -12,12 +12,18 @@ requests, errors by status, completed requests/s and output tokens/s over first 
 TTFT, inter-token latency (gaps between content chunks) and end-to-end latency p50/p99; for hf-paged also the
 prefix-cache hit rate (/metrics deltas) and the share of schema outputs that validate.
 
+Also per rate: the server's CPU seconds per completed request (/proc/PID/stat; steadier than wall time when
+other processes share the cores) and the 1-minute load average. The default rates suit a 2-core CPU: both keep
+up at 2 req/s, transformers serve saturates near 3-4 req/s, hf-paged keeps up at 6 and is near its limit at 16.
+The target printed at the end: at the highest rate, hf-paged completes >= 3x the baseline's requests/s at no
+worse p99 TTFT, with 0 errors.
+
 `--soak` runs hf-paged serve alone through many short requests (10% dropped mid-stream, 5% invalid) and checks
-that every valid request completes, every invalid one gets a 4xx, the server's RSS stays flat and the KV cache
-drains to 0 used blocks.
+that every valid request completes, every invalid one gets a 4xx, the server's RSS after the soak is within 10%
+of its RSS after a warm-up, and the KV cache drains to 0 used blocks.
 
     python benchmarks/serve_load.py                              # both servers, three rates (minutes on 2 cores)
-    python benchmarks/serve_load.py --num-requests 20 --rates 0.5 2 6
+    python benchmarks/serve_load.py --num-requests 20            # a quick look
     python benchmarks/serve_load.py --baseline hf-paged-nocache  # baseline: our server without prefix caching
     python benchmarks/serve_load.py --soak [--soak-requests 2000]
 """
@@ -28,6 +34,7 @@ import argparse
 import asyncio
 import ctypes
 import datetime
+import functools
 import json
 import math
 import os
@@ -42,7 +49,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -105,8 +112,9 @@ def free_port() -> int:
 def hf_paged_spec(args, *, prefix_caching: bool) -> ServerSpec:
     port = free_port()
     argv = [sys.executable, "-m", "hf_paged.cli", "serve", "--model", args.model, "--host", "127.0.0.1",
-            "--port", str(port), "--dtype", "float32", "--block-size", str(args.block_size), "--num-blocks", str(args.num_blocks),
-            "--max-num-batched-tokens", str(args.max_batch_tokens), "--max-num-seqs", str(args.max_num_seqs)]
+            "--port", str(port), "--dtype", "float32", "--block-size", str(args.block_size),
+            "--num-blocks", str(args.num_blocks), "--max-num-batched-tokens", str(args.max_batch_tokens),
+            "--max-num-seqs", str(args.max_num_seqs)]
     argv += ([] if prefix_caching else ["--no-prefix-caching"]) + shlex.split(args.ours_args)
     return ServerSpec("hf-paged" if prefix_caching else "hf-paged (no prefix cache)", argv, port, True)
 
@@ -130,7 +138,7 @@ def _die_with_parent() -> None:
         pass
 
 
-def _log_tail(log: Path, lines: int = 15) -> str:
+def _log_tail(log: Path, lines: int = 30) -> str:
     text = log.read_text(errors="replace").strip().splitlines()
     return "\n".join("    " + line for line in text[-lines:]) or "    (no output)"
 
@@ -189,13 +197,18 @@ class WorkItem:
     schema: bool  # asks for OBJECT_SCHEMA through response_format
 
 
+@functools.cache
+def corpus() -> str:
+    """The stdlib's held-out sources as printable ASCII (one token per byte for the default model)."""
+    docs = [d.text.encode("ascii", "replace").decode() for d in stdlib_documents("heldout")]
+    return "\n".join(d for d in docs if len(d) > 4000)
+
+
 class TextSource:
-    """Printable ASCII slices of the stdlib's held-out sources (one token per byte for the default model)."""
+    """Seeded slices of `corpus()`."""
 
     def __init__(self, seed: int) -> None:
-        docs = [d.text.encode("ascii", "replace").decode() for d in stdlib_documents("heldout")]
-        self.text = "\n".join(d for d in docs if len(d) > 4000)
-        self.rng = random.Random(seed)
+        self.text, self.rng = corpus(), random.Random(seed)
 
     def slice(self, num_bytes: int) -> str:
         start = self.rng.randrange(len(self.text) - num_bytes)
@@ -244,7 +257,7 @@ class RequestResult:
     sent_at: float  # perf_counter() when the request went out
     status: int | None = None  # HTTP status; None when no response came (timeout, connection error)
     error: str | None = None  # None: completed (finish_reason or [DONE] seen); else a short key for the tables
-    detail: str = ""  # error body or exception, first 300 characters
+    detail: str = ""  # error body or exception, first 1000 characters
     chunk_times: list[float] = field(default_factory=list)  # perf_counter() of each chunk with content
     end: float | None = None  # perf_counter() when the stream ended
     text: str = ""
@@ -269,7 +282,7 @@ async def _stream(client: httpx.AsyncClient, url: str, res: RequestResult, body:
     async with client.stream("POST", url, **kwargs) as resp:
         res.status = resp.status_code
         if resp.status_code != 200:
-            res.error, res.detail = str(resp.status_code), (await resp.aread()).decode(errors="replace")[:300]
+            res.error, res.detail = str(resp.status_code), (await resp.aread()).decode(errors="replace")[:1000]
             if resp.headers.get("retry-after", "").replace(".", "", 1).isdigit():
                 res.retry_after_s = float(resp.headers["retry-after"])
             return
@@ -283,7 +296,7 @@ async def _stream(client: httpx.AsyncClient, url: str, res: RequestResult, body:
                 break
             chunk = json.loads(data)
             if "error" in chunk:
-                res.error, res.detail = "error event", data[:300]
+                res.error, res.detail = "error event", data[:1000]
                 return
             if chunk.get("usage"):
                 _read_usage(res, chunk["usage"])
@@ -312,11 +325,11 @@ async def send(client: httpx.AsyncClient, url: str, timeout_s: float, *, body: d
     except TimeoutError:
         res.error = timeout_label
     except (httpx.HTTPError, json.JSONDecodeError) as exc:
-        res.error, res.detail = type(exc).__name__, str(exc)[:300]
+        res.error, res.detail = type(exc).__name__, str(exc)[:1000]
     return res
 
 
-def client() -> httpx.AsyncClient:
+def new_client() -> httpx.AsyncClient:
     # no client-side queueing under open-loop load; never a proxy: only 127.0.0.1
     limits = httpx.Limits(max_connections=2000, max_keepalive_connections=64)
     return httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(None, connect=10), trust_env=False)
@@ -325,8 +338,11 @@ def client() -> httpx.AsyncClient:
 # -- metrics scraped from the server ---------------------------------------------------------------------------
 
 def scrape(server: Server) -> dict[str, float]:
-    """GET /metrics as {sample name: value summed over labels}; {} when the server has no /metrics."""
-    resp = httpx.get(f"{server.url}/metrics", timeout=10, trust_env=False)
+    """GET /metrics as {sample name: value summed over labels}; {} when the server has no /metrics or is gone."""
+    try:
+        resp = httpx.get(f"{server.url}/metrics", timeout=10, trust_env=False)
+    except httpx.HTTPError:
+        return {}
     if resp.status_code != 200:
         return {}
     values: dict[str, float] = {}
@@ -362,7 +378,7 @@ def poisson_arrivals(n: int, rate: float, seed: int) -> list[float]:
 async def run_rate(server: Server, items: list[WorkItem], rate: float, args, seed: int) -> list[RequestResult]:
     """Open loop: each request goes out at its arrival time whatever the earlier ones are doing."""
     url = f"{server.url}/v1/completions"
-    async with client() as http:
+    async with new_client() as http:
         start = time.perf_counter()
 
         async def one(item: WorkItem, at: float) -> RequestResult:
@@ -402,7 +418,7 @@ def summarize(results: list[RequestResult], items: list[WorkItem], rate: float) 
     return {
         "rate": rate, "requests": len(results), "completed": len(done),
         "errors": dict(Counter(r.error for r in results if r.error)),
-        "error_examples": sorted({f"{r.error}: {r.detail}" for r in results if r.error and r.detail})[:5],
+        "error_examples": sorted({f"{r.error}: {r.detail[:300]}" for r in results if r.error and r.detail})[:5],
         "span_s": span, "req_per_s": len(done) / span if span > 0 else 0.0,
         "output_tokens": sum(r.output_tokens for r in done),
         "output_tokens_per_s": sum(r.output_tokens for r in done) / span if span > 0 else 0.0,
@@ -414,8 +430,17 @@ def summarize(results: list[RequestResult], items: list[WorkItem], rate: float) 
     }
 
 
+def request_record(res: RequestResult, start: float) -> dict:
+    """One request for the JSON output (times in seconds, `sent_s` from the first arrival)."""
+    first = res.chunk_times[0] - res.sent_at if res.chunk_times else None
+    return {"sent_s": res.sent_at - start, "status": res.status, "error": res.error, "ttft_s": first,
+            "e2e_s": None if res.end is None else res.end - res.sent_at, "output_tokens": res.output_tokens,
+            "prompt_tokens": res.prompt_tokens, "cached_tokens": res.cached_tokens}
+
+
 def warm_up(server: Server, items: list[WorkItem]) -> None:
-    """A few requests before any clock (first-call costs; the schema's compilation for servers that take it)."""
+    """A few requests before any clock: first-call costs, the schema's compilation for servers that take it (and,
+    for hf-paged, the shared system prompt in the prefix cache, as on a server that has been up for a while)."""
     picks = [i for i in items if i.schema][:1] + [i for i in items if not i.schema][:2]
     for item in picks:
         resp = httpx.post(f"{server.url}/v1/completions", json=completion_body(server, item, stream=False),
@@ -428,7 +453,7 @@ def bench_server(spec: ServerSpec, workloads: dict[float, list[WorkItem]], args)
     print(f"\n== {spec.name}: {shlex.join(spec.argv)}", flush=True)
     rows = []
     with running(spec, args.ready_timeout) as server:
-        warm_up(server, next(iter(workloads.values())))
+        warm_up(server, build_workload(args, 16, args.seed + 500))  # other prompts than the measured ones
         for index, (rate, items) in enumerate(workloads.items()):
             before, cpu = scrape(server), cpu_seconds(server.pid)
             results = asyncio.run(run_rate(server, items, rate, args, seed=args.seed + 1000 + index))
@@ -439,8 +464,11 @@ def bench_server(spec: ServerSpec, workloads: dict[float, list[WorkItem]], args)
                              ("hf_paged:prefix_cache_hits_total", "hf_paged:prefix_cache_queries_total"))
             row["prefix_hit_rate"] = hits / queries if queries else None
             row |= {key: after[name] - before.get(name, 0) for key, name in SERVER_COUNTERS.items() if name in after}
+            row["load_avg_1m"] = os.getloadavg()[0]
+            first = min(r.sent_at for r in results)
+            row["per_request"] = [request_record(r, first) for r in results]
             print(f"  rate {rate:g}/s: {row['completed']}/{row['requests']} completed in {row['span_s']:.1f} s, "
-                  f"errors {row['errors'] or 0}", flush=True)
+                  f"errors {row['errors'] or 0}, load average {row['load_avg_1m']:.1f}", flush=True)
             rows.append(row)
     return rows
 
@@ -449,8 +477,8 @@ def ms(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds * 1000:.0f}"
 
 
-def share(part: float | None, whole: float = 1.0) -> str:
-    return "-" if part is None or not whole else f"{part / whole:.0%}"
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
 
 
 def ratio(ours: float | None, base: float | None) -> str:
@@ -461,12 +489,14 @@ def load_tables(rows: list[dict], ours: str, base: str) -> str:
     detail = [[r["server"], f"{r['rate']:g}", f"{r['completed']}/{r['requests']}",
                ", ".join(f"{k} x{v}" for k, v in r["errors"].items()) or "0", f"{r['req_per_s']:.2f}",
                f"{r['output_tokens_per_s']:.0f}", ms(r["ttft_p50_s"]), ms(r["ttft_p99_s"]), ms(r["itl_p50_s"]),
-               ms(r["itl_p99_s"]), ms(r["e2e_p50_s"]), ms(r["e2e_p99_s"]), share(r["prefix_hit_rate"]),
-               f"{r['schema_valid']}/{r['schema_completed']}" if r["sends_schema"] else "not asked"]
+               ms(r["itl_p99_s"]), ms(r["e2e_p50_s"]), ms(r["e2e_p99_s"]), percent(r["prefix_hit_rate"]),
+               f"{r['schema_valid']}/{r['schema_completed']}" if r["sends_schema"] else "not asked",
+               "-" if r["server_cpu_s_per_request"] is None else f"{r['server_cpu_s_per_request']:.2f}",
+               f"{r['load_avg_1m']:.1f}"]
               for r in rows]
     text = print_table(["server", "rate/s", "completed", "errors", "req/s", "out tok/s", "TTFT p50 ms",
                         "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms", "e2e p50 ms", "e2e p99 ms", "prefix hits",
-                        "schema valid"], detail, title="\nper server and rate")
+                        "schema valid", "server CPU s/req", "load avg"], detail, title="\nper server and rate")
     by = {(r["server"], r["rate"]): r for r in rows}
     rates = sorted({r["rate"] for r in rows})
     pairs = [(by.get((ours, q)), by.get((base, q)), q) for q in rates]
@@ -494,7 +524,7 @@ def target_verdict(rows: list[dict], ours: str, base: str) -> tuple[bool, str]:
     return held, f"\ntarget at {top:g} req/s: {'HOLDS' if held else 'DOES NOT HOLD'}\n" + "\n".join(lines)
 
 
-def run_load(args, header: str) -> tuple[dict, str]:
+def run_load(args) -> tuple[dict, str]:
     workloads = {rate: build_workload(args, args.num_requests, args.seed + i) for i, rate in enumerate(args.rates)}
     # each spec is made just before its server starts: a port found free stays free for the shortest time
     base = hf_paged_spec(args, prefix_caching=False) if args.baseline == "hf-paged-nocache" else transformers_spec(args)
@@ -512,7 +542,7 @@ def run_load(args, header: str) -> tuple[dict, str]:
     note = ("" if base.sends_schema else f"\nnote: {base.name} got the schema requests without response_format "
             "(it rejects it on /v1/completions): it did less work on that share")
     held, verdict = target_verdict(rows, ours.name, base.name)
-    text = header + load_tables(rows, ours.name, base.name) + note + verdict
+    text = load_tables(rows, ours.name, base.name) + note + verdict
     print(note + verdict)
     return {"rows": rows, "target_holds": held, "servers": {s.name: s.argv for s in (ours, base)}}, text
 
@@ -545,14 +575,14 @@ def soak_items(args, server: Server, n: int, seed: int) -> list[SoakItem]:
     num_drop, num_bad = round(n * args.disconnect_share), round(n * args.invalid_share)
     kinds = ["disconnect"] * num_drop + ["invalid"] * num_bad + ["valid"] * (n - num_drop - num_bad)
     rng.shuffle(kinds)
-    items = []
+    items, invalid = [], iter(INVALID_KINDS * n)  # the invalid kinds in turn
     for kind, work in zip(kinds, build_workload(args, n, seed, output_range=(1, 32))):
         if kind == "disconnect":
             work.max_tokens = max(work.max_tokens, 8)  # room to drop the stream before its end
             items.append(SoakItem(kind, completion_body(server, work),
                                   disconnect_after=rng.randint(1, work.max_tokens - 1)))
         elif kind == "invalid":
-            items.append(invalid_item(INVALID_KINDS[len(items) % len(INVALID_KINDS)], completion_body(server, work)))
+            items.append(invalid_item(next(invalid), completion_body(server, work)))
         else:
             items.append(SoakItem(kind, completion_body(server, work)))
     return items
@@ -573,8 +603,17 @@ async def soak_batch(server: Server, items: list[SoakItem], args) -> list[Reques
                 await asyncio.sleep(res.retry_after_s or 0.5)
             return res
 
-    async with client() as http:
+    async with new_client() as http:
         return await asyncio.gather(*(one(http, item) for item in items))
+
+
+def openai_error(body: str) -> bool:
+    """Whether `body` is an OpenAI error object: {"error": {"message", "type", "param", "code"}}."""
+    try:
+        error = json.loads(body)["error"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return False
+    return isinstance(error, dict) and {"message", "type", "param", "code"} <= error.keys()
 
 
 def soak_ok(item: SoakItem, res: RequestResult) -> bool:
@@ -582,7 +621,7 @@ def soak_ok(item: SoakItem, res: RequestResult) -> bool:
         return res.error is None
     if item.kind == "disconnect":
         return res.status == 200 and (res.disconnected or res.error is None)
-    return res.status is not None and 400 <= res.status < 500
+    return res.status is not None and 400 <= res.status < 500 and openai_error(res.detail)
 
 
 def wait_drained(server: Server, timeout_s: float) -> tuple[float | None, float]:
@@ -606,12 +645,12 @@ def soak_report(items: list[SoakItem], results: list[RequestResult]) -> tuple[li
         good = sum(soak_ok(i, r) for i, r in pairs)
         rows.append([kind, len(pairs), good, ", ".join(f"{k} x{v}" for k, v in sorted(statuses.items())),
                      sum(r.disconnected for _, r in pairs), sum(r.retries_429 for _, r in pairs)])
-        anomalies += [f"{kind}: {r.error or r.status} {r.detail!r} for {i.body or i.content!r:.200}"
+        anomalies += [f"{kind}: {r.error or r.status} {r.detail[:300]!r} for {i.body or i.content!r:.200}"
                       for i, r in pairs if not soak_ok(i, r)]
     return rows, anomalies
 
 
-def run_soak(args, header: str) -> tuple[dict, str]:
+def run_soak(args) -> tuple[dict, str]:
     spec = hf_paged_spec(args, prefix_caching=True)
     print(f"\n== {spec.name}: {shlex.join(spec.argv)}", flush=True)
     with running(spec, args.ready_timeout) as server:
@@ -630,7 +669,8 @@ def run_soak(args, header: str) -> tuple[dict, str]:
                         title=f"\nsoak: {len(items)} requests in {elapsed:.1f} s "
                               f"({len(items) / elapsed:.1f} req/s, {args.soak_concurrency} in flight at most)")
     checks = {
-        "every valid request completed, every invalid one got a 4xx, every dropped stream started": not anomalies,
+        "every valid request completed, every invalid one got a 4xx with an OpenAI error body, every dropped "
+        "stream started": not anomalies,
         f"RSS {rss_before:.0f} MiB after warm-up -> {rss_after:.0f} MiB after the soak "
         f"({rss_after / rss_before:.3f}x, peak {rss_peak:.0f} MiB) within 10%": rss_after <= 1.10 * rss_before,
         f"hf_paged:kv_cache_used_blocks = {used} after {waited:.1f} s (want 0)": used == 0,
@@ -642,7 +682,7 @@ def run_soak(args, header: str) -> tuple[dict, str]:
     raw = {"rows": rows, "anomalies": anomalies, "elapsed_s": elapsed, "rss_before_mib": rss_before,
            "rss_after_mib": rss_after, "rss_peak_mib": rss_peak, "kv_cache_used_blocks": used,
            "checks": checks, "server": spec.argv}
-    return raw, header + table + "\n" + text
+    return raw, table + "\n" + text
 
 
 # -- command line ----------------------------------------------------------------------------------------------
@@ -651,7 +691,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default=str(DEFAULT_MODEL_PATH), help="a local model directory")
     p.add_argument("--baseline", choices=("transformers", "hf-paged-nocache"), default="transformers")
-    p.add_argument("--rates", type=float, nargs="+", default=[1.0, 3.0, 8.0], help="arrival rates, req/s")
+    p.add_argument("--rates", type=float, nargs="+", default=[2.0, 6.0, 16.0],
+                   help="arrival rates, req/s (2-core CPU: transformers serve keeps up at 2, saturates near 3.5)")
     p.add_argument("--num-requests", type=int, default=60, help="requests per rate")
     p.add_argument("--time-cap", type=float, default=240.0, help="seconds per rate; later requests count as errors")
     p.add_argument("--request-timeout", type=float, default=180.0, help="seconds per request")
@@ -686,7 +727,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def describe(args) -> str:
     now = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
+    load = os.getloadavg()[0]
+    busy = f" (busy: other processes share the {os.cpu_count()} cores, expect noisy numbers)" if load > 1.0 else ""
     lines = [f"machine: {machine()}, transformers {transformers.__version__}", f"date: {now}",
+             f"load average at start: {load:.2f}{busy}",
              f"model: {args.model}", f"command: python {shlex.join(sys.argv)}",
              f"cache (both servers): block size {args.block_size}, {args.num_blocks} blocks, "
              f"{args.max_batch_tokens} tokens per step"]
@@ -704,6 +748,19 @@ def describe(args) -> str:
     return "\n".join(lines)
 
 
+def to_markdown(title: str, header: str, body: str) -> str:
+    """The printed report as markdown: the header as a list, tables as printed, verdicts as a list."""
+    lines = [f"# {title}", "", *(f"- {line}" for line in header.splitlines()), ""]
+    for line in body.splitlines():
+        if line.startswith("|"):
+            lines.append(line)
+        elif line.strip().startswith("["):
+            lines.append(f"- {line.strip()}")
+        elif line.strip():
+            lines += ["", line.strip(), ""]
+    return "\n".join(lines) + "\n"
+
+
 def _interrupt(signum, frame) -> None:
     raise KeyboardInterrupt  # SIGTERM unwinds like Ctrl-C: every server is stopped on the way out
 
@@ -711,10 +768,11 @@ def _interrupt(signum, frame) -> None:
 def main() -> int:
     args = parse_args()
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Ctrl-C even when started with SIGINT ignored (`&`)
     header = describe(args)
     print(header, flush=True)
     try:
-        raw, text = run_soak(args, header) if args.soak else run_load(args, header)
+        raw, body = run_soak(args) if args.soak else run_load(args)
     except KeyboardInterrupt:
         print("\ninterrupted; servers stopped", file=sys.stderr)
         return 130
@@ -724,7 +782,8 @@ def main() -> int:
     if args.out:
         Path(args.out).write_text(json.dumps({"header": header, "args": vars(args)} | raw, indent=1, default=str))
     if args.markdown:
-        Path(args.markdown).write_text(text + "\n")
+        title = "hf-paged serve soak" if args.soak else "hf-paged serve under load"
+        Path(args.markdown).write_text(to_markdown(title, header, body))
     return 0
 
 

@@ -141,8 +141,7 @@ def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = 
 
 async def _answer(server: _Server, request: Request, body, prepare: Callable[[Any], PreparedRequest], kind: str,
                   received: float) -> Response:
-    server.admit()
-    prepared = await run_in_threadpool(prepare, body)  # may compile a schema: off the event loop
+    prepared = await run_in_threadpool(prepare, body)  # may compile a schema: off the event loop; 400s first
     server.admit()
     head = _Head(kind, body.model or server.settings.model_name)
     usage = Usage()
