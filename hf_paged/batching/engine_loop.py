@@ -57,11 +57,12 @@ _Put = Callable[[list[RequestDelta]], None]  # hands one step's deltas of one ca
 class Submission:
     """Requests submitted together by one synchronous caller; read them with `result()` or `steps()`."""
 
-    def __init__(self, loop: EngineLoop, request_ids: list[str], all_ids: list[str]) -> None:
+    def __init__(self, loop: EngineLoop, request_ids: list[str], all_ids: list[str],
+                 deltas: queue.SimpleQueue[list[RequestDelta]]) -> None:
         self.request_ids = request_ids  # one per prompt, in order
         self.all_ids = all_ids  # with the forks of num_return_sequences after their parent
         self._loop = loop
-        self._queue: queue.SimpleQueue[list[RequestDelta]] = queue.SimpleQueue()
+        self._queue = deltas  # filled by the loop thread from the moment of submission
         self._remaining = set(all_ids)
 
     def steps(self) -> Iterator[list[RequestDelta]]:
@@ -117,10 +118,9 @@ class EngineLoop:
     ) -> Submission:
         """Queue prompts (one `SamplingParams` each) and return at once; ids are unique unless given, and a given
         id already in use raises `ValueError` here."""
-        holder: list[Submission] = []
-        ids, all_ids = self._submit(prompts, params, request_ids, priorities, lambda d: holder[0]._queue.put(d))
-        holder.append(Submission(self, ids, all_ids))
-        return holder[0]
+        deltas: queue.SimpleQueue[list[RequestDelta]] = queue.SimpleQueue()
+        ids, all_ids = self._submit(prompts, params, request_ids, priorities, deltas.put)
+        return Submission(self, ids, all_ids, deltas)
 
     async def generate_async(
         self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *, request_id: str | None = None,
@@ -302,5 +302,5 @@ class EngineLoop:
     def _deliver(self, put: _Put, deltas: list[RequestDelta]) -> None:
         try:
             put(deltas)
-        except RuntimeError:  # the caller's event loop is closed: nobody will read these requests
+        except Exception:  # noqa: BLE001 -- e.g. the caller's event loop is closed: nobody will read these requests
             self._commands.append(lambda: [self.engine.abort(d.request_id) for d in deltas if not d.finished])
