@@ -218,7 +218,11 @@ class EngineLoop:
                 for rid in all_ids:
                     self._sinks[rid] = put
                 for rid, prompt, p, priority in items:  # bad input ends FAILED here: delivered after the next step
-                    self.engine.add_reserved_request(rid, prompt, p, priority)
+                    try:
+                        self.engine.add_reserved_request(rid, prompt, p, priority)
+                    except Exception as exc:  # noqa: BLE001 -- a request the engine refused outright fails alone
+                        logger.exception("hf_paged engine loop: adding %s failed", rid)
+                        self._fail_unadded(rid, p, f"{type(exc).__name__}: {exc}")
 
         with self._cond:
             self._num_pending += len(items)
@@ -266,6 +270,18 @@ class EngineLoop:
             lost = [rid for rid in self._sinks if rid not in self.engine.requests]
             if lost:
                 self._fail_in_flight("the request left the engine without an output (popped by another caller?)")
+
+    def _fail_unadded(self, request_id: str, params: SamplingParams, error: str) -> None:
+        """End a request that never entered the engine (and its forks) with `error`."""
+        self.engine.release_request_ids([request_id])
+        for rid in fork_ids(request_id, params.num_return_sequences):
+            if rid in self.engine.requests:
+                self.engine.abort(rid, error=error)  # a fork already added: its output comes with the next step
+                continue
+            put = self._sinks.pop(rid, None)
+            if put is not None:
+                output = RequestOutput(rid, [], [], RequestStatus.FAILED, error=error, finish_reason="error")
+                self._deliver(put, [RequestDelta(rid, [], output)])
 
     def _fail_in_flight(self, error: str) -> None:
         with self.engine._lock:

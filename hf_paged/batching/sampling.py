@@ -51,6 +51,9 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_k must be None or an int >= 0, got {self.top_k!r}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not -(2**63) <= self.seed < 2**63):
+            raise ValueError(f"SamplingParams.seed must be None or an int in [-2**63, 2**63), got {self.seed!r}")
         if not isinstance(self.num_return_sequences, int) or self.num_return_sequences < 1:
             raise ValueError(f"SamplingParams.num_return_sequences must be >= 1, got {self.num_return_sequences!r}")
         if self.stop_strings and self.tokenizer is None:

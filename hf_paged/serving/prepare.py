@@ -147,13 +147,20 @@ class Preparer:
         for prompt in prompts:
             self._check_prompt(prompt, max_tokens, prompt_param)
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-        greedy = request.temperature == 0
         processors = list(build_constraint(self.constraints, request))
         if request.repetition_penalty not in (None, 1, 1.0):
             from transformers import RepetitionPenaltyLogitsProcessor
 
             processors.append(RepetitionPenaltyLogitsProcessor(float(request.repetition_penalty)))
-        params = SamplingParams(
+        try:
+            params = self._sampling_params(request, max_tokens, stop, processors)
+        except ValueError as exc:  # a value the engine refuses that the request's own checks let through
+            raise ApiError(str(exc), code="invalid_value") from None
+        return PreparedRequest(prompts, params, stop)
+
+    def _sampling_params(self, request: _Sampling, max_tokens: int, stop: list[str], processors: list) -> SamplingParams:
+        greedy = request.temperature == 0
+        return SamplingParams(
             max_new_tokens=max_tokens,
             do_sample=not greedy,
             temperature=float(request.temperature) if request.temperature else 1.0,
@@ -167,7 +174,6 @@ class Preparer:
             num_return_sequences=request.n,
             min_new_tokens=request.min_tokens,
         )
-        return PreparedRequest(prompts, params, stop)
 
     def _check_prompt(self, prompt: list[int], max_tokens: int, param: str) -> None:
         max_len = self.engine.max_model_len

@@ -60,7 +60,7 @@ class _Sampling(_Strict):
     stream_options: StreamOptions | None = None
     temperature: Annotated[Number, Field(ge=0)] | None = None
     top_p: Annotated[Number, Field(gt=0, le=1)] | None = None
-    seed: StrictInt | None = None
+    seed: Annotated[StrictInt, Field(ge=-(2**63), lt=2**63)] | None = None
     stop: StrictStr | list[StrictStr] | None = None
     response_format: ResponseFormat | None = None
     user: StrictStr | None = None

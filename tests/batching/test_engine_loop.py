@@ -134,6 +134,28 @@ def test_a_failing_request_fails_alone_and_the_loop_goes_on(model):
         engine.loop.shutdown()
 
 
+def test_a_request_the_engine_refuses_outright_fails_alone(model, monkeypatch):
+    engine = Engine(model, PagedConfig(block_size=4))
+    real = engine._add
+
+    def picky(request_id, prompt_ids, params, priority):
+        if list(prompt_ids) == [9, 9]:
+            raise RuntimeError("cannot add this one")
+        return real(request_id, prompt_ids, params, priority)
+
+    monkeypatch.setattr(engine, "_add", picky)
+    try:
+        outs = engine.loop.submit([[9, 9], [3, 4]], [SamplingParams(max_new_tokens=3, num_return_sequences=2),
+                                                     SamplingParams(max_new_tokens=3)]).result()
+        statuses = [o.status for o in outs.values()]
+        assert statuses == [RequestStatus.FAILED, RequestStatus.FAILED, RequestStatus.FINISHED]
+        assert "cannot add this one" in next(iter(outs.values())).error
+        engine.check_integrity()
+        assert not engine.requests and not engine._reserved_ids
+    finally:
+        engine.loop.shutdown()
+
+
 def test_a_failing_step_fails_its_requests_not_the_loop(model, monkeypatch):
     engine = Engine(model, PagedConfig(block_size=4))
     real = engine.scheduler.schedule

@@ -50,6 +50,7 @@ DEEP = {"type": "object", "properties": {"xs": {"type": "array", "contains": {"t
         ({"prompt": "x", "n": 0}, "n", []),
         ({"prompt": "x", "top_p": 0}, "top_p", []),
         ({"prompt": "x", "max_token": 5}, "max_token", ["Extra inputs"]),
+        ({"prompt": "x", "seed": 2**64}, "seed", []),
         ({"prompt": "x", "logprobs": 3}, "logprobs", ["not supported"]),
         ({"prompt": "x", "echo": True}, "echo", ["not supported"]),
         ({"prompt": "x" * 3000, "max_tokens": 4}, "prompt", ["maximum context length is 2048"]),
