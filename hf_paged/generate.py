@@ -103,7 +103,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
         for prompt in prompts
     ]
     # The engine's loop thread runs these together with every other caller's requests (any thread).
-    submission = engine.loop.submit(prompts, params)
+    submission = engine.loop.submit(prompts, params, stream=streamer is not None)
     on_step = make_streamer_hook(streamer, input_ids, submission.all_ids, pad_token_id)
     outputs = submission.result(on_step)
     if streamer is not None:
@@ -159,7 +159,8 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     per_request = _sampling_params_for(model, inputs, generation_config, logits_processor, sampling_params, kwargs)
     # Engine ids are unique across concurrent callers; this call's outputs are renamed req_0, req_1, ... as
     # transformers names them.
-    submission = engine.loop.submit([list(p) for p in inputs], per_request, priorities=priorities)
+    submission = engine.loop.submit([list(p) for p in inputs], per_request, priorities=priorities,
+                                    stream=progress_bar)
     names = [c for i, p in enumerate(per_request) for c in fork_ids(f"req_{i}", p.num_return_sequences)]
     with progress_hook(engine, len(names), enabled=progress_bar) as on_step:
         outputs = submission.result(on_step)

@@ -217,7 +217,8 @@ class Engine:
     # -- the step loop -----------------------------------------------------------------------------------
     def step(self) -> StepOutput:
         with self._lock:
-            self._check_weights()
+            if self.scheduler.waiting:  # the prefix cache is only read when requests are admitted: check there
+                self._check_weights()
             result = StepOutput()
             schedule = self.scheduler.schedule()
             if schedule.is_empty:
@@ -361,6 +362,8 @@ class Engine:
         return radix.reset() if radix is not None else 0
 
     def _check_weights(self) -> None:
+        """Drop the prefix cache when the weights moved since the last check (an optimizer step, a load). Runs on
+        steps that may admit requests (one pass over the parameter list), not on every decode step."""
         fingerprint = weights_fingerprint(self.model)
         if fingerprint != self._weights:
             self._weights = fingerprint

@@ -54,6 +54,12 @@ class RequestDelta:
 _Put = Callable[[list[RequestDelta]], None]  # hands one step's deltas of one caller to that caller
 
 
+@dataclass(slots=True, eq=False)
+class _Sink:
+    put: _Put
+    tokens: bool  # every step's new tokens; False: only the ended requests (a caller that waits for results)
+
+
 class Submission:
     """Requests submitted together by one synchronous caller; read them with `result()` or `steps()`."""
 
@@ -104,7 +110,7 @@ class EngineLoop:
         self.engine = engine
         self._cond = threading.Condition()
         self._commands: deque[Callable[[], None]] = deque()
-        self._sinks: dict[str, _Put] = {}  # request id -> its caller; changed under the engine's lock
+        self._sinks: dict[str, _Sink] = {}  # request id -> its caller; changed under the engine's lock
         self._num_pending = 0  # requests submitted whose add command has not run yet
         self._thread: threading.Thread | None = None
         self._closed = False  # no new submissions
@@ -115,11 +121,13 @@ class EngineLoop:
     def submit(
         self, prompts: Sequence[Sequence[int]], params: Sequence[SamplingParams], *,
         request_ids: Sequence[str | None] | None = None, priorities: Sequence[int] | None = None,
+        stream: bool = True,
     ) -> Submission:
         """Queue prompts (one `SamplingParams` each) and return at once; ids are unique unless given, and a given
-        id already in use raises `ValueError` here."""
+        id already in use raises `ValueError` here. `stream=False`: the caller only wants the outputs, so it is
+        not woken at every step (its `steps()` then yield only ended requests)."""
         deltas: queue.SimpleQueue[list[RequestDelta]] = queue.SimpleQueue()
-        ids, all_ids = self._submit(prompts, params, request_ids, priorities, deltas.put)
+        ids, all_ids = self._submit(prompts, params, request_ids, priorities, _Sink(deltas.put, stream))
         return Submission(self, ids, all_ids, deltas)
 
     async def generate_async(
@@ -131,9 +139,8 @@ class EngineLoop:
         params = params or SamplingParams()
         event_loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[list[RequestDelta]] = asyncio.Queue()
-        (rid,), all_ids = self._submit(
-            [prompt_ids], [params], [request_id], [priority], lambda d: event_loop.call_soon_threadsafe(deltas.put_nowait, d)
-        )
+        sink = _Sink(lambda d: event_loop.call_soon_threadsafe(deltas.put_nowait, d), tokens=True)
+        (rid,), all_ids = self._submit([prompt_ids], [params], [request_id], [priority], sink)
         remaining = set(all_ids)
         try:
             while remaining:
@@ -195,7 +202,7 @@ class EngineLoop:
             self._thread.join()
 
     # -- submission ----------------------------------------------------------------------------------------
-    def _submit(self, prompts, params, request_ids, priorities, put: _Put) -> tuple[list[str], list[str]]:
+    def _submit(self, prompts, params, request_ids, priorities, sink: _Sink) -> tuple[list[str], list[str]]:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; give one each")
         if self._closed:
@@ -216,7 +223,7 @@ class EngineLoop:
             with self.engine._lock:
                 self._num_pending -= len(items)
                 for rid in all_ids:
-                    self._sinks[rid] = put
+                    self._sinks[rid] = sink
                 for rid, prompt, p, priority in items:  # bad input ends FAILED here: delivered after the next step
                     try:
                         self.engine.add_reserved_request(rid, prompt, p, priority)
@@ -278,10 +285,10 @@ class EngineLoop:
             if rid in self.engine.requests:
                 self.engine.abort(rid, error=error)  # a fork already added: its output comes with the next step
                 continue
-            put = self._sinks.pop(rid, None)
-            if put is not None:
+            sink = self._sinks.pop(rid, None)
+            if sink is not None:
                 output = RequestOutput(rid, [], [], RequestStatus.FAILED, error=error, finish_reason="error")
-                self._deliver(put, [RequestDelta(rid, [], output)])
+                self._deliver(sink, [RequestDelta(rid, [], output)])
 
     def _fail_in_flight(self, error: str) -> None:
         with self.engine._lock:
@@ -300,23 +307,23 @@ class EngineLoop:
         """Step listener (the stepping thread, under the engine's lock): hand each caller its deltas."""
         if not self._sinks:
             return
-        per_caller: dict[int, tuple[_Put, dict[str, RequestDelta]]] = {}
+        per_caller: dict[int, tuple[_Sink, dict[str, RequestDelta]]] = {}
         for rid, tokens in step.new_tokens.items():
-            put = self._sinks.get(rid)
-            if put is not None:
-                per_caller.setdefault(id(put), (put, {}))[1][rid] = RequestDelta(rid, tokens)
+            sink = self._sinks.get(rid)
+            if sink is not None and sink.tokens:
+                per_caller.setdefault(id(sink), (sink, {}))[1][rid] = RequestDelta(rid, tokens)
         for output in step.finished:
-            put = self._sinks.pop(output.request_id, None)
-            if put is None:
+            sink = self._sinks.pop(output.request_id, None)
+            if sink is None:
                 continue
             self.engine.requests.pop(output.request_id, None)  # the caller holds the output now
-            deltas = per_caller.setdefault(id(put), (put, {}))[1]
+            deltas = per_caller.setdefault(id(sink), (sink, {}))[1]
             deltas.setdefault(output.request_id, RequestDelta(output.request_id, [])).output = output
-        for put, deltas in per_caller.values():
-            self._deliver(put, list(deltas.values()))
+        for sink, deltas in per_caller.values():
+            self._deliver(sink, list(deltas.values()))
 
-    def _deliver(self, put: _Put, deltas: list[RequestDelta]) -> None:
+    def _deliver(self, sink: _Sink, deltas: list[RequestDelta]) -> None:
         try:
-            put(deltas)
+            sink.put(deltas)
         except Exception:  # noqa: BLE001 -- e.g. the caller's event loop is closed: nobody will read these requests
             self._commands.append(lambda: [self.engine.abort(d.request_id) for d in deltas if not d.finished])

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from hf_paged.cache.kernels.reference import AttentionPlan, DecodeGroup, PrefillGroup
+from hf_paged.cache.kernels.reference import AttentionPlan, DecodeGroup, PrefillGroup, span_tail
 
 EVICTION_POLICIES = ("streaming", "snapkv", "pyramidkv")
 OBSERVATION_WINDOW = 32  # SnapKV's observation window: the last prompt queries that vote
@@ -161,8 +161,13 @@ def hide_positions(plan: AttentionPlan, hidden: dict[int, torch.Tensor], query_s
             continue
         shape = (d.rows.numel(), 1, 1, d.max_blocks * block_size)  # columns: table positions (whole blocks)
         mask = d.mask.clone() if d.mask is not None else torch.ones(shape, dtype=torch.bool, device=d.rows.device)
+        invalid = d.invalid
+        if d.span is not None:  # rows read as slices: with a mask, their blocks are read whole (tail zeroed)
+            mask[..., : d.span.start] = False
+            mask[..., d.span.end :] = False
+            invalid = span_tail(d, block_size)
         for r, i in enumerate(seqs):
             if i is not None:
                 mask[r, 0, 0, hidden[i].to(mask.device)] = False
-        decodes.append(DecodeGroup(d.rows, d.blocks, d.max_blocks, d.invalid, mask))
+        decodes.append(DecodeGroup(d.rows, d.blocks, d.max_blocks, invalid, mask))
     return AttentionPlan(plan.num_query_tokens, prefills, decodes)

@@ -43,6 +43,7 @@ class PagedLayer(CacheLayerMixin):
         self.key_cache: torch.Tensor | None = None  # uncompressed storage ("auto" keys and values)
         self.value_cache: torch.Tensor | None = None
         self.compressed: tuple | None = None  # (keys, values) `CompressedKV` when a format quantizes
+        self.store_fn = None  # the unchecked store backend, set by the first (checked) store of this layer
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         num_kv_heads, head_dim = key_states.shape[1], key_states.shape[-1]
@@ -154,11 +155,18 @@ class PagedCache(CompressedCacheMixin, Cache):
 
     # -- shared storage mechanics --------------------------------------------------------------------------
     def store(self, layer: PagedLayer, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Write key/value `[T, kv_heads, head_dim]` into their slots of `layer`."""
-        from hf_paged.cache.kernels import store_kv
+        """Write key/value `[T, kv_heads, head_dim]` into their slots of `layer` (every slot >= 0: the engine's
+        slots always are). The checked public `store_kv` runs once per layer; later calls go to the backend
+        directly (the arguments come from the cache itself, every step alike)."""
+        key, value = key.to(layer.key_cache.dtype), value.to(layer.value_cache.dtype)
+        if layer.store_fn is None:
+            from hf_paged.cache.kernels import store_kv, store_kv_backend
 
-        store_kv(key.to(layer.key_cache.dtype), value.to(layer.value_cache.dtype), layer.key_cache, layer.value_cache,
-                 slot_mapping, backend=self.paged_config.attention_backend)
+            store_kv(key, value, layer.key_cache, layer.value_cache, slot_mapping,
+                     backend=self.paged_config.attention_backend)
+            layer.store_fn = store_kv_backend(self.paged_config.attention_backend, key.device)
+            return
+        layer.store_fn(key, value, layer.key_cache, layer.value_cache, slot_mapping)
 
     def apply_pending_copies(self) -> None:
         """Perform the copy-on-write block copies queued by the manager, in every layer."""

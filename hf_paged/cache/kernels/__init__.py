@@ -44,6 +44,7 @@ __all__ = [
     "paged_decode_attention",
     "paged_prefill_attention",
     "store_kv",
+    "store_kv_backend",
 ]
 
 def store_kv(
@@ -95,6 +96,18 @@ def store_kv(
         from hf_paged.cache.kernels.reference import ref_store_kv
 
         ref_store_kv(key, value, key_cache, value_cache, slot_mapping)
+
+
+def store_kv_backend(backend: str, device: torch.device):
+    """What `store_kv` runs for `backend` on `device`, without its argument checks: for a caller that checked its
+    arguments once (through `store_kv`) and whose slots are all >= 0, e.g. the paged cache's per-step stores."""
+    if _use_triton(backend, device):
+        from hf_paged.cache.kernels.triton_store import store_kv_triton
+
+        return store_kv_triton
+    from hf_paged.cache.kernels.reference import ref_store_kv_nonnegative
+
+    return ref_store_kv_nonnegative
 
 
 def paged_decode_attention(

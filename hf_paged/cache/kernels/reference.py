@@ -46,6 +46,22 @@ class DecodeGroup:
     mask: torch.Tensor | None  # [n, 1, 1, max_blocks * block_size] bool; None when nothing is masked
     shared_blocks: torch.Tensor | None = None  # leading blocks every row shares (cascade); `blocks` then holds
     # only each row's remaining blocks, and `mask`/`invalid` are relative to them
+    span: RowSpan | None = None  # rows of one context length: read as one slice each, nothing zeroed or masked
+
+
+@dataclass(slots=True)
+class RowSpan:
+    """Rows of a decode group that all hold the same context length: positions `start .. end - 1` of each row's
+    gathered blocks are attended (the whole context, or its sliding window) and nothing else, so neither zeroing
+    nor a mask is needed.
+
+        blocks of a row       | b0 | b1 | b2 |        (one row, b0 b1 b2 consecutive: a view of the pool, no copy)
+        positions             0 ...... start ... end-1 | tail (never written: never read)
+    """
+
+    start: int
+    end: int
+    first_block: int | None  # one row whose blocks are first_block, first_block + 1, ...: read in place
 
 
 @dataclass(slots=True)
@@ -125,7 +141,7 @@ def _shared_prefix_blocks(tables: torch.Tensor, lens: list[int], block_size: int
     return min(shared, min(lens) // block_size)
 
 
-def _decode_group(block_tables, rows, seqs, lens, block_size, sliding_window) -> DecodeGroup:
+def _decode_group(block_tables, rows, seqs, lens, block_size, sliding_window, *, cascade_part=False) -> DecodeGroup:
     device = block_tables.device
     n = len(rows)
     max_blocks = -(-max(lens) // block_size)
@@ -134,10 +150,12 @@ def _decode_group(block_tables, rows, seqs, lens, block_size, sliding_window) ->
     if shared >= _CASCADE_MIN_SHARED_BLOCKS:
         # Cascade: the shared blocks are gathered once for all rows; each row gathers only what follows.
         group = _decode_group(tables[:, shared:], rows, list(range(n)), [n_ - shared * block_size for n_ in lens],
-                              block_size, None)
+                              block_size, None, cascade_part=True)
         group.shared_blocks = tables[0, :shared]
         return group
     max_blocks = max(max_blocks, 1)
+    if shared == 0 and not cascade_part and min(lens) == max(lens):  # (a cascade's part needs its mask)
+        return _equal_rows(tables, rows, lens[0], max_blocks, block_size, sliding_window)
     counts = torch.tensor([-(-length // block_size) for length in lens], device=device)
     used = torch.arange(max_blocks, device=device)[None, :] < counts[:, None]
     tables = torch.where(used, tables[:, :max_blocks], tables[:, :1])  # pad with the row's own first block
@@ -149,6 +167,40 @@ def _decode_group(block_tables, rows, seqs, lens, block_size, sliding_window) ->
         valid &= positions[None, :] > (lens_t[:, None] - 1 - sliding_window)
     mask = None if bool(valid.all()) else valid[:, None, None, :]
     return DecodeGroup(torch.tensor(rows, device=device), tables.reshape(-1), max_blocks, invalid, mask)
+
+
+def _equal_rows(tables, rows, length, max_blocks, block_size, sliding_window) -> DecodeGroup:
+    device, n = tables.device, len(rows)
+    tables = tables[:, :max_blocks]
+    first = None
+    if n == 1:
+        ids = tables[0].tolist()
+        first = ids[0] if ids == list(range(ids[0], ids[0] + max_blocks)) else None
+    start = max(0, length - sliding_window) if sliding_window is not None else 0
+    nothing = torch.empty(0, dtype=torch.long, device=device)  # a span reads no tail: nothing to zero
+    return DecodeGroup(torch.tensor(rows, device=device), tables.reshape(-1), max_blocks, nothing, None,
+                       span=RowSpan(start, length, first))
+
+
+def span_tail(d: DecodeGroup, block_size: int) -> torch.Tensor:
+    """The flat positions past the context of a span group's rows (what a masked read of its blocks zeroes)."""
+    width = d.max_blocks * block_size
+    tail = torch.arange(d.span.end, width, device=d.rows.device)
+    return (torch.arange(d.rows.numel(), device=d.rows.device)[:, None] * width + tail[None, :]).reshape(-1)
+
+
+def _read_span(d: DecodeGroup, key_cache, value_cache, dtype):
+    """The rows' keys and values `[n, kv_heads, end - start, head_dim]` (a view of the pool for one row whose
+    blocks are consecutive)."""
+    span, (num_kv_heads, head_dim), n = d.span, key_cache.shape[-2:], d.rows.numel()
+    if span.first_block is not None:
+        k = key_cache[span.first_block : span.first_block + d.max_blocks]
+        v = value_cache[span.first_block : span.first_block + d.max_blocks]
+    else:
+        k, v = key_cache.index_select(0, d.blocks), value_cache.index_select(0, d.blocks)
+    k = k.view(n, -1, num_kv_heads, head_dim)[:, span.start : span.end]
+    v = v.view(n, -1, num_kv_heads, head_dim)[:, span.start : span.end]
+    return k.transpose(1, 2).to(dtype), v.transpose(1, 2).to(dtype)
 
 
 def run_attention_plan(
@@ -164,6 +216,11 @@ def run_attention_plan(
     num_kv_heads, head_dim = key_cache.shape[-2], key_cache.shape[-1]
     flat_k = key_cache.view(-1, num_kv_heads, head_dim)
     flat_v = value_cache.view(-1, num_kv_heads, head_dim)
+    if not plan.prefills and len(plan.decodes) == 1 and plan.decodes[0].span is not None \
+            and plan.decodes[0].mask is None and plan.decodes[0].rows.numel() == query.shape[0]:
+        d = plan.decodes[0]  # every query is a decode of one context length (rows in order): no scatter
+        k, v = _read_span(d, key_cache, value_cache, query.dtype)
+        return _sdpa(query.unsqueeze(2), k, v, None, causal=False, scale=scale, softcap=softcap).squeeze(2)
     out = torch.empty_like(query)
     for group in plan.prefills:
         q = query[group.q_start : group.q_end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
@@ -174,6 +231,10 @@ def run_attention_plan(
     for d in plan.decodes:
         n, length = d.rows.numel(), d.max_blocks * key_cache.shape[1]
         q = query.index_select(0, d.rows).unsqueeze(2)  # [n, H, 1, D]
+        if d.span is not None and d.mask is None:
+            k, v = _read_span(d, key_cache, value_cache, query.dtype)
+            out[d.rows] = _sdpa(q, k, v, None, causal=False, scale=scale, softcap=softcap).squeeze(2)
+            continue
         k = key_cache.index_select(0, d.blocks).view(n * length, num_kv_heads, head_dim)
         v = value_cache.index_select(0, d.blocks).view(n * length, num_kv_heads, head_dim)
         if d.invalid.numel():
@@ -241,9 +302,15 @@ def ref_store_kv(key, value, key_cache, value_cache, slot_mapping) -> None:
     keep = slot_mapping >= 0
     if not bool(keep.all()):
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    ref_store_kv_nonnegative(key.to(key_cache.dtype), value.to(value_cache.dtype), key_cache, value_cache,
+                             slot_mapping.long())
+
+
+def ref_store_kv_nonnegative(key, value, key_cache, value_cache, slot_mapping) -> None:
+    """`ref_store_kv` for int64 slots that are all >= 0 and K/V already in the cache's dtype (no checks)."""
     num_kv_heads, head_dim = key_cache.shape[-2], key_cache.shape[-1]
-    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping.long(), key.to(key_cache.dtype))
-    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping.long(), value.to(value_cache.dtype))
+    key_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key)
+    value_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value)
 
 
 def ref_paged_prefill_attention(
