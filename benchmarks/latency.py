@@ -160,6 +160,68 @@ def breakdown(model, batch: int, prompt_len: int, new_tokens: int) -> dict[str, 
     return per_step
 
 
+# -- part 3: decode stalls under arrivals ---------------------------------------------------------------------------
+def stall_model() -> torch.nn.Module:
+    """A random Llama of ~60M parameters (hidden 512 x 8 layers, vocabulary 32k), where a long prefill chunk
+    costs many decode steps."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536,
+                                         num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+                                         max_position_embeddings=4096)).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+def arrivals_workload(n: int, rate: float, seed: int) -> list[tuple[float, int, int]]:
+    """(arrival second, prompt tokens, new tokens): Poisson arrivals, lognormal lengths (long tails)."""
+    import random
+
+    rng, at, out = random.Random(seed), 0.0, []
+    for _ in range(n):
+        prompt = int(min(max(rng.lognormvariate(5.7, 0.9), 32), 1800))  # median ~300 tokens
+        new = int(min(max(rng.lognormvariate(4.2, 0.6), 8), 256))  # median ~64 tokens
+        out.append((at, prompt, new))
+        at += rng.expovariate(rate)
+    return out
+
+
+def run_arrivals(model, workload, limit: int | None) -> dict:
+    """Open-loop arrivals on the engine loop; token gaps and TTFT as the callers see them."""
+    import asyncio
+
+    engine = Engine(model, PagedConfig(max_prefill_tokens_per_step=limit or PagedConfig().max_num_batched_tokens))
+    gen = torch.Generator().manual_seed(1)
+    gaps: list[float] = []
+    ttfts: list[float] = []
+    tokens = 0
+
+    async def one(at: float, prompt_len: int, new: int, start: float) -> None:
+        nonlocal tokens
+        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+        ids = torch.randint(3, 32000, (prompt_len,), generator=gen).tolist()
+        sent = last = time.perf_counter()
+        params = SamplingParams(max_new_tokens=new)
+        async for delta in engine.loop.generate_async(ids, params):
+            if delta.new_token_ids:
+                now = time.perf_counter()
+                (gaps if tokens and last != sent else ttfts).append(now - last)
+                last = now
+                tokens += len(delta.new_token_ids)
+
+    async def main() -> float:
+        start = time.perf_counter()
+        await asyncio.gather(*(one(at, p, n, start) for at, p, n in workload))
+        return time.perf_counter() - start
+
+    span = asyncio.run(main())
+    engine.loop.shutdown()
+    pct = lambda xs, q: sorted(xs)[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]  # noqa: E731
+    return {"limit": limit, "tokens_per_s": tokens / span, "span_s": span, "itl_p50": pct(gaps, 50),
+            "itl_p99": pct(gaps, 99), "ttft_p50": pct(ttfts, 50), "ttft_p99": pct(ttfts, 99)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["llama", "qwen2", "tiny-lm"])
@@ -167,7 +229,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-len", type=int, default=200)
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 32], help="batch sizes of the breakdown")
+    parser.add_argument("--arrivals", type=int, default=0,
+                        help="part 3 only: this many requests at --rate per second on a 60M random Llama, with "
+                             "max_prefill_tokens_per_step in --limits (0 = none, the other parts run)")
+    parser.add_argument("--rate", type=float, default=1.0)
+    parser.add_argument("--limits", type=int, nargs="+", default=[0, 256, 64],
+                        help="max_prefill_tokens_per_step values to compare (0: no bound, i.e. the token budget)")
     args = parser.parse_args(argv)
+    if args.arrivals:
+        return main_arrivals(args, argv)
     torch.set_num_threads(1)
     command = f"python benchmarks/latency.py {' '.join(argv if argv is not None else sys.argv[1:])}".strip()
     print(f"machine: {machine()}\ndate: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
@@ -199,6 +269,25 @@ def main(argv: list[str] | None = None) -> int:
             b = breakdown(model, batch, args.prompt_len, args.new_tokens)
             cells = " | ".join(f"{b.get(h, 0.0):.3f}" for h in header)
             print(f"| {name} | {batch} | {b['step']:.3f} | {cells} |", flush=True)
+    return 0
+
+
+def main_arrivals(args, argv) -> int:
+    torch.set_num_threads(1)
+    command = f"python benchmarks/latency.py {' '.join(argv if argv is not None else sys.argv[1:])}".strip()
+    print(f"machine: {machine()}\ndate: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+          f"{os.getloadavg()[0]:.2f}\ncommand: {command}")
+    workload = arrivals_workload(args.arrivals, args.rate, seed=3)
+    print(f"{args.arrivals} requests, Poisson {args.rate:g}/s, prompts {sum(w[1] for w in workload)} tokens "
+          f"(max {max(w[1] for w in workload)}), {sum(w[2] for w in workload)} new tokens; 1 torch thread\n")
+    print("| max_prefill_tokens_per_step | tokens/s | ITL p50 ms | ITL p99 ms | p99/p50 | TTFT p50 ms | TTFT p99 ms |")
+    print("|---|---|---|---|---|---|---|")
+    model = stall_model()
+    for limit in args.limits:
+        r = run_arrivals(model, workload, limit or None)
+        print(f"| {limit or 'none'} | {r['tokens_per_s']:.1f} | {1000 * r['itl_p50']:.0f} | {1000 * r['itl_p99']:.0f} | "
+              f"{r['itl_p99'] / r['itl_p50']:.1f}x | {1000 * r['ttft_p50']:.0f} | {1000 * r['ttft_p99']:.0f} |",
+              flush=True)
     return 0
 
 

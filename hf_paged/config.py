@@ -39,6 +39,12 @@ class PagedConfig:
     max_num_seqs: int = 128  # most requests in one forward
     max_num_batched_tokens: int = 1024  # token budget of one forward (decodes + prefill chunks)
     enable_chunked_prefill: bool = True  # split prompts longer than the remaining budget across steps
+    # most prompt tokens one step may carry while requests are decoding (Sarathi-Serve's bounded chunk): a long
+    # prompt is spread over several steps instead of stalling every decode for one long step. None: by device, 64
+    # on CPU (where a prompt token costs about what a decode row does: benchmarks/latency.py --arrivals) and no
+    # bound beyond max_num_batched_tokens on CUDA (prompt tokens are cheap there); set max_num_batched_tokens for
+    # no bound. Applies with chunked prefill only; an engine with nothing decoding prefills at full budget
+    max_prefill_tokens_per_step: int | None = None
     preemption_mode: str = "recompute"  # "recompute" | "swap" (blocks copied to CPU and back)
     # -- prefix sharing ------------------------------------------------------------------------------
     enable_prefix_caching: bool = True
@@ -86,6 +92,8 @@ class PagedConfig:
             _check_int("max_cache_bytes", self.max_cache_bytes, minimum=1)
         _check_int("max_num_seqs", self.max_num_seqs, minimum=1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
+        if self.max_prefill_tokens_per_step is not None:
+            _check_int("max_prefill_tokens_per_step", self.max_prefill_tokens_per_step, minimum=1)
         _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _check_choice("prefix_eviction_policy", self.prefix_eviction_policy, PREFIX_EVICTION_POLICIES)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)

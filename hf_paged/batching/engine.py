@@ -36,6 +36,12 @@ from hf_paged.cache.sizing import kv_shape_of
 from hf_paged.config import PagedConfig
 
 
+# PagedConfig.max_prefill_tokens_per_step=None on CPU: a mixed step then costs at most about twice a decode step
+# on the 60M-parameter benchmark model (`benchmarks/latency.py --arrivals`: p99 inter-token gap 1.8x its p50,
+# against 6.1x unbounded, at the same throughput)
+CPU_PROMPT_TOKENS_WHILE_DECODING = 64
+
+
 @dataclass(slots=True)
 class StepOutput:
     """What one step produced: new tokens per request, and the requests that ended."""
@@ -67,6 +73,8 @@ class Engine:
             on_preempt=lambda r: swap_out(self.cache, r), on_resume=lambda r: swap_in(self.cache, r),
             prefix_policy=PrefixPolicy(self.kv.prefix_cache, self.config.block_size, self._extra_keys)
             if self.kv.prefix_cache is not None else None,
+            prompt_tokens_while_decoding=self.config.max_prefill_tokens_per_step
+            or (None if param.device.type == "cuda" else CPU_PROMPT_TOKENS_WHILE_DECODING),
         )
         self.runner = ModelRunner(model, self.cache)
         self.evictor = KVEvictor(self.config, self.kv, self.cache.kv_shape.num_layers)
@@ -117,21 +125,25 @@ class Engine:
 
     def add_reserved_request(
         self, request_id: str, prompt_ids: Sequence[int] | torch.Tensor, params: SamplingParams | None = None,
-        priority: int = 0,
+        priority: int = 0, *, arrival_time: float | None = None,
     ) -> str:
-        """`add_request` under an id claimed earlier with `reserve_request_id`."""
+        """`add_request` under an id claimed earlier with `reserve_request_id`. `arrival_time`: when the caller
+        submitted it (`time.perf_counter()`), so TTFT counts the wait before it reached the engine."""
         params = params or SamplingParams()
         with self._lock:
             with self._ids_lock:
                 if request_id not in self._reserved_ids:
                     raise ValueError(f"request id {request_id!r} was not reserved; use add_request")
                 self._reserved_ids.discard(request_id)
-            return self._add(request_id, prompt_ids, params, priority)
+            return self._add(request_id, prompt_ids, params, priority, arrival_time)
 
-    def _add(self, request_id: str, prompt_ids, params: SamplingParams, priority: int) -> str:
+    def _add(self, request_id: str, prompt_ids, params: SamplingParams, priority: int,
+             arrival_time: float | None = None) -> str:
         if isinstance(prompt_ids, torch.Tensor):
             prompt_ids = prompt_ids.reshape(-1).tolist()
         request = Request(request_id, [int(t) for t in prompt_ids], params, priority, next(self._arrivals))
+        if arrival_time is not None:
+            request.arrival_time = arrival_time
         if params.seed is not None:
             request.generator = torch.Generator().manual_seed(params.seed)
         self.requests[request_id] = request
@@ -141,6 +153,7 @@ class Engine:
             return request_id
         for k, child_id in enumerate(fork_ids(request_id, params.num_return_sequences)[1:]):
             child = Request(child_id, request.prompt_ids, params, priority, request.arrival_index)
+            child.arrival_time = request.arrival_time
             child.parent_id = request_id
             if params.seed is not None:
                 child.generator = torch.Generator().manual_seed(params.seed + k + 1)

@@ -218,6 +218,7 @@ class EngineLoop:
         all_ids = [c for rid, p in zip(ids, params) for c in fork_ids(rid, p.num_return_sequences)]
         levels = list(priorities) if priorities is not None else [0] * len(prompts)
         items = list(zip(ids, prompts, params, levels))
+        submitted = time.perf_counter()  # TTFT counts from here, not from when the loop got to the request
 
         def add() -> None:
             with self.engine._lock:
@@ -226,7 +227,7 @@ class EngineLoop:
                     self._sinks[rid] = sink
                 for rid, prompt, p, priority in items:  # bad input ends FAILED here: delivered after the next step
                     try:
-                        self.engine.add_reserved_request(rid, prompt, p, priority)
+                        self.engine.add_reserved_request(rid, prompt, p, priority, arrival_time=submitted)
                     except Exception as exc:  # noqa: BLE001 -- a request the engine refused outright fails alone
                         logger.exception("hf_paged engine loop: adding %s failed", rid)
                         self._fail_unadded(rid, p, f"{type(exc).__name__}: {exc}")

@@ -5,6 +5,8 @@ One step, under a token budget (`max_num_batched_tokens`) and `max_num_seqs`:
      a request that cannot get its blocks preempts the lowest-priority, latest running request (possibly itself);
   2. waiting requests by priority then arrival (preferring long prefix-cache hits, with an FCFS fallback when the
      queue is long), as long as budget, sequence slots and blocks last.
+While some request decodes in the step, prompt tokens (running prefills and admissions together) are also held
+to `max_prefill_tokens_per_step`, so a long prompt is spread over several steps instead of stalling the decodes.
 The block mechanics (tables, sharing, copy-on-write) are the `KVCacheManager`'s; storage work on preemption
 (swapping K/V to CPU) is the engine's, through `on_preempt` / `on_resume` callbacks.
 """
@@ -56,6 +58,7 @@ class Scheduler:
         on_preempt: Callable[[Request], None] | None = None,
         on_resume: Callable[[Request], bool] | None = None,
         prefix_policy=None,
+        prompt_tokens_while_decoding: int | None = None,
     ) -> None:
         self.config = config
         self.kv = kv
@@ -63,6 +66,8 @@ class Scheduler:
         self.on_preempt = on_preempt  # swap mode: copy the request's K/V to CPU before its blocks go
         self.on_resume = on_resume  # swap mode: take blocks and copy the K/V back; False when they do not fit
         self.prefix_policy = prefix_policy  # cache-aware admission (`PrefixPolicy`), None without a prefix cache
+        # prompt tokens a step may carry while requests decode in it (the config's, resolved for the device)
+        self.prompt_tokens_while_decoding = prompt_tokens_while_decoding or config.max_prefill_tokens_per_step
         self.waiting: list[tuple[tuple[int, int], Request]] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -88,6 +93,8 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
+        prompt_budget = budget  # prompt tokens left this step: bounded once a decode is in the step
+        bounded = False
         # Decodes first, then running prefill chunks; within each, higher priority and earlier arrival first.
         order = sorted(self.running, key=lambda r: (r.num_tokens_to_compute > 1, _queue_key(r)))
         scheduled_ids: set[str] = set()
@@ -96,16 +103,30 @@ class Scheduler:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
-            num_tokens = min(request.num_tokens_to_compute, budget)
+            is_prompt = request.num_tokens_to_compute > 1
+            num_tokens = min(request.num_tokens_to_compute, prompt_budget if is_prompt else budget)
+            if num_tokens == 0:
+                break  # the prompt budget is spent: the other prefills wait (they come last in `order`)
             if not self._allocate_or_preempt(request, num_tokens, scheduled_ids, out):
                 continue
             out.scheduled.append(ScheduledRequest(request, num_tokens))
             scheduled_ids.add(request.request_id)
             budget -= num_tokens
+            if not is_prompt and not bounded:
+                prompt_budget, bounded = self._prompt_budget(), True
+            prompt_budget = min(prompt_budget - (num_tokens if is_prompt else 0), budget)
         if not out.preempted:  # admitting while preempting would thrash
-            budget = self._admit(out, budget)
+            left = self._admit(out, prompt_budget)
+            budget -= prompt_budget - left
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
         return out
+
+    def _prompt_budget(self) -> int:
+        """Prompt tokens one step may carry while requests decode in it."""
+        limit = self.prompt_tokens_while_decoding
+        if limit is None or not self.config.enable_chunked_prefill:
+            return self.config.max_num_batched_tokens
+        return min(limit, self.config.max_num_batched_tokens)
 
     def _allocate_or_preempt(self, request: Request, num_tokens: int, scheduled_ids: set[str], out) -> bool:
         while not self.kv.allocate_slots(request.request_id, num_tokens):

@@ -79,7 +79,8 @@ class StagingMap:
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.rows: dict[int, int] = {}
-        self.free_rows: list[int] = list(range(capacity - 1, -1, -1))
+        self.free_rows: list[int] = list(range(capacity - 1, -1, -1))  # lowest first: rows in use stay low
+        self.high_water = 0  # one past the highest row ever assigned: what the layers' staging must hold
 
     def release(self, block_id: int) -> None:
         row = self.rows.pop(block_id, None)
@@ -101,6 +102,7 @@ class StagingMap:
             self.free_rows = list(range(self.capacity + grown - 1, self.capacity - 1, -1))
             self.capacity += grown
         row = self.rows[block_id] = self.free_rows.pop()
+        self.high_water = max(self.high_water, row + 1)
         return row
 
 
@@ -226,10 +228,13 @@ class CompressedKV:
         return self.groups[0][1]
 
     def grow_staging(self, capacity: int) -> None:
+        """Hold at least `capacity` staging rows (grown by doubling: rows are resident once allocated)."""
         extra = capacity - self.staging.shape[0]
         if extra > 0:
-            pad = self.staging.new_zeros((extra, *self.staging.shape[1:]))
-            self.staging = torch.cat((self.staging, pad))
+            extra = max(extra, self.staging.shape[0])
+            with torch.inference_mode(False):  # grown during a forward, written by swaps outside inference mode
+                pad = self.staging.new_zeros((extra, *self.staging.shape[1:]))
+                self.staging = torch.cat((self.staging, pad))
 
     def grow_slots(self, capacity: int) -> None:
         for name, t in self.slot_parts.items():

@@ -116,7 +116,7 @@ class CompressedCacheMixin:
 
     def new_compressed_storage(self, layer_idx: int, num_kv_heads: int, head_dim: int, like: torch.Tensor) -> tuple:
         args = (self.num_blocks, self.block_size, num_kv_heads, head_dim, like.dtype, like.device,
-                self.staging.capacity)
+                self.staging.high_water)  # staging rows grow with use (`_plan`), not to the map's capacity at once
         key_groups, value_groups = self.head_groups(layer_idx, num_kv_heads)
         key_stream, value_stream = self.streaming_groups(layer_idx)
         with torch.inference_mode(False):  # swaps and copy-on-write write the storage outside inference mode
@@ -138,7 +138,7 @@ class CompressedCacheMixin:
         for layer in self.layers:
             if layer.compressed is not None:
                 for store in layer.compressed:
-                    store.grow_staging(self.staging.capacity)
+                    store.grow_staging(self.staging.high_water)
                     store.grow_slots(self.slots.capacity)
         return plan
 
@@ -205,7 +205,7 @@ class CompressedCacheMixin:
         for layer in self.layers:
             if layer.compressed is not None:
                 for store in layer.compressed:
-                    store.grow_staging(self.staging.capacity)
+                    store.grow_staging(self.staging.high_water)
                     store.staging[dst_row] = store.staging[src_row]
 
     # -- swap (preemption) ---------------------------------------------------------------------------------
@@ -245,6 +245,6 @@ class CompressedCacheMixin:
                     t[i] = parts[k].to(layer.device)
                 for n, contents in staged.items():
                     row = self.staging.assign(block_ids[n], lambda: self._live_blocks() | set(block_ids))
-                    store.grow_staging(self.staging.capacity)
+                    store.grow_staging(self.staging.high_water)
                     store.staging[row] = contents.to(layer.device)
 

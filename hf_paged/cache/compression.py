@@ -97,7 +97,9 @@ class BlockFormat:
     def allocate(self, num_blocks: int, block_size: int, num_heads: int, head_dim: int,
                  model_dtype: torch.dtype, device) -> dict[str, torch.Tensor]:
         dtypes = self.part_dtypes(model_dtype)
-        return {name: torch.zeros((num_blocks, *shape), dtype=dtypes[name], device=device)
+        # torch.empty: pages are taken as blocks are first written (a zeroed pool is resident at once); a block is
+        # read only after it was written whole
+        return {name: torch.empty((num_blocks, *shape), dtype=dtypes[name], device=device)
                 for name, shape in self.part_shapes(block_size, num_heads, head_dim).items()}
 
     def bytes_per_block(self, block_size: int, num_heads: int, head_dim: int, model_dtype: torch.dtype) -> int:

@@ -138,10 +138,10 @@ def test_a_request_the_engine_refuses_outright_fails_alone(model, monkeypatch):
     engine = Engine(model, PagedConfig(block_size=4))
     real = engine._add
 
-    def picky(request_id, prompt_ids, params, priority):
+    def picky(request_id, prompt_ids, *args):
         if list(prompt_ids) == [9, 9]:
             raise RuntimeError("cannot add this one")
-        return real(request_id, prompt_ids, params, priority)
+        return real(request_id, prompt_ids, *args)
 
     monkeypatch.setattr(engine, "_add", picky)
     try:
@@ -253,3 +253,11 @@ def test_unwrap_stops_the_loop_thread(model):
     assert thread.is_alive()
     hf_paged.unwrap(model)
     assert not thread.is_alive()
+
+
+def test_ttft_counts_from_submission(model):
+    engine = Engine(model, PagedConfig(block_size=4))
+    rid = engine.reserve_request_id()
+    engine.add_reserved_request(rid, [3, 4, 5], SamplingParams(max_new_tokens=2), arrival_time=time.perf_counter() - 5)
+    engine.run([rid])
+    assert engine.stats()["ttft_p50_s"] >= 5  # the caller's wait before the engine saw the request counts
