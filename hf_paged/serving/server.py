@@ -33,6 +33,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-cache-bytes", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
+    parser.add_argument("--max-prefill-tokens-per-step", type=int, default=None,
+                        help="prompt tokens a step may carry while others decode (default: 64 on CPU, no bound on "
+                             "CUDA; equal to --max-num-batched-tokens for no bound)")
     parser.add_argument("--kv-cache-dtype", default=None, choices=("auto", "fp8", "int8", "int4"))
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
@@ -41,7 +44,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 def _paged_config(args):
     from hf_paged.config import PagedConfig
 
-    names = ("block_size", "num_blocks", "max_cache_bytes", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype")
+    names = ("block_size", "num_blocks", "max_cache_bytes", "max_num_seqs", "max_num_batched_tokens",
+             "max_prefill_tokens_per_step", "kv_cache_dtype")
     overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
     if args.no_prefix_caching:
         overrides["enable_prefix_caching"] = False
