@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "HfPagedError",
+    "InvalidPromptError",
     "InvalidRegexError",
     "InvalidSchemaError",
     "OutOfBlocksError",
@@ -29,6 +30,10 @@ class HfPagedError(Exception):
 
 class OutOfBlocksError(HfPagedError, RuntimeError):
     """The block pool cannot hold what was asked for, even after evicting and preempting everything it may."""
+
+
+class InvalidPromptError(HfPagedError, ValueError):
+    """A prompt is empty or holds token ids outside the model's vocabulary (negative ones included)."""
 
 
 class PromptTooLongError(HfPagedError, ValueError):

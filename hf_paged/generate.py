@@ -17,7 +17,7 @@ from transformers import GenerationConfig
 
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
 from hf_paged.batching.sampling import SamplingParams, as_list
-from hf_paged.errors import PromptTooLongError, RequestFailedError
+from hf_paged.errors import InvalidPromptError, RequestFailedError
 from hf_paged.generate_output import assemble_generate_output, make_streamer_hook
 from hf_paged.generate_processors import ProcessorFactory
 
@@ -122,11 +122,10 @@ def _check_prompts(engine, prompts: list[list[int]], max_new_tokens: int) -> Non
     """Raise before any work starts (stock generate users expect exceptions, not FAILED outputs)."""
     for i, prompt in enumerate(prompts):
         if not prompt:
-            raise ValueError(f"row {i} of input_ids is all padding (attention_mask is 0 everywhere)")
+            raise InvalidPromptError(f"row {i} of input_ids is all padding (attention_mask is 0 everywhere)")
         error = engine.validate_prompt(prompt, SamplingParams(max_new_tokens=max_new_tokens))
         if error is not None:
-            kind = PromptTooLongError if "tokens" in error and "vocabulary" not in error else ValueError
-            raise kind(f"row {i}: {error}")
+            raise type(error)(f"row {i}: {error}")
 
 
 def _fallback(stock, reason, inputs, generation_config, logits_processor, streamer, extra, kwargs,

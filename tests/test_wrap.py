@@ -8,7 +8,7 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 import hf_paged
 from hf_paged import PagedCache, PagedConfig
-from hf_paged.errors import OutOfBlocksError, PromptTooLongError, UnsupportedModelError
+from hf_paged.errors import InvalidPromptError, OutOfBlocksError, PromptTooLongError, UnsupportedModelError
 from hf_paged.generate import PagedFallbackWarning
 from tests.tiny_models import left_pad, ragged_prompts, tiny_model
 
@@ -135,7 +135,23 @@ def test_errors_name_the_problem_and_the_setting(model, batch):
         model.generate(torch.ones(1, 600, dtype=torch.long), max_new_tokens=2)
     with pytest.raises(PromptTooLongError, match="raise PagedConfig.num_blocks"):
         model.generate(torch.ones(1, 40, dtype=torch.long), max_new_tokens=2)
+    with pytest.raises(InvalidPromptError, match=r"row 0: token ids \[500\] are outside the vocabulary"):
+        model.generate(torch.tensor([[1, 500, 2]]), max_new_tokens=2)
+    with pytest.raises(InvalidPromptError, match=r"token ids \[-3\]"):
+        model.generate(torch.tensor([[1, -3, 2]]), max_new_tokens=2)
+    with pytest.raises(InvalidPromptError, match="all padding"):
+        model.generate(torch.tensor([[1, 2]]), attention_mask=torch.tensor([[0, 0]]), max_new_tokens=2)
     assert engine.stats()["steps"] == 0  # raised before any work
+    hf_paged.unwrap(model)
+
+
+@pytest.mark.parametrize(("overrides", "field"), [({"max_cache_bytes": 10**15}, "max_cache_bytes"),
+                                                  ({"num_blocks": 10**12}, "num_blocks"),
+                                                  ({"max_cache_bytes": 10**14, "kv_cache_dtype": "int8"},
+                                                   "max_cache_bytes")])
+def test_a_pool_beyond_the_machine_is_refused_up_front(model, overrides, field):
+    with pytest.raises(ValueError, match=rf"PagedConfig.{field}=\d+ asks for \d+ bytes .* device has \d+ bytes"):
+        PagedCache(model.config, PagedConfig(**overrides))
 
 
 def test_unsupported_model_is_rejected_with_reason():

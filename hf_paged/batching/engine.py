@@ -34,6 +34,7 @@ from hf_paged.batching.weights import weights_fingerprint
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.sizing import kv_shape_of
 from hf_paged.config import PagedConfig
+from hf_paged.errors import HfPagedError, InvalidPromptError, PromptTooLongError
 
 
 # PagedConfig.max_prefill_tokens_per_step=None on CPU: a mixed step then costs at most about twice a decode step
@@ -149,7 +150,7 @@ class Engine:
         self.requests[request_id] = request
         error = self.validate_prompt(request.prompt_ids, params)
         if error is not None:
-            self._end(request, RequestStatus.FAILED, "error", error)
+            self._end(request, RequestStatus.FAILED, "error", str(error))
             return request_id
         for k, child_id in enumerate(fork_ids(request_id, params.num_return_sequences)[1:]):
             child = Request(child_id, request.prompt_ids, params, priority, request.arrival_index)
@@ -166,21 +167,21 @@ class Engine:
         self.scheduler.add(request)
         return request_id
 
-    def validate_prompt(self, prompt_ids: Sequence[int], params: SamplingParams) -> str | None:
-        """The reason a prompt cannot run, or None."""
+    def validate_prompt(self, prompt_ids: Sequence[int], params: SamplingParams) -> HfPagedError | None:
+        """Why a prompt cannot run, as the error to raise (`InvalidPromptError`, `PromptTooLongError`), or None."""
         if len(prompt_ids) == 0:
-            return "empty prompt: give at least one token id"
+            return InvalidPromptError("empty prompt: give at least one token id")
         bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
         if bad:
-            return f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})"
+            return InvalidPromptError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
         if len(prompt_ids) >= self.max_model_len:
-            return (
+            return PromptTooLongError(
                 f"prompt of {len(prompt_ids)} tokens leaves no room to generate within the model's maximum of "
                 f"{self.max_model_len} positions: shorten it"
             )
         need = -(-(len(prompt_ids) + 1) // self.config.block_size)
         if need > self.cache.num_blocks:
-            return (
+            return PromptTooLongError(
                 f"prompt of {len(prompt_ids)} tokens needs {need} blocks but the pool has {self.cache.num_blocks}: "
                 "raise PagedConfig.num_blocks (or max_cache_bytes)"
             )

@@ -25,7 +25,7 @@ from hf_paged.cache.block_pool import BlockPool
 from hf_paged.cache.compressed_cache import CompressedCacheMixin
 from hf_paged.cache.kv_manager import KVCacheManager
 from hf_paged.cache.metadata import PagedMetadata
-from hf_paged.cache.sizing import KVShape, kv_shape_of, num_blocks_for
+from hf_paged.cache.sizing import KVShape, check_fits_device, kv_shape_of, num_blocks_for
 from hf_paged.config import PagedConfig
 
 
@@ -142,6 +142,8 @@ class PagedCache(CompressedCacheMixin, Cache):
         if self.compressed and self.paged_config.num_blocks is None:
             self.num_blocks = self._compressed_num_blocks(dtype or _config_dtype(config), device)
             self._init_compression()
+        check_fits_device(self.paged_config, self.num_blocks, self._bytes_per_block_for(dtype or _config_dtype(config)),
+                          device)
         super().__init__(layers=[PagedLayer(self, i) for i in range(self.kv_shape.num_layers)])
         self.pool = BlockPool(self.num_blocks)
         radix = None
@@ -305,9 +307,12 @@ class PagedCache(CompressedCacheMixin, Cache):
         }
 
     def _bytes_per_block(self) -> int:
+        return self._bytes_per_block_for(_storage_dtype(self))
+
+    def _bytes_per_block_for(self, dtype: torch.dtype) -> int:
         if self.compressed:
-            return self.compressed_bytes_per_block(_storage_dtype(self))
-        return self.kv_shape.bytes_per_block(self.block_size, _storage_dtype(self))
+            return self.compressed_bytes_per_block(dtype)
+        return self.kv_shape.bytes_per_block(self.block_size, dtype)
 
     def check_integrity(self) -> None:
         self.manager.check_integrity()

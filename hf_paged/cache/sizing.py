@@ -80,6 +80,36 @@ def _default_budget(device) -> int:
     return _DEFAULT_CPU_BUDGET
 
 
+def device_memory_bytes(device=None) -> int | None:
+    """Total memory of the device a pool would live on (physical RAM for the CPU); None when unknown."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info(device)[1])
+    if device.type == "cpu":
+        try:
+            import os
+
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (AttributeError, ValueError, OSError):
+            return None
+    return None
+
+
+def check_fits_device(cfg: PagedConfig, num_blocks: int, bytes_per_block: int, device=None) -> None:
+    """Refuse a pool larger than the device's whole memory before anything is allocated (a typo such as
+    `max_cache_bytes=10**15` must be a clear error, not a MemoryError deep in the pool's bookkeeping)."""
+    total = device_memory_bytes(device)
+    asked = num_blocks * bytes_per_block
+    if total is None or asked <= total:
+        return
+    field = (f"num_blocks={cfg.num_blocks}" if cfg.num_blocks is not None
+             else f"max_cache_bytes={cfg.max_cache_bytes}")
+    raise ValueError(
+        f"PagedConfig.{field} asks for {asked} bytes of KV cache ({num_blocks} blocks of {bytes_per_block} bytes) "
+        f"but the device has {total} bytes of memory in all; lower {field.split('=')[0]}"
+    )
+
+
 def out_of_blocks(needed: int, free: int, total: int, block_size: int) -> OutOfBlocksError:
     return OutOfBlocksError(
         f"need {needed} blocks of {block_size} tokens, {free} of {total} free: raise PagedConfig.num_blocks "

@@ -187,7 +187,7 @@ class Preparer:
             )
         error = self.engine.validate_prompt(prompt, SamplingParams(max_new_tokens=max_tokens))
         if error is not None:
-            raise ApiError(error, param=param, code="invalid_prompt")
+            raise ApiError(str(error), param=param, code="invalid_prompt")
         block_size, num_blocks = self.engine.config.block_size, self.engine.cache.num_blocks
         need = -(-(len(prompt) + max_tokens) // block_size)
         if need > num_blocks:
