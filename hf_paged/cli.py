@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
 
             if args.workload not in WORKLOADS:
                 raise CliError(f"unknown workload {args.workload!r}; choose one of {', '.join(WORKLOADS)}")
+            if args.num_prompts < 1:
+                raise CliError(f"--num-prompts must be >= 1, got {args.num_prompts}")
             run_bench(args)
         elif args.command == "serve":
             from hf_paged.serving.server import run_serve
@@ -121,6 +123,8 @@ def run_generate(args) -> None:
     from hf_paged import SamplingParams, unwrap, wrap
     from hf_paged.errors import HfPagedError
 
+    if args.max_new_tokens < 1:
+        raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     prompts = read_prompts(args.prompts)
     schema = read_schema(args.schema)
     model, tokenizer = load_model(args.model, args.device)

@@ -43,6 +43,8 @@ def test_bench_writes_json_result(tmp_path, capsys):
         (["generate", "--model", MODEL, "--prompts", "PROMPTS", "--schema", "/no/schema.json"], "schema file"),
         (["bench", "--model", MODEL, "--workload", "nope"], "unknown workload"),
         (["bench", "--model", "/no/such/model"], "not found"),
+        (["generate", "--model", MODEL, "--prompts", "PROMPTS", "--max-new-tokens", "0"], "--max-new-tokens must be"),
+        (["bench", "--model", MODEL, "--num-prompts", "0"], "--num-prompts must be"),
         (["serve", "--max-waiting", "0"], "--max-waiting must be >= 1"),
         (["serve", "--shutdown-timeout", "-1"], "--shutdown-timeout"),
         (["serve", "--block-size", "3"], "block_size must be a power of two"),
@@ -56,6 +58,18 @@ def test_bad_arguments_give_one_line_and_nonzero_exit(argv, message, tmp_path, c
     assert main([str(prompts) if a == "PROMPTS" else a for a in argv]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err and "Traceback" not in err
+
+
+def test_a_schema_too_deep_to_compile_is_one_line(tmp_path, capsys):
+    prompts, schema = tmp_path / "p.jsonl", tmp_path / "s.json"
+    prompts.write_text('"hello"\n')
+    deep: dict = {"type": "integer"}
+    for _ in range(200):
+        deep = {"type": "object", "properties": {"a": deep}}
+    schema.write_text(json.dumps(deep))
+    assert main(["generate", "--model", MODEL, "--prompts", str(prompts), "--schema", str(schema)]) == 2
+    err = capsys.readouterr().err
+    assert "nests deeper than" in err.strip().splitlines()[-1] and "Traceback" not in err
 
 
 def test_schema_that_does_not_parse(tmp_path, capsys):

@@ -6,12 +6,12 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from hf_paged.errors import InvalidRegexError, InvalidSchemaError
+from hf_paged.errors import InvalidRegexError, InvalidSchemaError, SchemaTooComplexError
 from hf_paged.processors.base import GuidedLogitsProcessor
 from hf_paged.processors.index_cache import IndexCache
 from hf_paged.processors.schema_regex import schema_to_grammar
 
-__all__ = ["JSONSchemaLogitsProcessor", "load_schema"]
+__all__ = ["MAX_SCHEMA_NESTING", "JSONSchemaLogitsProcessor", "check_nesting", "load_schema"]
 
 
 def load_schema(schema: Any) -> dict | bool:
@@ -36,10 +36,16 @@ def load_schema(schema: Any) -> dict | bool:
             f"a JSON Schema is an object or a boolean, got {type(schema).__name__}; pass a dict, JSON text or a "
             "pydantic model class"
         )
+    check_nesting(schema)
     from jsonschema import Draft202012Validator, exceptions, validators
 
     try:
         validators.validator_for(schema, default=Draft202012Validator).check_schema(schema)
+    except RecursionError:  # jsonschema recurses a few frames per level: a safety net under MAX_SCHEMA_NESTING
+        raise SchemaTooComplexError(
+            "the schema is too deeply nested to check; flatten it (e.g. move repeated parts to $defs and refer to "
+            "them with $ref)"
+        ) from None
     except exceptions.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         if exc.validator == "format" and exc.validator_value == "regex":
@@ -50,6 +56,27 @@ def load_schema(schema: Any) -> dict | bool:
             f"this is not a valid JSON Schema: {exc.message} at #/{where}; fix that keyword"
         ) from None
     return schema
+
+
+# Most nested JSON levels of a schema document we compile (a level of `properties` is two: the keyword's object and
+# the sub-schema). Counted before anything recurses over the schema, so a deep one is refused by this budget, the
+# same on any machine, instead of ending in a RecursionError; real schemas stay far below it.
+MAX_SCHEMA_NESTING = 64
+
+
+def check_nesting(schema: Any) -> None:
+    """Raise `SchemaTooComplexError` for a schema nested deeper than `MAX_SCHEMA_NESTING` (walked without
+    recursion)."""
+    stack = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_SCHEMA_NESTING:
+            raise SchemaTooComplexError(
+                f"the schema nests deeper than {MAX_SCHEMA_NESTING} JSON levels; flatten it (e.g. move repeated "
+                "parts to $defs and refer to them with $ref)"
+            )
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
 
 
 class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
@@ -101,7 +128,14 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
         self.whitespace = whitespace
         self.strict = strict
         # a regex, or for a schema whose flat regex is over budget a grammar of rules (`grammar_dfa`)
-        regex = schema_to_grammar(self.schema, whitespace=whitespace, strict=strict, undeclared_keys=undeclared_keys)
+        try:
+            regex = schema_to_grammar(self.schema, whitespace=whitespace, strict=strict,
+                                      undeclared_keys=undeclared_keys)
+        except RecursionError:  # a safety net under MAX_SCHEMA_NESTING ($ref chains, unusual shapes)
+            raise SchemaTooComplexError(
+                "the schema is too deeply nested to compile; flatten it (e.g. move repeated parts to $defs and "
+                "refer to them with $ref)"
+            ) from None
         # property order matters to the regex (keys are generated in schema order): never sort keys here
         canonical = json.dumps(self.schema, ensure_ascii=False, separators=(",", ":"))
         super().__init__(
