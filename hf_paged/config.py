@@ -34,7 +34,11 @@ class PagedConfig:
     # -- the block pool ------------------------------------------------------------------------------
     block_size: int = 16  # token slots per block; a power of two (1, 2, 4, ... 256)
     num_blocks: int | None = None  # blocks in the pool; None: sized from max_cache_bytes
-    max_cache_bytes: int | None = None  # KV memory budget when num_blocks is None; None: a default budget
+    max_cache_bytes: int | None = None  # KV memory budget when num_blocks is None; None: see memory_fraction
+    # with neither num_blocks nor max_cache_bytes: the pool's budget is this share of the memory free when the
+    # cache is built (after the weights; RAM on CPU, the CUDA driver's free bytes on a GPU; vLLM's
+    # gpu_memory_utilization), capped by what max_num_seqs sequences of the model's positions could ever use
+    memory_fraction: float = 0.4
     # -- the scheduler ---------------------------------------------------------------------------------
     max_num_seqs: int = 128  # most requests in one forward
     max_num_batched_tokens: int = 1024  # token budget of one forward (decodes + prefill chunks)
@@ -90,6 +94,9 @@ class PagedConfig:
             _check_int("num_blocks", self.num_blocks, minimum=1)
         if self.max_cache_bytes is not None:
             _check_int("max_cache_bytes", self.max_cache_bytes, minimum=1)
+        if isinstance(self.memory_fraction, bool) or not isinstance(self.memory_fraction, (int, float)) \
+                or not 0 < self.memory_fraction <= 1:
+            raise ValueError(f"PagedConfig.memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
         _check_int("max_num_seqs", self.max_num_seqs, minimum=1)
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
         if self.max_prefill_tokens_per_step is not None:

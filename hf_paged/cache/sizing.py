@@ -10,8 +10,6 @@ from hf_paged.cache.key_frame import rope_frequencies
 from hf_paged.config import PagedConfig
 from hf_paged.errors import OutOfBlocksError
 
-_DEFAULT_CPU_BUDGET = 2 << 30  # bytes of KV on CPU when nothing is configured (allocated lazily, untouched)
-_DEFAULT_GPU_FRACTION = 0.4  # of free device memory when nothing is configured
 
 
 @dataclass(slots=True, frozen=True)
@@ -63,8 +61,8 @@ def num_blocks_for(cfg: PagedConfig, shape: KVShape, dtype: torch.dtype, device=
 
 
 def budget_bytes(cfg: PagedConfig, device=None) -> int:
-    """The KV memory budget: `max_cache_bytes`, or a default share of the device's free memory."""
-    return cfg.max_cache_bytes if cfg.max_cache_bytes is not None else _default_budget(device)
+    """The KV memory budget: `max_cache_bytes`, or `memory_fraction` of the device's free memory."""
+    return cfg.max_cache_bytes if cfg.max_cache_bytes is not None else _default_budget(cfg, device)
 
 
 def max_useful_blocks(cfg: PagedConfig, shape: KVShape) -> int:
@@ -72,12 +70,31 @@ def max_useful_blocks(cfg: PagedConfig, shape: KVShape) -> int:
     return cfg.max_num_seqs * -(-shape.max_model_len // cfg.block_size)
 
 
-def _default_budget(device) -> int:
-    device = torch.device(device) if device is not None else None
-    if device is not None and device.type == "cuda" and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info(device)
-        return int(free * _DEFAULT_GPU_FRACTION)
-    return _DEFAULT_CPU_BUDGET
+def _default_budget(cfg: PagedConfig, device) -> int:
+    """`memory_fraction` of the memory free now (after the weights were loaded) on the pool's device."""
+    free = free_memory_bytes(device)
+    if free is None:
+        free = _UNKNOWN_FREE_BYTES
+    return int(free * cfg.memory_fraction)
+
+
+_UNKNOWN_FREE_BYTES = 4 << 30  # what the default budget assumes is free where the device cannot tell
+
+
+def free_memory_bytes(device=None) -> int | None:
+    """Memory free now on `device`: `MemAvailable` of /proc/meminfo for the CPU, the CUDA driver's free bytes."""
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    if device.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        try:
+            with open("/proc/meminfo") as f:
+                for line in f:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+    return None
 
 
 def device_memory_bytes(device=None) -> int | None:
