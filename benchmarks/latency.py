@@ -191,7 +191,7 @@ def run_arrivals(model, workload, limit: int | None) -> dict:
     """Open-loop arrivals on the engine loop; token gaps and TTFT as the callers see them."""
     import asyncio
 
-    engine = Engine(model, PagedConfig(max_prefill_tokens_per_step=limit or PagedConfig().max_num_batched_tokens))
+    engine = Engine(model, PagedConfig(max_prefill_tokens_per_step=limit))
     gen = torch.Generator().manual_seed(1)
     gaps: list[float] = []
     ttfts: list[float] = []
@@ -234,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
                              "max_prefill_tokens_per_step in --limits (0 = none, the other parts run)")
     parser.add_argument("--rate", type=float, default=1.0)
     parser.add_argument("--limits", type=int, nargs="+", default=[0, 256, 64],
-                        help="max_prefill_tokens_per_step values to compare (0: no bound, i.e. the token budget)")
+                        help="max_prefill_tokens_per_step values to compare (0: no bound, the default)")
     args = parser.parse_args(argv)
     if args.arrivals:
         return main_arrivals(args, argv)

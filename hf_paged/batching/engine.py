@@ -37,12 +37,6 @@ from hf_paged.config import PagedConfig
 from hf_paged.errors import HfPagedError, InvalidPromptError, PromptTooLongError
 
 
-# PagedConfig.max_prefill_tokens_per_step=None on CPU: a mixed step then costs at most about twice a decode step
-# on the 60M-parameter benchmark model (`benchmarks/latency.py --arrivals`: p99 inter-token gap 1.8x its p50,
-# against 6.1x unbounded, at the same throughput)
-CPU_PROMPT_TOKENS_WHILE_DECODING = 64
-
-
 @dataclass(slots=True)
 class StepOutput:
     """What one step produced: new tokens per request, and the requests that ended."""
@@ -74,8 +68,6 @@ class Engine:
             on_preempt=lambda r: swap_out(self.cache, r), on_resume=lambda r: swap_in(self.cache, r),
             prefix_policy=PrefixPolicy(self.kv.prefix_cache, self.config.block_size, self._extra_keys)
             if self.kv.prefix_cache is not None else None,
-            prompt_tokens_while_decoding=self.config.max_prefill_tokens_per_step
-            or (None if param.device.type == "cuda" else CPU_PROMPT_TOKENS_WHILE_DECODING),
         )
         self.runner = ModelRunner(model, self.cache)
         self.evictor = KVEvictor(self.config, self.kv, self.cache.kv_shape.num_layers)

@@ -3,6 +3,8 @@
 Why a thread and not an asyncio task: a step is a blocking torch forward (milliseconds up to a second for a long
 prefill chunk). As a task it would freeze a server's event loop for that long, and `model.generate` callers in
 plain threads have no event loop at all. torch releases the GIL inside its kernels, so callers keep running.
+A synchronous caller that finds nobody stepping drives the turns itself, in its own thread (the common case of one
+`generate` call at a time keeps the caller's torch threads; see `_driver`), and hands over when its requests end.
 
     callers (any thread or task)                      the loop thread (the only one that steps for them)
       submit() / generate_async(): ids reserved now  --commands-->  add_request / abort, between two steps
@@ -74,14 +76,26 @@ class Submission:
     def steps(self) -> Iterator[list[RequestDelta]]:
         """Each step's deltas of these requests, as they come, until all have ended. Leaving early (an exception,
         Ctrl-C, `break`) aborts the requests still running."""
+        driving = self._loop._driver.acquire(blocking=False)  # nobody steps: this thread does (see EngineLoop)
         try:
             while self._remaining:
+                if driving:
+                    while self._queue.empty() and self._remaining:
+                        if not self._loop._turn():  # nothing left to run, yet these never ended (a shutdown race)
+                            self._lost("the engine loop shut down before the request started")
                 deltas = self._queue.get()
                 self._remaining.difference_update(d.request_id for d in deltas if d.finished)
                 yield deltas
         finally:
+            if driving:
+                self._loop._driver.release()
+                self._loop._wake()  # other callers' requests may still run: the loop thread takes over
             if self._remaining:
                 self._loop.abort(*self._remaining)
+
+    def _lost(self, error: str) -> None:
+        self._queue.put([RequestDelta(rid, [], RequestOutput(rid, [], [], RequestStatus.FAILED, error=error,
+                                                              finish_reason="error")) for rid in self._remaining])
 
     def result(self, on_step: Callable[[StepOutput], None] | None = None) -> dict[str, RequestOutput]:
         """Wait for every request; `{request_id: output}` in submission order (forks after their parent).
@@ -113,6 +127,10 @@ class EngineLoop:
         self._sinks: dict[str, _Sink] = {}  # request id -> its caller; changed under the engine's lock
         self._num_pending = 0  # requests submitted whose add command has not run yet
         self._thread: threading.Thread | None = None
+        # Who steps: the loop thread, or a synchronous caller that found nobody stepping (`Submission.steps`). A
+        # caller in the thread that loaded the model keeps its torch thread team: the loop thread's own team
+        # costs a single caller 1.5x on a 2-core CPU (libgomp throttles spinning once teams outnumber cores).
+        self._driver = threading.Lock()
         self._closed = False  # no new submissions
         self._stopping = False  # the thread exits once its commands are done
         engine.add_step_listener(self._dispatch)
@@ -127,7 +145,7 @@ class EngineLoop:
         id already in use raises `ValueError` here. `stream=False`: the caller only wants the outputs, so it is
         not woken at every step (its `steps()` then yield only ended requests)."""
         deltas: queue.SimpleQueue[list[RequestDelta]] = queue.SimpleQueue()
-        ids, all_ids = self._submit(prompts, params, request_ids, priorities, _Sink(deltas.put, stream))
+        ids, all_ids = self._submit(prompts, params, request_ids, priorities, _Sink(deltas.put, stream), wake=False)
         return Submission(self, ids, all_ids, deltas)
 
     async def generate_async(
@@ -202,7 +220,8 @@ class EngineLoop:
             self._thread.join()
 
     # -- submission ----------------------------------------------------------------------------------------
-    def _submit(self, prompts, params, request_ids, priorities, sink: _Sink) -> tuple[list[str], list[str]]:
+    def _submit(self, prompts, params, request_ids, priorities, sink: _Sink, *,
+                wake: bool = True) -> tuple[list[str], list[str]]:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; give one each")
         if self._closed:
@@ -234,17 +253,24 @@ class EngineLoop:
 
         with self._cond:
             self._num_pending += len(items)
-        self._command(add)
+        self._command(add, wake=wake)
         return ids, all_ids
 
-    def _command(self, command: Callable[[], None], *, force: bool = False) -> None:
+    def _command(self, command: Callable[[], None], *, force: bool = False, wake: bool = True) -> None:
+        """Queue `command` for the next turn. `wake=False`: the caller will drive the turns itself if it can (a
+        synchronous submission); whoever drives next runs it in any case."""
         with self._cond:
             if self._stopping and not force:
                 return
             self._commands.append(command)
-            self._cond.notify()
+            if wake:
+                self._cond.notify()
         if self._thread is None and not self._closed:
             self.start()
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify()
 
     # -- the loop thread -----------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -252,20 +278,28 @@ class EngineLoop:
             with self._cond:
                 while not (self._commands or self._sinks or self._stopping):
                     self._cond.wait()  # idle: sleep until a caller submits (no polling)
-                commands = list(self._commands)
-                self._commands.clear()
                 stopping = self._stopping
-            for command in commands:
-                try:
-                    command()
-                except Exception:  # noqa: BLE001 -- a bad command must not stop the loop
-                    logger.exception("hf_paged engine loop: a command failed")
-            if self._sinks:
-                self._step()  # when stopping, this delivers the aborted requests' outputs
-            if stopping and not self._commands:
-                if self._sinks:
-                    self._fail_in_flight("the engine loop shut down")
-                return
+            with self._driver:  # waits while a synchronous caller drives its own turns
+                self._turn()  # when stopping, this delivers the aborted requests' outputs
+                if stopping and not self._commands:
+                    if self._sinks:
+                        self._fail_in_flight("the engine loop shut down")
+                    return
+
+    def _turn(self) -> bool:
+        """Run the queued commands, then one step if a caller waits for requests (the driver lock is held).
+        Returns False when there was nothing to do."""
+        with self._cond:
+            commands = list(self._commands)
+            self._commands.clear()
+        for command in commands:
+            try:
+                command()
+            except Exception:  # noqa: BLE001 -- a bad command must not stop the loop
+                logger.exception("hf_paged engine loop: a command failed")
+        if self._sinks:
+            self._step()
+        return bool(commands or self._sinks)
 
     def _step(self) -> None:
         try:

@@ -58,7 +58,6 @@ class Scheduler:
         on_preempt: Callable[[Request], None] | None = None,
         on_resume: Callable[[Request], bool] | None = None,
         prefix_policy=None,
-        prompt_tokens_while_decoding: int | None = None,
     ) -> None:
         self.config = config
         self.kv = kv
@@ -66,8 +65,6 @@ class Scheduler:
         self.on_preempt = on_preempt  # swap mode: copy the request's K/V to CPU before its blocks go
         self.on_resume = on_resume  # swap mode: take blocks and copy the K/V back; False when they do not fit
         self.prefix_policy = prefix_policy  # cache-aware admission (`PrefixPolicy`), None without a prefix cache
-        # prompt tokens a step may carry while requests decode in it (the config's, resolved for the device)
-        self.prompt_tokens_while_decoding = prompt_tokens_while_decoding or config.max_prefill_tokens_per_step
         self.waiting: list[tuple[tuple[int, int], Request]] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -123,7 +120,7 @@ class Scheduler:
 
     def _prompt_budget(self) -> int:
         """Prompt tokens one step may carry while requests decode in it."""
-        limit = self.prompt_tokens_while_decoding
+        limit = self.config.max_prefill_tokens_per_step
         if limit is None or not self.config.enable_chunked_prefill:
             return self.config.max_num_batched_tokens
         return min(limit, self.config.max_num_batched_tokens)

@@ -34,8 +34,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-num-seqs", type=int, default=None)
     parser.add_argument("--max-num-batched-tokens", type=int, default=None)
     parser.add_argument("--max-prefill-tokens-per-step", type=int, default=None,
-                        help="prompt tokens a step may carry while others decode (default: 64 on CPU, no bound on "
-                             "CUDA; equal to --max-num-batched-tokens for no bound)")
+                        help="prompt tokens a step may carry while others decode (default: no bound); e.g. 64 "
+                             "bounds inter-token stalls on CPU at some cost in TTFT")
     parser.add_argument("--kv-cache-dtype", default=None, choices=("auto", "fp8", "int8", "int4"))
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
