@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -72,50 +73,45 @@ def max_useful_blocks(cfg: PagedConfig, shape: KVShape) -> int:
 
 def _default_budget(cfg: PagedConfig, device) -> int:
     """`memory_fraction` of the memory free now (after the weights were loaded) on the pool's device."""
-    free = free_memory_bytes(device)
-    if free is None:
-        free = _UNKNOWN_FREE_BYTES
-    return int(free * cfg.memory_fraction)
+    free = device_memory(device).free
+    return int((free if free is not None else _UNKNOWN_FREE_BYTES) * cfg.memory_fraction)
 
 
 _UNKNOWN_FREE_BYTES = 4 << 30  # what the default budget assumes is free where the device cannot tell
 
 
-def free_memory_bytes(device=None) -> int | None:
-    """Memory free now on `device`: `MemAvailable` of /proc/meminfo for the CPU, the CUDA driver's free bytes."""
+@dataclass(slots=True, frozen=True)
+class DeviceMemory:
+    """A device's memory in bytes; None where it cannot tell."""
+
+    free: int | None  # free now: MemAvailable of /proc/meminfo on the CPU, the CUDA driver's free bytes
+    total: int | None  # in all: physical RAM on the CPU, the GPU's memory
+
+
+def device_memory(device=None) -> DeviceMemory:
     device = torch.device(device) if device is not None else torch.device("cpu")
     if device.type == "cuda" and torch.cuda.is_available():
-        return int(torch.cuda.mem_get_info(device)[0])
-    if device.type == "cpu":
-        try:
-            with open("/proc/meminfo") as f:
-                for line in f:
-                    if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
-        except OSError:
-            return None
-    return None
-
-
-def device_memory_bytes(device=None) -> int | None:
-    """Total memory of the device a pool would live on (physical RAM for the CPU); None when unknown."""
-    device = torch.device(device) if device is not None else torch.device("cpu")
-    if device.type == "cuda" and torch.cuda.is_available():
-        return int(torch.cuda.mem_get_info(device)[1])
-    if device.type == "cpu":
-        try:
-            import os
-
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (AttributeError, ValueError, OSError):
-            return None
-    return None
+        free, total = torch.cuda.mem_get_info(device)
+        return DeviceMemory(int(free), int(total))
+    if device.type != "cpu":
+        return DeviceMemory(None, None)
+    free = total = None
+    try:
+        with open("/proc/meminfo") as f:
+            free = next((int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")), None)
+    except OSError:
+        pass
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        pass
+    return DeviceMemory(free, total)
 
 
 def check_fits_device(cfg: PagedConfig, num_blocks: int, bytes_per_block: int, device=None) -> None:
     """Refuse a pool larger than the device's whole memory before anything is allocated (a typo such as
     `max_cache_bytes=10**15` must be a clear error, not a MemoryError deep in the pool's bookkeeping)."""
-    total = device_memory_bytes(device)
+    total = device_memory(device).total
     asked = num_blocks * bytes_per_block
     if total is None or asked <= total:
         return

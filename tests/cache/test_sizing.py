@@ -13,15 +13,15 @@ def config():
 
 
 def test_default_budget_is_a_share_of_free_memory(config, monkeypatch):
-    monkeypatch.setattr(sizing, "free_memory_bytes", lambda device=None: 100 * 4096)  # 100 blocks of 16 tokens
+    monkeypatch.setattr(sizing, "device_memory", lambda device=None: sizing.DeviceMemory(100 * 4096, 10**12))
     assert PagedCache(config, PagedConfig(memory_fraction=0.5)).num_blocks == 50
     assert PagedCache(config, PagedConfig(memory_fraction=1.0, max_num_seqs=2)).num_blocks == 2 * 512 // 16  # cap
     assert PagedCache(config, PagedConfig(max_cache_bytes=10 * 4096)).num_blocks == 10  # an explicit budget wins
 
 
-def test_free_memory_is_read_on_this_machine():
-    free = sizing.free_memory_bytes()
-    assert free is None or free > 0
+def test_memory_is_read_on_this_machine():
+    memory = sizing.device_memory()
+    assert memory.free is None or 0 < memory.free <= memory.total
 
 
 @pytest.mark.parametrize("fraction", [0, -0.1, 1.5, True, "half"])
