@@ -202,6 +202,18 @@ class EngineLoop:
                 self._thread = threading.Thread(target=self._run, name="hf_paged-engine-loop", daemon=True)
                 self._thread.start()
 
+    def run_in_this_thread(self, on_ready: Callable[[], None] | None = None) -> None:
+        """Make the calling thread the loop thread and run the loop until `shutdown` (instead of `start`). A server
+        that loads its model in this same thread keeps one torch thread team (see `_driver`). `on_ready` is called
+        once the thread is registered, before the first turn."""
+        with self._cond:
+            if self._closed or self._thread is not None:
+                raise RuntimeError("the engine loop already has a thread (or was shut down)")
+            self._thread = threading.current_thread()
+        if on_ready is not None:
+            on_ready()
+        self._run()
+
     def shutdown(self, timeout: float = 0.0) -> None:
         """Take no new requests, give those in flight up to `timeout` seconds to finish, abort the rest, and stop
         the thread. The engine itself stays usable directly."""

@@ -76,12 +76,9 @@ def run_serve(args) -> int:
         if not file.is_file():
             raise CliError(f"chat template file {args.chat_template!r} not found")
         template = file.read_text()
-    model, tokenizer, name = _load(args)
+    engine, tokenizer, name = _start_engine(args, config)
     if template is not None:
         tokenizer.chat_template = template
-    from hf_paged.batching.engine import Engine
-
-    engine = Engine(model, config)
     settings = ServerSettings(model_name=args.served_model_name or name, max_waiting=args.max_waiting)
     app = build_app(engine, tokenizer, settings)
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
@@ -117,6 +114,32 @@ class _Server:
                     self.interrupted = True
 
         return Server(config)
+
+
+def _start_engine(args, config):
+    """Load the model and build the engine in a thread that then becomes the engine loop's thread, so every torch
+    op runs in one thread: a second thread with its own torch (OpenMP) team made steps ~1.5x slower on a 2-core
+    CPU (the HTTP side does no torch work)."""
+    import queue
+
+    from hf_paged.batching.engine import Engine
+
+    ready: queue.SimpleQueue = queue.SimpleQueue()
+
+    def engine_thread() -> None:
+        try:
+            model, tokenizer, name = _load(args)
+            engine = Engine(model, config)
+        except BaseException as exc:  # noqa: BLE001 -- handed to the main thread, which reports it
+            ready.put(exc)
+            return
+        engine.loop.run_in_this_thread(on_ready=lambda: ready.put((engine, tokenizer, name)))
+
+    threading.Thread(target=engine_thread, name="hf_paged-engine-loop", daemon=True).start()
+    item = ready.get()
+    if isinstance(item, BaseException):
+        raise item
+    return item
 
 
 def _load(args):

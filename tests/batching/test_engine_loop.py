@@ -261,3 +261,22 @@ def test_ttft_counts_from_submission(model):
     engine.add_reserved_request(rid, [3, 4, 5], SamplingParams(max_new_tokens=2), arrival_time=time.perf_counter() - 5)
     engine.run([rid])
     assert engine.stats()["ttft_p50_s"] >= 5  # the caller's wait before the engine saw the request counts
+
+
+def test_a_thread_of_the_callers_choice_can_be_the_loop_thread(model):
+    engine = Engine(model, PagedConfig(block_size=4))
+    ready = threading.Event()
+    thread = threading.Thread(target=engine.loop.run_in_this_thread, kwargs={"on_ready": ready.set})
+    thread.start()
+    assert ready.wait(10) and engine.loop._thread is thread
+    with pytest.raises(RuntimeError, match="already has a thread"):
+        engine.loop.run_in_this_thread()
+
+    async def stream():
+        return [d async for d in engine.loop.generate_async([3, 4, 5], SamplingParams(max_new_tokens=4))]
+
+    deltas = asyncio.run(stream())
+    assert deltas[-1].finished and len(deltas[-1].output.generated_tokens) == 4
+    engine.loop.shutdown()
+    thread.join(10)
+    assert not thread.is_alive()
