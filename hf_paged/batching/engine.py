@@ -215,6 +215,12 @@ class Engine:
                     self._loop = EngineLoop(self)
         return self._loop
 
+    def take_ended(self) -> list[RequestOutput]:
+        """Outputs of requests ended since the last step (aborts between steps), handed out once."""
+        with self._lock:
+            ended, self._ended = self._ended, []
+            return ended
+
     def add_step_listener(self, listener: Callable[[StepOutput], None]) -> None:
         """Call `listener(step_output)` after every step, in the stepping thread, under the engine's lock: it must
         be quick and must not call back into the engine."""

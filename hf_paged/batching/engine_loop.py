@@ -344,8 +344,7 @@ class EngineLoop:
                     self.engine.abort(rid, error=error)
                 except Exception:  # noqa: BLE001
                     logger.exception("hf_paged engine loop: aborting %s failed", rid)
-            ended, self.engine._ended = self.engine._ended, []
-            self._dispatch(StepOutput(finished=ended))
+            self._dispatch(StepOutput(finished=self.engine.take_ended()))
             for rid in list(self._sinks):  # whatever the engine could not end
                 output = RequestOutput(rid, [], [], RequestStatus.FAILED, error=error, finish_reason="error")
                 self._deliver(self._sinks.pop(rid), [RequestDelta(rid, [], output)])

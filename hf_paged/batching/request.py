@@ -12,9 +12,17 @@ import torch
 from hf_paged.batching.sampling import SamplingParams
 
 
+_FORK_MARK = "__child#"
+
+
 def fork_ids(request_id: str, num_sequences: int) -> list[str]:
     """Ids of a request and its forks (`num_return_sequences`), parent first, as transformers names them."""
-    return [request_id] + [f"{request_id}__child#{k}" for k in range(num_sequences - 1)]
+    return [request_id] + [f"{request_id}{_FORK_MARK}{k}" for k in range(num_sequences - 1)]
+
+
+def fork_parent(request_id: str) -> str:
+    """The id of the request a fork id was made from (`fork_ids`); a parent's own id for a parent."""
+    return request_id.split(_FORK_MARK, 1)[0]
 
 
 class RequestStatus(enum.IntEnum):

@@ -31,7 +31,7 @@ from hf_paged.batching.engine_loop import LoopClosedError
 from hf_paged.serving.errors import ApiError
 from hf_paged.serving.generation import ChoiceEvent, Usage, run_choices
 from hf_paged.serving.metrics import ServerMetrics
-from hf_paged.serving.prepare import ConstraintCache, PreparedRequest, Preparer
+from hf_paged.serving.prepare import PreparedRequest, Preparer
 from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, UnsupportedField
 
 logger = logging.getLogger("hf_paged.serving")
@@ -54,8 +54,7 @@ class _Server:
         self.loop = engine.loop
         self.tokenizer = tokenizer
         self.settings = settings
-        self.preparer = Preparer(engine, tokenizer, ConstraintCache(tokenizer, []))
-        self.preparer.constraints.eos_token_ids = self.preparer.eos_token_ids
+        self.preparer = Preparer(engine, tokenizer)
         self.metrics = ServerMetrics(self.loop, settings.model_name)
 
     async def parse(self, request: Request, model: type) -> Any:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hf_paged.batching.engine_loop import EngineLoop
-from hf_paged.batching.request import RequestStatus, fork_ids
+from hf_paged.batching.request import RequestStatus, fork_ids, fork_parent
 from hf_paged.serving.metrics import ServerMetrics
 from hf_paged.serving.prepare import PreparedRequest
 from hf_paged.serving.text import TextStream
@@ -79,8 +79,7 @@ async def run_choices(
                 raise delta
             rid = delta.request_id
             if rid not in index_of:
-                parent = rid.split("__child#")[0]
-                index_of.update({c: i * n + k for k, c in enumerate(fork_ids(parent, n))})
+                index_of.update({c: i * n + k for k, c in enumerate(fork_ids(fork_parent(rid), n))})
             stream = texts.setdefault(rid, TextStream(tokenizer, prepared.stop))
             now = time.perf_counter()
             if delta.new_token_ids:
@@ -102,7 +101,7 @@ async def run_choices(
 def _last_event(index, text, delta, stream: TextStream, usage: Usage, metrics: ServerMetrics, e2e: float):
     output = delta.output
     usage.completion_tokens += len(output.generated_tokens)
-    if output.request_id.find("__child#") < 0:
+    if fork_parent(output.request_id) == output.request_id:  # forks share their parent's cached prompt
         usage.cached_tokens += output.num_cached_tokens
     if output.status is RequestStatus.FAILED and output.finish_reason != "abort":
         metrics.observe_finished("error", e2e)

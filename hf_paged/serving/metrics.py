@@ -96,24 +96,26 @@ class ServerMetrics:
 class _EngineCollector:
     """Exposes the last engine snapshot (taken by `ServerMetrics.refresh` just before each scrape)."""
 
-    _GAUGES = (
-        ("num_requests_running", "requests_running", "Requests in the running batch"),
-        ("num_requests_waiting", "requests_waiting", "Requests queued, not yet running"),
-        ("kv_cache_usage_perc", "kv_usage", "KV-cache usage: blocks in use / total (1 = full)"),
-        ("kv_cache_used_blocks", "blocks_used", "KV blocks held by live requests"),
-        ("kv_cache_total_blocks", "blocks_total", "KV blocks in the pool"),
-        ("kv_cache_cached_blocks", "blocks_cached", "KV blocks kept by the prefix cache, reusable"),
-        ("prefix_cache_hit_rate", "prefix_hit_rate", "Prompt tokens served from the prefix cache / prompt tokens"),
-        ("batch_utilization", "recent_batch_utilization", "Tokens per step / token budget over the last 256 steps"),
-    )
-    _COUNTERS = (
-        ("prefix_cache_queries", "prompt_tokens_queried", "Prompt tokens looked up in the prefix cache"),
-        ("prefix_cache_hits", "prompt_tokens_cached", "Prompt tokens served from the prefix cache"),
-        ("num_preemptions", "preemptions", "Requests preempted (blocks taken back) so far"),
-        ("prompt_tokens", "prompt_tokens", "Prompt tokens submitted"),
-        ("generation_tokens", "generated_tokens", "Tokens generated"),
-        ("num_steps", "steps", "Engine steps (forwards) run"),
-        ("computed_tokens", "computed_tokens", "Tokens run through the model (prefill chunks and decodes)"),
+    _FAMILIES = (  # (family, name, engine stat, help); counters get Prometheus' `_total` suffix
+        (GaugeMetricFamily, "num_requests_running", "requests_running", "Requests in the running batch"),
+        (GaugeMetricFamily, "num_requests_waiting", "requests_waiting", "Requests queued, not yet running"),
+        (GaugeMetricFamily, "kv_cache_usage_perc", "kv_usage", "KV-cache usage: blocks in use / total (1 = full)"),
+        (GaugeMetricFamily, "kv_cache_used_blocks", "blocks_used", "KV blocks held by live requests"),
+        (GaugeMetricFamily, "kv_cache_total_blocks", "blocks_total", "KV blocks in the pool"),
+        (GaugeMetricFamily, "kv_cache_cached_blocks", "blocks_cached", "KV blocks kept by the prefix cache, reusable"),
+        (GaugeMetricFamily, "prefix_cache_hit_rate", "prefix_hit_rate",
+         "Prompt tokens served from the prefix cache / prompt tokens"),
+        (GaugeMetricFamily, "batch_utilization", "recent_batch_utilization",
+         "Tokens per step / token budget over the last 256 steps"),
+        (CounterMetricFamily, "prefix_cache_queries", "prompt_tokens_queried",
+         "Prompt tokens looked up in the prefix cache"),
+        (CounterMetricFamily, "prefix_cache_hits", "prompt_tokens_cached", "Prompt tokens served from the prefix cache"),
+        (CounterMetricFamily, "num_preemptions", "preemptions", "Requests preempted (blocks taken back) so far"),
+        (CounterMetricFamily, "prompt_tokens", "prompt_tokens", "Prompt tokens submitted"),
+        (CounterMetricFamily, "generation_tokens", "generated_tokens", "Tokens generated"),
+        (CounterMetricFamily, "num_steps", "steps", "Engine steps (forwards) run"),
+        (CounterMetricFamily, "computed_tokens", "computed_tokens",
+         "Tokens run through the model (prefill chunks and decodes)"),
     )
 
     def __init__(self, metrics: ServerMetrics) -> None:
@@ -121,13 +123,7 @@ class _EngineCollector:
 
     def collect(self):
         stats = self.metrics.snapshot
-        model = self.metrics.model_name
-        for name, key, doc in self._GAUGES:
-            family = GaugeMetricFamily(f"{_PREFIX}{name}", doc, labels=["model_name"])
-            value = stats.get(key)
-            family.add_metric([model], float(value) if value is not None else 0.0)
-            yield family
-        for name, key, doc in self._COUNTERS:
-            family = CounterMetricFamily(f"{_PREFIX}{name}", doc, labels=["model_name"])
-            family.add_metric([model], float(stats.get(key) or 0))
+        for family_class, name, key, doc in self._FAMILIES:
+            family = family_class(f"{_PREFIX}{name}", doc, labels=["model_name"])
+            family.add_metric([self.metrics.model_name], float(stats.get(key) or 0.0))
             yield family

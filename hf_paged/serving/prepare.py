@@ -103,13 +103,13 @@ def build_constraint(cache: ConstraintCache, request: _Sampling) -> list:
 class Preparer:
     """Turns requests into engine work for one engine and tokenizer."""
 
-    def __init__(self, engine: Engine, tokenizer: Any, constraints: ConstraintCache) -> None:
+    def __init__(self, engine: Engine, tokenizer: Any) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
-        self.constraints = constraints
         gen_eos = as_list(getattr(engine.model.generation_config, "eos_token_id", None))
         tok_eos = [tokenizer.eos_token_id] if getattr(tokenizer, "eos_token_id", None) is not None else []
         self.eos_token_ids = list(dict.fromkeys(gen_eos + tok_eos))
+        self.constraints = ConstraintCache(tokenizer, self.eos_token_ids)
 
     # -- requests ----------------------------------------------------------------------------------------
     def completion(self, request: CompletionRequest) -> PreparedRequest:

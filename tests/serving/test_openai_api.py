@@ -8,6 +8,7 @@ import jsonschema
 import openai
 import pytest
 
+from hf_paged import SamplingParams
 from hf_paged.batching.request import RequestStatus
 
 SCHEMA = {
@@ -25,7 +26,7 @@ def client(server):
 
 def engine_greedy(engine, prompt_ids, max_new_tokens):
     """What the engine alone gives for these ids (greedy): the server must return exactly this text."""
-    out = engine.loop.submit([prompt_ids], [__import__("hf_paged").SamplingParams(max_new_tokens=max_new_tokens)])
+    out = engine.loop.submit([prompt_ids], [SamplingParams(max_new_tokens=max_new_tokens)])
     result = next(iter(out.result().values()))
     assert result.status is RequestStatus.FINISHED
     return result
