@@ -97,8 +97,10 @@ _PROBES = (
     ("sampler + processors", "hf_paged.batching.sampler", "Sampler.__call__", False),
     ("prefix-cache insert", "hf_paged.cache.kv_manager", "KVCacheManager.cache_full_blocks", False),
     ("attention plan", "hf_paged.cache.attention", "build_attention_plan", True),
+    ("attention plan", "hf_paged.cache.attention", "plan_cpu_attention", True),
     ("K/V store", "hf_paged.cache.paged_cache", "PagedCache.store", True),
     ("attention", "hf_paged.cache.attention", "run_attention_plan", True),
+    ("attention", "hf_paged.cache.attention", "run_cpu_attention", True),
 )
 
 
@@ -153,7 +155,7 @@ def breakdown(model, batch: int, prompt_len: int, new_tokens: int) -> dict[str, 
             steps += 1
     engine.run(rids)
     per_step = {k: 1000 * v / steps for k, v in totals.items()}
-    inside = sum(per_step.get(label, 0.0) for label, *_rest, is_inside in _PROBES if is_inside)
+    inside = sum(per_step.get(label, 0.0) for label in {label for label, *_rest, is_inside in _PROBES if is_inside})
     per_step["forward, rest (model)"] = per_step["forward"] - inside
     per_step["engine outside forward"] = per_step["step"] - per_step["forward"]
     per_step["steps"] = steps

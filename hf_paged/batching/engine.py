@@ -31,6 +31,7 @@ from hf_paged.batching.step_inputs import build_step_inputs
 from hf_paged.batching.stopping import check_stop
 from hf_paged.batching.swap import swap_in, swap_out
 from hf_paged.batching.weights import weights_fingerprint
+from hf_paged.cache.kernels.cpu_launch import warm_up as warm_up_cpu_kernels
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.sizing import kv_shape_of
 from hf_paged.config import PagedConfig
@@ -87,6 +88,8 @@ class Engine:
         self.vocab_size = int(text_config.vocab_size)
         self.max_model_len = kv_shape_of(model.config).max_model_len
         self._weights = weights_fingerprint(model)
+        if self.config.attention_backend == "auto" and param.device.type == "cpu" and param.dtype == torch.float32:
+            warm_up_cpu_kernels()  # the in-place attention kernels: compiled once per install, loaded once here
 
     # -- requests ----------------------------------------------------------------------------------------
     def add_request(

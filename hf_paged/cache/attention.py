@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from hf_paged.cache.eviction import hide_positions
+from hf_paged.cache.kernels.cpu_launch import cpu_kernel_applies, plan_cpu_attention, run_cpu_attention
 from hf_paged.cache.kernels.reference import build_attention_plan, run_attention_plan
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.streaming_heads import split_attention
@@ -50,9 +51,13 @@ def paged_attention_forward(
     q = query[0].transpose(0, 1)  # [T, H, D]
     step = paged_metadata.plans.get("compressed_step")
     stores = None if step is None else step.plans.get(("kernel_stores", getattr(module, "layer_idx", 0)))
+    reference_only = bool(paged_metadata.hidden or paged_metadata.observed)
     if stores is not None:  # compressed, read deferred: `key`/`value` are only the step's touched blocks
-        if _use_kernel(paged_metadata, q, softcap, bool(paged_metadata.hidden or paged_metadata.observed)):
+        if _use_kernel(paged_metadata, q, softcap, reference_only):
             out = _compressed_kernel_attention(paged_metadata, step, stores, q, key, value, scale, sliding_window)
+            return out.unsqueeze(0), None
+        if _use_cpu_kernel(paged_metadata, q, key, reference_only) and softcap is None:
+            out = _compressed_cpu_attention(paged_metadata, step, stores, q, key, value, scale, sliding_window)
             return out.unsqueeze(0), None
         key, value = stores[0].read(step, key), stores[1].read(step, value)  # the torch path's read buffers
     if paged_metadata.observed:
@@ -61,9 +66,17 @@ def paged_attention_forward(
     if _use_kernel(paged_metadata, q, softcap, needs_reference):
         out = _kernel_attention(paged_metadata, q, key, value, scale, sliding_window)
         return out.unsqueeze(0), None
+    step = paged_metadata.plans.get("compressed_step")
+    if step is None and _use_cpu_kernel(paged_metadata, q, key, reference_only):
+        cpu_key = ("cpu", sliding_window)
+        plan = paged_metadata.plans.get(cpu_key)
+        if plan is None:
+            plan = paged_metadata.plans[cpu_key] = plan_cpu_attention(
+                paged_metadata.block_tables, paged_metadata.query_start_loc, paged_metadata.context_lens,
+                paged_metadata.block_size, sliding_window)
+        return run_cpu_attention(plan, q, key, value, scale=scale, softcap=softcap).unsqueeze(0), None
     plan_key = (q.device, sliding_window)
     plan = paged_metadata.plans.get(plan_key)
-    step = paged_metadata.plans.get("compressed_step")
     if step is not None:  # compressed cache: `key`/`value` are the step's read buffers, not the block storage
         plan = step.attention_plan(q.device, sliding_window)
     elif plan is None:
@@ -122,13 +135,18 @@ def _use_kernel(metadata: PagedMetadata, q: torch.Tensor, softcap, needs_referen
     return backend == "triton" or q.is_cuda
 
 
-def _compressed_kernel_attention(metadata: PagedMetadata, step, stores, q, touched_k, touched_v, scale,
-                                 sliding_window) -> torch.Tensor:
-    """Fused-dequant kernels on the quantized blocks in place; the step's touched blocks are the full-precision
-    tail (a query reads its own block from there unless the query fills it: see `compressed_blocks`)."""
+def _use_cpu_kernel(metadata: PagedMetadata, q: torch.Tensor, key: torch.Tensor, reference_only: bool) -> bool:
+    """The numba kernels (`kernels/cpu_attention`) under "auto" for fp32 on the CPU; the torch reference under
+    "torch", and for per-layer hidden blocks and SnapKV observation (no kernel variants)."""
+    return metadata.attention_backend == "auto" and not reference_only and cpu_kernel_applies(q, key)
+
+
+def _tail(metadata: PagedMetadata, step, touched_k, touched_v):
+    """The step's touched blocks as the fused kernels' full-precision tail (a query reads its own block from
+    there unless the query fills it: see `compressed_blocks`)."""
     from hf_paged.cache.kernels import FullPrecisionTail
 
-    device = q.device
+    device = touched_k.device
     key = ("tail_tables", device)
     tables = step.plans.get(key)
     if tables is None:  # logical block b of span i (written this step) -> its index among the touched blocks
@@ -138,9 +156,27 @@ def _compressed_kernel_attention(metadata: PagedMetadata, step, stores, q, touch
             for b in range(span.start // bs, -(-span.end // bs)):
                 rows[i, b] = touched[span.block_ids[b]]
         tables = step.plans[key] = rows.to(device)
-    tail = FullPrecisionTail(touched_k, touched_v, tables)
+    return FullPrecisionTail(touched_k, touched_v, tables)
+
+
+def _compressed_kernel_attention(metadata: PagedMetadata, step, stores, q, touched_k, touched_v, scale,
+                                 sliding_window) -> torch.Tensor:
+    """Fused-dequant Triton kernels on the quantized blocks in place, the touched blocks as their tail."""
     return _kernel_attention(metadata, q, stores[0].kernel_operand(), stores[1].kernel_operand(), scale,
-                             sliding_window, tail=tail)
+                             sliding_window, tail=_tail(metadata, step, touched_k, touched_v))
+
+
+def _compressed_cpu_attention(metadata: PagedMetadata, step, stores, q, touched_k, touched_v, scale,
+                              sliding_window) -> torch.Tensor:
+    """The CPU kernels' fused dequantization, on the same operands as `_compressed_kernel_attention`."""
+    key = ("cpu", sliding_window)
+    plan = metadata.plans.get(key)
+    if plan is None:
+        plan = metadata.plans[key] = plan_cpu_attention(
+            metadata.block_tables, metadata.query_start_loc, metadata.context_lens, metadata.block_size,
+            sliding_window, quantized=True)
+    return run_cpu_attention(plan, q, stores[0].kernel_operand(), stores[1].kernel_operand(), scale=scale,
+                             softcap=None, tail=_tail(metadata, step, touched_k, touched_v))
 
 
 def _kernel_attention(metadata: PagedMetadata, q, key_cache, value_cache, scale, sliding_window,

@@ -83,8 +83,10 @@ def build_attention_plan(
     context_lens: list[int],
     block_size: int,
     sliding_window: int | None = None,
+    skip: list[bool] | None = None,
 ) -> AttentionPlan:
-    """Gather indices for a packed batch. `query_start_loc`/`context_lens` are python lists (host metadata)."""
+    """Gather indices for a packed batch. `query_start_loc`/`context_lens` are python lists (host metadata).
+    Sequences with `skip[i]` are left out (another kernel attends them; their rows of the output stay as they are)."""
     device = block_tables.device
     prefills: list[PrefillGroup] = []
     decode_rows: list[int] = []
@@ -93,7 +95,7 @@ def build_attention_plan(
     for i, context_len in enumerate(context_lens):
         q_start, q_end = query_start_loc[i], query_start_loc[i + 1]
         q_len = q_end - q_start
-        if q_len == 0:
+        if q_len == 0 or (skip is not None and skip[i]):
             continue
         if q_len == 1:
             decode_rows.append(q_start)
@@ -211,17 +213,19 @@ def run_attention_plan(
     *,
     scale: float,
     softcap: float | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """query [num_query_tokens, num_heads, head_dim] -> output of the same shape."""
+    """query [num_query_tokens, num_heads, head_dim] -> output of the same shape (written into `out` if given:
+    only the rows of the plan's groups)."""
     num_kv_heads, head_dim = key_cache.shape[-2], key_cache.shape[-1]
     flat_k = key_cache.view(-1, num_kv_heads, head_dim)
     flat_v = value_cache.view(-1, num_kv_heads, head_dim)
-    if not plan.prefills and len(plan.decodes) == 1 and plan.decodes[0].span is not None \
+    if out is None and not plan.prefills and len(plan.decodes) == 1 and plan.decodes[0].span is not None \
             and plan.decodes[0].mask is None and plan.decodes[0].rows.numel() == query.shape[0]:
         d = plan.decodes[0]  # every query is a decode of one context length (rows in order): no scatter
         k, v = _read_span(d, key_cache, value_cache, query.dtype)
         return _sdpa(query.unsqueeze(2), k, v, None, causal=False, scale=scale, softcap=softcap).squeeze(2)
-    out = torch.empty_like(query)
+    out = torch.empty_like(query) if out is None else out
     for group in plan.prefills:
         q = query[group.q_start : group.q_end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
         k = flat_k.index_select(0, group.slots).transpose(0, 1).unsqueeze(0).to(query.dtype)

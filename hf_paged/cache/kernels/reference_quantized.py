@@ -44,13 +44,16 @@ def ref_paged_prefill_attention_quantized(
     scale: float,
     sliding_window: int | None = None,
     tail: FullPrecisionTail,
+    seqs: list[int] | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Same contract as `paged_prefill_attention` with a tail (see the module docstring)."""
+    """Same contract as `paged_prefill_attention` with a tail (see the module docstring). With `seqs`, only those
+    sequences are attended, into their rows of `out`."""
     bs = tail.key.shape[1]
-    out = torch.empty_like(query)
+    out = torch.empty_like(query) if out is None else out
     qsl, lens = query_start_loc.tolist(), context_lens.tolist()
-    for i, ctx in enumerate(lens):
-        q_start, q_end = qsl[i], qsl[i + 1]
+    for i in range(len(lens)) if seqs is None else seqs:
+        ctx, q_start, q_end = lens[i], qsl[i], qsl[i + 1]
         if q_end == q_start:
             continue
         n_full = ctx // bs

@@ -1,0 +1,131 @@
+"""When and how the engine's attention runs the CPU kernels (`cpu_attention`), once per forward for every layer.
+
+    plan_cpu_attention(tables, ...)              host arrays of the step (built once, shared by the layers)
+    run_cpu_attention(plan, q, k, v, ...)        kernel for the short chunks and decodes, torch for long prefills
+
+A sequence whose chunk has at most `MAX_KERNEL_QUERIES` queries (decodes, short extends) is attended by the
+kernel in place; a longer prefill chunk goes to the torch plan (`reference.build_attention_plan`), where one
+matmul over the chunk amortises the gather of its context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hf_paged.cache.kernels.quantized import QuantizedKV
+from hf_paged.cache.kernels.reference import AttentionPlan, build_attention_plan, run_attention_plan
+
+__all__ = ["CpuAttentionPlan", "cpu_kernel_applies", "plan_cpu_attention", "quantized_args", "run_cpu_attention",
+           "warm_up"]
+
+
+def cpu_kernel_applies(query: torch.Tensor, *caches) -> bool:
+    """fp32 tensors on the CPU (numba has no half-precision arithmetic there)."""
+    if query.device.type != "cpu" or query.dtype != torch.float32:
+        return False
+    return all(c.data.device.type == "cpu" if isinstance(c, QuantizedKV) else c.dtype == torch.float32
+               for c in caches)
+
+
+@dataclass(slots=True)
+class CpuAttentionPlan:
+    """The step's metadata as the kernels take it, plus the torch plan of the long prefill chunks (if any)."""
+
+    tables: np.ndarray  # [num_seqs, max_blocks] int32
+    query_start_loc: np.ndarray  # [num_seqs + 1] int32
+    context_lens: np.ndarray  # [num_seqs] int32
+    seqs: np.ndarray  # int32 sequences the kernel attends
+    window: int  # 0 = none
+    long_seqs: list[int]  # the sequences of longer chunks, attended on the torch path
+    long: AttentionPlan | None  # their torch plan over a plain cache (None for a quantized one: see `run`)
+
+
+
+def plan_cpu_attention(block_tables: torch.Tensor, query_start_loc: list[int], context_lens: list[int],
+                       block_size: int, sliding_window: int | None, *, quantized: bool = False) -> CpuAttentionPlan:
+    """The plan of one forward (shared by its layers): which sequences the kernel attends, the rest's torch plan."""
+    from hf_paged.cache.kernels.cpu_attention import MAX_KERNEL_QUERIES
+
+    q_lens = np.diff(np.asarray(query_start_loc, dtype=np.int32))
+    short = q_lens <= MAX_KERNEL_QUERIES
+    long_seqs = np.flatnonzero(~short).tolist()
+    long = None
+    if long_seqs and not quantized:
+        long = build_attention_plan(block_tables.cpu(), query_start_loc, context_lens, block_size, sliding_window,
+                                    skip=short.tolist())
+    return CpuAttentionPlan(block_tables.cpu().to(torch.int32).numpy(), np.asarray(query_start_loc, dtype=np.int32),
+                            np.asarray(context_lens, dtype=np.int32),
+                            np.flatnonzero(short & (q_lens > 0)).astype(np.int32), sliding_window or 0, long_seqs,
+                            long)
+
+
+def run_cpu_attention(plan: CpuAttentionPlan, query: torch.Tensor, key_cache, value_cache, *, scale: float,
+                      softcap: float | None, tail=None) -> torch.Tensor:
+    """query [T, H, D] fp32 -> [T, H, D]: plain caches, or `QuantizedKV` with their `FullPrecisionTail`."""
+    from hf_paged.cache.kernels import cpu_attention as ck
+
+    q = query.contiguous()
+    out = torch.empty_like(q)
+    common = (plan.tables, plan.query_start_loc, plan.context_lens, plan.seqs, np.float32(scale), plan.window,
+              np.float32(softcap or 0.0), out.numpy())
+    if plan.seqs.size:
+        if tail is None:
+            ck.attend_plain(q.numpy(), key_cache.numpy(), value_cache.numpy(), *common)
+        else:
+            k_args, v_args = quantized_args(key_cache), quantized_args(value_cache)
+            ck.attend_quantized(q.numpy(), *k_args[:5], *v_args[:5], k_args[5] or v_args[5], tail.key.numpy(),
+                                tail.value.numpy(), tail.block_tables.numpy(), *common)
+    if plan.long is not None:
+        run_attention_plan(plan.long, q, key_cache, value_cache, scale=scale, softcap=softcap, out=out)
+    elif plan.long_seqs:  # quantized: each long chunk dequantizes its own context (one matmul amortises it)
+        from hf_paged.cache.kernels.reference_quantized import ref_paged_prefill_attention_quantized
+
+        ref_paged_prefill_attention_quantized(
+            q, key_cache, value_cache, torch.from_numpy(plan.tables), torch.from_numpy(plan.query_start_loc),
+            torch.from_numpy(plan.context_lens), scale=scale, sliding_window=plan.window or None, tail=tail,
+            seqs=plan.long_seqs, out=out)
+    return out
+
+
+_DUMMY_ZERO = np.zeros((1, 1, 1), np.int8)
+
+
+def quantized_args(cache) -> tuple:
+    """(data, scale, zero, format code, scale layout, log_scale) of a plain tensor or `QuantizedKV`."""
+    from hf_paged.cache.kernels import cpu_attention as ck
+
+    if isinstance(cache, torch.Tensor):
+        return cache.numpy(), _DUMMY_ZERO, _DUMMY_ZERO, ck.PLAIN, ck.PER_TOKEN, False
+    log = cache.scale.dtype == torch.uint8
+    scale = cache.scale if log else cache.scale.view(torch.int16)
+    layout = ck.PER_CHANNEL if cache.per_channel else ck.PER_HEAD if cache.per_head else ck.PER_TOKEN
+    if layout == ck.PER_TOKEN:
+        scale = scale.unsqueeze(-1)
+    zero = _DUMMY_ZERO if cache.zero is None else (cache.zero.unsqueeze(-1) if layout == ck.PER_TOKEN
+                                                   else cache.zero).numpy()
+    data = cache.data.view(torch.uint8) if cache.format == "fp8" else cache.data
+    code = {"int8": ck.INT8, "fp8": ck.FP8, "int4": ck.INT4}[cache.format]
+    return data.numpy(), scale.numpy(), zero, code, layout, log
+
+
+_warm = False
+
+
+def warm_up() -> None:
+    """Compile (or load from numba's on-disk cache) the plain kernel on a tiny input, once per process: the first
+    compile after an install takes seconds, a load from the cache a fraction of one. Quantized variants compile at
+    their first use (their types depend on the format)."""
+    global _warm
+    if _warm:
+        return
+    _warm = True
+    from hf_paged.cache.kernels.cpu_attention import attend_plain
+
+    q = np.zeros((2, 2, 4), np.float32)
+    cache = np.zeros((2, 2, 1, 4), np.float32)
+    tables, qsl = np.zeros((2, 1), np.int32), np.array([0, 1, 2], np.int32)
+    attend_plain(q, cache, cache, tables, qsl, np.array([1, 2], np.int32), np.arange(2, dtype=np.int32),
+                 np.float32(1.0), 0, np.float32(0.0), np.empty_like(q))

@@ -1,0 +1,112 @@
+"""The CPU (numba) paged-attention kernels against the dense oracles, on poisoned caches.
+
+Every slot no sequence owns is NaN (quantized: 0xFF bytes, NaN scales, NaN tail slots, tail table entries past the
+buffer, plain tables padded with -1), so a kernel that reads outside a sequence's own slots returns non-finite
+output or crashes instead of passing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_paged.cache.compression import BlockFormat
+from hf_paged.cache.kernels.cpu_attention import MAX_KERNEL_QUERIES
+from hf_paged.cache.kernels.cpu_launch import cpu_kernel_applies, plan_cpu_attention, run_cpu_attention
+from tests.kernels.paged_cases import dense_attention, make_case, tolerance
+from tests.kernels.quantized_cases import dense_quantized_attention, quantize_case, requantize
+
+# decodes (one key, a full block, mid-block, several blocks), short chunks (prefix hit + chunk, one filling its
+# block), and one long prefill (torch path) in the same batch
+MIXED = ([1, 16, 17, 70, 40, 33, 90], [1, 1, 1, 1, 7, 16, MAX_KERNEL_QUERIES + 30])
+
+
+def _plan(case, window=None, quantized=False):
+    return plan_cpu_attention(case.block_tables, case.query_start_loc.tolist(), case.context_lens.tolist(),
+                                  case.key_cache.shape[1], window, quantized=quantized)
+
+
+def _softcapped_oracle(case, softcap):
+    outs, qsl = [], case.query_start_loc.tolist()
+    for i, (k, v) in enumerate(zip(case.dense_keys, case.dense_values)):
+        q = case.query[qsl[i] : qsl[i + 1]]
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q, k) * case.scale
+        scores = torch.tanh(scores / softcap) * softcap
+        ctx, q_len = k.shape[0], q.shape[0]
+        mask = torch.arange(ctx)[None, :] <= torch.arange(ctx - q_len, ctx)[:, None]
+        probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+        outs.append(torch.einsum("hqk,khd->qhd", probs, v))
+    return torch.cat(outs)
+
+
+@pytest.mark.parametrize("num_heads,num_kv_heads", [(8, 2), (4, 4), (6, 1)])
+@pytest.mark.parametrize("block_size", [1, 16, 64])
+def test_plain_kernel_matches_dense_attention(num_heads, num_kv_heads, block_size):
+    case = make_case(*MIXED, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=32, block_size=block_size,
+                     dtype=torch.float32, seed=block_size)
+    plan = _plan(case)
+    assert plan.seqs.tolist() == list(range(6)) and plan.long_seqs == [6]
+    out = run_cpu_attention(plan, case.query, case.key_cache, case.value_cache, scale=case.scale, softcap=None)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, dense_attention(case), **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 33])
+def test_plain_kernel_sliding_window(window):
+    case = make_case(*MIXED, num_heads=4, num_kv_heads=2, head_dim=16, block_size=8, dtype=torch.float32, seed=1)
+    out = run_cpu_attention(_plan(case, window), case.query, case.key_cache, case.value_cache, scale=case.scale,
+                            softcap=None)
+    torch.testing.assert_close(out, dense_attention(case, window), **tolerance(torch.float32))
+
+
+def test_plain_kernel_softcap():
+    case = make_case([1, 30, 45], [1, 1, 9], num_heads=4, num_kv_heads=2, head_dim=16, block_size=8,
+                     dtype=torch.float32, seed=2)
+    out = run_cpu_attention(_plan(case), case.query * 20, case.key_cache, case.value_cache, scale=case.scale,
+                            softcap=5.0)
+    case.query = case.query * 20
+    torch.testing.assert_close(out, _softcapped_oracle(case, 5.0), **tolerance(torch.float32))
+
+
+QUANTIZED = {
+    "int8": (BlockFormat("int8"), BlockFormat("int8")),
+    "fp8": (BlockFormat("fp8"), BlockFormat("fp8")),
+    "int4 (K per channel)": (BlockFormat("int4", per_channel=True), BlockFormat("int4")),
+    "int4 V per head, log8": (BlockFormat("int4", per_channel=True, log_scale=True),
+                              BlockFormat("int4", per_head=True, log_scale=True)),
+    "int8 per head, log8": (BlockFormat("int8", per_head=True, log_scale=True),
+                            BlockFormat("int8", per_head=True, log_scale=True)),
+    "fp8 K, int4 V": (BlockFormat("fp8"), BlockFormat("int4")),
+    "plain K, int8 V": (BlockFormat("auto"), BlockFormat("int8")),
+}
+
+
+@pytest.mark.parametrize("formats", list(QUANTIZED))
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_quantized_kernel_matches_the_oracle(formats, block_size):
+    key, value = QUANTIZED[formats]
+    case = make_case(*MIXED, num_heads=8, num_kv_heads=2, head_dim=32, block_size=block_size, dtype=torch.float32,
+                     seed=block_size)
+    qc = quantize_case(case, "int8", "int8", seed=1)
+    qc = requantize(qc, key, value)
+    out = run_cpu_attention(_plan(case, quantized=True), case.query, qc.key, qc.value, scale=case.scale,
+                            softcap=None, tail=qc.tail)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, dense_quantized_attention(qc), **tolerance(torch.float32))
+
+
+def test_quantized_kernel_sliding_window():
+    case = make_case(*MIXED, num_heads=4, num_kv_heads=2, head_dim=16, block_size=8, dtype=torch.float32, seed=4)
+    qc = quantize_case(case, "int8", "int4", seed=2)
+    out = run_cpu_attention(_plan(case, 12, quantized=True), case.query, qc.key, qc.value, scale=case.scale,
+                            softcap=None, tail=qc.tail)
+    torch.testing.assert_close(out, dense_quantized_attention(qc, 12), **tolerance(torch.float32))
+
+
+def test_kernel_applies_to_fp32_on_the_cpu_only():
+    q = torch.zeros(1, 2, 4)
+    assert cpu_kernel_applies(q, torch.zeros(1, 1, 1, 4))
+    assert not cpu_kernel_applies(q.half(), torch.zeros(1, 1, 1, 4).half())
+    assert not cpu_kernel_applies(q, torch.zeros(1, 1, 1, 4).bfloat16())
