@@ -1,36 +1,52 @@
 """The `hf-paged` command: `demo`, `bench`, `generate`, `serve`.
 
-Bad arguments end with one line on stderr and exit status 2, never a traceback.
+Every user error (a bad or unknown argument, a missing file, a model that will not load, a schema that does not
+compile, a setting the engine refuses) ends with one line on stderr and exit status 2, never a traceback: usage
+errors become `CliError`, and the library's own typed errors (`hf_paged.errors.HfPagedError`) are printed the same
+way. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 WORKLOADS = ("ragged", "shared-prefix", "few-shot", "multi-turn")
+_DEFAULT_MODEL_HELP = "a local model directory (or a hub id when online); default: the embedded tiny model " \
+                      "(hf_paged.default_model())"
 
 
 class CliError(Exception):
     """A user error: printed as one line, exit status 2."""
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hf-paged", description="Paged KV cache + continuous batching for HF models")
-    sub = parser.add_subparsers(dest="command", required=True)
+class _Parser(argparse.ArgumentParser):
+    """argparse, except that a usage error raises `CliError` (one line) instead of printing the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        raise CliError(f"{message} (see `{self.prog} --help`)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hf-paged", description="Paged KV cache + continuous batching for HF models")
+    sub = parser.add_subparsers(dest="command", required=True)  # subcommand parsers are `_Parser`s too
     sub.add_parser("demo", help="run the mixed demo workload on the embedded default model and print one table")
-    bench = sub.add_parser("bench", help="run a benchmark workload against a local or hub model")
-    bench.add_argument("--model", required=True, help="a local model directory (or a hub id when online)")
+    bench = sub.add_parser("bench", help="run a benchmark workload, hf_paged vs stock generate "
+                                         "(default: on the embedded model)")
+    bench.add_argument("--model", default=None, help=_DEFAULT_MODEL_HELP)
     bench.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     bench.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     bench.add_argument("--workload", default="ragged", help=f"one of {', '.join(WORKLOADS)}")
     bench.add_argument("--num-prompts", type=int, default=32)
     bench.add_argument("--out", default="bench_result.json", help="where to write the JSON result")
     bench.add_argument("--plot", default=None, help="PNG path for a plot (needs matplotlib)")
-    gen = sub.add_parser("generate", help="batch generation: one JSON line per prompt on stdout")
-    gen.add_argument("--model", required=True)
+    gen = sub.add_parser("generate", help="batch generation: one JSON line per prompt on stdout "
+                                          "(default: on the embedded model)")
+    gen.add_argument("--model", default=None, help=_DEFAULT_MODEL_HELP)
     gen.add_argument("--prompts", required=True, help="JSONL file: one {\"prompt\": ...} object or string per line")
     gen.add_argument("--schema", default=None, help="JSON-schema file constraining every output")
     gen.add_argument("--max-new-tokens", type=int, default=64)
@@ -39,32 +55,76 @@ def main(argv: list[str] | None = None) -> int:
     from hf_paged.serving.server import add_serve_arguments
 
     add_serve_arguments(serve)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from hf_paged.errors import HfPagedError
+
     try:
-        if args.command == "demo":
-            from hf_paged.demo import run_demo
-
-            run_demo()
-        elif args.command == "bench":
-            from hf_paged.cli_bench import run_bench
-
-            if args.workload not in WORKLOADS:
-                raise CliError(f"unknown workload {args.workload!r}; choose one of {', '.join(WORKLOADS)}")
-            if args.num_prompts < 1:
-                raise CliError(f"--num-prompts must be >= 1, got {args.num_prompts}")
-            run_bench(args)
-        elif args.command == "serve":
-            from hf_paged.serving.server import run_serve
-
-            return run_serve(args)
-        else:
-            run_generate(args)
-    except CliError as exc:
-        print(f"hf-paged: error: {exc}", file=sys.stderr)
+        return _run(build_parser().parse_args(argv))
+    except (CliError, HfPagedError) as exc:
+        print(f"hf-paged: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+
+
+def _run(args: argparse.Namespace) -> int:
+    """Check the arguments that need no model, then run the subcommand."""
+    if args.command == "demo":
+        from hf_paged.demo import run_demo
+
+        run_demo()
+    elif args.command == "bench":
+        from hf_paged.cli_bench import run_bench
+
+        if args.workload not in WORKLOADS:
+            raise CliError(f"unknown workload {args.workload!r}; choose one of {', '.join(WORKLOADS)}")
+        if args.num_prompts < 1:
+            raise CliError(f"--num-prompts must be >= 1, got {args.num_prompts}")
+        _check_writable("--out", args.out)
+        if args.plot is not None:
+            _check_writable("--plot", args.plot)
+        args.model = _model_or_default(args.model)
+        run_bench(args)
+    elif args.command == "serve":
+        from hf_paged.serving.server import run_serve
+
+        if not 0 <= args.port <= 65535:
+            raise CliError(f"--port must be between 0 and 65535, got {args.port}")
+        check_device(args.device)
+        return run_serve(args)
+    else:
+        run_generate(args)
     return 0
+
+
+def _model_or_default(path: str | None) -> str:
+    if path is not None:
+        return path
+    from hf_paged.models import DEFAULT_MODEL_PATH
+
+    return str(DEFAULT_MODEL_PATH)
+
+
+def _check_writable(option: str, path: str) -> None:
+    """Fail before the work, not after it, when a result cannot be written."""
+    file = Path(path)
+    if file.is_dir():
+        raise CliError(f"{option} {path!r} is a directory; give a file path")
+    folder = file.parent
+    if not folder.is_dir():
+        raise CliError(f"{option} {path!r}: folder {str(folder)!r} does not exist; create it or pick another path")
+    if not os.access(folder, os.W_OK):
+        raise CliError(f"{option} {path!r}: folder {str(folder)!r} is not writable; pick another path")
+
+
+def check_device(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CliError("--device cuda given but no CUDA device is available; use --device cpu")
 
 
 def load_model(path: str, device: str = "cpu", dtype: str = "float32"):
@@ -72,8 +132,7 @@ def load_model(path: str, device: str = "cpu", dtype: str = "float32"):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if device == "cuda" and not torch.cuda.is_available():
-        raise CliError("--device cuda given but no CUDA device is available; use --device cpu")
+    check_device(device)
     local = Path(path)
     if not local.exists() and ("/" not in path or path.startswith((".", "/"))):
         raise CliError(f"model {path!r} not found: give a model directory or a hub id")
@@ -89,8 +148,12 @@ def read_prompts(path: str) -> list[str]:
     file = Path(path)
     if not file.is_file():
         raise CliError(f"prompts file {path!r} not found")
+    try:
+        text = file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise CliError(f"prompts file {path!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
     prompts = []
-    for n, line in enumerate(file.read_text().splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -108,15 +171,30 @@ def read_prompts(path: str) -> list[str]:
 
 
 def read_schema(path: str | None):
+    """The schema of a file, checked against its meta-schema and the nesting budget before any model is loaded."""
     if path is None:
         return None
+    from hf_paged.errors import HfPagedError
+    from hf_paged.processors.json_schema import MAX_SCHEMA_NESTING, load_schema
+
     file = Path(path)
     if not file.is_file():
         raise CliError(f"schema file {path!r} not found")
     try:
-        return json.loads(file.read_text())
+        schema = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
         raise CliError(f"schema file {path!r} does not parse as JSON: {exc.msg} at line {exc.lineno}") from None
+    except UnicodeDecodeError as exc:
+        raise CliError(f"schema file {path!r} is not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except RecursionError:  # json nests one C frame per level: hundreds of levels, far past the budget below
+        raise CliError(
+            f"schema {path!r}: the schema nests deeper than {MAX_SCHEMA_NESTING} JSON levels; flatten it (e.g. move "
+            "repeated parts to $defs and refer to them with $ref)"
+        ) from None
+    try:
+        return load_schema(schema)
+    except HfPagedError as exc:
+        raise CliError(f"schema {path!r}: {exc}") from None
 
 
 def run_generate(args) -> None:
@@ -127,7 +205,7 @@ def run_generate(args) -> None:
         raise CliError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     prompts = read_prompts(args.prompts)
     schema = read_schema(args.schema)
-    model, tokenizer = load_model(args.model, args.device)
+    model, tokenizer = load_model(_model_or_default(args.model), args.device)
     processors = []
     if schema is not None:
         from hf_paged.processors import JSONSchemaLogitsProcessor
@@ -165,4 +243,8 @@ def _validates(text: str, schema) -> bool:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m hf_paged.cli` runs this file as `__main__`; call the package's own module instead, so that the
+    # `CliError` raised by the helpers (`cli_bench`, `serving.server`) is the class `main` catches.
+    from hf_paged.cli import main as _main
+
+    sys.exit(_main())

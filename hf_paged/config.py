@@ -25,6 +25,12 @@ def _is_power_of_two(n: int) -> bool:
 class PagedConfig:
     """Settings of the paged KV cache and the continuous-batching engine.
 
+    Pool size: `num_blocks` if given; else what `max_cache_bytes` buys, taken as asked; else the default budget,
+    `memory_fraction` of the memory free when the cache is built (after the weights), capped at what `max_num_seqs`
+    sequences of the model's maximum positions could ever use: the embedded 2.3M-parameter model (2048 positions,
+    2 KiB of fp32 K/V a token) gets at most 128 x 2048 x 2 KiB = 512 MiB, whatever the machine has free. A pool
+    larger than the device's whole memory raises `hf_paged.errors.InvalidConfigError` before anything is allocated.
+
     Example:
         >>> cfg = PagedConfig(block_size=16, max_num_batched_tokens=256)
         >>> cfg.block_size

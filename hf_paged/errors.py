@@ -8,6 +8,7 @@ from __future__ import annotations
 
 __all__ = [
     "HfPagedError",
+    "InvalidConfigError",
     "InvalidPromptError",
     "InvalidRegexError",
     "InvalidSchemaError",
@@ -30,6 +31,15 @@ class HfPagedError(Exception):
 
 class OutOfBlocksError(HfPagedError, RuntimeError):
     """The block pool cannot hold what was asked for, even after evicting and preempting everything it may."""
+
+
+class InvalidConfigError(HfPagedError, ValueError, TypeError):
+    """A setting cannot be used: a `PagedConfig` field (or a `wrap` argument) of the wrong type or value, or a
+    KV pool larger than the device's memory. The message names the field, the value and the fix.
+
+    Derives from both `ValueError` and `TypeError` (a wrong value and a wrong type are both bad settings), so
+    callers that catch either keep working.
+    """
 
 
 class InvalidPromptError(HfPagedError, ValueError):

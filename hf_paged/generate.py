@@ -8,6 +8,7 @@ back to stock `generate` with a one-line warning.
 
 from __future__ import annotations
 
+import operator
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -148,6 +149,10 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     Beyond transformers: `logits_processor=` (applied per request with its own history), `sampling_params=`
     (one `SamplingParams` for all, or one per input), `priorities=` (higher first). `continuous_batching_config`,
     `persistent_manager` and `warmup` are accepted for compatibility and ignored (the engine persists).
+
+    Raises `InvalidPromptError` before any work when an input is not token ids of this model (empty, negative or
+    outside the vocabulary). Other per-request failures (a prompt beyond the model's positions or the pool, a
+    processor that raised) end that request `FAILED` with `error` set; the others run.
     """
     from hf_paged.batching.progress import progress_hook
     from hf_paged.wrapping import engine_of
@@ -155,11 +160,11 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     if not inputs:
         return {}
     engine = engine_of(model)
-    per_request = _sampling_params_for(model, inputs, generation_config, logits_processor, sampling_params, kwargs)
+    prompts = _token_ids_of(engine, inputs)
+    per_request = _sampling_params_for(model, prompts, generation_config, logits_processor, sampling_params, kwargs)
     # Engine ids are unique across concurrent callers; this call's outputs are renamed req_0, req_1, ... as
     # transformers names them.
-    submission = engine.loop.submit([list(p) for p in inputs], per_request, priorities=priorities,
-                                    stream=progress_bar)
+    submission = engine.loop.submit(prompts, per_request, priorities=priorities, stream=progress_bar)
     names = [c for i, p in enumerate(per_request) for c in fork_ids(f"req_{i}", p.num_return_sequences)]
     with progress_hook(engine, len(names), enabled=progress_bar) as on_step:
         outputs = submission.result(on_step)
@@ -168,6 +173,26 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
         output.request_id = name
         renamed[name] = output
     return renamed
+
+
+def _token_ids_of(engine, inputs) -> list[list[int]]:
+    """`generate_batch`'s inputs as token-id lists. Raises `InvalidPromptError` before any work for an input that
+    is not token ids of this model (not ints, empty, negative, outside the vocabulary): a caller's bug. A prompt
+    that is valid but too long ends its own request FAILED instead, and the others run."""
+    prompts, params = [], SamplingParams()
+    for i, prompt in enumerate(inputs):
+        try:
+            ids = [operator.index(t) for t in prompt]
+        except TypeError:
+            raise InvalidPromptError(
+                f"input {i} of generate_batch is not a list of token ids ({type(prompt).__name__}); encode text "
+                "first, e.g. tokenizer(text).input_ids"
+            ) from None
+        error = engine.validate_prompt(ids, params)
+        if isinstance(error, InvalidPromptError):
+            raise InvalidPromptError(f"input {i} of generate_batch: {error}")
+        prompts.append(ids)
+    return prompts
 
 
 def _sampling_params_for(model, inputs, generation_config, logits_processor, sampling_params, kwargs):

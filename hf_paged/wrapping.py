@@ -8,14 +8,14 @@ attention implementation is only switched during the engine's own forwards.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MethodType
 from typing import Any
 
 import torch
 
 from hf_paged.config import PagedConfig
-from hf_paged.errors import UnsupportedModelError
+from hf_paged.errors import InvalidConfigError, UnsupportedModelError
 
 _STATE_ATTR = "_hf_paged"
 _PATCHED = ("generate", "generate_batch")
@@ -27,6 +27,7 @@ _UNSUPPORTED_MODEL_TYPES = {
     "mpt": "its attention bypasses transformers' AttentionInterface",
 }
 _SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
+_CONFIG_FIELDS = {f.name for f in fields(PagedConfig)}
 
 
 @dataclass(slots=True)
@@ -50,17 +51,44 @@ def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides:
     Returns:
         The same model object, patched. Wrapping an already wrapped model with no new settings is a no-op.
 
+    Raises:
+        UnsupportedModelError: `model` is not a transformers generative model object (e.g. a hub id string), or
+            one the engine cannot drive: an encoder-decoder, a family whose attention bypasses
+            `AttentionInterface` (GPT-NeoX, Falcon, Bloom, MPT), linear-attention layers, no language-model head.
+            Also a `TypeError`.
+        InvalidConfigError: `config` is not a `PagedConfig`, an override names no `PagedConfig` field, or the
+            model is already wrapped with different settings (call `hf_paged.unwrap(model)` first). Also a
+            `ValueError` and a `TypeError`.
+        ValueError, TypeError: an override value that `PagedConfig` rejects (the message names the field).
+
+    Nothing is allocated here. The first `generate` / `generate_batch` (or `engine_of`) builds the engine and
+    its KV pool and raises `InvalidConfigError` for a pool larger than the device's memory; `generate` raises
+    `InvalidPromptError` / `PromptTooLongError` for bad prompts, `generate_batch` `InvalidPromptError` for ids
+    outside the vocabulary (see `hf_paged.errors`).
+
     Example:
         >>> model = hf_paged.wrap(AutoModelForCausalLM.from_pretrained(path))     # doctest: +SKIP
         >>> model.generate(input_ids, attention_mask=mask, max_new_tokens=32)     # doctest: +SKIP
     """
+    if not isinstance(model, torch.nn.Module):
+        raise UnsupportedModelError(
+            f"wrap expects a loaded transformers model, got {type(model).__name__}; load it first, e.g. "
+            "hf_paged.wrap(AutoModelForCausalLM.from_pretrained(path)) or hf_paged.default_model().model"
+        )
     if config is not None and not isinstance(config, PagedConfig):
-        raise TypeError(f"config must be a hf_paged.PagedConfig, got {type(config).__name__}")
-    config = (config or PagedConfig()).with_overrides(**overrides) if overrides else (config or PagedConfig())
+        raise InvalidConfigError(
+            f"config must be a hf_paged.PagedConfig, got {type(config).__name__}; pass PagedConfig(...) or the "
+            "fields as keywords (wrap(model, block_size=32))"
+        )
+    unknown = sorted(set(overrides) - _CONFIG_FIELDS)
+    if unknown:
+        raise InvalidConfigError(f"unknown PagedConfig field(s) {unknown}; valid fields: {sorted(_CONFIG_FIELDS)}")
+    base = config or PagedConfig()
+    config = base.with_overrides(**overrides) if overrides else base
     state: _WrapState | None = model.__dict__.get(_STATE_ATTR)
     if state is not None:
         if config != state.config and (overrides or config != PagedConfig()):
-            raise ValueError(
+            raise InvalidConfigError(
                 "model is already wrapped with a different PagedConfig; call hf_paged.unwrap(model) first"
             )
         return model

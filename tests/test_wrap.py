@@ -8,7 +8,10 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 import hf_paged
 from hf_paged import PagedCache, PagedConfig
-from hf_paged.errors import InvalidPromptError, OutOfBlocksError, PromptTooLongError, UnsupportedModelError
+from hf_paged.batching.request import RequestStatus
+from hf_paged.errors import (
+    InvalidConfigError, InvalidPromptError, OutOfBlocksError, PromptTooLongError, UnsupportedModelError,
+)
 from hf_paged.generate import PagedFallbackWarning
 from tests.tiny_models import left_pad, ragged_prompts, tiny_model
 
@@ -150,8 +153,12 @@ def test_errors_name_the_problem_and_the_setting(model, batch):
                                                   ({"max_cache_bytes": 10**14, "kv_cache_dtype": "int8"},
                                                    "max_cache_bytes")])
 def test_a_pool_beyond_the_machine_is_refused_up_front(model, overrides, field):
-    with pytest.raises(ValueError, match=rf"PagedConfig.{field}=\d+ asks for \d+ bytes .* device has \d+ bytes"):
+    asked = rf"PagedConfig.{field}=\d+ asks for \d+ bytes .* device has \d+ bytes"
+    with pytest.raises(InvalidConfigError, match=asked):
         PagedCache(model.config, PagedConfig(**overrides))
+    hf_paged.wrap(model, **overrides)  # nothing is allocated by wrap: the first generate refuses
+    with pytest.raises(ValueError, match=rf"lower {field}"):  # a ValueError too
+        model.generate(torch.tensor([[3, 4]]), max_new_tokens=1)
 
 
 def test_unsupported_model_is_rejected_with_reason():
@@ -161,3 +168,51 @@ def test_unsupported_model_is_rejected_with_reason():
         hf_paged.wrap(neox)
     with pytest.raises(TypeError, match="PagedConfig"):
         hf_paged.wrap(tiny_model("llama"), {"block_size": 16})
+
+
+def test_wrap_errors_are_typed(model):
+    with pytest.raises(UnsupportedModelError, match="got str; load it first"):
+        hf_paged.wrap("my-org/my-model")
+    with pytest.raises(InvalidConfigError, match="config must be a hf_paged.PagedConfig, got dict"):
+        hf_paged.wrap(model, {"block_size": 16})
+    with pytest.raises(InvalidConfigError, match=r"unknown PagedConfig field\(s\) \['blocksize'\]"):
+        hf_paged.wrap(model, blocksize=16)
+    with pytest.raises(TypeError):  # what it was before it was typed
+        hf_paged.wrap(model, blocksize=16)
+    with pytest.raises(ValueError, match="block_size must be a power of two"):  # PagedConfig's own check
+        hf_paged.wrap(model, block_size=3)
+    hf_paged.wrap(model, block_size=8)
+    with pytest.raises(InvalidConfigError, match="already wrapped with a different PagedConfig"):
+        hf_paged.wrap(model, block_size=32)
+
+
+def test_help_of_wrap_lists_what_it_raises():
+    doc = hf_paged.wrap.__doc__
+    raises = doc[doc.index("Raises:"):]
+    for name in ("UnsupportedModelError", "InvalidConfigError", "ValueError, TypeError"):
+        assert f"\n        {name}:" in raises
+
+
+def test_generate_batch_refuses_ids_that_are_not_this_models(model):
+    hf_paged.wrap(model, block_size=4, num_blocks=8)
+    for inputs, message in [([[3, 4], [1, 500, 2]], r"input 1 of generate_batch: token ids \[500\] are outside"),
+                            ([[1, -3, 2]], r"input 0 of generate_batch: token ids \[-3\] are outside"),
+                            ([[3, 4], []], "input 1 of generate_batch: empty prompt"),
+                            (["hello"], r"input 0 of generate_batch is not a list of token ids \(str\)"),
+                            ([[1.5, 2]], r"not a list of token ids \(list\)")]:
+        with pytest.raises(InvalidPromptError, match=message):
+            model.generate_batch(inputs, max_new_tokens=2)
+    assert hf_paged.engine_of(model).stats()["steps"] == 0  # raised before any work
+    # valid ids of a prompt that cannot fit stay a per-request failure: the other requests run
+    outs = model.generate_batch([torch.tensor([3, 4, 5]), [3] * 40], max_new_tokens=2)
+    first, too_long = outs.values()
+    assert first.status is RequestStatus.FINISHED and len(first.generated_tokens) == 2
+    assert too_long.status is RequestStatus.FAILED and "raise PagedConfig.num_blocks" in too_long.error
+
+
+def test_request_status_prints_its_name(model):
+    hf_paged.wrap(model)
+    out = model.generate_batch([[3, 4, 5]], max_new_tokens=2)["req_0"]
+    assert str(out.status) == f"{out.status}" == "FINISHED"
+    assert repr(out.status) == "RequestStatus.FINISHED" and "status=RequestStatus.FINISHED" in repr(out)
+    assert out.status == 3 and out.status.is_finished  # still an IntEnum

@@ -38,6 +38,12 @@ class RequestStatus(enum.IntEnum):
     def is_finished(self) -> bool:
         return self >= RequestStatus.FINISHED
 
+    def __str__(self) -> str:  # `print(output.status)` says FINISHED, not the int 3
+        return self.name
+
+    def __repr__(self) -> str:  # a RequestOutput's repr shows `status=RequestStatus.FINISHED`
+        return f"{type(self).__name__}.{self.name}"
+
 
 @dataclass(slots=True, eq=False)
 class Request:

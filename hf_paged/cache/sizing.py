@@ -9,8 +9,7 @@ import torch
 
 from hf_paged.cache.key_frame import rope_frequencies
 from hf_paged.config import PagedConfig
-from hf_paged.errors import OutOfBlocksError
-
+from hf_paged.errors import InvalidConfigError, OutOfBlocksError
 
 
 @dataclass(slots=True, frozen=True)
@@ -45,8 +44,9 @@ def kv_shape_of(config) -> KVShape:
 
 
 def num_blocks_for(cfg: PagedConfig, shape: KVShape, dtype: torch.dtype, device=None) -> int:
-    """`num_blocks` if given, else what `max_cache_bytes` (or a default budget) buys, at most what
-    `max_num_seqs` sequences of the model's maximum length could use."""
+    """`num_blocks` if given, else what `max_cache_bytes` buys, else what the default budget (`memory_fraction`
+    of the free memory) buys, capped at what `max_num_seqs` sequences of the model's maximum length could use (so
+    a tiny model never reserves gigabytes). An explicit `max_cache_bytes` is taken as asked, uncapped."""
     if cfg.num_blocks is not None:
         return cfg.num_blocks
     per_block = shape.bytes_per_block(cfg.block_size, dtype)
@@ -55,7 +55,7 @@ def num_blocks_for(cfg: PagedConfig, shape: KVShape, dtype: torch.dtype, device=
         return max(1, min(budget_bytes(cfg, device) // per_block, max_useful_blocks(cfg, shape)))
     blocks = budget // per_block
     if blocks < 1:
-        raise ValueError(
+        raise InvalidConfigError(
             f"PagedConfig.max_cache_bytes={budget} is smaller than one block ({per_block} bytes); raise it"
         )
     return blocks
@@ -117,7 +117,7 @@ def check_fits_device(cfg: PagedConfig, num_blocks: int, bytes_per_block: int, d
         return
     field = (f"num_blocks={cfg.num_blocks}" if cfg.num_blocks is not None
              else f"max_cache_bytes={cfg.max_cache_bytes}")
-    raise ValueError(
+    raise InvalidConfigError(
         f"PagedConfig.{field} asks for {asked} bytes of KV cache ({num_blocks} blocks of {bytes_per_block} bytes) "
         f"but the device has {total} bytes of memory in all; lower {field.split('=')[0]}"
     )

@@ -1,0 +1,105 @@
+"""Every ```python block of README.md runs as written, in order, in one namespace (the README says the snippets
+continue each other), with the model path swapped for the embedded model; the constrained one yields valid JSON."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+import hf_paged
+from hf_paged.models import DEFAULT_MODEL_PATH
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+# Blocks not run, by their first line, and why. Only what needs a GPU or a server belongs here.
+SKIPPED = {
+    "from openai import OpenAI": "a client of a running `hf-paged serve` (tests/serving covers the server)",
+}
+# `path = "..."` names the user's model (a hub id): the embedded model stands in for it, offline.
+_PATH_LINE = re.compile(r'^path = "[^"\n]*"', re.MULTILINE)
+FINISH_REASONS = ("stop", "length", "length_incomplete", "abort", "error")  # every value the engine sets
+
+
+def python_blocks(text: str) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", text, re.DOTALL | re.MULTILINE)
+
+
+def first_line(block: str) -> str:
+    """A block's first statement, without its comment: the key of `SKIPPED` and of the printed outputs."""
+    return block.strip().splitlines()[0].split("#")[0].strip()
+
+
+@pytest.fixture(scope="module")
+def readme():
+    return README.read_text()
+
+
+@pytest.fixture(scope="module")
+def ran(readme):
+    """(namespace, {first line: printed output}) after running every block that is not skipped."""
+    namespace: dict = {"__name__": "readme"}
+    printed = {}
+    blocks = [b for b in python_blocks(readme) if first_line(b) not in SKIPPED]
+    try:
+        for block in blocks:
+            code, swaps = _PATH_LINE.subn(f"path = {str(DEFAULT_MODEL_PATH)!r}", block)
+            assert swaps <= 1
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                try:
+                    exec(compile(code, f"README.md block {first_line(block)!r}", "exec"), namespace)
+                except Exception as exc:
+                    raise AssertionError(f"README block starting {first_line(block)!r} failed: {exc!r}") from exc
+            printed[first_line(block)] = out.getvalue()
+        yield namespace, printed
+    finally:
+        if "model" in namespace:
+            hf_paged.unwrap(namespace["model"])  # stops the engine loop's thread
+
+
+def test_every_python_block_runs(readme, ran):
+    namespace, printed = ran
+    firsts = [first_line(b) for b in python_blocks(readme)]
+    assert sorted(set(firsts) & set(SKIPPED)) == sorted(SKIPPED)  # the skip list names real blocks only
+    assert len(printed) == len(firsts) - len(SKIPPED) >= 5
+    assert sum(bool(_PATH_LINE.search(b)) for b in python_blocks(readme)) == 1  # the one model path, swapped
+    assert str(namespace["model"].name_or_path) == str(DEFAULT_MODEL_PATH)
+    status, reason = printed["import hf_paged"].split()
+    assert status == "FINISHED" and reason in ("stop", "length")  # the status prints its name
+
+
+def test_the_constrained_snippet_yields_valid_json(ran):
+    namespace, printed = ran
+    schema, docs = namespace["schema"], namespace["docs"]
+    assert len(docs) == 2
+    for doc in docs:
+        jsonschema.validate(doc, schema)
+    person, answer, month = namespace["outs"].values()
+    assert [o.finish_reason for o in (person, answer, month)] == ["stop"] * 3
+    decode = namespace["tokenizer"].decode
+    jsonschema.validate(json.loads(decode(person.generated_tokens, skip_special_tokens=True)), schema)
+    assert decode(answer.generated_tokens, skip_special_tokens=True) in ("yes", "no")
+    assert re.fullmatch(r"[0-9]{4}-[0-9]{2}", decode(month.generated_tokens, skip_special_tokens=True))
+
+
+def test_the_engine_and_async_snippets_end_as_they_say(ran):
+    namespace, printed = ran
+    assert namespace["output"].finish_reason in ("stop", "length")
+    assert printed[next(k for k in printed if k.startswith("engine = "))].splitlines()[-1] == "abort"
+    deltas = printed["import asyncio"].splitlines()
+    assert deltas and deltas[-1].endswith("True") and all(d.endswith("False") for d in deltas[:-1])
+
+
+def test_the_readme_says_what_a_new_user_needs(readme):
+    first_commands = readme.split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert first_commands[0].startswith("pip install torch==2.13.0 -e . && hf-paged demo ")
+    assert first_commands[1].startswith('pip install torch==2.13.0 -e ".[test]" && python -m pytest -q ')
+    assert "hf_paged.default_model()" in readme
+    table = readme[readme.index("| `finish_reason` |"):]
+    rows = re.findall(r'^\| `"([a-z_]+)"` \|', table, re.MULTILINE)
+    assert rows == list(FINISH_REASONS)
