@@ -88,7 +88,9 @@ class PagedConfig:
     # `calibrate_streaming_heads(...).streaming_heads`); None: every head keeps its whole history
     kv_streaming_heads: tuple[tuple[int, ...], ...] | None = None
     # -- kernels ---------------------------------------------------------------------------------------
-    attention_backend: str = "auto"  # "auto" (triton on CUDA, torch elsewhere) | "torch" | "triton"
+    # "auto": Triton on CUDA, the numba kernels on the CPU in fp32 (both read the blocks in place), the torch
+    # reference otherwise | "torch": the reference (gathers each step's blocks, then SDPA) | "triton"
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
         _check_int("block_size", self.block_size, minimum=1)

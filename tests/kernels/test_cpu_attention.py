@@ -110,3 +110,26 @@ def test_kernel_applies_to_fp32_on_the_cpu_only():
     assert cpu_kernel_applies(q, torch.zeros(1, 1, 1, 4))
     assert not cpu_kernel_applies(q.half(), torch.zeros(1, 1, 1, 4).half())
     assert not cpu_kernel_applies(q, torch.zeros(1, 1, 1, 4).bfloat16())
+
+
+@pytest.fixture
+def two_threads():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_sequences_spread_over_threads_give_the_same_output(two_threads):
+    import hf_paged.cache.kernels.cpu_launch as launch
+
+    case = make_case(*MIXED, num_heads=8, num_kv_heads=2, head_dim=32, block_size=16, dtype=torch.float32, seed=5)
+    out = run_cpu_attention(_plan(case), case.query, case.key_cache, case.value_cache, scale=case.scale,
+                            softcap=None)
+    torch.testing.assert_close(out, dense_attention(case), **tolerance(torch.float32))
+    qc = quantize_case(case, "int8", "int4", seed=3)
+    out = run_cpu_attention(_plan(case, quantized=True), case.query, qc.key, qc.value, scale=case.scale,
+                            softcap=None, tail=qc.tail)
+    torch.testing.assert_close(out, dense_quantized_attention(qc), **tolerance(torch.float32))
+    if launch._parallel_ok is False:
+        pytest.skip("numba has no thread-safe threading layer here (TBB or OpenMP): the serial kernels ran")

@@ -27,7 +27,7 @@ import math
 
 import numpy as np
 import torch
-from numba import njit
+from numba import njit, prange
 
 MAX_KERNEL_QUERIES = 16  # queries per sequence from which a chunk goes to the torch path (matmul)
 _FASTMATH = {"nsz", "arcp", "contract", "reassoc"}  # no "nnan"/"ninf": scores are compared, never assumed finite
@@ -147,6 +147,17 @@ def _decode_head_quantized(q, q0, h, g, k_data, k_scale, k_zero, k_fmt, k_layout
     open_block = (length - 1) // bs if length % bs else -1  # the block not yet quantized
     for blk in range(lo // bs, (length + bs - 1) // bs):
         t0, t1 = max(lo, blk * bs), min(length, blk * bs + bs)
+        if blk != open_block and k_fmt == INT8 and k_layout != PER_CHANNEL:  # the scale factors out of the dot
+            b = table[blk]
+            for j in range(g):
+                qq = q[q0, h * g + j]
+                for t in range(t0, t1):
+                    raw = k_data[b, t - blk * bs, h]
+                    dot = np.float32(0.0)
+                    for d in range(dim):
+                        dot += qq[d] * np.float32(raw[d])
+                    scores[j, t - lo] = dot * scale * _scale(k_scale, log_scale, b, t - blk * bs, h, 0, k_layout)
+            continue
         if blk == open_block:
             keys = tail_k[tail_table[blk], :, h]
         elif k_fmt == PLAIN:  # a full-precision part beside a quantized one
@@ -181,6 +192,17 @@ def _decode_head_quantized(q, q0, h, g, k_data, k_scale, k_zero, k_fmt, k_layout
     acc[:g] = 0.0
     for blk in range(lo // bs, (length + bs - 1) // bs):
         t0, t1 = max(lo, blk * bs), min(length, blk * bs + bs)
+        if blk != open_block and v_fmt == INT8 and v_layout != PER_CHANNEL:  # the scale goes into the weight
+            b = table[blk]
+            for t in range(t0, t1):
+                raw = v_data[b, t - blk * bs, h]
+                sv = _scale(v_scale, log_scale, b, t - blk * bs, h, 0, v_layout)
+                for j in range(g):
+                    w = scores[j, t - lo] * sv
+                    a = acc[j]
+                    for d in range(dim):
+                        a[d] += w * np.float32(raw[d])
+            continue
         if blk == open_block:
             values = tail_v[tail_table[blk], :, h]
         elif v_fmt == PLAIN:  # a full-precision part beside a quantized one
@@ -320,88 +342,120 @@ def _decode_head(q, q0, h, g, key_cache, value_cache, table, lo, length, scale, 
 
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def _plain_seq(i, q, key_cache, value_cache, tables, qsl, lens, scale, window, softcap, out, scores, acc):
+    bs, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
+    g = q.shape[1] // num_kv_heads
+    q0, q_len, length = qsl[i], qsl[i + 1] - qsl[i], lens[i]
+    if q_len == 0:
+        return
+    first = length - q_len
+    lo = 0 if window <= 0 else max(0, first - window + 1)
+    if q_len == 1 and softcap <= 0:
+        for h in range(num_kv_heads):
+            _decode_head(q, q0, h, g, key_cache, value_cache, tables[i], lo, length, scale, scores, acc, out)
+        return
+    for h in range(num_kv_heads):
+        for t in range(lo, length):
+            r_lo, r_hi = _rows_seeing(t, first, q_len, window)
+            _score_row(q, q0, r_lo, r_hi, h, g, key_cache[tables[i, t // bs], t % bs, h], scale, softcap,
+                       scores, t - lo)
+        _softmax_rows(scores, q_len, g, first, lo, length, window)
+        acc[: q_len * g] = 0.0
+        for t in range(lo, length):
+            r_lo, r_hi = _rows_seeing(t, first, q_len, window)
+            _add_value(r_lo, r_hi, g, value_cache[tables[i, t // bs], t % bs, h], scores, t - lo, acc)
+        _write_out(out, acc, q0, q_len, h, g)
+
+
+@njit(cache=True, nogil=True)
 def attend_plain(q, key_cache, value_cache, tables, qsl, lens, seqs, scale, window, softcap, out):
     """q/out [T, H, D]; caches [num_blocks, bs, Hkv, D] fp32; tables [n, max_blocks]; qsl [n + 1]; lens [n];
     seqs: the sequence indices to attend (the others' rows of `out` are left alone)."""
-    bs, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-    g = q.shape[1] // num_kv_heads
-    scores, acc = _scratch(q, qsl, lens, seqs, window, g)
+    scores, acc = _scratch(q, qsl, lens, seqs, window, q.shape[1] // key_cache.shape[2])
     for idx in range(seqs.shape[0]):
-        i = seqs[idx]
-        q0, q_len, length = qsl[i], qsl[i + 1] - qsl[i], lens[i]
-        if q_len == 0:
-            continue
-        first = length - q_len
-        lo = 0 if window <= 0 else max(0, first - window + 1)
-        if q_len == 1 and softcap <= 0:
-            for h in range(num_kv_heads):
-                _decode_head(q, q0, h, g, key_cache, value_cache, tables[i], lo, length, scale, scores, acc, out)
-            continue
-        for h in range(num_kv_heads):
-            for t in range(lo, length):
-                r_lo, r_hi = _rows_seeing(t, first, q_len, window)
-                _score_row(q, q0, r_lo, r_hi, h, g, key_cache[tables[i, t // bs], t % bs, h], scale, softcap,
-                           scores, t - lo)
-            _softmax_rows(scores, q_len, g, first, lo, length, window)
-            acc[: q_len * g] = 0.0
-            for t in range(lo, length):
-                r_lo, r_hi = _rows_seeing(t, first, q_len, window)
-                _add_value(r_lo, r_hi, g, value_cache[tables[i, t // bs], t % bs, h], scores, t - lo, acc)
-            _write_out(out, acc, q0, q_len, h, g)
+        _plain_seq(seqs[idx], q, key_cache, value_cache, tables, qsl, lens, scale, window, softcap, out, scores, acc)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def attend_plain_parallel(q, key_cache, value_cache, tables, qsl, lens, seqs, scale, window, softcap, out):
+    """`attend_plain` with the sequences spread over numba's threads (each with its own scratch)."""
+    for idx in prange(seqs.shape[0]):
+        scores, acc = _scratch(q, qsl, lens, seqs[idx : idx + 1], window, q.shape[1] // key_cache.shape[2])
+        _plain_seq(seqs[idx], q, key_cache, value_cache, tables, qsl, lens, scale, window, softcap, out, scores, acc)
 
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def _quantized_seq(i, q, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale, v_zero, v_fmt, v_layout,
+                   log_scale, tail_k, tail_v, tail_tables, tables, qsl, lens, scale, window, softcap, out, scores,
+                   acc):
+    bs, num_kv_heads, dim = tail_k.shape[1], tail_k.shape[2], tail_k.shape[3]
+    g = q.shape[1] // num_kv_heads
+    row = np.empty(dim, np.float32)
+    block, channel = np.empty((bs, dim), np.float32), np.empty((2, dim), np.float32)
+    q0, q_len, length = qsl[i], qsl[i + 1] - qsl[i], lens[i]
+    if q_len == 0:
+        return
+    first = length - q_len
+    lo = 0 if window <= 0 else max(0, first - window + 1)
+    if q_len == 1 and softcap <= 0:
+        for h in range(num_kv_heads):
+            _decode_head_quantized(q, q0, h, g, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale,
+                                   v_zero, v_fmt, v_layout, log_scale, tail_k, tail_v, tail_tables[i], tables[i],
+                                   lo, length, scale, scores, acc, out, block, channel)
+        return
+    for h in range(num_kv_heads):
+        for t in range(lo, length):
+            r_lo, r_hi = _rows_seeing(t, first, q_len, window)
+            split = _first_full_reader(t, first, q_len, bs, r_lo, r_hi)  # rows >= split read the cache
+            if split > r_lo:
+                _score_row(q, q0, r_lo, split, h, g, tail_k[tail_tables[i, t // bs], t % bs, h], scale,
+                           softcap, scores, t - lo)
+            if split < r_hi:
+                b = tables[i, t // bs]
+                if k_fmt == PLAIN:
+                    _score_row(q, q0, split, r_hi, h, g, k_data[b, t % bs, h], scale, softcap, scores, t - lo)
+                else:
+                    _dequant_row(k_data, k_scale, k_zero, k_fmt, k_layout, log_scale, b, t % bs, h, row)
+                    _score_row(q, q0, split, r_hi, h, g, row, scale, softcap, scores, t - lo)
+        _softmax_rows(scores, q_len, g, first, lo, length, window)
+        acc[: q_len * g] = 0.0
+        for t in range(lo, length):
+            r_lo, r_hi = _rows_seeing(t, first, q_len, window)
+            split = _first_full_reader(t, first, q_len, bs, r_lo, r_hi)
+            if split > r_lo:
+                _add_value(r_lo, split, g, tail_v[tail_tables[i, t // bs], t % bs, h], scores, t - lo, acc)
+            if split < r_hi:
+                b = tables[i, t // bs]
+                if v_fmt == PLAIN:
+                    _add_value(split, r_hi, g, v_data[b, t % bs, h], scores, t - lo, acc)
+                else:
+                    _dequant_row(v_data, v_scale, v_zero, v_fmt, v_layout, log_scale, b, t % bs, h, row)
+                    _add_value(split, r_hi, g, row, scores, t - lo, acc)
+        _write_out(out, acc, q0, q_len, h, g)
+
+
+@njit(cache=True, nogil=True)
 def attend_quantized(q, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale, v_zero, v_fmt, v_layout,
                      log_scale, tail_k, tail_v, tail_tables, tables, qsl, lens, seqs, scale, window, softcap, out):
     """`attend_plain` over a quantized cache (`_dequant_row`'s formats, fmt PLAIN for a full-precision part) and
     its full-precision tail [num_tail_blocks, bs, Hkv, D] (`tail_tables` [n, max_blocks])."""
-    bs, num_kv_heads, dim = tail_k.shape[1], tail_k.shape[2], tail_k.shape[3]
-    g = q.shape[1] // num_kv_heads
-    scores, acc = _scratch(q, qsl, lens, seqs, window, g)
-    row = np.empty(dim, np.float32)
-    block, channel = np.empty((bs, dim), np.float32), np.empty((2, dim), np.float32)
+    scores, acc = _scratch(q, qsl, lens, seqs, window, q.shape[1] // tail_k.shape[2])
     for idx in range(seqs.shape[0]):
-        i = seqs[idx]
-        q0, q_len, length = qsl[i], qsl[i + 1] - qsl[i], lens[i]
-        if q_len == 0:
-            continue
-        first = length - q_len
-        lo = 0 if window <= 0 else max(0, first - window + 1)
-        if q_len == 1 and softcap <= 0:
-            for h in range(num_kv_heads):
-                _decode_head_quantized(q, q0, h, g, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale,
-                                       v_zero, v_fmt, v_layout, log_scale, tail_k, tail_v, tail_tables[i], tables[i],
-                                       lo, length, scale, scores, acc, out, block, channel)
-            continue
-        for h in range(num_kv_heads):
-            for t in range(lo, length):
-                r_lo, r_hi = _rows_seeing(t, first, q_len, window)
-                split = _first_full_reader(t, first, q_len, bs, r_lo, r_hi)  # rows >= split read the cache
-                if split > r_lo:
-                    _score_row(q, q0, r_lo, split, h, g, tail_k[tail_tables[i, t // bs], t % bs, h], scale,
-                               softcap, scores, t - lo)
-                if split < r_hi:
-                    b = tables[i, t // bs]
-                    if k_fmt == PLAIN:
-                        _score_row(q, q0, split, r_hi, h, g, k_data[b, t % bs, h], scale, softcap, scores, t - lo)
-                    else:
-                        _dequant_row(k_data, k_scale, k_zero, k_fmt, k_layout, log_scale, b, t % bs, h, row)
-                        _score_row(q, q0, split, r_hi, h, g, row, scale, softcap, scores, t - lo)
-            _softmax_rows(scores, q_len, g, first, lo, length, window)
-            acc[: q_len * g] = 0.0
-            for t in range(lo, length):
-                r_lo, r_hi = _rows_seeing(t, first, q_len, window)
-                split = _first_full_reader(t, first, q_len, bs, r_lo, r_hi)
-                if split > r_lo:
-                    _add_value(r_lo, split, g, tail_v[tail_tables[i, t // bs], t % bs, h], scores, t - lo, acc)
-                if split < r_hi:
-                    b = tables[i, t // bs]
-                    if v_fmt == PLAIN:
-                        _add_value(split, r_hi, g, v_data[b, t % bs, h], scores, t - lo, acc)
-                    else:
-                        _dequant_row(v_data, v_scale, v_zero, v_fmt, v_layout, log_scale, b, t % bs, h, row)
-                        _add_value(split, r_hi, g, row, scores, t - lo, acc)
-            _write_out(out, acc, q0, q_len, h, g)
+        _quantized_seq(seqs[idx], q, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale, v_zero, v_fmt,
+                       v_layout, log_scale, tail_k, tail_v, tail_tables, tables, qsl, lens, scale, window, softcap,
+                       out, scores, acc)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def attend_quantized_parallel(q, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale, v_zero, v_fmt,
+                              v_layout, log_scale, tail_k, tail_v, tail_tables, tables, qsl, lens, seqs, scale,
+                              window, softcap, out):
+    """`attend_quantized` with the sequences spread over numba's threads."""
+    for idx in prange(seqs.shape[0]):
+        scores, acc = _scratch(q, qsl, lens, seqs[idx : idx + 1], window, q.shape[1] // tail_k.shape[2])
+        _quantized_seq(seqs[idx], q, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale, v_zero, v_fmt,
+                       v_layout, log_scale, tail_k, tail_v, tail_tables, tables, qsl, lens, scale, window, softcap,
+                       out, scores, acc)
 
 
 @njit(cache=True, nogil=True, inline="always")

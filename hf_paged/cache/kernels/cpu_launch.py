@@ -10,6 +10,7 @@ matmul over the chunk amortises the gather of its context.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,12 +73,15 @@ def run_cpu_attention(plan: CpuAttentionPlan, query: torch.Tensor, key_cache, va
     common = (plan.tables, plan.query_start_loc, plan.context_lens, plan.seqs, np.float32(scale), plan.window,
               np.float32(softcap or 0.0), out.numpy())
     if plan.seqs.size:
+        parallel = plan.seqs.size > 1 and _threads()
         if tail is None:
-            ck.attend_plain(q.numpy(), key_cache.numpy(), value_cache.numpy(), *common)
+            kernel = ck.attend_plain_parallel if parallel else ck.attend_plain
+            kernel(q.numpy(), key_cache.numpy(), value_cache.numpy(), *common)
         else:
+            kernel = ck.attend_quantized_parallel if parallel else ck.attend_quantized
             k_args, v_args = quantized_args(key_cache), quantized_args(value_cache)
-            ck.attend_quantized(q.numpy(), *k_args[:5], *v_args[:5], k_args[5] or v_args[5], tail.key.numpy(),
-                                tail.value.numpy(), tail.block_tables.numpy(), *common)
+            kernel(q.numpy(), *k_args[:5], *v_args[:5], k_args[5] or v_args[5], tail.key.numpy(),
+                   tail.value.numpy(), tail.block_tables.numpy(), *common)
     if plan.long is not None:
         run_attention_plan(plan.long, q, key_cache, value_cache, scale=scale, softcap=softcap, out=out)
     elif plan.long_seqs:  # quantized: each long chunk dequantizes its own context (one matmul amortises it)
@@ -91,6 +95,35 @@ def run_cpu_attention(plan: CpuAttentionPlan, query: torch.Tensor, key_cache, va
 
 
 _DUMMY_ZERO = np.zeros((1, 1, 1), np.int8)
+_parallel_ok: bool | None = None  # None: not tried yet
+
+
+def _threads() -> bool:
+    """Whether to spread sequences over threads: torch is given several, and numba has a thread-safe threading
+    layer (TBB or OpenMP; its `workqueue` layer aborts the process when two threads launch at once, so it is never
+    used). numba runs as many threads as torch does."""
+    global _parallel_ok
+    wanted = torch.get_num_threads()
+    if wanted <= 1 or _parallel_ok is False:
+        return False
+    import numba
+
+    if _parallel_ok is None:
+        if os.environ.get("NUMBA_THREADING_LAYER") is None:
+            numba.config.THREADING_LAYER = "threadsafe"
+        try:
+            from hf_paged.cache.kernels.cpu_attention import attend_plain_parallel  # noqa: F401
+
+            numba.set_num_threads(1)  # loads the threading layer (raises if none is thread-safe)
+            _parallel_ok = numba.threading_layer() in ("tbb", "omp")
+        except (ValueError, RuntimeError):
+            _parallel_ok = False
+        if not _parallel_ok:
+            return False
+    threads = min(wanted, numba.config.NUMBA_NUM_THREADS)
+    if numba.get_num_threads() != threads:
+        numba.set_num_threads(threads)
+    return True
 
 
 def quantized_args(cache) -> tuple:
