@@ -54,6 +54,7 @@ def probes(totals: dict[str, float]):
 
     import hf_paged.cache.attention as attention
     import hf_paged.cache.kernels.cpu_attention as kernels
+    import hf_paged.cache.kernels.cpu_quantized as quantized_kernels
     import hf_paged.cache.kernels.reference as reference
     import hf_paged.cache.kernels.reference_quantized as reference_quantized
     from hf_paged.batching.engine import Engine
@@ -68,7 +69,8 @@ def probes(totals: dict[str, float]):
         return call
 
     sdpa = torch.nn.functional.scaled_dot_product_attention
-    patches = [(kernels, "attend_plain"), (kernels, "attend_quantized")]
+    patches = [(kernels, "attend_plain"), (kernels, "attend_plain_parallel"), (quantized_kernels, "attend_quantized"),
+               (quantized_kernels, "attend_quantized_parallel")]
     saved = [(owner, name, getattr(owner, name)) for owner, name in patches]
     for owner, name in patches:
         setattr(owner, name, timed("arithmetic", getattr(owner, name)))

@@ -78,7 +78,9 @@ def run_cpu_attention(plan: CpuAttentionPlan, query: torch.Tensor, key_cache, va
             kernel = ck.attend_plain_parallel if parallel else ck.attend_plain
             kernel(q.numpy(), key_cache.numpy(), value_cache.numpy(), *common)
         else:
-            kernel = ck.attend_quantized_parallel if parallel else ck.attend_quantized
+            from hf_paged.cache.kernels import cpu_quantized as cq
+
+            kernel = cq.attend_quantized_parallel if parallel else cq.attend_quantized
             k_args, v_args = quantized_args(key_cache), quantized_args(value_cache)
             kernel(q.numpy(), *k_args[:5], *v_args[:5], k_args[5] or v_args[5], tail.key.numpy(),
                    tail.value.numpy(), tail.block_tables.numpy(), *common)
@@ -128,7 +130,7 @@ def _threads() -> bool:
 
 def quantized_args(cache) -> tuple:
     """(data, scale, zero, format code, scale layout, log_scale) of a plain tensor or `QuantizedKV`."""
-    from hf_paged.cache.kernels import cpu_attention as ck
+    from hf_paged.cache.kernels import cpu_quantized as ck
 
     if isinstance(cache, torch.Tensor):
         return cache.numpy(), _DUMMY_ZERO, _DUMMY_ZERO, ck.PLAIN, ck.PER_TOKEN, False

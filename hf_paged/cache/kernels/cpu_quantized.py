@@ -1,0 +1,297 @@
+"""The CPU paged-attention kernels over quantized caches (`cpu_attention`'s loops, blocks dequantized as read).
+
+    format  data (per block row)     scale                                   value
+    int8    int8 [D]                 per token, or per (token, KV head)      q * scale    (scale out of the dot)
+    fp8     e4m3 bytes [D]           per token, or per (token, KV head)      table[q] * scale
+    int4    uint8 [D/2], even low    per token / head, or per (head, dim)    (q - zero) * scale
+    scales are fp16 (read as int16 bits) or log8 codes (uint8, 2^((c - 160) / 10)); see `cache.compression`
+
+A block is quantized once full; a query reads the block still being written from the full-precision tail
+(`FullPrecisionTail`), the Triton kernels' rule (`_first_full_reader`). Decode rows dequantize each block once for
+all the query heads of a KV head; int8 blocks are not dequantized at all (the per-token scale multiplies the dot
+product and the softmax weight).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+from numba import njit, prange
+
+from hf_paged.cache.kernels.cpu_attention import (
+    _FASTMATH, _add_value, _rows_seeing, _scratch, _score_row, _softmax_rows, _write_out,
+)
+
+# format codes of `_dequant_row` (the Triton kernels' codes, `quantized.FORMAT_CODES`; fp8 as bytes)
+PLAIN, INT8, FP8, INT4 = 0, 1, 4, 3
+# scale layouts: one per token (all heads), one per (token, KV head), one per (KV head, dim) over a block
+PER_TOKEN, PER_HEAD, PER_CHANNEL = 0, 1, 2
+
+
+def _fp8_table() -> np.ndarray:
+    """float8_e4m3fn byte -> its value (0x7f and 0xff are NaN)."""
+    return torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float().numpy()
+
+
+FP8_VALUES = _fp8_table()
+LOG_SCALES = (2.0 ** ((np.arange(256) - 160) / 10.0)).astype(np.float32)  # log8 code -> scale (`compression`)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _half(bits) -> np.float32:
+    """An fp16 stored as int16 bits -> float32 (scales are finite)."""
+    h = np.int32(bits) & 0xFFFF
+    exp, man = (h >> 10) & 0x1F, h & 0x3FF
+    if exp == 0:
+        value = math.ldexp(np.float64(man), -24)
+    else:
+        value = math.ldexp(np.float64(man | 0x400), exp - 25)
+    return np.float32(-value if h & 0x8000 else value)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _scale(scale, log_scale, b, o, h, d, layout):
+    if layout == PER_TOKEN:
+        raw = scale[b, o, 0]
+    elif layout == PER_HEAD:
+        raw = scale[b, o, h]
+    else:
+        raw = scale[b, h, d]
+    if log_scale:
+        return LOG_SCALES[np.int32(raw) & 0xFF]
+    return _half(raw)
+
+
+@njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def _dequant_row(data, scale, zero, fmt, layout, log_scale, b, o, h, out):
+    """Row (block b, slot o, KV head h) of a quantized cache -> `out` [D] float32."""
+    dim = out.shape[0]
+    row = data[b, o, h]
+    if layout == PER_CHANNEL:  # int4 keys: a scale and zero per dim
+        for d in range(dim):
+            byte = np.int32(row[d >> 1]) & 0xFF
+            q = (byte >> 4) if d & 1 else (byte & 0xF)
+            out[d] = (q - np.int32(zero[b, h, d])) * _scale(scale, log_scale, b, o, h, d, layout)
+        return
+    s = _scale(scale, log_scale, b, o, h, 0, layout)
+    if fmt == INT8:
+        for d in range(dim):
+            out[d] = np.float32(row[d]) * s
+    elif fmt == FP8:
+        for d in range(dim):
+            out[d] = FP8_VALUES[np.int32(row[d]) & 0xFF] * s
+    else:  # INT4, per token or per head
+        z = np.int32(zero[b, o, 0] if layout == PER_TOKEN else zero[b, o, h])
+        for d in range(dim):
+            byte = np.int32(row[d >> 1]) & 0xFF
+            q = (byte >> 4) if d & 1 else (byte & 0xF)
+            out[d] = (q - z) * s
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _dequant_block(data, scale, zero, fmt, layout, log_scale, b, h, rows, channel, out):
+    """Rows 0 .. rows - 1 of block b, KV head h -> `out` [bs, D] float32 (`channel`: [2, D] scratch)."""
+    dim = out.shape[1]
+    if layout == PER_CHANNEL:  # int4 keys: a scale and zero per dim, decoded once for the block
+        for d in range(dim):
+            channel[0, d] = _scale(scale, log_scale, b, 0, h, d, layout)
+            channel[1, d] = np.float32(zero[b, h, d])
+        for o in range(rows):
+            packed = data[b, o, h]
+            for e in range(dim // 2):
+                byte = np.int32(packed[e]) & 0xFF
+                out[o, 2 * e] = ((byte & 0xF) - channel[1, 2 * e]) * channel[0, 2 * e]
+                out[o, 2 * e + 1] = ((byte >> 4) - channel[1, 2 * e + 1]) * channel[0, 2 * e + 1]
+        return
+    for o in range(rows):
+        s = _scale(scale, log_scale, b, o, h, 0, layout)
+        packed = data[b, o, h]
+        if fmt == INT8:
+            for d in range(dim):
+                out[o, d] = np.float32(packed[d]) * s
+        elif fmt == FP8:
+            for d in range(dim):
+                out[o, d] = FP8_VALUES[np.int32(packed[d]) & 0xFF] * s
+        else:
+            z = np.float32(zero[b, o, 0] if layout == PER_TOKEN else zero[b, o, h])
+            for e in range(dim // 2):
+                byte = np.int32(packed[e]) & 0xFF
+                out[o, 2 * e] = ((byte & 0xF) - z) * s
+                out[o, 2 * e + 1] = ((byte >> 4) - z) * s
+
+
+@njit(cache=True, nogil=True)
+def _copy_block(data, b, h, rows, out):
+    for o in range(rows):
+        for d in range(out.shape[1]):
+            out[o, d] = np.float32(data[b, o, h, d])
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _decode_head_quantized(q, q0, h, g, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale, v_zero, v_fmt,
+                           v_layout, log_scale, tail_k, tail_v, tail_table, table, lo, length, scale, scores, acc,
+                           out, block, channel):
+    """`_decode_head` over quantized blocks: each block is dequantized once into `block` [bs, D] (K, then V) and
+    read by all g query heads; the last block comes from the tail unless the query fills it."""
+    bs, dim = tail_k.shape[1], tail_k.shape[3]
+    open_block = (length - 1) // bs if length % bs else -1  # the block not yet quantized
+    for blk in range(lo // bs, (length + bs - 1) // bs):
+        t0, t1 = max(lo, blk * bs), min(length, blk * bs + bs)
+        if blk != open_block and k_fmt == INT8 and k_layout != PER_CHANNEL:  # the scale factors out of the dot
+            b = table[blk]
+            for j in range(g):
+                qq = q[q0, h * g + j]
+                for t in range(t0, t1):
+                    raw = k_data[b, t - blk * bs, h]
+                    dot = np.float32(0.0)
+                    for d in range(dim):
+                        dot += qq[d] * np.float32(raw[d])
+                    scores[j, t - lo] = dot * scale * _scale(k_scale, log_scale, b, t - blk * bs, h, 0, k_layout)
+            continue
+        if blk == open_block:
+            keys = tail_k[tail_table[blk], :, h]
+        elif k_fmt == PLAIN:  # a full-precision part beside a quantized one
+            _copy_block(k_data, table[blk], h, t1 - blk * bs, block)
+            keys = block
+        else:
+            _dequant_block(k_data, k_scale, k_zero, k_fmt, k_layout, log_scale, table[blk], h, t1 - blk * bs,
+                           channel, block)
+            keys = block
+        for j in range(g):
+            qq = q[q0, h * g + j]
+            for t in range(t0, t1):
+                k = keys[t - blk * bs]
+                dot = np.float32(0.0)
+                for d in range(dim):
+                    dot += qq[d] * k[d]
+                scores[j, t - lo] = dot * scale
+    width = length - lo
+    for j in range(g):
+        s = scores[j]
+        m = s[0]
+        for c in range(1, width):
+            m = max(m, s[c])
+        total = np.float32(0.0)
+        for c in range(width):
+            e = np.exp(s[c] - m)
+            s[c] = e
+            total += e
+        inv = np.float32(1.0) / total
+        for c in range(width):
+            s[c] *= inv
+    acc[:g] = 0.0
+    for blk in range(lo // bs, (length + bs - 1) // bs):
+        t0, t1 = max(lo, blk * bs), min(length, blk * bs + bs)
+        if blk != open_block and v_fmt == INT8 and v_layout != PER_CHANNEL:  # the scale goes into the weight
+            b = table[blk]
+            for t in range(t0, t1):
+                raw = v_data[b, t - blk * bs, h]
+                sv = _scale(v_scale, log_scale, b, t - blk * bs, h, 0, v_layout)
+                for j in range(g):
+                    w = scores[j, t - lo] * sv
+                    a = acc[j]
+                    for d in range(dim):
+                        a[d] += w * np.float32(raw[d])
+            continue
+        if blk == open_block:
+            values = tail_v[tail_table[blk], :, h]
+        elif v_fmt == PLAIN:  # a full-precision part beside a quantized one
+            _copy_block(v_data, table[blk], h, t1 - blk * bs, block)
+            values = block
+        else:
+            _dequant_block(v_data, v_scale, v_zero, v_fmt, v_layout, log_scale, table[blk], h, t1 - blk * bs,
+                           channel, block)
+            values = block
+        for t in range(t0, t1):
+            v = values[t - blk * bs]
+            for j in range(g):
+                p = scores[j, t - lo]
+                a = acc[j]
+                for d in range(dim):
+                    a[d] += p * v[d]
+    for j in range(g):
+        out[q0, h * g + j] = acc[j]
+
+
+@njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def _quantized_seq(i, q, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale, v_zero, v_fmt, v_layout,
+                   log_scale, tail_k, tail_v, tail_tables, tables, qsl, lens, scale, window, softcap, out, scores,
+                   acc):
+    bs, num_kv_heads, dim = tail_k.shape[1], tail_k.shape[2], tail_k.shape[3]
+    g = q.shape[1] // num_kv_heads
+    row = np.empty(dim, np.float32)
+    block, channel = np.empty((bs, dim), np.float32), np.empty((2, dim), np.float32)
+    q0, q_len, length = qsl[i], qsl[i + 1] - qsl[i], lens[i]
+    if q_len == 0:
+        return
+    first = length - q_len
+    lo = 0 if window <= 0 else max(0, first - window + 1)
+    if q_len == 1 and softcap <= 0:
+        for h in range(num_kv_heads):
+            _decode_head_quantized(q, q0, h, g, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale,
+                                   v_zero, v_fmt, v_layout, log_scale, tail_k, tail_v, tail_tables[i], tables[i],
+                                   lo, length, scale, scores, acc, out, block, channel)
+        return
+    for h in range(num_kv_heads):
+        for t in range(lo, length):
+            r_lo, r_hi = _rows_seeing(t, first, q_len, window)
+            split = _first_full_reader(t, first, q_len, bs, r_lo, r_hi)  # rows >= split read the cache
+            if split > r_lo:
+                _score_row(q, q0, r_lo, split, h, g, tail_k[tail_tables[i, t // bs], t % bs, h], scale,
+                           softcap, scores, t - lo)
+            if split < r_hi:
+                b = tables[i, t // bs]
+                if k_fmt == PLAIN:
+                    _score_row(q, q0, split, r_hi, h, g, k_data[b, t % bs, h], scale, softcap, scores, t - lo)
+                else:
+                    _dequant_row(k_data, k_scale, k_zero, k_fmt, k_layout, log_scale, b, t % bs, h, row)
+                    _score_row(q, q0, split, r_hi, h, g, row, scale, softcap, scores, t - lo)
+        _softmax_rows(scores, q_len, g, first, lo, length, window)
+        acc[: q_len * g] = 0.0
+        for t in range(lo, length):
+            r_lo, r_hi = _rows_seeing(t, first, q_len, window)
+            split = _first_full_reader(t, first, q_len, bs, r_lo, r_hi)
+            if split > r_lo:
+                _add_value(r_lo, split, g, tail_v[tail_tables[i, t // bs], t % bs, h], scores, t - lo, acc)
+            if split < r_hi:
+                b = tables[i, t // bs]
+                if v_fmt == PLAIN:
+                    _add_value(split, r_hi, g, v_data[b, t % bs, h], scores, t - lo, acc)
+                else:
+                    _dequant_row(v_data, v_scale, v_zero, v_fmt, v_layout, log_scale, b, t % bs, h, row)
+                    _add_value(split, r_hi, g, row, scores, t - lo, acc)
+        _write_out(out, acc, q0, q_len, h, g)
+
+
+@njit(cache=True, nogil=True)
+def attend_quantized(q, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale, v_zero, v_fmt, v_layout,
+                     log_scale, tail_k, tail_v, tail_tables, tables, qsl, lens, seqs, scale, window, softcap, out):
+    """`attend_plain` over a quantized cache (`_dequant_row`'s formats, fmt PLAIN for a full-precision part) and
+    its full-precision tail [num_tail_blocks, bs, Hkv, D] (`tail_tables` [n, max_blocks])."""
+    scores, acc = _scratch(q, qsl, lens, seqs, window, q.shape[1] // tail_k.shape[2])
+    for idx in range(seqs.shape[0]):
+        _quantized_seq(seqs[idx], q, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale, v_zero, v_fmt,
+                       v_layout, log_scale, tail_k, tail_v, tail_tables, tables, qsl, lens, scale, window, softcap,
+                       out, scores, acc)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def attend_quantized_parallel(q, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale, v_zero, v_fmt,
+                              v_layout, log_scale, tail_k, tail_v, tail_tables, tables, qsl, lens, seqs, scale,
+                              window, softcap, out):
+    """`attend_quantized` with the sequences spread over numba's threads."""
+    for idx in prange(seqs.shape[0]):
+        scores, acc = _scratch(q, qsl, lens, seqs[idx : idx + 1], window, q.shape[1] // tail_k.shape[2])
+        _quantized_seq(seqs[idx], q, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale, v_zero, v_fmt,
+                       v_layout, log_scale, tail_k, tail_v, tail_tables, tables, qsl, lens, scale, window, softcap,
+                       out, scores, acc)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _first_full_reader(t, first, q_len, bs, r_lo, r_hi):
+    """Among rows [r_lo, r_hi) (ascending positions), the first whose position p has key t's block full:
+    block(t) < block(p), or p is the last slot of t's block. Rows before it read t from the tail."""
+    block_end = (t // bs + 1) * bs - 1  # the last slot of t's block: a query there sees the block full
+    return min(max(r_lo, block_end - first), r_hi)
