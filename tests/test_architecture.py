@@ -1,0 +1,140 @@
+"""The import rules of docs/ARCHITECTURE.md, read from the source (module-level and function-level imports alike).
+
+A package may import only the packages its row allows; the import graph between modules gets no new cycle (the
+cycles that remain are listed in `KNOWN_CYCLES`, and the test fails when one of them is gone so the list shrinks
+with the code).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "hf_paged"
+
+# package -> hf_paged packages it may import (besides itself). Top-level modules (wrapping, generate, cli, ...) are
+# the "api" layer, allowed everything.
+ALLOWED = {
+    "errors": set(),
+    "config": {"errors"},
+    "cache": {"config", "errors"},
+    "processors": {"config", "errors"},
+    "batching": {"cache", "processors", "config", "errors"},
+    "serving": {"batching", "cache", "processors", "config", "errors", "api"},
+    "scaleout": {"serving", "batching", "cache", "processors", "config", "errors", "api"},
+}
+
+# Cycles present when this test was written (issue 19 removes them); a new cycle fails the test.
+KNOWN_CYCLES: set[frozenset[str]] = {frozenset(c) for c in (
+    ("hf_paged.cli", "hf_paged.cli_bench", "hf_paged.serving.server"),
+    ("hf_paged.generate", "hf_paged.wrapping"),
+    ("hf_paged.batching.engine", "hf_paged.batching.engine_loop"),
+    ("hf_paged.processors.schema_canonical", "hf_paged.processors.schema_regex"),
+    ("hf_paged.processors.body_masks", "hf_paged.processors.body_tokens", "hf_paged.processors.token_trie"),
+    ("hf_paged.processors.grammar_dfa", "hf_paged.processors.grammar_masks", "hf_paged.processors.grammar_rules",
+     "hf_paged.processors.grammar_stops", "hf_paged.processors.index_cache", "hf_paged.processors.token_index",
+     "hf_paged.processors.token_walk"),
+)}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _imports(path: Path) -> set[str]:
+    """hf_paged modules imported anywhere in the file (inside functions too), resolved to module names."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):  # imports for type checkers only are not edges of the running code
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            node.body = []
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("hf_paged"))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            if module.startswith("hf_paged"):
+                found.add(module)
+                found.update(f"{module}.{a.name}" for a in node.names)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
+    return {name: {m for m in _imports(path) if m in modules and m != name} for name, path in modules.items()}
+
+
+def _layer(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "api"
+    if len(parts) == 2 and parts[1] not in ALLOWED:  # a top-level module: wrapping, generate, cli, ...
+        return "api"
+    return parts[1]
+
+
+def test_packages_import_only_what_their_layer_allows():
+    bad = []
+    for module, deps in _graph().items():
+        layer = _layer(module)
+        if layer == "api":
+            continue
+        for dep in deps:
+            target = _layer(dep)
+            if target != layer and target not in ALLOWED[layer]:
+                bad.append(f"{module} imports {dep} ({layer} -> {target})")
+    assert not bad, "forbidden imports (see docs/ARCHITECTURE.md):\n" + "\n".join(sorted(bad))
+
+
+def _cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on_stack, out, counter = {}, {}, [], set(), set(), [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.add(frozenset(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_new_import_cycles():
+    graph = {m: {d for d in deps if not d.endswith("__init__")} for m, deps in _graph().items()}
+    # a package's __init__ re-exporting its modules is not a cycle of the code: drop edges into package inits
+    packages = {m for m in graph if (ROOT.parent / m.replace(".", "/") / "__init__.py").exists()}
+    graph = {m: {d for d in deps if d not in packages} for m, deps in graph.items() if m not in packages}
+    cycles = _cycles(graph)
+    new = [sorted(c) for c in cycles - KNOWN_CYCLES]
+    gone = [sorted(c) for c in KNOWN_CYCLES - cycles]
+    assert not new, f"new import cycles: {new}"
+    assert not gone, f"cycles gone (remove them from KNOWN_CYCLES): {gone}"
