@@ -15,13 +15,11 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
+from hf_paged.cli_common import CliError, check_device, load_model  # noqa: F401 -- load_model: part of this face
+
 WORKLOADS = ("ragged", "shared-prefix", "few-shot", "multi-turn")
 _DEFAULT_MODEL_HELP = "a local model directory (or a hub id when online); default: the embedded tiny model " \
                       "(hf_paged.default_model())"
-
-
-class CliError(Exception):
-    """A user error: printed as one line, exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -94,6 +92,10 @@ def _run(args: argparse.Namespace) -> int:
         if not 0 <= args.port <= 65535:
             raise CliError(f"--port must be between 0 and 65535, got {args.port}")
         check_device(args.device)
+        if args.replicas is not None or args.address is not None:  # N engine replicas on Ray Serve
+            from hf_paged.scaleout.cli import run_replicas
+
+            return run_replicas(args)
         return run_serve(args)
     else:
         run_generate(args)
@@ -118,30 +120,6 @@ def _check_writable(option: str, path: str) -> None:
         raise CliError(f"{option} {path!r}: folder {str(folder)!r} does not exist; create it or pick another path")
     if not os.access(folder, os.W_OK):
         raise CliError(f"{option} {path!r}: folder {str(folder)!r} is not writable; pick another path")
-
-
-def check_device(device: str) -> None:
-    import torch
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise CliError("--device cuda given but no CUDA device is available; use --device cpu")
-
-
-def load_model(path: str, device: str = "cpu", dtype: str = "float32"):
-    """Model and tokenizer from a directory or hub id, with one-line errors."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    check_device(device)
-    local = Path(path)
-    if not local.exists() and ("/" not in path or path.startswith((".", "/"))):
-        raise CliError(f"model {path!r} not found: give a model directory or a hub id")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        raise CliError(f"cannot load model {path!r}: {str(exc).splitlines()[0]}") from None
-    return model, tokenizer
 
 
 def read_prompts(path: str) -> list[str]:
@@ -243,8 +221,7 @@ def _validates(text: str, schema) -> bool:
 
 
 if __name__ == "__main__":
-    # `python -m hf_paged.cli` runs this file as `__main__`; call the package's own module instead, so that the
-    # `CliError` raised by the helpers (`cli_bench`, `serving.server`) is the class `main` catches.
+    # `python -m hf_paged.cli` runs this file as `__main__`; call the package's own module instead (one `main`).
     from hf_paged.cli import main as _main
 
     sys.exit(_main())

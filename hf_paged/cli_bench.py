@@ -38,7 +38,7 @@ def _stock(model, prompts, wants, pad) -> tuple[float, list[float]]:
 
 def run_bench(args) -> dict:
     from hf_paged import SamplingParams, engine_of, unwrap, wrap
-    from hf_paged.cli import CliError, load_model
+    from hf_paged.cli_common import CliError, load_model
 
     if args.num_prompts < 1:
         raise CliError("--num-prompts must be >= 1")

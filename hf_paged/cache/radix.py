@@ -196,6 +196,16 @@ class RadixCache:
         With `digests` (this sequence's `digests()`, computed once by the caller) nothing is hashed again."""
         return len(self._walk(token_ids, extra_keys, digests).path) * self.block_size
 
+    def cached_digests(self, limit: int | None = None) -> list[bytes]:
+        """Digests of up to `limit` cached blocks, most recently used first, every block after its parent.
+
+        Any leading slice of the answer is closed under prefixes (a parent is never used less recently than its
+        child), so a capped list never names a block whose prefix it omits: what a replica reports for routing.
+        """
+        nodes = list(self._node_of_block.values())  # one C-level copy: safe while another thread inserts
+        nodes.sort(key=lambda n: (-n.last_access, n.depth))
+        return [n.digest for n in (nodes if limit is None else nodes[: max(0, limit)])]  # type: ignore[misc]
+
     def is_inflight(self, token_ids: Sequence[int], extra_keys: tuple, inflight_digests: Collection[bytes],
                     digests: Sequence[bytes] | None = None) -> bool:
         """Whether the first full block of `token_ids` past its cached prefix is being computed right now.

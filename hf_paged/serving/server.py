@@ -39,6 +39,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-cache-dtype", default=None, choices=("auto", "fp8", "int8", "int4"))
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    parser.add_argument("--replicas", type=int, default=None,
+                        help="run N engine replicas on Ray Serve, routed by prefix cache (needs hf_paged[ray])")
+    parser.add_argument("--address", default=None, help="with --replicas: join this Ray cluster (default: local)")
 
 
 def _paged_config(args):
@@ -54,7 +57,7 @@ def _paged_config(args):
 
 def run_serve(args) -> int:
     """Run the server until SIGTERM / Ctrl-C. Raises `CliError` for bad arguments (one line, exit status 2)."""
-    from hf_paged.cli import CliError
+    from hf_paged.cli_common import CliError
 
     try:
         import uvicorn
@@ -143,7 +146,7 @@ def _start_engine(args, config):
 
 
 def _load(args):
-    from hf_paged.cli import load_model
+    from hf_paged.cli_common import load_model
 
     if args.model is None:
         from hf_paged.models import default_model

@@ -1,0 +1,39 @@
+"""What the `hf-paged` subcommands share: the user-error class and loading a model with one-line errors.
+
+A leaf module (nothing of ours but `errors`-free helpers), so that `cli`, `cli_bench`, `serving.server` and
+`scaleout.cli` import it without importing each other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+__all__ = ["CliError", "check_device", "load_model"]
+
+
+class CliError(Exception):
+    """A user error: printed as one line, exit status 2."""
+
+
+def check_device(device: str) -> None:
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CliError("--device cuda given but no CUDA device is available; use --device cpu")
+
+
+def load_model(path: str, device: str = "cpu", dtype: str = "float32"):
+    """Model and tokenizer from a directory or hub id, with one-line errors."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check_device(device)
+    local = Path(path)
+    if not local.exists() and ("/" not in path or path.startswith((".", "/"))):
+        raise CliError(f"model {path!r} not found: give a model directory or a hub id")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot load model {path!r}: {str(exc).splitlines()[0]}") from None
+    return model, tokenizer

@@ -1,0 +1,22 @@
+"""Scale-out: cache-aware routing over engine replicas.
+
+    replica.py  ReplicaReporter  engine -> CacheSummary (its radix tree's fingerprints + load), once a period
+    summary.py  CacheSummary     the wire format: 8 bytes a cached block, prefix-closed, capped
+    policy.py   CacheAwareRouter summaries + what it sent -> ranked replicas (affinity, load bound, hot prefixes)
+    traffic.py  PrefixTraffic    decayed load share of each prefix (which prefixes are hot)
+  with Ray (hf_paged[ray]), imported on demand:
+    ray_router.py  HfPagedRequestRouter  the policy as a Ray Serve RequestRouter
+    deploy.py      deploy(), EngineReplica, Gateway: N replicas behind one endpoint (asgi.py, prompt_key.py)
+    cli.py         hf-paged serve --replicas N [--address ADDR]
+
+The policy imports neither Ray nor torch: it is tested and simulated alone (`benchmarks/routing_sim.py`).
+"""
+
+from hf_paged.scaleout.policy import CacheAwareRouter, RouteReason, RouteRequest, RouterConfig, RoutingDecision
+from hf_paged.scaleout.summary import CacheSummary, build_summary, fingerprint, prompt_fingerprints
+from hf_paged.scaleout.traffic import PrefixTraffic
+
+__all__ = [
+    "CacheAwareRouter", "CacheSummary", "PrefixTraffic", "RouteReason", "RouteRequest", "RouterConfig",
+    "RoutingDecision", "build_summary", "fingerprint", "prompt_fingerprints",
+]

@@ -1,0 +1,62 @@
+"""The routing key of an OpenAI request: its prompt tokenized exactly as the replicas' `Preparer` tokenizes it.
+
+The gateway only needs the token ids (to digest them); everything a request can get wrong is left to the replica,
+which answers with the proper 400. When the prompt cannot be found here, the request is routed by load.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from hf_paged.scaleout.summary import prompt_fingerprints
+from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest
+
+__all__ = ["RoutingInfo", "prompt_ids", "routing_info"]
+
+_DEFAULT_OUTPUT = 256  # output budget assumed for a chat request that sets no max_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingInfo:
+    """The `routing=` keyword of the gateway's handle call: the prompt as the router needs it (no Ray here)."""
+
+    fingerprints: tuple[int, ...]  # `prompt_fingerprints` of the prompt (the replicas' block size and extra keys)
+    num_prompt_tokens: int
+    num_output_tokens: int  # max_tokens
+
+
+def prompt_ids(path: str, body: bytes, tokenizer: Any) -> tuple[list[int], int] | None:
+    """(prompt token ids, output budget) of a completion or chat request, or None when there is none to find."""
+    try:
+        data = json.loads(body)
+        if path.endswith("/chat/completions"):
+            request = ChatCompletionRequest.model_validate(data)
+            if not getattr(tokenizer, "chat_template", None):
+                return None
+            messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in request.messages]
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # as Preparer.chat
+            return list(ids), request.requested_max_tokens or _DEFAULT_OUTPUT
+        if path.endswith("/completions"):
+            request = CompletionRequest.model_validate(data)
+            prompt = request.prompts()[0]  # several prompts: the first decides
+            ids = list(prompt) if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]  # as Preparer
+            return list(ids), request.max_tokens or 16
+    except (ValueError, ValidationError, TypeError, KeyError, IndexError):
+        return None
+    except Exception:  # noqa: BLE001 -- a template error is the replica's to report, with its 400
+        return None
+    return None
+
+
+def routing_info(path: str, body: bytes, tokenizer: Any, block_size: int, extra_keys: tuple = ()) -> RoutingInfo | None:
+    """The `routing=` keyword for the handle call (None: route by load)."""
+    found = prompt_ids(path, body, tokenizer)
+    if found is None:
+        return None
+    ids, output = found
+    return RoutingInfo(tuple(prompt_fingerprints(ids, block_size, extra_keys)), len(ids), int(output))

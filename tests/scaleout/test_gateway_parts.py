@@ -1,0 +1,104 @@
+"""The Ray-free parts of the deployment: the in-process ASGI bridge and the gateway's prompt key."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from transformers import AutoTokenizer
+
+from hf_paged.models import DEFAULT_MODEL_PATH
+from hf_paged.scaleout import prompt_fingerprints
+from hf_paged.scaleout.asgi import HttpCall, ResponseStart, forward
+from hf_paged.scaleout.prompt_key import prompt_ids, routing_info
+from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest
+
+
+def collect(app, call):
+    async def run():
+        return [item async for item in forward(app, call)]
+
+    return asyncio.run(run())
+
+
+def test_forward_streams_the_apps_response():
+    app = FastAPI()
+
+    @app.post("/echo")
+    async def echo(request: Request):
+        data = json.loads(await request.body())
+        return JSONResponse({"got": data, "q": request.url.query}, status_code=201, headers={"x-a": "1"})
+
+    @app.get("/stream")
+    async def stream():
+        async def parts():
+            for i in range(3):
+                yield f"part{i};"
+
+        return StreamingResponse(parts(), media_type="text/event-stream")
+
+    items = collect(app, HttpCall("POST", "/echo", b"k=v", ((b"content-type", b"application/json"),), b'{"x": 1}'))
+    start, body = items[0], b"".join(items[1:])
+    assert isinstance(start, ResponseStart) and start.status == 201 and (b"x-a", b"1") in start.headers
+    assert json.loads(body) == {"got": {"x": 1}, "q": "k=v"}
+    items = collect(app, HttpCall("GET", "/stream"))
+    assert items[0].status == 200 and b"".join(items[1:]) == b"part0;part1;part2;"
+    assert collect(app, HttpCall("GET", "/nope"))[0].status == 404
+
+
+def test_closing_early_tells_the_app_the_client_left():
+    seen = {}
+
+    async def app(scope, receive, send):  # answers a first chunk, then waits for the client, as build_app does
+        await receive()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"first;", "more_body": True})
+        seen["next"] = (await receive())["type"]
+
+    async def run():
+        gen = forward(app, HttpCall("GET", "/slow"))
+        assert isinstance(await gen.__anext__(), ResponseStart)
+        assert await gen.__anext__() == b"first;"
+        await gen.aclose()  # the gateway's client went away
+
+    asyncio.run(asyncio.wait_for(run(), timeout=10))
+    assert seen == {"next": "http.disconnect"}
+
+
+def test_an_app_that_fails_before_answering_raises():
+    async def app(scope, receive, send):
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        collect(app, HttpCall("GET", "/"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return AutoTokenizer.from_pretrained(DEFAULT_MODEL_PATH, local_files_only=True)
+
+
+def test_prompt_key_tokenizes_as_the_replicas_preparer(tokenizer):
+    chat = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+            "max_tokens": 7}
+    ids, output = prompt_ids("/v1/chat/completions", json.dumps(chat).encode(), tokenizer)
+    messages = [{**m.model_dump(exclude_none=True), "content": m.text()}
+                for m in ChatCompletionRequest.model_validate(chat).messages]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert ids == tokenizer(text, add_special_tokens=False)["input_ids"] and output == 7
+    completion = {"prompt": "hello world", "max_tokens": 3}
+    ids, output = prompt_ids("/v1/completions", json.dumps(completion).encode(), tokenizer)
+    assert ids == tokenizer(CompletionRequest.model_validate(completion).prompts()[0])["input_ids"] and output == 3
+    assert prompt_ids("/v1/completions", json.dumps({"prompt": [5, 6, 7]}).encode(), tokenizer) == ([5, 6, 7], 16)
+
+
+def test_routing_info_digests_the_prompt_and_gives_up_quietly(tokenizer):
+    body = json.dumps({"prompt": list(range(40)), "max_tokens": 5}).encode()
+    info = routing_info("/v1/completions", body, tokenizer, block_size=16, extra_keys=("salt",))
+    assert info.fingerprints == tuple(prompt_fingerprints(list(range(40)), 16, ("salt",)))
+    assert (info.num_prompt_tokens, info.num_output_tokens) == (40, 5)
+    for bad in (b"not json", b"[]", json.dumps({"messages": "x"}).encode()):
+        assert routing_info("/v1/chat/completions", bad, tokenizer, 16) is None  # the replica answers the 400

@@ -1,0 +1,141 @@
+"""End to end on a local Ray cluster (num_cpus=2): 2 engine replicas of the tiny model behind the gateway.
+
+One test runs by default (serving, routing by cache, the router's view); killing a replica mid-run is marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+
+ray = pytest.importorskip("ray")
+httpx = pytest.importorskip("httpx")
+
+SYSTEMS = [f"You are assistant number {k}. " + "Answer in one short sentence, kindly and plainly. " * 5
+           for k in range(3)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    from ray import serve
+
+    from hf_paged.scaleout.deploy import deploy, worker_env
+
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
+    try:
+        port = free_port()
+        deploy(None, replicas=2, port=port, paged={"block_size": 16, "num_blocks": 512}, torch_threads=1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+def chat(client, system: str, question: str, **extra):
+    body = {"messages": [{"role": "system", "content": system}, {"role": "user", "content": question}],
+            "max_tokens": 4, **extra}
+    return client.post("/v1/chat/completions", json=body)
+
+
+def router_view(client) -> dict:
+    views = client.get("/hf_paged/router").json()
+    assert len(views) == 1
+    return views[0]
+
+
+def test_replicas_serve_the_openai_endpoints_and_route_by_cache(endpoint):
+    with httpx.Client(base_url=endpoint, timeout=60) as client:
+        homes: dict[int, set[str]] = {k: set() for k in range(len(SYSTEMS))}
+        cached = prompt = 0
+        for turn in range(3):
+            for k, system in enumerate(SYSTEMS):
+                r = chat(client, system, f"question {turn}")
+                assert r.status_code == 200, r.text
+                assert r.json()["choices"][0]["finish_reason"] == "length"
+                homes[k].add(r.headers["x-hf-paged-replica"])
+                if turn:
+                    usage = r.json()["usage"]
+                    cached += usage["prompt_tokens_details"]["cached_tokens"]
+                    prompt += usage["prompt_tokens"]
+        assert cached / prompt > 0.8, f"repeat prompts found {cached}/{prompt} tokens cached"
+        assert all(len(h) == 1 for h in homes.values()), f"a prefix moved between replicas: {homes}"
+        stream = chat(client, SYSTEMS[0], "stream it", stream=True)
+        assert stream.status_code == 200 and stream.text.rstrip().endswith("data: [DONE]")
+        assert client.get("/v1/models").json()["data"][0]["id"] == "hf-paged/tiny-lm"
+        bad = client.post("/v1/chat/completions", json={"messages": "nope"})
+        assert bad.status_code == 400 and "messages" in bad.json()["error"]["message"]
+        time.sleep(2.5)  # a reporting period or two; the router takes the reports when it next routes
+        assert chat(client, SYSTEMS[1], "one more").status_code == 200
+        view = router_view(client)
+        assert len(view["replicas"]) == 2
+        assert all(r["num_reports"] >= 1 for r in view["replicas"].values())
+        assert sum(r["num_fingerprints"] for r in view["replicas"].values()) > 0
+        assert view["routed"].get("affinity", 0) >= 6
+
+
+@pytest.mark.slow
+def test_a_killed_replica_loses_no_request_silently(endpoint):
+    results: list[tuple[str, str]] = []
+    stop = threading.Event()
+
+    def client_loop(worker: int) -> None:
+        with httpx.Client(base_url=endpoint, timeout=120) as client:
+            i = 0
+            while not stop.is_set():
+                streamed = i % 2 == 0
+                try:
+                    r = chat(client, SYSTEMS[worker % len(SYSTEMS)], f"w{worker} q{i}", stream=streamed,
+                             max_tokens=24)
+                    if r.status_code != 200:
+                        results.append(("error", f"{r.status_code}"))
+                    elif streamed:
+                        ok = r.text.rstrip().endswith("data: [DONE]")
+                        results.append(("error" if '"error"' in r.text or not ok else "ok", "stream"))
+                    else:
+                        json.loads(r.text)["choices"]
+                        results.append(("ok", "json"))
+                except (httpx.HTTPError, ValueError, KeyError) as exc:  # a cut body or connection: an error seen
+                    results.append(("error", type(exc).__name__))
+                i += 1
+
+    threads = [threading.Thread(target=client_loop, args=(w,)) for w in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(4)
+    with httpx.Client(base_url=endpoint, timeout=60) as client:
+        before = set(router_view(client)["replicas"])
+        victim = sorted(before)[0]
+        name = next(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                    if a["name"].endswith(f"#EngineReplica#{victim}"))
+        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+        killed_at = time.time()
+        forgotten = None
+        while time.time() - killed_at < 30:
+            known = set(router_view(client)["replicas"])
+            if victim not in known and forgotten is None:
+                forgotten = time.time() - killed_at
+            if forgotten is not None and len(known) == 2:
+                break
+            time.sleep(0.2)
+        time.sleep(3)
+    stop.set()
+    for t in threads:
+        t.join(timeout=150)
+    assert not any(t.is_alive() for t in threads), "a request hung"
+    assert forgotten is not None and forgotten < 5, f"the router still knew the dead replica {forgotten} s later"
+    assert len(known) == 2, f"Serve did not bring a replacement: {known}"
+    outcomes = [o for o, _ in results]
+    print(f"killed {victim}: forgotten after {forgotten:.2f} s; {outcomes.count('ok')} complete answers, "
+          f"errors {[d for o, d in results if o == 'error']}")
+    assert outcomes.count("ok") > 10 and len(outcomes) == outcomes.count("ok") + outcomes.count("error")
+    assert outcomes.count("error") <= 4, results  # only what the dead replica was running
