@@ -150,6 +150,10 @@ def _decode_head_quantized(q, q0, h, g, k_data, k_scale, k_zero, k_fmt, k_layout
                         dot += qq[d] * np.float32(raw[d])
                     scores[j, t - lo] = dot * scale * _scale(k_scale, log_scale, b, t - blk * bs, h, 0, k_layout)
             continue
+        if blk != open_block and k_fmt == INT4 and k_layout == PER_CHANNEL:  # (q * scale) . (nibbles - zero)
+            _int4_channel_scores(q, q0, h, g, k_data, k_scale, k_zero, log_scale, table[blk], blk * bs, t0, t1, lo,
+                                 scale, scores, channel, block[0])
+            continue
         if blk == open_block:
             keys = tail_k[tail_table[blk], :, h]
         elif k_fmt == PLAIN:  # a full-precision part beside a quantized one
@@ -182,8 +186,25 @@ def _decode_head_quantized(q, q0, h, g, k_data, k_scale, k_zero, k_fmt, k_layout
         for c in range(width):
             s[c] *= inv
     acc[:g] = 0.0
+    shift = np.zeros(g, np.float32)  # int4 values: sum of weight * zero point, taken off every dim at the end
     for blk in range(lo // bs, (length + bs - 1) // bs):
         t0, t1 = max(lo, blk * bs), min(length, blk * bs + bs)
+        if blk != open_block and v_fmt == INT4 and v_layout != PER_CHANNEL:
+            b = table[blk]
+            for t in range(t0, t1):
+                o = t - blk * bs
+                raw = v_data[b, o, h]
+                sv = _scale(v_scale, log_scale, b, o, h, 0, v_layout)
+                z = np.float32(v_zero[b, o, 0] if v_layout == PER_TOKEN else v_zero[b, o, h])
+                for j in range(g):
+                    w = scores[j, t - lo] * sv
+                    shift[j] += w * z
+                    a = acc[j]
+                    for e in range(dim // 2):
+                        byte = np.int32(raw[e]) & 0xFF
+                        a[2 * e] += w * np.float32(byte & 0xF)
+                        a[2 * e + 1] += w * np.float32(byte >> 4)
+            continue
         if blk != open_block and v_fmt == INT8 and v_layout != PER_CHANNEL:  # the scale goes into the weight
             b = table[blk]
             for t in range(t0, t1):
@@ -212,7 +233,30 @@ def _decode_head_quantized(q, q0, h, g, k_data, k_scale, k_zero, k_fmt, k_layout
                 for d in range(dim):
                     a[d] += p * v[d]
     for j in range(g):
-        out[q0, h * g + j] = acc[j]
+        out[q0, h * g + j] = acc[j] - shift[j]
+
+
+@njit(cache=True, nogil=True, fastmath=True)
+def _int4_channel_scores(q, q0, h, g, k_data, k_scale, k_zero, log_scale, b, first, t0, t1, lo, scale, scores,
+                         channel, scaled_q):
+    """Scores of int4 keys with a scale and zero per dim (KIVI): q . ((n - z) * s) = (q * s) . n - (q * s) . z."""
+    dim = channel.shape[1]
+    for d in range(dim):
+        channel[0, d] = _scale(k_scale, log_scale, b, 0, h, d, PER_CHANNEL)
+        channel[1, d] = np.float32(k_zero[b, h, d])
+    for j in range(g):
+        qq = q[q0, h * g + j]
+        offset = np.float32(0.0)
+        for d in range(dim):
+            scaled_q[d] = qq[d] * channel[0, d]
+            offset += scaled_q[d] * channel[1, d]
+        for t in range(t0, t1):
+            raw = k_data[b, t - first, h]
+            dot = np.float32(0.0)
+            for e in range(dim // 2):
+                byte = np.int32(raw[e]) & 0xFF
+                dot += scaled_q[2 * e] * np.float32(byte & 0xF) + scaled_q[2 * e + 1] * np.float32(byte >> 4)
+            scores[j, t - lo] = (dot - offset) * scale
 
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
