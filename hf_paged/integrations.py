@@ -7,6 +7,12 @@
 Correct while the weights change between evaluations: the engine fingerprints the weights before every step and
 drops its prefix cache when they moved, so no K/V computed under old weights is ever reused. The model is left as
 found: its train/eval mode is restored, and it is unwrapped again unless it was wrapped before.
+
+Several processes (`torchrun` / `accelerate launch`, Trainer in DDP): Trainer calls `on_evaluate` on every rank;
+each rank generates its shard of the prompts (`hf_paged.distributed.run_sharded`), the outputs are gathered, and
+every rank computes and logs the same numbers on all prompts (as Trainer's own eval metrics are the same on every
+rank; its reporters write from the main process only). Throughput counts every rank's tokens over the slowest
+rank's time.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import torch
 from transformers import TrainerCallback
 
 from hf_paged.config import PagedConfig
+from hf_paged.distributed import run_sharded, world
 
 
 def exact_match(texts: Sequence[str], references: Sequence[str]) -> float:
@@ -62,14 +69,18 @@ class PagedGenerationCallback(TrainerCallback):
         max_new_tokens: tokens to generate per prompt (greedy).
         paged_config: engine settings when the callback wraps the model itself.
         prefix: name prefix of the logged values.
+        distributed: spread the prompts over the ranks of `torch.distributed` (every rank must evaluate); None:
+            whenever the job has more than one process. A tensor-parallel model generates every prompt on every
+            rank together; weights sharded by FSDP / ZeRO-3 are refused (`UnsupportedModelError`).
 
-    After each evaluation `self.history` holds `{"step", "texts", "metrics", "engine_stats"}`.
+    After each evaluation `self.history` holds `{"step", "texts", "tokens", "metrics", "engine_stats"}` (this
+    rank's engine), plus `"engine_stats_by_rank"` when several processes generated.
     """
 
     def __init__(self, prompts: Sequence[str] | Sequence[Sequence[int]], *, tokenizer=None,
                  references: Sequence[Any] | None = None, metric: Callable | None = None, schema: dict | None = None,
                  max_new_tokens: int = 32, paged_config: PagedConfig | None = None,
-                 prefix: str = "eval_generation") -> None:
+                 prefix: str = "eval_generation", distributed: bool | None = None) -> None:
         if not prompts:
             raise ValueError("PagedGenerationCallback needs at least one prompt")
         if references is not None and len(references) != len(prompts):
@@ -93,6 +104,7 @@ class PagedGenerationCallback(TrainerCallback):
         self.max_new_tokens = max_new_tokens
         self.paged_config = paged_config
         self.prefix = prefix
+        self.distributed = distributed
         self.history: list[dict] = []
 
     def on_evaluate(self, args, state, control, model=None, metrics=None, **kwargs):
@@ -122,9 +134,13 @@ class PagedGenerationCallback(TrainerCallback):
         try:
             if not was_wrapped:
                 wrap(model, self.paged_config)
-            start = time.perf_counter()
-            outputs = model.generate_batch(prompt_ids, sampling_params=params)
-            seconds = time.perf_counter() - start
+            if self._spread():
+                run = run_sharded(model, prompt_ids, sampling_params=params)
+                outputs, seconds, per_rank = run.outputs, max(run.seconds), list(run.engine_stats)
+            else:
+                start = time.perf_counter()
+                outputs = model.generate_batch(prompt_ids, sampling_params=params)
+                seconds, per_rank = time.perf_counter() - start, None
             stats = engine_of(model).stats()
         finally:
             if not was_wrapped:
@@ -133,14 +149,21 @@ class PagedGenerationCallback(TrainerCallback):
         tokens = [o.generated_tokens for o in outputs.values()]
         texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens] if tokenizer is not None else \
             [" ".join(map(str, t)) for t in tokens]
-        logs = {f"{self.prefix}_tokens_per_s": sum(map(len, tokens)) / seconds}
+        logs = {f"{self.prefix}_tokens_per_s": sum(map(len, tokens)) / max(seconds, 1e-9)}
         if self.metric is not None:
             value = self.metric(texts, self.references)
             values = value if isinstance(value, dict) else {getattr(self.metric, "__name__", "metric"): value}
             logs.update({f"{self.prefix}_{k}": float(v) for k, v in values.items()})
-        self.history.append({"step": step, "texts": texts, "tokens": tokens, "metrics": dict(logs),
-                             "engine_stats": stats})
+        entry = {"step": step, "texts": texts, "tokens": tokens, "metrics": dict(logs), "engine_stats": stats}
+        if per_rank is not None:
+            entry["engine_stats_by_rank"] = per_rank
+        self.history.append(entry)
         return logs
+
+    def _spread(self) -> bool:
+        if self.distributed is not None:
+            return self.distributed
+        return world()[1] > 1
 
     @staticmethod
     def _encode(prompt, tokenizer) -> list[int]:

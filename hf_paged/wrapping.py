@@ -54,11 +54,14 @@ def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides:
     Raises:
         UnsupportedModelError: `model` is not a transformers generative model object (e.g. a hub id string), or
             one the engine cannot drive: an encoder-decoder, a family whose attention bypasses
-            `AttentionInterface` (GPT-NeoX, Falcon, Bloom, MPT), linear-attention layers, no language-model head.
-            Also a `TypeError`.
+            `AttentionInterface` (GPT-NeoX, Falcon, Bloom, MPT), linear-attention layers, no language-model head;
+            a tensor-parallel model whose KV heads the ranks cannot split evenly, or one loaded with pipeline,
+            FSDP, expert or sequence parallelism beside it (`hf_paged.distributed.tensor_parallel`). Also a
+            `TypeError`.
         InvalidConfigError: `config` is not a `PagedConfig`, an override names no `PagedConfig` field, or the
-            model is already wrapped with different settings (call `hf_paged.unwrap(model)` first). Also a
-            `ValueError` and a `TypeError`.
+            model is already wrapped with different settings (call `hf_paged.unwrap(model)` first); settings that
+            name KV heads or score them (`kv_streaming_heads`, `kv_full_precision_heads`, SnapKV/PyramidKV) with a
+            tensor-parallel model. Also a `ValueError` and a `TypeError`.
         ValueError, TypeError: an override value that `PagedConfig` rejects (the message names the field).
 
     Nothing is allocated here. The first `generate` / `generate_batch` (or `engine_of`) builds the engine and
@@ -93,7 +96,10 @@ def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides:
             )
         return model
     check_supported(model)
+    from hf_paged.distributed.tensor_parallel import check_tensor_parallel
     from hf_paged.generate import paged_generate, paged_generate_batch
+
+    check_tensor_parallel(model, config)  # a tp_plan model: what the engine cannot run with it is refused here
 
     saved = {name: model.__dict__.get(name, _MISSING) for name in _PATCHED}
     object.__setattr__(model, _STATE_ATTR, _WrapState(config, saved))
@@ -128,10 +134,11 @@ def engine_of(model: torch.nn.Module):
         raise ValueError("model is not wrapped: call hf_paged.wrap(model) first")
     if state.engine is None:
         from hf_paged.batching.engine import Engine
+        from hf_paged.distributed.tensor_parallel import engine_config
 
         with _ENGINE_LOCK:  # threads calling generate at once must share one engine
-            if state.engine is None:
-                state.engine = Engine(model, state.config)
+            if state.engine is None:  # tensor parallel: every rank agrees on the pool size here
+                state.engine = Engine(model, engine_config(model, state.config))
     return state.engine
 
 

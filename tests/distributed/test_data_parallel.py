@@ -1,0 +1,66 @@
+"""Generation over 2 gloo processes on CPU (torchrun): the same outputs as one process, on every rank."""
+
+from __future__ import annotations
+
+import pytest
+
+import hf_paged
+from hf_paged.distributed import generate_batch, run_sharded
+from hf_paged.errors import InvalidConfigError
+from tests.distributed.cases import BLOCK_SIZE, MAX_NEW_TOKENS, dp_prompts, dp_sampling_params, tokens
+from tests.distributed.launch import run_ranks
+from tests.tiny_models import stock_greedy, tiny_model
+
+
+@pytest.fixture(scope="module")
+def single_process():
+    """The references: one process, the whole list through the wrapped model's own generate_batch."""
+    model = hf_paged.wrap(tiny_model("llama"), block_size=BLOCK_SIZE)
+    prompts = dp_prompts()
+    return {
+        "greedy": tokens(model.generate_batch(prompts, max_new_tokens=MAX_NEW_TOKENS)),
+        "sampled": tokens(model.generate_batch(prompts, sampling_params=dp_sampling_params())),
+        "stock": stock_greedy(hf_paged.unwrap(model), prompts, MAX_NEW_TOKENS),
+    }
+
+
+def test_two_ranks_generate_what_one_process_does(tmp_path, single_process):
+    ranks = run_ranks("data_parallel", tmp_path)
+    assert ranks[0] == ranks[1]  # every rank holds every output, in input order
+    got = ranks[0]
+    assert list(got["greedy"]) == [f"req_{i}" for i in range(len(dp_prompts()))]
+    assert got["greedy"] == single_process["greedy"]
+    assert list(got["greedy"].values()) == single_process["stock"]
+    # seeded sampling with forks: the same tokens and names (forks after their parent) as one process
+    assert list(got["sampled"]) == list(single_process["sampled"])
+    assert got["sampled"] == single_process["sampled"]
+    # both ranks worked; each system prompt's group stayed on one rank
+    rank_of = got["rank_of"]
+    assert len(set(rank_of[:4])) == 1 and len(set(rank_of[4:6])) == 1 and set(rank_of) == {0, 1}
+    assert all(n > 0 for n in got["generated_by_rank"]) and got["num_seconds"] == 2
+    # a failure on one rank raises on both (nobody hangs); so do different inputs per rank; the engine is whole
+    assert got["bad_input"] == "InvalidPromptError"
+    assert got["different_inputs"] == "InvalidConfigError"
+    assert got["after_errors"] == {k: single_process["greedy"][k] for k in ("req_0", "req_1", "req_2")}
+
+
+def test_accelerate_launch_without_process_group(tmp_path, single_process):
+    """Nothing initialised by the script: accelerate's PartialState sets up the job at the first call."""
+    ranks = run_ranks("accelerate_launch", tmp_path)
+    assert ranks[0] == ranks[1]
+    assert ranks[0]["greedy"] == single_process["greedy"]
+    assert ranks[0]["backend"] == "gloo" and ranks[0]["num_processes"] == 2
+
+
+def test_one_process_is_the_models_own_generate_batch(single_process):
+    model = hf_paged.wrap(tiny_model("llama"), block_size=BLOCK_SIZE)
+    run = run_sharded(model, dp_prompts(), max_new_tokens=MAX_NEW_TOKENS)
+    assert tokens(run.outputs) == single_process["greedy"]
+    assert run.plan.rank_of == (0,) * len(dp_prompts()) and len(run.seconds) == 1
+    assert run.engine_stats[0]["generated_tokens"] == MAX_NEW_TOKENS * len(dp_prompts())
+    hf_paged.engine_of(model).check_integrity()
+
+
+def test_unwrapped_model_is_refused():
+    with pytest.raises(InvalidConfigError, match="wrap"):
+        generate_batch(tiny_model("llama"), [[5, 6, 7]], max_new_tokens=2)

@@ -1,0 +1,176 @@
+"""The rank side of the multi-process tests, run by `launch.run_ranks`:
+
+    torchrun --standalone --nproc_per_node 2 -m tests.distributed.workers CASE OUT_DIR [MODEL_DIR]
+
+Each rank writes what it saw to OUT_DIR/rank<r>.json; the test compares the ranks with each other and with a
+single-process run. Errors are recorded by class name (an error is chosen by its class, never by its words).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+import hf_paged
+from hf_paged.distributed import generate_batch, run_sharded
+from tests.distributed.cases import (
+    BLOCK_SIZE,
+    MAX_NEW_TOKENS,
+    TP_FAMILIES,
+    callback_prompts,
+    dp_prompts,
+    dp_sampling_params,
+    tokens,
+    tp_prompts,
+    tp_sampling_params,
+)
+from tests.tiny_models import stock_greedy, tiny_model
+
+
+def _error_of(fn) -> str | None:
+    try:
+        fn()
+    except hf_paged.errors.HfPagedError as error:
+        return type(error).__name__
+    return None
+
+
+def data_parallel(args: list[str]) -> dict:
+    """torch.distributed initialised by the script itself (gloo)."""
+    dist.init_process_group("gloo")
+    model = hf_paged.wrap(tiny_model("llama"), block_size=BLOCK_SIZE)
+    prompts = dp_prompts()
+    run = run_sharded(model, prompts, max_new_tokens=MAX_NEW_TOKENS)
+    result = {
+        "greedy": tokens(run.outputs), "rank_of": list(run.plan.rank_of), "num_tokens": list(run.plan.num_tokens),
+        "generated_by_rank": [s.get("generated_tokens", 0) for s in run.engine_stats],
+        "num_seconds": len(run.seconds),
+        "sampled": tokens(generate_batch(model, prompts, sampling_params=dp_sampling_params())),
+        # an input outside the vocabulary fails on the rank that holds it, and every rank raises its error
+        "bad_input": _error_of(lambda: generate_batch(model, prompts[:4] + [[10_000]], max_new_tokens=2)),
+        # a per-rank split given by mistake (different inputs on each rank) is refused on every rank
+        "different_inputs": _error_of(lambda: generate_batch(model, prompts[: 4 + dist.get_rank()], max_new_tokens=2)),
+    }
+    hf_paged.engine_of(model).check_integrity()
+    result["after_errors"] = tokens(generate_batch(model, prompts[:3], max_new_tokens=MAX_NEW_TOKENS))
+    return result
+
+
+def accelerate_launch(args: list[str]) -> dict:
+    """Nothing initialised (as under `accelerate launch` before an Accelerator exists): accelerate's PartialState
+    is set up by the first call."""
+    assert not dist.is_initialized()
+    model = hf_paged.wrap(tiny_model("llama"), block_size=BLOCK_SIZE)
+    outputs = generate_batch(model, dp_prompts(), max_new_tokens=MAX_NEW_TOKENS)
+    from accelerate import PartialState
+
+    return {"greedy": tokens(outputs), "backend": dist.get_backend(), "num_processes": PartialState().num_processes}
+
+
+class _RandomTokens(torch.utils.data.Dataset):
+    def __init__(self, n: int, length: int = 24, seed: int = 0):
+        self.rows = torch.randint(3, 96, (n, length), generator=torch.Generator().manual_seed(seed))
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.rows[i], "labels": self.rows[i]}
+
+
+def callback(args: list[str]) -> dict:
+    """A real Trainer in DDP over 2 CPU processes (gloo), evaluating twice with the paged callback."""
+    from transformers import Trainer, TrainingArguments
+
+    from hf_paged.integrations import PagedGenerationCallback
+
+    model, prompts = tiny_model("llama"), callback_prompts()
+
+    def matches_stock(texts, references):
+        """Stock greedy on this rank's weights of the moment (DDP keeps them equal on every rank)."""
+        was_wrapped = hf_paged.is_wrapped(model)
+        expected = stock_greedy(hf_paged.unwrap(model), prompts, MAX_NEW_TOKENS)
+        if was_wrapped:
+            hf_paged.wrap(model, block_size=BLOCK_SIZE)
+        return float([[int(t) for t in text.split()] for text in texts] == expected)
+
+    paged = PagedGenerationCallback(prompts, metric=matches_stock, max_new_tokens=MAX_NEW_TOKENS,
+                                    paged_config=hf_paged.PagedConfig(block_size=BLOCK_SIZE))
+    out = Path(args[0]) / f"trainer{os.environ['RANK']}"
+    targs = TrainingArguments(output_dir=str(out), max_steps=4, eval_strategy="steps", eval_steps=2,
+                              per_device_train_batch_size=2, per_device_eval_batch_size=2, learning_rate=5e-2,
+                              report_to=[], use_cpu=True, save_strategy="no", logging_steps=1, disable_tqdm=True,
+                              ddp_backend="gloo")
+    trainer = Trainer(model=model, args=targs, train_dataset=_RandomTokens(16),
+                      eval_dataset=_RandomTokens(4, seed=1), callbacks=[paged])
+    trainer.train()
+    return {
+        "world_size": dist.get_world_size(),
+        "tokens": [h["tokens"] for h in paged.history],
+        "metrics": [h["metrics"] for h in paged.history],
+        "generated_by_rank": [[s.get("generated_tokens", 0) for s in h["engine_stats_by_rank"]] for h in paged.history],
+        "logged": [{k: v for k, v in h.items() if k.startswith("eval_generation")}
+                   for h in trainer.state.log_history if "eval_generation_matches_stock" in h],
+        "wrapped_after": hf_paged.is_wrapped(model),
+    }
+
+
+def tensor_parallel(args: list[str]) -> dict:
+    """Each family loaded with tp_plan="auto" (transformers initialises gloo from torchrun's environment)."""
+    from transformers import AutoModelForCausalLM
+
+    root, result = Path(args[1]), {}
+    for family in TP_FAMILIES:
+        model = AutoModelForCausalLM.from_pretrained(root / family, tp_plan="auto", dtype=torch.float32)
+        model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
+        hf_paged.wrap(model, block_size=BLOCK_SIZE)  # default pool size: agreed by the ranks, local heads counted
+        engine = hf_paged.engine_of(model)
+        entry = {
+            "tp_size": hf_paged.distributed.tensor_parallel_size(model),
+            "local_kv_heads": hf_paged.distributed.local_kv_heads(model),
+            "greedy": tokens(model.generate_batch(tp_prompts(), max_new_tokens=MAX_NEW_TOKENS)),
+            "num_blocks": engine.cache.num_blocks,
+            "key_storage_shape": list(engine.cache.layers[0].key_cache.shape),
+            "distributed": tokens(generate_batch(model, tp_prompts(), max_new_tokens=MAX_NEW_TOKENS)),
+            # seeded sampling draws the same on every rank (each rank samples from the same all-reduced logits)
+            "sampled": tokens(model.generate_batch(tp_prompts(), sampling_params=tp_sampling_params())),
+        }
+        engine.check_integrity()
+        hf_paged.unwrap(model)
+        # a budget in bytes buys blocks of the local KV heads: 2 layers x K and V x 4 slots x 1 head x 8 x fp32
+        hf_paged.wrap(model, block_size=BLOCK_SIZE, max_cache_bytes=16 * 512, max_num_batched_tokens=16)
+        entry["small_pool"] = tokens(model.generate_batch(tp_prompts(), max_new_tokens=MAX_NEW_TOKENS))
+        entry["small_pool_blocks"] = hf_paged.engine_of(model).cache.num_blocks
+        entry["preemptions"] = hf_paged.engine_of(model).stats()["preemptions"]
+        hf_paged.unwrap(model)
+        entry["head_table"] = _error_of(
+            lambda m=model: hf_paged.wrap(m, kv_cache_dtype="int8", kv_full_precision_heads=((0,), ())))
+        entry["snapkv"] = _error_of(lambda m=model: hf_paged.wrap(m, kv_eviction="snapkv"))
+        result[family] = entry
+    odd = AutoModelForCausalLM.from_pretrained(root / "llama_odd_kv_heads", tp_plan="auto", dtype=torch.float32)
+    result["odd_kv_heads"] = _error_of(lambda: hf_paged.wrap(odd))
+    return result
+
+
+CASES = {f.__name__: f for f in (data_parallel, accelerate_launch, callback, tensor_parallel)}
+
+
+def main() -> None:
+    case, out = sys.argv[1], Path(sys.argv[2])
+    torch.set_num_threads(1)
+    try:
+        result = CASES[case](sys.argv[2:])
+        rank = dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0"))
+        (out / f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
