@@ -2,8 +2,9 @@
 
 `generate`: each row of `input_ids` (padding stripped by `attention_mask`) becomes a request; the engine runs
 them; the result is assembled exactly as stock `generate` returns it (left padding kept, finished rows padded with
-`pad_token_id`, `return_dict_in_generate`, `output_scores`, `streamer`). Modes the engine does not implement fall
-back to stock `generate` with a one-line warning.
+`pad_token_id`, `return_dict_in_generate`, `output_scores`, `streamer`). Assisted decoding
+(`prompt_lookup_num_tokens=k`, `assistant_model=draft`) runs as the engine's speculative decoding, batched. Modes
+the engine does not implement fall back to stock `generate` with a one-line warning.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 from transformers import GenerationConfig
 
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
-from hf_paged.batching.sampling import SamplingParams, as_list
+from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list
 from hf_paged.errors import InvalidPromptError, RequestFailedError
 from hf_paged.generate_output import assemble_generate_output, make_streamer_hook
 from hf_paged.generate_processors import ProcessorFactory
@@ -34,7 +35,13 @@ def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, e
     if (generation_config.num_beams or 1) > 1:
         return "beam search"
     if extra.get("assistant_model") is not None or generation_config.prompt_lookup_num_tokens:
-        return "assisted decoding"
+        if getattr(generation_config, "assistant_early_exit", None):
+            return "assistant_early_exit (self-speculative decoding)"
+        from hf_paged.wrapping import engine_of
+
+        reason = engine_of(model).speculator.unsupported
+        if reason is not None:
+            return f"assisted decoding (speculative decoding {reason})"
     if getattr(generation_config, "penalty_alpha", None):
         return "contrastive search"
     if generation_config.guidance_scale not in (None, 1, 1.0):
@@ -100,6 +107,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
             min_new_tokens=gen_config.min_new_tokens or 0,
             output_scores=bool(gen_config.output_scores), output_logits=bool(gen_config.output_logits),
             stop_strings=gen_config.stop_strings, tokenizer=kwargs.get("tokenizer"),
+            **speculative_params(gen_config, assistant_model),
         )
         for prompt in prompts
     ]
@@ -117,6 +125,22 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
         input_ids.repeat_interleave(num_seqs, dim=0), ordered, gen_config, pad_token_id, factory.vocab_size,
         scores=[o.scores or [] for o in ordered], logits=[o.logits or [] for o in ordered],
     )
+
+
+def speculative_params(gen_config: GenerationConfig, assistant_model=None) -> dict[str, Any]:
+    """`SamplingParams` fields of stock assisted decoding: `prompt_lookup_num_tokens` (and
+    `max_matching_ngram_size`), or `assistant_model` drafting `num_assistant_tokens` a step (stock's default 20,
+    capped at `MAX_SPECULATIVE_TOKENS`; the count stays fixed: stock's adaptive schedules are not followed)."""
+    if assistant_model is not None:
+        k = gen_config.num_assistant_tokens or getattr(assistant_model.generation_config, "num_assistant_tokens", None)
+        return {"num_speculative_tokens": min(int(k or 20), MAX_SPECULATIVE_TOKENS), "draft_model": assistant_model}
+    if gen_config.prompt_lookup_num_tokens:
+        params: dict[str, Any] = {
+            "num_speculative_tokens": min(int(gen_config.prompt_lookup_num_tokens), MAX_SPECULATIVE_TOKENS)}
+        if gen_config.max_matching_ngram_size:
+            params["prompt_lookup_max_ngram"] = int(gen_config.max_matching_ngram_size)
+        return params
+    return {}
 
 
 def _check_prompts(engine, prompts: list[list[int]], max_new_tokens: int) -> None:
@@ -142,13 +166,16 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
                          continuous_batching_config=None, record_timestamps: bool = False, progress_bar: bool = False,
                          persistent_manager: bool = False, warmup: bool = True, *,
                          logits_processor=None, sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                         priorities: Sequence[int] | None = None, **kwargs: Any) -> dict[str, RequestOutput]:
+                         priorities: Sequence[int] | None = None, distributed: bool = False,
+                         **kwargs: Any) -> dict[str, RequestOutput]:
     """transformers' `generate_batch` signature on the paged engine; returns `{request_id: RequestOutput}` in input
     order (`req_0`, `req_1`, ...; forks of `num_return_sequences` as `req_0__child#0`, ... after their parent).
 
     Beyond transformers: `logits_processor=` (applied per request with its own history), `sampling_params=`
-    (one `SamplingParams` for all, or one per input), `priorities=` (higher first). `continuous_batching_config`,
-    `persistent_manager` and `warmup` are accepted for compatibility and ignored (the engine persists).
+    (one `SamplingParams` for all, or one per input), `priorities=` (higher first), `distributed=True` (under
+    torchrun / accelerate: every rank passes the same inputs, generates its shard, and gets every output;
+    `hf_paged.distributed.generate_batch`). `continuous_batching_config`, `persistent_manager` and `warmup` are
+    accepted for compatibility and ignored (the engine persists).
 
     Raises `InvalidPromptError` before any work when an input is not token ids of this model (empty, negative or
     outside the vocabulary). Other per-request failures (a prompt beyond the model's positions or the pool, a
@@ -157,6 +184,12 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     from hf_paged.batching.progress import progress_hook
     from hf_paged.wrapping import engine_of
 
+    if distributed:  # each rank generates its shard through this same method (without `distributed`)
+        from hf_paged.distributed import generate_batch as distributed_generate_batch
+
+        return distributed_generate_batch(model, inputs, generation_config, logits_processor=logits_processor,
+                                          sampling_params=sampling_params, priorities=priorities,
+                                          progress_bar=progress_bar, **kwargs)
     if not inputs:
         return {}
     engine = engine_of(model)
@@ -204,10 +237,13 @@ def _sampling_params_for(model, inputs, generation_config, logits_processor, sam
         return list(sampling_params)
     gen_config = generation_config if generation_config is not None else model.generation_config
     max_new_tokens = kwargs.pop("max_new_tokens", None)
+    assistant_model = kwargs.pop("assistant_model", None)
     if kwargs:
         gen_config = GenerationConfig.from_dict({**gen_config.to_dict(), **kwargs})
     factory = ProcessorFactory(model, gen_config, logits_processor, None)
     overrides = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {}
+    if assistant_model is not None:  # not a GenerationConfig field: an argument, as in stock generate
+        overrides.update(speculative_params(gen_config, assistant_model))
     base = SamplingParams.from_generation_config(gen_config, **overrides)
     return [base.replace(logits_processors=factory.for_prompt_length(len(p)), temperature=1.0, top_k=None, top_p=1.0)
             for p in inputs]

@@ -1,8 +1,9 @@
 """`Engine`: the step loop of continuous batching over the paged cache.
 
-One `step()`: schedule -> one packed forward -> sample the rows that need a token -> stop checks -> hand finished
-requests' blocks to the prefix cache. Requests may be added and aborted between steps. A request's bad input,
-failing processor or abort ends that request only; the pool returns to its state before it.
+One `step()`: (speculative drafts) -> schedule -> one packed forward -> sample the rows that need a token (verify
+the drafts, roll back the rejected ones) -> stop checks -> hand finished requests' blocks to the prefix cache.
+Requests may be added and aborted between steps. A request's bad input, failing processor or abort ends that
+request only; the pool returns to its state before it.
 
 Thread safety: `add_request`, `abort`, `step` and `pop_output` hold the engine's lock, so callers in several
 threads never see a half-done step. One background thread drives the engine for concurrent callers
@@ -27,6 +28,7 @@ from hf_paged.batching.request import Request, RequestOutput, RequestStatus, for
 from hf_paged.batching.sampler import Sampler
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.batching.scheduler import Scheduler, SchedulerOutput
+from hf_paged.batching.speculative import DraftRows, Speculator
 from hf_paged.batching.step_inputs import build_step_inputs
 from hf_paged.batching.stopping import check_stop
 from hf_paged.batching.swap import swap_in, swap_out
@@ -88,6 +90,10 @@ class Engine:
         self.vocab_size = int(text_config.vocab_size)
         self.max_model_len = kv_shape_of(model.config).max_model_len
         self._weights = weights_fingerprint(model)
+        self.speculator = Speculator(
+            self.kv, self.config, num_blocks=self.cache.num_blocks, vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len, unsupported=self._speculation_unsupported(),
+        )
         if self.config.attention_backend == "auto" and param.device.type == "cpu" and param.dtype == torch.float32:
             warm_up_cpu_kernels()  # the in-place attention kernels: compiled once per install, loaded once here
 
@@ -144,8 +150,9 @@ class Engine:
             request.generator = torch.Generator().manual_seed(params.seed)
         self.requests[request_id] = request
         error = self.validate_prompt(request.prompt_ids, params)
+        error = str(error) if error is not None else self.speculator.check(params)
         if error is not None:
-            self._end(request, RequestStatus.FAILED, "error", str(error))
+            self._end(request, RequestStatus.FAILED, "error", error)
             return request_id
         for k, child_id in enumerate(fork_ids(request_id, params.num_return_sequences)[1:]):
             child = Request(child_id, request.prompt_ids, params, priority, request.arrival_index)
@@ -235,6 +242,9 @@ class Engine:
             if self.scheduler.waiting:  # the prefix cache is only read when requests are admitted: check there
                 self._check_weights()
             result = StepOutput()
+            for failure in self.speculator.propose(self.scheduler.running):
+                self.scheduler.remove(failure.request)
+                self._end(failure.request, RequestStatus.FAILED, "error", failure.error)
             schedule = self.scheduler.schedule()
             if schedule.is_empty:
                 self._fail_unschedulable()
@@ -267,13 +277,21 @@ class Engine:
             request = item.request
             tokens = self.evictor.cacheable_tokens(request, request.all_token_ids[: request.num_computed_tokens])
             self.kv.cache_full_blocks(request.request_id, tokens, self._extra_keys(request))
-        samplers, row_of = list(inputs.sampled_requests), list(range(len(inputs.sampled_requests)))
-        for row, parent in enumerate(inputs.sampled_requests):
+        sampled, drafted = inputs.sampled_requests, None
+        if any(inputs.num_draft_tokens):  # speculating decodes have 1 + k rows each: verified apart
+            split = self.speculator.split(inputs, logits)
+            sampled, logits, drafted = split.requests, split.logits, split.drafted
+        samplers, row_of = list(sampled), list(range(len(sampled)))
+        for row, parent in enumerate(sampled):
             children = self._fork_children(parent)  # forks sample their first token from the parent's row
             samplers.extend(children)
             row_of.extend([row] * len(children))
-        if len(samplers) != len(inputs.sampled_requests):
+        if len(samplers) != len(sampled):
             logits = logits.index_select(0, torch.tensor(row_of))
+        if drafted is not None:
+            self._verify(drafted, result)
+        if not samplers:
+            return
         with torch.inference_mode():  # the logits are inference tensors: processors may edit them in place
             sample = self.sampler(samplers, logits)
         now = time.perf_counter()
@@ -283,6 +301,23 @@ class Engine:
                 self._end(request, RequestStatus.FAILED, "error", error)
                 continue
             self._append(request, [token], now, result)
+            if not request.is_finished and not request.params.output_scores:
+                self._jump_forward(request, now, result)
+
+    def _verify(self, drafted: DraftRows, result: StepOutput) -> None:
+        """Keep each speculating request's accepted drafts and the model's next token; roll back the rest."""
+        with torch.inference_mode():
+            verdicts = self.speculator.verify(drafted, self.sampler)
+        now = time.perf_counter()
+        for request, verdict in zip(drafted.requests, verdicts):
+            if verdict.error is not None:
+                self.scheduler.remove(request)
+                self._end(request, RequestStatus.FAILED, "error", verdict.error)
+                continue
+            self.speculator.settle(request, verdict)
+            self.metrics.num_draft_tokens += verdict.num_drafted
+            self.metrics.num_accepted_tokens += verdict.num_accepted
+            self._append(request, verdict.token_ids, now, result)
             if not request.is_finished and not request.params.output_scores:
                 self._jump_forward(request, now, result)
 
@@ -340,6 +375,7 @@ class Engine:
         for proc in request.params.logits_processors:
             if hasattr(proc, "release"):
                 proc.release(request.request_id)
+        self.speculator.release(request.request_id)
         for child in self._children.pop(request.request_id, []):  # forks of a parent that never sampled
             self._end(child, status, reason, error)
         if status is RequestStatus.FINISHED:
@@ -366,6 +402,15 @@ class Engine:
             f"request needs more blocks than the pool can ever free ({self.cache.num_blocks} blocks of "
             f"{self.config.block_size}): raise PagedConfig.num_blocks or lower max_new_tokens",
         )
+
+    def _speculation_unsupported(self) -> str | None:
+        """Why rejected drafts could not be rolled back here (None: they can)."""
+        if self.cache.compressed:
+            return ("needs uncompressed KV blocks (a block quantized when drafts filled it cannot take other tokens "
+                    "back): use kv_cache_dtype='auto' and no streaming heads")
+        if self.config.kv_eviction is not None:
+            return f"does not work with kv_eviction={self.config.kv_eviction!r}: use kv_eviction=None"
+        return None
 
     # -- prefix cache ------------------------------------------------------------------------------------
     def _extra_keys(self, request: Request) -> tuple:
@@ -432,3 +477,4 @@ class Engine:
         live = {r.request_id for r in self.scheduler.running}
         assert live <= set(self.kv.seqs), "a running request has no block table"
         assert set(self.kv.seqs) <= live, "a block table belongs to no running request"
+        self.speculator.check_integrity({rid for rid, r in self.requests.items() if not r.is_finished})

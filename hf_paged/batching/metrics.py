@@ -29,6 +29,8 @@ class EngineMetrics:
     num_computed_tokens: int = 0  # tokens run through the model (prefill chunks, recompute, decodes)
     num_generated_tokens: int = 0
     num_forced_tokens: int = 0  # tokens appended by jump-forward (decode steps saved)
+    num_draft_tokens: int = 0  # speculative decoding: drafted tokens verified by the model
+    num_accepted_tokens: int = 0  # of which accepted (decode steps saved)
     num_steps: int = 0
     peak_blocks_used: int = 0  # most blocks in use after any step's scheduling
     recent_step_tokens: deque[int] = field(default_factory=lambda: deque(maxlen=256))  # tokens of the last steps
@@ -49,6 +51,9 @@ class EngineMetrics:
             "computed_tokens": self.num_computed_tokens,
             "generated_tokens": self.num_generated_tokens,
             "forced_tokens": self.num_forced_tokens,
+            "draft_tokens": self.num_draft_tokens,
+            "accepted_tokens": self.num_accepted_tokens,
+            "acceptance_rate": self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None,
             "steps": self.num_steps,
             "peak_blocks_used": self.peak_blocks_used,
             "tokens_per_step": self.num_computed_tokens / steps,

@@ -77,6 +77,13 @@ class Request:
     finish_time: float | None = None
     num_forced_tokens: int = 0  # tokens appended by jump-forward (no sampling step of their own)
     prompt_digests: list[bytes] | None = None  # prefix-cache digests of the prompt's full blocks (computed once)
+    # speculative decoding: tokens drafted for the next step (after the last token, not yet verified); the
+    # scheduler may trim them to its budget. `draft_probs` [k, vocab]: the distribution each was drawn from
+    # (None: a deterministic proposal, as prompt lookup's)
+    draft_ids: list[int] = field(default_factory=list)
+    draft_probs: torch.Tensor | None = None
+    num_draft_tokens: int = 0  # drafted tokens verified by the model, over the request's life
+    num_accepted_tokens: int = 0  # of which accepted
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -107,6 +114,8 @@ class Request:
             lifespan=(self.first_token_time or -1.0, self.finish_time or -1.0),
             scores=self.scores or None,
             logits=self.logits or None,
+            num_draft_tokens=self.num_draft_tokens,
+            num_accepted_tokens=self.num_accepted_tokens,
         )
 
 
@@ -126,6 +135,13 @@ class RequestOutput:
     lifespan: tuple[float, float] = (-1.0, -1.0)  # (first token time, finish time)
     scores: list[torch.Tensor] | None = None  # processed scores per generated token (output_scores)
     logits: list[torch.Tensor] | None = None  # raw logits per generated token (output_logits)
+    num_draft_tokens: int = 0  # speculative decoding: drafted tokens the model verified
+    num_accepted_tokens: int = 0  # of which it accepted (each saved one decode step)
 
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Share of drafted tokens accepted; None when nothing was drafted."""
+        return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None

@@ -3,6 +3,9 @@
 Order per row, as stock `generate`: logits processors (user and built-in, each with this request's own history)
 -> min_new_tokens EOS suppression -> temperature -> top-k -> top-p -> argmax or a draw from the request's own
 generator. Rows without processors or sampling take a single batched argmax.
+
+`process` applies the same chain without picking, for a request whose history is extended by `pending` tokens
+not yet appended (speculative verification scores each drafted position with the drafts before it).
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ class SampleResult:
     errors: list[str | None]  # the failure message of each failed row
 
 
+@dataclass(slots=True)
+class ProcessedRows:
+    rows: list[torch.Tensor | None]  # [1, vocab] scores after processors and warpers; None where the row failed
+    errors: list[str | None]  # the failure message of each failed row
+
+
 class Sampler:
     """Picks one token per row of logits."""
 
@@ -30,7 +39,7 @@ class Sampler:
         tokens: list[int | None] = [None] * n
         errors: list[str | None] = [None] * n
         scores = logits.clone() if any(r.params.output_logits for r in requests) else logits  # modified in place
-        plain = [i for i, r in enumerate(requests) if _is_plain_greedy(r)]
+        plain = [i for i, r in enumerate(requests) if is_plain_greedy(r)]
         if plain:
             idx = torch.tensor(plain)
             for i, tok in zip(plain, scores.index_select(0, idx).argmax(dim=-1).tolist()):
@@ -53,7 +62,25 @@ class Sampler:
             tokens[i] = self._pick(request, row)
         return SampleResult(tokens, errors)
 
-    def _apply_batched_processors(self, requests, scores, rows: list[int], errors: list[str | None]) -> None:
+    def process(self, requests: Sequence[Request], scores: torch.Tensor,
+                pending: Sequence[Sequence[int]]) -> ProcessedRows:
+        """Row `i` of `scores` through request `i`'s processors and warpers, as if its output went on with
+        `pending[i]`; edits `scores` in place. Nothing is recorded on the requests and nothing is picked."""
+        n = len(requests)
+        errors: list[str | None] = [None] * n
+        rows: list[torch.Tensor | None] = [None] * n
+        self._apply_batched_processors(requests, scores, list(range(n)), errors, pending)
+        for i, request in enumerate(requests):
+            if errors[i] is not None:
+                continue
+            try:
+                rows[i] = self._process_row(request, scores[i : i + 1], pending[i])
+            except Exception as exc:  # noqa: BLE001 -- a user processor failed: only this request fails
+                errors[i] = f"logits processor failed: {type(exc).__name__}: {exc}"
+        return ProcessedRows(rows, errors)
+
+    def _apply_batched_processors(self, requests, scores, rows: list[int], errors: list[str | None],
+                                  pending: Sequence[Sequence[int]] | None = None) -> None:
         """Our constrained processors mask all their rows at once (one bitmask per batch)."""
         groups: dict[int, tuple[object, list[int]]] = {}
         for i in rows:
@@ -62,7 +89,8 @@ class Sampler:
                     groups.setdefault(id(proc), (proc, []))[1].append(i)
         for proc, members in groups.values():
             ids = [requests[i].request_id for i in members]
-            histories = [requests[i].output_ids for i in members]
+            histories = [requests[i].output_ids if pending is None or not pending[i]
+                         else requests[i].output_ids + list(pending[i]) for i in members]
             first, last = members[0], members[-1]
             contiguous = last - first + 1 == len(members)  # sorted rows: a plain slice, masked in place, no copies
             try:
@@ -79,16 +107,16 @@ class Sampler:
                 for i in members:
                     errors[i] = f"logits processor {type(proc).__name__} failed: {exc}"
 
-    def _process_row(self, request: Request, row: torch.Tensor) -> torch.Tensor:
+    def _process_row(self, request: Request, row: torch.Tensor, pending: Sequence[int] = ()) -> torch.Tensor:
         params = request.params
         history = None
         for proc in params.logits_processors:
             if getattr(proc, "supports_continuous_batching", False) and hasattr(proc, "process_rows"):
                 continue  # already applied in the batched pass
             if history is None:
-                history = torch.tensor([request.all_token_ids], dtype=torch.long, device=row.device)
+                history = torch.tensor([request.all_token_ids + list(pending)], dtype=torch.long, device=row.device)
             row = proc(history, row)
-        if len(request.output_ids) < params.min_new_tokens and params.eos_token_ids:
+        if len(request.output_ids) + len(pending) < params.min_new_tokens and params.eos_token_ids:
             row[:, list(params.eos_token_ids)] = float("-inf")
         if params.do_sample:
             if params.temperature != 1.0:
@@ -108,7 +136,8 @@ class Sampler:
         return int(torch.multinomial(probs, num_samples=1, generator=request.generator))
 
 
-def _is_plain_greedy(request: Request) -> bool:
+def is_plain_greedy(request: Request) -> bool:
+    """Greedy with nothing to apply: the token is the argmax of the raw logits (one batched argmax)."""
     params = request.params
     return (
         not params.do_sample

@@ -6,6 +6,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+# Most tokens drafted per step: a verification chunk of 1 + 15 queries still runs the in-place CPU attention
+# kernels (chunks of up to 16 queries a sequence); past that the step would fall back to the gather path.
+MAX_SPECULATIVE_TOKENS = 15
+
 
 @dataclass(slots=True)
 class SamplingParams:
@@ -21,6 +25,11 @@ class SamplingParams:
         logits_processors: transformers `LogitsProcessor`s; each gets this request's own history as input_ids.
         num_return_sequences: independent continuations of the same prompt (they share the prompt's blocks).
         min_new_tokens: EOS is suppressed before this many tokens.
+        num_speculative_tokens: speculative decoding: tokens drafted per step and checked by the model in one
+            forward (0: off). Greedy output is unchanged; sampled output keeps the model's distribution.
+        draft_model: who drafts them: None for prompt lookup (n-grams of the request's own tokens), or a smaller
+            causal LM with the same tokenizer (run with its own paged cache).
+        prompt_lookup_max_ngram: longest n-gram prompt lookup matches (the longest match wins).
 
     Example:
         >>> SamplingParams(max_new_tokens=8, do_sample=True, temperature=0.7, seed=1).do_sample
@@ -41,6 +50,9 @@ class SamplingParams:
     output_scores: bool = False  # keep the processed scores of every step (for generate's output_scores)
     output_logits: bool = False  # keep the raw logits of every step
     tokenizer: Any = None  # needed by stop_strings
+    num_speculative_tokens: int = 0  # tokens drafted per step (0: no speculative decoding)
+    draft_model: Any = None  # None: prompt lookup; else a causal LM that drafts
+    prompt_lookup_max_ngram: int = 4  # longest n-gram matched by prompt lookup
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -62,6 +74,19 @@ class SamplingParams:
             self.stop_strings = [self.stop_strings]
         if self.logits_processors is None:
             self.logits_processors = []
+        self._check_speculative()
+
+    def _check_speculative(self) -> None:
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(
+                f"SamplingParams.num_speculative_tokens must be an int in [0, {MAX_SPECULATIVE_TOKENS}], got {k!r}"
+            )
+        if self.draft_model is not None and k == 0:
+            raise ValueError("SamplingParams.draft_model needs num_speculative_tokens >= 1 (tokens drafted per step)")
+        n = self.prompt_lookup_max_ngram
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"SamplingParams.prompt_lookup_max_ngram must be an int >= 1, got {n!r}")
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -94,6 +119,10 @@ class SamplingParams:
         }
         if gc.max_new_tokens is not None:
             params["max_new_tokens"] = gc.max_new_tokens
+        if gc.prompt_lookup_num_tokens:
+            params["num_speculative_tokens"] = min(int(gc.prompt_lookup_num_tokens), MAX_SPECULATIVE_TOKENS)
+        if gc.max_matching_ngram_size:
+            params["prompt_lookup_max_ngram"] = int(gc.max_matching_ngram_size)
         names = {f.name for f in fields(cls)}
         params.update({k: v for k, v in overrides.items() if k in names})
         return cls(**params)
@@ -110,8 +139,8 @@ def check_generation_config(generation_config) -> None:
         unsupported.append("num_beam_groups")
     if getattr(generation_config, "penalty_alpha", None):
         unsupported.append("penalty_alpha (contrastive search)")
-    if getattr(generation_config, "assistant_early_exit", None) or getattr(generation_config, "prompt_lookup_num_tokens", None):
-        unsupported.append("assisted decoding")
+    if getattr(generation_config, "assistant_early_exit", None):
+        unsupported.append("assistant_early_exit (self-speculative decoding)")
     if getattr(generation_config, "guidance_scale", None) not in (None, 1, 1.0):
         unsupported.append("guidance_scale")
     if unsupported:

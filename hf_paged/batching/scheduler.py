@@ -7,6 +7,8 @@ One step, under a token budget (`max_num_batched_tokens`) and `max_num_seqs`:
      queue is long), as long as budget, sequence slots and blocks last.
 While some request decodes in the step, prompt tokens (running prefills and admissions together) are also held
 to `max_prefill_tokens_per_step`, so a long prompt is spread over several steps instead of stalling the decodes.
+A decode with speculative drafts (`request.draft_ids`) runs its last token and the drafts as one chunk; the drafts
+are trimmed to the budget left and dropped when their blocks are not free (drafts never preempt anyone).
 The block mechanics (tables, sharing, copy-on-write) are the `KVCacheManager`'s; storage work on preemption
 (swapping K/V to CPU) is the engine's, through `on_preempt` / `on_resume` callbacks.
 """
@@ -28,7 +30,8 @@ _PREFIX_AWARE_QUEUE_LIMIT = 256
 @dataclass(slots=True)
 class ScheduledRequest:
     request: Request
-    num_tokens: int  # tokens computed this step, starting at request.num_computed_tokens
+    num_tokens: int  # tokens computed this step, starting at request.num_computed_tokens (drafts included)
+    num_draft_tokens: int = 0  # of which speculative drafts (`request.draft_ids`), after the request's last token
 
 
 @dataclass(slots=True)
@@ -104,9 +107,11 @@ class Scheduler:
             num_tokens = min(request.num_tokens_to_compute, prompt_budget if is_prompt else budget)
             if num_tokens == 0:
                 break  # the prompt budget is spent: the other prefills wait (they come last in `order`)
+            num_drafts = 0 if is_prompt else self._fit_drafts(request, budget)
+            num_tokens += num_drafts
             if not self._allocate_or_preempt(request, num_tokens, scheduled_ids, out):
                 continue
-            out.scheduled.append(ScheduledRequest(request, num_tokens))
+            out.scheduled.append(ScheduledRequest(request, num_tokens, num_drafts))
             scheduled_ids.add(request.request_id)
             budget -= num_tokens
             if not is_prompt and not bounded:
@@ -124,6 +129,17 @@ class Scheduler:
         if limit is None or not self.config.enable_chunked_prefill:
             return self.config.max_num_batched_tokens
         return min(limit, self.config.max_num_batched_tokens)
+
+    def _fit_drafts(self, request: Request, budget: int) -> int:
+        """How many of a decode's drafted tokens run this step: what the budget leaves beside its last token, and
+        none when their blocks are not free without preempting."""
+        drafts = request.draft_ids
+        if not drafts:
+            return 0
+        del drafts[max(budget - 1, 0):]
+        if drafts and not self.kv.pool.can_allocate(self.kv.blocks_needed(request.request_id, 1 + len(drafts))):
+            drafts.clear()
+        return len(drafts)
 
     def _allocate_or_preempt(self, request: Request, num_tokens: int, scheduled_ids: set[str], out) -> bool:
         while not self.kv.allocate_slots(request.request_id, num_tokens):

@@ -6,6 +6,9 @@
     query_start_loc  0 ........... 5 .. 6
     context_lens          5           10
     logits rows: B's only (A's prompt is not done: nothing to sample), unless A's chunk ends its prompt
+
+    request C: computed 7, runs 1 + 2 drafts d0 d1 (speculative decode: its last token, then the drafts)
+    input_ids   c7 d0 d1      positions 7 8 9      logits rows: all three (the model's choice after each)
 """
 
 from __future__ import annotations
@@ -25,8 +28,9 @@ class StepInputs:
     input_ids: list[int]
     positions: list[int]
     metadata: PagedMetadata
-    logits_rows: list[int]  # packed rows whose logits are computed (one per sampled request)
+    logits_rows: list[int]  # packed rows whose logits are computed (1 + its drafts per sampled request)
     sampled_requests: list[Request]  # the requests of those rows, in the same order
+    num_draft_tokens: list[int]  # drafted tokens of each sampled request (its rows: 1 + that many, consecutive)
 
 
 def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size: int,
@@ -41,11 +45,14 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
     tables: list[list[int]] = []
     logits_rows: list[int] = []
     sampled: list[Request] = []
+    num_drafts: list[int] = []
     observed: dict[int, int] = {}
     for i, item in enumerate(schedule.scheduled):
-        request, start, n = item.request, item.request.num_computed_tokens, item.num_tokens
+        request, start, n, k = item.request, item.request.num_computed_tokens, item.num_tokens, item.num_draft_tokens
         end = start + n
-        input_ids.extend(_token_slice(request, start, end))
+        input_ids.extend(_token_slice(request, start, end - k))
+        if k:
+            input_ids.extend(request.draft_ids[:k])
         positions.extend(range(start, end))
         slots.extend(kv.slots(request.request_id, start, end))
         query_start_loc.append(query_start_loc[-1] + n)
@@ -53,9 +60,10 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
         if observation_window and start < len(request.prompt_ids) <= end:
             observed[i] = min(observation_window, n)
         tables.append(kv.block_ids(request.request_id))
-        if end == request.num_tokens:
-            logits_rows.append(query_start_loc[-1] - 1)
+        if end - k == request.num_tokens:
+            logits_rows.extend(range(query_start_loc[-1] - 1 - k, query_start_loc[-1]))
             sampled.append(request)
+            num_drafts.append(k)
     width = max(len(t) for t in tables)
     block_tables = torch.zeros((len(tables), width), dtype=torch.int32)
     for i, table in enumerate(tables):
@@ -69,7 +77,7 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
         attention_backend=attention_backend,
         observed=observed,
     )
-    return StepInputs(input_ids, positions, metadata, logits_rows, sampled)
+    return StepInputs(input_ids, positions, metadata, logits_rows, sampled, num_drafts)
 
 
 def _token_slice(request: Request, start: int, end: int) -> list[int]:

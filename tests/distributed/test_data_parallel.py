@@ -42,6 +42,7 @@ def test_two_ranks_generate_what_one_process_does(tmp_path, single_process):
     assert got["bad_input"] == "InvalidPromptError"
     assert got["different_inputs"] == "InvalidConfigError"
     assert got["after_errors"] == {k: single_process["greedy"][k] for k in ("req_0", "req_1", "req_2")}
+    assert got["method"] == single_process["greedy"]  # model.generate_batch(..., distributed=True)
 
 
 def test_accelerate_launch_without_process_group(tmp_path, single_process):

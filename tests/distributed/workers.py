@@ -58,6 +58,8 @@ def data_parallel(args: list[str]) -> dict:
     }
     hf_paged.engine_of(model).check_integrity()
     result["after_errors"] = tokens(generate_batch(model, prompts[:3], max_new_tokens=MAX_NEW_TOKENS))
+    # the wrapped model's own generate_batch, asked to spread the work
+    result["method"] = tokens(model.generate_batch(prompts, max_new_tokens=MAX_NEW_TOKENS, distributed=True))
     return result
 
 

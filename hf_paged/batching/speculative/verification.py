@@ -1,0 +1,122 @@
+"""Verification: the model's own choice at each drafted position decides which drafts are kept.
+
+    last token t, drafts d0 d1 d2: one forward gives the model's logits after t, d0, d1 and d2
+        rows       r0   r1   r2   r3
+        greedy     keep d0 if argmax(r0) == d0, then d1 against r1, ...; the first mismatch is replaced by the
+                   argmax; when all are kept, r3's argmax comes as a bonus
+        sampling   keep d_j with probability min(1, p_j(d_j) / q_j(d_j)), q_j the draft's distribution (a point
+                   mass for prompt lookup); on the first rejection draw from norm(max(0, p_j - q_j)); all kept:
+                   draw the bonus from p_3 (Leviathan et al. 2023, Chen et al. 2023)
+A step emits the kept drafts and one token of the model's own: greedy, exactly the tokens one-at-a-time decoding
+gives; sampled, tokens of the same distribution. Processors and warpers score position j with the drafts before it
+as pending history, and only when those drafts were all kept: a processor's per-request state (a grammar's
+automaton) only ever sees a prefix of the final output, so it needs no rollback, and a draft its mask forbids is
+rejected like any other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hf_paged.batching.request import Request
+from hf_paged.batching.sampler import Sampler, is_plain_greedy
+
+
+@dataclass(slots=True)
+class DraftRows:
+    """The logits of the requests that drafted this step."""
+
+    requests: list[Request]
+    logits: torch.Tensor  # [sum(1 + k_i), vocab] fp32: after each request's last token, then after each draft
+    first_rows: list[int]  # row of each request's last token in `logits`; its drafts' rows follow
+    num_drafts: list[int]  # k_i: the drafts verified are `request.draft_ids[:k_i]`
+
+
+@dataclass(slots=True)
+class Verdict:
+    """What verification decided for one request."""
+
+    token_ids: list[int]  # the kept drafts, then the model's own next token (empty when `error`)
+    num_drafted: int  # drafts verified
+    num_accepted: int  # of which kept
+    error: str | None = None  # a processor failed: the request fails
+
+
+def verify(rows: DraftRows, sampler: Sampler) -> list[Verdict]:
+    """One `Verdict` per request of `rows`. Plain greedy requests take one batched argmax; the others (processors,
+    sampling, recorded scores) go position by position."""
+    verdicts: list[Verdict | None] = [None] * len(rows.requests)
+    greedy = [i for i, r in enumerate(rows.requests) if is_plain_greedy(r)]
+    if greedy:
+        choices = rows.logits.argmax(dim=-1).tolist()
+        for i in greedy:
+            first, k = rows.first_rows[i], rows.num_drafts[i]
+            drafts = rows.requests[i].draft_ids
+            kept = 0
+            while kept < k and drafts[kept] == choices[first + kept]:
+                kept += 1
+            verdicts[i] = Verdict(drafts[:kept] + [choices[first + kept]], k, kept)
+    others = [i for i in range(len(rows.requests)) if verdicts[i] is None]
+    if others:
+        _verify_in_order(rows, others, sampler, verdicts)
+    return verdicts  # type: ignore[return-value]  # every slot is filled
+
+
+def _verify_in_order(rows: DraftRows, members: list[int], sampler: Sampler, verdicts: list) -> None:
+    """Position j = 0, 1, ... for the requests whose drafts before j were all kept, batched per position."""
+    kept: dict[int, list[int]] = {i: [] for i in members}
+    alive, j = members, 0
+    while alive:
+        requests = [rows.requests[i] for i in alive]
+        index = torch.tensor([rows.first_rows[i] + j for i in alive], device=rows.logits.device)
+        scores = rows.logits.index_select(0, index)  # a copy: processors edit it in place
+        processed = sampler.process(requests, scores, [kept[i] for i in alive])
+        still = []
+        for pos, (i, request) in enumerate(zip(alive, requests)):
+            k = rows.num_drafts[i]
+            row = processed.rows[pos]
+            if row is None:
+                verdicts[i] = Verdict([], k, 0, processed.errors[pos])
+                continue
+            params = request.params
+            if params.output_logits:
+                request.logits.append(rows.logits[rows.first_rows[i] + j].clone())
+            if params.output_scores:
+                request.scores.append(row[0].clone())
+            draft = request.draft_ids[j] if j < k else None
+            if params.do_sample:
+                q = request.draft_probs[j] if draft is not None and request.draft_probs is not None else None
+                token, accepted = _judge_sampled(request, row[0], draft, q)
+            else:
+                token = int(row[0].argmax())
+                accepted = token == draft
+            if accepted:
+                kept[i].append(token)
+                still.append(i)
+            else:
+                verdicts[i] = Verdict(kept[i] + [token], k, len(kept[i]))
+        alive, j = still, j + 1
+
+
+def _judge_sampled(request: Request, row: torch.Tensor, draft: int | None,
+                   q: torch.Tensor | None) -> tuple[int, bool]:
+    """(token, whether it is the kept draft): rejection sampling of `draft` against the model's `row` scores."""
+    probs = torch.softmax(row.float(), dim=-1)
+    generator = request.generator
+    if draft is None:  # every draft kept: the bonus token, from the model's own distribution
+        return int(torch.multinomial(probs, 1, generator=generator)), False
+    p_draft = float(probs[draft])
+    q_draft = 1.0 if q is None else float(q[draft])
+    u = float(torch.rand(1, generator=generator))
+    if q_draft > 0 and u * q_draft < p_draft:  # u < p / q, with probability min(1, p / q)
+        return draft, True
+    if q is None:
+        residual = probs.clone()
+        residual[draft] = 0.0  # norm(max(0, p - q)) for a point mass q on the draft
+    else:
+        residual = (probs - q.to(probs.device, probs.dtype)).clamp_(min=0.0)
+    if not float(residual.sum()) > 0.0:  # p == q up to rounding: nothing left to correct
+        residual = probs
+    return int(torch.multinomial(residual, 1, generator=generator)), False
