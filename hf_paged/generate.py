@@ -37,7 +37,7 @@ def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, e
     if extra.get("assistant_model") is not None or generation_config.prompt_lookup_num_tokens:
         if getattr(generation_config, "assistant_early_exit", None):
             return "assistant_early_exit (self-speculative decoding)"
-        from hf_paged.wrapping import engine_of
+        from hf_paged.wrap_state import engine_of
 
         reason = engine_of(model).speculator.unsupported
         if reason is not None:
@@ -67,7 +67,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
                    assistant_model=None, streamer=None, negative_prompt_ids=None, negative_prompt_attention_mask=None,
                    use_model_defaults=None, custom_generate=None, **kwargs: Any):
     """Stock `generate` signature, run on the paged engine. See the module docstring."""
-    from hf_paged.wrapping import engine_of
+    from hf_paged.wrap_state import engine_of
 
     stock = type(model).generate.__get__(model)
     extra = {"stopping_criteria": stopping_criteria, "prefix_allowed_tokens_fn": prefix_allowed_tokens_fn,
@@ -182,7 +182,7 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     processor that raised) end that request `FAILED` with `error` set; the others run.
     """
     from hf_paged.batching.progress import progress_hook
-    from hf_paged.wrapping import engine_of
+    from hf_paged.wrap_state import engine_of
 
     if distributed:  # each rank generates its shard through this same method (without `distributed`)
         from hf_paged.distributed import generate_batch as distributed_generate_batch

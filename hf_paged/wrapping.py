@@ -7,8 +7,7 @@ attention implementation is only switched during the engine's own forwards.
 
 from __future__ import annotations
 
-import threading
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from types import MethodType
 from typing import Any
 
@@ -16,22 +15,11 @@ import torch
 
 from hf_paged.config import PagedConfig
 from hf_paged.cache.model_support import check_supported  # noqa: F401 -- also part of this face
+from hf_paged.wrap_state import _MISSING, _STATE_ATTR, _WrapState, engine_of, is_wrapped  # noqa: F401
 from hf_paged.errors import InvalidConfigError, UnsupportedModelError
 
-_STATE_ATTR = "_hf_paged"
 _PATCHED = ("generate", "generate_batch")
 _CONFIG_FIELDS = {f.name for f in fields(PagedConfig)}
-
-
-@dataclass(slots=True)
-class _WrapState:
-    config: PagedConfig
-    saved: dict[str, Any]  # instance attributes we replaced (absent ones map to _MISSING)
-    engine: Any = None  # created at first use
-
-
-_MISSING = object()
-_ENGINE_LOCK = threading.Lock()
 
 
 def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides: Any) -> torch.nn.Module:
@@ -116,20 +104,3 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def is_wrapped(model: torch.nn.Module) -> bool:
-    return _STATE_ATTR in model.__dict__
-
-
-def engine_of(model: torch.nn.Module):
-    """The `Engine` behind a wrapped model (created at first use)."""
-    state: _WrapState | None = model.__dict__.get(_STATE_ATTR)
-    if state is None:
-        raise ValueError("model is not wrapped: call hf_paged.wrap(model) first")
-    if state.engine is None:
-        from hf_paged.batching.engine import Engine
-        from hf_paged.distributed.tensor_parallel import engine_config
-
-        with _ENGINE_LOCK:  # threads calling generate at once must share one engine
-            if state.engine is None:  # tensor parallel: every rank agrees on the pool size here
-                state.engine = Engine(model, engine_config(model, state.config))
-    return state.engine

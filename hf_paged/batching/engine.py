@@ -16,7 +16,6 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
@@ -24,7 +23,7 @@ from hf_paged.batching.kv_eviction import KVEvictor
 from hf_paged.batching.metrics import EngineMetrics
 from hf_paged.batching.model_runner import ModelRunner
 from hf_paged.batching.prefix_policy import PrefixPolicy
-from hf_paged.batching.request import Request, RequestOutput, RequestStatus, fork_ids
+from hf_paged.batching.request import Request, RequestOutput, RequestStatus, StepOutput, fork_ids
 from hf_paged.batching.sampler import Sampler
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.batching.scheduler import Scheduler, SchedulerOutput
@@ -38,14 +37,6 @@ from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.sizing import kv_shape_of
 from hf_paged.config import PagedConfig
 from hf_paged.errors import HfPagedError, InvalidPromptError, PromptTooLongError
-
-
-@dataclass(slots=True)
-class StepOutput:
-    """What one step produced: new tokens per request, and the requests that ended."""
-
-    new_tokens: dict[str, list[int]] = field(default_factory=dict)
-    finished: list[RequestOutput] = field(default_factory=list)
 
 
 class Engine:

@@ -26,10 +26,13 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from hf_paged.batching.engine import Engine, StepOutput
-from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
+from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput, fork_ids
 from hf_paged.batching.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from hf_paged.batching.engine import Engine
 
 logger = logging.getLogger(__name__)
 

@@ -145,3 +145,11 @@ class RequestOutput:
     def acceptance_rate(self) -> float | None:
         """Share of drafted tokens accepted; None when nothing was drafted."""
         return self.num_accepted_tokens / self.num_draft_tokens if self.num_draft_tokens else None
+
+
+@dataclass(slots=True)
+class StepOutput:
+    """What one engine step produced: new tokens per request, and the requests that ended."""
+
+    new_tokens: dict[str, list[int]] = field(default_factory=dict)
+    finished: list[RequestOutput] = field(default_factory=list)
