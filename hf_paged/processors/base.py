@@ -33,6 +33,7 @@ from hf_paged.processors.bitmask import (
     apply_token_ids_,
     num_bitmask_words,
 )
+from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index_cache import CompiledIndex, IndexCache, default_index_cache, index_key, validate_regex
 from hf_paged.processors.token_index import StateMask
 from hf_paged.processors.vocabulary import TokenVocabulary, build_vocabulary
@@ -77,15 +78,18 @@ class GuidedLogitsProcessor(LogitsProcessor):
         eos_token_id: int | Iterable[int] | None = None,
         index_cache: IndexCache | None = None,
         backend: str = "auto",
+        budget: CompileBudget | None = None,
     ) -> None:
         self.vocab: TokenVocabulary = build_vocabulary(tokenizer, eos_token_id)
         self.regex = regex
         self.backend = backend
         self.index_cache = index_cache if index_cache is not None else default_index_cache()
         self.index_key = index_key(*key_parts, self.vocab.fingerprint)
+        self.budget = budget if budget is not None else CompileBudget()
         if self.index_cache.get(self.index_key) is None:
-            # cheap (a 256-token probe): bad patterns and empty languages raise here, at construction
-            validate_regex(regex, max_regex_size=self.index_cache.max_regex_size)
+            # the byte automaton, its work counted: bad patterns, empty languages and automata over the budget raise
+            # here, at construction (the token index is built later, in the background, from the memoised automaton)
+            validate_regex(regex, max_regex_size=self.index_cache.max_regex_size, budget=self.budget)
         self._future: Future | None = None
         self._compiled: CompiledIndex | None = None
         self._eos_ids = self.vocab.eos_token_ids
@@ -105,11 +109,12 @@ class GuidedLogitsProcessor(LogitsProcessor):
     def prepare(self) -> None:
         """Start compiling the index in a background thread (idempotent, returns at once)."""
         if self._compiled is None and self._future is None:
-            self._future = self.index_cache.compile_async(self.index_key, self.regex, self.vocab)
+            self._future = self.index_cache.compile_async(self.index_key, self.regex, self.vocab, self.budget)
 
     @property
     def compiled(self) -> CompiledIndex:
-        """The compiled index, waiting for (or running) the build at most `index_cache.max_compile_s`."""
+        """The compiled index, waiting for the build (bounded by its work budget; at most
+        `index_cache.max_compile_s` seconds when that opt-in limit is set)."""
         if self._compiled is None:
             self.prepare()
             assert self._future is not None

@@ -18,12 +18,24 @@ GPT-2's 50k) walked one by one on the rule's table (`trie_kernel.walk_tokens`), 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from hf_paged.processors.jit import kernel, warm_up
 
 __all__ = ["closed_states"]
 
 
-@njit(cache=True, nogil=True)
+def _closed_numpy(table, inside, dead, columns):
+    """`_closed` in whole-array steps (the uncompiled phase): drop failing states until nothing changes."""
+    following = table[:, columns]
+    ok = inside & (np.arange(table.shape[0]) != dead) & (following != dead).all(axis=1) & inside[following].all(axis=1)
+    while True:
+        kept = ok & ok[following].all(axis=1)
+        if np.array_equal(kept, ok):
+            return ok
+        ok = kept
+
+
+@kernel(python=_closed_numpy)
 def _closed(table, inside, dead, columns):  # pragma: no cover (compiled)
     num_states = table.shape[0]
     num_columns = columns.shape[0]
@@ -68,3 +80,8 @@ def closed_states(table: np.ndarray, inside: np.ndarray, dead: int, body: int) -
     stays alive and `inside` from it (greatest fixed point; `dead` and non-`inside` states are never in it)."""
     columns = np.array([byte for byte in range(128) if body >> byte & 1], dtype=np.int64)
     return _closed(table, inside, dead, columns)
+
+
+@warm_up
+def _signatures() -> None:
+    _closed.dispatcher(np.zeros((1, 256), np.int32), np.ones(1, bool), 0, np.array([0x41], dtype=np.int64))

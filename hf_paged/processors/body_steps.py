@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from hf_paged.processors.lazy_zeros import lazy_zeros
 from hf_paged.processors.utf8_bodies import multibyte_ends
 
 __all__ = ["UNBOUNDED", "BodySteps"]
@@ -55,18 +56,18 @@ class BodySteps:
         ends: Callable[[np.ndarray], np.ndarray] | None = None,
     ):
         num_states = transitions.shape[0]
-        self.ascii = np.zeros((num_states, 2), dtype=np.uint64)  # A(s) as two 64-bit words (bytes 0..127)
-        self.multibyte = np.zeros(num_states, dtype=bool)
+        self.ascii = lazy_zeros((num_states, 2), np.uint64)  # A(s) as two 64-bit words (bytes 0..127)
+        self.multibyte = lazy_zeros(num_states, np.bool_)
         # steps + 1, so that 0 is "not computed": zero-filled arrays cost no memory until written (a grammar
         # automaton's capacity is a million states, most never named)
-        self._steps1 = np.zeros(num_states, dtype=np.int64)
+        self._steps1 = lazy_zeros(num_states, np.int64)
         self._table = transitions
         self._dead = dead
         self.dead = dead
         self._ensure = ensure
         self._ensure_path = ensure_path
         self._ends_of = ends
-        self._ends = np.zeros(num_states, dtype=np.int64)  # `multibyte_ends` + _ENDS_OFFSET, per state on first use
+        self._ends = lazy_zeros(num_states, np.int64)  # `multibyte_ends` + _ENDS_OFFSET, per state on first use
         self._body: dict[int, tuple[int, int, bool]] = {}  # state -> (A as int, t(s), multibyte)
 
     def prepare(self) -> None:

@@ -1,11 +1,11 @@
-"""A regex as a dense byte automaton: `transitions[state, byte] -> state`, built by outlines-core in milliseconds.
+"""A regex as a dense byte automaton: `transitions[state, byte] -> state`.
 
-outlines-core stays our regex compiler: an `Index` over a 256-token vocabulary (one token per byte) is exactly
-the byte-level DFA of the pattern, and costs ~2 ms where the same pattern over a 50k-token vocabulary costs
-100+ ms (every state scans every token). The token-level view is computed lazily from this table
-(`token_index.py`).
+Our compiler (`automaton/`) builds it from the regex text, every unit of work counted against a
+`CompileBudget`; patterns in syntax only Rust's parser reads right are built by outlines-core (an `Index` over a
+256-token vocabulary, one token per byte, is exactly the byte-level DFA of the pattern). The token-level view is
+computed lazily from this table (`token_index.py`).
 
-    state ids 0..S-1 (outlines-core's ids remapped, initial state first), S = the dead state
+    state ids 0..S-1 (breadth-first from the initial state 0), S = the dead state
     transitions  int32 [S + 1, 256]   row S is all S (dead stays dead)
     finals       bool  [S + 1]        EOS allowed here (the document may end)
     loops        uint64 [S + 1, 4]    256-bit set of the bytes b with transitions[s, b] == s
@@ -21,12 +21,19 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["ByteDFA", "build_byte_dfa", "byte_sets"]
+from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
+from hf_paged.processors.automaton import Unsupported, compile_regex
+from hf_paged.processors.budget import CompileBudget
+
+__all__ = ["ByteDFA", "automaton_work", "build_byte_dfa", "byte_sets"]
 
 _PROBE: Any = None
 _MEMO: OrderedDict[str, ByteDFA] = OrderedDict()  # anchored regex -> automaton: validate + build compile once
-_MEMO_SIZE = 32
+_MEMO_SIZE = 128  # entries (a grammar's rules are one each) ...
+_MEMO_BYTES = 256 << 20  # ... and bytes of tables kept, whichever is reached first
+_FAILED: OrderedDict[tuple, tuple[int, str]] = OrderedDict()  # (regex, limits) -> (work, message) of a refused build
 _SENTINEL, _SENTINEL_BYTE = "\\x01", 0x01
+_ANCHOR_OPEN, _ANCHOR_CLOSE = "(?:", ")\\z"  # `index_cache.anchored`
 _LOCK = threading.Lock()
 
 
@@ -38,6 +45,7 @@ class ByteDFA:
     initial: int  # start state (always 0)
     finals: np.ndarray  # bool [num_states + 1]
     loops: np.ndarray  # uint64 [num_states + 1, 4]: bytes that keep each state where it is
+    work: int = 0  # what building it counted (`automaton_work`), charged again on every memoised use
     lazy: ClassVar[bool] = False  # every row is built (a `GrammarDFA` builds rows on demand: `ensure`)
 
     @property
@@ -84,30 +92,96 @@ def _probe_vocabulary() -> Any:
     return _PROBE
 
 
-def build_byte_dfa(anchored_regex: str, *, fresh: bool = False) -> ByteDFA:
+def build_byte_dfa(anchored_regex: str, *, fresh: bool = False, budget: CompileBudget | None = None) -> ByteDFA:
     """Compile `anchored_regex` (already wrapped by `index_cache.anchored`) into a `ByteDFA`; memoised (small LRU).
 
-    `fresh=True` builds it even when memoised (benchmarks time the build).
+    Our compiler (`automaton`) builds it, counting its work against `budget` (default: a fresh `CompileBudget`);
+    syntax that only Rust's parser reads right (`\\p{..}`, nested classes, ...) is built by outlines-core, after
+    the caller's size check (`index_cache.check_regex_size`). `fresh=True` builds it even when memoised
+    (benchmarks time the build).
 
     Raises:
-        ValueError: outlines-core's own error (the caller translates it into a typed error).
+        InvalidRegexError: the pattern does not parse, or uses look-around / back-references.
+        UnsatisfiableSchemaError: it matches no text.
+        SchemaTooComplexError: its automaton is over a limit of `budget`.
     """
+    budget = budget if budget is not None else CompileBudget()
+    limits = (anchored_regex, budget.max_nfa_states, budget.max_dfa_states, budget.max_dfa_steps)
     with _LOCK:
         hit = None if fresh else _MEMO.get(anchored_regex)
         if hit is not None:
             _MEMO.move_to_end(anchored_regex)
-            return hit
+        failed = None if fresh else _FAILED.get(limits)
+    if hit is not None:
+        budget.spend("work", hit.work)
+        return hit
+    if failed is not None:  # over a limit before, with these limits: the same error, the same work charged
+        budget.work += failed[0]
+        raise SchemaTooComplexError(failed[1])
+    inner = anchored_regex[len(_ANCHOR_OPEN) : -len(_ANCHOR_CLOSE)] if _is_anchored(anchored_regex) else None
+    meter = budget.for_automaton()  # the automaton's own limits: the same outcome whoever asks, memoised or not
+    try:
+        if inner is None:
+            raise Unsupported("not in the anchored form")
+        dense = compile_regex(inner, meter)
+        if dense is None:
+            raise UnsatisfiableSchemaError(f"the regex {inner[:200]!r} matches no text; check the schema/regex")
+        dfa = ByteDFA.from_arrays(dense.transitions, 0, dense.finals)
+    except Unsupported:
+        dfa = _outlines_byte_dfa(anchored_regex)
+    except SchemaTooComplexError as exc:
+        work = automaton_work(len(anchored_regex), meter)
+        with _LOCK:
+            _FAILED[limits] = (work, str(exc))
+            while len(_FAILED) > _MEMO_SIZE:
+                _FAILED.popitem(last=False)
+        budget.work += work  # (what the failed try did counts too; the error to report is this one)
+        raise
+    dfa.work = automaton_work(len(anchored_regex), meter)
+    with _LOCK:
+        _MEMO[anchored_regex] = dfa
+        while len(_MEMO) > _MEMO_SIZE or (len(_MEMO) > 1 and _memo_bytes() > _MEMO_BYTES):
+            _MEMO.popitem(last=False)
+    budget.spend("work", dfa.work)
+    return dfa
+
+
+def automaton_work(num_chars: int, meter: CompileBudget) -> int:
+    """What building one automaton costs, in `CompileBudget.work` units (~1 us of CPU each with the compiled subset
+    construction on a 2.4 GHz EPYC, fitted on MaskBench's regexes and hostile ones): a fixed part (its arrays),
+    parsing, NFA positions (built in Python), DFA states and subset-construction steps."""
+    return 500 + num_chars // 2 + 3 * meter.nfa_states + 2 * meter.dfa_states + meter.dfa_steps // 10
+
+
+def _memo_bytes() -> int:
+    return sum(dfa.transitions.nbytes for dfa in _MEMO.values())
+
+
+def _is_anchored(regex: str) -> bool:
+    return regex.startswith(_ANCHOR_OPEN) and regex.endswith(_ANCHOR_CLOSE)
+
+
+def _outlines_byte_dfa(anchored_regex: str) -> ByteDFA:
+    """outlines-core's byte automaton of a pattern our parser leaves to it (no work budget: its build cannot be
+    interrupted, only the caller's size estimate guards it)."""
     from outlines_core import Index
 
     # A sentinel byte in front: `\x01` never occurs in JSON text, so the automaton after it is the pattern's own.
     # Without it outlines-core spends most of the build near the start state on some patterns (measured: a free
-    # JSON value nested two deep 0.92 s -> 0.016 s, an array of them 5.3 s -> 0.026 s; the same DFA).
-    index = Index(_SENTINEL + anchored_regex, _probe_vocabulary())
+    # JSON value nested two deep 0.92 s -> 0.016 s, an array of them 5.3 s -> 0.026 s; the same DFA). (A start
+    # anchor inside the pattern then never matches; outlines-core cannot build one without the sentinel either.)
+    try:
+        index = Index(_SENTINEL + anchored_regex, _probe_vocabulary())
+    except ValueError as exc:  # (outlines-core raises plain ValueErrors: a pattern it cannot read or build)
+        raise InvalidRegexError(
+            f"the regex does not compile ({str(exc)[:300]}); use Rust `regex` syntax (no look-around, no "
+            f"back-references): fix the pattern {anchored_regex[:200]!r}"
+        ) from None
     table = index.get_transitions()  # {state: {byte (or 256 = EOS): next}}
     entry = index.get_initial_state()
     initial = table.get(entry, {}).get(_SENTINEL_BYTE)
     if initial is None:
-        raise ValueError("the regex matches no text")
+        raise UnsatisfiableSchemaError(f"the regex {anchored_regex[:200]!r} matches no text; check the schema/regex")
     table = {state: edges for state, edges in table.items() if state != entry}  # nothing leads back to it
     # all edges as flat arrays (a few numpy calls per state instead of a Python step per edge)
     counts = np.fromiter((len(edges) for edges in table.values()), dtype=np.int64, count=len(table))
@@ -131,9 +205,4 @@ def build_byte_dfa(anchored_regex: str, *, fresh: bool = False) -> ByteDFA:
     finals = np.zeros(dead + 1, dtype=bool)
     final_ids = np.fromiter(index.get_final_states(), dtype=np.int64)
     finals[remap(final_ids)] = True
-    dfa = ByteDFA.from_arrays(transitions, 0, finals)
-    with _LOCK:
-        _MEMO[anchored_regex] = dfa
-        while len(_MEMO) > _MEMO_SIZE:
-            _MEMO.popitem(last=False)
-    return dfa
+    return ByteDFA.from_arrays(transitions, 0, finals)

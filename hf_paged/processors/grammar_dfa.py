@@ -22,14 +22,15 @@ raises `SchemaTooComplexError`.
 
 from __future__ import annotations
 
-import mmap
 import threading
 from dataclasses import dataclass
 
 import numpy as np
 
 from hf_paged.errors import SchemaTooComplexError
+from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.grammar_rules import Rule, grammar_rules
+from hf_paged.processors.lazy_zeros import lazy_zeros
 from hf_paged.processors.utf8_bodies import multibyte_ends
 
 __all__ = ["CAPACITY", "MAX_DEPTH", "GrammarDFA", "InsideView"]
@@ -39,13 +40,6 @@ CAPACITY = 1 << 20  # states a grammar automaton may name (a row is 1 KB, alloca
 ROOT_ROWS = 1 << 15  # a root rule up to this many states has its rows built with the automaton
 CONTEXT_ROWS = 256  # a called rule up to this many states has its rows built when its context is first met
 MAX_VIEWS = 1 << 17  # memoised `inside_view`s (~200 bytes each), then cleared
-
-
-def _zeros(shape: tuple[int, ...], dtype: type) -> np.ndarray:
-    """A zero-filled array on its own anonymous mapping, in 4 KB pages: numpy asks the kernel for 2 MB pages on
-    big arrays, and zeroing one on first touch costs milliseconds (measured: 5 ms for one row of a new context)."""
-    size = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    return np.frombuffer(mmap.mmap(-1, size), dtype=dtype).reshape(shape)
 
 
 @dataclass(slots=True)
@@ -75,28 +69,29 @@ class GrammarDFA:
     Args:
         text: the grammar string.
         capacity: most states named (then `SchemaTooComplexError`).
+        budget: the work budget of the rules' automata (see `grammar_rules`).
 
     Raises:
-        ValueError: a rule does not compile (outlines-core's error), or calls a rule that does not exist.
+        InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError: see `grammar_rules`.
     """
 
     lazy = True
     initial = 1
     dead = 0
 
-    def __init__(self, text: str, capacity: int = CAPACITY):
-        self.rules = grammar_rules(text)
+    def __init__(self, text: str, capacity: int = CAPACITY, budget: CompileBudget | None = None):
+        self.rules = grammar_rules(text, budget)
         self.capacity = capacity
         # zero-filled arrays: the OS hands out their pages on first write, so capacity costs address space only
-        self.transitions = _zeros((capacity, 256), np.int32)
-        self.finals = np.zeros(capacity, dtype=bool)
-        self.loops = _zeros((capacity, 4), np.uint64)
-        self.has_loops = np.zeros(capacity, dtype=bool)
-        self.known = np.zeros(capacity, dtype=bool)  # row built
+        self.transitions = lazy_zeros((capacity, 256), np.int32)
+        self.finals = lazy_zeros(capacity, np.bool_)
+        self.loops = lazy_zeros((capacity, 4), np.uint64)
+        self.has_loops = lazy_zeros(capacity, np.bool_)
+        self.known = lazy_zeros(capacity, np.bool_)  # row built
         self.known[0] = True  # dead: all zeros, loops on itself (never walked)
         self._num_named = 1
-        self._state_context = np.zeros(capacity, dtype=np.int32)  # one configuration: its context + 1, else 0
-        self._rule_state = np.zeros(capacity, dtype=np.int32)  # ... and its rule state
+        self._state_context = lazy_zeros(capacity, np.int32)  # one configuration: its context + 1, else 0
+        self._rule_state = lazy_zeros(capacity, np.int32)  # ... and its rule state
         self._contexts: list[_Context] = []
         self._context_ids: dict[tuple, int] = {}  # prefix + (rule,) -> context
         self._sets: dict[int, frozenset] = {}  # states of several configurations

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hf_paged.errors import InvalidRegexError
+from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.byte_dfa import build_byte_dfa
 from hf_paged.processors.grammar_text import DIGITS, MARK, WIDTH, split_grammar
 
@@ -32,10 +34,10 @@ class Rule:
     multibyte: np.ndarray | None = None  # `utf8_bodies.multibyte_ends` of every state, on first need
 
 
-def _compile_rule(text: str) -> Rule:
+def _compile_rule(text: str, budget: CompileBudget) -> Rule:
     from hf_paged.processors.index_cache import anchored
 
-    dfa = build_byte_dfa(anchored(text))
+    dfa = build_byte_dfa(anchored(text), budget=budget)
     table, dead = dfa.transitions.copy(), dfa.dead
     calls: dict[int, list[tuple[int, int]]] = {}
     for state in np.flatnonzero(table[:-1, MARK] != dead).tolist():
@@ -51,29 +53,39 @@ def _compile_rule(text: str) -> Rule:
                 calls, has_calls)
 
 
-_RULES: OrderedDict[str, list[Rule]] = OrderedDict()  # grammar -> its rules (validation, then the build)
+_RULES: OrderedDict[str, tuple[list[Rule], int]] = OrderedDict()  # grammar -> its rules, their work (`ByteDFA.work`)
 _RULES_SIZE = 8
 _RULES_LOCK = threading.Lock()
 
 
-def grammar_rules(text: str) -> list[Rule]:
-    """The rules of a grammar string, memoised (they are immutable; every `GrammarDFA` has its own states)."""
+def grammar_rules(text: str, budget: CompileBudget | None = None) -> list[Rule]:
+    """The rules of a grammar string, memoised (they are immutable; every `GrammarDFA` has its own states); their
+    automata are built against `budget` (a memoised grammar charges their work again: the same outcome either way).
+
+    Raises:
+        InvalidRegexError: not a grammar string, a rule that does not compile, or a call to a missing rule.
+        SchemaTooComplexError, UnsatisfiableSchemaError: see `build_byte_dfa`.
+    """
+    budget = budget if budget is not None else CompileBudget()
     with _RULES_LOCK:
         hit = _RULES.get(text)
         if hit is not None:
             _RULES.move_to_end(text)
-            return hit
+    if hit is not None:
+        budget.spend("work", hit[1])
+        return hit[0]
     parts = split_grammar(text)
     if parts is None:
-        raise ValueError("not a grammar string (see grammar_text.join_grammar)")
-    rules = [_compile_rule(part) for part in parts]
+        raise InvalidRegexError("not a grammar string (see grammar_text.join_grammar)")
+    before = budget.work
+    rules = [_compile_rule(part, budget) for part in parts]
     for number, rule in enumerate(rules):
         for targets in rule.calls.values():
             for callee, _ in targets:
                 if not 0 < callee < len(rules):
-                    raise ValueError(f"rule {number} calls rule {callee}, which the grammar does not have")
+                    raise InvalidRegexError(f"rule {number} calls rule {callee}, which the grammar does not have")
     with _RULES_LOCK:
-        _RULES[text] = rules
+        _RULES[text] = (rules, budget.work - before)
         while len(_RULES) > _RULES_SIZE:
             _RULES.popitem(last=False)
     return rules

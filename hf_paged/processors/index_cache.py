@@ -1,17 +1,16 @@
 """Compiled token indexes: an LRU keyed by (schema or regex, whitespace, vocabulary fingerprint), an optional
-on-disk copy, a compile budget, and background compilation.
+on-disk copy, and background compilation.
 
-A compiled index is a byte automaton (`byte_dfa.py`, built by outlines-core in milliseconds) plus the lazy
-token view over the vocabulary trie (`token_index.py`): masks are computed per state on first visit, so a
-compile no longer scans the vocabulary from every state. Two facts about outlines-core 0.2.14 shape this module:
-- Its `Index` builder decides "may this token end here" from regex-automata's *delayed* match flag, so from a
-  state that is already a match it drops every token that leads to a non-final state: with `[0-9]+(\\.[0-9]+)?`
-  the `.` after `1` is refused and a number can only be an integer. Anchoring the pattern at the end of input
-  (`(?:R)\\z`) makes no state a match before end of input, which restores every transition (and also
-  neutralises leftmost-first alternation, `a|abc` then accepts `abc`). Every regex is compiled anchored.
-- `DFA::new` has no size limit and cannot be interrupted, so a pattern like `a{99999999}` exhausts memory. We
-  estimate the pattern's size first and refuse what is too big (`SchemaTooComplexError`), and wait for a
-  compile at most `max_compile_s` seconds.
+A compiled index is a byte automaton (`byte_dfa.py`, built by our compiler, `automaton/`) plus the lazy token view
+over the vocabulary trie (`token_index.py`): masks are computed per state on first visit, so a compile does not
+scan the vocabulary from every state.
+- Every regex is compiled whole-text, in the anchored form `(?:R)\\z` (the key of the automaton memo; the form
+  outlines-core needs for the patterns it still builds: its `Index` otherwise decides "may this token end here"
+  from a delayed match flag and drops every token that leads on from a state that is already a match).
+- Every unit of work is counted against a `CompileBudget` (counts, never seconds: one constraint has one outcome on
+  any machine under any load). outlines-core's `DFA::new` has no size limit and cannot be interrupted (`a{99999999}`
+  exhausts memory, `x.{20}` takes it 46 s); it only builds the rare patterns in Rust-only syntax, after the size
+  estimate (`check_regex_size`).
 """
 
 from __future__ import annotations
@@ -29,9 +28,12 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
+from hf_paged.errors import SchemaTooComplexError, UnsatisfiableSchemaError
+from hf_paged.processors import jit
+from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.byte_dfa import ByteDFA, build_byte_dfa
 from hf_paged.processors.grammar_dfa import GrammarDFA
+from hf_paged.processors.grammar_rules import grammar_rules
 from hf_paged.processors.grammar_text import split_grammar
 from hf_paged.processors.regex_size import estimate_regex_size
 from hf_paged.processors.token_index import StateMask, TokenIndex
@@ -42,6 +44,7 @@ __all__ = [
     "CompiledIndex",
     "IndexCache",
     "anchored",
+    "check_automaton",
     "check_regex_size",
     "default_index_cache",
     "index_key",
@@ -49,9 +52,10 @@ __all__ = [
 ]
 
 
-# CPU time a compile spends precomputing the masks of cheap (narrow) states, nearest the start first: ~20 us
-# each, so a 300-state function-call schema is warm in ~6 ms, and decoding meets fewer first visits
-WARM_SECONDS = 0.010
+# Masks a compile precomputes, nearest the start first, counted in narrow-state units (a narrow state's mask,
+# ~20 us, is one; a wide one counts `token_index.WIDE_UNITS`): the first few dozen states near the start, ~2 ms,
+# and decoding meets fewer first visits. A count, not a clock: the same states are warm on any machine.
+WARM_UNITS = 64
 
 
 def anchored(regex: str) -> str:
@@ -59,15 +63,28 @@ def anchored(regex: str) -> str:
     return f"(?:{regex})\\z"
 
 
-def build_automaton(regex: str) -> ByteDFA | GrammarDFA:
+def build_automaton(regex: str, budget: CompileBudget | None = None) -> ByteDFA | GrammarDFA:
     """The byte automaton of a regex, or of a grammar string (`grammar_dfa.join_grammar`: rows built on demand).
 
     Raises:
-        ValueError: outlines-core's error (the caller translates it into a typed error).
+        InvalidRegexError, UnsatisfiableSchemaError, SchemaTooComplexError: see `build_byte_dfa`.
     """
     if split_grammar(regex) is not None:
-        return GrammarDFA(regex)
-    return build_byte_dfa(anchored(regex))
+        return GrammarDFA(regex, budget=budget)
+    return build_byte_dfa(anchored(regex), budget=budget)
+
+
+def check_automaton(regex: str, budget: CompileBudget | None = None) -> None:
+    """Build what `build_automaton` needs that can fail (a regex's byte automaton; a grammar's rules, not its
+    rows), memoised for the build, counting its work against `budget`.
+
+    Raises:
+        InvalidRegexError, UnsatisfiableSchemaError, SchemaTooComplexError: see `build_byte_dfa`.
+    """
+    if split_grammar(regex) is not None:
+        grammar_rules(regex, budget)
+    else:
+        build_byte_dfa(anchored(regex), budget=budget)
 
 
 def index_key(kind: str, text: str, whitespace: str | None, fingerprint: str, *extra: Any) -> str:
@@ -100,44 +117,26 @@ class CompiledIndex:
 
 
 def _compile(
-    regex: str, vocab: TokenVocabulary, dfa: ByteDFA | GrammarDFA | None = None, from_disk: bool = False
+    regex: str, vocab: TokenVocabulary, dfa: ByteDFA | GrammarDFA | None = None, from_disk: bool = False,
+    budget: CompileBudget | None = None,
 ) -> CompiledIndex:
     """Byte automaton + lazy token view. The initial state's mask is computed now (an empty one means no token
     sequence of this vocabulary can match, reported at compile time rather than at the first step), and the
-    cheap states' masks within `WARM_SECONDS`."""
-    start = time.perf_counter()
+    cheap states' masks up to `WARM_UNITS`."""
+    start = time.perf_counter()  # (reported as `compile_s`, never a limit)
     if dfa is None:
-        try:
-            dfa = build_automaton(regex)
-        except ValueError as exc:
-            raise _translate_error(exc, regex) from None
+        dfa = build_automaton(regex, budget)
     compiled = CompiledIndex(TokenIndex(dfa, vocab, token_trie(vocab)), regex, vocab, 0.0, from_disk)
     if compiled.mask(dfa.initial).num_allowed == 0:
         raise UnsatisfiableSchemaError(
             f"no token of this vocabulary can start a match of the constraint {regex[:200]!r}; check the "
             "schema/regex, or use a tokenizer whose tokens cover every character it needs"
         )
-    compiled.index.warm(WARM_SECONDS)
+    # (with the walks still running as Python, while their compiled versions load: a tenth, since a mask then
+    # costs several times more, and decoding may never visit most of what warming computes)
+    compiled.index.warm(WARM_UNITS if jit.is_compiled() else WARM_UNITS // 10)
     compiled.compile_s = 0.0 if from_disk else time.perf_counter() - start
     return compiled
-
-
-def _translate_error(exc: Exception, regex: str) -> Exception:
-    message = str(exc)
-    if "exceeds limit" in message or "too big" in message or "size limit" in message:
-        return SchemaTooComplexError(
-            f"the constraint's automaton is too large for the regex engine ({message[:200]}); simplify the "
-            "schema (fewer alternatives, smaller counted repetitions) or raise its limits"
-        )
-    if "DFA" in message or "parse" in message.lower() or "NFA" in message:
-        return InvalidRegexError(
-            f"the regex does not compile ({message}); outlines-core uses Rust `regex` syntax (no look-around, "
-            f"no back-references): fix the pattern {regex[:200]!r}"
-        )
-    return UnsatisfiableSchemaError(
-        f"no token sequence of this vocabulary can spell a match of the constraint ({message[:300]}); "
-        "check the schema/regex, or use a tokenizer whose tokens cover every character it needs"
-    )
 
 
 def check_regex_size(regex: str, max_regex_size: int) -> None:
@@ -153,21 +152,19 @@ def check_regex_size(regex: str, max_regex_size: int) -> None:
         )
 
 
-def validate_regex(regex: str, *, max_regex_size: int = 200_000) -> None:
-    """Check a pattern cheaply before the full build: size budget, syntax, and a non-empty language.
+def validate_regex(regex: str, *, max_regex_size: int = 200_000, budget: CompileBudget | None = None) -> None:
+    """Check a pattern before the token index is built: size estimate, syntax, and a non-empty language.
 
-    The byte automaton built here (a few milliseconds: one token per byte) is memoised and reused by the build.
+    The byte automaton built here (its work counted against `budget`) is memoised and reused by the build.
 
     Raises:
-        SchemaTooComplexError: the estimated automaton is larger than `max_regex_size`.
+        SchemaTooComplexError: the estimated automaton is larger than `max_regex_size`, or its build passes a limit
+            of `budget`.
         InvalidRegexError: the pattern does not parse.
         UnsatisfiableSchemaError: the pattern matches nothing.
     """
     check_regex_size(regex, max_regex_size)
-    try:
-        build_automaton(regex)
-    except ValueError as exc:
-        raise _translate_error(exc, regex) from None
+    check_automaton(regex, budget)
 
 
 class IndexCache:
@@ -176,9 +173,12 @@ class IndexCache:
     Args:
         max_entries: indexes kept in memory (least recently used dropped first).
         cache_dir: directory where compiled indexes are saved and looked up across processes; None: memory only.
-        max_compile_s: longest wait for one build before `SchemaTooComplexError`.
-        max_regex_size: budget of `validate_regex`.
-        max_workers: background compile threads (outlines-core releases the GIL while it builds the automaton).
+        max_compile_s: None (default): wait for a build as long as it takes; its work budget (`CompileBudget`)
+            bounds it, so a constraint compiles or is refused the same way on any machine. A number: give up
+            waiting after that many seconds with `SchemaTooComplexError` (opt-in: the outcome then depends on the
+            machine's load).
+        max_regex_size: size estimate `validate_regex` refuses above (a cheap check before any automaton).
+        max_workers: background compile threads.
 
     Example:
         >>> cache = IndexCache(max_entries=8)
@@ -191,13 +191,13 @@ class IndexCache:
         max_entries: int = 64,
         *,
         cache_dir: str | os.PathLike | None = None,
-        max_compile_s: float = 10.0,
+        max_compile_s: float | None = None,
         max_regex_size: int = 200_000,
         max_workers: int = 2,
     ) -> None:
         if max_entries < 1:
             raise ValueError(f"IndexCache.max_entries must be >= 1, got {max_entries}")
-        if max_compile_s <= 0:
+        if max_compile_s is not None and max_compile_s <= 0:
             raise ValueError(f"IndexCache.max_compile_s must be > 0, got {max_compile_s}")
         self.max_entries = max_entries
         self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
@@ -223,10 +223,12 @@ class IndexCache:
                 return entry
         return None
 
-    def compile_async(self, key: str, regex: str, vocab: TokenVocabulary) -> Future:
+    def compile_async(self, key: str, regex: str, vocab: TokenVocabulary, budget: CompileBudget | None = None
+                      ) -> Future:
         """Start building the index for `regex` in a background thread; a hit returns a finished future.
 
-        Concurrent calls for the same key share one build.
+        Concurrent calls for the same key share one build. `budget`: the limits of its automata (default
+        `CompileBudget()`; a build needs no more than `validate_regex` did, so it never fails where that passed).
         """
         entry = self.get(key)
         if entry is not None:
@@ -237,19 +239,20 @@ class IndexCache:
             future = self._in_flight.get(key)
             if future is None:
                 self.num_misses += 1
-                future = self._executor.submit(self._build, key, regex, vocab)
+                future = self._executor.submit(self._build, key, regex, vocab, budget)
                 self._in_flight[key] = future
         return future
 
-    def get_or_compile(self, key: str, regex: str, vocab: TokenVocabulary) -> CompiledIndex:
-        """Return the index for `key`, building it (within `max_compile_s`) on a miss.
+    def get_or_compile(self, key: str, regex: str, vocab: TokenVocabulary, budget: CompileBudget | None = None
+                       ) -> CompiledIndex:
+        """Return the index for `key`, building it on a miss.
 
         Raises:
-            SchemaTooComplexError: the build did not finish within `max_compile_s` (it still completes in the
-                background and is cached, so nothing is lost, but this call gives up).
+            SchemaTooComplexError: over a limit of `budget`; or, with `max_compile_s` set, the build did not finish
+                within it (it still completes in the background and is cached, but this call gives up).
             InvalidRegexError | UnsatisfiableSchemaError: see `validate_regex`.
         """
-        future = self.compile_async(key, regex, vocab)
+        future = self.compile_async(key, regex, vocab, budget)
         try:
             return future.result(timeout=self.max_compile_s)
         except FutureTimeout:
@@ -265,12 +268,12 @@ class IndexCache:
             self._entries.clear()
 
     # -- internals -----------------------------------------------------------------------------------
-    def _build(self, key: str, regex: str, vocab: TokenVocabulary) -> CompiledIndex:
+    def _build(self, key: str, regex: str, vocab: TokenVocabulary, budget: CompileBudget | None) -> CompiledIndex:
         try:
             compiled = self._load(key, regex, vocab)
             if compiled is None:
                 check_regex_size(regex, self.max_regex_size)
-                compiled = _compile(regex, vocab)
+                compiled = _compile(regex, vocab, budget=budget.for_automaton() if budget is not None else None)
                 self._save(key, compiled)
             with self._lock:
                 self._entries[key] = compiled

@@ -8,18 +8,21 @@ from typing import Any
 
 from hf_paged.errors import InvalidRegexError, InvalidSchemaError, SchemaTooComplexError
 from hf_paged.processors.base import GuidedLogitsProcessor
+from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index_cache import IndexCache
-from hf_paged.processors.schema_regex import schema_to_grammar
+from hf_paged.processors.schema_ladder import schema_to_grammar
 
 __all__ = ["MAX_SCHEMA_NESTING", "JSONSchemaLogitsProcessor", "check_nesting", "load_schema"]
 
 
-def load_schema(schema: Any) -> dict | bool:
+def load_schema(schema: Any, budget: CompileBudget | None = None) -> dict | bool:
     """Accept a schema as a dict/bool, JSON text, or a pydantic model class; check it against its meta-schema.
 
     Raises:
         InvalidSchemaError: not JSON, not a schema, or an object of another type.
         InvalidRegexError: a `pattern` (or other regex keyword) that does not compile.
+        SchemaTooComplexError: nested deeper than `MAX_SCHEMA_NESTING`, or more objects than the budget's
+            `max_schema_objects` (counted before the meta-schema check, whose cost grows with them).
     """
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):  # pydantic v2 model class
         schema = schema.model_json_schema()
@@ -36,7 +39,7 @@ def load_schema(schema: Any) -> dict | bool:
             f"a JSON Schema is an object or a boolean, got {type(schema).__name__}; pass a dict, JSON text or a "
             "pydantic model class"
         )
-    check_nesting(schema)
+    (budget if budget is not None else CompileBudget()).spend("schema_objects", check_nesting(schema))
     from jsonschema import Draft202012Validator, exceptions, validators
 
     try:
@@ -64,12 +67,14 @@ def load_schema(schema: Any) -> dict | bool:
 MAX_SCHEMA_NESTING = 64
 
 
-def check_nesting(schema: Any) -> None:
+def check_nesting(schema: Any) -> int:
     """Raise `SchemaTooComplexError` for a schema nested deeper than `MAX_SCHEMA_NESTING` (walked without
-    recursion)."""
+    recursion); return how many objects it holds."""
     stack = [(schema, 1)]
+    num_objects = 0
     while stack:
         node, depth = stack.pop()
+        num_objects += isinstance(node, dict)
         if depth > MAX_SCHEMA_NESTING:
             raise SchemaTooComplexError(
                 f"the schema nests deeper than {MAX_SCHEMA_NESTING} JSON levels; flatten it (e.g. move repeated "
@@ -77,6 +82,7 @@ def check_nesting(schema: Any) -> None:
             )
         children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return num_objects
 
 
 class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
@@ -97,6 +103,9 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
         eos_token_id: the id(s) that end a document; default `tokenizer.eos_token_id`.
         index_cache: where compiled indexes live; default the process-wide cache.
         backend: how masks are applied (see `apply_token_bitmask_`).
+        budget: the work limits of the compile (`CompileBudget`: sub-schemas visited, automaton states and steps,
+            ...); counts, never seconds, so a schema compiles or is refused the same way on any machine. Default
+            `CompileBudget()`, which keeps every compile under ~2 s of CPU.
 
     Raises:
         InvalidSchemaError, UnsupportedSchemaError, UnsatisfiableSchemaError, InvalidRegexError,
@@ -121,16 +130,18 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
         eos_token_id: int | Iterable[int] | None = None,
         index_cache: IndexCache | None = None,
         backend: str = "auto",
+        budget: CompileBudget | None = None,
     ) -> None:
         if whitespace is not None and not isinstance(whitespace, str):
             raise TypeError(f"whitespace must be a regex string or None, got {type(whitespace).__name__}")
-        self.schema = load_schema(schema)
+        budget = budget if budget is not None else CompileBudget()
+        self.schema = load_schema(schema, budget)
         self.whitespace = whitespace
         self.strict = strict
         # a regex, or for a schema whose flat regex is over budget a grammar of rules (`grammar_dfa`)
         try:
             regex = schema_to_grammar(self.schema, whitespace=whitespace, strict=strict,
-                                      undeclared_keys=undeclared_keys)
+                                      undeclared_keys=undeclared_keys, budget=budget)
         except RecursionError:  # a safety net under MAX_SCHEMA_NESTING ($ref chains, unusual shapes)
             raise SchemaTooComplexError(
                 "the schema is too deeply nested to compile; flatten it (e.g. move repeated parts to $defs and "
@@ -145,4 +156,5 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
             eos_token_id=eos_token_id,
             index_cache=index_cache,
             backend=backend,
+            budget=budget.for_automaton(),  # (the ladder already counted the automata it built; these rebuild them)
         )

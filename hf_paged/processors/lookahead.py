@@ -47,15 +47,20 @@ def lookahead_classes(table: np.ndarray, dead: int, stops: np.ndarray, rounds: i
     num_classes = int(classes.max()) + 1
     weights = np.random.default_rng(_SEED).random(columns.shape[1] + 1)  # float hashes: one BLAS product a round (collisions: checked)
     for _ in range(rounds):
-        rows = np.concatenate([classes[:, None], classes[columns]], axis=1)  # [S, 1 + columns]
-        _, first, refined = np.unique(rows.astype(np.float64) @ weights, return_index=True, return_inverse=True)
+        own = classes.astype(np.float64)
+        after = own[columns]  # [S, columns]: the class each byte column leads to (floats: one BLAS product)
+        _, first, refined = np.unique(own * weights[0] + after @ weights[1:], return_index=True, return_inverse=True)
         refined = refined.reshape(-1)
-        if not (rows == rows[first[refined]]).all():  # a hash collision merged two classes: sort the rows
+        model = first[refined]
+        if not ((own == own[model]).all() and (after == after[model]).all()):  # a hash collision merged two
+            rows = np.concatenate([classes[:, None], classes[columns]], axis=1)  # classes: sort the rows
             _, refined = np.unique(rows, axis=0, return_inverse=True)
             refined = refined.reshape(-1)
         if int(refined.max()) + 1 == num_classes:
             break  # stable: every further round is the same partition
         classes, num_classes = refined, int(refined.max()) + 1
+        if num_classes * 10 > num_states * 9:  # nearly every state alone already: no class worth the next rounds
+            return np.arange(num_states, dtype=np.int64)  # (a finer partition shares less, never wrongly)
     return classes
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from hf_paged.errors import InvalidRegexError
 from hf_paged.processors.base import GuidedLogitsProcessor
+from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index_cache import IndexCache
 
 __all__ = ["RegexLogitsProcessor"]
@@ -16,15 +17,21 @@ class RegexLogitsProcessor(GuidedLogitsProcessor):
     """Constrain generation to texts that match `pattern` in full; EOS is allowed exactly when they do.
 
     Args:
-        pattern: a regex in Rust `regex` syntax (as Python's `re`, without look-around or back-references).
+        pattern: a regex in Rust `regex` syntax (as Python's `re`, without look-around or back-references). `\\d`,
+            `\\w`, `\\s` follow Python's Unicode tables; `\\p{..}`, nested classes, `(?i)` and `\\b` are compiled by
+            outlines-core, bounded only by the size estimate (`IndexCache(max_regex_size=...)`).
         tokenizer: the model's tokenizer.
         eos_token_id: the id(s) that end a document; default `tokenizer.eos_token_id`.
         index_cache: where compiled indexes live; default the process-wide cache.
         backend: how masks are applied (see `apply_token_bitmask_`).
+        budget: the work limits of the compile (`CompileBudget`: automaton positions, states and steps); counts,
+            never seconds, so a pattern compiles or is refused the same way on any machine. Default
+            `CompileBudget()`, which keeps every compile under ~2 s of CPU.
 
     Raises:
         InvalidRegexError: the pattern does not compile. UnsatisfiableSchemaError: it matches nothing.
-        SchemaTooComplexError: it is too large to compile. TokenizerError: no EOS id.
+        SchemaTooComplexError: its automaton is over a limit of `budget` (e.g. `(a|b)*a(a|b){20}` needs 2^21
+            states). TokenizerError: no EOS id.
 
     Example:
         >>> processor = RegexLogitsProcessor(r"[0-9]{3}-[0-9]{4}", tokenizer)                # doctest: +SKIP
@@ -39,6 +46,7 @@ class RegexLogitsProcessor(GuidedLogitsProcessor):
         eos_token_id: int | Iterable[int] | None = None,
         index_cache: IndexCache | None = None,
         backend: str = "auto",
+        budget: CompileBudget | None = None,
     ) -> None:
         if not isinstance(pattern, str) or not pattern:
             raise InvalidRegexError(f"pattern must be a non-empty regex string, got {pattern!r}")
@@ -50,4 +58,5 @@ class RegexLogitsProcessor(GuidedLogitsProcessor):
             eos_token_id=eos_token_id,
             index_cache=index_cache,
             backend=backend,
+            budget=budget,
         )

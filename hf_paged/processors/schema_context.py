@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsupportedSchemaError
+from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.grammar_text import MAX_RULES, call_regex
 from hf_paged.processors.schema_rx import Rx, raw
 
@@ -84,8 +85,9 @@ class Context:
     narrow_strings: bool = False
     any_depth: int = 1
     prune_cost: int | None = None  # when set: drop optional members / alternatives costlier than this budget
-    deadline: float = float("inf")  # time.monotonic() after which translation gives up (SchemaTooComplexError)
-    max_visits: int = 20_000  # sub-schema translations allowed (recursive $refs multiply them)
+    budget: CompileBudget = field(default_factory=CompileBudget)  # work counted across the ladder's tries
+    checked: dict[str, list[int]] = field(default_factory=dict)  # `valid_values` memo, shared by the ladder's tries
+    max_visits: int = 20_000  # sub-schema translations allowed in this try (recursive $refs multiply them)
     num_visits: int = 0
     num_cut: int = 0  # places a flat translation allows less than the schema (free values' depth, extras, recursion)
     num_pruned: int = 0  # optional properties and anyOf branches dropped to fit the budget (reported once)
@@ -118,14 +120,21 @@ class Context:
         return InvalidSchemaError(f"invalid schema at {pointer or '#'!r}: {problem}; {fix}")
 
     def check_cost(self, rx: Rx | None, pointer: str) -> Rx | None:
-        """Raise `SchemaTooComplexError` when a fragment exceeds the budget."""
-        if rx is not None and rx.cost > self.max_cost:
-            raise SchemaTooComplexError(
+        """Count the fragment's text as the translation's work (`CompileBudget.text`: writing it cost about that
+        many steps), and raise `SchemaTooComplexError` when its cost exceeds `max_cost`; the error carries the
+        `pointer` and `cost` (the ladder skips tries that cannot change them)."""
+        if rx is None:
+            return rx
+        self.budget.spend("text", len(rx.text))
+        if rx.cost > self.max_cost:
+            error = SchemaTooComplexError(
                 f"the regex for {pointer or '#'!r} would unroll to ~{rx.cost:,} automaton states, over the "
                 f"budget of {self.max_cost:,} (~{self.max_cost // 4:,} automaton states) even with optional "
                 "properties left out; simplify the schema (fewer alternatives, smaller maxItems/maxLength), "
                 "or raise max_cost"
             )
+            error.pointer, error.cost = pointer, rx.cost  # type: ignore[attr-defined]
+            raise error
         return rx
 
     def cap(self, hi: int | None, lo: int = 0) -> int | None:

@@ -37,12 +37,16 @@ def ordered_members(
     min_count: int,
     max_count: int | None,
     tail: Callable[[int], Rx | None],
+    ctx: Context | None = None,
+    pointer: str = "#",
 ) -> Rx | None:
     """Members in a fixed order, each (regex, required), joined by `sep`, with a member count bound.
 
     `tail(k)` gives the regex allowed after the members once k of them are written (e.g. extra keys, which must
     then make up any shortfall below `min_count`, and add their own separator when k > 0), None when nothing
-    can complete the object. Required members whose regex is None make the whole thing None.
+    can complete the object. Required members whose regex is None make the whole thing None. With `ctx`, a
+    fragment over its cost budget raises at once (`Context.check_cost`): counted members form a tree whose text
+    doubles per member, so the check must come before the text is written, not after.
     """
     if any(m is None and req for m, req in elements):
         return None
@@ -69,6 +73,8 @@ def ordered_members(
             else:
                 take = None if max_count is not None and k + 1 > max_count else seq(lead, f(i + 1, k + 1))
                 out = take if required else alt([take, f(i + 1, k)])
+        if ctx is not None:
+            ctx.check_cost(out, pointer)
         memo[key] = out
         return out
 
@@ -257,7 +263,7 @@ def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
         return first if need > 0 else opt(first)
 
     def build(members: list[tuple[Rx | None, bool]]) -> Rx | None:
-        body = ordered_members(members, sep, int(min_p), None if max_p is None else int(max_p), tail)
+        body = ordered_members(members, sep, int(min_p), None if max_p is None else int(max_p), tail, ctx, pointer)
         return seq(raw("\\{", atomic=True), ws, body, ws, raw("\\}", atomic=True))
 
     out = build(elements)

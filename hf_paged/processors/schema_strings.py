@@ -126,7 +126,14 @@ def string_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
                         "put the length into the pattern (e.g. `^[a-z]{1,20}$`)")
         fitted = (node, ctx.max_string_repeat, False)
     node, cap, open_too = fitted
-    return ctx.check_cost(quoted(emit(node, cap, open_too=open_too)), pointer)
+    return ctx.check_cost(quoted(_emitted(node, cap, open_too)), pointer)
+
+
+@lru_cache(maxsize=256)
+def _emitted(node: Node, cap: int | None, open_too: bool) -> Rx | None:
+    """`emit`, memoised: the ladder's tries write the same pattern again and again (a pattern of thousands of
+    alternatives costs ~0.2 s to write)."""
+    return emit(node, cap, open_too=open_too)
 
 
 def _constraint_node(schema: dict, ctx: Context, pointer: str) -> Node | None:

@@ -55,15 +55,27 @@ def finite_domain(schema: dict) -> list[Any] | None:
 
 
 def valid_values(values: list[Any], schema: Any, ctx: Context) -> list[Any]:
-    """The `values` that satisfy `schema` per jsonschema (references resolve against the root)."""
+    """The `values` that satisfy `schema` per jsonschema (references resolve against the root); each value is one
+    of the budget's `checks`. Memoised across the ladder's tries (`Context.checked`, keyed by content: the same
+    enum beside the same keywords is checked once per compile)."""
     import jsonschema
 
+    try:
+        key = json.dumps([schema, values], sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):  # (values JSON cannot spell: check them, unmemoised)
+        key = None
+    if key is not None and key in ctx.checked:
+        return [values[i] for i in ctx.checked[key]]
+    ctx.budget.spend("checks", len(values))
     try:
         if ctx.validator is None:
             root = ctx.root if isinstance(ctx.root, dict) else {}
             ctx.validator = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)(root)
         validator = ctx.validator.evolve(schema=schema)
-        return [v for v in values if validator.is_valid(v)]
+        kept = [i for i, v in enumerate(values) if validator.is_valid(v)]
+        if key is not None:
+            ctx.checked[key] = kept
+        return [values[i] for i in kept]
     except Exception as exc:
         raise ctx.invalid("#", f"cannot check values against the schema ({exc})", "fix the sub-schema") from exc
 

@@ -13,7 +13,6 @@ compiled from an end-anchored pattern, see `index_cache`; the property tests com
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +27,7 @@ from hf_paged.processors.vocabulary import TokenVocabulary
 
 __all__ = ["StateMask", "TokenIndex"]
 
+WIDE_UNITS = 5  # a wide state's first mask costs about five narrow ones (`warm` counts in narrow-state units)
 MAX_CACHED_BYTES = 64 << 20  # memoised masks per index: 6 KB of words + up to 200 KB of ids with GPT-2
 
 
@@ -126,39 +126,42 @@ class TokenIndex:
                     self._cached_bytes += mask.num_bytes
         return mask
 
-    def warm(self, max_seconds: float) -> int:
-        """Compute masks ahead of decoding for at most `max_seconds` of this thread's CPU time, nearest the
-        start first: narrow states (keys, punctuation, numbers: tens of microseconds each), then, with time left,
-        wide ones (string bodies: ~0.1 ms with the per-vocabulary plans). Returns how many masks were computed.
+    def warm(self, max_units: int) -> int:
+        """Compute masks ahead of decoding, nearest the start first: narrow states (keys, punctuation, numbers: tens
+        of microseconds each, one unit), then wide ones (string bodies: ~0.1 ms with the per-vocabulary plans,
+        `WIDE_UNITS` each), until `max_units` are spent. A count, not a clock: the same states are warm on any
+        machine. Returns how many masks were computed.
 
         Run at compile time, in the background while the prompt prefills: decoding then computes masks only on
         the first visits of states the budget did not reach (big schemas, counted strings). The automaton-wide
         facts of string bodies (`TrieWalk.prepare`, ~0.7 us a state) come first, outside the budget.
         """
-        if max_seconds > 0:
+        if max_units > 0:
             # string bodies: the automaton-wide facts first, outside the budget (~0.7 us a state, a few percent of
             # building the automaton; inside it, a 10k-state automaton would have no budget left for masks)
             self._walk.prepare()
             if self._grammar is not None:  # a grammar's lookahead classes (~3 ms per 1000 rule states)
                 self._grammar.prepare()
-        deadline = time.thread_time() + max_seconds
+        units, num_warmed = 0, 0
         if self.dfa.lazy:  # states are named as walks reach them, nearest the start first: warm in that order
-            state, num_warmed = self.dfa.initial, 0
-            while state < self.dfa.num_built and time.thread_time() < deadline:
+            state = self.dfa.initial
+            while state < self.dfa.num_built and units < max_units:
                 if self.cached_mask(state) is None:
+                    units += 1 if self._walk.is_narrow(state) else WIDE_UNITS
                     self.state_mask(state)
                     num_warmed += 1
                 state += 1
             return num_warmed
-        # state ids follow regex-automata's construction order (breadth-first from the start, initial = 0)
+        # state ids follow the construction order (breadth-first from the start, initial = 0)
         num_live = (self.dfa.transitions[:-1] != self.dfa.dead).sum(axis=1)
         narrow = np.flatnonzero(num_live <= self._walk.narrow_bytes).tolist()
         wide = np.flatnonzero(num_live > self._walk.narrow_bytes).tolist()
-        num_warmed = 0
         for state in narrow + wide:
-            if time.thread_time() >= deadline:
+            cost = 1 if num_live[state] <= self._walk.narrow_bytes else WIDE_UNITS
+            if units + cost > max_units:
                 break
             if self.cached_mask(state) is None:
+                units += cost
                 self.state_mask(state)
                 num_warmed += 1
         return num_warmed

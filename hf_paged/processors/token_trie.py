@@ -220,6 +220,9 @@ def build_token_trie(tokens: dict[bytes, tuple[int, ...]], vocab_size: int) -> T
     )
 
 
+# Vocabularies from this size on get the compiled walks (`jit.start`); a byte-level vocabulary walks its few hundred
+# nodes in Python faster than numba loads (~0.7 s of CPU in the background).
+JIT_MIN_TOKENS = 4096
 _LOCK = threading.Lock()
 _BY_FINGERPRINT: dict[str, TokenTrie] = {}
 
@@ -230,9 +233,9 @@ def token_trie(vocab: TokenVocabulary) -> TokenTrie:
         trie = _BY_FINGERPRINT.get(vocab.fingerprint)
         if trie is None:
             # (these import this module)
+            from hf_paged.processors import jit
             from hf_paged.processors.body_masks import body_plan
             from hf_paged.processors.body_tokens import JSON_KEY_ASCII, JSON_STRING_ASCII, body_tokens
-            from hf_paged.processors.trie_kernel import load_walk
 
             trie = build_token_trie(vocab.tokens, vocab.vocab_size)
             # the bodies of JSON strings and of free-form keys, and their bytes past a first one (a key's first
@@ -240,6 +243,7 @@ def token_trie(vocab: TokenVocabulary) -> TokenTrie:
             for ascii_bits, multibyte in ((JSON_STRING_ASCII, True), (JSON_KEY_ASCII, False)):
                 for skip_first in (False, True):
                     body_plan(trie, body_tokens(trie, ascii_bits, multibyte, skip_first))
-            load_walk()  # the compiled walk, loaded (or compiled) now rather than on a first visit's clock
+            if vocab.num_tokens >= JIT_MIN_TOKENS:  # (below, the Python walks cost less than loading numba)
+                jit.start()  # the compiled walks, loaded (or compiled in a child process) in the background
             _BY_FINGERPRINT[vocab.fingerprint] = trie
         return trie

@@ -11,9 +11,12 @@ A position is a token's place in the trie's DFS order (`token_trie`): a subtree 
 The walk is depth-first with an explicit stack, ~10 ns a node: the whole GPT-2 trie (98k nodes) in about 1 ms,
 where the numpy level-by-level walk it replaces paid ~15 array calls a level (1-7 ms on wide states).
 
-`walk_marked` is the same walk from the root that also sets the found tokens' bits in a bitmask (a narrow state's
-whole first visit in one call); `walk_tokens` walks listed tokens one by one until a stop (a string body's few
+`walk_marked` is the same walk from the root, then the found tokens' bits set in a bitmask (a narrow state's
+whole first visit in two calls); `walk_tokens` walks listed tokens one by one until a stop (a string body's few
 hundred tokens holding a quote or a backslash, the tokens longer than the lookahead classes reach).
+
+The loops are `jit.kernel`s: their Python bodies run until numba's compiled versions are loaded in the
+background (`jit.start`), so no caller ever waits for a compile.
 """
 
 from __future__ import annotations
@@ -22,11 +25,10 @@ import threading
 from dataclasses import dataclass
 
 import numpy as np
-from numba import njit
 
-from hf_paged.processors.body_closure import closed_states
+from hf_paged.processors.jit import kernel, warm_up
 
-__all__ = ["PairWalk", "TokenWalk", "load_walk", "pack_tokens", "walk_marked", "walk_pairs", "walk_tokens"]
+__all__ = ["PairWalk", "TokenWalk", "pack_tokens", "walk_marked", "walk_pairs", "walk_tokens"]
 
 
 _LOCAL = threading.local()  # per thread: output buffers of the walk (`_scratch`)
@@ -51,7 +53,7 @@ class TokenWalk:
     stop_state: np.ndarray  # int64: the state stopped at
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _walk(nodes, states, table, known, dead, loops, has_loops, child_ptr, child_ids, child_bytes, pos_ptr, sub_end,
           sub_bytes, stack_size, positions, pending_nodes, pending_states):  # pragma: no cover (compiled)
     stack_nodes = np.empty(stack_size, np.int64)
@@ -91,21 +93,15 @@ def _walk(nodes, states, table, known, dead, loops, has_loops, child_ptr, child_
     return num_positions, num_pending
 
 
-@njit(cache=True, nogil=True)
-def _walk_marked(nodes, states, table, known, dead, loops, has_loops, child_ptr, child_ids, child_bytes, pos_ptr,
-                 sub_end, sub_bytes, stack_size, positions, pending_nodes, pending_states, pos_ids,
-                 words):  # pragma: no cover (compiled)
-    num_positions, num_pending = _walk(nodes, states, table, known, dead, loops, has_loops, child_ptr, child_ids,
-                                       child_bytes, pos_ptr, sub_end, sub_bytes, stack_size, positions,
-                                       pending_nodes, pending_states)
+@kernel
+def _mark(positions, num_positions, pos_ids, words):  # pragma: no cover (compiled)
     for i in range(num_positions):  # the ids in place of their positions, and their bits
         token = pos_ids[positions[i]]
         positions[i] = token
         words[token >> 5] |= np.uint32(1) << np.uint32(token & 31)
-    return num_positions, num_pending
 
 
-@njit(cache=True, nogil=True)
+@kernel
 def _walk_tokens(state, table, inside, dead, flat, offsets, outcome, stop_depth, stop_state):  # pragma: no cover
     for i in range(offsets.shape[0] - 1):
         current = state
@@ -169,11 +165,12 @@ def walk_marked(trie, state: int, table: np.ndarray, known: np.ndarray, dead: in
     """`walk_pairs` from the root in one state, the allowed tokens' bits set in `words` (uint32) as it goes; the
     walk's `positions` hold token ids. One compiled call from state to bitmask: a narrow state's first visit."""
     positions, pending_nodes, pending_states = _scratch(trie)
-    num_ids, num_pending = _walk_marked(
+    num_ids, num_pending = _walk(
         _ROOT, np.array([state], dtype=np.int64), table, known, dead, loops, has_loops, trie.child_ptr,
         trie.child_ids, trie.child_bytes, trie.pos_ptr, trie.sub_end, trie.sub_bytes, 1 + 256 * (trie.max_depth + 1),
-        positions, pending_nodes, pending_states, trie.pos_ids, words,
+        positions, pending_nodes, pending_states,
     )
+    _mark(positions, num_ids, trie.pos_ids, words)
     return PairWalk(positions[:num_ids].copy(), pending_nodes[:num_pending].copy(),
                     pending_states[:num_pending].copy())
 
@@ -189,18 +186,15 @@ def _scratch(trie) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return buffers[1], buffers[2], buffers[3]
 
 
-def load_walk() -> None:
-    """Load the compiled loops (these walks and `body_closure`'s; numba's on-disk cache: ~0.2 s, a first compile:
-    ~3 s) with one tiny call each, in the signatures the masks use, so that no mask's first visit pays for it
-    (`token_trie` calls this once per vocabulary)."""
+@warm_up
+def _signatures() -> None:
+    """One tiny call per kernel, in the types the walks pass (int32 tables, bool flags, uint64 loop sets)."""
     one = np.zeros(1, np.int64)
     empty = np.zeros((1, 4), np.uint64)
-    _walk(one, one, np.zeros((1, 256), np.int32), np.ones(1, bool), -1, empty, np.zeros(1, bool),
-          np.zeros(2, np.int64), one, np.zeros(1, np.uint8), np.zeros(2, np.int64), one, empty, 1,
-          np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64))
-    _walk_marked(one, one, np.zeros((1, 256), np.int32), np.ones(1, bool), -1, empty, np.zeros(1, bool),
-                 np.zeros(2, np.int64), one, np.zeros(1, np.uint8), np.zeros(2, np.int64), one, empty, 1,
-                 np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64), one, np.zeros(1, np.uint32))
-    walk_tokens(0, np.zeros((1, 256), np.int32), np.ones(1, bool), -1, np.zeros(1, np.uint8),
-                np.zeros(2, np.int64))
-    closed_states(np.zeros((1, 256), np.int32), np.ones(1, bool), 0, 1 << 0x41)
+    _walk.dispatcher(one, one, np.zeros((1, 256), np.int32), np.ones(1, bool), -1, empty, np.zeros(1, bool),
+                     np.zeros(2, np.int64), one, np.zeros(1, np.uint8), np.zeros(2, np.int64), one, empty, 1,
+                     np.zeros(1, np.int64), np.zeros(1, np.int64), np.zeros(1, np.int64))
+    _mark.dispatcher(np.zeros(1, np.int64), 0, one, np.zeros(1, np.uint32))
+    _walk_tokens.dispatcher(0, np.zeros((1, 256), np.int32), np.ones(1, bool), -1, np.zeros(1, np.uint8),
+                            np.zeros(2, np.int64), np.zeros(1, np.int8), np.zeros(1, np.int64),
+                            np.zeros(1, np.int64))

@@ -225,9 +225,11 @@ def test_soundness_every_accepted_text_validates(i, value):
         jsonschema.validate(json.loads(text), schema)
 
 
-def test_translation_time_budget():
-    with pytest.raises(SchemaTooComplexError, match="max_seconds"):
-        schema_to_regex({"type": "object", "properties": {"a": {"type": "string"}}}, max_seconds=0)
+def test_translation_work_budget():
+    from hf_paged.processors.budget import CompileBudget
+
+    with pytest.raises(SchemaTooComplexError, match="max_visits"):
+        schema_to_regex({"type": "object", "properties": {"a": {"type": "string"}}}, budget=CompileBudget(max_visits=1))
 
 
 def test_nested_id_resources_keep_their_anchors_and_refuse_scoped_references():

@@ -1,0 +1,185 @@
+"""Compiled loops (numba) without compiling on the user's clock.
+
+A kernel is a plain Python function written for numba (loops over numpy arrays). `@kernel` wraps it in a
+`Kernel` that runs the Python body until the compiled one is ready, then the compiled one: the same code, the
+same results, only the speed changes. Nothing compiles on a caller's thread:
+
+    start() (a vocabulary of 4096+ tokens, an NFA of 5000+ positions)  ->  a background thread:
+        numba's on-disk cache holds every kernel?   load them (~0.7 s of CPU, off the caller's path)
+        otherwise (a fresh install)                 a child process compiles them (its own interpreter and
+                                                    core, lowered priority) and writes the cache; then load
+        every warm-up call (the exact signatures the callers use) passes -> all kernels switch at once
+
+`HF_PAGED_JIT=off` keeps the Python bodies (no numba at all); `HF_PAGED_JIT=now` makes `start()` wait until the
+kernels are compiled (benchmarks that time the compiled code from their first call). `wait()` blocks until the
+switch (tests and benchmarks).
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Kernel", "helper", "is_compiled", "kernel", "start", "wait", "warm_up"]
+
+logger = logging.getLogger(__name__)
+
+# the modules that define kernels (the child imports them all; none of them imports torch)
+KERNEL_MODULES = (
+    "hf_paged.processors.trie_kernel",
+    "hf_paged.processors.body_closure",
+    "hf_paged.processors.automaton.dfa_kernel",
+)
+_KERNELS: list[Kernel] = []
+_HELPERS: list[Callable[..., Any]] = []  # functions compiled kernels call (never run as Python: see `helper`)
+_WARM_UPS: list[Callable[[], None]] = []  # one call per kernel in the signatures its callers use
+_LOCK = threading.Lock()
+_DONE = threading.Event()  # set once the kernels switched (or will never switch: off, or a failure)
+_thread: threading.Thread | None = None
+
+
+class Kernel:
+    """A numba-ready Python function: runs as Python until the compiled version is loaded (`start`)."""
+
+    __slots__ = ("__name__", "compiled", "dispatcher", "misses", "python", "source")
+
+    def __init__(self, source: Callable[..., Any], python: Callable[..., Any] | None = None):
+        self.source = source  # what numba compiles
+        self.python = python or source  # what runs until then (the source itself, or a numpy twin)
+        self.__name__ = source.__name__
+        self.dispatcher: Any = None  # numba's dispatcher (warm-ups call it), made by the loader thread
+        self.compiled: Any = None  # the dispatcher once every kernel is loaded
+        self.misses = 0  # calls in a signature no warm-up compiled (they ran as Python: a warm-up to add)
+
+    def __call__(self, *args: Any) -> Any:
+        compiled = self.compiled
+        if compiled is None:
+            return self.python(*args)
+        try:
+            return compiled(*args)
+        except TypeError:  # a signature no warm-up compiled (compiling is disabled after the switch): Python
+            self.misses += 1
+            if self.misses == 1:
+                logger.warning("hf_paged: kernel %s called in a signature no warm-up compiled; it runs as Python",
+                               self.__name__)
+            return self.python(*args)
+
+
+def kernel(function: Callable[..., Any] | None = None, *, python: Callable[..., Any] | None = None) -> Any:
+    """Register a numba-ready function as a kernel (it must not call other kernels: compile one loop each).
+    `python`: a faster twin for the uncompiled phase (numpy, same results), where the plain loops would be slow."""
+
+    def wrap(source: Callable[..., Any]) -> Kernel:
+        wrapped = Kernel(source, python)
+        _KERNELS.append(wrapped)
+        return wrapped
+
+    return wrap(function) if function is not None else wrap
+
+
+def helper(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Register a function that compiled kernels call: the loader compiles it and puts the compiled version in its
+    module's namespace before the kernels compile. Only kernels with a Python twin (`kernel(python=...)`) may call
+    helpers: their own bodies never run as Python, so nothing runs a helper uncompiled by surprise."""
+    _HELPERS.append(function)
+    return function
+
+
+def warm_up(function: Callable[[], None]) -> Callable[[], None]:
+    """Register a function that calls kernels' `dispatcher`s once each, with tiny arguments of the exact types,
+    ranks and layouts the callers pass (compiled in the child, loaded from the cache by the loader thread)."""
+    _WARM_UPS.append(function)
+    return function
+
+
+def is_compiled() -> bool:
+    """Whether the kernels run compiled now."""
+    return bool(_KERNELS) and all(k.compiled is not None for k in _KERNELS)
+
+
+def start() -> None:
+    """Load (or, in a child process, compile) the kernels in the background; idempotent, returns at once (waits
+    for the switch when `HF_PAGED_JIT=now`)."""
+    global _thread
+    mode = os.environ.get("HF_PAGED_JIT", "background")
+    if mode == "child":  # (the compiling child: `compile_here` does the work)
+        return
+    if mode == "off":
+        _DONE.set()
+        return
+    with _LOCK:
+        if _thread is None:
+            _thread = threading.Thread(target=_load_all, name="hf_paged-jit", daemon=True)
+            _thread.start()
+    if mode == "now":
+        _DONE.wait()
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Start if needed and block until the kernels switched (True) or `timeout` seconds passed (False)."""
+    start()
+    return _DONE.wait(timeout) and is_compiled()
+
+
+def compile_here() -> None:
+    """The child process: compile every kernel in the callers' signatures and write numba's cache."""
+    try:
+        os.nice(10)  # (a background job: the user's process keeps the CPU when both want it)
+    except OSError:
+        pass
+    _dispatchers()
+    for call in _WARM_UPS:
+        call()
+
+
+def _dispatchers() -> None:
+    from numba import njit
+
+    for name in KERNEL_MODULES:
+        importlib.import_module(name)
+    for function in _HELPERS:
+        module = sys.modules[function.__module__]
+        if getattr(module, function.__name__) is function:
+            setattr(module, function.__name__, njit(cache=True, nogil=True)(function))
+    for k in _KERNELS:
+        if k.dispatcher is None:
+            k.dispatcher = njit(cache=True, nogil=True)(k.source)
+
+
+def _cached(dispatcher: Any) -> bool:
+    """Whether numba's on-disk cache has an entry for this function (its index; numba's internals, so any
+    surprise reads as "not cached", which only costs a child process)."""
+    try:
+        return bool(dispatcher._cache._cache_file._load_index())
+    except Exception:  # noqa: BLE001 -- internal API: be conservative
+        return False
+
+
+def _load_all() -> None:
+    try:
+        _dispatchers()
+        if not all(_cached(k.dispatcher) for k in _KERNELS):
+            env = dict(os.environ, HF_PAGED_JIT="child")
+            code = "from hf_paged.processors import jit; jit.compile_here()"
+            done = subprocess.run([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
+            if done.returncode != 0:  # (then the warm-ups below compile here, in this background thread)
+                logger.info("hf_paged: compiling the kernels in a child process failed (%s); compiling in a "
+                            "background thread", done.stderr.decode(errors="replace")[-300:])
+        for call in _WARM_UPS:
+            call()
+        for k in _KERNELS:
+            k.dispatcher.disable_compile()  # a new signature must never compile on a caller's thread
+        for k in _KERNELS:
+            k.compiled = k.dispatcher
+    except Exception as exc:  # noqa: BLE001 -- no numba, no compiler, no cache: the Python bodies stay
+        logger.warning("hf_paged: the compiled kernels are unavailable (%s: %s); using their Python versions",
+                       type(exc).__name__, exc)
+    finally:
+        _DONE.set()

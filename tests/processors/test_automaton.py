@@ -1,0 +1,155 @@
+"""Our regex compiler (`automaton/`) against outlines-core's, and the compiled kernels against their Python twins."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
+from hf_paged.processors import jit
+from hf_paged.processors.automaton import Unsupported, compile_regex
+from hf_paged.processors.automaton import dfa as dfa_module
+from hf_paged.processors.automaton.dfa_kernel import subset_construction
+from hf_paged.processors.automaton.nfa import build_nfa
+from hf_paged.processors.automaton.syntax import parse
+from hf_paged.processors.body_closure import _closed, _closed_numpy
+from hf_paged.processors.budget import CompileBudget
+from hf_paged.processors.byte_dfa import _outlines_byte_dfa, build_byte_dfa
+from hf_paged.processors.index_cache import anchored
+from hf_paged.processors.schema_ladder import schema_to_grammar, schema_to_regex
+
+REGEXES = [
+    "ab", "a|b", "a*", "[0-9]+(\\.[0-9]+)?", ".{3}", "(a*)*b", "a{0}", "x(?:)*y",
+    "[^a-c\\x00]{2}", "\\u00e9+|\\u4e2d", "[\\x{10000}-\\x{10FFFF}]", "(?:a|ab|abc)(?:c|bc)?", "(?s:.)", "a(?:$)",
+    "[ab]*a[ab]{5}", "(?:[ -~]|\\\\[\"\\\\])*", "-?(?:0|[1-9][0-9]*)(?:[eE][+\\-]?[0-9]+)?",
+    "\"(?:[^\"\\\\\\x00-\\x1f]|\\\\u[0-9a-fA-F]{4})*\"", "(?P<x>ab)+", "[^\\n]*", "[]a]b", "a{2,}", "(?:ab){2,3}?",
+]
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
+     "required": ["name"]},
+    {"type": "array", "items": {"enum": ["x", 1, None, True]}, "maxItems": 3},
+    {"anyOf": [{"type": "string", "format": "date"}, {"type": "number", "minimum": -2.5, "maximum": 1000}]},
+    {"type": "object", "additionalProperties": {"type": "string", "pattern": "^[a-z]+-[0-9]{2}$"}},
+]
+
+
+def _equivalent(a, b) -> bool:
+    """Two byte DFAs accept the same texts (a product walk over every byte from the initial states)."""
+    seen = {(0, 0)}
+    frontier = np.array([[0, 0]])
+    while frontier.shape[0]:
+        if (a.finals[frontier[:, 0]] != b.finals[frontier[:, 1]]).any():
+            return False
+        pairs = np.unique(np.stack([a.transitions[frontier[:, 0]].reshape(-1),
+                                    b.transitions[frontier[:, 1]].reshape(-1)], axis=1), axis=0)
+        new = [p for p in map(tuple, pairs.tolist()) if p not in seen]
+        seen.update(new)
+        frontier = np.array(new, dtype=np.int64).reshape(-1, 2)
+    return True
+
+
+@pytest.mark.parametrize("regex", REGEXES + [schema_to_regex(s) for s in SCHEMAS])
+def test_the_byte_automaton_matches_outlines_cores(regex):
+    ours = compile_regex(regex, CompileBudget())
+    assert ours is not None and _equivalent(ours, _outlines_byte_dfa(anchored(regex)))
+
+
+@pytest.mark.parametrize("regex", ["^a$|b", "(?:^)a|c", "a^b", "(?:$)a|b$", "\\Aa\\Z", "\\d{1,2}", "(?:\\w\\s)+"])
+def test_anchors_and_unicode_classes_match_pythons_full_match(regex):
+    """Python's `re` is the reference here: outlines-core cannot build a start anchor, and `\\d \\w \\s` follow
+    Python's Unicode tables (Rust's regex may know a newer Unicode version's few extra characters)."""
+    import re
+
+    ours = compile_regex(regex, CompileBudget())
+    for text in ("", "a", "b", "c", "ab", "ba", "aa", "7", "42", "\u0663", "x y ", "\u00e9\u3000"):
+        state = 0
+        for byte in text.encode():
+            state = ours.transitions[state, byte] if ours is not None else 0
+        accepted = ours is not None and bool(ours.finals[state])
+        assert accepted == bool(re.fullmatch(regex.replace("\\Z", "\\Z"), text)), (regex, text)
+
+
+def test_grammar_rules_match_outlines_core_too():
+    from hf_paged.processors.grammar_text import split_grammar
+
+    grammar = schema_to_grammar({"$defs": {"t": {"type": "object", "properties": {"kids": {"type": "array",
+                                 "items": {"$ref": "#/$defs/t"}}, "id": {"type": "string"}}}}, "$ref": "#/$defs/t"})
+    for rule in split_grammar(grammar) or [grammar]:
+        assert _equivalent(compile_regex(rule, CompileBudget()), _outlines_byte_dfa(anchored(rule)))
+
+
+def test_syntax_only_rust_reads_right_goes_to_outlines_core():
+    for regex in ("\\p{Greek}+", "[[:alpha:]]", "[a-z&&[^m]]", "(?i)abc", "\\bword\\b"):
+        with pytest.raises(Unsupported):
+            parse(regex)
+        try:
+            build_byte_dfa(anchored(regex))  # outlines-core builds it ...
+        except InvalidRegexError:  # ... or refuses it (`\\b`: no Unicode word boundary in its DFAs)
+            pass
+
+
+def test_typed_errors():
+    with pytest.raises(InvalidRegexError, match="look-around"):
+        parse("a(?=b)")
+    with pytest.raises(InvalidRegexError):
+        build_byte_dfa(anchored("a("))
+    with pytest.raises(UnsatisfiableSchemaError):
+        build_byte_dfa(anchored("a[^\\x00-\\x{10FFFF}]"))
+    with pytest.raises(SchemaTooComplexError, match="max_nfa_states"):
+        build_byte_dfa(anchored("(?:x{1000}){1000}"))
+    deep = "(" * 600 + "a" + ")" * 600  # nested groups: no recursion in our reader or NFA builder
+    assert compile_regex(deep, CompileBudget()) is not None
+
+
+def test_dead_ends_are_trimmed():
+    dfa = compile_regex("a(?:b[^\\x00-\\x{10FFFF}]|c)", CompileBudget())  # `ab` leads nowhere: `b` is dead
+    assert dfa.transitions[dfa.transitions[0, ord("a")], ord("b")] == dfa.transitions.shape[0] - 1
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    if not jit.wait(300):
+        pytest.skip("numba is unavailable here: only the Python twins run")
+
+
+def test_compiled_subset_construction_equals_its_twin(compiled, monkeypatch):
+    calls = []
+    monkeypatch.setattr(dfa_module, "subset_construction", lambda *args: calls.append(args) or subset_construction(*args))
+    for regex in REGEXES + [schema_to_regex(s) for s in SCHEMAS]:
+        dfa_module.determinize(build_nfa(parse(regex), CompileBudget()), CompileBudget())
+    for pattern, limits in (("(a|b)*a(a|b){14}", (2000, 10**9)), ("(.*,){4}x.{6}", (10**6, 3000))):
+        args = list(calls[0])
+        nfa = build_nfa(parse(pattern), CompileBudget())
+        dfa_module.determinize(nfa, CompileBudget(max_dfa_states=10**6, max_dfa_steps=10**9))
+        args = list(calls[-1])
+        args[-2:] = limits  # stopped by each limit, at the same point
+        calls.append(tuple(args))
+    for args in calls:
+        twin, fast = subset_construction.python(*args), subset_construction.compiled(*args)
+        assert tuple(map(int, twin[:3])) == tuple(map(int, fast[:3]))
+        assert all(np.array_equal(x, y) for x, y in zip(twin[3:], fast[3:]))
+
+
+def test_closed_states_twin_equals_the_loop(compiled):
+    rng = np.random.default_rng(7)
+    for _ in range(30):
+        num_states = int(rng.integers(3, 40))
+        dead = num_states - 1
+        table = rng.choice(np.append(np.arange(num_states), [dead] * 3), size=(num_states, 256)).astype(np.int32)
+        table[dead] = dead
+        inside = rng.random(num_states) < 0.9
+        columns = np.array(sorted(rng.choice(128, size=int(rng.integers(1, 20)), replace=False)), dtype=np.int64)
+        assert np.array_equal(_closed.compiled(table, inside, dead, columns), _closed_numpy(table, inside, dead, columns))
+
+
+def test_the_warm_ups_cover_the_signatures_the_masks_use(compiled):
+    """After the switch, a schema's compile and masks never fall back to Python (a missing warm-up would)."""
+    from hf_paged.processors import JSONSchemaLogitsProcessor
+    from hf_paged.processors.index_cache import IndexCache
+    from tests.processors.hostile_inputs import gpt2_or_toy
+
+    tok = gpt2_or_toy()
+    for schema in SCHEMAS:
+        index = JSONSchemaLogitsProcessor(schema, tok, index_cache=IndexCache()).compiled.index
+        index.warm(10_000)
+    assert [k.__name__ for k in jit._KERNELS if k.misses] == []
