@@ -37,14 +37,10 @@ CONFIGS = [("auto", "auto"), ("torch", "auto"), ("auto", "int8"), ("torch", "int
 
 
 def build_model() -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
+    """The random 60M Llama of `latency.py --arrivals` (and of the issue's profile)."""
+    from benchmarks.latency import stall_model
 
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536,
-                                         num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
-                                         max_position_embeddings=4096)).eval()
-    model.generation_config.eos_token_id = None
-    return model
+    return stall_model()
 
 
 @contextmanager

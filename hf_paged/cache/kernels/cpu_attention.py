@@ -107,6 +107,22 @@ def _write_out(out, acc, q0, q_len, h, g):
             out[q0 + r, h * g + j] = acc[r * g + j]
 
 
+@njit(cache=True, nogil=True, fastmath=True, inline="always")
+def softmax_row(s, width):
+    """s[:width] (one query's scores, all valid) -> its probabilities, in place."""
+    m = s[0]
+    for c in range(1, width):
+        m = max(m, s[c])
+    total = np.float32(0.0)
+    for c in range(width):
+        e = np.exp(s[c] - m)
+        s[c] = e
+        total += e
+    inv = np.float32(1.0) / total
+    for c in range(width):
+        s[c] *= inv
+
+
 @njit(cache=True, nogil=True, fastmath=True)
 def _decode_head(q, q0, h, g, key_cache, value_cache, table, lo, length, scale, scores, acc, out):
     """One query (row q0, the sequence's last position) per query head of KV head h: keys lo .. length - 1.
@@ -124,17 +140,7 @@ def _decode_head(q, q0, h, g, key_cache, value_cache, table, lo, length, scale, 
                 for d in range(dim):
                     dot += qq[d] * k[d]
                 s[t - lo] = dot * scale
-        m = s[0]
-        for c in range(1, width):
-            m = max(m, s[c])
-        total = np.float32(0.0)
-        for c in range(width):
-            e = np.exp(s[c] - m)
-            s[c] = e
-            total += e
-        inv = np.float32(1.0) / total
-        for c in range(width):
-            s[c] *= inv
+        softmax_row(s, width)
     acc[:g] = 0.0
     for blk in range(lo // bs, (length + bs - 1) // bs):
         values = value_cache[table[blk]]

@@ -21,7 +21,7 @@ import torch
 from numba import njit, prange
 
 from hf_paged.cache.kernels.cpu_attention import (
-    _FASTMATH, _add_value, _rows_seeing, _scratch, _score_row, _softmax_rows, _write_out,
+    _FASTMATH, _add_value, _rows_seeing, _scratch, _score_row, _softmax_rows, _write_out, softmax_row,
 )
 
 # format codes of `_dequant_row` (the Triton kernels' codes, `quantized.FORMAT_CODES`; fp8 as bytes)
@@ -171,20 +171,8 @@ def _decode_head_quantized(q, q0, h, g, k_data, k_scale, k_zero, k_fmt, k_layout
                 for d in range(dim):
                     dot += qq[d] * k[d]
                 scores[j, t - lo] = dot * scale
-    width = length - lo
     for j in range(g):
-        s = scores[j]
-        m = s[0]
-        for c in range(1, width):
-            m = max(m, s[c])
-        total = np.float32(0.0)
-        for c in range(width):
-            e = np.exp(s[c] - m)
-            s[c] = e
-            total += e
-        inv = np.float32(1.0) / total
-        for c in range(width):
-            s[c] *= inv
+        softmax_row(scores[j], length - lo)
     acc[:g] = 0.0
     shift = np.zeros(g, np.float32)  # int4 values: sum of weight * zero point, taken off every dim at the end
     for blk in range(lo // bs, (length + bs - 1) // bs):
