@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 __all__ = ["run_replicas"]
-
-_PAGED_FIELDS = ("block_size", "num_blocks", "max_cache_bytes", "max_num_seqs", "max_num_batched_tokens",
-                 "max_prefill_tokens_per_step", "kv_cache_dtype")
 
 
 def run_replicas(args) -> int:
@@ -15,6 +10,7 @@ def run_replicas(args) -> int:
     (checked before Ray starts)."""
     from hf_paged.cli_common import CliError
     from hf_paged.config import PagedConfig
+    from hf_paged.serving.server import paged_overrides, read_chat_template
 
     replicas = 1 if args.replicas is None else args.replicas  # --address alone: one replica on that cluster
     if replicas < 1:
@@ -23,17 +19,12 @@ def run_replicas(args) -> int:
         raise CliError("--replicas routes by the replicas' prefix caches: drop --no-prefix-caching")
     if args.max_waiting is not None and args.max_waiting < 1:
         raise CliError(f"--max-waiting must be >= 1, got {args.max_waiting}")
-    paged = {name: getattr(args, name) for name in _PAGED_FIELDS if getattr(args, name) is not None}
+    paged = paged_overrides(args)  # --no-prefix-caching is refused above: the replicas route by their caches
     try:
         PagedConfig(**paged)
     except (TypeError, ValueError) as exc:
         raise CliError(str(exc)) from None
-    template = None
-    if args.chat_template is not None:
-        file = Path(args.chat_template)
-        if not file.is_file():
-            raise CliError(f"chat template file {args.chat_template!r} not found")
-        template = file.read_text()
+    template = read_chat_template(args)
     try:
         import ray
         from ray import serve

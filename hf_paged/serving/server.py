@@ -44,15 +44,34 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--address", default=None, help="with --replicas: join this Ray cluster (default: local)")
 
 
+_PAGED_FLAGS = ("block_size", "num_blocks", "max_cache_bytes", "max_num_seqs", "max_num_batched_tokens",
+                "max_prefill_tokens_per_step", "kv_cache_dtype")
+
+
+def paged_overrides(args) -> dict:
+    """The `PagedConfig` fields the serve flags set (the others keep their defaults)."""
+    overrides = {name: getattr(args, name) for name in _PAGED_FLAGS if getattr(args, name) is not None}
+    if args.no_prefix_caching:
+        overrides["enable_prefix_caching"] = False
+    return overrides
+
+
+def read_chat_template(args) -> str | None:
+    """`--chat-template FILE`'s text, or None; `CliError` when the file is missing."""
+    from hf_paged.cli_common import CliError
+
+    if args.chat_template is None:
+        return None
+    file = Path(args.chat_template)
+    if not file.is_file():
+        raise CliError(f"chat template file {args.chat_template!r} not found")
+    return file.read_text()
+
+
 def _paged_config(args):
     from hf_paged.config import PagedConfig
 
-    names = ("block_size", "num_blocks", "max_cache_bytes", "max_num_seqs", "max_num_batched_tokens",
-             "max_prefill_tokens_per_step", "kv_cache_dtype")
-    overrides = {name: getattr(args, name) for name in names if getattr(args, name) is not None}
-    if args.no_prefix_caching:
-        overrides["enable_prefix_caching"] = False
-    return PagedConfig(**overrides)
+    return PagedConfig(**paged_overrides(args))
 
 
 def run_serve(args) -> int:
@@ -73,12 +92,7 @@ def run_serve(args) -> int:
         config = _paged_config(args)
     except (TypeError, ValueError) as exc:
         raise CliError(str(exc)) from None
-    template = None
-    if args.chat_template is not None:
-        file = Path(args.chat_template)
-        if not file.is_file():
-            raise CliError(f"chat template file {args.chat_template!r} not found")
-        template = file.read_text()
+    template = read_chat_template(args)
     engine, tokenizer, name = _start_engine(args, config)
     if template is not None:
         tokenizer.chat_template = template
