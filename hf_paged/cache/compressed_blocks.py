@@ -251,19 +251,23 @@ class CompressedKV:
         shape = (len(step.touched_ids), step.block_size, *new.shape[1:])
         temp = torch.zeros(shape, dtype=self.dtype, device=device)
         if step.read_pos.numel():
-            temp[step.read_pos.to(device)] = self.staging[step.read_rows.to(device)]
-        temp.view(-1, *new.shape[1:])[step.token_rows.to(device)] = new.to(self.dtype)
+            temp.index_copy_(0, step.read_pos.to(device), self.staging.index_select(0, step.read_rows.to(device)))
+        temp.view(-1, *new.shape[1:]).index_copy_(0, step.token_rows.to(device), new.to(self.dtype))
         if step.full_pos.numel():
-            full = temp[step.full_pos.to(device)]
+            full = temp.index_select(0, step.full_pos.to(device))
+            full_ids = step.full_ids.to(device)
             for g, (heads, fmt) in enumerate(self.groups):
-                x = full if self.whole else full[:, :, heads.to(device)]
+                x = full if self.whole else full.index_select(2, heads.to(device))
                 quantized = fmt.quantize(x)
                 for name, t in self._group_parts(g).items():
-                    t[step.full_ids.to(device)] = quantized[name].to(t.dtype)
+                    data = quantized[name].to(t.dtype)
+                    if t.element_size() == 1:  # index_copy_ has no float8 kernels: copy the bytes
+                        t, data = t.view(torch.uint8), data.view(torch.uint8)
+                    t.index_copy_(0, full_ids, data)
             if self.stream is not None:
                 self._fresh = write_streaming_heads(self.stream, self.slot_parts, step.stream, full, self.dtype)
         if step.partial_pos.numel():
-            self.staging[step.partial_rows.to(device)] = temp[step.partial_pos.to(device)]
+            self.staging.index_copy_(0, step.partial_rows.to(device), temp.index_select(0, step.partial_pos.to(device)))
         return temp
 
     def dequantize(self, block_ids: torch.Tensor) -> torch.Tensor:

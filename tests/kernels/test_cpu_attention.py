@@ -133,3 +133,21 @@ def test_sequences_spread_over_threads_give_the_same_output(two_threads):
     torch.testing.assert_close(out, dense_quantized_attention(qc), **tolerance(torch.float32))
     if launch._parallel_ok is False:
         pytest.skip("numba has no thread-safe threading layer here (TBB or OpenMP): the serial kernels ran")
+
+
+@pytest.mark.parametrize("window", [None, 40])
+@pytest.mark.parametrize("block_size", [8, 16])
+def test_long_quantized_chunks_in_segments_match_the_oracle(monkeypatch, window, block_size):
+    """Long chunks (a fresh prompt, a chunk after a prefix hit starting mid-block, one ending mid-block) cut into
+    several query segments: every query still reads the same copy of every key as the oracle's."""
+    import hf_paged.cache.kernels.cpu_prefill as cpu_prefill
+
+    monkeypatch.setattr(cpu_prefill, "SEGMENT_TOKENS", 32)
+    case = make_case([150, 203, 1, 37], [150, 101, 1, 37], num_heads=4, num_kv_heads=2, head_dim=16,
+                     block_size=block_size, dtype=torch.float32, seed=7)
+    qc = quantize_case(case, "int8", "int4", seed=3)
+    plan = _plan(case, window, quantized=True)
+    assert plan.long_seqs == [0, 1, 3]
+    out = run_cpu_attention(plan, case.query, qc.key, qc.value, scale=case.scale, softcap=None, tail=qc.tail)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, dense_quantized_attention(qc, window), **tolerance(torch.float32))

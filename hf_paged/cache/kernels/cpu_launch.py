@@ -87,12 +87,11 @@ def run_cpu_attention(plan: CpuAttentionPlan, query: torch.Tensor, key_cache, va
     if plan.long is not None:
         run_attention_plan(plan.long, q, key_cache, value_cache, scale=scale, softcap=softcap, out=out)
     elif plan.long_seqs:  # quantized: each long chunk dequantizes its own context (one matmul amortises it)
-        from hf_paged.cache.kernels.reference_quantized import ref_paged_prefill_attention_quantized
+        from hf_paged.cache.kernels.cpu_prefill import prefill_quantized_segments
 
-        ref_paged_prefill_attention_quantized(
-            q, key_cache, value_cache, torch.from_numpy(plan.tables), torch.from_numpy(plan.query_start_loc),
-            torch.from_numpy(plan.context_lens), scale=scale, sliding_window=plan.window or None, tail=tail,
-            seqs=plan.long_seqs, out=out)
+        prefill_quantized_segments(q, key_cache, value_cache, torch.from_numpy(plan.tables),
+                                   plan.query_start_loc.tolist(), plan.context_lens.tolist(), plan.long_seqs,
+                                   scale=scale, sliding_window=plan.window or None, tail=tail, out=out)
     return out
 
 
