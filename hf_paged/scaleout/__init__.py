@@ -7,6 +7,7 @@
   with Ray (hf_paged[ray]), imported on demand:
     ray_router.py  HfPagedRequestRouter  the policy as a Ray Serve RequestRouter
     deploy.py      deploy(), EngineReplica, Gateway: N replicas behind one endpoint (asgi.py, prompt_key.py)
+    metrics_merge.py  every replica's /metrics text as one, a `replica` label per sample (pure text, no Ray)
     cli.py         hf-paged serve --replicas N [--address ADDR]
 
 The policy imports neither Ray nor torch: it is tested and simulated alone (`benchmarks/routing_sim.py`).

@@ -10,14 +10,17 @@ The endpoints are the single-server ones (`hf_paged.serving.build_app`), served 
 forwards any path. Why a gateway: Serve's HTTP proxy routes before the request body arrives, so a router there
 cannot see the prompt. A replica that dies before sending anything is retried once on another replica; one that
 dies mid-answer ends the answer with an error (an SSE error event, or a cut body). `GET /hf_paged/router` shows the
-router's view (replicas, loads, reports, choices by reason). `/metrics` is the answering replica's own, and every
-answer names its replica in an `x-hf-paged-replica` header; a `replica` label across replicas is not built.
+router's view (replicas, loads, reports, choices by reason). Every answer names its replica in an `x-hf-paged-replica`
+header. `GET /metrics` reports every live replica, each sample with a `replica` label (`DeploymentHandle.broadcast`
+of `EngineReplica.metrics`, merged by `metrics_merge.py`), plus the gateway's own gauges; a replica that fails or takes
+longer than `scrape_timeout_s` is left out and counted in `hf_paged:metrics_scrape_errors`.
 
     hf_paged.scaleout.deploy.deploy(model_path, replicas=2)      # returns the Serve app handle; HTTP on :8000
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -30,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from hf_paged.scaleout.asgi import HttpCall, ResponseStart, forward
+from hf_paged.scaleout.metrics_merge import CONTENT_TYPE, ReplicaMetrics, render_scrape
 from hf_paged.scaleout.prompt_key import routing_info
 from hf_paged.scaleout.ray_router import HfPagedRequestRouter
 
@@ -127,6 +131,17 @@ class EngineReplica:
                 item = ResponseStart(item.status, [*item.headers, (b"x-hf-paged-replica", self.tag.encode())])
             yield item
 
+    async def metrics(self, timeout_s: float = 5.0) -> ReplicaMetrics:
+        """This replica's `/metrics` text (the gateway merges every replica's). Bounded by `timeout_s`: the
+        engine figures wait for the step in progress, and a scrape must not."""
+        async def render() -> str:
+            items = [item async for item in forward(self.app, HttpCall("GET", "/metrics"))]
+            if not isinstance(items[0], ResponseStart) or items[0].status != 200:
+                raise RuntimeError(f"replica {self.tag}: /metrics answered {items[0]!r}")
+            return b"".join(items[1:]).decode()
+
+        return ReplicaMetrics(self.tag, await asyncio.wait_for(render(), timeout_s))
+
     def record_routing_stats(self) -> dict[str, Any]:
         return self.reporter.summary().to_stats()
 
@@ -142,6 +157,8 @@ class EngineReplica:
 
 class Gateway:
     """The HTTP ingress: finds the prompt, forwards the request to the replica the router picks, streams back."""
+
+    scrape_timeout_s = 5.0  # each replica's bound on its `/metrics`; the whole scrape gets 2 s more (Prometheus: 10 s)
 
     def __init__(self, engine: Any, spec: ReplicaSpec) -> None:
         from transformers import AutoTokenizer
@@ -159,6 +176,8 @@ class Gateway:
             from hf_paged.scaleout import registry
 
             return JSONResponse([router.snapshot() for router in registry.routers()])
+        if path == "/metrics" and request.method == "GET":
+            return Response(await self.scrape(), media_type=CONTENT_TYPE)
         call = HttpCall(request.method, path, request.url.query.encode(), tuple(request.headers.raw), body)
         routing = None
         if request.method == "POST" and path in _ROUTED_PATHS:
@@ -178,6 +197,30 @@ class Gateway:
             return StreamingResponse(_rest(stream, headers.get("content-type", "")), status_code=start.status,
                                      headers=headers)
         return _error(503, "no replica could take the request (the one tried stopped); retry", "replica_lost")
+
+    async def scrape(self) -> str:
+        """Every live replica's metrics, labelled by replica, and the gateway's own; never waits past the bound.
+
+        Each replica bounds its own answer (`scrape_timeout_s`), so a slow one is left out alone; the outer bound is
+        a backstop for a replica whose event loop is stuck, and then the whole scrape reports no replica (errors 1).
+        """
+        from hf_paged.scaleout import registry
+
+        results: list[ReplicaMetrics | BaseException]
+        try:
+            response = self.engine.broadcast("metrics", timeout_s=self.scrape_timeout_s)
+            results = await response.results_async(timeout_s=self.scrape_timeout_s + 2.0, return_exceptions=True)
+        except Exception as exc:  # noqa: BLE001 -- no replica running, or one stuck past its own bound
+            logger.warning("metrics scrape failed as a whole: %r", exc)
+            results = [exc]
+        routers = registry.routers()
+        routed = None
+        if routers:  # the cache-aware router (Serve's own pow2 router keeps no such counts)
+            routed = {}
+            for router in routers:
+                for reason, n in router.snapshot()["routed"].items():
+                    routed[reason] = routed.get(reason, 0) + n
+        return render_scrape(results, routed=routed)
 
 
 async def _rest(stream: Any, content_type: str):

@@ -102,3 +102,41 @@ def test_routing_info_digests_the_prompt_and_gives_up_quietly(tokenizer):
     assert (info.num_prompt_tokens, info.num_output_tokens) == (40, 5)
     for bad in (b"not json", b"[]", json.dumps({"messages": "x"}).encode()):
         assert routing_info("/v1/chat/completions", bad, tokenizer, 16) is None  # the replica answers the 400
+
+
+def test_gateway_scrape_labels_every_replica_and_skips_a_failed_one():
+    pytest.importorskip("ray")
+    from hf_paged.scaleout.deploy import EngineReplica, Gateway, ReplicaSpec
+    from hf_paged.scaleout.metrics_merge import ReplicaMetrics, parse_exposition
+
+    spec = ReplicaSpec(paged={"block_size": 16, "num_blocks": 64})
+    replica = EngineReplica(spec)  # outside Serve: its tag is "local"
+    try:
+        own = asyncio.run(replica.metrics(timeout_s=30))
+        assert isinstance(own, ReplicaMetrics) and own.replica == "local"
+        assert any(f.name == "hf_paged:num_requests_running" for f in parse_exposition(own.text))
+
+        class Broadcast:  # what `DeploymentHandle.broadcast(...)` gives: one answer per live replica, any order
+            def __init__(self, kwargs):
+                self.kwargs = kwargs
+
+            async def results_async(self, *, timeout_s, return_exceptions):
+                assert return_exceptions and timeout_s > self.kwargs["timeout_s"]
+                other = ReplicaMetrics("r2", own.text)
+                return [other, RuntimeError("replica r3 died"), await replica.metrics(**self.kwargs)]
+
+        class Handle:
+            def options(self, **_):
+                return self
+
+            def broadcast(self, method, **kwargs):
+                assert method == "metrics"
+                return Broadcast(kwargs)
+
+        text = asyncio.run(Gateway(Handle(), spec).scrape())
+    finally:
+        replica.engine.loop.shutdown()
+    running = [line for line in text.splitlines() if line.startswith("hf_paged:num_requests_running")]
+    assert [line.split("replica=")[1].split("}")[0] for line in running] == ['"local"', '"r2"']
+    assert text.count("# TYPE hf_paged:num_requests_running gauge") == 1
+    assert "hf_paged:metrics_replicas_scraped 2.0" in text and "hf_paged:metrics_scrape_errors 1.0" in text

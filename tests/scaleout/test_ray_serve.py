@@ -1,6 +1,7 @@
 """End to end on a local Ray cluster (num_cpus=2): 2 engine replicas of the tiny model behind the gateway.
 
-One test runs by default (serving, routing by cache, the router's view); killing a replica mid-run is marked slow.
+Two tests run by default on one cluster (serving, routing by cache, the router's view; `/metrics` across replicas);
+killing a replica mid-run is marked slow.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 ray = pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
+from prometheus_client.parser import text_string_to_metric_families
 
 SYSTEMS = [f"You are assistant number {k}. " + "Answer in one short sentence, kindly and plainly. " * 5
            for k in range(3)]
@@ -83,6 +85,29 @@ def test_replicas_serve_the_openai_endpoints_and_route_by_cache(endpoint):
         assert view["routed"].get("affinity", 0) >= 6
 
 
+def scrape(client) -> dict:
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain"), r.text
+    assert "x-hf-paged-replica" not in r.headers  # the answer is every replica's, not one's
+    return {f.name: f for f in text_string_to_metric_families(r.text)}
+
+
+def test_metrics_report_every_replica_with_a_replica_label(endpoint):
+    with httpx.Client(base_url=endpoint, timeout=60) as client:
+        tags = {chat(client, system, "count me").headers["x-hf-paged-replica"] for system in SYSTEMS}
+        families = scrape(client)
+        replicas = {s.labels["replica"] for s in families["hf_paged:num_requests_running"].samples}
+        assert len(replicas) == 2 and tags <= replicas, (tags, replicas)
+        assert replicas == set(router_view(client)["replicas"])
+        for name in ("hf_paged:time_to_first_token_seconds", "hf_paged:kv_cache_total_blocks"):
+            assert {s.labels["replica"] for s in families[name].samples} == replicas
+        successes = [s for s in families["hf_paged:request_success"].samples if s.name.endswith("_total")]
+        assert sum(s.value for s in successes) >= len(SYSTEMS)
+        assert families["hf_paged:metrics_replicas_scraped"].samples[0].value == 2
+        assert families["hf_paged:metrics_scrape_errors"].samples[0].value == 0
+        assert sum(s.value for s in families["hf_paged:router_requests_routed"].samples) >= len(SYSTEMS)
+
+
 @pytest.mark.slow
 def test_a_killed_replica_loses_no_request_silently(endpoint):
     results: list[tuple[str, str]] = []
@@ -119,6 +144,15 @@ def test_a_killed_replica_loses_no_request_silently(endpoint):
                     if a["name"].endswith(f"#EngineReplica#{victim}"))
         ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
         killed_at = time.time()
+        scraped: dict = {}
+
+        def scrape_now() -> None:  # a scrape right after the kill: it must answer, without the dead replica
+            with httpx.Client(base_url=endpoint, timeout=30) as other:
+                running = scrape(other)["hf_paged:num_requests_running"].samples
+            scraped.update(left={s.labels["replica"] for s in running}, seconds=time.time() - killed_at)
+
+        scraper = threading.Thread(target=scrape_now)
+        scraper.start()
         forgotten = None
         while time.time() - killed_at < 30:
             known = set(router_view(client)["replicas"])
@@ -134,6 +168,8 @@ def test_a_killed_replica_loses_no_request_silently(endpoint):
     assert not any(t.is_alive() for t in threads), "a request hung"
     assert forgotten is not None and forgotten < 5, f"the router still knew the dead replica {forgotten} s later"
     assert len(known) == 2, f"Serve did not bring a replacement: {known}"
+    scraper.join(timeout=30)
+    assert scraped.get("seconds", 99) < 10 and scraped["left"] and scraped["left"] <= before, scraped
     outcomes = [o for o, _ in results]
     print(f"killed {victim}: forgotten after {forgotten:.2f} s; {outcomes.count('ok')} complete answers, "
           f"errors {[d for o, d in results if o == 'error']}")
