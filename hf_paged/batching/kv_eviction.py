@@ -70,12 +70,12 @@ class KVEvictor:
             return
         for i, item in enumerate(schedule.scheduled):
             request = item.request
-            if self.policy == "snapkv" and i in metadata.observed:
-                scores = [s for (seq, _), s in metadata.eviction_scores.items() if seq == i]
+            observed = metadata.observed
+            if self.policy == "snapkv" and i in observed.queries:
+                scores = list(observed.of(i).values())
                 self._evict(request, torch.stack(scores).cpu() if scores else None, window_only=False)
-            elif self.policy == "pyramidkv" and i in metadata.observed:
-                self._evict_pyramid(request, {layer: s.cpu() for (seq, layer), s in
-                                              metadata.eviction_scores.items() if seq == i})
+            elif self.policy == "pyramidkv" and i in observed.queries:
+                self._evict_pyramid(request, {layer: s.cpu() for layer, s in observed.of(i).items()})
             elif self.policy == "streaming":
                 self._evict(request, None, window_only=True)
 

@@ -20,7 +20,7 @@ import torch
 from hf_paged.batching.request import Request
 from hf_paged.batching.scheduler import SchedulerOutput
 from hf_paged.cache.kv_manager import KVCacheManager
-from hf_paged.cache.metadata import PagedMetadata
+from hf_paged.cache.metadata import ObservedScores, PagedMetadata
 
 
 @dataclass(slots=True)
@@ -36,7 +36,7 @@ class StepInputs:
 def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size: int,
                       attention_backend: str = "auto", observation_window: int = 0) -> StepInputs:
     """`observation_window` > 0: requests whose prompt ends in this step get their last prompt queries' attention
-    scored (SnapKV eviction reads `metadata.eviction_scores` after the forward)."""
+    scored (SnapKV eviction reads `metadata.observed.scores` after the forward)."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -75,7 +75,7 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
         context_lens=context_lens,
         block_size=block_size,
         attention_backend=attention_backend,
-        observed=observed,
+        observed=ObservedScores(observed),
     )
     return StepInputs(input_ids, positions, metadata, logits_rows, sampled, num_drafts)
 

@@ -49,8 +49,9 @@ def paged_attention_forward(
         )
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     q = query[0].transpose(0, 1)  # [T, H, D]
-    step = paged_metadata.plans.get("compressed_step")
-    stores = None if step is None else step.plans.get(("kernel_stores", getattr(module, "layer_idx", 0)))
+    layer_idx = getattr(module, "layer_idx", 0)
+    step = paged_metadata.plans.compressed
+    stores = None if step is None else step.kernel_stores.get(layer_idx)
     reference_only = bool(paged_metadata.hidden or paged_metadata.observed)
     if stores is not None:  # compressed, read deferred: `key`/`value` are only the step's touched blocks
         if _use_kernel(paged_metadata, q, softcap, reference_only):
@@ -61,42 +62,31 @@ def paged_attention_forward(
             return out.unsqueeze(0), None
         key, value = stores[0].read(step, key), stores[1].read(step, value)  # the torch path's read buffers
     if paged_metadata.observed:
-        _record_scores(paged_metadata, getattr(module, "layer_idx", 0), q, key, scale)
-    needs_reference = "compressed_step" in paged_metadata.plans or bool(paged_metadata.hidden)
+        _record_scores(paged_metadata, layer_idx, q, key, scale)
+    needs_reference = step is not None or bool(paged_metadata.hidden)
     if _use_kernel(paged_metadata, q, softcap, needs_reference):
         out = _kernel_attention(paged_metadata, q, key, value, scale, sliding_window)
         return out.unsqueeze(0), None
-    step = paged_metadata.plans.get("compressed_step")
     if step is None and _use_cpu_kernel(paged_metadata, q, key, reference_only):
-        cpu_key = ("cpu", sliding_window)
-        plan = paged_metadata.plans.get(cpu_key)
-        if plan is None:
-            plan = paged_metadata.plans[cpu_key] = plan_cpu_attention(
-                paged_metadata.block_tables, paged_metadata.query_start_loc, paged_metadata.context_lens,
-                paged_metadata.block_size, sliding_window)
+        plan = _cpu_plan(paged_metadata, sliding_window, quantized=False)
         return run_cpu_attention(plan, q, key, value, scale=scale, softcap=softcap).unsqueeze(0), None
-    plan_key = (q.device, sliding_window)
-    plan = paged_metadata.plans.get(plan_key)
+    plans = paged_metadata.plans
     if step is not None:  # compressed cache: `key`/`value` are the step's read buffers, not the block storage
         plan = step.attention_plan(q.device, sliding_window)
-    elif plan is None:
-        plan = build_attention_plan(
-            paged_metadata.block_tables_on(q.device),
-            paged_metadata.query_start_loc,
-            paged_metadata.context_lens,
-            paged_metadata.block_size,
-            sliding_window,
-        )
-        paged_metadata.plans[plan_key] = plan
-    layer_idx = getattr(module, "layer_idx", 0)
+    else:
+        plan = plans.torch.get((q.device, sliding_window))
+        if plan is None:
+            plan = plans.torch[q.device, sliding_window] = build_attention_plan(
+                paged_metadata.block_tables_on(q.device), paged_metadata.query_start_loc,
+                paged_metadata.context_lens, paged_metadata.block_size, sliding_window)
     if paged_metadata.hidden.get(layer_idx):  # PyramidKV: this layer does not see some kept blocks
-        layer_key = (q.device, sliding_window, "layer", layer_idx)
-        if layer_key not in paged_metadata.plans:
-            paged_metadata.plans[layer_key] = hide_positions(
+        layer_key = (q.device, sliding_window, layer_idx)
+        if layer_key not in plans.hidden:
+            plans.hidden[layer_key] = hide_positions(
                 plan, paged_metadata.hidden[layer_idx], paged_metadata.query_start_loc, paged_metadata.context_lens,
                 paged_metadata.block_size,
             )
-        plan = paged_metadata.plans[layer_key]
+        plan = plans.hidden[layer_key]
     if step is not None and step.stream is not None and step.stream.layer_heads(layer_idx):
         # Streaming heads (DuoAttention) see only sinks + window; the other heads see everything.
         stream_plan = step.streaming_attention_plan(q.device, sliding_window)
@@ -111,17 +101,17 @@ def _record_scores(metadata: PagedMetadata, layer_idx: int, q: torch.Tensor, key
     """SnapKV: how much the last prompt queries of the observed requests attend to each of their keys."""
     from hf_paged.cache.eviction import observation_scores
 
-    step = metadata.plans.get("compressed_step")  # compressed: `key` is the step's read buffer, indexed virtually
+    step = metadata.plans.compressed  # compressed: `key` is the step's read buffer, indexed virtually
     bs, (heads, dim) = metadata.block_size, key.shape[-2:]
     flat = key.reshape(-1, heads, dim)
-    for i, num_observed in metadata.observed.items():
+    for i, num_observed in metadata.observed.queries.items():
         context_len, q_end = metadata.context_lens[i], metadata.query_start_loc[i + 1]
         table = torch.tensor(step.virtual_tables[i]) if step is not None else metadata.block_tables[i].long()
         positions = torch.arange(context_len)
         slots = (table[positions // bs] * bs + positions % bs).to(key.device)
         keys = flat.index_select(0, slots)
-        metadata.eviction_scores[i, layer_idx] = observation_scores(q[q_end - num_observed : q_end], keys,
-                                                                    num_observed, scale)
+        metadata.observed.record(i, layer_idx, observation_scores(q[q_end - num_observed : q_end], keys,
+                                                                  num_observed, scale))
 
 
 def _use_kernel(metadata: PagedMetadata, q: torch.Tensor, softcap, needs_reference: bool) -> bool:
@@ -147,15 +137,14 @@ def _tail(metadata: PagedMetadata, step, touched_k, touched_v):
     from hf_paged.cache.kernels import FullPrecisionTail
 
     device = touched_k.device
-    key = ("tail_tables", device)
-    tables = step.plans.get(key)
+    tables = step.tail_tables.get(device)
     if tables is None:  # logical block b of span i (written this step) -> its index among the touched blocks
         bs, touched = step.block_size, {b: i for i, b in enumerate(step.touched_ids)}
         rows = torch.zeros(metadata.block_tables.shape, dtype=torch.int32)
         for i, span in enumerate(step.spans):
             for b in range(span.start // bs, -(-span.end // bs)):
                 rows[i, b] = touched[span.block_ids[b]]
-        tables = step.plans[key] = rows.to(device)
+        tables = step.tail_tables[device] = rows.to(device)
     return FullPrecisionTail(touched_k, touched_v, tables)
 
 
@@ -169,14 +158,19 @@ def _compressed_kernel_attention(metadata: PagedMetadata, step, stores, q, touch
 def _compressed_cpu_attention(metadata: PagedMetadata, step, stores, q, touched_k, touched_v, scale,
                               sliding_window) -> torch.Tensor:
     """The CPU kernels' fused dequantization, on the same operands as `_compressed_kernel_attention`."""
-    key = ("cpu", sliding_window)
-    plan = metadata.plans.get(key)
-    if plan is None:
-        plan = metadata.plans[key] = plan_cpu_attention(
-            metadata.block_tables, metadata.query_start_loc, metadata.context_lens, metadata.block_size,
-            sliding_window, quantized=True)
+    plan = _cpu_plan(metadata, sliding_window, quantized=True)
     return run_cpu_attention(plan, q, stores[0].kernel_operand(), stores[1].kernel_operand(), scale=scale,
                              softcap=None, tail=_tail(metadata, step, touched_k, touched_v))
+
+
+def _cpu_plan(metadata: PagedMetadata, sliding_window: int | None, *, quantized: bool):
+    """The CPU kernels' plan of the step (one per window and cache kind), built by the first layer that needs it."""
+    plan = metadata.plans.cpu.get((sliding_window, quantized))
+    if plan is None:
+        plan = metadata.plans.cpu[sliding_window, quantized] = plan_cpu_attention(
+            metadata.block_tables, metadata.query_start_loc, metadata.context_lens, metadata.block_size,
+            sliding_window, quantized=quantized)
+    return plan
 
 
 def _kernel_attention(metadata: PagedMetadata, q, key_cache, value_cache, scale, sliding_window,

@@ -52,14 +52,16 @@ class StepPlan:
     partial_rows: torch.Tensor  # their staging rows
     ref_full_ids: torch.Tensor  # every full block the step reads (dequantized into the read buffer)
     virtual_tables: list[list[int]]  # per span: read-buffer block index of each table entry (main copy)
-    plans: dict = field(default_factory=dict)  # attention plans per (device, sliding_window)
+    read_plans: dict = field(default_factory=dict)  # (device, sliding_window) -> torch plan over the read buffer
+    kernel_stores: dict = field(default_factory=dict)  # layer -> its (K, V) stores, read in place by the kernels
+    tail_tables: dict = field(default_factory=dict)  # device -> the kernels' tail block tables (`FullPrecisionTail`)
     stream: StreamStep | None = None  # streaming heads' slots (`streaming_heads`); None without streaming heads
 
     def attention_plan(self, device: torch.device, sliding_window: int | None) -> AttentionPlan:
         key = (device, sliding_window)
-        plan = self.plans.get(key)
+        plan = self.read_plans.get(key)
         if plan is None:
-            plan = self.plans[key] = _build_read_plan(self, device, sliding_window)
+            plan = self.read_plans[key] = _build_read_plan(self, device, sliding_window)
         return plan
 
     def streaming_attention_plan(self, device: torch.device, sliding_window: int | None) -> AttentionPlan:

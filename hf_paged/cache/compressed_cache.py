@@ -16,7 +16,6 @@ from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.sizing import budget_bytes, max_useful_blocks
 from hf_paged.cache.streaming_heads import SlotMap, plan_stream_step
 
-_STEP_KEY = "compressed_step"  # where the step plan is memoised in `PagedMetadata.plans`
 
 
 class CompressedCacheMixin:
@@ -154,7 +153,7 @@ class CompressedCacheMixin:
 
     def step_plan_of(self, metadata: PagedMetadata) -> StepPlan:
         """The engine step's plan, built at the first layer and shared by the others through the metadata."""
-        plan = metadata.plans.get(_STEP_KEY)
+        plan = metadata.plans.compressed
         if plan is None:
             tables = metadata.block_tables.tolist()
             spans = []
@@ -162,7 +161,7 @@ class CompressedCacheMixin:
                 q_len = metadata.query_start_loc[i + 1] - metadata.query_start_loc[i]
                 table = tables[i][: -(-context_len // self.block_size)]
                 spans.append(SeqSpan(table, context_len - q_len, context_len))
-            plan = metadata.plans[_STEP_KEY] = self._plan(spans)
+            plan = metadata.plans.compressed = self._plan(spans)
         return plan
 
     def write_and_read(self, layer, key: torch.Tensor, value: torch.Tensor, plan: StepPlan, *, defer_read=False):
@@ -174,7 +173,7 @@ class CompressedCacheMixin:
         keys, values = layer.compressed
         temp_k, temp_v = keys.write(plan, key), values.write(plan, value)
         if defer_read and keys.kernel_readable and values.kernel_readable:
-            plan.plans[("kernel_stores", layer.layer_idx)] = layer.compressed
+            plan.kernel_stores[layer.layer_idx] = layer.compressed
             return temp_k, temp_v
         return keys.read(plan, temp_k), values.read(plan, temp_v)
 

@@ -8,8 +8,46 @@ and gather plans are memoised on the object, so the layers of one forward share 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hf_paged.cache.compressed_blocks import StepPlan
+    from hf_paged.cache.kernels.cpu_launch import CpuAttentionPlan
+    from hf_paged.cache.kernels.reference import AttentionPlan
+
+__all__ = ["ObservedScores", "PagedMetadata", "StepPlans"]
+
+
+@dataclass(slots=True)
+class StepPlans:
+    """The plans of one forward, each built by the first layer that needs it and shared by the others."""
+
+    compressed: StepPlan | None = None  # the compressed cache's writes and reads of the step (`compressed_cache`)
+    cpu: dict[tuple[int | None, bool], CpuAttentionPlan] = field(default_factory=dict)  # (window, quantized)
+    torch: dict[tuple[torch.device, int | None], AttentionPlan] = field(default_factory=dict)  # (device, window)
+    hidden: dict[tuple[torch.device, int | None, int], AttentionPlan] = field(default_factory=dict)
+    # ^ PyramidKV: (device, window, layer) -> the torch plan with that layer's hidden positions masked
+
+
+@dataclass(slots=True)
+class ObservedScores:
+    """Token pruning's question to attention and its answer (SnapKV, PyramidKV): the sequences whose last prompt
+    queries are scored, and, after the forward, each layer's scores of their keys (`eviction.observation_scores`)."""
+
+    queries: dict[int, int] = field(default_factory=dict)  # seq index -> how many of its last queries are scored
+    scores: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)  # seq -> layer -> [context_len]
+
+    def __bool__(self) -> bool:
+        return bool(self.queries)
+
+    def record(self, seq: int, layer: int, scores: torch.Tensor) -> None:
+        self.scores.setdefault(seq, {})[layer] = scores
+
+    def of(self, seq: int) -> dict[int, torch.Tensor]:
+        """Layer -> scores of sequence `seq`, in the order the layers ran ({} when it was not observed)."""
+        return self.scores.get(seq, {})
 
 
 @dataclass(slots=True)
@@ -23,10 +61,10 @@ class PagedMetadata:
     block_size: int
     attention_backend: str = "auto"  # PagedConfig.attention_backend: "auto" (Triton on CUDA), "torch", "triton"
     _on_device: dict = field(default_factory=dict)  # (name, device) -> tensor
-    plans: dict = field(default_factory=dict)  # attention plans per (device, sliding_window), built at first use
-    observed: dict[int, int] = field(default_factory=dict)  # seq index -> last queries whose attention is scored
-    eviction_scores: dict = field(default_factory=dict)  # (seq index, layer) -> [context_len] attention scores
-    hidden: dict = field(default_factory=dict)  # layer -> {seq index: table positions that layer must not see}
+    plans: StepPlans = field(default_factory=StepPlans)  # built at first use, shared by the layers
+    observed: ObservedScores = field(default_factory=ObservedScores)  # token pruning's scored queries and scores
+    hidden: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
+    # ^ PyramidKV: layer -> {seq index: table positions that layer must not see}
 
     @property
     def num_seqs(self) -> int:
