@@ -24,6 +24,7 @@ from hf_paged.batching.metrics import EngineMetrics
 from hf_paged.batching.model_runner import ModelRunner
 from hf_paged.batching.prefix_policy import PrefixPolicy
 from hf_paged.batching.request import Request, RequestOutput, RequestStatus, StepOutput, fork_ids
+from hf_paged.batching.retry import Retrier
 from hf_paged.batching.sampler import Sampler
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.batching.scheduler import Scheduler, SchedulerOutput
@@ -66,6 +67,7 @@ class Engine:
         self.runner = ModelRunner(model, self.cache)
         self.evictor = KVEvictor(self.config, self.kv, self.cache.kv_shape.num_layers)
         self.sampler = Sampler()
+        self.retrier = Retrier()  # max_retries: reruns of refused attempts (retry.py)
         self.metrics = EngineMetrics()
         self.requests: dict[str, Request] = {}
         self._children: dict[str, list[Request]] = {}  # parent id -> forks waiting for the parent's prompt
@@ -313,9 +315,11 @@ class Engine:
                 self._jump_forward(request, now, result)
 
     def _append(self, request: Request, tokens: list[int], now: float, result: StepOutput) -> None:
+        streams = not request.params.max_retries  # a request that may rerun shows its tokens once it has ended
         for token in tokens:
             request.output_ids.append(token)
-            result.new_tokens.setdefault(request.request_id, []).append(token)
+            if streams:
+                result.new_tokens.setdefault(request.request_id, []).append(token)
             self.metrics.num_generated_tokens += 1
             if request.first_token_time is None:
                 request.first_token_time = now
@@ -325,6 +329,8 @@ class Engine:
             if reason is not None:
                 self.scheduler.remove(request)
                 self._end(request, RequestStatus.FINISHED, reason, None)
+                if not streams and request.finish_reason != "retry":
+                    result.new_tokens[request.request_id] = list(request.output_ids)
                 return
 
     def _jump_forward(self, request: Request, now: float, result: StepOutput) -> None:
@@ -360,6 +366,13 @@ class Engine:
             hasattr(p, "is_complete") and not p.is_complete(request.request_id) for p in request.params.logits_processors
         ):
             reason = "length_incomplete"  # max_new_tokens cut a constrained document short: it will not parse
+        if request.params.max_retries:
+            decision = self.retrier.end_attempt(request, status, reason)
+            if decision.retry is not None:
+                self._retry(request, decision.retry)
+                return
+            if decision.error is not None:
+                status, reason, error = RequestStatus.FAILED, "error", decision.error
         request.status, request.finish_reason, request.error = status, reason, error
         request.finish_time = time.perf_counter()
         request.swapped = None
@@ -381,6 +394,21 @@ class Engine:
             if request.num_computed_tokens or request.output_ids:  # it ran (was admitted at least once)
                 self.metrics.num_prompt_tokens_queried += len(request.prompt_ids)
         self._ended.append(request.to_output())
+
+    def _retry(self, request: Request, retry: Request) -> None:
+        """Queue the next attempt of a refused request under the same id (its blocks are already freed; the
+        prompt's full blocks stay in the prefix cache). The old attempt is marked done ("retry") and never output."""
+        for proc in request.params.logits_processors:
+            if hasattr(proc, "release"):
+                proc.release(request.request_id)
+        self.speculator.release(request.request_id)
+        request.status, request.finish_reason = RequestStatus.FINISHED, "retry"
+        if request.parent_id is None:
+            self.metrics.num_prompt_tokens_cached += request.num_cached_tokens
+            self.metrics.num_prompt_tokens_queried += len(request.prompt_ids)
+        self.metrics.num_prompt_tokens += len(retry.prompt_ids)
+        self.requests[retry.request_id] = retry
+        self.scheduler.add(retry)
 
     def _fail_unschedulable(self) -> None:
         """Nothing could run although requests wait: the head of the queue can never fit. Fail it (no hang)."""
@@ -441,6 +469,8 @@ class Engine:
                 self.step()
             for rid in list(seen):
                 request = self.requests[rid]
+                if request.params.max_retries and not request.is_finished:
+                    continue  # a request that may rerun yields its tokens once it has ended
                 tokens = request.output_ids[seen[rid]:]
                 seen[rid] += len(tokens)
                 if tokens or request.is_finished:
@@ -461,6 +491,9 @@ class Engine:
         stats["kv_usage"] = stats["blocks_used"] / stats["blocks_total"]
         stats["requests_running"] = len(self.scheduler.running)
         stats["requests_waiting"] = len(self.scheduler.waiting)
+        stats.update(self.sampler.constraint_stats.summary())
+        stats["retries"] = self.retrier.num_retries
+        stats["retried_requests"] = self.retrier.num_retried_requests
         return stats
 
     def check_integrity(self) -> None:

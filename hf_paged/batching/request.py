@@ -11,7 +11,6 @@ import torch
 
 from hf_paged.batching.sampling import SamplingParams
 
-
 _FORK_MARK = "__child#"
 
 
@@ -43,6 +42,21 @@ class RequestStatus(enum.IntEnum):
 
     def __repr__(self) -> str:  # a RequestOutput's repr shows `status=RequestStatus.FINISHED`
         return f"{type(self).__name__}.{self.name}"
+
+
+@dataclass(slots=True)
+class RetryAttempt:
+    """One run of a request with `max_retries` (`RequestOutput.attempts`, in order; the last is the output)."""
+
+    finish_reason: str  # as `RequestOutput.finish_reason`
+    generated_tokens: list[int]  # the attempt's tokens
+    num_cached_tokens: int  # prompt tokens it found in the prefix cache
+    seed: int | None  # the seed its draws used (attempt k > 0: derived from the request's seed and k)
+    valid: bool | None  # the validator's verdict; None when it was not asked (cut short, failed, aborted)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.generated_tokens)
 
 
 @dataclass(slots=True, eq=False)
@@ -84,6 +98,11 @@ class Request:
     draft_probs: torch.Tensor | None = None
     num_draft_tokens: int = 0  # drafted tokens verified by the model, over the request's life
     num_accepted_tokens: int = 0  # of which accepted
+    num_masks_computed: int = 0  # sampled rows whose constraint mask was computed (resample: rejected draws only)
+    attempts: list[RetryAttempt] = field(default_factory=list)  # max_retries: the runs so far (retry.py)
+    seed: int | None = None  # max_retries: this attempt's seed (None: the request's own `params.seed`)
+    resample_checks: list[Any] | None = None  # constraint_mode="resample": the constraints asked per token ([]:
+    # masked as usual); None until its first sampled row (constraint_modes.resample_checks)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -116,6 +135,8 @@ class Request:
             logits=self.logits or None,
             num_draft_tokens=self.num_draft_tokens,
             num_accepted_tokens=self.num_accepted_tokens,
+            num_masks_computed=self.num_masks_computed,
+            attempts=list(self.attempts) if self.attempts else None,
         )
 
 
@@ -137,6 +158,9 @@ class RequestOutput:
     logits: list[torch.Tensor] | None = None  # raw logits per generated token (output_logits)
     num_draft_tokens: int = 0  # speculative decoding: drafted tokens the model verified
     num_accepted_tokens: int = 0  # of which it accepted (each saved one decode step)
+    num_masks_computed: int = 0  # sampled tokens whose constraint mask was computed (constraint_mode="resample":
+    # only the refused draws), over every attempt
+    attempts: list[RetryAttempt] | None = None  # max_retries >= 1: every run, in order (the last is this output)
 
     def is_finished(self) -> bool:
         return self.status.is_finished

@@ -4,6 +4,9 @@ Order per row, as stock `generate`: logits processors (user and built-in, each w
 -> min_new_tokens EOS suppression -> temperature -> top-k -> top-p -> argmax or a draw from the request's own
 generator. Rows without processors or sampling take a single batched argmax.
 
+A constrained row in `constraint_mode="resample"` is processed without its mask, picked, and checked against the
+constraint; only a refused token costs the mask and a second pick (`constraint_modes.py`).
+
 `process` applies the same chain without picking, for a request whose history is extended by `pending` tokens
 not yet appended (speculative verification scores each drafted position with the drafts before it).
 """
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
+from hf_paged.batching.constraint_modes import ConstraintStats, resample_checks
 from hf_paged.batching.request import Request
 
 
@@ -34,6 +38,9 @@ class ProcessedRows:
 class Sampler:
     """Picks one token per row of logits."""
 
+    def __init__(self) -> None:
+        self.constraint_stats = ConstraintStats()
+
     def __call__(self, requests: Sequence[Request], logits: torch.Tensor) -> SampleResult:
         n = len(requests)
         tokens: list[int | None] = [None] * n
@@ -45,7 +52,8 @@ class Sampler:
             for i, tok in zip(plain, scores.index_select(0, idx).argmax(dim=-1).tolist()):
                 tokens[i] = tok
         special = [i for i in range(n) if tokens[i] is None]
-        self._apply_batched_processors(requests, scores, special, errors)
+        resampled = {i for i in special if resample_checks(requests[i])}
+        self._apply_batched_processors(requests, scores, [i for i in special if i not in resampled], errors)
         for i in special:
             if errors[i] is not None:
                 continue
@@ -53,6 +61,9 @@ class Sampler:
             if request.params.output_logits:
                 request.logits.append(logits[i].clone())
             try:
+                if i in resampled:
+                    tokens[i] = self._resample(request, scores[i : i + 1])
+                    continue
                 row = self._process_row(request, scores[i : i + 1])
             except Exception as exc:  # noqa: BLE001 -- a user processor failed: only this request fails
                 errors[i] = f"logits processor failed: {type(exc).__name__}: {exc}"
@@ -87,6 +98,7 @@ class Sampler:
             for proc in requests[i].params.logits_processors:
                 if getattr(proc, "supports_continuous_batching", False) and hasattr(proc, "process_rows"):
                     groups.setdefault(id(proc), (proc, []))[1].append(i)
+        self._count_masks(requests, sorted({i for _, members in groups.values() for i in members}), pending is None)
         for proc, members in groups.values():
             ids = [requests[i].request_id for i in members]
             histories = [requests[i].output_ids if pending is None or not pending[i]
@@ -106,6 +118,36 @@ class Sampler:
             except Exception as exc:  # noqa: BLE001 -- isolate the failure to this processor's requests
                 for i in members:
                     errors[i] = f"logits processor {type(proc).__name__} failed: {exc}"
+
+    def _resample(self, request: Request, row: torch.Tensor) -> int:
+        """Resample mode: pick from the unmasked row; keep the token when every constraint allows it, else mask the
+        raw row and pick again (the masked distribution, see `constraint_modes.py`)."""
+        raw = row.clone()  # the chain may edit the row in place; a refusal needs the raw logits
+        token = self._pick(request, self._process_row(request, row))
+        checks = resample_checks(request)
+        stats = self.constraint_stats
+        stats.num_constrained_tokens += 1
+        stats.num_resampled_tokens += 1
+        if all(check.allows(request.request_id, request.output_ids, token) for check in checks):
+            return token
+        stats.num_rejections += 1
+        stats.num_masks_computed += 1
+        request.num_masks_computed += 1
+        for check in checks:
+            raw = check.process_rows([request.request_id], [request.output_ids], raw)
+        return self._pick(request, self._process_row(request, raw))
+
+    def _count_masks(self, requests: Sequence[Request], rows: list[int], sampling: bool) -> None:
+        """Mask mode's work: one mask per row a constraint masks (`sampling`: rows that pick a token now, not the
+        drafted positions of a speculative verification)."""
+        if not rows:
+            return
+        stats = self.constraint_stats
+        stats.num_masks_computed += len(rows)
+        if sampling:
+            stats.num_constrained_tokens += len(rows)
+            for i in rows:
+                requests[i].num_masks_computed += 1
 
     def _process_row(self, request: Request, row: torch.Tensor, pending: Sequence[int] = ()) -> torch.Tensor:
         params = request.params

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 # Most tokens drafted per step: a verification chunk of 1 + 15 queries still runs the in-place CPU attention
 # kernels (chunks of up to 16 queries a sequence); past that the step would fall back to the gather path.
 MAX_SPECULATIVE_TOKENS = 15
+
+# How a constrained request is held to its constraint (`batching/constraint_modes.py`).
+CONSTRAINT_MODES = ("mask", "resample")
 
 
 @dataclass(slots=True)
@@ -30,6 +33,16 @@ class SamplingParams:
         draft_model: who drafts them: None for prompt lookup (n-grams of the request's own tokens), or a smaller
             causal LM with the same tokenizer (run with its own paged cache).
         prompt_lookup_max_ngram: longest n-gram prompt lookup matches (the longest match wins).
+        constraint_mode: how a constraint (JSON schema, regex, choices) is enforced: "mask" (default) masks the
+            vocabulary at every step; "resample" draws from the unconstrained distribution and computes the mask
+            only when the draw is refused. Same output distribution (greedy: same tokens); see
+            `batching/constraint_modes.py`. Not with top_k/top_p when sampling, nor with speculative decoding.
+        max_retries: rerun a request whose constrained document was cut short (`length_incomplete`) or whose text
+            `validator` refuses, up to this many times, each with a new seed derived from `seed`; the prompt's
+            blocks come from the prefix cache. The output records every attempt (`RequestOutput.attempts`).
+        validator: `validator(text) -> bool`, called on each attempt that ended normally (text decoded with
+            `tokenizer`, else with the constraint's vocabulary; the token ids when neither exists). Default: JSON
+            Schema validation for a `JSONSchemaLogitsProcessor` request, else only `length_incomplete` retries.
 
     Example:
         >>> SamplingParams(max_new_tokens=8, do_sample=True, temperature=0.7, seed=1).do_sample
@@ -53,6 +66,9 @@ class SamplingParams:
     num_speculative_tokens: int = 0  # tokens drafted per step (0: no speculative decoding)
     draft_model: Any = None  # None: prompt lookup; else a causal LM that drafts
     prompt_lookup_max_ngram: int = 4  # longest n-gram matched by prompt lookup
+    constraint_mode: str = "mask"  # "mask" | "resample" (CONSTRAINT_MODES)
+    max_retries: int = 0  # reruns of a request whose document is cut short or refused by `validator`
+    validator: Callable[[str | list[int]], bool] | None = None  # None: schema validation (see retry.py)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -75,6 +91,7 @@ class SamplingParams:
         if self.logits_processors is None:
             self.logits_processors = []
         self._check_speculative()
+        self._check_constraint_options()
 
     def _check_speculative(self) -> None:
         k = self.num_speculative_tokens
@@ -87,6 +104,42 @@ class SamplingParams:
         n = self.prompt_lookup_max_ngram
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"SamplingParams.prompt_lookup_max_ngram must be an int >= 1, got {n!r}")
+
+    def _check_constraint_options(self) -> None:
+        from hf_paged.errors import InvalidConfigError
+
+        if self.constraint_mode not in CONSTRAINT_MODES:
+            raise InvalidConfigError(
+                f"SamplingParams.constraint_mode must be one of {CONSTRAINT_MODES}, got {self.constraint_mode!r}"
+            )
+        if self.constraint_mode == "resample":
+            if self.do_sample and (self.top_k or self.top_p < 1.0):
+                raise InvalidConfigError(
+                    f"SamplingParams.constraint_mode='resample' with top_k={self.top_k}, top_p={self.top_p}: it draws "
+                    "from the unconstrained distribution first, which top_k/top_p truncate before the constraint "
+                    "does, so the output would not follow mask mode's distribution; drop top_k/top_p or use "
+                    "constraint_mode='mask'"
+                )
+            if self.num_speculative_tokens:
+                raise InvalidConfigError(
+                    "SamplingParams.constraint_mode='resample' does not combine with speculative decoding "
+                    f"(num_speculative_tokens={self.num_speculative_tokens}: drafts are verified against masked "
+                    "scores); use constraint_mode='mask' or num_speculative_tokens=0"
+                )
+        r = self.max_retries
+        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
+            raise InvalidConfigError(f"SamplingParams.max_retries must be an int >= 0, got {r!r}")
+        if self.validator is not None:
+            if not callable(self.validator):
+                raise InvalidConfigError(
+                    f"SamplingParams.validator must be a callable text -> bool, got {type(self.validator).__name__}; "
+                    "pass a function (or None for the default schema validation)"
+                )
+            if r == 0:
+                raise InvalidConfigError(
+                    "SamplingParams.validator has no effect with max_retries=0: set max_retries >= 1 (attempts to "
+                    "rerun a request it refuses)"
+                )
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -123,6 +176,11 @@ class SamplingParams:
             params["num_speculative_tokens"] = min(int(gc.prompt_lookup_num_tokens), MAX_SPECULATIVE_TOKENS)
         if gc.max_matching_ngram_size:
             params["prompt_lookup_max_ngram"] = int(gc.max_matching_ngram_size)
+        # not GenerationConfig fields: extra attributes (`generate_batch(..., max_retries=2)`); a `validator` is a
+        # callable, which a GenerationConfig cannot hold (it serialises itself to JSON): pass `sampling_params=`
+        for name in ("constraint_mode", "max_retries"):
+            if getattr(gc, name, None) is not None:
+                params[name] = getattr(gc, name)
         names = {f.name for f in fields(cls)}
         params.update({k: v for k, v in overrides.items() if k in names})
         return cls(**params)

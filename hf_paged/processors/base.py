@@ -269,6 +269,23 @@ class GuidedLogitsProcessor(LogitsProcessor):
             index_state = compiled.index.get_next_state(index_state, token_id)
         return forced
 
+    def allows(self, request_id: str, generated: Sequence[int], token_id: int) -> bool:
+        """True when `token_id` may follow `generated` for this request: the bit of the state's memoised mask when
+        it has one, else a walk of the token's bytes; no vocabulary mask is computed (resample mode). EOS ids are
+        allowed exactly in final states (and alone once the document ended). The state is not moved."""
+        state = self._request_state(request_id, generated)
+        if state.finished or state.error is not None:
+            return token_id in self._eos_set
+        compiled = self.compiled
+        if token_id in self._eos_set:
+            return compiled.index.is_final_state(state.state)
+        if not 0 <= token_id < self.vocab.vocab_size:
+            return False
+        mask = compiled.state_mask(state.state)
+        if mask is not None:
+            return bool((int(mask.words[token_id >> 5]) >> (token_id & 31)) & 1)
+        return compiled.index.get_next_state(state.state, token_id) is not None
+
     def is_complete(self, request_id: str) -> bool:
         """True when the request's document is complete (EOS allowed now, or already produced)."""
         state = self._requests.get(request_id)

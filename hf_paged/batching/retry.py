@@ -1,0 +1,155 @@
+"""Retries of constrained requests (`SamplingParams.max_retries`): the policy, apart from the engine's mechanism.
+
+When a request with `max_retries >= 1` ends normally, `Retrier.end_attempt` records the attempt and decides:
+
+    finished --"length_incomplete"?---------------------------> retry (attempts left) | final
+             \\-- validator(text) (default: JSON Schema) false? --> retry (attempts left) | final (valid=False)
+                                                         true  --> final (valid=True)
+
+A retry is a fresh `Request` under the same id and prompt, with a seed derived from the request's own seed and the
+attempt number (`retry_seed`: the same reruns on any machine); the engine queues it, and its prompt's full blocks,
+cached while the first attempt ran, come back as prefix hits. The caller sees one request: its output is the first
+valid attempt or the last one, and `RequestOutput.attempts` lists every run. Aborted and failed requests are not
+retried. Greedy requests rerun the same tokens (only a validator that changes its mind makes that useful).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hf_paged.batching.request import Request, RequestStatus, RetryAttempt, fork_parent
+from hf_paged.batching.sampling import SamplingParams
+
+__all__ = ["AttemptEnd", "Retrier", "document_text", "retry_seed", "schema_validator"]
+
+
+@dataclass(slots=True)
+class AttemptEnd:
+    """What `Retrier.end_attempt` decided for a request that ended."""
+
+    retry: Request | None  # the next attempt to queue, or None: the request ends now
+    error: str | None = None  # the validator raised: the request ends FAILED with this error
+
+
+def retry_seed(seed: int | None, fork_index: int, attempt: int) -> int | None:
+    """The seed of attempt `attempt` (1, 2, ...) of fork `fork_index` (0: the request itself): a digest of the
+    request's seed, so reruns are reproducible; None when the request has no seed (the global generator then)."""
+    if seed is None:
+        return None
+    digest = hashlib.blake2b(f"{seed}/{fork_index}/{attempt}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def _fork_index(request: Request) -> int:
+    if request.parent_id is None:
+        return 0
+    return int(request.request_id[len(fork_parent(request.request_id)):].rsplit("#", 1)[-1]) + 1
+
+
+def document_text(request: Request) -> str | list[int]:
+    """The attempt's output as a validator reads it: text decoded by `params.tokenizer`, else the bytes the
+    constraint's vocabulary gives its tokens (EOS dropped); the token ids when neither can decode."""
+    params = request.params
+    if params.tokenizer is not None:
+        return params.tokenizer.decode(request.output_ids, skip_special_tokens=True)
+    for proc in params.logits_processors:
+        compiled = getattr(proc, "compiled", None)
+        if compiled is not None:
+            token_bytes = compiled.index.trie.token_bytes
+            size = len(token_bytes)
+            raw = b"".join(token_bytes[t] or b"" for t in request.output_ids if 0 <= t < size)
+            return raw.decode("utf-8", errors="replace")
+    return list(request.output_ids)
+
+
+def schema_validator(schema: Any) -> Callable[[str | list[int]], bool]:
+    """JSON text -> does it parse and satisfy `schema` (the `jsonschema` package's validator for its draft)."""
+    import jsonschema
+
+    validator = jsonschema.validators.validator_for(schema)(schema)
+
+    def valid(text: str | list[int]) -> bool:
+        if not isinstance(text, str):
+            return False
+        try:
+            document = json.loads(text)
+        except ValueError:
+            return False
+        return validator.is_valid(document)
+
+    return valid
+
+
+def schema_processor(params: SamplingParams) -> Any:
+    """The request's `JSONSchemaLogitsProcessor` (whose schema the default validator checks), or None."""
+    from hf_paged.processors.json_schema import JSONSchemaLogitsProcessor
+
+    return next((p for p in params.logits_processors if isinstance(p, JSONSchemaLogitsProcessor)), None)
+
+
+class Retrier:
+    """Decides, at the end of each attempt of a request with `max_retries`, whether it runs again."""
+
+    def __init__(self) -> None:
+        self.num_retries = 0  # attempts rerun
+        self.num_retried_requests = 0  # requests that ran more than once (counted at their first retry)
+        # id(processor) -> (processor, its schema's validator): built once per processor (the reference held keeps
+        # the id from being reused while the entry lives)
+        self._validators: dict[int, tuple[Any, Callable]] = {}
+
+    def end_attempt(self, request: Request, status: RequestStatus, reason: str) -> AttemptEnd:
+        """Record the attempt that ended with `status`/`reason`; return the next attempt, or None for the end."""
+        params = request.params
+        valid: bool | None = None
+        if status is RequestStatus.FINISHED and reason != "length_incomplete":
+            validator = params.validator or self._default(params)
+            if validator is not None:
+                try:
+                    valid = bool(validator(document_text(request)))
+                except Exception as exc:  # noqa: BLE001 -- a user's validator failed: this request fails alone
+                    request.attempts.append(self._attempt(request, "error", None))
+                    return AttemptEnd(None, f"validator raised {type(exc).__name__}: {exc}; fix the validator")
+        request.attempts.append(self._attempt(request, reason, valid))
+        refused = status is RequestStatus.FINISHED and (reason == "length_incomplete" or valid is False)
+        if not refused or len(request.attempts) > params.max_retries:
+            return AttemptEnd(None)
+        return AttemptEnd(self._next(request))
+
+    def _attempt(self, request: Request, reason: str, valid: bool | None) -> RetryAttempt:
+        seed = request.seed if request.seed is not None else request.params.seed
+        return RetryAttempt(reason, list(request.output_ids), request.num_cached_tokens, seed, valid)
+
+    def _next(self, request: Request) -> Request:
+        attempt = len(request.attempts)
+        if attempt == 1:
+            self.num_retried_requests += 1
+        self.num_retries += 1
+        retry = Request(request.request_id, request.prompt_ids, request.params, request.priority,
+                        request.arrival_index)
+        retry.arrival_time, retry.first_token_time = request.arrival_time, request.first_token_time
+        retry.parent_id = request.parent_id
+        retry.attempts = request.attempts
+        retry.num_masks_computed = request.num_masks_computed
+        retry.seed = retry_seed(request.params.seed, _fork_index(request), attempt)
+        if retry.seed is not None:
+            retry.generator = torch.Generator().manual_seed(retry.seed)
+        return retry
+
+    def _default(self, params: SamplingParams) -> Callable | None:
+        """JSON Schema validation for a `JSONSchemaLogitsProcessor` request; else None (only cut-short documents
+        are retried)."""
+        proc = schema_processor(params)
+        if proc is None:
+            return None
+        entry = self._validators.get(id(proc))
+        if entry is None:
+            if len(self._validators) >= 64:  # processors come and go: keep the memo small
+                self._validators.clear()
+            entry = self._validators[id(proc)] = (proc, schema_validator(proc.schema))
+        return entry[1]
