@@ -30,6 +30,7 @@ _LAZY = {
     "JSONSchemaLogitsProcessor": "hf_paged.processors",
     "RegexLogitsProcessor": "hf_paged.processors",
     "ChoiceLogitsProcessor": "hf_paged.processors",
+    "GrammarLogitsProcessor": "hf_paged.processors",
     "default_model": "hf_paged.models",
 }
 

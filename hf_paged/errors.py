@@ -88,3 +88,27 @@ class InvalidRegexError(SchemaError):
 
 class TokenizerError(HfPagedError, ValueError):
     """The tokenizer cannot be turned into a vocabulary (e.g. it has no EOS token)."""
+
+
+class GrammarError(SchemaError):
+    """A grammar given to `GrammarLogitsProcessor` (Lark EBNF) cannot be compiled; the subclasses say why."""
+
+
+class GrammarSyntaxError(GrammarError):
+    """The grammar text does not parse as Lark EBNF; the message names the line and column."""
+
+
+class UndefinedRuleError(GrammarError):
+    """The grammar uses a rule or terminal it never defines (or imports), or has no start rule."""
+
+
+class LeftRecursionError(GrammarError):
+    """Rules that call each other before reading any text (indirect or hidden left recursion), which a call-stack
+    automaton cannot run; direct left recursion (`expr: expr "+" term | term`) is rewritten, never refused."""
+
+
+class UnsupportedGrammarError(GrammarError):
+    """The grammar uses a Lark feature we do not compile (templates, `%declare`, look-around in a terminal, ...)."""
+
+
+__all__ += ["GrammarError", "GrammarSyntaxError", "LeftRecursionError", "UndefinedRuleError", "UnsupportedGrammarError"]

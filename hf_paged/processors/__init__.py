@@ -16,6 +16,7 @@ _LAZY = {
     "apply_token_bitmask_": "hf_paged.processors.bitmask",
     "CompileBudget": "hf_paged.processors.budget",
     "ChoiceLogitsProcessor": "hf_paged.processors.choice",
+    "GrammarLogitsProcessor": "hf_paged.processors.grammar_lark",
     "IndexCache": "hf_paged.processors.index_cache",
     "default_index_cache": "hf_paged.processors.index_cache",
     "JSONSchemaLogitsProcessor": "hf_paged.processors.json_schema",
@@ -42,6 +43,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hf_paged.processors.bitmask import allocate_token_bitmask, apply_token_bitmask_
     from hf_paged.processors.budget import CompileBudget
     from hf_paged.processors.choice import ChoiceLogitsProcessor
+    from hf_paged.processors.grammar_lark import GrammarLogitsProcessor
     from hf_paged.processors.index_cache import IndexCache, default_index_cache
     from hf_paged.processors.json_schema import JSONSchemaLogitsProcessor
     from hf_paged.processors.regex import RegexLogitsProcessor
@@ -51,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "ChoiceLogitsProcessor",
     "CompileBudget",
+    "GrammarLogitsProcessor",
     "IndexCache",
     "JSONSchemaLogitsProcessor",
     "RegexLogitsProcessor",

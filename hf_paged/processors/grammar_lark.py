@@ -1,0 +1,91 @@
+"""`GrammarLogitsProcessor`: generated text is a sentence of a context-free grammar written in Lark's EBNF.
+
+    Lark text --grammar_lark_syntax--> LarkGrammar --grammar_lark_compile--> grammar string (rules that call each
+    other, `grammar_text`) --IndexCache--> the grammar automaton JSON schemas use (`grammar_dfa`) -> token masks
+
+What of Lark is read, and how:
+- rules (`?`/`!` modifiers, `.n` priorities, `-> alias` accepted and ignored: they shape Lark's trees, not the
+  language), terminals, literals with escapes and `i`, `/regex/` with flags `imsux`, `"a".."z"`, `| ? * + () []`,
+  `~ n`, `~ n..m`, `%ignore`, `%import common.X [-> Y]` / `%import common (X, Y)` (our own table of Lark's
+  `common` terminals), any `start=` rule.
+- The language is the grammar's, with terminals as sets of strings: what Lark's Earley parser with
+  `lexer="dynamic_complete"` accepts. Lark's standard and contextual lexers (LALR) tokenize greedily and may
+  refuse some of these texts (e.g. `"ab"` for `start: A "b"` with `A: /a+b?/`); lazy quantifiers are read as
+  greedy ones.
+- Direct left recursion is rewritten as repetition; other left recursion is refused (`LeftRecursionError`).
+- Refused with a typed error (`GrammarError` subclasses): templates, `%declare`, `%override`, `%extend`, imports
+  of other modules, look-around, anchors, back-references in terminals, recursive terminals, and literals holding
+  the control characters 0x02 / 0x0E..0x1F (reserved: they mark rule calls); classes and `.` never match those.
+- Calls nest at most `grammar_dfa.MAX_DEPTH` (128) deep: deeper nesting is never offered (sound, not complete).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from hf_paged.processors.base import GuidedLogitsProcessor
+from hf_paged.processors.budget import CompileBudget
+from hf_paged.processors.grammar_lark_compile import LarkCompiled, compile_lark
+from hf_paged.processors.index_cache import IndexCache
+
+__all__ = ["GrammarLogitsProcessor"]
+
+
+class GrammarLogitsProcessor(GuidedLogitsProcessor):
+    """Constrain generation to the sentences of a context-free grammar in Lark's EBNF; EOS is allowed exactly when
+    the text so far is a whole sentence.
+
+    Args:
+        grammar: the grammar text (Lark EBNF; see the module docstring for what is supported).
+        tokenizer: the model's tokenizer.
+        start: the rule documents derive from (Lark's `start=`).
+        eos_token_id: the id(s) that end a document; default `tokenizer.eos_token_id`.
+        index_cache: where compiled indexes live; default the process-wide cache (a grammar compiled twice, for
+            the same vocabulary, is built once).
+        backend: how masks are applied (see `apply_token_bitmask_`).
+        budget: the work limits of the compile (`CompileBudget`: text written, automaton states and steps);
+            counts, never seconds, so a grammar compiles or is refused the same way on any machine.
+
+    Raises:
+        GrammarSyntaxError, UndefinedRuleError, LeftRecursionError, UnsupportedGrammarError (all `GrammarError`,
+        a `SchemaError`); UnsatisfiableSchemaError: a rule derives no finite text; SchemaTooComplexError: over
+        `budget`; TokenizerError: no EOS id. All at construction.
+
+    Example:
+        >>> grammar = '''
+        ... start: expr
+        ... expr: expr "+" term | term
+        ... term: NUMBER | "(" expr ")"
+        ... %import common.NUMBER
+        ... '''
+        >>> processor = GrammarLogitsProcessor(grammar, tokenizer)                          # doctest: +SKIP
+        >>> model.generate(**inputs, logits_processor=[processor], max_new_tokens=20)     # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        grammar: str,
+        tokenizer: Any,
+        *,
+        start: str = "start",
+        eos_token_id: int | Iterable[int] | None = None,
+        index_cache: IndexCache | None = None,
+        backend: str = "auto",
+        budget: CompileBudget | None = None,
+    ) -> None:
+        if not isinstance(start, str) or not start:
+            raise TypeError(f"start must be a rule name (str), got {start!r}")
+        budget = budget if budget is not None else CompileBudget()
+        self.grammar = grammar
+        self.start = start
+        self.compiled_grammar: LarkCompiled = compile_lark(grammar, start, budget)
+        super().__init__(
+            self.compiled_grammar.text,
+            tokenizer,
+            key_parts=("lark", grammar, start),
+            eos_token_id=eos_token_id,
+            index_cache=index_cache,
+            backend=backend,
+            budget=budget.for_automaton(),  # (the front end counted its text; the automata count afresh)
+        )
