@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -12,7 +13,7 @@ from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index_cache import IndexCache
 from hf_paged.processors.schema_ladder import schema_to_grammar
 
-__all__ = ["MAX_SCHEMA_NESTING", "JSONSchemaLogitsProcessor", "check_nesting", "load_schema"]
+__all__ = ["MAX_SCHEMA_NESTING", "JSONSchemaLogitsProcessor", "check_nesting", "check_text_nesting", "load_schema"]
 
 
 def load_schema(schema: Any, budget: CompileBudget | None = None) -> dict | bool:
@@ -27,6 +28,9 @@ def load_schema(schema: Any, budget: CompileBudget | None = None) -> dict | bool
     if isinstance(schema, type) and hasattr(schema, "model_json_schema"):  # pydantic v2 model class
         schema = schema.model_json_schema()
     elif isinstance(schema, (str, bytes, bytearray)):
+        if not isinstance(schema, str):  # (json.loads' own reading of bytes: UTF-8, -16 or -32 by their first bytes)
+            schema = bytes(schema).decode(json.detect_encoding(schema), "surrogatepass")
+        check_text_nesting(schema)  # before json.loads, which recurses once per level (RecursionError near 1000)
         try:
             schema = json.loads(schema)
         except json.JSONDecodeError as exc:
@@ -67,6 +71,35 @@ def load_schema(schema: Any, budget: CompileBudget | None = None) -> dict | bool
 MAX_SCHEMA_NESTING = 64
 
 
+# A JSON string (escapes included) or one bracket: what the text's nesting is measured on.
+_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+
+
+def _too_deep(levels: int | None, where: str) -> SchemaTooComplexError:
+    depth = f" {levels} levels deep{where}," if levels is not None else ""
+    return SchemaTooComplexError(
+        f"the schema nests{depth} deeper than {MAX_SCHEMA_NESTING} JSON levels (MAX_SCHEMA_NESTING); flatten it "
+        "(e.g. move repeated parts to $defs and refer to them with $ref)"
+    )
+
+
+def check_text_nesting(text: str) -> int:
+    """Raise `SchemaTooComplexError` for JSON text nested deeper than `MAX_SCHEMA_NESTING` (measured by a scan of its
+    brackets outside strings, without parsing or recursion); return its deepest level. Malformed text is left to
+    the parser, which reports it."""
+    depth = deepest = 0
+    for match in _STRING_OR_BRACKET.finditer(text):
+        char = match.group()
+        if char == "{" or char == "[":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == "}" or char == "]":
+            depth -= 1
+    if deepest > MAX_SCHEMA_NESTING:
+        raise _too_deep(deepest, " as JSON text")
+    return deepest
+
+
 def check_nesting(schema: Any) -> int:
     """Raise `SchemaTooComplexError` for a schema nested deeper than `MAX_SCHEMA_NESTING` (walked without
     recursion); return how many objects it holds."""
@@ -76,10 +109,7 @@ def check_nesting(schema: Any) -> int:
         node, depth = stack.pop()
         num_objects += isinstance(node, dict)
         if depth > MAX_SCHEMA_NESTING:
-            raise SchemaTooComplexError(
-                f"the schema nests deeper than {MAX_SCHEMA_NESTING} JSON levels; flatten it (e.g. move repeated "
-                "parts to $defs and refer to them with $ref)"
-            )
+            raise _too_deep(None, "")
         children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
         stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
     return num_objects

@@ -153,3 +153,17 @@ def test_the_warm_ups_cover_the_signatures_the_masks_use(compiled):
         index = JSONSchemaLogitsProcessor(schema, tok, index_cache=IndexCache()).compiled.index
         index.warm(10_000)
     assert [k.__name__ for k in jit._KERNELS if k.misses] == []
+
+
+def test_compiled_live_states_equal_their_twin(compiled):
+    from hf_paged.processors.automaton.dfa_kernel import live_states
+
+    rng = np.random.default_rng(7)
+    for num_states in (1, 5, 60, 500):
+        edges = rng.integers(0, num_states, size=(2 * num_states, 2))  # (from, to)
+        pairs = np.unique(edges[:, 1] * num_states + edges[:, 0])
+        starts = np.searchsorted(pairs // num_states, np.arange(num_states + 1))
+        finals = rng.random(num_states) < 0.1
+        twin = live_states.python(starts, pairs % num_states, finals)
+        assert np.array_equal(live_states.compiled(starts, pairs % num_states, finals), twin)
+        assert twin[finals].all()

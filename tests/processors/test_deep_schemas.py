@@ -6,7 +6,7 @@ import pytest
 
 from hf_paged.errors import SchemaTooComplexError
 from hf_paged.processors import JSONSchemaLogitsProcessor
-from hf_paged.processors.json_schema import MAX_SCHEMA_NESTING, check_nesting
+from hf_paged.processors.json_schema import MAX_SCHEMA_NESTING, check_nesting, check_text_nesting, load_schema
 from tests.tiny_models import byte_tokenizer
 
 
@@ -53,14 +53,24 @@ def test_nested_text_matches_the_dict_form():
     assert json.loads(nested_text(3)) == nested("object", 3)
 
 
-# Until load_schema turns json.loads' RecursionError (about 1000 levels of JSON text) into SchemaTooComplexError, as
-# `hf-paged generate` does in cli.read_schema. Strict: the fix makes these pass, and the marks must go then.
-_TEXT_RECURSES = pytest.mark.xfail(raises=RecursionError, strict=True,
-                                   reason="processors/json_schema.load_schema lets json.loads' RecursionError escape")
-
-
-@pytest.mark.parametrize("depth", [40, pytest.param(500, marks=_TEXT_RECURSES),
-                                   pytest.param(2000, marks=_TEXT_RECURSES)])
+@pytest.mark.parametrize("depth", [40, 500, 2000])
 def test_deep_schema_text_is_refused_by_the_budget(tokenizer, depth):
     with pytest.raises(SchemaTooComplexError, match=f"deeper than {MAX_SCHEMA_NESTING} JSON levels"):
         JSONSchemaLogitsProcessor(nested_text(depth), tokenizer)
+
+
+def test_deep_schema_text_names_its_depth_and_bytes_are_measured_too(tokenizer):
+    text = nested_text(500)
+    with pytest.raises(SchemaTooComplexError, match="nests 1001 levels deep as JSON text"):
+        load_schema(text)
+    for encoding in ("utf-8", "utf-16"):
+        with pytest.raises(SchemaTooComplexError, match="1001 levels deep"):
+            load_schema(text.encode(encoding))
+
+
+def test_text_nesting_skips_brackets_inside_strings():
+    assert check_text_nesting('{"pattern": "^[{[]+\\"[{]$", "enum": [["{"]]}') == 3
+    assert check_text_nesting("true") == 0
+    shallow = nested_text(MAX_SCHEMA_NESTING // 2 - 1)  # 63 levels: parsed, then refused by nothing
+    assert check_text_nesting(shallow) == MAX_SCHEMA_NESTING - 1
+    assert load_schema(shallow) == nested("object", MAX_SCHEMA_NESTING // 2 - 1)

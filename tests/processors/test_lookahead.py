@@ -66,3 +66,39 @@ def test_a_counters_states_far_from_its_bound_share_a_class():
     classes = lookahead_classes(table, dead, stops, 16)
     assert len(set(classes[:24].tolist())) == 1  # 17 or more a's left: no 16-byte string tells them apart
     assert len(set(classes[24:41].tolist())) == 17  # the last 16 + 1 counts are each their own
+
+
+def _random_rule(seed: int) -> tuple[np.ndarray, int, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    num_states = int(rng.integers(4, 400))
+    dead = num_states
+    table = np.full((num_states + 1, 256), dead, dtype=np.int32)
+    for byte in ALPHABET:  # few targets: many states alike, so classes merge and split over the rounds
+        table[:num_states, byte] = rng.choice(np.append(np.arange(min(num_states, 8)), [dead] * 2), size=num_states)
+    stops = rng.random(num_states + 1) < 0.05
+    stops[dead] = False
+    return table, dead, stops
+
+
+def test_the_classes_are_exact_and_the_compiled_refinement_equals_its_twin():
+    from hf_paged.processors import jit
+    from hf_paged.processors.automaton.refine_kernel import refine_classes
+
+    compiled = jit.wait(300)
+    for seed in range(20):
+        table, dead, stops = _random_rule(seed)
+        for rounds in (1, 3, 16):
+            classes = lookahead_classes(table, dead, stops, rounds)
+            # numbered by first appearance, whichever implementation ran
+            firsts = [int(np.flatnonzero(classes == c)[0]) for c in range(int(classes.max()) + 1)]
+            assert firsts == sorted(firsts)
+            initial = np.unique(np.where(stops, np.arange(stops.shape[0]) + 1, 0) - (np.arange(stops.shape[0]) == dead),
+                                return_inverse=True)[1].reshape(-1).astype(np.int64)
+            twin = refine_classes.python(table, initial, rounds)
+            if compiled:
+                fast = refine_classes.compiled(table, initial.copy(), rounds)
+                same = np.unique(np.stack([twin, fast]), axis=1).shape[1]
+                assert same == len(np.unique(twin)) == len(np.unique(fast)), (seed, rounds)
+            if rounds == 1 and len(np.unique(twin)) < table.shape[0]:  # exact: one round merges equal signatures
+                signature = np.concatenate([initial[:, None], initial[table]], axis=1)
+                assert len(np.unique(signature, axis=0)) == len(np.unique(twin))

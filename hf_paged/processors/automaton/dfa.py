@@ -13,11 +13,12 @@ needs 2^21 states) raises `SchemaTooComplexError` after a fixed amount of work, 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
 from hf_paged.processors import jit
-from hf_paged.processors.automaton.dfa_kernel import subset_construction
+from hf_paged.processors.automaton.dfa_kernel import live_states, subset_construction
 from hf_paged.processors.automaton.nfa import LOOK, NFA, SPARSE, SPLIT
 from hf_paged.processors.budget import CompileBudget
 
@@ -43,34 +44,13 @@ def determinize(nfa: NFA, budget: CompileBudget) -> DenseDFA | None:
     Raises:
         SchemaTooComplexError: more states or steps than the budget allows.
     """
-    kinds, edges = nfa.kinds, nfa.edges
-    if len(kinds) >= JIT_MIN_POSITIONS:  # (a big automaton: worth the compiled loop from the next one on)
+    if len(nfa.kinds) >= JIT_MIN_POSITIONS:  # (a big automaton: worth the compiled loop from the next one on)
         jit.start()
-    byte_class, _ = _byte_classes(nfa)
-    classes = byte_class.tolist()
-    spans: list[tuple[int, int, int]] = []
-    sp_ptr = [0] * (len(kinds) + 1)
-    eps: list[int] = []
-    eps_ptr = [0] * (len(kinds) + 1)
-    look = np.zeros((len(kinds), 2), dtype=np.int64)
-    for state, kind in enumerate(kinds):
-        if kind == SPARSE:
-            own = edges[state]
-            if len(own) == 1:
-                lo, hi, nxt = own[0]
-                spans.append((classes[lo], classes[hi], nxt))
-            elif own:
-                spans += sorted([(classes[lo], classes[hi], nxt) for lo, hi, nxt in own])
-        elif kind == SPLIT:
-            eps += edges[state]
-        elif kind == LOOK:
-            look[state] = edges[state]
-        sp_ptr[state + 1] = len(spans)
-        eps_ptr[state + 1] = len(eps)
+    arrays = _nfa_arrays(nfa)
+    byte_class = arrays.byte_class
     _, num_states, steps, finals, run_ptr, runs = subset_construction(  # (over a limit: the spends raise)
-        np.asarray(kinds, dtype=np.int8), np.asarray(sp_ptr, dtype=np.int64),
-        np.asarray(spans, dtype=np.int64).reshape(-1, 3), np.asarray(eps_ptr, dtype=np.int64),
-        np.asarray(eps, dtype=np.int64), look, nfa.start, budget.left("dfa_states"), budget.left("dfa_steps"))
+        arrays.kinds, arrays.sp_ptr, arrays.spans, arrays.eps_ptr, arrays.eps, arrays.look, nfa.start,
+        budget.left("dfa_states"), budget.left("dfa_steps"))
     budget.spend("dfa_states", num_states)
     budget.spend("dfa_steps", steps)
     if num_states == 0:
@@ -79,17 +59,56 @@ def determinize(nfa: NFA, budget: CompileBudget) -> DenseDFA | None:
     return _trim(runs, run_state, finals, byte_class)
 
 
-def _byte_classes(nfa: NFA) -> tuple[np.ndarray, int]:
-    """int64 [256]: the class of each byte (bytes in the same class lead to the same NFA states everywhere)."""
+@dataclass(slots=True)
+class _NFAArrays:
+    """The NFA as the arrays `subset_construction` reads (see `dfa_kernel`), byte ranges as byte classes."""
+
+    kinds: np.ndarray  # int8 [n]
+    sp_ptr: np.ndarray  # int64 [n + 1]: state q's spans are spans[sp_ptr[q]:sp_ptr[q + 1]]
+    spans: np.ndarray  # int64 [E, 3]: (first class, last class, next), sorted within each state
+    eps_ptr: np.ndarray  # int64 [n + 1]
+    eps: np.ndarray  # int64 [e]: epsilon targets, in the NFA's order
+    look: np.ndarray  # int64 [n, 2]: (anchor, next) of LOOK states
+    byte_class: np.ndarray  # int64 [256]: the class of each byte
+
+
+def _nfa_arrays(nfa: NFA) -> _NFAArrays:
+    """`nfa` as flat arrays: one pass over its edge lists at C speed (`chain`, `map`), the rest numpy.
+
+    byte classes: bytes no NFA range tells apart share a class (a range's first byte and the byte after its last
+    start a class)."""
+    kinds_list, edges = nfa.kinds, nfa.edges
+    num_nfa = len(kinds_list)
+    kinds = np.asarray(kinds_list, dtype=np.int8)
+    sparse = np.flatnonzero(kinds == SPARSE)
+    sparse_edges = [edges[q] for q in sparse.tolist()]
+    counts = np.fromiter(map(len, sparse_edges), dtype=np.int64, count=len(sparse_edges))
+    flat = np.fromiter(chain.from_iterable(chain.from_iterable(sparse_edges)), dtype=np.int64,
+                       count=3 * int(counts.sum())).reshape(-1, 3)
     starts = np.zeros(257, dtype=bool)
     starts[0] = True
-    for state, kind in enumerate(nfa.kinds):
-        if kind == SPARSE:
-            for lo, hi, _ in nfa.edges[state]:
-                starts[lo] = True
-                starts[hi + 1] = True
+    starts[flat[:, 0]] = True
+    starts[flat[:, 1] + 1] = True
     byte_class = np.cumsum(starts[:256]) - 1
-    return byte_class, int(byte_class[-1]) + 1
+    owner = np.repeat(sparse, counts)
+    first, last, nxt = byte_class[flat[:, 0]], byte_class[flat[:, 1]], flat[:, 2]
+    order = np.lexsort((nxt, last, first, owner))  # each state's spans sorted, states in order
+    spans = np.ascontiguousarray(np.stack([first, last, nxt], axis=1)[order])
+    per_state = np.zeros(num_nfa, dtype=np.int64)
+    per_state[sparse] = counts
+    sp_ptr = np.concatenate(([0], np.cumsum(per_state)))
+    split = np.flatnonzero(kinds == SPLIT)
+    split_edges = [edges[q] for q in split.tolist()]
+    eps_counts = np.fromiter(map(len, split_edges), dtype=np.int64, count=len(split_edges))
+    eps = np.fromiter(chain.from_iterable(split_edges), dtype=np.int64, count=int(eps_counts.sum()))
+    per_state[:] = 0
+    per_state[split] = eps_counts
+    eps_ptr = np.concatenate(([0], np.cumsum(per_state)))
+    look = np.zeros((num_nfa, 2), dtype=np.int64)
+    looks = np.flatnonzero(kinds == LOOK)
+    if looks.shape[0]:
+        look[looks] = np.array([edges[q] for q in looks.tolist()], dtype=np.int64)
+    return _NFAArrays(kinds, sp_ptr, spans, eps_ptr, eps, look, byte_class)
 
 
 def _trim(runs: np.ndarray, run_state: np.ndarray, finals: np.ndarray, byte_class: np.ndarray) -> DenseDFA | None:
@@ -99,19 +118,12 @@ def _trim(runs: np.ndarray, run_state: np.ndarray, finals: np.ndarray, byte_clas
     target = runs[:, 2]
     linked = target >= 0
     pairs = np.unique(target[linked] * num_states + run_state[linked])  # (to, from), each edge once, sorted by `to`
-    preds = (pairs % num_states).tolist()
-    starts = np.searchsorted(pairs // num_states, np.arange(num_states + 1)).tolist()
-    live = finals.tolist()
-    stack = [state for state, final in enumerate(live) if final]
-    while stack:  # backwards from the finals (a Python walk: one step per edge, however long the chains)
-        state = stack.pop()
-        for before in preds[starts[state] : starts[state + 1]]:
-            if not live[before]:
-                live[before] = True
-                stack.append(before)
+    preds = pairs % num_states
+    starts = np.searchsorted(pairs // num_states, np.arange(num_states + 1))
+    live = live_states(starts, preds, finals)  # backwards from the finals (compiled once loaded)
     if not live[0]:
         return None
-    kept = np.asarray(live, dtype=bool)
+    kept = live
     renumber = np.full(num_states + 1, -1, dtype=np.int64)  # (index -1, a dead target, stays -1)
     renumber[:-1][kept] = np.arange(int(kept.sum()))
     dead = int(kept.sum())

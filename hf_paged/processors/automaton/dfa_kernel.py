@@ -25,7 +25,7 @@ import numpy as np
 from hf_paged.processors.automaton.dfa_python import subset_construction_python
 from hf_paged.processors.jit import helper, kernel, warm_up
 
-__all__ = ["LOOK", "MATCH", "SPARSE", "SPLIT", "subset_construction"]
+__all__ = ["LOOK", "MATCH", "SPARSE", "SPLIT", "live_states", "subset_construction"]
 
 SPARSE, SPLIT, LOOK, MATCH = 0, 1, 2, 3
 _START = 0  # the start-of-text anchor (`tree.START`)
@@ -291,6 +291,43 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
     return status, num_states, steps, finals[:state_id].copy(), run_ptr[:state_id + 1].copy(), runs[:num_runs].copy()
 
 
+def live_states_python(pred_ptr, preds, finals):
+    """`live_states` as a Python walk over lists (what runs until the compiled loop is loaded)."""
+    pred_list, starts, live = preds.tolist(), pred_ptr.tolist(), finals.tolist()
+    stack = [state for state, final in enumerate(live) if final]
+    while stack:  # one step per edge, however long the chains
+        state = stack.pop()
+        for before in pred_list[starts[state] : starts[state + 1]]:
+            if not live[before]:
+                live[before] = True
+                stack.append(before)
+    return np.asarray(live, dtype=np.bool_)
+
+
+@kernel(python=live_states_python)
+def live_states(pred_ptr, preds, finals):  # pragma: no cover (compiled; the twin above is the reference)
+    """bool [S]: the states from which a final one can be reached (predecessors of state s: preds[pred_ptr[s]:
+    pred_ptr[s + 1]])."""
+    num_states = finals.shape[0]
+    live = finals.copy()
+    stack = np.empty(num_states, np.int64)
+    top = 0
+    for state in range(num_states):
+        if live[state]:
+            stack[top] = state
+            top += 1
+    while top > 0:
+        top -= 1
+        state = stack[top]
+        for i in range(pred_ptr[state], pred_ptr[state + 1]):
+            before = preds[i]
+            if not live[before]:
+                live[before] = True
+                stack[top] = before
+                top += 1
+    return live
+
+
 @warm_up
 def _signatures() -> None:
     """A two-state automaton, in the types `dfa.determinize` passes."""
@@ -299,3 +336,4 @@ def _signatures() -> None:
     spans = np.array([[0, 0, 0]], dtype=np.int64)
     subset_construction.dispatcher(kinds, sp_ptr, spans, np.zeros(3, np.int64), np.zeros(0, np.int64),
                                    np.zeros((2, 2), np.int64), 1, 10, 100)
+    live_states.dispatcher(np.zeros(3, np.int64), np.zeros(0, np.int64), np.zeros(2, np.bool_))

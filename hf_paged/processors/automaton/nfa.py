@@ -62,7 +62,15 @@ class _Builder:
         """One code point of `ranges`, as its UTF-8 byte sequences, then `nxt`."""
         key = (ranges, nxt)
         state = self.sets.get(key)
-        if state is None:
+        if state is None and len(ranges) == 1 and ranges[0][1] < 0x80:  # one ASCII range (most characters): one
+            nfa = self.nfa  # byte range, `add` inlined (what the general path below builds for it)
+            nfa.kinds.append(SPARSE)
+            nfa.edges.append([(ranges[0][0], ranges[0][1], nxt)])
+            self.unspent += 1
+            if self.unspent >= _SPEND_EVERY:
+                self.flush()
+            state = self.sets[key] = len(nfa.kinds) - 1
+        elif state is None:
             first = []
             for sequence in utf8_sequences(ranges):
                 after = nxt
