@@ -42,6 +42,7 @@ def measure(mode: str) -> str:
                                          max_position_embeddings=4096)).eval()
     loaded = rss_mb()
     engine = hf_paged.Engine(model, hf_paged.PagedConfig(kv_cache_dtype=mode))
+    built = rss_mb()  # before the first request
     engine.run([engine.add_request(list(range(3, 40)), hf_paged.SamplingParams(max_new_tokens=2))])
     first = rss_mb()
     g = torch.Generator().manual_seed(0)
@@ -50,7 +51,7 @@ def measure(mode: str) -> str:
                                    hf_paged.SamplingParams(max_new_tokens=32)) for n in lengths])
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
     stats = engine.stats()
-    return (f"| {mode} | {loaded} | {first} | {rss_mb()} | {peak} | {stats['blocks_total']} | "
+    return (f"| {mode} | {loaded} | {built} | {first} | {rss_mb()} | {peak} | {stats['blocks_total']} | "
             f"{stats['kv_bytes_allocated'] / 2**20:.0f} |")
 
 
@@ -66,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"machine: {machine()}\ndate: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
           f"{os.getloadavg()[0]:.2f}\ncommand: python benchmarks/kv_memory.py {' '.join(sys.argv[1:])}\n")
-    print("| kv_cache_dtype | RSS model loaded MB | after the first request | after 8 ragged requests | peak | blocks "
-          "| KV allocated MiB |")
-    print("|---|---|---|---|---|---|---|")
+    print("| kv_cache_dtype | RSS model loaded MB | engine built, before any request | after the first request "
+          "| after 8 ragged requests | peak | blocks | KV allocated MiB |")
+    print("|---|---|---|---|---|---|---|---|")
     for mode in args.modes:  # a fresh process each: RSS and its peak never come down within one
         out = subprocess.run([sys.executable, __file__, "--one", mode], capture_output=True, text=True, check=True)
         print(out.stdout.strip().splitlines()[-1], flush=True)
