@@ -5,7 +5,8 @@ to it only for the duration of its own packed forwards (see `hf_paged.batching.m
 of a wrapped model (training, scoring) keeps its stock attention and masks.
 
     query  [1, num_heads, T, head_dim]   packed new tokens of every request of the step
-    key    [num_blocks, block_size, num_kv_heads, head_dim]   block storage returned by `PagedLayer.update`
+    key    [num_blocks, block_size, num_kv_heads, head_dim]   what the layer's `update` returned (`PagedLayer`: its
+                                          block storage; `CompressedLayer`: the step's touched or read blocks)
     paged_metadata                        block tables, context lengths, query offsets (model kwarg)
 """
 

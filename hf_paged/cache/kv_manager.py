@@ -81,6 +81,10 @@ class KVCacheManager:
         """Slots allocated but not holding a token (internal fragmentation), over live sequences."""
         return sum(len(s.block_ids) * self.block_size - s.num_tokens for s in self.seqs.values())
 
+    def live_block_ids(self) -> set[int]:
+        """Every block some live sequence's block table holds."""
+        return {b for s in self.seqs.values() for b in s.block_ids}
+
     # -- mechanism -------------------------------------------------------------------------------------
     def add_sequence(self, seq_id: Hashable, token_ids: Sequence[int] = (), extra_keys: tuple = ()) -> int:
         """Register a sequence; with a prefix cache, take the longest cached prefix of `token_ids` (full blocks,

@@ -24,7 +24,7 @@ __all__ = ["ObservedScores", "PagedMetadata", "StepPlans"]
 class StepPlans:
     """The plans of one forward, each built by the first layer that needs it and shared by the others."""
 
-    compressed: StepPlan | None = None  # the compressed cache's writes and reads of the step (`compressed_cache`)
+    compressed: StepPlan | None = None  # the compressed layers' writes and reads of the step (`compressed_planner`)
     cpu: dict[tuple[int | None, bool], CpuAttentionPlan] = field(default_factory=dict)  # (window, quantized)
     torch: dict[tuple[torch.device, int | None], AttentionPlan] = field(default_factory=dict)  # (device, window)
     hidden: dict[tuple[torch.device, int | None, int], AttentionPlan] = field(default_factory=dict)
