@@ -36,7 +36,7 @@ os.environ.setdefault("HF_PAGED_JIT", "now")  # steady state: the compiled mask 
 
 from benchmarks.common import machine, print_table
 from hf_paged.processors import GrammarLogitsProcessor, IndexCache
-from hf_paged.processors.grammar_lark_compile import compile_lark
+from hf_paged.processors.lark.compile import compile_lark
 from tests.processors.lark_grammars import GRAMMARS, Sentences, lark_accepts, lark_parser
 
 GPT2_DIR = os.path.join(os.path.dirname(ROOT), "shared", "data", "tokenizers", "gpt2")

@@ -81,7 +81,7 @@ def _walk(index, token_ids: list[int]) -> bool:
 
 
 def _texts(schema, tests) -> list[tuple[bool, str | None]]:
-    from hf_paged.processors.schema_regex import canonical_json
+    from hf_paged.processors.schema import canonical_json
 
     out = []
     for test in tests:
@@ -101,7 +101,7 @@ def _texts(schema, tests) -> list[tuple[bool, str | None]]:
 def _run_side(side: str, schema, tests, conn) -> None:
     from outlines_core import Index
 
-    from hf_paged.processors.bitmask import apply_token_ids_
+    from hf_paged.processors.index.bitmask import apply_token_ids_
 
     tok, vocab = _STATE["tokenizer"], _STATE["vocab"]
     result = SideResult()
@@ -112,11 +112,12 @@ def _run_side(side: str, schema, tests, conn) -> None:
     try:
         start, start_cpu = time.perf_counter(), time.process_time()
         if side in ("ours", "ours-lenient"):
+            from hf_paged.processors.automaton import validate_regex
+            from hf_paged.processors.automaton.grammar_text import split_grammar
             from hf_paged.processors.budget import CompileBudget
-            from hf_paged.processors.grammar_text import split_grammar
-            from hf_paged.processors.index_cache import _compile, validate_regex
+            from hf_paged.processors.index.index_cache import _compile
             from hf_paged.processors.json_schema import load_schema
-            from hf_paged.processors.schema_ladder import schema_to_grammar
+            from hf_paged.processors.schema.ladder import schema_to_grammar
 
             budget = CompileBudget()  # (what `JSONSchemaLogitsProcessor` does, step by step)
             load_schema(schema, budget)
@@ -248,8 +249,8 @@ def _warm_up(side: str, vocab) -> None:
     if side in ("ours", "ours-lenient"):
         import jsonschema  # noqa: F401 -- (imported on first use by the translator's value checks: ~35 ms)
 
-        from hf_paged.processors.index_cache import _compile
-        from hf_paged.processors.schema_regex import schema_to_grammar
+        from hf_paged.processors.index.index_cache import _compile
+        from hf_paged.processors.schema import schema_to_grammar
 
         _compile(schema_to_grammar(_WARM_SCHEMA, undeclared_keys=_STATE.get("undeclared_keys", True)), vocab)
     else:
@@ -379,8 +380,9 @@ def check_eager(schemas: list[tuple[str, dict]], max_eager_s: float = 5.0) -> di
 
     from outlines_core import Index
 
-    from hf_paged.processors.index_cache import _compile, anchored
-    from hf_paged.processors.schema_regex import schema_to_regex
+    from hf_paged.processors.automaton import anchored
+    from hf_paged.processors.index.index_cache import _compile
+    from hf_paged.processors.schema import schema_to_regex
 
     vocab = _STATE["vocab"]
     eos = vocab.eos_token_ids[0]
@@ -446,8 +448,8 @@ PROBE_SCHEMAS = [  # translated by `schema_to_regex`, as the processors do
 
 def mask_probe() -> list[dict]:
     """First-visit cost of every state of a few reference patterns (a fresh index each: nothing memoised)."""
-    from hf_paged.processors.index_cache import _compile
-    from hf_paged.processors.schema_regex import schema_to_regex
+    from hf_paged.processors.index.index_cache import _compile
+    from hf_paged.processors.schema import schema_to_regex
 
     vocab = _STATE["vocab"]
     rows = []
@@ -580,14 +582,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from hf_paged.processors.vocabulary import build_vocabulary
+    from hf_paged.processors.index.vocabulary import build_vocabulary
 
     files = sorted(glob.glob(os.path.join(args.schemas, "*.json")))[:: args.stride][: args.limit]
     tok = AutoTokenizer.from_pretrained(args.tokenizer)
     _STATE["tokenizer"] = tok
     _STATE["undeclared_keys"] = not args.declared_keys_only
     _STATE["vocab"] = build_vocabulary(tok)
-    from hf_paged.processors.token_trie import token_trie
+    from hf_paged.processors.index.shared_trie import token_trie
 
     trie_start = time.thread_time()
     token_trie(_STATE["vocab"])  # once per vocabulary, before forking: every child shares it

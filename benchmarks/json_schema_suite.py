@@ -32,9 +32,9 @@ from pathlib import Path
 import jsonschema
 
 from hf_paged.errors import SchemaError
-from hf_paged.processors.grammar_dfa import GrammarDFA
-from hf_paged.processors.grammar_text import split_grammar
-from hf_paged.processors.schema_regex import canonical_json, schema_to_grammar
+from hf_paged.processors.automaton.grammar_dfa import GrammarDFA
+from hf_paged.processors.automaton.grammar_text import split_grammar
+from hf_paged.processors.schema import canonical_json, schema_to_grammar
 
 _TIMEOUT_S = 20  # per schema: translation plus matching
 

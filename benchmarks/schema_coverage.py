@@ -79,9 +79,9 @@ def evaluate(path: Path, *, strict: bool, dfa: bool) -> SchemaResult:
     import jsonschema
 
     from hf_paged.errors import SchemaError
-    from hf_paged.processors.grammar_text import inline_grammar, split_grammar
-    from hf_paged.processors.regex_size import estimate_regex_size
-    from hf_paged.processors.schema_regex import canonical_json, schema_to_grammar
+    from hf_paged.processors.automaton.grammar_text import inline_grammar, split_grammar
+    from hf_paged.processors.automaton.regex_size import estimate_regex_size
+    from hf_paged.processors.schema import canonical_json, schema_to_grammar
 
     doc = json.loads(path.read_text())
     schema, tests = doc["schema"], doc["tests"]
@@ -97,16 +97,16 @@ def evaluate(path: Path, *, strict: bool, dfa: bool) -> SchemaResult:
                        regex_size=max(map(estimate_regex_size, rules)), rules=len(rules) - 1)
     automaton = None
     if dfa or len(rules) > 1:
-        from hf_paged.processors.index_cache import build_automaton
+        from hf_paged.processors.automaton import build_automaton
 
         if len(rules) == 1:
-            from hf_paged.processors.byte_dfa import build_byte_dfa
-            from hf_paged.processors.index_cache import anchored
+            from hf_paged.processors.automaton import anchored
+            from hf_paged.processors.automaton.byte_dfa import build_byte_dfa
 
             t0 = time.thread_time()
             automaton = build_byte_dfa(anchored(rx_text), fresh=True)  # the translation may have built it
         else:
-            from hf_paged.processors import byte_dfa
+            from hf_paged.processors.automaton import byte_dfa
 
             byte_dfa._MEMO.clear()  # built afresh, like the flat case (the translation may have built some rules)
             t0 = time.thread_time()
@@ -148,8 +148,8 @@ def _warm_up() -> None:
     """Fill the parent's lazy caches once, so every forked child starts with them (not timed per schema)."""
     import jsonschema  # noqa: F401
 
-    from hf_paged.processors import schema_pattern
-    from hf_paged.processors.schema_regex import schema_to_regex
+    from hf_paged.processors.schema import pattern as schema_pattern
+    from hf_paged.processors.schema import schema_to_regex
 
     schema_to_regex({"type": "string", "pattern": "^\\D\\W\\S$"})
     schema_pattern.parse_pattern("\\D\\W\\S", "#")

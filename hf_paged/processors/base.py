@@ -27,16 +27,21 @@ import torch
 from transformers import LogitsProcessor
 
 from hf_paged.errors import SchemaTooComplexError
-from hf_paged.processors.bitmask import (
+from hf_paged.processors.automaton import validate_regex
+from hf_paged.processors.budget import CompileBudget
+from hf_paged.processors.index import (
+    CompiledIndex,
+    IndexCache,
+    StateMask,
+    TokenVocabulary,
     allocate_token_bitmask,
     apply_token_bitmask_,
     apply_token_ids_,
+    build_vocabulary,
+    default_index_cache,
+    index_key,
     num_bitmask_words,
 )
-from hf_paged.processors.budget import CompileBudget
-from hf_paged.processors.index_cache import CompiledIndex, IndexCache, default_index_cache, index_key, validate_regex
-from hf_paged.processors.token_index import StateMask
-from hf_paged.processors.vocabulary import TokenVocabulary, build_vocabulary
 
 __all__ = ["GuideState", "GuidedLogitsProcessor"]
 

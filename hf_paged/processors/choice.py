@@ -7,7 +7,7 @@ from typing import Any
 
 from hf_paged.errors import SchemaError
 from hf_paged.processors.base import GuidedLogitsProcessor
-from hf_paged.processors.index_cache import IndexCache
+from hf_paged.processors.index import IndexCache
 
 __all__ = ["ChoiceLogitsProcessor", "escape_regex"]
 

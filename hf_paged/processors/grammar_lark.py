@@ -1,7 +1,8 @@
 """`GrammarLogitsProcessor`: generated text is a sentence of a context-free grammar written in Lark's EBNF.
 
-    Lark text --grammar_lark_syntax--> LarkGrammar --grammar_lark_compile--> grammar string (rules that call each
-    other, `grammar_text`) --IndexCache--> the grammar automaton JSON schemas use (`grammar_dfa`) -> token masks
+    Lark text --lark.syntax--> LarkGrammar --lark.compile--> grammar string (rules that call each other,
+    `automaton.grammar_text`) --IndexCache--> the grammar automaton JSON schemas use (`automaton.grammar_dfa`)
+    -> token masks
 
 What of Lark is read, and how:
 - rules (`?`/`!` modifiers, `.n` priorities, `-> alias` accepted and ignored: they shape Lark's trees, not the
@@ -26,8 +27,8 @@ from typing import Any
 
 from hf_paged.processors.base import GuidedLogitsProcessor
 from hf_paged.processors.budget import CompileBudget
-from hf_paged.processors.grammar_lark_compile import LarkCompiled, compile_lark
-from hf_paged.processors.index_cache import IndexCache
+from hf_paged.processors.index import IndexCache
+from hf_paged.processors.lark import LarkCompiled, compile_lark
 
 __all__ = ["GrammarLogitsProcessor"]
 

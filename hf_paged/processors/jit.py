@@ -32,9 +32,10 @@ logger = logging.getLogger(__name__)
 
 # the modules that define kernels (the child imports them all; none of them imports torch)
 KERNEL_MODULES = (
-    "hf_paged.processors.trie_kernel",
-    "hf_paged.processors.body_closure",
+    "hf_paged.processors.index.walk_kernel",
+    "hf_paged.processors.index.closed_states",
     "hf_paged.processors.automaton.dfa_kernel",
+    "hf_paged.processors.automaton.refine_kernel",
 )
 _KERNELS: list[Kernel] = []
 _HELPERS: list[Callable[..., Any]] = []  # functions compiled kernels call (never run as Python: see `helper`)

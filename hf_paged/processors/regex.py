@@ -8,7 +8,7 @@ from typing import Any
 from hf_paged.errors import InvalidRegexError
 from hf_paged.processors.base import GuidedLogitsProcessor
 from hf_paged.processors.budget import CompileBudget
-from hf_paged.processors.index_cache import IndexCache
+from hf_paged.processors.index import IndexCache
 
 __all__ = ["RegexLogitsProcessor"]
 

@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_paged import Engine, JSONSchemaLogitsProcessor, PagedConfig, RequestStatus, SamplingParams
-from hf_paged.processors.grammar_text import split_grammar
+from hf_paged.processors.automaton.grammar_text import split_grammar
 from tests.tiny_models import byte_tokenizer
 
 SCHEMA = {

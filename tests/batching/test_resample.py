@@ -7,7 +7,7 @@ from hf_paged import Engine, JSONSchemaLogitsProcessor, PagedConfig, RegexLogits
 from hf_paged.batching.request import Request
 from hf_paged.batching.sampler import Sampler
 from hf_paged.errors import InvalidConfigError
-from hf_paged.processors.index_cache import IndexCache
+from hf_paged.processors.index.index_cache import IndexCache
 from tests.batching.test_constrained_engine import SCHEMA, model_and_tokenizer
 from tests.tiny_models import byte_tokenizer
 

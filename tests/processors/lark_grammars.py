@@ -7,9 +7,10 @@ from __future__ import annotations
 import random
 import re
 
-from hf_paged.processors.byte_dfa import build_byte_dfa
-from hf_paged.processors.grammar_lark_compile import _common, leaf_regex
-from hf_paged.processors.grammar_lark_syntax import (
+from hf_paged.processors.automaton import anchored
+from hf_paged.processors.automaton.byte_dfa import build_byte_dfa
+from hf_paged.processors.lark.compile import _common, leaf_regex
+from hf_paged.processors.lark.syntax import (
     Alt,
     CharRange,
     LarkGrammar,
@@ -21,7 +22,6 @@ from hf_paged.processors.grammar_lark_syntax import (
     Seq,
     parse_lark,
 )
-from hf_paged.processors.index_cache import anchored
 
 ARITHMETIC = r"""
 ?start: expr

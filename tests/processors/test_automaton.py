@@ -7,16 +7,15 @@ import pytest
 
 from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors import jit
-from hf_paged.processors.automaton import Unsupported, compile_regex
+from hf_paged.processors.automaton import Unsupported, anchored, compile_regex
 from hf_paged.processors.automaton import dfa as dfa_module
+from hf_paged.processors.automaton.byte_dfa import _outlines_byte_dfa, build_byte_dfa
 from hf_paged.processors.automaton.dfa_kernel import subset_construction
 from hf_paged.processors.automaton.nfa import build_nfa
 from hf_paged.processors.automaton.syntax import parse
-from hf_paged.processors.body_closure import _closed, _closed_numpy
 from hf_paged.processors.budget import CompileBudget
-from hf_paged.processors.byte_dfa import _outlines_byte_dfa, build_byte_dfa
-from hf_paged.processors.index_cache import anchored
-from hf_paged.processors.schema_ladder import schema_to_grammar, schema_to_regex
+from hf_paged.processors.index.closed_states import _closed, _closed_numpy
+from hf_paged.processors.schema.ladder import schema_to_grammar, schema_to_regex
 
 REGEXES = [
     "ab", "a|b", "a*", "[0-9]+(\\.[0-9]+)?", ".{3}", "(a*)*b", "a{0}", "x(?:)*y",
@@ -70,7 +69,7 @@ def test_anchors_and_unicode_classes_match_pythons_full_match(regex):
 
 
 def test_grammar_rules_match_outlines_core_too():
-    from hf_paged.processors.grammar_text import split_grammar
+    from hf_paged.processors.automaton.grammar_text import split_grammar
 
     grammar = schema_to_grammar({"$defs": {"t": {"type": "object", "properties": {"kids": {"type": "array",
                                  "items": {"$ref": "#/$defs/t"}}, "id": {"type": "string"}}}}, "$ref": "#/$defs/t"})
@@ -145,7 +144,7 @@ def test_closed_states_twin_equals_the_loop(compiled):
 def test_the_warm_ups_cover_the_signatures_the_masks_use(compiled):
     """After the switch, a schema's compile and masks never fall back to Python (a missing warm-up would)."""
     from hf_paged.processors import JSONSchemaLogitsProcessor
-    from hf_paged.processors.index_cache import IndexCache
+    from hf_paged.processors.index.index_cache import IndexCache
     from tests.processors.hostile_inputs import gpt2_or_toy
 
     tok = gpt2_or_toy()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_paged.processors.bitmask import allocate_token_bitmask, apply_token_bitmask_, num_bitmask_words
+from hf_paged.processors.index.bitmask import allocate_token_bitmask, apply_token_bitmask_, num_bitmask_words
 
 BACKENDS = ["torch", "numpy", "triton"]
 
@@ -114,7 +114,7 @@ def test_triton_on_cuda_matches_the_reference(dtype):
 def test_apply_token_ids_matches_the_words():
     import numpy as np
 
-    from hf_paged.processors.bitmask import apply_token_ids_
+    from hf_paged.processors.index.bitmask import apply_token_ids_
 
     vocab_size, width = 70, 75  # logits wider than the vocabulary: padded columns are always masked
     allowed = np.array([0, 2, 33, 69])

@@ -18,10 +18,10 @@ import pytest
 
 from hf_paged.errors import SchemaError, SchemaTooComplexError
 from hf_paged.processors import CompileBudget, JSONSchemaLogitsProcessor, RegexLogitsProcessor, jit
-from hf_paged.processors.index_cache import IndexCache
-from hf_paged.processors.schema_ladder import schema_to_regex
-from hf_paged.processors.token_trie import token_trie
-from hf_paged.processors.vocabulary import build_vocabulary
+from hf_paged.processors.index.index_cache import IndexCache
+from hf_paged.processors.index.shared_trie import token_trie
+from hf_paged.processors.index.vocabulary import build_vocabulary
+from hf_paged.processors.schema.ladder import schema_to_regex
 from tests.processors.hostile_inputs import gpt2_or_toy, hostile_regexes, hostile_schemas
 
 CPU_LIMIT_S = 2.0
@@ -120,7 +120,7 @@ def test_a_bigger_budget_compiles_what_the_default_refuses(tokenizer):
 
 def test_memoised_automata_cost_what_building_them_cost():
     """A compile's counters do not depend on what other compiles left in the memo: the outcome cannot either."""
-    from hf_paged.processors import byte_dfa
+    from hf_paged.processors.automaton import byte_dfa
 
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 40},
                                                "tags": {"type": "array", "items": {"enum": ["a", "b"]}}}}

@@ -10,7 +10,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_paged.processors import ChoiceLogitsProcessor, JSONSchemaLogitsProcessor
-from hf_paged.processors.grammar_text import split_grammar
+from hf_paged.processors.automaton.grammar_text import split_grammar
 from tests.processors.toy_tokenizers import byte_level_tokenizer, sentencepiece_tokenizer
 
 SCHEMA = {

@@ -15,14 +15,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hf_paged.errors import SchemaTooComplexError
-from hf_paged.processors.grammar_dfa import MAX_DEPTH, GrammarDFA
-from hf_paged.processors.grammar_text import call_regex, inline_grammar, join_grammar, split_grammar
-from hf_paged.processors.index_cache import build_automaton
-from hf_paged.processors.schema_context import Context
-from hf_paged.processors.schema_regex import schema_to_grammar, schema_to_regex, translate
-from hf_paged.processors.token_index import TokenIndex
-from hf_paged.processors.token_trie import build_token_trie
-from hf_paged.processors.vocabulary import TokenVocabulary
+from hf_paged.processors.automaton import build_automaton
+from hf_paged.processors.automaton.grammar_dfa import MAX_DEPTH, GrammarDFA
+from hf_paged.processors.automaton.grammar_text import call_regex, inline_grammar, join_grammar, split_grammar
+from hf_paged.processors.index.token_index import TokenIndex
+from hf_paged.processors.index.token_trie import build_token_trie
+from hf_paged.processors.index.vocabulary import TokenVocabulary
+from hf_paged.processors.schema import schema_to_grammar, schema_to_regex
+from hf_paged.processors.schema.context import Context
+from hf_paged.processors.schema.translate import translate
 from tests.processors.test_token_index import EOS, TOY, make_vocab
 
 # narrow_bytes: the compiled walk for every state, mixed, the default (narrow states by the compiled walk on their
@@ -324,7 +325,7 @@ def test_counted_states_share_one_walk_per_lookahead_class():
 
 
 def test_class_walks_past_their_memory_budget_are_dropped_oldest_first(monkeypatch):
-    from hf_paged.processors import grammar_masks
+    from hf_paged.processors.index import grammar_masks
 
     monkeypatch.setattr(grammar_masks, "MAX_WALK_BYTES", 1)  # every new walk evicts the one before
     grammar = join_grammar(f'\\{{"a":{call_regex(1)}(?:,"b":{call_regex(1)})?\\}}', ['"[a-z ]{0,40}"'])

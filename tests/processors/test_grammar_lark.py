@@ -17,11 +17,11 @@ from hf_paged.errors import (
     UnsatisfiableSchemaError,
     UnsupportedGrammarError,
 )
+from hf_paged.processors.automaton import build_automaton
+from hf_paged.processors.automaton.grammar_text import split_grammar
 from hf_paged.processors.budget import CompileBudget
-from hf_paged.processors.grammar_lark_compile import compile_lark
-from hf_paged.processors.grammar_lark_syntax import parse_lark
-from hf_paged.processors.grammar_text import split_grammar
-from hf_paged.processors.index_cache import build_automaton
+from hf_paged.processors.lark.compile import compile_lark
+from hf_paged.processors.lark.syntax import parse_lark
 from tests.processors.lark_grammars import (
     ARITHMETIC,
     GRAMMARS,

@@ -13,7 +13,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, LogitsProcessor, LogitsPro
 import hf_paged
 from hf_paged import Engine, PagedConfig, SamplingParams
 from hf_paged.processors import GrammarLogitsProcessor, IndexCache
-from hf_paged.processors.grammar_lark_syntax import parse_lark
+from hf_paged.processors.lark.syntax import parse_lark
 from tests.processors.hostile_inputs import gpt2_or_toy
 from tests.processors.lark_grammars import ARITHMETIC, GRAMMARS, PYTHONISH, SQL, Sentences, lark_parser, plain
 from tests.processors.toy_tokenizers import byte_level_tokenizer

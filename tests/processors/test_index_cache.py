@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
-from hf_paged.processors.index_cache import IndexCache, anchored, index_key, validate_regex
-from hf_paged.processors.regex_size import estimate_regex_size
-from hf_paged.processors.vocabulary import build_vocabulary
+from hf_paged.processors.automaton import anchored, validate_regex
+from hf_paged.processors.automaton.regex_size import estimate_regex_size
+from hf_paged.processors.index.index_cache import IndexCache, index_key
+from hf_paged.processors.index.vocabulary import build_vocabulary
 from tests.processors.toy_tokenizers import byte_level_tokenizer
 
 VOCAB = build_vocabulary(byte_level_tokenizer())

@@ -16,9 +16,9 @@ from hf_paged.errors import (
     UnsatisfiableSchemaError,
     UnsupportedSchemaError,
 )
-from hf_paged.processors.byte_dfa import build_byte_dfa
-from hf_paged.processors.index_cache import anchored
-from hf_paged.processors.schema_regex import canonical_json, schema_to_regex
+from hf_paged.processors.automaton import anchored
+from hf_paged.processors.automaton.byte_dfa import build_byte_dfa
+from hf_paged.processors.schema import canonical_json, schema_to_regex
 
 
 def accepts(schema, text: str, **kw) -> bool:

@@ -8,8 +8,8 @@ from decimal import Decimal
 import pytest
 
 from hf_paged.errors import UnsupportedSchemaError
-from hf_paged.processors.schema_numbers import decimal_range, int_range
-from hf_paged.processors.schema_regex import schema_to_regex
+from hf_paged.processors.schema import schema_to_regex
+from hf_paged.processors.schema.numbers import decimal_range, int_range
 
 
 def accepts(schema, text: str) -> bool:

@@ -8,7 +8,7 @@ import re
 import pytest
 
 from hf_paged.errors import InvalidRegexError, UnsupportedSchemaError
-from hf_paged.processors.schema_regex import schema_to_regex
+from hf_paged.processors.schema import schema_to_regex
 
 
 def accepts(schema, text: str) -> bool:

@@ -10,8 +10,8 @@ import time
 import jsonschema
 import pytest
 
-from hf_paged.processors.index_cache import anchored
-from hf_paged.processors.schema_regex import canonical_json, schema_to_regex
+from hf_paged.processors.automaton import anchored
+from hf_paged.processors.schema import canonical_json, schema_to_regex
 
 
 def accepts(schema, text: str, **kw) -> bool:

@@ -11,12 +11,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from outlines_core import Index, Vocabulary
 
-from hf_paged.processors.byte_dfa import build_byte_dfa
-from hf_paged.processors.index_cache import anchored
-from hf_paged.processors.schema_regex import schema_to_regex
-from hf_paged.processors.token_index import TokenIndex
-from hf_paged.processors.token_trie import build_token_trie, token_trie
-from hf_paged.processors.vocabulary import TokenVocabulary, build_vocabulary
+from hf_paged.processors.automaton import anchored
+from hf_paged.processors.automaton.byte_dfa import build_byte_dfa
+from hf_paged.processors.index.shared_trie import token_trie
+from hf_paged.processors.index.token_index import TokenIndex
+from hf_paged.processors.index.token_trie import build_token_trie
+from hf_paged.processors.index.vocabulary import TokenVocabulary, build_vocabulary
+from hf_paged.processors.schema import schema_to_regex
 from tests.processors.toy_tokenizers import byte_level_tokenizer
 
 EOS = 0
@@ -187,7 +188,7 @@ def test_masks_are_memoised_within_the_byte_budget():
 
 def test_a_vocabulary_that_cannot_spell_the_pattern_is_unsatisfiable():
     from hf_paged.errors import UnsatisfiableSchemaError
-    from hf_paged.processors.index_cache import IndexCache
+    from hf_paged.processors.index.index_cache import IndexCache
 
     letters = make_vocab([b"a", b"b", b"ab"])
     with pytest.raises(UnsatisfiableSchemaError, match="no token of this vocabulary"):
@@ -195,7 +196,7 @@ def test_a_vocabulary_that_cannot_spell_the_pattern_is_unsatisfiable():
 
 
 def test_warm_computes_masks_ahead_within_its_budget():
-    from hf_paged.processors.index_cache import IndexCache
+    from hf_paged.processors.index.index_cache import IndexCache
 
     compiled = IndexCache().get_or_compile("s", '"[^"]*",?', TOY).index
     assert compiled.cached_mask(compiled.get_initial_state()) is not None  # compile warms (its budget suffices)

@@ -7,7 +7,7 @@ from tokenizers import Tokenizer, models
 from transformers import PreTrainedTokenizerFast
 
 from hf_paged.errors import TokenizerError
-from hf_paged.processors.vocabulary import build_vocabulary, bytes_to_unicode, token_bytes_map
+from hf_paged.processors.index.vocabulary import build_vocabulary, bytes_to_unicode, token_bytes_map
 from tests.processors.toy_tokenizers import byte_level_tokenizer, ids_of, sentencepiece_tokenizer
 
 

@@ -7,7 +7,7 @@ from functools import cache
 from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from hf_paged.processors.vocabulary import bytes_to_unicode
+from hf_paged.processors.index.vocabulary import bytes_to_unicode
 
 # merges over GPT-2's byte-level alphabet (space is "Ġ"); chosen so JSON keys and punctuation get multi-byte tokens
 BPE_MERGES = [

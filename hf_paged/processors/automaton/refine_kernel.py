@@ -1,5 +1,5 @@
 """Moore's partition refinement, stopped after k rounds, as one compiled loop (a `jit.kernel`) with a numpy twin;
-what `lookahead.lookahead_classes` runs (see there for what the classes mean).
+what `index.state_classes.lookahead_classes` runs (see there for what the classes mean).
 
     columns    bytes every state sends alike are one column (a JSON rule has ~30-90 distinct ones, not 256)
     round      a state's signature: (its class, the class each column leads to); equal signatures, one class
@@ -137,5 +137,5 @@ def refine_classes(table, initial, rounds):  # pragma: no cover (compiled; the t
 
 @warm_up
 def _signatures() -> None:
-    """A two-state rule table, in the types `lookahead.lookahead_classes` passes."""
+    """A two-state rule table, in the types `index.state_classes.lookahead_classes` passes."""
     refine_classes.dispatcher(np.zeros((2, 256), np.int32), np.zeros(2, np.int64), 16)

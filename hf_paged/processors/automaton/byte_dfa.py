@@ -1,0 +1,229 @@
+"""A regex as a dense byte automaton: `transitions[state, byte] -> state`.
+
+Our compiler (`automaton/`) builds it from the regex text, every unit of work counted against a
+`CompileBudget`; patterns in syntax only Rust's parser reads right are built by outlines-core (an `Index` over a
+256-token vocabulary, one token per byte, is exactly the byte-level DFA of the pattern). The token-level view is
+computed lazily from this table (`token_index.py`).
+
+    state ids 0..S-1 (breadth-first from the initial state 0), S = the dead state
+    transitions  int32 [S + 1, 256]   row S is all S (dead stays dead)
+    finals       bool  [S + 1]        EOS allowed here (the document may end)
+    loops        uint64 [S + 1, 4]    256-bit set of the bytes b with transitions[s, b] == s
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from itertools import chain
+from typing import Any, ClassVar
+
+import numpy as np
+
+from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
+from hf_paged.processors.automaton.dfa import DenseDFA, determinize
+from hf_paged.processors.automaton.nfa import build_nfa
+from hf_paged.processors.automaton.syntax import parse
+from hf_paged.processors.automaton.tree import Unsupported
+from hf_paged.processors.budget import CompileBudget
+
+__all__ = ["ByteDFA", "anchored", "automaton_work", "build_byte_dfa", "byte_sets", "compile_regex"]
+
+_PROBE: Any = None
+_MEMO: OrderedDict[str, ByteDFA] = OrderedDict()  # anchored regex -> automaton: validate + build compile once
+_MEMO_SIZE = 128  # entries (a grammar's rules are one each) ...
+_MEMO_BYTES = 256 << 20  # ... and bytes of tables kept, whichever is reached first
+_FAILED: OrderedDict[tuple, tuple[int, str]] = OrderedDict()  # (regex, limits) -> (work, message) of a refused build
+_SENTINEL, _SENTINEL_BYTE = "\\x01", 0x01
+_ANCHOR_OPEN, _ANCHOR_CLOSE = "(?:", ")\\z"  # `anchored`
+_LOCK = threading.Lock()
+
+
+@dataclass(slots=True)
+class ByteDFA:
+    """The byte automaton of one anchored regex (immutable once built)."""
+
+    transitions: np.ndarray  # int32 [num_states + 1, 256]; row `dead` maps every byte to `dead`
+    initial: int  # start state (always 0)
+    finals: np.ndarray  # bool [num_states + 1]
+    loops: np.ndarray  # uint64 [num_states + 1, 4]: bytes that keep each state where it is
+    work: int = 0  # what building it counted (`automaton_work`), charged again on every memoised use
+    lazy: ClassVar[bool] = False  # every row is built (a `GrammarDFA` builds rows on demand: `ensure`)
+
+    @property
+    def num_states(self) -> int:
+        return self.transitions.shape[0] - 1
+
+    @property
+    def dead(self) -> int:
+        return self.transitions.shape[0] - 1
+
+    def accepts(self, data: bytes) -> bool:
+        """Whether the automaton matches all of `data` (tests and benchmarks; the processors walk tokens)."""
+        state = self.initial
+        for byte in data:
+            state = int(self.transitions[state, byte])
+        return bool(self.finals[state])
+
+    def ensure(self, states: np.ndarray) -> None:
+        """Nothing to do: every row is built (`GrammarDFA.ensure` builds missing rows)."""
+
+    def ensure_one(self, state: int) -> None:
+        """Nothing to do: every row is built."""
+
+    @classmethod
+    def from_arrays(cls, transitions: np.ndarray, initial: int, finals: np.ndarray) -> ByteDFA:
+        """Rebuild from the saved arrays (the loop sets are derived)."""
+        transitions = np.ascontiguousarray(transitions, dtype=np.int32)
+        states = np.arange(transitions.shape[0], dtype=np.int32)[:, None]
+        return cls(transitions, int(initial), np.asarray(finals, dtype=bool), byte_sets(transitions == states))
+
+
+def anchored(regex: str) -> str:
+    """`regex` anchored at end of input, the form every automaton is compiled from (the key of the memo; the form
+    outlines-core needs for the patterns it still builds: its `Index` otherwise decides "may this token end here"
+    from a delayed match flag and drops every token that leads on from a state that is already a match)."""
+    return f"{_ANCHOR_OPEN}{regex}{_ANCHOR_CLOSE}"
+
+
+def compile_regex(regex: str, budget: CompileBudget) -> DenseDFA | None:
+    """Our compiler: the byte DFA of `regex` matched against whole texts (initial state 0, dead state last), or
+    None when it matches no text.
+
+    Raises:
+        Unsupported: syntax to leave to outlines-core. InvalidRegexError: look-around and the like.
+        SchemaTooComplexError: over one of the budget's limits.
+    """
+    return determinize(build_nfa(parse(regex), budget), budget)
+
+
+def byte_sets(member: np.ndarray) -> np.ndarray:
+    """bool `[n, 256]` -> `[n, 4]` uint64 bit sets (bit `b % 64` of word `b // 64` is byte `b`)."""
+    packed = np.packbits(member.astype(bool, copy=False), axis=1, bitorder="little")  # [n, 32] uint8
+    return np.ascontiguousarray(packed).view(np.uint64).reshape(member.shape[0], 4)
+
+
+def _probe_vocabulary() -> Any:
+    global _PROBE
+    if _PROBE is None:
+        from outlines_core import Vocabulary
+
+        _PROBE = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
+    return _PROBE
+
+
+def build_byte_dfa(anchored_regex: str, *, fresh: bool = False, budget: CompileBudget | None = None) -> ByteDFA:
+    """Compile `anchored_regex` (already wrapped by `anchored`) into a `ByteDFA`; memoised (small LRU).
+
+    Our compiler (`compile_regex`) builds it, counting its work against `budget` (default: a fresh `CompileBudget`);
+    syntax that only Rust's parser reads right (`\\p{..}`, nested classes, ...) is built by outlines-core, after
+    the caller's size check (`build.check_regex_size`). `fresh=True` builds it even when memoised
+    (benchmarks time the build).
+
+    Raises:
+        InvalidRegexError: the pattern does not parse, or uses look-around / back-references.
+        UnsatisfiableSchemaError: it matches no text.
+        SchemaTooComplexError: its automaton is over a limit of `budget`.
+    """
+    budget = budget if budget is not None else CompileBudget()
+    limits = (anchored_regex, budget.max_nfa_states, budget.max_dfa_states, budget.max_dfa_steps)
+    with _LOCK:
+        hit = None if fresh else _MEMO.get(anchored_regex)
+        if hit is not None:
+            _MEMO.move_to_end(anchored_regex)
+        failed = None if fresh else _FAILED.get(limits)
+    if hit is not None:
+        budget.spend("work", hit.work)
+        return hit
+    if failed is not None:  # over a limit before, with these limits: the same error, the same work charged
+        budget.work += failed[0]
+        raise SchemaTooComplexError(failed[1])
+    inner = anchored_regex[len(_ANCHOR_OPEN) : -len(_ANCHOR_CLOSE)] if _is_anchored(anchored_regex) else None
+    meter = budget.for_automaton()  # the automaton's own limits: the same outcome whoever asks, memoised or not
+    try:
+        if inner is None:
+            raise Unsupported("not in the anchored form")
+        dense = compile_regex(inner, meter)
+        if dense is None:
+            raise UnsatisfiableSchemaError(f"the regex {inner[:200]!r} matches no text; check the schema/regex")
+        dfa = ByteDFA.from_arrays(dense.transitions, 0, dense.finals)
+    except Unsupported:
+        dfa = _outlines_byte_dfa(anchored_regex)
+    except SchemaTooComplexError as exc:
+        work = automaton_work(len(anchored_regex), meter)
+        with _LOCK:
+            _FAILED[limits] = (work, str(exc))
+            while len(_FAILED) > _MEMO_SIZE:
+                _FAILED.popitem(last=False)
+        budget.work += work  # (what the failed try did counts too; the error to report is this one)
+        raise
+    dfa.work = automaton_work(len(anchored_regex), meter)
+    with _LOCK:
+        _MEMO[anchored_regex] = dfa
+        while len(_MEMO) > _MEMO_SIZE or (len(_MEMO) > 1 and _memo_bytes() > _MEMO_BYTES):
+            _MEMO.popitem(last=False)
+    budget.spend("work", dfa.work)
+    return dfa
+
+
+def automaton_work(num_chars: int, meter: CompileBudget) -> int:
+    """What building one automaton costs, in `CompileBudget.work` units (~1 us of CPU each with the compiled subset
+    construction on a 2.4 GHz EPYC, fitted on MaskBench's regexes and hostile ones): a fixed part (its arrays),
+    parsing, NFA positions (built in Python), DFA states and subset-construction steps."""
+    return 500 + num_chars // 2 + 3 * meter.nfa_states + 2 * meter.dfa_states + meter.dfa_steps // 10
+
+
+def _memo_bytes() -> int:
+    return sum(dfa.transitions.nbytes for dfa in _MEMO.values())
+
+
+def _is_anchored(regex: str) -> bool:
+    return regex.startswith(_ANCHOR_OPEN) and regex.endswith(_ANCHOR_CLOSE)
+
+
+def _outlines_byte_dfa(anchored_regex: str) -> ByteDFA:
+    """outlines-core's byte automaton of a pattern our parser leaves to it (no work budget: its build cannot be
+    interrupted, only the caller's size estimate guards it)."""
+    from outlines_core import Index
+
+    # A sentinel byte in front: `\x01` never occurs in JSON text, so the automaton after it is the pattern's own.
+    # Without it outlines-core spends most of the build near the start state on some patterns (measured: a free
+    # JSON value nested two deep 0.92 s -> 0.016 s, an array of them 5.3 s -> 0.026 s; the same DFA). (A start
+    # anchor inside the pattern then never matches; outlines-core cannot build one without the sentinel either.)
+    try:
+        index = Index(_SENTINEL + anchored_regex, _probe_vocabulary())
+    except ValueError as exc:  # (outlines-core raises plain ValueErrors: a pattern it cannot read or build)
+        raise InvalidRegexError(
+            f"the regex does not compile ({str(exc)[:300]}); use Rust `regex` syntax (no look-around, no "
+            f"back-references): fix the pattern {anchored_regex[:200]!r}"
+        ) from None
+    table = index.get_transitions()  # {state: {byte (or 256 = EOS): next}}
+    entry = index.get_initial_state()
+    initial = table.get(entry, {}).get(_SENTINEL_BYTE)
+    if initial is None:
+        raise UnsatisfiableSchemaError(f"the regex {anchored_regex[:200]!r} matches no text; check the schema/regex")
+    table = {state: edges for state, edges in table.items() if state != entry}  # nothing leads back to it
+    # all edges as flat arrays (a few numpy calls per state instead of a Python step per edge)
+    counts = np.fromiter((len(edges) for edges in table.values()), dtype=np.int64, count=len(table))
+    total = int(counts.sum())
+    src = np.repeat(np.fromiter(table.keys(), dtype=np.int64, count=len(table)), counts)
+    byte = np.fromiter(chain.from_iterable(table.values()), dtype=np.int64, count=total)  # (no generator frames)
+    dst = np.fromiter(chain.from_iterable(map(dict.values, table.values())), dtype=np.int64, count=total)
+    # initial first, then the others in outlines-core's order: ids are dense and deterministic
+    others = np.setdiff1d(np.union1d(src, dst), [initial])
+    order = np.concatenate(([initial], others))
+    dead = len(order)
+    position = np.argsort(order, kind="stable")
+    sorted_ids = order[position]
+
+    def remap(ids: np.ndarray) -> np.ndarray:
+        return position[np.searchsorted(sorted_ids, ids)]
+
+    transitions = np.full((dead + 1, 256), dead, dtype=np.int32)
+    keep = byte < 256  # 256 is the probe vocabulary's EOS
+    transitions[remap(src[keep]), byte[keep]] = remap(dst[keep])
+    finals = np.zeros(dead + 1, dtype=bool)
+    final_ids = np.fromiter(index.get_final_states(), dtype=np.int64)
+    finals[remap(final_ids)] = True
+    return ByteDFA.from_arrays(transitions, 0, finals)

@@ -1,0 +1,89 @@
+"""The rules of a grammar (`grammar_text`) as byte automata: each compiled by outlines-core (`build_byte_dfa`,
+anchored), its call edges read off and cut out. Immutable, memoised per grammar: validation and the build share
+them, and every `GrammarDFA` of the grammar names its own states over them."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+
+from hf_paged.errors import InvalidRegexError
+from hf_paged.processors.automaton.byte_dfa import anchored, build_byte_dfa
+from hf_paged.processors.automaton.grammar_text import DIGITS, MARK, WIDTH, split_grammar
+from hf_paged.processors.budget import CompileBudget
+
+__all__ = ["Rule", "grammar_rules"]
+
+
+@dataclass(slots=True)
+class Rule:
+    """One rule's automaton, its call edges taken out."""
+
+    table: np.ndarray  # int32 [S + 1, 256]; the mark byte's column is dead
+    dead: int
+    initial: int
+    finals: np.ndarray  # bool [S + 1]
+    loops: np.ndarray  # uint64 [S + 1, 4]: the bytes that keep a state where it is
+    has_loops: np.ndarray  # bool [S + 1]
+    live: np.ndarray  # bool [S + 1, 256]: the bytes that do not lead to the dead state
+    calls: dict[int, list[tuple[int, int]]]  # state -> [(callee rule, state to return to)]
+    has_calls: np.ndarray  # bool [S + 1]
+    multibyte: np.ndarray | None = None  # `utf8.multibyte_ends` of every state, on first need
+
+
+def _compile_rule(text: str, budget: CompileBudget) -> Rule:
+    dfa = build_byte_dfa(anchored(text), budget=budget)
+    table, dead = dfa.transitions.copy(), dfa.dead
+    calls: dict[int, list[tuple[int, int]]] = {}
+    for state in np.flatnonzero(table[:-1, MARK] != dead).tolist():
+        paths = [(int(table[state, MARK]), 0)]  # (automaton state, digits read as a number)
+        for _ in range(WIDTH):
+            paths = [(int(table[at, d]), number * len(DIGITS) + i)
+                     for at, number in paths for i, d in enumerate(DIGITS) if table[at, d] != dead]
+        calls[state] = [(number, at) for at, number in paths]
+    table[:, MARK] = dead
+    has_calls = np.zeros(table.shape[0], dtype=bool)
+    has_calls[list(calls)] = True
+    return Rule(table, dead, dfa.initial, dfa.finals.copy(), dfa.loops, dfa.loops.any(axis=1), table != dead,
+                calls, has_calls)
+
+
+_RULES: OrderedDict[str, tuple[list[Rule], int]] = OrderedDict()  # grammar -> its rules, their work (`ByteDFA.work`)
+_RULES_SIZE = 8
+_RULES_LOCK = threading.Lock()
+
+
+def grammar_rules(text: str, budget: CompileBudget | None = None) -> list[Rule]:
+    """The rules of a grammar string, memoised (they are immutable; every `GrammarDFA` has its own states); their
+    automata are built against `budget` (a memoised grammar charges their work again: the same outcome either way).
+
+    Raises:
+        InvalidRegexError: not a grammar string, a rule that does not compile, or a call to a missing rule.
+        SchemaTooComplexError, UnsatisfiableSchemaError: see `build_byte_dfa`.
+    """
+    budget = budget if budget is not None else CompileBudget()
+    with _RULES_LOCK:
+        hit = _RULES.get(text)
+        if hit is not None:
+            _RULES.move_to_end(text)
+    if hit is not None:
+        budget.spend("work", hit[1])
+        return hit[0]
+    parts = split_grammar(text)
+    if parts is None:
+        raise InvalidRegexError("not a grammar string (see grammar_text.join_grammar)")
+    before = budget.work
+    rules = [_compile_rule(part, budget) for part in parts]
+    for number, rule in enumerate(rules):
+        for targets in rule.calls.values():
+            for callee, _ in targets:
+                if not 0 < callee < len(rules):
+                    raise InvalidRegexError(f"rule {number} calls rule {callee}, which the grammar does not have")
+    with _RULES_LOCK:
+        _RULES[text] = (rules, budget.work - before)
+        while len(_RULES) > _RULES_SIZE:
+            _RULES.popitem(last=False)
+    return rules

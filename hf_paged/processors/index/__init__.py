@@ -1,0 +1,71 @@
+"""The token index stage: a vocabulary's tokens walked against a byte automaton (`automaton/`) into token masks,
+memoised per state and per compiled constraint.
+
+    TokenVocabulary (vocabulary) --shared_trie.token_trie--> TokenTrie (token_trie; JSON-string plans laid out)
+    ByteDFA | GrammarDFA + TokenTrie --TokenIndex (token_index)--> a state's mask on its first visit:
+        TrieWalk (token_walk, the compiled loop in walk_kernel), shortcuts for JSON-string contents
+        (string_tokens, string_masks, closed_states), grammar states inside rules (grammar_masks, state_classes,
+        past_stops)
+    IndexCache (index_cache): compiled indexes by key, LRU, on disk, built in the background
+    bitmask: the int32 bitmask rows the processors apply to logits
+
+Loaded on first use (like `hf_paged.processors`), so that importing a kernel module (`walk_kernel`,
+`closed_states`: `jit`'s compiling child) does not import torch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+_LAZY = {
+    "allocate_token_bitmask": "hf_paged.processors.index.bitmask",
+    "apply_token_bitmask_": "hf_paged.processors.index.bitmask",
+    "apply_token_ids_": "hf_paged.processors.index.bitmask",
+    "num_bitmask_words": "hf_paged.processors.index.bitmask",
+    "CompiledIndex": "hf_paged.processors.index.index_cache",
+    "IndexCache": "hf_paged.processors.index.index_cache",
+    "default_index_cache": "hf_paged.processors.index.index_cache",
+    "index_key": "hf_paged.processors.index.index_cache",
+    "StateMask": "hf_paged.processors.index.token_index",
+    "TokenIndex": "hf_paged.processors.index.token_index",
+    "TokenVocabulary": "hf_paged.processors.index.vocabulary",
+    "build_vocabulary": "hf_paged.processors.index.vocabulary",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'hf_paged.processors.index' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+if TYPE_CHECKING:  # pragma: no cover
+    from hf_paged.processors.index.bitmask import (
+        allocate_token_bitmask,
+        apply_token_bitmask_,
+        apply_token_ids_,
+        num_bitmask_words,
+    )
+    from hf_paged.processors.index.index_cache import CompiledIndex, IndexCache, default_index_cache, index_key
+    from hf_paged.processors.index.token_index import StateMask, TokenIndex
+    from hf_paged.processors.index.vocabulary import TokenVocabulary, build_vocabulary
+
+__all__ = [
+    "CompiledIndex",
+    "IndexCache",
+    "StateMask",
+    "TokenIndex",
+    "TokenVocabulary",
+    "allocate_token_bitmask",
+    "apply_token_bitmask_",
+    "apply_token_ids_",
+    "build_vocabulary",
+    "default_index_cache",
+    "index_key",
+    "num_bitmask_words",
+]

@@ -1,0 +1,261 @@
+"""Compiled token indexes: an LRU keyed by (schema or regex, whitespace, vocabulary fingerprint), an optional
+on-disk copy, and background compilation.
+
+A compiled index is a byte automaton (`automaton.build_automaton`: a regex's `ByteDFA` or a grammar's
+`GrammarDFA`) plus the lazy token view over the vocabulary trie (`token_index.py`): masks are computed per state on
+first visit, so a compile does not scan the vocabulary from every state. Its work is counted against a
+`CompileBudget` (counts, never seconds: one constraint has one outcome on any machine under any load); the checks
+before a build (`validate_regex`, `check_regex_size`) live with the automata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pickle
+import tempfile
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any
+
+from hf_paged.errors import SchemaTooComplexError, UnsatisfiableSchemaError
+from hf_paged.processors import jit
+from hf_paged.processors.automaton import ByteDFA, GrammarDFA, build_automaton, check_regex_size
+from hf_paged.processors.budget import CompileBudget
+from hf_paged.processors.index.shared_trie import token_trie
+from hf_paged.processors.index.token_index import StateMask, TokenIndex
+from hf_paged.processors.index.vocabulary import TokenVocabulary
+
+__all__ = ["CompiledIndex", "IndexCache", "default_index_cache", "index_key"]
+
+
+# Masks a compile precomputes, nearest the start first, counted in narrow-state units (a narrow state's mask,
+# ~20 us, is one; a wide one counts `token_index.WIDE_UNITS`): the first few dozen states near the start, ~2 ms,
+# and decoding meets fewer first visits. A count, not a clock: the same states are warm on any machine.
+WARM_UNITS = 64
+
+
+def index_key(kind: str, text: str, whitespace: str | None, fingerprint: str, *extra: Any) -> str:
+    """A stable digest naming one compiled index (no salted `hash()`: it also names files on disk)."""
+    raw = json.dumps([kind, text, whitespace, fingerprint, *extra], ensure_ascii=False, default=str)
+    return hashlib.blake2b(raw.encode("utf-8"), digest_size=20).hexdigest()
+
+
+@dataclass(slots=True)
+class CompiledIndex:
+    """An immutable compiled index, shared by every guide (request) that uses the same schema and vocabulary."""
+
+    index: TokenIndex  # over anchored(regex); outlines-core's Index API, masks computed lazily
+    regex: str  # the un-anchored pattern
+    vocab: TokenVocabulary
+    compile_s: float  # wall time of the build (0.0 when loaded from disk)
+    from_disk: bool = False
+
+    def forced_token(self, state: int) -> int | None:
+        """The single token allowed in `state` when nothing else (EOS included) is, else None. Memoised."""
+        return self.index.forced_token(state)
+
+    def mask(self, state: int) -> StateMask:
+        """The mask of `state`, computed on its first visit and memoised (see `TokenIndex.state_mask`)."""
+        return self.index.state_mask(state)
+
+    def state_mask(self, state: int) -> StateMask | None:
+        """The memoised mask of `state`, or None when no sequence has visited it yet."""
+        return self.index.cached_mask(state)
+
+
+def _compile(
+    regex: str, vocab: TokenVocabulary, dfa: ByteDFA | GrammarDFA | None = None, from_disk: bool = False,
+    budget: CompileBudget | None = None,
+) -> CompiledIndex:
+    """Byte automaton + lazy token view. The initial state's mask is computed now (an empty one means no token
+    sequence of this vocabulary can match, reported at compile time rather than at the first step), and the
+    cheap states' masks up to `WARM_UNITS`."""
+    start = time.perf_counter()  # (reported as `compile_s`, never a limit)
+    if dfa is None:
+        dfa = build_automaton(regex, budget)
+    compiled = CompiledIndex(TokenIndex(dfa, vocab, token_trie(vocab)), regex, vocab, 0.0, from_disk)
+    if compiled.mask(dfa.initial).num_allowed == 0:
+        raise UnsatisfiableSchemaError(
+            f"no token of this vocabulary can start a match of the constraint {regex[:200]!r}; check the "
+            "schema/regex, or use a tokenizer whose tokens cover every character it needs"
+        )
+    # (with the walks still running as Python, while their compiled versions load: a tenth, since a mask then
+    # costs several times more, and decoding may never visit most of what warming computes)
+    compiled.index.warm(WARM_UNITS if jit.is_compiled() else WARM_UNITS // 10)
+    compiled.compile_s = 0.0 if from_disk else time.perf_counter() - start
+    return compiled
+
+
+class IndexCache:
+    """LRU of `CompiledIndex`es with an optional directory of persisted indexes and a background compiler.
+
+    Args:
+        max_entries: indexes kept in memory (least recently used dropped first).
+        cache_dir: directory where compiled indexes are saved and looked up across processes; None: memory only.
+        max_compile_s: None (default): wait for a build as long as it takes; its work budget (`CompileBudget`)
+            bounds it, so a constraint compiles or is refused the same way on any machine. A number: give up
+            waiting after that many seconds with `SchemaTooComplexError` (opt-in: the outcome then depends on the
+            machine's load).
+        max_regex_size: size estimate `validate_regex` refuses above (a cheap check before any automaton).
+        max_workers: background compile threads.
+
+    Example:
+        >>> cache = IndexCache(max_entries=8)
+        >>> future = cache.compile_async(key, regex, vocab)     # doctest: +SKIP
+        >>> compiled = future.result()                          # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        max_entries: int = 64,
+        *,
+        cache_dir: str | os.PathLike | None = None,
+        max_compile_s: float | None = None,
+        max_regex_size: int = 200_000,
+        max_workers: int = 2,
+    ) -> None:
+        if max_entries < 1:
+            raise ValueError(f"IndexCache.max_entries must be >= 1, got {max_entries}")
+        if max_compile_s is not None and max_compile_s <= 0:
+            raise ValueError(f"IndexCache.max_compile_s must be > 0, got {max_compile_s}")
+        self.max_entries = max_entries
+        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
+        self.max_compile_s = max_compile_s
+        self.max_regex_size = max_regex_size
+        self._entries: OrderedDict[str, CompiledIndex] = OrderedDict()
+        self._in_flight: dict[str, Future] = {}
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hf_paged-compile")
+        self.num_hits = 0
+        self.num_misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: str) -> CompiledIndex | None:
+        """The cached index for `key` (memory, then disk), or None."""
+        with self._lock:
+            entry = self._entries.get(key)
+            if entry is not None:
+                self._entries.move_to_end(key)
+                self.num_hits += 1
+                return entry
+        return None
+
+    def compile_async(self, key: str, regex: str, vocab: TokenVocabulary, budget: CompileBudget | None = None
+                      ) -> Future:
+        """Start building the index for `regex` in a background thread; a hit returns a finished future.
+
+        Concurrent calls for the same key share one build. `budget`: the limits of its automata (default
+        `CompileBudget()`; a build needs no more than `validate_regex` did, so it never fails where that passed).
+        """
+        entry = self.get(key)
+        if entry is not None:
+            done: Future = Future()
+            done.set_result(entry)
+            return done
+        with self._lock:
+            future = self._in_flight.get(key)
+            if future is None:
+                self.num_misses += 1
+                future = self._executor.submit(self._build, key, regex, vocab, budget)
+                self._in_flight[key] = future
+        return future
+
+    def get_or_compile(self, key: str, regex: str, vocab: TokenVocabulary, budget: CompileBudget | None = None
+                       ) -> CompiledIndex:
+        """Return the index for `key`, building it on a miss.
+
+        Raises:
+            SchemaTooComplexError: over a limit of `budget`; or, with `max_compile_s` set, the build did not finish
+                within it (it still completes in the background and is cached, but this call gives up).
+            InvalidRegexError | UnsatisfiableSchemaError: see `validate_regex`.
+        """
+        future = self.compile_async(key, regex, vocab, budget)
+        try:
+            return future.result(timeout=self.max_compile_s)
+        except FutureTimeout:
+            raise SchemaTooComplexError(
+                f"building the token index took longer than {self.max_compile_s:g} s (vocabulary of "
+                f"{vocab.num_tokens:,} tokens, regex of {len(regex):,} characters); simplify the schema, "
+                "or raise `IndexCache(max_compile_s=...)`"
+            ) from None
+
+    def clear(self) -> None:
+        """Drop every in-memory entry (files on disk stay)."""
+        with self._lock:
+            self._entries.clear()
+
+    # -- internals -----------------------------------------------------------------------------------
+    def _build(self, key: str, regex: str, vocab: TokenVocabulary, budget: CompileBudget | None) -> CompiledIndex:
+        try:
+            compiled = self._load(key, regex, vocab)
+            if compiled is None:
+                check_regex_size(regex, self.max_regex_size)
+                compiled = _compile(regex, vocab, budget=budget.for_automaton() if budget is not None else None)
+                self._save(key, compiled)
+            with self._lock:
+                self._entries[key] = compiled
+                self._entries.move_to_end(key)
+                while len(self._entries) > self.max_entries:
+                    self._entries.popitem(last=False)
+            return compiled
+        finally:
+            with self._lock:
+                self._in_flight.pop(key, None)
+
+    def _path(self, key: str) -> str | None:
+        return None if self.cache_dir is None else os.path.join(self.cache_dir, f"{key}.index")
+
+    def _load(self, key: str, regex: str, vocab: TokenVocabulary) -> CompiledIndex | None:
+        path = self._path(key)
+        if path is None or not os.path.exists(path):
+            return None
+        try:
+            with open(path, "rb") as handle:
+                saved = pickle.load(handle)
+            # the key is a digest: check what it stands for before trusting the file
+            if saved.get("regex") != regex or saved.get("fingerprint") != vocab.fingerprint:
+                return None
+            dfa = ByteDFA.from_arrays(saved["transitions"], saved["initial"], saved["finals"])
+        except Exception:  # noqa: BLE001 -- a truncated or foreign file: rebuild (and overwrite it)
+            return None
+        return _compile(regex, vocab, dfa, from_disk=True)
+
+    def _save(self, key: str, compiled: CompiledIndex) -> None:
+        path = self._path(key)
+        if path is None or compiled.index.dfa.lazy:  # a grammar's rows are built on demand: nothing to save
+            return
+        os.makedirs(self.cache_dir, exist_ok=True)
+        payload = {
+            "regex": compiled.regex,
+            "fingerprint": compiled.vocab.fingerprint,
+            # the automaton only: token masks are lazy (computed per state on first visit), never saved
+            "transitions": compiled.index.dfa.transitions,
+            "initial": compiled.index.dfa.initial,
+            "finals": compiled.index.dfa.finals,
+        }
+        # write then rename, so a concurrent reader never sees half a file
+        fd, tmp = tempfile.mkstemp(dir=self.cache_dir, suffix=".tmp")
+        with os.fdopen(fd, "wb") as handle:
+            pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, path)
+
+
+_DEFAULT: IndexCache | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_index_cache() -> IndexCache:
+    """The process-wide cache every processor uses unless given its own `index_cache=`."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        if _DEFAULT is None:
+            _DEFAULT = IndexCache(cache_dir=os.environ.get("HF_PAGED_INDEX_CACHE_DIR") or None)
+        return _DEFAULT

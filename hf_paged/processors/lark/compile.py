@@ -1,0 +1,276 @@
+"""A Lark grammar (`lark.syntax.LarkGrammar`) -> the grammar text our automaton runs (`grammar_text`).
+
+    terminal (NAME: ..., "lit", /re/)   regex text, expanded inline where it is used (terminals are regular)
+    rule in a recursion cycle           a rule of its own; its uses are calls (`call_regex`)
+    other rule                          inlined as `(?:text)` while its text is short (fewer calls to walk),
+                                        else a rule of its own
+    %ignore X                           `(?:X)*` after every terminal of a rule, and at the start of the root:
+                                        exactly "ignored text may stand before, between and after tokens"
+    start                               the root (rule 0)
+
+A grammar with no call left is a plain regex (a `ByteDFA`, every row built at once). Every text written is
+counted against the `CompileBudget` (`text`), so a terminal that doubles at each level is refused, not built.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from hf_paged.errors import SchemaTooComplexError, UndefinedRuleError, UnsupportedGrammarError
+from hf_paged.processors.automaton.grammar_text import MAX_RULES, call_regex, join_grammar
+from hf_paged.processors.budget import CompileBudget
+from hf_paged.processors.lark.common import COMMON_SOURCE
+from hf_paged.processors.lark.recursion import (
+    check_rules,
+    rewrite_left_recursion,
+    rule_refs,
+    strongly_connected,
+)
+from hf_paged.processors.lark.syntax import (
+    Alt,
+    CharRange,
+    Definition,
+    LarkGrammar,
+    Lit,
+    Node,
+    Ref,
+    Rep,
+    Rx,
+    Seq,
+    parse_lark,
+)
+from hf_paged.processors.lark.terminals import literal_regex, python_regex, range_regex
+
+__all__ = ["INLINE_CHARS", "LarkCompiled", "compile_lark"]
+
+INLINE_CHARS = 2_000  # a rule outside recursion is inlined into its callers while its text is at most this long
+
+
+@dataclass(slots=True, frozen=True)
+class LarkCompiled:
+    """What a Lark grammar compiles to."""
+
+    text: str  # a grammar string (`grammar_text.join_grammar`), or a plain regex when no rule needs a call
+    rule_names: tuple[str, ...]  # the grammar's rule numbers -> Lark rule names ("" for the root)
+    rewritten: tuple[str, ...]  # rules whose direct left recursion was rewritten as a repetition
+
+
+def _is_rule(name: str) -> bool:
+    return name.lstrip("_")[:1].islower()
+
+
+@lru_cache(maxsize=1)
+def _common() -> dict[str, Definition]:
+    return parse_lark(COMMON_SOURCE).terminals
+
+
+class _Terminals:
+    """Terminal regex texts of one namespace (the user's, or `common`), memoised, recursion refused."""
+
+    def __init__(self, definitions: dict[str, Definition], budget: CompileBudget, imported: dict[str, str]) -> None:
+        self.definitions = definitions
+        self.budget = budget
+        self.texts = dict(imported)
+        self.open: list[str] = []
+
+    def text(self, ref: Ref) -> str:
+        name = ref.name
+        if name in self.texts:
+            return self.texts[name]
+        definition = self.definitions.get(name)
+        if definition is None:
+            raise UndefinedRuleError(_undefined("terminal", ref, [*self.definitions, *self.texts]))
+        if name in self.open:
+            cycle = " -> ".join([*self.open[self.open.index(name):], name])
+            raise UnsupportedGrammarError(
+                f"the terminal {name} refers to itself ({cycle}); terminals are regular: make the recursive part a "
+                "rule (a lowercase name)")
+        self.open.append(name)
+        text = self.texts[name] = self.expr(definition.body, f"terminal {name}")
+        self.open.pop()
+        return text
+
+    def expr(self, node: Node, where: str) -> str:
+        """Regex text of a terminal expression (no rules allowed)."""
+        if isinstance(node, Ref):
+            if _is_rule(node.name):
+                raise UnsupportedGrammarError(
+                    f"{where} uses the rule {node.name!r} (line {node.line}); terminals may use only terminals: make "
+                    f"{where.split()[-1]} a rule (lowercase) or {node.name} a terminal (uppercase)")
+            return self.text(node)
+        if isinstance(node, Seq):
+            text = "".join(f"(?:{self.expr(item, where)})" for item in node.items)
+        elif isinstance(node, Alt):
+            text = "|".join(self.expr(item, where) for item in node.items)
+        elif isinstance(node, Rep):
+            text = f"(?:{self.expr(node.item, where)})" + _quantifier(node)
+        else:
+            text = leaf_regex(node, where)
+        self.budget.spend("text", len(text))
+        return text
+
+
+def leaf_regex(node: Node, where: str) -> str:
+    """Regex text of a literal, a range or a regex."""
+    if isinstance(node, Lit):
+        return literal_regex(node.text, node.ci, f"the literal {node.text!r} in {where}")
+    if isinstance(node, CharRange):
+        return range_regex(node.lo, node.hi, f"the range {node.lo!r}..{node.hi!r} in {where}")
+    if isinstance(node, Rx):
+        return python_regex(node.pattern, node.flags, f"the regex /{node.pattern}/{node.flags} in {where}")
+    raise AssertionError(f"not a leaf: {node!r}")
+
+
+def _quantifier(node: Rep) -> str:
+    if node.hi is None:
+        return "*" if node.lo == 0 else "+" if node.lo == 1 else f"{{{node.lo},}}"
+    return "?" if (node.lo, node.hi) == (0, 1) else f"{{{node.lo}}}" if node.lo == node.hi else f"{{{node.lo},{node.hi}}}"
+
+
+def _undefined(kind: str, ref: Ref, known: list[str]) -> str:
+    close = difflib.get_close_matches(ref.name, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    where = f" (line {ref.line}, column {ref.column})" if ref.line else ""
+    how = "define it (`NAME: ...`) or `%import common.NAME`" if kind == "terminal" else "define it (`name: ...`)"
+    return f"the {kind} {ref.name!r}{where} is not defined; {hint}{how}"
+
+
+def _imports(grammar: LarkGrammar, budget: CompileBudget) -> dict[str, str]:
+    common = _Terminals(_common(), budget, {})
+    out: dict[str, str] = {}
+    for item in grammar.imports:
+        if item.module != "common":
+            raise UnsupportedGrammarError(
+                f"`%import {item.module}.{item.name}` (line {item.line}): only Lark's `common` terminals can be "
+                "imported; copy the definitions into the grammar")
+        if item.name not in _common() or item.name.startswith("_"):
+            known = sorted(n for n in _common() if not n.startswith("_"))
+            raise UndefinedRuleError(f"`%import common.{item.name}` (line {item.line}): common has no terminal "
+                                     f"{item.name!r}; it has {', '.join(known)}")
+        if item.alias in grammar.terminals or item.alias in grammar.rules:
+            raise UnsupportedGrammarError(
+                f"`%import common.{item.name}` (line {item.line}) collides with the definition of {item.alias}; "
+                "rename one of them (`%import common.X -> OTHER`)")
+        out[item.alias] = common.text(Ref(item.name, item.line))
+    return out
+
+
+class _Rules:
+    """Rule texts: calls for recursive rules, short others inlined."""
+
+    def __init__(self, bodies: dict[str, Node], terminals: _Terminals, ignore: str, budget: CompileBudget) -> None:
+        self.bodies = bodies
+        self.terminals = terminals
+        self.ignore = ignore
+        self.budget = budget
+        graph = {name: rule_refs(body, _is_rule) for name, body in bodies.items()}
+        self.recursive = {name for component in strongly_connected(graph) for name in component
+                          if len(component) > 1 or name in graph[name]}
+        self.inline_texts: dict[str, str] = {}
+        self.numbers: dict[str, int] = {}
+        self.order: list[str] = []
+
+    def use(self, name: str) -> str:
+        """The text of a use of rule `name`: a call, or its text inlined."""
+        if name not in self.recursive:
+            text = self.inline_texts.get(name)
+            if text is None:
+                text = self.inline_texts[name] = self.expr(self.bodies[name], name)
+            if len(text) <= INLINE_CHARS:
+                return f"(?:{text})"
+        number = self.numbers.get(name)
+        if number is None:
+            number = self.numbers[name] = len(self.order) + 1
+            if number >= MAX_RULES:
+                raise SchemaTooComplexError(f"the grammar needs more than {MAX_RULES - 1} called rules; merge rules")
+            self.order.append(name)
+        return call_regex(number)
+
+    def body(self, name: str) -> str:
+        """The full text of a called rule."""
+        return self.inline_texts.get(name) or self.expr(self.bodies[name], name)
+
+    def expr(self, node: Node, rule: str) -> str:
+        if isinstance(node, Ref):
+            if _is_rule(node.name):
+                text = self.use(node.name)
+            else:
+                text = f"(?:{self.terminals.text(node)}){self.ignore}"
+        elif isinstance(node, Seq):
+            text = "".join(self.expr(item, rule) for item in node.items)
+        elif isinstance(node, Alt):
+            text = "(?:" + "|".join(self.expr(item, rule) for item in node.items) + ")"
+        elif isinstance(node, Rep):
+            text = f"(?:{self.expr(node.item, rule)})" + _quantifier(node)
+        else:
+            text = f"(?:{leaf_regex(node, f'rule {rule}')}){self.ignore}"
+        self.budget.spend("text", len(text))
+        return text
+
+
+def compile_lark(source: str, start: str = "start", budget: CompileBudget | None = None) -> LarkCompiled:
+    """Compile a Lark EBNF grammar to a grammar string (or a plain regex) for `GuidedLogitsProcessor`.
+
+    Raises:
+        GrammarSyntaxError, UndefinedRuleError, LeftRecursionError, UnsupportedGrammarError (`GrammarError`s);
+        UnsatisfiableSchemaError: a rule derives no finite text; SchemaTooComplexError: over `budget`.
+    """
+    budget = budget if budget is not None else CompileBudget()
+    grammar = parse_lark(source)
+    if not grammar.rules:
+        raise UndefinedRuleError("the grammar defines no rule; write at least `start: ...` (a lowercase name)")
+    if start not in grammar.rules:
+        raise UndefinedRuleError(_undefined("rule", Ref(start), list(grammar.rules)).replace(
+            "define it (`name: ...`)", "define it, or pass `start=` naming the rule where documents begin"))
+    terminals = _Terminals(grammar.terminals, budget, _imports(grammar, budget))
+    bodies: dict[str, Node] = {}
+    rewritten: list[str] = []
+    pending = [start]
+    try:
+        while pending:  # the rules reachable from start (others are never used: not compiled, not checked)
+            name = pending.pop()
+            if name in bodies:
+                continue
+            body = grammar.rules[name].body
+            simpler = rewrite_left_recursion(name, body)
+            if simpler is not None:
+                body = simpler
+                rewritten.append(name)
+            bodies[name] = body
+            for ref in _refs(body):
+                if _is_rule(ref.name):
+                    if ref.name not in grammar.rules:
+                        raise UndefinedRuleError(_undefined("rule", ref, list(grammar.rules)))
+                    pending.append(ref.name)
+                else:
+                    terminals.text(ref)  # (undefined or recursive terminals are refused here, in source order)
+        check_rules(bodies, lambda leaf: re.fullmatch(
+            terminals.text(leaf) if isinstance(leaf, Ref) else leaf_regex(leaf, "a rule"), "") is not None)
+        ignores = [terminals.expr(node, "%ignore") for node in grammar.ignores]
+        ignore = f"(?:{'|'.join(ignores)})*" if ignores else ""
+        rules = _Rules(bodies, terminals, ignore, budget)
+        root = ignore + rules.use(start) if start in rules.recursive else ignore + rules.expr(bodies[start], start)
+        texts = []
+        while len(texts) < len(rules.order):  # (a rule's text may call rules not numbered yet)
+            texts.append(rules.body(rules.order[len(texts)]))
+    except RecursionError:
+        raise SchemaTooComplexError(
+            "the grammar nests too deeply to compile (rules or groups hundreds of levels deep); flatten it") from None
+    text = join_grammar(root, texts) if texts else root
+    return LarkCompiled(text, ("", *rules.order), tuple(sorted(rewritten)))
+
+
+def _refs(node: Node) -> list[Ref]:
+    out, stack = [], [node]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, Ref):
+            out.append(current)
+        elif isinstance(current, (Seq, Alt)):
+            stack.extend(reversed(current.items))
+        elif isinstance(current, Rep):
+            stack.append(current.item)
+    return out

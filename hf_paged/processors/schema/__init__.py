@@ -1,0 +1,30 @@
+"""The schema stage: a JSON Schema -> the regex, or the grammar of rules that call each other, that the automaton
+stage compiles. Sound first: every text it matches is JSON that validates against the schema.
+
+    load_schema (load)                 text / dict / pydantic class -> a checked schema, nesting counted
+    schema_to_regex, schema_to_grammar (ladder)   tries the translation with smaller caps until its automata fit
+                                       the work budget (`automaton.check_automaton`)
+        translate                      $ref / allOf merges (refs), anyOf / oneOf branches (oneof), type by type:
+                                       numbers, strings (pattern), objects (name_rules), arrays, finite values
+        fragments                      the regex text algebra (`Rx`) every type writes in
+        context                        one translation's options, budgets and error helpers
+    canonical_json (canonical)         an instance written the way the regex spells it (tests, benchmarks)
+
+Imports the automaton stage (grammar text, the checks), never the token index.
+"""
+
+from __future__ import annotations
+
+from hf_paged.processors.schema.canonical import canonical_json
+from hf_paged.processors.schema.ladder import schema_to_grammar, schema_to_regex
+from hf_paged.processors.schema.load import MAX_SCHEMA_NESTING, check_nesting, check_text_nesting, load_schema
+
+__all__ = [
+    "MAX_SCHEMA_NESTING",
+    "canonical_json",
+    "check_nesting",
+    "check_text_nesting",
+    "load_schema",
+    "schema_to_grammar",
+    "schema_to_regex",
+]

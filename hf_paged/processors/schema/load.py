@@ -1,0 +1,116 @@
+"""Reading a schema before it is translated: JSON text, a dict or a pydantic model class -> a checked JSON Schema.
+
+Nesting is measured before anything recurses over the schema (a scan of the text's brackets, a walk without
+recursion), so a deep schema is refused by a count, the same on any machine, instead of ending in a RecursionError;
+then jsonschema checks it against its meta-schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from hf_paged.errors import InvalidRegexError, InvalidSchemaError, SchemaTooComplexError
+from hf_paged.processors.budget import CompileBudget
+
+__all__ = ["MAX_SCHEMA_NESTING", "check_nesting", "check_text_nesting", "load_schema"]
+
+
+def load_schema(schema: Any, budget: CompileBudget | None = None) -> dict | bool:
+    """Accept a schema as a dict/bool, JSON text, or a pydantic model class; check it against its meta-schema.
+
+    Raises:
+        InvalidSchemaError: not JSON, not a schema, or an object of another type.
+        InvalidRegexError: a `pattern` (or other regex keyword) that does not compile.
+        SchemaTooComplexError: nested deeper than `MAX_SCHEMA_NESTING`, or more objects than the budget's
+            `max_schema_objects` (counted before the meta-schema check, whose cost grows with them).
+    """
+    if isinstance(schema, type) and hasattr(schema, "model_json_schema"):  # pydantic v2 model class
+        schema = schema.model_json_schema()
+    elif isinstance(schema, (str, bytes, bytearray)):
+        if not isinstance(schema, str):  # (json.loads' own reading of bytes: UTF-8, -16 or -32 by their first bytes)
+            schema = bytes(schema).decode(json.detect_encoding(schema), "surrogatepass")
+        check_text_nesting(schema)  # before json.loads, which recurses once per level (RecursionError near 1000)
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError as exc:
+            raise InvalidSchemaError(
+                f"the schema is not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno}); pass a dict "
+                "or valid JSON text"
+            ) from None
+    if not isinstance(schema, (dict, bool)):
+        raise InvalidSchemaError(
+            f"a JSON Schema is an object or a boolean, got {type(schema).__name__}; pass a dict, JSON text or a "
+            "pydantic model class"
+        )
+    (budget if budget is not None else CompileBudget()).spend("schema_objects", check_nesting(schema))
+    from jsonschema import Draft202012Validator, exceptions, validators
+
+    try:
+        validators.validator_for(schema, default=Draft202012Validator).check_schema(schema)
+    except RecursionError:  # jsonschema recurses a few frames per level: a safety net under MAX_SCHEMA_NESTING
+        raise SchemaTooComplexError(
+            "the schema is too deeply nested to check; flatten it (e.g. move repeated parts to $defs and refer to "
+            "them with $ref)"
+        ) from None
+    except exceptions.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        if exc.validator == "format" and exc.validator_value == "regex":
+            raise InvalidRegexError(
+                f"the regex {exc.instance!r} at #/{where} does not compile; fix the pattern"
+            ) from None
+        raise InvalidSchemaError(
+            f"this is not a valid JSON Schema: {exc.message} at #/{where}; fix that keyword"
+        ) from None
+    return schema
+
+
+# Most nested JSON levels of a schema document we compile (a level of `properties` is two: the keyword's object and
+# the sub-schema). Counted before anything recurses over the schema, so a deep one is refused by this budget, the
+# same on any machine, instead of ending in a RecursionError; real schemas stay far below it.
+MAX_SCHEMA_NESTING = 64
+
+
+# A JSON string (escapes included) or one bracket: what the text's nesting is measured on.
+_STRING_OR_BRACKET = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]', re.DOTALL)
+
+
+def _too_deep(levels: int | None, where: str) -> SchemaTooComplexError:
+    depth = f" {levels} levels deep{where}," if levels is not None else ""
+    return SchemaTooComplexError(
+        f"the schema nests{depth} deeper than {MAX_SCHEMA_NESTING} JSON levels (MAX_SCHEMA_NESTING); flatten it "
+        "(e.g. move repeated parts to $defs and refer to them with $ref)"
+    )
+
+
+def check_text_nesting(text: str) -> int:
+    """Raise `SchemaTooComplexError` for JSON text nested deeper than `MAX_SCHEMA_NESTING` (measured by a scan of its
+    brackets outside strings, without parsing or recursion); return its deepest level. Malformed text is left to
+    the parser, which reports it."""
+    depth = deepest = 0
+    for match in _STRING_OR_BRACKET.finditer(text):
+        char = match.group()
+        if char == "{" or char == "[":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char == "}" or char == "]":
+            depth -= 1
+    if deepest > MAX_SCHEMA_NESTING:
+        raise _too_deep(deepest, " as JSON text")
+    return deepest
+
+
+def check_nesting(schema: Any) -> int:
+    """Raise `SchemaTooComplexError` for a schema nested deeper than `MAX_SCHEMA_NESTING` (walked without
+    recursion); return how many objects it holds."""
+    stack = [(schema, 1)]
+    num_objects = 0
+    while stack:
+        node, depth = stack.pop()
+        num_objects += isinstance(node, dict)
+        if depth > MAX_SCHEMA_NESTING:
+            raise _too_deep(None, "")
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return num_objects

@@ -1,0 +1,315 @@
+"""Integers and numbers: JSON number grammar, bounds as finite digit-range alternations, `multipleOf`.
+
+Numbers with bounds are written without exponent (`-?int(.frac)?`), so the bound can be checked digit by
+digit. Python's `json` turns a text with a fraction or exponent into a float and `jsonschema` compares that
+float, so the decimal bound we compare against is chosen such that float rounding cannot push an accepted
+text over the schema's bound:
+
+    upper bound b (float) --exclusive?--> b' = nextafter(b, -inf) --> exact decimal of b', rounded down to
+    17 significant digits (still rounds to b', and never above it)
+
+Texts without fraction parse to Python ints, compared exactly with the float bound, which is below it too.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import ROUND_CEILING, ROUND_FLOOR, Decimal
+from decimal import Context as DecimalContext
+from typing import Any
+
+from hf_paged.processors.schema.context import Context, pointer_join
+from hf_paged.processors.schema.fragments import Rx, alt, raw, seq
+
+__all__ = ["INTEGER", "NUMBER", "decimal_range", "int_range", "integer_regex", "number_regex"]
+
+INTEGER = raw("-?(?:0|[1-9][0-9]*)", atomic=True)
+NUMBER = raw("-?(?:0|[1-9][0-9]*)(?:\\.[0-9]+)?(?:[eE][+\\-]?[0-9]+)?", atomic=True)
+_MAX_ENUMERATED_MULTIPLES = 256
+_MAX_FRACTION_DIGITS = 20  # bounds are rounded inward (stricter) to this many fraction digits
+
+
+def int_range(lo: int | None, hi: int | None) -> Rx | None:
+    """Canonical decimal integers (no leading zeros, no `-0`) in [lo, hi]; None bounds are unbounded."""
+    if lo is not None and hi is not None and lo > hi:
+        return None
+    parts: list[Rx | None] = []
+    if lo is None or lo < 0:  # negative part: "-" + magnitudes in [max(1, -hi), -lo]
+        mag_lo = 1 if hi is None or hi >= 0 else -hi
+        mag_hi = None if lo is None else -lo
+        parts.append(seq(raw("\\-", atomic=True), _naturals(mag_lo, mag_hi)))
+    if hi is None or hi >= 0:
+        parts.append(_naturals(max(lo, 0) if lo is not None else 0, hi))
+    return alt(parts)
+
+
+def _naturals(lo: int, hi: int | None) -> Rx | None:
+    """Naturals in [lo, hi] written without leading zeros."""
+    if hi is not None and lo > hi:
+        return None
+    parts: list[Rx | None] = []
+    n_lo = len(str(lo))
+    n_hi = len(str(hi)) if hi is not None else n_lo
+    for n in range(n_lo, n_hi + 1):
+        a = lo if n == n_lo else 10 ** (n - 1)
+        b = hi if hi is not None and n == n_hi else 10**n - 1
+        parts.append(raw(_same_length(str(a), str(b))))
+    if hi is None:  # every longer number
+        parts.append(raw("[1-9][0-9]{%d,}" % n_lo, atomic=True))
+    return alt(parts)
+
+
+def _same_length(a: str, b: str) -> str:
+    """Regex for digit strings of len(a) == len(b) between a and b inclusive."""
+    if not a:
+        return ""
+    if a == b:
+        return a
+    if a[0] == b[0]:
+        return a[0] + _group(_same_length(a[1:], b[1:]))
+    rest = len(a) - 1
+    tail = "[0-9]{%d}" % rest if rest > 1 else "[0-9]" if rest == 1 else ""
+    if a[1:] == "0" * rest and b[1:] == "9" * rest:
+        return _digits(int(a[0]), int(b[0])) + tail
+    parts = [a[0] + _group(_same_length(a[1:], "9" * rest))]
+    if int(b[0]) - int(a[0]) > 1:
+        parts.append(_digits(int(a[0]) + 1, int(b[0]) - 1) + tail)
+    parts.append(b[0] + _group(_same_length("0" * rest, b[1:])))
+    return "(?:" + "|".join(parts) + ")"
+
+
+def _digits(a: int, b: int) -> str:
+    return str(a) if a == b else "[%d-%d]" % (a, b)
+
+
+def _group(text: str) -> str:
+    return text if len(text) <= 1 or text.startswith("(?:") and text.endswith(")") else f"(?:{text})"
+
+
+# -- decimals -------------------------------------------------------------------------------------------
+
+
+def decimal_range(lo: Decimal | None, hi: Decimal | None) -> Rx | None:
+    """Numbers `-?int(.frac)?` whose exact decimal value lies in [lo, hi] (inclusive; None: unbounded)."""
+    if lo is not None and hi is not None and lo > hi:
+        return None
+    parts: list[Rx | None] = []
+    if lo is None or lo < 0:  # negatives: magnitudes in (max(0, -hi), -lo], zero excluded ("-0" is not ours)
+        m_lo = Decimal(0) if hi is None or hi >= 0 else -hi
+        m_hi = None if lo is None else -lo
+        parts.append(seq(raw("\\-", atomic=True), _magnitudes(m_lo, m_lo == 0, m_hi)))
+    if hi is None or hi >= 0:
+        parts.append(_magnitudes(max(lo, Decimal(0)) if lo is not None else Decimal(0), False, hi))
+    return alt(parts)
+
+
+def _magnitudes(lo: Decimal, lo_exclusive: bool, hi: Decimal | None) -> Rx | None:
+    """Non-negative `int(.frac)?` texts with value in [lo, hi] (or (lo, hi] when lo_exclusive)."""
+    ia, fa = _split(lo)
+    if hi is None:
+        return alt([_with_frac(str(ia), _frac(fa, not lo_exclusive, None)), _with_any_frac(_naturals(ia + 1, None))])
+    ib, fb = _split(hi)
+    if ia == ib:
+        return _with_frac(str(ia), _frac(fa, not lo_exclusive, fb))
+    return alt(
+        [
+            _with_frac(str(ia), _frac(fa, not lo_exclusive, None)),
+            _with_any_frac(_naturals(ia + 1, ib - 1)),
+            _with_frac(str(ib), _frac(None, True, fb)),
+        ]
+    )
+
+
+def _split(d: Decimal) -> tuple[int, str]:
+    """Integer part and fraction digits (trailing zeros stripped) of a non-negative decimal."""
+    text = format(d, "f")
+    int_part, _, frac = text.partition(".")
+    return int(int_part), frac.rstrip("0")
+
+
+def _with_any_frac(ints: Rx | None) -> Rx | None:
+    return seq(ints, raw("(?:\\.[0-9]+)?", atomic=True)) if ints is not None else None
+
+
+def _with_frac(int_text: str, frac: tuple[str | None, bool]) -> Rx | None:
+    nonempty, empty_ok = frac
+    if nonempty is None:
+        return raw(int_text) if empty_ok else None
+    dot = "\\." + nonempty
+    return raw(int_text + (f"(?:{dot})?" if empty_ok else f"(?:{dot})"))
+
+
+def _frac(a: str | None, a_inclusive: bool, b: str | None) -> tuple[str | None, bool]:
+    """Fraction digit strings s with 0.s >= 0.a (> when not inclusive) and 0.s <= 0.b (inclusive).
+
+    Returns (regex of the non-empty such strings or None, whether the empty fraction -- value 0 -- is in).
+    `a`/`b` are digit strings without trailing zeros ("" is zero); None means no bound on that side.
+    """
+    if a == "" and a_inclusive:
+        a = None
+    if a is None and b is None:
+        return "[0-9]+", True
+    if a == "" and b is None:  # strictly positive fraction: some non-zero digit
+        return "[0-9]*[1-9][0-9]*", False
+    if b == "":  # upper bound zero: only zeros, and only if the lower bound allows zero
+        return ("0+", True) if a is None else (None, False)
+    empty_ok = a is None  # value 0 satisfies the lower bound only when there is none (a is non-zero here)
+    a0 = int(a[0]) if a else 0
+    b0 = int(b[0]) if b is not None else 9
+    parts: list[str] = []
+    free_lo = a0 + 1 if a is not None else 0
+    free_hi = b0 - 1 if b is not None else 9
+    if free_lo <= free_hi:
+        parts.append(_digits(free_lo, free_hi) + "[0-9]*")
+    for d in sorted({a0 if a is not None else -1, b0 if b is not None else -1} - {-1}):
+        rest_a = a[1:] if a is not None and d == a0 else None
+        rest_b = b[1:] if b is not None and d == b0 else None
+        if a is not None and d < a0 or b is not None and d > b0:
+            continue
+        ne, e = _frac(rest_a, a_inclusive, rest_b)
+        if ne is not None:
+            parts.append(str(d) + (f"(?:{ne})?" if e else f"(?:{ne})"))
+        elif e:
+            parts.append(str(d))
+    if not parts:
+        return None, empty_ok
+    return ("(?:" + "|".join(parts) + ")" if len(parts) > 1 else parts[0]), empty_ok
+
+
+# -- schema keywords ------------------------------------------------------------------------------------
+
+
+def _bounds(schema: dict, ctx: Context, pointer: str) -> tuple[Any, bool, Any, bool]:
+    """(minimum, min_exclusive, maximum, max_exclusive) across draft-4 and draft-6+ spellings."""
+    lo, lo_x, hi, hi_x = schema.get("minimum"), False, schema.get("maximum"), False
+    for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+        v = schema.get(key)
+        if v is not None and not isinstance(v, (int, float, bool)):
+            raise ctx.invalid(pointer_join(pointer, key), f"`{key}` must be a number, got {v!r}", "fix its value")
+    emin, emax = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    if isinstance(emin, bool):  # draft-04: a flag on `minimum`
+        lo_x = emin and lo is not None
+    elif emin is not None and (lo is None or emin >= lo):
+        lo, lo_x = emin, True
+    if isinstance(emax, bool):
+        hi_x = emax and hi is not None
+    elif emax is not None and (hi is None or emax <= hi):
+        hi, hi_x = emax, True
+    for v in (lo, hi):
+        if isinstance(v, float) and not math.isfinite(v):
+            raise ctx.invalid(pointer, f"non-finite bound {v}", "use a finite number")
+    return lo, lo_x, hi, hi_x
+
+
+def _int_bounds(lo: Any, lo_x: bool, hi: Any, hi_x: bool) -> tuple[int | None, int | None]:
+    """Exact integer bounds (Python compares int with float exactly, so use the float's exact value)."""
+    ilo = ihi = None
+    if lo is not None:
+        d = Decimal(lo)
+        ilo = int(d.to_integral_value(ROUND_CEILING))
+        if lo_x and d == ilo:
+            ilo += 1
+    if hi is not None:
+        d = Decimal(hi)
+        ihi = int(d.to_integral_value(ROUND_FLOOR))
+        if hi_x and d == ihi:
+            ihi -= 1
+    return ilo, ihi
+
+
+def _safe_decimal(v: Any, exclusive: bool, upper: bool) -> Decimal:
+    """A decimal bound that keeps both ints (exact) and floats (rounded) inside the float bound `v`."""
+    if isinstance(v, int) and not exclusive:
+        return Decimal(v)
+    f = float(v)
+    if exclusive:
+        f = math.nextafter(f, -math.inf if upper else math.inf)
+    ctx = DecimalContext(prec=17, rounding=ROUND_FLOOR if upper else ROUND_CEILING)
+    d = ctx.plus(Decimal(f))
+    if d.as_tuple().exponent < -_MAX_FRACTION_DIGITS:  # e.g. nextafter(0) = 5e-324: round inward, shorter regex
+        d = d.quantize(Decimal(1).scaleb(-_MAX_FRACTION_DIGITS), rounding=ROUND_FLOOR if upper else ROUND_CEILING)
+    return d
+
+
+def _multiple(schema: dict, ctx: Context, pointer: str) -> int | None:
+    """The integer step of `multipleOf`, or None. Non-integer steps cannot be enforced soundly."""
+    m = schema.get("multipleOf")
+    if m is None:
+        return None
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or m <= 0:
+        raise ctx.invalid(pointer_join(pointer, "multipleOf"), f"`multipleOf` must be > 0, got {m!r}", "fix it")
+    if float(m).is_integer():
+        return int(m)
+    # jsonschema divides floats (0.07 / 0.01 != 7): only a regex over a finite set could be exact.
+    ctx.unsupported("multipleOf", pointer, f"only integer steps are supported, got {m}; use an integer step")
+    return None
+
+
+def integer_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
+    """Regex of the integers allowed by `minimum`/`maximum`/`exclusive*`/`multipleOf`."""
+    lo, hi = _int_bounds(*_bounds(schema, ctx, pointer))
+    step = _multiple(schema, ctx, pointer)
+    return _with_step(lo, hi, step, ctx, pointer)
+
+
+def _with_step(lo: int | None, hi: int | None, step: int | None, ctx: Context, pointer: str) -> Rx | None:
+    if step is None or step == 1:
+        return int_range(lo, hi) if (lo, hi) != (None, None) else INTEGER
+    if lo is not None and hi is not None:
+        first, last = -(-lo // step) * step, (hi // step) * step
+        count = (last - first) // step + 1 if last >= first else 0
+        if count <= _MAX_ENUMERATED_MULTIPLES:
+            return alt(raw(str(v), atomic=True) for v in range(first, last + 1, step))
+    suffix = _suffix_rule(step)
+    if suffix is not None and lo is None and hi is None:
+        return suffix
+    if suffix is not None and lo in (0, 1) and hi is None:  # non-negative multiples: drop the sign
+        return raw(suffix.text.replace("-?", "", 1)) if lo == 0 else raw(_positive_suffix(step))
+    ctx.unsupported(
+        "multipleOf", pointer, f"step {step} with these bounds is too large to enumerate; narrow the range"
+    )
+    return int_range(lo, hi) if (lo, hi) != (None, None) else INTEGER
+
+
+def _suffix_rule(step: int) -> Rx | None:
+    """Multiples of step = 2^a * 5^b are decided by their last max(a, b) digits."""
+    k, rest = 0, step
+    while rest % 10 == 0:
+        rest //= 10
+        k += 1
+    a = b = 0
+    while rest % 2 == 0:
+        rest //= 2
+        a += 1
+    while rest % 5 == 0:
+        rest //= 5
+        b += 1
+    if rest != 1 or max(a, b) + k > 4:
+        return None
+    n = max(a, b) + k
+    tails = [str(v).zfill(n) for v in range(0, 10**n, step)]
+    short = [str(v) for v in range(step, 10**n, step)]  # multiples with fewer than n digits, no leading zeros
+    body = "(?:0|%s|[1-9][0-9]*(?:%s))" % ("|".join(short) or "0", "|".join(tails))
+    return raw("-?" + body)
+
+
+def _positive_suffix(step: int) -> str:
+    rule = _suffix_rule(step)
+    assert rule is not None
+    return rule.text.replace("-?", "", 1).replace("(?:0|", "(?:", 1)
+
+
+def number_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
+    """Regex of the numbers allowed by the bound keywords (no exponent once bounded)."""
+    lo, lo_x, hi, hi_x = _bounds(schema, ctx, pointer)
+    step = _multiple(schema, ctx, pointer)
+    if step is not None and step != 1:
+        ilo, ihi = _int_bounds(lo, lo_x, hi, hi_x)
+        return _with_step(ilo, ihi, step, ctx, pointer)  # integer multiples of an integer step
+    if step == 1:
+        return integer_regex(schema, ctx, pointer)
+    if lo is None and hi is None:
+        return NUMBER
+    dlo = _safe_decimal(lo, lo_x, upper=False) if lo is not None else None
+    dhi = _safe_decimal(hi, hi_x, upper=True) if hi is not None else None
+    return decimal_range(dlo, dhi)

@@ -1,0 +1,349 @@
+"""Objects: properties in schema order, `required`, `additionalProperties`, `patternProperties`,
+`propertyNames`, `min/maxProperties`, `dependentRequired`/`dependentSchemas`/`dependencies`.
+
+Layout of the regex (ws = the whitespace regex):
+
+    \\{ ws  [ "p1" ws : ws v1 ]  [ ws , ws "p2" ws : ws v2 ] ...  [ ws , ws extra-key ws : ws v ]*  ws \\}
+            declared names in schema order, each once            extras: names never declared
+
+Declared names appear at most once and extras can never spell a declared name, so a duplicate key cannot
+override a checked value. Extras may repeat each other; json keeps the last, which validates too, but then
+there are fewer properties than texts, so extras count toward `minProperties` at most once (one extra is one
+property more than the declared ones written, for sure; two may be the same key).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
+
+from hf_paged.processors.schema.context import Context, pointer_join
+from hf_paged.processors.schema.fragments import Rx, alt, char_class, lit, opt, raw, rep, seq
+from hf_paged.processors.schema.name_rules import dependencies_of, forbidden_names, with_dependencies
+from hf_paged.processors.schema.pattern import emit, parse_pattern
+
+__all__ = ["key_matches", "member_order", "object_regex", "ordered_members"]
+
+_KEY_CHARS = [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E)]  # extra keys: printable ASCII, no escapes (cheap classes)
+
+
+def ordered_members(
+    elements: list[tuple[Rx | None, bool]],
+    sep: Rx,
+    min_count: int,
+    max_count: int | None,
+    tail: Callable[[int], Rx | None],
+    ctx: Context | None = None,
+    pointer: str = "#",
+) -> Rx | None:
+    """Members in a fixed order, each (regex, required), joined by `sep`, with a member count bound.
+
+    `tail(k)` gives the regex allowed after the members once k of them are written (e.g. extra keys, which must
+    then make up any shortfall below `min_count`, and add their own separator when k > 0), None when nothing
+    can complete the object. Required members whose regex is None make the whole thing None. With `ctx`, a
+    fragment over its cost budget raises at once (`Context.check_cost`): counted members form a tree whose text
+    doubles per member, so the check must come before the text is written, not after.
+    """
+    if any(m is None and req for m, req in elements):
+        return None
+    if max_count is None and min_count <= 1:
+        return _linear_members(elements, sep, min_count, tail)
+    n = len(elements)
+    saturate = max(1, min_count) if max_count is None else None  # counts above this all look alike
+    memo: dict[tuple[int, int], Rx | None] = {}
+
+    def f(i: int, k: int) -> Rx | None:
+        if saturate is not None:
+            k = min(k, saturate)
+        key = (i, k)
+        if key in memo:
+            return memo[key]
+        if i == n:
+            out = tail(k)
+        else:
+            member, required = elements[i]
+            lead = member if k == 0 else seq(sep, member)
+            if saturate is not None and k == saturate and k >= min_count:
+                # Saturated: later members only need a separator; keep the regex linear, not a tree.
+                out = seq(lead, f(i + 1, k)) if required else seq(opt(lead), f(i + 1, k))
+            else:
+                take = None if max_count is not None and k + 1 > max_count else seq(lead, f(i + 1, k + 1))
+                out = take if required else alt([take, f(i + 1, k)])
+        if ctx is not None:
+            ctx.check_cost(out, pointer)
+        memo[key] = out
+        return out
+
+    return f(0, 0)
+
+
+def _linear_members(elements: list[tuple[Rx | None, bool]], sep: Rx, min_count: int,
+                    tail: Callable[[int], Rx | None]) -> Rx | None:
+    """`ordered_members` without an upper bound and with at most one member required by count: linear size.
+
+    Only the members before the first required one are hard: the first of them written has no separator.
+    After the first member everything is `(sep m)?`. See `_any_first` for the optional ones before it.
+    """
+    first_required = next((i for i, (_, req) in enumerate(elements) if req), len(elements))
+    prefix = _any_first([m for m, _ in elements[:first_required] if m is not None], sep)
+    rest: list[Rx | None] = []
+    for member, required in elements[first_required + 1:]:
+        if member is not None:
+            rest.append(seq(sep, member) if required else opt(seq(sep, member)))
+    if first_required == len(elements):  # nothing required: the members may be absent altogether
+        written = None if prefix is None else seq(prefix, tail(1))
+        return alt([written, tail(0)])  # no member written: the tail alone meets min_count
+    head = elements[first_required][0]
+    lead = head if prefix is None else seq(opt(seq(prefix, sep)), head)
+    return seq(lead, *rest, tail(1))
+
+
+def _any_first(members: list[Rx], sep: Rx) -> Rx | None:
+    """Non-empty in-order subsequences of optional `members`, separated by `sep`, in linear size.
+
+    Those ending at or before member j obey U_j = U_{j-1} (sep m_j)? | m_j: each member is written twice
+    instead of once per possible first member (the quadratic form, exponential through nested objects). The
+    recursion nests one group per member, and outlines-core's regex parser refuses nesting past ~250 groups
+    (about 80 members), so long lists apply it to blocks of ~sqrt(n) members: V_k = V_{k-1} P_k | A_k, where
+    A_k is U over block k and P_k its members each as `(sep m)?`. Nesting is then ~2 sqrt(n), size 3n.
+    """
+    if len(members) <= _FLAT_MEMBERS:
+        return _subsequences(members, sep)
+    size = math.isqrt(len(members) - 1) + 1
+    out: Rx | None = None
+    for start in range(0, len(members), size):
+        block = members[start:start + size]
+        first_here = _subsequences(block, sep)
+        out = first_here if out is None else alt([seq(out, *(opt(seq(sep, m)) for m in block)), first_here])
+    return out
+
+
+_FLAT_MEMBERS = 24  # up to this many, one group per member (nesting well inside the parser's limit)
+
+
+def _subsequences(members: list[Rx], sep: Rx) -> Rx | None:
+    out: Rx | None = None
+    for member in members:
+        out = member if out is None else alt([seq(out, opt(seq(sep, member))), member])
+    return out
+
+
+def member_order(props: dict, required: list[str]) -> list[str]:
+    """The order declared names are written in: the schema's, then required names it does not declare.
+
+    (Keeping the schema's order costs nothing since `_linear_members`; models also expect it.)
+    """
+    return list(props) + [r for r in dict.fromkeys(required) if r not in props]
+
+
+def key_matches(pattern: str, name: str, where: str) -> bool:
+    """ECMA `pattern` search semantics on a property name (through the same translation as strings)."""
+    body = emit(parse_pattern(pattern, where), None)
+    return body is not None and re.fullmatch(body.text, json.dumps(name, ensure_ascii=False)[1:-1]) is not None
+
+
+def _not_in(names: list[str]) -> Rx:
+    """JSON keys (with quotes) whose text is none of `names`: bare characters through a complement trie, or, when
+    no name holds a quote or a backslash, any key with an escaped one (`"Vendor\\\\Package"`)."""
+    return _not_in_names(tuple(names))
+
+
+@lru_cache(maxsize=256)
+def _not_in_names(names: tuple[str, ...]) -> Rx:
+    """`_not_in`, memoised: an object's complement trie is the same for each count of its members (~1 ms)."""
+    trie: dict = {}
+    for name in names:
+        node = trie
+        for ch in name:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+    any_key = rep(Rx(char_class(_KEY_CHARS) or "", 4), 0, None)
+
+    def walk(node: dict) -> Rx | None:
+        kids = sorted(c for c in node if c)
+        parts: list[Rx | None] = [] if "" in node else [Rx("", 0)]
+        excluded = [(ord(c), ord(c)) for c in kids]
+        others = _minus(_KEY_CHARS, excluded)
+        cls = char_class(others)
+        if cls is not None:
+            parts.append(seq(Rx(cls, 4), any_key))
+        for c in kids:
+            if ord(c) >= 0x20 and c not in '"\\':
+                parts.append(seq(lit(c), walk(node[c])))
+        return alt(parts)
+
+    quote = raw('"', atomic=True)
+    bare = seq(quote, walk(trie), quote)
+    if any('"' in name or "\\" in name for name in names):
+        return bare  # type: ignore[return-value]
+    escape = raw('\\\\["\\\\]', atomic=True)  # \" or \\ in the JSON text
+    char = alt([Rx(char_class(_KEY_CHARS) or "", 4), escape])
+    escaped = seq(quote, rep(char, 0, None), escape, rep(char, 0, None), quote)
+    return alt([bare, escaped])  # type: ignore[return-value]
+
+
+def _minus(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out = []
+    for lo, hi in ranges:
+        cur = lo
+        for a, b in sorted(holes):
+            if b < cur or a > hi:
+                continue
+            if a > cur:
+                out.append((cur, a - 1))
+            cur = max(cur, b + 1)
+        if cur <= hi:
+            out.append((cur, hi))
+    return out
+
+
+def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
+    """Regex of the JSON objects allowed by the object keywords of `schema`."""
+    deps = dependencies_of(schema)
+    if deps:
+        return with_dependencies(schema, deps, ctx, pointer)
+    props = schema.get("properties", {})
+    required = schema.get("required", [])
+    if not isinstance(props, dict):
+        raise ctx.invalid(pointer_join(pointer, "properties"), "`properties` must be an object", "fix it")
+    if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
+        raise ctx.invalid(pointer_join(pointer, "required"), "`required` must be a list of strings", "fix it")
+    patterns = schema.get("patternProperties", {})
+    extra_schema = schema.get("additionalProperties", True)
+    if schema.get("unevaluatedProperties") is not None and schema.get("unevaluatedProperties") is not True:
+        if schema["unevaluatedProperties"] is not False:
+            ctx.unsupported("unevaluatedProperties", pointer, "only `false` is supported; use additionalProperties")
+        extra_schema = False
+    forbidden = forbidden_names(schema, required, ctx, pointer)
+    names = member_order(props, required)
+    ws = raw(ctx.whitespace) if ctx.whitespace else Rx("", 0)
+    colon = seq(ws, raw("\\:", atomic=True), ws)
+    elements: list[tuple[Rx | None, bool]] = []
+    for name in names:
+        where = pointer_join(pointer, "properties", name)
+        parts = [props[name]] if name in props else []
+        for pat, sub in patterns.items():
+            if key_matches(pat, name, pointer_join(pointer, "patternProperties", pat)):
+                parts.append(sub)
+        if name not in props and len(parts) == 0:
+            parts.append(extra_schema)
+        value = None if name in forbidden else _value(parts, ctx, where)
+        if value is not None and "propertyNames" in schema and not _name_ok(name, schema["propertyNames"], ctx, pointer):
+            value = None
+        member = seq(lit(json.dumps(name, ensure_ascii=False)), colon, value) if value is not None else None
+        elements.append((member, name in required))
+    # Forbidden names may be undeclared: the extras must not spell them either.
+    state = {"extras": _extras(schema, extra_schema, names + sorted(forbidden - set(names)), ctx, pointer, colon)}
+    min_p, max_p = schema.get("minProperties", 0), schema.get("maxProperties")
+    sep = seq(ws, raw("\\,", atomic=True), ws)
+    assert sep is not None
+
+    def tail(k: int) -> Rx | None:
+        """Undeclared keys after k members, up to `maxProperties`; at least one when `minProperties` needs one more
+        (see the module docstring: extras count toward it at most once)."""
+        extras = state["extras"]
+        need = max(0, int(min_p) - k)
+        if need > 1 or (extras is None and need):
+            return None
+        if extras is None:
+            return Rx("", 0)
+        room = None if max_p is None else int(max_p) - k
+        if room is not None and room < need:
+            return None
+        if room == 0:
+            return Rx("", 0)
+        hi = None if room is None else ctx.cap(room, need)
+        if k > 0:
+            return rep(seq(sep, extras), need, hi)
+        first = seq(extras, rep(seq(sep, extras), max(0, need - 1), None if hi is None else hi - 1))
+        return first if need > 0 else opt(first)
+
+    def build(members: list[tuple[Rx | None, bool]]) -> Rx | None:
+        body = ordered_members(members, sep, int(min_p), None if max_p is None else int(max_p), tail, ctx, pointer)
+        return seq(raw("\\{", atomic=True), ws, body, ws, raw("\\}", atomic=True))
+
+    out = build(elements)
+    if ctx.prune_cost is not None and out is not None and out.cost > ctx.prune_cost:
+        if state["extras"] is not None:  # undeclared keys go first: they cost a whole generic value
+            state["extras"] = None
+            ctx.num_pruned += 1
+            out = build(elements)
+        if out is not None and out.cost > ctx.prune_cost:
+            out = _prune(elements, build, ctx)
+    return ctx.check_cost(out, pointer)
+
+
+def _prune(elements: list[tuple[Rx | None, bool]], build: Callable, ctx: Context) -> Rx | None:
+    """Leave out the costliest optional members until the object fits `ctx.prune_cost` (fewest dropped)."""
+    optional = sorted((i for i, (m, req) in enumerate(elements) if m is not None and not req),
+                      key=lambda i: -elements[i][0].cost)  # type: ignore[union-attr]
+    best: tuple[int, Rx | None] | None = None
+    lo, hi = 1, len(optional)
+    while lo <= hi:  # binary search on how many to drop
+        mid = (lo + hi) // 2
+        dropped = set(optional[:mid])
+        candidate = build([(None if i in dropped else m, req) for i, (m, req) in enumerate(elements)])
+        if candidate is None or candidate.cost <= ctx.prune_cost:  # type: ignore[operator]
+            best, hi = (mid, candidate), mid - 1
+        else:
+            lo = mid + 1
+    if best is None:
+        dropped = set(optional)
+        best = (len(optional), build([(None if i in dropped else m, req) for i, (m, req) in enumerate(elements)]))
+    ctx.num_pruned += best[0]
+    return best[1]
+
+
+def _value(parts: list[Any], ctx: Context, where: str) -> Rx | None:
+    if any(p is False for p in parts):
+        return None
+    parts = [p for p in parts if p is not True and p != {}]
+    if len(parts) <= 1:
+        return ctx.value(parts[0] if parts else True, where)
+    return ctx.value({"allOf": parts}, where)
+
+
+def _name_ok(name: str, names_schema: Any, ctx: Context, pointer: str) -> bool:
+    rx = ctx.sub(names_schema, pointer_join(pointer, "propertyNames"))
+    return rx is not None and re.fullmatch(rx.text, json.dumps(name, ensure_ascii=False)) is not None
+
+
+def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, pointer: str, colon: Rx) -> Rx | None:
+    """One `"key": value` for names not declared, or None when we generate none.
+
+    Free keys are bare-character strings that spell no declared name (a complement trie of the names), after
+    the declared members; beside declared names only while `ctx.extras_beside_declared`. With `patternProperties` and no
+    declared names, keys are drawn from the patterns instead, and their value must satisfy every pattern's
+    schema (a key may match several). Never with `propertyNames` (a free key could violate it).
+    """
+    if "propertyNames" in schema:
+        return None
+    patterns = schema.get("patternProperties")
+    if patterns:
+        if names or not isinstance(patterns, dict):
+            return None  # a pattern key could spell a declared name: keep to the declared ones
+        keys = [emit(parse_pattern(p, pointer_join(pointer, "patternProperties", p)), ctx.max_repeat, open_too=False)
+                for p in patterns]
+        key_rx = alt(seq(raw('"', atomic=True), k, raw('"', atomic=True)) for k in keys)
+        values = [v for v in patterns.values() if v is not True and v != {}]
+        value = ctx.value({"allOf": values} if len(values) > 1 else values[0] if values else True,
+                        pointer_join(pointer, "patternProperties"))
+        return seq(key_rx, colon, value) if value is not None else None
+    if extra_schema is False:
+        return None
+    if names and not ctx.extras_beside_declared and (extra_schema is True or extra_schema == {}):
+        ctx.num_cut += 1  # (undeclared keys the schema allows, left out)
+        return None
+    if schema.get("properties") and "additionalProperties" not in schema and not ctx.undeclared_keys:
+        return None  # not asked for: generate the declared members only (a subset of the valid documents)
+    value = ctx.value(extra_schema, pointer_join(pointer, "additionalProperties"))
+    if value is None:
+        return None
+    # A rule in a grammar when long (the complement trie of many names, which each count of members repeats); a
+    # short one stays in place: called, its key would run beside the declared keys' (two stacks at once, slower
+    # masks)
+    return ctx.as_rule(seq(_not_in(names), colon, value), pointer_join(pointer, "additionalProperties"), scale=16)

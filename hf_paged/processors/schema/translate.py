@@ -1,0 +1,256 @@
+"""JSON Schema -> regex, sound first: every text the regex matches is JSON that validates against the schema.
+
+The translation itself; `ladder` tries it with smaller caps until the automata fit the work budget, and the
+processors compile the result (`index.index_cache`).
+
+    schema --$ref / allOf merge / anyOf distribution--> branches (plain dicts)
+           --type by type (numbers, strings, objects, arrays)--> Rx fragments --alternation--> regex
+
+What cannot be enforced exactly raises `UnsupportedSchemaError` naming the keyword and its JSON pointer
+(`strict=False`: a warning and a looser regex). The output is valid for Python `re` and Rust `regex-automata`.
+
+Example:
+    >>> import re
+    >>> from hf_paged.processors.schema import schema_to_regex
+    >>> rx = schema_to_regex({"type": "integer", "minimum": 1, "maximum": 12})
+    >>> bool(re.fullmatch(rx, "12")), bool(re.fullmatch(rx, "13"))
+    (True, False)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError
+from hf_paged.processors.schema.arrays import array_regex
+from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS, Context, pointer_join
+from hf_paged.processors.schema.fragments import Rx, alt, lit, opt, raw, rep, seq
+from hf_paged.processors.schema.name_rules import negated_required
+from hf_paged.processors.schema.numbers import NUMBER, integer_regex, number_regex
+from hf_paged.processors.schema.objects import object_regex
+from hf_paged.processors.schema.oneof import TYPES, inferred_types, narrow_exclusive, types_of
+from hf_paged.processors.schema.refs import merge_all, resolve_ref
+from hf_paged.processors.schema.strings import string_regex
+from hf_paged.processors.schema.values import dump_value, finite_domain, valid_values
+
+__all__ = ["Branch", "branches", "dump_value", "translate"]
+
+_MAX_MERGE_ROUNDS = 16
+
+
+@dataclass(slots=True)
+class Branch:
+    """One alternative of a schema after `$ref`, `allOf`, `anyOf` and `oneOf` are flattened."""
+
+    schema: Any  # a dict without $ref/allOf/anyOf/oneOf at its top level, or a boolean
+    refs: list[str]  # $ref targets entered to build it (they count toward the recursion limit)
+    call: str | None = None  # with grammar rules: the `$ref` target whose rule stands for this branch
+
+
+def translate(schema: Any, ctx: Context, pointer: str) -> Rx | None:
+    """Regex fragment of one (sub-)schema; None when nothing satisfies it."""
+    ctx.num_visits += 1
+    ctx.budget.spend("visits")
+    if ctx.num_visits > ctx.max_visits:
+        raise SchemaTooComplexError(
+            f"translating the schema visited more than {ctx.max_visits:,} sub-schemas (deep or mutually "
+            "recursive $refs); lower max_ref_depth or simplify the schema"
+        )
+    out = []
+    for branch in branches(schema, ctx, pointer):
+        ctx.ref_stack.extend(branch.refs)
+        try:
+            if branch.call is not None:
+                out.append(ctx.ref_rule(branch.call, branch.schema, pointer))
+            else:
+                out.append(_plain(branch.schema, ctx, pointer))
+        finally:
+            del ctx.ref_stack[len(ctx.ref_stack) - len(branch.refs):]
+    result = alt(out)
+    if ctx.prune_cost is not None and result is not None and result.cost > ctx.prune_cost:
+        kept = sorted((r for r in out if r is not None), key=lambda r: r.cost)
+        while len(kept) > 1 and sum(r.cost for r in kept) > ctx.prune_cost:
+            kept.pop()  # leave out the costliest alternative: a subset, still sound
+            ctx.num_pruned += 1
+        result = alt(kept)
+    return ctx.check_cost(result, pointer)
+
+
+def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None = None,
+             calls: str = "always") -> list[Branch]:
+    """Flatten `$ref`, `allOf`, `anyOf`, `oneOf` into alternatives (anyOf distributes over siblings).
+
+    With grammar rules (`ctx.rules`), a bare `$ref` is a branch that calls the target's rule: `calls="always"`;
+    `"recursion"` (an `anyOf` option): only a target entered again on its own path (options written in place
+    make one automaton, while calls to several rules that start alike run side by side, costlier to mask);
+    `"never"` (a `oneOf` option: exclusivity is decided on the flattened branches).
+
+    `entered` are the `$ref` targets already resolved on the way here; a target entered `max_ref_depth`
+    times (counting the translation's stack too) yields the empty branch: recursion is cut off soundly.
+    """
+    if isinstance(schema, bool):
+        return [Branch(schema, [])]
+    if not isinstance(schema, dict):
+        raise ctx.invalid(pointer, f"a schema must be an object or a boolean, got {schema!r}", "fix the sub-schema")
+    refs: list[str] = list(entered or [])
+    current: Any = _double_negation(schema)
+    for _ in range(_MAX_MERGE_ROUNDS):
+        if not isinstance(current, dict) or not ("$ref" in current or "allOf" in current):
+            break
+        parts = current.get("allOf", [])
+        if not isinstance(parts, list):
+            raise ctx.invalid(pointer_join(pointer, "allOf"), "`allOf` must be a list", "fix it")
+        parts = list(parts)
+        rest = {k: v for k, v in current.items() if k not in ("allOf", "$ref")}
+        if "$ref" in current:
+            target = resolve_ref(current["$ref"], ctx, pointer)
+            entered = (ctx.ref_stack + refs).count(target.pointer)
+            if (ctx.rules is not None and not parts and set(rest) <= ANNOTATION_KEYWORDS
+                    and (calls == "always" or calls == "recursion" and entered)):
+                return [Branch(target.schema, refs, call=target.pointer)]  # the target's rule (`Context.ref_rule`)
+            if entered >= ctx.max_ref_depth:
+                ctx.num_cut += 1
+                return [Branch(False, refs)]
+            refs.append(target.pointer)
+            parts.insert(0, target.schema)
+        current = _double_negation(merge_all([rest] + [_double_negation(p) for p in parts], ctx, pointer))
+    else:
+        ctx.num_cut += 1
+        return [Branch(False, refs)]  # `$ref` chains deeper than the merge budget: cut off (sound)
+    for key in ("anyOf", "oneOf"):
+        if isinstance(current, dict) and key in current:
+            options = current[key]
+            if not isinstance(options, list) or not options:
+                raise ctx.invalid(pointer_join(pointer, key), f"`{key}` must be a non-empty list", "fix it")
+            rest = {k: v for k, v in current.items() if k != key}
+            subs = []
+            for i, option in enumerate(options):
+                merged = {"allOf": [rest, option]} if rest else option
+                option_calls = "recursion" if key == "anyOf" and calls != "never" else "never"
+                subs.append(branches(merged, ctx, pointer_join(pointer, key, i), refs, option_calls))
+            if key == "oneOf" and len(options) > 1:
+                num_branches = sum(map(len, subs))
+                ctx.budget.spend("checks", num_branches * num_branches)  # (every branch against every other's)
+                narrowed = narrow_exclusive([[b.schema for b in bs] for bs in subs],
+                                            lambda values, sub: _none_valid(values, sub, ctx))
+                if narrowed is None:
+                    ctx.unsupported("oneOf", pointer, "its branches may overlap (exactly-one cannot be checked); use "
+                                    "`anyOf`, or make branches disjoint by `type`, `required` keys or a `const` "
+                                    "discriminator property")
+                else:
+                    kept = [[b for b in bs if b.schema is not False] for bs in subs]
+                    subs = [[Branch(n, b.refs) for n, b in zip(ns, bs)] for ns, bs in zip(narrowed, kept)]
+            return [b for bs in subs for b in bs]
+    return [Branch(current, refs)]
+
+
+def _double_negation(schema: Any) -> Any:
+    """`not: {not: X}` is X: fold it into an `allOf` part so the usual merging applies."""
+    if not isinstance(schema, dict) or "unevaluatedProperties" in schema or "unevaluatedItems" in schema:
+        return schema  # `not` drops annotations: folding it would let unevaluated* see its properties
+    neg = schema.get("not")
+    if isinstance(neg, dict) and set(neg) - ANNOTATION_KEYWORDS == {"not"}:
+        rest = {k: v for k, v in schema.items() if k != "not"}
+        return {**rest, "allOf": list(rest.get("allOf", [])) + [neg["not"]]}
+    return schema
+
+
+def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
+    """Regex of a schema without $ref/allOf/anyOf/oneOf at its top."""
+    if schema is True or schema == {}:
+        if ctx.rules is not None:  # one rule that calls itself: any depth
+            return ctx.recursive_call("#any", lambda: _any_value_rule(ctx), pointer)
+        ctx.num_cut += 1  # (nested at most `any_depth` deep)
+        return any_value(ctx, ctx.any_depth)
+    if schema is False:
+        return None
+    finite = finite_domain(schema)
+    if finite is not None:
+        # the candidates are the enum itself: checking them against it again would cost O(n^2) comparisons
+        rest = {k: v for k, v in schema.items() if k != "enum"} if "enum" in schema else schema
+        return alt(lit(t) for t in (dump_value(v) for v in valid_values(finite, rest, ctx)) if t is not None)
+    types = _allowed_types(schema, ctx, pointer)
+    if "if" in schema and ("then" in schema or "else" in schema):
+        ctx.unsupported("if", pointer, "conditional schemas need negation; rewrite as `anyOf` of exclusive cases")
+    for key in ("$dynamicRef", "$recursiveRef"):
+        if key in schema:
+            ctx.unsupported(key, pointer, "use a plain `$ref` to a `$defs` entry")
+    parts: list[Rx | None] = []
+    for t in types:
+        if t == "null":
+            parts.append(lit("null"))
+        elif t == "boolean":
+            parts.append(raw("true|false"))
+        elif t == "integer" and "number" not in types:
+            parts.append(integer_regex(schema, ctx, pointer))
+        elif t == "number":
+            parts.append(number_regex(schema, ctx, pointer))
+        elif t == "string":
+            parts.append(string_regex(schema, ctx, pointer))
+        elif t == "array":
+            parts.append(array_regex(schema, ctx, pointer, dump_value))
+        elif t == "object":
+            parts.append(object_regex(schema, ctx, pointer))
+    return alt(parts)
+
+
+def _allowed_types(schema: dict, ctx: Context, pointer: str) -> list[str]:
+    t = schema.get("type")
+    if t is None:
+        types = inferred_types(schema) or set(TYPES)
+    else:
+        listed = [t] if isinstance(t, str) else t
+        if not isinstance(listed, list) or not all(x in TYPES for x in listed):
+            raise ctx.invalid(pointer_join(pointer, "type"), f"unknown type {t!r}", f"use one of {list(TYPES)}")
+        types = set(listed)
+    neg = schema.get("not")
+    if neg is True or neg == {}:
+        return []
+    if isinstance(neg, dict) and neg and set(neg) - ANNOTATION_KEYWORDS == {"type"}:
+        types -= types_of({"type": neg["type"]}) if neg["type"] != "number" else {"number", "integer"}
+    elif neg is not None and neg is not False and negated_required(neg) is None:
+        if "enum" not in schema and "const" not in schema:  # beside an enum, `not` filters the values
+            ctx.unsupported("not", pointer, "only `not` of a `type`, of `required`, or of values beside an `enum` "
+                            "is supported; remove `not`")
+    if "integer" in types and "number" in types:
+        types.discard("integer")
+    return [x for x in TYPES if x in types]
+
+
+def _none_valid(values: list[Any], schema: Any, ctx: Context) -> bool:
+    """Whether the root's validator rejects every value under `schema` (False when it cannot evaluate it)."""
+    try:
+        return not valid_values(values, schema, ctx)
+    except InvalidSchemaError:
+        return False
+
+
+# Strings inside an unconstrained value: bare characters and short escapes, no `\uXXXX` (which JSON writers
+# use only for rare control characters). A subset, still valid; it keeps the free value, which every open
+# object repeats for its undeclared keys, about a third of the automaton of the full string grammar.
+_ANY_STRING = raw('"(?:[^"\\\\\\x00-\\x1f]|\\\\["\\\\/bfnrt])*"', atomic=True)
+_SCALARS = alt([raw("null|true|false"), NUMBER, _ANY_STRING])
+
+
+def any_value(ctx: Context, depth: int) -> Rx | None:
+    """Any JSON value, arrays and objects nested at most `depth` deep (keys may repeat: anything is valid)."""
+    if depth <= 0:
+        return _SCALARS
+    return _any_value_of(ctx, any_value(ctx, depth - 1))
+
+
+def _any_value_rule(ctx: Context) -> Rx | None:
+    """The free value's grammar rule: arrays and objects of calls to itself (nested as deep as the call stack)."""
+    inner = ctx.recursive_call("#any", lambda: None, "#")  # (being built: a call to the rule itself)
+    return _any_value_of(ctx, inner)
+
+
+def _any_value_of(ctx: Context, inner: Rx | None) -> Rx | None:
+    """Any scalar, or an array / object whose items and values are `inner`."""
+    ws = raw(ctx.whitespace) if ctx.whitespace else Rx("", 0)
+    sep = seq(ws, raw("\\,", atomic=True), ws)
+    member = seq(_ANY_STRING, ws, raw("\\:", atomic=True), ws, inner)
+    array = seq(raw("\\[", atomic=True), ws, opt(seq(inner, rep(seq(sep, inner), 0, None))), ws, raw("\\]", atomic=True))
+    obj = seq(raw("\\{", atomic=True), ws, opt(seq(member, rep(seq(sep, member), 0, None))), ws, raw("\\}", atomic=True))
+    return alt([_SCALARS, array, obj])
