@@ -19,7 +19,7 @@ from transformers import GenerationConfig
 
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
 from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list
-from hf_paged.errors import InvalidPromptError, RequestFailedError
+from hf_paged.errors import HfPagedError, InvalidPromptError, RequestFailedError
 from hf_paged.generate_output import assemble_generate_output, make_streamer_hook
 from hf_paged.generate_processors import ProcessorFactory
 
@@ -119,12 +119,27 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
         streamer.end()
     failed = [o for o in outputs.values() if o.status is RequestStatus.FAILED]
     if failed:
-        raise RequestFailedError(f"request {failed[0].request_id} failed: {failed[0].error}")
+        raise failure_error(failed[0])
     ordered = list(outputs.values())
     return assemble_generate_output(
         input_ids.repeat_interleave(num_seqs, dim=0), ordered, gen_config, pad_token_id, factory.vocab_size,
         scores=[o.scores or [] for o in ordered], logits=[o.logits or [] for o in ordered],
     )
+
+
+def failure_error(output: RequestOutput) -> HfPagedError:
+    """The exception `generate` raises for a request that ended FAILED: of the class its output carries
+    (`RequestOutput.error_type`) when that is one of our typed errors (`hf_paged.errors`: a schema the constraint
+    cannot compile, a draft model of another tokenizer, a request the pool can never hold...), else
+    `RequestFailedError` (the message names the original class: a user processor's exception, an abort)."""
+    message = f"request {output.request_id} failed: {output.error}"
+    error_type = output.error_type
+    if error_type is not None and issubclass(error_type, HfPagedError):
+        try:
+            return error_type(message)
+        except TypeError:  # a subclass whose constructor wants more than a message
+            pass
+    return RequestFailedError(message)
 
 
 def speculative_params(gen_config: GenerationConfig, assistant_model=None) -> dict[str, Any]:

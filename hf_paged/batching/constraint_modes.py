@@ -23,11 +23,8 @@ to find forced tokens; what resample saves is building and applying the mask on 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
-import torch
 from transformers.generation.logits_process import (
     EpsilonLogitsWarper,
     EtaLogitsWarper,
@@ -37,25 +34,14 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
+from hf_paged.batching.constraint_protocol import RequestConstraint
 from hf_paged.batching.request import Request
-from hf_paged.batching.sampling import SamplingParams
 
-__all__ = ["ConstraintStats", "TokenCheck", "resample_checks"]
+__all__ = ["ConstraintStats", "resample_checks"]
 
 # Warpers whose kept set depends on the other tokens' scores: masking before or after them differs.
 TRUNCATING_WARPERS = (TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper, TypicalLogitsWarper,
                       EpsilonLogitsWarper, EtaLogitsWarper)
-
-
-@runtime_checkable
-class TokenCheck(Protocol):
-    """A constraint processor that can say whether one token is allowed without computing the vocabulary mask
-    (`GuidedLogitsProcessor.allows`), and mask rows of the engine's batch (`process_rows`)."""
-
-    def allows(self, request_id: str, generated: Sequence[int], token_id: int) -> bool: ...
-
-    def process_rows(self, request_ids: Sequence[str], generated: Sequence[Sequence[int]],
-                     scores: torch.Tensor) -> torch.Tensor: ...
 
 
 @dataclass(slots=True)
@@ -78,23 +64,19 @@ class ConstraintStats:
         }
 
 
-def resample_checks(request: Request) -> list[TokenCheck]:
+def resample_checks(request: Request) -> list[RequestConstraint]:
     """The constraints to ask token by token when this row samples in resample mode, else [] (the row is masked;
     see the module docstring for the fallbacks). Memoised on the request: its params never change."""
     checks = request.resample_checks
     if checks is None:
-        checks = request.resample_checks = _resample_checks(request.params)
+        checks = request.resample_checks = _resample_checks(request)
     return checks
 
 
-def _resample_checks(params: SamplingParams) -> list[TokenCheck]:
-    procs = params.logits_processors
-    if params.constraint_mode != "resample" or params.output_scores or not procs:
+def _resample_checks(request: Request) -> list[RequestConstraint]:
+    params, procs = request.params, request.processors
+    if params.constraint_mode != "resample" or params.output_scores or not procs.constraints:
         return []
-    if params.do_sample and any(isinstance(p, TRUNCATING_WARPERS) for p in procs):
+    if params.do_sample and any(isinstance(p.processor, TRUNCATING_WARPERS) for p in procs.row_processors):
         return []
-    batched = [p for p in procs if getattr(p, "supports_continuous_batching", False) and hasattr(p, "process_rows")]
-    # every batched (mask-only) processor must answer per-token checks, or its mask would be skipped
-    if not batched or not all(isinstance(p, TokenCheck) for p in batched):
-        return []
-    return batched
+    return list(procs.constraints)  # every constraint answers per-token checks (`RequestConstraint.allows`)

@@ -19,25 +19,33 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from hf_paged.batching.appending import TokenAppender
+from hf_paged.batching.engine_stats import engine_stats
 from hf_paged.batching.kv_eviction import KVEvictor
+from hf_paged.batching.lifecycle import RequestLifecycle
 from hf_paged.batching.metrics import EngineMetrics
 from hf_paged.batching.model_runner import ModelRunner
 from hf_paged.batching.prefix_policy import PrefixPolicy
-from hf_paged.batching.request import Request, RequestOutput, RequestStatus, StepOutput, fork_ids
-from hf_paged.batching.retry import Retrier
+from hf_paged.batching.request import Failure, Request, RequestOutput, RequestStatus, StepOutput
+from hf_paged.batching.request_ids import RequestIds
 from hf_paged.batching.sampler import Sampler
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.batching.scheduler import Scheduler, SchedulerOutput
 from hf_paged.batching.speculative import DraftRows, Speculator
 from hf_paged.batching.step_inputs import build_step_inputs
-from hf_paged.batching.stopping import check_stop
 from hf_paged.batching.swap import swap_in, swap_out
 from hf_paged.batching.weights import weights_fingerprint
 from hf_paged.cache.kernels.cpu_launch import warm_up as warm_up_cpu_kernels
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.sizing import kv_shape_of
 from hf_paged.config import PagedConfig
-from hf_paged.errors import HfPagedError, InvalidPromptError, PromptTooLongError
+from hf_paged.errors import (
+    HfPagedError,
+    InvalidPromptError,
+    OutOfBlocksError,
+    PromptTooLongError,
+    RequestFailedError,
+)
 
 
 class Engine:
@@ -67,15 +75,11 @@ class Engine:
         self.runner = ModelRunner(model, self.cache)
         self.evictor = KVEvictor(self.config, self.kv, self.cache.kv_shape.num_layers)
         self.sampler = Sampler()
-        self.retrier = Retrier()  # max_retries: reruns of refused attempts (retry.py)
         self.metrics = EngineMetrics()
         self.requests: dict[str, Request] = {}
-        self._children: dict[str, list[Request]] = {}  # parent id -> forks waiting for the parent's prompt
-        self._ended: list[RequestOutput] = []  # outputs not yet handed out by step()
         self._arrivals = itertools.count()
-        self._ids = itertools.count()
-        self._reserved_ids: set[str] = set()  # ids handed out by `reserve_request_id`, not yet added
-        self._ids_lock = threading.Lock()  # guards ids only (never held during a step)
+        self._ids = RequestIds(self.requests)
+        self._reserved_ids = self._ids.reserved  # ids handed out by `reserve_request_id`, not yet added
         self._lock = threading.RLock()  # held by every call that changes requests or the pool
         self._step_listeners: list[Callable[[StepOutput], None]] = []
         self._loop = None  # the EngineLoop, created by `loop` at first use
@@ -87,6 +91,10 @@ class Engine:
             self.kv, self.config, num_blocks=self.cache.num_blocks, vocab_size=self.vocab_size,
             max_model_len=self.max_model_len, unsupported=self._speculation_unsupported(),
         )
+        # ends, retries and forks (lifecycle.py); new tokens, jump-forward and stop checks (appending.py)
+        self.lifecycle = RequestLifecycle(self.requests, self.scheduler, self.kv, self.speculator, self.metrics)
+        self.retrier = self.lifecycle.retrier
+        self.appender = TokenAppender(self.lifecycle, self.metrics, self.max_model_len)
         if self.config.attention_backend == "auto" and param.device.type == "cpu" and param.dtype == torch.float32:
             warm_up_cpu_kernels()  # the in-place attention kernels: compiled once per install, loaded once here
 
@@ -103,20 +111,11 @@ class Engine:
     def reserve_request_id(self, request_id: str | None = None) -> str:
         """Claim a request id before `add_request` (a new unique one when None); thread-safe, never waits for a
         step. Raises `ValueError` when the given id is in use or already claimed."""
-        with self._ids_lock:
-            if request_id is None:
-                request_id = f"req_{next(self._ids)}"
-                while request_id in self.requests or request_id in self._reserved_ids:
-                    request_id = f"req_{next(self._ids)}"
-            elif request_id in self.requests or request_id in self._reserved_ids:
-                raise ValueError(f"request id {request_id!r} is already in use; pass a unique request_id (or none)")
-            self._reserved_ids.add(request_id)
-            return request_id
+        return self._ids.reserve(request_id)
 
     def release_request_ids(self, request_ids: Iterable[str]) -> None:
         """Give back ids claimed with `reserve_request_id` that will not be added."""
-        with self._ids_lock:
-            self._reserved_ids.difference_update(request_ids)
+        self._ids.release(request_ids)
 
     def add_reserved_request(
         self, request_id: str, prompt_ids: Sequence[int] | torch.Tensor, params: SamplingParams | None = None,
@@ -126,10 +125,7 @@ class Engine:
         submitted it (`time.perf_counter()`), so TTFT counts the wait before it reached the engine."""
         params = params or SamplingParams()
         with self._lock:
-            with self._ids_lock:
-                if request_id not in self._reserved_ids:
-                    raise ValueError(f"request id {request_id!r} was not reserved; use add_request")
-                self._reserved_ids.discard(request_id)
+            self._ids.take(request_id)
             return self._add(request_id, prompt_ids, params, priority, arrival_time)
 
     def _add(self, request_id: str, prompt_ids, params: SamplingParams, priority: int,
@@ -142,22 +138,13 @@ class Engine:
         if params.seed is not None:
             request.generator = torch.Generator().manual_seed(params.seed)
         self.requests[request_id] = request
-        error = self.validate_prompt(request.prompt_ids, params)
-        error = str(error) if error is not None else self.speculator.check(params)
+        error = self.validate_prompt(request.prompt_ids, params) or self.speculator.check(params)
         if error is not None:
-            self._end(request, RequestStatus.FAILED, "error", error)
+            self.lifecycle.end(request, RequestStatus.FAILED, "error", Failure(str(error), type(error)))
             return request_id
-        for k, child_id in enumerate(fork_ids(request_id, params.num_return_sequences)[1:]):
-            child = Request(child_id, request.prompt_ids, params, priority, request.arrival_index)
-            child.arrival_time = request.arrival_time
-            child.parent_id = request_id
-            if params.seed is not None:
-                child.generator = torch.Generator().manual_seed(params.seed + k + 1)
-            self.requests[child.request_id] = child
-            self._children.setdefault(request_id, []).append(child)
-        for proc in params.logits_processors:
-            if hasattr(proc, "prepare"):
-                proc.prepare()  # constrained processors compile in the background while the prompt prefills
+        self.lifecycle.add_forks(request)
+        for constraint in request.processors.constraints:
+            constraint.prepare()  # constraints compile in the background while the prompt prefills
         self.metrics.num_prompt_tokens += len(request.prompt_ids) * params.num_return_sequences
         self.scheduler.add(request)
         return request_id
@@ -182,20 +169,16 @@ class Engine:
             )
         return None
 
-    def abort(self, request_id: str, *, error: str | None = None) -> None:
+    def abort(self, request_id: str, *, error: str | None = None,
+              error_type: type[BaseException] = RequestFailedError) -> None:
         """End a request now; its blocks go back to the pool at once. With `error`, it ends FAILED with that error
-        (finish reason "error") instead of as aborted by the caller."""
+        (finish reason "error"; `error_type`: the class of the exception behind it) instead of as aborted by the
+        caller."""
         with self._lock:
             request = self.requests.get(request_id)
             if request is None or request.is_finished:
                 return
-            reason, message = ("error", error) if error is not None else ("abort", "aborted by the caller")
-            for child in self._children.pop(request_id, []):
-                self._end(child, RequestStatus.FAILED, reason, message)
-            self.scheduler.remove(request)
-            if error is None:
-                self.metrics.num_requests_aborted += 1
-            self._end(request, RequestStatus.FAILED, reason, message)
+            self.lifecycle.abort(request, Failure(error, error_type) if error is not None else None)
 
     @property
     def has_unfinished(self) -> bool:
@@ -213,7 +196,7 @@ class Engine:
         if self._loop is None:
             from hf_paged.batching.engine_loop import EngineLoop
 
-            with self._ids_lock:
+            with self._ids.lock:
                 if self._loop is None:
                     self._loop = EngineLoop(self)
         return self._loop
@@ -221,8 +204,7 @@ class Engine:
     def take_ended(self) -> list[RequestOutput]:
         """Outputs of requests ended since the last step (aborts between steps), handed out once."""
         with self._lock:
-            ended, self._ended = self._ended, []
-            return ended
+            return self.lifecycle.take_ended()
 
     def add_step_listener(self, listener: Callable[[StepOutput], None]) -> None:
         """Call `listener(step_output)` after every step, in the stepping thread, under the engine's lock: it must
@@ -236,14 +218,13 @@ class Engine:
                 self._check_weights()
             result = StepOutput()
             for failure in self.speculator.propose(self.scheduler.running):
-                self.scheduler.remove(failure.request)
-                self._end(failure.request, RequestStatus.FAILED, "error", failure.error)
+                self.lifecycle.fail(failure.request, failure.error)
             schedule = self.scheduler.schedule()
             if schedule.is_empty:
                 self._fail_unschedulable()
             else:
                 self._run(schedule, result)
-            result.finished, self._ended = self._ended, []
+            result.finished = self.lifecycle.take_ended()
             for listener in self._step_listeners:
                 listener(result)
             return result
@@ -256,9 +237,9 @@ class Engine:
         try:
             logits = self.runner.forward(inputs.input_ids, inputs.positions, inputs.metadata, inputs.logits_rows)
         except Exception as exc:  # noqa: BLE001 -- the forward failed: its requests fail, the engine goes on
+            failure = Failure.of(exc, "forward failed")
             for item in schedule.scheduled:
-                self.scheduler.remove(item.request)
-                self._end(item.request, RequestStatus.FAILED, "error", f"forward failed: {type(exc).__name__}: {exc}")
+                self.lifecycle.fail(item.request, failure)
             return
         self.metrics.num_steps += 1
         self.metrics.num_computed_tokens += len(inputs.input_ids)
@@ -276,7 +257,7 @@ class Engine:
             sampled, logits, drafted = split.requests, split.logits, split.drafted
         samplers, row_of = list(sampled), list(range(len(sampled)))
         for row, parent in enumerate(sampled):
-            children = self._fork_children(parent)  # forks sample their first token from the parent's row
+            children = self.lifecycle.fork_children(parent)  # forks sample their first token from the parent's row
             samplers.extend(children)
             row_of.extend([row] * len(children))
         if len(samplers) != len(sampled):
@@ -288,14 +269,11 @@ class Engine:
         with torch.inference_mode():  # the logits are inference tensors: processors may edit them in place
             sample = self.sampler(samplers, logits)
         now = time.perf_counter()
-        for request, token, error in zip(samplers, sample.token_ids, sample.errors):
-            if error is not None:
-                self.scheduler.remove(request)
-                self._end(request, RequestStatus.FAILED, "error", error)
-                continue
-            self._append(request, [token], now, result)
-            if not request.is_finished and not request.params.output_scores:
-                self._jump_forward(request, now, result)
+        for request, token, failure in zip(samplers, sample.token_ids, sample.errors):
+            if failure is not None:
+                self.lifecycle.fail(request, failure)
+            else:
+                self.appender.emit(request, [token], now, result)
 
     def _verify(self, drafted: DraftRows, result: StepOutput) -> None:
         """Keep each speculating request's accepted drafts and the model's next token; roll back the rest."""
@@ -304,123 +282,20 @@ class Engine:
         now = time.perf_counter()
         for request, verdict in zip(drafted.requests, verdicts):
             if verdict.error is not None:
-                self.scheduler.remove(request)
-                self._end(request, RequestStatus.FAILED, "error", verdict.error)
+                self.lifecycle.fail(request, verdict.error)
                 continue
             self.speculator.settle(request, verdict)
             self.metrics.num_draft_tokens += verdict.num_drafted
             self.metrics.num_accepted_tokens += verdict.num_accepted
-            self._append(request, verdict.token_ids, now, result)
-            if not request.is_finished and not request.params.output_scores:
-                self._jump_forward(request, now, result)
-
-    def _append(self, request: Request, tokens: list[int], now: float, result: StepOutput) -> None:
-        streams = not request.params.max_retries  # a request that may rerun shows its tokens once it has ended
-        for token in tokens:
-            request.output_ids.append(token)
-            if streams:
-                result.new_tokens.setdefault(request.request_id, []).append(token)
-            self.metrics.num_generated_tokens += 1
-            if request.first_token_time is None:
-                request.first_token_time = now
-                self.metrics.time_to_first_token.append(now - request.arrival_time)
-            request.last_token_time = now
-            reason = check_stop(request, self.max_model_len)
-            if reason is not None:
-                self.scheduler.remove(request)
-                self._end(request, RequestStatus.FINISHED, reason, None)
-                if not streams and request.finish_reason != "retry":
-                    result.new_tokens[request.request_id] = list(request.output_ids)
-                return
-
-    def _jump_forward(self, request: Request, now: float, result: StepOutput) -> None:
-        """Append the tokens a constraint forces (exactly one allowed continuation): they are computed in the next
-        forward as a chunk instead of one decode step each, and the output is what decoding would have given."""
-        budget = request.params.max_new_tokens - len(request.output_ids)
-        for proc in request.params.logits_processors:
-            forced = getattr(proc, "forced_tokens", None)
-            if forced is None or budget <= 0:
-                continue
-            try:
-                tokens = forced(request.request_id, request.output_ids, budget)
-            except Exception:  # noqa: BLE001
-                return  # the next step's processing reports the error on this request
-            if tokens:
-                request.num_forced_tokens += len(tokens)
-                self.metrics.num_forced_tokens += len(tokens)
-                self._append(request, list(tokens), now, result)
-            return
-
-    def _fork_children(self, parent: Request) -> list[Request]:
-        """At the parent's first sampled token, its forks take its blocks (shared, copy-on-write)."""
-        children = self._children.pop(parent.request_id, [])
-        for child in children:
-            self.kv.fork(parent.request_id, child.request_id)
-            child.num_computed_tokens = parent.num_computed_tokens
-            child.status = RequestStatus.RUNNING
-            self.scheduler.running.append(child)
-        return children
-
-    def _end(self, request: Request, status: RequestStatus, reason: str, error: str | None) -> None:
-        if reason == "length" and any(
-            hasattr(p, "is_complete") and not p.is_complete(request.request_id) for p in request.params.logits_processors
-        ):
-            reason = "length_incomplete"  # max_new_tokens cut a constrained document short: it will not parse
-        if request.params.max_retries:
-            decision = self.retrier.end_attempt(request, status, reason)
-            if decision.retry is not None:
-                self._retry(request, decision.retry)
-                return
-            if decision.error is not None:
-                status, reason, error = RequestStatus.FAILED, "error", decision.error
-        request.status, request.finish_reason, request.error = status, reason, error
-        request.finish_time = time.perf_counter()
-        request.swapped = None
-        for proc in request.params.logits_processors:
-            if hasattr(proc, "release"):
-                proc.release(request.request_id)
-        self.speculator.release(request.request_id)
-        for child in self._children.pop(request.request_id, []):  # forks of a parent that never sampled
-            self._end(child, status, reason, error)
-        if status is RequestStatus.FINISHED:
-            self.metrics.num_requests_finished += 1
-            if request.first_token_time is not None and len(request.output_ids) > 1:
-                span = request.last_token_time - request.first_token_time
-                self.metrics.time_per_output_token.append(span / (len(request.output_ids) - 1))
-        elif reason != "abort":
-            self.metrics.num_requests_failed += 1
-        if request.parent_id is None:
-            self.metrics.num_prompt_tokens_cached += request.num_cached_tokens
-            if request.num_computed_tokens or request.output_ids:  # it ran (was admitted at least once)
-                self.metrics.num_prompt_tokens_queried += len(request.prompt_ids)
-        self._ended.append(request.to_output())
-
-    def _retry(self, request: Request, retry: Request) -> None:
-        """Queue the next attempt of a refused request under the same id (its blocks are already freed; the
-        prompt's full blocks stay in the prefix cache). The old attempt is marked done ("retry") and never output."""
-        for proc in request.params.logits_processors:
-            if hasattr(proc, "release"):
-                proc.release(request.request_id)
-        self.speculator.release(request.request_id)
-        request.status, request.finish_reason = RequestStatus.FINISHED, "retry"
-        if request.parent_id is None:
-            self.metrics.num_prompt_tokens_cached += request.num_cached_tokens
-            self.metrics.num_prompt_tokens_queried += len(request.prompt_ids)
-        self.metrics.num_prompt_tokens += len(retry.prompt_ids)
-        self.requests[retry.request_id] = retry
-        self.scheduler.add(retry)
+            self.appender.emit(request, verdict.token_ids, now, result)
 
     def _fail_unschedulable(self) -> None:
         """Nothing could run although requests wait: the head of the queue can never fit. Fail it (no hang)."""
         if self.scheduler.running or not self.scheduler.waiting:
             return
-        request = self.scheduler.waiting[0][1]
-        self.scheduler.remove(request)
-        self._end(
-            request, RequestStatus.FAILED, "error",
+        self.lifecycle.fail(self.scheduler.waiting[0][1], Failure(
             f"request needs more blocks than the pool can ever free ({self.cache.num_blocks} blocks of "
-            f"{self.config.block_size}): raise PagedConfig.num_blocks or lower max_new_tokens",
-        )
+            f"{self.config.block_size}): raise PagedConfig.num_blocks or lower max_new_tokens", OutOfBlocksError))
 
     def _speculation_unsupported(self) -> str | None:
         """Why rejected drafts could not be rolled back here (None: they can)."""
@@ -479,22 +354,9 @@ class Engine:
                     del seen[rid]
 
     def stats(self) -> dict:
+        """Counters and gauges of the engine, its cache, scheduler, sampler and retries (`engine_stats.py`)."""
         with self._lock:
-            return self._stats()
-
-    def _stats(self) -> dict:
-        stats = self.metrics.summary(self.config.max_num_batched_tokens)
-        stats.update(self.cache.stats())
-        stats["preemptions"] = self.scheduler.num_preemptions
-        stats["prefix_evictions"] = self.cache.pool.num_evictions
-        stats["kv_blocks_evicted"] = self.evictor.num_evictions
-        stats["kv_usage"] = stats["blocks_used"] / stats["blocks_total"]
-        stats["requests_running"] = len(self.scheduler.running)
-        stats["requests_waiting"] = len(self.scheduler.waiting)
-        stats.update(self.sampler.constraint_stats.summary())
-        stats["retries"] = self.retrier.num_retries
-        stats["retried_requests"] = self.retrier.num_retried_requests
-        return stats
+            return engine_stats(self)
 
     def check_integrity(self) -> None:
         self.cache.check_integrity()

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput, fork_ids
 from hf_paged.batching.sampling import SamplingParams
+from hf_paged.errors import RequestFailedError
 
 if TYPE_CHECKING:
     from hf_paged.batching.engine import Engine
@@ -264,7 +265,7 @@ class EngineLoop:
                         self.engine.add_reserved_request(rid, prompt, p, priority, arrival_time=submitted)
                     except Exception as exc:  # noqa: BLE001 -- a request the engine refused outright fails alone
                         logger.exception("hf_paged engine loop: adding %s failed", rid)
-                        self._fail_unadded(rid, p, f"{type(exc).__name__}: {exc}")
+                        self._fail_unadded(rid, p, f"{type(exc).__name__}: {exc}", type(exc))
 
         with self._cond:
             self._num_pending += len(items)
@@ -321,35 +322,38 @@ class EngineLoop:
             self.engine.step()
         except Exception as exc:  # noqa: BLE001 -- the step failed as a whole: its requests fail, the loop goes on
             logger.exception("hf_paged engine loop: a step failed")
-            self._fail_in_flight(f"engine step failed: {type(exc).__name__}: {exc}")
+            self._fail_in_flight(f"engine step failed: {type(exc).__name__}: {exc}", type(exc))
             return
         if not self.engine.has_unfinished:  # every caller's request must have been delivered by now
             lost = [rid for rid in self._sinks if rid not in self.engine.requests]
             if lost:
                 self._fail_in_flight("the request left the engine without an output (popped by another caller?)")
 
-    def _fail_unadded(self, request_id: str, params: SamplingParams, error: str) -> None:
-        """End a request that never entered the engine (and its forks) with `error`."""
+    def _fail_unadded(self, request_id: str, params: SamplingParams, error: str,
+                      error_type: type[BaseException]) -> None:
+        """End a request that never entered the engine (and its forks) with `error` (of class `error_type`)."""
         self.engine.release_request_ids([request_id])
         for rid in fork_ids(request_id, params.num_return_sequences):
             if rid in self.engine.requests:
-                self.engine.abort(rid, error=error)  # a fork already added: its output comes with the next step
+                self.engine.abort(rid, error=error, error_type=error_type)  # a fork already added: output next step
                 continue
             sink = self._sinks.pop(rid, None)
             if sink is not None:
-                output = RequestOutput(rid, [], [], RequestStatus.FAILED, error=error, finish_reason="error")
+                output = RequestOutput(rid, [], [], RequestStatus.FAILED, error=error, finish_reason="error",
+                                       error_type=error_type)
                 self._deliver(sink, [RequestDelta(rid, [], output)])
 
-    def _fail_in_flight(self, error: str) -> None:
+    def _fail_in_flight(self, error: str, error_type: type[BaseException] = RequestFailedError) -> None:
         with self.engine._lock:
             for rid in list(self._sinks):
                 try:
-                    self.engine.abort(rid, error=error)
+                    self.engine.abort(rid, error=error, error_type=error_type)
                 except Exception:  # noqa: BLE001
                     logger.exception("hf_paged engine loop: aborting %s failed", rid)
             self._dispatch(StepOutput(finished=self.engine.take_ended()))
             for rid in list(self._sinks):  # whatever the engine could not end
-                output = RequestOutput(rid, [], [], RequestStatus.FAILED, error=error, finish_reason="error")
+                output = RequestOutput(rid, [], [], RequestStatus.FAILED, error=error, finish_reason="error",
+                                       error_type=error_type)
                 self._deliver(self._sinks.pop(rid), [RequestDelta(rid, [], output)])
 
     def _dispatch(self, step: StepOutput) -> None:

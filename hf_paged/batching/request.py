@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import enum
+import pickle
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
 
+from hf_paged.batching.constraint_protocol import RequestProcessors
 from hf_paged.batching.sampling import SamplingParams
+from hf_paged.errors import RequestFailedError
 
 _FORK_MARK = "__child#"
 
@@ -42,6 +45,20 @@ class RequestStatus(enum.IntEnum):
 
     def __repr__(self) -> str:  # a RequestOutput's repr shows `status=RequestStatus.FINISHED`
         return f"{type(self).__name__}.{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why a request failed: the message its output shows, and the class of the exception behind it (carried to
+    `RequestOutput.error_type`; `generate` raises it when it is one of `hf_paged.errors`)."""
+
+    message: str
+    error_type: type[BaseException] = RequestFailedError  # no exception behind it (an abort, a lost request)
+
+    @classmethod
+    def of(cls, exc: BaseException, context: str) -> Failure:
+        """`"<context>: <ExceptionClass>: <exc>"`, of `type(exc)`."""
+        return cls(f"{context}: {type(exc).__name__}: {exc}", type(exc))
 
 
 @dataclass(slots=True)
@@ -79,6 +96,7 @@ class Request:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache (first admission)
     finish_reason: str | None = None  # "stop" (EOS / stop string), "length", "abort", "error"
     error: str | None = None
+    error_type: type[BaseException] | None = None  # the class of the exception behind `error`
     generator: torch.Generator | None = None
     scores: list[torch.Tensor] = field(default_factory=list)  # processed scores per step (output_scores)
     logits: list[torch.Tensor] = field(default_factory=list)  # raw logits per step (output_logits)
@@ -103,6 +121,11 @@ class Request:
     seed: int | None = None  # max_retries: this attempt's seed (None: the request's own `params.seed`)
     resample_checks: list[Any] | None = None  # constraint_mode="resample": the constraints asked per token ([]:
     # masked as usual); None until its first sampled row (constraint_modes.resample_checks)
+    # params.logits_processors sorted once into constraints and stock row processors (constraint_protocol.py)
+    processors: RequestProcessors = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.processors = RequestProcessors.of(self.params.logits_processors)
 
     @property
     def all_token_ids(self) -> list[int]:
@@ -127,6 +150,7 @@ class Request:
             generated_tokens=list(self.output_ids),
             status=self.status,
             error=self.error,
+            error_type=self.error_type,
             finish_reason=self.finish_reason,
             num_cached_tokens=self.num_cached_tokens,
             created_time=self.arrival_time,
@@ -161,6 +185,23 @@ class RequestOutput:
     num_masks_computed: int = 0  # sampled tokens whose constraint mask was computed (constraint_mode="resample":
     # only the refused draws), over every attempt
     attempts: list[RetryAttempt] | None = None  # max_retries >= 1: every run, in order (the last is this output)
+    error_type: type[BaseException] | None = None  # FAILED: the class of the exception behind `error` (a typed
+    # `hf_paged.errors` class, a user processor's own exception, ...; `RequestFailedError` when none was raised)
+
+    def __getstate__(self) -> list:
+        # outputs cross processes (distributed gathers, Ray): an exception class defined in a function does not
+        # pickle, so it travels as RequestFailedError (its name stays in `error`)
+        error_type = self.error_type
+        if error_type is not None:
+            try:
+                pickle.dumps(error_type)
+            except Exception:  # noqa: BLE001 -- any pickling failure: send the generic class
+                error_type = RequestFailedError
+        return [error_type if f.name == "error_type" else getattr(self, f.name) for f in fields(self)]
+
+    def __setstate__(self, state: list) -> None:
+        for f, value in zip(fields(self), state):
+            object.__setattr__(self, f.name, value)
 
     def is_finished(self) -> bool:
         return self.status.is_finished

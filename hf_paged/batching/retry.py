@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from hf_paged.batching.request import Request, RequestStatus, RetryAttempt, fork_parent
+from hf_paged.batching.request import Failure, Request, RequestStatus, RetryAttempt, fork_parent
 from hf_paged.batching.sampling import SamplingParams
 
 __all__ = ["AttemptEnd", "Retrier", "document_text", "retry_seed", "schema_validator"]
@@ -34,7 +34,7 @@ class AttemptEnd:
     """What `Retrier.end_attempt` decided for a request that ended."""
 
     retry: Request | None  # the next attempt to queue, or None: the request ends now
-    error: str | None = None  # the validator raised: the request ends FAILED with this error
+    error: Failure | None = None  # the validator raised: the request ends FAILED with this error
 
 
 def retry_seed(seed: int | None, fork_index: int, attempt: int) -> int | None:
@@ -58,8 +58,8 @@ def document_text(request: Request) -> str | list[int]:
     params = request.params
     if params.tokenizer is not None:
         return params.tokenizer.decode(request.output_ids, skip_special_tokens=True)
-    for proc in params.logits_processors:
-        compiled = getattr(proc, "compiled", None)
+    for proc in request.processors.constraints:
+        compiled = getattr(proc, "compiled", None)  # our processors' token index (not part of RequestConstraint)
         if compiled is not None:
             token_bytes = compiled.index.trie.token_bytes
             size = len(token_bytes)
@@ -88,7 +88,7 @@ def schema_validator(schema: Any) -> Callable[[str | list[int]], bool]:
 
 def schema_processor(params: SamplingParams) -> Any:
     """The request's `JSONSchemaLogitsProcessor` (whose schema the default validator checks), or None."""
-    from hf_paged.processors.json_schema import JSONSchemaLogitsProcessor
+    from hf_paged.processors import JSONSchemaLogitsProcessor
 
     return next((p for p in params.logits_processors if isinstance(p, JSONSchemaLogitsProcessor)), None)
 
@@ -114,7 +114,8 @@ class Retrier:
                     valid = bool(validator(document_text(request)))
                 except Exception as exc:  # noqa: BLE001 -- a user's validator failed: this request fails alone
                     request.attempts.append(self._attempt(request, "error", None))
-                    return AttemptEnd(None, f"validator raised {type(exc).__name__}: {exc}; fix the validator")
+                    return AttemptEnd(None, Failure(f"validator raised {type(exc).__name__}: {exc}; fix the validator",
+                                                    type(exc)))
         request.attempts.append(self._attempt(request, reason, valid))
         refused = status is RequestStatus.FINISHED and (reason == "length_incomplete" or valid is False)
         if not refused or len(request.attempts) > params.max_retries:

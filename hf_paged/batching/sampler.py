@@ -20,19 +20,20 @@ import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from hf_paged.batching.constraint_modes import ConstraintStats, resample_checks
-from hf_paged.batching.request import Request
+from hf_paged.batching.constraint_protocol import RequestConstraint
+from hf_paged.batching.request import Failure, Request
 
 
 @dataclass(slots=True)
 class SampleResult:
     token_ids: list[int | None]  # None where the row failed
-    errors: list[str | None]  # the failure message of each failed row
+    errors: list[Failure | None]  # why each failed row failed
 
 
 @dataclass(slots=True)
 class ProcessedRows:
     rows: list[torch.Tensor | None]  # [1, vocab] scores after processors and warpers; None where the row failed
-    errors: list[str | None]  # the failure message of each failed row
+    errors: list[Failure | None]  # why each failed row failed
 
 
 class Sampler:
@@ -44,7 +45,7 @@ class Sampler:
     def __call__(self, requests: Sequence[Request], logits: torch.Tensor) -> SampleResult:
         n = len(requests)
         tokens: list[int | None] = [None] * n
-        errors: list[str | None] = [None] * n
+        errors: list[Failure | None] = [None] * n
         scores = logits.clone() if any(r.params.output_logits for r in requests) else logits  # modified in place
         plain = [i for i, r in enumerate(requests) if is_plain_greedy(r)]
         if plain:
@@ -66,7 +67,7 @@ class Sampler:
                     continue
                 row = self._process_row(request, scores[i : i + 1])
             except Exception as exc:  # noqa: BLE001 -- a user processor failed: only this request fails
-                errors[i] = f"logits processor failed: {type(exc).__name__}: {exc}"
+                errors[i] = Failure.of(exc, "logits processor failed")
                 continue
             if request.params.output_scores:
                 request.scores.append(row[0].clone())
@@ -78,7 +79,7 @@ class Sampler:
         """Row `i` of `scores` through request `i`'s processors and warpers, as if its output went on with
         `pending[i]`; edits `scores` in place. Nothing is recorded on the requests and nothing is picked."""
         n = len(requests)
-        errors: list[str | None] = [None] * n
+        errors: list[Failure | None] = [None] * n
         rows: list[torch.Tensor | None] = [None] * n
         self._apply_batched_processors(requests, scores, list(range(n)), errors, pending)
         for i, request in enumerate(requests):
@@ -87,17 +88,17 @@ class Sampler:
             try:
                 rows[i] = self._process_row(request, scores[i : i + 1], pending[i])
             except Exception as exc:  # noqa: BLE001 -- a user processor failed: only this request fails
-                errors[i] = f"logits processor failed: {type(exc).__name__}: {exc}"
+                errors[i] = Failure.of(exc, "logits processor failed")
         return ProcessedRows(rows, errors)
 
-    def _apply_batched_processors(self, requests, scores, rows: list[int], errors: list[str | None],
+    def _apply_batched_processors(self, requests: Sequence[Request], scores: torch.Tensor, rows: list[int],
+                                  errors: list[Failure | None],
                                   pending: Sequence[Sequence[int]] | None = None) -> None:
-        """Our constrained processors mask all their rows at once (one bitmask per batch)."""
-        groups: dict[int, tuple[object, list[int]]] = {}
+        """The constraints mask all their rows at once (one bitmask per batch)."""
+        groups: dict[int, tuple[RequestConstraint, list[int]]] = {}
         for i in rows:
-            for proc in requests[i].params.logits_processors:
-                if getattr(proc, "supports_continuous_batching", False) and hasattr(proc, "process_rows"):
-                    groups.setdefault(id(proc), (proc, []))[1].append(i)
+            for proc in requests[i].processors.constraints:
+                groups.setdefault(id(proc), (proc, []))[1].append(i)
         self._count_masks(requests, sorted({i for _, members in groups.values() for i in members}), pending is None)
         for proc, members in groups.values():
             ids = [requests[i].request_id for i in members]
@@ -116,8 +117,9 @@ class Sampler:
                     masked = proc.process_rows(ids, histories, scores.index_select(0, idx))
                     scores.index_copy_(0, idx, masked)
             except Exception as exc:  # noqa: BLE001 -- isolate the failure to this processor's requests
+                failure = Failure(f"logits processor {type(proc).__name__} failed: {exc}", type(exc))
                 for i in members:
-                    errors[i] = f"logits processor {type(proc).__name__} failed: {exc}"
+                    errors[i] = failure
 
     def _resample(self, request: Request, row: torch.Tensor) -> int:
         """Resample mode: pick from the unmasked row; keep the token when every constraint allows it, else mask the
@@ -152,9 +154,7 @@ class Sampler:
     def _process_row(self, request: Request, row: torch.Tensor, pending: Sequence[int] = ()) -> torch.Tensor:
         params = request.params
         history = None
-        for proc in params.logits_processors:
-            if getattr(proc, "supports_continuous_batching", False) and hasattr(proc, "process_rows"):
-                continue  # already applied in the batched pass
+        for proc in request.processors.row_processors:  # the constraints were applied in the batched pass
             if history is None:
                 history = torch.tensor([request.all_token_ids + list(pending)], dtype=torch.long, device=row.device)
             row = proc(history, row)
@@ -183,7 +183,7 @@ def is_plain_greedy(request: Request) -> bool:
     params = request.params
     return (
         not params.do_sample
-        and not params.logits_processors
+        and not request.processors
         and not params.output_scores
         and not params.output_logits
         and len(request.output_ids) >= params.min_new_tokens

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_paged.batching.request import Request
+from hf_paged.batching.request import Failure, Request
 from hf_paged.batching.sampler import Sampler
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.batching.speculative.draft import Proposer
@@ -26,7 +26,7 @@ from hf_paged.batching.speculative.verification import DraftRows, Verdict, verif
 from hf_paged.batching.step_inputs import StepInputs
 from hf_paged.cache.kv_manager import KVCacheManager
 from hf_paged.config import PagedConfig
-from hf_paged.errors import HfPagedError
+from hf_paged.errors import HfPagedError, UnsupportedGenerationError
 
 
 @dataclass(slots=True)
@@ -34,7 +34,7 @@ class DraftFailure:
     """A request whose drafter could not run: it fails with `error`."""
 
     request: Request
-    error: str
+    error: Failure
 
 
 @dataclass(slots=True)
@@ -69,18 +69,19 @@ class Speculator:
         self.prompt_lookup = PromptLookupProposer()
         self.draft_models: dict[int, DraftModelProposer] = {}  # id(draft model) -> its proposer
 
-    def check(self, params: SamplingParams) -> str | None:
-        """Why a request with these params cannot run (the error message), or None. Builds a draft model's
-        proposer (and cache) at its first use."""
+    def check(self, params: SamplingParams) -> HfPagedError | None:
+        """Why a request with these params cannot run, as the error to fail it with, or None. Builds a draft
+        model's proposer (and cache) at its first use."""
         if not params.num_speculative_tokens:
             return None
         if self.unsupported is not None:
-            return f"speculative decoding (num_speculative_tokens={params.num_speculative_tokens}) {self.unsupported}"
+            return UnsupportedGenerationError(
+                f"speculative decoding (num_speculative_tokens={params.num_speculative_tokens}) {self.unsupported}")
         if params.draft_model is not None:
             try:
                 self._proposer_of(params)
             except HfPagedError as exc:
-                return str(exc)
+                return exc
         return None
 
     def _proposer_of(self, params: SamplingParams) -> Proposer:
@@ -119,7 +120,8 @@ class Speculator:
             try:
                 drafts = proposer.propose(requests, num_tokens)
             except Exception as exc:  # noqa: BLE001 -- a draft model that cannot run fails its requests only
-                failed.extend(DraftFailure(r, f"draft model failed: {type(exc).__name__}: {exc}") for r in requests)
+                failure = Failure.of(exc, "draft model failed")
+                failed.extend(DraftFailure(r, failure) for r in requests)
                 continue
             for request, draft in zip(requests, drafts):
                 request.draft_ids, request.draft_probs = draft.token_ids, draft.probs

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_paged.batching.request import Request
+from hf_paged.batching.request import Failure, Request
 from hf_paged.batching.sampler import Sampler, is_plain_greedy
 
 
@@ -41,7 +41,7 @@ class Verdict:
     token_ids: list[int]  # the kept drafts, then the model's own next token (empty when `error`)
     num_drafted: int  # drafts verified
     num_accepted: int  # of which kept
-    error: str | None = None  # a processor failed: the request fails
+    error: Failure | None = None  # a processor failed: the request fails
 
 
 def verify(rows: DraftRows, sampler: Sampler) -> list[Verdict]:

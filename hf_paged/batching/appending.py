@@ -1,0 +1,66 @@
+"""`TokenAppender`: a step's new tokens into their requests, the tokens a constraint forces after them
+(jump-forward), and the stop checks that end requests.
+
+    sampled / verified tokens -> append one by one (stop check after each: EOS, stop string, length)
+                              -> still running and no scores to record? jump-forward: the first constraint's forced
+                                 tokens (one allowed continuation each) appended the same way, computed by the next
+                                 forward as one chunk instead of one decode step each
+"""
+
+from __future__ import annotations
+
+from hf_paged.batching.lifecycle import RequestLifecycle
+from hf_paged.batching.metrics import EngineMetrics
+from hf_paged.batching.request import Request, StepOutput
+from hf_paged.batching.stopping import check_stop
+
+__all__ = ["TokenAppender"]
+
+
+class TokenAppender:
+    """Appends tokens to requests, counting them and ending the requests they stop."""
+
+    def __init__(self, lifecycle: RequestLifecycle, metrics: EngineMetrics, max_model_len: int) -> None:
+        self.lifecycle = lifecycle
+        self.metrics = metrics
+        self.max_model_len = max_model_len
+
+    def emit(self, request: Request, tokens: list[int], now: float, result: StepOutput) -> None:
+        """The tokens a step produced for `request`, then the tokens its constraint forces after them."""
+        self.append(request, tokens, now, result)
+        if not request.is_finished and not request.params.output_scores:
+            self.jump_forward(request, now, result)
+
+    def append(self, request: Request, tokens: list[int], now: float, result: StepOutput) -> None:
+        streams = not request.params.max_retries  # a request that may rerun shows its tokens once it has ended
+        for token in tokens:
+            request.output_ids.append(token)
+            if streams:
+                result.new_tokens.setdefault(request.request_id, []).append(token)
+            self.metrics.num_generated_tokens += 1
+            if request.first_token_time is None:
+                request.first_token_time = now
+                self.metrics.time_to_first_token.append(now - request.arrival_time)
+            request.last_token_time = now
+            reason = check_stop(request, self.max_model_len)
+            if reason is not None:
+                self.lifecycle.finish(request, reason)
+                if not streams and request.finish_reason != "retry":
+                    result.new_tokens[request.request_id] = list(request.output_ids)
+                return
+
+    def jump_forward(self, request: Request, now: float, result: StepOutput) -> None:
+        """Append the tokens the request's first constraint forces (exactly one allowed continuation each): the
+        output is what decoding would have given."""
+        budget = request.params.max_new_tokens - len(request.output_ids)
+        constraints = request.processors.constraints
+        if not constraints or budget <= 0:
+            return
+        try:
+            tokens = constraints[0].forced_tokens(request.request_id, request.output_ids, budget)
+        except Exception:  # noqa: BLE001
+            return  # the next step's processing reports the error on this request
+        if tokens:
+            request.num_forced_tokens += len(tokens)
+            self.metrics.num_forced_tokens += len(tokens)
+            self.append(request, list(tokens), now, result)

@@ -1,0 +1,50 @@
+"""`RequestIds`: request ids unique in an engine, claimed by callers before their requests are added.
+
+A caller on any thread reserves ids at once (`Engine.reserve_request_id`, never waiting for a step); the request
+is added later under its id (`Engine.add_reserved_request`, between two steps), or the id is given back.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Container, Iterable
+
+__all__ = ["RequestIds"]
+
+
+class RequestIds:
+    """The ids reserved and not yet added; `in_use` holds the ids of the requests already added."""
+
+    def __init__(self, in_use: Container[str]) -> None:
+        self.in_use = in_use
+        self.reserved: set[str] = set()  # ids handed out by `reserve`, not yet added
+        self.lock = threading.Lock()  # guards ids only (never held during a step)
+        self._counter = itertools.count()
+
+    def reserve(self, request_id: str | None = None) -> str:
+        """Claim `request_id` (a new unique one when None). Raises `ValueError` when it is in use or reserved."""
+        with self.lock:
+            if request_id is None:
+                request_id = f"req_{next(self._counter)}"
+                while self._taken(request_id):
+                    request_id = f"req_{next(self._counter)}"
+            elif self._taken(request_id):
+                raise ValueError(f"request id {request_id!r} is already in use; pass a unique request_id (or none)")
+            self.reserved.add(request_id)
+            return request_id
+
+    def release(self, request_ids: Iterable[str]) -> None:
+        """Give back reserved ids that will not be added."""
+        with self.lock:
+            self.reserved.difference_update(request_ids)
+
+    def take(self, request_id: str) -> None:
+        """The reserved `request_id` is being added now. Raises `ValueError` when it was not reserved."""
+        with self.lock:
+            if request_id not in self.reserved:
+                raise ValueError(f"request id {request_id!r} was not reserved; use add_request")
+            self.reserved.discard(request_id)
+
+    def _taken(self, request_id: str) -> bool:
+        return request_id in self.in_use or request_id in self.reserved
