@@ -200,7 +200,8 @@ async def _collect(head: _Head, events: AsyncIterator[ChoiceEvent], usage: Usage
         if failed[0].finish_reason == "abort":
             raise ApiError("the server shut down before the request finished; retry", status=503,
                            code="shutting_down")
-        raise ApiError(f"the request failed on the server: {failed[0].error}", status=500, code="request_failed")
+        status, code = failed[0].error_status()
+        raise ApiError(f"the request failed: {failed[0].error}", status=status, code=code)
     choices = []
     for index in sorted(finals):
         event = finals[index]
@@ -216,7 +217,7 @@ async def _sse(head: _Head, events: AsyncIterator[ChoiceEvent], usage: Usage, in
         async with _closing(events):
             async for event in events:
                 if event.finish_reason == "error":
-                    yield _error_event(f"the request failed on the server: {event.error}")
+                    yield _error_event(f"the request failed: {event.error}", *event.error_status())
                     continue
                 if event.finish_reason == "abort":  # only the server aborts (a client that left reads nothing)
                     yield _error_event("the server shut down before the request finished; retry", 503,

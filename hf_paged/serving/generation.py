@@ -17,6 +17,7 @@ from typing import Any
 
 from hf_paged.batching.engine_loop import EngineLoop
 from hf_paged.batching.request import RequestStatus, fork_ids, fork_parent
+from hf_paged.errors import HfPagedError
 from hf_paged.serving.metrics import ServerMetrics
 from hf_paged.serving.prepare import PreparedRequest
 from hf_paged.serving.text import TextStream
@@ -33,6 +34,15 @@ class ChoiceEvent:
     finish_reason: str | None = None  # set on the choice's last event
     error: str | None = None  # the request failed on the server (e.g. its logits processor raised)
     num_tokens: int = 0  # tokens behind this event
+    error_type: type[BaseException] | None = None  # the class of the exception behind `error`
+
+    def error_status(self) -> tuple[int, str]:
+        """(HTTP status, code) of a failed choice: 400 when the request itself was at fault (a typed
+        `ValueError`/`TypeError` of `hf_paged.errors`, e.g. a schema over its compile budget), else 500."""
+        if self.error_type is not None and issubclass(self.error_type, HfPagedError) \
+                and issubclass(self.error_type, (ValueError, TypeError)):
+            return 400, "invalid_request"
+        return 500, "request_failed"
 
 
 @dataclass(slots=True)
@@ -105,7 +115,7 @@ def _last_event(index, text, delta, stream: TextStream, usage: Usage, metrics: S
         usage.cached_tokens += output.num_cached_tokens
     if output.status is RequestStatus.FAILED and output.finish_reason != "abort":
         metrics.observe_finished("error", e2e)
-        return ChoiceEvent(index, text, "error", output.error, len(delta.new_token_ids))
+        return ChoiceEvent(index, text, "error", output.error, len(delta.new_token_ids), output.error_type)
     reason = "stop" if stream.stopped else _FINISH_REASONS.get(output.finish_reason or "", "stop")
     metrics.observe_finished(reason, e2e)
     return ChoiceEvent(index, text, reason, num_tokens=len(delta.new_token_ids))

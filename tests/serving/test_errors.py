@@ -11,6 +11,7 @@ import httpx
 import pytest
 from transformers import LogitsProcessor
 
+from hf_paged.errors import SchemaTooComplexError
 from hf_paged.serving import ServerSettings
 from tests.serving.conftest import make_server, wait_idle
 
@@ -139,6 +140,27 @@ def test_a_failing_processor_fails_only_its_request(server, engine):
         assert "boom" in json.loads(events[0][6:])["error"]["message"] and events[-1] == "data: [DONE]"
     finally:
         constraints._items.pop(("regex", json.dumps("explode")), None)
+
+
+class OverBudget(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+        raise SchemaTooComplexError("the constraint needs more than 50,000 states")
+
+
+def test_a_request_failing_on_its_own_input_answers_400(server, engine):
+    """A typed error of the request's own making raised inside the engine (a constraint over its budget) is the
+    client's 400, streamed or not; a processor's plain exception stays a 500 (above)."""
+    constraints = server.app.state.server.preparer.constraints
+    constraints._items[("regex", json.dumps("too big"))] = OverBudget()
+    try:
+        body = {"prompt": "x", "max_tokens": 20, "guided_regex": "too big"}
+        error = assert_error(post(server, "/v1/completions", body), 400, words=["50,000 states"])
+        assert error["type"] == "invalid_request_error"
+        streamed = post(server, "/v1/completions", {**body, "stream": True})
+        events = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
+        assert json.loads(events[0][6:])["error"]["code"] == "invalid_request" and events[-1] == "data: [DONE]"
+    finally:
+        constraints._items.pop(("regex", json.dumps("too big")), None)
 
 
 def test_a_full_queue_answers_429_with_retry_after(tiny_lm):
