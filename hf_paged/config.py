@@ -66,10 +66,10 @@ class PagedConfig:
     key_cache_dtype: str | None = None  # overrides kv_cache_dtype for keys (e.g. "int8" with values "int4")
     value_cache_dtype: str | None = None  # overrides kv_cache_dtype for values
     # quantized values' scale groups: "token" (one scale per token over all its KV heads; int4 30.9% of bf16 with
-    # int4 keys) | "head" (one per token and KV head: int4 32.0%, half the value error; see cache/compression.py)
+    # int4 keys) | "head" (one per token and KV head: int4 32.0%, half the value error; cache/compression/formats.py)
     value_quant_group: str = "token"
     # how quantized blocks store their scales: "fp16" | "log8" (one byte, 2^(k/10) rounded up: 7.2% steps, scales
-    # 2^-16 .. 2^9.5; int4 keys 0.625 instead of 0.688 bytes per element, see cache/compression.py)
+    # 2^-16 .. 2^9.5; int4 keys 0.625 instead of 0.688 bytes per element, see cache/compression/formats.py)
     kv_scale_format: str = "fp16"
     # int4 keys: quantize each block in the RoPE rotation of its first slot (undo each token's rotation by its
     # offset in the block, redo it on read; see cache/key_frame.py). Same bytes, about half the int4 key error on

@@ -21,7 +21,7 @@ import torch
 
 from hf_paged.batching.appending import TokenAppender
 from hf_paged.batching.engine_stats import engine_stats
-from hf_paged.batching.kv_eviction import KVEvictor
+from hf_paged.batching.kv_pruning import KVPruner
 from hf_paged.batching.lifecycle import RequestLifecycle
 from hf_paged.batching.metrics import EngineMetrics
 from hf_paged.batching.model_runner import ModelRunner
@@ -73,7 +73,7 @@ class Engine:
             if self.kv.prefix_cache is not None else None,
         )
         self.runner = ModelRunner(model, self.cache)
-        self.evictor = KVEvictor(self.config, self.kv, self.cache.kv_shape.num_layers)
+        self.pruner = KVPruner(self.config, self.kv, self.cache.kv_shape.num_layers)
         self.sampler = Sampler()
         self.metrics = EngineMetrics()
         self.requests: dict[str, Request] = {}
@@ -232,8 +232,8 @@ class Engine:
     def _run(self, schedule: SchedulerOutput, result: StepOutput) -> None:
         self.metrics.peak_blocks_used = max(self.metrics.peak_blocks_used, self.cache.pool.num_used_blocks)
         inputs = build_step_inputs(schedule, self.kv, self.config.block_size, self.config.attention_backend,
-                                   self.evictor.observation_window)
-        self.evictor.annotate(schedule, inputs.metadata)
+                                   self.pruner.observation_window)
+        self.pruner.annotate(schedule, inputs.metadata)
         try:
             logits = self.runner.forward(inputs.input_ids, inputs.positions, inputs.metadata, inputs.logits_rows)
         except Exception as exc:  # noqa: BLE001 -- the forward failed: its requests fail, the engine goes on
@@ -246,10 +246,10 @@ class Engine:
         self.metrics.recent_step_tokens.append(len(inputs.input_ids))
         for item in schedule.scheduled:
             item.request.num_computed_tokens += item.num_tokens
-        self.evictor.after_forward(schedule, inputs.metadata)  # KV eviction drops blocks before they can be shared
+        self.pruner.after_forward(schedule, inputs.metadata)  # token pruning drops blocks before they can be shared
         for item in schedule.scheduled:
             request = item.request
-            tokens = self.evictor.cacheable_tokens(request, request.all_token_ids[: request.num_computed_tokens])
+            tokens = self.pruner.cacheable_tokens(request, request.all_token_ids[: request.num_computed_tokens])
             self.kv.cache_full_blocks(request.request_id, tokens, self._extra_keys(request))
         sampled, drafted = inputs.sampled_requests, None
         if any(inputs.num_draft_tokens):  # speculating decodes have 1 + k rows each: verified apart

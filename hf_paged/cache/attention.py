@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import torch
 
-from hf_paged.cache.eviction import hide_positions
+from hf_paged.cache.compression import split_attention
 from hf_paged.cache.kernels.cpu_launch import cpu_kernel_applies, plan_cpu_attention, run_cpu_attention
 from hf_paged.cache.kernels.reference import build_attention_plan, run_attention_plan
 from hf_paged.cache.metadata import PagedMetadata
-from hf_paged.cache.streaming_heads import split_attention
+from hf_paged.cache.pruning import hide_positions
 
 ATTENTION_NAME = "hf_paged"
 
@@ -100,7 +100,7 @@ def paged_attention_forward(
 
 def _record_scores(metadata: PagedMetadata, layer_idx: int, q: torch.Tensor, key: torch.Tensor, scale: float) -> None:
     """SnapKV: how much the last prompt queries of the observed requests attend to each of their keys."""
-    from hf_paged.cache.eviction import observation_scores
+    from hf_paged.cache.pruning import observation_scores
 
     step = metadata.plans.compressed  # compressed: `key` is the step's read buffer, indexed virtually
     bs, (heads, dim) = metadata.block_size, key.shape[-2:]
@@ -134,7 +134,7 @@ def _use_cpu_kernel(metadata: PagedMetadata, q: torch.Tensor, key: torch.Tensor,
 
 def _tail(metadata: PagedMetadata, step, touched_k, touched_v):
     """The step's touched blocks as the fused kernels' full-precision tail (a query reads its own block from
-    there unless the query fills it: see `compressed_blocks`)."""
+    there unless the query fills it: see `compression.blocks`)."""
     from hf_paged.cache.kernels import FullPrecisionTail
 
     device = touched_k.device

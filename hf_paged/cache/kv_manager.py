@@ -33,8 +33,8 @@ class SeqBlocks:
     block_ids: list[int] = field(default_factory=list)
     num_tokens: int = 0  # slots claimed: tokens written or being written by the current forward
     num_cached_blocks: int = 0  # leading blocks already inserted into the prefix cache
-    num_evicted_tokens: int = 0  # tokens dropped by KV eviction: table position = logical position - this
-    num_prefix_blocks: int | None = None  # leading blocks still a true token prefix after eviction (None: all)
+    num_evicted_tokens: int = 0  # tokens dropped by token pruning: table position = logical position - this
+    num_prefix_blocks: int | None = None  # leading blocks still a true token prefix after pruning (None: all)
     cache_epoch: int = 0  # prefix-cache epoch when the sequence started: K/V of an older epoch is never inserted
 
 
@@ -135,11 +135,11 @@ class KVCacheManager:
         )
 
     def is_private(self, block_id: int) -> bool:
-        """Held by one block table only and not in the prefix cache: eviction may drop it."""
+        """Held by one block table only and not in the prefix cache: token pruning may drop it."""
         return self.pool.ref_counts[block_id] == 1 and not self.pool.is_cached(block_id)
 
     def evict_blocks(self, seq_id: Hashable, table_indices: Sequence[int]) -> None:
-        """Drop full, private blocks from a sequence's table (KV eviction); later positions move up the table.
+        """Drop full, private blocks from a sequence's table (token pruning); later positions move up the table.
 
             before: | b0 | b1 | b2 | b3 | b4: partial |   evict [1, 2]   after: | b0 | b3 | b4 |, evicted += 2 * bs
         """
@@ -190,7 +190,7 @@ class KVCacheManager:
             return
         seq = self.seqs[seq_id]
         num_full = min(len(token_ids), seq.num_tokens) // self.block_size
-        if seq.num_prefix_blocks is not None:  # after eviction only the untouched leading blocks are a prefix
+        if seq.num_prefix_blocks is not None:  # after pruning only the untouched leading blocks are a prefix
             num_full = min(num_full, seq.num_prefix_blocks)
         if num_full <= seq.num_cached_blocks:
             return

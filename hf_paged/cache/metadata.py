@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hf_paged.cache.compressed_blocks import StepPlan
+    from hf_paged.cache.compression import StepPlan
     from hf_paged.cache.kernels.cpu_launch import CpuAttentionPlan
     from hf_paged.cache.kernels.reference import AttentionPlan
 
@@ -24,7 +24,7 @@ __all__ = ["ObservedScores", "PagedMetadata", "StepPlans"]
 class StepPlans:
     """The plans of one forward, each built by the first layer that needs it and shared by the others."""
 
-    compressed: StepPlan | None = None  # the compressed layers' writes and reads of the step (`compressed_planner`)
+    compressed: StepPlan | None = None  # the compressed layers' writes and reads of the step (`compression.planner`)
     cpu: dict[tuple[int | None, bool], CpuAttentionPlan] = field(default_factory=dict)  # (window, quantized)
     torch: dict[tuple[torch.device, int | None], AttentionPlan] = field(default_factory=dict)  # (device, window)
     hidden: dict[tuple[torch.device, int | None, int], AttentionPlan] = field(default_factory=dict)
@@ -34,7 +34,7 @@ class StepPlans:
 @dataclass(slots=True)
 class ObservedScores:
     """Token pruning's question to attention and its answer (SnapKV, PyramidKV): the sequences whose last prompt
-    queries are scored, and, after the forward, each layer's scores of their keys (`eviction.observation_scores`)."""
+    queries are scored, and, after the forward, each layer's scores of their keys (`pruning.observation_scores`)."""
 
     queries: dict[int, int] = field(default_factory=dict)  # seq index -> how many of its last queries are scored
     scores: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)  # seq -> layer -> [context_len]

@@ -29,16 +29,18 @@ from transformers.cache_utils import Cache
 
 from hf_paged.cache.block_layer import BlockLayer
 from hf_paged.cache.block_pool import BlockPool
-from hf_paged.cache.compressed_blocks import StagingMap
-from hf_paged.cache.compressed_layer import CompressedLayer
-from hf_paged.cache.compressed_planner import CompressedPlanner
-from hf_paged.cache.compression import BlockFormat
-from hf_paged.cache.compression_spec import CompressionSpec
+from hf_paged.cache.compression import (
+    BlockFormat,
+    CompressedLayer,
+    CompressedPlanner,
+    CompressionSpec,
+    SlotMap,
+    StagingMap,
+)
 from hf_paged.cache.kv_manager import KVCacheManager
 from hf_paged.cache.paged_layer import PagedLayer
 from hf_paged.cache.sizing import KVShape, check_fits_device, kv_shape_of, num_blocks_for
 from hf_paged.cache.stock_rows import StockRows
-from hf_paged.cache.streaming_heads import SlotMap
 from hf_paged.config import PagedConfig
 
 __all__ = ["BlockLayer", "CompressedLayer", "PagedCache", "PagedLayer"]

@@ -20,7 +20,7 @@ from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.stock_rows import StockRows
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hf_paged.cache.compressed_planner import StagingCopy
+    from hf_paged.cache.compression import StagingCopy
 
 
 @dataclass(slots=True)

@@ -4,10 +4,11 @@
                                                      └─ [question B 32..47] ─ [answer B 48..63]
 
 A node is one full block: its `block_size` token ids, the pool block that holds their KV, and
-`digest = block_digest(parent digest, token ids, extra keys)`. A block's KV depends on every token before it, so
-a node is only reachable through its whole prefix. A match is verified on the tokens (and extra keys), never on
-the digest alone. The tree takes no references: the caller `pool.incref`s what it keeps; the tree only marks
-its blocks cached in the pool and, as the pool's `Evictor`, gives idle ones back, leaves first, in policy order.
+`digest = block_digest(parent digest, token ids, extra keys)` (`digests.py`). A block's KV depends on every token
+before it, so a node is only reachable through its whole prefix. A match is verified on the tokens (and extra
+keys), never on the digest alone. The tree takes no references: the caller `pool.incref`s what it keeps; the tree
+only marks its blocks cached in the pool and, as the pool's `Evictor`, gives idle ones back, leaves first, in
+policy order.
 
 Eviction order comes from an `EvictionQueue` (eviction_policy.py). A node enters it when created; touches only
 update the node's statistics, which the queue reads lazily.
@@ -15,83 +16,14 @@ update the node's statistics, which the queue reads lazily.
 
 from __future__ import annotations
 
-import hashlib
-import struct
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from hf_paged.cache.block_pool import BlockPool
+from hf_paged.cache.digests import chained_digest, encode_extra_keys, prefix_digests
 from hf_paged.cache.eviction_policy import EvictionPolicy, EvictionQueue, make_eviction_policy
 
-__all__ = ["InsertResult", "PrefixMatch", "RadixCache", "block_digest", "prefix_digests"]
-
-_DIGEST_SIZE = 16  # 128 bits: collisions are negligible, and hits are verified on the tokens anyway
-
-
-def _encode_key(key: Any, out: bytearray) -> None:
-    # Type-tagged and length-prefixed so that ("a", "bc") and ("ab", "c") differ; never `hash()` (salted per process).
-    if key is None:
-        out += b"N"
-    elif isinstance(key, bool):
-        out += b"T" if key else b"F"
-    elif isinstance(key, int):
-        raw = key.to_bytes((key.bit_length() + 8) // 8, "little", signed=True)
-        out += b"I" + len(raw).to_bytes(2, "little") + raw
-    elif isinstance(key, float):
-        out += b"D" + struct.pack("<d", key)
-    elif isinstance(key, (str, bytes)):
-        raw = key.encode() if isinstance(key, str) else key
-        out += (b"S" if isinstance(key, str) else b"Y") + len(raw).to_bytes(8, "little") + raw
-    elif isinstance(key, (tuple, list)):
-        out += b"(" + len(key).to_bytes(8, "little")
-        for item in key:
-            _encode_key(item, out)
-    else:
-        raise TypeError(
-            f"extra key of type {type(key).__name__} cannot be hashed stably across processes; "
-            "pass str, bytes, int, float, bool, None or tuples of them (e.g. the adapter's name, not the adapter)"
-        )
-
-
-def _encode_extra_keys(extra_keys: tuple) -> bytes:
-    out = bytearray()
-    _encode_key(tuple(extra_keys), out)
-    return bytes(out)
-
-
-def _digest(parent: bytes | None, token_ids: tuple[int, ...], extra: bytes) -> bytes:
-    h = hashlib.blake2b(digest_size=_DIGEST_SIZE, person=b"hf_paged.block")
-    h.update(b"\x00" if parent is None else b"\x01" + parent)
-    h.update(len(token_ids).to_bytes(4, "little"))
-    h.update(struct.pack(f"<{len(token_ids)}q", *token_ids))
-    h.update(extra)
-    return h.digest()
-
-
-def block_digest(parent: bytes | None, token_ids: Sequence[int], extra_keys: tuple = ()) -> bytes:
-    """The identity of one block: blake2b over (parent digest, token ids, extra keys); the same in every process.
-
-    Args:
-        parent: digest of the previous block of the sequence, `None` for the first block.
-        token_ids: the block's token ids.
-        extra_keys: what else the KV depends on (adapter name, cache salt); str/bytes/int/float/bool/None/tuples.
-
-    Example:
-        >>> first = block_digest(None, [1, 2, 3, 4])
-        >>> block_digest(first, [5, 6, 7, 8]) != block_digest(None, [5, 6, 7, 8])
-        True
-    """
-    return _digest(parent, tuple(map(int, token_ids)), _encode_extra_keys(extra_keys))
-
-
-def prefix_digests(token_ids: Sequence[int], block_size: int, extra_keys: tuple = ()) -> list[bytes]:
-    """Chained digests of every full block of `token_ids` (e.g. for routing a request to the replica holding it)."""
-    extra, parent, digests = _encode_extra_keys(extra_keys), None, []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = _digest(parent, tuple(map(int, token_ids[start : start + block_size])), extra)
-        digests.append(parent)
-    return digests
+__all__ = ["InsertResult", "PrefixMatch", "RadixCache", "prefix_digests"]
 
 
 @dataclass(slots=True)
@@ -219,11 +151,12 @@ class RadixCache:
         return self._walk(token_ids, extra_keys, digests).next_digest in inflight_digests
 
     def _walk(self, token_ids: Sequence[int], extra_keys: tuple, digests: Sequence[bytes] | None = None) -> _Walk:
-        extra, extra_keys, node, bs = _encode_extra_keys(extra_keys), tuple(extra_keys), self._root, self.block_size
+        extra, extra_keys, node, bs = encode_extra_keys(extra_keys), tuple(extra_keys), self._root, self.block_size
         path: list[_Node] = []
         for i, start in enumerate(range(0, len(token_ids) - bs + 1, bs)):
             tokens = tuple(map(int, token_ids[start : start + bs]))
-            digest = digests[i] if digests is not None and i < len(digests) else _digest(node.digest, tokens, extra)
+            digest = (digests[i] if digests is not None and i < len(digests)
+                      else chained_digest(node.digest, tokens, extra))
             child = node.children.get(digest)
             if child is None or child.token_ids != tokens or child.extra_keys != extra_keys:
                 return _Walk(path, digest)  # absent, or a digest collision: serve only what the tokens prove
@@ -253,7 +186,7 @@ class RadixCache:
         """
         if epoch is not None and epoch != self.epoch:
             return InsertResult(0, [], [])
-        extra, extra_keys, node, path = _encode_extra_keys(extra_keys), tuple(extra_keys), self._root, []
+        extra, extra_keys, node, path = encode_extra_keys(extra_keys), tuple(extra_keys), self._root, []
         bs, new_nodes, duplicates = self.block_size, list[_Node](), list[int]()
         try:  # on a misuse error, the blocks inserted so far stay valid and evictable
             for i in range(min(len(block_ids), len(token_ids) // bs)):
@@ -263,7 +196,7 @@ class RadixCache:
                     path.append(child)  # inserted before (a running request as its blocks fill): no need to hash
                     node = child
                     continue
-                digest = _digest(node.digest, tokens, extra)
+                digest = chained_digest(node.digest, tokens, extra)
                 child = node.children.get(digest)
                 if child is None:
                     self._check_insertable(block_id)
@@ -389,7 +322,7 @@ class RadixCache:
                 assert node.attached and node.parent is parent, f"block {node.block_id}: wrong parent link"
                 assert node.depth == parent.depth + 1, f"block {node.block_id}: depth {node.depth}"
                 assert len(node.token_ids) == bs, f"block {node.block_id} holds {len(node.token_ids)} tokens"
-                want = _digest(parent.digest, node.token_ids, _encode_extra_keys(node.extra_keys))
+                want = chained_digest(parent.digest, node.token_ids, encode_extra_keys(node.extra_keys))
                 assert node.digest == digest == want, f"block {node.block_id}: digest does not chain"
                 assert self._node_of_block.get(node.block_id) is node, f"block {node.block_id} not indexed"
                 assert pool.is_cached(node.block_id), f"block {node.block_id} in the tree but not cached in the pool"

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from hf_paged import PagedConfig
-from hf_paged.cache.calibration import calibrate_retrieval_heads, choose_heads, retrieval_scores
+from hf_paged.cache.compression.calibration import calibrate_retrieval_heads, choose_heads, retrieval_scores
 from tests.tiny_models import ragged_prompts, tiny_model
 
 

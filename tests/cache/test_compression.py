@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from hf_paged import PagedCache, PagedConfig
-from hf_paged.cache.compressed_blocks import SeqSpan, StagingMap, plan_step
-from hf_paged.cache.compression import BlockFormat, formats_for
+from hf_paged.cache.compression.blocks import SeqSpan, StagingMap, plan_step
+from hf_paged.cache.compression.formats import BlockFormat, formats_for
 from tests.tiny_models import left_pad, ragged_prompts, tiny_model
 
 

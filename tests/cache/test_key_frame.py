@@ -9,8 +9,8 @@ import torch
 from transformers import LlamaConfig, Phi3Config
 
 from hf_paged import PagedCache, PagedConfig
-from hf_paged.cache.compression import BlockFormat, formats_for
-from hf_paged.cache.key_frame import rope_frequencies, rotate_by_offset
+from hf_paged.cache.compression.formats import BlockFormat, formats_for
+from hf_paged.cache.compression.key_frame import rope_frequencies, rotate_by_offset
 from tests.cache.engine_parity import check_engine_parity
 from tests.tiny_models import ragged_prompts, tiny_model
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_paged import PagedCache, PagedConfig
-from hf_paged.cache.compression import BlockFormat, decode_log_scale, encode_log_scale, formats_for
+from hf_paged.cache.compression.formats import BlockFormat, decode_log_scale, encode_log_scale, formats_for
 from tests.cache.engine_parity import check_engine_parity
 from tests.tiny_models import left_pad, ragged_prompts, tiny_model
 

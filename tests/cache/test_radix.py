@@ -9,8 +9,9 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from hf_paged.cache import radix
 from hf_paged.cache.block_pool import BlockPool
+from hf_paged.cache.digests import block_digest, prefix_digests
 from hf_paged.cache.eviction_policy import make_eviction_policy
-from hf_paged.cache.radix import InsertResult, PrefixMatch, RadixCache, block_digest, prefix_digests
+from hf_paged.cache.radix import InsertResult, PrefixMatch, RadixCache
 
 
 def cached_request(pool: BlockPool, cache: RadixCache, tokens: list[int], extra_keys: tuple = ()) -> list[int]:
@@ -149,7 +150,7 @@ def test_insert_misuse_raises_and_leaves_the_tree_valid():
 
 def test_a_digest_collision_is_never_served(monkeypatch):
     # Force every block under the same parent to collide: the tokens must still decide.
-    monkeypatch.setattr(radix, "_digest", lambda parent, tokens, extra: (parent or b"") + b"x")
+    monkeypatch.setattr(radix, "chained_digest", lambda parent, tokens, extra: (parent or b"") + b"x")
     pool = BlockPool(6)
     cache = RadixCache(pool, block_size=2)
     cached_request(pool, cache, [1, 2, 3, 4])

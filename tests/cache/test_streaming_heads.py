@@ -8,8 +8,8 @@ import torch
 from transformers import AttentionInterface
 
 from hf_paged import Engine, PagedCache, PagedConfig, SamplingParams
-from hf_paged.cache.calibration import calibrate_streaming_heads
-from hf_paged.cache.streaming_heads import SlotMap, held_table_indices
+from hf_paged.cache.compression.calibration import calibrate_streaming_heads
+from hf_paged.cache.compression.streaming_heads import SlotMap, held_table_indices
 from tests.tiny_models import ragged_prompts, tiny_model
 
 BS, SINKS, WINDOW = 4, 4, 8  # 1 sink block, 2 window blocks

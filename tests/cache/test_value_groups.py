@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hf_paged import PagedCache, PagedConfig
-from hf_paged.cache.compression import BlockFormat, formats_for
+from hf_paged.cache.compression.formats import BlockFormat, formats_for
 from tests.cache.engine_parity import check_engine_parity
 from tests.kernels.paged_cases import make_case
 from tests.kernels.quantized_cases import assert_kernels_match_oracle, quantize_case, requantize

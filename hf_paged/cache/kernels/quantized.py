@@ -14,7 +14,7 @@ as leading dim; the kernels take them as one `QuantizedKV` each and dequantize w
 A block is quantized once it is full; the blocks still being written live in full precision elsewhere (staging
 rows, the step's touched blocks). `FullPrecisionTail` points at them: a query at position p reads the keys of
 block b from the quantized cache when b is full at p (its last slot <= p), else from the tail, the rule
-`hf_paged.cache.compressed_blocks` defines (one-token decoding sees exactly this, so chunking changes nothing).
+`hf_paged.cache.compression.blocks` defines (one-token decoding sees exactly this, so chunking changes nothing).
 """
 
 from __future__ import annotations

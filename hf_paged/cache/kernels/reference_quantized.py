@@ -1,7 +1,7 @@
 """Torch reference of the quantized paged kernels: dequantize the gathered blocks, then plain SDPA.
 
 The yardstick of the fused-dequant Triton kernels (and their CPU path under `backend="torch"`). One sequence at a
-time, for clarity rather than speed; the engine's torch path has its own batched plan (`compressed_blocks`).
+time, for clarity rather than speed; the engine's torch path has its own batched plan (`compression.blocks`).
 
     sequence i, context_len c, q_len q, block size bs; query p = c - q + j
     cache keys  0 .............. full_end - 1        full_end = c // bs * bs (only full blocks are quantized)

@@ -110,14 +110,14 @@ class StreamingHeads:
 
 class _StreamingMask:
     """Eager attention where the KV heads in `heads` (a set of (layer, kv head)) see only sinks + window blocks,
-    as the paged engine's streaming heads do (`hf_paged.cache.streaming_heads.visible_keys`)."""
+    as the paged engine's streaming heads do (`hf_paged.cache.compression.streaming_heads.visible_keys`)."""
 
     def __init__(self, block_size: int, sink_blocks: int, window_blocks: int) -> None:
         self.block_size, self.sink_blocks, self.window_blocks = block_size, sink_blocks, window_blocks
         self.heads: set[tuple[int, int]] = set()
 
     def __call__(self, module, query, key, value, attention_mask, *, scaling=None, sliding_window=None, **kwargs):
-        from hf_paged.cache.streaming_heads import visible_keys
+        from hf_paged.cache.compression.streaming_heads import visible_keys
 
         layer = getattr(module, "layer_idx", 0)
         num_heads, num_kv_heads, n = query.shape[1], key.shape[1], query.shape[2]

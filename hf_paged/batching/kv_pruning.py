@@ -1,12 +1,13 @@
-"""`KVEvictor`: the engine side of token eviction (policy decisions live in `hf_paged.cache.eviction`).
+"""`KVPruner`: the engine side of token pruning (the policy, `PagedConfig.kv_eviction`, lives in
+`hf_paged.cache.pruning`).
 
 After each forward it drops blocks from the tables of the requests that need it:
 - snapkv: a request whose prompt ended in this step, from the attention scores its last prompt queries left in
   the step's metadata (the most interested head of any layer decides a block's score);
-- pyramidkv: the same, per layer (see `hf_paged.cache.eviction`); `annotate` then hides, in each later step,
+- pyramidkv: the same, per layer (see `hf_paged.cache.pruning`); `annotate` then hides, in each later step,
   the blocks a layer did not choose;
 - streaming: any request whose table outgrew its budget by a block (sinks + most recent tokens kept).
-It also decides which blocks may enter the prefix cache: a block that eviction may still drop must stay private,
+It also decides which blocks may enter the prefix cache: a block that pruning may still drop must stay private,
 so a request's blocks are offered to the prefix cache only once they are safe (after SnapKV's selection; only
 the sinks under streaming).
 """
@@ -17,27 +18,27 @@ import torch
 
 from hf_paged.batching.request import Request
 from hf_paged.batching.scheduler import SchedulerOutput
-from hf_paged.cache.eviction import (
+from hf_paged.cache.kv_manager import KVCacheManager
+from hf_paged.cache.metadata import PagedMetadata
+from hf_paged.cache.pruning import (
     OBSERVATION_WINDOW,
-    check_eviction,
+    check_pruning,
     pooled_block_scores,
     prompt_budget_blocks,
     pyramid_budgets,
     select_blocks,
 )
-from hf_paged.cache.kv_manager import KVCacheManager
-from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.config import PagedConfig
 
 
-class KVEvictor:
+class KVPruner:
     def __init__(self, config: PagedConfig, kv: KVCacheManager, num_layers: int) -> None:
-        check_eviction(config.kv_eviction, config.kv_keep_ratio, config.num_sink_tokens, config.window_tokens,
+        check_pruning(config.kv_eviction, config.kv_keep_ratio, config.num_sink_tokens, config.window_tokens,
                        config.kv_budget_tokens)
         self.policy = config.kv_eviction
         self.config = config
         self.kv = kv
-        self.num_evictions = 0  # blocks dropped so far
+        self.num_evictions = 0  # blocks dropped so far (stats: kv_blocks_evicted)
         self.num_layers = num_layers
         self.hidden: dict[str, dict[int, list[int]]] = {}  # pyramidkv: request id -> layer -> hidden table blocks
 
@@ -73,31 +74,31 @@ class KVEvictor:
             observed = metadata.observed
             if self.policy == "snapkv" and i in observed.queries:
                 scores = list(observed.of(i).values())
-                self._evict(request, torch.stack(scores).cpu() if scores else None, window_only=False)
+                self._prune(request, torch.stack(scores).cpu() if scores else None, window_only=False)
             elif self.policy == "pyramidkv" and i in observed.queries:
-                self._evict_pyramid(request, {layer: s.cpu() for layer, s in observed.of(i).items()})
+                self._prune_pyramid(request, {layer: s.cpu() for layer, s in observed.of(i).items()})
             elif self.policy == "streaming":
-                self._evict(request, None, window_only=True)
+                self._prune(request, None, window_only=True)
 
-    def _evict(self, request: Request, token_scores: torch.Tensor | None, *, window_only: bool) -> None:
+    def _prune(self, request: Request, token_scores: torch.Tensor | None, *, window_only: bool) -> None:
         c, rid = self.config, request.request_id
         num_tokens = self.kv.num_tokens(rid)
         budget = self.budget_blocks(request)
         bs = c.block_size
-        if -(-num_tokens // bs) <= budget + (1 if window_only else 0):  # streaming: evict a block at a time
+        if -(-num_tokens // bs) <= budget + (1 if window_only else 0):  # streaming: drop a block at a time
             return
         block_ids = self.kv.block_ids(rid)
         full = num_tokens // bs
-        evictable = [i < full and self.kv.is_private(b) for i, b in enumerate(block_ids)]
+        droppable = [i < full and self.kv.is_private(b) for i, b in enumerate(block_ids)]
         # Streaming keeps the sinks and the most recent tokens that fit the budget.
         window = budget * bs - c.num_sink_tokens if window_only else c.window_tokens
         scores = pooled_block_scores(token_scores, bs) if token_scores is not None else None
-        plan = select_blocks(num_tokens, bs, evictable, budget_blocks=budget, num_sink_tokens=c.num_sink_tokens,
+        plan = select_blocks(num_tokens, bs, droppable, budget_blocks=budget, num_sink_tokens=c.num_sink_tokens,
                              window_tokens=window, block_scores=scores)
         self.kv.evict_blocks(rid, plan.evict_indices)
         self.num_evictions += len(plan.evict_indices)
 
-    def _evict_pyramid(self, request: Request, layer_scores: dict[int, torch.Tensor]) -> None:
+    def _prune_pyramid(self, request: Request, layer_scores: dict[int, torch.Tensor]) -> None:
         """Each layer picks its own blocks under its own budget; the table keeps their union and every layer hides
         the union's blocks it did not pick."""
         c, rid, bs = self.config, request.request_id, self.config.block_size
@@ -108,20 +109,20 @@ class KVEvictor:
             return
         num_blocks = -(-num_tokens // bs)
         full = num_tokens // bs
-        evictable = [i < full and self.kv.is_private(b) for i, b in enumerate(self.kv.block_ids(rid))]
+        droppable = [i < full and self.kv.is_private(b) for i, b in enumerate(self.kv.block_ids(rid))]
         floor = -(-(c.num_sink_tokens + c.window_tokens) // bs)
         chosen: dict[int, set[int]] = {}
         for layer, layer_budget in enumerate(pyramid_budgets(budget, self.num_layers, floor)):
             scores = pooled_block_scores(layer_scores[layer], bs) if layer in layer_scores else None
-            plan = select_blocks(num_tokens, bs, evictable, budget_blocks=layer_budget,
+            plan = select_blocks(num_tokens, bs, droppable, budget_blocks=layer_budget,
                                  num_sink_tokens=c.num_sink_tokens, window_tokens=c.window_tokens, block_scores=scores)
             chosen[layer] = set(range(num_blocks)) - set(plan.evict_indices)
         union = set().union(*chosen.values())
-        evict = [i for i in range(num_blocks) if i not in union]
+        drop = [i for i in range(num_blocks) if i not in union]
         new_index = {old: new for new, old in enumerate(sorted(union))}
         self.hidden[rid] = {layer: sorted(new_index[j] for j in union - kept) for layer, kept in chosen.items()}
-        self.kv.evict_blocks(rid, evict)
-        self.num_evictions += len(evict)
+        self.kv.evict_blocks(rid, drop)
+        self.num_evictions += len(drop)
 
     def cacheable_tokens(self, request: Request, token_ids: list[int]) -> list[int]:
         """The prefix of `token_ids` whose blocks may enter the prefix cache now."""

@@ -22,9 +22,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hf_paged.cache.compression import BlockFormat
+from hf_paged.cache.compression.formats import BlockFormat
+from hf_paged.cache.compression.streaming_heads import (
+    StreamStep,
+    read_streaming_heads,
+    streaming_plan,
+    write_streaming_heads,
+)
 from hf_paged.cache.kernels.reference import AttentionPlan, build_attention_plan
-from hf_paged.cache.streaming_heads import StreamStep, read_streaming_heads, streaming_plan, write_streaming_heads
 
 
 @dataclass(slots=True)

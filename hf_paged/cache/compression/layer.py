@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 import torch
 
 from hf_paged.cache.block_layer import BlockLayer
-from hf_paged.cache.compressed_blocks import CompressedKV, StepPlan
-from hf_paged.cache.compressed_planner import CompressedPlanner, StagingCopy
+from hf_paged.cache.compression.blocks import CompressedKV, StepPlan
+from hf_paged.cache.compression.planner import CompressedPlanner, StagingCopy
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.stock_rows import StockRows
 
@@ -41,7 +41,7 @@ class SavedCompressedBlocks:
 
 
 class CompressedLayer(BlockLayer):
-    """One decoder layer's K/V as `(keys, values)` `CompressedKV` stores (see `compressed_blocks`)."""
+    """One decoder layer's K/V as `(keys, values)` `CompressedKV` stores (see `compression.blocks`)."""
 
     # No storage in the model dtype: every block lives in `compressed`. Kept as None so callers that check a layer's
     # plain storage (`layer.key_cache is None`) read a compressed layer right.

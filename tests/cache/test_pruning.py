@@ -1,12 +1,14 @@
-"""Eviction policies (block selection, scores) and the manager's eviction mechanics."""
+"""Token pruning policies (block selection, scores) and the manager's block-dropping mechanics."""
 
 import pytest
 import torch
 
 from hf_paged import PagedConfig
 from hf_paged.cache.block_pool import BlockPool
-from hf_paged.cache.eviction import (
-    check_eviction,
+from hf_paged.cache.kernels.reference import build_attention_plan, run_attention_plan
+from hf_paged.cache.kv_manager import KVCacheManager
+from hf_paged.cache.pruning import (
+    check_pruning,
     hide_positions,
     observation_scores,
     pooled_block_scores,
@@ -14,8 +16,6 @@ from hf_paged.cache.eviction import (
     pyramid_budgets,
     select_blocks,
 )
-from hf_paged.cache.kernels.reference import build_attention_plan, run_attention_plan
-from hf_paged.cache.kv_manager import KVCacheManager
 
 
 def test_streaming_keeps_sinks_and_recent_window():
@@ -47,7 +47,7 @@ def test_budget_follows_keep_ratio_with_a_floor_of_sinks_plus_window():
 
 def test_invalid_eviction_settings_name_the_field_and_allowed_values():
     with pytest.raises(ValueError, match=r"kv_eviction='h2o' is not implemented; use one of \[None, 'streaming', 'snapkv', 'pyramidkv'\]"):
-        check_eviction("h2o", 0.5, 16, 32, None)
+        check_pruning("h2o", 0.5, 16, 32, None)
     with pytest.raises(ValueError, match="kv_budget_tokens=40 is smaller than num_sink_tokens \\+ window_tokens = 48"):
         PagedConfig(kv_eviction="streaming", kv_budget_tokens=40, num_sink_tokens=16, window_tokens=32)
     with pytest.raises(ValueError, match=r"kv_eviction must be one of \[None, 'streaming', 'snapkv', 'pyramidkv'\]"):

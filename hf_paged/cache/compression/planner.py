@@ -8,7 +8,7 @@ any layer writes, so every layer applies the same plan:
     engine step:  metadata.block_tables -> step_plan_of(metadata) -> metadata.plans.compressed (built by layer 0)
     stock step:   rows' block tables   -> stock_step_plan(...)    -> kept until the next step's first layer
 
-See `compressed_blocks` for the block life cycle and what a query reads, `streaming_heads` for the streaming slots.
+See `blocks` for the block life cycle and what a query reads, `streaming_heads` for the streaming slots.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import partial
 
-from hf_paged.cache.compressed_blocks import SeqSpan, StagingMap, StepPlan, plan_step
-from hf_paged.cache.compression_spec import CompressionSpec
+from hf_paged.cache.compression.blocks import SeqSpan, StagingMap, StepPlan, plan_step
+from hf_paged.cache.compression.spec import CompressionSpec
+from hf_paged.cache.compression.streaming_heads import SlotMap, plan_stream_step
 from hf_paged.cache.kv_manager import BlockCopy, KVCacheManager
 from hf_paged.cache.metadata import PagedMetadata
-from hf_paged.cache.streaming_heads import SlotMap, plan_stream_step
 
 
 @dataclass(slots=True, frozen=True)

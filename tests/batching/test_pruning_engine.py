@@ -1,4 +1,4 @@
-"""Token eviction in the engine: generation after eviction equals the model attending to the kept tokens only
+"""Token pruning in the engine: generation after pruning equals the model attending to the kept tokens only
 (checked against a plain forward with an explicit mask), memory is freed, and shared blocks survive."""
 
 import pytest
@@ -116,7 +116,7 @@ def test_pyramidkv_keeps_the_union_and_hides_per_layer(model):
     rid = engine.add_request(prompts[0], SamplingParams(max_new_tokens=6))
     while engine.requests[rid].num_computed_tokens < 90:
         engine.step()
-    hidden = engine.evictor.hidden[rid]
+    hidden = engine.pruner.hidden[rid]
     kept = len(engine.kv.block_ids(rid))
     # budget 27 tokens -> 7 blocks; layer 0 picks 10 (1.5x), layer 1 picks 4 (0.5x, floored at 3 sink+window)
     assert kept >= 10 and len(hidden[0]) == kept - 10 and len(hidden[1]) == kept - 4

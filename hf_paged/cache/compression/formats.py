@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_paged.cache.key_frame import rotate_by_offset
+from hf_paged.cache.compression.key_frame import rotate_by_offset
 from hf_paged.config import KV_CACHE_DTYPES as KV_FORMATS
 from hf_paged.config import KV_SCALE_FORMATS as SCALE_FORMATS  # fp16 scales, or one-byte log codes
 from hf_paged.config import VALUE_QUANT_GROUPS as VALUE_GROUPS  # scales per token, or per (token, KV head)

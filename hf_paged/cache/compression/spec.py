@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from hf_paged.cache.compression import BlockFormat, formats_for
+from hf_paged.cache.compression.formats import BlockFormat, formats_for
 from hf_paged.cache.sizing import KVShape, budget_bytes, max_useful_blocks
 from hf_paged.config import PagedConfig
 
