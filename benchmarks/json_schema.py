@@ -113,7 +113,7 @@ def _run_side(side: str, schema, tests, conn) -> None:
         start, start_cpu = time.perf_counter(), time.process_time()
         if side in ("ours", "ours-lenient"):
             from hf_paged.processors.automaton import validate_regex
-            from hf_paged.processors.automaton.grammar_text import split_grammar
+            from hf_paged.processors.automaton.grammar import Grammar
             from hf_paged.processors.budget import CompileBudget
             from hf_paged.processors.index.index_cache import _compile
             from hf_paged.processors.json_schema import load_schema
@@ -126,7 +126,7 @@ def _run_side(side: str, schema, tests, conn) -> None:
                 regex = schema_to_grammar(schema, strict=side == "ours",
                                           undeclared_keys=_STATE.get("undeclared_keys", True), budget=budget)
             validate_regex(regex, budget=budget.for_automaton())
-            result.grammar = split_grammar(regex) is not None
+            result.grammar = isinstance(regex, Grammar)
             compiled = _compile(regex, vocab)  # byte automaton + lazy token index (trie built before forking)
             index = compiled.index
         else:

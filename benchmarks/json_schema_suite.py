@@ -32,8 +32,8 @@ from pathlib import Path
 import jsonschema
 
 from hf_paged.errors import SchemaError
+from hf_paged.processors.automaton.grammar import Grammar
 from hf_paged.processors.automaton.grammar_dfa import GrammarDFA
-from hf_paged.processors.automaton.grammar_text import split_grammar
 from hf_paged.processors.schema import canonical_json, schema_to_grammar
 
 _TIMEOUT_S = 20  # per schema: translation plus matching
@@ -69,7 +69,7 @@ def run_file(path: Path, failures: list[str]) -> FileResult:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 text = schema_to_grammar(schema)
-                if split_grammar(text) is None:
+                if not isinstance(text, Grammar):
                     match = re.compile(text).fullmatch
                 else:
                     automaton = GrammarDFA(text)

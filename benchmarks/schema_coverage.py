@@ -79,7 +79,7 @@ def evaluate(path: Path, *, strict: bool, dfa: bool) -> SchemaResult:
     import jsonschema
 
     from hf_paged.errors import SchemaError
-    from hf_paged.processors.automaton.grammar_text import inline_grammar, split_grammar
+    from hf_paged.processors.automaton.grammar import Grammar, inline_grammar
     from hf_paged.processors.automaton.regex_size import estimate_regex_size
     from hf_paged.processors.schema import canonical_json, schema_to_grammar
 
@@ -92,8 +92,8 @@ def evaluate(path: Path, *, strict: bool, dfa: bool) -> SchemaResult:
             rx_text = schema_to_grammar(schema, strict=strict, undeclared_keys=_UNDECLARED_KEYS)
     except SchemaError as exc:
         return SchemaResult(path.name, type(exc).__name__, str(exc), time.thread_time() - t0)
-    rules = split_grammar(rx_text) or [rx_text]
-    res = SchemaResult(path.name, "ok", translate_cpu_s=time.thread_time() - t0, regex_chars=len(rx_text),
+    rules = rx_text.texts if isinstance(rx_text, Grammar) else (rx_text,)
+    res = SchemaResult(path.name, "ok", translate_cpu_s=time.thread_time() - t0, regex_chars=sum(map(len, rules)),
                        regex_size=max(map(estimate_regex_size, rules)), rules=len(rules) - 1)
     automaton = None
     if dfa or len(rules) > 1:

@@ -1,7 +1,7 @@
 """Shared logic of the guided processors: one compiled index, one guide state per row (stock `generate`) or per
 request (the continuous-batching engine), one preallocated bitmask.
 
-    constraint --(subclass)--> regex --IndexCache--> CompiledIndex (shared; masks memoised per automaton state)
+    constraint --(subclass)--> regex | Grammar --IndexCache--> CompiledIndex (shared; masks memoised per automaton state)
                                                         |
               generate: row i  ----> GuideState(int)    |  engine: request id ----> GuideState(int)
                                            \\            |            /
@@ -27,7 +27,7 @@ import torch
 from transformers import LogitsProcessor
 
 from hf_paged.errors import SchemaTooComplexError
-from hf_paged.processors.automaton import validate_regex
+from hf_paged.processors.automaton import Grammar, validate_regex
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index import (
     CompiledIndex,
@@ -66,7 +66,8 @@ def _eos_only_mask(eos_ids: tuple[int, ...], vocab_size: int) -> StateMask:
 
 
 class GuidedLogitsProcessor(LogitsProcessor):
-    """Masks logits so that the generated text matches a regex; subclasses turn their constraint into one.
+    """Masks logits so that the generated text matches a regex (or a `Grammar`); subclasses turn their constraint
+    into one.
 
     Works in stock `model.generate` (`__call__`, every row its own state, reusable across calls) and in the
     continuous-batching engine (`process_rows`, state keyed by request id). See the subclasses for examples.
@@ -76,7 +77,7 @@ class GuidedLogitsProcessor(LogitsProcessor):
 
     def __init__(
         self,
-        regex: str,
+        regex: str | Grammar,
         tokenizer: Any,
         *,
         key_parts: tuple[Any, ...],

@@ -1,7 +1,7 @@
 """`GrammarLogitsProcessor`: generated text is a sentence of a context-free grammar written in Lark's EBNF.
 
-    Lark text --lark.syntax--> LarkGrammar --lark.compile--> grammar string (rules that call each other,
-    `automaton.grammar_text`) --IndexCache--> the grammar automaton JSON schemas use (`automaton.grammar_dfa`)
+    Lark text --lark.syntax--> LarkGrammar --lark.compile--> Grammar (rules that call each other,
+    `automaton.grammar`) --IndexCache--> the grammar automaton JSON schemas use (`automaton.grammar_dfa`)
     -> token masks
 
 What of Lark is read, and how:
@@ -82,7 +82,7 @@ class GrammarLogitsProcessor(GuidedLogitsProcessor):
         self.start = start
         self.compiled_grammar: LarkCompiled = compile_lark(grammar, start, budget)
         super().__init__(
-            self.compiled_grammar.text,
+            self.compiled_grammar.constraint,
             tokenizer,
             key_parts=("lark", grammar, start),
             eos_token_id=eos_token_id,

@@ -74,7 +74,7 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
         self.schema = load_schema(schema, budget)
         self.whitespace = whitespace
         self.strict = strict
-        # a regex, or for a schema whose flat regex is over budget a grammar of rules (`grammar_dfa`)
+        # a regex, or for a schema whose flat regex is over budget a `Grammar` of rules (`grammar_dfa`)
         try:
             regex = schema_to_grammar(self.schema, whitespace=whitespace, strict=strict,
                                       undeclared_keys=undeclared_keys, budget=budget)

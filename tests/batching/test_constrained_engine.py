@@ -7,7 +7,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_paged import Engine, JSONSchemaLogitsProcessor, PagedConfig, RequestStatus, SamplingParams
-from hf_paged.processors.automaton.grammar_text import split_grammar
+from hf_paged.processors.automaton.grammar import Grammar
 from tests.tiny_models import byte_tokenizer
 
 SCHEMA = {
@@ -69,7 +69,7 @@ def test_engine_with_a_grammar_schema_matches_stock_generate():
     model, tok = model_and_tokenizer()
     schema = _nested(4)
     proc = JSONSchemaLogitsProcessor(schema, tok)
-    assert split_grammar(proc.regex) is not None
+    assert isinstance(proc.regex, Grammar)
     prompts = [tok(p)["input_ids"] for p in ("Config: ", "{")]
     stock, ours, _ = stock_and_engine(model, tok, proc, prompts, max_new_tokens=40)
     assert ours == stock

@@ -69,11 +69,11 @@ def test_anchors_and_unicode_classes_match_pythons_full_match(regex):
 
 
 def test_grammar_rules_match_outlines_core_too():
-    from hf_paged.processors.automaton.grammar_text import split_grammar
+    from hf_paged.processors.automaton.grammar import Grammar
 
     grammar = schema_to_grammar({"$defs": {"t": {"type": "object", "properties": {"kids": {"type": "array",
                                  "items": {"$ref": "#/$defs/t"}}, "id": {"type": "string"}}}}, "$ref": "#/$defs/t"})
-    for rule in split_grammar(grammar) or [grammar]:
+    for rule in grammar.texts if isinstance(grammar, Grammar) else [grammar]:
         assert _equivalent(compile_regex(rule, CompileBudget()), _outlines_byte_dfa(anchored(rule)))
 
 

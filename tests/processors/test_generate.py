@@ -10,7 +10,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from hf_paged.processors import ChoiceLogitsProcessor, JSONSchemaLogitsProcessor
-from hf_paged.processors.automaton.grammar_text import split_grammar
+from hf_paged.processors.automaton.grammar import Grammar
 from tests.processors.toy_tokenizers import byte_level_tokenizer, sentencepiece_tokenizer
 
 SCHEMA = {
@@ -91,7 +91,7 @@ def test_pydantic_model_class():
 
     proc = JSONSchemaLogitsProcessor(Point, byte_level_tokenizer())
     assert proc.schema["required"] == ["x", "y"]
-    assert split_grammar(proc.regex) is not None  # (undeclared keys after x and y: a free value, a rule)
+    assert isinstance(proc.regex, Grammar)  # (undeclared keys after x and y: a free value, a rule)
     strict = JSONSchemaLogitsProcessor(Point, byte_level_tokenizer(), undeclared_keys=False)
     assert strict.regex.startswith(r"\{")
 
@@ -104,7 +104,7 @@ def test_grammar_schema_generations_parse_and_validate():
     tok = byte_level_tokenizer()
     model = tiny_model(tok, len(tok))
     proc = JSONSchemaLogitsProcessor(node, tok)
-    assert split_grammar(proc.regex) is not None
+    assert isinstance(proc.regex, Grammar)
     prompt = torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13], [14, 15, 16]])
     torch.manual_seed(0)
     out = model.generate(prompt, attention_mask=torch.ones_like(prompt), logits_processor=[proc], max_new_tokens=80,

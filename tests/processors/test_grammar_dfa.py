@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from hf_paged.errors import SchemaTooComplexError
 from hf_paged.processors.automaton import build_automaton
+from hf_paged.processors.automaton.grammar import Grammar, call_regex, inline_grammar
 from hf_paged.processors.automaton.grammar_dfa import MAX_DEPTH, GrammarDFA
-from hf_paged.processors.automaton.grammar_text import call_regex, inline_grammar, join_grammar, split_grammar
+from hf_paged.processors.index.index_cache import index_key
 from hf_paged.processors.index.token_index import TokenIndex
 from hf_paged.processors.index.token_trie import build_token_trie
 from hf_paged.processors.index.vocabulary import TokenVocabulary
@@ -32,7 +33,7 @@ WALKS = [0, 4, 16, 256]
 PYTHON_WALK = 256
 
 
-def check_same_as_inlined(grammar: str, vocab: TokenVocabulary, narrow_bytes: int, limit: int = 400,
+def check_same_as_inlined(grammar: Grammar, vocab: TokenVocabulary, narrow_bytes: int, limit: int = 400,
                           use_bodies: bool = True) -> int:
     """Walk the grammar's index and the inlined regex's index in lockstep; returns the number of states compared
     (`use_bodies=False`: no string-body plans in the grammar's index, every wide state by its other paths)."""
@@ -70,21 +71,24 @@ def walk_in_lockstep(reference: TokenIndex, index: TokenIndex, vocab: TokenVocab
     return len(seen)
 
 
-def schema_grammar(schema: dict) -> str:
+def schema_grammar(schema: dict) -> Grammar:
     """The schema's exact translation with every value of any size a rule (calls everywhere), declared keys only
     (undeclared keys take free values, a recursive rule that no flat regex inlines)."""
     ctx = Context(root=schema, translate=translate, rules={}, max_cost=400_000, min_rule_cost=0, undeclared_keys=False)
     rx = translate(schema, ctx, "#")
     assert ctx.rules, "the schema has values to call"
-    return join_grammar(rx.text, ctx.grammar_rules())
+    return Grammar(rx.text, ctx.grammar_rules())
 
 
-def test_call_text_and_grammar_string_round_trip():
+def test_call_text_and_grammar_value():
     assert call_regex(1) == "\\x02\\x0e\\x0e\\x0f"
     assert re.fullmatch(call_regex(18 * 18 + 2), "\x02\x0f\x0e\x10")
-    text = join_grammar(f"a{call_regex(1)}c", [f"b{call_regex(2)}", "d|e"])
-    assert split_grammar(text) == [f"a{call_regex(1)}c", f"b{call_regex(2)}", "d|e"]
-    assert split_grammar("a|b") is None and inline_grammar("a|b") == "a|b"
+    text = Grammar(f"a{call_regex(1)}c", [f"b{call_regex(2)}", "d|e"])
+    assert text.texts == (f"a{call_regex(1)}c", f"b{call_regex(2)}", "d|e")
+    assert text == Grammar(text.root, tuple(text.rules)) and hash(text) == hash(Grammar(text.root, text.rules))
+    assert index_key("k", text, None, "f") == index_key("k", Grammar(text.root, text.rules), None, "f")
+    assert index_key("k", text, None, "f") != index_key("k", Grammar(text.root, ("b", "d|e")), None, "f")
+    assert not isinstance("a|b", Grammar) and inline_grammar("a|b") == "a|b"
     assert re.fullmatch(inline_grammar(text), "abec") and not re.fullmatch(inline_grammar(text), "abc")
     with pytest.raises(ValueError, match="out of range"):
         call_regex(0)
@@ -92,7 +96,7 @@ def test_call_text_and_grammar_string_round_trip():
 
 def test_byte_walk_follows_calls_and_returns():
     # root: x then rule 1 or rule 2 (both start with "{": two configurations at once), then "!"
-    text = join_grammar(f"x(?:{call_regex(1)}|{call_regex(2)})!", ['\\{a\\}', '\\{a?b\\}'])
+    text = Grammar(f"x(?:{call_regex(1)}|{call_regex(2)})!", ['\\{a\\}', '\\{a?b\\}'])
     dfa = GrammarDFA(text)
 
     assert [dfa.accepts(d) for d in (b"x{a}!", b"x{b}!", b"x{ab}!", b"x{a}", b"x{}!", b"x{a}!!")] == [
@@ -102,8 +106,8 @@ def test_byte_walk_follows_calls_and_returns():
 
 def test_unknown_rule_and_capacity_are_clear_errors():
     with pytest.raises(ValueError, match="calls rule 3"):
-        GrammarDFA(join_grammar(f"a{call_regex(3)}", ["b"]))
-    dfa = GrammarDFA(join_grammar(f"(?:{call_regex(1)})*", ["[a-z]{0,40}"]), capacity=16)
+        GrammarDFA(Grammar(f"a{call_regex(3)}", ["b"]))
+    dfa = GrammarDFA(Grammar(f"(?:{call_regex(1)})*", ["[a-z]{0,40}"]), capacity=16)
     with pytest.raises(SchemaTooComplexError, match="more than 16 states"):
         state = dfa.initial
         for byte in b"abcdefghijklmnopqrstuvwxyz":
@@ -131,7 +135,7 @@ def _regexes(calls: list[str]) -> st.SearchStrategy[str]:
 @settings(max_examples=40, deadline=None)
 @given(_regexes([call_regex(1), call_regex(2)]), _regexes([call_regex(2)]), _regexes([]))
 def test_random_grammars_match_their_inlined_regex(root, rule1, rule2):
-    grammar = join_grammar(root, [rule1, rule2])
+    grammar = Grammar(root, [rule1, rule2])
     for narrow_bytes in WALKS:
         check_same_as_inlined(grammar, TOY, narrow_bytes, limit=120)
     check_same_as_inlined(grammar, TOY, 0, limit=120, use_bodies=False)  # wide states by lookahead classes
@@ -140,7 +144,7 @@ def test_random_grammars_match_their_inlined_regex(root, rule1, rule2):
 def test_states_of_several_stacks_take_the_union_of_their_members_masks():
     # both rules start with "a": after it the automaton holds two call stacks at once (a set state), whose mask is
     # the union of its members' (one rule allows "b" next, the other "c" or a short string body)
-    grammar = join_grammar(f"(?:{call_regex(1)}|{call_regex(2)})x?", ["ab", 'a(?:c|[^"\\x00-\\x1f]{0,3})'])
+    grammar = Grammar(f"(?:{call_regex(1)}|{call_regex(2)})x?", ["ab", 'a(?:c|[^"\\x00-\\x1f]{0,3})'])
     lazy = TokenIndex(GrammarDFA(grammar), TOY, build_token_trie(TOY.tokens, TOY.vocab_size))
     after_a = lazy.get_next_state(lazy.get_initial_state(), TOY.tokens[b"a"][0])
     members = lazy.dfa.set_members(after_a)
@@ -178,7 +182,7 @@ SCHEMAS = {
 @pytest.mark.parametrize("name", list(SCHEMAS))
 def test_schema_grammars_match_the_flat_regex(name):
     grammar = schema_grammar(SCHEMAS[name])
-    assert len(split_grammar(grammar)) > 2
+    assert len(grammar.texts) > 2
     for narrow_bytes in WALKS:
         assert check_same_as_inlined(grammar, TOY, narrow_bytes) > 15
 
@@ -210,8 +214,9 @@ def test_schema_to_grammar_keeps_what_the_flat_budget_leaves_out():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the grammar is exact: no warning
         grammar = schema_to_grammar(schema, max_cost=20_000, undeclared_keys=False)
-    rules = split_grammar(grammar)
-    assert rules is not None and 1 < len(rules) < 10  # each level's value is one rule, shared by its 4 uses
+    assert isinstance(grammar, Grammar)
+    rules = grammar.texts
+    assert 1 < len(rules) < 10  # each level's value is one rule, shared by its 4 uses
     deep = {"k2_0": {"k1_2": {"k0_1": "é"}}, "k2_3": {"k1_0": {}, "k1_3": {"k0_3": "x" * 40}}}  # (schema order)
     text = json.dumps(deep, separators=(",", ":"), ensure_ascii=False)
     assert re.fullmatch(inline_grammar(grammar), text) and not re.fullmatch(flat, text)
@@ -246,7 +251,7 @@ def _random_documents(index: TokenIndex, vocab: TokenVocabulary, num: int, max_t
 def test_recursive_refs_and_free_values_are_rules_that_call_themselves():
     ctx = Context(root=RECURSIVE, translate=translate, rules={}, min_rule_cost=0)
     rx = translate(RECURSIVE, ctx, "#")
-    grammar = join_grammar(rx.text, ctx.grammar_rules())
+    grammar = Grammar(rx.text, ctx.grammar_rules())
     assert set(ctx.ref_rules) == {"#/$defs/node", "#any"}
     with pytest.raises(ValueError, match="recursive"):
         inline_grammar(grammar)
@@ -270,7 +275,7 @@ def test_recursive_refs_and_free_values_are_rules_that_call_themselves():
 
 def test_grammar_stack_depth_is_capped():
     # a rule that calls itself once per "[": MAX_DEPTH levels open, the next is refused (sound: a subset)
-    grammar = join_grammar(call_regex(1), [f"\\[(?:{call_regex(1)})?\\]"])
+    grammar = Grammar(call_regex(1), [f"\\[(?:{call_regex(1)})?\\]"])
     dfa = GrammarDFA(grammar)
     state = dfa.initial
     for depth in range(MAX_DEPTH + 1):
@@ -285,7 +290,7 @@ def test_masks_shared_across_contexts_equal_each_contexts_own():
     # rule 1 (a quoted word, then digits) is called from two members: its first-letter state is wide, so (string-body
     # plans off) its second context takes its mask from the first one's walk of the rule (plus its own crossings)
     word = '"[a-z]{1,2}[0-9]{0,2}"'
-    grammar = join_grammar(f'\\{{"a":{call_regex(1)}(?:,"b":{call_regex(1)})?\\}}', [word])
+    grammar = Grammar(f'\\{{"a":{call_regex(1)}(?:,"b":{call_regex(1)})?\\}}', [word])
     vocab = make_vocab([bytes([b]) for b in range(256)] + [b'a"', b'ab', b'a1"', b'b"}', b'7",', b'",', b'"}'])
     trie = build_token_trie(vocab.tokens, vocab.vocab_size)
     flat = TokenIndex(build_automaton(inline_grammar(grammar)), vocab, trie)
@@ -307,7 +312,7 @@ def test_counted_states_share_one_walk_per_lookahead_class():
     # per count, but states far from the bound are one lookahead class; tokens longer than the lookahead (20 "a",
     # 18 spaces, and one crossing the rule's end) are walked per state
     body = '"[a-z ]{0,40}"'
-    grammar = join_grammar(f'\\{{"a":{call_regex(1)}(?:,"b":{call_regex(1)})?\\}}', [body])
+    grammar = Grammar(f'\\{{"a":{call_regex(1)}(?:,"b":{call_regex(1)})?\\}}', [body])
     long_tokens = [b"a" * 20, b" " * 18, b"b" * 17 + b'",', b"c" * 17 + b'"}']
     vocab = make_vocab([bytes([b]) for b in range(256)] + [b"ab", b" a", b'a"', b'",', b'"}'] + long_tokens)
     trie = build_token_trie(vocab.tokens, vocab.vocab_size)
@@ -328,7 +333,7 @@ def test_class_walks_past_their_memory_budget_are_dropped_oldest_first(monkeypat
     from hf_paged.processors.index import grammar_masks
 
     monkeypatch.setattr(grammar_masks, "MAX_WALK_BYTES", 1)  # every new walk evicts the one before
-    grammar = join_grammar(f'\\{{"a":{call_regex(1)}(?:,"b":{call_regex(1)})?\\}}', ['"[a-z ]{0,40}"'])
+    grammar = Grammar(f'\\{{"a":{call_regex(1)}(?:,"b":{call_regex(1)})?\\}}', ['"[a-z ]{0,40}"'])
     vocab = make_vocab([bytes([b]) for b in range(256)] + [b"ab", b" a", b'a"', b'",', b'"}', b"a" * 20])
     assert check_same_as_inlined(grammar, vocab, 16, limit=300, use_bodies=False) > 80
     lazy = TokenIndex(GrammarDFA(grammar), vocab, build_token_trie(vocab.tokens, vocab.vocab_size))

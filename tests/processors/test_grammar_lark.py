@@ -18,7 +18,7 @@ from hf_paged.errors import (
     UnsupportedGrammarError,
 )
 from hf_paged.processors.automaton import build_automaton
-from hf_paged.processors.automaton.grammar_text import split_grammar
+from hf_paged.processors.automaton.grammar import Grammar
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.lark.compile import compile_lark
 from hf_paged.processors.lark.syntax import parse_lark
@@ -37,7 +37,7 @@ lark = pytest.importorskip("lark")
 
 
 def automaton(grammar: str, start: str = "start"):
-    return build_automaton(compile_lark(grammar, start).text)
+    return build_automaton(compile_lark(grammar, start).constraint)
 
 
 def agree(grammar: str, texts: list[str], start: str = "start") -> list[tuple[str, bool, bool]]:
@@ -82,7 +82,7 @@ def test_rules_outside_recursion_are_inlined_and_recursive_ones_called():
     compiled = compile_lark(SQL)
     assert compiled.rule_names[0] == "" and set(compiled.rule_names[1:]) == {"condition", "conjunction", "comparison"}
     flat = compile_lark('start: pair ("," pair)*\npair: KEY ":" KEY\nKEY: /[a-z]+/\n')
-    assert split_grammar(flat.text) is None  # no call left: a plain regex (every row built at once)
+    assert not isinstance(flat.constraint, Grammar)  # no call left: a plain regex (every row built at once)
 
 
 @pytest.mark.parametrize("name", ["DIGIT", "HEXDIGIT", "INT", "SIGNED_INT", "DECIMAL", "FLOAT", "SIGNED_FLOAT", "NUMBER",

@@ -3,9 +3,9 @@ call stacks, its rows built on demand. Bytes in, states out: nothing here knows 
 
     regex text --syntax.parse--> tree --nfa.build_nfa--> Thompson NFA --dfa.determinize--> DenseDFA
                --byte_dfa.build_byte_dfa (memoised; outlines-core for Rust-only syntax)--> ByteDFA
-    grammar string (grammar_text) --grammar_rules--> one ByteDFA per rule, calls cut out
-               --grammar_dfa.GrammarDFA--> subset construction over call stacks, lazily
-    build.build_automaton: a constraint (regex or grammar string) -> ByteDFA | GrammarDFA
+    Grammar (grammar: root and rules, typed) --grammar_rules--> one ByteDFA per rule, calls cut out
+               --grammar_dfa.GrammarDFA--> subset construction over call stacks (grammar_stacks), lazily
+    build.build_automaton: a constraint (regex text, or a Grammar) -> ByteDFA | GrammarDFA
 
 outlines-core's `Index` (built over a one-token-per-byte vocabulary) did this before; its build has no size
 limit and cannot be interrupted, and some small patterns take it minutes (`x.{20}`: 46 s, doubling per count).
@@ -28,15 +28,9 @@ from hf_paged.processors.automaton.build import (
 )
 from hf_paged.processors.automaton.byte_dfa import ByteDFA, anchored, build_byte_dfa, byte_sets, compile_regex
 from hf_paged.processors.automaton.dfa import DenseDFA
+from hf_paged.processors.automaton.grammar import MAX_RULES, Grammar, call_regex, describe, inline_grammar
 from hf_paged.processors.automaton.grammar_dfa import MAX_DEPTH, GrammarDFA
 from hf_paged.processors.automaton.grammar_string_steps import GrammarBodySteps
-from hf_paged.processors.automaton.grammar_text import (
-    MAX_RULES,
-    call_regex,
-    inline_grammar,
-    join_grammar,
-    split_grammar,
-)
 from hf_paged.processors.automaton.refine_kernel import refine_classes
 from hf_paged.processors.automaton.regex_size import estimate_regex_size
 from hf_paged.processors.automaton.string_steps import UNBOUNDED, BodySteps
@@ -50,6 +44,7 @@ __all__ = [
     "BodySteps",
     "ByteDFA",
     "DenseDFA",
+    "Grammar",
     "GrammarBodySteps",
     "GrammarDFA",
     "Unsupported",
@@ -61,12 +56,11 @@ __all__ = [
     "check_automaton",
     "check_regex_size",
     "compile_regex",
+    "describe",
     "estimate_regex_size",
     "inline_grammar",
-    "join_grammar",
     "multibyte_ends",
     "refine_classes",
-    "split_grammar",
     "valid_utf8_suffixes",
     "validate_regex",
 ]

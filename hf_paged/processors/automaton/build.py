@@ -1,4 +1,4 @@
-"""The automaton of a constraint (a regex, or a grammar string of rules that call each other), and the checks
+"""The automaton of a constraint (a regex, or a `Grammar` of rules that call each other), and the checks
 that run before it is built.
 
 Every regex is compiled whole-text, in the anchored form `(?:R)\\z` (`byte_dfa.anchored`). Every unit of work is
@@ -12,44 +12,44 @@ from __future__ import annotations
 
 from hf_paged.errors import SchemaTooComplexError
 from hf_paged.processors.automaton.byte_dfa import ByteDFA, anchored, build_byte_dfa
+from hf_paged.processors.automaton.grammar import Grammar
 from hf_paged.processors.automaton.grammar_dfa import GrammarDFA
 from hf_paged.processors.automaton.grammar_rules import grammar_rules
-from hf_paged.processors.automaton.grammar_text import split_grammar
 from hf_paged.processors.automaton.regex_size import estimate_regex_size
 from hf_paged.processors.budget import CompileBudget
 
 __all__ = ["build_automaton", "check_automaton", "check_regex_size", "validate_regex"]
 
 
-def build_automaton(regex: str, budget: CompileBudget | None = None) -> ByteDFA | GrammarDFA:
-    """The byte automaton of a regex, or of a grammar string (`grammar_text.join_grammar`: rows built on demand).
+def build_automaton(regex: str | Grammar, budget: CompileBudget | None = None) -> ByteDFA | GrammarDFA:
+    """The byte automaton of a regex, or of a `Grammar` (a `GrammarDFA`: rows built on demand).
 
     Raises:
         InvalidRegexError, UnsatisfiableSchemaError, SchemaTooComplexError: see `build_byte_dfa`.
     """
-    if split_grammar(regex) is not None:
+    if isinstance(regex, Grammar):
         return GrammarDFA(regex, budget=budget)
     return build_byte_dfa(anchored(regex), budget=budget)
 
 
-def check_automaton(regex: str, budget: CompileBudget | None = None) -> None:
+def check_automaton(regex: str | Grammar, budget: CompileBudget | None = None) -> None:
     """Build what `build_automaton` needs that can fail (a regex's byte automaton; a grammar's rules, not its
     rows), memoised for the build, counting its work against `budget`.
 
     Raises:
         InvalidRegexError, UnsatisfiableSchemaError, SchemaTooComplexError: see `build_byte_dfa`.
     """
-    if split_grammar(regex) is not None:
+    if isinstance(regex, Grammar):
         grammar_rules(regex, budget)
     else:
         build_byte_dfa(anchored(regex), budget=budget)
 
 
-def check_regex_size(regex: str, max_regex_size: int) -> None:
+def check_regex_size(regex: str | Grammar, max_regex_size: int) -> None:
     """Raise `SchemaTooComplexError` when `regex` (or a grammar's biggest rule) unrolls to more than
     `max_regex_size` positions."""
-    rules = split_grammar(regex)
-    size = max(map(estimate_regex_size, rules)) if rules is not None else estimate_regex_size(regex)
+    rules = regex.texts if isinstance(regex, Grammar) else (regex,)
+    size = max(map(estimate_regex_size, rules))
     if size > max_regex_size:
         raise SchemaTooComplexError(
             f"the constraint's regex would expand to about {size:,} automaton positions (budget "
@@ -58,8 +58,8 @@ def check_regex_size(regex: str, max_regex_size: int) -> None:
         )
 
 
-def validate_regex(regex: str, *, max_regex_size: int = 200_000, budget: CompileBudget | None = None) -> None:
-    """Check a pattern before the token index is built: size estimate, syntax, and a non-empty language.
+def validate_regex(regex: str | Grammar, *, max_regex_size: int = 200_000, budget: CompileBudget | None = None) -> None:
+    """Check a pattern (or a grammar's rules) before the token index is built: size estimate, syntax, and a non-empty language.
 
     The byte automaton built here (its work counted against `budget`) is memoised and reused by the build.
 

@@ -1,4 +1,4 @@
-"""The byte automaton of a grammar (`grammar_text`), its states named and their rows built on demand.
+"""The byte automaton of a grammar (`grammar.Grammar`), its states named and their rows built on demand.
 
 Each rule is a byte automaton of its own (`grammar_rules`), its call edges read off and cut out. The grammar's
 automaton is the subset construction over call stacks, done lazily. A configuration is a stack of
@@ -9,7 +9,8 @@ away from its calls and ends: their row is the rule's own row, renamed. So:
 
     context   (the stack below, rule): a table rule state -> automaton state, filled as states are reached
     inside    one configuration, no call here, not a finished callee: row = context ids[rule row] (one gather)
-    boundary  any other state: rows from the closure, byte by byte (calls, returns, several configurations)
+    boundary  any other state: rows from the closure, byte by byte (calls, returns, several configurations;
+              `grammar_stacks.CallStacks` steps the configurations, this names the sets they reach)
 
 A row is built when a walk first needs it (`ensure`, `ensure_path` for a string body's run of states), which
 keeps the compile in milliseconds whatever the size of the flat automaton.
@@ -28,14 +29,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from hf_paged.errors import SchemaTooComplexError
+from hf_paged.processors.automaton.grammar import Grammar
 from hf_paged.processors.automaton.grammar_rules import Rule, grammar_rules
+from hf_paged.processors.automaton.grammar_stacks import MAX_DEPTH, CallStacks
 from hf_paged.processors.automaton.lazy_zeros import lazy_zeros
 from hf_paged.processors.automaton.utf8 import multibyte_ends
 from hf_paged.processors.budget import CompileBudget
 
 __all__ = ["CAPACITY", "MAX_DEPTH", "GrammarDFA", "InsideView"]
 
-MAX_DEPTH = 128  # calls nested deeper are not entered (a subset: sound; a document that deep may find no way out)
 CAPACITY = 1 << 20  # states a grammar automaton may name (a row is 1 KB, allocated when first written)
 ROOT_ROWS = 1 << 15  # a root rule up to this many states has its rows built with the automaton
 CONTEXT_ROWS = 256  # a called rule up to this many states has its rows built when its context is first met
@@ -64,10 +66,10 @@ class _Context:
 
 
 class GrammarDFA:
-    """The byte automaton of a grammar string (`grammar_text.join_grammar`), rows built on demand.
+    """The byte automaton of a `Grammar`, rows built on demand.
 
     Args:
-        text: the grammar string.
+        grammar: the grammar (root and rules).
         capacity: most states named (then `SchemaTooComplexError`).
         budget: the work budget of the rules' automata (see `grammar_rules`).
 
@@ -79,8 +81,9 @@ class GrammarDFA:
     initial = 1
     dead = 0
 
-    def __init__(self, text: str, capacity: int = CAPACITY, budget: CompileBudget | None = None):
-        self.rules = grammar_rules(text, budget)
+    def __init__(self, grammar: Grammar, capacity: int = CAPACITY, budget: CompileBudget | None = None):
+        self.grammar = grammar
+        self.rules = grammar_rules(grammar, budget)
         self.capacity = capacity
         # zero-filled arrays: the OS hands out their pages on first write, so capacity costs address space only
         self.transitions = lazy_zeros((capacity, 256), np.int32)
@@ -96,7 +99,7 @@ class GrammarDFA:
         self._context_ids: dict[tuple, int] = {}  # prefix + (rule,) -> context
         self._sets: dict[int, frozenset] = {}  # states of several configurations
         self._set_ids: dict[frozenset, int] = {}
-        self._closures: dict[tuple, list[tuple]] = {}
+        self._stacks = CallStacks(self.rules)  # closures and subset steps of configurations
         self._inside_masks: dict[tuple[int, bool], np.ndarray] = {}  # (rule, called) -> `inside_mask`
         self._views: dict[int, InsideView | None] = {}  # state -> `inside_view`
         self._lock = threading.RLock()
@@ -321,12 +324,8 @@ class GrammarDFA:
             state = self._new_states(1)
             self._sets[state] = configs
             self._set_ids[configs] = state
-            self.finals[state] = any(self._config_final(config) for config in configs)
+            self.finals[state] = any(self._stacks.is_final(config) for config in configs)
         return state
-
-    def _config_final(self, config: tuple) -> bool:
-        root = self.rules[0]
-        return any(len(c) == 2 and root.finals[c[1]] for c in self._closure(config))
 
     # -- rows ------------------------------------------------------------------------------------------------
     @staticmethod
@@ -342,32 +341,6 @@ class GrammarDFA:
         self.loops[states] = rule.loops[rule_states]  # (a byte that keeps the rule state keeps the state)
         self.has_loops[states] = rule.has_loops[rule_states]
         self.known[states] = True
-
-    def _closure(self, config: tuple) -> list[tuple]:
-        """Every configuration reachable from `config` without reading a byte (calls entered, returns taken)."""
-        found = self._closures.get(config)
-        if found is not None:
-            return found
-        seen = {config}
-        order = [config]
-        pending = [config]
-        rules = self.rules
-        while pending:
-            current = pending.pop()
-            rule, state = current[-2], current[-1]
-            moves = []
-            if len(current) < 2 * MAX_DEPTH:
-                for callee, back in rules[rule].calls.get(state, ()):
-                    moves.append(current[:-1] + (back, callee, rules[callee].initial))
-            if len(current) > 2 and rules[rule].finals[state]:
-                moves.append(current[:-2])  # the caller's top is its return state already
-            for move in moves:
-                if move not in seen:
-                    seen.add(move)
-                    order.append(move)
-                    pending.append(move)
-        self._closures[config] = order
-        return order
 
     def _expand(self, state: int) -> None:
         """Build the row of `state` (and, for a boundary state, its finality)."""
@@ -386,32 +359,12 @@ class GrammarDFA:
                 self.known[state] = True
                 return
             config = ctx.prefix + (ctx.rule, rule_state)
-            self.finals[state] = self._config_final(config)
-            configs = self._closure(config)
+            self.finals[state] = self._stacks.is_final(config)
+            configs = self._stacks.closure(config)
         else:
-            configs = [c for config in self._sets[state] for c in self._closure(config)]
-        moving = []  # (configuration, its top rule's row with -1 for dead) for the configurations with a live byte
-        for config in dict.fromkeys(configs):
-            rule = self.rules[config[-2]]
-            targets = rule.table[config[-1]]
-            if (targets != rule.dead).any():
-                moving.append((config, np.where(targets == rule.dead, -1, targets)))
-        if not moving:
-            row = np.zeros(256, dtype=np.int32)
-        else:
-            stack = np.stack([t for _, t in moving])  # [configurations, 256]: next rule state, -1 dead
-            # one key per byte for its column of next states (mixed radix; `np.unique(axis=1)` costs ~0.1 ms)
-            radix = int(stack.max()) + 2
-            if radix ** stack.shape[0] < 1 << 62:
-                weights = radix ** np.arange(stack.shape[0], dtype=np.int64)
-                _, first, inverse = np.unique(((stack + 1) * weights[:, None]).sum(axis=0), return_index=True,
-                                              return_inverse=True)
-                columns = stack[:, first]
-            else:
-                columns, inverse = np.unique(stack, axis=1, return_inverse=True)
-            ids = [self._set_state(frozenset(c[:-1] + (t,) for (c, _), t in zip(moving, column) if t >= 0))
-                   for column in columns.T.tolist()]
-            row = np.asarray(ids, dtype=np.int32)[inverse.reshape(-1)]
+            configs = [c for config in self._sets[state] for c in self._stacks.closure(config)]
+        sets, inverse = self._stacks.step(configs)
+        row = np.asarray([self._set_state(found) for found in sets], dtype=np.int32)[inverse]
         self.transitions[state] = row
         member = row == state
         self.loops[state] = np.packbits(member, bitorder="little").view(np.uint64)

@@ -1,4 +1,4 @@
-"""The rules of a grammar (`grammar_text`) as byte automata: each compiled by outlines-core (`build_byte_dfa`,
+"""The rules of a grammar (`grammar.Grammar`) as byte automata: each compiled by outlines-core (`build_byte_dfa`,
 anchored), its call edges read off and cut out. Immutable, memoised per grammar: validation and the build share
 them, and every `GrammarDFA` of the grammar names its own states over them."""
 
@@ -12,7 +12,7 @@ import numpy as np
 
 from hf_paged.errors import InvalidRegexError
 from hf_paged.processors.automaton.byte_dfa import anchored, build_byte_dfa
-from hf_paged.processors.automaton.grammar_text import DIGITS, MARK, WIDTH, split_grammar
+from hf_paged.processors.automaton.grammar import DIGITS, MARK, WIDTH, Grammar
 from hf_paged.processors.budget import CompileBudget
 
 __all__ = ["Rule", "grammar_rules"]
@@ -51,39 +51,39 @@ def _compile_rule(text: str, budget: CompileBudget) -> Rule:
                 calls, has_calls)
 
 
-_RULES: OrderedDict[str, tuple[list[Rule], int]] = OrderedDict()  # grammar -> its rules, their work (`ByteDFA.work`)
+_RULES: OrderedDict[Grammar, tuple[list[Rule], int]] = OrderedDict()  # grammar -> its rules, their work (`ByteDFA.work`)
 _RULES_SIZE = 8
 _RULES_LOCK = threading.Lock()
 
 
-def grammar_rules(text: str, budget: CompileBudget | None = None) -> list[Rule]:
-    """The rules of a grammar string, memoised (they are immutable; every `GrammarDFA` has its own states); their
+def grammar_rules(grammar: Grammar, budget: CompileBudget | None = None) -> list[Rule]:
+    """The rules of a grammar, memoised (they are immutable; every `GrammarDFA` has its own states); their
     automata are built against `budget` (a memoised grammar charges their work again: the same outcome either way).
 
     Raises:
-        InvalidRegexError: not a grammar string, a rule that does not compile, or a call to a missing rule.
+        InvalidRegexError: a rule that does not compile, or a call to a missing rule.
+        TypeError: `grammar` is not a `Grammar`.
         SchemaTooComplexError, UnsatisfiableSchemaError: see `build_byte_dfa`.
     """
+    if not isinstance(grammar, Grammar):
+        raise TypeError(f"grammar_rules takes a Grammar, got {type(grammar).__name__}")
     budget = budget if budget is not None else CompileBudget()
     with _RULES_LOCK:
-        hit = _RULES.get(text)
+        hit = _RULES.get(grammar)
         if hit is not None:
-            _RULES.move_to_end(text)
+            _RULES.move_to_end(grammar)
     if hit is not None:
         budget.spend("work", hit[1])
         return hit[0]
-    parts = split_grammar(text)
-    if parts is None:
-        raise InvalidRegexError("not a grammar string (see grammar_text.join_grammar)")
     before = budget.work
-    rules = [_compile_rule(part, budget) for part in parts]
+    rules = [_compile_rule(text, budget) for text in grammar.texts]
     for number, rule in enumerate(rules):
         for targets in rule.calls.values():
             for callee, _ in targets:
                 if not 0 < callee < len(rules):
                     raise InvalidRegexError(f"rule {number} calls rule {callee}, which the grammar does not have")
     with _RULES_LOCK:
-        _RULES[text] = (rules, budget.work - before)
+        _RULES[grammar] = (rules, budget.work - before)
         while len(_RULES) > _RULES_SIZE:
             _RULES.popitem(last=False)
     return rules

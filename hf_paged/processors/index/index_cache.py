@@ -1,4 +1,4 @@
-"""Compiled token indexes: an LRU keyed by (schema or regex, whitespace, vocabulary fingerprint), an optional
+"""Compiled token indexes: an LRU keyed by (schema, regex or `Grammar`, whitespace, vocabulary fingerprint), an optional
 on-disk copy, and background compilation.
 
 A compiled index is a byte automaton (`automaton.build_automaton`: a regex's `ByteDFA` or a grammar's
@@ -25,7 +25,7 @@ from typing import Any
 
 from hf_paged.errors import SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors import jit
-from hf_paged.processors.automaton import ByteDFA, GrammarDFA, build_automaton, check_regex_size
+from hf_paged.processors.automaton import ByteDFA, Grammar, GrammarDFA, build_automaton, check_regex_size, describe
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index.shared_trie import token_trie
 from hf_paged.processors.index.token_index import StateMask, TokenIndex
@@ -40,10 +40,16 @@ __all__ = ["CompiledIndex", "IndexCache", "default_index_cache", "index_key"]
 WARM_UNITS = 64
 
 
-def index_key(kind: str, text: str, whitespace: str | None, fingerprint: str, *extra: Any) -> str:
-    """A stable digest naming one compiled index (no salted `hash()`: it also names files on disk)."""
-    raw = json.dumps([kind, text, whitespace, fingerprint, *extra], ensure_ascii=False, default=str)
+def index_key(kind: str, text: str | Grammar, whitespace: str | None, fingerprint: str, *extra: Any) -> str:
+    """A stable digest naming one compiled index (no salted `hash()`: it also names files on disk); a `Grammar`
+    among the parts is keyed by its rule texts."""
+    raw = json.dumps([kind, text, whitespace, fingerprint, *extra], ensure_ascii=False, default=_key_part)
     return hashlib.blake2b(raw.encode("utf-8"), digest_size=20).hexdigest()
+
+
+def _key_part(part: Any) -> Any:
+    """A part of `index_key` that JSON does not write: a grammar as its texts (never equal to a regex's string)."""
+    return {"grammar": list(part.texts)} if isinstance(part, Grammar) else str(part)
 
 
 @dataclass(slots=True)
@@ -51,7 +57,7 @@ class CompiledIndex:
     """An immutable compiled index, shared by every guide (request) that uses the same schema and vocabulary."""
 
     index: TokenIndex  # over anchored(regex); outlines-core's Index API, masks computed lazily
-    regex: str  # the un-anchored pattern
+    regex: str | Grammar  # the un-anchored pattern, or the grammar
     vocab: TokenVocabulary
     compile_s: float  # wall time of the build (0.0 when loaded from disk)
     from_disk: bool = False
@@ -70,7 +76,7 @@ class CompiledIndex:
 
 
 def _compile(
-    regex: str, vocab: TokenVocabulary, dfa: ByteDFA | GrammarDFA | None = None, from_disk: bool = False,
+    regex: str | Grammar, vocab: TokenVocabulary, dfa: ByteDFA | GrammarDFA | None = None, from_disk: bool = False,
     budget: CompileBudget | None = None,
 ) -> CompiledIndex:
     """Byte automaton + lazy token view. The initial state's mask is computed now (an empty one means no token
@@ -82,7 +88,7 @@ def _compile(
     compiled = CompiledIndex(TokenIndex(dfa, vocab, token_trie(vocab)), regex, vocab, 0.0, from_disk)
     if compiled.mask(dfa.initial).num_allowed == 0:
         raise UnsatisfiableSchemaError(
-            f"no token of this vocabulary can start a match of the constraint {regex[:200]!r}; check the "
+            f"no token of this vocabulary can start a match of the constraint {describe(regex)}; check the "
             "schema/regex, or use a tokenizer whose tokens cover every character it needs"
         )
     # (with the walks still running as Python, while their compiled versions load: a tenth, since a mask then
@@ -148,7 +154,7 @@ class IndexCache:
                 return entry
         return None
 
-    def compile_async(self, key: str, regex: str, vocab: TokenVocabulary, budget: CompileBudget | None = None
+    def compile_async(self, key: str, regex: str | Grammar, vocab: TokenVocabulary, budget: CompileBudget | None = None
                       ) -> Future:
         """Start building the index for `regex` in a background thread; a hit returns a finished future.
 
@@ -168,7 +174,7 @@ class IndexCache:
                 self._in_flight[key] = future
         return future
 
-    def get_or_compile(self, key: str, regex: str, vocab: TokenVocabulary, budget: CompileBudget | None = None
+    def get_or_compile(self, key: str, regex: str | Grammar, vocab: TokenVocabulary, budget: CompileBudget | None = None
                        ) -> CompiledIndex:
         """Return the index for `key`, building it on a miss.
 
@@ -183,7 +189,7 @@ class IndexCache:
         except FutureTimeout:
             raise SchemaTooComplexError(
                 f"building the token index took longer than {self.max_compile_s:g} s (vocabulary of "
-                f"{vocab.num_tokens:,} tokens, regex of {len(regex):,} characters); simplify the schema, "
+                f"{vocab.num_tokens:,} tokens, {_size(regex)}); simplify the schema, "
                 "or raise `IndexCache(max_compile_s=...)`"
             ) from None
 
@@ -193,7 +199,7 @@ class IndexCache:
             self._entries.clear()
 
     # -- internals -----------------------------------------------------------------------------------
-    def _build(self, key: str, regex: str, vocab: TokenVocabulary, budget: CompileBudget | None) -> CompiledIndex:
+    def _build(self, key: str, regex: str | Grammar, vocab: TokenVocabulary, budget: CompileBudget | None) -> CompiledIndex:
         try:
             compiled = self._load(key, regex, vocab)
             if compiled is None:
@@ -213,7 +219,7 @@ class IndexCache:
     def _path(self, key: str) -> str | None:
         return None if self.cache_dir is None else os.path.join(self.cache_dir, f"{key}.index")
 
-    def _load(self, key: str, regex: str, vocab: TokenVocabulary) -> CompiledIndex | None:
+    def _load(self, key: str, regex: str | Grammar, vocab: TokenVocabulary) -> CompiledIndex | None:
         path = self._path(key)
         if path is None or not os.path.exists(path):
             return None
@@ -246,6 +252,12 @@ class IndexCache:
         with os.fdopen(fd, "wb") as handle:
             pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, path)
+
+
+def _size(regex: str | Grammar) -> str:
+    if isinstance(regex, Grammar):
+        return f"grammar of {len(regex.texts)} rules, {regex.num_chars:,} characters"
+    return f"regex of {len(regex):,} characters"
 
 
 _DEFAULT: IndexCache | None = None

@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from hf_paged.processors.automaton.grammar_dfa import MAX_DEPTH
+from hf_paged.processors.automaton.grammar_stacks import MAX_DEPTH
 from hf_paged.processors.index.walk_kernel import pack_tokens, walk_tokens
 
-__all__ = ["GrammarStops"]
+__all__ = ["MANY_STOPS", "GrammarStops"]
 
+MANY_STOPS = 32  # tokens past a rule's stop followed one by one on call stacks; more: on the automaton's rows
 MAX_STACK_STEPS = 1 << 14  # memoised steps of call stacks (`_stacks_after`, ~1 KB each at depth 100), then cleared
 
 
@@ -104,7 +105,7 @@ class GrammarStops:
 
     def _closure(self, stacks: list[tuple]) -> list[tuple]:
         """Every call stack reachable from `stacks` without reading a byte: calls entered while the stack holds
-        fewer than `MAX_DEPTH` frames, callees returned from (`GrammarDFA._closure`, on frames)."""
+        fewer than `MAX_DEPTH` frames, callees returned from (`grammar_stacks.CallStacks.closure`, on frames)."""
         rules = self.dfa.rules
         seen = set(stacks)
         pending = list(stacks)

@@ -1,4 +1,4 @@
-"""The Lark front end: a grammar in Lark's EBNF -> the grammar string the automaton stage runs (`grammar_text`),
+"""The Lark front end: a grammar in Lark's EBNF -> the `Grammar` the automaton stage runs (`automaton.grammar`),
 as the schema stage produces one from a JSON Schema (a sibling of `schema/`, not a part of it).
 
     Lark text --syntax.parse_lark--> LarkGrammar (rules, terminals, %ignore, %import)
@@ -6,7 +6,7 @@ as the schema stage produces one from a JSON Schema (a sibling of `schema/`, not
               --terminals--> terminals as regex text without the call-mark bytes (`common`: common.lark's table)
               --compile.compile_lark--> LarkCompiled: rules in recursion cycles called, the others inlined
 
-Imports the automaton stage (grammar text, character sets), never the token index.
+Imports the automaton stage (the `Grammar` value and its call marks, character sets), never the token index.
 """
 
 from __future__ import annotations

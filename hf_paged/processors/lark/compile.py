@@ -1,4 +1,4 @@
-"""A Lark grammar (`lark.syntax.LarkGrammar`) -> the grammar text our automaton runs (`grammar_text`).
+"""A Lark grammar (`lark.syntax.LarkGrammar`) -> the grammar our automaton runs (`automaton.Grammar`).
 
     terminal (NAME: ..., "lit", /re/)   regex text, expanded inline where it is used (terminals are regular)
     rule in a recursion cycle           a rule of its own; its uses are calls (`call_regex`)
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from hf_paged.errors import SchemaTooComplexError, UndefinedRuleError, UnsupportedGrammarError
-from hf_paged.processors.automaton.grammar_text import MAX_RULES, call_regex, join_grammar
+from hf_paged.processors.automaton.grammar import MAX_RULES, Grammar, call_regex
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.lark.common import COMMON_SOURCE
 from hf_paged.processors.lark.recursion import (
@@ -53,7 +53,7 @@ INLINE_CHARS = 2_000  # a rule outside recursion is inlined into its callers whi
 class LarkCompiled:
     """What a Lark grammar compiles to."""
 
-    text: str  # a grammar string (`grammar_text.join_grammar`), or a plain regex when no rule needs a call
+    constraint: str | Grammar  # the rules that call each other, or a plain regex when no rule needs a call
     rule_names: tuple[str, ...]  # the grammar's rule numbers -> Lark rule names ("" for the root)
     rewritten: tuple[str, ...]  # rules whose direct left recursion was rewritten as a repetition
 
@@ -212,7 +212,7 @@ class _Rules:
 
 
 def compile_lark(source: str, start: str = "start", budget: CompileBudget | None = None) -> LarkCompiled:
-    """Compile a Lark EBNF grammar to a grammar string (or a plain regex) for `GuidedLogitsProcessor`.
+    """Compile a Lark EBNF grammar to a `Grammar` (or a plain regex) for `GuidedLogitsProcessor`.
 
     Raises:
         GrammarSyntaxError, UndefinedRuleError, LeftRecursionError, UnsupportedGrammarError (`GrammarError`s);
@@ -259,8 +259,8 @@ def compile_lark(source: str, start: str = "start", budget: CompileBudget | None
     except RecursionError:
         raise SchemaTooComplexError(
             "the grammar nests too deeply to compile (rules or groups hundreds of levels deep); flatten it") from None
-    text = join_grammar(root, texts) if texts else root
-    return LarkCompiled(text, ("", *rules.order), tuple(sorted(rewritten)))
+    constraint = Grammar(root, tuple(texts)) if texts else root
+    return LarkCompiled(constraint, ("", *rules.order), tuple(sorted(rewritten)))
 
 
 def _refs(node: Node) -> list[Ref]:

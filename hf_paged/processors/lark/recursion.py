@@ -1,4 +1,4 @@
-"""Left recursion and dead rules of a Lark grammar, before it becomes a grammar of calls (`grammar_text`).
+"""Left recursion and dead rules of a Lark grammar, before it becomes a grammar of calls (`automaton.grammar`).
 
 The grammar automaton (`grammar_dfa`) enters a rule's calls without reading a byte, so a rule that can call itself
 before reading anything (left recursion) would stack calls forever. Direct left recursion is rewritten, the

@@ -4,7 +4,7 @@ The text is written in the plain subset our fast reader parses (`automaton/synta
 classes of `\\xHH`/`\\uHHHH` ranges, `(?:...)`, `|`, quantifiers), whatever the user wrote: case-insensitive
 flags become classes (`[aA]`), `\\d \\w \\s` their code point ranges.
 
-A grammar's rule texts must never match the bytes that mark calls (`grammar_text`: 0x02 and 0x0E..0x1F): every
+A grammar's rule texts must never match the bytes that mark calls (`automaton.grammar`: 0x02 and 0x0E..0x1F): every
 class, `.` and negated literal is intersected with the characters outside them; a literal that holds one of them
 cannot be produced and is refused (`UnsupportedGrammarError`). Lazy quantifiers (`*?`) are read as greedy ones:
 a terminal is the *set* of strings its regex matches (what Lark's Earley `dynamic_complete` lexer also accepts),
@@ -24,7 +24,7 @@ from hf_paged.processors.automaton.charsets import MAX_CODE_POINT, Ranges, categ
 
 __all__ = ["RESERVED", "literal_regex", "python_regex", "range_regex", "set_regex"]
 
-RESERVED: Ranges = ((0x02, 0x02), (0x0E, 0x1F))  # call marks of `grammar_text`: never inside a rule's text
+RESERVED: Ranges = ((0x02, 0x02), (0x0E, 0x1F))  # call marks of `automaton.grammar`: never inside a rule's text
 _ALLOWED: Ranges = complement(normalize(RESERVED))
 _PLAIN = re.compile(r"[A-Za-z0-9 _]")
 _FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE, "u": re.UNICODE}

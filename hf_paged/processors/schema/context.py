@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsupportedSchemaError
-from hf_paged.processors.automaton.grammar_text import MAX_RULES, call_regex
+from hf_paged.processors.automaton.grammar import MAX_RULES, call_regex
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.schema.fragments import Rx, raw
 
@@ -234,11 +234,11 @@ class Context:
             )
         self.rule_texts[number - 1] = rx.text
 
-    def grammar_rules(self) -> list[str]:
+    def grammar_rules(self) -> tuple[str, ...]:
         """The rules' texts, rule 1 first (one that matches nothing, or that no text calls: a text no JSON
-        matches, which costs nothing to compile)."""
-        return [_NOTHING if text is None or n not in self._called else text
-                for n, text in enumerate(self.rule_texts, start=1)]
+        matches, which costs nothing to compile): `Grammar(root, ctx.grammar_rules())`."""
+        return tuple(_NOTHING if text is None or n not in self._called else text
+                     for n, text in enumerate(self.rule_texts, start=1))
 
     def _call(self, number: int) -> Rx:
         self._called.add(number)

@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass
 
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsatisfiableSchemaError
-from hf_paged.processors.automaton import anchored, build_byte_dfa, check_automaton, join_grammar
+from hf_paged.processors.automaton import Grammar, anchored, build_byte_dfa, check_automaton
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.schema.context import DEFAULT_WHITESPACE, MIN_RULE_COST, Context
 from hf_paged.processors.schema.translate import translate
@@ -85,10 +85,10 @@ def schema_to_grammar(
     max_string_repeat: int = 256,
     undeclared_keys: bool = True,
     budget: CompileBudget | None = None,
-) -> str:
+) -> str | Grammar:
     """`schema_to_regex`, but a schema whose flat regex is over `max_cost`, or would allow less than the schema
     (undeclared keys beside declared ones, free values nested past two levels, recursion past `max_ref_depth`), is
-    written as a grammar (big values and `$ref` targets as rules that every use calls, `grammar_text.join_grammar`)
+    written as a `Grammar` (big values and `$ref` targets as rules that every use calls)
     before anything is capped or left out. What the processors compile (`automaton.build_automaton` takes both
     forms). Same arguments and errors as `schema_to_regex`."""
     return _translate_ladder(schema, True, whitespace, strict, max_cost, max_ref_depth, max_repeat,
@@ -97,7 +97,7 @@ def schema_to_grammar(
 
 def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, strict: bool, max_cost: int,
                       max_ref_depth: int, max_repeat: int, max_string_repeat: int, undeclared_keys: bool,
-                      budget: CompileBudget | None) -> str:
+                      budget: CompileBudget | None) -> str | Grammar:
     if not isinstance(schema, (dict, bool)):
         raise InvalidSchemaError(f"a JSON Schema is an object or a boolean, got {type(schema).__name__}; "
                                  "pass a dict (parse JSON text with json.loads first)")
@@ -168,7 +168,7 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
                       min_rule_cost=attempt.rule_cost, budget=budget, checked=checked)
         try:
             rx = translate(schema, ctx, "#")
-            text = None if rx is None else join_grammar(rx.text, ctx.grammar_rules()) if ctx.rule_texts else rx.text
+            text = None if rx is None else Grammar(rx.text, ctx.grammar_rules()) if ctx.rule_texts else rx.text
             if text is not None and not (calls and ctx.num_cut and not attempt.calls and not attempt.narrow):
                 check_automaton(text, budget)  # (memoised for the processors; over a limit: the next try)
         except SchemaTooComplexError as exc:
