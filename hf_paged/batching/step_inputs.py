@@ -23,7 +23,7 @@ from hf_paged.cache.kv_manager import KVCacheManager
 from hf_paged.cache.metadata import ObservedScores, PagedMetadata
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class StepInputs:
     input_ids: list[int]
     positions: list[int]
