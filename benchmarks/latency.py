@@ -98,7 +98,7 @@ _PROBES = (
     ("prefix-cache insert", "hf_paged.cache.kv_manager", "KVCacheManager.cache_full_blocks", False),
     ("attention plan", "hf_paged.cache.attention", "build_attention_plan", True),
     ("attention plan", "hf_paged.cache.attention", "plan_cpu_attention", True),
-    ("K/V store", "hf_paged.cache.paged_cache", "PagedCache.store", True),
+    ("K/V store", "hf_paged.cache.paged_layer", "PagedLayer.store", True),
     ("attention", "hf_paged.cache.attention", "run_attention_plan", True),
     ("attention", "hf_paged.cache.attention", "run_cpu_attention", True),
 )
