@@ -16,7 +16,7 @@ def engine_stats(engine: Engine) -> dict:
     stats.update(engine.cache.stats())
     stats["preemptions"] = engine.scheduler.num_preemptions
     stats["prefix_evictions"] = engine.cache.pool.num_evictions
-    stats["kv_blocks_evicted"] = engine.pruner.num_evictions
+    stats["kv_blocks_evicted"] = engine.pruner.num_dropped_blocks
     stats["kv_usage"] = stats["blocks_used"] / stats["blocks_total"]
     stats["requests_running"] = len(engine.scheduler.running)
     stats["requests_waiting"] = len(engine.scheduler.waiting)

@@ -38,7 +38,7 @@ class KVPruner:
         self.policy = config.kv_eviction
         self.config = config
         self.kv = kv
-        self.num_evictions = 0  # blocks dropped so far (stats: kv_blocks_evicted)
+        self.num_dropped_blocks = 0  # blocks dropped so far (stats: kv_blocks_evicted)
         self.num_layers = num_layers
         self.hidden: dict[str, dict[int, list[int]]] = {}  # pyramidkv: request id -> layer -> hidden table blocks
 
@@ -95,8 +95,8 @@ class KVPruner:
         scores = pooled_block_scores(token_scores, bs) if token_scores is not None else None
         plan = select_blocks(num_tokens, bs, droppable, budget_blocks=budget, num_sink_tokens=c.num_sink_tokens,
                              window_tokens=window, block_scores=scores)
-        self.kv.evict_blocks(rid, plan.evict_indices)
-        self.num_evictions += len(plan.evict_indices)
+        self.kv.drop_blocks(rid, plan.drop_indices)
+        self.num_dropped_blocks += len(plan.drop_indices)
 
     def _prune_pyramid(self, request: Request, layer_scores: dict[int, torch.Tensor]) -> None:
         """Each layer picks its own blocks under its own budget; the table keeps their union and every layer hides
@@ -116,13 +116,13 @@ class KVPruner:
             scores = pooled_block_scores(layer_scores[layer], bs) if layer in layer_scores else None
             plan = select_blocks(num_tokens, bs, droppable, budget_blocks=layer_budget,
                                  num_sink_tokens=c.num_sink_tokens, window_tokens=c.window_tokens, block_scores=scores)
-            chosen[layer] = set(range(num_blocks)) - set(plan.evict_indices)
+            chosen[layer] = set(range(num_blocks)) - set(plan.drop_indices)
         union = set().union(*chosen.values())
         drop = [i for i in range(num_blocks) if i not in union]
         new_index = {old: new for new, old in enumerate(sorted(union))}
         self.hidden[rid] = {layer: sorted(new_index[j] for j in union - kept) for layer, kept in chosen.items()}
-        self.kv.evict_blocks(rid, drop)
-        self.num_evictions += len(drop)
+        self.kv.drop_blocks(rid, drop)
+        self.num_dropped_blocks += len(drop)
 
     def cacheable_tokens(self, request: Request, token_ids: list[int]) -> list[int]:
         """The prefix of `token_ids` whose blocks may enter the prefix cache now."""

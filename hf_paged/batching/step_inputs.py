@@ -56,7 +56,7 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
         positions.extend(range(start, end))
         slots.extend(kv.slots(request.request_id, start, end))
         query_start_loc.append(query_start_loc[-1] + n)
-        context_lens.append(end - kv.num_evicted_tokens(request.request_id))  # table positions, not logical
+        context_lens.append(end - kv.num_dropped_tokens(request.request_id))  # table positions, not logical
         if observation_window and start < len(request.prompt_ids) <= end:
             observed[i] = min(observation_window, n)
         tables.append(kv.block_ids(request.request_id))

@@ -10,18 +10,18 @@ from hf_paged.cache.paged_cache import PagedCache
 
 @dataclass(slots=True)
 class SwappedKV:
-    num_tokens: int  # computed tokens held by the copy (logical: evicted ones included)
-    num_evicted_tokens: int  # of those, dropped by KV eviction before the swap
+    num_tokens: int  # computed tokens held by the copy (logical: dropped ones included)
+    num_dropped_tokens: int  # of those, dropped by token pruning before the swap
     layers: list  # per layer: what `PagedCache.save_blocks` copied (None for a layer never written)
 
 
 def swap_out(cache: PagedCache, request: Request) -> None:
     """Copy the request's computed K/V to CPU (its blocks are freed by the scheduler right after)."""
     block_ids = cache.manager.block_ids(request.request_id)
-    evicted = cache.manager.num_evicted_tokens(request.request_id)
-    num_blocks = -(-(request.num_computed_tokens - evicted) // cache.block_size)
+    dropped = cache.manager.num_dropped_tokens(request.request_id)
+    num_blocks = -(-(request.num_computed_tokens - dropped) // cache.block_size)
     layers = cache.save_blocks(block_ids[:num_blocks])
-    request.swapped = SwappedKV(request.num_computed_tokens, evicted, layers)
+    request.swapped = SwappedKV(request.num_computed_tokens, dropped, layers)
 
 
 def swap_in(cache: PagedCache, request: Request) -> bool:
@@ -29,10 +29,10 @@ def swap_in(cache: PagedCache, request: Request) -> bool:
     swapped: SwappedKV = request.swapped
     manager = cache.manager
     manager.add_sequence(request.request_id)
-    if not manager.allocate_slots(request.request_id, swapped.num_tokens - swapped.num_evicted_tokens):
+    if not manager.allocate_slots(request.request_id, swapped.num_tokens - swapped.num_dropped_tokens):
         manager.free(request.request_id)
         return False
-    manager.restore_evicted(request.request_id, swapped.num_evicted_tokens)
+    manager.restore_dropped(request.request_id, swapped.num_dropped_tokens)
     cache.load_blocks(manager.block_ids(request.request_id), swapped.layers)
     request.num_computed_tokens = swapped.num_tokens
     return True

@@ -33,7 +33,7 @@ class SeqBlocks:
     block_ids: list[int] = field(default_factory=list)
     num_tokens: int = 0  # slots claimed: tokens written or being written by the current forward
     num_cached_blocks: int = 0  # leading blocks already inserted into the prefix cache
-    num_evicted_tokens: int = 0  # tokens dropped by token pruning: table position = logical position - this
+    num_dropped_tokens: int = 0  # tokens dropped by token pruning: table position = logical position - this
     num_prefix_blocks: int | None = None  # leading blocks still a true token prefix after pruning (None: all)
     cache_epoch: int = 0  # prefix-cache epoch when the sequence started: K/V of an older epoch is never inserted
 
@@ -68,13 +68,13 @@ class KVCacheManager:
             need += 1
         return max(need, 0)
 
-    def num_evicted_tokens(self, seq_id: Hashable) -> int:
-        return self.seqs[seq_id].num_evicted_tokens
+    def num_dropped_tokens(self, seq_id: Hashable) -> int:
+        return self.seqs[seq_id].num_dropped_tokens
 
     def slots(self, seq_id: Hashable, start: int, end: int) -> list[int]:
-        """Flat slots of logical positions start .. end - 1 of a sequence (none of them evicted)."""
+        """Flat slots of logical positions start .. end - 1 of a sequence (none of them dropped)."""
         seq, bs = self.seqs[seq_id], self.block_size
-        table, shift = seq.block_ids, seq.num_evicted_tokens
+        table, shift = seq.block_ids, seq.num_dropped_tokens
         return [table[p // bs] * bs + p % bs for p in range(start - shift, end - shift)]
 
     def num_unused_slots(self) -> int:
@@ -131,17 +131,17 @@ class KVCacheManager:
         self.pool.incref(src.block_ids)
         self.seqs[dst_id] = SeqBlocks(
             list(src.block_ids), src.num_tokens, src.num_cached_blocks, cache_epoch=src.cache_epoch,
-            num_evicted_tokens=src.num_evicted_tokens, num_prefix_blocks=src.num_prefix_blocks,
+            num_dropped_tokens=src.num_dropped_tokens, num_prefix_blocks=src.num_prefix_blocks,
         )
 
     def is_private(self, block_id: int) -> bool:
         """Held by one block table only and not in the prefix cache: token pruning may drop it."""
         return self.pool.ref_counts[block_id] == 1 and not self.pool.is_cached(block_id)
 
-    def evict_blocks(self, seq_id: Hashable, table_indices: Sequence[int]) -> None:
+    def drop_blocks(self, seq_id: Hashable, table_indices: Sequence[int]) -> None:
         """Drop full, private blocks from a sequence's table (token pruning); later positions move up the table.
 
-            before: | b0 | b1 | b2 | b3 | b4: partial |   evict [1, 2]   after: | b0 | b3 | b4 |, evicted += 2 * bs
+            before: | b0 | b1 | b2 | b3 | b4: partial |   drop [1, 2]   after: | b0 | b3 | b4 |, dropped += 2 * bs
         """
         seq = self.seqs[seq_id]
         drop = sorted(set(table_indices))
@@ -150,22 +150,22 @@ class KVCacheManager:
         full = seq.num_tokens // self.block_size
         for i in drop:
             if i >= full or not self.is_private(seq.block_ids[i]):
-                raise ValueError(f"block {i} of sequence {seq_id!r} is not a full private block: it cannot be evicted")
+                raise ValueError(f"block {i} of sequence {seq_id!r} is not a full private block: it cannot be dropped")
         dropped = [seq.block_ids[i] for i in drop]
         gone = set(drop)
         seq.block_ids = [b for i, b in enumerate(seq.block_ids) if i not in gone]
         seq.num_tokens -= len(drop) * self.block_size
-        seq.num_evicted_tokens += len(drop) * self.block_size
+        seq.num_dropped_tokens += len(drop) * self.block_size
         prefix = drop[0] if seq.num_prefix_blocks is None else min(seq.num_prefix_blocks, drop[0])
         seq.num_prefix_blocks = prefix
         seq.num_cached_blocks = min(seq.num_cached_blocks, prefix)
         self.pool.free(reversed(dropped))
 
-    def restore_evicted(self, seq_id: Hashable, num_evicted_tokens: int) -> None:
+    def restore_dropped(self, seq_id: Hashable, num_dropped_tokens: int) -> None:
         """A swapped-in sequence keeps the logical offset it had (its table is no longer a token prefix)."""
         seq = self.seqs[seq_id]
-        seq.num_evicted_tokens = num_evicted_tokens
-        if num_evicted_tokens:
+        seq.num_dropped_tokens = num_dropped_tokens
+        if num_dropped_tokens:
             seq.num_prefix_blocks = 0
 
     def truncate(self, seq_id: Hashable, num_tokens: int) -> None:

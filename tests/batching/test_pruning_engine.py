@@ -15,20 +15,20 @@ def run_recording(model, prompts, max_new, **config):
     engine = Engine(model, PagedConfig(block_size=BS, **config))
     events: dict[str, list] = {}
     starts: dict[str, list[int]] = {}
-    evict = engine.kv.evict_blocks
+    evict = engine.kv.drop_blocks
 
     def recording(seq_id, indices):
         table = engine.kv.block_ids(seq_id)
         logical = starts.setdefault(seq_id, [])
         while len(logical) < len(table):
             logical.append(logical[-1] + BS if logical else 0)
-        length = engine.kv.num_tokens(seq_id) + engine.kv.num_evicted_tokens(seq_id)
+        length = engine.kv.num_tokens(seq_id) + engine.kv.num_dropped_tokens(seq_id)
         dropped = {p for i in indices for p in range(logical[i], logical[i] + BS)}
         events.setdefault(seq_id, []).append((length, dropped))
         starts[seq_id] = [s for i, s in enumerate(logical) if i not in set(indices)]
         evict(seq_id, indices)
 
-    engine.kv.evict_blocks = recording
+    engine.kv.drop_blocks = recording
     ids = [engine.add_request(p, SamplingParams(max_new_tokens=max_new)) for p in prompts]
     while engine.has_unfinished:
         engine.step()

@@ -21,7 +21,7 @@ from hf_paged.cache.pruning import (
 def test_streaming_keeps_sinks_and_recent_window():
     plan = select_blocks(10 * 4 + 2, 4, [True] * 10 + [False], budget_blocks=4, num_sink_tokens=4, window_tokens=8)
     # window: positions 34..41, so blocks 8 (from its middle), 9 and 10 (partial); sink: block 0
-    assert plan.evict_indices == [1, 2, 3, 4, 5, 6, 7]
+    assert plan.drop_indices == [1, 2, 3, 4, 5, 6, 7]
     assert plan.num_blocks_kept == 4
 
 
@@ -29,14 +29,14 @@ def test_snapkv_fills_the_budget_with_the_best_scored_blocks():
     scores = torch.tensor([0.0, 5.0, 1.0, 9.0, 2.0, 0.0, 0.0, 0.0])
     plan = select_blocks(32, 4, [True] * 8, budget_blocks=5, num_sink_tokens=4, window_tokens=8,
                          block_scores=scores)
-    assert plan.evict_indices == [2, 4, 5]  # kept: sink 0, window 6 7, best scored 3 and 1
+    assert plan.drop_indices == [2, 4, 5]  # kept: sink 0, window 6 7, best scored 3 and 1
 
 
 def test_shared_blocks_are_kept_and_count_against_the_budget():
     scores = torch.tensor([0.0, 5.0, 1.0, 9.0, 2.0, 0.0, 0.0, 0.0])
     evictable = [True, True, True, False, True, True, True, True]  # block 3 is shared through the prefix cache
     plan = select_blocks(32, 4, evictable, budget_blocks=5, num_sink_tokens=4, window_tokens=8, block_scores=scores)
-    assert plan.evict_indices == [2, 4, 5]  # 3 kept as shared, then 1 by score
+    assert plan.drop_indices == [2, 4, 5]  # 3 kept as shared, then 1 by score
 
 
 def test_budget_follows_keep_ratio_with_a_floor_of_sinks_plus_window():
@@ -76,13 +76,13 @@ def test_manager_evicts_private_full_blocks_and_shifts_new_slots():
     kv.allocate_slots("a", 14)  # blocks [0, 1, 2, 3], 14 tokens
     kv.fork("a", "b")  # every block now shared
     with pytest.raises(ValueError, match="not a full private block"):
-        kv.evict_blocks("a", [1])
+        kv.drop_blocks("a", [1])
     kv.free("b")
-    kv.evict_blocks("a", [1, 2])
-    assert kv.block_ids("a") == [0, 3] and kv.num_tokens("a") == 6 and kv.num_evicted_tokens("a") == 8
+    kv.drop_blocks("a", [1, 2])
+    assert kv.block_ids("a") == [0, 3] and kv.num_tokens("a") == 6 and kv.num_dropped_tokens("a") == 8
     assert kv.slots("a", 14, 16) == [3 * 4 + 2, 3 * 4 + 3]  # logical 14, 15 -> table positions 6, 7
     with pytest.raises(ValueError, match="not a full private block"):
-        kv.evict_blocks("a", [1])  # the partial last block stays
+        kv.drop_blocks("a", [1])  # the partial last block stays
     kv.check_integrity()
     assert pool.num_free_blocks == 6
 

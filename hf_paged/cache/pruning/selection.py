@@ -16,8 +16,8 @@ Policies (`PagedConfig.kv_eviction`, the config's name for the pruning policy):
   layers this cannot use less memory than SnapKV at the first layer's budget; it spends the same memory differently.
 
 Dropped blocks leave the block table, so a table position no longer equals a logical position: the manager keeps
-the number of dropped tokens per sequence (`KVCacheManager.num_evicted_tokens`; new tokens land at
-`position - num_evicted_tokens`), and RoPE positions stay logical (keys were rotated when stored). Only private
+the number of dropped tokens per sequence (`KVCacheManager.num_dropped_tokens`; new tokens land at
+`position - num_dropped_tokens`), and RoPE positions stay logical (keys were rotated when stored). Only private
 blocks are dropped: a block shared through the prefix cache or with a fork is kept whatever its score.
 """
 
@@ -35,7 +35,7 @@ PRUNING_POLICIES = ("streaming", "snapkv", "pyramidkv")
 class PruningPlan:
     """What to drop from one sequence's table."""
 
-    evict_indices: list[int]  # table indices of the blocks to drop, ascending (`KVCacheManager.evict_blocks`)
+    drop_indices: list[int]  # table indices of the blocks to drop, ascending (`KVCacheManager.drop_blocks`)
     num_blocks_kept: int
 
 
