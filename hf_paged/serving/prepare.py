@@ -58,13 +58,20 @@ class ConstraintCache:
         return processor
 
     def _build(self, kind: str, spec: Any) -> Any:
-        from hf_paged.processors import ChoiceLogitsProcessor, JSONSchemaLogitsProcessor, RegexLogitsProcessor
+        from hf_paged.processors import (
+            ChoiceLogitsProcessor,
+            GrammarLogitsProcessor,
+            JSONSchemaLogitsProcessor,
+            RegexLogitsProcessor,
+        )
 
         eos = self.eos_token_ids or None
         if kind == "json_schema":
             return JSONSchemaLogitsProcessor(spec, self.tokenizer, eos_token_id=eos)
         if kind == "regex":
             return RegexLogitsProcessor(spec, self.tokenizer, eos_token_id=eos)
+        if kind == "grammar":
+            return GrammarLogitsProcessor(spec, self.tokenizer, eos_token_id=eos)
         return ChoiceLogitsProcessor(spec, self.tokenizer, eos_token_id=eos)
 
 
@@ -81,6 +88,8 @@ def constraint_of(request: _Sampling) -> tuple[str, Any, str] | None:
         return "regex", request.guided_regex, "guided_regex"
     if request.guided_choice is not None:
         return "choice", request.guided_choice, "guided_choice"
+    if request.guided_grammar is not None:
+        return "grammar", request.guided_grammar, "guided_grammar"
     return None
 
 

@@ -1,9 +1,9 @@
 """OpenAI request bodies (completions and chat), as pydantic models that refuse what we cannot honour.
 
 Fields follow OpenAI's API reference; `top_k`, `min_tokens`, `ignore_eos`, `repetition_penalty`, `guided_json`,
-`guided_regex` and `guided_choice` are vLLM's extras. An unknown field is refused (as OpenAI does: a typo such as
-`max_token` must not be ignored silently); fields we know but cannot honour are refused when set to anything but
-their neutral value, with the field named (`param`) in the 400 answer.
+`guided_regex`, `guided_choice` and `guided_grammar` (Lark EBNF) are vLLM's extras. An unknown field is refused (as
+OpenAI does: a typo such as `max_token` must not be ignored silently); fields we know but cannot honour are refused
+when set to anything but their neutral value, with the field named (`param`) in the 400 answer.
 """
 
 from __future__ import annotations
@@ -82,6 +82,7 @@ class _Sampling(_Strict):
     guided_json: dict[str, Any] | bool | StrictStr | None = None
     guided_regex: StrictStr | None = None
     guided_choice: list[StrictStr] | None = None
+    guided_grammar: StrictStr | None = None  # a context-free grammar in Lark's EBNF (`GrammarLogitsProcessor`)
 
     def check_supported(self) -> None:
         """Raise `UnsupportedField` for the first field we know but cannot honour."""
@@ -95,12 +96,15 @@ class _Sampling(_Strict):
         for name, bad in refused.items():
             if bad:
                 raise UnsupportedField(name, f"{name} is not supported by hf-paged serve; leave it out")
-        guides = [name for name in ("response_format", "guided_json", "guided_regex", "guided_choice")
-                  if getattr(self, name) is not None and not (name == "response_format" and self.response_format.type == "text")]
+        guides = [name for name in _GUIDES if getattr(self, name) is not None
+                  and not (name == "response_format" and self.response_format.type == "text")]
         if len(guides) > 1:
             raise UnsupportedField(guides[1], f"give one output constraint, not {' and '.join(guides)}")
         if self.stop is not None and any(s == "" for s in ([self.stop] if isinstance(self.stop, str) else self.stop)):
             raise UnsupportedField("stop", "stop sequences must be non-empty strings")
+
+
+_GUIDES = ("response_format", "guided_json", "guided_regex", "guided_choice", "guided_grammar")
 
 
 class CompletionRequest(_Sampling):

@@ -66,6 +66,10 @@ DEEP = {"type": "object", "properties": {"xs": {"type": "array", "contains": {"t
         ({"prompt": "x", "guided_regex": "(unclosed"}, "guided_regex", []),
         ({"prompt": "x", "guided_choice": []}, "guided_choice", []),
         ({"prompt": "x", "guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", ["one output constraint"]),
+        ({"prompt": "x", "guided_grammar": "start: foo"}, "guided_grammar", ["'foo'", "not defined"]),
+        ({"prompt": "x", "guided_grammar": 'start: ("a"'}, "guided_grammar", ["line 1"]),
+        ({"prompt": "x", "guided_grammar": "start: a", "guided_regex": "a"}, "guided_grammar",
+         ["one output constraint"]),
     ],
 )
 def test_bad_completion_requests_get_400(server, body, param, words):

@@ -133,6 +133,17 @@ def test_json_schema_output_parses_and_validates(client):
         jsonschema.validate(json.loads(out.choices[0].message.content), SCHEMA)
 
 
+def test_guided_grammar(client):
+    """vLLM's `guided_grammar` extra: a Lark grammar; the text is a sentence of it."""
+    import lark
+
+    grammar = 'start: "SELECT " NAME ("," NAME)* " FROM " NAME ";"\nNAME: /[a-z]{1,6}/'
+    out = client.completions.create(model="tiny-lm", prompt="-- query\n", max_tokens=60, temperature=0,
+                                    extra_body={"guided_grammar": grammar})
+    assert out.choices[0].finish_reason == "stop"
+    lark.Lark(grammar).parse(out.choices[0].text)
+
+
 def test_json_object_regex_and_choice(client):
     out = client.completions.create(model="tiny-lm", prompt="x = ", max_tokens=60, temperature=0,
                                     extra_body={"guided_choice": ["alpha", "beta"]})
