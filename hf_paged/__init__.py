@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from hf_paged import errors
 from hf_paged.config import PagedConfig
+from hf_paged.lazy import lazy_attributes
 
 __version__ = "0.1.0"
 
@@ -37,15 +38,7 @@ _LAZY = {
 __all__ = ["PagedConfig", "errors", *_LAZY]  # noqa: PLE0604 -- the lazy names are strings
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hf_paged' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 if TYPE_CHECKING:  # pragma: no cover

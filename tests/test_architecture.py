@@ -16,13 +16,14 @@ ROOT = Path(__file__).resolve().parent.parent / "hf_paged"
 # the "api" layer, allowed everything.
 ALLOWED = {
     "errors": set(),
+    "lazy": set(),  # the lazy package faces' `__getattr__` (a leaf, like errors)
     "config": {"errors"},
-    "cache": {"config", "errors"},
-    "processors": {"config", "errors"},
-    "batching": {"cache", "processors", "config", "errors"},
-    "serving": {"batching", "cache", "processors", "config", "errors", "api"},
-    "scaleout": {"serving", "batching", "cache", "processors", "config", "errors", "api"},
-    "distributed": {"batching", "cache", "config", "errors", "api"},
+    "cache": {"config", "errors", "lazy"},
+    "processors": {"config", "errors", "lazy"},
+    "batching": {"cache", "processors", "config", "errors", "lazy"},
+    "serving": {"batching", "cache", "processors", "config", "errors", "lazy", "api"},
+    "scaleout": {"serving", "batching", "cache", "processors", "config", "errors", "lazy", "api"},
+    "distributed": {"batching", "cache", "config", "errors", "lazy", "api"},
 }
 
 # Cycles present when this test was written (issue 19 removed the three inside `processors/`); a new cycle fails the

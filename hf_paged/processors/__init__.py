@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hf_paged.lazy import lazy_attributes
+
 # Loaded on first use, so that importing a light submodule (the kernels a compiling child process imports,
 # `jit`) does not import torch and transformers.
 _LAZY = {
@@ -35,15 +37,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hf_paged.processors' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hf_paged.lazy import lazy_attributes
+
 _LAZY = {
     "StagingMap": "hf_paged.cache.compression.blocks",
     "StepPlan": "hf_paged.cache.compression.blocks",
@@ -36,15 +38,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hf_paged.cache.compression' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 if TYPE_CHECKING:  # pragma: no cover

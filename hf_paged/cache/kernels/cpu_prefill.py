@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from hf_paged.cache.kernels.quantized import FullPrecisionTail, QuantizedKV
-from hf_paged.cache.kernels.reference_quantized import dequantize_blocks
+from hf_paged.cache.kernels.reference_quantized import copy_mask, dequantize_blocks
 
 __all__ = ["SEGMENT_TOKENS", "prefill_quantized_segments"]
 
@@ -58,7 +58,7 @@ def prefill_quantized_segments(
             cache_lo = 0 if sliding_window is None else max(0, (a - sliding_window + 1) // bs * bs)
             tail_lo = block * bs - tail_first * bs  # rows of k_tail: the segment's own blocks
             tail_hi = b - tail_first * bs
-            mask = _segment_mask(a, b, bs, cache_lo, cache_hi, block * bs, sliding_window, query.device)
+            mask = copy_mask(a, b, bs, cache_lo, cache_hi, block * bs, sliding_window, query.device)
             k = torch.cat((k_cache[cache_lo:cache_hi], k_tail[tail_lo:tail_hi]))
             v = torch.cat((v_cache[cache_lo:cache_hi], v_tail[tail_lo:tail_hi]))
             rows = slice(q_start + a - first, q_start + b - first)
@@ -67,17 +67,3 @@ def prefill_quantized_segments(
                                                scale=scale, enable_gqa=True)  # fmt: skip
             out[rows] = o[0].transpose(0, 1)
 
-
-def _segment_mask(a: int, b: int, bs: int, cache_lo: int, cache_hi: int, tail_start: int, sliding_window: int | None,
-                  device) -> torch.Tensor:
-    """[b - a, cache keys + tail keys] bool for queries at positions a .. b - 1: which copy of a key each reads."""
-    q = torch.arange(a, b, device=device)[:, None]
-    q_fills_block = (q + 1) % bs == 0
-    cache_keys = torch.arange(cache_lo, cache_hi, device=device)[None, :]
-    tail_keys = torch.arange(tail_start, b, device=device)[None, :]
-    from_cache = (cache_keys <= q) & ((cache_keys // bs < q // bs) | q_fills_block)
-    from_tail = (tail_keys <= q) & (tail_keys // bs == q // bs) & ~q_fills_block
-    if sliding_window is not None:
-        from_cache &= cache_keys > q - sliding_window
-        from_tail &= tail_keys > q - sliding_window
-    return torch.cat((from_cache, from_tail), dim=1)

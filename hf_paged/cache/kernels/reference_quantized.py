@@ -17,7 +17,8 @@ import torch.nn.functional as F
 from hf_paged.cache.compression import BlockFormat
 from hf_paged.cache.kernels.quantized import FullPrecisionTail, QuantizedKV
 
-__all__ = ["dequantize_blocks", "ref_paged_decode_attention_quantized", "ref_paged_prefill_attention_quantized"]
+__all__ = ["copy_mask", "dequantize_blocks", "ref_paged_decode_attention_quantized",
+           "ref_paged_prefill_attention_quantized"]
 
 
 def dequantize_blocks(cache: torch.Tensor | QuantizedKV, block_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -75,10 +76,17 @@ def ref_paged_prefill_attention_quantized(
 
 def _read_mask(ctx: int, q_len: int, bs: int, sliding_window: int | None, device) -> torch.Tensor:
     """[q_len, cache keys + tail keys] bool: which copy of each key each query reads."""
-    q = torch.arange(ctx - q_len, ctx, device=device)[:, None]
+    return copy_mask(ctx - q_len, ctx, bs, 0, ctx // bs * bs, (ctx - q_len) // bs * bs, sliding_window, device)
+
+
+def copy_mask(first: int, end: int, bs: int, cache_lo: int, cache_hi: int, tail_lo: int, sliding_window: int | None,
+              device) -> torch.Tensor:
+    """[end - first, cache keys + tail keys] bool for the queries at positions first .. end - 1, against cache keys
+    at positions cache_lo .. cache_hi - 1 and tail keys at tail_lo .. end - 1: which copy of a key each reads."""
+    q = torch.arange(first, end, device=device)[:, None]
     q_fills_block = (q + 1) % bs == 0
-    cache_keys = torch.arange(ctx // bs * bs, device=device)[None, :]
-    tail_keys = torch.arange((ctx - q_len) // bs * bs, ctx, device=device)[None, :]
+    cache_keys = torch.arange(cache_lo, cache_hi, device=device)[None, :]
+    tail_keys = torch.arange(tail_lo, end, device=device)[None, :]
     from_cache = (cache_keys <= q) & ((cache_keys // bs < q // bs) | q_fills_block)
     from_tail = (tail_keys <= q) & (tail_keys // bs == q // bs) & ~q_fills_block
     if sliding_window is not None:

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hf_paged.lazy import lazy_attributes
+
 _LAZY = {
     "allocate_token_bitmask": "hf_paged.processors.index.bitmask",
     "apply_token_bitmask_": "hf_paged.processors.index.bitmask",
@@ -33,15 +35,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'hf_paged.processors.index' has no attribute {name!r}")
-    import importlib
-
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy_attributes(__name__, _LAZY)
 
 
 if TYPE_CHECKING:  # pragma: no cover
