@@ -13,7 +13,7 @@
 The policy imports neither Ray nor torch: it is tested and simulated alone (`benchmarks/routing_sim.py`).
 """
 
-from hf_paged.scaleout.policy import CacheAwareRouter, RouteReason, RouteRequest, RouterConfig, RoutingDecision
+from hf_paged.scaleout.policy import CacheAwareRouter, RouterConfig, RouteReason, RouteRequest, RoutingDecision
 from hf_paged.scaleout.summary import CacheSummary, build_summary, fingerprint, prompt_fingerprints
 from hf_paged.scaleout.traffic import PrefixTraffic
 
