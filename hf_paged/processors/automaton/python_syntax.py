@@ -17,7 +17,7 @@ from hf_paged.errors import InvalidRegexError, SchemaTooComplexError
 from hf_paged.processors.automaton.charsets import MAX_CODE_POINT, Ranges, category, complement, normalize
 from hf_paged.processors.automaton.tree import END, START, Node, Unsupported
 
-__all__ = ["parse_python"]
+__all__ = ["EVERYTHING", "class_ranges", "parse_python"]
 
 _RUST_ONLY = ("\\p", "\\P", "\\x{", "\\u{", "\\U{", "\\z")
 _TOKENS = re.compile(r"\\.|(\[\^?\]?(?:\\.|[^\]\\])*\])", re.DOTALL)  # escapes (skipped) and whole classes
@@ -27,7 +27,7 @@ _CATEGORIES = {
     C.CATEGORY_WORD: ("word", False), C.CATEGORY_NOT_WORD: ("word", True),
     C.CATEGORY_SPACE: ("space", False), C.CATEGORY_NOT_SPACE: ("space", True),
 }
-_EVERYTHING: Ranges = normalize([(0, MAX_CODE_POINT)])  # (every scalar value: no surrogates)
+EVERYTHING: Ranges = normalize([(0, MAX_CODE_POINT)])  # (every scalar value: no surrogates)
 
 
 def parse_python(regex: str) -> Node:
@@ -70,7 +70,7 @@ def _item(op, av, dotall: bool, ascii_only: bool, multiline: bool) -> Node:
     if op is C.NOT_LITERAL:
         return Node("set", ranges=complement(normalize([(av, av)])))
     if op is C.ANY:
-        return Node("set", ranges=_EVERYTHING if dotall else complement(((10, 10),)))
+        return Node("set", ranges=EVERYTHING if dotall else complement(((10, 10),)))
     if op is C.IN:
         return Node("set", ranges=_class(av, ascii_only))
     if op is C.BRANCH:
@@ -103,6 +103,16 @@ def _item(op, av, dotall: bool, ascii_only: bool, multiline: bool) -> Node:
 
 
 def _class(items: list, ascii_only: bool) -> Ranges:
+    ranges, negate = class_ranges(items, ascii_only)
+    return complement(ranges) if negate else ranges
+
+
+def class_ranges(items: list, ascii_only: bool) -> tuple[Ranges, bool]:
+    """The code points a parsed class `[...]` lists (normalized) and whether it is negated (`[^...]`).
+
+    Raises:
+        Unsupported: an item that is not a literal, a range or one of `\\d \\w \\s` and their negations.
+    """
     ranges: list[tuple[int, int]] = []
     negate = False
     for op, av in items:
@@ -118,5 +128,4 @@ def _class(items: list, ascii_only: bool) -> Ranges:
             ranges.extend(complement(members) if negated else members)
         else:
             raise Unsupported(f"class item {op}")
-    result = normalize(ranges)
-    return complement(result) if negate else result
+    return normalize(ranges), negate

@@ -20,7 +20,9 @@ import re._parser as P  # type: ignore[import-not-found]
 from functools import lru_cache
 
 from hf_paged.errors import SchemaTooComplexError, UnsupportedGrammarError
-from hf_paged.processors.automaton.charsets import MAX_CODE_POINT, Ranges, category, complement, normalize
+from hf_paged.processors.automaton.charsets import Ranges, complement, normalize
+from hf_paged.processors.automaton.python_syntax import EVERYTHING, class_ranges
+from hf_paged.processors.automaton.tree import Unsupported
 
 __all__ = ["RESERVED", "literal_regex", "python_regex", "range_regex", "set_regex"]
 
@@ -28,12 +30,6 @@ RESERVED: Ranges = ((0x02, 0x02), (0x0E, 0x1F))  # call marks of `automaton.gram
 _ALLOWED: Ranges = complement(normalize(RESERVED))
 _PLAIN = re.compile(r"[A-Za-z0-9 _]")
 _FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE, "u": re.UNICODE}
-_CATEGORIES = {
-    C.CATEGORY_DIGIT: ("digit", False), C.CATEGORY_NOT_DIGIT: ("digit", True),
-    C.CATEGORY_WORD: ("word", False), C.CATEGORY_NOT_WORD: ("word", True),
-    C.CATEGORY_SPACE: ("space", False), C.CATEGORY_NOT_SPACE: ("space", True),
-}
-_EVERYTHING: Ranges = normalize([(0, MAX_CODE_POINT)])
 
 
 def _char(cp: int) -> str:
@@ -160,7 +156,7 @@ class _Emitter:
         if op is C.NOT_LITERAL:
             return set_regex(complement(self.cased(((av, av),), flags)), self.where)
         if op is C.ANY:
-            return set_regex(_EVERYTHING if flags & re.DOTALL else complement(((10, 10),)), self.where)
+            return set_regex(EVERYTHING if flags & re.DOTALL else complement(((10, 10),)), self.where)
         if op is C.IN:
             return set_regex(self.klass(av, flags), self.where)
         if op is C.BRANCH:
@@ -182,20 +178,9 @@ class _Emitter:
             "pattern without it (split it into rules and terminals)")
 
     def klass(self, items: list, flags: int) -> Ranges:
-        ranges: list[tuple[int, int]] = []
-        negate = False
-        for op, av in items:
-            if op is C.NEGATE:
-                negate = True
-            elif op is C.LITERAL:
-                ranges.append((av, av))
-            elif op is C.RANGE:
-                ranges.append(av)
-            elif op is C.CATEGORY and av in _CATEGORIES:
-                name, negated = _CATEGORIES[av]
-                members = category(name, bool(flags & re.ASCII))
-                ranges.extend(complement(members) if negated else members)
-            else:
-                raise UnsupportedGrammarError(f"{self.where} uses the class item {op}; rewrite the class")
-        result = self.cased(normalize(ranges), flags)
+        try:
+            ranges, negate = class_ranges(items, bool(flags & re.ASCII))
+        except Unsupported as exc:
+            raise UnsupportedGrammarError(f"{self.where} uses the {exc}; rewrite the class") from None
+        result = self.cased(ranges, flags)
         return complement(result) if negate else result
