@@ -56,6 +56,7 @@ class _Server:
         self.settings = settings
         self.preparer = Preparer(engine, tokenizer)
         self.metrics = ServerMetrics(self.loop, settings.model_name)
+        self.num_admitted = 0  # prompts admitted whose requests are not in the loop's queue yet (event loop only)
 
     async def parse(self, request: Request, model: type) -> Any:
         try:
@@ -81,15 +82,53 @@ class _Server:
                            code="model_not_found")
         return body
 
-    def admit(self) -> None:
+    def admit(self, num_prompts: int) -> _Admission:
+        """Admit a request's prompts or answer 429 (queue full) / 503 (shutting down). Admission and queueing
+        are apart (the request is queued when its pump starts), so prompts admitted but not queued yet count as
+        waiting: concurrent arrivals cannot all slip under the bound. Runs on the event loop thread only."""
         limit = self.settings.max_waiting
-        if limit is not None and self.loop.num_waiting >= limit:
+        if limit is not None and self.loop.num_waiting + self.num_admitted >= limit:
             raise ApiError(f"the server's queue is full ({limit} requests waiting); retry after "
                            f"{self.settings.retry_after_s} s", status=429, code="rate_limit_exceeded",
                            headers={"Retry-After": str(self.settings.retry_after_s)})
         if not self.loop.is_alive:
             raise ApiError("the server is shutting down; retry on another replica", status=503,
                            code="shutting_down")
+        self.num_admitted += num_prompts
+        return _Admission(self, num_prompts)
+
+
+class _Admission:
+    """One request's admitted prompts not yet queued in the loop; `queued` as each is, `close` at the end."""
+
+    def __init__(self, server: _Server, num_prompts: int) -> None:
+        self._server = server
+        self._left = num_prompts
+
+    def queued(self) -> None:
+        if self._left:
+            self._left -= 1
+            self._server.num_admitted -= 1
+
+    def close(self) -> None:
+        """The response is over (or never started): prompts never queued stop counting as waiting."""
+        self._server.num_admitted -= self._left
+        self._left = 0
+
+
+class _ClosingStream(StreamingResponse):
+    """A streamed response that runs `on_close` however it ends, also when the client left before its body
+    started (Starlette then never iterates the body, so a `finally` in the body would not run)."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None], **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._on_close()
 
 
 def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = None) -> FastAPI:
@@ -141,15 +180,22 @@ def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = 
 async def _answer(server: _Server, request: Request, body, prepare: Callable[[Any], PreparedRequest], kind: str,
                   received: float) -> Response:
     prepared = await run_in_threadpool(prepare, body)  # may compile a schema: off the event loop; 400s first
-    server.admit()
-    head = _Head(kind, body.model or server.settings.model_name)
-    usage = Usage()
-    events = run_choices(server.loop, prepared, server.tokenizer, server.metrics, usage, received)
-    include_usage = bool(body.stream_options and body.stream_options.include_usage)
-    if body.stream:
-        return StreamingResponse(_sse(head, events, usage, include_usage), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
-    result = await _until_disconnect(request, _collect(head, events, usage, prepared))
+    admission = server.admit(len(prepared.prompts))
+    try:
+        head = _Head(kind, body.model or server.settings.model_name)
+        usage = Usage()
+        events = run_choices(server.loop, prepared, server.tokenizer, server.metrics, usage, received,
+                             on_queued=admission.queued)
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        if body.stream:
+            response = _ClosingStream(_sse(head, events, usage, include_usage), admission.close,
+                                      media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+            admission = None  # the response closes it
+            return response
+        result = await _until_disconnect(request, _collect(head, events, usage, prepared))
+    finally:
+        if admission is not None:
+            admission.close()
     if result is None:
         return Response(status_code=499)  # the client is gone: nobody reads this
     return JSONResponse(result)

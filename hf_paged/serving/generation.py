@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -62,9 +62,10 @@ class Usage:
 
 async def run_choices(
     loop: EngineLoop, prepared: PreparedRequest, tokenizer: Any, metrics: ServerMetrics, usage: Usage,
-    received: float,
+    received: float, on_queued: Callable[[], None] = lambda: None,
 ) -> AsyncIterator[ChoiceEvent]:
-    """Choice events of all prompts as they come; `usage` is filled in as requests end."""
+    """Choice events of all prompts as they come; `usage` is filled in as requests end. `on_queued` runs as
+    each prompt's request enters the loop's queue (so `loop.num_waiting` counts it from then on)."""
     n = prepared.params.num_return_sequences
     usage.prompt_tokens = sum(len(p) for p in prepared.prompts)
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
@@ -72,6 +73,9 @@ async def run_choices(
     async def pump(i: int, prompt: list[int]) -> None:
         try:
             async with aclosing(loop.generate_async(prompt, prepared.params)) as deltas:
+                # The first step of `deltas` queues the request before it can suspend, so no other handler runs
+                # between this call and the queueing: admission never sees the prompt twice or not at all.
+                on_queued()
                 async for delta in deltas:
                     await queue.put((i, delta))
         except Exception as exc:  # noqa: BLE001 -- handed to the consumer, which answers with it

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import time
 
 import httpx
 import pytest
@@ -19,6 +20,13 @@ def post(server, path, body, timeout=60):
     content = body if isinstance(body, (str, bytes)) else json.dumps(body)
     return httpx.post(server.url + path, content=content, headers={"content-type": "application/json"},
                       timeout=timeout)
+
+
+def _wait_until(condition, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out waiting for the server"
+        time.sleep(0.005)
 
 
 def assert_error(response, status, param=None, words=()):
@@ -108,6 +116,7 @@ def test_client_disconnect_mid_stream_aborts_and_frees_blocks(server, engine):
         assert engine.cache.pool.num_used_blocks > 0
     wait_idle(engine)  # the request is gone and its blocks are back
     assert engine.metrics.num_requests_aborted == aborted + 1
+    assert server.app.state.server.num_admitted == 0  # nothing left counted as waiting
 
 
 def test_client_disconnect_without_streaming_aborts(server, engine):
@@ -116,6 +125,7 @@ def test_client_disconnect_without_streaming_aborts(server, engine):
         post(server, "/v1/completions", {"prompt": "def main():", "max_tokens": 1900}, timeout=0.5)
     wait_idle(engine)
     assert engine.metrics.num_requests_aborted == aborted + 1
+    assert server.app.state.server.num_admitted == 0
 
 
 class Exploding(LogitsProcessor):
@@ -172,13 +182,19 @@ def test_a_full_queue_answers_429_with_retry_after(tiny_lm):
     with server:
         body = {"prompt": "def main():", "max_tokens": 200}
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
-            responses = list(pool.map(lambda _: post(server, "/v1/completions", body), range(6)))
+            first = pool.submit(post, server, "/v1/completions", body)
+            _wait_until(lambda: engine.loop.num_in_flight == 1 and engine.loop.num_waiting == 0)
+            with engine._lock:  # no step runs: the next request to be admitted stays queued
+                burst = [pool.submit(post, server, "/v1/completions", body) for _ in range(5)]
+                _wait_until(lambda: sum(f.done() for f in burst) == 4)
+            responses = [first.result()] + [f.result() for f in burst]
         codes = sorted(r.status_code for r in responses)
-        assert codes.count(200) >= 2 and 429 in codes, codes
+        assert codes == [200, 200, 429, 429, 429, 429], codes  # one ran, one waited, the queue was full for 4
         for r in responses:
             if r.status_code == 429:
                 assert_error(r, 429)
                 assert r.headers["retry-after"] == "1"
         wait_idle(engine)
+        assert server.app.state.server.num_admitted == 0
         metrics = httpx.get(server.url + "/metrics").text
         assert 'hf_paged:request_rejected_total{model_name="tiny-lm",status="429"}' in metrics
