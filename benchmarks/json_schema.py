@@ -250,8 +250,10 @@ def _warm_up(side: str, vocab) -> None:
         import jsonschema  # noqa: F401 -- (imported on first use by the translator's value checks: ~35 ms)
 
         from hf_paged.processors.index.index_cache import _compile
+        from hf_paged.processors.json_schema import load_schema
         from hf_paged.processors.schema import schema_to_grammar
 
+        load_schema(_WARM_SCHEMA)  # (the meta-schema check's imports and first-call setup)
         _compile(schema_to_grammar(_WARM_SCHEMA, undeclared_keys=_STATE.get("undeclared_keys", True)), vocab)
     else:
         from outlines_core.json_schema import build_regex_from_schema
