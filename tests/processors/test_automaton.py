@@ -22,6 +22,8 @@ REGEXES = [
     "[^a-c\\x00]{2}", "\\u00e9+|\\u4e2d", "[\\x{10000}-\\x{10FFFF}]", "(?:a|ab|abc)(?:c|bc)?", "(?s:.)", "a(?:$)",
     "[ab]*a[ab]{5}", "(?:[ -~]|\\\\[\"\\\\])*", "-?(?:0|[1-9][0-9]*)(?:[eE][+\\-]?[0-9]+)?",
     "\"(?:[^\"\\\\\\x00-\\x1f]|\\\\u[0-9a-fA-F]{4})*\"", "(?P<x>ab)+", "[^\\n]*", "[]a]b", "a{2,}", "(?:ab){2,3}?",
+    # literal alternations (built as a trie): shared prefixes, one a prefix of another, the empty one, non-ASCII
+    "(?:abc|abd|ab|\\u00e9x|\\u00e9|a|)", "\"(?:red|green|blue|re|\\u4e2d\\u6587)\"", "(?:x|y|z)+",
 ]
 SCHEMAS = [
     {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "n": {"type": "integer"}},
@@ -51,6 +53,25 @@ def _equivalent(a, b) -> bool:
 def test_the_byte_automaton_matches_outlines_cores(regex):
     ours = compile_regex(regex, CompileBudget())
     assert ours is not None and _equivalent(ours, _outlines_byte_dfa(anchored(regex)))
+
+
+def test_literal_alternations_as_tries_match_the_plain_construction(monkeypatch):
+    import random
+
+    from hf_paged.processors.automaton import nfa as nfa_module
+    from hf_paged.processors.schema.fragments import alt, lit
+
+    rng = random.Random(7)
+    alphabet = ["a", "b", "\u00e9", "\u4e2d", "\U0001f600", '"', "\\", "\n"]
+    for _ in range(60):
+        words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5))) for _ in range(rng.randint(3, 12))]
+        regex = alt(lit(w) for w in words).text + rng.choice(["", "c", "(?:a|b)*"])
+        trie, trie_states = compile_regex(regex, CompileBudget()), len(build_nfa(parse(regex), CompileBudget()).kinds)
+        monkeypatch.setattr(nfa_module, "_MIN_TRIE", 10**9)
+        plain, plain_states = compile_regex(regex, CompileBudget()), len(build_nfa(parse(regex), CompileBudget()).kinds)
+        monkeypatch.undo()
+        assert _equivalent(trie, plain), regex
+        assert trie_states <= plain_states + 1, regex  # (+1: the trie's root split where no two words share a start)
 
 
 @pytest.mark.parametrize("regex", ["^a$|b", "(?:^)a|c", "a^b", "(?:$)a|b$", "\\Aa\\Z", "\\d{1,2}", "(?:\\w\\s)+"])

@@ -128,6 +128,9 @@ class _Builder:
                 nxt = self.char_set(child.ranges, nxt) if child.kind == "set" else (yield child, nxt)
             return nxt
         if kind == "alt":
+            literals = _literals(node.children)
+            if literals is not None:
+                return self.literal_trie(literals, nxt)
             targets = []
             for child in node.children:
                 targets.append(self.char_set(child.ranges, nxt) if child.kind == "set" else (yield child, nxt))
@@ -159,6 +162,66 @@ class _Builder:
         for _ in range(copies):
             current = yield child, current
         return current
+
+
+    def literal_trie(self, literals: list[tuple[int, ...]], nxt: int) -> int:
+        """An alternation of literal strings (an enum, a list of keys) as a trie: shared prefixes share their
+        states, and each state reads its next characters on one set of byte edges, so determinizing it is a
+        walk, not a subset construction over every alternative at once. Built bottom-up without recursion."""
+        trie: dict = {}
+        for text in literals:
+            node = trie
+            for cp in text:
+                node = node.setdefault(cp, {})
+            node[None] = None  # a literal ends here
+        first: dict[int, int] = {}  # id(trie node) -> its state
+        stack: list[tuple[dict, bool]] = [(trie, False)]
+        while stack:
+            node, children_done = stack.pop()
+            if not children_done:
+                stack.append((node, True))
+                stack.extend((child, False) for cp, child in node.items() if cp is not None)
+                continue
+            edges, targets = [], []
+            for cp, child in node.items():
+                if cp is None:
+                    continue
+                if cp < 0x80:
+                    edges.append((cp, cp, first[id(child)]))
+                else:
+                    targets.append(self.char_set(((cp, cp),), first[id(child)]))
+            if edges:
+                edges.sort()
+                targets.insert(0, self.add(SPARSE, edges))
+            if None in node:
+                targets.append(nxt)
+            first[id(node)] = self.split(targets)
+        return first[id(trie)]
+
+
+_MIN_TRIE = 3  # alternatives from which a literal alternation is built as a trie
+
+
+def _literals(children: tuple[Node, ...]) -> list[tuple[int, ...]] | None:
+    """The code points of each alternative when every one is a literal string (else None)."""
+    if len(children) < _MIN_TRIE:
+        return None
+    out = []
+    for child in children:
+        if child.kind == "set":
+            parts: tuple[Node, ...] = (child,)
+        elif child.kind == "seq":
+            parts = child.children
+        else:
+            return None
+        text = []
+        for part in parts:
+            ranges = part.ranges
+            if part.kind != "set" or len(ranges) != 1 or ranges[0][0] != ranges[0][1]:
+                return None
+            text.append(ranges[0][0])
+        out.append(tuple(text))
+    return out
 
 
 def build_nfa(node: Node, budget: CompileBudget) -> NFA:

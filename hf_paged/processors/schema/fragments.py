@@ -106,7 +106,20 @@ def rep(part: Rx | None, lo: int, hi: int | None) -> Rx | None:
 
 def escape_text(text: str) -> str:
     """Escape a literal for both engines (only code points that are safe and unambiguous stay bare)."""
-    return "".join(_escape_char(ord(c), in_class=False) for c in text)
+    if text.isascii() and text.isalnum():
+        return text
+    return text.translate(_LITERAL_ESCAPES)  # (C speed: big enums write tens of thousands of literals)
+
+
+class _EscapeTable(dict):
+    """`str.translate`'s table of `_escape_char` outside classes, filled as code points are met."""
+
+    def __missing__(self, cp: int) -> str:
+        escaped = self[cp] = _escape_char(cp, in_class=False)
+        return escaped
+
+
+_LITERAL_ESCAPES = _EscapeTable()
 
 
 def char_class(ranges: list[tuple[int, int]]) -> str | None:

@@ -51,8 +51,10 @@ def _set(ranges: Ranges) -> Node:
 ANY = Node("rep", children=(Node("set", ranges=((0, MAX_CODE_POINT),)),), lo=0, hi=None)  # unanchored side: ".*"
 
 
+@lru_cache(maxsize=1024)
 def parse_pattern(pattern: str, where: str) -> Node:
-    """Parse an ECMA pattern into a `Node` matching whole strings (anchors resolved)."""
+    """Parse an ECMA pattern into a `Node` matching whole strings (anchors resolved). Memoised (the ladder translates
+    a schema once per try; a `Node` is immutable); errors are not, so each names its own place."""
     source = re.sub(r"\(\?<(?![=!])", "(?P<", pattern)  # ECMA named groups
     if re.search(r"\\[pP]\{|\\c[A-Za-z]|\[\^?\]", source):
         raise UnsupportedSchemaError(
