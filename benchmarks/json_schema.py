@@ -112,7 +112,7 @@ def _run_side(side: str, schema, tests, conn) -> None:
     try:
         start, start_cpu = time.perf_counter(), time.process_time()
         if side in ("ours", "ours-lenient"):
-            from hf_paged.processors.automaton import validate_regex
+            from hf_paged.processors.automaton import check_automaton
             from hf_paged.processors.automaton.grammar import Grammar
             from hf_paged.processors.budget import CompileBudget
             from hf_paged.processors.index.index_cache import _compile
@@ -125,7 +125,7 @@ def _run_side(side: str, schema, tests, conn) -> None:
                 warnings.simplefilter("ignore")
                 regex = schema_to_grammar(schema, strict=side == "ours",
                                           undeclared_keys=_STATE.get("undeclared_keys", True), budget=budget)
-            validate_regex(regex, budget=budget.for_automaton())
+            check_automaton(regex, budget.for_automaton())  # (the ladder built them: memo hits, as in the processor)
             result.grammar = isinstance(regex, Grammar)
             compiled = _compile(regex, vocab)  # byte automaton + lazy token index (trie built before forking)
             index = compiled.index

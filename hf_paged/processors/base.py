@@ -27,7 +27,7 @@ import torch
 from transformers import LogitsProcessor
 
 from hf_paged.errors import SchemaTooComplexError
-from hf_paged.processors.automaton import Grammar, validate_regex
+from hf_paged.processors.automaton import Grammar, check_automaton, validate_regex
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index import (
     CompiledIndex,
@@ -85,6 +85,7 @@ class GuidedLogitsProcessor(LogitsProcessor):
         index_cache: IndexCache | None = None,
         backend: str = "auto",
         budget: CompileBudget | None = None,
+        translated: bool = False,
     ) -> None:
         self.vocab: TokenVocabulary = build_vocabulary(tokenizer, eos_token_id)
         self.regex = regex
@@ -95,7 +96,10 @@ class GuidedLogitsProcessor(LogitsProcessor):
         if self.index_cache.get(self.index_key) is None:
             # the byte automaton, its work counted: bad patterns, empty languages and automata over the budget raise
             # here, at construction (the token index is built later, in the background, from the memoised automaton)
-            validate_regex(regex, max_regex_size=self.index_cache.max_regex_size, budget=self.budget)
+            if translated:  # the translator built these automata under the same limits: the size estimate, a
+                check_automaton(regex, self.budget)  # guard before a build, has nothing left to guard (memo hits)
+            else:
+                validate_regex(regex, max_regex_size=self.index_cache.max_regex_size, budget=self.budget)
         self._future: Future | None = None
         self._compiled: CompiledIndex | None = None
         self._eos_ids = self.vocab.eos_token_ids

@@ -93,4 +93,5 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
             index_cache=index_cache,
             backend=backend,
             budget=budget.for_automaton(),  # (the ladder already counted the automata it built; these rebuild them)
+            translated=True,
         )
