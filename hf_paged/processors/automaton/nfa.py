@@ -163,7 +163,6 @@ class _Builder:
             current = yield child, current
         return current
 
-
     def literal_trie(self, literals: list[tuple[int, ...]], nxt: int) -> int:
         """An alternation of literal strings (an enum, a list of keys) as a trie: shared prefixes share their
         states, and each state reads its next characters on one set of byte edges, so determinizing it is a

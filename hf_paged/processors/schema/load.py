@@ -88,9 +88,9 @@ def _meta_valid_fast(schema: dict | bool) -> bool:
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
-            pattern = node.get("pattern")
             patterns = node.get("patternProperties")
-            if not (_regex_compiles(pattern) and (not isinstance(patterns, dict) or all(map(_regex_compiles, patterns)))):
+            keys = patterns if isinstance(patterns, dict) else ()
+            if not (_regex_compiles(node.get("pattern")) and all(map(_regex_compiles, keys))):
                 return False
             stack.extend(v for v in node.values() if isinstance(v, (dict, list)))
         elif isinstance(node, list):
