@@ -79,7 +79,7 @@ def paged_attention_forward(
         if plan is None:
             plan = plans.torch[q.device, sliding_window] = build_attention_plan(
                 paged_metadata.block_tables_on(q.device), paged_metadata.query_start_loc,
-                paged_metadata.context_lens, paged_metadata.block_size, sliding_window)
+                paged_metadata.context_lens, paged_metadata.block_size, sliding_window, in_place=True)
     if paged_metadata.hidden.get(layer_idx):  # PyramidKV: this layer does not see some kept blocks
         layer_key = (q.device, sliding_window, layer_idx)
         if layer_key not in plans.hidden:

@@ -60,3 +60,20 @@ def test_rows_of_different_lengths_keep_the_masked_gather():
     plan, out = _run(case)
     assert all(g.span is None for g in plan.decodes if g.rows.numel() > 1)
     torch.testing.assert_close(out, dense_attention(case), **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize(("context", "new"), [(7, 7), (21, 21), (21, 6), (8, 3)])
+def test_a_prefill_whose_blocks_are_consecutive_reads_them_in_place(context, new, window):
+    """`in_place=True`: the context is one slice of the pool (NaN around it), with the gather's exact result."""
+    case = _consecutive(make_case([context], [new], num_heads=4, num_kv_heads=2, head_dim=8, block_size=4,
+                                  dtype=torch.float32, spare_blocks=8), first=2)
+    args = (case.block_tables, case.query_start_loc.tolist(), case.context_lens.tolist(), 4, window)
+    in_place, gathered = build_attention_plan(*args, in_place=True), build_attention_plan(*args)
+    assert in_place.prefills[0].first_slot == 8 and gathered.prefills[0].first_slot is None
+    out = run_attention_plan(in_place, case.query, case.key_cache, case.value_cache, scale=case.scale)
+    assert torch.equal(out, run_attention_plan(gathered, case.query, case.key_cache, case.value_cache,
+                                               scale=case.scale))
+    torch.testing.assert_close(out, dense_attention(case, window), **tolerance(torch.float32))
+    case.block_tables[0, 1] = 7  # no longer consecutive: gathered
+    assert build_attention_plan(*args, in_place=True).prefills[0].first_slot is None

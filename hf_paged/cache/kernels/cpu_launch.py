@@ -56,7 +56,7 @@ def plan_cpu_attention(block_tables: torch.Tensor, query_start_loc: list[int], c
     long = None
     if long_seqs and not quantized:
         long = build_attention_plan(block_tables.cpu(), query_start_loc, context_lens, block_size, sliding_window,
-                                    skip=short.tolist())
+                                    skip=short.tolist(), in_place=True)
     return CpuAttentionPlan(block_tables.cpu().to(torch.int32).numpy(), np.asarray(query_start_loc, dtype=np.int32),
                             np.asarray(context_lens, dtype=np.int32),
                             np.flatnonzero(short & (q_lens > 0)).astype(np.int32), sliding_window or 0, long_seqs,

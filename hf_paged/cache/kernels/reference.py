@@ -28,6 +28,7 @@ class PrefillGroup:
     q_end: int  # one past its last row
     slots: torch.Tensor  # [context_len] int64 flat slot of every key position
     mask: torch.Tensor | None  # [q_len, context_len] bool (True = attend); None = plain causal, q_len == context_len
+    first_slot: int | None = None  # `slots` are first_slot, first_slot + 1, ... (consecutive blocks): read in place
 
 
 @dataclass(slots=True)
@@ -84,9 +85,12 @@ def build_attention_plan(
     block_size: int,
     sliding_window: int | None = None,
     skip: list[bool] | None = None,
+    in_place: bool = False,
 ) -> AttentionPlan:
     """Gather indices for a packed batch. `query_start_loc`/`context_lens` are python lists (host metadata).
-    Sequences with `skip[i]` are left out (another kernel attends them; their rows of the output stay as they are)."""
+    Sequences with `skip[i]` are left out (another kernel attends them; their rows of the output stay as they are).
+    `in_place`: the plan reads the block pool itself and keeps its slots as built, so a prefill whose blocks are
+    consecutive reads its context as a slice (callers that extend a group's slots afterwards leave it False)."""
     device = block_tables.device
     prefills: list[PrefillGroup] = []
     decode_rows: list[int] = []
@@ -110,13 +114,21 @@ def build_attention_plan(
             mask = positions[None, :] <= query_pos
             if sliding_window is not None:
                 mask &= positions[None, :] > query_pos - sliding_window
-        prefills.append(PrefillGroup(q_start, q_end, slots, mask))
+        first = _consecutive_first(block_tables[i], -(-context_len // block_size)) if in_place else None
+        prefills.append(PrefillGroup(q_start, q_end, slots, mask, None if first is None else first * block_size))
     decodes = [
         _decode_group(block_tables, [decode_rows[i] for i in g], [decode_seqs[i] for i in g],
                       [decode_lens[i] for i in g], block_size, sliding_window)
         for g in _length_buckets(decode_lens)
     ]
     return AttentionPlan(query_start_loc[-1], prefills, decodes)
+
+
+def _consecutive_first(table: torch.Tensor, num_blocks: int) -> int | None:
+    """The first of a row's `num_blocks` blocks when they are consecutive in the pool (a fresh sequence's usually
+    are), else None."""
+    ids = table[:num_blocks].tolist()
+    return ids[0] if ids == list(range(ids[0], ids[0] + num_blocks)) else None
 
 
 def _length_buckets(lens: list[int], min_len: int = 64) -> list[list[int]]:
@@ -174,10 +186,7 @@ def _decode_group(block_tables, rows, seqs, lens, block_size, sliding_window, *,
 def _equal_rows(tables, rows, length, max_blocks, block_size, sliding_window) -> DecodeGroup:
     device, n = tables.device, len(rows)
     tables = tables[:, :max_blocks]
-    first = None
-    if n == 1:
-        ids = tables[0].tolist()
-        first = ids[0] if ids == list(range(ids[0], ids[0] + max_blocks)) else None
+    first = _consecutive_first(tables[0], max_blocks) if n == 1 else None
     start = max(0, length - sliding_window) if sliding_window is not None else 0
     nothing = torch.empty(0, dtype=torch.long, device=device)  # a span reads no tail: nothing to zero
     return DecodeGroup(torch.tensor(rows, device=device), tables.reshape(-1), max_blocks, nothing, None,
@@ -228,8 +237,13 @@ def run_attention_plan(
     out = torch.empty_like(query) if out is None else out
     for group in plan.prefills:
         q = query[group.q_start : group.q_end].transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-        k = flat_k.index_select(0, group.slots).transpose(0, 1).unsqueeze(0).to(query.dtype)
-        v = flat_v.index_select(0, group.slots).transpose(0, 1).unsqueeze(0).to(query.dtype)
+        if group.first_slot is not None:  # consecutive blocks: the context is one slice of the pool
+            end = group.first_slot + group.slots.numel()
+            k, v = flat_k[group.first_slot : end], flat_v[group.first_slot : end]
+        else:
+            k, v = flat_k.index_select(0, group.slots), flat_v.index_select(0, group.slots)
+        k = k.transpose(0, 1).unsqueeze(0).to(query.dtype)
+        v = v.transpose(0, 1).unsqueeze(0).to(query.dtype)
         o = _sdpa(q, k, v, group.mask, causal=group.mask is None, scale=scale, softcap=softcap)
         out[group.q_start : group.q_end] = o[0].transpose(0, 1)
     for d in plan.decodes:
