@@ -36,6 +36,8 @@ KERNEL_MODULES = (
     "hf_paged.processors.index.closed_states",
     "hf_paged.processors.automaton.dfa_kernel",
     "hf_paged.processors.automaton.refine_kernel",
+    "hf_paged.processors.automaton.layout_kernel",
+    "hf_paged.processors.automaton.utf8",
 )
 _KERNELS: list[Kernel] = []
 _HELPERS: list[Callable[..., Any]] = []  # functions compiled kernels call (never run as Python: see `helper`)

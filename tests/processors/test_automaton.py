@@ -187,3 +187,68 @@ def test_compiled_live_states_equal_their_twin(compiled):
         twin = live_states.python(starts, pairs % num_states, finals)
         assert np.array_equal(live_states.compiled(starts, pairs % num_states, finals), twin)
         assert twin[finals].all()
+
+
+def test_compiled_trim_equals_its_twin(compiled, monkeypatch):
+    """The table of every automaton above, and of random run lists (dead ends, unreachable finals, a dead start)."""
+    from hf_paged.processors.automaton import layout_kernel as trim_kernel
+
+    calls = []
+    monkeypatch.setattr(dfa_module, "trim_table", lambda *args: calls.append(args) or trim_kernel.trim_table(*args))
+    for regex in REGEXES + [schema_to_regex(s) for s in SCHEMAS]:
+        dfa_module.determinize(build_nfa(parse(regex), CompileBudget()), CompileBudget())
+    rng = np.random.default_rng(11)
+    byte_class = np.repeat(np.arange(8), 32).astype(np.int64)
+    for num_states in (1, 3, 20, 200):
+        per_state = rng.integers(0, 4, size=num_states)
+        run_ptr = np.concatenate(([0], np.cumsum(per_state))).astype(np.int64)
+        first = rng.integers(0, 8, size=int(run_ptr[-1]))
+        runs = np.stack([first, np.minimum(first + rng.integers(0, 3, size=first.shape[0]), 7),
+                         rng.integers(-1, num_states, size=first.shape[0])], axis=1).astype(np.int64)
+        calls.append((runs, run_ptr, rng.random(num_states) < 0.2, byte_class))
+    assert any(not trim_kernel.trim_table.python(*args)[0] for args in calls)  # (a dead start among them)
+    for args in calls:
+        twin, fast = trim_kernel.trim_table.python(*args), trim_kernel.trim_table.compiled(*args)
+        assert bool(twin[0]) == bool(fast[0]) and all(np.array_equal(x, y) for x, y in zip(twin[1:], fast[1:]))
+        assert twin[1].dtype == fast[1].dtype == np.int32 and twin[2].dtype == fast[2].dtype == np.bool_
+
+
+def test_compiled_nfa_layout_equals_its_twin(compiled, monkeypatch):
+    """Byte classes, sorted spans and CSR of every automaton above, and of NFAs with shuffled, repeated spans."""
+    from hf_paged.processors.automaton import layout_kernel
+
+    calls = []
+    monkeypatch.setattr(dfa_module, "nfa_layout", lambda *args: calls.append(args) or layout_kernel.nfa_layout(*args))
+    for regex in REGEXES + [schema_to_regex(s) for s in SCHEMAS]:
+        dfa_module.determinize(build_nfa(parse(regex), CompileBudget()), CompileBudget())
+    rng = np.random.default_rng(5)
+    for num_states in (1, 4, 50):
+        kinds = rng.integers(0, 4, size=num_states).astype(np.int8)
+        sparse, split = np.flatnonzero(kinds == 0), np.flatnonzero(kinds == 1)
+        counts = rng.integers(1, 6, size=sparse.shape[0]).astype(np.int64)
+        lo = rng.integers(0, 256, size=int(counts.sum()))
+        flat = np.stack([lo, np.minimum(lo + rng.integers(0, 40, size=lo.shape[0]), 255),
+                         rng.integers(0, num_states, size=lo.shape[0])], axis=1).astype(np.int64)
+        flat[1::3] = flat[::3][: flat[1::3].shape[0]]  # repeated spans
+        calls.append((kinds, sparse.astype(np.int64), counts, flat, split.astype(np.int64),
+                      rng.integers(1, 4, size=split.shape[0]).astype(np.int64)))
+    for args in calls:
+        twin, fast = layout_kernel.nfa_layout.python(*args), layout_kernel.nfa_layout.compiled(*args)
+        assert all(np.array_equal(x, y) and x.dtype == y.dtype for x, y in zip(twin, fast))
+
+
+def test_compiled_multibyte_ends_equal_their_twin(compiled):
+    """Every state of JSON string bodies, non-ASCII classes and random tables (uniform continuation rows or not)."""
+    from hf_paged.processors.automaton.utf8 import multibyte_ends_all, multibyte_ends_numpy
+
+    tables = [compile_regex(regex, CompileBudget()).transitions for regex in REGEXES + [schema_to_regex(s)
+                                                                                        for s in SCHEMAS]]
+    rng = np.random.default_rng(3)
+    for num_states in (1, 5, 40):
+        table = rng.integers(0, num_states, size=(num_states, 256)).astype(np.int32)
+        if num_states > 1:
+            table[:, 0x80:0xC0] = rng.integers(0, num_states, size=(num_states, 1))
+        tables.append(table)
+    for table in tables:
+        table = np.ascontiguousarray(table, dtype=np.int32)
+        assert np.array_equal(multibyte_ends_all.compiled(table), multibyte_ends_numpy(table))

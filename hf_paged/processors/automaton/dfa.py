@@ -18,8 +18,9 @@ from itertools import chain
 import numpy as np
 
 from hf_paged.processors import jit
-from hf_paged.processors.automaton.dfa_kernel import live_states, subset_construction
+from hf_paged.processors.automaton.dfa_kernel import subset_construction
 from hf_paged.processors.automaton.nfa import LOOK, NFA, SPARSE, SPLIT
+from hf_paged.processors.automaton.layout_kernel import nfa_layout, trim_table
 from hf_paged.processors.budget import CompileBudget
 
 __all__ = ["JIT_MIN_POSITIONS", "DenseDFA", "determinize"]
@@ -55,8 +56,8 @@ def determinize(nfa: NFA, budget: CompileBudget) -> DenseDFA | None:
     budget.spend("dfa_steps", steps)
     if num_states == 0:
         return None
-    run_state = np.repeat(np.arange(run_ptr.shape[0] - 1, dtype=np.int64), np.diff(run_ptr))
-    return _trim(runs, run_state, finals, byte_class)
+    initial_live, transitions, kept_finals = trim_table(runs, run_ptr, finals, byte_class)
+    return DenseDFA(transitions, kept_finals) if initial_live else None
 
 
 @dataclass(slots=True)
@@ -73,10 +74,8 @@ class _NFAArrays:
 
 
 def _nfa_arrays(nfa: NFA) -> _NFAArrays:
-    """`nfa` as flat arrays: one pass over its edge lists at C speed (`chain`, `map`), the rest numpy.
-
-    byte classes: bytes no NFA range tells apart share a class (a range's first byte and the byte after its last
-    start a class)."""
+    """`nfa` as flat arrays: one pass over its edge lists at C speed (`chain`, `map`), the rest one compiled loop
+    (`layout_kernel.nfa_layout`: byte classes, sorted spans, CSR)."""
     kinds_list, edges = nfa.kinds, nfa.edges
     num_nfa = len(kinds_list)
     kinds = np.asarray(kinds_list, dtype=np.int8)
@@ -85,56 +84,13 @@ def _nfa_arrays(nfa: NFA) -> _NFAArrays:
     counts = np.fromiter(map(len, sparse_edges), dtype=np.int64, count=len(sparse_edges))
     flat = np.fromiter(chain.from_iterable(chain.from_iterable(sparse_edges)), dtype=np.int64,
                        count=3 * int(counts.sum())).reshape(-1, 3)
-    starts = np.zeros(257, dtype=bool)
-    starts[0] = True
-    starts[flat[:, 0]] = True
-    starts[flat[:, 1] + 1] = True
-    byte_class = np.cumsum(starts[:256]) - 1
-    owner = np.repeat(sparse, counts)
-    first, last, nxt = byte_class[flat[:, 0]], byte_class[flat[:, 1]], flat[:, 2]
-    order = np.lexsort((nxt, last, first, owner))  # each state's spans sorted, states in order
-    spans = np.ascontiguousarray(np.stack([first, last, nxt], axis=1)[order])
-    per_state = np.zeros(num_nfa, dtype=np.int64)
-    per_state[sparse] = counts
-    sp_ptr = np.concatenate(([0], np.cumsum(per_state)))
     split = np.flatnonzero(kinds == SPLIT)
     split_edges = [edges[q] for q in split.tolist()]
     eps_counts = np.fromiter(map(len, split_edges), dtype=np.int64, count=len(split_edges))
     eps = np.fromiter(chain.from_iterable(split_edges), dtype=np.int64, count=int(eps_counts.sum()))
-    per_state[:] = 0
-    per_state[split] = eps_counts
-    eps_ptr = np.concatenate(([0], np.cumsum(per_state)))
+    sp_ptr, spans, eps_ptr, byte_class = nfa_layout(kinds, sparse, counts, flat, split, eps_counts)
     look = np.zeros((num_nfa, 2), dtype=np.int64)
     looks = np.flatnonzero(kinds == LOOK)
     if looks.shape[0]:
         look[looks] = np.array([edges[q] for q in looks.tolist()], dtype=np.int64)
     return _NFAArrays(kinds, sp_ptr, spans, eps_ptr, eps, look, byte_class)
-
-
-def _trim(runs: np.ndarray, run_state: np.ndarray, finals: np.ndarray, byte_class: np.ndarray) -> DenseDFA | None:
-    """The dense table from the runs (first class, last class, next state; -1 dead) of each state, keeping the
-    states that can reach a final one (in their order); the others become the dead state."""
-    num_states = finals.shape[0]
-    target = runs[:, 2]
-    linked = target >= 0
-    pairs = np.unique(target[linked] * num_states + run_state[linked])  # (to, from), each edge once, sorted by `to`
-    preds = pairs % num_states
-    starts = np.searchsorted(pairs // num_states, np.arange(num_states + 1))
-    live = live_states(starts, preds, finals)  # backwards from the finals (compiled once loaded)
-    if not live[0]:
-        return None
-    kept = live
-    renumber = np.full(num_states + 1, -1, dtype=np.int64)  # (index -1, a dead target, stays -1)
-    renumber[:-1][kept] = np.arange(int(kept.sum()))
-    dead = int(kept.sum())
-    rows, nexts = renumber[run_state], renumber[target]
-    use = (rows >= 0) & (nexts >= 0)
-    # classes are contiguous byte ranges, in order: a run of classes is one run of bytes
-    class_start = np.flatnonzero(np.diff(byte_class, prepend=-1))
-    class_end = np.append(class_start[1:], 256) - 1
-    first_byte, last_byte = class_start[runs[use, 0]], class_end[runs[use, 1]]
-    lengths = last_byte - first_byte + 1
-    offsets = np.arange(int(lengths.sum())) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    transitions = np.full((dead + 1, 256), dead, dtype=np.int32)
-    transitions[np.repeat(rows[use], lengths), np.repeat(first_byte, lengths) + offsets] = np.repeat(nexts[use], lengths)
-    return DenseDFA(transitions, np.append(finals[kept], False))

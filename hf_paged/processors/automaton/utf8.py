@@ -16,7 +16,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["multibyte_ends", "valid_utf8_suffixes"]
+from hf_paged.processors.jit import kernel, warm_up
+
+__all__ = ["multibyte_ends", "multibyte_ends_numpy", "valid_utf8_suffixes"]
 
 # (lead bytes, second-byte range, continuation bytes after the second): the well-formed sequences of
 # Unicode 15, table 3-7 (no overlongs, no surrogates, nothing past U+10FFFF)
@@ -36,6 +38,16 @@ for _leads, (_low, _high), _more in _SEQUENCES:
 
 
 def multibyte_ends(
+    transitions: np.ndarray, states: np.ndarray | None = None, ensure: Callable[[np.ndarray], None] | None = None
+) -> np.ndarray:
+    """See `multibyte_ends_numpy`; every state of a table at once runs as one compiled loop (`multibyte_ends_all`,
+    a `jit.kernel` whose twin is the numpy version: about a hundred numpy calls whatever the size)."""
+    if states is None and ensure is None:
+        return multibyte_ends_all(np.ascontiguousarray(transitions, dtype=np.int32))
+    return multibyte_ends_numpy(transitions, states, ensure)
+
+
+def multibyte_ends_numpy(
     transitions: np.ndarray, states: np.ndarray | None = None, ensure: Callable[[np.ndarray], None] | None = None
 ) -> np.ndarray:
     """int64 `[S + 1]` (or one per entry of `states`): per state s, the one state that every well-formed multi-byte
@@ -78,6 +90,68 @@ def multibyte_ends(
         group = np.where(same, reached[:, 0], -1)
         ends = np.where(ends == -2, group, np.where(ends == group, ends, -1))
     return ends
+
+
+# -- every state at once, compiled: per byte range R of a second or continuation byte (five in table 3-7),
+# uniform_R[s] is the state every byte of R leads s to (or -1); then per state and group of lead bytes, as above.
+
+def _layout():
+    """The groups of `_SEQUENCES` as arrays: lead bytes (CSR by group), each group's second-byte range (an index
+    into `_RANGES`) and its number of continuation bytes after the second."""
+    ranges = sorted({second for _, second, _ in _SEQUENCES} | {(0x80, 0xBF)})
+    leads = [lead for group, _, _ in _SEQUENCES for lead in group]
+    ptr = np.cumsum([0] + [len(list(group)) for group, _, _ in _SEQUENCES])
+    second = [ranges.index(s) for _, s, _ in _SEQUENCES]
+    more = [m for _, _, m in _SEQUENCES]
+    return (np.array(ranges, np.int64), np.array(leads, np.int64), ptr.astype(np.int64), np.array(second, np.int64),
+            np.array(more, np.int64), ranges.index((0x80, 0xBF)))
+
+
+_RANGES, _LEADS, _LEAD_PTR, _SECOND_RANGE, _MORE, _CONTINUATION = _layout()
+
+
+def _all_states_numpy(table):
+    return multibyte_ends_numpy(table)
+
+
+@kernel(python=_all_states_numpy)
+def multibyte_ends_all(table):  # pragma: no cover (compiled; `multibyte_ends_numpy` is the reference)
+    num_states = table.shape[0]
+    uniform = np.empty((_RANGES.shape[0], num_states), np.int64)
+    for k in range(_RANGES.shape[0]):
+        low, high = _RANGES[k, 0], _RANGES[k, 1]
+        for s in range(num_states):
+            value = table[s, low]
+            for b in range(low + 1, high + 1):
+                if table[s, b] != value:
+                    value = -1
+                    break
+            uniform[k, s] = value
+    ends = np.empty(num_states, np.int64)
+    for s in range(num_states):
+        end = -2  # no group seen yet
+        for g in range(_LEAD_PTR.shape[0] - 1):
+            first = np.int64(-1)
+            agree = True
+            for i in range(_LEAD_PTR[g], _LEAD_PTR[g + 1]):
+                reached = uniform[_SECOND_RANGE[g], table[s, _LEADS[i]]]
+                for _ in range(_MORE[g]):
+                    if reached >= 0:
+                        reached = uniform[_CONTINUATION, reached]
+                if i == _LEAD_PTR[g]:
+                    first = reached
+                elif reached != first:
+                    agree = False
+            group = first if agree and first >= 0 else -1
+            end = group if end == -2 else (end if end == group else -1)
+        ends[s] = end
+    return ends
+
+
+@warm_up
+def _signatures() -> None:
+    """A one-state table, as `string_steps` passes it."""
+    multibyte_ends_all.dispatcher(np.zeros((1, 256), np.int32))
 
 
 def valid_utf8_suffixes(raw: bytes) -> list[bool]:
