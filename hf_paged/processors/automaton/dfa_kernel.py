@@ -25,7 +25,7 @@ import numpy as np
 from hf_paged.processors.automaton.dfa_python import subset_construction_python
 from hf_paged.processors.jit import helper, kernel, warm_up
 
-__all__ = ["LOOK", "MATCH", "SPARSE", "SPLIT", "live_states", "subset_construction"]
+__all__ = ["LOOK", "MATCH", "SPARSE", "SPLIT", "subset_construction"]
 
 SPARSE, SPLIT, LOOK, MATCH = 0, 1, 2, 3
 _START = 0  # the start-of-text anchor (`tree.START`)
@@ -88,6 +88,46 @@ def _grow_rows(values, size):  # pragma: no cover (compiled)
     return out
 
 
+_SMALL = 32  # below this many values, a sort is an insertion sort in place (no allocation); above, numpy's
+
+
+@helper
+def _sort_small(values, count):  # pragma: no cover (compiled)
+    """values[:count] sorted in place (ascending)."""
+    if count > _SMALL:
+        values[:count] = np.sort(values[:count])
+        return
+    for i in range(1, count):
+        v = values[i]
+        j = i
+        while j > 0 and values[j - 1] > v:
+            values[j] = values[j - 1]
+            j -= 1
+        values[j] = v
+
+
+@helper
+def _sort_items(items, count, ordered):  # pragma: no cover (compiled)
+    """Rows items[:count] ordered by (first, last, next), stably, into ordered[:count] (grown if short)."""
+    if ordered.shape[0] < count:
+        ordered = np.empty((2 * count, 3), np.int64)
+    if count > _SMALL:
+        order = np.argsort(items[:count, 0] * (1 << 40) + items[:count, 1] * (1 << 32) + items[:count, 2],
+                           kind="mergesort")
+        for i in range(count):
+            ordered[i, 0], ordered[i, 1], ordered[i, 2] = items[order[i], 0], items[order[i], 1], items[order[i], 2]
+        return ordered
+    for i in range(count):
+        a, z, t = items[i, 0], items[i, 1], items[i, 2]
+        j = i
+        while j > 0 and (ordered[j - 1, 0] > a or (ordered[j - 1, 0] == a and (
+                ordered[j - 1, 1] > z or (ordered[j - 1, 1] == z and ordered[j - 1, 2] > t)))):
+            ordered[j, 0], ordered[j, 1], ordered[j, 2] = ordered[j - 1, 0], ordered[j - 1, 1], ordered[j - 1, 2]
+            j -= 1
+        ordered[j, 0], ordered[j, 1], ordered[j, 2] = a, z, t
+    return ordered
+
+
 @kernel(python=subset_construction_python)
 def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, max_states,
                         max_steps):  # pragma: no cover (compiled; the twin above is the reference)
@@ -120,6 +160,8 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
     run_ptr = np.zeros(1025, np.int64)
     finals = np.empty(1024, np.bool_)
     items = np.empty((256, 3), np.int64)
+    sorted_rows = np.empty((256, 3), np.int64)  # `items` ordered (`_sort_items`)
+    bounds = np.empty(512, np.int64)  # piece boundaries of overlapping spans, then the distinct ones
     cover = np.empty(256, np.int64)
     seeds = np.empty(1, np.int64)
     points = np.empty(0, np.int64)
@@ -153,9 +195,8 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
                 items[num_items, 2] = spans[e, 2]
                 num_items += 1
         steps += num_items + 1
-        order = np.argsort(items[:num_items, 0] * (1 << 40) + items[:num_items, 1] * (1 << 32) + items[:num_items, 2],
-                           kind="mergesort")
-        ordered = items[:num_items][order]
+        sorted_rows = _sort_items(items, num_items, sorted_rows)
+        ordered = sorted_rows[:num_items]
         disjoint = True
         for i in range(num_items - 1):
             if ordered[i, 1] >= ordered[i + 1, 0]:
@@ -165,12 +206,19 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
         if disjoint:
             num_pieces = num_items
         else:
-            bounds = np.empty(2 * num_items, np.int64)
+            if bounds.shape[0] < 2 * num_items:
+                bounds = np.empty(4 * num_items, np.int64)
             bounds[:num_items] = ordered[:, 0]
-            bounds[num_items:] = ordered[:, 1] + 1
-            points = np.unique(bounds)
-            num_pieces = points.shape[0] - 1
-            steps += points.shape[0]
+            bounds[num_items:2 * num_items] = ordered[:, 1] + 1
+            _sort_small(bounds, 2 * num_items)
+            num_points = 0
+            for i in range(2 * num_items):
+                if num_points == 0 or bounds[i] != bounds[num_points - 1]:
+                    bounds[num_points] = bounds[i]
+                    num_points += 1
+            points = bounds[:num_points]
+            num_pieces = num_points - 1
+            steps += num_points
         for piece in range(num_pieces):
             if steps > max_steps:
                 status = 2
@@ -196,7 +244,8 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
                             num_seeds += 1
                 if num_seeds == 0:
                     continue
-                chosen = np.sort(cover[:num_seeds])
+                _sort_small(cover, num_seeds)
+                chosen = cover[:num_seeds]
             if num_seeds == 1 and single_id[chosen[0]] != -2:
                 target = single_id[chosen[0]]
             else:
@@ -212,7 +261,8 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
                         steps += visited
                         if pool_len + count > pool.shape[0]:
                             pool = _grow(pool, pool_len + count)
-                        pool[pool_len:pool_len + count] = np.sort(found[:count])
+                        _sort_small(found, count)
+                        pool[pool_len:pool_len + count] = found[:count]
                         cl_off[seed], cl_len[seed], cl_final[seed] = pool_len, count, own_final
                         pool_len += count
                     final = final or cl_final[seed]
@@ -229,7 +279,8 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
                             break
                 if status != 0:
                     break
-                members = np.sort(merged[:num_members])
+                _sort_small(merged, num_members)
+                members = merged[:num_members]
                 if num_members == 0 and not final:
                     target = -1
                 else:
@@ -291,43 +342,6 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
     return status, num_states, steps, finals[:state_id].copy(), run_ptr[:state_id + 1].copy(), runs[:num_runs].copy()
 
 
-def live_states_python(pred_ptr, preds, finals):
-    """`live_states` as a Python walk over lists (what runs until the compiled loop is loaded)."""
-    pred_list, starts, live = preds.tolist(), pred_ptr.tolist(), finals.tolist()
-    stack = [state for state, final in enumerate(live) if final]
-    while stack:  # one step per edge, however long the chains
-        state = stack.pop()
-        for before in pred_list[starts[state] : starts[state + 1]]:
-            if not live[before]:
-                live[before] = True
-                stack.append(before)
-    return np.asarray(live, dtype=np.bool_)
-
-
-@kernel(python=live_states_python)
-def live_states(pred_ptr, preds, finals):  # pragma: no cover (compiled; the twin above is the reference)
-    """bool [S]: the states from which a final one can be reached (predecessors of state s: preds[pred_ptr[s]:
-    pred_ptr[s + 1]])."""
-    num_states = finals.shape[0]
-    live = finals.copy()
-    stack = np.empty(num_states, np.int64)
-    top = 0
-    for state in range(num_states):
-        if live[state]:
-            stack[top] = state
-            top += 1
-    while top > 0:
-        top -= 1
-        state = stack[top]
-        for i in range(pred_ptr[state], pred_ptr[state + 1]):
-            before = preds[i]
-            if not live[before]:
-                live[before] = True
-                stack[top] = before
-                top += 1
-    return live
-
-
 @warm_up
 def _signatures() -> None:
     """A two-state automaton, in the types `dfa.determinize` passes."""
@@ -336,4 +350,3 @@ def _signatures() -> None:
     spans = np.array([[0, 0, 0]], dtype=np.int64)
     subset_construction.dispatcher(kinds, sp_ptr, spans, np.zeros(3, np.int64), np.zeros(0, np.int64),
                                    np.zeros((2, 2), np.int64), 1, 10, 100)
-    live_states.dispatcher(np.zeros(3, np.int64), np.zeros(0, np.int64), np.zeros(2, np.bool_))

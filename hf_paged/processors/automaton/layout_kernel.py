@@ -5,6 +5,7 @@ versions give the same arrays.
     nfa_layout    the NFA's byte ranges -> byte classes (bytes no range tells apart share one: a range's first
                   byte and the byte after its last start a class); each byte-reading state's spans (first class,
                   last class, next) sorted, as CSR; epsilon targets as CSR
+    live_states   the states from which a final one can be reached (a walk backwards over predecessor lists)
     trim_table    keep the states from which a match can be reached (the finals, and every state with an edge
                   into a kept one), renumbered in order, and write the dense byte table [K + 1, 256] int32 (row K
                   the dead state); a run of classes is a run of bytes (classes are contiguous byte ranges, in order)
@@ -14,10 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from hf_paged.processors.automaton.dfa_kernel import live_states
 from hf_paged.processors.jit import kernel, warm_up
 
-__all__ = ["nfa_layout", "trim_table"]
+__all__ = ["live_states", "nfa_layout", "trim_table"]
 
 
 def nfa_layout_python(kinds, sparse, counts, flat, split, eps_counts):
@@ -80,6 +80,43 @@ def nfa_layout(kinds, sparse, counts, flat, split, eps_counts):  # pragma: no co
     for q in range(num_states):
         eps_ptr[q + 1] += eps_ptr[q]
     return sp_ptr, spans, eps_ptr, byte_class
+
+
+def live_states_python(pred_ptr, preds, finals):
+    """`live_states` as a Python walk over lists (what runs until the compiled loop is loaded)."""
+    pred_list, starts, live = preds.tolist(), pred_ptr.tolist(), finals.tolist()
+    stack = [state for state, final in enumerate(live) if final]
+    while stack:  # one step per edge, however long the chains
+        state = stack.pop()
+        for before in pred_list[starts[state] : starts[state + 1]]:
+            if not live[before]:
+                live[before] = True
+                stack.append(before)
+    return np.asarray(live, dtype=np.bool_)
+
+
+@kernel(python=live_states_python)
+def live_states(pred_ptr, preds, finals):  # pragma: no cover (compiled; the twin above is the reference)
+    """bool [S]: the states from which a final one can be reached (predecessors of state s: preds[pred_ptr[s]:
+    pred_ptr[s + 1]])."""
+    num_states = finals.shape[0]
+    live = finals.copy()
+    stack = np.empty(num_states, np.int64)
+    top = 0
+    for state in range(num_states):
+        if live[state]:
+            stack[top] = state
+            top += 1
+    while top > 0:
+        top -= 1
+        state = stack[top]
+        for i in range(pred_ptr[state], pred_ptr[state + 1]):
+            before = preds[i]
+            if not live[before]:
+                live[before] = True
+                stack[top] = before
+                top += 1
+    return live
 
 
 def trim_table_python(runs, run_ptr, finals, byte_class):
@@ -179,5 +216,6 @@ def _signatures() -> None:
     """A one-state automaton, in the types `dfa.determinize` passes."""
     nfa_layout.dispatcher(np.array([0], np.int8), np.zeros(1, np.int64), np.ones(1, np.int64),
                           np.zeros((1, 3), np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+    live_states.dispatcher(np.zeros(3, np.int64), np.zeros(0, np.int64), np.zeros(2, np.bool_))
     trim_table.dispatcher(np.zeros((1, 3), np.int64), np.array([0, 1], np.int64), np.ones(1, np.bool_),
                           np.zeros(256, np.int64))
