@@ -191,14 +191,21 @@ def test_compiled_live_states_equal_their_twin(compiled):
         assert twin[finals].all()
 
 
+def _determinize_calls(monkeypatch, name: str) -> list[tuple]:
+    """The arguments `dfa.determinize` passes to its kernel `name` for every automaton above."""
+    calls: list[tuple] = []
+    kernel = getattr(dfa_module, name)
+    monkeypatch.setattr(dfa_module, name, lambda *args: calls.append(args) or kernel(*args))
+    for regex in REGEXES + [schema_to_regex(s) for s in SCHEMAS]:
+        dfa_module.determinize(build_nfa(parse(regex), CompileBudget()), CompileBudget())
+    return calls
+
+
 def test_compiled_trim_equals_its_twin(compiled, monkeypatch):
     """The table of every automaton above, and of random run lists (dead ends, unreachable finals, a dead start)."""
     from hf_paged.processors.automaton import layout_kernel as trim_kernel
 
-    calls = []
-    monkeypatch.setattr(dfa_module, "trim_table", lambda *args: calls.append(args) or trim_kernel.trim_table(*args))
-    for regex in REGEXES + [schema_to_regex(s) for s in SCHEMAS]:
-        dfa_module.determinize(build_nfa(parse(regex), CompileBudget()), CompileBudget())
+    calls = _determinize_calls(monkeypatch, "trim_table")
     rng = np.random.default_rng(11)
     byte_class = np.repeat(np.arange(8), 32).astype(np.int64)
     for num_states in (1, 3, 20, 200):
@@ -219,10 +226,7 @@ def test_compiled_nfa_layout_equals_its_twin(compiled, monkeypatch):
     """Byte classes, sorted spans and CSR of every automaton above, and of NFAs with shuffled, repeated spans."""
     from hf_paged.processors.automaton import layout_kernel
 
-    calls = []
-    monkeypatch.setattr(dfa_module, "nfa_layout", lambda *args: calls.append(args) or layout_kernel.nfa_layout(*args))
-    for regex in REGEXES + [schema_to_regex(s) for s in SCHEMAS]:
-        dfa_module.determinize(build_nfa(parse(regex), CompileBudget()), CompileBudget())
+    calls = _determinize_calls(monkeypatch, "nfa_layout")
     rng = np.random.default_rng(5)
     for num_states in (1, 4, 50):
         kinds = rng.integers(0, 4, size=num_states).astype(np.int8)

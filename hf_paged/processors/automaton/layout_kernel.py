@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from hf_paged.processors.jit import kernel, warm_up
+from hf_paged.processors.jit import helper, kernel, warm_up
 
 __all__ = ["live_states", "nfa_layout", "trim_table"]
 
@@ -95,15 +95,12 @@ def live_states_python(pred_ptr, preds, finals):
     return np.asarray(live, dtype=np.bool_)
 
 
-@kernel(python=live_states_python)
-def live_states(pred_ptr, preds, finals):  # pragma: no cover (compiled; the twin above is the reference)
-    """bool [S]: the states from which a final one can be reached (predecessors of state s: preds[pred_ptr[s]:
-    pred_ptr[s + 1]])."""
-    num_states = finals.shape[0]
+@helper
+def _walk_back(pred_ptr, preds, finals):  # pragma: no cover (compiled)
     live = finals.copy()
-    stack = np.empty(num_states, np.int64)
+    stack = np.empty(finals.shape[0], np.int64)
     top = 0
-    for state in range(num_states):
+    for state in range(finals.shape[0]):
         if live[state]:
             stack[top] = state
             top += 1
@@ -117,6 +114,13 @@ def live_states(pred_ptr, preds, finals):  # pragma: no cover (compiled; the twi
                 stack[top] = before
                 top += 1
     return live
+
+
+@kernel(python=live_states_python)
+def live_states(pred_ptr, preds, finals):  # pragma: no cover (compiled; the twin above is the reference)
+    """bool [S]: the states from which a final one can be reached (predecessors of state s: preds[pred_ptr[s]:
+    pred_ptr[s + 1]])."""
+    return _walk_back(pred_ptr, preds, finals)
 
 
 def trim_table_python(runs, run_ptr, finals, byte_class):
@@ -165,22 +169,7 @@ def trim_table(runs, run_ptr, finals, byte_class):  # pragma: no cover (compiled
             if t >= 0:
                 preds[fill[t]] = s
                 fill[t] += 1
-    live = finals.copy()
-    stack = np.empty(num_states, np.int64)
-    top = 0
-    for s in range(num_states):
-        if live[s]:
-            stack[top] = s
-            top += 1
-    while top > 0:
-        top -= 1
-        s = stack[top]
-        for i in range(counts[s], counts[s + 1]):
-            before = preds[i]
-            if not live[before]:
-                live[before] = True
-                stack[top] = before
-                top += 1
+    live = _walk_back(counts, preds, finals)
     if not live[0]:
         return False, np.zeros((0, 256), np.int32), np.zeros(0, np.bool_)
     renumber = np.full(num_states, -1, np.int64)
