@@ -322,6 +322,7 @@ class Engine:
         if fingerprint != self._weights:
             self._weights = fingerprint
             self.reset_prefix_cache()
+            self.runner.model_changed()
 
     # -- drivers -----------------------------------------------------------------------------------------
     def run(self, request_ids: Iterable[str] | None = None, *, on_step=None) -> dict[str, RequestOutput]:

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from hf_paged.cache.attention import ATTENTION_NAME, register
+from hf_paged.batching.lean_forward import LeanForward
+from hf_paged.cache.attention import ATTENTION_NAME, paged_attention_forward, register
 from hf_paged.cache.attention_switch import attention_configs, use_attention
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.paged_cache import PagedCache
@@ -23,6 +24,11 @@ class ModelRunner:
         self.cache = cache
         self._configs = attention_configs(model)
         self.device = _input_device(model)
+        self.lean = LeanForward.build(model)
+
+    def model_changed(self) -> None:
+        """The weights or modules changed (the engine's weights check): build the lean forward anew."""
+        self.lean = LeanForward.build(self.model)
 
     def paged_attention(self):
         """Route attention to `hf_paged` for one forward only; plain forwards keep the stock implementation."""
@@ -37,6 +43,8 @@ class ModelRunner:
         ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
         pos = torch.tensor([positions], dtype=torch.long, device=self.device)
         keep = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
+        if self.lean is not None and self.lean.usable():
+            return self.lean(ids, pos, keep, self._paged_attend(metadata)).float()
         with self.paged_attention():
             out = self.model(
                 input_ids=ids,
@@ -47,6 +55,18 @@ class ModelRunner:
                 logits_to_keep=keep,
             )
         return out.logits[0].float()
+
+
+    def _paged_attend(self, metadata: PagedMetadata):
+        """The lean forward's attention: what the stock attention module does with the cache and "hf_paged"."""
+        cache, cache_kwargs = self.cache, {"kwargs": {"paged_metadata": metadata}}
+
+        def attend(attn, q, k, v, scaling, sliding_window):  # [T, heads, dim] in and out; [1, heads, T, dim] there
+            k, v = cache.update(k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn.layer_idx, **cache_kwargs)
+            return paged_attention_forward(attn, q.transpose(0, 1)[None], k, v, None, scaling=scaling,
+                                           sliding_window=sliding_window, paged_metadata=metadata)[0][0]
+
+        return attend
 
 
 def _input_device(model: torch.nn.Module) -> torch.device:

@@ -4,7 +4,8 @@ The torch path gathers every scheduled sequence's blocks into a fresh tensor on 
 quantized cache, dequantizes them into one first); that copy cost as much as the attention arithmetic. These
 kernels walk the block tables instead: one pass over a sequence's keys per KV head computes the scores of all
 the queries that share that head (GQA) and all the query positions of a short chunk, a softmax over each
-query's own range, one pass over the values. Nothing outside a sequence's own slots `0 .. context_len - 1` is
+query's own range, one pass over the values. A decode (one query) reads each key and value row, every KV head of
+it, once for all the query heads. Nothing outside a sequence's own slots `0 .. context_len - 1` is
 read, so unwritten slots never matter, and nothing is copied.
 
     sequence i: queries qsl[i] .. qsl[i+1]-1 sit at positions L-q .. L-1 (L = lens[i], q = qsl[i+1]-qsl[i])
@@ -92,7 +93,7 @@ def _add_value(r_lo, r_hi, g, value, scores, col, acc):
 
 @njit(cache=True, nogil=True)
 def _scratch(q, qsl, lens, seqs, window, g):
-    rows, width = 1, 1
+    rows, width = q.shape[1], 1  # a decode's scores: one row per query head
     for idx in range(seqs.shape[0]):
         i = seqs[idx]
         rows = max(rows, (qsl[i + 1] - qsl[i]) * g)
@@ -124,35 +125,41 @@ def softmax_row(s, width):
 
 
 @njit(cache=True, nogil=True, fastmath=True)
-def _decode_head(q, q0, h, g, key_cache, value_cache, table, lo, length, scale, scores, acc, out):
-    """One query (row q0, the sequence's last position) per query head of KV head h: keys lo .. length - 1.
-    The common case, in the tightest loops: each head's query stays in registers over the keys."""
-    bs, dim = key_cache.shape[1], key_cache.shape[3]
-    width = length - lo
-    for j in range(g):
-        qq = q[q0, h * g + j]
-        s = scores[j]
-        for blk in range(lo // bs, (length + bs - 1) // bs):
-            keys = key_cache[table[blk]]
-            for t in range(max(lo, blk * bs), min(length, blk * bs + bs)):
-                k = keys[t - blk * bs, h]
-                dot = np.float32(0.0)
-                for d in range(dim):
-                    dot += qq[d] * k[d]
-                s[t - lo] = dot * scale
-        softmax_row(s, width)
-    acc[:g] = 0.0
+def _decode_seq(q, q0, key_cache, value_cache, table, lo, length, scale, scores, acc, out):
+    """One query (row q0, the sequence's last position) of every head: keys lo .. length - 1. The common case, in
+    the tightest loops: each key row (all KV heads, contiguous in its block) is read once for every query head
+    (GQA groups included), and each value row once; scores [heads, keys] and acc [heads, dim] are scratch."""
+    bs, num_kv_heads, dim = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
+    heads = q.shape[1]
+    g = heads // num_kv_heads
+    for blk in range(lo // bs, (length + bs - 1) // bs):
+        keys = key_cache[table[blk]]
+        for t in range(max(lo, blk * bs), min(length, blk * bs + bs)):
+            row = keys[t - blk * bs]
+            for h in range(num_kv_heads):
+                k = row[h]
+                for j in range(g):
+                    qq = q[q0, h * g + j]
+                    dot = np.float32(0.0)
+                    for d in range(dim):
+                        dot += qq[d] * k[d]
+                    scores[h * g + j, t - lo] = dot * scale
+    for r in range(heads):
+        softmax_row(scores[r], length - lo)
+    acc[:heads] = 0.0
     for blk in range(lo // bs, (length + bs - 1) // bs):
         values = value_cache[table[blk]]
         for t in range(max(lo, blk * bs), min(length, blk * bs + bs)):
-            v = values[t - blk * bs, h]
-            for j in range(g):
-                p = scores[j, t - lo]
-                a = acc[j]
-                for d in range(dim):
-                    a[d] += p * v[d]
-    for j in range(g):
-        out[q0, h * g + j] = acc[j]
+            row = values[t - blk * bs]
+            for h in range(num_kv_heads):
+                v = row[h]
+                for j in range(g):
+                    p = scores[h * g + j, t - lo]
+                    a = acc[h * g + j]
+                    for d in range(dim):
+                        a[d] += p * v[d]
+    for r in range(heads):
+        out[q0, r] = acc[r]
 
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
@@ -165,8 +172,7 @@ def _plain_seq(i, q, key_cache, value_cache, tables, qsl, lens, scale, window, s
     first = length - q_len
     lo = 0 if window <= 0 else max(0, first - window + 1)
     if q_len == 1 and softcap <= 0:
-        for h in range(num_kv_heads):
-            _decode_head(q, q0, h, g, key_cache, value_cache, tables[i], lo, length, scale, scores, acc, out)
+        _decode_seq(q, q0, key_cache, value_cache, tables[i], lo, length, scale, scores, acc, out)
         return
     for h in range(num_kv_heads):
         for t in range(lo, length):

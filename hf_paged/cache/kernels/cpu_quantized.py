@@ -133,7 +133,7 @@ def _copy_block(data, b, h, rows, out):
 def _decode_head_quantized(q, q0, h, g, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale, v_zero, v_fmt,
                            v_layout, log_scale, tail_k, tail_v, tail_table, table, lo, length, scale, scores, acc,
                            out, block, channel):
-    """`_decode_head` over quantized blocks: each block is dequantized once into `block` [bs, D] (K, then V) and
+    """One KV head's decode over quantized blocks: each block is dequantized once into `block` [bs, D] (K, then V) and
     read by all g query heads; the last block comes from the tail unless the query fills it."""
     bs, dim = tail_k.shape[1], tail_k.shape[3]
     open_block = (length - 1) // bs if length % bs else -1  # the block not yet quantized

@@ -1,0 +1,175 @@
+"""`LeanForward`: a stock decoder's own torch ops, run without the module machinery around them.
+
+At batch 1 a small model's step is mostly Python around its ops: module calls, decorators, kwargs plumbing,
+the causal-mask builder and output recorders (a Llama layer of hidden 256 at batch 4: ~510 us through its modules,
+~360 us of ops). For the families whose decoder layer is
+
+    RMSNorm -> q/k/v projections -> RoPE -> attention -> o_proj -> + residual -> RMSNorm -> gated MLP -> + residual
+
+(Llama, Qwen2, Mistral), `LeanForward` calls those ops itself, the same ops in the same order on the same
+tensors, so its logits are the stock forward's bit for bit. It is built only when a self-check agrees bit for bit
+with the model's own modules: one probe forward of a few tokens through the stock model and through this code,
+both with a probe attention that records what it is given (every layer's q, k, v, scaling and sliding window);
+its logits and every record must be equal. So a patched or kernelized module, a module class we do not know, or a
+transformers release whose modules compute differently keeps the stock forward; so do forward hooks and
+per-instance forwards (accelerate's dispatch, tensor parallelism), checked at each forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from hf_paged.cache.attention_switch import attention_configs, use_attention
+
+# model_type -> how its attention module passes `sliding_window` to the attention function
+_FAMILIES: dict[str, Callable[[torch.nn.Module], int | None]] = {
+    "llama": lambda attn: None,
+    "qwen2": lambda attn: attn.sliding_window,
+    "mistral": lambda attn: getattr(attn.config, "sliding_window", None),
+}
+_PROBE = "hf_paged_probe"
+
+Attend = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, float, "int | None"], torch.Tensor]
+
+
+def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    dtype = x.dtype
+    x = x.to(torch.float32)
+    variance = x.pow(2).mean(-1, keepdim=True)
+    x = x * torch.rsqrt(variance + norm.variance_epsilon)
+    return norm.weight * x.to(dtype)
+
+
+def _linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`nn.Linear` on a contiguous [T, in]: the matmul `F.linear` runs for a contiguous [1, T, in] (its
+    flattening to one `mm`, or `addmm` with a bias), without the dispatch around it."""
+    if module.bias is None:
+        return torch.mm(x, module.weight.t())
+    return torch.addmm(module.bias, x, module.weight.t())
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LeanForward:
+    """`__call__(input_ids [1, T], position_ids [1, T], keep [R], attend)` -> logits `[R, vocab]`, where
+    `attend(attn_module, q, k, v, scaling, sliding_window)` returns the attention output `[T, heads, dim]`
+    (q `[T, heads, dim]`, k/v `[T, kv_heads, dim]` after RoPE). Every op is the stock module's on the same values
+    (elementwise ops and row reductions give the same bits whatever the layout; the projections are the very
+    `mm`/`addmm` that `F.linear` runs on the stock shape)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        base = model.model
+        window = _FAMILIES[model.config.model_type]
+        self.embed, self.rotary, self.norm, self.head = base.embed_tokens, base.rotary_emb, base.norm, model.lm_head
+        self.layers = tuple(
+            (layer.input_layernorm, layer.self_attn, layer.self_attn.q_proj, layer.self_attn.k_proj,
+             layer.self_attn.v_proj, layer.self_attn.o_proj, window(layer.self_attn), layer.post_attention_layernorm,
+             layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, layer.mlp.act_fn)
+            for layer in base.layers[: model.config.num_hidden_layers]
+        )
+        # every (module, its parent's child table, its name): a module swapped, hooked or given its own forward
+        # after the build is seen by `usable`
+        self._tree = tuple((child, parent._modules, name) for parent in model.modules()
+                           for name, child in parent._modules.items() if child is not None)
+        self._root = model
+
+    @classmethod
+    def build(cls, model: torch.nn.Module) -> LeanForward | None:
+        """The lean forward of `model`, or None where the stock forward must run (see the module docstring)."""
+        if getattr(model.config, "model_type", None) not in _FAMILIES or not _plain(model):
+            return None
+        try:
+            lean = cls(model)
+        except (AttributeError, TypeError):  # a module of another shape under a known model_type
+            return None
+        return lean if lean.usable() and _agrees(model, lean) else None
+
+    def usable(self) -> bool:
+        """No module was swapped, hooked or given a per-instance forward since the build (the stock forward runs
+        those); one pass over the module tree, no tensor work."""
+        if _hooked(self._root) or _global_hooks():
+            return False
+        return all(table.get(name) is m and not _hooked(m) for m, table, name in self._tree)
+
+    def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor,
+                 attend: Attend) -> torch.Tensor:
+        hidden = self.embed(input_ids[0])  # [T, hidden]: the stock [1, T, hidden] without its batch dimension
+        cos, sin = self.rotary(hidden, position_ids)
+        cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, dim] against [T, heads, dim]
+        tokens = hidden.shape[0]
+        for in_norm, attn, q_proj, k_proj, v_proj, o_proj, window, post_norm, gate, up, down, act in self.layers:
+            x = _rms_norm(in_norm, hidden)
+            q = _linear(q_proj, x).view(tokens, -1, attn.head_dim)
+            k = _linear(k_proj, x).view(tokens, -1, attn.head_dim)
+            v = _linear(v_proj, x).view(tokens, -1, attn.head_dim)
+            q = (q * cos) + (_rotate_half(q) * sin)
+            k = (k * cos) + (_rotate_half(k) * sin)
+            out = attend(attn, q, k, v, attn.scaling, window).reshape(tokens, -1).contiguous()
+            hidden = hidden + _linear(o_proj, out)
+            x = _rms_norm(post_norm, hidden)
+            hidden = hidden + _linear(down, act(_linear(gate, x)) * _linear(up, x))
+        hidden = _rms_norm(self.norm, hidden)
+        return _linear(self.head, hidden[keep])
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    return bool(module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__)
+
+
+def _global_hooks() -> bool:
+    return bool(torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
+
+
+def _plain(model: torch.nn.Module) -> bool:
+    """Parameters are plain tensors on one device (no tensor-parallel shards, no offload to meta)."""
+    devices = set()
+    for p in model.parameters():
+        if type(p.data) is not torch.Tensor or p.device.type == "meta":
+            return False
+        devices.add(p.device)
+    return len(devices) == 1
+
+
+# -- the self-check ------------------------------------------------------------------------------------------------
+class _Records(list):
+    """The probe attention's records, in the lean layout [T, heads, dim]; its output depends on q only (k and v
+    are compared through the records)."""
+
+    def attend(self, attn, q, k, v, scaling, window) -> torch.Tensor:
+        self.append((attn.layer_idx, q, k, v, scaling, window))
+        return q * 0.5
+
+
+def _agrees(model: torch.nn.Module, lean: LeanForward) -> bool:
+    from transformers import AttentionInterface
+
+    stock_records, lean_records = _Records(), _Records()
+
+    def probe(module, query, key, value, attention_mask, *, scaling=None, sliding_window=None, **kwargs):
+        lean_layout = (t[0].transpose(0, 1) for t in (query, key, value))  # [1, heads, T, dim] -> [T, heads, dim]
+        return stock_records.attend(module, *lean_layout, scaling, sliding_window).unsqueeze(0), None
+
+    AttentionInterface.register(_PROBE, probe)
+    device = model.lm_head.weight.device
+    vocab = model.config.vocab_size
+    same = True
+    # a prefill-shaped probe and a decode-shaped one (matmuls of one row may take other kernels)
+    for ids, positions, keep in (([1, 7, 3, 11, 5], [0, 1, 2, 9, 40], [1, 4]), ([9], [17], [0])):
+        ids = torch.tensor([ids], device=device) % vocab
+        positions, keep = torch.tensor([positions], device=device), torch.tensor(keep, device=device)
+        try:
+            with torch.inference_mode(), use_attention(attention_configs(model), _PROBE):
+                stock = model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep).logits
+                ours = lean(ids, positions, keep, lean_records.attend)
+        except Exception:  # noqa: BLE001 - any failure of the probe means: keep the stock forward
+            return False
+        same = same and torch.equal(stock[0], ours)
+    return same and len(stock_records) == len(lean_records) > 0 and all(
+        a[0] == b[0] and a[4] == b[4] and a[5] == b[5] and all(torch.equal(x, y) for x, y in zip(a[1:4], b[1:4]))
+        for a, b in zip(stock_records, lean_records)
+    )
