@@ -35,6 +35,8 @@ Attend = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, fl
 
 
 def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    if x.dtype == torch.float32:  # the stock casts to and from fp32 return `x` itself: skip their dispatch
+        return norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
     dtype = x.dtype
     x = x.to(torch.float32)
     variance = x.pow(2).mean(-1, keepdim=True)
@@ -50,9 +52,10 @@ def _linear(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     return torch.addmm(module.bias, x, module.weight.t())
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """The stock `(x * cos) + (rotate_half(x) * sin)`: `rotate_half(x)` is `roll(x)` with its first half negated,
+    and `-a * b` is `a * -b` to the bit, so the negation moves onto `sin` once per forward (`sin_signed`)."""
+    return (x * cos) + (x.roll(x.shape[-1] // 2, -1) * sin_signed)
 
 
 class LeanForward:
@@ -101,14 +104,15 @@ class LeanForward:
         hidden = self.embed(input_ids[0])  # [T, hidden]: the stock [1, T, hidden] without its batch dimension
         cos, sin = self.rotary(hidden, position_ids)
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, dim] against [T, heads, dim]
+        half = sin.shape[-1] // 2
+        sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         tokens = hidden.shape[0]
         for in_norm, attn, q_proj, k_proj, v_proj, o_proj, window, post_norm, gate, up, down, act in self.layers:
             x = _rms_norm(in_norm, hidden)
             q = _linear(q_proj, x).view(tokens, -1, attn.head_dim)
             k = _linear(k_proj, x).view(tokens, -1, attn.head_dim)
             v = _linear(v_proj, x).view(tokens, -1, attn.head_dim)
-            q = (q * cos) + (_rotate_half(q) * sin)
-            k = (k * cos) + (_rotate_half(k) * sin)
+            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
             out = attend(attn, q, k, v, attn.scaling, window).reshape(tokens, -1).contiguous()
             hidden = hidden + _linear(o_proj, out)
             x = _rms_norm(post_norm, hidden)

@@ -65,9 +65,7 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
             sampled.append(request)
             num_drafts.append(k)
     width = max(len(t) for t in tables)
-    block_tables = torch.zeros((len(tables), width), dtype=torch.int32)
-    for i, table in enumerate(tables):
-        block_tables[i, : len(table)] = torch.tensor(table, dtype=torch.int32)
+    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)  # one tensor
     metadata = PagedMetadata(
         slot_mapping=torch.tensor(slots, dtype=torch.long),
         block_tables=block_tables,

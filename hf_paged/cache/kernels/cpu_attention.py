@@ -110,13 +110,32 @@ def _write_out(out, acc, q0, q_len, h, g):
 
 @njit(cache=True, nogil=True, fastmath=True, inline="always")
 def softmax_row(s, width):
-    """s[:width] (one query's scores, all valid) -> its probabilities, in place."""
+    """s[:width] (one query's scores, all valid) -> its probabilities, in place.
+
+    exp by Cephes' expf polynomial, in loops the compiler vectorizes (numba's `np.exp` is a scalar libm call
+    there: 2.3x slower over a row): x = s - max <= 0 is clamped at -87 (exp(-87) ~ 1.6e-38, nothing beside the
+    row's 1), x = k ln2 + r with |r| <= ln2 / 2, exp(r) by a degree-7 polynomial (1-2 ulp, as libm), 2^k as the
+    bits of a float."""
     m = s[0]
     for c in range(1, width):
         m = max(m, s[c])
+    bits = np.empty(width, np.int32)
+    for c in range(width):
+        x = max(s[c] - m, np.float32(-87.0))
+        k = np.floor(x * np.float32(1.44269504) + np.float32(0.5))
+        r = x - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)  # ln 2 in two parts
+        p = np.float32(1.9875691500e-4)
+        p = p * r + np.float32(1.3981999507e-3)
+        p = p * r + np.float32(8.3334519073e-3)
+        p = p * r + np.float32(4.1665795894e-2)
+        p = p * r + np.float32(1.6666665459e-1)
+        p = p * r + np.float32(5.0000001201e-1)
+        s[c] = p * r * r + r + np.float32(1.0)
+        bits[c] = (np.int32(k) + np.int32(127)) << np.int32(23)
+    two_k = bits.view(np.float32)
     total = np.float32(0.0)
     for c in range(width):
-        e = np.exp(s[c] - m)
+        e = s[c] * two_k[c]
         s[c] = e
         total += e
     inv = np.float32(1.0) / total
