@@ -11,8 +11,8 @@ tensors, so its logits are the stock forward's bit for bit. It is built only whe
 with the model's own modules: one probe forward of a few tokens through the stock model and through this code,
 both with a probe attention that records what it is given (every layer's q, k, v, scaling and sliding window);
 its logits and every record must be equal. So a patched or kernelized module, a module class we do not know, or a
-transformers release whose modules compute differently keeps the stock forward; so do forward hooks and
-per-instance forwards (accelerate's dispatch, tensor parallelism), checked at each forward.
+transformers release whose modules compute differently keeps the stock forward; so do forward hooks,
+per-instance forwards (accelerate's dispatch, tensor parallelism) and `module.compile()`, checked at each forward.
 """
 
 from __future__ import annotations
@@ -122,7 +122,9 @@ class LeanForward:
 
 
 def _hooked(module: torch.nn.Module) -> bool:
-    return bool(module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__)
+    """Hooks, a per-instance forward, or `module.compile()` (its compiled call is not bypassed either)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__
+                or module._compiled_call_impl is not None)
 
 
 def _global_hooks() -> bool:

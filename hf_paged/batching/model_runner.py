@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from hf_paged.batching.lean_forward import LeanForward
-from hf_paged.cache.attention import ATTENTION_NAME, paged_attention_forward, register
+from hf_paged.cache.attention import ATTENTION_NAME, attend_packed, register
 from hf_paged.cache.attention_switch import attention_configs, use_attention
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.paged_cache import PagedCache
@@ -58,13 +58,12 @@ class ModelRunner:
 
 
     def _paged_attend(self, metadata: PagedMetadata):
-        """The lean forward's attention: what the stock attention module does with the cache and "hf_paged"."""
-        cache, cache_kwargs = self.cache, {"kwargs": {"paged_metadata": metadata}}
+        """The lean forward's attention: the stock attention module's, with the cache and "hf_paged"."""
+        cache = self.cache
 
-        def attend(attn, q, k, v, scaling, sliding_window):  # [T, heads, dim] in and out; [1, heads, T, dim] there
-            k, v = cache.update(k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn.layer_idx, **cache_kwargs)
-            return paged_attention_forward(attn, q.transpose(0, 1)[None], k, v, None, scaling=scaling,
-                                           sliding_window=sliding_window, paged_metadata=metadata)[0][0]
+        def attend(attn, q, k, v, scaling, sliding_window):
+            return attend_packed(cache, attn, q, k, v, scaling=scaling, sliding_window=sliding_window,
+                                 metadata=metadata)
 
         return attend
 

@@ -18,6 +18,7 @@ from hf_paged.cache.compression import split_attention
 from hf_paged.cache.kernels.cpu_launch import cpu_kernel_applies, plan_cpu_attention, run_cpu_attention
 from hf_paged.cache.kernels.reference import build_attention_plan, run_attention_plan
 from hf_paged.cache.metadata import PagedMetadata
+from hf_paged.cache.paged_layer import PagedLayer
 from hf_paged.cache.pruning import hide_positions
 
 ATTENTION_NAME = "hf_paged"
@@ -96,6 +97,25 @@ def paged_attention_forward(
         return out.unsqueeze(0), None
     out = run_attention_plan(plan, q, key, value, scale=scale, softcap=softcap)
     return out.unsqueeze(0), None
+
+
+def attend_packed(cache, module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, *,
+                  scaling: float, sliding_window: int | None, metadata: PagedMetadata) -> torch.Tensor:
+    """What a stock attention module does with the paged cache and "hf_paged" (`cache.update`, then
+    `paged_attention_forward`), for callers holding the step's q/k/v packed as `[T, heads, dim]` (the engine's lean
+    forward); returns `[T, heads, dim]`. A plain paged layer on the CPU kernels, with nothing hidden or observed,
+    stores and attends directly, the very calls the general path makes there, without its layers of dispatch."""
+    layer = cache.layers[module.layer_idx]
+    if (type(layer) is PagedLayer and layer.is_initialized and metadata.plans.compressed is None
+            and not metadata.hidden and not metadata.observed and metadata.attention_backend == "auto"
+            and cpu_kernel_applies(query, layer.key_cache)):
+        layer.store(key, value, metadata.slot_mapping_on(key.device))
+        plan = _cpu_plan(metadata, sliding_window, quantized=False)
+        return run_cpu_attention(plan, query, layer.key_cache, layer.value_cache, scale=scaling, softcap=None)
+    key, value = cache.update(key.transpose(0, 1)[None], value.transpose(0, 1)[None], module.layer_idx,
+                              kwargs={"paged_metadata": metadata})
+    return paged_attention_forward(module, query.transpose(0, 1)[None], key, value, None, scaling=scaling,
+                                   sliding_window=sliding_window, paged_metadata=metadata)[0][0]
 
 
 def _record_scores(metadata: PagedMetadata, layer_idx: int, q: torch.Tensor, key: torch.Tensor, scale: float) -> None:

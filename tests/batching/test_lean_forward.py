@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import Qwen2Config, Qwen2ForCausalLM
+from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from hf_paged import Engine, PagedConfig, SamplingParams
 from hf_paged.batching.lean_forward import LeanForward
@@ -35,9 +35,19 @@ def _sliding_qwen2() -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen2-sliding"])
+def _llama_with_biases() -> torch.nn.Module:
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(**DECODER, attention_bias=True, mlp_bias=True)).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
+VARIANTS = {"qwen2-sliding": _sliding_qwen2, "llama-biases": _llama_with_biases}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen2-sliding", "llama-biases"])
 def test_lean_logits_equal_the_stock_modules_bit_for_bit(family):
-    model = _sliding_qwen2() if family == "qwen2-sliding" else tiny_model(family)
+    model = VARIANTS[family]() if family in VARIANTS else tiny_model(family)
     prompts = ragged_prompts([5, 30, 17, 1])
     config = PagedConfig(block_size=8, max_num_batched_tokens=24)  # chunked prefills beside decodes
     lean, stock = Engine(model, config), Engine(model, config)
@@ -76,6 +86,13 @@ def test_a_module_that_computes_differently_fails_the_self_check(monkeypatch):
     assert LeanForward.build(model) is None
     monkeypatch.undo()
     assert LeanForward.build(model) is not None
+
+
+def test_a_compiled_module_is_not_bypassed():
+    model = tiny_model("llama")
+    lean = LeanForward.build(model)
+    model.model.layers[1].mlp.compile()  # sets the compiled call; nothing compiles until it is called
+    assert not lean.usable() and LeanForward.build(model) is None
 
 
 def test_a_per_instance_forward_is_not_bypassed():
