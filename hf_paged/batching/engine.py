@@ -249,8 +249,9 @@ class Engine:
         self.pruner.after_forward(schedule, inputs.metadata)  # token pruning drops blocks before they can be shared
         for item in schedule.scheduled:
             request = item.request
-            tokens = self.pruner.cacheable_tokens(request, request.all_token_ids[: request.num_computed_tokens])
-            self.kv.cache_full_blocks(request.request_id, tokens, self._extra_keys(request))
+            if self.kv.has_uncached_full_blocks(request.request_id, request.num_computed_tokens):
+                tokens = self.pruner.cacheable_tokens(request, request.all_token_ids[: request.num_computed_tokens])
+                self.kv.cache_full_blocks(request.request_id, tokens, self._extra_keys(request))
         sampled, drafted = inputs.sampled_requests, None
         if any(inputs.num_draft_tokens):  # speculating decodes have 1 + k rows each: verified apart
             split = self.speculator.split(inputs, logits)

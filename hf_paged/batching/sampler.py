@@ -48,7 +48,9 @@ class Sampler:
         errors: list[Failure | None] = [None] * n
         scores = logits.clone() if any(r.params.output_logits for r in requests) else logits  # modified in place
         plain = [i for i, r in enumerate(requests) if is_plain_greedy(r)]
-        if plain:
+        if len(plain) == n:  # every row greedy with nothing to apply: one argmax, no row selection
+            tokens = scores.argmax(dim=-1).tolist()
+        elif plain:
             idx = torch.tensor(plain)
             for i, tok in zip(plain, scores.index_select(0, idx).argmax(dim=-1).tolist()):
                 tokens[i] = tok

@@ -183,6 +183,14 @@ class KVCacheManager:
         seq = self.seqs.pop(seq_id)
         self.pool.free(reversed(seq.block_ids))
 
+    def has_uncached_full_blocks(self, seq_id: Hashable, num_computed: int) -> bool:
+        """Whether `cache_full_blocks` could insert anything once `num_computed` tokens are written (a cheap test
+        before building the token list: a block fills once every `block_size` decode steps)."""
+        if self.prefix_cache is None:
+            return False
+        seq = self.seqs[seq_id]
+        return min(num_computed, seq.num_tokens) // self.block_size > seq.num_cached_blocks
+
     def cache_full_blocks(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple = ()) -> None:
         """Insert the sequence's full, computed blocks into the prefix cache. `token_ids` are its tokens whose K/V
         are written (prompt and output so far); only complete blocks among them are inserted."""

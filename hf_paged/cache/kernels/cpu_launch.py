@@ -50,17 +50,20 @@ def plan_cpu_attention(block_tables: torch.Tensor, query_start_loc: list[int], c
     """The plan of one forward (shared by its layers): which sequences the kernel attends, the rest's torch plan."""
     from hf_paged.cache.kernels.cpu_attention import MAX_KERNEL_QUERIES
 
-    q_lens = np.diff(np.asarray(query_start_loc, dtype=np.int32))
+    qsl = np.asarray(query_start_loc, dtype=np.int32)
+    tables, lens = block_tables.cpu().to(torch.int32).numpy(), np.asarray(context_lens, dtype=np.int32)
+    if list(query_start_loc) == list(range(len(query_start_loc))):  # one query per sequence (all decodes)
+        return CpuAttentionPlan(tables, qsl, lens, np.arange(len(context_lens), dtype=np.int32), sliding_window or 0,
+                                [], None)
+    q_lens = np.diff(qsl)
     short = q_lens <= MAX_KERNEL_QUERIES
     long_seqs = np.flatnonzero(~short).tolist()
     long = None
     if long_seqs and not quantized:
         long = build_attention_plan(block_tables.cpu(), query_start_loc, context_lens, block_size, sliding_window,
                                     skip=short.tolist(), in_place=True)
-    return CpuAttentionPlan(block_tables.cpu().to(torch.int32).numpy(), np.asarray(query_start_loc, dtype=np.int32),
-                            np.asarray(context_lens, dtype=np.int32),
-                            np.flatnonzero(short & (q_lens > 0)).astype(np.int32), sliding_window or 0, long_seqs,
-                            long)
+    return CpuAttentionPlan(tables, qsl, lens, np.flatnonzero(short & (q_lens > 0)).astype(np.int32),
+                            sliding_window or 0, long_seqs, long)
 
 
 def run_cpu_attention(plan: CpuAttentionPlan, query: torch.Tensor, key_cache, value_cache, *, scale: float,
