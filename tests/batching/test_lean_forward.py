@@ -122,3 +122,14 @@ def test_a_module_swapped_after_the_build_keeps_the_stock_forward():
     rid = engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=2))
     engine.run([rid])  # admitting it runs the weights check, which sees the new parameter and builds anew
     assert engine.runner.lean is None
+
+
+def test_bf16_lean_logits_equal_the_stock_modules():
+    """Half precision keeps the stock casts (the fp32 shortcut is skipped) and the torch attention path."""
+    model = tiny_model("llama").to(torch.bfloat16)
+    prompts = ragged_prompts([9, 4])
+    lean, stock = Engine(model, PagedConfig(block_size=8)), Engine(model, PagedConfig(block_size=8))
+    stock.runner.lean = None
+    assert lean.runner.lean is not None
+    got, want = _logits_of(lean, prompts, 4), _logits_of(stock, prompts, 4)
+    assert len(got) == len(want) > 1 and all(torch.equal(a, b) for a, b in zip(got, want))
