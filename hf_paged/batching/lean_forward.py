@@ -75,6 +75,7 @@ class LeanForward:
              layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, layer.mlp.act_fn)
             for layer in base.layers[: model.config.num_hidden_layers]
         )
+        _check_classes(self, model)
         # every (module, its parent's child table, its name): a module swapped, hooked or given its own forward
         # after the build is seen by `usable`
         self._tree = tuple((child, parent._modules, name) for parent in model.modules()
@@ -119,6 +120,19 @@ class LeanForward:
             hidden = hidden + _linear(down, act(_linear(gate, x)) * _linear(up, x))
         hidden = _rms_norm(self.norm, hidden)
         return _linear(self.head, hidden[keep])
+
+
+def _check_classes(lean: LeanForward, model: torch.nn.Module) -> None:
+    """Every module the lean forward reads is of the class it expects: plain `nn.Linear` / `nn.Embedding` (an
+    adapter's or quantizer's replacement computes more than its `weight` says, even where a probe cannot tell, as
+    a LoRA adapter whose B is still zero), the rest the family's own transformers modules."""
+    plain = [lean.embed, lean.head, *(m for layer in lean.layers for m in (*layer[2:6], *layer[8:11]))]
+    family = f"transformers.models.{model.config.model_type}."
+    own = [model.model, lean.norm, lean.rotary, *model.model.layers,
+           *(m for layer in lean.layers for m in (layer[0], layer[1], layer[7]))]
+    if any(type(m) not in (torch.nn.Linear, torch.nn.Embedding) for m in plain) or any(
+            not type(m).__module__.startswith(family) for m in own):
+        raise TypeError("a module of another class")
 
 
 def _hooked(module: torch.nn.Module) -> bool:

@@ -133,3 +133,18 @@ def test_bf16_lean_logits_equal_the_stock_modules():
     assert lean.runner.lean is not None
     got, want = _logits_of(lean, prompts, 4), _logits_of(stock, prompts, 4)
     assert len(got) == len(want) > 1 and all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_a_replaced_projection_class_keeps_the_stock_forward():
+    """An adapter that adds nothing yet (LoRA's B starts at zero) agrees with the probe; its class refuses it."""
+    model = tiny_model("llama")
+
+    class Adapted(torch.nn.Linear):
+        def forward(self, x):
+            return super().forward(x) + 0.0 * x.sum()
+
+    proj = model.model.layers[0].self_attn.v_proj
+    adapted = Adapted(proj.in_features, proj.out_features, bias=False)
+    adapted.load_state_dict(proj.state_dict())
+    model.model.layers[0].self_attn.v_proj = adapted
+    assert LeanForward.build(model) is None
