@@ -154,6 +154,8 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
                 if budget.exhausted():
                     raise
                 cut = None
+        if cut is not None and not attempt.calls and not attempt.narrow and attempt.prune_cost is None:
+            continue  # a later flat try cuts at least as much (less nesting, fewer extras): only `cut` is kept
         if attempt.prune_cost is None and n >= num_exact and budget.work > budget.max_work // _SKIP_EXACT:
             continue  # costly translations go straight to the pruning tries, which fit the budget sooner
         if too_many_visits is not None and attempt.ref_depth >= too_many_visits[1]:

@@ -19,6 +19,8 @@ Example:
 
 from __future__ import annotations
 
+import functools
+
 from dataclasses import dataclass
 from typing import Any
 
@@ -235,9 +237,16 @@ _SCALARS = alt([raw("null|true|false"), NUMBER, _ANY_STRING])
 
 def any_value(ctx: Context, depth: int) -> Rx | None:
     """Any JSON value, arrays and objects nested at most `depth` deep (keys may repeat: anything is valid)."""
+    return _any_value_text(ctx.whitespace, depth)
+
+
+@functools.lru_cache(maxsize=64)
+def _any_value_text(whitespace: str | None, depth: int) -> Rx | None:
+    """`any_value`'s fragment, which depends only on the whitespace and the depth: built once per process (every
+    open object of every schema repeats it; each level's text is ~4x the one below)."""
     if depth <= 0:
         return _SCALARS
-    return _any_value_of(ctx, any_value(ctx, depth - 1))
+    return _any_value_parts(whitespace, _any_value_text(whitespace, depth - 1))
 
 
 def _any_value_rule(ctx: Context) -> Rx | None:
@@ -248,7 +257,11 @@ def _any_value_rule(ctx: Context) -> Rx | None:
 
 def _any_value_of(ctx: Context, inner: Rx | None) -> Rx | None:
     """Any scalar, or an array / object whose items and values are `inner`."""
-    ws = raw(ctx.whitespace) if ctx.whitespace else Rx("", 0)
+    return _any_value_parts(ctx.whitespace, inner)
+
+
+def _any_value_parts(whitespace: str | None, inner: Rx | None) -> Rx | None:
+    ws = raw(whitespace) if whitespace else Rx("", 0)
     sep = seq(ws, raw("\\,", atomic=True), ws)
     member = seq(_ANY_STRING, ws, raw("\\:", atomic=True), ws, inner)
     array = seq(raw("\\[", atomic=True), ws, opt(seq(inner, rep(seq(sep, inner), 0, None))), ws, raw("\\]", atomic=True))
