@@ -20,7 +20,6 @@ Example:
 from __future__ import annotations
 
 import functools
-
 from dataclasses import dataclass
 from typing import Any
 
