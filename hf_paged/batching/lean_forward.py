@@ -7,12 +7,13 @@ the causal-mask builder and output recorders (a Llama layer of hidden 256 at bat
     RMSNorm -> q/k/v projections -> RoPE -> attention -> o_proj -> + residual -> RMSNorm -> gated MLP -> + residual
 
 (Llama, Qwen2, Mistral), `LeanForward` calls those ops itself, the same ops in the same order on the same
-tensors, so its logits are the stock forward's bit for bit. It is built only when a self-check agrees bit for bit
-with the model's own modules: one probe forward of a few tokens through the stock model and through this code,
-both with a probe attention that records what it is given (every layer's q, k, v, scaling and sliding window);
-its logits and every record must be equal. So a patched or kernelized module, a module class we do not know, or a
-transformers release whose modules compute differently keeps the stock forward; so do forward hooks,
-per-instance forwards (accelerate's dispatch, tensor parallelism) and `module.compile()`, checked at each forward.
+tensors, so its logits are the stock forward's bit for bit. It is built only when the modules it reads are plain
+`nn.Linear` / `nn.Embedding` and the family's own classes, and a self-check agrees bit for bit with them: two probe
+forwards (five tokens, then one) through the stock model and through this code, both with a probe attention that
+records what it is given (every layer's q, k, v, scaling and sliding window); logits and records must be equal.
+So an adapter, a patched or kernelized module, a module class we do not know, or a transformers release whose
+modules compute differently keeps the stock forward; so do forward hooks, per-instance forwards (accelerate's
+dispatch, tensor parallelism) and `module.compile()`, checked at each forward.
 """
 
 from __future__ import annotations

@@ -56,7 +56,6 @@ class ModelRunner:
             )
         return out.logits[0].float()
 
-
     def _paged_attend(self, metadata: PagedMetadata):
         """The lean forward's attention: the stock attention module's, with the cache and "hf_paged"."""
         cache = self.cache
