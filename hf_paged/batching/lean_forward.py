@@ -18,11 +18,13 @@ dispatch, tensor parallelism) and `module.compile()`, checked at each forward.
 
 from __future__ import annotations
 
+import sys
+import threading
 from collections.abc import Callable
 
 import torch
 
-from hf_paged.cache.attention_switch import attention_configs, use_attention
+from hf_paged.cache.attention_switch import attention_configs, own_attention, use_attention
 
 # model_type -> how its attention module passes `sliding_window` to the attention function
 _FAMILIES: dict[str, Callable[[torch.nn.Module], int | None]] = {
@@ -170,8 +172,13 @@ def _agrees(model: torch.nn.Module, lean: LeanForward) -> bool:
     from transformers import AttentionInterface
 
     stock_records, lean_records = _Records(), _Records()
+    prober, own = threading.get_ident(), own_attention(model.config)
 
     def probe(module, query, key, value, attention_mask, *, scaling=None, sliding_window=None, **kwargs):
+        if threading.get_ident() != prober:  # another thread's plain forward meanwhile: its own attention
+            stock = AttentionInterface().get_interface(own, sys.modules[type(module).__module__].eager_attention_forward)
+            return stock(module, query, key, value, attention_mask, scaling=scaling, sliding_window=sliding_window,
+                         **kwargs)
         lean_layout = (t[0].transpose(0, 1) for t in (query, key, value))  # [1, heads, T, dim] -> [T, heads, dim]
         return stock_records.attend(module, *lean_layout, scaling, sliding_window).unsqueeze(0), None
 

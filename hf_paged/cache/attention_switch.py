@@ -51,3 +51,10 @@ def use_attention(configs: Sequence[Any], name: str) -> Iterator[None]:
                 config._attn_implementation_internal = switches[-1][1] if switches else own
                 if not switches:
                     del _active[id(config)]
+
+
+def own_attention(config: Any) -> str | None:
+    """The attention implementation `config` has of its own, whatever switches are in force now."""
+    with _lock:
+        found = _active.get(id(config))
+        return config._attn_implementation_internal if found is None else found[0]

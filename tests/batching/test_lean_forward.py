@@ -3,6 +3,8 @@ wherever that cannot be shown (other families, hooks, patched modules, modules c
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -148,3 +150,26 @@ def test_a_replaced_projection_class_keeps_the_stock_forward():
     adapted.load_state_dict(proj.state_dict())
     model.model.layers[0].self_attn.v_proj = adapted
     assert LeanForward.build(model) is None
+
+
+def test_another_threads_plain_forward_during_the_self_check_keeps_its_attention(monkeypatch):
+    """The probe attention is switched in on the shared config: a plain forward that another thread runs meanwhile
+    gets the model's own attention, not the probe."""
+    from hf_paged.batching import lean_forward
+
+    model = tiny_model("llama")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.no_grad():
+        want = model(ids).logits
+    got, original = [], lean_forward._Records.attend
+
+    def attend(self, *args):
+        if not got:  # the first probe call: the stock model's probe forward is under way in this thread
+            thread = threading.Thread(target=lambda: got.append(model(ids).logits.detach()))
+            thread.start()
+            thread.join()
+        return original(self, *args)
+
+    monkeypatch.setattr(lean_forward._Records, "attend", attend)
+    assert LeanForward.build(model) is not None
+    assert torch.equal(got[0], want)
