@@ -21,6 +21,7 @@ from __future__ import annotations
 import sys
 import threading
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
@@ -61,6 +62,23 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch
     return (x * cos) + (x.roll(x.shape[-1] // 2, -1) * sin_signed)
 
 
+class _Layer(NamedTuple):
+    """The modules of one decoder layer that the lean forward reads, and its attention's sliding window."""
+
+    in_norm: torch.nn.Module
+    attn: torch.nn.Module
+    q_proj: torch.nn.Module
+    k_proj: torch.nn.Module
+    v_proj: torch.nn.Module
+    o_proj: torch.nn.Module
+    window: int | None
+    post_norm: torch.nn.Module
+    gate: torch.nn.Module
+    up: torch.nn.Module
+    down: torch.nn.Module
+    act: torch.nn.Module
+
+
 class LeanForward:
     """`__call__(input_ids [1, T], position_ids [1, T], keep [R], attend)` -> logits `[R, vocab]`, where
     `attend(attn_module, q, k, v, scaling, sliding_window)` returns the attention output `[T, heads, dim]`
@@ -73,9 +91,10 @@ class LeanForward:
         window = _FAMILIES[model.config.model_type]
         self.embed, self.rotary, self.norm, self.head = base.embed_tokens, base.rotary_emb, base.norm, model.lm_head
         self.layers = tuple(
-            (layer.input_layernorm, layer.self_attn, layer.self_attn.q_proj, layer.self_attn.k_proj,
-             layer.self_attn.v_proj, layer.self_attn.o_proj, window(layer.self_attn), layer.post_attention_layernorm,
-             layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj, layer.mlp.act_fn)
+            _Layer(layer.input_layernorm, layer.self_attn, layer.self_attn.q_proj, layer.self_attn.k_proj,
+                   layer.self_attn.v_proj, layer.self_attn.o_proj, window(layer.self_attn),
+                   layer.post_attention_layernorm, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj,
+                   layer.mlp.act_fn)
             for layer in base.layers[: model.config.num_hidden_layers]
         )
         _check_classes(self, model)
@@ -129,10 +148,11 @@ def _check_classes(lean: LeanForward, model: torch.nn.Module) -> None:
     """Every module the lean forward reads is of the class it expects: plain `nn.Linear` / `nn.Embedding` (an
     adapter's or quantizer's replacement computes more than its `weight` says, even where a probe cannot tell, as
     a LoRA adapter whose B is still zero), the rest the family's own transformers modules."""
-    plain = [lean.embed, lean.head, *(m for layer in lean.layers for m in (*layer[2:6], *layer[8:11]))]
+    plain = [lean.embed, lean.head, *(m for x in lean.layers
+                                      for m in (x.q_proj, x.k_proj, x.v_proj, x.o_proj, x.gate, x.up, x.down))]
     family = f"transformers.models.{model.config.model_type}."
     own = [model.model, lean.norm, lean.rotary, *model.model.layers,
-           *(m for layer in lean.layers for m in (layer[0], layer[1], layer[7]))]
+           *(m for x in lean.layers for m in (x.in_norm, x.attn, x.post_norm))]
     if any(type(m) not in (torch.nn.Linear, torch.nn.Embedding) for m in plain) or any(
             not type(m).__module__.startswith(family) for m in own):
         raise TypeError("a module of another class")

@@ -70,8 +70,7 @@ def paged_attention_forward(
         out = _kernel_attention(paged_metadata, q, key, value, scale, sliding_window)
         return out.unsqueeze(0), None
     if step is None and _use_cpu_kernel(paged_metadata, q, key, reference_only):
-        plan = _cpu_plan(paged_metadata, sliding_window, quantized=False)
-        return run_cpu_attention(plan, q, key, value, scale=scale, softcap=softcap).unsqueeze(0), None
+        return _plain_cpu_attention(paged_metadata, q, key, value, scale, sliding_window, softcap).unsqueeze(0), None
     plans = paged_metadata.plans
     if step is not None:  # compressed cache: `key`/`value` are the step's read buffers, not the block storage
         plan = step.attention_plan(q.device, sliding_window)
@@ -107,11 +106,9 @@ def attend_packed(cache, module: torch.nn.Module, query: torch.Tensor, key: torc
     stores and attends directly, the very calls the general path makes there, without its layers of dispatch."""
     layer = cache.layers[module.layer_idx]
     if (type(layer) is PagedLayer and layer.is_initialized and metadata.plans.compressed is None
-            and not metadata.hidden and not metadata.observed and metadata.attention_backend == "auto"
-            and cpu_kernel_applies(query, layer.key_cache)):
-        layer.store(key, value, metadata.slot_mapping_on(key.device))
-        plan = _cpu_plan(metadata, sliding_window, quantized=False)
-        return run_cpu_attention(plan, query, layer.key_cache, layer.value_cache, scale=scaling, softcap=None)
+            and _use_cpu_kernel(metadata, query, layer.key_cache, bool(metadata.hidden or metadata.observed))):
+        key_cache, value_cache = layer.update_packed(key, value, metadata)
+        return _plain_cpu_attention(metadata, query, key_cache, value_cache, scaling, sliding_window, None)
     key, value = cache.update(key.transpose(0, 1)[None], value.transpose(0, 1)[None], module.layer_idx,
                               kwargs={"paged_metadata": metadata})
     return paged_attention_forward(module, query.transpose(0, 1)[None], key, value, None, scaling=scaling,
@@ -182,6 +179,13 @@ def _compressed_cpu_attention(metadata: PagedMetadata, step, stores, q, touched_
     plan = _cpu_plan(metadata, sliding_window, quantized=True)
     return run_cpu_attention(plan, q, stores[0].kernel_operand(), stores[1].kernel_operand(), scale=scale,
                              softcap=None, tail=_tail(metadata, step, touched_k, touched_v))
+
+
+def _plain_cpu_attention(metadata: PagedMetadata, q, key_cache, value_cache, scale, sliding_window,
+                         softcap) -> torch.Tensor:
+    """The CPU kernels on a plain (unquantized) pool, under the step's shared plan."""
+    plan = _cpu_plan(metadata, sliding_window, quantized=False)
+    return run_cpu_attention(plan, q, key_cache, value_cache, scale=scale, softcap=softcap)
 
 
 def _cpu_plan(metadata: PagedMetadata, sliding_window: int | None, *, quantized: bool):

@@ -52,7 +52,7 @@ def plan_cpu_attention(block_tables: torch.Tensor, query_start_loc: list[int], c
 
     qsl = np.asarray(query_start_loc, dtype=np.int32)
     tables, lens = block_tables.cpu().to(torch.int32).numpy(), np.asarray(context_lens, dtype=np.int32)
-    if list(query_start_loc) == list(range(len(query_start_loc))):  # one query per sequence (all decodes)
+    if query_start_loc == list(range(len(query_start_loc))):  # one query per sequence (all decodes)
         return CpuAttentionPlan(tables, qsl, lens, np.arange(len(context_lens), dtype=np.int32), sliding_window or 0,
                                 [], None)
     q_lens = np.diff(qsl)
