@@ -164,3 +164,29 @@ def test_undeclared_keys_count_toward_min_properties_once():
         assert accepts(s, text) is ok, text
     with pytest.raises(UnsatisfiableSchemaError):  # soundly refused rather than counting duplicate keys
         schema_to_regex({"type": "object", "minProperties": 2, "additionalProperties": {"type": "string"}})
+
+
+def test_undeclared_keys_are_exactly_the_names_not_declared_with_one_state_per_trie_node():
+    """The complement of the declared names: every short key over an alphabet that meets the names' trie at each
+    node is checked against the set, and its automaton has about one state per trie node (each way out of the trie
+    reaches one shared free tail; a tail per node doubled the states)."""
+    from itertools import product
+
+    from hf_paged.processors.automaton.byte_dfa import anchored, build_byte_dfa
+    from hf_paged.processors.schema.objects import _not_in_names
+
+    alphabet = ["a", "b", "~", " ", "\u00e9"]
+    for names in [("a",), ("", "a", "ab"), ("ab", "abb", "b~"), ("\u00e9", "\u00e9a"), ("a b", "ba")]:
+        regex = re.compile(_not_in_names(names).text)
+        for length in range(4):
+            for chars in product(alphabet, repeat=length):
+                key = "".join(chars)
+                # (free characters are printable ASCII; along a declared name's prefix, that name's own)
+                on_trie = max(k for k in range(len(key) + 1) if any(n.startswith(key[:k]) for n in names))
+                expected = key not in names and key[on_trie:].isascii()
+                assert (regex.fullmatch(f'"{key}"') is not None) == expected, (names, key)
+        assert regex.fullmatch(r'"x\"y"') and regex.fullmatch(r'"\\"')  # escaped quote / backslash: no name
+    names = tuple(f"property_{i}_{word}" for i in range(40) for word in ("id", "name"))
+    nodes = len({name[:k] for name in names for k in range(len(name) + 1)})
+    dfa = build_byte_dfa(anchored(_not_in_names(names).text))
+    assert dfa.transitions.shape[0] <= nodes + 16

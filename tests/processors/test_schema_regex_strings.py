@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 
@@ -54,6 +55,25 @@ def test_pattern_classes_have_ecma_meaning():
     assert not accepts({"type": "string", "pattern": "^\\d+$"}, '"١٢"')  # Arabic-Indic digits are not \d
     assert accepts({"type": "string", "pattern": "^\\w+$"}, '"a_1"')
     assert not accepts({"type": "string", "pattern": "^.$"}, '"\\n"')  # `.` excludes line terminators
+
+
+def test_negated_classes_exclude_what_python_re_counts_too():
+    """`\\D \\S \\W` leave out the Unicode digits / space / word characters Python's `re` (jsonschema's engine)
+    counts, so a text we write means the same in both; the table is read off `re` itself: it must agree with
+    the `str` tests it stands for on every code point."""
+    import re._constants as C
+
+    from hf_paged.processors.schema.pattern import _python_category
+
+    tests = {C.CATEGORY_NOT_DIGIT: str.isdecimal, C.CATEGORY_NOT_SPACE: str.isspace,
+             C.CATEGORY_NOT_WORD: lambda ch: ch.isalnum() or ch == "_"}
+    for category, test in tests.items():
+        ranges = _python_category(category)
+        assert all(a[1] + 1 < b[0] for a, b in itertools.pairwise(ranges))  # sorted, disjoint, not adjacent
+        inside = {cp for lo, hi in ranges for cp in range(lo, hi + 1)}
+        assert inside == {cp for cp in range(0x110000) if test(chr(cp))}
+    assert not accepts({"type": "string", "pattern": "^\\W+$"}, '"\u00e9"')  # é is a word character to Python
+    assert accepts({"type": "string", "pattern": "^\\S+$"}, '"\u00e9x"')
 
 
 def test_pattern_intersected_with_length():

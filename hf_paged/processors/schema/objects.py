@@ -163,34 +163,39 @@ def _not_in(names: list[str]) -> Rx:
 
 @lru_cache(maxsize=256)
 def _not_in_names(names: tuple[str, ...]) -> Rx:
-    """`_not_in`, memoised: an object's complement trie is the same for each count of its members (~1 ms)."""
+    """`_not_in`, memoised: an object's complement trie is the same for each count of its members (~1 ms).
+
+    A key that is no name either leaves the names' trie on a character no name has there, then goes on freely,
+    or stops at a trie node where no name ends. Both walks of the trie share their characters in the automaton
+    (the same text drives them), and every way out reaches one free tail: about one state per trie node, where a
+    tail after each way out (`[^..][..]*` at every node) doubles the states and the regex text."""
     trie: dict = {}
     for name in names:
         node = trie
         for ch in name:
             node = node.setdefault(ch, {})
         node[""] = {}
-    any_key = rep(Rx(char_class(_KEY_CHARS) or "", 4), 0, None)
+    key_char = Rx(char_class(_KEY_CHARS) or "", 4)
 
-    def walk(node: dict) -> Rx | None:
+    def walk(node: dict) -> tuple[Rx | None, Rx | None]:  # (keys leaving the trie here or below, keys ending)
         kids = sorted(c for c in node if c)
-        parts: list[Rx | None] = [] if "" in node else [Rx("", 0)]
-        excluded = [(ord(c), ord(c)) for c in kids]
-        others = _minus(_KEY_CHARS, excluded)
-        cls = char_class(others)
-        if cls is not None:
-            parts.append(seq(Rx(cls, 4), any_key))
+        others = char_class(_minus(_KEY_CHARS, [(ord(c), ord(c)) for c in kids]))
+        leave: list[Rx | None] = [] if others is None else [Rx(others, 4)]
+        short: list[Rx | None] = [] if "" in node else [Rx("", 0)]
         for c in kids:
             if ord(c) >= 0x20 and c not in '"\\':
-                parts.append(seq(lit(c), walk(node[c])))
-        return alt(parts)
+                below_leave, below_short = walk(node[c])
+                leave.append(seq(lit(c), below_leave))
+                short.append(seq(lit(c), below_short))
+        return alt(leave), alt(short)
 
+    leave, short = walk(trie)
     quote = raw('"', atomic=True)
-    bare = seq(quote, walk(trie), quote)
+    bare = seq(quote, alt([seq(leave, rep(key_char, 0, None)), short]), quote)
     if any('"' in name or "\\" in name for name in names):
         return bare  # type: ignore[return-value]
     escape = raw('\\\\["\\\\]', atomic=True)  # \" or \\ in the JSON text
-    char = alt([Rx(char_class(_KEY_CHARS) or "", 4), escape])
+    char = alt([key_char, escape])
     escaped = seq(quote, rep(char, 0, None), escape, rep(char, 0, None), quote)
     return alt([bare, escaped])  # type: ignore[return-value]
 

@@ -12,10 +12,12 @@ Lookaround, backreferences, word boundaries, inner anchors and flags cannot be e
 
 from __future__ import annotations
 
+import array
 import json
 import re
 import re._constants as C  # type: ignore[import-not-found]
 import re._parser as P  # type: ignore[import-not-found]
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -175,16 +177,22 @@ def _category(cat) -> Ranges:
 
 @lru_cache(maxsize=4)
 def _python_category(cat) -> Ranges:
-    test = {C.CATEGORY_NOT_DIGIT: str.isdecimal, C.CATEGORY_NOT_SPACE: str.isspace,
-            C.CATEGORY_NOT_WORD: lambda ch: ch.isalnum() or ch == "_"}[cat]
-    out: Ranges = []
-    for cp in range(MAX_CODE_POINT + 1):
-        if test(chr(cp)):
-            if out and out[-1][1] == cp - 1:
-                out[-1] = (out[-1][0], cp)
-            else:
-                out.append((cp, cp))
-    return out
+    """The code points Python's `re` counts as digits / space / word characters (`\\d \\s \\w` on `str`: the same
+    tests as `str.isdecimal`, `str.isspace`, `isalnum() or "_"`), found by `re` itself in one pass over every code
+    point (C speed: ~35 ms, against ~300 ms for a Python test per code point)."""
+    class_ = {C.CATEGORY_NOT_DIGIT: r"\d+", C.CATEGORY_NOT_SPACE: r"\s+", C.CATEGORY_NOT_WORD: r"\w+"}[cat]
+    return [(m.start(), m.end() - 1) for m in re.finditer(class_, _all_code_points())]
+
+
+@lru_cache(maxsize=1)
+def _all_code_points() -> str:
+    """Every code point, U+0000..U+10FFFF in order (surrogates too), as one string (from UTF-32 words: ~15 ms)."""
+    words = array.array("I", range(MAX_CODE_POINT + 1))
+    if words.itemsize != 4:  # (not on any platform CPython supports today)
+        return "".join(map(chr, range(MAX_CODE_POINT + 1)))
+    if sys.byteorder != "little":
+        words.byteswap()
+    return words.tobytes().decode("utf-32-le", errors="surrogatepass")
 
 
 def _minus(ranges: Ranges, holes: Ranges) -> Ranges:
