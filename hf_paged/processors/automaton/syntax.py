@@ -70,20 +70,14 @@ def _char(cp: int) -> Node:
 def _parse_fast(regex: str) -> Node:
     frames: list[list[list[Node]]] = [[[]]]  # open groups; each a list of alternatives, each a list of nodes
     pos = 0
-    for m in _TOKEN.finditer(regex):
+    for m in _TOKEN.finditer(regex):  # (kinds tested most frequent first: classes, groups, quantifiers)
         if m.start() != pos:
             raise _Bail
         pos = m.end()
         kind = m.lastgroup
         items = frames[-1][-1]
-        if kind == "lit":
-            items.extend(_char(ord(c)) for c in m.group("lit"))
-        elif kind == "esc":
-            items.append(_char(ord(m.group("esc"))))
-        elif kind == "cls":
-            items.append(Node("set", ranges=_class_ranges(m.group("cls"))))
-        elif kind == "hex":
-            items.append(_char(_code_point(m.group("hex"))))
+        if kind == "cls":
+            items.append(_class_node(m.group("cls")))
         elif kind == "open":
             frames.append([[]])
         elif kind == "close":
@@ -92,14 +86,20 @@ def _parse_fast(regex: str) -> Node:
             items = frames[-2][-1]
             group = _group(frames.pop())
             items.append(Node("seq", children=(group,)) if group.kind in ("rep", "look") else group)
-        elif kind == "bar":
-            frames[-1].append([])
         elif kind == "quant":
             if not items or items[-1].kind in ("rep", "look"):
                 raise _Bail  # nested quantifiers, a quantified anchor: let the general reader decide
             text = m.group("quant")
             lo, hi = (0, None) if text == "*" else (1, None) if text == "+" else (0, 1) if text == "?" else _count(text)
             items.append(Node("rep", children=(items.pop(),), lo=lo, hi=hi))
+        elif kind == "lit":
+            items.extend(map(_LITERALS.__getitem__, m.group("lit")))
+        elif kind == "esc":
+            items.append(_LITERALS[m.group("esc")])
+        elif kind == "bar":
+            frames[-1].append([])
+        elif kind == "hex":
+            items.append(_char(_code_point(m.group("hex"))))
         elif kind == "dot":
             items.append(_DOT)
         elif kind == "anchor":
@@ -111,6 +111,24 @@ def _parse_fast(regex: str) -> Node:
     if pos != len(regex) or len(frames) != 1:
         raise _Bail
     return _group(frames[0])
+
+
+class _Literals(dict):
+    """character -> its one-character node (`_char`), filled as characters are met: a literal run maps through
+    it at C speed."""
+
+    def __missing__(self, ch: str) -> Node:
+        node = self[ch] = _char(ord(ch))
+        return node
+
+
+_LITERALS = _Literals()
+
+
+@lru_cache(maxsize=4096)
+def _class_node(text: str) -> Node:
+    """The node of a class `[...]`, shared by every use of the same text (nodes are immutable)."""
+    return Node("set", ranges=_class_ranges(text))
 
 
 def _code_point(escape: str) -> int:

@@ -44,6 +44,7 @@ class Rx:
 
     text: str  # regex source, always safe to concatenate (alternations are wrapped in a group)
     cost: int  # estimated automaton size, ~4x the DFA states outlines-core builds (len(text) for literals)
+    group: bool = False  # known to be one group `(?:...)` (an alternation): quantified as it is, no scan of the text
 
 
 def raw(text: str, *, atomic: bool = False) -> Rx:
@@ -74,14 +75,14 @@ def alt(parts: Iterable[Rx | None]) -> Rx | None:
     if len(seen) == 1:
         return next(iter(seen.values()))
     texts = list(seen)
-    return Rx("(?:" + "|".join(texts) + ")", sum(p.cost for p in seen.values()) + len(texts))
+    return Rx("(?:" + "|".join(texts) + ")", sum(p.cost for p in seen.values()) + len(texts), True)
 
 
 def opt(part: Rx | None) -> Rx:
     """Zero or one occurrence (the empty string when `part` is the empty language)."""
     if part is None or part.text == "":
         return Rx("", 0)
-    return Rx(_group(part.text) + "?", part.cost + 1)
+    return Rx(_group_of(part) + "?", part.cost + 1)
 
 
 def rep(part: Rx | None, lo: int, hi: int | None) -> Rx | None:
@@ -96,7 +97,7 @@ def rep(part: Rx | None, lo: int, hi: int | None) -> Rx | None:
         return part
     if lo == hi == 0:
         return Rx("", 0)
-    g = _group(part.text)
+    g = _group_of(part)
     if hi is None:
         quant = "*" if lo == 0 else "+" if lo == 1 else "{%d,}" % lo
         return Rx(g + quant, part.cost * max(lo, 1) + 2)
@@ -163,6 +164,12 @@ def _escape_char(cp: int, *, in_class: bool) -> str:
     if cp <= 0xFFFF:
         return "\\u%04x" % cp
     return c  # astral code points: both engines take them literally (no common escape syntax)
+
+
+def _group_of(part: Rx) -> str:
+    """`part`'s text, grouped unless it is one atom already (an alternation's group is known without a scan:
+    the scan is Python over the whole text, and the translation groups big alternations often)."""
+    return part.text if part.group else _group(part.text)
 
 
 def _group(text: str) -> str:
