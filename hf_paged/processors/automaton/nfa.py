@@ -98,10 +98,12 @@ class _Builder:
                 stack.pop()
                 value = done.value
                 continue
+            while child.kind == "seq" and len(child.children) == 1:  # a group around one item: `(?:[ ]?)`
+                child = child.children[0]
             if child.kind == "set":  # (the most common child: no generator for it)
                 value = self.char_set(child.ranges, child_nxt)
-            elif child.kind == "rep" and child.children[0].kind == "set" and child.hi in (1, None) and child.lo <= 1:
-                value = self.repeat_set(child.children[0].ranges, child.lo, child.hi, child_nxt)  # `[ ]?`, `x*`
+            elif child.kind == "rep" and child.children[0].kind == "set":  # `[ ]?`, `x*`, `[0-9a-f]{2}`
+                value = self.repeat_set(child.children[0].ranges, child.lo, child.hi, child_nxt)
             else:
                 stack.append(self._steps(child, child_nxt))
                 value = None
@@ -109,14 +111,27 @@ class _Builder:
         return value
 
     def repeat_set(self, ranges: Ranges, lo: int, hi: int | None, nxt: int) -> int:
-        """`x?`, `x*` or `x+` of one character class, without a generator (what `_steps` would build)."""
-        if hi == 1:
-            one = self.char_set(ranges, nxt)
-            return one if lo == 1 or one == nxt else self.split([one, nxt])
-        loop = self.add(SPLIT, None)
-        body = self.char_set(ranges, loop)
-        self.nfa.edges[loop] = [body, nxt]
-        return body if lo == 1 else loop
+        """`x{lo,hi}` of one character class without a generator: the states `_steps` builds for it, in the same
+        order (a class always adds a position, so none of its early returns applies)."""
+        if hi == 0:
+            return nxt
+        if hi is None:
+            loop = self.add(SPLIT, None)
+            body = self.char_set(ranges, loop)
+            self.nfa.edges[loop] = [body, nxt]
+            current, copies = (body, lo - 1) if lo >= 1 else (loop, 0)
+        else:
+            current = self.char_set(ranges, nxt)
+            if hi > lo:
+                current = self.split([current, nxt])
+                for _ in range(hi - lo - 1):
+                    current = self.split([self.char_set(ranges, current), nxt])
+                copies = lo
+            else:
+                copies = lo - 1
+        for _ in range(copies):
+            current = self.char_set(ranges, current)
+        return current
 
     def _steps(self, node: Node, nxt: int) -> Generator[tuple[Node, int], int, int]:
         """Compile `node` in front of `nxt`, yielding (child, continuation) for every child to compile first."""
