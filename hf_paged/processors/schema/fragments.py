@@ -13,7 +13,7 @@ limit) removes exactly the alternatives that need it instead of producing invali
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 __all__ = [
     "MAX_CODE_POINT",
@@ -34,12 +34,13 @@ _META = frozenset("\\.+*?()|[]{}^$#&-~")
 _SURROGATES = (0xD800, 0xDFFF)
 
 
-@dataclass(slots=True, frozen=True)
-class Rx:
+class Rx(NamedTuple):
     """A regex fragment: its text and an estimate of the automaton it unrolls into.
 
     `cost` grows with the text, and multiplies through counted repetitions (`x{0,100}` costs ~100x `x`),
     because the DFA that outlines-core builds unrolls them; the translator compares it to its budget.
+    Immutable; a named tuple, not a frozen dataclass: a big schema's translation makes ~50k of them, and a frozen
+    dataclass's `__init__` costs several times a tuple's.
     """
 
     text: str  # regex source, always safe to concatenate (alternations are wrapped in a group)
