@@ -154,7 +154,6 @@ def _count(text: str) -> tuple[int, int | None]:
     return int(lo), int(hi) if hi else None
 
 
-@lru_cache(maxsize=4096)
 def _class_ranges(text: str) -> Ranges:
     """Code point ranges of a class `[...]` (no nested classes: Rust reads `[` inside a class as one)."""
     body = text[1:-1]

@@ -251,15 +251,11 @@ def _any_value_text(whitespace: str | None, depth: int) -> Rx | None:
 def _any_value_rule(ctx: Context) -> Rx | None:
     """The free value's grammar rule: arrays and objects of calls to itself (nested as deep as the call stack)."""
     inner = ctx.recursive_call("#any", lambda: None, "#")  # (being built: a call to the rule itself)
-    return _any_value_of(ctx, inner)
-
-
-def _any_value_of(ctx: Context, inner: Rx | None) -> Rx | None:
-    """Any scalar, or an array / object whose items and values are `inner`."""
     return _any_value_parts(ctx.whitespace, inner)
 
 
 def _any_value_parts(whitespace: str | None, inner: Rx | None) -> Rx | None:
+    """Any scalar, or an array / object whose items and values are `inner`."""
     ws = raw(whitespace) if whitespace else Rx("", 0)
     sep = seq(ws, raw("\\,", atomic=True), ws)
     member = seq(_ANY_STRING, ws, raw("\\:", atomic=True), ws, inner)
