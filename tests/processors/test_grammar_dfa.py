@@ -224,6 +224,42 @@ def test_schema_to_grammar_keeps_what_the_flat_budget_leaves_out():
     assert schema_to_grammar({"type": "integer"}) == schema_to_regex({"type": "integer"})  # small: flat
 
 
+def test_flat_tries_set_aside_for_grammars_stop_at_their_first_cut(monkeypatch):
+    """A flat try that leaves anything out only waits behind the exact grammars: translating it stops at its first
+    cut, here the undeclared keys of the open root object (a free value, nested only so deep when flat) before
+    any of its members. The grammar is the result all the same; the fallback is translated in full only when no
+    grammar fits."""
+    from hf_paged.processors.schema import ladder
+
+    visits: list[tuple[bool, int]] = []  # (flat, sub-schemas visited) per try
+
+    def counting(schema, ctx, pointer):
+        try:
+            return translate(schema, ctx, pointer)
+        finally:
+            if pointer == "#":
+                visits.append((ctx.rules is None, ctx.num_visits))
+
+    monkeypatch.setattr(ladder, "translate", counting)
+    wide = {"type": "object", "properties": {
+        f"k{i}": {"type": "object", "properties": {"v": {"type": "string"}}, "additionalProperties": False}
+        for i in range(40)}}
+    grammar = schema_to_grammar(wide)
+    assert isinstance(grammar, Grammar)
+    assert [n for flat, n in visits if flat] == [1]  # the root object only (the later flat tries cut as much)
+    assert [n > 80 for flat, n in visits if not flat] == [True]  # the grammar visits every member's value
+
+
+def test_when_no_grammar_fits_the_flat_try_that_cut_is_translated_in_full(monkeypatch):
+    from hf_paged.processors.schema import context
+
+    schema = {"type": "object", "properties": {"a": {}, "b": {"type": "integer"}}}  # open, with a free value
+    monkeypatch.setattr(context, "MAX_RULES", 1)  # every grammar try fails (too many rules)
+    flat = schema_to_grammar(schema)
+    assert flat == schema_to_regex(schema)  # the first flat try: undeclared keys, free values nested 2 deep
+    assert re.fullmatch(flat, '{"a":{"x":1},"b":2,"c":{}}') and not re.fullmatch(flat, '{"a":{"x":[1]}}')
+
+
 RECURSIVE = {
     "$defs": {"node": {"type": "object", "properties": {"v": {}, "next": {"$ref": "#/$defs/node"}},
                        "required": ["v"], "additionalProperties": False}},

@@ -17,7 +17,7 @@ from hf_paged.processors.automaton.grammar import MAX_RULES, call_regex
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.schema.fragments import Rx, raw
 
-__all__ = ["ANNOTATION_KEYWORDS", "DEFAULT_WHITESPACE", "Context", "pointer_join"]
+__all__ = ["ANNOTATION_KEYWORDS", "DEFAULT_WHITESPACE", "Context", "CutShort", "pointer_join"]
 
 DEFAULT_WHITESPACE = "[ ]?"  # at most one space between tokens: no runaway whitespace
 MIN_RULE_COST = 400  # values cheaper than this (~100 automaton states) are written in place, not called
@@ -40,6 +40,11 @@ def pointer_join(pointer: str, *tokens: Any) -> str:
     for t in tokens:
         pointer += "/" + str(t).replace("~", "~0").replace("/", "~1")
     return pointer
+
+
+class CutShort(Exception):
+    """A translation with `Context.stop_at_cut` reached its first cut (`Context.cut`): the ladder's verdict on the
+    try is known, so the rest of it is not translated. Internal: the ladder catches it."""
 
 
 @dataclass(slots=True)
@@ -71,6 +76,8 @@ class Context:
             grammar rules (text -> number, written once, called from every use: `grammar_dfa`), and so do `$ref`
             targets and the free value; each rule's cost stays within `max_cost`, all together within
             `GRAMMAR_BUDGET` x `max_cost`.
+        stop_at_cut: raise `CutShort` at the first cut (`cut`): a flat try that the ladder sets aside once it
+            cuts anything, while exact grammars remain to be tried.
     """
 
     root: Any
@@ -90,6 +97,7 @@ class Context:
     max_visits: int = 20_000  # sub-schema translations allowed in this try (recursive $refs multiply them)
     num_visits: int = 0
     num_cut: int = 0  # places a flat translation allows less than the schema (free values' depth, extras, recursion)
+    stop_at_cut: bool = False  # raise `CutShort` at the first cut instead of counting it
     num_pruned: int = 0  # optional properties and anyOf branches dropped to fit the budget (reported once)
     rules: dict[str, int] | None = None  # value rule text -> its number (1, 2, ...), when values may be called
     min_rule_cost: int = MIN_RULE_COST  # values cheaper than this are written in place (0: every value a rule)
@@ -137,6 +145,13 @@ class Context:
             error.pointer, error.cost = pointer, rx.cost  # type: ignore[attr-defined]
             raise error
         return rx
+
+    def cut(self) -> None:
+        """Count a place where this translation allows less than the schema (undeclared keys left out, a free
+        value's nesting or a recursion cut off); with `stop_at_cut`, stop the translation here (`CutShort`)."""
+        self.num_cut += 1
+        if self.stop_at_cut:
+            raise CutShort
 
     def cap(self, hi: int | None, lo: int = 0) -> int | None:
         """Lower a counted repetition's upper bound to the `max_repeat` budget (never below `lo`)."""

@@ -9,12 +9,13 @@ any load. Entry points of the schema layer: `schema_to_regex`, `schema_to_gramma
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors.automaton import Grammar, anchored, build_byte_dfa, check_automaton
 from hf_paged.processors.budget import CompileBudget
-from hf_paged.processors.schema.context import DEFAULT_WHITESPACE, MIN_RULE_COST, Context
+from hf_paged.processors.schema.context import DEFAULT_WHITESPACE, MIN_RULE_COST, Context, CutShort
 from hf_paged.processors.schema.translate import translate
 
 __all__ = ["schema_to_grammar", "schema_to_regex"]
@@ -142,37 +143,49 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
     stuck: bool | None = None  # False: the non-pruning tries cannot help
     automaton_error: SchemaTooComplexError | None = None  # the first automaton over its limits
     too_many_visits: tuple[SchemaTooComplexError, int] | None = None  # (error, recursion depth it happened at)
-    cut: str | None = None  # with calls: the first flat regex that cut something, used if no grammar fits
+
+    def make_context(attempt: _Attempt, stop_at_cut: bool = False) -> Context:
+        return Context(root=schema, strict=strict, max_cost=attempt.max_cost, max_ref_depth=attempt.ref_depth,
+                       max_repeat=attempt.repeat, max_string_repeat=attempt.string_repeat,
+                       extras_beside_declared=attempt.extras, narrow_strings=attempt.narrow, whitespace=ws,
+                       translate=translate, prune_cost=attempt.prune_cost, undeclared_keys=undeclared_keys,
+                       any_depth=attempt.any_depth, rules={} if attempt.calls else None,
+                       min_rule_cost=attempt.rule_cost, budget=budget, checked=checked, stop_at_cut=stop_at_cut)
+
+    cut_tries: list[_Attempt] = []  # with calls: flat tries from the first that cut (the fallback: `_first_cut`)
     for n, attempt in enumerate(attempts):
-        if cut is not None and (attempt.narrow or attempt.prune_cost is not None):
-            # no grammar fits: a flat regex that cuts a little beats one that leaves members out (built only now:
-            # a grammar usually fits, and the flat regex is the biggest automaton of the ladder)
+        if cut_tries and (attempt.narrow or attempt.prune_cost is not None):
+            # no grammar fits: a flat regex that cuts a little beats one that leaves members out (translated in full
+            # only now: a grammar usually fits, and the flat regex is the biggest automaton of the ladder)
             try:
-                check_automaton(cut, budget)
-                return cut
+                cut = _first_cut(cut_tries, make_context, budget)
+                cut_tries = []
+                if cut is not None:
+                    check_automaton(cut, budget)
+                    return cut
             except SchemaTooComplexError:
                 if budget.exhausted():
                     raise
-                cut = None
-        if cut is not None and not attempt.calls and not attempt.narrow and attempt.prune_cost is None:
-            continue  # a later flat try cuts at least as much (less nesting, fewer extras): only `cut` is kept
+                cut_tries = []
+        if cut_tries and not attempt.calls and not attempt.narrow and attempt.prune_cost is None:
+            cut_tries.append(attempt)  # a later flat try cuts at least as much (less nesting, fewer extras)
+            continue
         if attempt.prune_cost is None and n >= num_exact and budget.work > budget.max_work // _SKIP_EXACT:
             continue  # costly translations go straight to the pruning tries, which fit the budget sooner
         if too_many_visits is not None and attempt.ref_depth >= too_many_visits[1]:
             continue  # caps and pruning translate every sub-schema all the same: only less recursion visits fewer
         if stuck is not None and (attempt.prune_cost is not None) == stuck:
             continue  # the same fragment failed twice whatever these tries change: on to the pruning ones
-        ctx = Context(root=schema, strict=strict, max_cost=attempt.max_cost, max_ref_depth=attempt.ref_depth,
-                      max_repeat=attempt.repeat, max_string_repeat=attempt.string_repeat,
-                      extras_beside_declared=attempt.extras, narrow_strings=attempt.narrow, whitespace=ws,
-                      translate=translate, prune_cost=attempt.prune_cost, undeclared_keys=undeclared_keys,
-                      any_depth=attempt.any_depth, rules={} if attempt.calls else None,
-                      min_rule_cost=attempt.rule_cost, budget=budget, checked=checked)
+        # A flat try that cuts anything is set aside while exact grammars remain: it stops at its first cut
+        ctx = make_context(attempt, stop_at_cut=calls and not attempt.calls and not attempt.narrow)
         try:
             rx = translate(schema, ctx, "#")
             text = None if rx is None else Grammar(rx.text, ctx.grammar_rules()) if ctx.rule_texts else rx.text
-            if text is not None and not (calls and ctx.num_cut and not attempt.calls and not attempt.narrow):
+            if text is not None:
                 check_automaton(text, budget)  # (memoised for the processors; over a limit: the next try)
+        except CutShort:
+            cut_tries.append(attempt)
+            continue
         except SchemaTooComplexError as exc:
             if n == len(attempts) - 1 or budget.exhausted():
                 if automaton_error is not None and automaton_error is not exc:  # (the first cause is the telling one)
@@ -192,9 +205,6 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
                     stuck = False
                 failures.add(failure)
             continue  # retry, leaving out optional members and alternatives to fit the budget
-        if calls and rx is not None and ctx.num_cut and not attempt.calls and not attempt.narrow:
-            cut = cut or rx.text
-            continue
         if rx is None or text is None:
             raise UnsatisfiableSchemaError("no JSON document satisfies this schema (or every way to satisfy it "
                                            "needs recursion deeper than max_ref_depth); check its constraints")
@@ -205,11 +215,33 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
                           "arrays beyond the first (a regex cannot compare items); output stays valid but cannot use "
                           "them (raise max_cost to keep what the budget left out)", UserWarning, stacklevel=3)
         return text
-    if cut is not None:
-        check_automaton(cut, budget)
-        return cut
+    if cut_tries:
+        cut = _first_cut(cut_tries, make_context, budget)
+        if cut is not None:
+            check_automaton(cut, budget)
+            return cut
     assert too_many_visits is not None, "only skipped tries end the loop without a result"
     raise too_many_visits[0]
+
+
+def _first_cut(tries: list[_Attempt], make_context: Callable[[_Attempt], Context], budget: CompileBudget) -> str | None:
+    """The flat regex of the first of `tries` whose translation fits (each cuts something: the schema's fallback when
+    no exact grammar fits), or None when none does.
+
+    Raises:
+        SchemaTooComplexError: the compile's work budget ran out.
+    """
+    for attempt in tries:
+        ctx = make_context(attempt)
+        try:
+            rx = translate(ctx.root, ctx, "#")
+        except SchemaTooComplexError:
+            if budget.exhausted():
+                raise
+            continue
+        if rx is not None:
+            return rx.text
+    return None
 
 
 _PROBE_CHARS = 16_000  # regexes shorter than this stay far below outlines-core's NFA size limit (measured)

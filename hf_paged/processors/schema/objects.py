@@ -243,6 +243,10 @@ def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
     names = member_order(props, required)
     ws = raw(ctx.whitespace) if ctx.whitespace else Rx("", 0)
     colon = seq(ws, raw("\\:", atomic=True), ws)
+    # Forbidden names may be undeclared: the extras must not spell them either.
+    extra_names = names + sorted(forbidden - set(names))
+    if ctx.stop_at_cut and _cuts_extras(schema, extra_schema, extra_names, ctx):
+        ctx.cut()  # (raises: the ladder only needs to know that this try cuts, not its members' text)
     elements: list[tuple[Rx | None, bool]] = []
     for name in names:
         where = pointer_join(pointer, "properties", name)
@@ -257,8 +261,7 @@ def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
             value = None
         member = seq(lit(json.dumps(name, ensure_ascii=False)), colon, value) if value is not None else None
         elements.append((member, name in required))
-    # Forbidden names may be undeclared: the extras must not spell them either.
-    state = {"extras": _extras(schema, extra_schema, names + sorted(forbidden - set(names)), ctx, pointer, colon)}
+    state = {"extras": _extras(schema, extra_schema, extra_names, ctx, pointer, colon)}
     min_p, max_p = schema.get("minProperties", 0), schema.get("maxProperties")
     sep = seq(ws, raw("\\,", atomic=True), ws)
     assert sep is not None
@@ -333,6 +336,24 @@ def _name_ok(name: str, names_schema: Any, ctx: Context, pointer: str) -> bool:
     return rx is not None and re.fullmatch(rx.text, json.dumps(name, ensure_ascii=False)) is not None
 
 
+def _cuts_extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context) -> bool:
+    """Whether this object's undeclared keys cut (`Context.cut`) in this try: left out beside declared `names`, or
+    written with a free value, which a flat translation nests only `any_depth` deep (`_extras`' own order)."""
+    if "propertyNames" in schema or schema.get("patternProperties") or not (extra_schema is True or extra_schema == {}):
+        return False
+    if _leaves_out_extras(schema, extra_schema, names, ctx):
+        return True
+    if schema.get("properties") and "additionalProperties" not in schema and not ctx.undeclared_keys:
+        return False
+    return ctx.rules is None
+
+
+def _leaves_out_extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context) -> bool:
+    """Whether this try leaves out undeclared keys that the schema allows beside declared `names` (a cut)."""
+    return (bool(names) and not ctx.extras_beside_declared and (extra_schema is True or extra_schema == {})
+            and "propertyNames" not in schema and not schema.get("patternProperties"))
+
+
 def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, pointer: str, colon: Rx) -> Rx | None:
     """One `"key": value` for names not declared, or None when we generate none.
 
@@ -356,8 +377,8 @@ def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, poi
         return seq(key_rx, colon, value) if value is not None else None
     if extra_schema is False:
         return None
-    if names and not ctx.extras_beside_declared and (extra_schema is True or extra_schema == {}):
-        ctx.num_cut += 1  # (undeclared keys the schema allows, left out)
+    if _leaves_out_extras(schema, extra_schema, names, ctx):
+        ctx.cut()  # (undeclared keys the schema allows, left out)
         return None
     if schema.get("properties") and "additionalProperties" not in schema and not ctx.undeclared_keys:
         return None  # not asked for: generate the declared members only (a subset of the valid documents)

@@ -111,13 +111,13 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
                     and (calls == "always" or calls == "recursion" and entered)):
                 return [Branch(target.schema, refs, call=target.pointer)]  # the target's rule (`Context.ref_rule`)
             if entered >= ctx.max_ref_depth:
-                ctx.num_cut += 1
+                ctx.cut()
                 return [Branch(False, refs)]
             refs.append(target.pointer)
             parts.insert(0, target.schema)
         current = _double_negation(merge_all([rest] + [_double_negation(p) for p in parts], ctx, pointer))
     else:
-        ctx.num_cut += 1
+        ctx.cut()
         return [Branch(False, refs)]  # `$ref` chains deeper than the merge budget: cut off (sound)
     for key in ("anyOf", "oneOf"):
         if isinstance(current, dict) and key in current:
@@ -162,7 +162,7 @@ def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
     if schema is True or schema == {}:
         if ctx.rules is not None:  # one rule that calls itself: any depth
             return ctx.recursive_call("#any", lambda: _any_value_rule(ctx), pointer)
-        ctx.num_cut += 1  # (nested at most `any_depth` deep)
+        ctx.cut()  # (nested at most `any_depth` deep)
         return any_value(ctx, ctx.any_depth)
     if schema is False:
         return None
