@@ -190,3 +190,22 @@ def test_undeclared_keys_are_exactly_the_names_not_declared_with_one_state_per_t
     nodes = len({name[:k] for name in names for k in range(len(name) + 1)})
     dfa = build_byte_dfa(anchored(_not_in_names(names).text))
     assert dfa.transitions.shape[0] <= nodes + 16
+
+
+def test_optional_members_and_undeclared_keys_write_the_keys_loop_once():
+    """With nothing required, the first member is a declared one or an undeclared key, then the loop of further
+    undeclared keys: `(P | E) (, E)*`. The undeclared key is written twice (first, and in the loop), not three
+    times (a loop after the declared members, and another after a first undeclared key)."""
+    from hf_paged.processors.schema.objects import _not_in_names
+
+    names = ("alpha", "beta")
+    s = {"type": "object", "properties": {n: {"type": "integer"} for n in names}}
+    regex = schema_to_regex(s, undeclared_keys=True)
+    assert regex.count(_not_in_names(names).text) == 2
+    rx = re.compile(regex)
+    for text in ['{}', '{"alpha":1}', '{"beta":2,"x":{}}', '{"x":1}', '{"x":1,"y":[2]}', '{"alpha":1,"beta":2,"z":3}']:
+        assert rx.fullmatch(text), text
+    for text in ['{,}', '{"x":1,"alpha":1}', '{"alpha":1,}', '{"alpha":1"x":1}', '{"beta":1,"alpha":2}']:
+        assert not rx.fullmatch(text), text
+    at_least_one = re.compile(schema_to_regex({**s, "minProperties": 1}, undeclared_keys=True))
+    assert not at_least_one.fullmatch("{}") and at_least_one.fullmatch('{"x":1}') and at_least_one.fullmatch('{"beta":1}')

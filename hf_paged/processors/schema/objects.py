@@ -39,6 +39,7 @@ def ordered_members(
     tail: Callable[[int], Rx | None],
     ctx: Context | None = None,
     pointer: str = "#",
+    extra: Rx | None = None,
 ) -> Rx | None:
     """Members in a fixed order, each (regex, required), joined by `sep`, with a member count bound.
 
@@ -46,12 +47,14 @@ def ordered_members(
     then make up any shortfall below `min_count`, and add their own separator when k > 0), None when nothing
     can complete the object. Required members whose regex is None make the whole thing None. With `ctx`, a
     fragment over its cost budget raises at once (`Context.check_cost`): counted members form a tree whose text
-    doubles per member, so the check must come before the text is written, not after.
+    doubles per member, so the check must come before the text is written, not after. `extra`: the one member
+    that `tail(0)` starts with when it is `extra tail(1)` (optional when `min_count` is 0), as undeclared keys
+    without an upper bound are (see `_linear_members`).
     """
     if any(m is None and req for m, req in elements):
         return None
     if max_count is None and min_count <= 1:
-        return _linear_members(elements, sep, min_count, tail)
+        return _linear_members(elements, sep, min_count, tail, extra)
     n = len(elements)
     saturate = max(1, min_count) if max_count is None else None  # counts above this all look alike
     memo: dict[tuple[int, int], Rx | None] = {}
@@ -82,11 +85,13 @@ def ordered_members(
 
 
 def _linear_members(elements: list[tuple[Rx | None, bool]], sep: Rx, min_count: int,
-                    tail: Callable[[int], Rx | None]) -> Rx | None:
+                    tail: Callable[[int], Rx | None], extra: Rx | None) -> Rx | None:
     """`ordered_members` without an upper bound and with at most one member required by count: linear size.
 
     Only the members before the first required one are hard: the first of them written has no separator.
-    After the first member everything is `(sep m)?`. See `_any_first` for the optional ones before it.
+    After the first member everything is `(sep m)?`. See `_any_first` for the optional ones before it. With
+    nothing required and an `extra`, the first member written is a declared one or an extra, then the tail:
+    `(P | E) tail(1)`, which writes the tail once, where `P tail(1) | E tail(1)` wrote it twice.
     """
     first_required = next((i for i, (_, req) in enumerate(elements) if req), len(elements))
     prefix = _any_first([m for m, _ in elements[:first_required] if m is not None], sep)
@@ -95,6 +100,9 @@ def _linear_members(elements: list[tuple[Rx | None, bool]], sep: Rx, min_count: 
         if member is not None:
             rest.append(seq(sep, member) if required else opt(seq(sep, member)))
     if first_required == len(elements):  # nothing required: the members may be absent altogether
+        if extra is not None:
+            body = seq(alt([prefix, extra]), tail(1))
+            return body if min_count else opt(body)
         written = None if prefix is None else seq(prefix, tail(1))
         return alt([written, tail(0)])  # no member written: the tail alone meets min_count
     head = elements[first_required][0]
@@ -287,7 +295,8 @@ def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
         return first if need > 0 else opt(first)
 
     def build(members: list[tuple[Rx | None, bool]]) -> Rx | None:
-        body = ordered_members(members, sep, int(min_p), None if max_p is None else int(max_p), tail, ctx, pointer)
+        body = ordered_members(members, sep, int(min_p), None if max_p is None else int(max_p), tail, ctx, pointer,
+                               extra=state["extras"])  # (tail(0) is `extras tail(1)` when there is no max_p)
         return seq(raw("\\{", atomic=True), ws, body, ws, raw("\\}", atomic=True))
 
     out = build(elements)
