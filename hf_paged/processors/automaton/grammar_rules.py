@@ -37,18 +37,29 @@ class Rule:
 def _compile_rule(text: str, budget: CompileBudget) -> Rule:
     dfa = build_byte_dfa(anchored(text), budget=budget)
     table, dead = dfa.transitions.copy(), dfa.dead
-    calls: dict[int, list[tuple[int, int]]] = {}
-    for state in np.flatnonzero(table[:-1, MARK] != dead).tolist():
-        paths = [(int(table[state, MARK]), 0)]  # (automaton state, digits read as a number)
-        for _ in range(WIDTH):
-            paths = [(int(table[at, d]), number * len(DIGITS) + i)
-                     for at, number in paths for i, d in enumerate(DIGITS) if table[at, d] != dead]
-        calls[state] = [(number, at) for at, number in paths]
+    calls = _call_edges(table, dead)
     table[:, MARK] = dead
     has_calls = np.zeros(table.shape[0], dtype=bool)
     has_calls[list(calls)] = True
     return Rule(table, dead, dfa.initial, dfa.finals.copy(), dfa.loops, dfa.loops.any(axis=1), table != dead,
                 calls, has_calls)
+
+
+def _call_edges(table: np.ndarray, dead: int) -> dict[int, list[tuple[int, int]]]:
+    """state -> [(callee, state after the call's digits)], for every state with a mark edge: the mark, then WIDTH
+    digit bytes, read for all calling states at once (paths in digit order, as the call's number grows)."""
+    owners = np.flatnonzero(table[:-1, MARK] != dead)  # (one path per owner to start with, owners ascending)
+    calls: dict[int, list[tuple[int, int]]] = {owner: [] for owner in owners.tolist()}  # (a mark with no call: [])
+    at = table[owners, MARK].astype(np.int64)
+    number = np.zeros(owners.shape[0], dtype=np.int64)
+    digits = np.asarray(DIGITS)
+    for _ in range(WIDTH):
+        after = table[at][:, digits]  # [paths, digits]
+        path, digit = np.nonzero(after != dead)  # (row-major: each path's digits in order, paths in order)
+        owners, at, number = owners[path], after[path, digit].astype(np.int64), number[path] * len(DIGITS) + digit
+    for owner, callee, state in zip(owners.tolist(), number.tolist(), at.tolist()):
+        calls[owner].append((callee, state))
+    return calls
 
 
 _RULES: OrderedDict[Grammar, tuple[list[Rule], int]] = OrderedDict()  # grammar -> its rules, their work (`ByteDFA.work`)
