@@ -2,7 +2,8 @@
 what `index.state_classes.lookahead_classes` runs (see there for what the classes mean).
 
     columns    bytes every state sends alike are one column (a JSON rule has ~30-90 distinct ones, not 256)
-    round      a state's signature: (its class, the class each column leads to); equal signatures, one class
+    round      a state's signature: (its class, the class each column leads to); equal signatures, one class (a
+               state alone in its class stays alone: it takes the next number without a signature)
     stop       a round that splits nothing (every later round is the same), or nearly every state alone
 
 Both return the same partition: the compiled loop hashes signatures into an open-addressing table and checks
@@ -99,10 +100,18 @@ def refine_classes(table, initial, rounds):  # pragma: no cover (compiled; the t
     slot_state = np.empty(size, np.int64)
     slot_hash = np.empty(size, np.uint64)
     refined = np.empty(num_states, np.int64)
+    members = np.zeros(num_states, np.int64)  # states per class (a class of one stays alone: no signature to hash)
     for _ in range(rounds):
         slot_state[:] = -1
+        members[:num_classes] = 0
+        for s in range(num_states):
+            members[classes[s]] += 1
         count = 0
         for s in range(num_states):
+            if members[classes[s]] == 1:
+                refined[s] = count  # (its own class again: no other state shares its old class, so none its new one)
+                count += 1
+                continue
             h = (np.uint64(_FNV_OFFSET) ^ np.uint64(classes[s])) * np.uint64(_FNV_PRIME)
             for k in range(num_columns):
                 h = (h ^ np.uint64(classes[columns[s, k]])) * np.uint64(_FNV_PRIME)
