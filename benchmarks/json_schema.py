@@ -555,6 +555,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--limit", type=int, default=None, help="first N schemas (sorted by name)")
     parser.add_argument("--stride", type=int, default=1, help="take every k-th schema (a spread-out sample)")
     parser.add_argument("--timeout", type=float, default=10.0, help="compile budget per schema and side, seconds")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="cold compiles per schema and side, each in a fresh fork; the fastest is reported (a shared "
+                             "machine's noise only ever adds time). Masks are timed on the first")
     parser.add_argument("--memory-gb", type=float, default=4.0, help="address-space cap of each child")
     parser.add_argument("--gen-schemas", type=int, default=10, help="schemas used for end-to-end generation")
     parser.add_argument("--gen-rows", type=int, default=2)
@@ -605,6 +608,8 @@ def main(argv: list[str] | None = None) -> int:
     header = machine()
     print(f"machine: {header}\nschemas: {len(files)} from {args.schemas}", flush=True)
 
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     sides = [side.strip() for side in args.sides.split(",") if side.strip()]
     unknown = set(sides) - {"ours", "ours-lenient", "llguidance", "outlines-core"}
     if unknown or "ours" not in sides:
@@ -622,6 +627,15 @@ def main(argv: list[str] | None = None) -> int:
             spec = json.load(handle)
         for side in sides:
             results[side][name] = run_side(side, spec["schema"], spec.get("tests", []), args.timeout, args.memory_gb)
+        for _ in range(args.repeats - 1):  # more cold compiles, sides interleaved: each keeps its fastest
+            for side in sides:
+                best = results[side][name]
+                if best.status != "ok":
+                    continue
+                again = run_side(side, spec["schema"], [], args.timeout, args.memory_gb)
+                if again.status == "ok" and again.compile_s is not None and again.compile_cpu_s is not None:
+                    best.compile_s = min(best.compile_s, again.compile_s)  # type: ignore[type-var]
+                    best.compile_cpu_s = min(best.compile_cpu_s, again.compile_cpu_s)  # type: ignore[type-var]
         line = "  ".join(
             f"{s}={results[s][name].status}"
             + (f" {results[s][name].compile_s * 1e3:.0f}ms" if results[s][name].compile_s else "")
@@ -748,7 +762,8 @@ def render(header, args, num_files, summaries, gen, results, probe, checked) -> 
             f"Schemas: {num_files} of MaskBench (`shared/data/schemas`), GPT-2 vocabulary (50,257 tokens), "
             f"compile budget {args.timeout:g} s per schema and side, cold compiles in a fresh forked process "
             "after one untimed compile of a one-line schema (imports, copy-on-write page faults) "
-            "(no cache). The vocabulary trie of the lazy index is built once per vocabulary before forking "
+            f"(no cache){f', the fastest of {args.repeats} per schema and side' if args.repeats > 1 else ''}. "
+            "The vocabulary trie of the lazy index is built once per vocabulary before forking "
             f"({_STATE.get('trie_cpu_s', float('nan')) * 1e3:.0f} ms CPU) and is not part of any compile time."
         ),
         "",
