@@ -336,8 +336,10 @@ class GrammarDFA:
     def _inside_rows(self, ctx: _Context, rule: Rule, rule_states: np.ndarray) -> None:
         """Rows of states inside a rule: the rule's rows, moved to the context's block (one gather)."""
         rows = rule.table[rule_states]
+        rows += ctx.base
+        rows *= rule.live[rule_states]  # (the dead state: 0, in place; big rules move megabytes here)
         states = ctx.base + rule_states
-        self.transitions[states] = np.where(rows == rule.dead, 0, rows + ctx.base)
+        self.transitions[states] = rows
         self.loops[states] = rule.loops[rule_states]  # (a byte that keeps the rule state keeps the state)
         self.has_loops[states] = rule.has_loops[rule_states]
         self.known[states] = True
