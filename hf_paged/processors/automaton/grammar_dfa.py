@@ -336,8 +336,9 @@ class GrammarDFA:
     def _inside_rows(self, ctx: _Context, rule: Rule, rule_states: np.ndarray) -> None:
         """Rows of states inside a rule: the rule's rows, moved to the context's block (one gather)."""
         rows = rule.table[rule_states]
+        live = rows != rule.dead
         rows += ctx.base
-        rows *= rule.live[rule_states]  # (the dead state: 0, in place; big rules move megabytes here)
+        rows *= live  # (the dead state: 0, in place; big rules move megabytes here)
         states = ctx.base + rule_states
         self.transitions[states] = rows
         self.loops[states] = rule.loops[rule_states]  # (a byte that keeps the rule state keeps the state)
@@ -355,7 +356,7 @@ class GrammarDFA:
                 # inside: the rule's row moved to the block (the narrow walks build rows one at a time: keep it short)
                 row = self.transitions[state]
                 np.add(rule.table[rule_state], ctx.base, out=row)
-                row[~rule.live[rule_state]] = 0
+                row[rule.table[rule_state] == rule.dead] = 0
                 self.loops[state] = rule.loops[rule_state]
                 self.has_loops[state] = rule.has_loops[rule_state]
                 self.known[state] = True

@@ -22,13 +22,12 @@ __all__ = ["Rule", "grammar_rules"]
 class Rule:
     """One rule's automaton, its call edges taken out."""
 
-    table: np.ndarray  # int32 [S + 1, 256]; the mark byte's column is dead
+    table: np.ndarray  # int32 [S + 1, 256]; the mark byte's column is dead (read only: may be the memoised DFA's)
     dead: int
     initial: int
     finals: np.ndarray  # bool [S + 1]
     loops: np.ndarray  # uint64 [S + 1, 4]: the bytes that keep a state where it is
     has_loops: np.ndarray  # bool [S + 1]
-    live: np.ndarray  # bool [S + 1, 256]: the bytes that do not lead to the dead state
     calls: dict[int, list[tuple[int, int]]]  # state -> [(callee rule, state to return to)]
     has_calls: np.ndarray  # bool [S + 1]
     multibyte: np.ndarray | None = None  # `utf8.multibyte_ends` of every state, on first need
@@ -36,13 +35,14 @@ class Rule:
 
 def _compile_rule(text: str, budget: CompileBudget) -> Rule:
     dfa = build_byte_dfa(anchored(text), budget=budget)
-    table, dead = dfa.transitions.copy(), dfa.dead
+    table, dead = dfa.transitions, dfa.dead
     calls = _call_edges(table, dead)
-    table[:, MARK] = dead
+    if calls:  # the mark edges cut out of a copy (the automaton is memoised: shared); without them, no copy at all
+        table = table.copy()
+        table[:, MARK] = dead
     has_calls = np.zeros(table.shape[0], dtype=bool)
     has_calls[list(calls)] = True
-    return Rule(table, dead, dfa.initial, dfa.finals.copy(), dfa.loops, dfa.loops.any(axis=1), table != dead,
-                calls, has_calls)
+    return Rule(table, dead, dfa.initial, dfa.finals.copy(), dfa.loops, dfa.loops.any(axis=1), calls, has_calls)
 
 
 def _call_edges(table: np.ndarray, dead: int) -> dict[int, list[tuple[int, int]]]:

@@ -232,7 +232,9 @@ class TrieWalk(PlannedWalk):
         """bool per state of a grammar rule: at most `narrow_bytes` live bytes (memoised)."""
         narrow = self._rule_narrow.get(rule_index)
         if narrow is None:
-            narrow = self._rule_narrow[rule_index] = self.dfa.rules[rule_index].live.sum(axis=1) <= self.narrow_bytes
+            rule = self.dfa.rules[rule_index]
+            live = np.count_nonzero(rule.table != rule.dead, axis=1)
+            narrow = self._rule_narrow[rule_index] = live <= self.narrow_bytes
         return narrow
 
     def _live_bytes(self, state: int) -> bytes:
