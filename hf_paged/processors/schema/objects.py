@@ -350,17 +350,17 @@ def _cuts_extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context
     written with a free value, which a flat translation nests only `any_depth` deep (`_extras`' own order)."""
     if "propertyNames" in schema or schema.get("patternProperties") or not (extra_schema is True or extra_schema == {}):
         return False
-    if _leaves_out_extras(schema, extra_schema, names, ctx):
+    if _leaves_out_extras(extra_schema, names, ctx):
         return True
     if schema.get("properties") and "additionalProperties" not in schema and not ctx.undeclared_keys:
         return False
     return ctx.rules is None
 
 
-def _leaves_out_extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context) -> bool:
-    """Whether this try leaves out undeclared keys that the schema allows beside declared `names` (a cut)."""
-    return (bool(names) and not ctx.extras_beside_declared and (extra_schema is True or extra_schema == {})
-            and "propertyNames" not in schema and not schema.get("patternProperties"))
+def _leaves_out_extras(extra_schema: Any, names: list[str], ctx: Context) -> bool:
+    """Whether this try leaves out undeclared keys that the schema allows beside declared `names` (a cut; for an
+    object without `propertyNames` and `patternProperties`, which `_extras` and `_cuts_extras` check first)."""
+    return bool(names) and not ctx.extras_beside_declared and (extra_schema is True or extra_schema == {})
 
 
 def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, pointer: str, colon: Rx) -> Rx | None:
@@ -386,7 +386,7 @@ def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, poi
         return seq(key_rx, colon, value) if value is not None else None
     if extra_schema is False:
         return None
-    if _leaves_out_extras(schema, extra_schema, names, ctx):
+    if _leaves_out_extras(extra_schema, names, ctx):
         ctx.cut()  # (undeclared keys the schema allows, left out)
         return None
     if schema.get("properties") and "additionalProperties" not in schema and not ctx.undeclared_keys:
