@@ -577,6 +577,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="instead: time the first constrained request of fresh processes, RUNS times each with "
                              "numba's cache emptied (a fresh install) and warm")
     args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     if args.cold_start:
         report = cold_start(args.cold_start, args.tokenizer)
         print(report)
@@ -608,8 +610,6 @@ def main(argv: list[str] | None = None) -> int:
     header = machine()
     print(f"machine: {header}\nschemas: {len(files)} from {args.schemas}", flush=True)
 
-    if args.repeats < 1:
-        parser.error(f"--repeats must be at least 1, got {args.repeats}")
     sides = [side.strip() for side in args.sides.split(",") if side.strip()]
     unknown = set(sides) - {"ours", "ours-lenient", "llguidance", "outlines-core"}
     if unknown or "ours" not in sides:

@@ -1,5 +1,5 @@
-"""The rules of a grammar (`grammar.Grammar`) as byte automata: each compiled by outlines-core (`build_byte_dfa`,
-anchored), its call edges read off and cut out. Immutable, memoised per grammar: validation and the build share
+"""The rules of a grammar (`grammar.Grammar`) as byte automata: each compiled by `build_byte_dfa` (anchored), its
+call edges read off and cut out. Immutable, memoised per grammar: validation and the build share
 them, and every `GrammarDFA` of the grammar names its own states over them."""
 
 from __future__ import annotations
