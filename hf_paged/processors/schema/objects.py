@@ -345,22 +345,28 @@ def _name_ok(name: str, names_schema: Any, ctx: Context, pointer: str) -> bool:
     return rx is not None and re.fullmatch(rx.text, json.dumps(name, ensure_ascii=False)) is not None
 
 
-def _cuts_extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context) -> bool:
-    """Whether this object's undeclared keys cut (`Context.cut`) in this try: left out beside declared `names`, or
-    written with a free value, which a flat translation nests only `any_depth` deep (`_extras`' own order)."""
-    if "propertyNames" in schema or schema.get("patternProperties") or not (extra_schema is True or extra_schema == {}):
-        return False
-    if _leaves_out_extras(extra_schema, names, ctx):
-        return True
+def _extras_kind(schema: dict, extra_schema: Any, names: list[str], ctx: Context) -> str:
+    """How this try writes the object's undeclared keys (`_extras`): "none"; "patterns" (keys drawn from
+    `patternProperties`); "left out" (a cut: the schema allows them beside the declared `names`, this try keeps the
+    declared ones alone); "value" (any key but the names, with `additionalProperties`' value)."""
+    if "propertyNames" in schema:
+        return "none"  # (a free key could violate it)
+    if schema.get("patternProperties"):
+        return "patterns"
+    if extra_schema is False:
+        return "none"
+    if names and not ctx.extras_beside_declared and (extra_schema is True or extra_schema == {}):
+        return "left out"
     if schema.get("properties") and "additionalProperties" not in schema and not ctx.undeclared_keys:
-        return False
-    return ctx.rules is None
+        return "none"  # not asked for: generate the declared members only (a subset of the valid documents)
+    return "value"
 
 
-def _leaves_out_extras(extra_schema: Any, names: list[str], ctx: Context) -> bool:
-    """Whether this try leaves out undeclared keys that the schema allows beside declared `names` (a cut; for an
-    object without `propertyNames` and `patternProperties`, which `_extras` and `_cuts_extras` check first)."""
-    return bool(names) and not ctx.extras_beside_declared and (extra_schema is True or extra_schema == {})
+def _cuts_extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context) -> bool:
+    """Whether `_extras` cuts (`Context.cut`) in this try: keys left out, or a free value, which a flat translation
+    nests only `any_depth` deep."""
+    kind = _extras_kind(schema, extra_schema, names, ctx)
+    return kind == "left out" or (kind == "value" and ctx.rules is None and (extra_schema is True or extra_schema == {}))
 
 
 def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, pointer: str, colon: Rx) -> Rx | None:
@@ -371,10 +377,9 @@ def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, poi
     declared names, keys are drawn from the patterns instead, and their value must satisfy every pattern's
     schema (a key may match several). Never with `propertyNames` (a free key could violate it).
     """
-    if "propertyNames" in schema:
-        return None
-    patterns = schema.get("patternProperties")
-    if patterns:
+    kind = _extras_kind(schema, extra_schema, names, ctx)
+    if kind == "patterns":
+        patterns = schema["patternProperties"]
         if names or not isinstance(patterns, dict):
             return None  # a pattern key could spell a declared name: keep to the declared ones
         keys = [emit(parse_pattern(p, pointer_join(pointer, "patternProperties", p)), ctx.max_repeat, open_too=False)
@@ -384,13 +389,10 @@ def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, poi
         value = ctx.value({"allOf": values} if len(values) > 1 else values[0] if values else True,
                         pointer_join(pointer, "patternProperties"))
         return seq(key_rx, colon, value) if value is not None else None
-    if extra_schema is False:
+    if kind == "left out":
+        ctx.cut()
+    if kind != "value":
         return None
-    if _leaves_out_extras(extra_schema, names, ctx):
-        ctx.cut()  # (undeclared keys the schema allows, left out)
-        return None
-    if schema.get("properties") and "additionalProperties" not in schema and not ctx.undeclared_keys:
-        return None  # not asked for: generate the declared members only (a subset of the valid documents)
     value = ctx.value(extra_schema, pointer_join(pointer, "additionalProperties"))
     if value is None:
         return None
