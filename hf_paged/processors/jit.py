@@ -37,6 +37,7 @@ KERNEL_MODULES = (
     "hf_paged.processors.automaton.dfa_kernel",
     "hf_paged.processors.automaton.refine_kernel",
     "hf_paged.processors.automaton.layout_kernel",
+    "hf_paged.processors.automaton.nfa_kernel",
     "hf_paged.processors.automaton.utf8",
 )
 _KERNELS: list[Kernel] = []

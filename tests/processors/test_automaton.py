@@ -10,6 +10,7 @@ from hf_paged.processors import jit
 from hf_paged.processors.automaton import Unsupported, anchored, compile_regex
 from hf_paged.processors.automaton import dfa as dfa_module
 from hf_paged.processors.automaton.byte_dfa import _outlines_byte_dfa, build_byte_dfa
+from hf_paged.processors.automaton.dfa import flat_nfa
 from hf_paged.processors.automaton.dfa_kernel import subset_construction
 from hf_paged.processors.automaton.nfa import build_nfa
 from hf_paged.processors.automaton.syntax import parse
@@ -32,6 +33,11 @@ SCHEMAS = [
     {"anyOf": [{"type": "string", "format": "date"}, {"type": "number", "minimum": -2.5, "maximum": 1000}]},
     {"type": "object", "additionalProperties": {"type": "string", "pattern": "^[a-z]+-[0-9]{2}$"}},
 ]
+
+
+def _python_dfa(regex: str):
+    """The DFA of `regex` through the Python reader and builder, whether or not the compiled ones are loaded."""
+    return dfa_module.determinize(flat_nfa(build_nfa(parse(regex), CompileBudget())), CompileBudget())
 
 
 def _equivalent(a, b) -> bool:
@@ -66,9 +72,9 @@ def test_literal_alternations_as_tries_match_the_plain_construction(monkeypatch)
     for _ in range(60):
         words = ["".join(rng.choice(alphabet) for _ in range(rng.randint(0, 5))) for _ in range(rng.randint(3, 12))]
         regex = alt(lit(w) for w in words).text + rng.choice(["", "c", "(?:a|b)*"])
-        trie, trie_states = compile_regex(regex, CompileBudget()), len(build_nfa(parse(regex), CompileBudget()).kinds)
-        monkeypatch.setattr(nfa_module, "_MIN_TRIE", 10**9)
-        plain, plain_states = compile_regex(regex, CompileBudget()), len(build_nfa(parse(regex), CompileBudget()).kinds)
+        trie, trie_states = _python_dfa(regex), len(build_nfa(parse(regex), CompileBudget()).kinds)
+        monkeypatch.setattr(nfa_module, "MIN_TRIE", 10**9)
+        plain, plain_states = _python_dfa(regex), len(build_nfa(parse(regex), CompileBudget()).kinds)
         monkeypatch.undo()
         assert _equivalent(trie, plain), regex
         assert trie_states <= plain_states + 1, regex  # (+1: the trie's root split where no two words share a start)
@@ -138,10 +144,10 @@ def test_compiled_subset_construction_equals_its_twin(compiled, monkeypatch):
     # (a state of 40 overlapping spans and 80 piece bounds: the kernel's numpy sorts, beside its small in-place ones)
     wide = "(?:" + "|".join(f"[{chr(97 + i % 20)}-z]{i}" for i in range(40)) + ")"
     for regex in REGEXES + [schema_to_regex(s) for s in SCHEMAS] + [wide]:
-        dfa_module.determinize(build_nfa(parse(regex), CompileBudget()), CompileBudget())
+        dfa_module.determinize(flat_nfa(build_nfa(parse(regex), CompileBudget())), CompileBudget())
     for pattern, limits in (("(a|b)*a(a|b){14}", (2000, 10**9)), ("(.*,){4}x.{6}", (10**6, 3000))):
         args = list(calls[0])
-        nfa = build_nfa(parse(pattern), CompileBudget())
+        nfa = flat_nfa(build_nfa(parse(pattern), CompileBudget()))
         dfa_module.determinize(nfa, CompileBudget(max_dfa_states=10**6, max_dfa_steps=10**9))
         args = list(calls[-1])
         args[-2:] = limits  # stopped by each limit, at the same point
@@ -197,7 +203,7 @@ def _determinize_calls(monkeypatch, name: str) -> list[tuple]:
     kernel = getattr(dfa_module, name)
     monkeypatch.setattr(dfa_module, name, lambda *args: calls.append(args) or kernel(*args))
     for regex in REGEXES + [schema_to_regex(s) for s in SCHEMAS]:
-        dfa_module.determinize(build_nfa(parse(regex), CompileBudget()), CompileBudget())
+        dfa_module.determinize(flat_nfa(build_nfa(parse(regex), CompileBudget())), CompileBudget())
     return calls
 
 

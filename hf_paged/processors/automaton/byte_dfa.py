@@ -22,13 +22,14 @@ from typing import Any, ClassVar
 import numpy as np
 
 from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
-from hf_paged.processors.automaton.dfa import DenseDFA, determinize
+from hf_paged.processors.automaton import nfa_kernel
+from hf_paged.processors.automaton.dfa import DenseDFA, FlatNFA, determinize, flat_nfa
 from hf_paged.processors.automaton.nfa import build_nfa
 from hf_paged.processors.automaton.syntax import parse
 from hf_paged.processors.automaton.tree import Unsupported
 from hf_paged.processors.budget import CompileBudget
 
-__all__ = ["ByteDFA", "anchored", "automaton_work", "build_byte_dfa", "byte_sets", "compile_regex"]
+__all__ = ["ByteDFA", "anchored", "automaton_work", "build_byte_dfa", "byte_sets", "compile_regex", "regex_nfa"]
 
 _PROBE: Any = None
 _MEMO: OrderedDict[str, ByteDFA] = OrderedDict()  # anchored regex -> automaton: validate + build compile once
@@ -95,7 +96,17 @@ def compile_regex(regex: str, budget: CompileBudget) -> DenseDFA | None:
         Unsupported: syntax to leave to outlines-core. InvalidRegexError: look-around and the like.
         SchemaTooComplexError: over one of the budget's limits.
     """
-    return determinize(build_nfa(parse(regex), budget), budget)
+    return determinize(regex_nfa(regex, budget), budget)
+
+
+def regex_nfa(regex: str, budget: CompileBudget) -> FlatNFA:
+    """The NFA of `regex`: the compiled reader and builder (`nfa_kernel`) when it is loaded and reads the pattern,
+    else the Python ones (`syntax.parse`, `nfa.build_nfa`); both build the same states and count the same work."""
+    status, positions, start, *arrays = nfa_kernel.regex_nfa(nfa_kernel.codes_of(regex), budget.left("nfa_states"))
+    if status == nfa_kernel.GIVE_UP:
+        return flat_nfa(build_nfa(parse(regex), budget))
+    budget.spend("nfa_states", positions)  # (OVER: raises, with the count the Python builder raises at)
+    return FlatNFA(*arrays, start=start)
 
 
 def byte_sets(member: np.ndarray) -> np.ndarray:

@@ -19,16 +19,15 @@ import numpy as np
 
 from hf_paged.processors import jit
 from hf_paged.processors.automaton.dfa_kernel import subset_construction
-from hf_paged.processors.automaton.nfa import LOOK, NFA, SPARSE, SPLIT
 from hf_paged.processors.automaton.layout_kernel import nfa_layout, trim_table
+from hf_paged.processors.automaton.nfa import LOOK, NFA, SPARSE, SPLIT
 from hf_paged.processors.budget import CompileBudget
 
-__all__ = ["JIT_MIN_POSITIONS", "DenseDFA", "determinize"]
+__all__ = ["JIT_MIN_POSITIONS", "DenseDFA", "FlatNFA", "determinize", "flat_nfa"]
 
 # NFAs from this size on start loading the compiled subset construction (`jit.start`); below, its Python twin
 # takes milliseconds, less than loading numba (~0.7 s of CPU in the background)
 JIT_MIN_POSITIONS = 5_000
-
 
 
 @dataclass(slots=True)
@@ -39,19 +38,19 @@ class DenseDFA:
     finals: np.ndarray
 
 
-def determinize(nfa: NFA, budget: CompileBudget) -> DenseDFA | None:
+def determinize(nfa: FlatNFA, budget: CompileBudget) -> DenseDFA | None:
     """The DFA of `nfa`, or None when it matches no text at all.
 
     Raises:
         SchemaTooComplexError: more states or steps than the budget allows.
     """
-    if len(nfa.kinds) >= JIT_MIN_POSITIONS:  # (a big automaton: worth the compiled loop from the next one on)
+    if nfa.kinds.shape[0] >= JIT_MIN_POSITIONS:  # (a big automaton: worth the compiled loop from the next one on)
         jit.start()
-    arrays = _nfa_arrays(nfa)
-    byte_class = arrays.byte_class
+    sp_ptr, spans, eps_ptr, byte_class = nfa_layout(nfa.kinds, nfa.sparse, nfa.counts, nfa.flat, nfa.split,
+                                                    nfa.eps_counts)
     _, num_states, steps, finals, run_ptr, runs = subset_construction(  # (over a limit: the spends raise)
-        arrays.kinds, arrays.sp_ptr, arrays.spans, arrays.eps_ptr, arrays.eps, arrays.look, nfa.start,
-        budget.left("dfa_states"), budget.left("dfa_steps"))
+        nfa.kinds, sp_ptr, spans, eps_ptr, nfa.eps, nfa.look, nfa.start, budget.left("dfa_states"),
+        budget.left("dfa_steps"))
     budget.spend("dfa_states", num_states)
     budget.spend("dfa_steps", steps)
     if num_states == 0:
@@ -61,23 +60,23 @@ def determinize(nfa: NFA, budget: CompileBudget) -> DenseDFA | None:
 
 
 @dataclass(slots=True)
-class _NFAArrays:
-    """The NFA as the arrays `subset_construction` reads (see `dfa_kernel`), byte ranges as byte classes."""
+class FlatNFA:
+    """An NFA (`nfa.py`'s states) as flat arrays, each state's edges in its own order, states in order."""
 
     kinds: np.ndarray  # int8 [n]
-    sp_ptr: np.ndarray  # int64 [n + 1]: state q's spans are spans[sp_ptr[q]:sp_ptr[q + 1]]
-    spans: np.ndarray  # int64 [E, 3]: (first class, last class, next), sorted within each state
-    eps_ptr: np.ndarray  # int64 [n + 1]
-    eps: np.ndarray  # int64 [e]: epsilon targets, in the NFA's order
-    look: np.ndarray  # int64 [n, 2]: (anchor, next) of LOOK states
-    byte_class: np.ndarray  # int64 [256]: the class of each byte
+    sparse: np.ndarray  # int64: the byte-reading states
+    counts: np.ndarray  # int64: their number of byte ranges
+    flat: np.ndarray  # int64 [E, 3]: (first byte, last byte, next) of each, state after state
+    split: np.ndarray  # int64: the split states
+    eps_counts: np.ndarray  # int64: their number of targets
+    eps: np.ndarray  # int64: the targets, state after state
+    look: np.ndarray  # int64 [n, 2]: (anchor, next) of look states (zeros elsewhere)
+    start: int
 
 
-def _nfa_arrays(nfa: NFA) -> _NFAArrays:
-    """`nfa` as flat arrays: one pass over its edge lists at C speed (`chain`, `map`), the rest one compiled loop
-    (`layout_kernel.nfa_layout`: byte classes, sorted spans, CSR)."""
+def flat_nfa(nfa: NFA) -> FlatNFA:
+    """`nfa`'s edge lists as flat arrays, at C speed (`chain`, `map`)."""
     kinds_list, edges = nfa.kinds, nfa.edges
-    num_nfa = len(kinds_list)
     kinds = np.asarray(kinds_list, dtype=np.int8)
     sparse = np.flatnonzero(kinds == SPARSE)
     sparse_edges = [edges[q] for q in sparse.tolist()]
@@ -88,9 +87,8 @@ def _nfa_arrays(nfa: NFA) -> _NFAArrays:
     split_edges = [edges[q] for q in split.tolist()]
     eps_counts = np.fromiter(map(len, split_edges), dtype=np.int64, count=len(split_edges))
     eps = np.fromiter(chain.from_iterable(split_edges), dtype=np.int64, count=int(eps_counts.sum()))
-    sp_ptr, spans, eps_ptr, byte_class = nfa_layout(kinds, sparse, counts, flat, split, eps_counts)
-    look = np.zeros((num_nfa, 2), dtype=np.int64)
+    look = np.zeros((len(kinds_list), 2), dtype=np.int64)
     looks = np.flatnonzero(kinds == LOOK)
     if looks.shape[0]:
         look[looks] = np.array([edges[q] for q in looks.tolist()], dtype=np.int64)
-    return _NFAArrays(kinds, sp_ptr, spans, eps_ptr, eps, look, byte_class)
+    return FlatNFA(kinds, sparse, counts, flat, split, eps_counts, eps, look, nfa.start)

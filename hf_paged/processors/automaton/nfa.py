@@ -20,10 +20,10 @@ from hf_paged.processors.automaton.charsets import Ranges, utf8_sequences
 from hf_paged.processors.automaton.tree import Node
 from hf_paged.processors.budget import CompileBudget
 
-__all__ = ["LOOK", "MATCH", "NFA", "SPARSE", "SPLIT", "build_nfa"]
+__all__ = ["LOOK", "MATCH", "MIN_TRIE", "NFA", "SPARSE", "SPEND_EVERY", "SPLIT", "build_nfa"]
 
 SPARSE, SPLIT, LOOK, MATCH = 0, 1, 2, 3
-_SPEND_EVERY = 4096  # positions counted locally, then spent from the budget in one call
+SPEND_EVERY = 4096  # positions counted locally, then spent from the budget in one call
 
 
 @dataclass(slots=True)
@@ -47,7 +47,7 @@ class _Builder:
         self.nfa.kinds.append(kind)
         self.nfa.edges.append(edges)
         self.unspent += 1
-        if self.unspent >= _SPEND_EVERY:
+        if self.unspent >= SPEND_EVERY:
             self.flush()
         return len(self.nfa.kinds) - 1
 
@@ -67,7 +67,7 @@ class _Builder:
             nfa.kinds.append(SPARSE)
             nfa.edges.append([(ranges[0][0], ranges[0][1], nxt)])
             self.unspent += 1
-            if self.unspent >= _SPEND_EVERY:
+            if self.unspent >= SPEND_EVERY:
                 self.flush()
             state = self.sets[key] = len(nfa.kinds) - 1
         elif state is None:
@@ -213,12 +213,12 @@ class _Builder:
         return first[id(trie)]
 
 
-_MIN_TRIE = 3  # alternatives from which a literal alternation is built as a trie
+MIN_TRIE = 3  # alternatives from which a literal alternation is built as a trie
 
 
 def _literals(children: tuple[Node, ...]) -> list[tuple[int, ...]] | None:
     """The code points of each alternative when every one is a literal string (else None)."""
-    if len(children) < _MIN_TRIE:
+    if len(children) < MIN_TRIE:
         return None
     out = []
     for child in children:
