@@ -2,6 +2,7 @@
 call stacks, its rows built on demand. Bytes in, states out: nothing here knows tokens (`index/` walks them).
 
     regex text --syntax.parse--> tree --nfa.build_nfa--> Thompson NFA --dfa.determinize--> DenseDFA
+               (or, once the kernels are loaded, --nfa_kernel.regex_nfa--> the same NFA in one compiled loop)
                --byte_dfa.build_byte_dfa (memoised; outlines-core for Rust-only syntax)--> ByteDFA
     Grammar (grammar: root and rules, typed) --grammar_rules--> one ByteDFA per rule, calls cut out
                --grammar_dfa.GrammarDFA--> subset construction over call stacks (grammar_stacks), lazily

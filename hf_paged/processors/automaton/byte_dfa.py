@@ -181,7 +181,8 @@ def build_byte_dfa(anchored_regex: str, *, fresh: bool = False, budget: CompileB
 def automaton_work(num_chars: int, meter: CompileBudget) -> int:
     """What building one automaton costs, in `CompileBudget.work` units (~1 us of CPU each with the compiled subset
     construction on a 2.4 GHz EPYC, fitted on MaskBench's regexes and hostile ones): a fixed part (its arrays),
-    parsing, NFA positions (built in Python), DFA states and subset-construction steps."""
+    parsing, NFA positions (built in Python: the compiled builder is faster, but a count must not depend on which
+    one ran), DFA states and subset-construction steps."""
     return 500 + num_chars // 2 + 3 * meter.nfa_states + 2 * meter.dfa_states + meter.dfa_steps // 10
 
 

@@ -12,6 +12,7 @@ limit) removes exactly the alternatives that need it instead of producing invali
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -205,24 +206,21 @@ def _class_end(text: str) -> int:
 
 
 def _group_end(text: str) -> int:
-    depth, i = 0, 0
-    while i < len(text):
-        c = text[i]
-        if c == "\\":
-            i += 2
-            continue
-        if c == "[":
-            j = _class_end(text[i:])
-            i += j + 1 if j > 0 else 1
-            continue
-        if c == "(":
+    """Where the group that `text` opens closes (-1: never): parentheses counted outside escapes and classes,
+    the text scanned by one regex at C speed (big alternations' texts run to megabytes)."""
+    depth = 0
+    for m in _GROUP_TOKENS.finditer(text):
+        token = m.group()
+        if token == "(":
             depth += 1
-        elif c == ")":
+        elif token == ")":
             depth -= 1
             if depth == 0:
-                return i
-        i += 1
+                return m.start()
     return -1
+
+
+_GROUP_TOKENS = re.compile(r"\\.|\[(?:\\.|[^\]\\])*\]|[()]", re.DOTALL)  # an escape, a class, a parenthesis
 
 
 def class_cost(text: str) -> int:
