@@ -3,11 +3,14 @@ what `index.state_classes.lookahead_classes` runs (see there for what the classe
 
     columns    bytes every state sends alike are one column (a JSON rule has ~30-90 distinct ones, not 256)
     round      a state's signature: (its class, the class each column leads to); equal signatures, one class (a
-               state alone in its class stays alone: it takes the next number without a signature)
+               state alone in its class stays alone)
     stop       a round that splits nothing (every later round is the same), or nearly every state alone
 
 Both return the same partition: the compiled loop hashes signatures into an open-addressing table and checks
-every hit exactly; the twin sorts integer hashes and checks them exactly too. The caller numbers the classes (in
+every hit exactly; the twin sorts integer hashes and checks them exactly too. The compiled loop splits only the
+classes that can split: after the first round, those with a member whose successor moved to a new class in the
+round before (members of a class agree on their successors' classes; a successor that did not move still
+agrees), found through predecessor lists. The caller numbers the classes (in
 order of first appearance), so the two give the same array.
 """
 
@@ -68,22 +71,22 @@ def refine_classes(table, initial, rounds):  # pragma: no cover (compiled; the t
     for s in range(num_states):
         for b in range(width):
             column_hash[b] = (column_hash[b] ^ np.uint64(table[s, b])) * np.uint64(_FNV_PRIME)
+    same_as = np.empty(width, np.int64)  # the first earlier column of an equal hash, or the column itself
+    for b in range(width):
+        same_as[b] = b
+        for c in range(b):
+            if same_as[c] == c and column_hash[c] == column_hash[b]:
+                same_as[b] = c
+                break
+    for s in range(num_states):  # equal hashes checked exactly, rows read in order (a column-wise check would miss
+        for b in range(width):  # the cache at every state); a collision keeps its column
+            c = same_as[b]
+            if c != b and c >= 0 and table[s, c] != table[s, b]:
+                same_as[b] = -1
     keep = np.empty(width, np.int64)
     num_columns = 0
     for b in range(width):
-        seen = False
-        for k in range(num_columns):
-            c = keep[k]
-            if column_hash[c] == column_hash[b]:
-                same = True
-                for s in range(num_states):
-                    if table[s, c] != table[s, b]:
-                        same = False
-                        break
-                if same:
-                    seen = True
-                    break
-        if not seen:
+        if same_as[b] == b or same_as[b] < 0:
             keep[num_columns] = b
             num_columns += 1
     columns = np.empty((num_states, num_columns), np.int64)
@@ -94,53 +97,93 @@ def refine_classes(table, initial, rounds):  # pragma: no cover (compiled; the t
     num_classes = 0
     for s in range(num_states):
         num_classes = max(num_classes, classes[s] + 1)
+    # predecessors over the distinct columns (CSR): a class can split next round only if a member's successor
+    # moved to a new class this round (members agreed on every successor's class, and unmoved ones still agree)
+    pred_ptr = np.zeros(num_states + 1, np.int64)
+    for s in range(num_states):
+        for k in range(num_columns):
+            pred_ptr[columns[s, k] + 1] += 1
+    for t in range(num_states):
+        pred_ptr[t + 1] += pred_ptr[t]
+    fill = pred_ptr[:-1].copy()
+    preds = np.empty(pred_ptr[num_states], np.int32)
+    for s in range(num_states):
+        for k in range(num_columns):
+            t = columns[s, k]
+            preds[fill[t]] = s
+            fill[t] += 1
     size = 1
     while size < 2 * num_states:
         size *= 2
     slot_state = np.empty(size, np.int64)
     slot_hash = np.empty(size, np.uint64)
+    slot_stamp = np.zeros(size, np.int64)
+    stamp = 0
     refined = np.empty(num_states, np.int64)
-    members = np.zeros(num_states, np.int64)  # states per class (a class of one stays alone: no signature to hash)
+    class_size = np.zeros(num_states + 1, np.int64)
+    class_start = np.zeros(num_states + 1, np.int64)
+    order = np.empty(num_states, np.int64)
+    candidate = np.ones(num_states, np.bool_)  # (the first round looks at every class)
+    moved = np.empty(num_states, np.int64)  # states given a new class this round
     for _ in range(rounds):
-        slot_state[:] = -1
-        members[:num_classes] = 0
+        class_size[:num_classes + 1] = 0  # members of each class, in state order (a counting sort)
         for s in range(num_states):
-            members[classes[s]] += 1
-        count = 0
+            class_size[classes[s] + 1] += 1
+        for c in range(num_classes):
+            class_start[c + 1] = class_start[c] + class_size[c + 1]
+        for c in range(num_classes):
+            class_size[c] = class_start[c]
         for s in range(num_states):
-            if members[classes[s]] == 1:
-                refined[s] = count  # (its own class again: no other state shares its old class, so none its new one)
-                count += 1
+            order[class_size[classes[s]]] = s
+            class_size[classes[s]] += 1
+        refined[:] = classes
+        count, num_moved = num_classes, 0
+        for c in range(num_classes):
+            first, last = class_start[c], class_start[c + 1]
+            if not candidate[c] or last - first < 2:  # (a class of one stays alone)
                 continue
-            h = (np.uint64(_FNV_OFFSET) ^ np.uint64(classes[s])) * np.uint64(_FNV_PRIME)
-            for k in range(num_columns):
-                h = (h ^ np.uint64(classes[columns[s, k]])) * np.uint64(_FNV_PRIME)
-            h ^= h >> np.uint64(29)
-            i = np.int64(h & np.uint64(size - 1))
-            while True:
-                other = slot_state[i]
-                if other < 0:
-                    slot_state[i] = s
-                    slot_hash[i] = h
-                    refined[s] = count
-                    count += 1
-                    break
-                if slot_hash[i] == h and classes[other] == classes[s]:
-                    same = True
-                    for k in range(num_columns):
-                        if classes[columns[other, k]] != classes[columns[s, k]]:
-                            same = False
-                            break
-                    if same:
-                        refined[s] = refined[other]
+            stamp += 1  # a fresh table for this class's signatures (the successors' classes)
+            for j in range(first, last):
+                s = order[j]
+                h = np.uint64(_FNV_OFFSET)
+                for k in range(num_columns):
+                    h = (h ^ np.uint64(classes[columns[s, k]])) * np.uint64(_FNV_PRIME)
+                h ^= h >> np.uint64(29)
+                i = np.int64(h & np.uint64(size - 1))
+                while True:
+                    if slot_stamp[i] != stamp:  # a new signature: the first keeps the class, others take new ones
+                        slot_stamp[i], slot_state[i], slot_hash[i] = stamp, s, h
+                        if j > first:
+                            refined[s] = count
+                            count += 1
+                            moved[num_moved] = s
+                            num_moved += 1
                         break
-                i = (i + 1) & (size - 1)
+                    other = slot_state[i]
+                    if slot_hash[i] == h:
+                        same = True
+                        for k in range(num_columns):
+                            if classes[columns[other, k]] != classes[columns[s, k]]:
+                                same = False
+                                break
+                        if same:
+                            if refined[other] != c:
+                                refined[s] = refined[other]
+                                moved[num_moved] = s
+                                num_moved += 1
+                            break
+                    i = (i + 1) & (size - 1)
         if count == num_classes:
-            break
+            break  # stable: every further round is the same partition
         classes[:] = refined
         num_classes = count
-        if num_classes * 10 > num_states * 9:
+        if num_classes * 10 > num_states * 9:  # nearly every state alone already: no class worth the next rounds
             return np.arange(num_states, dtype=np.int64)
+        candidate[:num_classes] = False
+        for m in range(num_moved):
+            t = moved[m]
+            for e in range(pred_ptr[t], pred_ptr[t + 1]):
+                candidate[classes[preds[e]]] = True
     return classes
 
 
