@@ -100,18 +100,24 @@ def refine_classes(table, initial, rounds):  # pragma: no cover (compiled; the t
     # predecessors over the distinct columns (CSR): a class can split next round only if a member's successor
     # moved to a new class this round (members agreed on every successor's class, and unmoved ones still agree)
     pred_ptr = np.zeros(num_states + 1, np.int64)
-    for s in range(num_states):
+    for s in range(num_states):  # (a run of columns into one state counts once; repeats would be harmless)
+        previous = -1
         for k in range(num_columns):
-            pred_ptr[columns[s, k] + 1] += 1
+            if columns[s, k] != previous:
+                previous = columns[s, k]
+                pred_ptr[previous + 1] += 1
     for t in range(num_states):
         pred_ptr[t + 1] += pred_ptr[t]
     fill = pred_ptr[:-1].copy()
     preds = np.empty(pred_ptr[num_states], np.int32)
     for s in range(num_states):
+        previous = -1
         for k in range(num_columns):
             t = columns[s, k]
-            preds[fill[t]] = s
-            fill[t] += 1
+            if t != previous:
+                preds[fill[t]] = s
+                fill[t] += 1
+                previous = t
     size = 1
     while size < 2 * num_states:
         size *= 2

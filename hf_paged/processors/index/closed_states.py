@@ -41,22 +41,28 @@ def _closed(table, inside, dead, columns):  # pragma: no cover (compiled)
     num_columns = columns.shape[0]
     ok = np.zeros(num_states, np.bool_)
     num_preds = np.zeros(num_states + 1, np.int64)
-    for state in range(num_states):
-        ok[state] = inside[state] and state != dead
+    for state in range(num_states):  # (a run of body bytes into one state counts once: bytes of a class are
+        ok[state] = inside[state] and state != dead  # neighbours, so a row has few runs; repeats are harmless)
+        previous = -1
         for c in range(num_columns):
             following = table[state, columns[c]]
             if following == dead or not inside[following]:
                 ok[state] = False
-            num_preds[following + 1] += 1
+            if following != previous:
+                num_preds[following + 1] += 1
+                previous = following
     for state in range(num_states):  # predecessors of each state through a body byte (CSR)
         num_preds[state + 1] += num_preds[state]
     preds = np.empty(num_preds[num_states], np.int64)
     filled = num_preds[:num_states].copy()
     for state in range(num_states):
+        previous = -1
         for c in range(num_columns):
             following = table[state, columns[c]]
-            preds[filled[following]] = state
-            filled[following] += 1
+            if following != previous:
+                preds[filled[following]] = state
+                filled[following] += 1
+                previous = following
     stack = np.empty(num_states, np.int64)
     top = 0
     for state in range(num_states):
