@@ -47,6 +47,7 @@ class Rx(NamedTuple):
     text: str  # regex source, always safe to concatenate (alternations are wrapped in a group)
     cost: int  # estimated automaton size, ~4x the DFA states outlines-core builds (len(text) for literals)
     group: bool = False  # known to be one group `(?:...)` (an alternation): quantified as it is, no scan of the text
+    compound: bool = False  # known to be two or more atoms (a concatenation): grouped before a quantifier, no scan
 
 
 def raw(text: str, *, atomic: bool = False) -> Rx:
@@ -63,7 +64,11 @@ def seq(*parts: Rx | None) -> Rx | None:
     """Concatenation; the empty language if any part is."""
     if any(p is None for p in parts):
         return None
-    return Rx("".join(p.text for p in parts), sum(p.cost for p in parts))  # type: ignore[union-attr]
+    cost = sum(p.cost for p in parts)  # type: ignore[union-attr]
+    texts = [p for p in parts if p.text]  # type: ignore[union-attr]
+    if len(texts) == 1:  # (one part with text: its own flags hold)
+        return Rx(texts[0].text, cost, texts[0].group, texts[0].compound)
+    return Rx("".join(p.text for p in texts), cost, False, len(texts) > 1)
 
 
 def alt(parts: Iterable[Rx | None]) -> Rx | None:
@@ -171,7 +176,9 @@ def _escape_char(cp: int, *, in_class: bool) -> str:
 def _group_of(part: Rx) -> str:
     """`part`'s text, grouped unless it is one atom already (an alternation's group is known without a scan:
     the scan is Python over the whole text, and the translation groups big alternations often)."""
-    return part.text if part.group else _group(part.text)
+    if part.group:
+        return part.text
+    return f"(?:{part.text})" if part.compound else _group(part.text)
 
 
 def _group(text: str) -> str:
