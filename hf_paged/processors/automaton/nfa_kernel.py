@@ -31,6 +31,8 @@ from hf_paged.processors.jit import helper, kernel, warm_up
 __all__ = ["GIVE_UP", "OK", "OVER", "regex_nfa"]
 
 OK, OVER, GIVE_UP = 0, 1, 2
+_GROW = 3  # (`_steps`: short of room)
+_DEPTH, _RET, _TARGETS, _CHECKED, _NEED, _SEQS = 0, 1, 2, 3, 4, 5  # the step loop's scalars between calls
 
 
 @helper
@@ -44,54 +46,38 @@ def _give_up(codes, left):
     """The twin: until the kernels are loaded, every pattern takes the Python path."""
     return _nothing(GIVE_UP, 0)
 
-@kernel(python=_give_up)
-def regex_nfa(codes, left):  # pragma: no cover (compiled; tests run its body as Python against the Python path)
-    ok, root, nodes, children, r_ptr, r_lo, r_hi = tree.parse_arrays(codes)
-    if not ok:
-        return _nothing(GIVE_UP, 0)
-    num_nodes = nodes.shape[0]
-    kinds = np.empty(256, np.int8)
-    aux = np.empty((256, 2), np.int64)
-    edges = np.empty((256, 3), np.int64)
-    eps = np.empty(256, np.int64)
-    chain_keys, chain_values = np.full(256, -1, np.int64), np.empty(256, np.int64)
-    set_keys, set_values = np.full(256, -1, np.int64), np.empty(256, np.int64)
-    ctr = np.zeros(5, np.int64)
-    seqs = np.empty((charsets.MAX_SEQUENCES, 9), np.int64)
-    targets = np.empty(children.shape[0] + 4, np.int64)  # (the open alternations' targets, then two scratch)
-    num_targets = 0
-    # frames: (node, next, phase, counter, current, loop state or first target)
-    frames = np.empty((num_nodes + 2, 6), np.int64)
-    store.add(kinds, aux, ctr, MATCH, 0, 0)
-    frames[0, 0], frames[0, 1], frames[0, 2] = root, 0, 0
-    depth, ret, checked = 1, -1, SPEND_EVERY
+
+@helper
+def _steps(nodes, children, r_ptr, r_lo, r_hi, seqs, frames, targets, kinds, aux, edges, eps, chain_keys, chain_values,
+           set_keys, set_values, ctr, state, left):  # pragma: no cover (compiled)
+    """The construction's steps from where `state` left them, until done (OK), over the budget (OVER) or short of
+    room (_GROW, with what the step needs in `state`). No array is reassigned here: the kernel grows them between
+    calls (a loop that reassigns arrays pays reference counting on every step, ~5x the step itself)."""
+    depth, ret, num_targets, checked = state[_DEPTH], state[_RET], state[_TARGETS], state[_CHECKED]
     while depth > 0:
         while checked <= ctr[store.COUNT]:  # (the Python builder spends every 4096 positions: it raises at the first)
             if checked > left:
-                return _nothing(OVER, checked)
+                state[_CHECKED] = checked
+                return OVER
             checked += SPEND_EVERY
         t = depth - 1
         node, nxt, phase = frames[t, 0], frames[t, 1], frames[t, 2]
         kind = nodes[node, 0]
-        need, total = 4, -1
+        need, total, num_seqs = 4, -1, 0
         if kind == tree.SET:
             rid = nodes[node, 1]
-            need = 4 * charsets.MAX_SEQUENCES * (r_ptr[rid + 1] - r_ptr[rid]) + 4
-            if seqs.shape[0] < charsets.MAX_SEQUENCES * (r_ptr[rid + 1] - r_ptr[rid]):
-                seqs = np.empty((charsets.MAX_SEQUENCES * (r_ptr[rid + 1] - r_ptr[rid]), 9), np.int64)
+            num_seqs = charsets.MAX_SEQUENCES * (r_ptr[rid + 1] - r_ptr[rid])
+            need = 4 * num_seqs + 4
         elif kind == tree.ALT and phase == 0:
             total = tries.literal_chars(node, nodes, children, r_ptr, r_lo, r_hi)
             need = 8 * total + 8 + nodes[node, 4]
-        if ctr[store.COUNT] + need > kinds.shape[0]:  # (room for what this step may add: no helper grows an array)
-            kinds, aux = store.fit(kinds, ctr[store.COUNT] + need), store.fit_rows(aux, ctr[store.COUNT] + need)
-        if ctr[store.EDGES] + need > edges.shape[0]:
-            edges = store.fit_rows(edges, ctr[store.EDGES] + need)
-        if ctr[store.EPS] + need + num_targets > eps.shape[0]:
-            eps = store.fit(eps, ctr[store.EPS] + need + num_targets)
-        if 2 * (ctr[store.CHAINS] + need) > chain_keys.shape[0]:
-            chain_keys, chain_values = store.fit_map(chain_keys, chain_values, ctr[store.CHAINS], need)
-        if 2 * (ctr[store.SETS] + need) > set_keys.shape[0]:
-            set_keys, set_values = store.fit_map(set_keys, set_values, ctr[store.SETS], need)
+        if (ctr[store.COUNT] + need > kinds.shape[0] or ctr[store.EDGES] + need > edges.shape[0]
+                or ctr[store.EPS] + need + num_targets > eps.shape[0] or seqs.shape[0] < num_seqs
+                or 2 * (ctr[store.CHAINS] + need) > chain_keys.shape[0]
+                or 2 * (ctr[store.SETS] + need) > set_keys.shape[0]):
+            state[_DEPTH], state[_RET], state[_TARGETS], state[_CHECKED] = depth, ret, num_targets, checked
+            state[_NEED], state[_SEQS] = need, num_seqs
+            return _GROW  # (this step again once the kernel made room: nothing of it is done yet)
         if kind == tree.SET:
             ret = store.char_set(nodes[node, 1], nxt, r_ptr, r_lo, r_hi, seqs, kinds, aux, edges, chain_keys,
                             chain_values, set_keys, set_values, ctr)
@@ -192,7 +178,45 @@ def regex_nfa(codes, left):  # pragma: no cover (compiled; tests run its body as
             continue
         ret = current
         depth -= 1
-    return _flatten(ctr[store.COUNT], ret, kinds, aux, edges, eps)
+    state[_RET] = ret
+    return OK
+
+
+@kernel(python=_give_up)
+def regex_nfa(codes, left):  # pragma: no cover (compiled; tests run its body as Python against the Python path)
+    ok, root, nodes, children, r_ptr, r_lo, r_hi = tree.parse_arrays(codes)
+    if not ok:
+        return _nothing(GIVE_UP, 0)
+    kinds = np.empty(256, np.int8)
+    aux = np.empty((256, 2), np.int64)
+    edges = np.empty((256, 3), np.int64)
+    eps = np.empty(256, np.int64)
+    chain_keys, chain_values = np.full(256, -1, np.int64), np.empty(256, np.int64)
+    set_keys, set_values = np.full(256, -1, np.int64), np.empty(256, np.int64)
+    ctr = np.zeros(5, np.int64)
+    seqs = np.empty((charsets.MAX_SEQUENCES, 9), np.int64)
+    targets = np.empty(children.shape[0] + 4, np.int64)  # (the open alternations' targets, then two scratch)
+    # frames: (node, next, phase, counter, current, loop state or first target)
+    frames = np.empty((nodes.shape[0] + 2, 6), np.int64)
+    store.add(kinds, aux, ctr, MATCH, 0, 0)
+    frames[0, 0], frames[0, 1], frames[0, 2] = root, 0, 0
+    state = np.zeros(6, np.int64)
+    state[_DEPTH], state[_RET], state[_TARGETS], state[_CHECKED] = 1, -1, 0, SPEND_EVERY
+    while True:
+        status = _steps(nodes, children, r_ptr, r_lo, r_hi, seqs, frames, targets, kinds, aux, edges, eps,
+                        chain_keys, chain_values, set_keys, set_values, ctr, state, left)
+        if status == OK:
+            return _flatten(ctr[store.COUNT], state[_RET], kinds, aux, edges, eps)
+        if status == OVER:
+            return _nothing(OVER, state[_CHECKED])
+        need = state[_NEED]
+        kinds, aux = store.fit(kinds, ctr[store.COUNT] + need), store.fit_rows(aux, ctr[store.COUNT] + need)
+        edges = store.fit_rows(edges, ctr[store.EDGES] + need)
+        eps = store.fit(eps, ctr[store.EPS] + need + state[_TARGETS])
+        chain_keys, chain_values = store.fit_map(chain_keys, chain_values, ctr[store.CHAINS], need)
+        set_keys, set_values = store.fit_map(set_keys, set_values, ctr[store.SETS], need)
+        if seqs.shape[0] < state[_SEQS]:
+            seqs = np.empty((state[_SEQS], 9), np.int64)
 
 @helper
 def _flatten(count, start, kinds, aux, edges, eps):  # pragma: no cover (compiled)
@@ -212,15 +236,17 @@ def _flatten(count, start, kinds, aux, edges, eps):  # pragma: no cover (compile
     look = np.zeros((count, 2), np.int64)
     i, j, e, x = 0, 0, 0, 0
     for q in range(count):
-        if kinds[q] == SPARSE:
+        if kinds[q] == SPARSE:  # (element loops: a slice copy per state costs more than the copy)
             sparse[i], counts[i] = q, aux[q, 1]
-            flat[e:e + aux[q, 1]] = edges[aux[q, 0]:aux[q, 0] + aux[q, 1]]
-            e += aux[q, 1]
+            for k in range(aux[q, 0], aux[q, 0] + aux[q, 1]):
+                flat[e, 0], flat[e, 1], flat[e, 2] = edges[k, 0], edges[k, 1], edges[k, 2]
+                e += 1
             i += 1
         elif kinds[q] == SPLIT:
             split[j], eps_counts[j] = q, aux[q, 1]
-            targets[x:x + aux[q, 1]] = eps[aux[q, 0]:aux[q, 0] + aux[q, 1]]
-            x += aux[q, 1]
+            for k in range(aux[q, 0], aux[q, 0] + aux[q, 1]):
+                targets[x] = eps[k]
+                x += 1
             j += 1
         elif kinds[q] == LOOK:
             look[q, 0], look[q, 1] = aux[q, 0], aux[q, 1]
