@@ -13,7 +13,7 @@ import pytest
 from hf_paged.errors import SchemaTooComplexError
 from hf_paged.processors import jit
 from hf_paged.processors.automaton import nfa_kernel
-from hf_paged.processors.automaton.byte_dfa import regex_nfa
+from hf_paged.processors.automaton.byte_dfa import compile_regex, regex_nfa
 from hf_paged.processors.automaton.dfa import flat_nfa
 from hf_paged.processors.automaton.nfa import build_nfa
 from hf_paged.processors.automaton.syntax import _Bail, _parse_fast, parse
@@ -128,3 +128,9 @@ def test_regex_nfa_counts_the_same_work_and_raises_the_same_error_either_way(com
             with pytest.raises(SchemaTooComplexError, match="nfa states"):
                 regex_nfa(regex, budget)
         assert budget.nfa_states == python.nfa_states, regex
+
+
+def test_limits_past_what_int64_holds_reach_the_kernels_as_a_limit_never_met(compiled):
+    budget = CompileBudget(max_nfa_states=10**20, max_dfa_states=10**20, max_dfa_steps=10**20)
+    dfa = compile_regex("(?:ab|cd)+", budget)
+    assert dfa is not None and budget.nfa_states == len(build_nfa(parse("(?:ab|cd)+"), CompileBudget()).kinds)

@@ -23,7 +23,7 @@ import numpy as np
 
 from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors.automaton import nfa_kernel
-from hf_paged.processors.automaton.dfa import DenseDFA, FlatNFA, determinize, flat_nfa
+from hf_paged.processors.automaton.dfa import KERNEL_LIMIT, DenseDFA, FlatNFA, determinize, flat_nfa
 from hf_paged.processors.automaton.nfa import build_nfa
 from hf_paged.processors.automaton.syntax import parse
 from hf_paged.processors.automaton.tree import Unsupported
@@ -102,7 +102,8 @@ def compile_regex(regex: str, budget: CompileBudget) -> DenseDFA | None:
 def regex_nfa(regex: str, budget: CompileBudget) -> FlatNFA:
     """The NFA of `regex`: the compiled reader and builder (`nfa_kernel`) when it is loaded and reads the pattern,
     else the Python ones (`syntax.parse`, `nfa.build_nfa`); both build the same states and count the same work."""
-    status, positions, start, *arrays = nfa_kernel.regex_nfa(nfa_kernel.codes_of(regex), budget.left("nfa_states"))
+    left = min(budget.left("nfa_states"), KERNEL_LIMIT)  # (a larger limit than int64 holds: never reached anyway)
+    status, positions, start, *arrays = nfa_kernel.regex_nfa(nfa_kernel.codes_of(regex), left)
     if status == nfa_kernel.GIVE_UP:
         return flat_nfa(build_nfa(parse(regex), budget))
     budget.spend("nfa_states", positions)  # (OVER: raises, with the count the Python builder raises at)

@@ -23,11 +23,12 @@ from hf_paged.processors.automaton.layout_kernel import nfa_layout, trim_table
 from hf_paged.processors.automaton.nfa import LOOK, NFA, SPARSE, SPLIT
 from hf_paged.processors.budget import CompileBudget
 
-__all__ = ["JIT_MIN_POSITIONS", "DenseDFA", "FlatNFA", "determinize", "flat_nfa"]
+__all__ = ["JIT_MIN_POSITIONS", "KERNEL_LIMIT", "DenseDFA", "FlatNFA", "determinize", "flat_nfa"]
 
 # NFAs from this size on start loading the compiled subset construction (`jit.start`); below, its Python twin
 # takes milliseconds, less than loading numba (~0.7 s of CPU in the background)
 JIT_MIN_POSITIONS = 5_000
+KERNEL_LIMIT = 1 << 62  # limits passed to kernels are int64: a larger one (never reached) is passed as this
 
 
 @dataclass(slots=True)
@@ -49,8 +50,8 @@ def determinize(nfa: FlatNFA, budget: CompileBudget) -> DenseDFA | None:
     sp_ptr, spans, eps_ptr, byte_class = nfa_layout(nfa.kinds, nfa.sparse, nfa.counts, nfa.flat, nfa.split,
                                                     nfa.eps_counts)
     _, num_states, steps, finals, run_ptr, runs = subset_construction(  # (over a limit: the spends raise)
-        nfa.kinds, sp_ptr, spans, eps_ptr, nfa.eps, nfa.look, nfa.start, budget.left("dfa_states"),
-        budget.left("dfa_steps"))
+        nfa.kinds, sp_ptr, spans, eps_ptr, nfa.eps, nfa.look, nfa.start, min(budget.left("dfa_states"), KERNEL_LIMIT),
+        min(budget.left("dfa_steps"), KERNEL_LIMIT))
     budget.spend("dfa_states", num_states)
     budget.spend("dfa_steps", steps)
     if num_states == 0:
