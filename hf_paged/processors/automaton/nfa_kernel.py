@@ -42,6 +42,7 @@ def _nothing(status, positions):  # pragma: no cover (compiled)
     return (status, positions, 0, np.zeros(0, np.int8), empty, empty.copy(), np.zeros((0, 3), np.int64),
             empty.copy(), empty.copy(), empty.copy(), np.zeros((0, 2), np.int64))
 
+
 def _give_up(codes, left):
     """The twin: until the kernels are loaded, every pattern takes the Python path."""
     return _nothing(GIVE_UP, 0)
@@ -183,7 +184,7 @@ def _steps(nodes, children, r_ptr, r_lo, r_hi, seqs, frames, targets, kinds, aux
 
 
 @kernel(python=_give_up)
-def regex_nfa(codes, left):  # pragma: no cover (compiled; tests run its body as Python against the Python path)
+def regex_nfa(codes, left):  # pragma: no cover (compiled; tests compare it with the Python path)
     ok, root, nodes, children, r_ptr, r_lo, r_hi = tree.parse_arrays(codes)
     if not ok:
         return _nothing(GIVE_UP, 0)
