@@ -12,7 +12,7 @@ budget (`--timeout`, default 10 s) and a memory cap (`--memory-gb`), each side:
      documents: `canonical_json`, keys in schema order, compact separators) and records accept/reject;
   3. times mask computation + application per token along the valid instances. Ours: the processors' CPU path:
      the state's mask (computed lazily on its first visit, then memoised), a copy of its words into the
-     preallocated bitmask, and `apply_token_ids_` on a [1, 50257] fp32 logits row; the memo starts empty for
+     preallocated bitmask, and `apply_token_bitmask_` on a [1, 50257] fp32 logits row; the memo starts empty for
      every schema, so first visits are included (and also reported apart). llguidance: `fill_next_token_bitmask`
      and `apply_token_bitmask_inplace` on the same row. CPU times are per process (`time.process_time`: every
      thread), compile and masks alike.
@@ -101,7 +101,7 @@ def _texts(schema, tests) -> list[tuple[bool, str | None]]:
 def _run_side(side: str, schema, tests, conn) -> None:
     from outlines_core import Index
 
-    from hf_paged.processors.index.bitmask import apply_token_ids_
+    from hf_paged.processors.index.bitmask import apply_token_bitmask_
 
     tok, vocab = _STATE["tokenizer"], _STATE["vocab"]
     result = SideResult()
@@ -138,8 +138,8 @@ def _run_side(side: str, schema, tests, conn) -> None:
         result.status = "ok"
         conn.send({"compiled_s": result.compile_s})  # the parent stops the compile clock here
         logits = torch.zeros(1, vocab.vocab_size)
-        values = logits.numpy()[0]
         bitmask = np.zeros((1, (vocab.vocab_size + 31) // 32), dtype=np.int32)
+        bitmask_rows = torch.from_numpy(bitmask)  # (the processors' buffer: a tensor over the same memory)
         for valid, text in _texts(schema, tests):
             if text is None:
                 continue
@@ -161,7 +161,7 @@ def _run_side(side: str, schema, tests, conn) -> None:
                     mask = compiled.mask(state)
                     result.mask_compute_cpu_us.append((time.process_time() - c0) * 1e6)
                     bitmask[0] = mask.words
-                    apply_token_ids_(values, bitmask[0], mask.allowed_ids, mask.banned_ids, vocab.vocab_size)
+                    apply_token_bitmask_(logits, bitmask_rows)
                     result.mask_us.append((time.perf_counter() - t0) * 1e6)
                     result.mask_cpu_us.append((time.process_time() - c0) * 1e6)
                     result.mask_first.append(first)
@@ -408,8 +408,8 @@ def check_eager(schemas: list[tuple[str, dict]], max_eager_s: float = 5.0) -> di
             ) != lazy.is_final_state(l_state):
                 stats["mismatches"].append(f"{name}: eager state {e_state}")
                 break
-            if not _ids_match_words(lazy.state_mask(l_state), vocab.vocab_size):  # the ids the processors apply
-                stats["mismatches"].append(f"{name}: saved ids of state {l_state}")
+            if not _count_matches_words(lazy.state_mask(l_state), vocab):  # the count and forced token saved
+                stats["mismatches"].append(f"{name}: saved count of state {l_state}")
                 break
             for token in expected:
                 following = (eager.get_next_state(e_state, token), lazy.get_next_state(l_state, token))
@@ -421,12 +421,11 @@ def check_eager(schemas: list[tuple[str, dict]], max_eager_s: float = 5.0) -> di
     return stats
 
 
-def _ids_match_words(mask, vocab_size: int) -> bool:
-    """The allowed (or banned) ids saved with a mask name exactly the tokens its words allow (or refuse)."""
-    bits = np.unpackbits(mask.words.view(np.uint8), count=vocab_size, bitorder="little").view(bool)
-    if mask.allowed_ids is not None:
-        return np.array_equal(np.sort(mask.allowed_ids), np.flatnonzero(bits)) and mask.num_allowed == bits.sum()
-    return np.array_equal(np.sort(mask.banned_ids), np.flatnonzero(~bits)) and mask.num_allowed == bits.sum()
+def _count_matches_words(mask, vocab) -> bool:
+    """The count and the forced token saved with a mask agree with its words."""
+    allowed = np.flatnonzero(np.unpackbits(mask.words.view(np.uint8), count=vocab.vocab_size, bitorder="little"))
+    only = int(allowed[0]) if allowed.shape[0] == 1 and int(allowed[0]) not in vocab.eos_token_ids else -1
+    return mask.num_allowed == allowed.shape[0] and mask.forced == only
 
 
 # -- per-state mask cost of reference patterns ------------------------------------------------------------
@@ -814,7 +813,7 @@ def render(header, args, num_files, summaries, gen, results, probe, checked) -> 
             f"Mask timing: {summaries[0]['mask_samples']} tokens along accepted valid instances, one row, the "
             "processors' CPU path: the state's mask (lazy: computed on the state's first visit, then memoised; the "
             "memo starts empty for every schema, so first visits are included in p50/p99), a copy of its words into "
-            "the bitmask, `apply_token_ids_` on a [1, 50257] fp32 row; llguidance: `fill_next_token_bitmask`, then "
+            "the bitmask, `apply_token_bitmask_` on a [1, 50257] fp32 row; llguidance: `fill_next_token_bitmask`, then "
             "`apply_token_bitmask_inplace` on the same row. \"Mask alone\" rows time the first step only. "
             "Wall-clock and process-CPU times are both shown: on a shared machine (see the load average) wall clock "
             "includes time spent waiting for a CPU."

@@ -36,7 +36,6 @@ from hf_paged.processors.index import (
     TokenVocabulary,
     allocate_token_bitmask,
     apply_token_bitmask_,
-    apply_token_ids_,
     build_vocabulary,
     default_index_cache,
     index_key,
@@ -62,7 +61,7 @@ def _eos_only_mask(eos_ids: tuple[int, ...], vocab_size: int) -> StateMask:
     ids = np.asarray(sorted(eos_ids), dtype=np.int64)
     words = np.zeros(num_bitmask_words(vocab_size), dtype=np.uint32)
     np.bitwise_or.at(words, ids >> 5, np.left_shift(np.uint32(1), (ids & 31).astype(np.uint32)))
-    return StateMask(words.view(np.int32), len(ids), -1, ids, None)
+    return StateMask(words.view(np.int32), len(ids), -1)
 
 
 class GuidedLogitsProcessor(LogitsProcessor):
@@ -181,19 +180,6 @@ class GuidedLogitsProcessor(LogitsProcessor):
         masks = [self._row_mask(state, compiled) for state in states]
         for row, mask in enumerate(masks):
             self._bitmask_np[row] = mask.words  # a copy of the memoised words (6 KB with GPT-2's vocabulary)
-        by_ids = (
-            not scores.is_cuda
-            and self.backend in ("auto", "numpy")
-            and scores.dtype in (torch.float32, torch.float16, torch.float64)
-            and scores.shape[1] >= self.vocab.vocab_size
-            and scores.stride(-1) == 1
-        )
-        if by_ids:  # CPU: each row from its state's saved ids (few allowed or few banned), else its words
-            values = scores.detach().numpy()
-            size = self.vocab.vocab_size
-            for row, mask in enumerate(masks):
-                apply_token_ids_(values[row], self._bitmask_np[row], mask.allowed_ids, mask.banned_ids, size)
-            return scores
         if scores.is_cuda:
             bitmask = bitmask.to(scores.device, non_blocking=True)
             self._copy_done = torch.cuda.Event()

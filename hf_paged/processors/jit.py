@@ -34,6 +34,7 @@ logger = logging.getLogger(__name__)
 KERNEL_MODULES = (
     "hf_paged.processors.index.walk_kernel",
     "hf_paged.processors.index.closed_states",
+    "hf_paged.processors.index.mask_kernel",
     "hf_paged.processors.automaton.dfa_kernel",
     "hf_paged.processors.automaton.refine_kernel",
     "hf_paged.processors.automaton.layout_kernel",

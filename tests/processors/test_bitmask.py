@@ -111,23 +111,31 @@ def test_triton_on_cuda_matches_the_reference(dtype):
     assert torch.equal(got, want)
 
 
-def test_apply_token_ids_matches_the_words():
+def test_compiled_row_loop_matches_its_twin_and_the_definition():
     import numpy as np
 
-    from hf_paged.processors.index.bitmask import apply_token_ids_
+    from hf_paged.processors import jit
+    from hf_paged.processors.index.mask_kernel import mask_row, mask_row_numpy
 
-    vocab_size, width = 70, 75  # logits wider than the vocabulary: padded columns are always masked
-    allowed = np.array([0, 2, 33, 69])
-    words = np.zeros(num_bitmask_words(vocab_size), dtype=np.uint32)
-    for token_id in allowed:
-        words[token_id >> 5] |= np.uint32(1 << (token_id & 31))
-    words = words.view(np.int32)
-    banned = np.setdiff1d(np.arange(vocab_size), allowed)
-    base = torch.randn(1, width)
-    expected = _expected(base, torch.from_numpy(words.copy())[None])
-    for kwargs in ({"allowed_ids": allowed}, {"banned_ids": banned, "vocab_size": vocab_size}, {}):
-        values = base.clone()
-        apply_token_ids_(values.numpy()[0], words, **kwargs)
-        assert torch.equal(values, expected), kwargs
-    with pytest.raises(ValueError, match="vocab_size"):
-        apply_token_ids_(base.clone().numpy()[0], words, banned_ids=banned)
+    if not jit.wait(300):
+        pytest.skip("numba's compiled kernels are unavailable here")
+    gen = torch.Generator().manual_seed(5)
+    for width, num_words in ((50_257, 1571), (50_304, 1571), (70, 2), (33, 3)):
+        bitmask = torch.randint(-(2**31), 2**31 - 1, (6, num_words), generator=gen, dtype=torch.int32)
+        bitmask[1] = 0  # none allowed
+        bitmask[2] = -1  # all allowed (but the padded columns)
+        bitmask[3] = 0
+        bitmask[3, num_words // 2] = 0b1001  # a few allowed
+        bitmask[4] = -1
+        bitmask[4, 0] = ~0b110  # a few banned
+        bitmask[5, ::3] = 0  # runs of empty words between mixed ones
+        for dtype in (torch.float32, torch.float64):
+            logits = torch.randn(6, width, generator=gen).to(dtype)
+            want = _expected(logits, bitmask) if width < 100 else None
+            for row in range(6):
+                fast, twin = logits[row].clone().numpy(), logits[row].clone().numpy()
+                mask_row.compiled(fast, bitmask[row].numpy())
+                mask_row_numpy(twin, bitmask[row].numpy())
+                assert np.array_equal(fast, twin), (width, row, dtype)
+                if want is not None:
+                    assert np.array_equal(fast, want[row].numpy()), (width, row, dtype)

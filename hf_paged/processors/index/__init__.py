@@ -22,7 +22,6 @@ from hf_paged.lazy import lazy_attributes
 _LAZY = {
     "allocate_token_bitmask": "hf_paged.processors.index.bitmask",
     "apply_token_bitmask_": "hf_paged.processors.index.bitmask",
-    "apply_token_ids_": "hf_paged.processors.index.bitmask",
     "num_bitmask_words": "hf_paged.processors.index.bitmask",
     "CompiledIndex": "hf_paged.processors.index.index_cache",
     "IndexCache": "hf_paged.processors.index.index_cache",
@@ -42,7 +41,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from hf_paged.processors.index.bitmask import (
         allocate_token_bitmask,
         apply_token_bitmask_,
-        apply_token_ids_,
         num_bitmask_words,
     )
     from hf_paged.processors.index.index_cache import CompiledIndex, IndexCache, default_index_cache, index_key
@@ -57,7 +55,6 @@ __all__ = [
     "TokenVocabulary",
     "allocate_token_bitmask",
     "apply_token_bitmask_",
-    "apply_token_ids_",
     "build_vocabulary",
     "default_index_cache",
     "index_key",

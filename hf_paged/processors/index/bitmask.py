@@ -8,8 +8,8 @@ set. A row of a 50k vocabulary is 1,571 words (6 KB) instead of a 50k-element bo
                                                     ^ always masked to -inf
 
 `apply_token_bitmask_(logits, bitmask, rows=None, backend="auto")` has three interchangeable backends:
-"torch" (the reference, any device), "numpy" (CPU fast path: one `unpackbits` + one masked copy per call) and
-"triton" (CUDA kernel; also runs on CPU under `TRITON_INTERPRET=1`, which tests use).
+"torch" (the reference, any device), "numpy" (CPU fast path: one compiled loop per row, `mask_kernel`; a few
+microseconds on a 50k row) and "triton" (CUDA kernel; also runs on CPU under `TRITON_INTERPRET=1`, which tests use).
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from hf_paged.processors.index.mask_kernel import mask_row, mask_row_numpy
+
 __all__ = [
     "allocate_token_bitmask",
     "apply_token_bitmask_",
-    "apply_token_ids_",
     "num_bitmask_words",
     "write_guide_mask",
 ]
@@ -138,80 +139,14 @@ def _apply_torch(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor
     logits.index_copy_(0, rows, sub)
 
 
-# -- numpy CPU fast path -----------------------------------------------------------------------------------
-# JSON masks are nearly always sparse (a key, punctuation, digits: a few dozen tokens) or nearly full (inside a
-# string: everything but quotes/backslashes/controls). Touching only the words that carry the exceptions
-# keeps a 50k-column row at a few microseconds; the dense unpack is the fallback.
-_SPARSE_WORDS = 64
-_BIT_OFFSETS = np.arange(32, dtype=np.int64)
-
-
-def _set_bit_columns(word_ids: np.ndarray, words: np.ndarray) -> np.ndarray:
-    """Columns of the set bits of `words[word_ids]`, ascending."""
-    bits = np.unpackbits(words[word_ids].view(np.uint8), bitorder="little").view(bool)
-    return (word_ids[:, None] * 32 + _BIT_OFFSETS).ravel()[bits]
-
-
-def _mask_row_numpy(values: np.ndarray, words: np.ndarray) -> None:
-    width = values.shape[0]
-    covered = min(width, words.shape[0] * 32)
-    if np.count_nonzero(words) <= _SPARSE_WORDS:  # few allowed: save them, blank the row, put them back
-        cols = _set_bit_columns(np.flatnonzero(words), words)
-        cols = cols[cols < covered]
-        saved = values[cols]
-        values.fill(-np.inf)
-        values[cols] = saved
-        return
-    inverted = np.invert(words)
-    if np.count_nonzero(inverted) <= _SPARSE_WORDS:  # few banned: write just those
-        cols = _set_bit_columns(np.flatnonzero(inverted), inverted)
-        values[cols[cols < width]] = -np.inf
-    else:
-        banned = np.unpackbits(inverted.view(np.uint8), count=covered, bitorder="little").view(bool)
-        np.copyto(values[:covered], -np.inf, where=banned)
-    if covered < width:  # padded embedding rows past the vocabulary
-        values[covered:] = -np.inf
-
-
-def apply_token_ids_(
-    values: np.ndarray,
-    words: np.ndarray,
-    allowed_ids: np.ndarray | None = None,
-    banned_ids: np.ndarray | None = None,
-    vocab_size: int | None = None,
-) -> None:
-    """Mask one numpy logits row in place from ids saved with its mask (no unpacking of the words).
-
-    A guide keeps, per automaton state, the allowed ids when they are few (keys, punctuation, digits) or the
-    banned ids when those are few (a string body): applying is then one gather/fill/scatter or one scatter,
-    a few microseconds on a 50k row. With neither, the row falls back to the words (`apply_token_bitmask_`'s
-    numpy path).
-
-    Args:
-        values: the `[width]` row (a view into the logits).
-        words: the row's int32 bitmask words (used when neither id list is given).
-        allowed_ids: every allowed id (all other columns become -inf).
-        banned_ids: every disallowed id below `vocab_size`; columns at or past `vocab_size` become -inf too.
-        vocab_size: ids covered by `banned_ids` (required with it).
-    """
-    if allowed_ids is not None:
-        saved = values[allowed_ids]
-        values.fill(-np.inf)
-        values[allowed_ids] = saved
-    elif banned_ids is not None:
-        if vocab_size is None:
-            raise ValueError("apply_token_ids_ needs vocab_size= with banned_ids= (columns past it are masked)")
-        values[banned_ids] = -np.inf
-        values[vocab_size:] = -np.inf
-    else:
-        _mask_row_numpy(values, words)
-
-
+# -- numpy CPU path ----------------------------------------------------------------------------------------
 def _apply_numpy(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor | None) -> None:
+    """Each row by the compiled loop (`mask_kernel.mask_row`; its numpy twin for float16, which numba lacks)."""
     values = logits.detach().numpy()
-    words = bitmask.numpy()
+    words = np.ascontiguousarray(bitmask.numpy())
+    mask = mask_row if values.dtype in (np.float32, np.float64) else mask_row_numpy
     for row in range(values.shape[0]) if rows is None else rows.tolist():
-        _mask_row_numpy(values[row], words[row])
+        mask(values[row], words[row])
 
 
 # -- Triton kernel -----------------------------------------------------------------------------------------

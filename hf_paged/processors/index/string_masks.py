@@ -4,13 +4,13 @@ A state with a string body (`string_steps`) allows the body tokens of at most k 
 the longest body token) plus the few other tokens that stay alive (`TrieWalk._others_alive`). The body part
 depends only on (vocabulary, body split, k), so it is laid out once per split of a vocabulary:
 
-    perm    | body tokens by character count: 1 char | 2 chars | ... | max | every other id < vocab_size |
+    ids     | body tokens by character count: 1 char | 2 chars | ... | max |
     counts             counts[k] = body tokens of at most k characters
-    words   [max + 1, num_words]: words[k] = bitmask of perm[:counts[k]]
+    words   [max + 1, num_words]: words[k] = bitmask of ids[:counts[k]]
 
-and a state's mask is `words[k]` plus the bits of its extra ids, its allowed ids `perm[:counts[k]] + extra`, its
-banned ids the entries of `perm[counts[k]:]` whose bit is clear: a 6 KB copy and a few small gathers where the
-direct computation scanned and sorted the 50k-token vocabulary (~0.2 ms hot, 0.5-1 ms with cold caches).
+and a state's mask is `words[k]` plus the bits of its extra ids (its allowed ids `ids[:counts[k]] + extra`, its
+count `counts[k] + len(extra)`): a 6 KB copy and a few bit sets where the direct computation scanned and sorted
+the 50k-token vocabulary (~0.2 ms hot, 0.5-1 ms with cold caches).
 A plan is memoised on its split (`BodyTokens.plan`), so every schema over the vocabulary shares it.
 
 A state whose biggest byte group G leads into a body (a free-form key's first character) uses the plan of the
@@ -39,9 +39,9 @@ _LOCK = threading.Lock()
 class BodyPlan:
     """The body tokens of one split by character count (immutable, shared)."""
 
-    perm: np.ndarray  # int64 [vocab_size]: body token ids by character count, then every other id
+    ids: np.ndarray  # int64: body token ids by character count
     counts: np.ndarray  # int64 [max_chars + 1]: counts[k] = body tokens of at most k characters
-    words: np.ndarray  # int32 [max_chars + 1, num_words]: words[k] has the bits of perm[:counts[k]]
+    words: np.ndarray  # int32 [max_chars + 1, num_words]: words[k] has the bits of ids[:counts[k]]
     groups: dict = field(default_factory=dict)  # first-byte group (ASCII bit set) -> its tokens' words (`group_words`)
 
     def row(self, steps: int) -> int:
@@ -71,7 +71,7 @@ class PlannedIds:
     def ids(self) -> np.ndarray:
         """Every allowed regular id (unordered)."""
         if self.group_words is None:
-            return np.concatenate([self.plan.perm[: self.plan.counts[self.row]], self.extra])
+            return np.concatenate([self.plan.ids[: self.plan.counts[self.row]], self.extra])
         bits = np.unpackbits(self.body_words().view(np.uint8), bitorder="little")
         return np.concatenate([np.flatnonzero(bits), self.extra])
 
@@ -119,14 +119,11 @@ def body_plan(trie: TokenTrie, split: BodyTokens) -> BodyPlan:
     chars, ids = chars[order], trie.pos_ids[positions[order]]
     max_chars = int(chars[-1]) if chars.shape[0] else 0
     counts = np.searchsorted(chars, np.arange(max_chars + 1), side="right").astype(np.int64)
-    rest = np.ones(vocab_size, dtype=bool)
-    rest[ids] = False
-    perm = np.concatenate([ids, np.flatnonzero(rest)])
     # row k = bits of the tokens of exactly k characters, then a running OR down the rows (at most k)
     num_words = (vocab_size + 31) // 32
     words = np.zeros((max_chars + 1, num_words), dtype=np.uint32)
     np.bitwise_or.at(words, (chars, ids >> 5), np.left_shift(1, ids & 31).astype(np.uint32))
     np.bitwise_or.accumulate(words, axis=0, out=words)
-    plan = BodyPlan(perm, counts, words.view(np.int32))
+    plan = BodyPlan(ids, counts, words.view(np.int32))
     split.plan = plan  # (two threads may both build it: the same plan, one kept)
     return plan

@@ -3,7 +3,8 @@
 outlines-core's `Index` scans the whole vocabulary from every state up front (~0.6-1 ms per state with GPT-2's
 50k tokens). Here a state's mask is computed when a sequence first reaches it, by walking the vocabulary trie
 (`token_trie.py`) from that state (`token_walk.py`), and kept (bounded by `max_cached_bytes`) as its bitmask
-words plus the shorter of its allowed / banned id lists, which is how the processors apply it on CPU.
+words alone (6 KB with GPT-2), which the processors copy into their bitmask and apply in one compiled loop
+(`mask_kernel`).
 
 A token is allowed when its whole byte string stays out of the dead state (outlines-core's rule for an index
 compiled from an end-anchored pattern, see `index_cache`; the property tests compare with outlines-core's eager
@@ -20,7 +21,7 @@ import numpy as np
 from hf_paged.processors.automaton.byte_dfa import ByteDFA
 from hf_paged.processors.index.bitmask import num_bitmask_words
 from hf_paged.processors.index.grammar_masks import GrammarMasks
-from hf_paged.processors.index.string_masks import PlannedIds, set_bits
+from hf_paged.processors.index.string_masks import PlannedIds, count_bits, set_bits
 from hf_paged.processors.index.token_trie import TokenTrie
 from hf_paged.processors.index.token_walk import NARROW_BYTES, TrieWalk
 from hf_paged.processors.index.vocabulary import TokenVocabulary
@@ -28,7 +29,7 @@ from hf_paged.processors.index.vocabulary import TokenVocabulary
 __all__ = ["StateMask", "TokenIndex"]
 
 WIDE_UNITS = 5  # a wide state's first mask costs about five narrow ones (`warm` counts in narrow-state units)
-MAX_CACHED_BYTES = 64 << 20  # memoised masks per index: 6 KB of words + up to 200 KB of ids with GPT-2
+MAX_CACHED_BYTES = 64 << 20  # memoised masks per index: 6 KB of words each with GPT-2 (~10k states)
 
 
 @dataclass(slots=True)
@@ -38,15 +39,10 @@ class StateMask:
     words: np.ndarray  # int32 [num_words]: bit `t % 32` of word `t // 32` set iff token t is allowed (EOS too)
     num_allowed: int  # allowed ids, EOS ids included
     forced: int  # the only allowed token when exactly one is allowed and EOS is not, else -1
-    # exactly one of the two is set, the shorter: applying a mask is then one scatter of at most half the
-    # vocabulary (~25 us for 25k ids; unpacking the words and a masked copy costs 130+ us on a 50k row)
-    allowed_ids: np.ndarray | None  # int64 (ascending but for string bodies), EOS included: when at most half are
-    banned_ids: np.ndarray | None  # int64 ids < vocab_size not allowed: when more than half are allowed
 
     @property
     def num_bytes(self) -> int:
-        ids = self.allowed_ids if self.allowed_ids is not None else self.banned_ids
-        return self.words.nbytes + (0 if ids is None else ids.nbytes)
+        return self.words.nbytes
 
 
 class TokenIndex:
@@ -105,8 +101,6 @@ class TokenIndex:
     def get_allowed_tokens(self, state: int) -> list[int]:
         """Allowed ids, ascending (every EOS id when `state` is final)."""
         mask = self.state_mask(state)
-        if mask.allowed_ids is not None:
-            return np.sort(mask.allowed_ids).tolist()
         bits = np.unpackbits(mask.words.view(np.uint8), bitorder="little")[: self.vocab_size]
         return np.flatnonzero(bits).tolist()
 
@@ -203,11 +197,7 @@ class TokenIndex:
         forced = int(ids[0]) if ids.shape[0] == 1 and not final else -1
         if final:
             set_bits(words.view(np.int32), self._eos)
-            ids = np.concatenate([ids, self._eos])
-        if 2 * num_allowed <= self.vocab_size:
-            ids.sort()
-            return StateMask(words.view(np.int32), num_allowed, forced, ids, None)
-        return self._from_bits(words.view(np.int32))
+        return StateMask(words.view(np.int32), num_allowed, forced)
 
     def _mask_of(self, found: list[int] | np.ndarray | PlannedIds, final: bool) -> StateMask:
         """The mask of a state whose allowed regular ids are `found` (EOS added when `final`)."""
@@ -218,23 +208,17 @@ class TokenIndex:
         num_allowed = num_found + (len(self.eos_token_ids) if final else 0)
         forced = int(found[0]) if num_found == 1 and not final else -1
         if isinstance(found, list):  # few, found by the Python walk: no vocabulary-sized array at all
-            allowed_list = sorted(found + list(self.eos_token_ids) if final else found)
             bits: dict[int, int] = {}
-            for token_id in allowed_list:
+            for token_id in found + list(self.eos_token_ids) if final else found:
                 bits[token_id >> 5] = bits.get(token_id >> 5, 0) | (1 << (token_id & 31))
             words = np.zeros(num_words, dtype=np.uint32)
             words[list(bits)] = list(bits.values())
-            allowed_ids = np.array(allowed_list, dtype=np.int64)
-            return StateMask(words.view(np.int32), num_allowed, forced, allowed_ids, None)
-        ids = found
-        allowed = np.zeros(num_words * 32, dtype=bool)
-        allowed[ids] = True
+            return StateMask(words.view(np.int32), num_allowed, forced)
+        words = np.zeros(num_words, dtype=np.int32)
+        set_bits(words, found)
         if final:
-            allowed[self._eos] = True
-        words = np.packbits(allowed, bitorder="little").view(np.int32)
-        if 2 * num_allowed <= self.vocab_size:
-            return StateMask(words, num_allowed, forced, np.flatnonzero(allowed[: self.vocab_size]), None)
-        return StateMask(words, num_allowed, forced, None, np.flatnonzero(~allowed[: self.vocab_size]))
+            set_bits(words, self._eos)
+        return StateMask(words, num_allowed, forced)
 
     def _union(self, masks: list[StateMask], final: bool) -> StateMask:
         """The mask allowing what any of `masks` allows (EOS ids exactly when `final`)."""
@@ -248,25 +232,24 @@ class TokenIndex:
         return self._from_bits(words)
 
     def _from_bits(self, words: np.ndarray) -> StateMask:
-        """A mask from its words alone (EOS bits included): the id lists read back from them."""
-        bits = np.unpackbits(words.view(np.uint8), count=self.vocab_size, bitorder="little").view(bool)
-        num_allowed = int(np.count_nonzero(bits))
+        """A mask from its words alone (EOS bits included): the count and the forced token read from them."""
+        num_allowed = count_bits(words)
         forced = -1
-        if num_allowed == 1 and not bits[self._eos].any():
-            forced = int(np.flatnonzero(bits)[0])
-        if 2 * num_allowed <= self.vocab_size:
-            return StateMask(words, num_allowed, forced, np.flatnonzero(bits), None)
-        return StateMask(words, num_allowed, forced, None, np.flatnonzero(~bits))
+        if num_allowed == 1:
+            word = int(np.flatnonzero(words)[0])
+            token = 32 * word + (int(words.view(np.uint32)[word]).bit_length() - 1)
+            forced = -1 if token in self.eos_token_ids else token
+        return StateMask(words, num_allowed, forced)
 
     def _planned_mask(self, found: PlannedIds, final: bool) -> StateMask:
-        """A string body's mask from its plan row: a copy of the row's words plus the extra bits, and ids sliced
-        from the plan's permutation (or, for a first-byte group, read back from the words: no 50k-id scan)."""
+        """A string body's mask from its plan row: a copy of the row's words plus the extra bits, counted from the
+        plan (or, for a first-byte group, from the words)."""
         plan, extra = found.plan, found.extra
         words = found.body_words()
         set_bits(words, extra)
         if final:
             set_bits(words, self._eos)
-        if found.group_words is not None:  # the words are the truth: unpack them (50 KB of bools, not 400 KB of ids)
+        if found.group_words is not None:  # the words are the truth: count them
             return self._from_bits(words)
         count = int(plan.counts[found.row])
         num_found = count + extra.shape[0]
@@ -274,9 +257,4 @@ class TokenIndex:
         forced = -1
         if num_found == 1 and not final:
             forced = int(found.ids()[0])
-        if 2 * num_allowed <= self.vocab_size:
-            parts = [plan.perm[:count], extra] + ([self._eos] if final else [])
-            return StateMask(words, num_allowed, forced, np.concatenate(parts), None)
-        rest = plan.perm[count:]  # every id but the row's body tokens: banned unless its bit got set above
-        banned = rest[(words.view(np.uint32)[rest >> 5] >> (rest & 31).astype(np.uint32)) & 1 == 0]
-        return StateMask(words, num_allowed, forced, None, banned)
+        return StateMask(words, num_allowed, forced)
