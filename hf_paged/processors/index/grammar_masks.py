@@ -7,10 +7,11 @@ though a token is a few bytes long. So per rule and lookahead class (`state_clas
 string of <= LOOKAHEAD bytes tells apart), one walk of the rule's table from the first state met gives:
 
     within    the tokens of <= LOOKAHEAD bytes that stay inside the rule: allowed in every state of the class,
-              in every context
+              in every context (kept as a one-row plan, `string_masks.BodyPlan`: its words are copied, not set
+              again id by id, on every state of the class)
     stops     the (trie node, stop state) pairs met at depth <= LOOKAHEAD: the same for the whole class
 
-and a state's mask is `within`, plus the stops walked on in its own context (`TrieWalk.continue_pairs`: the
+and a state's mask is `within`'s words, plus the bits of the stops walked on in its own context (`TrieWalk.continue_pairs`: the
 closing quote and what follows it), plus the few tokens longer than LOOKAHEAD walked one by one from the state
 itself (72 with GPT-2): no walk of the vocabulary trie. A class's first state takes its string-body plan instead
 when it has one (cheaper than a walk, and most classes are met once); the classes themselves are computed with
@@ -30,20 +31,21 @@ from dataclasses import dataclass
 import numpy as np
 
 from hf_paged.processors.index.state_classes import LOOKAHEAD, lookahead_classes
+from hf_paged.processors.index.string_masks import BodyPlan, PlannedIds, set_bits
 from hf_paged.processors.index.token_trie import TokenTrie
 from hf_paged.processors.index.token_walk import TrieWalk
 from hf_paged.processors.index.walk_kernel import pack_tokens, walk_pairs, walk_tokens
 
 __all__ = ["GrammarMasks"]
 
-MAX_WALK_BYTES = 16 << 20  # class walks kept per index (4 bytes per token of `within`: <= 200 KB each with GPT-2)
+MAX_WALK_BYTES = 16 << 20  # class walks kept per index (`within`: 6 KB of words + 4 bytes a token, <= 200 KB)
 
 
 @dataclass(slots=True)
 class _ClassWalk:
     """What one walk of a rule's table decides for every state of a lookahead class."""
 
-    within: np.ndarray  # int32 ids of the tokens of <= LOOKAHEAD bytes that stay inside the rule
+    within: BodyPlan  # one row: the tokens of <= LOOKAHEAD bytes that stay inside the rule (int32 ids, words)
     stop_nodes: np.ndarray  # int64 trie nodes (depth <= LOOKAHEAD) where a token reaches a stop...
     stop_states: np.ndarray  # int64 ... and the stop's rule state
 
@@ -112,7 +114,7 @@ class GrammarMasks:
                     return build(found, final)
             shared = self._class_walk(key, rule_state, inside)
         rule = self.dfa.rules[rule_index]
-        parts = [shared.within.astype(np.int64)]
+        parts = []
         if shared.stop_nodes.shape[0]:
             parts.append(self.walk.continue_pairs(shared.stop_nodes, shared.stop_states + base))
         long = self._long
@@ -123,7 +125,8 @@ class GrammarMasks:
             for i in np.flatnonzero((outcome == 2) & (depth > LOOKAHEAD)).tolist():  # stops past the classes' reach
                 if self.walk.stops.alive(base + int(stopped[i]), long.raw[i][int(depth[i]):]):
                     parts.append(long.ids[i : i + 1])
-        return build(np.concatenate(parts), final)
+        extra = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
+        return build(PlannedIds(shared.within, 0, extra), final)
 
     def classes(self, rule_index: int, called: bool, inside: np.ndarray) -> np.ndarray:
         """The lookahead classes of a rule's states (`inside`: not a stop), memoised."""
@@ -150,14 +153,22 @@ class GrammarMasks:
         positions, nodes, states = walked.positions, walked.pending_nodes, walked.pending_states
         positions = positions[trie.pos_len[positions] <= LOOKAHEAD]
         shallow = trie.node_depth[nodes] <= LOOKAHEAD  # (deeper stops hold long tokens only: walked per state)
-        found = _ClassWalk(trie.pos_ids[positions].astype(np.int32), nodes[shallow], states[shallow])
+        ids = trie.pos_ids[positions].astype(np.int32)
+        words = np.zeros((1, (len(trie.token_bytes) + 31) // 32), dtype=np.int32)
+        set_bits(words[0], ids)
+        found = _ClassWalk(BodyPlan(ids, np.array([ids.shape[0]], dtype=np.int64), words), nodes[shallow],
+                           states[shallow])
         with self._lock:
             if key not in self._walks:
                 self._walks[key] = found
-                self._walk_bytes += found.within.nbytes
+                self._walk_bytes += _num_bytes(found)
             while self._walk_bytes > MAX_WALK_BYTES and len(self._walks) > 1:  # oldest first
-                self._walk_bytes -= self._walks.popitem(last=False)[1].within.nbytes
+                self._walk_bytes -= _num_bytes(self._walks.popitem(last=False)[1])
         return found
+
+
+def _num_bytes(walk: _ClassWalk) -> int:
+    return walk.within.ids.nbytes + walk.within.words.nbytes
 
 
 def _long_tokens(trie: TokenTrie) -> _LongTokens:
