@@ -6,7 +6,7 @@ request (the continuous-batching engine), one preallocated bitmask.
               generate: row i  ----> GuideState(int)    |  engine: request id ----> GuideState(int)
                                            \\            |            /
                           state's memoised words -> bitmask [rows, words] -> applied in place
-                                                   (CPU: by the state's saved ids when few; else the words)
+                                                   (CPU: one compiled loop per row; CUDA: Triton)
 
 A guide state is a plain automaton state id: advancing walks the token's bytes through the byte automaton.
 EOS: every EOS/stop id is allowed exactly in final states. A row whose document emitted EOS, or that was fed a

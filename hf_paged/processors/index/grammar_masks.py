@@ -93,8 +93,8 @@ class GrammarMasks:
 
     def mask(self, state: int, final: bool, build: Callable[[object, bool], object],
              planned: Callable[[int], object | None]) -> object | None:
-        """The mask of a wide state inside a rule, built by `build(allowed ids, final)`; None for any other state
-        (the automaton's own walk decides).
+        """The mask of a wide state inside a rule, built by `build(found, final)` (`found`: a `PlannedIds`); None
+        for any other state (the automaton's own walk decides).
 
         A class's first state takes `planned(state)` (a string body's plan: cheap, but per state) when there is
         one; from its second on (the counted states that keep meeting the class) the class's shared walk.
