@@ -11,11 +11,11 @@ string of <= LOOKAHEAD bytes tells apart), one walk of the rule's table from the
               again id by id, on every state of the class)
     stops     the (trie node, stop state) pairs met at depth <= LOOKAHEAD: the same for the whole class
 
-and a state's mask is `within`'s words, plus the bits of the stops walked on in its own context (`TrieWalk.continue_pairs`: the
-closing quote and what follows it), plus the few tokens longer than LOOKAHEAD walked one by one from the state
-itself (72 with GPT-2): no walk of the vocabulary trie. A class's first state takes its string-body plan instead
-when it has one (cheaper than a walk, and most classes are met once); the classes themselves are computed with
-the automaton (`prepare`, compile time: ~3 ms per 1000 rule states).
+and a state's mask is `within`'s words, plus the bits of the stops walked on in its own context
+(`TrieWalk.continue_pairs`: the closing quote and what follows it) and of the few tokens longer than LOOKAHEAD
+walked one by one from the state itself (72 with GPT-2): no walk of the vocabulary trie. A class's first state
+takes its string-body plan instead when it has one (cheaper than a walk, and most classes are met once); the
+classes themselves are computed with the automaton (`prepare`, compile time: ~3 ms per 1000 rule states).
 
 Measured on MaskBench's Github_hard---o21072 (word-count patterns under `maxLength`: a new rule state per token):
 its first visits over 500 us went from 85 to 32 of 261 tokens.

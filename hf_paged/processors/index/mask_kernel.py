@@ -3,11 +3,11 @@ past the words (padded embedding rows), set to -inf in place.
 
 `mask_row` is one compiled loop (a `jit.kernel`) over the words: an all-ones word is skipped, an all-zeros one
 filled, a mixed one rewritten column by column with a select (a branch per bit cost ~90 us on a mixed mask,
-mispredicted half the time). 1-14 us on a 50k row whatever the mask (a random half-allowed row is the worst case), so a state's mask
-needs nothing but its 6 KB of words: no id list saved beside them (up to 200 KB a state, whose first touch cost
-~100 us of page faults on a first visit). Until the compiled loop is loaded, and
-for float16 rows (which numba does not take), its numpy twin runs: a few gathers when few columns are allowed or
-few banned, else one unpack of the words and a select over the row (~110 us on a mixed mask).
+mispredicted half the time). 1-14 us on a 50k row whatever the mask (a random half-allowed row is the worst
+case), so a state's mask needs nothing but its 6 KB of words: no id list saved beside them (up to 200 KB a state,
+whose first touch cost ~100 us of page faults on a first visit). Until the compiled loop is loaded, and for
+float16 rows (which numba does not take), its numpy twin runs: a few gathers when few columns are allowed or few
+banned, else one unpack of the words and a select over the row (~110 us on a mixed mask).
 """
 
 from __future__ import annotations
