@@ -74,9 +74,9 @@ def mask_row(values, words):  # pragma: no cover (compiled; the tests compare it
             values[base + j] = value if (word >> j) & 1 else blocked
     for column in range(whole << 5, covered):
         if (words[column >> 5] >> (column & 31)) & 1 == 0:
-            values[column] = -np.inf
+            values[column] = blocked
     for column in range(covered, width):
-        values[column] = -np.inf
+        values[column] = blocked
 
 
 @warm_up
