@@ -35,6 +35,7 @@ from hf_paged.batching.speculative import DraftRows, Speculator
 from hf_paged.batching.step_inputs import build_step_inputs
 from hf_paged.batching.swap import swap_in, swap_out
 from hf_paged.batching.weights import weights_fingerprint
+from hf_paged.cache.kernels import check_backend as check_attention_backend
 from hf_paged.cache.kernels.cpu_launch import warm_up as warm_up_cpu_kernels
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.sizing import kv_shape_of
@@ -61,6 +62,7 @@ class Engine:
         self.model = model
         self.config = config or PagedConfig()
         param = next(model.parameters())
+        check_attention_backend(self.config.attention_backend, param.device)
         self.cache = PagedCache(
             model.config, self.config, dtype=param.dtype, device=param.device,
             prefix_cache=self.config.enable_prefix_caching,
@@ -135,8 +137,6 @@ class Engine:
         request = Request(request_id, [int(t) for t in prompt_ids], params, priority, next(self._arrivals))
         if arrival_time is not None:
             request.arrival_time = arrival_time
-        if params.seed is not None:
-            request.generator = torch.Generator().manual_seed(params.seed)
         self.requests[request_id] = request
         error = self.validate_prompt(request.prompt_ids, params) or self.speculator.check(params)
         if error is not None:
@@ -262,7 +262,7 @@ class Engine:
             samplers.extend(children)
             row_of.extend([row] * len(children))
         if len(samplers) != len(sampled):
-            logits = logits.index_select(0, torch.tensor(row_of))
+            logits = logits.index_select(0, torch.tensor(row_of, device=logits.device))
         if drafted is not None:
             self._verify(drafted, result)
         if not samplers:

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 from hf_paged.batching.metrics import EngineMetrics
 from hf_paged.batching.request import Failure, Request, RequestOutput, RequestStatus, fork_ids
 from hf_paged.batching.retry import Retrier
@@ -54,7 +52,7 @@ class RequestLifecycle:
             child.arrival_time = parent.arrival_time
             child.parent_id = parent.request_id
             if params.seed is not None:
-                child.generator = torch.Generator().manual_seed(params.seed + k + 1)
+                child.seed = params.seed + k + 1  # its generator is made at its first draw (`generator_on`)
             self.requests[child.request_id] = child
             self.children.setdefault(parent.request_id, []).append(child)
 

@@ -97,6 +97,7 @@ class Request:
     finish_reason: str | None = None  # "stop" (EOS / stop string), "length", "abort", "error"
     error: str | None = None
     error_type: type[BaseException] | None = None  # the class of the exception behind `error`
+    # this request's own random generator, made at its first draw on the logits' device (`generator_on`)
     generator: torch.Generator | None = None
     scores: list[torch.Tensor] = field(default_factory=list)  # processed scores per step (output_scores)
     logits: list[torch.Tensor] = field(default_factory=list)  # raw logits per step (output_logits)
@@ -118,7 +119,7 @@ class Request:
     num_accepted_tokens: int = 0  # of which accepted
     num_masks_computed: int = 0  # sampled rows whose constraint mask was computed (resample: rejected draws only)
     attempts: list[RetryAttempt] = field(default_factory=list)  # max_retries: the runs so far (retry.py)
-    seed: int | None = None  # max_retries: this attempt's seed (None: the request's own `params.seed`)
+    seed: int | None = None  # a fork's or a retry's own seed (None: the request's own `params.seed`)
     resample_checks: list[Any] | None = None  # constraint_mode="resample": the constraints asked per token ([]:
     # masked as usual); None until its first sampled row (constraint_modes.resample_checks)
     # params.logits_processors sorted once into constraints and stock row processors (constraint_protocol.py)
@@ -126,6 +127,20 @@ class Request:
 
     def __post_init__(self) -> None:
         self.processors = RequestProcessors.of(self.params.logits_processors)
+
+    def generator_on(self, device: torch.device) -> torch.Generator | None:
+        """The request's random generator, on `device` (where the probabilities it samples live: a CPU generator
+        cannot draw from CUDA tensors), seeded at the first draw from `seed` or `params.seed`; None without a seed
+        (torch's global generator then)."""
+        if self.generator is None:
+            seed = self.seed if self.seed is not None else self.params.seed
+            if seed is None:
+                return None
+            self.generator = torch.Generator(device=device).manual_seed(seed)
+        elif self.generator.device != torch.device(device):
+            raise RuntimeError(f"request {self.request_id!r} drew on {self.generator.device} and now on {device}: "
+                               "keep the model and its draft model on one device")
+        return self.generator
 
     @property
     def all_token_ids(self) -> list[int]:

@@ -21,8 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from hf_paged.batching.request import Failure, Request, RequestStatus, RetryAttempt, fork_parent
 from hf_paged.batching.sampling import SamplingParams
 
@@ -138,8 +136,6 @@ class Retrier:
         retry.attempts = request.attempts
         retry.num_masks_computed = request.num_masks_computed
         retry.seed = retry_seed(request.params.seed, _fork_index(request), attempt)
-        if retry.seed is not None:
-            retry.generator = torch.Generator().manual_seed(retry.seed)
         return retry
 
     def _default(self, params: SamplingParams) -> Callable | None:

@@ -51,7 +51,7 @@ class Sampler:
         if len(plain) == n:  # every row greedy with nothing to apply: one argmax, no row selection
             tokens = scores.argmax(dim=-1).tolist()
         elif plain:
-            idx = torch.tensor(plain)
+            idx = torch.tensor(plain, device=scores.device)
             for i, tok in zip(plain, scores.index_select(0, idx).argmax(dim=-1).tolist()):
                 tokens[i] = tok
         special = [i for i in range(n) if tokens[i] is None]
@@ -115,7 +115,7 @@ class Sampler:
                     if masked is not view:
                         view.copy_(masked)
                 else:
-                    idx = torch.tensor(members)
+                    idx = torch.tensor(members, device=scores.device)
                     masked = proc.process_rows(ids, histories, scores.index_select(0, idx))
                     scores.index_copy_(0, idx, masked)
             except Exception as exc:  # noqa: BLE001 -- isolate the failure to this processor's requests
@@ -175,9 +175,7 @@ class Sampler:
         if not request.params.do_sample:
             return int(row.argmax(dim=-1))
         probs = torch.softmax(row.float(), dim=-1)
-        if request.generator is None and request.params.seed is not None:
-            request.generator = torch.Generator(device=row.device).manual_seed(request.params.seed)
-        return int(torch.multinomial(probs, num_samples=1, generator=request.generator))
+        return int(torch.multinomial(probs, num_samples=1, generator=request.generator_on(probs.device)))
 
 
 def is_plain_greedy(request: Request) -> bool:

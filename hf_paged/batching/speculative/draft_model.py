@@ -134,4 +134,4 @@ def _draw(request: Request, row: torch.Tensor) -> tuple[int, torch.Tensor | None
     if not params.do_sample:
         return int(row.argmax()), None
     q = torch.softmax(row.float() / params.temperature, dim=-1)
-    return int(torch.multinomial(q, 1, generator=request.generator)), q
+    return int(torch.multinomial(q, 1, generator=request.generator_on(q.device))), q

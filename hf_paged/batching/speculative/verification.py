@@ -104,12 +104,12 @@ def _judge_sampled(request: Request, row: torch.Tensor, draft: int | None,
                    q: torch.Tensor | None) -> tuple[int, bool]:
     """(token, whether it is the kept draft): rejection sampling of `draft` against the model's `row` scores."""
     probs = torch.softmax(row.float(), dim=-1)
-    generator = request.generator
+    generator = request.generator_on(probs.device)
     if draft is None:  # every draft kept: the bonus token, from the model's own distribution
         return int(torch.multinomial(probs, 1, generator=generator)), False
     p_draft = float(probs[draft])
     q_draft = 1.0 if q is None else float(q[draft])
-    u = float(torch.rand(1, generator=generator))
+    u = float(torch.rand(1, generator=generator, device=probs.device))
     if q_draft > 0 and u * q_draft < p_draft:  # u < p / q, with probability min(1, p / q)
         return draft, True
     if q is None:

@@ -41,6 +41,7 @@ __all__ = [
     "FullPrecisionTail",
     "KernelArgumentError",
     "QuantizedKV",
+    "check_backend",
     "paged_decode_attention",
     "paged_prefill_attention",
     "store_kv",
@@ -244,6 +245,12 @@ def paged_prefill_attention(
         scale=scale,
         sliding_window=sliding_window,
     )
+
+
+def check_backend(backend: str, device: torch.device) -> None:
+    """Raise `KernelArgumentError` now when `backend` cannot run on `device` (an engine checks this once, instead
+    of failing every request at its first step)."""
+    _use_triton(backend, device)
 
 
 def _use_triton(backend: str, device: torch.device) -> bool:
