@@ -43,7 +43,8 @@ def stock_greedy(model, prompts, max_new_tokens: int, **kwargs) -> list[list[int
     """Reference continuations: stock generate, one prompt at a time (no padding at all)."""
     outs = []
     for p in prompts:
-        out = model.generate(torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
+        out = model.generate(torch.tensor([p], device=model.device),
+                             attention_mask=torch.ones(1, len(p), dtype=torch.long, device=model.device),
                              max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
         outs.append(out[0, len(p):].tolist())
     return outs

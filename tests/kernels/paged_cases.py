@@ -43,8 +43,10 @@ def make_case(
     fill: float = float("nan"),
     pad_block: int = -1,
     spare_blocks: int = 3,
+    device: torch.device = DEVICE,
 ) -> PagedCase:
-    """Random case: sequence i has context_lens[i] cached keys, the last q_lens[i] of which are its queries."""
+    """Random case: sequence i has context_lens[i] cached keys, the last q_lens[i] of which are its queries; on
+    `device` (CUDA where there is one: the Triton kernels' tests; the CPU kernels' tests ask for the CPU)."""
     gen = torch.Generator().manual_seed(seed)
     blocks_per_seq = [math.ceil(c / block_size) for c in context_lens]
     num_blocks = sum(blocks_per_seq) + spare_blocks
@@ -69,14 +71,14 @@ def make_case(
     query = torch.randn(sum(q_lens), num_heads, head_dim, generator=gen)
     qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     return PagedCase(
-        query=query.to(dtype).to(DEVICE),
-        key_cache=key_cache.to(dtype).to(DEVICE),
-        value_cache=value_cache.to(dtype).to(DEVICE),
-        block_tables=tables.to(DEVICE),
-        query_start_loc=qsl.to(DEVICE),
-        context_lens=torch.tensor(context_lens, dtype=torch.int32, device=DEVICE),
-        dense_keys=[k.to(DEVICE) for k in dense_k],
-        dense_values=[v.to(DEVICE) for v in dense_v],
+        query=query.to(dtype).to(device),
+        key_cache=key_cache.to(dtype).to(device),
+        value_cache=value_cache.to(dtype).to(device),
+        block_tables=tables.to(device),
+        query_start_loc=qsl.to(device),
+        context_lens=torch.tensor(context_lens, dtype=torch.int32, device=device),
+        dense_keys=[k.to(device) for k in dense_k],
+        dense_values=[v.to(device) for v in dense_v],
         scale=head_dim**-0.5,
     )
 

@@ -7,14 +7,19 @@ output or crashes instead of passing.
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 from hf_paged.cache.compression import BlockFormat
 from hf_paged.cache.kernels.cpu_attention import MAX_KERNEL_QUERIES
 from hf_paged.cache.kernels.cpu_launch import cpu_kernel_applies, plan_cpu_attention, run_cpu_attention
-from tests.kernels.paged_cases import dense_attention, make_case, tolerance
+from tests.kernels.paged_cases import dense_attention, tolerance
+from tests.kernels.paged_cases import make_case as _make_case
 from tests.kernels.quantized_cases import dense_quantized_attention, quantize_case, requantize
+
+make_case = functools.partial(_make_case, device=torch.device("cpu"))  # CPU kernels: CPU cases, GPU or not
 
 # decodes (one key, a full block, mid-block, several blocks), short chunks (prefix hit + chunk, one filling its
 # block), and one long prefill (torch path) in the same batch

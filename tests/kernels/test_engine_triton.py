@@ -5,6 +5,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_paged import Engine, PagedConfig, SamplingParams
+from hf_paged.cache.kernels import KernelArgumentError
+from tests.kernels.paged_cases import DEVICE
 from tests.tiny_models import ragged_prompts, stock_greedy
 
 
@@ -12,7 +14,7 @@ def test_engine_with_triton_backend_matches_stock():
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                         eos_token_id=None, pad_token_id=0)).eval()
+                                         eos_token_id=None, pad_token_id=0)).eval().to(DEVICE)
     prompts = ragged_prompts([3, 11, 20], seed=4, vocab=64)
     expected = stock_greedy(model, prompts, 5, pad_token_id=0)
     engine = Engine(model, PagedConfig(block_size=16, attention_backend="triton", max_num_batched_tokens=16))
@@ -49,7 +51,7 @@ def test_engine_on_fused_dequant_kernels_matches_the_torch_path(setting, monkeyp
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
                                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                                         eos_token_id=None, pad_token_id=0)).eval()
+                                         eos_token_id=None, pad_token_id=0)).eval().to(DEVICE)
     prompts = ragged_prompts([3, 11, 21], seed=5, vocab=64)
     outputs, fused_calls = {}, []
     original = attention._compressed_kernel_attention
@@ -69,3 +71,11 @@ def test_engine_on_fused_dequant_kernels_matches_the_torch_path(setting, monkeyp
     assert outputs["triton"] == outputs["torch"]
     if setting not in TORCH_PATH:
         assert len(fused_calls) >= 2 * 3  # both layers of every step (of the 3 decode-only steps at least)
+
+
+def test_triton_backend_on_cpu_without_the_interpreter_is_refused_up_front(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1)).eval()
+    with pytest.raises(KernelArgumentError, match="TRITON_INTERPRET=1"):
+        Engine(model, PagedConfig(attention_backend="triton"))
