@@ -55,8 +55,10 @@ class KernelLaunch:
     num_warps: int = 4
     num_stages: int = 2
 
-    def run(self) -> None:
-        self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps, num_stages=self.num_stages)
+    def run(self) -> Any:
+        """Launch; returns what Triton returns (its compiled kernel: `n_regs`, `n_spills` on a GPU)."""
+        return self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps,
+                                      num_stages=self.num_stages)
 
 
 @dataclass(slots=True, frozen=True)

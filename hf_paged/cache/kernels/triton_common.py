@@ -64,8 +64,14 @@ def define_jit_helpers() -> None:
         mask = rows[:, None] & dim_mask[None, :]
         row_offsets = block_ids * stride_block + slot_offsets * stride_slot
         if FMT % 8 == 3:
-            packed = tl.load(head_ptr + row_offsets[:, None] + (dims // 2)[None, :], mask=mask, other=0)
-            x = ((packed.to(tl.int32) >> ((dims % 2) * 4)[None, :]) & 15).to(tl.float32)
+            # The row's bytes as one contiguous [rows, BLOCK_D // 2] load (vectorized; indexing by `dims // 2`
+            # made one 1-byte load per element, ~10x slower on an H200), then each byte's two nibbles joined back
+            # in place: element 2j is byte j's low nibble, 2j + 1 its high one.
+            pairs = tl.arange(0, dims.shape[0] // 2)
+            half_dim = tl.sum(dim_mask.to(tl.int32), 0) // 2
+            packed = tl.load(head_ptr + row_offsets[:, None] + pairs[None, :],
+                             mask=rows[:, None] & (pairs < half_dim)[None, :], other=0).to(tl.int32)
+            x = tl.reshape(tl.join(packed & 15, (packed >> 4) & 15), (packed.shape[0], dims.shape[0])).to(tl.float32)
         elif FMT % 8 == 4:  # fp8 e4m3 from its bytes: GPUs before sm_89 have no fp8 conversion
             byte = tl.load(head_ptr + row_offsets[:, None] + dims[None, :], mask=mask, other=0).to(tl.int32)
             exponent, mantissa = (byte >> 3) & 15, byte & 7
