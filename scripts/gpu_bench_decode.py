@@ -5,6 +5,9 @@
 
     python scripts/gpu_bench_decode.py --kv-format int4 --json decode_int4.json   # fused-dequant variant
 
+Time: the kernels of one call replayed from a CUDA graph (the device's own time, what an engine replaying captured
+decode steps pays), and beside it one eager call (argument checks and Python launches included: at small shapes
+the host, not the kernel, sets that time).
 Bytes counted: every K and V element the batch's contexts hold (read once), plus query and output; for a quantized
 cache (`--kv-format int8|fp8|int4`) the bytes actually stored and read (packed data, scales, zero points), so
 the bandwidth is comparable and the time shows what quantization saves. Copy bandwidth
@@ -39,7 +42,8 @@ class DecodeBenchResult:
     shape: str  # batch x context, heads / kv heads x head_dim, dtype, block size, KV format
     launch: str  # the launch config the kernel used
     copy_bytes_per_s: float  # device copy bandwidth, read + write
-    decode_ms: float  # median time of one paged decode attention call
+    decode_ms: float  # median time of the kernels of one call (CUDA graph replays on a GPU: no host launch cost)
+    call_ms: float  # median time of one eager call, the host's argument checks and launches included
     decode_bytes: int  # bytes the call must move
     decode_bytes_per_s: float
     fraction_of_copy: float
@@ -64,6 +68,31 @@ def time_ms(fn, *, warmup: int, iters: int, device: torch.device) -> float:
             t0 = time.perf_counter()
             fn()
             samples.append((time.perf_counter() - t0) * 1e3)
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+def graph_ms(fn, *, warmup: int, iters: int, device: torch.device, replays: int = 10) -> float:
+    """Median milliseconds of the kernels `fn` launches, replayed from a CUDA graph `replays` times between two
+    events: the device's own time, as an engine that replays captured decode steps pays it; elsewhere `time_ms`."""
+    if device.type != "cuda":
+        return time_ms(fn, warmup=warmup, iters=iters, device=device)
+    for _ in range(max(warmup, 1)):  # compiles before the capture
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    graph.replay()
+    samples = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        samples.append(start.elapsed_time(end) / replays)
     samples.sort()
     return samples[len(samples) // 2]
 
@@ -116,7 +145,9 @@ def quantize_inputs(fmt: str, key_cache: torch.Tensor, value_cache: torch.Tensor
     return caches[0], caches[1], tail, per_block
 
 
-def run(args) -> DecodeBenchResult:
+def run(args, copy: float | None = None, time_reference: bool = True) -> DecodeBenchResult:
+    """One shape. `copy`: the copy bandwidth measured already (else measured here); `time_reference`: time the
+    torch reference on the whole batch too (the sweep only checks its values on the first sequences)."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = DTYPES[args.dtype]
     query, key_cache, value_cache, block_tables, context_lens = build_inputs(args, device)
@@ -140,16 +171,17 @@ def run(args) -> DecodeBenchResult:
         return ref_paged_decode_attention_quantized(query[:n], key_cache, value_cache, block_tables[:n],
                                                     context_lens[:n], scale=scale, tail=n_tail)  # fmt: skip
 
-    n_check = min(4, args.batch)
+    n_check = min(4 if time_reference else 2, args.batch)
     err = (kernel()[:n_check].float() - reference(n_check).float()).abs().max().item()
-    ms = time_ms(kernel, warmup=args.warmup, iters=args.iters, device=device)
-    ref_ms = time_ms(lambda: reference(args.batch), warmup=1, iters=3, device=device)
+    call_ms = time_ms(kernel, warmup=args.warmup, iters=args.iters, device=device)
+    ms = graph_ms(kernel, warmup=1, iters=args.iters, device=device)
+    ref_ms = time_ms(lambda: reference(args.batch), warmup=1, iters=3, device=device) if time_reference else 0.0
     nbytes = decode_bytes(context_lens.tolist(), args.heads, args.kv_heads, args.head_dim, dtype.itemsize)
     if kv_block_bytes is not None:  # what the quantized cache holds for these contexts, instead of 2 x elements
         kv_plain = decode_bytes(context_lens.tolist(), 0, args.kv_heads, args.head_dim, dtype.itemsize)
         blocks = sum(math.ceil(c / args.block_size) for c in context_lens.tolist())
         nbytes += blocks * kv_block_bytes - kv_plain
-    copy = copy_bandwidth(args.copy_bytes, device, iters=args.iters)
+    copy = copy or copy_bandwidth(args.copy_bytes, device, iters=args.iters)
     config = decode_launch_config(
         num_seqs=args.batch,
         num_heads=args.heads,
@@ -168,12 +200,49 @@ def run(args) -> DecodeBenchResult:
         launch=f"BLOCK_N={config.block_n} splits={config.num_splits} warps={config.num_warps}",
         copy_bytes_per_s=copy,
         decode_ms=ms,
+        call_ms=call_ms,
         decode_bytes=nbytes,
         decode_bytes_per_s=achieved,
         fraction_of_copy=achieved / copy,
         reference_ms=ref_ms,
         max_abs_err=err,
     )
+
+
+SWEEP_BATCHES = (1, 8, 32, 64, 256)
+SWEEP_CONTEXTS = (512, 4096, 32768)
+SWEEP_FORMATS = ("auto", "int8", "int4")
+
+
+def sweep(args) -> list[DecodeBenchResult]:
+    """Every (KV format, batch, context) of the grid whose full-precision K + V fit in `--max-kv-bytes`, the copy
+    bandwidth measured once; one table row each. Shapes that fail are printed and skipped (the rest still run)."""
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    copy = copy_bandwidth(args.copy_bytes, device, iters=args.iters)
+    results, elem = [], DTYPES[args.dtype].itemsize
+    batches, contexts = (SWEEP_BATCHES, SWEEP_CONTEXTS) if not args.tiny else ((1, 2), (40, 72))
+    print(f"| KV | batch | context | kernels ms | TB/s | of copy ({copy / 1e12:.2f} TB/s) | eager call ms | launch "
+          "| max err |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for fmt in SWEEP_FORMATS:
+        for batch in batches:
+            for context in contexts:
+                if 2 * batch * context * args.kv_heads * args.head_dim * elem > args.max_kv_bytes:
+                    continue
+                shape = argparse.Namespace(**{**vars(args), "batch": batch, "context": context, "kv_format": fmt})
+                try:
+                    r = run(shape, copy=copy, time_reference=False)
+                except Exception as exc:  # noqa: BLE001 - one failing shape must not hide the others
+                    print(f"| {fmt} | {batch} | {context} | failed: {type(exc).__name__}: {exc} ||||||")
+                    continue
+                finally:
+                    if device.type == "cuda":
+                        torch.cuda.empty_cache()
+                results.append(r)
+                print(f"| {fmt if fmt != 'auto' else args.dtype} | {batch} | {context} | {r.decode_ms:.3f} | "
+                      f"{r.decode_bytes_per_s / 1e12:.2f} | {r.fraction_of_copy:.0%} | {r.call_ms:.3f} | {r.launch} | "
+                      f"{r.max_abs_err:.1e} |", flush=True)
+    return results
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -190,6 +259,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--iters", type=int, default=50)
     p.add_argument("--copy-bytes", type=int, default=2 << 30)
+    p.add_argument("--sweep", action="store_true",
+                   help="batch 1-256 x context 512-32k x KV bf16/int8/int4 (skipping K + V past --max-kv-bytes)")
+    p.add_argument("--max-kv-bytes", type=float, default=9e9)
     p.add_argument("--tiny", action="store_true", help="tiny fp32 shapes: a CPU smoke test of this script")
     p.add_argument("--json", help="write the result here")
     args = p.parse_args(argv)
@@ -201,7 +273,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    text = json.dumps(asdict(run(args)), indent=2)
+    result = [asdict(r) for r in sweep(args)] if args.sweep else asdict(run(args))
+    text = json.dumps(result, indent=2)
     print(text)
     if args.json:
         with open(args.json, "w") as f:

@@ -6,8 +6,9 @@
 The model is randomly initialised (no download): Llama-3-8B's shape (hidden 4096, 32 layers, 32 heads / 8 KV
 heads, MLP 14336, vocabulary 128256). Prompts have random lengths in [--min-prompt, --max-prompt] and random ids;
 EOS is disabled so every request generates exactly --max-new-tokens (the work is identical for the three paths).
-Each path runs once untimed on a small slice of the workload (compilation, lazy init, CUDA graphs), then the whole
-workload is timed wall-clock. tokens/s = generated tokens / seconds, prefill included.
+Each path first runs untimed on a workload of the same shape with other ids, 2 new tokens each (compilation of every
+kernel specialisation, lazy init, CUDA graphs; no prefix the timed run could hit), then the whole workload is timed
+wall-clock. tokens/s = generated tokens / seconds, prefill included.
 Stock `generate` gets all prompts as one left-padded batch, which is how it is normally called.
 """
 
@@ -23,6 +24,18 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+LLAMA_1B = {
+    "hidden_size": 2048,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "vocab_size": 128256,
+    "max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+    "tie_word_embeddings": True,
+}
 LLAMA_8B = {
     "hidden_size": 4096,
     "intermediate_size": 14336,
@@ -140,31 +153,36 @@ def sync(device: torch.device) -> None:
 
 def run(args) -> E2EResult:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    shape = TINY if args.tiny else LLAMA_8B
+    shape = TINY if args.tiny else {"1b": LLAMA_1B, "8b": LLAMA_8B}[args.model]
     dtype = torch.float32 if args.tiny else torch.bfloat16
     model = build_model(shape, dtype, device)
     prompts = make_workload(args.num_requests, args.min_prompt, args.max_prompt, shape["vocab_size"], args.seed)
-    warm = prompts[:4]
+    # warm-up: a workload of the same shape with other ids (no prefix hits in the timed run), 2 new tokens each, so
+    # every kernel specialisation the timed run needs (batch sizes, chunk widths) is compiled before the clock
+    warm_prompts = make_workload(args.num_requests, args.min_prompt, args.max_prompt, shape["vocab_size"],
+                                 args.seed + 1)
     n = args.max_new_tokens
-    cb_config = None
-    if device.type != "cuda":  # on CPU transformers sizes its cache from "free memory" for minutes: size it here
-        from transformers import ContinuousBatchingConfig
+    from transformers import ContinuousBatchingConfig
 
-        cb_config = ContinuousBatchingConfig(num_blocks=64, max_batch_tokens=256)
+    # on CPU transformers sizes its cache from "free memory" for minutes: size it here
+    sizing = {} if device.type == "cuda" else {"num_blocks": 64, "max_batch_tokens": 256}
     paths = [
         timed(
             "stock generate (padded batch)",
             lambda: run_stock_generate(model, prompts, n),
-            lambda: run_stock_generate(model, warm, 4),
+            lambda: run_stock_generate(model, warm_prompts, 2),
             device,
-        ),
-        timed(
-            "transformers generate_batch",
-            lambda: run_generate_batch(model, prompts, n, cb_config),
-            lambda: run_generate_batch(model, warm, 4, cb_config),
-            device,
-        ),
+        )
     ]
+    for graphs in (False, True) if device.type == "cuda" else (False,):
+        cb_config = ContinuousBatchingConfig(use_cuda_graph=graphs, auto_switch_to_flash=False, **sizing)
+        paths.append(timed(
+            f"transformers generate_batch (CUDA graphs {'on' if graphs else 'off'})",
+            lambda c=cb_config: run_generate_batch(model, prompts, n, c),
+            lambda c=cb_config: run_generate_batch(model, warm_prompts, 2, c),
+            device,
+        ))
+        model.set_attn_implementation("sdpa")  # generate_batch switched it to its paged one
     try:
         import hf_paged
 
@@ -182,7 +200,7 @@ def run(args) -> E2EResult:
             timed(
                 "hf_paged generate_batch",
                 lambda: run_generate_batch(model, prompts, n),
-                lambda: run_generate_batch(model, warm, 4),
+                lambda: run_generate_batch(model, warm_prompts, 2),
                 device,
             )
         )
@@ -193,7 +211,7 @@ def run(args) -> E2EResult:
     lens = [len(p) for p in prompts]
     return E2EResult(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        model=("tiny Llama" if args.tiny else "Llama-3-8B shape") + f", random weights, {str(dtype)[6:]}",
+        model=("tiny Llama" if args.tiny else f"Llama {args.model.upper()} shape") + f", random weights, {str(dtype)[6:]}",
         workload=f"{len(prompts)} requests, prompts {min(lens)}-{max(lens)} tokens (mean {sum(lens) / len(lens):.0f}), "
         f"{n} new tokens each, greedy",
         paths=paths,
@@ -202,6 +220,7 @@ def run(args) -> E2EResult:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", choices=["1b", "8b"], default="1b")
     p.add_argument("--num-requests", type=int, default=64)
     p.add_argument("--min-prompt", type=int, default=32)
     p.add_argument("--max-prompt", type=int, default=1024)
