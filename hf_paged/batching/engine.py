@@ -36,7 +36,6 @@ from hf_paged.batching.step_inputs import build_step_inputs
 from hf_paged.batching.swap import swap_in, swap_out
 from hf_paged.batching.weights import weights_fingerprint
 from hf_paged.cache.kernels import check_backend as check_attention_backend
-from hf_paged.cache.kernels.cpu_launch import warm_up as warm_up_cpu_kernels
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.sizing import kv_shape_of
 from hf_paged.config import PagedConfig
@@ -97,8 +96,6 @@ class Engine:
         self.lifecycle = RequestLifecycle(self.requests, self.scheduler, self.kv, self.speculator, self.metrics)
         self.retrier = self.lifecycle.retrier
         self.appender = TokenAppender(self.lifecycle, self.metrics, self.max_model_len)
-        if self.config.attention_backend == "auto" and param.device.type == "cpu" and param.dtype == torch.float32:
-            warm_up_cpu_kernels()  # the in-place attention kernels: compiled once per install, loaded once here
 
     # -- requests ----------------------------------------------------------------------------------------
     def add_request(

@@ -19,6 +19,7 @@ import torch
 
 from hf_paged.batching.request import Request
 from hf_paged.batching.scheduler import SchedulerOutput
+from hf_paged.cache.kernels.cpu_warm import ready_variants
 from hf_paged.cache.kv_manager import KVCacheManager
 from hf_paged.cache.metadata import ObservedScores, PagedMetadata
 
@@ -73,6 +74,7 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
         context_lens=context_lens,
         block_size=block_size,
         attention_backend=attention_backend,
+        cpu_kernels=ready_variants(),
         observed=ObservedScores(observed),
     )
     return StepInputs(input_ids, positions, metadata, logits_rows, sampled, num_drafts)

@@ -16,6 +16,7 @@ import torch
 
 from hf_paged.cache.compression import split_attention
 from hf_paged.cache.kernels.cpu_launch import cpu_kernel_applies, plan_cpu_attention, run_cpu_attention
+from hf_paged.cache.kernels.cpu_warm import PLAIN, KernelVariant, variant_of
 from hf_paged.cache.kernels.reference import build_attention_plan, run_attention_plan
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.paged_layer import PagedLayer
@@ -59,7 +60,8 @@ def paged_attention_forward(
         if _use_kernel(paged_metadata, q, softcap, reference_only):
             out = _compressed_kernel_attention(paged_metadata, step, stores, q, key, value, scale, sliding_window)
             return out.unsqueeze(0), None
-        if _use_cpu_kernel(paged_metadata, q, key, reference_only) and softcap is None:
+        if (_use_cpu_kernel(paged_metadata, q, key, reference_only, variant_of(stores[0].format, stores[1].format))
+                and softcap is None):
             out = _compressed_cpu_attention(paged_metadata, step, stores, q, key, value, scale, sliding_window)
             return out.unsqueeze(0), None
         key, value = stores[0].read(step, key), stores[1].read(step, value)  # the torch path's read buffers
@@ -69,7 +71,7 @@ def paged_attention_forward(
     if _use_kernel(paged_metadata, q, softcap, needs_reference):
         out = _kernel_attention(paged_metadata, q, key, value, scale, sliding_window)
         return out.unsqueeze(0), None
-    if step is None and _use_cpu_kernel(paged_metadata, q, key, reference_only):
+    if step is None and _use_cpu_kernel(paged_metadata, q, key, reference_only, PLAIN):
         return _plain_cpu_attention(paged_metadata, q, key, value, scale, sliding_window, softcap).unsqueeze(0), None
     plans = paged_metadata.plans
     if step is not None:  # compressed cache: `key`/`value` are the step's read buffers, not the block storage
@@ -106,7 +108,7 @@ def attend_packed(cache, module: torch.nn.Module, query: torch.Tensor, key: torc
     stores and attends directly, the very calls the general path makes there, without its layers of dispatch."""
     layer = cache.layers[module.layer_idx]
     if (type(layer) is PagedLayer and layer.is_initialized and metadata.plans.compressed is None
-            and _use_cpu_kernel(metadata, query, layer.key_cache, bool(metadata.hidden or metadata.observed))):
+            and _use_cpu_kernel(metadata, query, layer.key_cache, bool(metadata.hidden or metadata.observed), PLAIN)):
         key_cache, value_cache = layer.update_packed(key, value, metadata)
         return _plain_cpu_attention(metadata, query, key_cache, value_cache, scaling, sliding_window, None)
     key, value = cache.update(key.transpose(0, 1)[None], value.transpose(0, 1)[None], module.layer_idx,
@@ -143,10 +145,13 @@ def _use_kernel(metadata: PagedMetadata, q: torch.Tensor, softcap, needs_referen
     return backend == "triton" or q.is_cuda
 
 
-def _use_cpu_kernel(metadata: PagedMetadata, q: torch.Tensor, key: torch.Tensor, reference_only: bool) -> bool:
-    """The numba kernels (`kernels/cpu_attention`) under "auto" for fp32 on the CPU; the torch reference under
-    "torch", and for per-layer hidden blocks and SnapKV observation (no kernel variants)."""
-    return metadata.attention_backend == "auto" and not reference_only and cpu_kernel_applies(q, key)
+def _use_cpu_kernel(metadata: PagedMetadata, q: torch.Tensor, key: torch.Tensor, reference_only: bool,
+                    variant: KernelVariant) -> bool:
+    """The numba kernels (`kernels/cpu_attention`) under "auto" for fp32 on the CPU once their variant is loaded
+    (`kernels/cpu_warm`: until then, and under "torch", the torch reference); the torch reference for per-layer
+    hidden blocks and SnapKV observation too (no kernel variants)."""
+    return (metadata.attention_backend == "auto" and not reference_only and variant in metadata.cpu_kernels
+            and cpu_kernel_applies(q, key))
 
 
 def _tail(metadata: PagedMetadata, step, touched_k, touched_v):

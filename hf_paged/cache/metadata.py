@@ -60,6 +60,9 @@ class PagedMetadata:
     context_lens: list[int]  # tokens in the cache per request after this step's tokens are stored
     block_size: int
     attention_backend: str = "auto"  # PagedConfig.attention_backend: "auto" (Triton on CUDA), "torch", "triton"
+    # the CPU kernel variants loaded when the step was built (`cpu_warm.ready_variants`): a layer whose variant is
+    # not among them takes the torch path, so a kernel that finishes loading mid-step is used from the next step
+    cpu_kernels: frozenset = frozenset()
     _on_device: dict = field(default_factory=dict)  # (name, device) -> tensor
     plans: StepPlans = field(default_factory=StepPlans)  # built at first use, shared by the layers
     observed: ObservedScores = field(default_factory=ObservedScores)  # token pruning's scored queries and scores

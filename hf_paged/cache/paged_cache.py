@@ -94,6 +94,13 @@ class PagedCache(Cache):
         # `block_layers`: the same objects as transformers' `layers`, typed as ours.
         self.block_layers: list[BlockLayer] = [self._new_layer(i) for i in range(self.kv_shape.num_layers)]
         super().__init__(layers=list(self.block_layers))
+        if (cfg.attention_backend == "auto" and model_dtype == torch.float32 and device is not None
+                and torch.device(device).type == "cpu"):  # the engine's attention will call the CPU kernels
+            from hf_paged.cache.kernels import cpu_warm
+
+            spec = self.compression
+            cpu_warm.prepare([cpu_warm.variant_of(spec.key_format, spec.value_format) if self.compressed
+                              else cpu_warm.PLAIN])
 
     def _new_layer(self, layer_idx: int) -> BlockLayer:
         if self.compressed:

@@ -8,6 +8,7 @@ same results, only the speed changes. Nothing compiles on a caller's thread:
         numba's on-disk cache holds every kernel?   load them (~0.7 s of CPU, off the caller's path)
         otherwise (a fresh install)                 a child process compiles them (its own interpreter and
                                                     core, lowered priority) and writes the cache; then load
+                                                    (one child per cache at a time: `background_compile`)
         every warm-up call (the exact signatures the callers use) passes -> all kernels switch at once
 
 `HF_PAGED_JIT=off` keeps the Python bodies (no numba at all); `HF_PAGED_JIT=now` makes `start()` wait until the
@@ -20,11 +21,12 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
 from typing import Any
+
+from hf_paged.background_compile import Outcome, compile_in_child
 
 __all__ = ["Kernel", "helper", "is_compiled", "kernel", "start", "wait", "warm_up"]
 
@@ -47,6 +49,7 @@ _WARM_UPS: list[Callable[[], None]] = []  # one call per kernel in the signature
 _LOCK = threading.Lock()
 _DONE = threading.Event()  # set once the kernels switched (or will never switch: off, or a failure)
 _thread: threading.Thread | None = None
+_CHILD_ROUNDS = 3  # waits for another process's compile before this one compiles what is still missing
 
 
 class Kernel:
@@ -134,10 +137,6 @@ def wait(timeout: float | None = None) -> bool:
 
 def compile_here() -> None:
     """The child process: compile every kernel in the callers' signatures and write numba's cache."""
-    try:
-        os.nice(10)  # (a background job: the user's process keeps the CPU when both want it)
-    except OSError:
-        pass
     _dispatchers()
     for call in _WARM_UPS:
         call()
@@ -169,14 +168,17 @@ def _cached(dispatcher: Any) -> bool:
 def _load_all() -> None:
     try:
         _dispatchers()
-        if not all(_cached(k.dispatcher) for k in _KERNELS):
-            env = dict(os.environ, HF_PAGED_JIT="child")
-            code = "from hf_paged.processors import jit; jit.compile_here()"
-            done = subprocess.run([sys.executable, "-c", code], env=env, stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False)
-            if done.returncode != 0:  # (then the warm-ups below compile here, in this background thread)
+        for _ in range(_CHILD_ROUNDS):  # another process compiling: wait for it, then read the cache again
+            if all(_cached(k.dispatcher) for k in _KERNELS):
+                break
+            done = compile_in_child("from hf_paged.processors import jit; jit.compile_here()",
+                                    {"HF_PAGED_JIT": "child"})
+            if done.outcome is Outcome.FAILED:  # (then the warm-ups below compile here, in this thread)
                 logger.info("hf_paged: compiling the kernels in a child process failed (%s); compiling in a "
-                            "background thread", done.stderr.decode(errors="replace")[-300:])
+                            "background thread", done.detail)
+                break
+            if done.outcome is Outcome.COMPILED:
+                break
         for call in _WARM_UPS:
             call()
         for k in _KERNELS:

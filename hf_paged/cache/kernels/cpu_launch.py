@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -19,8 +20,16 @@ import torch
 from hf_paged.cache.kernels.quantized import QuantizedKV
 from hf_paged.cache.kernels.reference import AttentionPlan, build_attention_plan, run_attention_plan
 
-__all__ = ["CpuAttentionPlan", "cpu_kernel_applies", "plan_cpu_attention", "quantized_args", "run_cpu_attention",
-           "warm_up"]
+__all__ = [
+    "CpuAttentionPlan",
+    "CpuLaunch",
+    "cpu_kernel_applies",
+    "kernel_launch",
+    "parallel_layer_ok",
+    "plan_cpu_attention",
+    "quantized_args",
+    "run_cpu_attention",
+]
 
 
 def cpu_kernel_applies(query: torch.Tensor, *caches) -> bool:
@@ -69,24 +78,11 @@ def plan_cpu_attention(block_tables: torch.Tensor, query_start_loc: list[int], c
 def run_cpu_attention(plan: CpuAttentionPlan, query: torch.Tensor, key_cache, value_cache, *, scale: float,
                       softcap: float | None, tail=None) -> torch.Tensor:
     """query [T, H, D] fp32 -> [T, H, D]: plain caches, or `QuantizedKV` with their `FullPrecisionTail`."""
-    from hf_paged.cache.kernels import cpu_attention as ck
-
     q = query.contiguous()
     out = torch.empty_like(q)
-    common = (plan.tables, plan.query_start_loc, plan.context_lens, plan.seqs, np.float32(scale), plan.window,
-              np.float32(softcap or 0.0), out.numpy())
     if plan.seqs.size:
-        parallel = plan.seqs.size > 1 and _threads()
-        if tail is None:
-            kernel = ck.attend_plain_parallel if parallel else ck.attend_plain
-            kernel(q.numpy(), key_cache.numpy(), value_cache.numpy(), *common)
-        else:
-            from hf_paged.cache.kernels import cpu_quantized as cq
-
-            kernel = cq.attend_quantized_parallel if parallel else cq.attend_quantized
-            k_args, v_args = quantized_args(key_cache), quantized_args(value_cache)
-            kernel(q.numpy(), *k_args[:5], *v_args[:5], k_args[5] or v_args[5], tail.key.numpy(),
-                   tail.value.numpy(), tail.block_tables.numpy(), *common)
+        kernel_launch(plan, q, key_cache, value_cache, scale=scale, softcap=softcap, tail=tail, out=out,
+                      parallel=plan.seqs.size > 1 and _threads()).run()
     if plan.long is not None:
         run_attention_plan(plan.long, q, key_cache, value_cache, scale=scale, softcap=softcap, out=out)
     elif plan.long_seqs:  # quantized: each long chunk dequantizes its own context (one matmul amortises it)
@@ -98,21 +94,47 @@ def run_cpu_attention(plan: CpuAttentionPlan, query: torch.Tensor, key_cache, va
     return out
 
 
+@dataclass(slots=True, frozen=True)
+class CpuLaunch:
+    """One call of a compiled kernel, fully decided (`cpu_warm` probes numba's cache with it before running)."""
+
+    kernel: Any  # a numba dispatcher
+    args: tuple[Any, ...]
+
+    def run(self) -> None:
+        self.kernel(*self.args)
+
+
+def kernel_launch(plan: CpuAttentionPlan, q: torch.Tensor, key_cache, value_cache, *, scale: float,
+                  softcap: float | None, tail, out: torch.Tensor, parallel: bool) -> CpuLaunch:
+    """The kernel call for the plan's short sequences: plain caches, or (with a `tail`) quantized ones; `parallel`:
+    sequences spread over numba's threads."""
+    from hf_paged.cache.kernels import cpu_attention as ck
+
+    common = (plan.tables, plan.query_start_loc, plan.context_lens, plan.seqs, np.float32(scale), plan.window,
+              np.float32(softcap or 0.0), out.numpy())
+    if tail is None:
+        kernel = ck.attend_plain_parallel if parallel else ck.attend_plain
+        return CpuLaunch(kernel, (q.numpy(), key_cache.numpy(), value_cache.numpy(), *common))
+    from hf_paged.cache.kernels import cpu_quantized as cq
+
+    kernel = cq.attend_quantized_parallel if parallel else cq.attend_quantized
+    k_args, v_args = quantized_args(key_cache), quantized_args(value_cache)
+    return CpuLaunch(kernel, (q.numpy(), *k_args[:5], *v_args[:5], k_args[5] or v_args[5], tail.key.numpy(),
+                              tail.value.numpy(), tail.block_tables.numpy(), *common))
+
+
 _DUMMY_ZERO = np.zeros((1, 1, 1), np.int8)
 _parallel_ok: bool | None = None  # None: not tried yet
 
 
-def _threads() -> bool:
-    """Whether to spread sequences over threads: torch is given several, and numba has a thread-safe threading
-    layer (TBB or OpenMP; its `workqueue` layer aborts the process when two threads launch at once, so it is never
-    used). numba runs as many threads as torch does."""
+def parallel_layer_ok() -> bool:
+    """Whether numba has a thread-safe threading layer here (TBB or OpenMP; its `workqueue` layer aborts the
+    process when two threads launch at once, so it is never used); loaded once per process."""
     global _parallel_ok
-    wanted = torch.get_num_threads()
-    if wanted <= 1 or _parallel_ok is False:
-        return False
-    import numba
-
     if _parallel_ok is None:
+        import numba
+
         if os.environ.get("NUMBA_THREADING_LAYER") is None:
             numba.config.THREADING_LAYER = "threadsafe"
         try:
@@ -122,8 +144,17 @@ def _threads() -> bool:
             _parallel_ok = numba.threading_layer() in ("tbb", "omp")
         except (ValueError, RuntimeError):
             _parallel_ok = False
-        if not _parallel_ok:
-            return False
+    return _parallel_ok
+
+
+def _threads() -> bool:
+    """Whether to spread sequences over threads: torch is given several, and numba has a thread-safe threading
+    layer. numba runs as many threads as torch does."""
+    wanted = torch.get_num_threads()
+    if wanted <= 1 or not parallel_layer_ok():
+        return False
+    import numba
+
     threads = min(wanted, numba.config.NUMBA_NUM_THREADS)
     if numba.get_num_threads() != threads:
         numba.set_num_threads(threads)
@@ -146,23 +177,3 @@ def quantized_args(cache) -> tuple:
     data = cache.data.view(torch.uint8) if cache.format == "fp8" else cache.data
     code = {"int8": ck.INT8, "fp8": ck.FP8, "int4": ck.INT4}[cache.format]
     return data.numpy(), scale.numpy(), zero, code, layout, log
-
-
-_warm = False
-
-
-def warm_up() -> None:
-    """Compile (or load from numba's on-disk cache) the plain kernel on a tiny input, once per process: the first
-    compile after an install takes seconds, a load from the cache a fraction of one. Quantized variants compile at
-    their first use (their types depend on the format)."""
-    global _warm
-    if _warm:
-        return
-    _warm = True
-    from hf_paged.cache.kernels.cpu_attention import attend_plain
-
-    q = np.zeros((2, 2, 4), np.float32)
-    cache = np.zeros((2, 2, 1, 4), np.float32)
-    tables, qsl = np.zeros((2, 1), np.int32), np.array([0, 1, 2], np.int32)
-    attend_plain(q, cache, cache, tables, qsl, np.array([1, 2], np.int32), np.arange(2, dtype=np.int32),
-                 np.float32(1.0), 0, np.float32(0.0), np.empty_like(q))

@@ -1,0 +1,109 @@
+"""Compiling numba kernels in a child process: one child per cache at a time, none outliving its parent for long.
+
+A process whose numba cache lacks kernels has a child compile them (its own interpreter and core, lowered
+priority), never the caller's threads. Many processes often start together (torchrun, a Ray replica set, a script
+run in a loop); they share one lock file per cache (`lock_path`):
+
+    lock free   -> take it, start the child with the lock's open file handed down (the lock lives as long as
+                   either holds it), wait for the child                               -> COMPILED or FAILED
+    lock taken  -> another process is filling the cache: wait until it lets go        -> WAITED (the caller
+                   reads the cache again, and compiles what is still missing)
+
+The child watches its parent. Once the parent is gone it has `ORPHAN_GRACE_S` seconds to finish, then ends: what
+it compiled by then stays in the cache, and the next process compiles the rest.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # (not POSIX: no lock, every process compiles for itself)
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["ORPHAN_GRACE_S", "ChildResult", "Outcome", "child_main", "compile_in_child", "lock_path"]
+
+ORPHAN_GRACE_S = 20.0  # how long a child goes on compiling after its parent has exited
+PARENT_ENV = "HF_PAGED_COMPILE_PARENT"  # the parent's pid, for the child's watch
+
+
+class Outcome(enum.Enum):
+    COMPILED = "compiled"  # this process's child compiled (exit status 0)
+    FAILED = "failed"  # this process's child failed (`ChildResult.detail` says why)
+    WAITED = "waited"  # another process held the lock and has let go
+
+
+@dataclass(slots=True, frozen=True)
+class ChildResult:
+    outcome: Outcome
+    detail: str = ""  # the end of the child's stderr when it failed
+
+
+def lock_path() -> Path:
+    """The lock of the numba cache in use: in `NUMBA_CACHE_DIR` when set; otherwise numba caches beside this
+    installation's sources, and the lock (in the temporary folder) is named after the installation's path."""
+    cache_dir = os.environ.get("NUMBA_CACHE_DIR")
+    if cache_dir:
+        return Path(cache_dir) / "hf_paged-compile.lock"
+    digest = hashlib.blake2b(str(Path(__file__).resolve().parent).encode(), digest_size=8).hexdigest()
+    return Path(tempfile.gettempdir()) / f"hf_paged-compile-{digest}.lock"
+
+
+def compile_in_child(code: str, env: dict[str, str] | None = None) -> ChildResult:
+    """Run `code` (Python source that compiles kernels and fills the cache) in a child process, or wait for the
+    process that holds the cache's lock. Blocks: call it from a background thread."""
+    if fcntl is None:
+        return _run_child(code, env, None)
+    path = lock_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            fcntl.flock(fd, fcntl.LOCK_SH)  # until the compiling process (or its orphaned child) lets go
+            return ChildResult(Outcome.WAITED)
+        return _run_child(code, env, fd)
+    finally:
+        os.close(fd)
+
+
+def _run_child(code: str, env: dict[str, str] | None, lock_fd: int | None) -> ChildResult:
+    child_env = {**os.environ, **(env or {}), PARENT_ENV: str(os.getpid())}
+    source = f"from hf_paged.background_compile import child_main; child_main({code!r})"
+    done = subprocess.run([sys.executable, "-c", source], env=child_env, stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, check=False,
+                          pass_fds=() if lock_fd is None else (lock_fd,))
+    if done.returncode == 0:
+        return ChildResult(Outcome.COMPILED)
+    return ChildResult(Outcome.FAILED, done.stderr.decode(errors="replace")[-300:])
+
+
+def child_main(code: str) -> None:
+    """The child: lowered priority, a watch on the parent, then `code`."""
+    try:
+        os.nice(10)  # a background job: the user's processes keep the CPU when both want it
+    except OSError:
+        pass
+    parent = int(os.environ.get(PARENT_ENV, "0"))
+    if parent:
+        threading.Thread(target=_watch_parent, args=(parent,), daemon=True).start()
+    exec(compile(code, "<hf_paged compile child>", "exec"), {})  # noqa: S102 - our own code, from our caller
+
+
+def _watch_parent(parent: int, poll_s: float = 0.5) -> None:
+    """End this process `ORPHAN_GRACE_S` seconds after its parent exits (orphans are re-parented)."""
+    while os.getppid() == parent:
+        time.sleep(poll_s)
+    time.sleep(ORPHAN_GRACE_S)
+    os._exit(0)  # the lock (a file handle of this process) is released with it
