@@ -63,9 +63,15 @@ def define_jit_helpers() -> None:
         """
         mask = rows[:, None] & dim_mask[None, :]
         row_offsets = block_ids * stride_block + slot_offsets * stride_slot
-        if FMT % 8 == 3:
+        if FMT % 8 == 3 and dims.shape[0] < 32:
+            # Tiles 16 wide keep the byte-per-element load: compiled for an H200 (triton 3.6), the joined tile
+            # below gave wrong decode outputs at head_dim 16 in fp16 (right in the interpreter, in fp32, and at
+            # head_dim 32 and 128), cause not found.
+            packed = tl.load(head_ptr + row_offsets[:, None] + (dims // 2)[None, :], mask=mask, other=0)
+            x = ((packed.to(tl.int32) >> ((dims % 2) * 4)[None, :]) & 15).to(tl.float32)
+        elif FMT % 8 == 3:
             # The row's bytes as one contiguous [rows, BLOCK_D // 2] load (vectorized; indexing by `dims // 2`
-            # made one 1-byte load per element, ~10x slower on an H200), then each byte's two nibbles joined back
+            # made one 1-byte load per element: 6x slower on an H200), then each byte's two nibbles joined back
             # in place: element 2j is byte j's low nibble, 2j + 1 its high one.
             pairs = tl.arange(0, dims.shape[0] // 2)
             half_dim = tl.sum(dim_mask.to(tl.int32), 0) // 2
