@@ -28,7 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hf_paged.batching.engine import Engine
 from hf_paged.batching.engine_loop import LoopClosedError
-from hf_paged.serving.errors import ApiError
+from hf_paged.serving.errors import ApiError, validation_message
 from hf_paged.serving.generation import ChoiceEvent, Usage, run_choices
 from hf_paged.serving.metrics import ServerMetrics
 from hf_paged.serving.prepare import PreparedRequest, Preparer
@@ -70,10 +70,8 @@ class _Server:
             body = model.model_validate(data)
             body.check_supported()
         except ValidationError as exc:
-            first = exc.errors()[0]
-            param = str(first["loc"][0]) if first["loc"] else None  # the top-level field (as vLLM names it)
-            raise ApiError(f"{param}: {first['msg']}" if param else first["msg"], param=param,
-                           code="invalid_value") from None
+            param, message = validation_message(exc.errors())
+            raise ApiError(f"{param}: {message}" if param else message, param=param, code="invalid_value") from None
         except UnsupportedField as exc:
             raise ApiError(str(exc), param=exc.param, code="unsupported_parameter") from None
         if body.model is not None and body.model != self.settings.model_name:

@@ -31,3 +31,23 @@ _DEFAULT_TYPES = {404: "not_found_error", 429: "rate_limit_error", 503: "service
 
 def error_body(message: str, *, type: str, param: str | None = None, code: str | None = None) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+_KINDS = {"int_type": "an integer", "float_type": "a number", "string_type": "a string", "bool_type": "a boolean",
+          "list_type": "a list", "dict_type": "an object", "model_type": "an object", "none_required": "null"}
+
+
+def validation_message(errors: list[dict[str, Any]]) -> tuple[str | None, str]:
+    """(the top-level field, as vLLM names it; what is wrong with it) from pydantic's errors. A value refused by
+    every branch of a union on its type reads as one message naming what it should be ("a number", not pydantic's
+    first branch "a valid integer")."""
+    loc = errors[0]["loc"]
+    param = str(loc[0]) if loc else None
+    same = [e for e in errors if e["loc"][:1] == loc[:1]]
+    if len(same) > 1 and all(e["type"] in _KINDS for e in same):
+        kinds = list(dict.fromkeys(_KINDS[e["type"]] for e in same))
+        if "a number" in kinds and "an integer" in kinds:
+            kinds.remove("an integer")
+        value = same[0].get("input")
+        return param, f"Input should be {' or '.join(kinds)}, got {type(value).__name__} {value!r}"[:300]
+    return param, same[0]["msg"]

@@ -17,7 +17,7 @@ __all__ = ["add_serve_arguments", "run_serve"]
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default=None, help="a local model directory; default: the embedded tiny model")
+    parser.add_argument("--model", default=None, help="a local model directory (or a hub id when online); default: the embedded tiny model")
     parser.add_argument("--served-model-name", default=None, help="the model id clients send (default: from --model)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)

@@ -53,8 +53,9 @@ DEEP = {"type": "object", "properties": {"xs": {"type": "array", "contains": {"t
         ({"prompt": "x", "max_tokens": -5}, "max_tokens", ["at least 1"]),
         ({"prompt": "x", "max_tokens": "ten"}, "max_tokens", ["integer"]),
         ({"prompt": "x", "temperature": -1}, "temperature", ["greater than or equal to 0"]),
-        ({"prompt": "x", "temperature": "hot"}, "temperature", []),
+        ({"prompt": "x", "temperature": "hot"}, "temperature", ["should be a number", "'hot'"]),
         ({"prompt": 5}, "prompt", []),
+        ({"prompt": "x", "stop": 5}, "stop", ["a string or a list"]),
         ({"prompt": "x", "n": 0}, "n", []),
         ({"prompt": "x", "top_p": 0}, "top_p", []),
         ({"prompt": "x", "max_token": 5}, "max_token", ["Extra inputs"]),
@@ -117,6 +118,8 @@ def test_client_disconnect_mid_stream_aborts_and_frees_blocks(server, engine):
     wait_idle(engine)  # the request is gone and its blocks are back
     assert engine.metrics.num_requests_aborted == aborted + 1
     assert server.app.state.server.num_admitted == 0  # nothing left counted as waiting
+    scraped = httpx.get(server.url + "/metrics", timeout=30).text
+    assert f'hf_paged:request_aborted_total{{model_name="tiny-lm"}} {aborted + 1}.0' in scraped
 
 
 def test_client_disconnect_without_streaming_aborts(server, engine):
