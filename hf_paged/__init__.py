@@ -33,6 +33,8 @@ _LAZY = {
     "ChoiceLogitsProcessor": "hf_paged.processors",
     "GrammarLogitsProcessor": "hf_paged.processors",
     "default_model": "hf_paged.models",
+    "PagedFallbackWarning": "hf_paged.generate",
+    "IncompleteDocumentWarning": "hf_paged.generate",
 }
 
 __all__ = ["PagedConfig", "errors", *_LAZY]  # noqa: PLE0604 -- the lazy names are strings

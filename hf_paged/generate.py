@@ -31,6 +31,12 @@ class PagedFallbackWarning(UserWarning):
     """`generate` was asked for something the paged engine does not do, and ran stock `generate` instead."""
 
 
+class IncompleteDocumentWarning(UserWarning):
+    """Some rows of a constrained `generate` reached `max_new_tokens` before their document was complete (JSON
+    schema, regex, choices, grammar): their text will not parse. `generate_batch` says it per request
+    (`finish_reason == "length_incomplete"`)."""
+
+
 def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, extra: dict) -> str | None:
     if (generation_config.num_beams or 1) > 1:
         return "beam search"
@@ -121,6 +127,12 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     if failed:
         raise failure_error(failed[0])
     ordered = list(outputs.values())
+    cut = [i for i, o in enumerate(ordered) if o.finish_reason == "length_incomplete"]
+    if cut:
+        warnings.warn(f"hf_paged: row(s) {cut} of this generate reached max_new_tokens={gen_config.max_new_tokens} "
+                      "before their constrained document was complete, so their text will not parse; raise "
+                      "max_new_tokens (or set SamplingParams.max_retries with generate_batch)",
+                      IncompleteDocumentWarning, stacklevel=3)
     return assemble_generate_output(
         input_ids.repeat_interleave(num_seqs, dim=0), ordered, gen_config, pad_token_id, factory.vocab_size,
         scores=[o.scores or [] for o in ordered], logits=[o.logits or [] for o in ordered],

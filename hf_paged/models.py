@@ -53,5 +53,6 @@ def default_model(*, dtype: torch.dtype = torch.float32, device: str | torch.dev
         )
     model = AutoModelForCausalLM.from_pretrained(DEFAULT_MODEL_PATH, dtype=dtype, local_files_only=True)
     model.to(device).eval()  # type: ignore[arg-type]  # transformers types `to` through a wrapper
-    tokenizer = AutoTokenizer.from_pretrained(DEFAULT_MODEL_PATH, local_files_only=True)
+    # left padding: a decoder-only model continues each row from its last token (stock generate warns otherwise)
+    tokenizer = AutoTokenizer.from_pretrained(DEFAULT_MODEL_PATH, local_files_only=True, padding_side="left")
     return DefaultModel(model=model, tokenizer=tokenizer)

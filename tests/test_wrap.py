@@ -216,3 +216,25 @@ def test_request_status_prints_its_name(model):
     assert str(out.status) == f"{out.status}" == "FINISHED"
     assert repr(out.status) == "RequestStatus.FINISHED" and "status=RequestStatus.FINISHED" in repr(out)
     assert out.status == 3 and out.status.is_finished  # still an IntEnum
+
+
+def test_generate_names_the_rows_whose_constrained_document_was_cut_short():
+    from hf_paged import IncompleteDocumentWarning, JSONSchemaLogitsProcessor
+    from tests.batching.test_constrained_engine import SCHEMA, model_and_tokenizer
+
+    model, tok = model_and_tokenizer()
+    proc = JSONSchemaLogitsProcessor(SCHEMA, tok)
+    ids = torch.tensor([tok("a pet: ")["input_ids"]] * 2)
+    hf_paged.wrap(model)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model.generate(ids, logits_processor=[proc], max_new_tokens=4, pad_token_id=tok.eos_token_id)
+            cut = [str(w.message) for w in caught if issubclass(w.category, IncompleteDocumentWarning)]
+            assert len(cut) == 1 and "row(s) [0, 1]" in cut[0] and "max_new_tokens=4" in cut[0]
+            caught.clear()
+            model.generate(ids, logits_processor=[proc], max_new_tokens=60, pad_token_id=tok.eos_token_id,
+                           eos_token_id=tok.eos_token_id)
+            assert not [w for w in caught if issubclass(w.category, IncompleteDocumentWarning)]
+    finally:
+        hf_paged.unwrap(model)

@@ -47,6 +47,9 @@ class GrammarLogitsProcessor(GuidedLogitsProcessor):
         backend: how masks are applied (see `apply_token_bitmask_`).
         budget: the work limits of the compile (`CompileBudget`: text written, automaton states and steps);
             counts, never seconds, so a grammar compiles or is refused the same way on any machine.
+        max_ignored: the most matches of the `%ignore` patterns before, between and after two tokens (default 1:
+            with `%ignore " "`, one space, so a small model cannot emit spaces until `max_new_tokens`); None: any
+            number, Lark's own meaning. A pattern that is itself a run (`WS`: `/[ \t\f\r\n]+/`) is one match.
 
     Raises:
         GrammarSyntaxError, UndefinedRuleError, LeftRecursionError, UnsupportedGrammarError (all `GrammarError`,
@@ -74,17 +77,22 @@ class GrammarLogitsProcessor(GuidedLogitsProcessor):
         index_cache: IndexCache | None = None,
         backend: str = "auto",
         budget: CompileBudget | None = None,
+        max_ignored: int | None = 1,
     ) -> None:
         if not isinstance(start, str) or not start:
             raise TypeError(f"start must be a rule name (str), got {start!r}")
+        if max_ignored is not None and (isinstance(max_ignored, bool) or not isinstance(max_ignored, int)
+                                        or max_ignored < 0):
+            raise ValueError(f"max_ignored must be None or an int >= 0, got {max_ignored!r}")
         budget = budget if budget is not None else CompileBudget()
         self.grammar = grammar
         self.start = start
-        self.compiled_grammar: LarkCompiled = compile_lark(grammar, start, budget)
+        self.max_ignored = max_ignored
+        self.compiled_grammar: LarkCompiled = compile_lark(grammar, start, budget, max_ignored)
         super().__init__(
             self.compiled_grammar.constraint,
             tokenizer,
-            key_parts=("lark", grammar, start),
+            key_parts=("lark", grammar, start, max_ignored),
             eos_token_id=eos_token_id,
             index_cache=index_cache,
             backend=backend,

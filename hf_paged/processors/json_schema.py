@@ -6,7 +6,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from hf_paged.errors import SchemaTooComplexError
+from hf_paged.errors import InvalidRegexError, SchemaError, SchemaTooComplexError
+from hf_paged.processors.automaton import validate_regex
 from hf_paged.processors.base import GuidedLogitsProcessor
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index import IndexCache
@@ -70,6 +71,12 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
     ) -> None:
         if whitespace is not None and not isinstance(whitespace, str):
             raise TypeError(f"whitespace must be a regex string or None, got {type(whitespace).__name__}")
+        if whitespace is not None:
+            try:
+                validate_regex(whitespace)
+            except SchemaError as exc:
+                raise InvalidRegexError(f"whitespace={whitespace!r} does not compile as a regex ({exc}); give "
+                                        "e.g. '[ ]?' or '[ \\n]{0,4}'") from None
         budget = budget if budget is not None else CompileBudget()
         self.schema = load_schema(schema, budget)
         self.whitespace = whitespace

@@ -42,14 +42,15 @@ class ConstraintCache:
         self._items: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, kind: str, spec: Any) -> Any:
-        """The processor for a constraint (built on a miss: call from a worker thread, it may compile)."""
-        key = (kind, json.dumps(spec, sort_keys=False, separators=(",", ":")))
+    def get(self, kind: str, spec: Any, whitespace: str | None = None) -> Any:
+        """The processor for a constraint (built on a miss: call from a worker thread, it may compile);
+        `whitespace`: a JSON constraint's whitespace regex (None: the processor's bounded default)."""
+        key = (kind, json.dumps(spec, sort_keys=False, separators=(",", ":")), whitespace)
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
                 return self._items[key]
-        processor = self._build(kind, spec)
+        processor = self._build(kind, spec, whitespace)
         with self._lock:
             processor = self._items.setdefault(key, processor)
             self._items.move_to_end(key)
@@ -57,7 +58,7 @@ class ConstraintCache:
                 self._items.popitem(last=False)
         return processor
 
-    def _build(self, kind: str, spec: Any) -> Any:
+    def _build(self, kind: str, spec: Any, whitespace: str | None) -> Any:
         from hf_paged.processors import (
             ChoiceLogitsProcessor,
             GrammarLogitsProcessor,
@@ -67,7 +68,7 @@ class ConstraintCache:
 
         eos = self.eos_token_ids or None
         if kind == "json_schema":
-            return JSONSchemaLogitsProcessor(spec, self.tokenizer, eos_token_id=eos)
+            return JSONSchemaLogitsProcessor(spec, self.tokenizer, eos_token_id=eos, whitespace=whitespace)
         if kind == "regex":
             return RegexLogitsProcessor(spec, self.tokenizer, eos_token_id=eos)
         if kind == "grammar":
@@ -99,8 +100,12 @@ def build_constraint(cache: ConstraintCache, request: _Sampling) -> list:
     if found is None:
         return []
     kind, spec, param = found
+    whitespace = request.guided_whitespace_pattern
+    if whitespace is not None and kind != "json_schema":
+        raise ApiError("guided_whitespace_pattern applies to JSON constraints (response_format, guided_json); "
+                       f"leave it out with {param}", param="guided_whitespace_pattern", code="invalid_value")
     try:
-        return [cache.get(kind, spec)]
+        return [cache.get(kind, spec, whitespace)]
     except (SchemaError, TokenizerError, TypeError) as exc:
         raise ApiError(f"{param}: {exc}", param=param, code="invalid_schema" if kind == "json_schema" else
                        f"invalid_{kind}") from None

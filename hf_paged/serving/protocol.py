@@ -83,6 +83,8 @@ class _Sampling(_Strict):
     guided_regex: StrictStr | None = None
     guided_choice: list[StrictStr] | None = None
     guided_grammar: StrictStr | None = None  # a context-free grammar in Lark's EBNF (`GrammarLogitsProcessor`)
+    # the whitespace a JSON constraint allows between tokens (a regex; default at most one space, bounded)
+    guided_whitespace_pattern: StrictStr | None = None
 
     def check_supported(self) -> None:
         """Raise `UnsupportedField` for the first field we know but cannot honour."""

@@ -194,3 +194,25 @@ def test_syntax_reader_reads_continuations_comments_and_imports():
     assert len(grammar.rules["start"].body.items) == 3
     assert [(i.name, i.alias) for i in grammar.imports] == [("WS", "WS"), ("INT", "INT"), ("CNAME", "NAME")]
     assert len(grammar.ignores) == 1
+
+
+@pytest.mark.parametrize(("max_ignored", "text", "accepted"), [
+    (None, "a ,   b", True), (1, "a , b", True), (1, "a ,  b", False), (1, " a", True), (1, "  a", False),
+    (0, "a,b", True), (0, "a ,b", False), (2, " a  ,  b  ", True), (2, "a   ,b", False),
+])
+def test_ignored_text_between_tokens_is_bounded_by_max_ignored(max_ignored, text, accepted):
+    grammar = 'start: WORD ("," WORD)*\nWORD: /[a-z]+/\n%ignore " "\n'
+    dfa = build_automaton(compile_lark(grammar, max_ignored=max_ignored).constraint)
+    assert dfa.accepts(text.encode()) == accepted
+
+
+def test_the_processor_bounds_ignored_text_by_default():
+    from hf_paged.processors import GrammarLogitsProcessor
+    from tests.processors.toy_tokenizers import byte_level_tokenizer
+
+    tok = byte_level_tokenizer()
+    grammar = 'start: WORD ("," WORD)*\nWORD: /[a-z]+/\n%ignore " "\n'
+    assert GrammarLogitsProcessor(grammar, tok).max_ignored == 1  # one space at most between tokens
+    for bad in (-1, 1.5, True, "1"):
+        with pytest.raises(ValueError, match="max_ignored"):
+            GrammarLogitsProcessor(grammar, tok, max_ignored=bad)

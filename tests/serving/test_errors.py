@@ -78,6 +78,10 @@ DEEP = {"type": "object", "properties": {"xs": {"type": "array", "contains": {"t
         ({"prompt": "x", "guided_grammar": 'start: ("a"'}, "guided_grammar", ["line 1"]),
         ({"prompt": "x", "guided_grammar": "start: a", "guided_regex": "a"}, "guided_grammar",
          ["one output constraint"]),
+        ({"prompt": "x", "guided_regex": "a", "guided_whitespace_pattern": " "}, "guided_whitespace_pattern",
+         ["JSON constraints"]),
+        ({"prompt": "x", "guided_json": {"type": "object"}, "guided_whitespace_pattern": "(x"}, "guided_json",
+         ["whitespace='(x'"]),
     ],
 )
 def test_bad_completion_requests_get_400(server, body, param, words):
@@ -138,7 +142,7 @@ class Exploding(LogitsProcessor):
 
 def test_a_failing_processor_fails_only_its_request(server, engine):
     constraints = server.app.state.server.preparer.constraints
-    constraints._items[("regex", json.dumps("explode"))] = Exploding()  # what the cache returns for this regex
+    constraints._items[("regex", json.dumps("explode"), None)] = Exploding()  # what the cache returns for this regex
     try:
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             good = [pool.submit(post, server, "/v1/completions", {"prompt": f"def f{i}():", "max_tokens": 20})
@@ -155,7 +159,7 @@ def test_a_failing_processor_fails_only_its_request(server, engine):
         events = [line for line in streamed.result().text.splitlines() if line.startswith("data: ")]
         assert "boom" in json.loads(events[0][6:])["error"]["message"] and events[-1] == "data: [DONE]"
     finally:
-        constraints._items.pop(("regex", json.dumps("explode")), None)
+        constraints._items.pop(("regex", json.dumps("explode"), None), None)
 
 
 class OverBudget(LogitsProcessor):
@@ -167,7 +171,7 @@ def test_a_request_failing_on_its_own_input_answers_400(server, engine):
     """A typed error of the request's own making raised inside the engine (a constraint over its budget) is the
     client's 400, streamed or not; a processor's plain exception stays a 500 (above)."""
     constraints = server.app.state.server.preparer.constraints
-    constraints._items[("regex", json.dumps("too big"))] = OverBudget()
+    constraints._items[("regex", json.dumps("too big"), None)] = OverBudget()
     try:
         body = {"prompt": "x", "max_tokens": 20, "guided_regex": "too big"}
         error = assert_error(post(server, "/v1/completions", body), 400, words=["50,000 states"])
@@ -176,7 +180,7 @@ def test_a_request_failing_on_its_own_input_answers_400(server, engine):
         events = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
         assert json.loads(events[0][6:])["error"]["code"] == "invalid_request" and events[-1] == "data: [DONE]"
     finally:
-        constraints._items.pop(("regex", json.dumps("too big")), None)
+        constraints._items.pop(("regex", json.dumps("too big"), None), None)
 
 
 def test_a_full_queue_answers_429_with_retry_after(tiny_lm):

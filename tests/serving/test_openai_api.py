@@ -172,3 +172,13 @@ def test_concurrent_clients_share_steps(server, engine):
         outs = list(pool.map(one, range(8)))
     assert all(o.usage.completion_tokens == 30 for o in outs)
     assert engine.metrics.num_steps - steps_before < 8 * 30  # batched: far fewer steps than tokens
+
+
+def test_guided_whitespace_pattern_sets_the_json_whitespace(client):
+    schema = {**SCHEMA, "properties": {"name": {"type": "string", "maxLength": 8},
+                                       "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+    out = client.completions.create(model="tiny-lm", prompt="A person as JSON: ", max_tokens=80, temperature=0,
+                                    extra_body={"guided_json": schema, "guided_whitespace_pattern": ""})
+    text = out.choices[0].text
+    assert out.choices[0].finish_reason == "stop"
+    assert text == json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False)  # no space between tokens

@@ -4,7 +4,8 @@
     rule in a recursion cycle           a rule of its own; its uses are calls (`call_regex`)
     other rule                          inlined as `(?:text)` while its text is short (fewer calls to walk),
                                         else a rule of its own
-    %ignore X                           `(?:X)*` after every terminal of a rule, and at the start of the root:
+    %ignore X                           `(?:X)*` after every terminal of a rule, and at the start of the root
+                                        (`(?:X){0,n}` under `max_ignored=n`):
                                         exactly "ignored text may stand before, between and after tokens"
     start                               the root (rule 0)
 
@@ -211,8 +212,10 @@ class _Rules:
         return text
 
 
-def compile_lark(source: str, start: str = "start", budget: CompileBudget | None = None) -> LarkCompiled:
-    """Compile a Lark EBNF grammar to a `Grammar` (or a plain regex) for `GuidedLogitsProcessor`.
+def compile_lark(source: str, start: str = "start", budget: CompileBudget | None = None,
+                 max_ignored: int | None = None) -> LarkCompiled:
+    """Compile a Lark EBNF grammar to a `Grammar` (or a plain regex) for `GuidedLogitsProcessor`. `max_ignored`:
+    the most matches of the `%ignore` patterns before, between or after tokens; None: any number (Lark's meaning).
 
     Raises:
         GrammarSyntaxError, UndefinedRuleError, LeftRecursionError, UnsupportedGrammarError (`GrammarError`s);
@@ -250,7 +253,8 @@ def compile_lark(source: str, start: str = "start", budget: CompileBudget | None
         check_rules(bodies, lambda leaf: re.fullmatch(
             terminals.text(leaf) if isinstance(leaf, Ref) else leaf_regex(leaf, "a rule"), "") is not None)
         ignores = [terminals.expr(node, "%ignore") for node in grammar.ignores]
-        ignore = f"(?:{'|'.join(ignores)})*" if ignores else ""
+        repeat = "*" if max_ignored is None else "?" if max_ignored == 1 else f"{{0,{max_ignored}}}"
+        ignore = f"(?:{'|'.join(ignores)}){repeat}" if ignores and max_ignored != 0 else ""
         rules = _Rules(bodies, terminals, ignore, budget)
         root = ignore + rules.use(start) if start in rules.recursive else ignore + rules.expr(bodies[start], start)
         texts = []
