@@ -9,6 +9,12 @@ from contextlib import contextmanager
 
 import torch
 
+# Steady state: the compiled kernels (the processors' and the CPU attention's) load before anything is timed, instead
+# of in the background while the first requests run on the Python and torch paths (`hf_paged.processors.jit`,
+# `hf_paged.cache.kernels.cpu_warm`); servers started by a benchmark inherit it. A benchmark of first-request
+# latency sets HF_PAGED_JIT itself.
+os.environ.setdefault("HF_PAGED_JIT", "now")
+
 
 def machine() -> str:
     cpu = platform.processor() or platform.machine()

@@ -58,6 +58,10 @@ class UnsupportedGenerationError(HfPagedError, ValueError):
     """A generation option that the paged engine does not implement was asked for explicitly."""
 
 
+class StoppingCriterionError(HfPagedError, RuntimeError):
+    """A caller's stopping criterion raised inside a wrapped `generate` (that call's requests were aborted)."""
+
+
 class RequestFailedError(HfPagedError, RuntimeError):
     """A request ended FAILED; `generate` re-raises the first such error for a batch it cannot complete."""
 

@@ -9,22 +9,25 @@ the engine does not implement fall back to stock `generate` with a one-line warn
 
 from __future__ import annotations
 
+import copy
 import operator
 import warnings
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteriaList
 
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
 from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list
 from hf_paged.errors import HfPagedError, InvalidPromptError, RequestFailedError
+from hf_paged.generate_criteria import LockstepCriteria
 from hf_paged.generate_output import assemble_generate_output, make_streamer_hook
 from hf_paged.generate_processors import ProcessorFactory
 
 # generate() arguments (besides generation options) the engine understands.
-_ENGINE_MODEL_KWARGS = {"attention_mask", "use_cache"}
+_ENGINE_MODEL_KWARGS = {"attention_mask", "use_cache", "tokenizer"}
 
 
 class PagedFallbackWarning(UserWarning):
@@ -52,8 +55,8 @@ def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, e
         return "contrastive search"
     if generation_config.guidance_scale not in (None, 1, 1.0):
         return "classifier-free guidance"
-    if extra.get("stopping_criteria"):
-        return "custom stopping_criteria"
+    if extra.get("stopping_criteria") and extra.get("streamer") is not None:
+        return "custom stopping_criteria with a streamer"  # (criteria may cut back tokens already streamed)
     if extra.get("prefix_allowed_tokens_fn") is not None:
         return "prefix_allowed_tokens_fn"
     if extra.get("custom_generate") is not None or extra.get("synced_gpus"):
@@ -77,7 +80,8 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
 
     stock = type(model).generate.__get__(model)
     extra = {"stopping_criteria": stopping_criteria, "prefix_allowed_tokens_fn": prefix_allowed_tokens_fn,
-             "synced_gpus": synced_gpus, "assistant_model": assistant_model, "custom_generate": custom_generate}
+             "synced_gpus": synced_gpus, "assistant_model": assistant_model, "custom_generate": custom_generate,
+             "streamer": streamer}
     input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
     if input_ids is None or "inputs_embeds" in kwargs or kwargs.get("cache") is not None \
             or kwargs.get("past_key_values") is not None or negative_prompt_ids is not None:
@@ -106,27 +110,40 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     pad_token_id = gen_config.pad_token_id if gen_config.pad_token_id is not None else (eos[0] if eos else 0)
     factory = ProcessorFactory(model, gen_config, logits_processor, input_ids.device)
     num_seqs = gen_config.num_return_sequences or 1
+    # stop strings, max_time and the caller's criteria: stock's own list, replayed over the engine's steps
+    lockstep = bool(stopping_criteria) or gen_config.stop_strings is not None or gen_config.max_time is not None
     params = [
         SamplingParams(
             max_new_tokens=max_new_tokens, do_sample=bool(gen_config.do_sample), eos_token_id=eos or None,
             logits_processors=factory.for_prompt_length(len(prompt)), num_return_sequences=num_seqs,
             min_new_tokens=gen_config.min_new_tokens or 0,
             output_scores=bool(gen_config.output_scores), output_logits=bool(gen_config.output_logits),
-            stop_strings=gen_config.stop_strings, tokenizer=kwargs.get("tokenizer"),
             **speculative_params(gen_config, assistant_model),
         )
         for prompt in prompts
     ]
+    rows = input_ids.repeat_interleave(num_seqs, dim=0)
+    criteria = _stock_criteria(model, gen_config, stopping_criteria, model_kwargs.get("tokenizer"), padded_len,
+                               max_new_tokens, input_ids.device) if lockstep else None
     # The engine's loop thread runs these together with every other caller's requests (any thread).
-    submission = engine.loop.submit(prompts, params, stream=streamer is not None)
+    submission = engine.loop.submit(prompts, params, stream=streamer is not None or lockstep)
     on_step = make_streamer_hook(streamer, input_ids, submission.all_ids, pad_token_id)
+    replay = None
+    if criteria is not None:
+        replay = LockstepCriteria(criteria, rows, submission.all_ids, pad_token_id,
+                                  lambda ids: engine.loop.abort(*ids))
+        on_step = replay.on_step
     outputs = submission.result(on_step)
     if streamer is not None:
         streamer.end()
-    failed = [o for o in outputs.values() if o.status is RequestStatus.FAILED]
+    failed = [o for o in outputs.values() if o.status is RequestStatus.FAILED
+              and not (replay is not None and o.request_id in replay.aborted)]
     if failed:
         raise failure_error(failed[0])
     ordered = list(outputs.values())
+    if replay is not None:
+        ordered = [replace(o, generated_tokens=replay.cut(i, list(o.generated_tokens)))
+                   for i, o in enumerate(ordered)]
     cut = [i for i, o in enumerate(ordered) if o.finish_reason == "length_incomplete"]
     if cut:
         warnings.warn(f"hf_paged: row(s) {cut} of this generate reached max_new_tokens={gen_config.max_new_tokens} "
@@ -134,9 +151,21 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
                       "max_new_tokens (or set SamplingParams.max_retries with generate_batch)",
                       IncompleteDocumentWarning, stacklevel=3)
     return assemble_generate_output(
-        input_ids.repeat_interleave(num_seqs, dim=0), ordered, gen_config, pad_token_id, factory.vocab_size,
+        rows, ordered, gen_config, pad_token_id, factory.vocab_size,
         scores=[o.scores or [] for o in ordered], logits=[o.logits or [] for o in ordered],
     )
+
+
+def _stock_criteria(model, gen_config: GenerationConfig, stopping_criteria, tokenizer, padded_len: int,
+                    max_new_tokens: int, device) -> StoppingCriteriaList:
+    """The `StoppingCriteriaList` stock `generate` would build for this call (its length, `max_time`, stop strings
+    and EOS criteria merged with the caller's, as stock merges them)."""
+    config = copy.deepcopy(gen_config)
+    config.max_length = padded_len + max_new_tokens
+    model._prepare_special_tokens(config, True, device=device)
+    return model._get_stopping_criteria(generation_config=config,
+                                        stopping_criteria=StoppingCriteriaList(stopping_criteria or []),
+                                        tokenizer=tokenizer)
 
 
 def failure_error(output: RequestOutput) -> HfPagedError:
@@ -265,10 +294,13 @@ def _sampling_params_for(model, inputs, generation_config, logits_processor, sam
     gen_config = generation_config if generation_config is not None else model.generation_config
     max_new_tokens = kwargs.pop("max_new_tokens", None)
     assistant_model = kwargs.pop("assistant_model", None)
+    tokenizer = kwargs.pop("tokenizer", None)  # for stop strings, as transformers takes it (not a config field)
     if kwargs:
         gen_config = GenerationConfig.from_dict({**gen_config.to_dict(), **kwargs})
     factory = ProcessorFactory(model, gen_config, logits_processor, None)
-    overrides = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {}
+    overrides: dict[str, Any] = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {}
+    if tokenizer is not None:
+        overrides["tokenizer"] = tokenizer
     if assistant_model is not None:  # not a GenerationConfig field: an argument, as in stock generate
         overrides.update(speculative_params(gen_config, assistant_model))
     base = SamplingParams.from_generation_config(gen_config, **overrides)

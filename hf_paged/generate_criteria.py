@@ -1,0 +1,98 @@
+"""Stopping criteria on the paged engine, called exactly as stock `generate`'s loop calls them (issue 44).
+
+Stock `generate` advances every row one token per step and, after step k, calls its `StoppingCriteriaList` with
+`input_ids` `[rows, padded prompt + k]`: each row's tokens, a row already finished padded with `pad_token_id`
+when the list has an EOS criterion (else it keeps its real tokens, as stock keeps generating for it). Rows marked
+done stop; the call returns when all are.
+
+The engine runs rows at their own pace (chunked prefill, preemption), so `LockstepCriteria` replays that loop over
+the engine's steps: step k is evaluated once every row still running has its k-th token, with the list stock
+would build (`MaxLengthCriteria`, `MaxTimeCriteria`, `StopStringCriteria`, `EosTokenCriteria` and the caller's,
+merged as stock merges them). A row marked done is aborted in the engine; one that had run ahead is cut back to
+its k tokens (greedy rows do not depend on each other, so the result is stock's, token for token). The list is
+called once per stock step, as stock calls it: its cost is the caller's criteria's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from hf_paged.batching.request import StepOutput
+from hf_paged.errors import StoppingCriterionError
+
+
+class LockstepCriteria:
+    """Replays stock's stopping checks over the engine's steps for one `generate` call (see the module doc)."""
+
+    def __init__(self, criteria, input_ids: torch.Tensor, order: Sequence[str], pad_token_id: int,
+                 abort: Callable[[list[str]], None]) -> None:
+        self.criteria = criteria
+        self.prompt = input_ids  # [rows, padded prompt length]
+        self.row_of = {rid: i for i, rid in enumerate(order)}
+        self.order = list(order)
+        self.pad = pad_token_id
+        self.abort = abort
+        # stock pads finished rows only when an EOS criterion is in the list; else they keep generating
+        self.pads_finished = any(hasattr(c, "eos_token_id") for c in criteria)
+        self.tokens: list[list[int]] = [[] for _ in order]
+        self.ended = [False] * len(order)  # the engine ended the row (EOS, its length, or our abort)
+        self.done_at: list[int | None] = [None] * len(order)  # the stock step after which the row is finished
+        self.columns: list[list[int]] = []  # column k: every row's token of step k + 1, as stock has it
+        self.aborted: set[str] = set()
+
+    @property
+    def finished(self) -> bool:
+        return all(d is not None for d in self.done_at)
+
+    def on_step(self, step: StepOutput) -> None:
+        for rid, new in step.new_tokens.items():
+            self.tokens[self.row_of[rid]].extend(new)
+        for out in step.finished:
+            self.ended[self.row_of[out.request_id]] = True
+        while not self.finished and self._step_ready():
+            self._run_step()
+
+    def _step_ready(self) -> bool:
+        """Every row stock would still extend has its next token (or the engine ended it)."""
+        k = len(self.columns)
+        return all(len(t) > k or e for t, e, d in zip(self.tokens, self.ended, self.done_at)
+                   if d is None or not self.pads_finished)
+
+    def _run_step(self) -> None:
+        k = len(self.columns)
+        column = []
+        for i, toks in enumerate(self.tokens):
+            stopped = self.done_at[i] is not None and self.pads_finished
+            column.append(self.pad if stopped or k >= len(toks) else toks[k])
+        self.columns.append(column)
+        new = torch.tensor(self.columns, dtype=self.prompt.dtype, device=self.prompt.device).T
+        try:
+            done = self.criteria(torch.cat([self.prompt, new], dim=1), None)
+        except Exception as exc:  # the caller's code: name it, end only this call's requests
+            self.abort([rid for rid, e in zip(self.order, self.ended) if not e])
+            names = ", ".join(type(c).__name__ for c in self.criteria)
+            raise StoppingCriterionError(
+                f"a stopping criterion ({names}) raised {type(exc).__name__}: {exc}; this generate call's requests "
+                "were aborted, the engine's other requests go on") from exc
+        done = [bool(d) for d in torch.as_tensor(done).reshape(-1).tolist()]
+        if len(done) == 1 and len(self.order) > 1:
+            done = done * len(self.order)
+        for i, is_done in enumerate(done):
+            if is_done and self.done_at[i] is None:
+                self.done_at[i] = k + 1
+        # stock ends a finished row's engine work when it pads it; otherwise every row runs until all are done
+        to_abort = [i for i, d in enumerate(self.done_at) if d is not None and not self.ended[i]
+                    and (self.pads_finished or self.finished)]
+        if to_abort:
+            ids = [self.order[i] for i in to_abort]
+            self.aborted.update(ids)
+            self.abort(ids)
+
+    def cut(self, row: int, tokens: list[int]) -> list[int]:
+        """The row's tokens as stock returns them: up to its stop step (padding is added by the caller), or up to
+        the last step when rows keep their real tokens."""
+        if self.pads_finished and self.done_at[row] is not None:
+            return tokens[: self.done_at[row]]
+        return tokens[: len(self.columns)]

@@ -1,0 +1,127 @@
+"""Stopping criteria and stop strings on the paged engine, token-identical to stock `generate` (issue 44, point 1)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM, MaxLengthCriteria, StoppingCriteria, StoppingCriteriaList
+
+import hf_paged
+from hf_paged.errors import StoppingCriterionError
+from hf_paged.generate import PagedFallbackWarning
+from tests.tiny_models import byte_tokenizer, left_pad, ragged_prompts, tiny_model
+
+LENGTHS = [3, 17, 33, 8]
+
+
+class StopAfterToken(StoppingCriteria):
+    """Done when the row's last token is `token` (per-row state by batch index, like lm-eval's criterion)."""
+
+    def __init__(self, token: int, prompt_len: int) -> None:
+        self.token, self.prompt_len, self.done = token, prompt_len, {}
+
+    def __call__(self, input_ids, scores, **kwargs):
+        out = []
+        for i, row in enumerate(input_ids[:, self.prompt_len:].tolist()):
+            self.done[i] = self.done.get(i, False) or (bool(row) and row[-1] == self.token)
+            out.append(self.done[i])
+        return torch.tensor(out, dtype=torch.bool, device=input_ids.device)
+
+
+class Boom(StoppingCriteria):
+    def __call__(self, input_ids, scores, **kwargs):
+        raise ZeroDivisionError("criterion bug")
+
+
+def _both(model, ids, mask, kwargs):
+    """Stock output, then the wrapped model's, for the same call (`kwargs()` makes fresh criteria each time)."""
+    stock = model.generate(ids, attention_mask=mask, do_sample=False, **kwargs())
+    hf_paged.wrap(model, block_size=8, max_num_batched_tokens=32)  # chunked prefill: rows run out of step
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PagedFallbackWarning)  # the engine ran, no fallback
+            paged = model.generate(ids, attention_mask=mask, do_sample=False, **kwargs())
+        engine = hf_paged.engine_of(model)
+        engine.check_integrity()
+        assert not engine.requests and engine.cache.pool.num_used_blocks == 0
+    finally:
+        hf_paged.unwrap(model)
+    return stock, paged
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+@pytest.mark.parametrize("eos", [None, 2], ids=["no EOS: stopped rows keep generating", "EOS: stopped rows pad"])
+def test_custom_criteria_with_per_row_state_match_stock(family, eos):
+    model = tiny_model(family)
+    ids, mask = left_pad(ragged_prompts(LENGTHS))
+    stock_out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12)
+    token = int(stock_out[1, ids.shape[1] + 4])  # row 1's fifth token: a row stops mid-way, others may too
+
+    def kwargs():
+        return {"max_new_tokens": 12, "eos_token_id": eos, "pad_token_id": 0,
+                "stopping_criteria": StoppingCriteriaList([StopAfterToken(token, ids.shape[1])])}
+
+    stock, paged = _both(model, ids, mask, kwargs)
+    if eos is not None:  # row 1 stopped after its fifth token at the latest: padded from there
+        assert (stock[1, ids.shape[1] + 5:] == 0).all()
+    assert torch.equal(paged, stock)
+
+
+def test_stop_strings_and_max_length_criterion_match_stock():
+    tok = byte_tokenizer()
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)).eval()
+    ids, mask = left_pad([tok(t)["input_ids"] for t in ("Once upon", "a", "The quick brown fox")],
+                         pad=tok.eos_token_id)
+    first = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16,
+                           pad_token_id=tok.eos_token_id)
+    row = first[0, ids.shape[1]:].tolist()
+    at = next(i for i, t in enumerate(row) if i >= 2 and chr(32) <= tok.decode([t]) <= chr(126))
+    stop = tok.decode([row[at]])  # an ASCII character row 0 produces mid-way
+    stock, paged = _both(model, ids, mask, lambda: {"max_new_tokens": 16, "stop_strings": [stop], "tokenizer": tok,
+                                                    "pad_token_id": tok.eos_token_id})
+    assert (stock[0, ids.shape[1] + at + 1:] == tok.eos_token_id).all()  # row 0 stopped at its stop string
+    assert torch.equal(paged, stock)
+    stock, paged = _both(model, ids, mask, lambda: {
+        "max_new_tokens": 16, "pad_token_id": tok.eos_token_id,
+        "stopping_criteria": StoppingCriteriaList([MaxLengthCriteria(ids.shape[1] + 5)])})
+    assert stock.shape[1] == ids.shape[1] + 5 and torch.equal(paged, stock)
+
+
+def test_a_criterion_that_raises_is_named_and_leaves_the_engine_usable():
+    model = tiny_model("llama")
+    ids, mask = left_pad(ragged_prompts(LENGTHS))
+    hf_paged.wrap(model, block_size=8)
+    try:
+        with pytest.raises(StoppingCriterionError, match="Boom.*ZeroDivisionError: criterion bug"):
+            model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                           stopping_criteria=StoppingCriteriaList([Boom()]))
+        engine = hf_paged.engine_of(model)
+        out = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
+        assert out.shape == (len(LENGTHS), ids.shape[1] + 8)
+        engine.check_integrity()
+        assert not engine.requests and engine.cache.pool.num_used_blocks == 0
+    finally:
+        hf_paged.unwrap(model)
+
+
+def test_generate_batch_takes_stop_strings_with_a_tokenizer():
+    from transformers import GenerationConfig
+
+    model, tok = hf_paged.default_model()
+    hf_paged.wrap(model)
+    try:
+        prompt = tok("def main():")["input_ids"]
+        full = model.generate_batch([prompt], GenerationConfig(max_new_tokens=24, do_sample=False))["req_0"]
+        text = tok.decode(full.generated_tokens)
+        stop = text.strip()[:2]
+        config = GenerationConfig(max_new_tokens=24, do_sample=False, stop_strings=[stop])
+        out = model.generate_batch([prompt], config, tokenizer=tok)["req_0"]
+        assert out.finish_reason == "stop" and stop in tok.decode(out.generated_tokens)
+        assert len(out.generated_tokens) < len(full.generated_tokens)
+    finally:
+        hf_paged.unwrap(model)
