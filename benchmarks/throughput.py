@@ -3,7 +3,7 @@
 Compares, on a small random Llama (fp32, CPU by default), greedy decoding of the same requests with:
   1. wrapped `generate_batch` (hf_paged engine: packed ragged batches, chunked prefill, per-request lengths);
   2. stock `generate` on the whole batch, left-padded;
-  3. stock `generate` in left-padded batches of 8 (prompts in input order);
+  3. stock `generate` in left-padded batches of 8 (prompts in input order, and sorted by length: less padding);
   4. transformers' built-in `generate_batch` (explicit small cache config: its default sizing takes minutes on CPU).
 Each request wants its own number of new tokens (64-256 by default). Stock `generate` and transformers'
 `generate_batch` take one `max_new_tokens` per call, so they run to the batch's largest and the surplus is cut:
@@ -15,6 +15,7 @@ the methods interleaved; wall seconds are printed beside it.
 
     python benchmarks/throughput.py            # the full workload (several minutes on 2 CPU cores)
     python benchmarks/throughput.py --quick --repeats 2    # a smaller one
+    python benchmarks/throughput.py --workload gqa6        # 40 prompts of 16-900 tokens, a 6-layer GQA Llama
 """
 
 from __future__ import annotations
@@ -33,10 +34,10 @@ from benchmarks.common import machine, print_table  # noqa: E402
 from hf_paged.workloads import left_pad, ragged  # noqa: E402
 
 
-def small_llama(vocab: int, hidden: int, layers: int) -> LlamaForCausalLM:
+def small_llama(vocab: int, hidden: int, layers: int, kv_heads: int = 4) -> LlamaForCausalLM:
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=hidden * 11 // 4,
-                         num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4,
+                         num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=kv_heads,
                          max_position_embeddings=2048, eos_token_id=None, bos_token_id=1, pad_token_id=0)
     model = LlamaForCausalLM(config).eval()
     model.config._attn_implementation = "sdpa"
@@ -46,14 +47,17 @@ def small_llama(vocab: int, hidden: int, layers: int) -> LlamaForCausalLM:
 
 
 @torch.inference_mode()
-def stock_batches(model, prompts, wants, batch_size):
-    outs = []
-    for start in range(0, len(prompts), batch_size):
-        chunk = prompts[start:start + batch_size]
-        ids, mask = left_pad(chunk)
-        out = model.generate(ids, attention_mask=mask, do_sample=False,
-                             max_new_tokens=max(wants[start:start + batch_size]))
-        outs.extend(out[i, ids.shape[1]:ids.shape[1] + w].tolist() for i, w in enumerate(wants[start:start + batch_size]))
+def stock_batches(model, prompts, wants, batch_size, by_length: bool = False):
+    """Stock `generate` in left-padded batches of `batch_size`, in input order or, with `by_length`, with prompts
+    sorted by length first (the usual trick to cut padding); outputs in input order."""
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i])) if by_length else list(range(len(prompts)))
+    outs: list = [None] * len(prompts)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start:start + batch_size]
+        ids, mask = left_pad([prompts[i] for i in chunk])
+        out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=max(wants[i] for i in chunk))
+        for row, i in enumerate(chunk):
+            outs[i] = out[row, ids.shape[1]:ids.shape[1] + wants[i]].tolist()
     return outs
 
 
@@ -78,6 +82,8 @@ def timed(fn) -> tuple[float, float, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="32 prompts of 8-400 tokens, 32-96 new tokens")
+    parser.add_argument("--workload", choices=["default", "gqa6"], default="default",
+                        help="gqa6: 40 prompts of 16-900 tokens, 16-160 new, a 6-layer Llama with 2 KV heads")
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--budget", type=int, default=512, help="hf_paged max_num_batched_tokens")
@@ -87,17 +93,22 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1, help="best of N by process CPU time, methods interleaved")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    kv_heads = 4
     if args.quick:
         work = ragged(num_prompts=32, max_len=400, min_new=32, max_new=96, seed=0)
+    elif args.workload == "gqa6":  # a workload the defaults were not tuned on: other lengths, depth, GQA ratio
+        work = ragged(num_prompts=40, min_len=16, max_len=900, min_new=16, max_new=160, seed=1)
+        args.layers, kv_heads = 6, 2
     else:
         work = ragged(num_prompts=64, max_len=1000, min_new=64, max_new=256, seed=0)
     prompts, wants = work.prompts, work.max_new_tokens
     useful = sum(wants)
-    model = small_llama(1000, args.hidden, args.layers)
+    model = small_llama(1000, args.hidden, args.layers, kv_heads)
     print(f"machine: {machine()}")
     print(f"workload: {len(prompts)} prompts, {sum(map(len, prompts))} prompt tokens "
           f"({min(map(len, prompts))}-{max(map(len, prompts))}), {useful} new tokens wanted "
-          f"({min(wants)}-{max(wants)}); model: Llama hidden {args.hidden} x {args.layers} layers, fp32")
+          f"({min(wants)}-{max(wants)}); model: Llama hidden {args.hidden} x {args.layers} layers, 8 heads / "
+          f"{kv_heads} KV heads, fp32")
 
     def ours():
         hf_paged.wrap(model, hf_paged.PagedConfig(block_size=16, max_num_batched_tokens=args.budget, max_num_seqs=64))
@@ -114,7 +125,9 @@ def main() -> None:
     methods = {"hf_paged generate_batch": ours,
                "stock generate, whole batch padded": lambda: timed(lambda: stock_batches(model, prompts, wants,
                                                                                           len(prompts))),
-               "stock generate, batches of 8": lambda: timed(lambda: stock_batches(model, prompts, wants, 8))}
+               "stock generate, batches of 8": lambda: timed(lambda: stock_batches(model, prompts, wants, 8)),
+               "stock generate, batches of 8 sorted by length": lambda: timed(
+                   lambda: stock_batches(model, prompts, wants, 8, by_length=True))}
     if not args.skip_hf:
         methods["transformers generate_batch"] = lambda: timed(lambda: hf_generate_batch(model, prompts, wants,
                                                                                          args.budget))

@@ -130,7 +130,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     on_step = make_streamer_hook(streamer, input_ids, submission.all_ids, pad_token_id)
     replay = None
     if criteria is not None:
-        replay = LockstepCriteria(criteria, rows, submission.all_ids, pad_token_id,
+        replay = LockstepCriteria(criteria, rows, submission.all_ids, pad_token_id, max_new_tokens,
                                   lambda ids: engine.loop.abort(*ids))
         on_step = replay.on_step
     outputs = submission.result(on_step)

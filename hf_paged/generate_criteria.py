@@ -27,9 +27,11 @@ class LockstepCriteria:
     """Replays stock's stopping checks over the engine's steps for one `generate` call (see the module doc)."""
 
     def __init__(self, criteria, input_ids: torch.Tensor, order: Sequence[str], pad_token_id: int,
-                 abort: Callable[[list[str]], None]) -> None:
+                 max_new_tokens: int, abort: Callable[[list[str]], None]) -> None:
         self.criteria = criteria
-        self.prompt = input_ids  # [rows, padded prompt length]
+        self.prompt_len = input_ids.shape[1]
+        # stock's input_ids, grown a column a step: [rows, padded prompt + max_new_tokens], viewed up to step k
+        self.ids = torch.cat([input_ids, input_ids.new_full((input_ids.shape[0], max_new_tokens), pad_token_id)], 1)
         self.row_of = {rid: i for i, rid in enumerate(order)}
         self.order = list(order)
         self.pad = pad_token_id
@@ -39,7 +41,7 @@ class LockstepCriteria:
         self.tokens: list[list[int]] = [[] for _ in order]
         self.ended = [False] * len(order)  # the engine ended the row (EOS, its length, or our abort)
         self.done_at: list[int | None] = [None] * len(order)  # the stock step after which the row is finished
-        self.columns: list[list[int]] = []  # column k: every row's token of step k + 1, as stock has it
+        self.num_steps = 0  # stock steps replayed so far
         self.aborted: set[str] = set()
 
     @property
@@ -56,20 +58,20 @@ class LockstepCriteria:
 
     def _step_ready(self) -> bool:
         """Every row stock would still extend has its next token (or the engine ended it)."""
-        k = len(self.columns)
+        k = self.num_steps
         return all(len(t) > k or e for t, e, d in zip(self.tokens, self.ended, self.done_at)
                    if d is None or not self.pads_finished)
 
     def _run_step(self) -> None:
-        k = len(self.columns)
+        k = self.num_steps
         column = []
         for i, toks in enumerate(self.tokens):
             stopped = self.done_at[i] is not None and self.pads_finished
             column.append(self.pad if stopped or k >= len(toks) else toks[k])
-        self.columns.append(column)
-        new = torch.tensor(self.columns, dtype=self.prompt.dtype, device=self.prompt.device).T
+        self.ids[:, self.prompt_len + k] = torch.tensor(column, dtype=self.ids.dtype)
+        self.num_steps = k + 1
         try:
-            done = self.criteria(torch.cat([self.prompt, new], dim=1), None)
+            done = self.criteria(self.ids[:, : self.prompt_len + k + 1], None)
         except Exception as exc:  # the caller's code: name it, end only this call's requests
             self.abort([rid for rid, e in zip(self.order, self.ended) if not e])
             names = ", ".join(type(c).__name__ for c in self.criteria)
@@ -95,4 +97,4 @@ class LockstepCriteria:
         the last step when rows keep their real tokens."""
         if self.pads_finished and self.done_at[row] is not None:
             return tokens[: self.done_at[row]]
-        return tokens[: len(self.columns)]
+        return tokens[: self.num_steps]
