@@ -81,6 +81,11 @@ class LockstepCriteria:
         done = [bool(d) for d in torch.as_tensor(done).reshape(-1).tolist()]
         if len(done) == 1 and len(self.order) > 1:
             done = done * len(self.order)
+        if len(done) != len(self.order):
+            self.abort([rid for rid, e in zip(self.order, self.ended) if not e])
+            raise StoppingCriterionError(
+                f"the stopping criteria returned {len(done)} values for {len(self.order)} rows; return one bool per "
+                "row of input_ids (or one for all)")
         for i, is_done in enumerate(done):
             if is_done and self.done_at[i] is None:
                 self.done_at[i] = k + 1

@@ -30,6 +30,11 @@ class StopAfterToken(StoppingCriteria):
         return torch.tensor(out, dtype=torch.bool, device=input_ids.device)
 
 
+class WrongShape(StoppingCriteria):
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.zeros(input_ids.shape[0] + 1, dtype=torch.bool)
+
+
 class Boom(StoppingCriteria):
     def __call__(self, input_ids, scores, **kwargs):
         raise ZeroDivisionError("criterion bug")
@@ -100,6 +105,9 @@ def test_a_criterion_that_raises_is_named_and_leaves_the_engine_usable():
         with pytest.raises(StoppingCriterionError, match="Boom.*ZeroDivisionError: criterion bug"):
             model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
                            stopping_criteria=StoppingCriteriaList([Boom()]))
+        with pytest.raises(StoppingCriterionError, match="WrongShape.*must match the size"):
+            model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False,
+                           stopping_criteria=StoppingCriteriaList([WrongShape()]))
         engine = hf_paged.engine_of(model)
         out = model.generate(ids, attention_mask=mask, max_new_tokens=8, do_sample=False)
         assert out.shape == (len(LENGTHS), ids.shape[1] + 8)
