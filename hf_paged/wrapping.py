@@ -45,7 +45,8 @@ def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides:
             tensor-parallel model. Also a `ValueError` and a `TypeError`.
         ValueError, TypeError: an override value that `PagedConfig` rejects (the message names the field).
 
-    Nothing is allocated here. The first `generate` / `generate_batch` (or `engine_of`) builds the engine and
+    Nothing is allocated here (on a CPU fp32 model the attention kernels start loading: numba is imported now, the
+    rest happens in a background thread). The first `generate` / `generate_batch` (or `engine_of`) builds the engine and
     its KV pool and raises `InvalidConfigError` for a pool larger than the device's memory; `generate` raises
     `InvalidPromptError` / `PromptTooLongError` for bad prompts, `generate_batch` `InvalidPromptError` for ids
     outside the vocabulary (see `hf_paged.errors`).
@@ -82,11 +83,24 @@ def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides:
 
     check_tensor_parallel(model, config)  # a tp_plan model: what the engine cannot run with it is refused here
 
+    _prepare_cpu_kernels(model, config)
     saved = {name: model.__dict__.get(name, _MISSING) for name in _PATCHED}
     object.__setattr__(model, _STATE_ATTR, _WrapState(config, saved))
     model.__dict__["generate"] = MethodType(paged_generate, model)
     model.__dict__["generate_batch"] = MethodType(paged_generate_batch, model)
     return model
+
+
+def _prepare_cpu_kernels(model: torch.nn.Module, config: PagedConfig) -> None:
+    """A CPU fp32 model's attention kernels start loading now (numba imported here, the rest in the background),
+    so the first request neither waits for them nor shares the GIL with their imports."""
+    param = next(model.parameters(), None)
+    if (param is None or param.device.type != "cpu" or param.dtype != torch.float32
+            or config.attention_backend != "auto"):
+        return
+    from hf_paged.cache.kernels import cpu_warm
+
+    cpu_warm.prepare([cpu_warm.variant_for(config)])
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_paged.background_compile import Outcome, compile_in_child
-from hf_paged.cache.compression.formats import BlockFormat
+from hf_paged.background_compile import Outcome, compile_in_child, yielding_gil
+from hf_paged.cache.compression.formats import BlockFormat, formats_for
 from hf_paged.cache.kernels.cpu_launch import CpuLaunch, kernel_launch, parallel_layer_ok, plan_cpu_attention
 from hf_paged.cache.kernels.quantized import FullPrecisionTail, QuantizedKV
 
-__all__ = ["PLAIN", "KernelVariant", "compile_here", "in_cache", "prepare", "ready_variants", "variant_of", "wait",
-           "warm_launches"]
+__all__ = ["PLAIN", "KernelVariant", "compile_here", "in_cache", "prepare", "ready_variants", "variant_for",
+           "variant_of", "wait", "warm_launches"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +72,7 @@ def prepare(variants: Iterable[KernelVariant]) -> None:
     mode = os.environ.get("HF_PAGED_JIT", "background")
     if mode == "off":
         return
+    _import_kernels()
     with _lock:
         new = [v for v in dict.fromkeys(variants) if v not in _started]
         for v in new:
@@ -80,6 +81,21 @@ def prepare(variants: Iterable[KernelVariant]) -> None:
         threading.Thread(target=_load, args=(new,), name="hf_paged-cpu-kernels", daemon=True).start()
     if mode == "now":
         wait(variants)
+
+
+def variant_for(config) -> KernelVariant:
+    """The variant an engine of this `PagedConfig` will call (the cache's own formats decide; see `PagedCache`)."""
+    key, value = formats_for(config.key_dtype, config.value_dtype, config.value_quant_group, config.kv_scale_format)
+    return variant_of(key, value) if key.is_quantized or value.is_quantized else PLAIN
+
+
+def _import_kernels() -> None:
+    """numba and the kernel modules, imported on the caller's thread (~0.4 s, once per process) when a CPU cache
+    or a wrap asks for kernels: an import holds the GIL throughout, so in a background loader it would stall the
+    request running meanwhile by as long (measured: one forward of the embedded model waited 388 ms)."""
+    from hf_paged.cache.kernels import cpu_attention, cpu_quantized  # noqa: F401
+
+    parallel_layer_ok()
 
 
 def wait(variants: Iterable[KernelVariant], timeout: float | None = None) -> bool:
@@ -140,6 +156,11 @@ def compile_here(encoded: str) -> None:
 
 
 def _load(variants: list[KernelVariant]) -> None:
+    with yielding_gil():
+        _load_variants(variants)
+
+
+def _load_variants(variants: list[KernelVariant]) -> None:
     global _ready_snapshot
     try:
         parallel = parallel_layer_ok()
