@@ -137,6 +137,7 @@ def parallel_layer_ok() -> bool:
 
         if os.environ.get("NUMBA_THREADING_LAYER") is None:
             numba.config.THREADING_LAYER = "threadsafe"
+        torch_threads = torch.get_num_threads()
         try:
             from hf_paged.cache.kernels.cpu_attention import attend_plain_parallel  # noqa: F401
 
@@ -144,6 +145,8 @@ def parallel_layer_ok() -> bool:
             _parallel_ok = numba.threading_layer() in ("tbb", "omp")
         except (ValueError, RuntimeError):
             _parallel_ok = False
+        finally:  # numba's OpenMP layer starts the OpenMP runtime torch shares: its thread count is reset there
+            torch.set_num_threads(torch_threads)
     return _parallel_ok
 
 
