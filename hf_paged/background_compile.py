@@ -23,7 +23,6 @@ import sys
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,32 +47,6 @@ class Outcome(enum.Enum):
 class ChildResult:
     outcome: Outcome
     detail: str = ""  # the end of the child's stderr when it failed
-
-
-_yield_lock = threading.Lock()
-_yielding = 0  # loader threads inside `yielding_gil`
-_saved_interval = 0.0
-
-
-@contextmanager
-def yielding_gil(interval_s: float = 0.0005):
-    """Run a background loader (imports, cache loads: Python work that holds the GIL) while handing the GIL back
-    to other threads every `interval_s` instead of Python's 5 ms: a caller's thread between two torch ops waits
-    for the GIL at most that long, so its first requests barely notice the loader (one measured first request on
-    the embedded model: 0.79 s with Python's interval, 0.22 s with no loader at all)."""
-    global _yielding, _saved_interval
-    with _yield_lock:
-        if _yielding == 0:
-            _saved_interval = sys.getswitchinterval()
-            sys.setswitchinterval(min(interval_s, _saved_interval))
-        _yielding += 1
-    try:
-        yield
-    finally:
-        with _yield_lock:
-            _yielding -= 1
-            if _yielding == 0:
-                sys.setswitchinterval(_saved_interval)
 
 
 def lock_path() -> Path:

@@ -90,10 +90,9 @@ class LockstepCriteria:
             if is_done and self.done_at[i] is None:
                 self.done_at[i] = k + 1
         # stock ends a finished row's engine work when it pads it; otherwise every row runs until all are done
-        to_abort = [i for i, d in enumerate(self.done_at) if d is not None and not self.ended[i]
-                    and (self.pads_finished or self.finished)]
-        if to_abort:
-            ids = [self.order[i] for i in to_abort]
+        ids = [self.order[i] for i, d in enumerate(self.done_at) if d is not None and not self.ended[i]
+               and self.order[i] not in self.aborted and (self.pads_finished or self.finished)]
+        if ids:
             self.aborted.update(ids)
             self.abort(ids)
 

@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hf_paged.background_compile import Outcome, compile_in_child, yielding_gil
+from hf_paged.background_compile import Outcome, compile_in_child
 
 __all__ = ["Kernel", "helper", "is_compiled", "kernel", "start", "wait", "warm_up"]
 
@@ -123,7 +123,7 @@ def start() -> None:
         return
     with _LOCK:
         if _thread is None:
-            _thread = threading.Thread(target=_load_in_background, name="hf_paged-jit", daemon=True)
+            _thread = threading.Thread(target=_load_all, name="hf_paged-jit", daemon=True)
             _thread.start()
     if mode == "now":
         _DONE.wait()
@@ -163,11 +163,6 @@ def _cached(dispatcher: Any) -> bool:
         return bool(dispatcher._cache._cache_file._load_index())
     except Exception:  # noqa: BLE001 -- internal API: be conservative
         return False
-
-
-def _load_in_background() -> None:
-    with yielding_gil():
-        _load_all()
 
 
 def _load_all() -> None:

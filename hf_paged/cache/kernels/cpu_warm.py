@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_paged.background_compile import Outcome, compile_in_child, yielding_gil
+from hf_paged.background_compile import Outcome, compile_in_child
 from hf_paged.cache.compression.formats import BlockFormat, formats_for
 from hf_paged.cache.kernels.cpu_launch import CpuLaunch, kernel_launch, parallel_layer_ok, plan_cpu_attention
 from hf_paged.cache.kernels.quantized import FullPrecisionTail, QuantizedKV
@@ -69,10 +69,16 @@ def ready_variants() -> frozenset[KernelVariant]:
 
 def prepare(variants: Iterable[KernelVariant]) -> None:
     """Make the variants ready in a background thread (idempotent; returns at once unless `HF_PAGED_JIT=now`)."""
+    variants = list(variants)
     mode = os.environ.get("HF_PAGED_JIT", "background")
     if mode == "off":
         return
-    _import_kernels()
+    try:
+        _import_kernels()
+    except Exception as exc:  # noqa: BLE001 -- no numba or no compiler here: the torch path serves
+        logger.warning("hf_paged: the CPU attention kernels are unavailable (%s: %s); attention runs on torch",
+                       type(exc).__name__, exc)
+        return
     with _lock:
         new = [v for v in dict.fromkeys(variants) if v not in _started]
         for v in new:
@@ -156,11 +162,6 @@ def compile_here(encoded: str) -> None:
 
 
 def _load(variants: list[KernelVariant]) -> None:
-    with yielding_gil():
-        _load_variants(variants)
-
-
-def _load_variants(variants: list[KernelVariant]) -> None:
     global _ready_snapshot
     try:
         parallel = parallel_layer_ok()
