@@ -55,8 +55,10 @@ def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, e
         return "contrastive search"
     if generation_config.guidance_scale not in (None, 1, 1.0):
         return "classifier-free guidance"
-    if extra.get("stopping_criteria") and extra.get("streamer") is not None:
-        return "custom stopping_criteria with a streamer"  # (criteria may cut back tokens already streamed)
+    stops = (extra.get("stopping_criteria") or generation_config.stop_strings is not None
+             or generation_config.max_time is not None)
+    if stops and extra.get("streamer") is not None:
+        return "stopping criteria with a streamer"  # (replayed criteria may cut back tokens already streamed)
     if extra.get("prefix_allowed_tokens_fn") is not None:
         return "prefix_allowed_tokens_fn"
     if extra.get("custom_generate") is not None or extra.get("synced_gpus"):
@@ -80,15 +82,14 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
 
     stock = type(model).generate.__get__(model)
     extra = {"stopping_criteria": stopping_criteria, "prefix_allowed_tokens_fn": prefix_allowed_tokens_fn,
-             "synced_gpus": synced_gpus, "assistant_model": assistant_model, "custom_generate": custom_generate,
-             "streamer": streamer}
+             "synced_gpus": synced_gpus, "assistant_model": assistant_model, "custom_generate": custom_generate}
     input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
     if input_ids is None or "inputs_embeds" in kwargs or kwargs.get("cache") is not None \
             or kwargs.get("past_key_values") is not None or negative_prompt_ids is not None:
         return _fallback(stock, "inputs_embeds / an explicit cache / no input_ids", inputs, generation_config,
                          logits_processor, streamer, extra, kwargs, negative_prompt_ids, negative_prompt_attention_mask)
     gen_config, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
-    reason = _fallback_reason(model, gen_config, model_kwargs, extra)
+    reason = _fallback_reason(model, gen_config, model_kwargs, {**extra, "streamer": streamer})
     if reason is not None:
         return _fallback(stock, reason, input_ids, generation_config, logits_processor, streamer, extra, kwargs,
                          negative_prompt_ids, negative_prompt_attention_mask)
@@ -149,7 +150,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
         warnings.warn(f"hf_paged: row(s) {cut} of this generate reached max_new_tokens={gen_config.max_new_tokens} "
                       "before their constrained document was complete, so their text will not parse; raise "
                       "max_new_tokens (or set SamplingParams.max_retries with generate_batch)",
-                      IncompleteDocumentWarning, stacklevel=3)
+                      IncompleteDocumentWarning, stacklevel=2)
     return assemble_generate_output(
         rows, ordered, gen_config, pad_token_id, factory.vocab_size,
         scores=[o.scores or [] for o in ordered], logits=[o.logits or [] for o in ordered],

@@ -133,3 +133,17 @@ def test_generate_batch_takes_stop_strings_with_a_tokenizer():
         assert len(out.generated_tokens) < len(full.generated_tokens)
     finally:
         hf_paged.unwrap(model)
+
+
+def test_stop_strings_with_a_streamer_fall_back_to_stock():
+    from transformers import TextStreamer
+
+    model, tok = hf_paged.default_model()
+    hf_paged.wrap(model)
+    try:
+        batch = tok(["def main():"], return_tensors="pt")
+        with pytest.warns(PagedFallbackWarning, match="stopping criteria with a streamer"):
+            model.generate(**batch, max_new_tokens=8, stop_strings=["\n"], tokenizer=tok,
+                           streamer=TextStreamer(tok))
+    finally:
+        hf_paged.unwrap(model)
