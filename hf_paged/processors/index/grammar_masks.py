@@ -15,7 +15,8 @@ and a state's mask is `within`'s words, plus the bits of the stops walked on in 
 (`TrieWalk.continue_pairs`: the closing quote and what follows it) and of the few tokens longer than LOOKAHEAD
 walked one by one from the state itself (72 with GPT-2): no walk of the vocabulary trie. A class's first state
 takes its string-body plan instead when it has one (cheaper than a walk, and most classes are met once); the
-classes themselves are computed with the automaton (`prepare`, compile time: ~3 ms per 1000 rule states).
+classes of a rule are computed when decoding meets its wide states a second time (~3 ms per 1000 rule states; at
+compile time, for every rule, they were a quarter of a real-world schema's compile).
 
 Measured on MaskBench's Github_hard---o21072 (word-count patterns under `maxLength`: a new rule state per token):
 its first visits over 500 us went from 85 to 32 of 261 tokens.
@@ -77,19 +78,9 @@ class GrammarMasks:
         self._walks: OrderedDict[tuple[int, bool, int], _ClassWalk] = OrderedDict()
         self._walk_bytes = 0
         self._seen: dict[tuple[int, bool, int], int] = {}  # wide states met per class
+        self._rule_seen: dict[tuple[int, bool], int] = {}  # wide states met per rule before its classes exist
         self._long = _long_tokens(trie)
         self._lock = threading.Lock()
-
-    def prepare(self) -> None:
-        """The lookahead classes and closed key states (`closed_states`) of every rule with a wide state, now
-        (compile time) rather than on a decoding step: the root uncalled, the others called (a root called again
-        by recursion: on first need)."""
-        for rule_index in range(len(self.dfa.rules)):
-            if not self.walk.rule_narrow(rule_index).all():
-                called = rule_index > 0
-                inside = self.dfa.inside_mask(rule_index, called)
-                self.classes(rule_index, called, inside)
-                self.walk.closed_of(rule_index, called, inside)
 
     def mask(self, state: int, final: bool, build: Callable[[object, bool], object],
              planned: Callable[[int], object | None]) -> object | None:
@@ -97,12 +88,20 @@ class GrammarMasks:
         for any other state (the automaton's own walk decides).
 
         A class's first state takes `planned(state)` (a string body's plan: cheap, but per state) when there is
-        one; from its second on (the counted states that keep meeting the class) the class's shared walk.
+        one; from its second on (the counted states that keep meeting the class) the class's shared walk. The
+        classes themselves wait for a rule's second wide state with no plan of its own (most rules of a schema are
+        met once, or never: their classes, ~3 ms per 1000 rule states, would be work for nothing at compile time).
         """
         view = self.dfa.inside_view(state)
         if view is None or self.walk.is_narrow(state):
             return None
         base, rule_index, called, rule_state, inside = view.base, view.rule, view.called, view.rule_state, view.inside
+        if (rule_index, called) not in self._classes:
+            met = self._rule_seen[rule_index, called] = self._rule_seen.get((rule_index, called), 0) + 1
+            if met < 2:
+                found = planned(state)
+                if found is not None:
+                    return build(found, final)
         classes = self.classes(rule_index, called, inside)
         key = (rule_index, called, int(classes[rule_state]))
         shared = self._walks.get(key)

@@ -133,9 +133,7 @@ class TokenIndex:
         if max_units > 0:
             # string bodies: the automaton-wide facts first, outside the budget (~0.7 us a state, a few percent of
             # building the automaton; inside it, a 10k-state automaton would have no budget left for masks)
-            self._walk.prepare()
-            if self._grammar is not None:  # a grammar's lookahead classes (~3 ms per 1000 rule states)
-                self._grammar.prepare()
+            self._walk.prepare()  # (a grammar's lookahead classes wait for decoding: `GrammarMasks.mask`)
         units, num_warmed = 0, 0
         if self.dfa.lazy:  # states are named as walks reach them, nearest the start first: warm in that order
             state = self.dfa.initial
