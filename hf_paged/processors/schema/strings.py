@@ -88,9 +88,19 @@ FORMATS: dict[str, str] = {
 UNSUPPORTED_FORMATS: frozenset[str] = frozenset()
 
 
-@lru_cache(maxsize=512)
 def _parsed(pattern: str, where: str) -> Node:
-    return parse_pattern(pattern, where)
+    """`parse_pattern`, memoised by the pattern alone: `where` only names the place in an error, and a schema repeats
+    its patterns (and formats' patterns) at many places. A refused pattern is parsed again, so its error names
+    `where`."""
+    try:
+        return _parsed_pattern(pattern)
+    except Exception:  # noqa: BLE001 -- (re-raised by the parse below, naming this place)
+        return parse_pattern(pattern, where)
+
+
+@lru_cache(maxsize=512)
+def _parsed_pattern(pattern: str) -> Node:
+    return parse_pattern(pattern, "")
 
 
 def quoted(body: Rx | None) -> Rx | None:
