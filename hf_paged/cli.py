@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--schema", default=None, help="JSON-schema file constraining every output")
     gen.add_argument("--max-new-tokens", type=int, default=64)
     gen.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    sub.add_parser("eval", help="lm-evaluation-harness on the paged engine: `lm-eval run --model hf ...` becomes "
+                                "`hf-paged eval ...` (needs hf_paged[eval]; `hf-paged eval --help`)")
     serve = sub.add_parser("serve", help="an OpenAI-compatible HTTP server over one engine (needs hf_paged[serve])")
     from hf_paged.serving.server import add_serve_arguments
 
@@ -59,7 +61,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from hf_paged.errors import HfPagedError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        if argv[:1] == ["eval"]:  # lm-eval's own arguments, parsed by lm-eval
+            from hf_paged.cli_eval import run_eval
+
+            return run_eval(argv[1:])
         return _run(build_parser().parse_args(argv))
     except (CliError, HfPagedError) as exc:
         print(f"hf-paged: error: {' '.join(str(exc).split())}", file=sys.stderr)

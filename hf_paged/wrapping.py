@@ -18,7 +18,7 @@ from hf_paged.cache.model_support import check_supported  # noqa: F401 -- also p
 from hf_paged.wrap_state import _MISSING, _STATE_ATTR, _WrapState, engine_of, is_wrapped  # noqa: F401
 from hf_paged.errors import InvalidConfigError, UnsupportedModelError
 
-_PATCHED = ("generate", "generate_batch")
+_PATCHED = ("generate", "generate_batch", "loglikelihood", "loglikelihood_rolling")
 _CONFIG_FIELDS = {f.name for f in fields(PagedConfig)}
 
 
@@ -80,6 +80,7 @@ def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides:
     check_supported(model)
     from hf_paged.distributed.tensor_parallel import check_tensor_parallel
     from hf_paged.generate import paged_generate, paged_generate_batch
+    from hf_paged.scoring import loglikelihood, loglikelihood_rolling
 
     check_tensor_parallel(model, config)  # a tp_plan model: what the engine cannot run with it is refused here
 
@@ -88,6 +89,8 @@ def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides:
     object.__setattr__(model, _STATE_ATTR, _WrapState(config, saved))
     model.__dict__["generate"] = MethodType(paged_generate, model)
     model.__dict__["generate_batch"] = MethodType(paged_generate_batch, model)
+    model.__dict__["loglikelihood"] = MethodType(loglikelihood, model)
+    model.__dict__["loglikelihood_rolling"] = MethodType(loglikelihood_rolling, model)
     return model
 
 

@@ -22,7 +22,7 @@ SKIPPED = {
 }
 # `path = "..."` names the user's model (a hub id): the embedded model stands in for it, offline.
 _PATH_LINE = re.compile(r'^path = "[^"\n]*"', re.MULTILINE)
-FINISH_REASONS = ("stop", "length", "length_incomplete", "abort", "error")  # every value the engine sets
+FINISH_REASONS = ("stop", "length", "length_incomplete", "scored", "abort", "error")  # every value the engine sets
 
 
 def python_blocks(text: str) -> list[str]:

@@ -30,6 +30,7 @@ from hf_paged.batching.request import Failure, Request, RequestOutput, RequestSt
 from hf_paged.batching.request_ids import RequestIds
 from hf_paged.batching.sampler import Sampler
 from hf_paged.batching.sampling import SamplingParams
+from hf_paged.batching.score_rows import record_scores
 from hf_paged.batching.scheduler import Scheduler, SchedulerOutput
 from hf_paged.batching.speculative import DraftRows, Speculator
 from hf_paged.batching.step_inputs import build_step_inputs
@@ -153,7 +154,19 @@ class Engine:
         bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
         if bad:
             return InvalidPromptError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-        if len(prompt_ids) >= self.max_model_len:
+        targets = params.score_targets
+        if targets is not None:
+            if len(targets) > len(prompt_ids) or list(prompt_ids[len(prompt_ids) - len(targets) + 1:]) != targets[:-1]:
+                return InvalidPromptError(
+                    f"{len(targets)} score_targets do not fit a prompt of {len(prompt_ids)} tokens: the prompt must "
+                    "end with all targets but the last (hf_paged.scoring builds such requests)"
+                )
+            if len(prompt_ids) > self.max_model_len:
+                return PromptTooLongError(
+                    f"scored sequence of {len(prompt_ids) + 1} tokens (context + continuation) exceeds the model's "
+                    f"maximum of {self.max_model_len} positions by more than one: cut the context from the left"
+                )
+        elif len(prompt_ids) >= self.max_model_len:
             return PromptTooLongError(
                 f"prompt of {len(prompt_ids)} tokens leaves no room to generate within the model's maximum of "
                 f"{self.max_model_len} positions: shorten it"
@@ -249,6 +262,13 @@ class Engine:
             if self.kv.has_uncached_full_blocks(request.request_id, request.num_computed_tokens):
                 tokens = self.pruner.cacheable_tokens(request, request.all_token_ids[: request.num_computed_tokens])
                 self.kv.cache_full_blocks(request.request_id, tokens, self._extra_keys(request))
+        if inputs.scored:  # scoring rows come after the sampled ones; a request whose prompt is done has ended
+            num_sampled_rows = len(logits) - sum(rows.count for rows in inputs.scored)
+            record_scores(inputs.scored, logits[num_sampled_rows:])
+            logits = logits[:num_sampled_rows]
+            for rows in inputs.scored:
+                if rows.request.num_computed_tokens == rows.request.num_tokens:
+                    self.lifecycle.finish(rows.request, "scored")
         sampled, drafted = inputs.sampled_requests, None
         if any(inputs.num_draft_tokens):  # speculating decodes have 1 + k rows each: verified apart
             split = self.speculator.split(inputs, logits)

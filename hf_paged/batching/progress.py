@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def progress_hook(engine, num_requests: int, *, enabled: bool):
+def progress_hook(engine, num_requests: int, *, enabled: bool, verb: str = "Generating"):
     """Yields an `on_step` callback for `Engine.run` (None when disabled)."""
     if not enabled:
         yield None
@@ -16,7 +16,7 @@ def progress_hook(engine, num_requests: int, *, enabled: bool):
 
     start = time.perf_counter()
     tokens = 0
-    with tqdm(total=num_requests, desc=f"Generating {num_requests} requests", unit="req") as bar:
+    with tqdm(total=num_requests, desc=f"{verb} {num_requests} requests", unit="req") as bar:
 
         def on_step(step) -> None:
             nonlocal tokens

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import pickle
 import time
 from dataclasses import dataclass, field, fields
@@ -122,11 +123,23 @@ class Request:
     seed: int | None = None  # a fork's or a retry's own seed (None: the request's own `params.seed`)
     resample_checks: list[Any] | None = None  # constraint_mode="resample": the constraints asked per token ([]:
     # masked as usual); None until its first sampled row (constraint_modes.resample_checks)
+    # scoring (params.score_targets): each target's log-probability and whether it was the argmax, by index
+    score_logprobs: list[float] | None = None
+    score_greedy: list[bool] | None = None
     # params.logits_processors sorted once into constraints and stock row processors (constraint_protocol.py)
     processors: RequestProcessors = field(init=False)
 
     def __post_init__(self) -> None:
         self.processors = RequestProcessors.of(self.params.logits_processors)
+        if self.params.score_targets is not None:
+            n = len(self.params.score_targets)
+            self.score_logprobs, self.score_greedy = [math.nan] * n, [False] * n
+
+    @property
+    def score_start(self) -> int | None:
+        """Scoring: the first prompt position whose logits are read (None for a generating request)."""
+        targets = self.params.score_targets
+        return None if targets is None else len(self.prompt_ids) - len(targets)
 
     def generator_on(self, device: torch.device) -> torch.Generator | None:
         """The request's random generator, on `device` (where the probabilities it samples live: a CPU generator
@@ -176,6 +189,8 @@ class Request:
             num_accepted_tokens=self.num_accepted_tokens,
             num_masks_computed=self.num_masks_computed,
             attempts=list(self.attempts) if self.attempts else None,
+            score_logprobs=None if self.score_logprobs is None else list(self.score_logprobs),
+            score_greedy=None if self.score_greedy is None else list(self.score_greedy),
         )
 
 
@@ -189,7 +204,7 @@ class RequestOutput:
     status: RequestStatus
     error: str | None = None
     finish_reason: str | None = None  # "stop", "length", "length_incomplete" (a constrained document cut short),
-    # "abort", "error"
+    # "scored" (a scoring request, SamplingParams.score_targets), "abort", "error"
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     created_time: float = 0.0
     lifespan: tuple[float, float] = (-1.0, -1.0)  # (first token time, finish time)
@@ -202,6 +217,8 @@ class RequestOutput:
     attempts: list[RetryAttempt] | None = None  # max_retries >= 1: every run, in order (the last is this output)
     error_type: type[BaseException] | None = None  # FAILED: the class of the exception behind `error` (a typed
     # `hf_paged.errors` class, a user processor's own exception, ...; `RequestFailedError` when none was raised)
+    score_logprobs: list[float] | None = None  # scoring: each of params.score_targets' log-probability
+    score_greedy: list[bool] | None = None  # scoring: whether each target was the argmax of its row
 
     def __getstate__(self) -> list:
         # outputs cross processes (distributed gathers, Ray): an exception class defined in a function does not

@@ -43,6 +43,10 @@ class SamplingParams:
         validator: `validator(text) -> bool`, called on each attempt that ended normally (text decoded with
             `tokenizer`, else with the constraint's vocabulary; the token ids when neither exists). Default: JSON
             Schema validation for a `JSONSchemaLogitsProcessor` request, else only `length_incomplete` retries.
+        score_targets: scoring instead of generating (`hf_paged.scoring`): n token ids whose log-probabilities are
+            read at the prompt's last n positions (target i is the token after position len(prompt) - n + i, so the
+            first n - 1 targets are the prompt's own last n - 1 tokens); the request ends once its prompt is
+            computed, with `RequestOutput.score_logprobs` / `score_greedy`, and generates nothing.
 
     Example:
         >>> SamplingParams(max_new_tokens=8, do_sample=True, temperature=0.7, seed=1).do_sample
@@ -69,6 +73,7 @@ class SamplingParams:
     constraint_mode: str = "mask"  # "mask" | "resample" (CONSTRAINT_MODES)
     max_retries: int = 0  # reruns of a request whose document is cut short or refused by `validator`
     validator: Callable[[str | list[int]], bool] | None = None  # None: schema validation (see retry.py)
+    score_targets: list[int] | None = None  # scoring: the tokens scored at the prompt's last positions
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -92,6 +97,25 @@ class SamplingParams:
             self.logits_processors = []
         self._check_speculative()
         self._check_constraint_options()
+        if self.score_targets is not None:
+            self._check_scoring()
+
+    def _check_scoring(self) -> None:
+        targets = self.score_targets
+        if (not isinstance(targets, list | tuple) or not targets
+                or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in targets)):
+            raise ValueError(
+                f"SamplingParams.score_targets must be a non-empty list of token ids, got {targets!r}: a scored "
+                "continuation needs at least one token"
+            )
+        others = [name for name, on in (("num_return_sequences", self.num_return_sequences > 1),
+                                        ("logits_processors", bool(self.logits_processors)),
+                                        ("num_speculative_tokens", self.num_speculative_tokens > 0),
+                                        ("max_retries", self.max_retries > 0)) if on]
+        if others:
+            raise ValueError(f"SamplingParams.score_targets (scoring) does not combine with {', '.join(others)}: a "
+                             "scored request generates nothing; drop them")
+        self.score_targets = list(targets)
 
     def _check_speculative(self) -> None:
         k = self.num_speculative_tokens

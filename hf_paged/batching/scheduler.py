@@ -207,7 +207,10 @@ class Scheduler:
         """Register the request's block table (prefix hit or swap-in)."""
         if request.swapped is not None:
             return self.on_resume(request) if self.on_resume is not None else False
-        cached = self.kv.add_sequence(request.request_id, request.all_token_ids, self.extra_keys(request))
+        tokens = request.all_token_ids
+        if request.score_start is not None:  # scoring: its first scored position is computed, never served from cache
+            tokens = tokens[: request.score_start + 1]
+        cached = self.kv.add_sequence(request.request_id, tokens, self.extra_keys(request))
         request.num_computed_tokens = cached
         if request.num_preemptions == 0:
             request.num_cached_tokens = cached

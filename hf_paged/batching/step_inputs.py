@@ -9,6 +9,9 @@
 
     request C: computed 7, runs 1 + 2 drafts d0 d1 (speculative decode: its last token, then the drafts)
     input_ids   c7 d0 d1      positions 7 8 9      logits rows: all three (the model's choice after each)
+
+    request S: scoring 3 targets of a 10-token prompt (score_start 7), computed 4, runs 6 (its last chunk)
+    logits rows: positions 7 8 9, after every sampled row; S samples nothing and ends with this step
 """
 
 from __future__ import annotations
@@ -25,6 +28,15 @@ from hf_paged.cache.metadata import ObservedScores, PagedMetadata
 
 
 @dataclass(frozen=True, slots=True)
+class ScoredRows:
+    """`count` consecutive logits rows of a scoring request, for its prompt positions `first` .. `first + count - 1`."""
+
+    request: Request
+    first: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
 class StepInputs:
     input_ids: list[int]
     positions: list[int]
@@ -32,6 +44,7 @@ class StepInputs:
     logits_rows: list[int]  # packed rows whose logits are computed (1 + its drafts per sampled request)
     sampled_requests: list[Request]  # the requests of those rows, in the same order
     num_draft_tokens: list[int]  # drafted tokens of each sampled request (its rows: 1 + that many, consecutive)
+    scored: list[ScoredRows]  # scoring requests' rows, after the sampled rows, in this order
 
 
 def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size: int,
@@ -48,6 +61,8 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
     sampled: list[Request] = []
     num_drafts: list[int] = []
     observed: dict[int, int] = {}
+    scored: list[ScoredRows] = []
+    score_offsets: list[int] = []  # each scored request's first row in the packed input
     for i, item in enumerate(schedule.scheduled):
         request, start, n, k = item.request, item.request.num_computed_tokens, item.num_tokens, item.num_draft_tokens
         end = start + n
@@ -61,10 +76,18 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
         if observation_window and start < len(request.prompt_ids) <= end:
             observed[i] = min(observation_window, n)
         tables.append(kv.block_ids(request.request_id))
-        if end - k == request.num_tokens:
+        score_start = request.score_start
+        if score_start is not None:  # scoring: rows of its scored positions in this chunk; it never samples
+            first = max(start, score_start)
+            if first < end:
+                scored.append(ScoredRows(request, first, end - first))
+                score_offsets.append(query_start_loc[-2] + first - start)
+        elif end - k == request.num_tokens:
             logits_rows.extend(range(query_start_loc[-1] - 1 - k, query_start_loc[-1]))
             sampled.append(request)
             num_drafts.append(k)
+    for rows, offset in zip(scored, score_offsets):
+        logits_rows.extend(range(offset, offset + rows.count))
     width = max(len(t) for t in tables)
     block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)  # one tensor
     metadata = PagedMetadata(
@@ -77,7 +100,7 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
         cpu_kernels=ready_variants(),
         observed=ObservedScores(observed),
     )
-    return StepInputs(input_ids, positions, metadata, logits_rows, sampled, num_drafts)
+    return StepInputs(input_ids, positions, metadata, logits_rows, sampled, num_drafts, scored)
 
 
 def _token_slice(request: Request, start: int, end: int) -> list[int]:

@@ -98,17 +98,20 @@ def run_serve(args) -> int:
         tokenizer.chat_template = template
     settings = ServerSettings(model_name=args.served_model_name or name, max_waiting=args.max_waiting)
     app = build_app(engine, tokenizer, settings)
+    # At --shutdown-timeout the engine's requests are aborted, so each client gets a 503 error body (or an error event
+    # on its stream); uvicorn's own cancel (a bare 500, a cut stream) only comes FLUSH_GRACE_S later, for a handler
+    # that does not end after its abort (a fixed margin before uvicorn's cancel lost that race on a loaded machine).
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                               timeout_graceful_shutdown=args.shutdown_timeout)
-    # uvicorn cancels what still runs when the graceful timeout ends (a bare 500); abort the engine's requests a
-    # little before, so each client gets a 503 error body (or an error event on its stream) instead.
-    margin = min(1.0, args.shutdown_timeout / 10)
-    timer = threading.Timer(args.shutdown_timeout - margin, engine.loop.abort_all)
+                               timeout_graceful_shutdown=args.shutdown_timeout + FLUSH_GRACE_S)
+    timer = threading.Timer(args.shutdown_timeout, engine.loop.abort_all)
     timer.daemon = True  # never keeps the process alive
     server = _Server(uv_config, on_exit=timer.start)
     logging.getLogger("hf_paged").info("serving %s on http://%s:%d", settings.model_name, args.host, args.port)
     server.run()
     return 130 if server.interrupted else 0
+
+
+FLUSH_GRACE_S = 10.0  # after the abort at --shutdown-timeout: time for handlers to write their error and close
 
 
 class _Server:

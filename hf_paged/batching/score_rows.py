@@ -1,0 +1,33 @@
+"""Scoring rows (`SamplingParams.score_targets`): each target's log-probability under its row's logits, and whether
+the row's argmax is the target, written into the request by target index (a recomputed chunk after a preemption
+writes the same values again)."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_paged.batching.step_inputs import ScoredRows
+
+__all__ = ["record_scores"]
+
+
+def record_scores(scored: list[ScoredRows], logits: torch.Tensor) -> None:
+    """`logits`: fp32 `[sum of counts, vocab]`, the rows of `scored` in order."""
+    if not scored:
+        return
+    indices: list[int] = []
+    targets: list[int] = []
+    for rows in scored:
+        start = rows.first - rows.request.score_start
+        indices.extend(range(start, start + rows.count))
+        targets.extend(rows.request.params.score_targets[start : start + rows.count])
+    target = torch.tensor(targets, dtype=torch.long, device=logits.device)
+    logprobs = torch.log_softmax(logits.float(), dim=-1).gather(1, target[:, None]).squeeze(1).tolist()
+    greedy = (logits.argmax(dim=-1) == target).tolist()
+    row = 0
+    for rows in scored:
+        request = rows.request
+        for i in indices[row : row + rows.count]:
+            request.score_logprobs[i] = logprobs[row]
+            request.score_greedy[i] = greedy[row]
+            row += 1

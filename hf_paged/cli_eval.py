@@ -1,0 +1,90 @@
+"""`hf-paged eval`: lm-evaluation-harness's `lm-eval run` with the model `hf-paged` (`integrations/lm_eval.py`).
+
+    lm-eval run  --model hf --model_args pretrained=PATH --tasks T --batch_size 8
+    hf-paged eval           --model_args pretrained=PATH --tasks T                 # the same, on the paged engine
+
+Every other argument is lm-eval's own and means what it means there. Beyond it: `--model` may only say `hf` or
+`hf-paged`; `--batch_size` is accepted and unused (a task's requests all go to the engine at once); without
+`--model_args` the embedded tiny model is evaluated; hf_paged's local tasks (`hf_paged_gen`, `hf_paged_mc`,
+`hf_paged_ppl`: no hub) are always on the include path beside the caller's own.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from hf_paged.cli_common import CliError
+
+USAGE = """usage: hf-paged eval [lm-eval run arguments]
+
+Runs lm-evaluation-harness (`lm-eval run`) with hf_paged's model: change `lm-eval run --model hf` to `hf-paged eval`.
+  --model_args pretrained=PATH[,dtype=float32,block_size=16,...]   lm-eval's hf arguments and PagedConfig fields
+                                                                    (default: the embedded tiny model)
+  --tasks T1,T2   --num_fewshot N   --limit N   --include_path DIR   --output_path DIR   --log_samples
+  --apply_chat_template   --device cpu|cuda   --batch_size (accepted, unused: requests run continuously batched)
+Local tasks that need no hub: hf_paged_gen (generate_until), hf_paged_mc (multiple choice), hf_paged_ppl (perplexity).
+All of lm-eval's arguments: `lm-eval run --help`.
+"""
+
+
+def run_eval(argv: list[str]) -> int:
+    if any(a in ("-h", "--help") for a in argv):
+        print(USAGE)
+        return 0
+    try:
+        from lm_eval._cli import HarnessCLI
+
+        import hf_paged.integrations.lm_eval  # noqa: F401 -- registers the model `hf-paged`
+    except ImportError as exc:
+        raise CliError(f"hf-paged eval needs lm-evaluation-harness ({exc}); install it: pip install 'hf_paged[eval]'")
+    argv = _lm_eval_arguments(list(argv))
+    parser = HarnessCLI()
+    args = parser._parser.parse_args(["run", *argv])  # (its `parse_args()` reads sys.argv)
+    args.include_path = _include_paths(args.include_path)
+    parser.execute(args)
+    return 0
+
+
+def _lm_eval_arguments(argv: list[str]) -> list[str]:
+    model = _pop_option(argv, "--model", "-M")
+    if model is not None and model not in ("hf", "hf-paged"):
+        raise CliError(f"hf-paged eval runs the model hf-paged (lm-eval's hf on the paged engine), not --model "
+                       f"{model}; drop --model or use `lm-eval run` for other backends")
+    if _pop_option(argv, "--batch_size", "-b") is not None:
+        print("hf-paged eval: note: --batch_size is unused: every request of a task runs on the engine at once "
+              "(continuous batching)", file=sys.stderr)
+    if not any(a in ("--model_args", "-a") or a.startswith("--model_args=") for a in argv):
+        from hf_paged.models import DEFAULT_MODEL_PATH
+
+        argv += ["--model_args", f"pretrained={DEFAULT_MODEL_PATH}"]
+    if not any(a == "--device" or a.startswith("--device=") for a in argv):
+        import torch
+
+        argv += ["--device", "cuda" if torch.cuda.is_available() else "cpu"]
+    return ["--model", "hf-paged", *argv]
+
+
+def _pop_option(argv: list[str], *names: str) -> str | None:
+    """Remove `--name VALUE` / `--name=VALUE` from argv; its value (the last one given), or None."""
+    value = None
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg in names:
+            if i + 1 >= len(argv):
+                raise CliError(f"{arg} needs a value")
+            value = argv[i + 1]
+            del argv[i : i + 2]
+        elif any(arg.startswith(f"{name}=") for name in names):
+            value = arg.split("=", 1)[1]
+            del argv[i]
+        else:
+            i += 1
+    return value
+
+
+def _include_paths(given: str | None) -> str | list[str]:
+    from hf_paged.models import DEFAULT_MODEL_PATH
+
+    ours = str(DEFAULT_MODEL_PATH.parent / "lm_eval_tasks")
+    return ours if given is None else [given, ours]
