@@ -26,9 +26,13 @@ from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
+import torch
+import torch.distributed as dist
+
 import hf_paged
 from hf_paged.batching.request import RequestStatus
 from hf_paged.config import PagedConfig
+from hf_paged.distributed import world
 from hf_paged.errors import InvalidConfigError, RequestFailedError, UnsupportedModelError
 from hf_paged.scoring import loglikelihood, loglikelihood_rolling
 
@@ -54,10 +58,36 @@ class PagedLM(HFLM):
                 f"({', '.join(sorted(_HFLM_ARGS))}) and PagedConfig fields ({', '.join(sorted(_PAGED_FIELDS))})"
             )
         config = PagedConfig(**paged)  # bad values raise here, before a model is loaded
+        self._model_was_given = not isinstance(pretrained, str)  # HFLM then assumes one process; so do we
         super().__init__(pretrained=pretrained, tokenizer=tokenizer, **kwargs)
         if self.backend != "causal":
             raise UnsupportedModelError("hf-paged evaluates decoder-only models; use --model hf for seq2seq ones")
         hf_paged.wrap(self.model, config)
+        self._join_ranks()
+
+    # -- several processes ---------------------------------------------------------------------------------------
+    def _join_ranks(self) -> None:
+        """Under `accelerate launch` / `torchrun`, each rank takes its share of the requests as HFLM's data parallel
+        mode does, on CPUs too (HFLM shards only over several GPUs of one machine; on CPU every rank would run
+        everything): lm-eval's evaluator shards the instances by `rank` and gathers samples and metrics on rank 0."""
+        if self._world_size > 1 or self._model_was_given:
+            return
+        rank, size = world()  # (a torchrun / accelerate launch job not yet initialised: gloo through accelerate)
+        if size > 1:
+            self._rank, self._world_size = rank, size
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.world_size <= 1 or getattr(self, "accelerator", None) is not None:
+            return super().all_gather(tensor)
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        dist.all_gather(parts, tensor)
+        return torch.stack(parts) if tensor.dim() == 0 else torch.cat(parts)
+
+    def barrier(self) -> None:
+        if self.world_size <= 1 or getattr(self, "accelerator", None) is not None:
+            super().barrier()
+        else:
+            dist.barrier()
 
     # -- log-likelihoods ---------------------------------------------------------------------------------------
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None) -> list[tuple[float, bool]]:

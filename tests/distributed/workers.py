@@ -159,7 +159,26 @@ def tensor_parallel(args: list[str]) -> dict:
     return result
 
 
-CASES = {f.__name__: f for f in (data_parallel, accelerate_launch, callback, tensor_parallel)}
+def lm_eval_ranks(args: list[str]) -> dict:
+    """`simple_evaluate(model="hf-paged")` on every rank: each scores its share; rank 0 gets every sample."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    import hf_paged.integrations.lm_eval  # noqa: F401 -- registers hf-paged
+    from hf_paged.models import DEFAULT_MODEL_PATH
+
+    out = lm_eval.simple_evaluate(
+        model="hf-paged", model_args=f"pretrained={DEFAULT_MODEL_PATH},dtype=float32", tasks=args[1].split(","),
+        task_manager=TaskManager(include_path=str(DEFAULT_MODEL_PATH.parent / "lm_eval_tasks")), limit=int(args[2]),
+        device="cpu", log_samples=True)
+    if out is None:  # ranks other than 0
+        return {"rank": dist.get_rank(), "results": None}
+    return {"rank": dist.get_rank(), "world_size": dist.get_world_size(),
+            "results": {t: {k: v for k, v in r.items() if "," in k} for t, r in out["results"].items()},
+            "resps": {t: {str(s["doc_id"]): s["resps"] for s in samples} for t, samples in out["samples"].items()}}
+
+
+CASES = {f.__name__: f for f in (data_parallel, accelerate_launch, callback, tensor_parallel, lm_eval_ranks)}
 
 
 def main() -> None:
