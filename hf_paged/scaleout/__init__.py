@@ -2,7 +2,9 @@
 
     replica.py  ReplicaReporter  engine -> CacheSummary (its radix tree's fingerprints + load), once a period
     summary.py  CacheSummary     the wire format: 8 bytes a cached block, prefix-closed, capped
-    policy.py   CacheAwareRouter summaries + what it sent -> ranked replicas (affinity, load bound, hot prefixes)
+    policy.py   CacheAwareRouter summaries + what it sent -> ranked replicas (affinity by prefill saved, relative
+                                 load bounds, shared prefixes ignored, hot prefixes spread)
+    replica_view.py ReplicaView  what the router believes one replica holds and carries
     traffic.py  PrefixTraffic    decayed load share of each prefix (which prefixes are hot)
   with Ray (hf_paged[ray]), imported on demand:
     ray_router.py  HfPagedRequestRouter  the policy as a Ray Serve RequestRouter

@@ -1,39 +1,44 @@
 """Cache-aware routing: a pure policy object (no Ray, no clock, no I/O); the Ray adapter is a few lines around it.
 
 Inputs: each replica's reported cache summary and load, what this router sent since, and the request's chained
-block fingerprints. Output: a ranked list of replicas. For one request:
+block fingerprints. Output: a ranked list of replicas. Every bound is relative (no knob in tokens). For one request
+of P prompt tokens:
 
     match(r)  = the request's leading blocks replica r holds (last report | sent there in the last 2 periods)
-    best      = max match;  key = the request's block at depth `best` (its affinity key);  holders match `best`
-    wanted    = replicas the key's share of recent work calls for (1 unless the prefix is hot)
-    fits(r)   = load(r) <= lightest load + imbalance_tokens              (queueing: queued + running tokens)
-                and work(r) <= balance_factor * mean work + slack        (long run: decayed work sent there)
+    shared    = the match that (nearly) every candidate has (`shared_share` of them): a chat template's preamble
+    gain(r)   = prefill r saves beyond the shared part: min(match(r) * block_size, P) - min(shared * block_size, P)
+    affine(r) = gain(r) >= min_gain_share * P                  (a match worth something)
+    fits(r)   = load(r) <= lightest load + queue_factor * gain(r) + mean request     (queueing vs prefill saved)
+                and work(r) <= balance_factor * mean work + mean request            (long run: decayed work)
+    key       = the request's block at the deepest match;  wanted = replicas its share of recent work calls for
 
-    best == 0                                   -> power of two choices                         NO_MATCH
-    holders < wanted and a power-of-two pick
-      among the others is lighter than them     -> that replica (it joins the key)              HOT_ADMIT
-    some holder fits                            -> the lighter of two fitting holders           AFFINITY / HOT_SPREAD
-    otherwise                                   -> power of two choices                         IMBALANCED
+    nobody matches                              -> the lightest of 4 random replicas            NO_MATCH
+    no replica is affine                        -> the same, less what each one's match saves   LOW_GAIN
+    the key's holders < wanted and the lightest
+      of 4 others is lighter than they are      -> that replica (it joins the key)              HOT_ADMIT
+    some affine replica fits                    -> the fitting one that saves most              AFFINITY / HOT_SPREAD
+    otherwise                                   -> the lightest of 4 random replicas            IMBALANCED
 
-"Lighter" compares work + load. The second test is consistent hashing with bounded loads (Mirrokni et al.):
-queued + running tokens are near zero on every replica of a lightly loaded cluster, so the first test alone lets
-sticky affinity pile 2x the mean work on the replicas that happened to catch popular prefixes (the simulator
-measured it); bounding the decayed work a replica was sent keeps max/mean near `balance_factor`, and a prefix
-that overflows its holders gains another (IMBALANCED), which spreads hot prefixes even before `wanted` does.
-
-Load is in tokens (prompt still to compute + output budget): the replica's last report, plus what this router sent
-since (its uncached part), minus what finished since. A reported summary is closed under prefixes (a radix tree's)
-and so is what the router sent, so a replica's match is found by binary search.
+"Mean request" is the decayed mean work of a routed request (uncached prompt + output budget), so one default holds
+for 500-token and 30k-token prompts: a holder may run one request ahead of the lightest replica, plus what its
+match saves. The work bound is consistent hashing with bounded loads (Mirrokni et al.): queued tokens are near zero
+everywhere in a lightly loaded cluster, so the queue test alone lets sticky affinity pile work on the replicas that
+caught popular prefixes; bounding the decayed work a replica was sent keeps max/mean near `balance_factor`, and a
+prefix that overflows its holders gains another (IMBALANCED). A shared preamble is never a key, so it is neither
+affinity nor hot. Load is in tokens (prompt still to compute + output budget): the replica's last report, plus what
+this router sent since (its uncached part), minus what finished since (`replica_view.py`).
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import random
 from collections import Counter
 from collections.abc import Collection, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
+from hf_paged.scaleout.replica_view import ReplicaView
 from hf_paged.scaleout.traffic import PrefixTraffic
 
 __all__ = ["CacheAwareRouter", "RouteReason", "RouteRequest", "RouterConfig", "RoutingDecision"]
@@ -41,34 +46,40 @@ __all__ = ["CacheAwareRouter", "RouteReason", "RouteRequest", "RouterConfig", "R
 
 @dataclass(slots=True)
 class RouterConfig:
-    """Knobs of `CacheAwareRouter`; the defaults are the ones `benchmarks/routing_sim.py` measured."""
+    """Knobs of `CacheAwareRouter`, all relative; the defaults are the ones `benchmarks/routing_sim.py` measured on
+    short, long and mixed prompts, with and without a shared preamble, at 8 to 100 replicas."""
 
-    block_size: int = 16  # tokens per block, as on the replicas (load estimates count cached blocks in tokens)
-    imbalance_tokens: int = 8192  # affinity holds while a holder's load <= the lightest's + this
-    balance_factor: float = 1.2  # ... and while its recent work <= this x the mean (+ balance_slack_tokens)
-    balance_slack_tokens: int = 1024
+    block_size: int = 16  # tokens per block, as on the replicas (matches are counted in tokens)
+    balance_factor: float = 1.2  # affinity holds while a replica's recent work <= this x the mean (+ a mean request)
+    queue_factor: float = 4.0  # ... and its load <= the lightest's + this x the prefill its match saves (+ one)
+    min_gain_share: float = 0.1  # a match saving less than this share of the prompt is no affinity
+    shared_share: float = 0.9  # blocks held by this share of the candidates are shared (a preamble): no affinity
     balance_half_life: float = 50.0  # routed requests per replica after which work counts half
     hot_threshold: float = 1.0  # a prefix past this many replicas' fair share of work gets share*N/this replicas
     traffic_half_life: float = 2000.0  # routed requests after which a request weighs half in the prefix shares
 
     def __post_init__(self) -> None:
-        for name, low in (("block_size", 1), ("imbalance_tokens", 0), ("balance_slack_tokens", 0)):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ValueError(f"RouterConfig.{name} must be an int >= {low}, got {value!r}")
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 1:
+            raise ValueError(f"RouterConfig.block_size must be an int >= 1, got {self.block_size!r}")
         if not self.balance_factor >= 1.0:
             raise ValueError(f"RouterConfig.balance_factor must be >= 1 (x the mean work), got {self.balance_factor!r}")
+        if not self.queue_factor >= 0:
+            raise ValueError(f"RouterConfig.queue_factor must be >= 0 (x the prefill saved), got {self.queue_factor!r}")
+        for name in ("min_gain_share", "shared_share"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"RouterConfig.{name} must be in [0, 1] (a share), got {getattr(self, name)!r}")
         for name in ("balance_half_life", "hot_threshold", "traffic_half_life"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"RouterConfig.{name} must be > 0, got {getattr(self, name)!r}")
 
 
 class RouteReason(enum.Enum):
-    NO_MATCH = "no_match"  # no replica holds the first block: power of two choices
-    AFFINITY = "affinity"  # the lightest replica holding the longest prefix
-    HOT_SPREAD = "hot_spread"  # a hot prefix: the lightest of the replicas holding it
-    HOT_ADMIT = "hot_admit"  # a hot prefix with too few replicas: one more admitted (the lighter of two others)
-    IMBALANCED = "imbalanced"  # every holder is past the load bound: power of two choices
+    NO_MATCH = "no_match"  # no replica holds the first block: by load (the lightest of a few random replicas)
+    LOW_GAIN = "low_gain"  # matches save too little beyond what (nearly) every replica holds: by load
+    AFFINITY = "affinity"  # the fitting replica whose match saves the most prefill
+    HOT_SPREAD = "hot_spread"  # a hot prefix: the same, among the replicas holding it
+    HOT_ADMIT = "hot_admit"  # a hot prefix with too few replicas: one more admitted (the lightest of a few others)
+    IMBALANCED = "imbalanced"  # every affine replica is past a load bound: by load
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,53 +99,20 @@ class RoutingDecision:
     replica_ids: list[Hashable]  # best first, no duplicates, all known candidates
     reason: RouteReason
     num_cached_blocks: int  # blocks the first choice is believed to hold (reported | sent since)
-    prefix_key: Hashable | None  # the affinity key (deepest block any replica holds); None when nothing matched
+    prefix_key: Hashable | None  # the affinity key (deepest block any replica holds); None unless some match gains
     num_replicas_wanted: int  # replicas the key's load calls for (1 unless hot)
 
 
-@dataclass(slots=True, eq=False)
-class _Replica:
-    replica_id: Hashable
-    keys: frozenset = frozenset()  # fingerprints of the last report
-    sent: set = field(default_factory=set)  # fingerprints routed here since the last report
-    sent_before: set = field(default_factory=set)  # ... in the period before: may still be queued at the report
-    reported_load: int = 0
-    sent_since_report: int = 0
-    finished_since_report: int = 0
-    load: int = 0  # max(0, reported_load + sent_since_report - finished_since_report)
-    work: float = 0.0  # decayed work routed here, in the router's inflated units (see CacheAwareRouter._unit)
-    num_reports: int = 0
-
-    def holds(self, key: Hashable) -> bool:
-        return key in self.keys or key in self.sent or key in self.sent_before
-
-    def match(self, digests: Sequence[Hashable]) -> int:
-        """Leading digests held. Holdings are closed under prefixes, so this is a binary search."""
-        if not digests or not self.holds(digests[0]):
-            return 0
-        keys, sent, before = self.keys, self.sent, self.sent_before
-        low, high = 1, len(digests)  # digests[:low] held; digests[high:] may or may not be
-        while low < high:
-            mid = (low + high + 1) // 2
-            key = digests[mid - 1]
-            if key in keys or key in sent or key in before:
-                low = mid
-            else:
-                high = mid - 1
-        return low
-
-    def refresh_load(self) -> None:
-        self.load = max(0, self.reported_load + self.sent_since_report - self.finished_since_report)
-
-
 _RESCALE_AT = 1e100
+NUM_CHOICES = 4  # replicas drawn when routing by load (d random choices, the lightest first)
 
 
 class CacheAwareRouter:
-    """Routes a request to a replica holding its longest prefix, within load bounds; spreads hot prefixes.
+    """Routes a request to the replica whose cache saves it the most prefill, within load bounds; spreads hot
+    prefixes.
 
     Args:
-        config: thresholds (see `RouterConfig`).
+        config: relative thresholds (see `RouterConfig`).
         seed: seed of the random draws; the same calls with the same seed give the same choices.
 
     Example:
@@ -150,13 +128,14 @@ class CacheAwareRouter:
     def __init__(self, config: RouterConfig | None = None, *, seed: int | None = 0) -> None:
         self.config = config or RouterConfig()
         self._rng = random.Random(seed)
-        self._replicas: dict[Hashable, _Replica] = {}
-        self._pool: list[_Replica] | None = None  # list(self._replicas.values()), rebuilt after membership changes
+        self._replicas: dict[Hashable, ReplicaView] = {}
+        self._pool: list[ReplicaView] | None = None  # list(self._replicas.values()), rebuilt after membership changes
         self._inflight: dict[Hashable, tuple[Hashable, int]] = {}  # request id -> (replica id, load it added)
         # Decayed work without touching every replica per request: each request's credit is inflated by the
         # growth factor over the previous one; comparisons are ratios, and everything is rescaled before overflow.
         self._unit = 1.0
         self._total_work = 0.0
+        self._total_requests = 0.0  # decayed count of routed requests, same units: mean request = work / this
         self.traffic = PrefixTraffic(self.config.traffic_half_life)
         self.num_routed: Counter[RouteReason] = Counter()
 
@@ -168,7 +147,7 @@ class CacheAwareRouter:
     def add_replica(self, replica_id: Hashable) -> None:
         """Make a replica routable (no-op if known). It starts with no summary, no load and no work."""
         if replica_id not in self._replicas:
-            self._replicas[replica_id] = _Replica(replica_id)
+            self._replicas[replica_id] = ReplicaView(replica_id)
             self._pool = None
 
     def remove_replica(self, replica_id: Hashable) -> None:
@@ -196,11 +175,7 @@ class CacheAwareRouter:
         replica = self._replicas.get(replica_id)
         if replica is None:
             return False
-        replica.keys = keys if isinstance(keys, frozenset) else frozenset(keys)
-        replica.sent_before, replica.sent = replica.sent, set()  # what was sent two periods ago is in the report
-        replica.reported_load, replica.sent_since_report, replica.finished_since_report = int(load_tokens), 0, 0
-        replica.num_reports += 1
-        replica.refresh_load()
+        replica.take_report(keys if isinstance(keys, frozenset) else frozenset(keys), load_tokens)
         return True
 
     def load_of(self, replica_id: Hashable) -> int:
@@ -210,6 +185,11 @@ class CacheAwareRouter:
     def work_share(self, replica_id: Hashable) -> float:
         """The replica's share of the recent (decayed) work routed by this router; 0 before any routing."""
         return self._replicas[replica_id].work / self._total_work if self._total_work > 0 else 0.0
+
+    @property
+    def mean_request_tokens(self) -> float:
+        """The decayed mean work of a routed request (uncached prompt + output budget): the bounds' unit."""
+        return self._total_work / self._total_requests if self._total_requests > 0 else 0.0
 
     def replica_stats(self, replica_id: Hashable) -> dict[str, float]:
         """The router's view of one replica (for debugging and metrics)."""
@@ -221,6 +201,7 @@ class CacheAwareRouter:
     def route(self, request: RouteRequest, candidates: Iterable[Hashable] | None = None) -> RoutingDecision:
         """Rank the known `candidates` (default: every known replica) for `request`. Changes no state but the
         random draws; call `on_routed` with the replica that took the request."""
+        cfg = self.config
         pool = self._candidates(candidates)
         digests = request.digests
         first = digests[0] if digests else None
@@ -228,21 +209,35 @@ class CacheAwareRouter:
                    for r in pool]
         best = max(matches)
         if best == 0:
-            return self._decide(self._two_choices(pool), RouteReason.NO_MATCH, None, 1, digests)
+            return self._decide(self._choices(pool), RouteReason.NO_MATCH, None, 1, digests)
+        prompt = max(1, request.num_prompt_tokens)
+        # The match (nearly) every candidate has: k-th deepest, k = ceil(shared_share * candidates)
+        k = max(1, math.ceil(cfg.shared_share * len(pool) - 1e-9))
+        shared = min(sorted(matches, reverse=True)[k - 1] * cfg.block_size, prompt)
+        gains = [min(m * cfg.block_size, prompt) - shared for m in matches]
+        floor = max(1e-9, cfg.min_gain_share * prompt)
+        affine = [(r, g) for r, g in zip(pool, gains) if g >= floor]
+        by_gain = dict(zip(pool, gains))
+        if not affine:
+            return self._decide(self._choices(pool, by_gain), RouteReason.LOW_GAIN, None, 1, digests)
         key = digests[best - 1]
-        wanted = self.traffic.replicas_wanted(key, len(self._replicas), self.config.hot_threshold)
-        holders = [r for r, m in zip(pool, matches) if m == best]
-        fitting = self._fitting(holders, pool)
-        if len(holders) < wanted:
+        wanted = self.traffic.replicas_wanted(key, len(self._replicas), cfg.hot_threshold)
+        fitting = self._fitting(affine, pool)
+        holders = sum(m == best for m in matches)
+        if holders < wanted:
             others = [r for r, m in zip(pool, matches) if m < best]
             if others:
-                newcomer = self._two_choices(others)[0]
-                if not fitting or self._weight(newcomer) < min(self._weight(r) for r in fitting):
-                    return self._decide([newcomer, *fitting], RouteReason.HOT_ADMIT, key, wanted, digests)
+                newcomer = self._choices(others)[0]
+                if not fitting or self._weight(newcomer) < min(self._weight(r) for r, _ in fitting):
+                    ranked = [newcomer, *(r for r, _ in fitting)]
+                    return self._decide(ranked, RouteReason.HOT_ADMIT, key, wanted, digests)
         if fitting:
             reason = RouteReason.HOT_SPREAD if wanted > 1 else RouteReason.AFFINITY
-            return self._decide([*self._two_choices(fitting), *self._two_choices(pool)], reason, key, wanted, digests)
-        return self._decide(self._two_choices(pool), RouteReason.IMBALANCED, key, wanted, digests)
+            fitting.sort(key=lambda rg: (-rg[1], rg[0].load - rg[1], self._weight(rg[0])))
+            ranked = [r for r, _ in fitting[:2]]
+            return self._decide([*ranked, *self._choices(pool)], reason, key, wanted, digests)
+        small = {r: g for r, g in by_gain.items() if g < floor}  # the affine ones are past a bound: no bonus
+        return self._decide(self._choices(pool, small), RouteReason.IMBALANCED, key, wanted, digests)
 
     def on_routed(self, request: RouteRequest, replica_id: Hashable, decision: RoutingDecision | None = None) -> None:
         """Record that `replica_id` took `request`: its prefix counts as cached there from now, its work as added."""
@@ -257,6 +252,7 @@ class CacheAwareRouter:
         self._unit *= 2.0 ** (1.0 / (self.config.balance_half_life * max(1, len(self._replicas))))
         replica.work += added * self._unit
         self._total_work += added * self._unit
+        self._total_requests += self._unit
         if self._unit > _RESCALE_AT:
             self._rescale()
         if decision is not None and decision.prefix_key is not None:
@@ -286,7 +282,7 @@ class CacheAwareRouter:
         assert self._pool is None or self._pool == list(replicas), "stale candidate list"
 
     # -- helpers -----------------------------------------------------------------------------------------
-    def _candidates(self, candidates: Iterable[Hashable] | None) -> list[_Replica]:
+    def _candidates(self, candidates: Iterable[Hashable] | None) -> list[ReplicaView]:
         if candidates is None:
             if self._pool is None:
                 self._pool = list(self._replicas.values())
@@ -305,32 +301,36 @@ class CacheAwareRouter:
         uncached = max(0, request.num_prompt_tokens - cached_blocks * self.config.block_size)
         return uncached + max(0, request.num_output_tokens)
 
-    def _fitting(self, holders: list[_Replica], pool: list[_Replica]) -> list[_Replica]:
-        """Holders within both load bounds (see the module docstring)."""
+    def _fitting(self, affine: list[tuple[ReplicaView, int]], pool: list[ReplicaView]
+                 ) -> list[tuple[ReplicaView, int]]:
+        """Affine replicas within both load bounds (see the module docstring)."""
         cfg = self.config
-        load_bound = min(r.load for r in pool) + cfg.imbalance_tokens
-        mean = self._total_work / max(1, len(self._replicas))
-        work_bound = cfg.balance_factor * mean + cfg.balance_slack_tokens * self._unit
-        return [r for r in holders if r.load <= load_bound and r.work <= work_bound]
+        mean_request = self.mean_request_tokens
+        lightest = min(r.load for r in pool) + mean_request
+        mean_work = self._total_work / max(1, len(self._replicas))
+        work_bound = cfg.balance_factor * mean_work + mean_request * self._unit
+        return [(r, g) for r, g in affine
+                if r.load <= lightest + cfg.queue_factor * g and r.work <= work_bound]
 
-    def _weight(self, replica: _Replica) -> float:
+    def _weight(self, replica: ReplicaView) -> float:
         return replica.work / self._unit + replica.load
 
-    def _two_choices(self, pool: list[_Replica]) -> list[_Replica]:
-        """Two distinct replicas drawn at random, the lighter first (one if the pool has one)."""
-        if len(pool) == 1:
-            return [pool[0]]
-        i, j = int(self._rng.random() * len(pool)), int(self._rng.random() * (len(pool) - 1))
-        first, second = pool[i], pool[j + (j >= i)]
-        return [second, first] if self._weight(second) < self._weight(first) else [first, second]
+    def _choices(self, pool: list[ReplicaView], gains: dict[ReplicaView, int] | None = None) -> list[ReplicaView]:
+        """`NUM_CHOICES` distinct replicas drawn at random, the lightest first: weight (recent work + load) less the
+        prefill the replica's match saves, when it saves some."""
+        drawn = pool if len(pool) <= NUM_CHOICES else self._rng.sample(pool, NUM_CHOICES)
+        if not gains:
+            return sorted(drawn, key=self._weight)
+        return sorted(drawn, key=lambda r: self._weight(r) - gains.get(r, 0))
 
     def _rescale(self) -> None:
         for replica in self._replicas.values():
             replica.work /= self._unit
         self._total_work /= self._unit
+        self._total_requests /= self._unit
         self._unit = 1.0
 
-    def _decide(self, ranked: list[_Replica], reason: RouteReason, key: Hashable | None, wanted: int,
+    def _decide(self, ranked: list[ReplicaView], reason: RouteReason, key: Hashable | None, wanted: int,
                 digests: Sequence[Hashable]) -> RoutingDecision:
         unique = list(dict.fromkeys(ranked))
         return RoutingDecision(

@@ -12,12 +12,13 @@ that has not reported yet) is still routed, by load. These Ray APIs are marked a
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from hf_paged.scaleout import registry
-from hf_paged.scaleout.policy import CacheAwareRouter, RouteRequest, RouterConfig, RoutingDecision
+from hf_paged.scaleout.policy import CacheAwareRouter, RouterConfig, RouteRequest, RoutingDecision
 from hf_paged.scaleout.prompt_key import RoutingInfo
 from hf_paged.scaleout.summary import CacheSummary
 
@@ -35,7 +36,7 @@ class HfPagedRequestRouter(RequestRouter):
     def initialize_state(self, **kwargs: Any) -> None:
         seed = kwargs.pop("seed", 0)
         self.policy = CacheAwareRouter(RouterConfig(**kwargs), seed=seed)
-        self._seen_seq: dict[ReplicaID, int] = {}  # last summary taken from each replica
+        self._summaries: dict[ReplicaID, CacheSummary] = {}  # last summary taken from each replica
         self._decisions: dict[str, tuple[RouteRequest, RoutingDecision]] = {}  # internal request id -> choice
         registry.register(self)
 
@@ -43,6 +44,10 @@ class HfPagedRequestRouter(RequestRouter):
         """The router's view, for debugging: known replicas with their load, work share and reports."""
         policy = self.policy
         replicas = {str(rid.unique_id): policy.replica_stats(rid) for rid in policy.replica_ids}
+        now = time.time()
+        for rid in policy.replica_ids:  # how stale the router's view of each replica is (None: no summary yet)
+            summary = self._summaries.get(rid)
+            replicas[str(rid.unique_id)]["summary_age_s"] = None if summary is None else round(summary.age(now), 3)
         return {"replicas": replicas, "routed": {reason.value: n for reason, n in policy.num_routed.items()}}
 
     # -- membership ----------------------------------------------------------------------------------------
@@ -50,12 +55,12 @@ class HfPagedRequestRouter(RequestRouter):
         super().update_replicas(replicas)
         self.policy.sync_replicas(r.replica_id for r in replicas)
         live = {r.replica_id for r in replicas}
-        self._seen_seq = {k: v for k, v in self._seen_seq.items() if k in live}
+        self._summaries = {k: v for k, v in self._summaries.items() if k in live}
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self.policy.remove_replica(replica_id)  # forget its cache summary at once
-        self._seen_seq.pop(replica_id, None)
+        self._summaries.pop(replica_id, None)
 
     # -- routing -------------------------------------------------------------------------------------------
     async def choose_replicas(
@@ -88,19 +93,27 @@ class HfPagedRequestRouter(RequestRouter):
 
     # -- helpers -------------------------------------------------------------------------------------------
     def _take_report(self, replica: RunningReplica) -> None:
+        """Take a replica's summary if it is new. The sequence number is read first: an unchanged summary (most
+        requests see one) is not unpacked at all."""
+        stats = replica.routing_stats
+        if not stats:
+            return  # not reported yet
+        seen = self._summaries.get(replica.replica_id)
+        if seen is not None and isinstance(stats, dict) and stats.get("seq") == seen.seq:
+            return
         try:
-            summary = CacheSummary.from_stats(replica.routing_stats)
-        except (ValueError, KeyError, TypeError) as exc:
+            summary = CacheSummary.from_stats(stats)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             logger.warning("ignoring %s's routing stats: %s", replica.replica_id, exc)
             return
-        if summary is None or self._seen_seq.get(replica.replica_id) == summary.seq:
+        if summary is None:
             return
         if summary.block_size != self.policy.config.block_size:
             logger.warning("%s reports %d-token blocks, the router digests %d-token blocks: its summary is ignored "
                            "(deploy the router with the replicas' block_size)", replica.replica_id,
                            summary.block_size, self.policy.config.block_size)
             return
-        self._seen_seq[replica.replica_id] = summary.seq
+        self._summaries[replica.replica_id] = summary
         self.policy.report(replica.replica_id, keys=summary.keys(), load_tokens=summary.load_tokens)
 
     @staticmethod

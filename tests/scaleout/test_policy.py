@@ -1,10 +1,11 @@
-"""CacheAwareRouter: exact unit tests of each rule (affinity, load bounds, hot prefixes, membership)."""
+"""CacheAwareRouter: exact unit tests of each rule (affinity, relative load bounds, shared prefixes, hot prefixes,
+membership)."""
 
 from __future__ import annotations
 
 import pytest
 
-from hf_paged.scaleout import CacheAwareRouter, PrefixTraffic, RouteReason, RouteRequest, RouterConfig
+from hf_paged.scaleout import CacheAwareRouter, PrefixTraffic, RouterConfig, RouteReason, RouteRequest
 
 BS = 4
 
@@ -73,19 +74,86 @@ def test_load_estimate_is_the_report_plus_sent_minus_finished():
 
 
 def test_affinity_yields_to_queueing_imbalance():
-    r = router("a", "b", "c", imbalance_tokens=1000)
-    r.report("a", keys={1, 2}, load_tokens=1001)
+    r = router("a", "b", "c", queue_factor=1.0)
+    r.report("a", keys={1, 2}, load_tokens=9)
     r.report("b", keys=set(), load_tokens=0)
     r.report("c", keys=set(), load_tokens=0)
-    decision = r.route(request("q", [1, 2]))
+    decision = r.route(request("q", [1, 2]))  # 9 prompt tokens, 8 of them cached on "a": 9 queued tokens > 8 saved
     assert decision.reason is RouteReason.IMBALANCED and "a" not in decision.replica_ids[:1]
-    r.report("a", keys={1, 2}, load_tokens=1000)  # at the bound: still fits
+    r.report("a", keys={1, 2}, load_tokens=8)  # at the bound: still fits
     assert r.route(request("q", [1, 2])).reason is RouteReason.AFFINITY
+
+
+@pytest.mark.parametrize("prompt_tokens, ahead, reason", [
+    (30_000, 12_000, RouteReason.AFFINITY),  # 12k tokens queued ahead to save 30k of prefill: worth it
+    (496, 2_000, RouteReason.IMBALANCED),  # 2k tokens queued ahead to save 496: not worth it
+])
+def test_the_queue_bound_is_relative_to_the_prefill_saved(prompt_tokens, ahead, reason):
+    # The same rule for 500-token and 30k-token prompts (an absolute bound in tokens gets one of them wrong).
+    block = 16
+    r = CacheAwareRouter(RouterConfig(block_size=block), seed=0)
+    digests = list(range(1, prompt_tokens // block + 1))
+    for replica in "abcd":
+        r.add_replica(replica)
+        r.report(replica, keys=set(digests) if replica == "a" else set(), load_tokens=ahead if replica == "a" else 0)
+    decision = r.route(RouteRequest("q", digests, num_prompt_tokens=prompt_tokens, num_output_tokens=0))
+    assert decision.reason is reason
+    assert (decision.replica_ids[0] == "a") is (reason is RouteReason.AFFINITY)
+
+
+def test_the_slack_is_one_mean_request_whatever_its_size():
+    for size in (8, 8_000):  # tokens of output per request: the bound scales with what requests weigh
+        r = router("a", "b", queue_factor=0.0)
+        for i in range(20):
+            send(r, request(f"w{i}", [1000 + i], output=size), candidates=["a" if i % 2 else "b"])
+        assert r.mean_request_tokens == pytest.approx(size + 5, rel=0.01)
+        r.report("a", keys={1, 2}, load_tokens=0)
+        r.report("b", keys=set(), load_tokens=0)
+        r.on_routed(request("x", [1, 2], output=size), "a")  # a is one request ahead: still fits
+        assert r.route(request("q", [1, 2, 3])).reason is RouteReason.AFFINITY
+        r.on_routed(request("y", [1, 2], output=size), "a")  # two ahead: past the bound
+        assert r.route(request("q", [1, 2, 3])).reason is RouteReason.IMBALANCED
+
+
+def test_a_preamble_every_replica_holds_is_no_affinity():
+    # A chat template's text starts every prompt, so every replica holds its blocks (1, 2): matching them is no
+    # reason to pick a replica, and the preamble never becomes a (hot) prefix key.
+    r = router("a", "b", "c", "d")
+    for replica in "abcd":
+        r.report(replica, keys={1, 2, 3} if replica == "c" else {1, 2}, load_tokens=0)
+    fresh = send(r, request("new system prompt", [1, 2, 7, 8, 9]))
+    assert (fresh.reason, fresh.prefix_key, fresh.num_replicas_wanted) == (RouteReason.LOW_GAIN, None, 1)
+    known = r.route(request("known system prompt", [1, 2, 3, 4]))
+    assert (known.replica_ids[0], known.reason, known.prefix_key) == ("c", RouteReason.AFFINITY, 3)
+    assert len(r.traffic) == 0  # nothing tracked: the preamble is not a prefix anyone routes by
+
+
+def test_a_match_of_a_small_share_of_the_prompt_is_no_affinity():
+    r = router("a", "b", min_gain_share=0.1)
+    r.report("a", keys={1}, load_tokens=0)
+    long = request("long", [1, *range(100, 120)])  # 1 block of 21 cached: 5% of the prompt
+    assert r.route(long).reason is RouteReason.LOW_GAIN
+    short = request("short", [1, 100, 101])  # 1 block of 3: 31%
+    assert r.route(short).replica_ids[0] == "a" and r.route(short).reason is RouteReason.AFFINITY
+
+
+def test_a_match_is_weighed_by_the_prefill_it_saves():
+    # "a" holds more of the prompt but is past the work bound; "b" holds less and fits: "b" saves the most of
+    # the replicas that may take it.
+    r = router("a", "b", "c", "d", balance_factor=1.2, queue_factor=1e9, hot_threshold=100.0)
+    for i in range(8):
+        send(r, request(f"a{i}", [500 + i], output=100), candidates=["a"])
+        r.on_finished(f"a{i}")
+    r.report("a", keys={1, 2, 3}, load_tokens=0)
+    r.report("b", keys={1, 2}, load_tokens=0)
+    decision = r.route(request("q", [1, 2, 3, 4]))
+    assert decision.replica_ids[0] == "b" and decision.reason is RouteReason.AFFINITY
+    assert decision.num_cached_blocks == 2 and decision.prefix_key == 3  # the key is still the deepest match
 
 
 def test_affinity_yields_to_long_run_work_imbalance():
     # Replica "a" holds the prefix, but has been sent far more than the mean recently: bounded loads.
-    r = router("a", "b", "c", "d", balance_factor=1.2, balance_slack_tokens=0, imbalance_tokens=10**9,
+    r = router("a", "b", "c", "d", balance_factor=1.2, queue_factor=1e9,
                hot_threshold=100.0)  # hot spreading off: this test is about the work bound alone
     r.report("a", keys={1, 2}, load_tokens=0)
     for i in range(6):
@@ -102,7 +170,7 @@ def test_affinity_yields_to_long_run_work_imbalance():
 
 def test_a_hot_prefix_is_spread_over_more_replicas():
     n = 4
-    r = router(*range(n), hot_threshold=1.0, imbalance_tokens=10**9, balance_factor=100.0)
+    r = router(*range(n), hot_threshold=1.0, queue_factor=1e9, balance_factor=100.0)
     system = [1, 2, 3]
     homes = []
     for i in range(200):  # every request shares the system prompt: its share is 100%, it wants all 4 replicas
@@ -110,9 +178,11 @@ def test_a_hot_prefix_is_spread_over_more_replicas():
         homes.append(decision.replica_ids[0])
         r.on_finished(i)
     reasons = r.num_routed
-    assert reasons[RouteReason.HOT_ADMIT] >= n - 1 and reasons[RouteReason.HOT_SPREAD] > 100
-    assert set(homes) == set(range(n))
-    assert r.route(request("x", [*system, 5])).num_replicas_wanted == n
+    assert reasons[RouteReason.HOT_ADMIT] >= n - 1 and set(homes) == set(range(n))
+    assert r.traffic.replicas_wanted(system[-1], n, 1.0) == n
+    # Once every replica holds it, the prefix is shared: routed by load, on any replica, without a key.
+    assert reasons[RouteReason.LOW_GAIN] > 100 and set(homes[-50:]) == set(range(n))
+    assert r.route(request("x", [*system, 5])).prefix_key is None
 
 
 def test_a_cold_prefix_stays_on_one_replica():
@@ -121,7 +191,9 @@ def test_a_cold_prefix_stays_on_one_replica():
     for i in range(20):  # 20 requests of 1 prefix among 2000 of others: far below one replica's share
         for j in range(100):
             send(r, request(f"o{i}-{j}", [10_000 + i * 100 + j], output=16))
+            r.on_finished(f"o{i}-{j}")  # requests end: the queue bound compares what is still running
         decision = send(r, request(f"p{i}", [1, 2, 3, 4 + i], output=16))
+        r.on_finished(f"p{i}")
         assert decision.num_replicas_wanted == 1 and decision.reason is RouteReason.AFFINITY
 
 
@@ -168,7 +240,8 @@ def test_same_seed_same_choices():
 
 
 @pytest.mark.parametrize("bad, message", [
-    (dict(block_size=0), "block_size"), (dict(imbalance_tokens=-1), "imbalance_tokens"),
+    (dict(block_size=0), "block_size"), (dict(queue_factor=-1), "queue_factor"),
+    (dict(min_gain_share=1.5), "min_gain_share"), (dict(shared_share=-0.1), "shared_share"),
     (dict(balance_factor=0.9), "balance_factor"), (dict(hot_threshold=0), "hot_threshold"),
     (dict(traffic_half_life=0), "traffic_half_life"), (dict(balance_half_life=-1), "balance_half_life"),
     (dict(block_size=True), "block_size"),

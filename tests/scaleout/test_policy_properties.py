@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
-from hf_paged.scaleout import CacheAwareRouter, RouteReason, RouteRequest, RouterConfig
+from hf_paged.scaleout import CacheAwareRouter, RouterConfig, RouteReason, RouteRequest
 
 BS = 4
 REPLICAS = st.integers(0, 7)
@@ -24,11 +26,11 @@ def closed(paths: list[list[int]]) -> set[int]:
 
 
 class RouterMachine(RuleBasedStateMachine):
-    @initialize(imbalance=st.integers(0, 5000), factor=st.floats(1.0, 3.0), hot=st.floats(0.2, 4.0),
-                seed=st.integers(0, 3))
-    def start(self, imbalance, factor, hot, seed):
-        self.config = RouterConfig(block_size=BS, imbalance_tokens=imbalance, balance_factor=factor,
-                                   hot_threshold=hot)
+    @initialize(queue=st.floats(0.0, 8.0), factor=st.floats(1.0, 3.0), hot=st.floats(0.2, 4.0),
+                min_gain=st.floats(0.0, 0.5), shared=st.floats(0.5, 1.0), seed=st.integers(0, 3))
+    def start(self, queue, factor, hot, min_gain, shared, seed):
+        self.config = RouterConfig(block_size=BS, queue_factor=queue, balance_factor=factor, hot_threshold=hot,
+                                   min_gain_share=min_gain, shared_share=shared)
         self.router = CacheAwareRouter(self.config, seed=seed)
         self.known: set[int] = set()
         self.inflight: list[int] = []
@@ -67,15 +69,23 @@ class RouterMachine(RuleBasedStateMachine):
         states = {r: self.router._replicas[r] for r in pool}
         matches = {r: s.match(req.digests) for r, s in states.items()}
         best = max(matches.values())
+        cfg, prompt = self.config, max(1, req.num_prompt_tokens)
+        k = max(1, math.ceil(cfg.shared_share * len(pool) - 1e-9))
+        shared = min(sorted(matches.values(), reverse=True)[k - 1] * BS, prompt)
+        gains = {r: min(m * BS, prompt) - shared for r, m in matches.items()}
         assert decision.num_cached_blocks == matches[ids[0]]
         if decision.reason is RouteReason.NO_MATCH:
             assert best == 0 and decision.prefix_key is None
+        elif decision.reason is RouteReason.LOW_GAIN:
+            assert decision.prefix_key is None, "a shared or small match is never a key"
+            assert max(gains.values()) < max(1e-9, cfg.min_gain_share * prompt)
         else:
             assert best > 0 and decision.prefix_key == req.digests[best - 1]
         if decision.reason in (RouteReason.AFFINITY, RouteReason.HOT_SPREAD):
-            assert matches[ids[0]] == best, "affinity goes to a replica holding the longest prefix"
-            lightest = min(s.load for s in states.values())
-            assert states[ids[0]].load <= lightest + self.config.imbalance_tokens, "load bound respected"
+            gain = gains[ids[0]]
+            assert gain > 0 and gain >= cfg.min_gain_share * prompt, "affinity saves more than the shared part"
+            lightest = min(s.load for s in states.values()) + self.router.mean_request_tokens
+            assert states[ids[0]].load <= lightest + cfg.queue_factor * gain + 1e-6, "queue bound respected"
         if decision.reason is RouteReason.HOT_ADMIT:
             assert matches[ids[0]] < best and decision.num_replicas_wanted > 1
         chosen = ids[min(pick, len(ids) - 1)]  # Ray may fall back to a later rank

@@ -1,41 +1,131 @@
-"""The routing simulator runs small, is deterministic with a seed, and ranks policies as the full run does."""
+"""The routing simulator: continuous-batching replicas step as specified, baselines keep their bounds, a trace in
+the Mooncake format replays, runs are deterministic with a seed and rank policies as the full run does."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import random
 
 import pytest
 
 from benchmarks import routing_sim as sim
+from benchmarks.routing import replica as rep
+from benchmarks.routing.policies import BoundedHash
+from benchmarks.routing.workloads import Stream, chain, read_trace, write_synthetic_trace
 
 
 @pytest.fixture(autouse=True)
 def small(monkeypatch):
     monkeypatch.setattr(sim, "REQUESTS_PER_REPLICA", 60)
+    monkeypatch.setattr(sim, "MIN_REQUESTS", 240)
+
+
+def request(rid, prompt, output, keys=()):
+    return rep.SimRequest(rid, rid, 0, 0.0, list(keys), prompt, output)
+
+
+def test_a_step_shares_its_token_budget_between_decodes_and_prefill_chunks():
+    replica = rep.Replica(capacity_blocks=1000, block_size=16)
+    short, long = request(0, 100, 3), request(1, 20_000, 2)
+    replica.waiting.extend([short, long])
+    step = replica.plan(0.0)  # both admitted; the short prompt whole, the long one fills the budget
+    assert [(r.rid, take) for r, take in step.chunks] == [(0, 100), (1, rep.MAX_BATCH_TOKENS - 100)]
+    assert step.duration == pytest.approx(rep.STEP_S + rep.STEP_TOKEN_S * rep.MAX_BATCH_TOKENS)
+    first, ended = replica.finish_step()
+    assert first == [short] and short.first_token == pytest.approx(step.end) and not ended
+    step = replica.plan(step.end)  # a decode token for the short one, the rest of the budget for the long one
+    assert step.decodes == [short] and step.chunks == [(long, rep.MAX_BATCH_TOKENS - 1)]
+    replica.finish_step()
+    step = replica.plan(step.end)
+    assert step.chunks == [(long, 20_000 - 2 * rep.MAX_BATCH_TOKENS + 101)]
+    _, ended = replica.finish_step()
+    assert ended == [short] and long.first_token == pytest.approx(step.end)
+    step = replica.plan(step.end)  # only one decode left, nobody waiting: its last tokens as one event
+    assert (step.count, step.decodes) == (long.output_left, [long])
+    assert replica.work_tokens == 20_100 + 2
+
+
+def test_a_multi_step_decode_is_cut_when_a_request_arrives():
+    replica = rep.Replica(capacity_blocks=1000, block_size=16)
+    r = request(0, 16, 50)
+    r.prompt_left, r.output_left = 0, 50
+    replica.running.append(r)
+    step = replica.plan(0.0)
+    assert step.count == 50
+    replica.waiting.append(request(1, 16, 1))
+    cut = replica.cut(step.duration * 2.5)  # the third step is in progress: it ends, then the newcomer joins
+    assert cut is step and step.count == 3
+    replica.finish_step()
+    assert r.output_left == 47 and replica.plan(step.end).chunks[0][0].rid == 1
+
+
+def test_the_prefix_cache_is_lru_and_closed_under_prefixes():
+    replica = rep.Replica(capacity_blocks=4, block_size=16)
+    replica.touch([1, 2, 3])
+    replica.touch([9, 8])
+    assert replica.cached_blocks([1, 2, 3]) == 2 and replica.cached_blocks([9, 8]) == 2  # the leaf 3 went first
+    assert replica.summary(10) == {1, 2, 9, 8} and replica.summary(2) == {9, 8}  # the most recent, prefix-closed
+    replica.touch([1, 2, 5])  # 1 and 2 are the most recent again; 8 (a leaf) leaves, then 9
+    assert replica.summary(10) == {1, 2, 5, 9}
+
+
+def test_bounded_hash_never_passes_its_cap():
+    n, policy = 5, BoundedHash(5, random.Random(0), 16)
+    replicas = [rep.Replica(10, 16) for _ in range(n)]
+    live = []
+    rng = random.Random(1)
+    for i in range(500):
+        req = request(i, 64, 1, keys=[7, 8, 9, 10])  # one hot prefix: the ring alone would send all to one
+        req.replica = policy.choose(req, replicas)
+        policy.routed(req)
+        live.append(req)
+        assert max(policy.inflight) <= math.ceil(1.25 * policy.total / n) + 1
+        if rng.random() < 0.5:
+            policy.finished(live.pop(rng.randrange(len(live))))
+    assert sum(x > 0 for x in policy.inflight) >= 4  # the hot key overflowed along the ring
 
 
 def test_same_seed_same_result():
-    a, b = (dataclasses.replace(sim.simulate(sim.Ours, 4, seed=5, load=0.9), sim_s=0, route_us=0) for _ in range(2))
+    a, b = (dataclasses.replace(sim.simulate(sim.Ours, 4, seed=5, workload="mix+preamble"), sim_s=0, route_us=0)
+            for _ in range(2))
     assert a == b
 
 
 def test_cache_aware_policies_beat_load_only_ones_on_hits():
-    results = {cls.name: sim.simulate(cls, 4, seed=1, load=0.9) for cls in sim.POLICIES}
-    ours, p2c = results[sim.Ours.name], results[sim.PowerOfTwo.name]
+    results = {cls.__name__: sim.simulate(cls, 4, seed=1, workload="short") for cls in sim.POLICIES}
+    ours, p2c = results["Ours"], results["PowerOfTwo"]
     assert ours.hit_rate > p2c.hit_rate + 0.2
-    assert ours.hit_rate <= ours.ideal_hit_rate + 1e-9  # never above one infinite cache
-    assert all(r.num_requests > 100 and 0 <= r.hit_rate <= 1 and r.max_over_mean >= 1 for r in results.values())
+    assert all(r.hit_rate <= r.ideal_hit_rate + 1e-9 for r in results.values())  # never above one infinite cache
+    assert all(r.num_requests > 100 and r.max_over_mean >= 1 and r.p99_ttft_s is None for r in results.values())
 
 
 def test_stream_keys_chain_like_block_digests():
-    a = sim.Stream().extend(1, 20)  # 1 full block + 4 tokens
+    a = Stream(16).extend(1, 20)  # 1 full block + 4 tokens
     b = a.extend(2, 12)  # completes block 2
     assert len(a.keys) == 1 and a.tail_len == 4 and b.keys[0] == a.keys[0] and len(b.keys) == 2
-    assert sim.Stream().extend(1, 32).keys[1] != sim.Stream().extend(9, 16).extend(1, 16).keys[1]
+    assert Stream(16).extend(1, 32).keys[1] != Stream(16).extend(9, 16).extend(1, 16).keys[1]
 
 
-def test_the_report_prints_a_table(capsys):
-    assert sim.main(["--replicas", "4"]) == 0
+def test_a_mooncake_format_trace_replays(tmp_path):
+    path = write_synthetic_trace(tmp_path / "trace.jsonl", 300, seed=2)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert set(rows[0]) == {"timestamp", "input_length", "output_length", "hash_ids"}
+    assert all(r["hash_ids"][0] == 0 for r in rows)  # a shared preamble block
+    assert all(len(r["hash_ids"]) == -(-r["input_length"] // 512) for r in rows)
+    workload = read_trace(path, block_size=512)
+    assert len(workload.sessions) == 300
+    keys, prompt, _ = workload.sessions[0].fixed[0]
+    assert len(keys) == prompt // 512 and keys == chain(rows[0]["hash_ids"])[: prompt // 512]
+    trace = f"trace:{path}"
+    results = {cls.__name__: sim.simulate(cls, 4, seed=0, workload=trace) for cls in (sim.Ours, BoundedHash)}
+    assert results["Ours"].num_requests >= 250 and results["Ours"].hit_rate > 0.3
+    assert results["Ours"].hit_rate <= results["Ours"].ideal_hit_rate + 1e-9
+
+
+def test_the_report_prints_tables_and_verdicts(capsys, tmp_path):
+    assert sim.main(["--replicas", "4", "--seeds", "2", "--workloads", "short", "--out", str(tmp_path / "r.md")]) == 0
     out = capsys.readouterr().out
-    assert "| 4 | ours (CacheAwareRouter) |" in out and "machine:" in out
-    assert "the target is set for 100 replicas" in out
+    assert "| 4 | ours (CacheAwareRouter) |" in out and "machine:" in out and "Targets held:" in out
+    assert "- short, 4 replicas: hit" in out and (tmp_path / "r.md").read_text().strip() == out.strip()

@@ -1,0 +1,101 @@
+"""The simulator's report: one table per workload (mean over seeds, min-max beside it) and the targets' verdicts."""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+from collections import defaultdict
+
+__all__ = ["machine", "report", "verdicts"]
+
+OURS = "ours (CacheAwareRouter)"
+ORACLE = "oracle (true caches, same bound)"
+BALANCE = 1.25  # the max/mean work target; a baseline past it buys its hit rate with a hot replica
+
+
+def machine() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return f"{cpu}, {os.cpu_count()} cores, python {platform.python_version()}"
+
+
+def _stat(values: list, scale: float = 1.0, fmt: str = "{:.3f}") -> str:
+    if any(v is None for v in values):
+        return "-"
+    values = [v * scale for v in values]
+    mean = statistics.fmean(values)
+    if len(values) == 1:
+        return fmt.format(mean)
+    return f"{fmt.format(mean)} ({fmt.format(min(values))}-{fmt.format(max(values))})"
+
+
+def _mean(values: list) -> float | None:
+    return None if any(v is None for v in values) else statistics.fmean(values)
+
+
+def _groups(results: list) -> dict:
+    groups: dict = defaultdict(list)
+    for r in results:
+        groups[(r.workload, r.num_replicas, r.policy)].append(r)
+    return groups
+
+
+def report(results: list) -> list[str]:
+    groups = _groups(results)
+    lines = []
+    for workload in dict.fromkeys(r.workload for r in results):
+        head = "| replicas | policy | requests | prefix hit rate | p50 TTFT s | p99 TTFT s | max/mean work | busy |"
+        lines += [f"### {workload}", "", head, "|" + "---|" * 8]
+        for (w, n, policy), runs in groups.items():
+            if w != workload:
+                continue
+            lines.append(
+                f"| {n} | {policy} | {runs[0].num_requests} | {_stat([r.hit_rate for r in runs], 100, '{:.1f}%')} | "
+                f"{_stat([r.p50_ttft_s for r in runs], fmt='{:.2f}')} | {_stat([r.p99_ttft_s for r in runs], fmt='{:.2f}')} | "
+                f"{_stat([r.max_over_mean for r in runs])} | {_stat([r.utilization for r in runs], fmt='{:.2f}')} |")
+        ideal = [r.ideal_hit_rate for r in results if r.workload == workload and r.policy == OURS]
+        if ideal:
+            lines.append(f"\nOne infinite cache (the ceiling): {statistics.fmean(ideal):.1%} of prompt tokens.")
+        lines.append("")
+    return lines
+
+
+def verdicts(results: list) -> tuple[list[str], int, int]:
+    """The targets, per workload and cluster size, on the means over seeds: ours >= the best baseline's hit rate
+    (checked twice: among the baselines that keep max/mean work <= 1.25, and among all) and >= 0.9x the oracle's;
+    p99 TTFT <= the lowest baseline p99; max/mean work <= 1.25. Returns (lines, held, checked)."""
+    groups = _groups(results)
+    lines, held, checked = [], 0, 0
+    for workload, n in dict.fromkeys((r.workload, r.num_replicas) for r in results):
+        runs = {p: rs for (w, m, p), rs in groups.items() if w == workload and m == n}
+        if OURS not in runs:
+            continue
+        ours = runs[OURS]
+        baselines = {p: rs for p, rs in runs.items() if p not in (OURS, ORACLE)}
+        checks = []
+        hit = _mean([r.hit_rate for r in ours])
+        balanced = {p: rs for p, rs in baselines.items() if _mean([r.max_over_mean for r in rs]) <= BALANCE}
+        for label, pool in (("best balanced baseline's", balanced), ("best baseline's (any balance)", baselines)):
+            if pool:
+                name, best = max(((p, _mean([r.hit_rate for r in rs])) for p, rs in pool.items()), key=lambda t: t[1])
+                checks.append((f"hit {hit:.1%} >= {label} {best:.1%} ({name})", hit >= best - 1e-9))
+        p99s = {p: _mean([r.p99_ttft_s for r in rs]) for p, rs in baselines.items()}
+        p99s = {p: v for p, v in p99s.items() if v is not None}
+        ours_p99 = _mean([r.p99_ttft_s for r in ours])
+        if p99s and ours_p99 is not None:
+            name, low = min(p99s.items(), key=lambda t: t[1])
+            checks.append((f"p99 TTFT {ours_p99:.2f} s <= best baseline's {low:.2f} s ({name})", ours_p99 <= low + 1e-9))
+        if ORACLE in runs:
+            oracle = _mean([r.hit_rate for r in runs[ORACLE]])
+            checks.append((f"hit >= 0.9 x oracle's {oracle:.1%}", hit >= 0.9 * oracle - 1e-9))
+        spread = _mean([r.max_over_mean for r in ours])
+        checks.append((f"max/mean work {spread:.3f} <= {BALANCE}", spread <= BALANCE))
+        held += sum(ok for _, ok in checks)
+        checked += len(checks)
+        lines.append(f"- {workload}, {n} replicas: " + "; ".join(f"{t}: {'yes' if ok else 'NO'}" for t, ok in checks))
+    return lines, held, checked

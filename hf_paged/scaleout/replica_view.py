@@ -1,0 +1,58 @@
+"""What the router believes of one replica: its last reported cache and load, plus what it was sent since.
+
+    holds(key)  = key in the last report | sent since | sent in the period before (may predate the report)
+    load        = max(0, reported load + uncached work sent since the report - work finished since)
+    work        = decayed work routed here (the router's inflated units: see `CacheAwareRouter`)
+
+A reported summary is closed under prefixes (a radix tree's) and so is what the router sent, so a replica's match
+of a prompt's chained digests is found by binary search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["ReplicaView"]
+
+
+@dataclass(slots=True, eq=False)
+class ReplicaView:
+    replica_id: Hashable
+    keys: frozenset = frozenset()  # fingerprints of the last report
+    sent: set = field(default_factory=set)  # fingerprints routed here since the last report
+    sent_before: set = field(default_factory=set)  # ... in the period before: may still be queued at the report
+    reported_load: int = 0
+    sent_since_report: int = 0
+    finished_since_report: int = 0
+    load: int = 0  # max(0, reported_load + sent_since_report - finished_since_report)
+    work: float = 0.0  # decayed work routed here, in the router's inflated units
+    num_reports: int = 0
+
+    def holds(self, key: Hashable) -> bool:
+        return key in self.keys or key in self.sent or key in self.sent_before
+
+    def match(self, digests: Sequence[Hashable]) -> int:
+        """Leading digests held. Holdings are closed under prefixes, so this is a binary search."""
+        if not digests or not self.holds(digests[0]):
+            return 0
+        keys, sent, before = self.keys, self.sent, self.sent_before
+        low, high = 1, len(digests)  # digests[:low] held; digests[high:] may or may not be
+        while low < high:
+            mid = (low + high + 1) // 2
+            key = digests[mid - 1]
+            if key in keys or key in sent or key in before:
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def take_report(self, keys: frozenset, load_tokens: int) -> None:
+        self.keys = keys
+        self.sent_before, self.sent = self.sent, set()  # what was sent two periods ago is in the report
+        self.reported_load, self.sent_since_report, self.finished_since_report = int(load_tokens), 0, 0
+        self.num_reports += 1
+        self.refresh_load()
+
+    def refresh_load(self) -> None:
+        self.load = max(0, self.reported_load + self.sent_since_report - self.finished_since_report)
