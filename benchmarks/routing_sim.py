@@ -231,7 +231,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache-tokens", type=int, default=CACHE_TOKENS, help="prefix cache per replica, tokens")
     parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     parser.add_argument("--out", type=Path, default=None, help="also write the report (markdown) here")
-    parser.add_argument("--json", type=Path, default=None, help="also write every run's result (JSON lines) here")
+    parser.add_argument("--json", type=Path, default=None, help="also write every run's result (JSON lines) here, "
+                        "each as it ends")
+    parser.add_argument("--from-json", type=Path, nargs="+", default=None,
+                        help="run nothing: report the results in these JSON lines files (of earlier --json runs)")
     args = parser.parse_args(argv)
     for w in args.workloads:
         if w not in WORKLOADS:
@@ -240,22 +243,35 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter()
     jobs = [(cls, n, seed, args.load, w, args.cache_tokens, args.trace_block_size)
             for w in workloads for n in args.replicas for cls in args.policies for seed in range(args.seeds)]
-    results: list[Result | None] = [None] * len(jobs)
+    sink = open(args.json, "a") if args.json is not None else None  # noqa: SIM115 (closed below)
+
+    def done(index: int, r: Result) -> None:
+        results[index] = r
+        print(f"  {r.workload}, {r.num_replicas}, {r.policy}, seed {r.seed}: {r.sim_s:.1f} s", file=sys.stderr,
+              flush=True)
+        if sink is not None:
+            sink.write(json.dumps(dataclasses.asdict(r)) + "\n")
+            sink.flush()
+
+    results: list = [None] * len(jobs)
     order = sorted(range(len(jobs)), key=lambda i: (-jobs[i][1], jobs[i][0] != "Ours"))  # the longest runs first
-    if args.jobs > 1:
+    if args.from_json:
+        results = [Result(**json.loads(line)) for path in args.from_json for line in path.read_text().splitlines()
+                   if line.strip()]
+        kinds = [w.replace("+", " + ") for w in WORKLOADS]
+        names = [c.name for c in POLICIES]
+        results.sort(key=lambda r: (kinds.index(r.workload) if r.workload in kinds else len(kinds), r.workload,
+                                    r.num_replicas, names.index(r.policy) if r.policy in names else 0, r.seed))
+    elif args.jobs > 1:
         with ProcessPoolExecutor(args.jobs) as pool:
             futures = {pool.submit(_run, jobs[i]): i for i in order}
             for future in as_completed(futures):
-                r = results[futures[future]] = future.result()
-                print(f"  {r.workload}, {r.num_replicas}, {r.policy}, seed {r.seed}: {r.sim_s:.1f} s", file=sys.stderr,
-                      flush=True)
+                done(futures[future], future.result())
     else:
         for i in order:
-            r = results[i] = _run(jobs[i])
-            print(f"  {r.workload}, {r.num_replicas}, {r.policy}, seed {r.seed}: {r.sim_s:.1f} s", file=sys.stderr,
-                  flush=True)
-    if args.json is not None:
-        args.json.write_text("".join(json.dumps(dataclasses.asdict(r)) + "\n" for r in results))
+            done(i, _run(jobs[i]))
+    if sink is not None:
+        sink.close()
     lines, held, checked = verdicts(results)
     ours = [r.route_us for r in results if r.route_us]
     text = "\n".join([
