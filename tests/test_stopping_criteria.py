@@ -97,6 +97,36 @@ def test_stop_strings_and_max_length_criterion_match_stock():
     assert stock.shape[1] == ids.shape[1] + 5 and torch.equal(paged, stock)
 
 
+def test_lm_evals_own_stop_sequence_criterion_matches_stock():
+    """lm-eval's `MultiTokenEOSCriteria` (per-row state by batch index, reads `input_ids[:, prompt_length:]`), as its
+    HF backend builds it for every generate_until batch."""
+    utils = pytest.importorskip("lm_eval.models.utils_hf")
+    tok = byte_tokenizer()
+    ids, mask = left_pad([tok(t)["input_ids"] for t in ("Once upon", "a", "The quick brown fox", "x = 1")],
+                         pad=tok.eos_token_id)
+    for seed in range(20):  # a random model whose rows all produce one ASCII character within 24 tokens
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                             eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)).eval()
+        first = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24,
+                               pad_token_id=tok.eos_token_id)
+        # its criterion is met when every row's recent text holds the sequence
+        seen = [{tok.decode([t]) for t in row[2:24]} for row in first[:, ids.shape[1]:].tolist()]
+        common = sorted(c for c in set.intersection(*seen) if len(c) == 1 and " " <= c <= "~")
+        if common:
+            break
+    text = common[0]
+
+    def kwargs():
+        criteria = utils.stop_sequences_criteria(tok, [text, "<eos>"], ids.shape[1], ids.shape[0])
+        return {"max_new_tokens": 30, "stopping_criteria": criteria, "pad_token_id": tok.eos_token_id}
+
+    stock, paged = _both(model, ids, mask, kwargs)
+    assert stock.shape[1] < ids.shape[1] + 30  # the criterion ended the batch before max_new_tokens
+    assert torch.equal(paged, stock)
+
+
 def test_a_criterion_that_raises_is_named_and_leaves_the_engine_usable():
     model = tiny_model("llama")
     ids, mask = left_pad(ragged_prompts(LENGTHS))

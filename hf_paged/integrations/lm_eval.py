@@ -22,12 +22,11 @@ import inspect
 from dataclasses import fields
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from lm_eval.api.registry import register_model
 from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
-
-import torch
-import torch.distributed as dist
 
 import hf_paged
 from hf_paged.batching.request import RequestStatus
