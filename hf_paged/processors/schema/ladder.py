@@ -143,6 +143,7 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
     stuck: bool | None = None  # False: the non-pruning tries cannot help
     automaton_error: SchemaTooComplexError | None = None  # the first automaton over its limits
     too_many_visits: tuple[SchemaTooComplexError, int] | None = None  # (error, recursion depth it happened at)
+    cost_failure: tuple[tuple, int] | None = None  # (settings, cost) of the last stop-at-cut try over its cost budget
 
     def make_context(attempt: _Attempt, stop_at_cut: bool = False) -> Context:
         return Context(root=schema, strict=strict, max_cost=attempt.max_cost, max_ref_depth=attempt.ref_depth,
@@ -177,7 +178,14 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
         if stuck is not None and (attempt.prune_cost is not None) == stuck:
             continue  # the same fragment failed twice whatever these tries change: on to the pruning ones
         # A flat try that cuts anything is set aside while exact grammars remain: it stops at its first cut
-        ctx = make_context(attempt, stop_at_cut=calls and not attempt.calls and not attempt.narrow)
+        stop_at_cut = calls and not attempt.calls and not attempt.narrow
+        settings = (attempt.prune_cost, attempt.repeat, attempt.string_repeat, attempt.ref_depth, attempt.extras)
+        if stop_at_cut and cost_failure is not None and cost_failure[0] == settings and cost_failure[1] > attempt.max_cost:
+            # Two tries that stop at their first cut and differ only in `max_cost` (and `any_depth`, which only a
+            # free value reads, after its cut) write the same fragments up to the first one over budget: this one
+            # would meet the same fragment, at the same cost, over its budget too
+            continue
+        ctx = make_context(attempt, stop_at_cut=stop_at_cut)
         try:
             rx = translate(schema, ctx, "#")
             text = None if rx is None else Grammar(rx.text, ctx.grammar_rules()) if ctx.rule_texts else rx.text
@@ -198,6 +206,8 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
             # a fragment over the full cost budget that an earlier try met with the very same cost: what the tries
             # of this kind change (caps, recursion, rules) does not touch it; only pruning might (`Context.check_cost`)
             failure = (getattr(exc, "pointer", None), getattr(exc, "cost", None))
+            if stop_at_cut and failure[1] is not None:
+                cost_failure = (settings, failure[1])
             if failure[0] is not None and attempt.max_cost == max_cost:
                 if failure in failures:
                     if attempt.prune_cost is not None:
