@@ -54,7 +54,7 @@ def _call_edges(table: np.ndarray, dead: int) -> dict[int, list[tuple[int, int]]
     number = np.zeros(owners.shape[0], dtype=np.int64)
     digits = np.asarray(DIGITS)
     for _ in range(WIDTH):
-        after = table[at][:, digits]  # [paths, digits]
+        after = table[at[:, None], digits]  # [paths, digits] (gathered alone: whole rows are 1 KB each)
         path, digit = np.nonzero(after != dead)  # (row-major: each path's digits in order, paths in order)
         owners, at, number = owners[path], after[path, digit].astype(np.int64), number[path] * len(DIGITS) + digit
     for owner, callee, state in zip(owners.tolist(), number.tolist(), at.tolist()):
