@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--replicas", type=int, nargs="+", default=[8, 32, 100])
     parser.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1; tables give the mean and min-max")
-    parser.add_argument("--workloads", nargs="+", default=WORKLOADS, help=f"any of {WORKLOADS}")
+    parser.add_argument("--workloads", nargs="*", default=WORKLOADS, help=f"any of {WORKLOADS} (none: --trace only)")
     parser.add_argument("--trace", type=Path, nargs="*", default=[], help="Mooncake-format JSONL traces to replay")
     parser.add_argument("--trace-block-size", type=int, default=512, help="tokens per hash_ids block of --trace")
     parser.add_argument("--policies", nargs="+", default=[c.__name__ for c in POLICIES])

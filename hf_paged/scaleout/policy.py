@@ -52,7 +52,7 @@ class RouterConfig:
     block_size: int = 16  # tokens per block, as on the replicas (matches are counted in tokens)
     balance_factor: float = 1.2  # affinity holds while a replica's recent work <= this x the mean (+ a mean request)
     queue_factor: float = 4.0  # ... and its load <= the lightest's + this x the prefill its match saves (+ one)
-    min_gain_share: float = 0.1  # a match saving less than this share of the prompt is no affinity
+    min_gain_share: float = 0.2  # a match saving less than this share of the prompt is no affinity
     shared_share: float = 0.9  # blocks held by this share of the candidates are shared (a preamble): no affinity
     balance_half_life: float = 50.0  # routed requests per replica after which work counts half
     hot_threshold: float = 1.0  # a prefix past this many replicas' fair share of work gets share*N/this replicas
