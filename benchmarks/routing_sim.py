@@ -217,7 +217,7 @@ def _run(args: tuple) -> Result:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.routing.report import machine, report, verdicts
+    from benchmarks.routing.report import machine, report, summary, verdicts
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--replicas", type=int, nargs="+", default=[8, 32, 100])
@@ -283,6 +283,8 @@ def main(argv: list[str] | None = None) -> int:
          f"{replica_model.STEP_S * 1e3:g} ms + {replica_model.STEP_TOKEN_S * 1e3:g} ms a token, <= "
          f"{replica_model.MAX_NUM_SEQS} running, load {args.load}, summaries every {REPORT_PERIOD:g} s, seeds "
          f"0-{args.seeds - 1}, first {WARMUP:.0%} of the arrivals not measured"),
+        "",
+        *summary(results),
         "",
         *report(results),
         f"Targets held: {held} of {checked}.",

@@ -7,7 +7,7 @@ import platform
 import statistics
 from collections import defaultdict
 
-__all__ = ["machine", "report", "verdicts"]
+__all__ = ["machine", "report", "summary", "verdicts"]
 
 OURS = "ours (CacheAwareRouter)"
 ORACLE = "oracle (true caches, same bound)"
@@ -108,3 +108,31 @@ def _overlap(ours: list, theirs: list, field: str) -> bool:
     """Whether the min-max ranges over seeds of `field` overlap (a difference the seeds do not settle)."""
     a, b = [getattr(r, field) for r in ours], [getattr(r, field) for r in theirs]
     return len(a) > 1 and max(a) >= min(b) and max(b) >= min(a)
+
+
+def summary(results: list) -> list[str]:
+    """One row per workload and cluster size: ours against the best baselines and the oracle (means over seeds)."""
+    groups = _groups(results)
+    head = ("| workload | replicas | ours: hit | best balanced baseline | best baseline, any balance | oracle | "
+            "ours: p99 TTFT s | lowest baseline p99 s | ours: max/mean work |")
+    lines = [head, "|" + "---|" * 9]
+    for workload, n in dict.fromkeys((r.workload, r.num_replicas) for r in results):
+        runs = {p: rs for (w, m, p), rs in groups.items() if w == workload and m == n}
+        if OURS not in runs:
+            continue
+        base = {p: rs for p, rs in runs.items() if p not in (OURS, ORACLE)}
+        hits = {p: _mean([r.hit_rate for r in rs]) for p, rs in base.items()}
+        balanced = {p: h for p, h in hits.items() if _mean([r.max_over_mean for r in base[p]]) <= BALANCE}
+        p99s = {p: v for p, rs in base.items() if (v := _mean([r.p99_ttft_s for r in rs])) is not None}
+
+        def best(table: dict) -> str:
+            return "-" if not table else "{1:.1%} ({0})".format(*max(table.items(), key=lambda t: t[1]))
+
+        ours_p99 = _mean([r.p99_ttft_s for r in runs[OURS]])
+        oracle = _mean([r.hit_rate for r in runs[ORACLE]]) if ORACLE in runs else None
+        lines.append(
+            f"| {workload} | {n} | {_mean([r.hit_rate for r in runs[OURS]]):.1%} | {best(balanced)} | {best(hits)} | "
+            f"{'-' if oracle is None else f'{oracle:.1%}'} | {'-' if ours_p99 is None else f'{ours_p99:.2f}'} | "
+            f"{'-' if not p99s else '{1:.2f} ({0})'.format(*min(p99s.items(), key=lambda t: t[1]))} | "
+            f"{_mean([r.max_over_mean for r in runs[OURS]]):.3f} |")
+    return lines

@@ -129,3 +129,4 @@ def test_the_report_prints_tables_and_verdicts(capsys, tmp_path):
     out = capsys.readouterr().out
     assert "| 4 | ours (CacheAwareRouter) |" in out and "machine:" in out and "Targets held:" in out
     assert "- short, 4 replicas: hit" in out and (tmp_path / "r.md").read_text().strip() == out.strip()
+    assert "| short | 4 | " in out  # the summary row: ours against the best baselines and the oracle
