@@ -15,6 +15,8 @@ Discrete events, one process per run, no torch. The parts (`benchmarks/routing/`
   the true caches within the bounded hash's load bound.
 - load: arrivals are set so a cluster without prefix caching would be at `--load` utilization (prefill at the
   full budget's speed, decode at 32 sequences a step); a trace's timestamps are scaled to the same offered load.
+  Routers and load reports see each request's max_tokens (512, or its output length when longer), never the true
+  output length.
 Metrics count requests arriving after a warm-up (the first 10% of the arrival window). Hit rate: prompt tokens
 served from the prefix cache / prompt tokens. TTFT: arrival to the end of the step that finished the prefill
 (percentiles only over >= 1,000 requests). Work: tokens each replica computed; max/mean over replicas.

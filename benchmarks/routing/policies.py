@@ -164,7 +164,7 @@ class Ours:
 
     def choose(self, request: SimRequest, replicas: list[Replica]) -> int:
         t0 = time.perf_counter()
-        route = RouteRequest(request.rid, request.keys, request.num_prompt_tokens, request.num_output_tokens)
+        route = RouteRequest(request.rid, request.keys, request.num_prompt_tokens, request.max_tokens)
         decision = self.router.route(route)
         request.route, request.predicted_blocks = (route, decision), decision.num_cached_blocks
         self.route_s += time.perf_counter() - t0

@@ -18,12 +18,13 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from itertools import islice
 
-__all__ = ["MAX_BATCH_TOKENS", "MAX_NUM_SEQS", "STEP_S", "STEP_TOKEN_S", "Replica", "SimRequest", "Step"]
+__all__ = ["MAX_BATCH_TOKENS", "MAX_NUM_SEQS", "MAX_TOKENS", "STEP_S", "STEP_TOKEN_S", "Replica", "SimRequest", "Step"]
 
 MAX_BATCH_TOKENS = 8192  # token budget of a step (max_num_batched_tokens)
 MAX_NUM_SEQS = 128  # running requests at most
 STEP_S = 0.010  # fixed cost of a step (launches, sampling)
 STEP_TOKEN_S = 6e-5  # cost per token in the step: a full 8k-token prefill step takes ~0.5 s (~16k tokens/s)
+MAX_TOKENS = 512  # every request's max_tokens, or its output length when longer
 
 
 @dataclass(slots=True, eq=False)
@@ -34,7 +35,7 @@ class SimRequest:
     arrival: float
     keys: list[int]  # the prompt's full blocks
     num_prompt_tokens: int
-    num_output_tokens: int
+    num_output_tokens: int  # what it will generate (unknown to routers and load reports: they see max_tokens)
     out_keys: list[int] = field(default_factory=list)  # prompt + output blocks, cached when it ends
     replica: int = -1
     hit_tokens: int = 0
@@ -43,6 +44,11 @@ class SimRequest:
     first_token: float = -1.0
     predicted_blocks: int = -1  # what ours believed the replica held (-1: other policies)
     route: object = None  # the policy's own record (ours: RouteRequest, decision)
+
+    @property
+    def max_tokens(self) -> int:
+        """The output budget a client asks for: what routers and load reports count, never the true length."""
+        return max(MAX_TOKENS, self.num_output_tokens)
 
 
 @dataclass(slots=True)
@@ -113,13 +119,15 @@ class Replica:
         return len(self.waiting) + len(self.running)
 
     def load_tokens(self, now: float) -> int:
-        """Queued + running tokens as `engine_load_tokens` counts them (prompt left + output left)."""
+        """Queued + running tokens as `engine_load_tokens` counts them: prompt left + output budget left (max_tokens
+        less what was generated, not the true remainder)."""
         load = sum(r.num_prompt_tokens - min(self.cached_blocks(r.keys) * self.block_size, r.num_prompt_tokens - 1)
-                   + r.num_output_tokens for r in self.waiting)
+                   + r.max_tokens for r in self.waiting)
         done = 0
         if self.step is not None and self.step.count > 1:
             done = min(self.step.count, int((now - self.step.start) / self.step.duration))
-        return load + sum(r.prompt_left + max(0, r.output_left - done) for r in self.running)
+        return load + sum(r.prompt_left + r.max_tokens - (r.num_output_tokens - r.output_left) - done
+                          for r in self.running)
 
     # -- steps ---------------------------------------------------------------------------------------------
     def plan(self, now: float) -> Step | None:

@@ -233,7 +233,7 @@ class CacheAwareRouter:
                     return self._decide(ranked, RouteReason.HOT_ADMIT, key, wanted, digests)
         if fitting:
             reason = RouteReason.HOT_SPREAD if wanted > 1 else RouteReason.AFFINITY
-            fitting.sort(key=lambda rg: (-rg[1], rg[0].load - rg[1], self._weight(rg[0])))
+            fitting.sort(key=lambda rg: (-rg[1], rg[0].load, self._weight(rg[0])))  # most saved, then lightest
             ranked = [r for r, _ in fitting[:2]]
             return self._decide([*ranked, *self._choices(pool)], reason, key, wanted, digests)
         small = {r: g for r, g in by_gain.items() if g < floor}  # the affine ones are past a bound: no bonus

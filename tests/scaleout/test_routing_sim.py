@@ -30,6 +30,8 @@ def test_a_step_shares_its_token_budget_between_decodes_and_prefill_chunks():
     replica = rep.Replica(capacity_blocks=1000, block_size=16)
     short, long = request(0, 100, 3), request(1, 20_000, 2)
     replica.waiting.extend([short, long])
+    # Load as a replica reports it: the output budget (max_tokens), never the true output length
+    assert replica.load_tokens(0.0) == 100 + rep.MAX_TOKENS + 20_000 + rep.MAX_TOKENS
     step = replica.plan(0.0)  # both admitted; the short prompt whole, the long one fills the budget
     assert [(r.rid, take) for r, take in step.chunks] == [(0, 100), (1, rep.MAX_BATCH_TOKENS - 100)]
     assert step.duration == pytest.approx(rep.STEP_S + rep.STEP_TOKEN_S * rep.MAX_BATCH_TOKENS)
@@ -37,6 +39,7 @@ def test_a_step_shares_its_token_budget_between_decodes_and_prefill_chunks():
     assert first == [short] and short.first_token == pytest.approx(step.end) and not ended
     step = replica.plan(step.end)  # a decode token for the short one, the rest of the budget for the long one
     assert step.decodes == [short] and step.chunks == [(long, rep.MAX_BATCH_TOKENS - 1)]
+    assert replica.load_tokens(step.start) == (rep.MAX_TOKENS - 1) + (20_000 - 8092 + rep.MAX_TOKENS)
     replica.finish_step()
     step = replica.plan(step.end)
     assert step.chunks == [(long, 20_000 - 2 * rep.MAX_BATCH_TOKENS + 101)]
