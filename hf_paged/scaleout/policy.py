@@ -8,7 +8,7 @@ of P prompt tokens:
     shared    = the match that (nearly) every candidate has (`shared_share` of them): a chat template's preamble
     gain(r)   = prefill r saves beyond the shared part: min(match(r) * block_size, P) - min(shared * block_size, P)
     affine(r) = gain(r) >= min_gain_share * P                  (a match worth something)
-    fits(r)   = load(r) <= lightest load + queue_factor * gain(r) + mean request     (queueing vs prefill saved)
+    fits(r)   = load(r) <= mean load + queue_factor * gain(r) + mean request        (queueing vs prefill saved)
                 and work(r) <= balance_factor * mean work + mean request            (long run: decayed work)
     key       = the request's block at the deepest match;  wanted = replicas its share of recent work calls for
 
@@ -20,13 +20,15 @@ of P prompt tokens:
     otherwise                                   -> the lightest of 4 random replicas            IMBALANCED
 
 "Mean request" is the decayed mean work of a routed request (uncached prompt + output budget), so one default holds
-for 500-token and 30k-token prompts: a holder may run one request ahead of the lightest replica, plus what its
-match saves. The work bound is consistent hashing with bounded loads (Mirrokni et al.): queued tokens are near zero
-everywhere in a lightly loaded cluster, so the queue test alone lets sticky affinity pile work on the replicas that
-caught popular prefixes; bounding the decayed work a replica was sent keeps max/mean near `balance_factor`, and a
-prefix that overflows its holders gains another (IMBALANCED). A shared preamble is never a key, so it is neither
-affinity nor hot. Load is in tokens (prompt still to compute + output budget): the replica's last report, plus what
-this router sent since (its uncached part), minus what finished since (`replica_view.py`).
+for 500-token and 30k-token prompts: a holder may run one request ahead of the candidates' mean load, plus
+queue_factor times what its match saves (the mean, not the lightest: the lightest of 100 replicas is near idle, so
+a bound on it tightens as the cluster grows). The work bound is consistent hashing with bounded loads (Mirrokni et
+al.): queued tokens are near zero everywhere in a lightly loaded cluster, so the queue test alone lets sticky
+affinity pile work on the replicas that caught popular prefixes; bounding the decayed work a replica was sent keeps
+max/mean near `balance_factor`, and a prefix that overflows its holders gains another (IMBALANCED). A shared
+preamble is never a key, so it is neither affinity nor hot. Load is in tokens (prompt still to compute + output
+budget): the replica's last report, plus what this router sent since (its uncached part), minus what finished since
+(`replica_view.py`).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ class RouterConfig:
 
     block_size: int = 16  # tokens per block, as on the replicas (matches are counted in tokens)
     balance_factor: float = 1.2  # affinity holds while a replica's recent work <= this x the mean (+ a mean request)
-    queue_factor: float = 4.0  # ... and its load <= the lightest's + this x the prefill its match saves (+ one)
+    queue_factor: float = 4.0  # ... and its load <= the mean load + this x the prefill its match saves (+ one)
     min_gain_share: float = 0.2  # a match saving less than this share of the prompt is no affinity
     shared_share: float = 0.9  # blocks held by this share of the candidates are shared (a preamble): no affinity
     balance_half_life: float = 50.0  # routed requests per replica after which work counts half
@@ -306,11 +308,12 @@ class CacheAwareRouter:
         """Affine replicas within both load bounds (see the module docstring)."""
         cfg = self.config
         mean_request = self.mean_request_tokens
-        lightest = min(r.load for r in pool) + mean_request
+        # The candidates' mean load, not the lightest's: the minimum of N loads falls as N grows, the mean does not
+        queue_base = sum(r.load for r in pool) / len(pool) + mean_request
         mean_work = self._total_work / max(1, len(self._replicas))
         work_bound = cfg.balance_factor * mean_work + mean_request * self._unit
         return [(r, g) for r, g in affine
-                if r.load <= lightest + cfg.queue_factor * g and r.work <= work_bound]
+                if r.load <= queue_base + cfg.queue_factor * g and r.work <= work_bound]
 
     def _weight(self, replica: ReplicaView) -> float:
         return replica.work / self._unit + replica.load

@@ -75,18 +75,19 @@ def test_load_estimate_is_the_report_plus_sent_minus_finished():
 
 def test_affinity_yields_to_queueing_imbalance():
     r = router("a", "b", "c", queue_factor=1.0)
-    r.report("a", keys={1, 2}, load_tokens=9)
+    r.report("a", keys={1, 2}, load_tokens=13)
     r.report("b", keys=set(), load_tokens=0)
     r.report("c", keys=set(), load_tokens=0)
-    decision = r.route(request("q", [1, 2]))  # 9 prompt tokens, 8 of them cached on "a": 9 queued tokens > 8 saved
+    # 9 prompt tokens, 8 of them cached on "a": its 13 queued tokens exceed the mean load (13/3) + the 8 saved
+    decision = r.route(request("q", [1, 2]))
     assert decision.reason is RouteReason.IMBALANCED and "a" not in decision.replica_ids[:1]
-    r.report("a", keys={1, 2}, load_tokens=8)  # at the bound: still fits
+    r.report("a", keys={1, 2}, load_tokens=12)  # at the bound (12/3 + 8): still fits
     assert r.route(request("q", [1, 2])).reason is RouteReason.AFFINITY
 
 
 @pytest.mark.parametrize("prompt_tokens, ahead, reason", [
     (30_000, 12_000, RouteReason.AFFINITY),  # 12k tokens queued ahead to save 30k of prefill: worth it
-    (496, 2_000, RouteReason.IMBALANCED),  # 2k tokens queued ahead to save 496: not worth it
+    (496, 4_000, RouteReason.IMBALANCED),  # 4k tokens queued ahead to save 496: not worth it
 ])
 def test_the_queue_bound_is_relative_to_the_prefill_saved(prompt_tokens, ahead, reason):
     # The same rule for 500-token and 30k-token prompts (an absolute bound in tokens gets one of them wrong).
@@ -109,9 +110,10 @@ def test_the_slack_is_one_mean_request_whatever_its_size():
         assert r.mean_request_tokens == pytest.approx(size + 5, rel=0.01)
         r.report("a", keys={1, 2}, load_tokens=0)
         r.report("b", keys=set(), load_tokens=0)
-        r.on_routed(request("x", [1, 2], output=size), "a")  # a is one request ahead: still fits
+        for k in range(2):  # a runs two requests ahead of b: one above the mean load of the two, still fits
+            r.on_routed(request(f"x{k}", [1, 2], output=size), "a")
         assert r.route(request("q", [1, 2, 3])).reason is RouteReason.AFFINITY
-        r.on_routed(request("y", [1, 2], output=size), "a")  # two ahead: past the bound
+        r.on_routed(request("y", [1, 2], output=size), "a")  # three ahead: past the bound
         assert r.route(request("q", [1, 2, 3])).reason is RouteReason.IMBALANCED
 
 
