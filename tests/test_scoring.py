@@ -155,3 +155,15 @@ def test_unwrap_removes_the_scoring_methods():
     model = hf_paged.wrap(tiny_model("llama"))
     hf_paged.unwrap(model)
     assert not hasattr(model, "loglikelihood") and not hasattr(model, "loglikelihood_rolling")
+
+
+def test_a_scored_sequence_may_fill_the_pool_exactly():
+    """A scoring request generates nothing: a prompt of exactly the pool's slots fits (a generating one needs one
+    more slot for its first token)."""
+    model = tiny_model("llama")
+    context, continuation = ragged_prompts([20, 13], seed=12)
+    reference = _stock_scores(model, [(context, continuation)])[0][0]
+    hf_paged.wrap(model, block_size=8, num_blocks=4, max_num_batched_tokens=16)
+    assert model.loglikelihood([(context, continuation)])[0].logprob == pytest.approx(reference, abs=1e-4)
+    with pytest.raises(PromptTooLongError, match="needs 5 blocks but the pool has 4"):
+        model.loglikelihood([(context, continuation + [7])])

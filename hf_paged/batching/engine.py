@@ -171,7 +171,7 @@ class Engine:
                 f"prompt of {len(prompt_ids)} tokens leaves no room to generate within the model's maximum of "
                 f"{self.max_model_len} positions: shorten it"
             )
-        need = -(-(len(prompt_ids) + 1) // self.config.block_size)
+        need = -(-(len(prompt_ids) + (targets is None)) // self.config.block_size)  # + the first generated token
         if need > self.cache.num_blocks:
             return PromptTooLongError(
                 f"prompt of {len(prompt_ids)} tokens needs {need} blocks but the pool has {self.cache.num_blocks}: "
