@@ -1,8 +1,8 @@
 """Local lm-evaluation-harness tasks for hf_paged's tests, benchmark and README (no hub): documents built from a
 seeded word list, so every machine gets the same ones. `hf-paged eval` adds this folder to `--include_path`.
 
-    hf_paged_gen   generate_until          a passage of 40-480 characters (50-1,500 tokens with 2 few-shot examples), a
-                                           question, one word to answer
+    hf_paged_gen   generate_until          a passage of 40-480 characters (50-1,500 tokens after the few-shot examples:
+                                           the first documents, the same before every one), a question, one word
     hf_paged_mc    multiple_choice         a 300-800-token passage, 4 choices of 10-40 tokens
     hf_paged_ppl   loglikelihood_rolling   passages of 1,000-6,000 tokens (several windows each on short models)
 """
