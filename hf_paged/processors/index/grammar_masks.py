@@ -15,8 +15,9 @@ and a state's mask is `within`'s words, plus the bits of the stops walked on in 
 (`TrieWalk.continue_pairs`: the closing quote and what follows it) and of the few tokens longer than LOOKAHEAD
 walked one by one from the state itself (72 with GPT-2): no walk of the vocabulary trie. A class's first state
 takes its string-body plan instead when it has one (cheaper than a walk, and most classes are met once); the
-classes of a rule are computed when decoding meets its wide states a second time (~3 ms per 1000 rule states; at
-compile time, for every rule, they were a quarter of a real-world schema's compile).
+classes of a rule are computed ahead of decoding, off the caller's path (`prepare`, after the index is published:
+~3 ms per 1000 rule states, a quarter of a real-world schema's compile when it ran inside it), or, when decoding
+meets a rule's wide states a second time before that, then.
 
 Measured on MaskBench's Github_hard---o21072 (word-count patterns under `maxLength`: a new rule state per token):
 its first visits over 500 us went from 85 to 32 of 261 tokens.
@@ -81,6 +82,18 @@ class GrammarMasks:
         self._rule_seen: dict[tuple[int, bool], int] = {}  # wide states met per rule before its classes exist
         self._long = _long_tokens(trie)
         self._lock = threading.Lock()
+
+    def prepare(self) -> None:
+        """The lookahead classes and closed key states (`closed_states`) of every rule with a wide state (the root
+        uncalled, the others called), ahead of decoding's visits: run off the caller's path (`TokenIndex.prepare`,
+        after the index is published), beside decoding; every fact is memoised by value, so whichever thread
+        computes one first, the other finds or recomputes the same."""
+        for rule_index in range(len(self.dfa.rules)):
+            if not self.walk.rule_narrow(rule_index).all():
+                called = rule_index > 0
+                inside = self.dfa.inside_mask(rule_index, called)
+                self.classes(rule_index, called, inside)
+                self.walk.closed_of(rule_index, called, inside)
 
     def mask(self, state: int, final: bool, build: Callable[[object, bool], object],
              planned: Callable[[int], object | None]) -> object | None:

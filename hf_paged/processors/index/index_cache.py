@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import pickle
 import tempfile
@@ -32,6 +33,8 @@ from hf_paged.processors.index.token_index import StateMask, TokenIndex
 from hf_paged.processors.index.vocabulary import TokenVocabulary
 
 __all__ = ["CompiledIndex", "IndexCache", "default_index_cache", "index_key"]
+
+logger = logging.getLogger(__name__)
 
 
 # Masks a compile precomputes, nearest the start first, counted in narrow-state units (a narrow state's mask,
@@ -213,6 +216,12 @@ class IndexCache:
                 self._entries.move_to_end(key)
                 while len(self._entries) > self.max_entries:
                     self._entries.popitem(last=False)
+            # a grammar's per-rule facts off the caller's path: the index is usable now, decoding computes on first
+            # need what this has not reached yet
+            try:
+                self._executor.submit(_prepare, compiled)
+            except RuntimeError:  # (the executor is shutting down: decoding computes them on first need)
+                pass
             return compiled
         finally:
             with self._lock:
@@ -254,6 +263,14 @@ class IndexCache:
         with os.fdopen(fd, "wb") as handle:
             pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, path)
+
+
+def _prepare(compiled: CompiledIndex) -> None:
+    """`TokenIndex.prepare`, in the background (a failure there only leaves the facts to decoding: logged)."""
+    try:
+        compiled.index.prepare()
+    except Exception:  # (decoding computes the same facts on first need)
+        logger.exception("preparing a compiled index's rule facts failed; decoding computes them on first need")
 
 
 def _size(regex: str | Grammar) -> str:

@@ -130,10 +130,11 @@ class TokenIndex:
         the first visits of states the budget did not reach (big schemas, counted strings). The automaton-wide
         facts of string bodies (`TrieWalk.prepare`, ~0.7 us a state) come first, outside the budget.
         """
-        if max_units > 0:
+        if max_units > 0 and not self.dfa.lazy:
             # string bodies: the automaton-wide facts first, outside the budget (~0.7 us a state, a few percent of
-            # building the automaton; inside it, a 10k-state automaton would have no budget left for masks)
-            self._walk.prepare()  # (a grammar's lookahead classes wait for decoding: `GrammarMasks.mask`)
+            # building the automaton; inside it, a 10k-state automaton would have no budget left for masks). A
+            # grammar's per-rule facts are not on the compile's path: `prepare`
+            self._walk.prepare()
         units, num_warmed = 0, 0
         if self.dfa.lazy:  # states are named as walks reach them, nearest the start first: warm in that order
             state = self.dfa.initial
@@ -157,6 +158,16 @@ class TokenIndex:
                 self.state_mask(state)
                 num_warmed += 1
         return num_warmed
+
+    def prepare(self) -> None:
+        """A grammar's per-rule facts, for every rule, ahead of decoding's first visits: string-body facts, lookahead
+        classes, closed key states (tens of ms for a big schema: a quarter of its compile when they were part of
+        it). `IndexCache` runs this in its background thread once the index is published, beside decoding, which
+        computes on first need whatever is not there yet; each fact is memoised by value, so the masks are the same
+        whichever thread computes it. Nothing to do for a regex's automaton (`warm` prepared it)."""
+        if self._grammar is not None:
+            self._walk.prepare()
+            self._grammar.prepare()
 
     def forced_token(self, state: int) -> int | None:
         """The only allowed token in `state` when nothing else (EOS included) is, else None."""
