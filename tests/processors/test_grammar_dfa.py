@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 import re
+import threading
 import warnings
 from collections import deque
 
@@ -363,6 +364,28 @@ def test_counted_states_share_one_walk_per_lookahead_class():
     assert lazy.get_next_state(state, vocab.tokens[b"a" * 20][0]) is None  # 24 + 20 > 40
     assert lazy.get_next_state(state, vocab.tokens[b" " * 18][0]) is None  # 24 + 18 > 40
     assert len(lazy._grammar._walks) < 3  # 3 wide states met, far from the bound: fewer walks
+
+
+def test_rule_facts_prepared_ahead_or_beside_decoding_give_the_same_masks():
+    # `TokenIndex.prepare` (IndexCache runs it in its background thread once the index is published) computes every
+    # rule's lookahead classes, closed key states and string-body ends; decoding computes on first need what is not
+    # there yet. Prepared first, prepared in another thread while decoding walks, or never: the same masks
+    body = '"[a-z ]{0,40}"'
+    grammar = Grammar(f'\\{{"a":{call_regex(1)}(?:,"b":{call_regex(1)})?,"c":{call_regex(2)}\\}}',
+                      [body, '"[a-z]{0,8}"'])
+    vocab = make_vocab([bytes([b]) for b in range(256)] + [b"ab", b" a", b'a"', b'",', b'"}', b"a" * 20])
+    trie = build_token_trie(vocab.tokens, vocab.vocab_size)
+    flat = TokenIndex(build_automaton(inline_grammar(grammar)), vocab, trie)
+    ahead = TokenIndex(GrammarDFA(grammar), vocab, trie)
+    ahead.prepare()
+    assert {rule for rule, _ in ahead._grammar._classes} == {1, 2}  # (the root's states are all narrow here)
+    assert walk_in_lockstep(flat, ahead, vocab, 400) > 80
+    beside = TokenIndex(GrammarDFA(grammar), vocab, trie)
+    preparing = threading.Thread(target=beside.prepare)
+    preparing.start()
+    assert walk_in_lockstep(flat, beside, vocab, 400) > 80
+    preparing.join()
+    assert check_same_as_inlined(grammar, vocab, 16, limit=400) > 80  # (never prepared)
 
 
 def test_class_walks_past_their_memory_budget_are_dropped_oldest_first(monkeypatch):
