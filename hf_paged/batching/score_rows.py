@@ -22,7 +22,9 @@ def record_scores(scored: list[ScoredRows], logits: torch.Tensor) -> None:
         indices.extend(range(start, start + rows.count))
         targets.extend(rows.request.params.score_targets[start : start + rows.count])
     target = torch.tensor(targets, dtype=torch.long, device=logits.device)
-    logprobs = torch.log_softmax(logits.float(), dim=-1).gather(1, target[:, None]).squeeze(1).tolist()
+    logits = logits.float()
+    # log-softmax at the target only: no second [rows, vocab] tensor (rolling windows score a whole step of rows)
+    logprobs = (logits.gather(1, target[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)).tolist()
     greedy = (logits.argmax(dim=-1) == target).tolist()
     row = 0
     for rows in scored:
