@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 
 from hf_paged.cli_common import CliError
+from hf_paged.errors import HfPagedError
 
 USAGE = """usage: hf-paged eval [lm-eval run arguments]
 
@@ -41,7 +42,12 @@ def run_eval(argv: list[str]) -> int:
     parser = HarnessCLI()
     args = parser._parser.parse_args(["run", *argv])  # (its `parse_args()` reads sys.argv)
     args.include_path = _include_paths(args.include_path)
-    parser.execute(args)
+    try:
+        parser.execute(args)
+    except HfPagedError:
+        raise
+    except (ValueError, FileNotFoundError) as exc:  # lm-eval's own input checks (unknown task, bad path, ...)
+        raise CliError(f"lm-eval: {exc}") from None
     return 0
 
 

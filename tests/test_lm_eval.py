@@ -104,5 +104,7 @@ def test_hf_paged_eval_refuses_another_backend(capsys):
 
     assert main(["eval", "--model", "vllm", "--tasks", "hf_paged_mc"]) == 2
     assert "not --model vllm" in capsys.readouterr().err
+    assert main(["eval", "--tasks", "no_such_task", "--limit", "1"]) == 2
+    assert "Tasks not found: no_such_task" in capsys.readouterr().err
     assert main(["eval", "--help"]) == 0
     assert "hf-paged eval" in capsys.readouterr().out
