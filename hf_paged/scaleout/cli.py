@@ -1,13 +1,28 @@
-"""`hf-paged serve --replicas N [--address ADDR]`: the same server, as N engine replicas on Ray Serve."""
+"""`hf-paged serve --replicas N [--address ADDR]`: the same server, as N engine replicas on Ray Serve.
+
+It keeps the single server's promise on SIGTERM (or Ctrl-C): new requests get 503 at once, the requests in flight
+get `--shutdown-timeout` seconds, what still runs then is aborted (each client gets the single server's error), and
+the process exits 0 (130 after Ctrl-C) once every process it started has stopped. A local cluster (no `--address`)
+runs in a temporary directory of its own, removed at exit, and without Ray's dashboard.
+"""
 
 from __future__ import annotations
 
+import logging
+import signal
+import threading
+import time
+
 __all__ = ["run_replicas"]
+
+logger = logging.getLogger("hf_paged.scaleout")
+
+FLUSH_GRACE_S = 5.0  # after the abort at --shutdown-timeout: time for the replicas' error answers to reach clients
 
 
 def run_replicas(args) -> int:
-    """Deploy the replicas with the single-server flags and serve until Ctrl-C. Raises `CliError` for bad arguments
-    (checked before Ray starts)."""
+    """Deploy the replicas with the single-server flags and serve until SIGTERM / Ctrl-C. Raises `CliError` for bad
+    arguments (checked before Ray starts)."""
     from hf_paged.cli_common import CliError
     from hf_paged.config import PagedConfig
     from hf_paged.serving.server import paged_overrides, read_chat_template
@@ -19,6 +34,8 @@ def run_replicas(args) -> int:
         raise CliError("--replicas routes by the replicas' prefix caches: drop --no-prefix-caching")
     if args.max_waiting is not None and args.max_waiting < 1:
         raise CliError(f"--max-waiting must be >= 1, got {args.max_waiting}")
+    if args.shutdown_timeout < 0:
+        raise CliError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     paged = paged_overrides(args)  # --no-prefix-caching is refused above: the replicas route by their caches
     try:
         PagedConfig(**paged)
@@ -26,19 +43,188 @@ def run_replicas(args) -> int:
         raise CliError(str(exc)) from None
     template = read_chat_template(args)
     try:
-        import ray
-        from ray import serve
+        import ray  # noqa: F401 -- checked here, used in _LocalCluster
+        from ray import serve  # noqa: F401
 
         from hf_paged.scaleout.deploy import deploy
     except ImportError as exc:
         raise CliError(f"--replicas needs the ray extra ({exc.name} is missing): pip install 'hf_paged[ray]'") from None
+    _log_to_stderr(args.log_level)
+    cluster = _LocalCluster(args.address)
+    stop = _StopSignals()
     try:
-        deploy(args.model, replicas=replicas, address=args.address, host=args.host, port=args.port,
-               served_model_name=args.served_model_name, device=args.device, dtype=args.dtype, paged=paged,
-               max_waiting=args.max_waiting, chat_template=template, blocking=True)
-    except KeyboardInterrupt:
-        return 130
+        cluster.start()
+        stop.install()  # after ray.init: its core worker installs a handler that dumps core on SIGTERM
+        handle = deploy(args.model, replicas=replicas, address=args.address, host=args.host, port=args.port,
+                        served_model_name=args.served_model_name, device=args.device, dtype=args.dtype,
+                        paged=paged, max_waiting=args.max_waiting, chat_template=template)
+        logger.info("serving %s on http://%s:%d (%d replicas on Ray Serve)",
+                    args.served_model_name or args.model or "hf-paged/tiny-lm", args.host, args.port, replicas)
+        stop.serving = True
+        stop.wait()
+        drain(handle, args.shutdown_timeout)
+    except _Stopped:  # a signal during start-up: nothing to drain
+        pass
     finally:
-        if ray.is_initialized():
+        cluster.stop()
+    return 130 if stop.interrupted else 0
+
+
+def drain(gateway, shutdown_timeout: float, flush_s: float = FLUSH_GRACE_S) -> int:
+    """Close the gateway to new requests, give those in flight `shutdown_timeout` seconds, abort the rest and give
+    their error answers `flush_s` seconds. Returns the number aborted."""
+    def call(method: str):
+        return gateway.options(method_name=method).remote().result(timeout_s=30)
+
+    def wait(seconds: float) -> int:
+        num_in_flight, deadline = call("num_in_flight"), time.monotonic() + seconds
+        while num_in_flight and time.monotonic() < deadline:
+            time.sleep(0.1)
+            num_in_flight = call("num_in_flight")
+        return num_in_flight
+
+    num_in_flight = call("begin_drain")
+    logger.info("shutting down: %d requests in flight get %.3g s", num_in_flight, shutdown_timeout)
+    aborted = wait(shutdown_timeout) if num_in_flight else 0
+    if aborted:
+        logger.info("aborting %d requests still running", aborted)
+        call("abort_all")
+        wait(flush_s)
+    return aborted
+
+
+class _Stopped(Exception):
+    """SIGTERM / Ctrl-C before the replicas were ready."""
+
+
+class _StopSignals:
+    """SIGTERM and SIGINT set an event once serving (a second one is ignored: the drain is under way); before
+    that they abort the start-up."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+        self.serving = False
+        self.interrupted = False  # Ctrl-C (exit 130) rather than SIGTERM (exit 0)
+
+    def install(self) -> None:
+        signal.signal(signal.SIGTERM, self._handle)
+        signal.signal(signal.SIGINT, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        if self.event.is_set():
+            return
+        self.interrupted = signum == signal.SIGINT
+        self.event.set()
+        if not self.serving:
+            raise _Stopped
+
+    def wait(self) -> None:
+        while not self.event.wait(1.0):  # a timed wait lets the handler run promptly
+            pass
+
+
+class _LocalCluster:
+    """The Ray cluster this command starts (none with `--address`): lean, in its own temporary directory, and
+    stopped with every process it started."""
+
+    def __init__(self, address: str | None) -> None:
+        self.address, self.temp_dir = address, None
+        self.pids: set[tuple[int, int]] = set()  # (pid, start time) of every process below this one
+
+    def start(self) -> None:
+        import tempfile
+
+        import ray
+
+        from hf_paged.scaleout.deploy import worker_env
+
+        if self.address is None:
+            self.temp_dir = tempfile.mkdtemp(prefix="hf_paged-ray-")  # Ray's sockets and logs; short: socket paths
+        ray.init(address=self.address, include_dashboard=False, runtime_env=worker_env(), _temp_dir=self.temp_dir)
+
+    def stop(self) -> None:
+        """Serve and the cluster down; then any process of ours still alive gets SIGTERM, then SIGKILL (Ray's
+        agents otherwise outlive the raylet by up to a minute)."""
+        import shutil
+
+        import ray
+        from ray import serve
+
+        if not ray.is_initialized():
+            return
+        self.pids = _descendants()
+        try:
             serve.shutdown()
-    return 0
+        finally:
+            ray.shutdown()
+            if self.address is None:
+                _reap(self.pids, grace_s=3.0)
+                shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _descendants() -> set[tuple[int, int]]:
+    """(pid, start time) of every process below this one, read from /proc (Linux; empty elsewhere)."""
+    import os
+
+    parents: dict[int, list[tuple[int, int]]] = {}
+    for name in os.listdir("/proc") if os.path.isdir("/proc") else ():
+        stat = _stat(name) if name.isdigit() else None
+        if stat is not None:
+            parents.setdefault(stat[1], []).append((int(name), stat[2]))
+    found, todo = set(), [os.getpid()]
+    while todo:
+        for child in parents.get(todo.pop(), ()):
+            found.add(child)
+            todo.append(child[0])
+    return found
+
+
+def _stat(pid: str) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time in ticks) of a process, or None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError, ValueError):
+        return None
+    return fields[0], int(fields[1]), int(fields[19])
+
+
+def _alive(pids: set[tuple[int, int]]) -> set[tuple[int, int]]:
+    out = set()
+    for pid, start in pids:
+        stat = _stat(str(pid))
+        if stat is not None and stat[2] == start and stat[0] != "Z":
+            out.add((pid, start))
+    return out
+
+
+def _reap(pids: set[tuple[int, int]], grace_s: float) -> None:
+    """SIGTERM whatever of `pids` is still alive, wait up to `grace_s`, SIGKILL the rest."""
+    import os
+
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = _alive(pids)
+        if alive:
+            logger.info("%d processes outlived the cluster; sending %s", len(alive), sig.name)
+        for pid, _ in alive:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.1)
+            alive = _alive(alive)
+        if not alive:
+            return
+        logger.warning("%d processes outlived %s: %s", len(alive), sig.name, sorted(pid for pid, _ in alive))
+
+
+def _log_to_stderr(level: str) -> None:
+    """hf_paged's own lines (the URL, the shutdown) on stderr, as uvicorn's are for the single server."""
+    root = logging.getLogger("hf_paged")
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s -- %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(level.upper())

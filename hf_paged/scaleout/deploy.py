@@ -33,6 +33,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from hf_paged.scaleout.asgi import HttpCall, ResponseStart, forward
+from hf_paged.scaleout.drain import DrainGate
 from hf_paged.scaleout.metrics_merge import CONTENT_TYPE, ReplicaMetrics, render_scrape
 from hf_paged.scaleout.prompt_key import routing_info
 from hf_paged.scaleout.ray_router import HfPagedRequestRouter
@@ -145,6 +146,10 @@ class EngineReplica:
     def record_routing_stats(self) -> dict[str, Any]:
         return self.reporter.summary().to_stats()
 
+    def abort_all(self) -> None:
+        """Abort every request (the shutdown's deadline passed): each client gets the single server's 503 error."""
+        self.engine.loop.abort_all()
+
     def check_health(self) -> None:
         if not self.engine.loop.is_alive:
             raise RuntimeError("the engine loop stopped")
@@ -168,8 +173,34 @@ class Gateway:
         if spec.chat_template is not None:
             self.tokenizer.chat_template = spec.chat_template  # the same prompt text as the replicas render
         self.block_size, self.extra_keys = spec.block_size, spec.extra_keys
+        self.gate = DrainGate()  # closed by the driver at shutdown (`begin_drain`)
 
     async def __call__(self, request: Request) -> Response:
+        if not self.gate.admit():
+            return _error(503, "the server is shutting down; retry on another server", "shutting_down")
+        try:
+            response = await self._answer(request)
+        except BaseException:
+            self.gate.done()
+            raise
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = self.gate.track(response.body_iterator)
+        else:
+            self.gate.done()
+        return response
+
+    async def begin_drain(self) -> int:
+        """Refuse new requests from now on (HTTP 503); returns the number in flight."""
+        return self.gate.close()
+
+    async def num_in_flight(self) -> int:
+        return self.gate.num_in_flight
+
+    async def abort_all(self) -> None:
+        """Abort every replica's requests; their answers end with the single server's error."""
+        await self.engine.broadcast("abort_all").results_async(timeout_s=self.scrape_timeout_s, return_exceptions=True)
+
+    async def _answer(self, request: Request) -> Response:
         body = await request.body()
         path = request.url.path
         if path == "/hf_paged/router" and request.method == "GET":
@@ -269,11 +300,12 @@ def build_application(spec: ReplicaSpec, *, replicas: int = 2, router: str = "ca
             request_router_kwargs={"block_size": spec.block_size, **(router_kwargs or {})},
             request_routing_stats_period_s=stats_period_s,
         )
+    options["graceful_shutdown_wait_loop_s"] = 0.2  # the CLI drains first (cli.drain): Serve's 2 s polls only add
     engine = serve.deployment(EngineReplica, name="EngineReplica", num_replicas=replicas,
                               max_ongoing_requests=max_ongoing_requests,
                               ray_actor_options={"num_cpus": replica_num_cpus}, **options).bind(spec)
     gateway = serve.deployment(Gateway, name="Gateway", num_replicas=1, max_ongoing_requests=10_000,
-                               ray_actor_options={"num_cpus": 0})
+                               ray_actor_options={"num_cpus": 0}, graceful_shutdown_wait_loop_s=0.2)
     return gateway.bind(engine, spec)
 
 

@@ -140,3 +140,30 @@ def test_gateway_scrape_labels_every_replica_and_skips_a_failed_one():
     assert [line.split("replica=")[1].split("}")[0] for line in running] == ['"local"', '"r2"']
     assert text.count("# TYPE hf_paged:num_requests_running gauge") == 1
     assert "hf_paged:metrics_replicas_scraped 2.0" in text and "hf_paged:metrics_scrape_errors 1.0" in text
+
+
+def test_drain_gate_counts_a_stream_until_it_ends_and_refuses_once_closed():
+    from hf_paged.scaleout.drain import DrainGate
+
+    gate = DrainGate()
+
+    async def body():
+        yield b"a"
+        yield b"b"
+
+    async def run():
+        assert gate.admit() and gate.admit()
+        gate.done()  # a plain answer: done when returned
+        stream = gate.track(body())
+        assert [chunk async for chunk in stream] == [b"a", b"b"]
+        assert gate.num_in_flight == 0
+        assert gate.admit()
+        cut = gate.track(body())
+        assert await cut.__anext__() == b"a"
+        assert gate.close() == 1 and not gate.admit()  # closed: nothing new counted
+        await cut.aclose()  # the client went away mid-stream
+        assert gate.num_in_flight == 0
+
+    asyncio.run(run())
+    with pytest.raises(RuntimeError, match="without a matching admit"):
+        gate.done()

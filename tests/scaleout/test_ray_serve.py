@@ -1,7 +1,8 @@
 """End to end on a local Ray cluster (num_cpus=2): 2 engine replicas of the tiny model behind the gateway.
 
-Two tests run by default on one cluster (serving, routing by cache, the router's view; `/metrics` across replicas);
-killing a replica mid-run is marked slow.
+Three tests run by default on one cluster (serving, routing by cache, the router's view; `/metrics` across replicas;
+a replica killed mid-stream, last since it leaves Serve replacing the victim); a longer kill under load is marked
+slow.
 """
 
 from __future__ import annotations
@@ -139,10 +140,8 @@ def test_a_killed_replica_loses_no_request_silently(endpoint):
     time.sleep(4)
     with httpx.Client(base_url=endpoint, timeout=60) as client:
         before = set(router_view(client)["replicas"])
-        victim = sorted(before)[0]
-        name = next(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                    if a["name"].endswith(f"#EngineReplica#{victim}"))
-        ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+        victim = min(before)
+        kill_replica(victim)
         killed_at = time.time()
         scraped: dict = {}
 
@@ -175,3 +174,58 @@ def test_a_killed_replica_loses_no_request_silently(endpoint):
           f"errors {[d for o, d in results if o == 'error']}")
     assert outcomes.count("ok") > 10 and len(outcomes) == outcomes.count("ok") + outcomes.count("error")
     assert outcomes.count("error") <= 4, results  # only what the dead replica was running
+
+
+def kill_replica(tag: str) -> None:
+    name = next(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["name"].endswith(f"#EngineReplica#{tag}"))
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+
+
+def test_a_replica_killed_mid_stream_ends_its_answers_with_an_error(endpoint):
+    """Short enough to run by default: one long stream pins the victim, two clients keep others coming; the kill
+    ends the stream with an error event, every other request is answered or fails visibly, and the scrape right
+    after the kill answers without the victim."""
+    results: list[str] = []
+    stop = threading.Event()
+
+    def client_loop(worker: int) -> None:
+        with httpx.Client(base_url=endpoint, timeout=60) as client:
+            i = 0
+            while not stop.is_set():
+                try:
+                    r = chat(client, SYSTEMS[worker], f"w{worker} q{i}", stream=i % 2 == 0, max_tokens=8)
+                    ok = r.status_code == 200 and '"error"' not in r.text
+                    results.append("ok" if ok else "error")
+                except httpx.HTTPError:  # a cut body: an error the client sees
+                    results.append("error")
+                i += 1
+
+    threads = [threading.Thread(target=client_loop, args=(w,)) for w in (1, 2)]
+    for t in threads:
+        t.start()
+    started = time.time()
+    with httpx.Client(base_url=endpoint, timeout=60) as client:
+        body = {"messages": [{"role": "user", "content": "a long answer"}], "max_tokens": 1500, "stream": True,
+                "ignore_eos": True}
+        with client.stream("POST", "/v1/chat/completions", json=body) as stream:
+            assert stream.status_code == 200
+            victim = stream.headers["x-hf-paged-replica"]
+            lines = stream.iter_lines()
+            first = next(line for line in lines if line.startswith("data: "))
+            assert '"error"' not in first
+            kill_replica(victim)
+            rest = [line for line in lines if line.startswith("data: ")]
+        assert rest[-1] == "data: [DONE]" and '"code": "replica_lost"' in rest[-2], rest[-3:]
+        running = scrape(client)["hf_paged:num_requests_running"].samples
+        left = {s.labels["replica"] for s in running}
+        assert left and victim not in left, (victim, left)
+        after = chat(client, SYSTEMS[0], "still there?")
+        assert after.status_code == 200 and after.headers["x-hf-paged-replica"] != victim
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads), "a request hung"
+    assert results.count("error") <= 2, results  # at most what each client had in flight on the victim
+    print(f"killed {victim}: {results.count('ok')} answers, {results.count('error')} errors, "
+          f"{time.time() - started:.1f} s")

@@ -1,0 +1,107 @@
+"""`hf-paged serve --replicas 2` as a user runs it: SIGTERM drains, aborts what is left, exits 0, leaves nothing.
+
+One local Ray cluster, started by the command itself (its own temporary directory), ~40 s on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("ray")
+httpx = pytest.importorskip("httpx")
+psutil = pytest.importorskip("psutil")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def alive(processes: list) -> list:
+    out = []
+    for p in processes:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_sigterm_drains_aborts_the_rest_exits_0_and_leaves_no_process_or_file():
+    tmp = tempfile.mkdtemp(prefix="hfp", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hf_paged.cli", "serve", "--replicas", "2", "--port", str(port), "--block-size", "16",
+         "--num-blocks", "512", "--shutdown-timeout", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "TMPDIR": tmp})
+    output: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        for line in proc.stdout:
+            output.append(line)
+            if f" on http://127.0.0.1:{port} " in line:
+                ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert ready.wait(240), "".join(output[-30:])
+        processes = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        assert len(processes) >= 8  # driver, gcs, raylet, agents, controller, proxy, gateway, 2 replicas
+        base = f"http://127.0.0.1:{port}"
+        answer: dict = {}
+        first_chunk = threading.Event()
+
+        def long_stream() -> None:  # in flight at SIGTERM and longer than --shutdown-timeout: aborted
+            body = {"prompt": "a long answer", "max_tokens": 1500, "stream": True, "ignore_eos": True}
+            with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as r:
+                lines = []
+                for line in r.iter_lines():
+                    lines.append(line)
+                    first_chunk.set()
+                answer.update(status=r.status_code, lines=[x for x in lines if x.startswith("data: ")])
+
+        streamer = threading.Thread(target=long_stream)
+        streamer.start()
+        assert first_chunk.wait(60)
+        proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        refused = None
+        while refused is None and time.monotonic() - sent < 2:
+            r = httpx.post(f"{base}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
+            refused = r.json()["error"]["code"] if r.status_code == 503 else None
+        assert refused == "shutting_down"
+        status = proc.wait(timeout=60)
+        exited = time.monotonic()
+        streamer.join(timeout=10)
+        assert status == 0, "".join(output[-30:])
+        assert exited - sent >= 2  # the stream had its --shutdown-timeout
+        assert answer["status"] == 200 and answer["lines"][-1] == "data: [DONE]"
+        assert '"code": "shutting_down"' in answer["lines"][-2], answer["lines"][-3:]
+        while alive(processes) and time.monotonic() - exited < 10:
+            time.sleep(0.2)
+        left = [" ".join(p.cmdline())[:80] for p in alive(processes)]
+        assert not left, f"still running 10 s after exit: {left}"
+        reader.join(timeout=5)
+        assert "SIGTERM received" not in "".join(output)
+        ray_dirs = [name for name in os.listdir(tmp) if name.startswith("hf_paged-ray-")]
+        assert not ray_dirs, ray_dirs  # the cluster's session (sockets, logs) removed
+        print(f"{len(processes)} processes; exit 0 {exited - sent:.1f} s after SIGTERM")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        shutil.rmtree(tmp, ignore_errors=True)
