@@ -16,9 +16,11 @@ class CliError(Exception):
 
 
 def check_device(device: str) -> None:
+    if device != "cuda":
+        return  # no torch import: `serve --replicas` runs no model in this process (torch is ~0.2 GB RSS)
     import torch
 
-    if device == "cuda" and not torch.cuda.is_available():
+    if not torch.cuda.is_available():
         raise CliError("--device cuda given but no CUDA device is available; use --device cpu")
 
 
