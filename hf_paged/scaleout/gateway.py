@@ -1,0 +1,147 @@
+"""The HTTP ingress of `hf-paged serve --replicas`: finds the prompt, forwards the request to the replica the router
+picks, and streams the answer back (the deployment's shape is in `deploy.py`).
+
+A replica that dies before sending anything is retried once on another; one that dies mid-answer ends the answer with
+an error (an SSE error event, or a cut body). `GET /metrics` and `GET /hf_paged/router` are answered here. At
+shutdown the driver closes the `DrainGate` (new requests get 503), waits for those in flight and aborts the rest
+(`cli.drain`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from hf_paged.scaleout.asgi import HttpCall, ResponseStart
+from hf_paged.scaleout.drain import DrainGate
+from hf_paged.scaleout.metrics_merge import CONTENT_TYPE, ReplicaMetrics, render_scrape
+from hf_paged.scaleout.prompt_key import routing_info
+
+if TYPE_CHECKING:
+    from hf_paged.scaleout.deploy import ReplicaSpec
+
+__all__ = ["Gateway"]
+
+logger = logging.getLogger("hf_paged.scaleout")
+
+_ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
+_DEAD = (ActorDiedError, ActorUnavailableError, RayActorError)
+
+
+class Gateway:
+    """The HTTP ingress: finds the prompt, forwards the request to the replica the router picks, streams back."""
+
+    scrape_timeout_s = 5.0  # each replica's bound on its `/metrics`; the whole scrape gets 2 s more (Prometheus: 10 s)
+
+    def __init__(self, engine: Any, spec: ReplicaSpec) -> None:
+        from transformers import AutoTokenizer
+
+        self.engine = engine.options(stream=True)
+        self.tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
+        if spec.chat_template is not None:
+            self.tokenizer.chat_template = spec.chat_template  # the same prompt text as the replicas render
+        self.block_size, self.extra_keys = spec.block_size, spec.extra_keys
+        self.gate = DrainGate()  # closed by the driver at shutdown (`begin_drain`)
+
+    async def __call__(self, request: Request) -> Response:
+        if not self.gate.admit():
+            return _error(503, "the server is shutting down; retry on another server", "shutting_down")
+        try:
+            response = await self._answer(request)
+        except BaseException:
+            self.gate.done()
+            raise
+        if isinstance(response, StreamingResponse):
+            response.body_iterator = self.gate.track(response.body_iterator)
+        else:
+            self.gate.done()
+        return response
+
+    async def begin_drain(self) -> int:
+        """Refuse new requests from now on (HTTP 503); returns the number in flight."""
+        return self.gate.close()
+
+    async def num_in_flight(self) -> int:
+        return self.gate.num_in_flight
+
+    async def abort_all(self) -> None:
+        """Abort every replica's requests; their answers end with the single server's error."""
+        await self.engine.broadcast("abort_all").results_async(timeout_s=self.scrape_timeout_s, return_exceptions=True)
+
+    async def _answer(self, request: Request) -> Response:
+        body = await request.body()
+        path = request.url.path
+        if path == "/hf_paged/router" and request.method == "GET":
+            from hf_paged.scaleout import registry
+
+            return JSONResponse([router.snapshot() for router in registry.routers()])
+        if path == "/metrics" and request.method == "GET":
+            return Response(await self.scrape(), media_type=CONTENT_TYPE)
+        call = HttpCall(request.method, path, request.url.query.encode(), tuple(request.headers.raw), body)
+        routing = None
+        if request.method == "POST" and path in _ROUTED_PATHS:
+            routing = routing_info(path, body, self.tokenizer, self.block_size, self.extra_keys)
+        for attempt in range(2):
+            stream = self.engine.forward.remote(call, routing=routing)
+            try:
+                start = await stream.__anext__()
+            except _DEAD as exc:  # nothing sent yet: the request is safe to try on another replica
+                logger.warning("replica died before answering %s (attempt %d): %s", path, attempt + 1, exc)
+                continue
+            except StopAsyncIteration:
+                break
+            assert isinstance(start, ResponseStart)
+            headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in start.headers
+                       if k.lower() not in (b"content-length", b"transfer-encoding")}
+            return StreamingResponse(_rest(stream, headers.get("content-type", "")), status_code=start.status,
+                                     headers=headers)
+        return _error(503, "no replica could take the request (the one tried stopped); retry", "replica_lost")
+
+    async def scrape(self) -> str:
+        """Every live replica's metrics, labelled by replica, and the gateway's own; never waits past the bound.
+
+        Each replica bounds its own answer (`scrape_timeout_s`), so a slow one is left out alone; the outer bound is
+        a backstop for a replica whose event loop is stuck, and then the whole scrape reports no replica (errors 1).
+        """
+        from hf_paged.scaleout import registry
+
+        results: list[ReplicaMetrics | BaseException]
+        try:
+            response = self.engine.broadcast("metrics", timeout_s=self.scrape_timeout_s)
+            results = await response.results_async(timeout_s=self.scrape_timeout_s + 2.0, return_exceptions=True)
+        except Exception as exc:  # noqa: BLE001 -- no replica running, or one stuck past its own bound
+            logger.warning("metrics scrape failed as a whole: %r", exc)
+            results = [exc]
+        routers = registry.routers()
+        routed = None
+        if routers:  # the cache-aware router (Serve's own pow2 router keeps no such counts)
+            routed = {}
+            for router in routers:
+                for reason, n in router.snapshot()["routed"].items():
+                    routed[reason] = routed.get(reason, 0) + n
+        return render_scrape(results, routed=routed)
+
+
+async def _rest(stream: Any, content_type: str):
+    """The body after the start; a replica lost mid-answer ends it with an error the client can parse."""
+    try:
+        async for chunk in stream:
+            yield chunk
+    except _DEAD:
+        message = "the replica serving this request stopped mid-answer; retry"
+        if content_type.startswith("text/event-stream"):
+            yield b'data: {"error": {"message": "' + message.encode() + b'", "type": "server_error", ' \
+                  b'"param": null, "code": "replica_lost"}}\n\ndata: [DONE]\n\n'
+        else:
+            raise  # the status line is sent: the client sees a truncated body, never a hang
+
+
+def _error(status: int, message: str, code: str) -> Response:
+    import json
+
+    body = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+    return Response(json.dumps(body), status_code=status, media_type="application/json")
