@@ -5,7 +5,7 @@
 
 Every other argument is lm-eval's own and means what it means there. Beyond it: `--model` may only say `hf` or
 `hf-paged`; `--batch_size` is accepted and unused (a task's requests all go to the engine at once); without
-`--model_args` the embedded tiny model is evaluated; hf_paged's local tasks (`hf_paged_gen`, `hf_paged_mc`,
+`--model_args` the embedded tiny model is evaluated in fp32; hf_paged's local tasks (`hf_paged_gen`, `hf_paged_mc`,
 `hf_paged_ppl`: no hub) are always on the include path beside the caller's own.
 """
 
@@ -20,7 +20,7 @@ USAGE = """usage: hf-paged eval [lm-eval run arguments]
 
 Runs lm-evaluation-harness (`lm-eval run`) with hf_paged's model: change `lm-eval run --model hf` to `hf-paged eval`.
   --model_args pretrained=PATH[,dtype=float32,block_size=16,...]   lm-eval's hf arguments and PagedConfig fields
-                                                                    (default: the embedded tiny model)
+                                                                    (default: the embedded tiny model, fp32)
   --tasks T1,T2   --num_fewshot N   --limit N   --include_path DIR   --output_path DIR   --log_samples
   --apply_chat_template   --device cpu|cuda   --batch_size (accepted, unused: requests run continuously batched)
 Local tasks that need no hub: hf_paged_gen (generate_until), hf_paged_mc (multiple choice), hf_paged_ppl (perplexity).
@@ -62,7 +62,7 @@ def _lm_eval_arguments(argv: list[str]) -> list[str]:
     if not any(a in ("--model_args", "-a") or a.startswith("--model_args=") for a in argv):
         from hf_paged.models import DEFAULT_MODEL_PATH
 
-        argv += ["--model_args", f"pretrained={DEFAULT_MODEL_PATH}"]
+        argv += ["--model_args", f"pretrained={DEFAULT_MODEL_PATH},dtype=float32"]  # (stored in fp16)
     if not any(a == "--device" or a.startswith("--device=") for a in argv):
         import torch
 
