@@ -25,7 +25,7 @@ def run_replicas(args) -> int:
     arguments (checked before Ray starts)."""
     from hf_paged.cli_common import CliError
     from hf_paged.config import PagedConfig
-    from hf_paged.serving.server import paged_overrides, read_chat_template
+    from hf_paged.serving.server import log_to_stderr, paged_overrides, read_chat_template
 
     replicas = 1 if args.replicas is None else args.replicas  # --address alone: one replica on that cluster
     if replicas < 1:
@@ -49,7 +49,7 @@ def run_replicas(args) -> int:
         from hf_paged.scaleout.deploy import deploy
     except ImportError as exc:
         raise CliError(f"--replicas needs the ray extra ({exc.name} is missing): pip install 'hf_paged[ray]'") from None
-    _log_to_stderr(args.log_level)
+    log_to_stderr(args.log_level)
     cluster = _LocalCluster(args.address)
     stop = _StopSignals()
     try:
@@ -218,13 +218,3 @@ def _reap(pids: set[tuple[int, int]], grace_s: float) -> None:
         if not alive:
             return
         logger.warning("%d processes outlived %s: %s", len(alive), sig.name, sorted(pid for pid, _ in alive))
-
-
-def _log_to_stderr(level: str) -> None:
-    """hf_paged's own lines (the URL, the shutdown) on stderr, as uvicorn's are for the single server."""
-    root = logging.getLogger("hf_paged")
-    if not root.handlers:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s -- %(message)s"))
-        root.addHandler(handler)
-    root.setLevel(level.upper())

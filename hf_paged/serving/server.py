@@ -106,9 +106,20 @@ def run_serve(args) -> int:
     timer = threading.Timer(args.shutdown_timeout, engine.loop.abort_all)
     timer.daemon = True  # never keeps the process alive
     server = _Server(uv_config, on_exit=timer.start)
+    log_to_stderr(args.log_level)
     logging.getLogger("hf_paged").info("serving %s on http://%s:%d", settings.model_name, args.host, args.port)
     server.run()
     return 130 if server.interrupted else 0
+
+
+def log_to_stderr(level: str) -> None:
+    """hf_paged's own lines (the URL, the shutdown) on stderr at `--log-level`, beside uvicorn's."""
+    root = logging.getLogger("hf_paged")
+    if not root.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(asctime)s %(name)s -- %(message)s"))
+        root.addHandler(handler)
+    root.setLevel(level.upper())
 
 
 FLUSH_GRACE_S = 10.0  # after the abort at --shutdown-timeout: time for handlers to write their error and close
