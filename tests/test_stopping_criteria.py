@@ -40,6 +40,14 @@ class Boom(StoppingCriteria):
         raise ZeroDivisionError("criterion bug")
 
 
+def _byte_llama(tok, seed: int):
+    """A tiny random Llama over `tok`'s byte vocabulary, whose EOS (and padding) is the tokenizer's."""
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                        eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)).eval()
+
+
 def _both(model, ids, mask, kwargs):
     """Stock output, then the wrapped model's, for the same call (`kwargs()` makes fresh criteria each time)."""
     stock = model.generate(ids, attention_mask=mask, do_sample=False, **kwargs())
@@ -76,10 +84,7 @@ def test_custom_criteria_with_per_row_state_match_stock(family, eos):
 
 def test_stop_strings_and_max_length_criterion_match_stock():
     tok = byte_tokenizer()
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)).eval()
+    model = _byte_llama(tok, seed=0)
     ids, mask = left_pad([tok(t)["input_ids"] for t in ("Once upon", "a", "The quick brown fox")],
                          pad=tok.eos_token_id)
     first = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=16,
@@ -105,10 +110,7 @@ def test_lm_evals_own_stop_sequence_criterion_matches_stock():
     ids, mask = left_pad([tok(t)["input_ids"] for t in ("Once upon", "a", "The quick brown fox", "x = 1")],
                          pad=tok.eos_token_id)
     for seed in range(20):  # a random model whose rows all produce one ASCII character within 24 tokens
-        torch.manual_seed(seed)
-        model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                             eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)).eval()
+        model = _byte_llama(tok, seed)
         first = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=24,
                                pad_token_id=tok.eos_token_id)
         # its criterion is met when every row's recent text holds the sequence

@@ -24,23 +24,15 @@ def run_replicas(args) -> int:
     """Deploy the replicas with the single-server flags and serve until SIGTERM / Ctrl-C. Raises `CliError` for bad
     arguments (checked before Ray starts)."""
     from hf_paged.cli_common import CliError
-    from hf_paged.config import PagedConfig
-    from hf_paged.serving.server import log_to_stderr, paged_overrides, read_chat_template
+    from hf_paged.serving.server import checked_paged_config, log_to_stderr, paged_overrides, read_chat_template
 
     replicas = 1 if args.replicas is None else args.replicas  # --address alone: one replica on that cluster
     if replicas < 1:
         raise CliError(f"--replicas must be >= 1, got {replicas}")
     if args.no_prefix_caching:
         raise CliError("--replicas routes by the replicas' prefix caches: drop --no-prefix-caching")
-    if args.max_waiting is not None and args.max_waiting < 1:
-        raise CliError(f"--max-waiting must be >= 1, got {args.max_waiting}")
-    if args.shutdown_timeout < 0:
-        raise CliError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    checked_paged_config(args)
     paged = paged_overrides(args)  # --no-prefix-caching is refused above: the replicas route by their caches
-    try:
-        PagedConfig(**paged)
-    except (TypeError, ValueError) as exc:
-        raise CliError(str(exc)) from None
     template = read_chat_template(args)
     try:
         import ray  # noqa: F401 -- checked here, used in _LocalCluster

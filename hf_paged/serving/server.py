@@ -68,10 +68,20 @@ def read_chat_template(args) -> str | None:
     return file.read_text()
 
 
-def _paged_config(args):
+def checked_paged_config(args):
+    """The `PagedConfig` the serve flags ask for, after the checks both `serve` and `serve --replicas` make; bad
+    values raise `CliError` naming the flag or field, before any model or cluster starts."""
+    from hf_paged.cli_common import CliError
     from hf_paged.config import PagedConfig
 
-    return PagedConfig(**paged_overrides(args))
+    if args.max_waiting is not None and args.max_waiting < 1:
+        raise CliError(f"--max-waiting must be >= 1, got {args.max_waiting}")
+    if args.shutdown_timeout < 0:
+        raise CliError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    try:
+        return PagedConfig(**paged_overrides(args))
+    except (TypeError, ValueError) as exc:
+        raise CliError(str(exc)) from None
 
 
 def run_serve(args) -> int:
@@ -84,14 +94,7 @@ def run_serve(args) -> int:
         from hf_paged.serving import ServerSettings, build_app
     except ImportError as exc:
         raise CliError(str(exc)) from None
-    if args.max_waiting is not None and args.max_waiting < 1:
-        raise CliError(f"--max-waiting must be >= 1, got {args.max_waiting}")
-    if args.shutdown_timeout < 0:
-        raise CliError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
-    try:
-        config = _paged_config(args)
-    except (TypeError, ValueError) as exc:
-        raise CliError(str(exc)) from None
+    config = checked_paged_config(args)
     template = read_chat_template(args)
     engine, tokenizer, name = _start_engine(args, config)
     if template is not None:
