@@ -10,9 +10,9 @@ for the two knobs compared:
     cache is first dequantized whole into a read buffer);
   - `kv_cache_dtype`: auto (fp32 blocks), int8, int4.
 Each configuration runs the same requests on a fresh engine (after one warm-up request), in rotation, best of
-`--repeats` by process CPU time. Per run, thread CPU time is split by probes: the whole attention call (the
-registered attention function), the arithmetic inside it (the kernels' calls, and SDPA on the torch path), and
-the rest of the step. "Attention overhead" is attention minus its arithmetic: gathers, fills, casts, plans,
+`--repeats` by process CPU time. Per run, thread CPU time is split by probes: the whole attention call of a layer
+(the step's backend, `TorchBackend.forward`: the K/V store included), the arithmetic inside it (the kernels'
+calls, and SDPA on the torch path), and the rest of the step. "Attention overhead" is attention minus its arithmetic: gathers, fills, casts, plans,
 dequantizing into buffers, argument marshalling. Outputs are compared across configurations (greedy tokens).
 """
 
@@ -46,14 +46,12 @@ def build_model() -> torch.nn.Module:
 @contextmanager
 def probes(totals: dict[str, float]):
     """Add thread CPU time of the attention function, its arithmetic and the engine step to `totals`."""
-    from transformers import AttentionInterface
-
-    import hf_paged.cache.attention as attention
     import hf_paged.cache.kernels.cpu_attention as kernels
     import hf_paged.cache.kernels.cpu_quantized as quantized_kernels
     import hf_paged.cache.kernels.reference as reference
     import hf_paged.cache.kernels.reference_quantized as reference_quantized
     from hf_paged.batching.engine import Engine
+    from hf_paged.cache.attention_backends import TorchBackend
 
     def timed(label, fn):
         def call(*args, **kwargs):
@@ -73,14 +71,15 @@ def probes(totals: dict[str, float]):
     timed_sdpa = timed("arithmetic", sdpa)
     reference.F.scaled_dot_product_attention = timed_sdpa  # the torch path's module-level `F`
     reference_quantized.F.scaled_dot_product_attention = timed_sdpa
-    AttentionInterface.register(attention.ATTENTION_NAME, timed("attention", attention.paged_attention_forward))
+    forward = TorchBackend.forward  # every backend's per-layer call (stock attention modules and the lean forward)
+    TorchBackend.forward = timed("attention", forward)
     step = Engine.step
     Engine.step = timed("step", step)
     try:
         yield
     finally:
         Engine.step = step
-        AttentionInterface.register(attention.ATTENTION_NAME, attention.paged_attention_forward)
+        TorchBackend.forward = forward
         torch.nn.functional.scaled_dot_product_attention = sdpa
         for owner, name, original in saved:
             setattr(owner, name, original)

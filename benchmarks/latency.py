@@ -96,11 +96,11 @@ _PROBES = (
     ("step inputs", "hf_paged.batching.engine", "build_step_inputs", False),
     ("sampler + processors", "hf_paged.batching.sampler", "Sampler.__call__", False),
     ("prefix-cache insert", "hf_paged.cache.kv_manager", "KVCacheManager.cache_full_blocks", False),
-    ("attention plan", "hf_paged.cache.attention", "build_attention_plan", True),
-    ("attention plan", "hf_paged.cache.attention", "plan_cpu_attention", True),
+    ("attention plan", "hf_paged.cache.attention_backends", "build_attention_plan", True),
+    ("attention plan", "hf_paged.cache.attention_backends", "plan_cpu_attention", True),
     ("K/V store", "hf_paged.cache.paged_layer", "PagedLayer.store", True),
-    ("attention", "hf_paged.cache.attention", "run_attention_plan", True),
-    ("attention", "hf_paged.cache.attention", "run_cpu_attention", True),
+    ("attention", "hf_paged.cache.attention_backends", "run_attention_plan", True),
+    ("attention", "hf_paged.cache.attention_backends", "run_cpu_attention", True),
 )
 
 

@@ -17,7 +17,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from hf_paged import Engine, PagedConfig, SamplingParams
-from hf_paged.cache import attention
+from hf_paged.cache import attention_backends
 from hf_paged.cache.kernels import cpu_warm
 from tests.tiny_models import ragged_prompts
 
@@ -125,8 +125,9 @@ def test_the_warmed_signatures_are_the_ones_a_step_calls(settings, monkeypatch):
     kernels = {launch.kernel for launch in cpu_warm.warm_launches(variant, parallel=True)}
     before = {k: len(k.overloads) for k in kernels}
     calls = []
-    original = attention.run_cpu_attention
-    monkeypatch.setattr(attention, "run_cpu_attention", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = attention_backends.run_cpu_attention
+    monkeypatch.setattr(attention_backends, "run_cpu_attention",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
     for threads in (1, 2):  # serial and parallel variants
         monkeypatch.setattr(torch, "get_num_threads", lambda t=threads: t)
         outs = engine.run([engine.add_request(p, SamplingParams(max_new_tokens=6))

@@ -2,7 +2,9 @@
 
     input_ids    [1, T]  the new tokens of every scheduled request, concatenated (no padding)
     position_ids [1, T]  each request continues at its own logical position
-    paged_metadata       slots, block tables, context lengths (reaches every cache.update and attention call)
+    paged_backend        the step's attention backend over its `PagedMetadata` (slots, block tables, context
+                         lengths), chosen once per step (`cache/attention_backends.py`); reaches every cache.update
+                         and attention call
     logits_to_keep       only the rows that need a next token
 """
 
@@ -12,6 +14,7 @@ import torch
 
 from hf_paged.batching.lean_forward import LeanForward
 from hf_paged.cache.attention import ATTENTION_NAME, attend_packed, register
+from hf_paged.cache.attention_backends import TorchBackend, choose_backend
 from hf_paged.cache.attention_switch import attention_configs, use_attention
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.paged_cache import PagedCache
@@ -43,26 +46,25 @@ class ModelRunner:
         ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
         pos = torch.tensor([positions], dtype=torch.long, device=self.device)
         keep = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
+        backend = choose_backend(metadata, self.cache.block_layers, self.device)
         if self.lean is not None and self.lean.usable():
-            return self.lean(ids, pos, keep, self._paged_attend(metadata)).float()
+            return self.lean(ids, pos, keep, self._paged_attend(backend)).float()
         with self.paged_attention():
             out = self.model(
                 input_ids=ids,
                 position_ids=pos,
                 cache=self.cache,
                 use_cache=True,
-                paged_metadata=metadata,
+                paged_backend=backend,
                 logits_to_keep=keep,
             )
         return out.logits[0].float()
 
-    def _paged_attend(self, metadata: PagedMetadata):
+    def _paged_attend(self, backend: TorchBackend):
         """The lean forward's attention: the stock attention module's, with the cache and "hf_paged"."""
-        cache = self.cache
 
         def attend(attn, q, k, v, scaling, sliding_window):
-            return attend_packed(cache, attn, q, k, v, scaling=scaling, sliding_window=sliding_window,
-                                 metadata=metadata)
+            return attend_packed(backend, attn, q, k, v, scaling=scaling, sliding_window=sliding_window)
 
         return attend
 

@@ -5,11 +5,14 @@ As in transformers' `cache_utils` (`DynamicLayer`, `QuantizedLayer`), each layer
 rows). Two storages derive from it: `PagedLayer` (blocks in the model dtype) and `CompressedLayer` (quantized
 blocks, head groups, streaming heads).
 
-`update` has two paths:
-- engine: the model kwargs carry a `PagedMetadata` (`paged_metadata`); the packed new K/V `[T, kv_heads, head_dim]`
-  go to their slots, and what is returned is read by the `hf_paged` attention through the block tables;
-- stock `cache=`: dense `[batch, kv_heads, q_len, head_dim]` K/V of the rows of `StockRows`; the layer returns the
-  dense history `[batch, kv_heads, kv_len, head_dim]` stock attention expects.
+Two paths:
+- engine: the step's attention backend (`attention_backends`, a model kwarg `paged_backend`) calls
+  `update_packed` itself, as vLLM's attention implementations write the cache and then attend: the packed new K/V
+  `[T, kv_heads, head_dim]` go to their slots and the layer returns a typed `LayerKV` (`layer_kv`) that the backend
+  reads. Transformers' `update` sees the engine's kwarg and hands the new K/V through untouched (the backend stores
+  them), so the value never travels through the step's metadata or a per-layer lookup;
+- stock `cache=`: dense `[batch, kv_heads, q_len, head_dim]` K/V of the rows of `StockRows`; `update` returns the
+  dense history `[batch, kv_heads, kv_len, head_dim]` stock attention expects (transformers' contract).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from hf_paged.cache.stock_rows import StockRows
 
 if TYPE_CHECKING:  # pragma: no cover
     from hf_paged.cache.compression import StagingCopy
+    from hf_paged.cache.layer_kv import LayerKV
 
 
 class BlockLayer(CacheLayerMixin):
@@ -44,19 +48,22 @@ class BlockLayer(CacheLayerMixin):
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        model_kwargs = kwargs.get("kwargs") or {}
+        if model_kwargs.get("paged_backend") is not None:
+            return key_states, value_states  # engine path: the step's attention backend stores them (module doc)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        model_kwargs = kwargs.get("kwargs") or {}
-        metadata = model_kwargs.get("paged_metadata")
-        if metadata is not None:
-            # key_states [1, kv_heads, T, head_dim] -> [T, kv_heads, head_dim]
-            return self.update_packed(key_states[0].transpose(0, 1), value_states[0].transpose(0, 1), metadata)
         return self.update_dense(key_states, value_states)
 
+    def update_packed(self, key: torch.Tensor, value: torch.Tensor, metadata: PagedMetadata) -> LayerKV:
+        """Engine path: store `[T, kv_heads, head_dim]` at the step's slots; return what attention reads."""
+        if not self.is_initialized:  # transformers' layout [1, kv_heads, T, head_dim]
+            self.lazy_initialization(key.transpose(0, 1)[None], value.transpose(0, 1)[None])
+        return self.store_packed(key, value, metadata)
+
     @abstractmethod
-    def update_packed(self, key: torch.Tensor, value: torch.Tensor,
-                      metadata: PagedMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        """Engine path: store `[T, kv_heads, head_dim]` at the step's slots; return what the attention reads."""
+    def store_packed(self, key: torch.Tensor, value: torch.Tensor, metadata: PagedMetadata) -> LayerKV:
+        """`update_packed` on an initialized layer."""
 
     @abstractmethod
     def update_dense(self, key_states: torch.Tensor,

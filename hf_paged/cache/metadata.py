@@ -1,34 +1,19 @@
 """`PagedMetadata`: what one packed forward needs to know about its requests, passed as a model kwarg.
 
-The engine builds one per step and passes it as `model(..., paged_metadata=meta)`; transformers hands the kwargs
-to every `cache.update(...)` and attention call, so nothing per step lives in a global. Derived device tensors
-and gather plans are memoised on the object, so the layers of one forward share them.
+The engine builds one per step; the step's attention backend (`attention_backends.choose_backend`) holds it and
+reaches every attention call as the model kwarg `paged_backend`, so nothing per step lives in a global. It is a
+value of the step: derived device tensors are memoised on it, but the plans of the backend live in the backend,
+and no cache layer writes into it. Token pruning's question and answer (`observed`) and PyramidKV's hidden
+positions (`hidden`) are the engine's, filled before the forward (and `observed.scores` during it, by attention).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from hf_paged.cache.compression import StepPlan
-    from hf_paged.cache.kernels.cpu_launch import CpuAttentionPlan
-    from hf_paged.cache.kernels.reference import AttentionPlan
-
-__all__ = ["ObservedScores", "PagedMetadata", "StepPlans"]
-
-
-@dataclass(slots=True)
-class StepPlans:
-    """The plans of one forward, each built by the first layer that needs it and shared by the others."""
-
-    compressed: StepPlan | None = None  # the compressed layers' writes and reads of the step (`compression.planner`)
-    cpu: dict[tuple[int | None, bool], CpuAttentionPlan] = field(default_factory=dict)  # (window, quantized)
-    torch: dict[tuple[torch.device, int | None], AttentionPlan] = field(default_factory=dict)  # (device, window)
-    hidden: dict[tuple[torch.device, int | None, int], AttentionPlan] = field(default_factory=dict)
-    # ^ PyramidKV: (device, window, layer) -> the torch plan with that layer's hidden positions masked
+__all__ = ["ObservedScores", "PagedMetadata"]
 
 
 @dataclass(slots=True)
@@ -64,7 +49,6 @@ class PagedMetadata:
     # not among them takes the torch path, so a kernel that finishes loading mid-step is used from the next step
     cpu_kernels: frozenset = frozenset()
     _on_device: dict = field(default_factory=dict)  # (name, device) -> tensor
-    plans: StepPlans = field(default_factory=StepPlans)  # built at first use, shared by the layers
     observed: ObservedScores = field(default_factory=ObservedScores)  # token pruning's scored queries and scores
     hidden: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
     # ^ PyramidKV: layer -> {seq index: table positions that layer must not see}

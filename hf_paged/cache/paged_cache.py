@@ -6,9 +6,10 @@ Two ways to drive it:
    of the cache's own `KVCacheManager` (`StockRows`); each layer's `update()` stores the new K/V into the rows'
    slots and returns the dense `[batch, kv_heads, kv_len, head_dim]` K/V that stock attention expects. Beam search
    reorders block tables (shared blocks, copy-on-write), it does not copy K/V.
-2. Engine path: the engine passes a `PagedMetadata` as the `paged_metadata` model kwarg; each layer's `update()`
-   stores the packed new K/V at its slots and returns what the registered `hf_paged` attention function reads
-   through the block tables. No padding, no dense copy.
+2. Engine path: the engine passes the step's attention backend (over its `PagedMetadata`) as the `paged_backend`
+   model kwarg; the registered `hf_paged` attention function has it call each layer's `update_packed`, which
+   stores the packed new K/V at its slots and returns a typed `LayerKV` the backend reads through the block
+   tables (`cache.update` hands the new K/V through untouched). No padding, no dense copy.
 
 As in transformers' `cache_utils`, the layers own their storage and their `update`: `PagedLayer` (blocks in the
 model dtype) or, when `PagedConfig` compresses KV, `CompressedLayer` (quantized blocks, head groups, streaming

@@ -3,9 +3,9 @@
     key_cache / value_cache  [num_blocks, block_size, num_kv_heads, head_dim]
     slot s = block_id * block_size + offset  ->  key_cache.view(-1, kv_heads, head_dim)[s]
 
-The engine path stores the step's packed K/V at `metadata.slot_mapping` and returns the block storage itself (the
-`hf_paged` attention reads it through the block tables: no padding, no dense copy). The stock path stores each
-row's new tokens at its slots and gathers each row's history back into a dense tensor.
+The engine path stores the step's packed K/V at `metadata.slot_mapping` and returns the block storage itself as a
+`PlainBlocks` (the step's attention backend reads it through the block tables: no padding, no dense copy). The
+stock path stores each row's new tokens at its slots and gathers each row's history back into a dense tensor.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hf_paged.cache.block_layer import BlockLayer
+from hf_paged.cache.layer_kv import PlainBlocks
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.stock_rows import StockRows
 
@@ -74,10 +75,9 @@ class PagedLayer(BlockLayer):
             return
         self.store_fn(key, value, key_cache, value_cache, slot_mapping)
 
-    def update_packed(self, key: torch.Tensor, value: torch.Tensor,
-                      metadata: PagedMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    def store_packed(self, key: torch.Tensor, value: torch.Tensor, metadata: PagedMetadata) -> PlainBlocks:
         self.store(key, value, metadata.slot_mapping_on(key.device))  # the layer's device
-        return self._storage()
+        return PlainBlocks(*self._storage())
 
     def update_dense(self, key_states: torch.Tensor,
                      value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

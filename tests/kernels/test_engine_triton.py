@@ -46,7 +46,7 @@ TORCH_PATH = {"int8, head 0 full precision", "int4, log8, keys derotated"}  # se
 def test_engine_on_fused_dequant_kernels_matches_the_torch_path(setting, monkeypatch):
     # Chunked prefill (chunks start mid-block) and decodes across block boundaries, on quantized blocks: the
     # Triton path must run the fused kernels (not dequantize blocks) and give the torch path's tokens.
-    from hf_paged.cache import attention
+    from hf_paged.cache.attention_backends import TritonBackend
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
@@ -54,13 +54,13 @@ def test_engine_on_fused_dequant_kernels_matches_the_torch_path(setting, monkeyp
                                          eos_token_id=None, pad_token_id=0)).eval().to(DEVICE)
     prompts = ragged_prompts([3, 11, 21], seed=5, vocab=64)
     outputs, fused_calls = {}, []
-    original = attention._compressed_kernel_attention
+    original = TritonBackend.attend_fused
 
-    def spy(*args, **kwargs):
-        fused_calls.append(args[3].shape[0])
-        return original(*args, **kwargs)
+    def spy(self, kv, q, *args, **kwargs):
+        fused_calls.append(q.shape[0])
+        return original(self, kv, q, *args, **kwargs)
 
-    monkeypatch.setattr(attention, "_compressed_kernel_attention", spy)
+    monkeypatch.setattr(TritonBackend, "attend_fused", spy)
     for backend in ("torch", "triton"):
         config = PagedConfig(block_size=8, attention_backend=backend, max_num_batched_tokens=16, **COMPRESSED[setting])
         engine = Engine(model, config)

@@ -58,8 +58,6 @@ class StepPlan:
     ref_full_ids: torch.Tensor  # every full block the step reads (dequantized into the read buffer)
     virtual_tables: list[list[int]]  # per span: read-buffer block index of each table entry (main copy)
     read_plans: dict = field(default_factory=dict)  # (device, sliding_window) -> torch plan over the read buffer
-    kernel_stores: dict = field(default_factory=dict)  # layer -> its (K, V) stores, read in place by the kernels
-    tail_tables: dict = field(default_factory=dict)  # device -> the kernels' tail block tables (`FullPrecisionTail`)
     stream: StreamStep | None = None  # streaming heads' slots (`streaming_heads`); None without streaming heads
 
     def attention_plan(self, device: torch.device, sliding_window: int | None) -> AttentionPlan:

@@ -118,8 +118,9 @@ class _StreamingMask:
 
     def __call__(self, module, query, key, value, attention_mask, *, scaling=None, sliding_window=None, **kwargs):
         from hf_paged.cache.compression.streaming_heads import visible_keys
+        from hf_paged.cache.layer_kv import layer_index
 
-        layer = getattr(module, "layer_idx", 0)
+        layer = layer_index(module)
         num_heads, num_kv_heads, n = query.shape[1], key.shape[1], query.shape[2]
         group = num_heads // num_kv_heads
         pos = torch.arange(n, device=query.device)

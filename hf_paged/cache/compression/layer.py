@@ -6,10 +6,12 @@ staging rows of partially written blocks, and, with streaming heads (DuoAttentio
 their sinks + window. Which staging row or slot a block has is shared by every layer (`CompressedPlanner`); the
 step's `StepPlan` is built once from the block tables and applied by each layer to its own tensors:
 
-    write_and_read(key, value, plan)
+    write(key, value, plan)
       staging rows grown to the planner's high water -> keys.write / values.write (quantize blocks that filled)
-      -> the step's read buffers (or, engine path and one format per layer, the touched blocks only: the fused
-         kernels read the quantized blocks in place through `plan.kernel_stores`)
+      -> the touched blocks in full precision
+    engine path: a `CompressedBlocks` (`layer_kv`): the stores, the touched blocks, the plan; attention reads the
+                 quantized blocks in place (fused kernels) or asks it for the read buffers (torch path)
+    stock path:  the step's read buffers, gathered into the dense history stock attention expects
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import torch
 from hf_paged.cache.block_layer import BlockLayer
 from hf_paged.cache.compression.blocks import CompressedKV, StepPlan
 from hf_paged.cache.compression.planner import CompressedPlanner, StagingCopy
+from hf_paged.cache.layer_kv import CompressedBlocks
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.stock_rows import StockRows
 
@@ -42,11 +45,6 @@ class SavedCompressedBlocks:
 
 class CompressedLayer(BlockLayer):
     """One decoder layer's K/V as `(keys, values)` `CompressedKV` stores (see `compression.blocks`)."""
-
-    # No storage in the model dtype: every block lives in `compressed`. Kept as None so callers that check a layer's
-    # plain storage (`layer.key_cache is None`) read a compressed layer right.
-    key_cache = None
-    value_cache = None
 
     def __init__(self, layer_idx: int, rows: StockRows, planner: CompressedPlanner) -> None:
         super().__init__(layer_idx, rows)
@@ -81,24 +79,18 @@ class CompressedLayer(BlockLayer):
             store.grow_slots(self.planner.slots.capacity)
 
     # -- writes and reads --------------------------------------------------------------------------------
-    def write_and_read(self, key: torch.Tensor, value: torch.Tensor, plan: StepPlan, *,
-                       defer_read: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store the layer's new K/V `[T, H, D]` as `plan` says; return the step's read buffers `[n, bs, H, D]`.
-
-        `defer_read` (engine path): when every head of the layer has one format, return only the touched blocks in
-        full precision and leave the quantized blocks where they are (`kernel_stores` in the plan): the attention
-        reads them with the fused-dequant kernels, or calls `CompressedKV.read` itself."""
+    def write(self, key: torch.Tensor, value: torch.Tensor, plan: StepPlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """Store the layer's new K/V `[T, H, D]` as `plan` says; return the touched blocks `[n, bs, H, D]` in full
+        precision (indexed as `plan.touched_ids`)."""
         keys, values = self.stores
         self._fit()
-        temp_k, temp_v = keys.write(plan, key), values.write(plan, value)
-        if defer_read and keys.kernel_readable and values.kernel_readable:
-            plan.kernel_stores[self.layer_idx] = (keys, values)
-            return temp_k, temp_v
-        return keys.read(plan, temp_k), values.read(plan, temp_v)
+        return keys.write(plan, key), values.write(plan, value)
 
-    def update_packed(self, key: torch.Tensor, value: torch.Tensor,
-                      metadata: PagedMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.write_and_read(key, value, self.planner.step_plan_of(metadata), defer_read=True)
+    def store_packed(self, key: torch.Tensor, value: torch.Tensor, metadata: PagedMetadata) -> CompressedBlocks:
+        plan = self.planner.step_plan_of(metadata)
+        touched_k, touched_v = self.write(key, value, plan)
+        heads = plan.stream.layer_heads(self.layer_idx) if plan.stream is not None else ()
+        return CompressedBlocks(plan, self.stores, touched_k, touched_v, heads)
 
     def update_dense(self, key_states: torch.Tensor,
                      value_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,7 +101,9 @@ class CompressedLayer(BlockLayer):
         plan = self.planner.stock_step_plan(batch, write.start, write.end, new_step=write.new_step)
         key = key_states.transpose(1, 2).reshape(batch * q_len, heads, dim)
         value = value_states.transpose(1, 2).reshape(batch * q_len, heads, dim)
-        k_buf, v_buf = self.write_and_read(key, value, plan)
+        keys, values = self.stores
+        touched_k, touched_v = self.write(key, value, plan)
+        k_buf, v_buf = keys.read(plan, touched_k), values.read(plan, touched_v)
         total, bs = write.end, self.planner.block_size
         positions = torch.arange(total)
         rows = torch.stack([torch.tensor(t)[positions // bs] for t in plan.virtual_tables])

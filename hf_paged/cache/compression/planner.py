@@ -5,8 +5,11 @@ row holds a partially written block (`StagingMap`) and which slot holds a stream
 same in every layer. The planner owns those two maps and turns a step's block tables into a `StepPlan` once, before
 any layer writes, so every layer applies the same plan:
 
-    engine step:  metadata.block_tables -> step_plan_of(metadata) -> metadata.plans.compressed (built by layer 0)
+    engine step:  metadata.block_tables -> step_plan_of(metadata) -> kept for that metadata (built by layer 0)
     stock step:   rows' block tables   -> stock_step_plan(...)    -> kept until the next step's first layer
+
+Each plan is kept here, the bookkeeping the layers share, never written into the step's metadata; a layer returns
+the plan to attention inside its `CompressedBlocks` (`layer_kv`).
 
 See `blocks` for the block life cycle and what a query reads, `streaming_heads` for the streaming slots.
 """
@@ -46,6 +49,7 @@ class CompressedPlanner:
         per_seq = spec.slots_per_seq
         self.slots = SlotMap(min(cfg.max_num_seqs * per_seq, 4 * per_seq, num_blocks))
         self._stock_plan: StepPlan | None = None  # the stock path's current step (built by its first layer)
+        self._engine_step: tuple[PagedMetadata, StepPlan] | None = None  # the engine's current step and its plan
 
     def plan(self, spans: list[SeqSpan]) -> StepPlan:
         """Assign staging rows (and streaming slots) for a step writing `spans`, and plan its writes and reads."""
@@ -58,16 +62,17 @@ class CompressedPlanner:
         return plan
 
     def step_plan_of(self, metadata: PagedMetadata) -> StepPlan:
-        """The engine step's plan, built at the first layer and shared by the others through the metadata."""
-        plan = metadata.plans.compressed
-        if plan is None:
-            tables = metadata.block_tables.tolist()
-            spans = []
-            for i, context_len in enumerate(metadata.context_lens):
-                q_len = metadata.query_start_loc[i + 1] - metadata.query_start_loc[i]
-                table = tables[i][: -(-context_len // self.block_size)]
-                spans.append(SeqSpan(table, context_len - q_len, context_len))
-            plan = metadata.plans.compressed = self.plan(spans)
+        """The engine step's plan, built at the first layer and shared by the others (one per `metadata`)."""
+        if self._engine_step is not None and self._engine_step[0] is metadata:
+            return self._engine_step[1]
+        tables = metadata.block_tables.tolist()
+        spans = []
+        for i, context_len in enumerate(metadata.context_lens):
+            q_len = metadata.query_start_loc[i + 1] - metadata.query_start_loc[i]
+            table = tables[i][: -(-context_len // self.block_size)]
+            spans.append(SeqSpan(table, context_len - q_len, context_len))
+        plan = self.plan(spans)
+        self._engine_step = (metadata, plan)
         return plan
 
     def stock_step_plan(self, num_rows: int, start: int, end: int, *, new_step: bool) -> StepPlan:
