@@ -73,6 +73,9 @@ class Result:
     utilization: float
     route_us: float
     sim_s: float
+    report_bytes_s: float = 0.0  # ours: report bytes (summaries + events) a second per replica
+    reports_s: float = 0.0  # ours: report messages (summaries + non-empty event batches) a second per replica
+    event_share: float = 0.0  # ours: the share of those bytes that are events
 
 
 def build_workload(name: str, num_replicas: int, seed: int, load: float, trace_block_size: int) -> Workload:
@@ -109,8 +112,11 @@ def _window(workload: Workload, num_replicas: int, load: float) -> float:
 
 def simulate(policy_cls, num_replicas: int, seed: int, load: float = 0.8, *, workload: str = "short",
              config: RouterConfig | None = None, report_period: float = REPORT_PERIOD,
-             cache_tokens: int = CACHE_TOKENS, trace_block_size: int = 512, label: str | None = None) -> Result:
-    """One run: the same workload and seed give the same sessions to every policy."""
+             cache_tokens: int = CACHE_TOKENS, trace_block_size: int = 512, label: str | None = None,
+             event_period: float = float("inf")) -> Result:
+    """One run: the same workload and seed give the same sessions to every policy. With a finite `event_period`,
+    ours also gets each replica's block events every `event_period` seconds between its summaries (the events
+    recorded before a summary are in it and are not sent)."""
     wall = time.perf_counter()
     wl = build_workload(workload, num_replicas, seed, load, trace_block_size)
     bs = wl.block_size
@@ -124,6 +130,10 @@ def simulate(policy_cls, num_replicas: int, seed: int, load: float = 0.8, *, wor
     reports = hasattr(policy, "report") and report_period != float("inf")
     for r in range(num_replicas if reports else 0):  # staggered: replicas do not report in step
         heapq.heappush(events, (report_period * (r + 1) / num_replicas, next(order), 2, r, 0))
+    streaming = reports and event_period != float("inf")
+    for r in range(num_replicas if streaming else 0):  # kind 3: a replica's block events reach the router
+        replicas[r].take_events()  # starts recording
+        heapq.heappush(events, (event_period * (r + 0.5) / num_replicas, next(order), 3, r, 0))
     streams, finished, rids = {}, [], itertools.count()
     segments = itertools.count(1)
     warm = wl.sessions[0].start + WARMUP * (wl.sessions[-1].start - wl.sessions[0].start)
@@ -138,7 +148,15 @@ def simulate(policy_cls, num_replicas: int, seed: int, load: float = 0.8, *, wor
         if kind == 2:
             if live:
                 policy.report(a, replicas[a].summary(SUMMARY_CAP), replicas[a].load_tokens(now))
+                if streaming:
+                    replicas[a].take_events()  # in the summary already
                 heapq.heappush(events, (now + report_period, next(order), 2, a, 0))
+        elif kind == 3:
+            if live:
+                batch = replicas[a].take_events()
+                if batch.kinds:
+                    policy.events(a, batch.kinds, batch.keys)
+                heapq.heappush(events, (now + event_period, next(order), 3, a, 0))
         elif kind == 0:
             session = wl.sessions[a]
             if session.fixed:
@@ -184,6 +202,8 @@ def simulate(policy_cls, num_replicas: int, seed: int, load: float = 0.8, *, wor
     work = [r.work_tokens for r in replicas]
     span = max(r.first_token for r in finished) - wl.sessions[0].start
     enough = len(ttfts) >= MIN_FOR_P99
+    wire = getattr(policy, "report_bytes", 0) + getattr(policy, "event_bytes", 0)
+    per_s = max(1e-9, span * num_replicas)
     return Result(
         workload=wl.name, policy=label or policy.name, num_replicas=num_replicas, seed=seed,
         num_requests=len(measured), hit_rate=sum(r.hit_tokens for r in measured) / prompt_tokens,
@@ -194,6 +214,9 @@ def simulate(policy_cls, num_replicas: int, seed: int, load: float = 0.8, *, wor
         utilization=sum(r.busy_s for r in replicas) / (span * num_replicas),
         route_us=policy.route_s / len(finished) * 1e6 if isinstance(policy, Ours) else 0.0,
         sim_s=time.perf_counter() - wall,
+        report_bytes_s=wire / per_s,
+        reports_s=(getattr(policy, "num_reports", 0) + getattr(policy, "num_event_batches", 0)) / per_s,
+        event_share=getattr(policy, "event_bytes", 0) / wire if wire else 0.0,
     )
 
 

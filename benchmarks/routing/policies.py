@@ -1,5 +1,6 @@
 """Routing policies of the simulator. Each has `choose(request, replicas) -> replica index` and may have
-`routed(request)`, `finished(request)` and `report(index, keys, load)` (ours alone reads reports).
+`routed(request)`, `finished(request)`, `report(index, keys, load)` and `events(index, kinds, keys)` (ours alone
+reads reports and block events).
 
 Baselines: round robin; power of two choices on queue length (Ray Serve's default); consistent hashing of the first
 block (64 virtual nodes a replica); consistent hashing with bounded loads (Mirrokni et al., c = 1.25) on the first 4
@@ -159,7 +160,8 @@ class Ours:
         self.router = CacheAwareRouter(config or RouterConfig(block_size=block_size), seed=rng.randrange(2**32))
         for r in range(n):
             self.router.add_replica(r)
-        self.summary_bytes: list[int] = []
+        self.report_bytes = self.num_reports = 0  # summaries: 8 bytes a block + 40 (`CacheSummary.nbytes`)
+        self.event_bytes = self.num_event_batches = 0  # block events: 9 bytes an event + 16 (`CacheEvents.nbytes`)
         self.route_s = 0.0
 
     def choose(self, request: SimRequest, replicas: list[Replica]) -> int:
@@ -179,8 +181,14 @@ class Ours:
         self.router.on_finished(request.rid)
 
     def report(self, index: int, keys: frozenset[int], load: int) -> None:
-        self.summary_bytes.append(8 * len(keys) + 40)
+        self.report_bytes += 8 * len(keys) + 48
+        self.num_reports += 1
         self.router.report(index, keys=keys, load_tokens=load)
+
+    def events(self, index: int, kinds: bytes, keys: list[int]) -> None:
+        self.event_bytes += 9 * len(kinds) + 16
+        self.num_event_batches += 1
+        self.router.apply_events(index, kinds, keys)
 
 
 BASELINES = [RoundRobin, PowerOfTwo, ConsistentHash, BoundedHash, RayPrefixAffinity]

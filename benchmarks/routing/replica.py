@@ -18,13 +18,17 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from itertools import islice
 
-__all__ = ["MAX_BATCH_TOKENS", "MAX_NUM_SEQS", "MAX_TOKENS", "STEP_S", "STEP_TOKEN_S", "Replica", "SimRequest", "Step"]
+from hf_paged.cache.block_events import BlockEventKind
+
+__all__ = ["MAX_BATCH_TOKENS", "MAX_NUM_SEQS", "MAX_TOKENS", "STEP_S", "STEP_TOKEN_S", "Replica", "SimEvents",
+           "SimRequest", "Step"]
 
 MAX_BATCH_TOKENS = 8192  # token budget of a step (max_num_batched_tokens)
 MAX_NUM_SEQS = 128  # running requests at most
 STEP_S = 0.010  # fixed cost of a step (launches, sampling)
 STEP_TOKEN_S = 6e-5  # cost per token in the step: a full 8k-token prefill step takes ~0.5 s (~16k tokens/s)
 MAX_TOKENS = 512  # every request's max_tokens, or its output length when longer
+STORED, REMOVED = int(BlockEventKind.STORED), int(BlockEventKind.REMOVED)
 
 
 @dataclass(slots=True, eq=False)
@@ -51,6 +55,12 @@ class SimRequest:
         return max(MAX_TOKENS, self.num_output_tokens)
 
 
+@dataclass(frozen=True, slots=True)
+class SimEvents:
+    kinds: bytes  # a `BlockEventKind` an event
+    keys: list[int]  # the block each event is about
+
+
 @dataclass(slots=True)
 class Step:
     start: float
@@ -69,6 +79,8 @@ class Replica:
         self.cache: OrderedDict[int, None] = OrderedDict()
         self.members: set[int] = set()  # the cache's keys again: a set copies ~7x faster than an OrderedDict
         self._summary: frozenset[int] | None = None  # the last summary, while the cache has not changed
+        self.event_kinds: bytearray | None = None  # block events since the last report (None: not recorded)
+        self.event_keys: list[int] = []
         self.capacity = capacity_blocks
         self.block_size = block_size
         self.waiting: deque[SimRequest] = deque()
@@ -102,8 +114,22 @@ class Replica:
                 cache[key] = None
                 members.add(key)
                 self._summary = None
+                if self.event_kinds is not None:
+                    self.event_kinds.append(STORED)
+                    self.event_keys.append(key)
         for _ in range(len(cache) - self.capacity):
-            members.discard(cache.popitem(last=False)[0])
+            key = cache.popitem(last=False)[0]
+            members.discard(key)
+            if self.event_kinds is not None:
+                self.event_kinds.append(REMOVED)
+                self.event_keys.append(key)
+
+    def take_events(self) -> SimEvents:
+        """The block events since the last call, in order, as `RadixCache.listen()` records them; starts
+        recording on the first call."""
+        events = SimEvents(bytes(self.event_kinds or b""), self.event_keys)
+        self.event_kinds, self.event_keys = bytearray(), []
+        return events
 
     def summary(self, cap: int) -> frozenset[int]:
         """The `cap` most recently used keys (prefix-closed, like `RadixCache.cached_digests`)."""

@@ -11,7 +11,8 @@ only marks its blocks cached in the pool and, as the pool's `Evictor`, gives idl
 policy order.
 
 Eviction order comes from an `EvictionQueue` (eviction_policy.py). A node enters it when created; touches only
-update the node's statistics, which the queue reads lazily.
+update the node's statistics, which the queue reads lazily. `listen()` turns on a bounded log of stored / removed /
+cleared blocks (block_events.py) for a router; off, it costs one attribute test per stored or removed block.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
+from hf_paged.cache.block_events import BlockEventKind, BlockEventLog
 from hf_paged.cache.block_pool import BlockPool
 from hf_paged.cache.digests import chained_digest, encode_extra_keys, prefix_digests
 from hf_paged.cache.eviction_policy import EvictionPolicy, EvictionQueue, make_eviction_policy
@@ -97,7 +99,15 @@ class RadixCache:
         self.num_queries = self.num_hits = self.num_query_tokens = self.num_hit_tokens = 0
         self.num_evicted = 0
         self.epoch = 0  # bumped by reset(): KV computed in an older epoch must not be inserted
+        self.events: BlockEventLog | None = None  # set by listen(): nothing is recorded before
         pool.evictor = self
+
+    def listen(self, capacity: int = 65536) -> BlockEventLog:
+        """Start recording block events (stored, removed, cleared) in a log of `capacity`; returns it. Called
+        again, returns the same log (every consumer keeps its own cursor into it)."""
+        if self.events is None:
+            self.events = BlockEventLog(capacity)
+        return self.events
 
     @property
     def num_cached_blocks(self) -> int:
@@ -205,6 +215,8 @@ class RadixCache:
                     self._node_of_block[block_id] = child
                     self.pool.mark_cached(block_id)
                     new_nodes.append(child)
+                    if self.events is not None:
+                        self.events.record(BlockEventKind.STORED, digest)
                 elif child.token_ids != tokens or child.extra_keys != extra_keys:
                     break  # a digest collision: the resident entry stays, the rest of this sequence stays private
                 elif child.block_id != block_id:
@@ -278,6 +290,8 @@ class RadixCache:
         del self._node_of_block[node.block_id]
         node.attached = False
         self._queue.discard(node)
+        if self.events is not None:
+            self.events.record(BlockEventKind.REMOVED, node.digest)
 
     def _drop_subtree(self, top: _Node) -> list[int]:
         """Remove `top` and its descendants; return the idle blocks; uncache the in-use ones (they keep working)."""
@@ -308,6 +322,8 @@ class RadixCache:
         self._node_of_block.clear()
         self._queue.clear()
         self.epoch += 1
+        if self.events is not None:
+            self.events.record(BlockEventKind.CLEARED)
         return len(dropped)
 
     # -- invariants ------------------------------------------------------------------------------------

@@ -2,6 +2,8 @@
 
     replica.py  ReplicaReporter  engine -> CacheSummary (its radix tree's fingerprints + load), once a period
     summary.py  CacheSummary     the wire format: 8 bytes a cached block, prefix-closed, capped
+    cache_events.py CacheEvents  the radix tree's stored / removed blocks after a summary, 9 bytes an event
+    routing_stats.py RoutingStats  a replica's report per poll: a summary now and then, the events after it
     policy.py   CacheAwareRouter summaries + what it sent -> ranked replicas (affinity by prefill saved, relative
                                  load bounds, shared prefixes ignored, hot prefixes spread)
     replica_view.py ReplicaView  what the router believes one replica holds and carries

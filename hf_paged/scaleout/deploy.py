@@ -4,7 +4,8 @@
                                        | handle.forward.remote(HttpCall, routing=RoutingInfo)   HfPagedRequestRouter
                                        v                                                          (in the gateway)
                                      EngineReplica x N: the `hf-paged serve` FastAPI app, in-process (asgi.forward)
-                                       record_routing_stats() -> CacheSummary, every `stats_period_s`
+                                       record_routing_stats() -> CacheSummary (+ block events, with
+                                         `routing_events`), every `stats_period_s`
 
 The endpoints are the single-server ones (`hf_paged.serving.build_app`), served by each replica; the gateway
 (`gateway.py`) forwards any path. Why a gateway: Serve's HTTP proxy routes before the request body arrives, so a router there
@@ -49,6 +50,8 @@ class ReplicaSpec:
     max_waiting: int | None = None
     chat_template: str | None = None  # a Jinja template (the text) replacing the tokenizer's
     summary_limit: int | None = None  # most fingerprints per routing summary (None: the whole pool, never cut)
+    routing_events: bool = False  # report block events between summaries (routing_stats.py); off: a summary a poll
+    summary_every: int = 10  # with routing_events: stats polls per full summary (poll often: `stats_period_s`)
     torch_threads: int | None = None  # torch.set_num_threads in each replica (None: leave it)
 
     @property
@@ -83,6 +86,7 @@ class EngineReplica:
         from hf_paged.cli_common import load_model
         from hf_paged.config import PagedConfig
         from hf_paged.scaleout.replica import ReplicaReporter
+        from hf_paged.scaleout.routing_stats import RoutingStats
         from hf_paged.serving import ServerSettings, build_app
 
         if spec.torch_threads:
@@ -110,6 +114,7 @@ class EngineReplica:
         self.app = build_app(self.engine, tokenizer, ServerSettings(model_name=spec.name,
                                                                     max_waiting=spec.max_waiting))
         self.reporter = ReplicaReporter(self.engine, limit=spec.summary_limit)
+        self.routing_stats = RoutingStats(self.reporter, events=spec.routing_events, summary_every=spec.summary_every)
         try:
             self.tag = str(serve.get_replica_context().replica_id.unique_id)
         except Exception:  # noqa: BLE001 -- built outside Serve (tests)
@@ -135,7 +140,7 @@ class EngineReplica:
         return ReplicaMetrics(self.tag, await asyncio.wait_for(render(), timeout_s))
 
     def record_routing_stats(self) -> dict[str, Any]:
-        return self.reporter.summary().to_stats()
+        return self.routing_stats.poll()
 
     def abort_all(self) -> None:
         """Abort every request (the shutdown's deadline passed): each client gets the single server's 503 error."""

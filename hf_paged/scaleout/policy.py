@@ -180,6 +180,16 @@ class CacheAwareRouter:
         replica.take_report(keys if isinstance(keys, frozenset) else frozenset(keys), load_tokens)
         return True
 
+    def apply_events(self, replica_id: Hashable, kinds: Sequence[int], keys: Sequence[Hashable]) -> bool:
+        """Apply a replica's block events since its last report, in order (`ReplicaView.apply_events`): the
+        caller applies each event once, after the report it follows. False, changing nothing, for an unknown
+        replica."""
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            return False
+        replica.apply_events(kinds, keys)
+        return True
+
     def load_of(self, replica_id: Hashable) -> int:
         """The router's estimate of a replica's queued + running tokens."""
         return self._replicas[replica_id].load
@@ -197,7 +207,8 @@ class CacheAwareRouter:
         """The router's view of one replica (for debugging and metrics)."""
         replica = self._replicas[replica_id]
         return {"load_tokens": replica.load, "work_share": round(self.work_share(replica_id), 4),
-                "num_reports": replica.num_reports, "num_fingerprints": len(replica.keys)}
+                "num_reports": replica.num_reports, "num_fingerprints": len(replica.keys),
+                "num_events": replica.num_events}
 
     # -- routing -----------------------------------------------------------------------------------------
     def route(self, request: RouteRequest, candidates: Iterable[Hashable] | None = None) -> RoutingDecision:

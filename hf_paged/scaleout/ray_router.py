@@ -1,9 +1,14 @@
 """The Ray Serve adapter: `CacheAwareRouter` as a `ray.serve.request_router.RequestRouter` (tested with Ray 2.60).
 
     caller (gateway replica)                                   engine replicas
-    handle.forward.remote(routing=RoutingInfo, ...)            record_routing_stats() -> CacheSummary.to_stats()
-      -> choose_replicas: summaries in, policy.route, ranked        (polled by Serve every period)
-      -> on_request_routed / on_request_completed: policy bookkeeping
+    handle.forward.remote(routing=RoutingInfo, ...)            record_routing_stats() -> RoutingStats.poll():
+      -> choose_replicas: reports in, policy.route, ranked          a CacheSummary + the block events after it
+      -> on_request_routed / on_request_completed: policy bookkeeping       (polled by Serve every period)
+
+A report is taken when it is new: a new summary resets the replica's view (and the event cursor to the summary's
+`event_seq`); events numbered after the cursor are applied in order on top. A report whose events start past the
+cursor (a gap: never from `RoutingStats`, whose reports are self-contained) is not applied: the view stays as it
+was until the next summary, and `snapshot()` counts it.
 
 The router runs in the caller's process. A request whose handle call carries no `routing=` keyword (or a replica
 that has not reported yet) is still routed, by load. These Ray APIs are marked alpha: keep the pin in pyproject.
@@ -18,6 +23,7 @@ from typing import Any
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
 from hf_paged.scaleout import registry
+from hf_paged.scaleout.cache_events import CacheEvents
 from hf_paged.scaleout.policy import CacheAwareRouter, RouterConfig, RouteRequest, RoutingDecision
 from hf_paged.scaleout.prompt_key import RoutingInfo
 from hf_paged.scaleout.summary import CacheSummary
@@ -37,6 +43,8 @@ class HfPagedRequestRouter(RequestRouter):
         seed = kwargs.pop("seed", 0)
         self.policy = CacheAwareRouter(RouterConfig(**kwargs), seed=seed)
         self._summaries: dict[ReplicaID, CacheSummary] = {}  # last summary taken from each replica
+        self._event_cursor: dict[ReplicaID, int] = {}  # the last block event applied (or the summary's event_seq)
+        self.num_event_gaps = 0
         self._decisions: dict[str, tuple[RouteRequest, RoutingDecision]] = {}  # internal request id -> choice
         registry.register(self)
 
@@ -48,7 +56,8 @@ class HfPagedRequestRouter(RequestRouter):
         for rid in policy.replica_ids:  # how stale the router's view of each replica is (None: no summary yet)
             summary = self._summaries.get(rid)
             replicas[str(rid.unique_id)]["summary_age_s"] = None if summary is None else round(summary.age(now), 3)
-        return {"replicas": replicas, "routed": {reason.value: n for reason, n in policy.num_routed.items()}}
+        return {"replicas": replicas, "routed": {reason.value: n for reason, n in policy.num_routed.items()},
+                "event_gaps": self.num_event_gaps}
 
     # -- membership ----------------------------------------------------------------------------------------
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
@@ -56,11 +65,13 @@ class HfPagedRequestRouter(RequestRouter):
         self.policy.sync_replicas(r.replica_id for r in replicas)
         live = {r.replica_id for r in replicas}
         self._summaries = {k: v for k, v in self._summaries.items() if k in live}
+        self._event_cursor = {k: v for k, v in self._event_cursor.items() if k in live}
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self.policy.remove_replica(replica_id)  # forget its cache summary at once
         self._summaries.pop(replica_id, None)
+        self._event_cursor.pop(replica_id, None)
 
     # -- routing -------------------------------------------------------------------------------------------
     async def choose_replicas(
@@ -93,14 +104,18 @@ class HfPagedRequestRouter(RequestRouter):
 
     # -- helpers -------------------------------------------------------------------------------------------
     def _take_report(self, replica: RunningReplica) -> None:
-        """Take a replica's summary if it is new. The sequence number is read first: an unchanged summary (most
-        requests see one) is not unpacked at all."""
+        """Take a replica's summary if it is new, then its events past the cursor. The sequence numbers are read
+        first: an unchanged report (most requests see one) is not unpacked at all."""
         stats = replica.routing_stats
         if not stats:
             return  # not reported yet
         seen = self._summaries.get(replica.replica_id)
-        if seen is not None and isinstance(stats, dict) and stats.get("seq") == seen.seq:
-            return
+        if seen is None or not isinstance(stats, dict) or stats.get("seq") != seen.seq:
+            self._take_summary(replica, stats)
+        if isinstance(stats, dict) and stats.get("events"):
+            self._take_events(replica.replica_id, stats["events"])
+
+    def _take_summary(self, replica: RunningReplica, stats: Any) -> None:
         try:
             summary = CacheSummary.from_stats(stats)
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
@@ -114,7 +129,28 @@ class HfPagedRequestRouter(RequestRouter):
                            summary.block_size, self.policy.config.block_size)
             return
         self._summaries[replica.replica_id] = summary
+        self._event_cursor[replica.replica_id] = summary.event_seq
         self.policy.report(replica.replica_id, keys=summary.keys(), load_tokens=summary.load_tokens)
+
+    def _take_events(self, replica_id: ReplicaID, stats: Any) -> None:
+        cursor = self._event_cursor.get(replica_id)
+        if cursor is None:
+            return  # no summary taken: nothing to apply events to
+        try:
+            if int(stats["first_seq"]) + len(stats["kinds"]) - 1 <= cursor:
+                return  # nothing new (the common case: read two numbers, unpack nothing)
+            events = CacheEvents.from_stats(stats)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            logger.warning("ignoring %s's block events: %s", replica_id, exc)
+            return
+        if events.first_seq > cursor + 1:
+            self.num_event_gaps += 1
+            logger.warning("%s's block events start at %d, the router applied up to %d: they wait for its next "
+                           "summary", replica_id, events.first_seq, cursor)
+            return
+        kinds, keys = events.after(cursor)
+        self.policy.apply_events(replica_id, kinds, keys)
+        self._event_cursor[replica_id] = events.last_seq
 
     @staticmethod
     def _route_request(pending_request: PendingRequest | None) -> RouteRequest:

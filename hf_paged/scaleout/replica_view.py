@@ -5,7 +5,9 @@
     work        = decayed work routed here (the router's inflated units: see `CacheAwareRouter`)
 
 A reported summary is closed under prefixes (a radix tree's) and so is what the router sent, so a replica's match
-of a prompt's chained digests is found by binary search.
+of a prompt's chained digests is found by binary search. Block events between summaries (`apply_events`) keep
+`keys` current; a radix tree stores a block after its parent and removes it before, so in order they keep it
+closed under prefixes too.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+from hf_paged.cache.block_events import BlockEventKind
+
 __all__ = ["ReplicaView"]
 
 
 @dataclass(slots=True, eq=False)
 class ReplicaView:
     replica_id: Hashable
-    keys: frozenset = frozenset()  # fingerprints of the last report
+    keys: frozenset | set = frozenset()  # fingerprints of the last report (a set once events changed it)
     sent: set = field(default_factory=set)  # fingerprints routed here since the last report
     sent_before: set = field(default_factory=set)  # ... in the period before: may still be queued at the report
     reported_load: int = 0
@@ -28,6 +32,7 @@ class ReplicaView:
     load: int = 0  # max(0, reported_load + sent_since_report - finished_since_report)
     work: float = 0.0  # decayed work routed here, in the router's inflated units
     num_reports: int = 0
+    num_events: int = 0  # block events applied since the start
 
     def holds(self, key: Hashable) -> bool:
         return key in self.keys or key in self.sent or key in self.sent_before
@@ -53,6 +58,28 @@ class ReplicaView:
         self.reported_load, self.sent_since_report, self.finished_since_report = int(load_tokens), 0, 0
         self.num_reports += 1
         self.refresh_load()
+
+    def apply_events(self, kinds: Sequence[int], keys: Sequence[Hashable]) -> None:
+        """Apply block events in order: `kinds[i]` (a `BlockEventKind`) happened to the block `keys[i]`.
+
+        STORED adds the block to what the replica holds, REMOVED drops it (from the report and from what was sent:
+        the replica computed and evicted it), CLEARED drops everything (the weights changed)."""
+        if not kinds:
+            return
+        held = self.keys if isinstance(self.keys, set) else set(self.keys)  # the report is shared: copy once
+        for kind, key in zip(kinds, keys):
+            if kind == BlockEventKind.STORED:
+                held.add(key)
+            elif kind == BlockEventKind.REMOVED:
+                held.discard(key)
+                self.sent.discard(key)
+                self.sent_before.discard(key)
+            else:
+                held.clear()
+                self.sent.clear()
+                self.sent_before.clear()
+        self.keys = held
+        self.num_events += len(kinds)
 
     def refresh_load(self) -> None:
         self.load = max(0, self.reported_load + self.sent_since_report - self.finished_since_report)

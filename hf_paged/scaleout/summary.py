@@ -8,6 +8,7 @@ digests the prompt the same way and walks its fingerprints while a replica holds
 about 1 in 10^13 per lookup at 10^6 reported blocks, and a false match costs one routing choice, never a wrong token
 (the replica verifies hits on the tokens). The summary is a full snapshot, not a delta: a lost or late report
 cannot leave the router out of step for longer than one period. Size: 8 bytes per reported block plus ~100 bytes.
+Between summaries a replica may also hand out its block events (`cache_events.py`), numbered after `event_seq`.
 """
 
 from __future__ import annotations
@@ -66,6 +67,7 @@ class CacheSummary:
     load_tokens: int  # queued + running tokens still to compute (prompt left + output left) at the snapshot
     seq: int  # grows by one per summary from this replica: the router notices a new report by it
     created_at: float  # time.time() at the snapshot: the router's measure of staleness
+    event_seq: int = 0  # the replica's block-event number when the snapshot began: later events apply on top
 
     @property
     def num_fingerprints(self) -> int:
@@ -77,8 +79,8 @@ class CacheSummary:
 
     @property
     def nbytes(self) -> int:
-        """Bytes on the wire: the fingerprint blob plus the five numbers."""
-        return len(self.fingerprints) + 5 * 8
+        """Bytes on the wire: the fingerprint blob plus the six numbers."""
+        return len(self.fingerprints) + 6 * 8
 
     def keys(self) -> frozenset[int]:
         """The reported fingerprints as a set (what the router looks prompts up in)."""
@@ -92,7 +94,7 @@ class CacheSummary:
         """A plain dict for Ray Serve's `record_routing_stats()` (builtins only, pickles small)."""
         return {"format": _FORMAT, "block_size": self.block_size, "fingerprints": self.fingerprints,
                 "num_cached_blocks": self.num_cached_blocks, "load_tokens": self.load_tokens, "seq": self.seq,
-                "created_at": self.created_at}
+                "created_at": self.created_at, "event_seq": self.event_seq}
 
     @classmethod
     def from_stats(cls, stats: dict[str, Any]) -> CacheSummary | None:
@@ -107,7 +109,8 @@ class CacheSummary:
         fingerprints = bytes(stats["fingerprints"])
         _unpack(fingerprints)  # validates the length
         return cls(int(stats["block_size"]), fingerprints, int(stats["num_cached_blocks"]),
-                   int(stats["load_tokens"]), int(stats["seq"]), float(stats["created_at"]))
+                   int(stats["load_tokens"]), int(stats["seq"]), float(stats["created_at"]),
+                   int(stats.get("event_seq", 0)))
 
 
 def build_summary(cache: RadixCache, *, limit: int = 8192, load_tokens: int = 0, seq: int = 0,
@@ -123,6 +126,9 @@ def build_summary(cache: RadixCache, *, limit: int = 8192, load_tokens: int = 0,
     """
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise ValueError(f"limit must be an int >= 0 (blocks to report), got {limit!r}")
+    # The event number first: events recorded while the snapshot is taken are applied again on top of it, which
+    # is harmless (stored/removed set a block's state, and in order the last one wins); missing one would not be.
+    event_seq = cache.events.seq if cache.events is not None else 0
     digests = cache.cached_digests(limit)
     return CacheSummary(
         block_size=cache.block_size,
@@ -131,4 +137,5 @@ def build_summary(cache: RadixCache, *, limit: int = 8192, load_tokens: int = 0,
         load_tokens=int(load_tokens),
         seq=int(seq),
         created_at=time.time() if now is None else now,
+        event_seq=event_seq,
     )

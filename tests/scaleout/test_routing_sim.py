@@ -133,3 +133,26 @@ def test_the_report_prints_tables_and_verdicts(capsys, tmp_path):
     assert "| 4 | ours (CacheAwareRouter) |" in out and "machine:" in out and "Targets held:" in out
     assert "- short, 4 replicas: hit" in out and (tmp_path / "r.md").read_text().strip() == out.strip()
     assert "| short | 4 | " in out  # the summary row: ours against the best baselines and the oracle
+
+
+def test_a_replica_records_its_cache_events_once_asked():
+    replica = rep.Replica(capacity_blocks=3, block_size=16)
+    replica.touch([1, 2])
+    assert replica.event_kinds is None  # not recording yet
+    assert replica.take_events() == rep.SimEvents(b"", [])
+    replica.touch([1, 3])  # parents last: 3 then 1 (already held)
+    replica.touch([4])  # over capacity: the least recent leaf, 2, goes
+    stored, removed = rep.STORED, rep.REMOVED
+    assert replica.take_events() == rep.SimEvents(bytes([stored, stored, removed]), [3, 4, 2])
+    assert replica.take_events() == rep.SimEvents(b"", [])
+
+
+def test_events_between_summaries_are_counted_on_the_wire():
+    base = sim.simulate(sim.Ours, 4, seed=3, workload="short")
+    events = sim.simulate(sim.Ours, 4, seed=3, workload="short", event_period=0.1)
+    rare = sim.simulate(sim.Ours, 4, seed=3, workload="short", report_period=10.0, event_period=0.1)
+    again = sim.simulate(sim.Ours, 4, seed=3, workload="short", report_period=10.0, event_period=0.1)
+    assert base.event_share == 0 and 0 < events.event_share < rare.event_share < 1
+    assert events.reports_s > base.reports_s and rare.report_bytes_s < base.report_bytes_s / 4
+    assert dataclasses.replace(rare, sim_s=0, route_us=0) == dataclasses.replace(again, sim_s=0, route_us=0)
+    assert all(r.num_requests == base.num_requests for r in (events, rare))

@@ -60,7 +60,7 @@ def test_build_summary_round_trips_through_routing_stats():
     summary = build_summary(cache, limit=8, load_tokens=42, seq=7, now=100.0)
     assert summary.keys() == frozenset(prompt_fingerprints([1, 2, 3, 4], 2))
     assert (summary.num_fingerprints, summary.num_cached_blocks, summary.is_truncated) == (2, 2, False)
-    assert summary.nbytes == 2 * 8 + 40
+    assert summary.nbytes == 2 * 8 + 48
     assert summary.age(now=101.5) == 1.5
     stats = summary.to_stats()
     assert all(isinstance(v, (int, float, bytes)) for v in stats.values())
