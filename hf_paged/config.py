@@ -5,11 +5,12 @@ Imports nothing of ours: every layer may read it.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
 KV_CACHE_DTYPES = ("auto", "fp8", "int8", "int4")
-KV_EVICTION_POLICIES = (None, "streaming", "snapkv", "pyramidkv")
+KV_PRUNING_POLICIES = (None, "streaming", "snapkv", "pyramidkv")
 PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 PREFIX_EVICTION_POLICIES = ("lru", "lfu")
@@ -75,8 +76,10 @@ class PagedConfig:
     # offset in the block, redo it on read; see cache/key_frame.py). Same bytes, about half the int4 key error on
     # the default model; torch read path only (the fused kernels do not rotate)
     kv_key_derotate: bool = False
-    kv_eviction: str | None = None  # None | "streaming" | "snapkv" | "pyramidkv"
-    kv_keep_ratio: float = 1.0  # share of a request's prompt blocks kept by eviction (0 < r <= 1)
+    # token pruning: drop a request's least useful KV blocks (None | "streaming" | "snapkv" | "pyramidkv");
+    # not the prefix cache's eviction (`prefix_eviction_policy`)
+    kv_pruning: str | None = None
+    kv_keep_ratio: float = 1.0  # share of a request's prompt blocks kept by pruning (0 < r <= 1)
     num_sink_tokens: int = 16  # attention sinks kept by "streaming"
     window_tokens: int = 256  # recent window kept by eviction policies
     kv_budget_tokens: int | None = None  # most tokens a request keeps after eviction; None: only kv_keep_ratio
@@ -91,6 +94,7 @@ class PagedConfig:
     # "auto": Triton on CUDA, the numba kernels on the CPU in fp32 (both read the blocks in place), the torch
     # reference otherwise | "torch": the reference (gathers each step's blocks, then SDPA) | "triton"
     attention_backend: str = "auto"
+    kv_eviction: str | None = None  # deprecated name of kv_pruning (warns; moved there at construction)
 
     def __post_init__(self) -> None:
         _check_int("block_size", self.block_size, minimum=1)
@@ -129,7 +133,14 @@ class PagedConfig:
                 f"{self.key_cache_dtype or self.kv_cache_dtype!r}; allowed: kv_key_derotate=False, or True with "
                 "kv_cache_dtype / key_cache_dtype 'int4'"
             )
-        _check_choice("kv_eviction", self.kv_eviction, KV_EVICTION_POLICIES)
+        if self.kv_eviction is not None:
+            warnings.warn("PagedConfig.kv_eviction is now kv_pruning (token pruning, not the prefix cache's "
+                          "eviction); pass kv_pruning=", DeprecationWarning, stacklevel=3)
+            if self.kv_pruning is not None and self.kv_pruning != self.kv_eviction:
+                raise ValueError(f"PagedConfig got kv_pruning={self.kv_pruning!r} and its old name kv_eviction="
+                                 f"{self.kv_eviction!r}; pass kv_pruning only")
+            self.kv_pruning, self.kv_eviction = self.kv_eviction, None
+        _check_choice("kv_pruning", self.kv_pruning, KV_PRUNING_POLICIES)
         if not isinstance(self.kv_keep_ratio, (int, float)) or not 0 < self.kv_keep_ratio <= 1:
             raise ValueError(f"PagedConfig.kv_keep_ratio must be in (0, 1], got {self.kv_keep_ratio!r}")
         _check_int("num_sink_tokens", self.num_sink_tokens, minimum=0)
@@ -178,7 +189,7 @@ class PagedConfig:
             (name, value, allowed)
             for name, value, allowed in (
                 ("enable_prefix_caching", self.enable_prefix_caching, False),
-                ("kv_eviction", self.kv_eviction, None),
+                ("kv_pruning", self.kv_pruning, None),
                 ("preemption_mode", self.preemption_mode, "recompute"),
             )
             if value != allowed

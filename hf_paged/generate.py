@@ -20,7 +20,8 @@ import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
-from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list
+from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list, unsupported_modes
+from hf_paged.compat import prepare_generation_config, prepare_special_tokens, stock_stopping_criteria
 from hf_paged.errors import HfPagedError, InvalidPromptError, RequestFailedError
 from hf_paged.generate_criteria import LockstepCriteria
 from hf_paged.generate_output import assemble_generate_output, make_streamer_hook
@@ -41,20 +42,15 @@ class IncompleteDocumentWarning(UserWarning):
 
 
 def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, extra: dict) -> str | None:
-    if (generation_config.num_beams or 1) > 1:
-        return "beam search"
+    modes = unsupported_modes(generation_config)
+    if modes:
+        return modes[0]
     if extra.get("assistant_model") is not None or generation_config.prompt_lookup_num_tokens:
-        if getattr(generation_config, "assistant_early_exit", None):
-            return "assistant_early_exit (self-speculative decoding)"
         from hf_paged.wrap_state import engine_of
 
         reason = engine_of(model).speculator.unsupported
         if reason is not None:
             return f"assisted decoding (speculative decoding {reason})"
-    if getattr(generation_config, "penalty_alpha", None):
-        return "contrastive search"
-    if generation_config.guidance_scale not in (None, 1, 1.0):
-        return "classifier-free guidance"
     stops = (extra.get("stopping_criteria") or generation_config.stop_strings is not None
              or generation_config.max_time is not None)
     if stops and extra.get("streamer") is not None:
@@ -88,7 +84,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
             or kwargs.get("past_key_values") is not None or negative_prompt_ids is not None:
         return _fallback(stock, "inputs_embeds / an explicit cache / no input_ids", inputs, generation_config,
                          logits_processor, streamer, extra, kwargs, negative_prompt_ids, negative_prompt_attention_mask)
-    gen_config, model_kwargs = model._prepare_generation_config(generation_config, **kwargs)
+    gen_config, model_kwargs = prepare_generation_config(model, generation_config, **kwargs)
     reason = _fallback_reason(model, gen_config, model_kwargs, {**extra, "streamer": streamer})
     if reason is not None:
         return _fallback(stock, reason, input_ids, generation_config, logits_processor, streamer, extra, kwargs,
@@ -113,16 +109,9 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     num_seqs = gen_config.num_return_sequences or 1
     # stop strings, max_time and the caller's criteria: stock's own list, replayed over the engine's steps
     lockstep = bool(stopping_criteria) or gen_config.stop_strings is not None or gen_config.max_time is not None
-    params = [
-        SamplingParams(
-            max_new_tokens=max_new_tokens, do_sample=bool(gen_config.do_sample), eos_token_id=eos or None,
-            logits_processors=factory.for_prompt_length(len(prompt)), num_return_sequences=num_seqs,
-            min_new_tokens=gen_config.min_new_tokens or 0,
-            output_scores=bool(gen_config.output_scores), output_logits=bool(gen_config.output_logits),
-            **speculative_params(gen_config, assistant_model),
-        )
-        for prompt in prompts
-    ]
+    # stop strings, max_time and the caller's criteria run as stock's own list (LockstepCriteria), not in the engine
+    params = _params_per_prompt(gen_config, factory, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos or None,
+                                stop_strings=None, **speculative_params(gen_config, assistant_model))
     rows = input_ids.repeat_interleave(num_seqs, dim=0)
     criteria = _stock_criteria(model, gen_config, stopping_criteria, model_kwargs.get("tokenizer"), padded_len,
                                max_new_tokens, input_ids.device) if lockstep else None
@@ -163,10 +152,8 @@ def _stock_criteria(model, gen_config: GenerationConfig, stopping_criteria, toke
     and EOS criteria merged with the caller's, as stock merges them)."""
     config = copy.deepcopy(gen_config)
     config.max_length = padded_len + max_new_tokens
-    model._prepare_special_tokens(config, True, device=device)
-    return model._get_stopping_criteria(generation_config=config,
-                                        stopping_criteria=StoppingCriteriaList(stopping_criteria or []),
-                                        tokenizer=tokenizer)
+    prepare_special_tokens(model, config, device)
+    return stock_stopping_criteria(model, config, StoppingCriteriaList(stopping_criteria or []), tokenizer)
 
 
 def failure_error(output: RequestOutput) -> HfPagedError:
@@ -304,6 +291,15 @@ def _sampling_params_for(model, inputs, generation_config, logits_processor, sam
         overrides["tokenizer"] = tokenizer
     if assistant_model is not None:  # not a GenerationConfig field: an argument, as in stock generate
         overrides.update(speculative_params(gen_config, assistant_model))
+    return _params_per_prompt(gen_config, factory, inputs, **overrides)
+
+
+def _params_per_prompt(gen_config: GenerationConfig, factory: ProcessorFactory, prompts, **overrides: Any,
+                       ) -> list[SamplingParams]:
+    """The one translation of a `GenerationConfig` for the engine (`generate` and `generate_batch` alike): its
+    options (`SamplingParams.from_generation_config`), and stock's processor list for each prompt's length. That
+    list holds stock's warpers (temperature, top-k, top-p) in stock's order, so the sampler must not apply them
+    again."""
     base = SamplingParams.from_generation_config(gen_config, **overrides)
     return [base.replace(logits_processors=factory.for_prompt_length(len(p)), temperature=1.0, top_k=None, top_p=1.0)
-            for p in inputs]
+            for p in prompts]

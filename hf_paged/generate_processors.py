@@ -13,13 +13,15 @@ import copy
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
 
+from hf_paged.compat import prepare_special_tokens, stock_logits_processors
+
 
 class ProcessorFactory:
     def __init__(self, model, generation_config: GenerationConfig, user_processors, device) -> None:
         self.model = model
         config = copy.deepcopy(generation_config)
         config.min_new_tokens = None  # the sampler enforces it per request
-        model._prepare_special_tokens(config, kwargs_has_attention_mask=True, device=device)
+        prepare_special_tokens(model, config, device)
         self.config = config
         self.user = LogitsProcessorList(user_processors or [])
         self.device = device
@@ -33,15 +35,8 @@ class ProcessorFactory:
         key = length if self.length_dependent else None
         procs = self._lists.get(key)
         if procs is None:
-            procs = self.model._get_logits_processor(
-                generation_config=self.config,
-                input_ids_seq_length=length,
-                encoder_input_ids=None,
-                prefix_allowed_tokens_fn=None,
-                logits_processor=self.user,
-                device=self.device if self.device is not None else torch.device("cpu"),
-                model_kwargs={},
-            )
+            device = self.device if self.device is not None else torch.device("cpu")
+            procs = stock_logits_processors(self.model, self.config, length, self.user, device)
             procs = list(procs)
             self._lists[key] = procs
         return procs

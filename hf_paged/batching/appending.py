@@ -28,7 +28,7 @@ class TokenAppender:
     def emit(self, request: Request, tokens: list[int], now: float, result: StepOutput) -> None:
         """The tokens a step produced for `request`, then the tokens its constraint forces after them."""
         self.append(request, tokens, now, result)
-        if not request.is_finished and not request.params.output_scores:
+        if not request.ended and not request.params.output_scores:
             self.jump_forward(request, now, result)
 
     def append(self, request: Request, tokens: list[int], now: float, result: StepOutput) -> None:

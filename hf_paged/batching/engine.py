@@ -15,7 +15,8 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from types import MappingProxyType
 
 import torch
 
@@ -26,12 +27,13 @@ from hf_paged.batching.lifecycle import RequestLifecycle
 from hf_paged.batching.metrics import EngineMetrics
 from hf_paged.batching.model_runner import ModelRunner
 from hf_paged.batching.prefix_policy import PrefixPolicy
+from hf_paged.batching.prompt_check import PromptLimits, check_prompt
 from hf_paged.batching.request import Failure, Request, RequestOutput, RequestStatus, StepOutput
 from hf_paged.batching.request_ids import RequestIds
 from hf_paged.batching.sampler import Sampler
 from hf_paged.batching.sampling import SamplingParams
-from hf_paged.batching.score_rows import record_scores
 from hf_paged.batching.scheduler import Scheduler, SchedulerOutput
+from hf_paged.batching.score_rows import record_scores
 from hf_paged.batching.speculative import DraftRows, Speculator
 from hf_paged.batching.step_inputs import build_step_inputs
 from hf_paged.batching.swap import swap_in, swap_out
@@ -42,9 +44,7 @@ from hf_paged.cache.sizing import kv_shape_of
 from hf_paged.config import PagedConfig
 from hf_paged.errors import (
     HfPagedError,
-    InvalidPromptError,
     OutOfBlocksError,
-    PromptTooLongError,
     RequestFailedError,
 )
 
@@ -78,11 +78,12 @@ class Engine:
         self.pruner = KVPruner(self.config, self.kv, self.cache.kv_shape.num_layers)
         self.sampler = Sampler()
         self.metrics = EngineMetrics()
-        self.requests: dict[str, Request] = {}
         self._arrivals = itertools.count()
-        self._ids = RequestIds(self.requests)
+        self._ids = RequestIds(self.scheduler.requests)
         self._reserved_ids = self._ids.reserved  # ids handed out by `reserve_request_id`, not yet added
-        self._lock = threading.RLock()  # held by every call that changes requests or the pool
+        # The engine's one lock: held by every call that changes requests or the pool, and by every step (callers
+        # in several threads never see a half-done step). `EngineLoop` takes it to add a caller's requests at once.
+        self.lock = threading.RLock()
         self._step_listeners: list[Callable[[StepOutput], None]] = []
         self._loop = None  # the EngineLoop, created by `loop` at first use
         text_config = model.config.get_text_config(decoder=True)
@@ -94,7 +95,7 @@ class Engine:
             max_model_len=self.max_model_len, unsupported=self._speculation_unsupported(),
         )
         # ends, retries and forks (lifecycle.py); new tokens, jump-forward and stop checks (appending.py)
-        self.lifecycle = RequestLifecycle(self.requests, self.scheduler, self.kv, self.speculator, self.metrics)
+        self.lifecycle = RequestLifecycle(self.scheduler, self.kv, self.speculator, self.metrics)
         self.retrier = self.lifecycle.retrier
         self.appender = TokenAppender(self.lifecycle, self.metrics, self.max_model_len)
 
@@ -124,7 +125,7 @@ class Engine:
         """`add_request` under an id claimed earlier with `reserve_request_id`. `arrival_time`: when the caller
         submitted it (`time.perf_counter()`), so TTFT counts the wait before it reached the engine."""
         params = params or SamplingParams()
-        with self._lock:
+        with self.lock:
             self._ids.take(request_id)
             return self._add(request_id, prompt_ids, params, priority, arrival_time)
 
@@ -135,58 +136,33 @@ class Engine:
         request = Request(request_id, [int(t) for t in prompt_ids], params, priority, next(self._arrivals))
         if arrival_time is not None:
             request.arrival_time = arrival_time
-        self.requests[request_id] = request
         error = self.validate_prompt(request.prompt_ids, params) or self.speculator.check(params)
         if error is not None:
+            self.scheduler.register(request)
             self.lifecycle.end(request, RequestStatus.FAILED, "error", Failure(str(error), type(error)))
             return request_id
+        self.scheduler.add(request)
         self.lifecycle.add_forks(request)
         for constraint in request.processors.constraints:
             constraint.prepare()  # constraints compile in the background while the prompt prefills
         self.metrics.num_prompt_tokens += len(request.prompt_ids) * params.num_return_sequences
-        self.scheduler.add(request)
         return request_id
 
-    def validate_prompt(self, prompt_ids: Sequence[int], params: SamplingParams) -> HfPagedError | None:
-        """Why a prompt cannot run, as the error to raise (`InvalidPromptError`, `PromptTooLongError`), or None."""
-        if len(prompt_ids) == 0:
-            return InvalidPromptError("empty prompt: give at least one token id")
-        bad = [t for t in prompt_ids if not 0 <= t < self.vocab_size]
-        if bad:
-            return InvalidPromptError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.vocab_size})")
-        targets = params.score_targets
-        if targets is not None:
-            if len(targets) > len(prompt_ids) or list(prompt_ids[len(prompt_ids) - len(targets) + 1:]) != targets[:-1]:
-                return InvalidPromptError(
-                    f"{len(targets)} score_targets do not fit a prompt of {len(prompt_ids)} tokens: the prompt must "
-                    "end with all targets but the last (hf_paged.scoring builds such requests)"
-                )
-            if len(prompt_ids) > self.max_model_len:
-                return PromptTooLongError(
-                    f"scored sequence of {len(prompt_ids) + 1} tokens (context + continuation) exceeds the model's "
-                    f"maximum of {self.max_model_len} positions by more than one: cut the context from the left"
-                )
-        elif len(prompt_ids) >= self.max_model_len:
-            return PromptTooLongError(
-                f"prompt of {len(prompt_ids)} tokens leaves no room to generate within the model's maximum of "
-                f"{self.max_model_len} positions: shorten it"
-            )
-        need = -(-(len(prompt_ids) + (targets is None)) // self.config.block_size)  # + the first generated token
-        if need > self.cache.num_blocks:
-            return PromptTooLongError(
-                f"prompt of {len(prompt_ids)} tokens needs {need} blocks but the pool has {self.cache.num_blocks}: "
-                "raise PagedConfig.num_blocks (or max_cache_bytes)"
-            )
-        return None
+    def validate_prompt(self, prompt_ids: Sequence[int], params: SamplingParams, *,
+                        whole_sequence: bool = False) -> HfPagedError | None:
+        """Why a prompt cannot run, as the error to raise (`InvalidPromptError`, `PromptTooLongError`), or None
+        (`prompt_check.py`; `whole_sequence`: the pool must hold `max_new_tokens` more too)."""
+        limits = PromptLimits(self.vocab_size, self.max_model_len, self.config.block_size, self.cache.num_blocks)
+        return check_prompt(prompt_ids, params, limits, whole_sequence=whole_sequence)
 
     def abort(self, request_id: str, *, error: str | None = None,
               error_type: type[BaseException] = RequestFailedError) -> None:
         """End a request now; its blocks go back to the pool at once. With `error`, it ends FAILED with that error
         (finish reason "error"; `error_type`: the class of the exception behind it) instead of as aborted by the
         caller."""
-        with self._lock:
-            request = self.requests.get(request_id)
-            if request is None or request.is_finished:
+        with self.lock:
+            request = self.scheduler.requests.get(request_id)
+            if request is None or request.ended:
                 return
             self.lifecycle.abort(request, Failure(error, error_type) if error is not None else None)
 
@@ -194,10 +170,36 @@ class Engine:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished
 
+    @property
+    def num_waiting(self) -> int:
+        """Requests queued for admission."""
+        return len(self.scheduler.waiting)
+
+    @property
+    def requests(self) -> Mapping[str, Request]:
+        """Every request this engine knows, by id (read-only: the scheduler owns them). Requests leave it when
+        their output is collected (`pop_output`, `forget`, or the engine loop handing it to its caller)."""
+        return MappingProxyType(self.scheduler.requests)
+
+    def live_requests(self) -> list[Request]:
+        """The requests not yet ended, as a copy; any thread may call it without waiting for a step."""
+        return self.scheduler.live_requests()
+
     def pop_output(self, request_id: str) -> RequestOutput:
-        """The output of an ended request, forgetting it."""
-        with self._lock:
-            return self.requests.pop(request_id).to_output()
+        """The output of an ended request, forgetting it. Raises `KeyError` for an unknown id."""
+        with self.lock:
+            request = self.scheduler.requests[request_id]
+            if not request.ended:
+                raise ValueError(f"request {request_id!r} has not ended; abort it or step until it ends")
+            self.scheduler.forget(request_id)
+            return request.to_output()
+
+    def forget(self, request_id: str) -> None:
+        """Drop an ended request whose output the caller already holds (e.g. from a step's `finished` list)."""
+        with self.lock:
+            request = self.scheduler.requests.get(request_id)
+            if request is not None and request.ended:
+                self.scheduler.forget(request_id)
 
     @property
     def loop(self):
@@ -213,7 +215,7 @@ class Engine:
 
     def take_ended(self) -> list[RequestOutput]:
         """Outputs of requests ended since the last step (aborts between steps), handed out once."""
-        with self._lock:
+        with self.lock:
             return self.lifecycle.take_ended()
 
     def add_step_listener(self, listener: Callable[[StepOutput], None]) -> None:
@@ -223,7 +225,7 @@ class Engine:
 
     # -- the step loop -----------------------------------------------------------------------------------
     def step(self) -> StepOutput:
-        with self._lock:
+        with self.lock:
             if self.scheduler.waiting:  # the prefix cache is only read when requests are admitted: check there
                 self._check_weights()
             result = StepOutput()
@@ -320,8 +322,8 @@ class Engine:
         if self.cache.compressed:
             return ("needs uncompressed KV blocks (a block quantized when drafts filled it cannot take other tokens "
                     "back): use kv_cache_dtype='auto' and no streaming heads")
-        if self.config.kv_eviction is not None:
-            return f"does not work with kv_eviction={self.config.kv_eviction!r}: use kv_eviction=None"
+        if self.config.kv_pruning is not None:
+            return f"does not work with kv_pruning={self.config.kv_pruning!r}: use kv_pruning=None"
         return None
 
     # -- prefix cache ------------------------------------------------------------------------------------
@@ -346,7 +348,7 @@ class Engine:
     def run(self, request_ids: Iterable[str] | None = None, *, on_step=None) -> dict[str, RequestOutput]:
         """Step until the given requests (default: all) have ended; return and forget their outputs."""
         wanted = list(request_ids) if request_ids is not None else list(self.requests)
-        while any(not self.requests[rid].is_finished for rid in wanted):
+        while any(not self.requests[rid].ended for rid in wanted):
             step = self.step()
             if on_step is not None:
                 on_step(step)
@@ -359,27 +361,29 @@ class Engine:
         wanted = list(request_ids) if request_ids is not None else list(self.requests)
         seen = dict.fromkeys(wanted, 0)
         while seen:
-            if any(not self.requests[rid].is_finished for rid in seen):
+            if any(not self.requests[rid].ended for rid in seen):
                 self.step()
             for rid in list(seen):
                 request = self.requests[rid]
-                if request.params.max_retries and not request.is_finished:
+                if request.params.max_retries and not request.ended:
                     continue  # a request that may rerun yields its tokens once it has ended
                 tokens = request.output_ids[seen[rid]:]
                 seen[rid] += len(tokens)
-                if tokens or request.is_finished:
-                    yield rid, list(tokens), request.is_finished
-                if request.is_finished:
+                if tokens or request.ended:
+                    yield rid, list(tokens), request.ended
+                if request.ended:
                     del seen[rid]
 
     def stats(self) -> dict:
         """Counters and gauges of the engine, its cache, scheduler, sampler and retries (`engine_stats.py`)."""
-        with self._lock:
-            return engine_stats(self)
+        with self.lock:
+            return engine_stats(metrics=self.metrics, max_num_batched_tokens=self.config.max_num_batched_tokens,
+                                cache=self.cache, scheduler=self.scheduler, pruner=self.pruner, sampler=self.sampler,
+                                retrier=self.lifecycle.retrier)
 
     def check_integrity(self) -> None:
         self.cache.check_integrity()
         live = {r.request_id for r in self.scheduler.running}
         assert live <= set(self.kv.seqs), "a running request has no block table"
         assert set(self.kv.seqs) <= live, "a block table belongs to no running request"
-        self.speculator.check_integrity({rid for rid, r in self.requests.items() if not r.is_finished})
+        self.speculator.check_integrity({rid for rid, r in self.requests.items() if not r.ended})

@@ -26,14 +26,11 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from hf_paged.batching.drivable import Drivable
 from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput, fork_ids
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.errors import RequestFailedError
-
-if TYPE_CHECKING:
-    from hf_paged.batching.engine import Engine
 
 logger = logging.getLogger(__name__)
 
@@ -80,24 +77,16 @@ class Submission:
     def steps(self) -> Iterator[list[RequestDelta]]:
         """Each step's deltas of these requests, as they come, until all have ended. Leaving early (an exception,
         Ctrl-C, `break`) aborts the requests still running."""
-        driving = self._loop._driver.acquire(blocking=False)  # nobody steps: this thread does (see EngineLoop)
         try:
-            while self._remaining:
-                if driving:
-                    while self._queue.empty() and self._remaining:
-                        if not self._loop._turn():  # nothing left to run, yet these never ended (a shutdown race)
-                            self._lost("the engine loop shut down before the request started")
-                deltas = self._queue.get()
+            for deltas in self._loop.follow(self._queue, lambda: bool(self._remaining), self._lost):
                 self._remaining.difference_update(d.request_id for d in deltas if d.finished)
                 yield deltas
         finally:
-            if driving:
-                self._loop._driver.release()
-                self._loop._wake()  # other callers' requests may still run: the loop thread takes over
             if self._remaining:
                 self._loop.abort(*self._remaining)
 
-    def _lost(self, error: str) -> None:
+    def _lost(self) -> None:  # nothing left to run, yet these never ended (a shutdown race)
+        error = "the engine loop shut down before the request started"
         self._queue.put([RequestDelta(rid, [], RequestOutput(rid, [], [], RequestStatus.FAILED, error=error,
                                                               finish_reason="error")) for rid in self._remaining])
 
@@ -124,7 +113,7 @@ class EngineLoop:
         ...     print(delta.new_token_ids, delta.finished)
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Drivable) -> None:
         self.engine = engine
         self._cond = threading.Condition()
         self._commands: deque[Callable[[], None]] = deque()
@@ -162,7 +151,7 @@ class EngineLoop:
         event_loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[list[RequestDelta]] = asyncio.Queue()
         sink = _Sink(lambda d: event_loop.call_soon_threadsafe(deltas.put_nowait, d), tokens=True)
-        (rid,), all_ids = self._submit([prompt_ids], [params], [request_id], [priority], sink)
+        (_rid,), all_ids = self._submit([prompt_ids], [params], [request_id], [priority], sink)
         remaining = set(all_ids)
         try:
             while remaining:
@@ -185,7 +174,7 @@ class EngineLoop:
     @property
     def num_waiting(self) -> int:
         """Requests submitted that have not started running (queued here or in the scheduler)."""
-        return self._num_pending + len(self.engine.scheduler.waiting)
+        return self._num_pending + self.engine.num_waiting
 
     @property
     def num_in_flight(self) -> int:
@@ -235,6 +224,24 @@ class EngineLoop:
         if self._thread is not threading.current_thread():
             self._thread.join()
 
+    def follow(self, deltas: queue.SimpleQueue[list[RequestDelta]], pending: Callable[[], bool],
+               on_lost: Callable[[], None]) -> Iterator[list[RequestDelta]]:
+        """A synchronous caller's deltas from its queue while `pending()`. When nobody steps, the caller's own
+        thread drives the turns (see `_driver`) and hands over to the loop thread when it leaves; `on_lost` is
+        called when there is nothing left to run yet `pending()` holds."""
+        driving = self._driver.acquire(blocking=False)
+        try:
+            while pending():
+                if driving:
+                    while deltas.empty() and pending():
+                        if not self._turn():
+                            on_lost()
+                yield deltas.get()
+        finally:
+            if driving:
+                self._driver.release()
+                self._wake()  # other callers' requests may still run: the loop thread takes over
+
     # -- submission ----------------------------------------------------------------------------------------
     def _submit(self, prompts, params, request_ids, priorities, sink: _Sink, *,
                 wake: bool = True) -> tuple[list[str], list[str]]:
@@ -256,14 +263,14 @@ class EngineLoop:
         submitted = time.perf_counter()  # TTFT counts from here, not from when the loop got to the request
 
         def add() -> None:
-            with self.engine._lock:
+            with self.engine.lock:
                 self._num_pending -= len(items)
                 for rid in all_ids:
                     self._sinks[rid] = sink
                 for rid, prompt, p, priority in items:  # bad input ends FAILED here: delivered after the next step
                     try:
                         self.engine.add_reserved_request(rid, prompt, p, priority, arrival_time=submitted)
-                    except Exception as exc:  # noqa: BLE001 -- a request the engine refused outright fails alone
+                    except Exception as exc:
                         logger.exception("hf_paged engine loop: adding %s failed", rid)
                         self._fail_unadded(rid, p, f"{type(exc).__name__}: {exc}", type(exc))
 
@@ -311,7 +318,7 @@ class EngineLoop:
         for command in commands:
             try:
                 command()
-            except Exception:  # noqa: BLE001 -- a bad command must not stop the loop
+            except Exception:
                 logger.exception("hf_paged engine loop: a command failed")
         if self._sinks:
             self._step()
@@ -320,7 +327,7 @@ class EngineLoop:
     def _step(self) -> None:
         try:
             self.engine.step()
-        except Exception as exc:  # noqa: BLE001 -- the step failed as a whole: its requests fail, the loop goes on
+        except Exception as exc:
             logger.exception("hf_paged engine loop: a step failed")
             self._fail_in_flight(f"engine step failed: {type(exc).__name__}: {exc}", type(exc))
             return
@@ -344,11 +351,11 @@ class EngineLoop:
                 self._deliver(sink, [RequestDelta(rid, [], output)])
 
     def _fail_in_flight(self, error: str, error_type: type[BaseException] = RequestFailedError) -> None:
-        with self.engine._lock:
+        with self.engine.lock:
             for rid in list(self._sinks):
                 try:
                     self.engine.abort(rid, error=error, error_type=error_type)
-                except Exception:  # noqa: BLE001
+                except Exception:
                     logger.exception("hf_paged engine loop: aborting %s failed", rid)
             self._dispatch(StepOutput(finished=self.engine.take_ended()))
             for rid in list(self._sinks):  # whatever the engine could not end
@@ -369,7 +376,7 @@ class EngineLoop:
             sink = self._sinks.pop(output.request_id, None)
             if sink is None:
                 continue
-            self.engine.requests.pop(output.request_id, None)  # the caller holds the output now
+            self.engine.forget(output.request_id)  # the caller holds the output now
             deltas = per_caller.setdefault(id(sink), (sink, {}))[1]
             deltas.setdefault(output.request_id, RequestDelta(output.request_id, [])).output = output
         for sink, deltas in per_caller.values():
@@ -379,4 +386,4 @@ class EngineLoop:
         try:
             sink.put(deltas)
         except Exception:  # noqa: BLE001 -- e.g. the caller's event loop is closed: nobody will read these requests
-            self._commands.append(lambda: [self.engine.abort(d.request_id) for d in deltas if not d.finished])
+            self._command(lambda: [self.engine.abort(d.request_id) for d in deltas if not d.finished], force=True)

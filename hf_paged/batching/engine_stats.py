@@ -2,25 +2,28 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:  # pragma: no cover
-    from hf_paged.batching.engine import Engine
+from hf_paged.batching.kv_pruning import KVPruner
+from hf_paged.batching.metrics import EngineMetrics
+from hf_paged.batching.retry import Retrier
+from hf_paged.batching.sampler import Sampler
+from hf_paged.batching.scheduler import Scheduler
+from hf_paged.cache.paged_cache import PagedCache
 
 __all__ = ["engine_stats"]
 
 
-def engine_stats(engine: Engine) -> dict:
+def engine_stats(*, metrics: EngineMetrics, max_num_batched_tokens: int, cache: PagedCache, scheduler: Scheduler,
+                 pruner: KVPruner, sampler: Sampler, retrier: Retrier) -> dict:
     """Metrics (tokens, latencies, speculation), cache gauges, scheduler queues, constraint work and retries."""
-    stats = engine.metrics.summary(engine.config.max_num_batched_tokens)
-    stats.update(engine.cache.stats())
-    stats["preemptions"] = engine.scheduler.num_preemptions
-    stats["prefix_evictions"] = engine.cache.pool.num_evictions
-    stats["kv_blocks_evicted"] = engine.pruner.num_dropped_blocks
+    stats = metrics.summary(max_num_batched_tokens)
+    stats.update(cache.stats())
+    stats["preemptions"] = scheduler.num_preemptions
+    stats["prefix_evictions"] = cache.pool.num_evictions
+    stats["kv_blocks_evicted"] = pruner.num_dropped_blocks
     stats["kv_usage"] = stats["blocks_used"] / stats["blocks_total"]
-    stats["requests_running"] = len(engine.scheduler.running)
-    stats["requests_waiting"] = len(engine.scheduler.waiting)
-    stats.update(engine.sampler.constraint_stats.summary())
-    stats["retries"] = engine.lifecycle.retrier.num_retries
-    stats["retried_requests"] = engine.lifecycle.retrier.num_retried_requests
+    stats["requests_running"] = len(scheduler.running)
+    stats["requests_waiting"] = len(scheduler.waiting)
+    stats.update(sampler.constraint_stats.summary())
+    stats["retries"] = retrier.num_retries
+    stats["retried_requests"] = retrier.num_retried_requests
     return stats

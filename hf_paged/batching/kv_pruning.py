@@ -1,4 +1,4 @@
-"""`KVPruner`: the engine side of token pruning (the policy, `PagedConfig.kv_eviction`, lives in
+"""`KVPruner`: the engine side of token pruning (the policy, `PagedConfig.kv_pruning`, lives in
 `hf_paged.cache.pruning`).
 
 After each forward it drops blocks from the tables of the requests that need it:
@@ -33,9 +33,9 @@ from hf_paged.config import PagedConfig
 
 class KVPruner:
     def __init__(self, config: PagedConfig, kv: KVCacheManager, num_layers: int) -> None:
-        check_pruning(config.kv_eviction, config.kv_keep_ratio, config.num_sink_tokens, config.window_tokens,
+        check_pruning(config.kv_pruning, config.kv_keep_ratio, config.num_sink_tokens, config.window_tokens,
                        config.kv_budget_tokens)
-        self.policy = config.kv_eviction
+        self.policy = config.kv_pruning
         self.config = config
         self.kv = kv
         self.num_dropped_blocks = 0  # blocks dropped so far (stats: kv_blocks_evicted)

@@ -26,6 +26,7 @@ from typing import NamedTuple
 import torch
 
 from hf_paged.cache.attention_switch import attention_configs, own_attention, use_attention
+from hf_paged.compat import global_forward_hooks, module_is_hooked
 
 # model_type -> how its attention module passes `sliding_window` to the attention function
 _FAMILIES: dict[str, Callable[[torch.nn.Module], int | None]] = {
@@ -160,12 +161,11 @@ def _check_classes(lean: LeanForward, model: torch.nn.Module) -> None:
 
 def _hooked(module: torch.nn.Module) -> bool:
     """Hooks, a per-instance forward, or `module.compile()` (its compiled call is not bypassed either)."""
-    return bool(module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__
-                or module._compiled_call_impl is not None)
+    return module_is_hooked(module)
 
 
 def _global_hooks() -> bool:
-    return bool(torch.nn.modules.module._global_forward_hooks or torch.nn.modules.module._global_forward_pre_hooks)
+    return global_forward_hooks()
 
 
 def _plain(model: torch.nn.Module) -> bool:

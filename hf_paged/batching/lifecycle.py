@@ -28,13 +28,12 @@ class RequestLifecycle:
     """Ends requests (finish, fail, abort, retry) and starts their forks; owns the outputs not yet handed out.
 
     Args:
-        requests: the engine's requests by id (retries go in under their id, forks under theirs).
-        scheduler, kv, speculator, metrics: the engine's.
+        scheduler: the engine's, the owner of its requests (retries go in under their id, forks under theirs).
+        kv, speculator, metrics: the engine's.
     """
 
-    def __init__(self, requests: dict[str, Request], scheduler: Scheduler, kv: KVCacheManager,
-                 speculator: Speculator, metrics: EngineMetrics) -> None:
-        self.requests = requests
+    def __init__(self, scheduler: Scheduler, kv: KVCacheManager, speculator: Speculator,
+                 metrics: EngineMetrics) -> None:
         self.scheduler = scheduler
         self.kv = kv
         self.speculator = speculator
@@ -53,7 +52,7 @@ class RequestLifecycle:
             child.parent_id = parent.request_id
             if params.seed is not None:
                 child.seed = params.seed + k + 1  # its generator is made at its first draw (`generator_on`)
-            self.requests[child.request_id] = child
+            self.scheduler.register(child)
             self.children.setdefault(parent.request_id, []).append(child)
 
     def fork_children(self, parent: Request) -> list[Request]:
@@ -62,8 +61,7 @@ class RequestLifecycle:
         for child in children:
             self.kv.fork(parent.request_id, child.request_id)
             child.num_computed_tokens = parent.num_computed_tokens
-            child.status = RequestStatus.RUNNING
-            self.scheduler.running.append(child)
+            self.scheduler.run_fork(child)
         return children
 
     # -- ending --------------------------------------------------------------------------------------------
@@ -136,7 +134,6 @@ class RequestLifecycle:
             self.metrics.num_prompt_tokens_cached += request.num_cached_tokens
             self.metrics.num_prompt_tokens_queried += len(request.prompt_ids)
         self.metrics.num_prompt_tokens += len(retry.prompt_ids)
-        self.requests[retry.request_id] = retry
         self.scheduler.add(retry)
 
     def _forget(self, request: Request) -> None:

@@ -38,8 +38,10 @@ class RequestStatus(enum.IntEnum):
     FAILED = 4
 
     @property
-    def is_finished(self) -> bool:
+    def ended(self) -> bool:
         return self >= RequestStatus.FINISHED
+
+    is_finished = ended  # the public enum's earlier name
 
     def __str__(self) -> str:  # `print(output.status)` says FINISHED, not the int 3
         return self.name
@@ -168,8 +170,9 @@ class Request:
         return self.num_tokens - self.num_computed_tokens
 
     @property
-    def is_finished(self) -> bool:
-        return self.status.is_finished
+    def ended(self) -> bool:
+        """FINISHED or FAILED (`RequestOutput.is_finished()` is a method, as transformers' `GenerationOutput`'s)."""
+        return self.status.ended
 
     def to_output(self) -> RequestOutput:
         return RequestOutput(
@@ -236,7 +239,8 @@ class RequestOutput:
             object.__setattr__(self, f.name, value)
 
     def is_finished(self) -> bool:
-        return self.status.is_finished
+        """A method, as transformers' `GenerationOutput.is_finished()` (the engine's `Request.ended` is a property)."""
+        return self.status.ended
 
     @property
     def acceptance_rate(self) -> float | None:

@@ -210,21 +210,28 @@ class SamplingParams:
         return cls(**params)
 
 
+def unsupported_modes(generation_config) -> list[str]:
+    """The decoding modes of a `GenerationConfig` the engine does not run, by name (empty: it runs them all). The one
+    list: `generate` falls back to stock for them, `generate_batch` and the server refuse them."""
+    gc, modes = generation_config, []
+    if (gc.num_beams or 1) > 1:
+        modes.append(f"beam search (num_beams={gc.num_beams})")
+    if (getattr(gc, "num_beam_groups", 1) or 1) > 1:
+        modes.append("group beam search (num_beam_groups)")
+    if getattr(gc, "penalty_alpha", None):
+        modes.append("contrastive search (penalty_alpha)")
+    if getattr(gc, "assistant_early_exit", None):
+        modes.append("self-speculative decoding (assistant_early_exit)")
+    if getattr(gc, "guidance_scale", None) not in (None, 1, 1.0):
+        modes.append("classifier-free guidance (guidance_scale)")
+    return modes
+
+
 def check_generation_config(generation_config) -> None:
     """Raise `UnsupportedGenerationError` naming every option the engine cannot honour."""
     from hf_paged.errors import UnsupportedGenerationError
 
-    unsupported = []
-    if (generation_config.num_beams or 1) > 1:
-        unsupported.append(f"num_beams={generation_config.num_beams}")
-    if (getattr(generation_config, "num_beam_groups", 1) or 1) > 1:
-        unsupported.append("num_beam_groups")
-    if getattr(generation_config, "penalty_alpha", None):
-        unsupported.append("penalty_alpha (contrastive search)")
-    if getattr(generation_config, "assistant_early_exit", None):
-        unsupported.append("assistant_early_exit (self-speculative decoding)")
-    if getattr(generation_config, "guidance_scale", None) not in (None, 1, 1.0):
-        unsupported.append("guidance_scale")
+    unsupported = unsupported_modes(generation_config)
     if unsupported:
         raise UnsupportedGenerationError(
             f"the paged engine does not support {', '.join(unsupported)}; use the unwrapped model "

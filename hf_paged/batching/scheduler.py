@@ -4,7 +4,8 @@ One step, under a token budget (`max_num_batched_tokens`) and `max_num_seqs`:
   1. running requests, decodes first, then running prefills (chunked: a long prompt takes what budget is left);
      a request that cannot get its blocks preempts the lowest-priority, latest running request (possibly itself);
   2. waiting requests by priority then arrival (preferring long prefix-cache hits, with an FCFS fallback when the
-     queue is long), as long as budget, sequence slots and blocks last.
+     queue is long), as long as budget, sequence slots and blocks last; a scoring prompt that a whole step holds
+     is not split behind others admitted in the step: it waits for the next (`_waits_for_whole_step`).
 While some request decodes in the step, prompt tokens (running prefills and admissions together) are also held
 to `max_prefill_tokens_per_step`, so a long prompt is spread over several steps instead of stalling the decodes.
 A decode with speculative drafts (`request.draft_ids`) runs its last token and the drafts as one chunk; the drafts
@@ -68,13 +69,40 @@ class Scheduler:
         self.on_preempt = on_preempt  # swap mode: copy the request's K/V to CPU before its blocks go
         self.on_resume = on_resume  # swap mode: take blocks and copy the K/V back; False when they do not fit
         self.prefix_policy = prefix_policy  # cache-aware admission (`PrefixPolicy`), None without a prefix cache
+        # The one owner of request state: every request the engine knows, by id, from `add`/`register` until
+        # `forget` (queued, running, forks waiting for their parent, ended but not yet collected). Written only
+        # under the engine's lock; other threads read it through `Engine.requests` (a read-only view) or
+        # `live_requests` (a copy).
+        self.requests: dict[str, Request] = {}
         self.waiting: list[tuple[tuple[int, int], Request]] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
 
+    # -- requests --------------------------------------------------------------------------------------
+    def register(self, request: Request) -> None:
+        """Know a request without queueing it (a fork waiting for its parent's first token, a request that failed
+        on arrival); it replaces an earlier attempt under the same id."""
+        self.requests[request.request_id] = request
+
+    def forget(self, request_id: str) -> Request | None:
+        """Drop an ended request (its output was handed out); None when unknown."""
+        return self.requests.pop(request_id, None)
+
+    def live_requests(self) -> list[Request]:
+        """The requests not yet ended, as a copy: safe to call from any thread without the engine's lock (one
+        C-level copy of the dict's values; a request added meanwhile is seen at the next call)."""
+        return [r for r in list(self.requests.values()) if not r.ended]
+
     # -- queues ----------------------------------------------------------------------------------------
     def add(self, request: Request) -> None:
+        """Register a request and queue it for admission."""
+        self.requests[request.request_id] = request
         insort(self.waiting, (_queue_key(request), request), key=lambda item: item[0])
+
+    def run_fork(self, request: Request) -> None:
+        """A fork starts running on blocks its parent shared with it (`KVCacheManager.fork`): no admission."""
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
 
     def remove(self, request: Request) -> None:
         """Take a request out of the queues and give its blocks back (finish, abort, failure)."""
@@ -183,6 +211,9 @@ class Scheduler:
                 continue  # its prefix is being computed by another request: wait, then hit the cache
             if not self._start(request):
                 break  # FCFS: do not let smaller requests overtake one that does not fit
+            if admitted and self._waits_for_whole_step(request, budget):
+                self._unstart(request)
+                continue  # smaller requests behind it may fill the rest of this step
             num_tokens = min(request.num_tokens_to_compute, budget)
             if num_tokens < request.num_tokens_to_compute and not self.config.enable_chunked_prefill:
                 self._unstart(request)
@@ -202,6 +233,15 @@ class Scheduler:
             self.waiting = [item for item in self.waiting if id(item[1]) not in ids]
             self.running.extend(admitted)
         return budget
+
+    def _waits_for_whole_step(self, request: Request, budget: int) -> bool:
+        """A scoring prompt that a whole step's budget holds, but not what is left of this one, waits for the next
+        step instead of being split: its later chunk would attend with an explicit mask over its whole context,
+        where one chunk is one causal attention (on the CPU a rolling window's attention costs ~1.4x split in two).
+        Asked only once this step admitted another request, so nothing that running requests take every step can
+        hold it back for good; it is first in line at the next step."""
+        return request.score_start is not None and budget < request.num_tokens_to_compute <= (
+            self.config.max_num_batched_tokens)
 
     def _start(self, request: Request) -> bool:
         """Register the request's block table (prefix hit or swap-in)."""

@@ -116,9 +116,9 @@ class StockRows:
         self.apply_copies()
 
     def _check_supported(self) -> None:
-        if self.cfg.kv_eviction is not None:
+        if self.cfg.kv_pruning is not None:
             raise ValueError(
-                f"PagedConfig.kv_eviction={self.cfg.kv_eviction!r} needs the hf_paged attention (it scores "
+                f"PagedConfig.kv_pruning={self.cfg.kv_pruning!r} needs the hf_paged attention (it scores "
                 "and drops blocks the stock attention cannot see); allowed on the stock cache= path: None. Use "
                 "hf_paged.wrap(model, config) so generate runs on the engine"
             )

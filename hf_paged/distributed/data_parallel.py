@@ -27,6 +27,7 @@ from hf_paged.batching.request import RequestOutput, fork_parent
 from hf_paged.distributed.sharding import ShardPlan, plan_shards
 from hf_paged.distributed.tensor_parallel import tensor_parallel_size
 from hf_paged.errors import InvalidConfigError, InvalidPromptError, UnsupportedGenerationError, UnsupportedModelError
+from hf_paged.wrap_state import engine_of, is_wrapped
 
 __all__ = ["DistributedRun", "generate_batch", "run_sharded", "world"]
 
@@ -108,9 +109,7 @@ def generate_batch(model, inputs: Sequence[Sequence[int]], generation_config=Non
 def run_sharded(model, inputs: Sequence[Sequence[int]], generation_config=None, *, group=None,
                 **kwargs: Any) -> DistributedRun:
     """`generate_batch`, with the plan, each rank's time and each rank's engine statistics."""
-    import hf_paged  # the api layer: lazily, as the package resolves it
-
-    if not hf_paged.is_wrapped(model):
+    if not is_wrapped(model):
         raise InvalidConfigError("model is not wrapped: call hf_paged.wrap(model) on every rank first")
     prompts = _token_ids(inputs)
     rank, size = world(group)
@@ -125,7 +124,7 @@ def run_sharded(model, inputs: Sequence[Sequence[int]], generation_config=None, 
     if size > 1:
         _check_same_inputs(prompts, group, size)
     try:  # built here at the latest: a pool too big for this rank's memory must fail on every rank, not hang them
-        engine, failure = hf_paged.engine_of(model), None
+        engine, failure = engine_of(model), None
     except Exception as error:  # noqa: BLE001 -- re-raised on every rank after the gather
         engine, failure = None, _picklable(error)
     budgets = _output_budgets(model, prompts, generation_config, kwargs)

@@ -79,9 +79,9 @@ def check_tensor_parallel(model: PreTrainedModel, config: PagedConfig) -> None:
                 f"PagedConfig.{field} names KV heads of the whole model, but under tensor parallelism each rank "
                 f"holds {local_kv_heads(model)} of them; allowed with tensor parallelism: None"
             )
-    if config.kv_eviction in ("snapkv", "pyramidkv"):
+    if config.kv_pruning in ("snapkv", "pyramidkv"):
         raise InvalidConfigError(
-            f"PagedConfig.kv_eviction={config.kv_eviction!r} keeps the blocks the most interested head scores "
+            f"PagedConfig.kv_pruning={config.kv_pruning!r} keeps the blocks the most interested head scores "
             "highest, and each rank sees only its own heads: the ranks could keep different blocks, differ from one "
             "process and fall out of step; allowed with tensor parallelism: None or 'streaming'"
         )

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hf_paged.background_compile import Outcome, compile_in_child
+from hf_paged.compat import numba_cache_index
 
 __all__ = ["Kernel", "helper", "is_compiled", "kernel", "start", "wait", "warm_up"]
 
@@ -159,10 +160,7 @@ def _dispatchers() -> None:
 def _cached(dispatcher: Any) -> bool:
     """Whether numba's on-disk cache has an entry for this function (its index; numba's internals, so any
     surprise reads as "not cached", which only costs a child process)."""
-    try:
-        return bool(dispatcher._cache._cache_file._load_index())
-    except Exception:  # noqa: BLE001 -- internal API: be conservative
-        return False
+    return bool(numba_cache_index(dispatcher))
 
 
 def _load_all() -> None:

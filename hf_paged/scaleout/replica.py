@@ -22,9 +22,7 @@ def engine_load_tokens(engine: Engine) -> int:
     The output part counts the whole remaining budget (EOS is not known ahead), as the router counts it.
     """
     load = 0
-    for request in list(engine.requests.values()):  # one C-level copy: safe while the loop thread adds requests
-        if request.is_finished:
-            continue
+    for request in engine.live_requests():  # a copy: safe while the loop thread steps
         prompt_left = max(0, len(request.prompt_ids) - request.num_computed_tokens)
         load += prompt_left + max(0, request.params.max_new_tokens - len(request.output_ids))
     return load

@@ -46,7 +46,7 @@ class ServerSettings:
     retry_after_s: int = 1  # the Retry-After of a 429
 
 
-class _Server:
+class _AppState:
     """What the routes share: the engine loop, the tokenizer, the preparer and the metrics."""
 
     def __init__(self, engine: Engine, tokenizer: Any, settings: ServerSettings) -> None:
@@ -99,7 +99,7 @@ class _Server:
 class _Admission:
     """One request's admitted prompts not yet queued in the loop; `queued` as each is, `close` at the end."""
 
-    def __init__(self, server: _Server, num_prompts: int) -> None:
+    def __init__(self, server: _AppState, num_prompts: int) -> None:
         self._server = server
         self._left = num_prompts
 
@@ -131,7 +131,7 @@ class _ClosingStream(StreamingResponse):
 
 def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = None) -> FastAPI:
     """The FastAPI app over `engine` (its loop starts with the app and stops, aborting what runs, at shutdown)."""
-    server = _Server(engine, tokenizer, settings or ServerSettings())
+    server = _AppState(engine, tokenizer, settings or ServerSettings())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -175,7 +175,7 @@ def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = 
     return app
 
 
-async def _answer(server: _Server, request: Request, body, prepare: Callable[[Any], PreparedRequest], kind: str,
+async def _answer(server: _AppState, request: Request, body, prepare: Callable[[Any], PreparedRequest], kind: str,
                   received: float) -> Response:
     prepared = await run_in_threadpool(prepare, body)  # may compile a schema: off the event loop; 400s first
     admission = server.admit(len(prepared.prompts))
@@ -275,7 +275,7 @@ async def _sse(head: _Head, events: AsyncIterator[ChoiceEvent], usage: Usage, in
                 yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
     except LoopClosedError:
         yield _error_event("the server shut down before the request finished; retry", 503, "shutting_down")
-    except Exception as exc:  # noqa: BLE001 -- headers are sent: the error goes in the stream, never a traceback
+    except Exception as exc:
         logger.exception("stream failed")
         yield _error_event(f"internal error ({type(exc).__name__}); the server log has the details")
     if include_usage:
@@ -318,7 +318,7 @@ async def _until_disconnect(request: Request, work: Awaitable[dict]) -> dict | N
     return None
 
 
-def _error_handlers(app: FastAPI, server: _Server) -> None:
+def _error_handlers(app: FastAPI, server: _AppState) -> None:
     @app.exception_handler(ApiError)
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
         server.metrics.observe_rejected(exc.status)

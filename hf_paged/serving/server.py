@@ -108,7 +108,7 @@ def run_serve(args) -> int:
                                timeout_graceful_shutdown=args.shutdown_timeout + FLUSH_GRACE_S)
     timer = threading.Timer(args.shutdown_timeout, engine.loop.abort_all)
     timer.daemon = True  # never keeps the process alive
-    server = _Server(uv_config, on_exit=timer.start)
+    server = _ExitZeroServer(uv_config, on_exit=timer.start)
     log_to_stderr(args.log_level)
     logging.getLogger("hf_paged").info("serving %s on http://%s:%d", settings.model_name, args.host, args.port)
     server.run()
@@ -128,7 +128,7 @@ def log_to_stderr(level: str) -> None:
 FLUSH_GRACE_S = 10.0  # after the abort at --shutdown-timeout: time for handlers to write their error and close
 
 
-class _Server:
+class _ExitZeroServer:
     """uvicorn's server, except that a SIGTERM'd server exits 0 after its graceful stop (uvicorn re-raises the
     signal once stopped, which would end the process with 143)."""
 
@@ -151,29 +151,11 @@ class _Server:
 
 
 def _start_engine(args, config):
-    """Load the model and build the engine in a thread that then becomes the engine loop's thread, so every torch
-    op runs in one thread: a second thread with its own torch (OpenMP) team made steps ~1.5x slower on a 2-core
-    CPU (the HTTP side does no torch work)."""
-    import queue
+    from hf_paged.serving.engine_thread import engine_in_own_thread
 
-    from hf_paged.batching.engine import Engine
-
-    ready: queue.SimpleQueue = queue.SimpleQueue()
-
-    def engine_thread() -> None:
-        try:
-            model, tokenizer, name = _load(args)
-            engine = Engine(model, config)
-        except BaseException as exc:  # noqa: BLE001 -- handed to the main thread, which reports it
-            ready.put(exc)
-            return
-        engine.loop.run_in_this_thread(on_ready=lambda: ready.put((engine, tokenizer, name)))
-
-    threading.Thread(target=engine_thread, name="hf_paged-engine-loop", daemon=True).start()
-    item = ready.get()
-    if isinstance(item, BaseException):
-        raise item
-    return item
+    name = args.model if args.model is not None else "hf-paged/tiny-lm"
+    engine, tokenizer = engine_in_own_thread(lambda: _load(args), config)
+    return engine, tokenizer, name
 
 
 def _load(args):
@@ -182,7 +164,5 @@ def _load(args):
     if args.model is None:
         from hf_paged.models import default_model
 
-        model, tokenizer = default_model(dtype=getattr(__import__("torch"), args.dtype), device=args.device)
-        return model, tokenizer, "hf-paged/tiny-lm"
-    model, tokenizer = load_model(args.model, args.device, args.dtype)
-    return model, tokenizer, args.model
+        return default_model(dtype=getattr(__import__("torch"), args.dtype), device=args.device)
+    return load_model(args.model, args.device, args.dtype)

@@ -20,7 +20,7 @@ def family(request):
 
 def run_checked(engine: Engine, ids) -> dict:
     """Step until done, checking the pool invariants after every step."""
-    while any(not engine.requests[i].is_finished for i in ids):
+    while any(not engine.requests[i].ended for i in ids):
         engine.step()
         engine.check_integrity()
     return {i: engine.pop_output(i) for i in ids}

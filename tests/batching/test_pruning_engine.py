@@ -62,7 +62,7 @@ def model():
 def test_generation_equals_attention_over_the_kept_tokens(model, policy, dtype):
     prompts = ragged_prompts([70, 45, 9], seed=6)
     engine, outs, events = run_recording(
-        model, prompts, 30, kv_eviction=policy, kv_keep_ratio=0.4, num_sink_tokens=4, window_tokens=12,
+        model, prompts, 30, kv_pruning=policy, kv_keep_ratio=0.4, num_sink_tokens=4, window_tokens=12,
         max_num_batched_tokens=32, kv_cache_dtype=dtype,
     )
     assert events[0] and events[1]
@@ -79,7 +79,7 @@ def test_generation_equals_attention_over_the_kept_tokens(model, policy, dtype):
 
 
 def test_streaming_bounds_the_blocks_of_a_long_generation(model):
-    engine, outs, _ = run_recording(model, ragged_prompts([20], seed=1), 120, kv_eviction="streaming",
+    engine, outs, _ = run_recording(model, ragged_prompts([20], seed=1), 120, kv_pruning="streaming",
                                     num_sink_tokens=4, window_tokens=12, kv_keep_ratio=1.0)
     assert len(outs[0].generated_tokens) == 120
     # budget: max(20 tokens, 4 + 12) = 5 blocks, plus one block of slack before a block is dropped
@@ -88,7 +88,7 @@ def test_streaming_bounds_the_blocks_of_a_long_generation(model):
 
 def test_prefix_shared_blocks_are_never_evicted(model):
     base = ragged_prompts([40], seed=2)[0]
-    engine = Engine(model, PagedConfig(block_size=BS, kv_eviction="snapkv", kv_keep_ratio=0.3, num_sink_tokens=4,
+    engine = Engine(model, PagedConfig(block_size=BS, kv_pruning="snapkv", kv_keep_ratio=0.3, num_sink_tokens=4,
                                        window_tokens=8))
     first = engine.add_request(base + [5, 6], SamplingParams(max_new_tokens=4))
     engine.run([first])
@@ -104,14 +104,14 @@ def test_prefix_shared_blocks_are_never_evicted(model):
 def test_eviction_on_the_stock_cache_path_is_refused(model):
     from hf_paged import PagedCache
 
-    cache = PagedCache(model.config, PagedConfig(block_size=BS, num_blocks=32, kv_eviction="snapkv"))
-    with pytest.raises(ValueError, match="kv_eviction='snapkv' needs the hf_paged attention"):
+    cache = PagedCache(model.config, PagedConfig(block_size=BS, num_blocks=32, kv_pruning="snapkv"))
+    with pytest.raises(ValueError, match="kv_pruning='snapkv' needs the hf_paged attention"):
         model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=2, cache=cache)
 
 
 def test_pyramidkv_keeps_the_union_and_hides_per_layer(model):
     prompts = ragged_prompts([90], seed=8)
-    engine = Engine(model, PagedConfig(block_size=BS, kv_eviction="pyramidkv", kv_keep_ratio=0.3, num_sink_tokens=4,
+    engine = Engine(model, PagedConfig(block_size=BS, kv_pruning="pyramidkv", kv_keep_ratio=0.3, num_sink_tokens=4,
                                        window_tokens=8, max_num_batched_tokens=32))
     rid = engine.add_request(prompts[0], SamplingParams(max_new_tokens=6))
     while engine.requests[rid].num_computed_tokens < 90:

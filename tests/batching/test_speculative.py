@@ -94,7 +94,7 @@ def test_rejected_drafts_give_their_slots_and_blocks_back(model, num_right):
     def check_tables():
         for rid in ids:
             request = engine.requests[rid]
-            if request.is_finished:
+            if request.ended:
                 continue
             assert request.num_computed_tokens == request.num_tokens - 1  # only the newest token is not computed
             table = engine.kv.block_ids(rid)

@@ -46,12 +46,12 @@ def test_budget_follows_keep_ratio_with_a_floor_of_sinks_plus_window():
 
 
 def test_invalid_eviction_settings_name_the_field_and_allowed_values():
-    with pytest.raises(ValueError, match=r"kv_eviction='h2o' is not implemented; use one of \[None, 'streaming', 'snapkv', 'pyramidkv'\]"):
+    with pytest.raises(ValueError, match=r"kv_pruning='h2o' is not implemented; use one of \[None, 'streaming', 'snapkv', 'pyramidkv'\]"):
         check_pruning("h2o", 0.5, 16, 32, None)
     with pytest.raises(ValueError, match="kv_budget_tokens=40 is smaller than num_sink_tokens \\+ window_tokens = 48"):
-        PagedConfig(kv_eviction="streaming", kv_budget_tokens=40, num_sink_tokens=16, window_tokens=32)
-    with pytest.raises(ValueError, match=r"kv_eviction must be one of \[None, 'streaming', 'snapkv', 'pyramidkv'\]"):
-        PagedConfig(kv_eviction="h2o")
+        PagedConfig(kv_pruning="streaming", kv_budget_tokens=40, num_sink_tokens=16, window_tokens=32)
+    with pytest.raises(ValueError, match=r"kv_pruning must be one of \[None, 'streaming', 'snapkv', 'pyramidkv'\]"):
+        PagedConfig(kv_pruning="h2o")
 
 
 def test_observation_scores_are_each_heads_strongest_causal_attention():

@@ -133,7 +133,7 @@ def test_held_blocks_are_sinks_plus_window():
 
 @pytest.mark.parametrize("overrides, message", [
     ({"kv_streaming_heads": ((0,),)}, "enable_prefix_caching"),
-    ({"kv_streaming_heads": ((0,),), "enable_prefix_caching": False, "kv_eviction": "snapkv"}, "kv_eviction"),
+    ({"kv_streaming_heads": ((0,),), "enable_prefix_caching": False, "kv_pruning": "snapkv"}, "kv_pruning"),
     ({"kv_streaming_heads": ((0,),), "enable_prefix_caching": False, "preemption_mode": "swap"}, "preemption_mode"),
     ({"kv_streaming_heads": ((0,),), "enable_prefix_caching": False, "kv_full_precision_heads": ((0,),)},
      "disjoint"),

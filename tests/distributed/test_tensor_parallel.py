@@ -92,8 +92,8 @@ def test_checks_without_processes():
         check_tensor_parallel(_FakeTensorParallel(2, 2),
                               hf_paged.PagedConfig(kv_streaming_heads=((0,), ()), enable_prefix_caching=False))
     with pytest.raises(hf_paged.errors.InvalidConfigError, match="pyramidkv"):
-        check_tensor_parallel(_FakeTensorParallel(2, 2), hf_paged.PagedConfig(kv_eviction="pyramidkv"))
-    check_tensor_parallel(_FakeTensorParallel(2, 2), hf_paged.PagedConfig(kv_eviction="streaming"))
+        check_tensor_parallel(_FakeTensorParallel(2, 2), hf_paged.PagedConfig(kv_pruning="pyramidkv"))
+    check_tensor_parallel(_FakeTensorParallel(2, 2), hf_paged.PagedConfig(kv_pruning="streaming"))
     # settings that already fix the pool size need no agreement between ranks (no collective)
     config = hf_paged.PagedConfig(num_blocks=7)
     assert engine_config(_FakeTensorParallel(2, 2), config) is config

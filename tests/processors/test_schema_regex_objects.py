@@ -173,7 +173,7 @@ def test_undeclared_keys_are_exactly_the_names_not_declared_with_one_state_per_t
     from itertools import product
 
     from hf_paged.processors.automaton.byte_dfa import anchored, build_byte_dfa
-    from hf_paged.processors.schema.objects import _not_in_names
+    from hf_paged.processors.schema.key_names import _not_in_names
 
     alphabet = ["a", "b", "~", " ", "\u00e9"]
     for names in [("a",), ("", "a", "ab"), ("ab", "abb", "b~"), ("\u00e9", "\u00e9a"), ("a b", "ba")]:
@@ -196,7 +196,7 @@ def test_optional_members_and_undeclared_keys_write_the_keys_loop_once():
     """With nothing required, the first member is a declared one or an undeclared key, then the loop of further
     undeclared keys: `(P | E) (, E)*`. The undeclared key is written twice (first, and in the loop), not three
     times (a loop after the declared members, and another after a first undeclared key)."""
-    from hf_paged.processors.schema.objects import _not_in_names
+    from hf_paged.processors.schema.key_names import _not_in_names
 
     names = ("alpha", "beta")
     s = {"type": "object", "properties": {n: {"type": "integer"} for n in names}}

@@ -60,7 +60,7 @@ def wait_idle(engine: Engine, timeout: float = 10.0) -> None:
     while (engine.requests or engine.loop.num_in_flight) and time.monotonic() < deadline:
         time.sleep(0.01)
     assert not engine.requests and not engine.loop.num_in_flight, "requests still in the engine"
-    with engine._lock:
+    with engine.lock:
         engine.check_integrity()
         assert engine.cache.pool.num_used_blocks == 0
 

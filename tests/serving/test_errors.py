@@ -191,7 +191,7 @@ def test_a_full_queue_answers_429_with_retry_after(tiny_lm):
         with concurrent.futures.ThreadPoolExecutor(6) as pool:
             first = pool.submit(post, server, "/v1/completions", body)
             _wait_until(lambda: engine.loop.num_in_flight == 1 and engine.loop.num_waiting == 0)
-            with engine._lock:  # no step runs: the next request to be admitted stays queued
+            with engine.lock:  # no step runs: the next request to be admitted stays queued
                 burst = [pool.submit(post, server, "/v1/completions", body) for _ in range(5)]
                 _wait_until(lambda: sum(f.done() for f in burst) == 4)
             responses = [first.result()] + [f.result() for f in burst]

@@ -6,7 +6,7 @@
                 the attention path), pooled into one score per block (`pooled_block_scores`)
     hiding      PyramidKV: the kept blocks a layer did not choose, masked out of its attention plan
 
-The policy is chosen by `PagedConfig.kv_eviction` (a name kept for compatibility); the engine side that applies it
+The policy is chosen by `PagedConfig.kv_pruning` (formerly `kv_eviction`); the engine side that applies it
 after each forward is `hf_paged.batching.kv_pruning.KVPruner`. "Eviction" elsewhere in the cache means the prefix
 cache giving back idle cached blocks (`radix.py`, `eviction_policy.py`), never this.
 """

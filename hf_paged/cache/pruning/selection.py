@@ -3,7 +3,7 @@
     table of a 10-block prompt, block_size 16, sinks 16, window 32, budget 5 blocks
     | s | . | . | x | . | x | . | . | w | w |      s: sink (kept)  w: recent window (kept)
                                                     x: kept for their attention score (SnapKV); .: dropped
-Policies (`PagedConfig.kv_eviction`, the config's name for the pruning policy):
+Policies (`PagedConfig.kv_pruning`, the config's name for the pruning policy):
 - "streaming" (StreamingLLM): sinks + the most recent window, applied after prefill and again as generation
   grows, so a long generation holds a bounded number of blocks.
 - "snapkv" (SnapKV): when a prompt's prefill ends, the last queries of the prompt (the observation window) score
@@ -46,7 +46,7 @@ def check_pruning(policy: str | None, keep_ratio: float, num_sink_tokens: int, w
         return
     if policy not in PRUNING_POLICIES:
         raise ValueError(
-            f"PagedConfig.kv_eviction={policy!r} is not implemented; use one of {[None, *PRUNING_POLICIES]}"
+            f"PagedConfig.kv_pruning={policy!r} is not implemented; use one of {[None, *PRUNING_POLICIES]}"
         )
     if budget_tokens is not None and budget_tokens < num_sink_tokens + window_tokens:
         raise ValueError(

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsatisfiableSchemaError
-from hf_paged.processors.automaton import Grammar, anchored, build_byte_dfa, check_automaton
+from hf_paged.processors.automaton import Grammar, check_automaton
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.schema.context import DEFAULT_WHITESPACE, MIN_RULE_COST, Context, CutShort
 from hf_paged.processors.schema.translate import translate
@@ -254,23 +254,3 @@ def _first_cut(tries: list[_Attempt], make_context: Callable[[_Attempt], Context
         if rx is not None:
             return rx.text
     return None
-
-
-_PROBE_CHARS = 16_000  # regexes shorter than this stay far below outlines-core's NFA size limit (measured)
-_MAX_CHARS = 100_000  # longer ones take seconds to build (MaskBench: 105k chars 1.2 s, 110k chars 8 s CPU)
-
-
-def _engine_accepts(text: str) -> bool:
-    """Whether outlines-core can build the byte automaton of a long regex quickly (memoised, so the compile that
-    follows reuses it); short ones are not probed, to keep the build off the caller's thread."""
-    if len(text) < _PROBE_CHARS:
-        return True
-    if len(text) > _MAX_CHARS:
-        return False
-    try:
-        build_byte_dfa(anchored(text))
-    except ValueError as exc:
-        if "NFA" in str(exc) or "limit" in str(exc):
-            return False
-        raise
-    return True

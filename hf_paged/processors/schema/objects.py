@@ -18,18 +18,15 @@ import json
 import math
 import re
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Any
 
 from hf_paged.processors.schema.context import Context, pointer_join
-from hf_paged.processors.schema.fragments import Rx, alt, char_class, escape_text, lit, opt, raw, rep, seq
+from hf_paged.processors.schema.fragments import Rx, alt, lit, opt, raw, rep, seq
+from hf_paged.processors.schema.key_names import key_matches, not_in
 from hf_paged.processors.schema.name_rules import dependencies_of, forbidden_names, with_dependencies
 from hf_paged.processors.schema.pattern import emit, parse_pattern
 
 __all__ = ["key_matches", "member_order", "object_regex", "ordered_members"]
-
-_KEY_CHARS = [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E)]  # extra keys: printable ASCII, no escapes (cheap classes)
-
 
 def ordered_members(
     elements: list[tuple[Rx | None, bool]],
@@ -146,126 +143,6 @@ def member_order(props: dict, required: list[str]) -> list[str]:
     (Keeping the schema's order costs nothing since `_linear_members`; models also expect it.)
     """
     return list(props) + [r for r in dict.fromkeys(required) if r not in props]
-
-
-def key_matches(pattern: str, name: str, where: str) -> bool:
-    """ECMA `pattern` search semantics on a property name (through the same translation as strings)."""
-    regex = _key_regex(pattern, where)
-    return regex is not None and regex.fullmatch(json.dumps(name, ensure_ascii=False)[1:-1]) is not None
-
-
-@lru_cache(maxsize=512)
-def _key_regex(pattern: str, where: str) -> re.Pattern | None:
-    """`key_matches`' compiled translation of `pattern`, memoised: an object tests every declared name against each
-    of its patterns, and the ladder translates the schema once per try (a pattern's parse and emit ~2 ms; errors
-    are not memoised, so each names its own place)."""
-    body = emit(parse_pattern(pattern, where), None)
-    return None if body is None else re.compile(body.text)
-
-
-def _not_in(names: list[str]) -> Rx:
-    """JSON keys (with quotes) whose text is none of `names`: bare characters through a complement trie, or, when
-    no name holds a quote or a backslash, any key with an escaped one (`"Vendor\\\\Package"`)."""
-    return _not_in_names(tuple(names))
-
-
-@lru_cache(maxsize=256)
-def _not_in_names(names: tuple[str, ...]) -> Rx:
-    """`_not_in`, memoised: an object's complement trie is the same for each count of its members (~1 ms).
-
-    A key that is no name either leaves the names' trie on a character no name has there, then goes on freely,
-    or stops at a trie node where no name ends. Both walks of the trie share their characters in the automaton
-    (the same text drives them), and every way out reaches one free tail: about one state per trie node, where a
-    tail after each way out (`[^..][..]*` at every node) doubles the states and the regex text."""
-    trie: dict = {}
-    for name in names:
-        node = trie
-        for ch in name:
-            node = node.setdefault(ch, {})
-        node[""] = {}
-    key_char = Rx(char_class(_KEY_CHARS) or "", 4)
-    leave, short = _walk(trie)
-    quote = raw('"', atomic=True)
-    bare = seq(quote, alt([seq(leave, rep(key_char, 0, None)), short]), quote)
-    if any('"' in name or "\\" in name for name in names):
-        return bare  # type: ignore[return-value]
-    escape = raw('\\\\["\\\\]', atomic=True)  # \" or \\ in the JSON text
-    char = alt([key_char, escape])
-    escaped = seq(quote, rep(char, 0, None), escape, rep(char, 0, None), quote)
-    return alt([bare, escaped])  # type: ignore[return-value]
-
-
-def _walk(node: dict) -> tuple[Rx | None, Rx | None]:
-    """(keys leaving the trie at `node` or below, keys ending there or below): `alt` of `seq(lit(c), ...)` per kid,
-    written as text directly (the same fragments, ~5x faster than through the combinators: an object's names are
-    a trie of ~60 nodes, one of MaskBench's of 7,000)."""
-    leave, leave_cost, leave_compound, short, short_cost, short_compound = _walk_parts(node)
-    return _alt_of(leave, leave_cost, leave_compound), _alt_of(short, short_cost, short_compound)
-
-
-def _alt_of(parts: list[str], cost: int, compound: bool) -> Rx | None:
-    """`alt` of fragments given as texts, their costs summed (`compound`: the flag of a single part)."""
-    if not parts:
-        return None
-    if len(parts) == 1:
-        return Rx(parts[0], cost, False, compound)
-    return Rx("(?:" + "|".join(parts) + ")", cost + len(parts), True)
-
-
-def _walk_parts(node: dict) -> tuple[list[str], int, bool, list[str], int, bool]:
-    """`_walk`'s alternatives unjoined: (texts, summed cost, whether a single text is compound) for the keys
-    leaving, then for the keys ending. The texts are distinct (each starts with its own kid's character; the
-    others' class holds none of them), so `alt`'s dropping of duplicates has nothing to drop."""
-    kids = sorted(c for c in node if c)
-    others = _key_chars_but(tuple(kids))
-    leave, leave_cost = ([], 0) if others is None else ([others], 4)
-    short: list[str] = [] if "" in node else [""]
-    short_cost, leave_compound, short_compound = 0, False, False
-    for c in kids:
-        if c >= " " and c != '"' and c != "\\":
-            below_leave, below_leave_cost, below_short, below_short_cost = _walk_text(node[c])
-            char = escape_text(c)  # (`lit(c)`: cost 1)
-            if below_leave is not None:
-                leave.append(char + below_leave)
-                leave_cost += 1 + below_leave_cost
-                leave_compound = below_leave != ""
-            if below_short is not None:
-                short.append(char + below_short)
-                short_cost += 1 + below_short_cost
-                short_compound = below_short != ""
-    return leave, leave_cost, leave_compound, short, short_cost, short_compound
-
-
-def _walk_text(node: dict) -> tuple[str | None, int, str | None, int]:
-    """`_walk` as (text, cost) pairs: the parts joined as `alt` joins them."""
-    leave, leave_cost, _, short, short_cost, _ = _walk_parts(node)
-    if len(leave) > 1:
-        leave, leave_cost = ["(?:" + "|".join(leave) + ")"], leave_cost + len(leave)
-    if len(short) > 1:
-        short, short_cost = ["(?:" + "|".join(short) + ")"], short_cost + len(short)
-    return (leave[0] if leave else None), leave_cost, (short[0] if short else None), short_cost
-
-
-@lru_cache(maxsize=4096)
-def _key_chars_but(kids: tuple[str, ...]) -> str | None:
-    """The class of the undeclared keys' characters other than `kids`, memoised: a trie's nodes mostly have one
-    kid, and the same few letters recur (measured on the 30 slowest MaskBench schemas: the trie's writing -25%)."""
-    return char_class(_minus(_KEY_CHARS, [(ord(c), ord(c)) for c in kids]))
-
-
-def _minus(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    out = []
-    for lo, hi in ranges:
-        cur = lo
-        for a, b in sorted(holes):
-            if b < cur or a > hi:
-                continue
-            if a > cur:
-                out.append((cur, a - 1))
-            cur = max(cur, b + 1)
-        if cur <= hi:
-            out.append((cur, hi))
-    return out
 
 
 def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
@@ -437,4 +314,4 @@ def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, poi
     # A rule in a grammar when long (the complement trie of many names, which each count of members repeats); a
     # short one stays in place: called, its key would run beside the declared keys' (two stacks at once, slower
     # masks)
-    return ctx.as_rule(seq(_not_in(names), colon, value), pointer_join(pointer, "additionalProperties"), scale=16)
+    return ctx.as_rule(seq(not_in(names), colon, value), pointer_join(pointer, "additionalProperties"), scale=16)

@@ -1,0 +1,62 @@
+"""`check_prompt`: why a prompt cannot run on an engine, as the error to raise, or None. The one place the rules live:
+`Engine.validate_prompt`, `generate`, `generate_batch`, scoring and the server all ask it (through the engine)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hf_paged.batching.sampling import SamplingParams
+from hf_paged.errors import HfPagedError, InvalidPromptError, PromptTooLongError
+
+__all__ = ["PromptLimits", "check_prompt"]
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLimits:
+    """What an engine can take: its model's vocabulary and positions, its pool."""
+
+    vocab_size: int
+    max_model_len: int
+    block_size: int
+    num_blocks: int
+
+
+def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, limits: PromptLimits, *,
+                 whole_sequence: bool = False) -> HfPagedError | None:
+    """`InvalidPromptError` (empty, ids outside the vocabulary, score targets that do not fit), `PromptTooLongError`
+    (no room to generate, or more blocks than the pool has), or None. `whole_sequence`: the pool must also hold
+    `max_new_tokens` more tokens (a server refuses up front what could never finish); by default only the prompt and
+    the first generated token must fit, and a request that outgrows the pool later ends with `OutOfBlocksError`."""
+    if len(prompt_ids) == 0:
+        return InvalidPromptError("empty prompt: give at least one token id")
+    bad = [t for t in prompt_ids if not 0 <= t < limits.vocab_size]
+    if bad:
+        return InvalidPromptError(f"token ids {bad[:5]} are outside the vocabulary [0, {limits.vocab_size})")
+    targets = params.score_targets
+    if targets is not None:
+        if len(targets) > len(prompt_ids) or list(prompt_ids[len(prompt_ids) - len(targets) + 1:]) != targets[:-1]:
+            return InvalidPromptError(
+                f"{len(targets)} score_targets do not fit a prompt of {len(prompt_ids)} tokens: the prompt must "
+                "end with all targets but the last (hf_paged.scoring builds such requests)"
+            )
+        if len(prompt_ids) > limits.max_model_len:
+            return PromptTooLongError(
+                f"scored sequence of {len(prompt_ids) + 1} tokens (context + continuation) exceeds the model's "
+                f"maximum of {limits.max_model_len} positions by more than one: cut the context from the left"
+            )
+    elif len(prompt_ids) >= limits.max_model_len:
+        return PromptTooLongError(
+            f"prompt of {len(prompt_ids)} tokens leaves no room to generate within the model's maximum of "
+            f"{limits.max_model_len} positions: shorten it"
+        )
+    num_tokens = len(prompt_ids) + (0 if targets is not None else params.max_new_tokens if whole_sequence else 1)
+    need = -(-num_tokens // limits.block_size)
+    if need > limits.num_blocks:
+        what = f"prompt of {len(prompt_ids)} tokens" + (f" plus max_new_tokens={params.max_new_tokens}"
+                                                         if whole_sequence and targets is None else "")
+        return PromptTooLongError(
+            f"{what} needs {need} blocks but the pool has {limits.num_blocks} (of {limits.block_size} tokens): raise "
+            "PagedConfig.num_blocks (or max_cache_bytes)" + (" or lower max_new_tokens" if whole_sequence else "")
+        )
+    return None

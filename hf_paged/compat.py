@@ -1,0 +1,109 @@
+"""Every use of another library's private API, in one place, with the versions it was checked against.
+
+A private name can change in any release. Each function here wraps one, says what it does in the library's terms,
+and `tests/test_compat.py` checks each entry against the installed versions, so an upgrade that breaks one fails
+that test by name instead of a forward somewhere deep in the engine. Nothing else in hf_paged touches another
+library's underscore names (`tests/test_compat.py::test_private_names_only_here` reads the source).
+
+    library       checked with   entries
+    transformers  5.25.0         prepare_generation_config, prepare_special_tokens, stock_stopping_criteria,
+                                 stock_logits_processors, get/set_attn_implementation, has_attn_implementation
+    torch         2.13.0         module_is_hooked, global_forward_hooks
+    numba         0.68.1         numba_cache_index
+
+The library imports happen inside the functions: this module is a leaf any layer may import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CHECKED_WITH",
+    "get_attn_implementation",
+    "global_forward_hooks",
+    "has_attn_implementation",
+    "module_is_hooked",
+    "numba_cache_index",
+    "prepare_generation_config",
+    "prepare_special_tokens",
+    "set_attn_implementation",
+    "stock_logits_processors",
+    "stock_stopping_criteria",
+]
+
+CHECKED_WITH = {"transformers": "5.25.0", "torch": "2.13.0", "numba": "0.68.1"}
+
+
+# -- transformers: GenerationMixin's preparation steps, so the engine builds exactly what stock generate builds ----
+def prepare_generation_config(model: Any, generation_config: Any, **kwargs: Any) -> tuple[Any, dict]:
+    """`GenerationMixin._prepare_generation_config`: the call's config (the model's defaults, the given config and
+    keyword overrides merged) and the keywords left for the model."""
+    return model._prepare_generation_config(generation_config, **kwargs)
+
+
+def prepare_special_tokens(model: Any, generation_config: Any, device: Any) -> None:
+    """`GenerationMixin._prepare_special_tokens`: EOS/BOS/pad ids as tensors on `device`, in place, as stock
+    generate does before it builds its processors and criteria (with an attention mask given)."""
+    model._prepare_special_tokens(generation_config, kwargs_has_attention_mask=True, device=device)
+
+
+def stock_stopping_criteria(model: Any, generation_config: Any, stopping_criteria: Any, tokenizer: Any) -> Any:
+    """`GenerationMixin._get_stopping_criteria`: the `StoppingCriteriaList` stock generate builds (length, time,
+    stop strings, EOS) merged with the caller's."""
+    return model._get_stopping_criteria(generation_config=generation_config, stopping_criteria=stopping_criteria,
+                                        tokenizer=tokenizer)
+
+
+def stock_logits_processors(model: Any, generation_config: Any, input_ids_seq_length: int, user_processors: Any,
+                            device: Any) -> Any:
+    """`GenerationMixin._get_logits_processor`: the `LogitsProcessorList` stock generate builds for a prompt of
+    `input_ids_seq_length` tokens, merged with the caller's."""
+    return model._get_logits_processor(generation_config=generation_config, input_ids_seq_length=input_ids_seq_length,
+                                       encoder_input_ids=None, prefix_allowed_tokens_fn=None,
+                                       logits_processor=user_processors, device=device, model_kwargs={})
+
+
+# -- transformers: the attention implementation a config holds, read at every forward ----------------------------
+def has_attn_implementation(config: Any) -> bool:
+    """Whether `config` holds an attention implementation of its own (`PreTrainedConfig._attn_implementation_internal`;
+    the public `_attn_implementation` property resolves defaults and would not tell)."""
+    return hasattr(config, "_attn_implementation_internal")
+
+
+def get_attn_implementation(config: Any) -> str | None:
+    """The name `config` holds (None: transformers picks its default)."""
+    return config._attn_implementation_internal
+
+
+def set_attn_implementation(config: Any, name: str | None) -> None:
+    """Set the name without the checks and sub-config propagation of `PreTrainedModel.set_attn_implementation`
+    (the engine switches for one forward, on every config the modules read, and restores each afterwards)."""
+    config._attn_implementation_internal = name
+
+
+# -- torch: whether a module's forward may be bypassed -------------------------------------------------------------
+def module_is_hooked(module: Any) -> bool:
+    """Forward hooks, pre-hooks, a per-instance `forward`, or `module.compile()` (`nn.Module._forward_hooks`,
+    `_forward_pre_hooks`, `_compiled_call_impl`)."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__
+                or module._compiled_call_impl is not None)
+
+
+def global_forward_hooks() -> bool:
+    """Whether any process-wide forward hook is registered (`torch.nn.modules.module._global_forward_hooks`,
+    `_global_forward_pre_hooks`: `register_module_forward_hook` has no public reader)."""
+    from torch.nn.modules import module
+
+    return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
+
+
+# -- numba: what its on-disk cache holds -------------------------------------------------------------------------
+def numba_cache_index(dispatcher: Any) -> dict:
+    """The index of a `njit(cache=True)` function's on-disk cache (`Dispatcher._cache._cache_file._load_index`):
+    {(signature, codegen magic tuple): file}. Empty when nothing is cached or the internals moved: a caller reads
+    that as "not cached", which only costs a compile in a child process."""
+    try:
+        return dict(dispatcher._cache._cache_file._load_index())
+    except Exception:  # noqa: BLE001 -- internal API: any surprise reads as "not cached"
+        return {}
