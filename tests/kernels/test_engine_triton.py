@@ -35,7 +35,7 @@ COMPRESSED = {
     # head groups of two formats: the torch path, even under attention_backend="triton"
     "int8, head 0 full precision": {"kv_cache_dtype": "int8", "kv_full_precision_heads": ((0,), (0,))},
     # SnapKV scores the last prompt chunk on the torch path; the decodes after it run fused
-    "int4 + snapkv": {"kv_cache_dtype": "int4", "kv_eviction": "snapkv", "kv_keep_ratio": 0.5, "window_tokens": 8,
+    "int4 + snapkv": {"kv_cache_dtype": "int4", "kv_pruning": "snapkv", "kv_keep_ratio": 0.5, "window_tokens": 8,
                       "num_sink_tokens": 4},
 }
 
