@@ -201,6 +201,12 @@ class PagedConfig:
             )
 
     @property
+    def block_extra_keys(self) -> tuple:
+        """What every block digest includes besides its tokens (the cache salt, when set). Engines, the gateway
+        and replica reports must digest alike, or no prefix ever matches: they all read it here."""
+        return (self.cache_salt,) if self.cache_salt else ()
+
+    @property
     def key_dtype(self) -> str:
         """Storage format of keys ("auto", "fp8", "int8" or "int4")."""
         return self.key_cache_dtype or self.kv_cache_dtype

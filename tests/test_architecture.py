@@ -51,13 +51,11 @@ def _lazy_table(path: Path) -> dict[str, str]:
 
 
 def _imports(path: Path, modules: set[str], faces: dict[str, dict[str, str]]) -> set[str]:
-    """hf_paged modules imported anywhere in the file (inside functions too), resolved to module names: a name taken
-    from a package is the submodule of that name, or the module a lazy face maps it to (`faces`), or else the
-    package's `__init__` itself (an eager re-export)."""
+    """hf_paged modules imported anywhere in the file (inside functions and under `TYPE_CHECKING` too: an import for
+    the type checker still ties the two modules together), resolved to module names: a name taken from a package
+    is the submodule of that name, or else the package's `__init__` itself (the face, eager or lazy; a lazy face's
+    own edges are the modules its `_LAZY` table names, see `_graph`)."""
     tree = ast.parse(path.read_text())
-    for node in ast.walk(tree):  # imports for type checkers only are not edges of the running code
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
-            node.body = []
     package = _module_name(path) if path.name == "__init__.py" else _module_name(path).rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -75,8 +73,6 @@ def _imports(path: Path, modules: set[str], faces: dict[str, dict[str, str]]) ->
             for alias in node.names:
                 if f"{module}.{alias.name}" in modules:
                     found.add(f"{module}.{alias.name}")
-                elif alias.name in faces.get(module, {}):
-                    found.add(faces[module][alias.name])
                 else:
                     found.add(module)
     return found
@@ -85,8 +81,11 @@ def _imports(path: Path, modules: set[str], faces: dict[str, dict[str, str]]) ->
 def _graph() -> dict[str, set[str]]:
     modules = {_module_name(p): p for p in ROOT.rglob("*.py")}
     faces = {name: _lazy_table(path) for name, path in modules.items() if path.name == "__init__.py"}
-    return {name: {m for m in _imports(path, set(modules), faces) if m in modules and m != name}
-            for name, path in modules.items()}
+    graph = {name: {m for m in _imports(path, set(modules), faces) if m in modules and m != name}
+             for name, path in modules.items()}
+    for face, table in faces.items():  # a lazy face imports what its table names, only later
+        graph[face] |= {m for m in table.values() if m in modules and m != face}
+    return graph
 
 
 def _layer(module: str) -> str:
@@ -144,8 +143,9 @@ def _cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
 
 
 def test_no_new_import_cycles():
-    """Package faces are nodes too: an eager face imports its modules, and a module that takes a re-exported name
-    from its own face closes a cycle; a name a lazy face maps is an edge to the module that defines it."""
+    """Package faces are nodes too: an eager face imports its modules, a lazy face every module of its `_LAZY`
+    table, and a module that takes a re-exported name from its own face (or imports a module for its type hints
+    only) closes a cycle."""
     cycles = _cycles(_graph())
     new = [sorted(c) for c in cycles - KNOWN_CYCLES]
     gone = [sorted(c) for c in KNOWN_CYCLES - cycles]

@@ -328,7 +328,7 @@ class Engine:
 
     # -- prefix cache ------------------------------------------------------------------------------------
     def _extra_keys(self, request: Request) -> tuple:
-        return (self.config.cache_salt,) if self.config.cache_salt else ()
+        return self.config.block_extra_keys
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (e.g. after the weights changed). Returns the entries dropped."""

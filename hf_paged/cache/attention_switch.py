@@ -14,13 +14,15 @@ from typing import Any
 
 import torch
 
+from hf_paged.compat import get_attn_implementation, has_attn_implementation, set_attn_implementation
+
 
 def attention_configs(model: torch.nn.Module) -> list[Any]:
     """Every config object the model's modules read the attention implementation from (one for most models)."""
     configs = {id(model.config): model.config}
     for module in model.modules():
         config = getattr(module, "config", None)
-        if config is not None and hasattr(config, "_attn_implementation_internal"):
+        if config is not None and has_attn_implementation(config):
             configs[id(config)] = config
     return list(configs.values())
 
@@ -38,9 +40,9 @@ def use_attention(configs: Sequence[Any], name: str) -> Iterator[None]:
     token = object()
     with _lock:
         for config in configs:
-            _own, switches = _active.setdefault(id(config), (config._attn_implementation_internal, []))
+            _own, switches = _active.setdefault(id(config), (get_attn_implementation(config), []))
             switches.append((token, name))
-            config._attn_implementation_internal = name
+            set_attn_implementation(config, name)
     try:
         yield
     finally:
@@ -48,7 +50,7 @@ def use_attention(configs: Sequence[Any], name: str) -> Iterator[None]:
             for config in configs:
                 own, switches = _active[id(config)]
                 switches[:] = [s for s in switches if s[0] is not token]
-                config._attn_implementation_internal = switches[-1][1] if switches else own
+                set_attn_implementation(config, switches[-1][1] if switches else own)
                 if not switches:
                     del _active[id(config)]
 
@@ -57,4 +59,4 @@ def own_attention(config: Any) -> str | None:
     """The attention implementation `config` has of its own, whatever switches are in force now."""
     with _lock:
         found = _active.get(id(config))
-        return config._attn_implementation_internal if found is None else found[0]
+        return get_attn_implementation(config) if found is None else found[0]

@@ -27,7 +27,7 @@ from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.stock_rows import StockRows
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hf_paged.cache.compression import StagingCopy
+    from hf_paged.cache.compression.planner import StagingCopy
     from hf_paged.cache.layer_kv import LayerKV
 
 

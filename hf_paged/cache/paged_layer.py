@@ -21,7 +21,7 @@ from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.stock_rows import StockRows
 
 if TYPE_CHECKING:  # pragma: no cover
-    from hf_paged.cache.compression import StagingCopy
+    from hf_paged.cache.compression.planner import StagingCopy
 
 
 @dataclass(slots=True)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_paged.cache.compression import rope_frequencies
+from hf_paged.cache.compression.key_frame import rope_frequencies
 from hf_paged.config import PagedConfig
 from hf_paged.errors import InvalidConfigError, OutOfBlocksError
 

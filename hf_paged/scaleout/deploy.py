@@ -22,8 +22,6 @@ longer than `scrape_timeout_s` is left out and counted in `hf_paged:metrics_scra
 from __future__ import annotations
 
 import asyncio
-import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from ray import serve
@@ -33,82 +31,28 @@ from hf_paged.scaleout.asgi import HttpCall, ResponseStart, forward
 from hf_paged.scaleout.gateway import Gateway
 from hf_paged.scaleout.metrics_merge import ReplicaMetrics
 from hf_paged.scaleout.ray_router import HfPagedRequestRouter
+from hf_paged.scaleout.spec import ReplicaSpec
 
 __all__ = ["EngineReplica", "Gateway", "ReplicaSpec", "build_application", "deploy", "worker_env"]
-
-
-
-@dataclass(slots=True)
-class ReplicaSpec:
-    """What every engine replica loads and how it runs (plain data: it is pickled to each replica)."""
-
-    model: str | None = None  # a local model directory or hub id; None: the embedded tiny model
-    served_model_name: str | None = None
-    device: str = "cpu"
-    dtype: str = "float32"
-    paged: dict[str, Any] = field(default_factory=dict)  # PagedConfig fields (block_size, num_blocks, ...)
-    max_waiting: int | None = None
-    chat_template: str | None = None  # a Jinja template (the text) replacing the tokenizer's
-    summary_limit: int | None = None  # most fingerprints per routing summary (None: the whole pool, never cut)
-    routing_events: bool = False  # report block events between summaries (routing_stats.py); off: a summary a poll
-    summary_every: int = 10  # with routing_events: stats polls per full summary (poll often: `stats_period_s`)
-    torch_threads: int | None = None  # torch.set_num_threads in each replica (None: leave it)
-
-    @property
-    def model_path(self) -> str:
-        from hf_paged.models import DEFAULT_MODEL_PATH
-
-        return self.model or str(DEFAULT_MODEL_PATH)
-
-    @property
-    def name(self) -> str:
-        return self.served_model_name or (self.model or "hf-paged/tiny-lm")
-
-    @property
-    def block_size(self) -> int:
-        from hf_paged.config import PagedConfig
-
-        return PagedConfig(**self.paged).block_size
-
-    @property
-    def extra_keys(self) -> tuple:
-        salt = self.paged.get("cache_salt")
-        return (salt,) if salt else ()
 
 
 class EngineReplica:
     """One engine, its loop thread and the single-server FastAPI app; reports its cache for routing."""
 
     def __init__(self, spec: ReplicaSpec) -> None:
-        import queue
-
-        from hf_paged.batching.engine import Engine
         from hf_paged.cli_common import load_model
         from hf_paged.config import PagedConfig
         from hf_paged.scaleout.replica import ReplicaReporter
         from hf_paged.scaleout.routing_stats import RoutingStats
         from hf_paged.serving import ServerSettings, build_app
+        from hf_paged.serving.engine_thread import engine_in_own_thread
 
         if spec.torch_threads:
             import torch
 
             torch.set_num_threads(spec.torch_threads)
-        ready: queue.SimpleQueue = queue.SimpleQueue()
-
-        def engine_thread() -> None:  # model load and every step in one thread, as `hf-paged serve` does
-            try:
-                model, tokenizer = load_model(spec.model_path, spec.device, spec.dtype)
-                engine = Engine(model, PagedConfig(**spec.paged))
-            except BaseException as exc:  # noqa: BLE001 -- re-raised in __init__
-                ready.put(exc)
-                return
-            engine.loop.run_in_this_thread(on_ready=lambda: ready.put((engine, tokenizer)))
-
-        threading.Thread(target=engine_thread, name="hf_paged-engine-loop", daemon=True).start()
-        item = ready.get()
-        if isinstance(item, BaseException):
-            raise item
-        self.engine, tokenizer = item
+        self.engine, tokenizer = engine_in_own_thread(
+            lambda: load_model(spec.model_path, spec.device, spec.dtype), PagedConfig(**spec.paged))
         if spec.chat_template is not None:
             tokenizer.chat_template = spec.chat_template
         self.app = build_app(self.engine, tokenizer, ServerSettings(model_name=spec.name,

@@ -22,7 +22,7 @@ from hf_paged.scaleout.metrics_merge import CONTENT_TYPE, ReplicaMetrics, render
 from hf_paged.scaleout.prompt_key import routing_info
 
 if TYPE_CHECKING:
-    from hf_paged.scaleout.deploy import ReplicaSpec
+    from hf_paged.scaleout.spec import ReplicaSpec
 
 __all__ = ["Gateway"]
 

@@ -55,8 +55,7 @@ class ReplicaReporter:
     @property
     def extra_keys(self) -> tuple:
         """What the replica's digests include besides tokens: the router must digest prompts with the same."""
-        salt = self.engine.config.cache_salt
-        return (salt,) if salt else ()
+        return self.engine.config.block_extra_keys
 
     def summary(self) -> CacheSummary:
         cache = self.engine.kv.prefix_cache

@@ -215,12 +215,3 @@ def formats_for(key_dtype: str, value_dtype: str, value_group: str = "token", sc
     return (BlockFormat(key_dtype, per_channel=key_dtype == "int4", log_scale=log and key_dtype != "auto",
                         rope_frequencies=frequencies),
             BlockFormat(value_dtype, per_head=per_head, log_scale=log and value_dtype != "auto"))
-
-
-def index_parts(parts: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
-    return {name: t.index_select(0, idx) for name, t in parts.items()}
-
-
-def assign_parts(parts: dict[str, torch.Tensor], idx: torch.Tensor, values: dict[str, torch.Tensor]) -> None:
-    for name, t in parts.items():
-        t.index_copy_(0, idx, values[name].to(t.dtype))

@@ -28,6 +28,7 @@ from hf_paged.background_compile import Outcome, compile_in_child
 from hf_paged.cache.compression.formats import BlockFormat, formats_for
 from hf_paged.cache.kernels.cpu_launch import CpuLaunch, kernel_launch, parallel_layer_ok, plan_cpu_attention
 from hf_paged.cache.kernels.quantized import FullPrecisionTail, QuantizedKV
+from hf_paged.compat import numba_cache_index
 
 __all__ = ["PLAIN", "KernelVariant", "compile_here", "in_cache", "prepare", "ready_variants", "variant_for",
            "variant_of", "wait", "warm_launches"]
@@ -147,8 +148,7 @@ def in_cache(launch: CpuLaunch) -> bool:
         signature = tuple(dispatcher.typeof_pyval(a) for a in launch.args)
         if signature in dispatcher.overloads:
             return True
-        index = dispatcher._cache._cache_file._load_index()
-        return (signature, dispatcher.targetctx.codegen().magic_tuple()) in index
+        return (signature, dispatcher.targetctx.codegen().magic_tuple()) in numba_cache_index(dispatcher)
     except Exception:  # noqa: BLE001 -- internal API: be conservative
         return False
 

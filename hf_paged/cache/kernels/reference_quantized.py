@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from hf_paged.cache.compression import BlockFormat
+from hf_paged.cache.compression.formats import BlockFormat
 from hf_paged.cache.kernels.quantized import FullPrecisionTail, QuantizedKV
 
 __all__ = ["copy_mask", "dequantize_blocks", "ref_paged_decode_attention_quantized",

@@ -1,0 +1,48 @@
+"""`ReplicaSpec`: what every engine replica loads and how it runs (plain data, pickled to each replica); the
+gateway reads its block size and digest keys from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ReplicaSpec"]
+
+
+@dataclass(slots=True)
+class ReplicaSpec:
+    """What every engine replica loads and how it runs (plain data: it is pickled to each replica)."""
+
+    model: str | None = None  # a local model directory or hub id; None: the embedded tiny model
+    served_model_name: str | None = None
+    device: str = "cpu"
+    dtype: str = "float32"
+    paged: dict[str, Any] = field(default_factory=dict)  # PagedConfig fields (block_size, num_blocks, ...)
+    max_waiting: int | None = None
+    chat_template: str | None = None  # a Jinja template (the text) replacing the tokenizer's
+    summary_limit: int | None = None  # most fingerprints per routing summary (None: the whole pool, never cut)
+    routing_events: bool = False  # report block events between summaries (routing_stats.py); off: a summary a poll
+    summary_every: int = 10  # with routing_events: stats polls per full summary (poll often: `stats_period_s`)
+    torch_threads: int | None = None  # torch.set_num_threads in each replica (None: leave it)
+
+    @property
+    def model_path(self) -> str:
+        from hf_paged.models import DEFAULT_MODEL_PATH
+
+        return self.model or str(DEFAULT_MODEL_PATH)
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or (self.model or "hf-paged/tiny-lm")
+
+    @property
+    def block_size(self) -> int:
+        from hf_paged.config import PagedConfig
+
+        return PagedConfig(**self.paged).block_size
+
+    @property
+    def extra_keys(self) -> tuple:
+        from hf_paged.config import PagedConfig
+
+        return PagedConfig(**self.paged).block_extra_keys
