@@ -62,9 +62,8 @@ def loglikelihood(model, requests: Sequence[tuple[Sequence[int], Sequence[int]]]
     results: list[Loglikelihood | None] = [None] * len(pairs)
     with progress_hook(engine, len(pairs), enabled=progress_bar, verb="Scoring") as on_step:
         for wave in _waves(pairs, _wave_tokens(engine)):
-            prompts = [pairs[i][0] + pairs[i][1][:-1] for i in wave]
-            params = [SamplingParams(max_new_tokens=1, score_targets=pairs[i][1]) for i in wave]
-            outputs = engine.loop.submit(prompts, params).result(on_step)
+            prompts = [pairs[i].context + pairs[i].continuation[:-1] for i in wave]
+            outputs = engine.loop.submit(prompts, [pairs[i].params for i in wave]).result(on_step)
             for i, output in zip(wave, outputs.values()):
                 results[i] = _result(i, output, token_logprobs)
     return results
@@ -132,7 +131,16 @@ def _token_list(ids, what: str) -> list[int]:
         raise InvalidPromptError(f"{what} is not a list of token ids ({type(ids).__name__})") from None
 
 
-def _check_pair(engine, i: int, pair) -> tuple[list[int], list[int]]:
+@dataclass(frozen=True, slots=True)
+class _Pair:
+    """A checked `(context, continuation)` request and its scoring request's params (built and checked once)."""
+
+    context: list[int]
+    continuation: list[int]
+    params: SamplingParams
+
+
+def _check_pair(engine, i: int, pair) -> _Pair:
     try:
         context, continuation = pair
     except (TypeError, ValueError):
@@ -145,10 +153,11 @@ def _check_pair(engine, i: int, pair) -> tuple[list[int], list[int]]:
             f"context {i} is empty: the first continuation token needs a token before it; begin the context with "
             "the BOS id (or the EOS id for a model without one)"
         )
-    error = engine.validate_prompt(context + continuation[:-1], SamplingParams(score_targets=continuation))
+    params = SamplingParams(max_new_tokens=1, score_targets=continuation)
+    error = engine.validate_prompt(context + continuation[:-1], params)
     if error is not None:
         raise type(error)(f"request {i}: {error}")
-    return context, continuation
+    return _Pair(context, continuation, params)
 
 
 def _wave_tokens(engine) -> int:
@@ -156,15 +165,15 @@ def _wave_tokens(engine) -> int:
     return max(engine.cache.num_blocks * engine.config.block_size // 2, 1)
 
 
-def _waves(pairs: list[tuple[list[int], list[int]]], budget: int) -> list[list[int]]:
+def _waves(pairs: list[_Pair], budget: int) -> list[list[int]]:
     """Request indices per submission: the first pair of each context leads; the others follow one wave later."""
     groups: dict[tuple[int, ...], list[int]] = {}
-    for i, (context, _) in enumerate(pairs):
-        groups.setdefault(tuple(context), []).append(i)
+    for i, pair in enumerate(pairs):
+        groups.setdefault(tuple(pair.context), []).append(i)
     batches: list[list[list[int]]] = [[]]
     tokens = 0
     for members in groups.values():
-        size = len(pairs[members[0]][0]) + len(pairs[members[0]][1])
+        size = len(pairs[members[0]].context) + len(pairs[members[0]].continuation)
         if batches[-1] and tokens + size > budget:
             batches.append([])
             tokens = 0

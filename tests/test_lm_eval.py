@@ -76,6 +76,18 @@ def test_unknown_model_args_are_named():
         PagedLM(pretrained=str(DEFAULT_MODEL_PATH), block_size=-1)
 
 
+def test_the_step_budget_holds_a_window_unless_given():
+    """A rolling window of max_length tokens runs in one step (up to 4x the default budget); a given budget stays."""
+    def budget(**kwargs) -> int:
+        lm = PagedLM(pretrained=str(DEFAULT_MODEL_PATH), device="cpu", dtype="float32", **kwargs)
+        return hf_paged.engine_of(lm.model).config.max_num_batched_tokens
+
+    assert budget() == 2048  # the embedded model's positions
+    assert budget(max_num_batched_tokens=256) == 256
+    assert budget(max_length=10**5) == 4096
+    assert budget(max_length=64) == 1024  # never below the default
+
+
 def test_a_context_longer_than_the_model_is_cut_as_hf_cuts_it():
     """lm-eval's hf keeps the last max_length + 1 tokens of context + continuation; so does PagedLM."""
     from lm_eval.models.huggingface import HFLM

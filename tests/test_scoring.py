@@ -127,6 +127,31 @@ def test_loglikelihood_rolling_sums_the_windows():
     assert whole.logprob == pytest.approx(_stock_scores(model, [([1], documents[1])])[0][0], abs=1e-4)
 
 
+def test_rolling_windows_that_fit_a_step_are_never_split():
+    """A window (scoring prompt) that a whole step's budget holds runs in one step, one causal attention: when what
+    is left of a step is too small, it waits for the next instead of being chunked."""
+    model = tiny_model("llama")
+    g = torch.Generator().manual_seed(13)
+    documents = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (1, 37, 200, 90, 64)]
+    expected = [sum(score for score, _, _ in _stock_scores(model, rolling_windows(d, 1, 64))) for d in documents]
+    hf_paged.wrap(model, max_num_batched_tokens=64, num_blocks=128)  # one wave: every window queued at once
+    engine = hf_paged.engine_of(model)
+    schedule, chunks = engine.scheduler.schedule, []
+
+    def recording():
+        out = schedule()
+        chunks.extend((item.num_tokens, item.request.num_tokens_to_compute) for item in out.scheduled)
+        assert out.num_batched_tokens <= 64
+        return out
+
+    engine.scheduler.schedule = recording
+    results = model.loglikelihood_rolling(documents, max_length=64)
+    assert [r.logprob for r in results] == pytest.approx(expected, abs=1e-4)
+    assert len(chunks) == sum(len(rolling_windows(d, 1, 64)) for d in documents)  # one chunk per window
+    assert all(n == whole for n, whole in chunks)  # (the 1-token first window leaves 63: a 64-token one waited)
+    engine.check_integrity()
+
+
 @pytest.mark.parametrize("pair,error,words", [
     (([5, 6], []), InvalidPromptError, "continuation 1 is empty"),
     (([], [5]), InvalidPromptError, "context 1 is empty"),

@@ -15,11 +15,9 @@ def record_scores(scored: list[ScoredRows], logits: torch.Tensor) -> None:
     """`logits`: fp32 `[sum of counts, vocab]`, the rows of `scored` in order."""
     if not scored:
         return
-    indices: list[int] = []
+    starts = [rows.first - rows.request.score_start for rows in scored]  # each one's first target index
     targets: list[int] = []
-    for rows in scored:
-        start = rows.first - rows.request.score_start
-        indices.extend(range(start, start + rows.count))
+    for rows, start in zip(scored, starts):
         targets.extend(rows.request.params.score_targets[start : start + rows.count])
     target = torch.tensor(targets, dtype=torch.long, device=logits.device)
     logits = logits.float()
@@ -27,9 +25,8 @@ def record_scores(scored: list[ScoredRows], logits: torch.Tensor) -> None:
     logprobs = (logits.gather(1, target[:, None]).squeeze(1) - torch.logsumexp(logits, dim=-1)).tolist()
     greedy = (logits.argmax(dim=-1) == target).tolist()
     row = 0
-    for rows in scored:
-        request = rows.request
-        for i in indices[row : row + rows.count]:
-            request.score_logprobs[i] = logprobs[row]
-            request.score_greedy[i] = greedy[row]
-            row += 1
+    for rows, start in zip(scored, starts):  # each request's rows are consecutive: one slice each
+        end = row + rows.count
+        rows.request.score_logprobs[start : start + rows.count] = logprobs[row:end]
+        rows.request.score_greedy[start : start + rows.count] = greedy[row:end]
+        row = end
