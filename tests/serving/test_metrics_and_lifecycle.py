@@ -129,7 +129,11 @@ def test_sigterm_finishes_or_aborts_in_flight_requests_and_exits_0(timeout, body
         threads = [threading.Thread(target=call, args=(stream,)) for stream in (False, True)]
         for t in threads:
             t.start()
-        time.sleep(0.3)
+        while True:  # both requests in the engine before the signal (a loaded machine may take a while to send)
+            health = httpx.get(url + "/health?detail=1", timeout=5).json()
+            if health["requests_running"] + health["requests_waiting"] >= 2 or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
         for t in threads:
