@@ -42,8 +42,8 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.common import machine, print_table
 from hf_paged import Engine, JSONSchemaLogitsProcessor, PagedConfig, RegexLogitsProcessor, SamplingParams
+from hf_paged.api.models import default_model
 from hf_paged.batching.sampler import Sampler
-from hf_paged.models import default_model
 from hf_paged.processors import IndexCache
 
 DEFAULT_TOKENIZER = os.path.join(os.path.dirname(ROOT), "shared", "data", "tokenizers", "gpt2")
@@ -120,7 +120,7 @@ def sampler_run(tok, regex: str, mode: str, steps: int, rows: int = 8) -> tuple[
     from hf_paged.batching.request import Request
 
     proc = RegexLogitsProcessor(regex, tok, index_cache=IndexCache())
-    proc.compiled  # noqa: B018 -- the compile, before the clock
+    proc.compiled
     sampler = TimedSampler()
     params = SamplingParams(do_sample=True, seed=0, logits_processors=[proc], constraint_mode=mode, max_new_tokens=steps)
     requests = [Request(f"r{i}", [0], params) for i in range(rows)]

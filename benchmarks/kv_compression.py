@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.common import machine, print_table
 from hf_paged import Engine, PagedConfig, SamplingParams
 from hf_paged.cache.compression import calibrate_retrieval_heads, calibrate_streaming_heads, choose_streaming_heads
-from hf_paged.datasets import BYTE_BOS_TOKEN_ID, passkey_example, stdlib_documents
+from hf_paged.cli.datasets import BYTE_BOS_TOKEN_ID, passkey_example, stdlib_documents
 
 EVICTION = {"num_sink_tokens": 16, "window_tokens": 32}  # sinks + window: the question of a passkey prompt fits
 SETTINGS: dict[str, dict] = {
@@ -147,7 +147,7 @@ def load_model(name: str):
         from transformers import AutoModelForCausalLM
 
         return AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, local_files_only=True).eval()
-    from hf_paged.models import default_model
+    from hf_paged.api.models import default_model
 
     return default_model().model
 

@@ -39,8 +39,8 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.tasks import TaskManager
 
 import hf_paged
+from hf_paged.api.models import DEFAULT_MODEL_PATH
 from hf_paged.integrations.lm_eval import PagedLM
-from hf_paged.models import DEFAULT_MODEL_PATH
 
 TASKS_DIR = str(DEFAULT_MODEL_PATH.parent / "lm_eval_tasks")
 TASKS = {"hf_paged_gen": 2, "hf_paged_mc": 0, "hf_paged_ppl": 0}  # task -> num_fewshot

@@ -38,7 +38,7 @@ import transformers
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks.common import machine
-from hf_paged.datasets import stdlib_documents
+from hf_paged.cli.datasets import stdlib_documents
 
 REPO = Path(__file__).resolve().parent.parent
 

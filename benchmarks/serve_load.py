@@ -49,13 +49,29 @@ import httpx
 import jsonschema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import print_table  # noqa: E402
-from benchmarks.serve_common import (OBJECT_SCHEMA, RequestResult, Server, ServerFailed, ServerSpec,  # noqa: E402
-                                     WorkItem, build_workload, completion_body, cpu_seconds, describe,
-                                     hf_paged_spec, new_client, pct, running, scrape, send, to_markdown,
-                                     transformers_spec)
-from benchmarks.serve_soak import run_soak  # noqa: E402
-from hf_paged.models import DEFAULT_MODEL_PATH  # noqa: E402
+from benchmarks.common import print_table
+from benchmarks.serve_common import (
+    OBJECT_SCHEMA,
+    RequestResult,
+    Server,
+    ServerFailed,
+    ServerSpec,
+    WorkItem,
+    build_workload,
+    completion_body,
+    cpu_seconds,
+    describe,
+    hf_paged_spec,
+    new_client,
+    pct,
+    running,
+    scrape,
+    send,
+    to_markdown,
+    transformers_spec,
+)
+from benchmarks.serve_soak import run_soak
+from hf_paged.api.models import DEFAULT_MODEL_PATH
 
 # hf-paged's own counters, reported as deltas over each rate (absent from transformers serve: no /metrics)
 SERVER_COUNTERS = {"preemptions": "hf_paged:num_preemptions_total", "steps": "hf_paged:num_steps_total",

@@ -18,8 +18,19 @@ from dataclasses import dataclass
 import httpx
 
 from benchmarks.common import print_table
-from benchmarks.serve_common import (MAX_POSITIONS, RequestResult, Server, build_workload, completion_body,
-                                     hf_paged_spec, new_client, rss_mib, running, scrape, send)
+from benchmarks.serve_common import (
+    MAX_POSITIONS,
+    RequestResult,
+    Server,
+    build_workload,
+    completion_body,
+    hf_paged_spec,
+    new_client,
+    rss_mib,
+    running,
+    scrape,
+    send,
+)
 
 INVALID_KINDS = ("max_tokens 0", "max_tokens -3", "temperature -1", "malformed JSON", 'max_tokens "ten"',
                  f"prompt > {MAX_POSITIONS} positions")

@@ -44,8 +44,8 @@ sys.path.insert(0, ROOT)
 
 from benchmarks.common import machine, print_table
 from hf_paged import Engine, PagedConfig, SamplingParams
-from hf_paged.datasets import BYTE_BOS_TOKEN_ID, stdlib_documents
-from hf_paged.models import default_model
+from hf_paged.api.models import default_model
+from hf_paged.cli.datasets import BYTE_BOS_TOKEN_ID, stdlib_documents
 
 WORKLOADS = ("copy", "copy_edited", "code", "code_sampled")
 NOTES = """Columns: "accepted" is the share of drafted tokens kept; "tokens/forward" what a request gains per forward it

@@ -116,3 +116,8 @@ class UnsupportedGrammarError(GrammarError):
 
 
 __all__ += ["GrammarError", "GrammarSyntaxError", "LeftRecursionError", "UndefinedRuleError", "UnsupportedGrammarError"]
+
+
+class CliError(HfPagedError, ValueError):
+    """A user error of an `hf-paged` command (a model that is not there, a flag that cannot work): printed as one
+    line, exit status 2."""

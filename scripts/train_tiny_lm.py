@@ -1,6 +1,6 @@
 """Train hf_paged's embedded default model: a tiny byte-level Llama with GQA, on CPU, deterministically.
 
-What it learns from (all offline, see `hf_paged.datasets`), mixed per row of each batch:
+What it learns from (all offline, see `hf_paged.cli.datasets`), mixed per row of each batch:
 - `--passkey-share` (45%) of rows start with a synthetic passkey example (`passkey_example`, 208 tokens to
   the row length), the key at a random depth (half of them right after the intro); the answer digits and the
   key's repeat inside its own line weigh `--answer-weight` (5x) in the loss. The question repeats the key
@@ -53,8 +53,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hf_paged.datasets import BYTE_BOS_TOKEN_ID, passkey_example, stdlib_documents
-from hf_paged.models import DEFAULT_MODEL_PATH
+from hf_paged.api.models import DEFAULT_MODEL_PATH
+from hf_paged.cli.datasets import BYTE_BOS_TOKEN_ID, passkey_example, stdlib_documents
 
 BOS, EOS, PAD = BYTE_BOS_TOKEN_ID, BYTE_BOS_TOKEN_ID + 1, BYTE_BOS_TOKEN_ID + 2
 VOCAB_SIZE = 259
@@ -417,7 +417,7 @@ Wall time {wall_s / 60:.1f} min on {s.threads} shared CPU thread(s), torch {torc
 | passkey accuracy, 1024 tokens ({s.eval_passkeys} held-out seeds, key near the start) | {metrics["passkey_1024"]:.2f} |
 
 Held-out text: {s.eval_chunks} windows of {s.eval_chunk_bytes} bytes from the middle of held-out stdlib files,
-each scored after a BOS. Passkey: `hf_paged.datasets.passkey_example(1_000_000 + i, n)` for i < {s.eval_passkeys},
+each scored after a BOS. Passkey: `hf_paged.cli.datasets.passkey_example(1_000_000 + i, n)` for i < {s.eval_passkeys},
 correct when greedy decoding gives all 5 digits.
 """
 

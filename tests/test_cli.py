@@ -11,8 +11,8 @@ import pytest
 import torch
 import transformers
 
+from hf_paged.api.models import DEFAULT_MODEL_PATH
 from hf_paged.cli import main
-from hf_paged.models import DEFAULT_MODEL_PATH
 
 MODEL = str(DEFAULT_MODEL_PATH)
 REPO = Path(__file__).resolve().parents[1]

@@ -1,10 +1,10 @@
-"""Tests of `hf_paged.datasets`: the stdlib split and passkey examples are deterministic and well-formed."""
+"""Tests of `hf_paged.cli.datasets`: the stdlib split and passkey examples are deterministic and well-formed."""
 
 from __future__ import annotations
 
 import pytest
 
-from hf_paged.datasets import (
+from hf_paged.cli.datasets import (
     BYTE_BOS_TOKEN_ID,
     PasskeyExample,
     _split_of,

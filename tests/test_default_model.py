@@ -1,4 +1,4 @@
-"""Tests of the embedded default model (`hf_paged.models`, `hf_paged/assets/tiny-lm/`).
+"""Tests of the embedded default model (`hf_paged.api.models`, `hf_paged/assets/tiny-lm/`).
 
 They load the committed checkpoint offline, check the tokenizer maps text to its bytes and back, that the
 model generates, that it predicts held-out stdlib text far better than a byte unigram model, and that it
@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_paged.datasets import BYTE_BOS_TOKEN_ID, passkey_example, stdlib_documents
-from hf_paged.models import DEFAULT_MODEL_PATH, DefaultModel, default_model
+from hf_paged.api.models import DEFAULT_MODEL_PATH, DefaultModel, default_model
+from hf_paged.cli.datasets import BYTE_BOS_TOKEN_ID, passkey_example, stdlib_documents
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ lm_eval = pytest.importorskip("lm_eval")
 from lm_eval.tasks import TaskManager
 
 import hf_paged
+from hf_paged.api.models import DEFAULT_MODEL_PATH
 from hf_paged.errors import InvalidConfigError
 from hf_paged.integrations.lm_eval import PagedLM
-from hf_paged.models import DEFAULT_MODEL_PATH
 
 TASKS_DIR = str(DEFAULT_MODEL_PATH.parent / "lm_eval_tasks")
 TASKS = ["hf_paged_gen", "hf_paged_mc", "hf_paged_ppl"]

@@ -13,7 +13,7 @@ import jsonschema
 import pytest
 
 import hf_paged
-from hf_paged.models import DEFAULT_MODEL_PATH
+from hf_paged.api.models import DEFAULT_MODEL_PATH
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 # Blocks not run, by their first line, and why. Only what needs a GPU or a server belongs here.

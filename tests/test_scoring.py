@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import hf_paged
+from hf_paged.api.scoring import rolling_windows
 from hf_paged.errors import InvalidPromptError, PromptTooLongError
-from hf_paged.scoring import rolling_windows
 from tests.tiny_models import VOCAB, ragged_prompts, stock_greedy, tiny_model
 
 

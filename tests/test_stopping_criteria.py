@@ -9,8 +9,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, MaxLengthCriteria, StoppingCriteria, StoppingCriteriaList
 
 import hf_paged
+from hf_paged.api.generate import PagedFallbackWarning
 from hf_paged.errors import StoppingCriterionError
-from hf_paged.generate import PagedFallbackWarning
 from tests.tiny_models import byte_tokenizer, left_pad, ragged_prompts, tiny_model
 
 LENGTHS = [3, 17, 33, 8]

@@ -8,11 +8,15 @@ from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
 
 import hf_paged
 from hf_paged import PagedCache, PagedConfig
+from hf_paged.api.generate import PagedFallbackWarning
 from hf_paged.batching.request import RequestStatus
 from hf_paged.errors import (
-    InvalidConfigError, InvalidPromptError, OutOfBlocksError, PromptTooLongError, UnsupportedModelError,
+    InvalidConfigError,
+    InvalidPromptError,
+    OutOfBlocksError,
+    PromptTooLongError,
+    UnsupportedModelError,
 )
-from hf_paged.generate import PagedFallbackWarning
 from tests.tiny_models import left_pad, ragged_prompts, tiny_model
 
 

@@ -4,11 +4,21 @@ from __future__ import annotations
 
 import torch
 from transformers import (
-    GemmaConfig, GemmaForCausalLM, GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, MistralConfig,
-    MistralForCausalLM, Phi3Config, Phi3ForCausalLM, Qwen2Config, Qwen2ForCausalLM,
+    GemmaConfig,
+    GemmaForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
 )
 
-from hf_paged.workloads import left_pad  # noqa: F401  (re-exported for the tests)
+from hf_paged.cli.workloads import left_pad
 
 VOCAB = 96
 COMMON = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=None, pad_token_id=0)

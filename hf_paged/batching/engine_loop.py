@@ -385,5 +385,5 @@ class EngineLoop:
     def _deliver(self, sink: _Sink, deltas: list[RequestDelta]) -> None:
         try:
             sink.put(deltas)
-        except Exception:  # noqa: BLE001 -- e.g. the caller's event loop is closed: nobody will read these requests
+        except Exception:
             self._command(lambda: [self.engine.abort(d.request_id) for d in deltas if not d.finished], force=True)

@@ -38,7 +38,7 @@ def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, limits: Prom
         if len(targets) > len(prompt_ids) or list(prompt_ids[len(prompt_ids) - len(targets) + 1:]) != targets[:-1]:
             return InvalidPromptError(
                 f"{len(targets)} score_targets do not fit a prompt of {len(prompt_ids)} tokens: the prompt must "
-                "end with all targets but the last (hf_paged.scoring builds such requests)"
+                "end with all targets but the last (hf_paged.api.scoring builds such requests)"
             )
         if len(prompt_ids) > limits.max_model_len:
             return PromptTooLongError(

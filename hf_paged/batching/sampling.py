@@ -43,7 +43,7 @@ class SamplingParams:
         validator: `validator(text) -> bool`, called on each attempt that ended normally (text decoded with
             `tokenizer`, else with the constraint's vocabulary; the token ids when neither exists). Default: JSON
             Schema validation for a `JSONSchemaLogitsProcessor` request, else only `length_incomplete` retries.
-        score_targets: scoring instead of generating (`hf_paged.scoring`): n token ids whose log-probabilities are
+        score_targets: scoring instead of generating (`hf_paged.api.scoring`): n token ids whose log-probabilities are
             read at the prompt's last n positions (target i is the token after position len(prompt) - n + i, so the
             first n - 1 targets are the prompt's own last n - 1 tokens); the request ends once its prompt is
             computed, with `RequestOutput.score_logprobs` / `score_greedy`, and generates nothing.

@@ -23,11 +23,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hf_paged.api.wrap_state import engine_of, is_wrapped
 from hf_paged.batching.request import RequestOutput, fork_parent
 from hf_paged.distributed.sharding import ShardPlan, plan_shards
 from hf_paged.distributed.tensor_parallel import tensor_parallel_size
 from hf_paged.errors import InvalidConfigError, InvalidPromptError, UnsupportedGenerationError, UnsupportedModelError
-from hf_paged.wrap_state import engine_of, is_wrapped
 
 __all__ = ["DistributedRun", "generate_batch", "run_sharded", "world"]
 
@@ -125,7 +125,7 @@ def run_sharded(model, inputs: Sequence[Sequence[int]], generation_config=None, 
         _check_same_inputs(prompts, group, size)
     try:  # built here at the latest: a pool too big for this rank's memory must fail on every rank, not hang them
         engine, failure = engine_of(model), None
-    except Exception as error:  # noqa: BLE001 -- re-raised on every rank after the gather
+    except Exception as error:
         engine, failure = None, _picklable(error)
     budgets = _output_budgets(model, prompts, generation_config, kwargs)
     plan = plan_shards(prompts, 1 if tp_size > 1 else size, block_size=engine.config.block_size if engine else 16,
@@ -164,7 +164,7 @@ def _run_local(model, engine, prompts, mine: list[int], generation_config, rank:
     start = time.perf_counter()
     try:
         shard = model.generate_batch([prompts[i] for i in mine], generation_config, **shard_kwargs) if mine else {}
-    except Exception as error:  # noqa: BLE001 -- every rank must reach the gather; each re-raises it there
+    except Exception as error:
         return _RankResult([], time.perf_counter() - start, {}, _picklable(error))
     seconds = time.perf_counter() - start
     renamed = []
@@ -248,5 +248,5 @@ def _picklable(error: Exception) -> Exception:
     try:
         pickle.loads(pickle.dumps(error))
         return error
-    except Exception:  # noqa: BLE001 -- any pickling failure: send its words instead
+    except Exception:
         return RuntimeError(f"{type(error).__name__}: {error}")

@@ -2,7 +2,7 @@
 
     trainer.py  PagedGenerationCallback  generation metrics at every Trainer evaluation (exact_match, json_validity)
     lm_eval.py  PagedLM                  lm-evaluation-harness's model `hf-paged` (the `eval` extra): every request
-                                         of a task on the engine, log-likelihoods through `hf_paged.scoring`
+                                         of a task on the engine, log-likelihoods through `hf_paged.api.scoring`
 
 Names load on first use: importing this package imports neither Trainer nor lm-eval.
 """

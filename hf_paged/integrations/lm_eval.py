@@ -7,7 +7,7 @@ A subclass of lm-eval's own `HFLM`: loading, tokenization, BOS handling, left tr
 sharding of requests over ranks (`accelerate launch` / `torchrun`) are HFLM's, so prompts are token for token the
 ones `--model hf` builds. What changes is how they run: all of a task's requests go to the engine at once
 (`generate_until` through `generate_batch`, each request with its `until` as stop strings and `max_gen_toks` as its
-own budget; `loglikelihood` and `loglikelihood_rolling` through `hf_paged.scoring`, where the choices of one
+own budget; `loglikelihood` and `loglikelihood_rolling` through `hf_paged.api.scoring`, where the choices of one
 context share its blocks) instead of HFLM's padded batches of `batch_size`.
 
     PagedLM(pretrained="path/or/hub-id" | loaded model, tokenizer=None, **hf_and_paged_args)
@@ -31,11 +31,11 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
 import hf_paged
+from hf_paged.api.scoring import loglikelihood, loglikelihood_rolling
 from hf_paged.batching.request import RequestStatus
 from hf_paged.config import PagedConfig
 from hf_paged.distributed import world
 from hf_paged.errors import InvalidConfigError, RequestFailedError, UnsupportedModelError
-from hf_paged.scoring import loglikelihood, loglikelihood_rolling
 
 __all__ = ["PagedLM"]
 

@@ -23,7 +23,7 @@ FLUSH_GRACE_S = 5.0  # after the abort at --shutdown-timeout: time for the repli
 def run_replicas(args) -> int:
     """Deploy the replicas with the single-server flags and serve until SIGTERM / Ctrl-C. Raises `CliError` for bad
     arguments (checked before Ray starts)."""
-    from hf_paged.cli_common import CliError
+    from hf_paged.errors import CliError
     from hf_paged.serving.server import checked_paged_config, log_to_stderr, paged_overrides, read_chat_template
 
     replicas = 1 if args.replicas is None else args.replicas  # --address alone: one replica on that cluster
@@ -35,8 +35,8 @@ def run_replicas(args) -> int:
     paged = paged_overrides(args)  # --no-prefix-caching is refused above: the replicas route by their caches
     template = read_chat_template(args)
     try:
-        import ray  # noqa: F401 -- checked here, used in _LocalCluster
-        from ray import serve  # noqa: F401
+        import ray
+        from ray import serve
 
         from hf_paged.scaleout.deploy import deploy
     except ImportError as exc:

@@ -27,7 +27,7 @@ class ReplicaSpec:
 
     @property
     def model_path(self) -> str:
-        from hf_paged.models import DEFAULT_MODEL_PATH
+        from hf_paged.api.models import DEFAULT_MODEL_PATH
 
         return self.model or str(DEFAULT_MODEL_PATH)
 

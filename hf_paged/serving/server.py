@@ -58,7 +58,7 @@ def paged_overrides(args) -> dict:
 
 def read_chat_template(args) -> str | None:
     """`--chat-template FILE`'s text, or None; `CliError` when the file is missing."""
-    from hf_paged.cli_common import CliError
+    from hf_paged.errors import CliError
 
     if args.chat_template is None:
         return None
@@ -71,8 +71,8 @@ def read_chat_template(args) -> str | None:
 def checked_paged_config(args):
     """The `PagedConfig` the serve flags ask for, after the checks both `serve` and `serve --replicas` make; bad
     values raise `CliError` naming the flag or field, before any model or cluster starts."""
-    from hf_paged.cli_common import CliError
     from hf_paged.config import PagedConfig
+    from hf_paged.errors import CliError
 
     if args.max_waiting is not None and args.max_waiting < 1:
         raise CliError(f"--max-waiting must be >= 1, got {args.max_waiting}")
@@ -86,7 +86,7 @@ def checked_paged_config(args):
 
 def run_serve(args) -> int:
     """Run the server until SIGTERM / Ctrl-C. Raises `CliError` for bad arguments (one line, exit status 2)."""
-    from hf_paged.cli_common import CliError
+    from hf_paged.errors import CliError
 
     try:
         import uvicorn
@@ -159,10 +159,10 @@ def _start_engine(args, config):
 
 
 def _load(args):
-    from hf_paged.cli_common import load_model
+    from hf_paged.api.models import load_model
 
     if args.model is None:
-        from hf_paged.models import default_model
+        from hf_paged.api.models import default_model
 
         return default_model(dtype=getattr(__import__("torch"), args.dtype), device=args.device)
     return load_model(args.model, args.device, args.dtype)

@@ -88,7 +88,7 @@ def test_forks_copy_the_staged_partial_block():
 
 
 def test_int8_quality_on_the_trained_default_model():
-    from hf_paged.models import DEFAULT_MODEL_PATH
+    from hf_paged.api.models import DEFAULT_MODEL_PATH
 
     if not (DEFAULT_MODEL_PATH / "model.safetensors").is_file():
         pytest.skip("the default model's checkpoint is not trained yet (scripts/train_tiny_lm.py)")
@@ -96,7 +96,7 @@ def test_int8_quality_on_the_trained_default_model():
     import torch.nn.functional as F
 
     from benchmarks.kv_compression import heldout_sequences, quality
-    from hf_paged.models import default_model
+    from hf_paged.api.models import default_model
 
     model = default_model().model
     sequences = heldout_sequences(2, 320)

@@ -8,11 +8,11 @@ from transformers import GenerationConfig
 
 import hf_paged
 from hf_paged import Engine, PagedConfig, RequestStatus, SamplingParams
+from hf_paged.api.generate import PagedFallbackWarning
 from hf_paged.batching.request import fork_ids
 from hf_paged.batching.sampling import check_generation_config
 from hf_paged.batching.speculative import Draft, NgramIndex
 from hf_paged.errors import UnsupportedGenerationError
-from hf_paged.generate import PagedFallbackWarning
 from tests.tiny_models import VOCAB, left_pad, ragged_prompts, stock_greedy, tiny_model
 
 

@@ -37,7 +37,7 @@ def test_a_tiny_model_never_reserves_gigabytes(monkeypatch):
     2048 positions could use (512 MiB), not 40% of the free memory."""
     from transformers import AutoConfig
 
-    from hf_paged.models import DEFAULT_MODEL_PATH
+    from hf_paged.api.models import DEFAULT_MODEL_PATH
 
     config = AutoConfig.from_pretrained(DEFAULT_MODEL_PATH)
     monkeypatch.setattr(sizing, "device_memory", lambda device=None: sizing.DeviceMemory(10**12, 2 * 10**12))

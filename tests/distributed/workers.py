@@ -164,8 +164,8 @@ def lm_eval_ranks(args: list[str]) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    import hf_paged.integrations.lm_eval  # noqa: F401 -- registers hf-paged
-    from hf_paged.models import DEFAULT_MODEL_PATH
+    import hf_paged.integrations.lm_eval
+    from hf_paged.api.models import DEFAULT_MODEL_PATH
 
     out = lm_eval.simple_evaluate(
         model="hf-paged", model_args=f"pretrained={DEFAULT_MODEL_PATH},dtype=float32", tasks=args[1].split(","),

@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from transformers import AutoTokenizer
 
-from hf_paged.models import DEFAULT_MODEL_PATH
+from hf_paged.api.models import DEFAULT_MODEL_PATH
 from hf_paged.scaleout import prompt_fingerprints
 from hf_paged.scaleout.asgi import HttpCall, ResponseStart, forward
 from hf_paged.scaleout.prompt_key import prompt_ids, routing_info

@@ -21,7 +21,14 @@ import torch
 from numba import njit, prange
 
 from hf_paged.cache.kernels.cpu_attention import (
-    _FASTMATH, _add_value, _rows_seeing, _scratch, _score_row, _softmax_rows, _write_out, softmax_row,
+    _FASTMATH,
+    _add_value,
+    _rows_seeing,
+    _score_row,
+    _scratch,
+    _softmax_rows,
+    _write_out,
+    softmax_row,
 )
 
 # format codes of `_dequant_row` (the Triton kernels' codes, `quantized.FORMAT_CODES`; fp8 as bytes)

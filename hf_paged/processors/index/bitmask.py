@@ -155,7 +155,7 @@ _KERNELS: dict[bool, Any] = {}
 
 def _triton_available() -> bool:
     try:
-        import triton  # noqa: F401
+        import triton
     except ImportError:
         return False
     return True

@@ -82,7 +82,7 @@ def _meta_valid_fast(schema: dict | bool) -> bool:
     try:
         if not jsonschema_rs.meta.is_valid(schema):
             return False
-    except Exception:  # noqa: BLE001 -- e.g. a `$schema` it does not know: jsonschema decides
+    except Exception:
         return False
     stack: list = [schema]
     while stack:

@@ -47,7 +47,7 @@ class MethodResult:
 
 def load_model():
     """The trained default model, or a tiny random Llama (said so) when the checkpoint is not installed."""
-    from hf_paged.models import DEFAULT_MODEL_PATH, default_model
+    from hf_paged.api.models import DEFAULT_MODEL_PATH, default_model
 
     if (DEFAULT_MODEL_PATH / "model.safetensors").exists():
         model, tokenizer = default_model()
@@ -68,7 +68,7 @@ def _num_params(model) -> str:
 
 
 def build_workload(tokenizer, vocab: int, num_questions: int = 12) -> list[DemoRequest]:
-    from hf_paged.datasets import stdlib_documents
+    from hf_paged.cli.datasets import stdlib_documents
 
     docs = stdlib_documents("heldout")
     text = "".join(d.text for d in docs[:40])
@@ -116,7 +116,7 @@ def _run_demo(progress: bool) -> str:
         from hf_paged.processors import JSONSchemaLogitsProcessor
 
         json_proc = JSONSchemaLogitsProcessor(PERSON_SCHEMA, tokenizer)
-        json_proc.compiled  # noqa: B018 -- the schema's compile (and a fresh install's one-time numba compile) before either clock
+        json_proc.compiled
     stock = _run_stock(model, requests, json_proc, eos, pad, progress)
     wrap(model, PagedConfig(block_size=16, max_num_batched_tokens=512))
     try:
@@ -140,7 +140,7 @@ def _run_demo(progress: bool) -> str:
 def _run_stock(model, requests, json_proc, eos, pad, progress) -> MethodResult:
     from tqdm.auto import tqdm
 
-    from hf_paged.workloads import left_pad
+    from hf_paged.cli.workloads import left_pad
 
     outputs: list[list[int] | None] = [None] * len(requests)
     kv_peak = 0
@@ -194,7 +194,7 @@ def _json_valid_share(requests, outputs, tokenizer) -> str:
             if jsonschema is not None:
                 jsonschema.validate(doc, PERSON_SCHEMA)
             valid += 1
-        except Exception:  # noqa: BLE001, S110 -- any failure (parse or schema) counts as invalid
+        except Exception:
             pass
     how = "schema-valid" if jsonschema is not None else "parse"
     return f"{valid}/{len(rows)} {how}"

@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
+from hf_paged.api.wrap_state import _MISSING, _STATE_ATTR, _WrapState, engine_of, is_wrapped
+from hf_paged.cache.model_support import check_supported
 from hf_paged.config import PagedConfig
-from hf_paged.cache.model_support import check_supported  # noqa: F401 -- also part of this face
-from hf_paged.wrap_state import _MISSING, _STATE_ATTR, _WrapState, engine_of, is_wrapped  # noqa: F401
 from hf_paged.errors import InvalidConfigError, UnsupportedModelError
 
 _PATCHED = ("generate", "generate_batch", "loglikelihood", "loglikelihood_rolling")
@@ -78,9 +78,9 @@ def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides:
             )
         return model
     check_supported(model)
+    from hf_paged.api.generate import paged_generate, paged_generate_batch
+    from hf_paged.api.scoring import loglikelihood, loglikelihood_rolling
     from hf_paged.distributed.tensor_parallel import check_tensor_parallel
-    from hf_paged.generate import paged_generate, paged_generate_batch
-    from hf_paged.scoring import loglikelihood, loglikelihood_rolling
 
     check_tensor_parallel(model, config)  # a tp_plan model: what the engine cannot run with it is refused here
 

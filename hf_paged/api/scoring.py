@@ -55,7 +55,7 @@ def loglikelihood(model, requests: Sequence[tuple[Sequence[int], Sequence[int]]]
         PromptTooLongError: a pair longer than the model's positions (or the KV pool).
         RequestFailedError (or the typed error behind it): a request that failed in the engine.
     """
-    from hf_paged.wrap_state import engine_of
+    from hf_paged.api.wrap_state import engine_of
 
     engine = engine_of(model)
     pairs = [_check_pair(engine, i, pair) for i, pair in enumerate(requests)]
@@ -76,7 +76,7 @@ def loglikelihood_rolling(model, documents: Sequence[Sequence[int]], *, max_leng
     the model's positions), the first one after `prefix_token_id` (default: the model's BOS id, else its EOS id), the
     later ones after as much of the preceding text as fits, as lm-evaluation-harness's `loglikelihood_rolling` does.
     Returns each document's summed log-probability over all its tokens; `is_greedy` is True when every token was."""
-    from hf_paged.wrap_state import engine_of
+    from hf_paged.api.wrap_state import engine_of
 
     engine = engine_of(model)
     max_length = engine.max_model_len if max_length is None else max_length

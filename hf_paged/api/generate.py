@@ -19,13 +19,13 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 
+from hf_paged.api.generate_criteria import LockstepCriteria
+from hf_paged.api.generate_output import assemble_generate_output, make_streamer_hook
+from hf_paged.api.generate_processors import ProcessorFactory
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
 from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list, unsupported_modes
 from hf_paged.compat import prepare_generation_config, prepare_special_tokens, stock_stopping_criteria
 from hf_paged.errors import HfPagedError, InvalidPromptError, RequestFailedError
-from hf_paged.generate_criteria import LockstepCriteria
-from hf_paged.generate_output import assemble_generate_output, make_streamer_hook
-from hf_paged.generate_processors import ProcessorFactory
 
 # generate() arguments (besides generation options) the engine understands.
 _ENGINE_MODEL_KWARGS = {"attention_mask", "use_cache", "tokenizer"}
@@ -46,7 +46,7 @@ def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, e
     if modes:
         return modes[0]
     if extra.get("assistant_model") is not None or generation_config.prompt_lookup_num_tokens:
-        from hf_paged.wrap_state import engine_of
+        from hf_paged.api.wrap_state import engine_of
 
         reason = engine_of(model).speculator.unsupported
         if reason is not None:
@@ -74,7 +74,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
                    assistant_model=None, streamer=None, negative_prompt_ids=None, negative_prompt_attention_mask=None,
                    use_model_defaults=None, custom_generate=None, **kwargs: Any):
     """Stock `generate` signature, run on the paged engine. See the module docstring."""
-    from hf_paged.wrap_state import engine_of
+    from hf_paged.api.wrap_state import engine_of
 
     stock = type(model).generate.__get__(model)
     extra = {"stopping_criteria": stopping_criteria, "prefix_allowed_tokens_fn": prefix_allowed_tokens_fn,
@@ -225,8 +225,8 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     outside the vocabulary). Other per-request failures (a prompt beyond the model's positions or the pool, a
     processor that raised) end that request `FAILED` with `error` set; the others run.
     """
+    from hf_paged.api.wrap_state import engine_of
     from hf_paged.batching.progress import progress_hook
-    from hf_paged.wrap_state import engine_of
 
     if distributed:  # each rank generates its shard through this same method (without `distributed`)
         from hf_paged.distributed import generate_batch as distributed_generate_batch

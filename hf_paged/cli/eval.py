@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import sys
 
-from hf_paged.cli_common import CliError
-from hf_paged.errors import HfPagedError
+from hf_paged.errors import CliError, HfPagedError
 
 USAGE = """usage: hf-paged eval [lm-eval run arguments]
 
@@ -35,7 +34,7 @@ def run_eval(argv: list[str]) -> int:
     try:
         from lm_eval._cli import HarnessCLI
 
-        import hf_paged.integrations.lm_eval  # noqa: F401 -- registers the model `hf-paged`
+        import hf_paged.integrations.lm_eval
     except ImportError as exc:
         raise CliError(f"hf-paged eval needs lm-evaluation-harness ({exc}); install it: pip install 'hf_paged[eval]'")
     argv = _lm_eval_arguments(list(argv))
@@ -60,7 +59,7 @@ def _lm_eval_arguments(argv: list[str]) -> list[str]:
         print("hf-paged eval: note: --batch_size is unused: every request of a task runs on the engine at once "
               "(continuous batching)", file=sys.stderr)
     if not any(a in ("--model_args", "-a") or a.startswith("--model_args=") for a in argv):
-        from hf_paged.models import DEFAULT_MODEL_PATH
+        from hf_paged.api.models import DEFAULT_MODEL_PATH
 
         argv += ["--model_args", f"pretrained={DEFAULT_MODEL_PATH},dtype=float32"]  # (stored in fp16)
     if not any(a == "--device" or a.startswith("--device=") for a in argv):
@@ -90,7 +89,7 @@ def _pop_option(argv: list[str], *names: str) -> str | None:
 
 
 def _include_paths(given: str | None) -> str | list[str]:
-    from hf_paged.models import DEFAULT_MODEL_PATH
+    from hf_paged.api.models import DEFAULT_MODEL_PATH
 
     ours = str(DEFAULT_MODEL_PATH.parent / "lm_eval_tasks")
     return ours if given is None else [given, ours]

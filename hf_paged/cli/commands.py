@@ -15,7 +15,8 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from hf_paged.cli_common import CliError, check_device, load_model  # noqa: F401 -- load_model: part of this face
+from hf_paged.api.models import check_device, load_model
+from hf_paged.errors import CliError
 
 WORKLOADS = ("ragged", "shared-prefix", "few-shot", "multi-turn")
 _DEFAULT_MODEL_HELP = "a local model directory (or a hub id when online); default: the embedded tiny model " \
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv[:1] == ["eval"]:  # lm-eval's own arguments, parsed by lm-eval
-            from hf_paged.cli_eval import run_eval
+            from hf_paged.cli.eval import run_eval
 
             return run_eval(argv[1:])
         return _run(build_parser().parse_args(argv))
@@ -78,11 +79,11 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     """Check the arguments that need no model, then run the subcommand."""
     if args.command == "demo":
-        from hf_paged.demo import run_demo
+        from hf_paged.cli.demo import run_demo
 
         run_demo()
     elif args.command == "bench":
-        from hf_paged.cli_bench import run_bench
+        from hf_paged.cli.bench import run_bench
 
         if args.workload not in WORKLOADS:
             raise CliError(f"unknown workload {args.workload!r}; choose one of {', '.join(WORKLOADS)}")
@@ -112,7 +113,7 @@ def _run(args: argparse.Namespace) -> int:
 def _model_or_default(path: str | None) -> str:
     if path is not None:
         return path
-    from hf_paged.models import DEFAULT_MODEL_PATH
+    from hf_paged.api.models import DEFAULT_MODEL_PATH
 
     return str(DEFAULT_MODEL_PATH)
 
@@ -226,9 +227,3 @@ def _validates(text: str, schema) -> bool:
         return True
     return jsonschema.Draft202012Validator(schema).is_valid(doc)
 
-
-if __name__ == "__main__":
-    # `python -m hf_paged.cli` runs this file as `__main__`; call the package's own module instead (one `main`).
-    from hf_paged.cli import main as _main
-
-    sys.exit(_main())

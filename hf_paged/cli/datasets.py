@@ -9,7 +9,7 @@ Shared by `scripts/train_tiny_lm.py`, the benchmarks, the tests and the demo, so
 - `passkey_example(seed, num_tokens)`: a filler context with a pass key near its start and a question at its
   end whose answer prefix ("The pass key is #") repeats the key's line verbatim, so copying answers it.
 
-The default model's tokenizer is byte-level (`hf_paged.models`): one token per UTF-8 byte plus a BOS, so
+The default model's tokenizer is byte-level (`hf_paged.api.models`): one token per UTF-8 byte plus a BOS, so
 `num_tokens` counts bytes and `PasskeyExample.prompt_ids` is `[BOS] + bytes`. Other tokenizers should
 tokenize `prompt_text` themselves.
 """
@@ -33,7 +33,7 @@ __all__ = [
 ]
 
 # The default model's byte vocabulary: ids 0-255 are the bytes themselves, then BOS, EOS, PAD. Kept here
-# (not in `hf_paged.models`) so this module imports neither torch nor transformers.
+# (not in `hf_paged.api.models`) so this module imports neither torch nor transformers.
 BYTE_BOS_TOKEN_ID = 256
 
 HELDOUT_PERCENT = 10  # share of stdlib files (by digest of the path) held out from training

@@ -8,7 +8,7 @@ import time
 
 import torch
 
-from hf_paged import workloads
+from hf_paged.cli import workloads
 
 
 def _workload(name: str, num_prompts: int, vocab: int) -> workloads.Workload:
@@ -38,7 +38,8 @@ def _stock(model, prompts, wants, pad) -> tuple[float, list[float]]:
 
 def run_bench(args) -> dict:
     from hf_paged import SamplingParams, engine_of, unwrap, wrap
-    from hf_paged.cli_common import CliError, load_model
+    from hf_paged.api.models import load_model
+    from hf_paged.errors import CliError
 
     if args.num_prompts < 1:
         raise CliError("--num-prompts must be >= 1")
