@@ -93,7 +93,7 @@ def run_serve(args) -> int:
 
         from hf_paged.serving import ServerSettings, build_app
     except ImportError as exc:
-        raise CliError(str(exc)) from None
+        raise CliError(f"serve needs the serve extra ({exc.name} is missing): pip install 'hf_paged[serve]'") from None
     config = checked_paged_config(args)
     template = read_chat_template(args)
     engine, tokenizer, name = _start_engine(args, config)
