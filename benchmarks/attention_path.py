@@ -28,9 +28,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import hf_paged
-from benchmarks.common import machine, print_table
-from hf_paged.cli.workloads import ragged
+import hf_paged  # noqa: E402
+from benchmarks.common import machine, print_table  # noqa: E402
+from hf_paged.cli.workloads import ragged  # noqa: E402
 
 CONFIGS = [("auto", "auto"), ("torch", "auto"), ("auto", "int8"), ("torch", "int8"), ("auto", "int4"),
            ("torch", "int4")]

@@ -28,10 +28,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import hf_paged
-from benchmarks.common import machine
-from hf_paged import Engine, PagedConfig, SamplingParams
-from hf_paged.cli.workloads import left_pad
+import hf_paged  # noqa: E402
+from benchmarks.common import machine  # noqa: E402
+from hf_paged import Engine, PagedConfig, SamplingParams  # noqa: E402
+from hf_paged.cli.workloads import left_pad  # noqa: E402
 
 VOCAB = 1000
 
@@ -219,7 +219,7 @@ def run_arrivals(model, workload, limit: int | None) -> dict:
 
     span = asyncio.run(main())
     engine.loop.shutdown()
-    pct = lambda xs, q: sorted(xs)[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]
+    pct = lambda xs, q: sorted(xs)[min(len(xs) - 1, round(q / 100 * (len(xs) - 1)))]  # noqa: E731
     return {"limit": limit, "tokens_per_s": tokens / span, "span_s": span, "itl_p50": pct(gaps, 50),
             "itl_p99": pct(gaps, 99), "ttft_p50": pct(ttfts, 50), "ttft_p99": pct(ttfts, 99)}
 

@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import machine, print_table
-from benchmarks.throughput import small_llama
-from hf_paged import Engine, PagedConfig, SamplingParams
-from hf_paged.cli.workloads import few_shot, multi_turn, next_turn, shared_prefix
+from benchmarks.common import machine, print_table  # noqa: E402
+from benchmarks.throughput import small_llama  # noqa: E402
+from hf_paged import Engine, PagedConfig, SamplingParams  # noqa: E402
+from hf_paged.cli.workloads import few_shot, multi_turn, next_turn, shared_prefix  # noqa: E402
 
 
 def run_batch(engine: Engine, prompts, max_new) -> tuple[list, float]:

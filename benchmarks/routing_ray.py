@@ -24,11 +24,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import httpx
-import ray
-from ray import serve
+import httpx  # noqa: E402
+import ray  # noqa: E402
+from ray import serve  # noqa: E402
 
-from hf_paged.scaleout.deploy import ReplicaSpec, build_application, worker_env
+from hf_paged.scaleout.deploy import ReplicaSpec, build_application, worker_env  # noqa: E402
 
 
 def free_port() -> int:

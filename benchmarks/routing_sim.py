@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter()
     jobs = [(cls, n, seed, args.load, w, args.cache_tokens, args.trace_block_size)
             for w in workloads for n in args.replicas for cls in args.policies for seed in range(args.seeds)]
-    sink = open(args.json, "a") if args.json is not None else None
+    sink = open(args.json, "a") if args.json is not None else None  # noqa: SIM115 (closed below)
 
     def done(index: int, r: Result) -> None:
         results[index] = r

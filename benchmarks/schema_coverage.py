@@ -146,7 +146,7 @@ def evaluate(path: Path, *, strict: bool, dfa: bool) -> SchemaResult:
 
 def _warm_up() -> None:
     """Fill the parent's lazy caches once, so every forked child starts with them (not timed per schema)."""
-    import jsonschema
+    import jsonschema  # noqa: F401
 
     from hf_paged.processors.schema import pattern as schema_pattern
     from hf_paged.processors.schema import schema_to_regex
@@ -163,7 +163,7 @@ def run_forked(path: Path, *, strict: bool, dfa: bool, timeout_s: float) -> Sche
         os.close(read_fd)
         try:
             out = evaluate(path, strict=strict, dfa=dfa)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 -- report any crash to the parent
             out = SchemaResult(path.name, "crash", f"{type(exc).__name__}: {exc}")
         with os.fdopen(write_fd, "wb") as f:
             pickle.dump(out, f)
@@ -187,7 +187,7 @@ def run_forked(path: Path, *, strict: bool, dfa: bool, timeout_s: float) -> Sche
     os.waitpid(pid, 0)
     try:
         return pickle.loads(b"".join(chunks))
-    except Exception:
+    except Exception:  # noqa: BLE001 -- the child died (e.g. out of memory)
         return SchemaResult(path.name, "crash", "child process died without a result")
 
 

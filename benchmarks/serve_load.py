@@ -49,8 +49,8 @@ import httpx
 import jsonschema
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import print_table
-from benchmarks.serve_common import (
+from benchmarks.common import print_table  # noqa: E402
+from benchmarks.serve_common import (  # noqa: E402
     OBJECT_SCHEMA,
     RequestResult,
     Server,
@@ -70,8 +70,8 @@ from benchmarks.serve_common import (
     to_markdown,
     transformers_spec,
 )
-from benchmarks.serve_soak import run_soak
-from hf_paged.api.models import DEFAULT_MODEL_PATH
+from benchmarks.serve_soak import run_soak  # noqa: E402
+from hf_paged.api.models import DEFAULT_MODEL_PATH  # noqa: E402
 
 # hf-paged's own counters, reported as deltas over each rate (absent from transformers serve: no /metrics)
 SERVER_COUNTERS = {"preemptions": "hf_paged:num_preemptions_total", "steps": "hf_paged:num_steps_total",

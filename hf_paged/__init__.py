@@ -37,7 +37,7 @@ _LAZY = {
     "IncompleteDocumentWarning": "hf_paged.api.generate",
 }
 
-__all__ = ["PagedConfig", "errors", *_LAZY]
+__all__ = ["PagedConfig", "errors", *_LAZY]  # noqa: PLE0604 -- the lazy names are strings
 
 
 __getattr__ = lazy_attributes(__name__, _LAZY)
@@ -53,7 +53,7 @@ ModuleAliases.install({
     "hf_paged.generate_processors": "hf_paged.api.generate_processors",
     "hf_paged.scoring": "hf_paged.api.scoring",
     "hf_paged.models": "hf_paged.api.models",
-    "hf_paged.cli_common": "hf_paged.api.models",
+    "hf_paged.cli_common": "hf_paged.api.loading",
     "hf_paged.cli_bench": "hf_paged.cli.bench",
     "hf_paged.cli_eval": "hf_paged.cli.eval",
     "hf_paged.demo": "hf_paged.cli.demo",

@@ -105,5 +105,5 @@ def numba_cache_index(dispatcher: Any) -> dict:
     that as "not cached", which only costs a compile in a child process."""
     try:
         return dict(dispatcher._cache._cache_file._load_index())
-    except Exception:
+    except Exception:  # noqa: BLE001 -- internal API: any surprise reads as "not cached"
         return {}

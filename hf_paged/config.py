@@ -124,7 +124,7 @@ class PagedConfig:
         _check_choice("value_quant_group", self.value_quant_group, VALUE_QUANT_GROUPS)
         _check_choice("kv_scale_format", self.kv_scale_format, KV_SCALE_FORMATS)
         if not isinstance(self.kv_key_derotate, bool):
-            raise ValueError(
+            raise ValueError(  # noqa: TRY004 - every invalid setting is a ValueError naming the field
                 f"PagedConfig.kv_key_derotate must be True or False, got {self.kv_key_derotate!r}"
             )
         if self.kv_key_derotate and (self.key_cache_dtype or self.kv_cache_dtype) != "int4":

@@ -233,7 +233,7 @@ def sweep(args) -> list[DecodeBenchResult]:
                 shape = argparse.Namespace(**{**vars(args), "batch": batch, "context": context, "kv_format": fmt})
                 try:
                     r = run(shape, copy=copy, time_reference=False)
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 - one failing shape must not hide the others
                     print(f"| {fmt} | {batch} | {context} | failed: {type(exc).__name__}: {exc} ||||||")
                     continue
                 finally:

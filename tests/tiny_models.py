@@ -18,7 +18,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from hf_paged.cli.workloads import left_pad
+from hf_paged.cli.workloads import left_pad  # noqa: F401  (re-exported for the tests)
 
 VOCAB = 96
 COMMON = dict(vocab_size=VOCAB, bos_token_id=1, eos_token_id=None, pad_token_id=0)

@@ -13,12 +13,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
-from hf_paged.errors import CliError
-
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-__all__ = ["DEFAULT_MODEL_PATH", "CliError", "DefaultModel", "check_device", "default_model", "load_model"]
+__all__ = ["DEFAULT_MODEL_PATH", "DefaultModel", "default_model"]
 
 DEFAULT_MODEL_PATH = Path(__file__).resolve().parent.parent / "assets" / "tiny-lm"
 
@@ -58,29 +56,3 @@ def default_model(*, dtype: torch.dtype = torch.float32, device: str | torch.dev
     # left padding: a decoder-only model continues each row from its last token (stock generate warns otherwise)
     tokenizer = AutoTokenizer.from_pretrained(DEFAULT_MODEL_PATH, local_files_only=True, padding_side="left")
     return DefaultModel(model=model, tokenizer=tokenizer)
-
-
-def check_device(device: str) -> None:
-    if device != "cuda":
-        return  # no torch import: `serve --replicas` runs no model in this process (torch is ~0.2 GB RSS)
-    import torch
-
-    if not torch.cuda.is_available():
-        raise CliError("--device cuda given but no CUDA device is available; use --device cpu")
-
-
-def load_model(path: str, device: str = "cpu", dtype: str = "float32"):
-    """Model and tokenizer from a directory or hub id, with one-line errors."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    check_device(device)
-    local = Path(path)
-    if not local.exists() and ("/" not in path or path.startswith((".", "/"))):
-        raise CliError(f"model {path!r} not found: give a model directory or a hub id")
-    try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
-        tokenizer = AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as exc:
-        raise CliError(f"cannot load model {path!r}: {str(exc).splitlines()[0]}") from None
-    return model, tokenizer

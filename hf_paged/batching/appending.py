@@ -58,7 +58,7 @@ class TokenAppender:
             return
         try:
             tokens = constraints[0].forced_tokens(request.request_id, request.output_ids, budget)
-        except Exception:
+        except Exception:  # noqa: BLE001
             return  # the next step's processing reports the error on this request
         if tokens:
             request.num_forced_tokens += len(tokens)

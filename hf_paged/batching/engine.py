@@ -248,7 +248,7 @@ class Engine:
         self.pruner.annotate(schedule, inputs.metadata)
         try:
             logits = self.runner.forward(inputs.input_ids, inputs.positions, inputs.metadata, inputs.logits_rows)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- the forward failed: its requests fail, the engine goes on
             failure = Failure.of(exc, "forward failed")
             for item in schedule.scheduled:
                 self.lifecycle.fail(item.request, failure)

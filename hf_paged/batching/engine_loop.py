@@ -270,7 +270,7 @@ class EngineLoop:
                 for rid, prompt, p, priority in items:  # bad input ends FAILED here: delivered after the next step
                     try:
                         self.engine.add_reserved_request(rid, prompt, p, priority, arrival_time=submitted)
-                    except Exception as exc:
+                    except Exception as exc:  # noqa: BLE001 -- a request the engine refused outright fails alone
                         logger.exception("hf_paged engine loop: adding %s failed", rid)
                         self._fail_unadded(rid, p, f"{type(exc).__name__}: {exc}", type(exc))
 
@@ -318,7 +318,7 @@ class EngineLoop:
         for command in commands:
             try:
                 command()
-            except Exception:
+            except Exception:  # noqa: BLE001 -- a bad command must not stop the loop
                 logger.exception("hf_paged engine loop: a command failed")
         if self._sinks:
             self._step()
@@ -327,7 +327,7 @@ class EngineLoop:
     def _step(self) -> None:
         try:
             self.engine.step()
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- the step failed as a whole: its requests fail, the loop goes on
             logger.exception("hf_paged engine loop: a step failed")
             self._fail_in_flight(f"engine step failed: {type(exc).__name__}: {exc}", type(exc))
             return
@@ -355,7 +355,7 @@ class EngineLoop:
             for rid in list(self._sinks):
                 try:
                     self.engine.abort(rid, error=error, error_type=error_type)
-                except Exception:
+                except Exception:  # noqa: BLE001
                     logger.exception("hf_paged engine loop: aborting %s failed", rid)
             self._dispatch(StepOutput(finished=self.engine.take_ended()))
             for rid in list(self._sinks):  # whatever the engine could not end
@@ -385,5 +385,5 @@ class EngineLoop:
     def _deliver(self, sink: _Sink, deltas: list[RequestDelta]) -> None:
         try:
             sink.put(deltas)
-        except Exception:
+        except Exception:  # noqa: BLE001 -- e.g. the caller's event loop is closed: nobody will read these requests
             self._command(lambda: [self.engine.abort(d.request_id) for d in deltas if not d.finished], force=True)

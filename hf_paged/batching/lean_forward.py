@@ -214,7 +214,7 @@ def _agrees(model: torch.nn.Module, lean: LeanForward) -> bool:
             with torch.inference_mode(), use_attention(attention_configs(model), _PROBE):
                 stock = model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep).logits
                 ours = lean(ids, positions, keep, lean_records.attend)
-        except Exception:
+        except Exception:  # noqa: BLE001 - any failure of the probe means: keep the stock forward
             return False
         same = same and torch.equal(stock[0], ours)
     return same and len(stock_records) == len(lean_records) > 0 and all(

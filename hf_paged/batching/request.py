@@ -230,7 +230,7 @@ class RequestOutput:
         if error_type is not None:
             try:
                 pickle.dumps(error_type)
-            except Exception:
+            except Exception:  # noqa: BLE001 -- any pickling failure: send the generic class
                 error_type = RequestFailedError
         return [error_type if f.name == "error_type" else getattr(self, f.name) for f in fields(self)]
 

@@ -110,7 +110,7 @@ class Retrier:
             if validator is not None:
                 try:
                     valid = bool(validator(document_text(request)))
-                except Exception as exc:
+                except Exception as exc:  # noqa: BLE001 -- a user's validator failed: this request fails alone
                     request.attempts.append(self._attempt(request, "error", None))
                     return AttemptEnd(None, Failure(f"validator raised {type(exc).__name__}: {exc}; fix the validator",
                                                     type(exc)))

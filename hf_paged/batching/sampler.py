@@ -68,7 +68,7 @@ class Sampler:
                     tokens[i] = self._resample(request, scores[i : i + 1])
                     continue
                 row = self._process_row(request, scores[i : i + 1])
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 -- a user processor failed: only this request fails
                 errors[i] = Failure.of(exc, "logits processor failed")
                 continue
             if request.params.output_scores:
@@ -89,7 +89,7 @@ class Sampler:
                 continue
             try:
                 rows[i] = self._process_row(request, scores[i : i + 1], pending[i])
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 -- a user processor failed: only this request fails
                 errors[i] = Failure.of(exc, "logits processor failed")
         return ProcessedRows(rows, errors)
 
@@ -118,7 +118,7 @@ class Sampler:
                     idx = torch.tensor(members, device=scores.device)
                     masked = proc.process_rows(ids, histories, scores.index_select(0, idx))
                     scores.index_copy_(0, idx, masked)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 -- isolate the failure to this processor's requests
                 failure = Failure(f"logits processor {type(proc).__name__} failed: {exc}", type(exc))
                 for i in members:
                     errors[i] = failure

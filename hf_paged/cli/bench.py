@@ -38,7 +38,7 @@ def _stock(model, prompts, wants, pad) -> tuple[float, list[float]]:
 
 def run_bench(args) -> dict:
     from hf_paged import SamplingParams, engine_of, unwrap, wrap
-    from hf_paged.api.models import load_model
+    from hf_paged.api.loading import load_model
     from hf_paged.errors import CliError
 
     if args.num_prompts < 1:

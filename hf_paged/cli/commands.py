@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-from hf_paged.api.models import check_device, load_model
+from hf_paged.api.loading import check_device, load_model  # noqa: F401 -- load_model: part of this face
 from hf_paged.errors import CliError
 
 WORKLOADS = ("ragged", "shared-prefix", "few-shot", "multi-turn")

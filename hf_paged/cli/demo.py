@@ -116,7 +116,7 @@ def _run_demo(progress: bool) -> str:
         from hf_paged.processors import JSONSchemaLogitsProcessor
 
         json_proc = JSONSchemaLogitsProcessor(PERSON_SCHEMA, tokenizer)
-        json_proc.compiled
+        json_proc.compiled  # noqa: B018 -- the schema's compile (and a fresh install's one-time numba compile) before either clock
     stock = _run_stock(model, requests, json_proc, eos, pad, progress)
     wrap(model, PagedConfig(block_size=16, max_num_batched_tokens=512))
     try:
@@ -194,7 +194,7 @@ def _json_valid_share(requests, outputs, tokenizer) -> str:
             if jsonschema is not None:
                 jsonschema.validate(doc, PERSON_SCHEMA)
             valid += 1
-        except Exception:
+        except Exception:  # noqa: BLE001, S110 -- any failure (parse or schema) counts as invalid
             pass
     how = "schema-valid" if jsonschema is not None else "parse"
     return f"{valid}/{len(rows)} {how}"

@@ -34,7 +34,7 @@ def run_eval(argv: list[str]) -> int:
     try:
         from lm_eval._cli import HarnessCLI
 
-        import hf_paged.integrations.lm_eval
+        import hf_paged.integrations.lm_eval  # noqa: F401 -- registers the model `hf-paged`
     except ImportError as exc:
         raise CliError(f"hf-paged eval needs lm-evaluation-harness ({exc}); install it: pip install 'hf_paged[eval]'")
     argv = _lm_eval_arguments(list(argv))

@@ -125,7 +125,7 @@ def run_sharded(model, inputs: Sequence[Sequence[int]], generation_config=None, 
         _check_same_inputs(prompts, group, size)
     try:  # built here at the latest: a pool too big for this rank's memory must fail on every rank, not hang them
         engine, failure = engine_of(model), None
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 -- re-raised on every rank after the gather
         engine, failure = None, _picklable(error)
     budgets = _output_budgets(model, prompts, generation_config, kwargs)
     plan = plan_shards(prompts, 1 if tp_size > 1 else size, block_size=engine.config.block_size if engine else 16,
@@ -164,7 +164,7 @@ def _run_local(model, engine, prompts, mine: list[int], generation_config, rank:
     start = time.perf_counter()
     try:
         shard = model.generate_batch([prompts[i] for i in mine], generation_config, **shard_kwargs) if mine else {}
-    except Exception as error:
+    except Exception as error:  # noqa: BLE001 -- every rank must reach the gather; each re-raises it there
         return _RankResult([], time.perf_counter() - start, {}, _picklable(error))
     seconds = time.perf_counter() - start
     renamed = []
@@ -248,5 +248,5 @@ def _picklable(error: Exception) -> Exception:
     try:
         pickle.loads(pickle.dumps(error))
         return error
-    except Exception:
+    except Exception:  # noqa: BLE001 -- any pickling failure: send its words instead
         return RuntimeError(f"{type(error).__name__}: {error}")

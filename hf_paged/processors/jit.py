@@ -183,7 +183,7 @@ def _load_all() -> None:
             k.dispatcher.disable_compile()  # a new signature must never compile on a caller's thread
         for k in _KERNELS:
             k.compiled = k.dispatcher
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 -- no numba, no compiler, no cache: the Python bodies stay
         logger.warning("hf_paged: the compiled kernels are unavailable (%s: %s); using their Python versions",
                        type(exc).__name__, exc)
     finally:

@@ -35,8 +35,8 @@ def run_replicas(args) -> int:
     paged = paged_overrides(args)  # --no-prefix-caching is refused above: the replicas route by their caches
     template = read_chat_template(args)
     try:
-        import ray
-        from ray import serve
+        import ray  # noqa: F401 -- checked here, used in _LocalCluster
+        from ray import serve  # noqa: F401
 
         from hf_paged.scaleout.deploy import deploy
     except ImportError as exc:

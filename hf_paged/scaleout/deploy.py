@@ -40,7 +40,7 @@ class EngineReplica:
     """One engine, its loop thread and the single-server FastAPI app; reports its cache for routing."""
 
     def __init__(self, spec: ReplicaSpec) -> None:
-        from hf_paged.api.models import load_model
+        from hf_paged.api.loading import load_model
         from hf_paged.config import PagedConfig
         from hf_paged.scaleout.replica import ReplicaReporter
         from hf_paged.scaleout.routing_stats import RoutingStats
@@ -61,7 +61,7 @@ class EngineReplica:
         self.routing_stats = RoutingStats(self.reporter, events=spec.routing_events, summary_every=spec.summary_every)
         try:
             self.tag = str(serve.get_replica_context().replica_id.unique_id)
-        except Exception:
+        except Exception:  # noqa: BLE001 -- built outside Serve (tests)
             self.tag = "local"
 
     async def forward(self, call: HttpCall, routing: Any = None):

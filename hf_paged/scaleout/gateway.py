@@ -113,7 +113,7 @@ class Gateway:
         try:
             response = self.engine.broadcast("metrics", timeout_s=self.scrape_timeout_s)
             results = await response.results_async(timeout_s=self.scrape_timeout_s + 2.0, return_exceptions=True)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- no replica running, or one stuck past its own bound
             logger.warning("metrics scrape failed as a whole: %r", exc)
             results = [exc]
         routers = registry.routers()

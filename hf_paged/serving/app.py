@@ -275,7 +275,7 @@ async def _sse(head: _Head, events: AsyncIterator[ChoiceEvent], usage: Usage, in
                 yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
     except LoopClosedError:
         yield _error_event("the server shut down before the request finished; retry", 503, "shutting_down")
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 -- headers are sent: the error goes in the stream, never a traceback
         logger.exception("stream failed")
         yield _error_event(f"internal error ({type(exc).__name__}); the server log has the details")
     if include_usage:

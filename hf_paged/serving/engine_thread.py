@@ -24,7 +24,7 @@ def engine_in_own_thread(load: Callable[[], tuple[Any, Any]], config: PagedConfi
         try:
             model, tokenizer = load()
             engine = Engine(model, config)
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: BLE001 -- handed to the caller's thread, which re-raises it
             ready.put(exc)
             return
         engine.loop.run_in_this_thread(on_ready=lambda: ready.put((engine, tokenizer)))

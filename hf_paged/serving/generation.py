@@ -78,7 +78,7 @@ async def run_choices(
                 on_queued()
                 async for delta in deltas:
                     await queue.put((i, delta))
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- handed to the consumer, which answers with it
             await queue.put((i, exc))
 
     tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(prepared.prompts)]

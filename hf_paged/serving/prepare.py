@@ -142,7 +142,7 @@ class Preparer:
         messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in request.messages]
         try:
             text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 -- a template error is the request's (e.g. roles out of order)
             raise ApiError(f"the chat template refused these messages: {exc}", param="messages",
                            code="chat_template_error") from None
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]

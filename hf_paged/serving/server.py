@@ -159,7 +159,7 @@ def _start_engine(args, config):
 
 
 def _load(args):
-    from hf_paged.api.models import load_model
+    from hf_paged.api.loading import load_model
 
     if args.model is None:
         from hf_paged.api.models import default_model

@@ -15,7 +15,7 @@ TASKS, LIMIT = "hf_paged_gen,hf_paged_mc", 4
 def _one_process() -> dict:
     from lm_eval.tasks import TaskManager
 
-    import hf_paged.integrations.lm_eval
+    import hf_paged.integrations.lm_eval  # noqa: F401 -- registers hf-paged
     from hf_paged.api.models import DEFAULT_MODEL_PATH
 
     out = lm_eval.simple_evaluate(

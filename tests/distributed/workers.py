@@ -164,7 +164,7 @@ def lm_eval_ranks(args: list[str]) -> dict:
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    import hf_paged.integrations.lm_eval
+    import hf_paged.integrations.lm_eval  # noqa: F401 -- registers hf-paged
     from hf_paged.api.models import DEFAULT_MODEL_PATH
 
     out = lm_eval.simple_evaluate(

@@ -9,10 +9,10 @@ import time
 import pytest
 
 pytest.importorskip("fastapi")
-import uvicorn
+import uvicorn  # noqa: E402
 
-from hf_paged import Engine, PagedConfig, default_model
-from hf_paged.serving import ServerSettings, build_app
+from hf_paged import Engine, PagedConfig, default_model  # noqa: E402
+from hf_paged.serving import ServerSettings, build_app  # noqa: E402
 
 
 class ServerThread:

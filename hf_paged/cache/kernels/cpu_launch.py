@@ -139,7 +139,7 @@ def parallel_layer_ok() -> bool:
             numba.config.THREADING_LAYER = "threadsafe"
         torch_threads = torch.get_num_threads()
         try:
-            from hf_paged.cache.kernels.cpu_attention import attend_plain_parallel
+            from hf_paged.cache.kernels.cpu_attention import attend_plain_parallel  # noqa: F401
 
             numba.set_num_threads(1)  # loads the threading layer (raises if none is thread-safe)
             _parallel_ok = numba.threading_layer() in ("tbb", "omp")

@@ -76,7 +76,7 @@ def prepare(variants: Iterable[KernelVariant]) -> None:
         return
     try:
         _import_kernels()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 -- no numba or no compiler here: the torch path serves
         logger.warning("hf_paged: the CPU attention kernels are unavailable (%s: %s); attention runs on torch",
                        type(exc).__name__, exc)
         return
@@ -100,7 +100,7 @@ def _import_kernels() -> None:
     """numba and the kernel modules, imported on the caller's thread (~0.4 s, once per process) when a CPU cache
     or a wrap asks for kernels: an import holds the GIL throughout, so in a background loader it would stall the
     request running meanwhile by as long (measured: one forward of the embedded model waited 388 ms)."""
-    from hf_paged.cache.kernels import cpu_attention, cpu_quantized
+    from hf_paged.cache.kernels import cpu_attention, cpu_quantized  # noqa: F401
 
     parallel_layer_ok()
 
@@ -149,7 +149,7 @@ def in_cache(launch: CpuLaunch) -> bool:
         if signature in dispatcher.overloads:
             return True
         return (signature, dispatcher.targetctx.codegen().magic_tuple()) in numba_cache_index(dispatcher)
-    except Exception:
+    except Exception:  # noqa: BLE001 -- internal API: be conservative
         return False
 
 
@@ -181,7 +181,7 @@ def _load(variants: list[KernelVariant]) -> None:
         with _lock:
             _ready.update(variants)
             _ready_snapshot = frozenset(_ready)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 -- no numba, no compiler: the torch path stays
         logger.warning("hf_paged: the CPU attention kernels are unavailable (%s: %s); attention runs on torch",
                        type(exc).__name__, exc)
     finally:

@@ -150,7 +150,7 @@ def _check_interpreter_consistent(tl: Any) -> None:
     from triton.runtime.interpreter import InterpretedFunction
 
     if not isinstance(tl.standard.max, InterpretedFunction):
-        raise RuntimeError(
+        raise RuntimeError(  # noqa: TRY004 - a setup-order problem, not a wrong argument type
             "TRITON_INTERPRET=1 was set after triton had been imported (transformers imports it), so triton's "
             "library is compiled-mode and the interpreter cannot run it; set TRITON_INTERPRET=1 before anything "
             "imports triton: in the environment, or at the top of tests/conftest.py"

@@ -155,7 +155,7 @@ _KERNELS: dict[bool, Any] = {}
 
 def _triton_available() -> bool:
     try:
-        import triton
+        import triton  # noqa: F401
     except ImportError:
         return False
     return True

@@ -241,7 +241,7 @@ class IndexCache:
             if saved.get("regex") != regex or saved.get("fingerprint") != vocab.fingerprint:
                 return None
             dfa = ByteDFA.from_arrays(saved["transitions"], saved["initial"], saved["finals"])
-        except Exception:
+        except Exception:  # noqa: BLE001 -- a truncated or foreign file: rebuild (and overwrite it)
             return None
         return _compile(regex, vocab, dfa, from_disk=True)
 

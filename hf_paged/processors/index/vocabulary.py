@@ -69,7 +69,7 @@ def _tokenizer_json(tokenizer: Any) -> dict:
         return {}
     try:
         return json.loads(backend.to_str())
-    except Exception:
+    except Exception:  # noqa: BLE001 -- a backend that cannot serialise itself: fall back to decode()
         return {}
 
 

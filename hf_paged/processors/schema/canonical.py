@@ -37,7 +37,7 @@ def serialize(schema: Any, instance: Any) -> str | None:
 
         try:
             validator = jsonschema.validators.validator_for(schema)(schema)
-        except Exception:
+        except Exception:  # noqa: BLE001 -- an odd schema only loses the branch choice
             validator = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -57,7 +57,7 @@ def _pick(schema: Any, instance: Any, ctx: Context, validator: Any, pointer: str
         try:
             if validator.evolve(schema=b.schema).is_valid(instance):
                 valid.append(b.schema)
-        except Exception:
+        except Exception:  # noqa: BLE001 -- unresolvable refs, bad patterns: try the next branch
             continue
     # objects: a branch that declares every key the instance has, since the regex gives an object with declared
     # properties those keys first (and only those with `undeclared_keys=False`), undeclared ones after them

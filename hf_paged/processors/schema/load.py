@@ -82,7 +82,7 @@ def _meta_valid_fast(schema: dict | bool) -> bool:
     try:
         if not jsonschema_rs.meta.is_valid(schema):
             return False
-    except Exception:
+    except Exception:  # noqa: BLE001 -- e.g. a `$schema` it does not know: jsonschema decides
         return False
     stack: list = [schema]
     while stack:

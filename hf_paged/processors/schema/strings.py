@@ -94,7 +94,7 @@ def _parsed(pattern: str, where: str) -> Node:
     `where`."""
     try:
         return _parsed_pattern(pattern)
-    except Exception:
+    except Exception:  # noqa: BLE001 -- (re-raised by the parse below, naming this place)
         return parse_pattern(pattern, where)
 
 

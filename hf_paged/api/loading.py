@@ -1,0 +1,37 @@
+"""Loading a model for the `hf-paged` commands, the server and the replicas: a directory or hub id, with one-line
+errors (`CliError`). Imports neither torch nor transformers until it loads: `serve --replicas` runs no model in its
+own process (torch is ~0.2 GB of RSS)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hf_paged.errors import CliError
+
+__all__ = ["CliError", "check_device", "load_model"]
+
+
+def check_device(device: str) -> None:
+    if device != "cuda":
+        return  # no torch import: `serve --replicas` runs no model in this process (torch is ~0.2 GB RSS)
+    import torch
+
+    if not torch.cuda.is_available():
+        raise CliError("--device cuda given but no CUDA device is available; use --device cpu")
+
+
+def load_model(path: str, device: str = "cpu", dtype: str = "float32"):
+    """Model and tokenizer from a directory or hub id, with one-line errors."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check_device(device)
+    local = Path(path)
+    if not local.exists() and ("/" not in path or path.startswith((".", "/"))):
+        raise CliError(f"model {path!r} not found: give a model directory or a hub id")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise CliError(f"cannot load model {path!r}: {str(exc).splitlines()[0]}") from None
+    return model, tokenizer
