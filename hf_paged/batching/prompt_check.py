@@ -23,11 +23,14 @@ class PromptLimits:
 
 
 def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, limits: PromptLimits, *,
-                 whole_sequence: bool = False) -> HfPagedError | None:
+                 whole_sequence: bool = False, output_name: str = "max_new_tokens",
+                 pool_fix: str = "raise PagedConfig.num_blocks (or max_cache_bytes)") -> HfPagedError | None:
     """`InvalidPromptError` (empty, ids outside the vocabulary, score targets that do not fit), `PromptTooLongError`
     (no room to generate, or more blocks than the pool has), or None. `whole_sequence`: the pool must also hold
     `max_new_tokens` more tokens (a server refuses up front what could never finish); by default only the prompt and
-    the first generated token must fit, and a request that outgrows the pool later ends with `OutOfBlocksError`."""
+    the first generated token must fit, and a request that outgrows the pool later ends with `OutOfBlocksError`.
+    `output_name` and `pool_fix` word the pool's message in the caller's terms (the server: `max_tokens`, its
+    `--num-blocks` flag)."""
     if len(prompt_ids) == 0:
         return InvalidPromptError("empty prompt: give at least one token id")
     bad = [t for t in prompt_ids if not 0 <= t < limits.vocab_size]
@@ -53,10 +56,10 @@ def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, limits: Prom
     num_tokens = len(prompt_ids) + (0 if targets is not None else params.max_new_tokens if whole_sequence else 1)
     need = -(-num_tokens // limits.block_size)
     if need > limits.num_blocks:
-        what = f"prompt of {len(prompt_ids)} tokens" + (f" plus max_new_tokens={params.max_new_tokens}"
-                                                         if whole_sequence and targets is None else "")
+        grows = whole_sequence and targets is None
+        what = f"prompt of {len(prompt_ids)} tokens" + (f" plus {output_name}={params.max_new_tokens}" if grows else "")
         return PromptTooLongError(
-            f"{what} needs {need} blocks but the pool has {limits.num_blocks} (of {limits.block_size} tokens): raise "
-            "PagedConfig.num_blocks (or max_cache_bytes)" + (" or lower max_new_tokens" if whole_sequence else "")
+            f"{what} needs {need} blocks but the pool has {limits.num_blocks} (of {limits.block_size} tokens): "
+            + (f"lower {output_name}, or {pool_fix}" if grows else pool_fix)
         )
     return None

@@ -15,7 +15,7 @@ from typing import Any
 
 from hf_paged.batching.engine import Engine
 from hf_paged.batching.sampling import SamplingParams, as_list
-from hf_paged.errors import SchemaError, TokenizerError
+from hf_paged.errors import PromptTooLongError, SchemaError, TokenizerError
 from hf_paged.serving.errors import ApiError
 from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
@@ -199,14 +199,10 @@ class Preparer:
                 f"max_tokens={max_tokens} ask for {len(prompt) + max_tokens}; shorten the {param} or lower max_tokens",
                 param=param if len(prompt) >= max_len else "max_tokens", code="context_length_exceeded",
             )
-        error = self.engine.validate_prompt(prompt, SamplingParams(max_new_tokens=max_tokens))
+        error = self.engine.validate_prompt(  # the pool must hold the whole answer: refused up front, not cut short
+            prompt, SamplingParams(max_new_tokens=max_tokens), whole_sequence=True, output_name="max_tokens",
+            pool_fix="restart the server with a larger --num-blocks")
+        if isinstance(error, PromptTooLongError):
+            raise ApiError(str(error), param="max_tokens", code="context_length_exceeded")
         if error is not None:
             raise ApiError(str(error), param=param, code="invalid_prompt")
-        block_size, num_blocks = self.engine.config.block_size, self.engine.cache.num_blocks
-        need = -(-(len(prompt) + max_tokens) // block_size)
-        if need > num_blocks:
-            raise ApiError(
-                f"{len(prompt)} prompt tokens plus max_tokens={max_tokens} need {need} KV blocks of {block_size} but "
-                f"the server's pool holds {num_blocks}; lower max_tokens (or restart with a larger --num-blocks)",
-                param="max_tokens", code="context_length_exceeded",
-            )

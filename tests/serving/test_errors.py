@@ -205,3 +205,14 @@ def test_a_full_queue_answers_429_with_retry_after(tiny_lm):
         assert server.app.state.server.num_admitted == 0
         metrics = httpx.get(server.url + "/metrics").text
         assert 'hf_paged:request_rejected_total{model_name="tiny-lm",status="429"}' in metrics
+
+
+def test_an_answer_the_pool_cannot_hold_is_refused_up_front_in_api_terms(tiny_lm):
+    """The engine's one prompt check (`prompt_check.py`, whole sequence), worded for the server: 400, the
+    `max_tokens` parameter, the `--num-blocks` flag; a request that fits runs."""
+    server, _ = make_server(tiny_lm, num_blocks=8)  # 8 blocks of 16: 128 tokens in all
+    with server:
+        error = assert_error(post(server, "/v1/completions", {"prompt": "x" * 100, "max_tokens": 100}), 400,
+                             "max_tokens", ["needs 13 blocks but the pool has 8", "lower max_tokens", "--num-blocks"])
+        assert error["code"] == "context_length_exceeded"
+        assert post(server, "/v1/completions", {"prompt": "x" * 100, "max_tokens": 20}).status_code == 200
