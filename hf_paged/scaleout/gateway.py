@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from hf_paged.scaleout.asgi import HttpCall, ResponseStart
 from hf_paged.scaleout.drain import DrainGate
 from hf_paged.scaleout.metrics_merge import CONTENT_TYPE, ReplicaMetrics, render_scrape
-from hf_paged.scaleout.prompt_key import routing_info
+from hf_paged.scaleout.prompt_key import routing_info, template_shared_start
 
 if TYPE_CHECKING:
     from hf_paged.scaleout.spec import ReplicaSpec
@@ -45,6 +45,8 @@ class Gateway:
         if spec.chat_template is not None:
             self.tokenizer.chat_template = spec.chat_template  # the same prompt text as the replicas render
         self.block_size, self.extra_keys = spec.block_size, spec.extra_keys
+        # What every chat prompt starts with (the template's preamble): the router treats it as no affinity
+        self.shared_start = template_shared_start(self.tokenizer)
         self.gate = DrainGate()  # closed by the driver at shutdown (`begin_drain`)
 
     async def __call__(self, request: Request) -> Response:
@@ -84,7 +86,7 @@ class Gateway:
         call = HttpCall(request.method, path, request.url.query.encode(), tuple(request.headers.raw), body)
         routing = None
         if request.method == "POST" and path in _ROUTED_PATHS:
-            routing = routing_info(path, body, self.tokenizer, self.block_size, self.extra_keys)
+            routing = routing_info(path, body, self.tokenizer, self.block_size, self.extra_keys, self.shared_start)
         for attempt in range(2):
             stream = self.engine.forward.remote(call, routing=routing)
             try:

@@ -4,8 +4,10 @@ Inputs: each replica's reported cache summary and load, what this router sent si
 block fingerprints. Output: a ranked list of replicas. Every bound is relative (no knob in tokens). For one request
 of P prompt tokens:
 
-    match(r)  = the request's leading blocks replica r holds (last report | sent there in the last 2 periods)
-    shared    = the match that (nearly) every candidate has (`shared_share` of them): a chat template's preamble
+    match(r)  = the request's leading blocks replica r holds (last report | sent there in the last 2 periods |
+                chosen for it and not yet accepted)
+    shared    = the deeper of: the match that (nearly) every candidate has (`shared_share` of them), and the
+                request's `num_shared_tokens` (a chat template's constant start, found by the gateway): a preamble
     gain(r)   = prefill r saves beyond the shared part: min(match(r) * block_size, P) - min(shared * block_size, P)
     affine(r) = gain(r) >= min_gain_share * P                  (a match worth something)
     fits(r)   = load(r) <= mean load + queue_factor * gain(r) + mean request        (queueing vs prefill saved)
@@ -29,6 +31,11 @@ max/mean near `balance_factor`, and a prefix that overflows its holders gains an
 preamble is never a key, so it is neither affinity nor hot. Load is in tokens (prompt still to compute + output
 budget): the replica's last report, plus what this router sent since (its uncached part), minus what finished since
 (`replica_view.py`).
+
+A choice counts from the moment it is made (`book`: its blocks as pending on the replica, its load and work), so
+requests routed while the replica has not yet accepted it see it; `on_routed` confirms it (or moves it, when the
+request went to another replica), `unbook` undoes it exactly (rejected, cancelled, never sent). Exact ties between
+replicas go to a random one (the router's seeded draws), not always to the first.
 """
 
 from __future__ import annotations
@@ -92,6 +99,7 @@ class RouteRequest:
     digests: Sequence[Hashable]  # fingerprints of the prompt's full blocks, chained (`prompt_fingerprints`)
     num_prompt_tokens: int  # prompt length
     num_output_tokens: int = 0  # output budget (max new tokens): the decode part of the load it adds
+    num_shared_tokens: int = 0  # the prompt's start every prompt has (a chat template's constant start): no affinity
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +111,18 @@ class RoutingDecision:
     num_cached_blocks: int  # blocks the first choice is believed to hold (reported | sent since)
     prefix_key: Hashable | None  # the affinity key (deepest block any replica holds); None unless some match gains
     num_replicas_wanted: int  # replicas the key's load calls for (1 unless hot)
+
+
+@dataclass(slots=True, eq=False)
+class _Booking:
+    """A request counted on a replica: provisional from the choice (`book`), confirmed when it was accepted."""
+
+    replica_id: Hashable
+    digests: Sequence[Hashable]
+    added: int  # load tokens it added (uncached prompt + output budget)
+    credit: float  # work it added, in the router's inflated units (undone with the booking)
+    unit: float  # the request count it added, same units
+    confirmed: bool = False
 
 
 _RESCALE_AT = 1e100
@@ -132,7 +152,7 @@ class CacheAwareRouter:
         self._rng = random.Random(seed)
         self._replicas: dict[Hashable, ReplicaView] = {}
         self._pool: list[ReplicaView] | None = None  # list(self._replicas.values()), rebuilt after membership changes
-        self._inflight: dict[Hashable, tuple[Hashable, int]] = {}  # request id -> (replica id, load it added)
+        self._inflight: dict[Hashable, _Booking] = {}  # request id -> where it is counted (chosen or accepted)
         # Decayed work without touching every replica per request: each request's credit is inflated by the
         # growth factor over the previous one; comparisons are ratios, and everything is rescaled before overflow.
         self._unit = 1.0
@@ -158,7 +178,7 @@ class CacheAwareRouter:
         if replica is not None:
             self._pool = None
             self._total_work = max(0.0, self._total_work - replica.work)
-            self._inflight = {rid: v for rid, v in self._inflight.items() if v[0] != replica_id}
+            self._inflight = {rid: b for rid, b in self._inflight.items() if b.replica_id != replica_id}
 
     def sync_replicas(self, replica_ids: Iterable[Hashable]) -> None:
         """Make the known set exactly `replica_ids` (adds new ones, forgets missing ones)."""
@@ -213,20 +233,22 @@ class CacheAwareRouter:
     # -- routing -----------------------------------------------------------------------------------------
     def route(self, request: RouteRequest, candidates: Iterable[Hashable] | None = None) -> RoutingDecision:
         """Rank the known `candidates` (default: every known replica) for `request`. Changes no state but the
-        random draws; call `on_routed` with the replica that took the request."""
+        random draws; call `book` with the first choice at once (so the next choices see it), then `on_routed`
+        with the replica that took the request (or only `on_routed`, when nothing is routed in between)."""
         cfg = self.config
         pool = self._candidates(candidates)
         digests = request.digests
         first = digests[0] if digests else None
-        matches = [r.match(digests) if first in r.keys or first in r.sent or first in r.sent_before else 0
-                   for r in pool]
+        matches = [r.match(digests) if first in r.keys or first in r.sent or first in r.sent_before
+                   or first in r.pending else 0 for r in pool]
         best = max(matches)
         if best == 0:
             return self._decide(self._choices(pool), RouteReason.NO_MATCH, None, 1, digests)
         prompt = max(1, request.num_prompt_tokens)
         # The match (nearly) every candidate has: k-th deepest, k = ceil(shared_share * candidates)
         k = max(1, math.ceil(cfg.shared_share * len(pool) - 1e-9))
-        shared = min(sorted(matches, reverse=True)[k - 1] * cfg.block_size, prompt)
+        shared_blocks = max(sorted(matches, reverse=True)[k - 1], request.num_shared_tokens // cfg.block_size)
+        shared = min(shared_blocks * cfg.block_size, prompt)
         gains = [min(m * cfg.block_size, prompt) - shared for m in matches]
         floor = max(1e-9, cfg.min_gain_share * prompt)
         affine = [(r, g) for r, g in zip(pool, gains) if g >= floor]
@@ -246,42 +268,92 @@ class CacheAwareRouter:
                     return self._decide(ranked, RouteReason.HOT_ADMIT, key, wanted, digests)
         if fitting:
             reason = RouteReason.HOT_SPREAD if wanted > 1 else RouteReason.AFFINITY
+            if len(fitting) > 1:
+                self._rng.shuffle(fitting)  # exact ties at random (the sort is stable)
             fitting.sort(key=lambda rg: (-rg[1], rg[0].load, self._weight(rg[0])))  # most saved, then lightest
             ranked = [r for r, _ in fitting[:2]]
             return self._decide([*ranked, *self._choices(pool)], reason, key, wanted, digests)
         small = {r: g for r, g in by_gain.items() if g < floor}  # the affine ones are past a bound: no bonus
         return self._decide(self._choices(pool, small), RouteReason.IMBALANCED, key, wanted, digests)
 
-    def on_routed(self, request: RouteRequest, replica_id: Hashable, decision: RoutingDecision | None = None) -> None:
-        """Record that `replica_id` took `request`: its prefix counts as cached there from now, its work as added."""
+    def book(self, request: RouteRequest, replica_id: Hashable) -> None:
+        """Count `request` on `replica_id` from now, before the replica accepted it: its blocks as pending there,
+        its load and work added. A request booked already is moved. `on_routed` confirms it, `unbook` undoes it."""
+        self.unbook(request.request_id)
         replica = self._replicas.get(replica_id)
-        if replica is None:
-            return  # removed between the choice and now: nothing to remember
+        if replica is not None:
+            self._book(request, replica, confirmed=False)
+
+    def _book(self, request: RouteRequest, replica: ReplicaView, *, confirmed: bool) -> _Booking:
         added = self._work_of(request, replica.match(request.digests))
-        replica.sent.update(request.digests)
+        if confirmed:
+            replica.sent.update(request.digests)
+        else:
+            replica.add_pending(request.digests)
         replica.sent_since_report += added
         replica.refresh_load()
-        self._inflight[request.request_id] = (replica_id, added)
         self._unit *= 2.0 ** (1.0 / (self.config.balance_half_life * max(1, len(self._replicas))))
-        replica.work += added * self._unit
-        self._total_work += added * self._unit
+        credit = added * self._unit
+        replica.work += credit
+        self._total_work += credit
         self._total_requests += self._unit
+        booking = _Booking(replica.replica_id, request.digests, added, credit, self._unit, confirmed)
+        self._inflight[request.request_id] = booking
         if self._unit > _RESCALE_AT:
             self._rescale()
+        return booking
+
+    def unbook(self, request_id: Hashable) -> bool:
+        """Undo a booking not yet confirmed (the request was rejected, cancelled or never sent): its pending
+        blocks, load and work. False, changing nothing, when there is none (unknown, or confirmed already)."""
+        booking = self._inflight.get(request_id)
+        if booking is None or booking.confirmed:
+            return False
+        del self._inflight[request_id]
+        replica = self._replicas.get(booking.replica_id)
+        if replica is not None:
+            replica.drop_pending(booking.digests)
+            replica.finished_since_report += booking.added
+            replica.refresh_load()
+            replica.work = max(0.0, replica.work - booking.credit)
+            self._total_work = max(0.0, self._total_work - booking.credit)
+            self._total_requests = max(0.0, self._total_requests - booking.unit)
+        return True
+
+    def on_routed(self, request: RouteRequest, replica_id: Hashable, decision: RoutingDecision | None = None) -> None:
+        """Record that `replica_id` took `request`: its prefix counts as cached there from now, its work as added.
+        Confirms the request's booking (`book`), moving it first if it was booked on another replica."""
+        replica = self._replicas.get(replica_id)
+        booking = self._inflight.get(request.request_id)
+        if booking is not None and booking.confirmed:
+            return  # told twice
+        if replica is None:
+            self.unbook(request.request_id)
+            return  # removed between the choice and now: nothing to remember
+        if booking is None or booking.replica_id != replica_id:  # not booked, or booked elsewhere: count it here
+            self.unbook(request.request_id)
+            booking = self._book(request, replica, confirmed=True)
+        else:
+            booking.confirmed = True
+            replica.drop_pending(booking.digests)
+            replica.sent.update(booking.digests)
         if decision is not None and decision.prefix_key is not None:
             self.traffic.track(decision.prefix_key)
-        self.traffic.add(request.digests, added)
+        self.traffic.add(request.digests, booking.added)
         if decision is not None:
             self.num_routed[decision.reason] += 1
 
     def on_finished(self, request_id: Hashable) -> None:
-        """Record that a routed request ended (any outcome); unknown ids are ignored."""
-        entry = self._inflight.pop(request_id, None)
-        if entry is None:
+        """Record that a routed request ended (any outcome); unknown ids are ignored, and one never accepted is
+        unbooked."""
+        if self.unbook(request_id):
             return
-        replica = self._replicas.get(entry[0])
+        booking = self._inflight.pop(request_id, None)
+        if booking is None:
+            return
+        replica = self._replicas.get(booking.replica_id)
         if replica is not None:
-            replica.finished_since_report += entry[1]
+            replica.finished_since_report += booking.added
             replica.refresh_load()
 
     def check_integrity(self) -> None:
@@ -291,7 +363,14 @@ class CacheAwareRouter:
         assert all(r.load >= 0 for r in replicas), "a negative load estimate"
         total = sum(r.work for r in replicas)
         assert abs(total - self._total_work) <= 1e-6 * max(1.0, total), f"work total {self._total_work} != {total}"
-        assert all(v[0] in self._replicas for v in self._inflight.values()), "an in-flight request of a lost replica"
+        assert all(b.replica_id in self._replicas for b in self._inflight.values()), \
+            "an in-flight request of a lost replica"
+        for replica in replicas:  # pending blocks are exactly those of the replica's unconfirmed bookings
+            expected: Counter = Counter()
+            for b in self._inflight.values():
+                if b.replica_id == replica.replica_id and not b.confirmed:
+                    expected.update(b.digests)
+            assert replica.pending == expected, f"{replica.replica_id}: pending blocks out of step with bookings"
         assert self._pool is None or self._pool == list(replicas), "stale candidate list"
 
     # -- helpers -----------------------------------------------------------------------------------------
@@ -332,7 +411,8 @@ class CacheAwareRouter:
     def _choices(self, pool: list[ReplicaView], gains: dict[ReplicaView, int] | None = None) -> list[ReplicaView]:
         """`NUM_CHOICES` distinct replicas drawn at random, the lightest first: weight (recent work + load) less the
         prefill the replica's match saves, when it saves some."""
-        drawn = pool if len(pool) <= NUM_CHOICES else self._rng.sample(pool, NUM_CHOICES)
+        # A random order either way: exact ties go to a random replica (the sort below is stable)
+        drawn = self._rng.sample(pool, min(len(pool), NUM_CHOICES))
         if not gains:
             return sorted(drawn, key=self._weight)
         return sorted(drawn, key=lambda r: self._weight(r) - gains.get(r, 0))
@@ -342,6 +422,9 @@ class CacheAwareRouter:
             replica.work /= self._unit
         self._total_work /= self._unit
         self._total_requests /= self._unit
+        for booking in self._inflight.values():
+            booking.credit /= self._unit
+            booking.unit /= self._unit
         self._unit = 1.0
 
     def _decide(self, ranked: list[ReplicaView], reason: RouteReason, key: Hashable | None, wanted: int,

@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from hf_paged.scaleout.summary import prompt_fingerprints
 from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest
 
-__all__ = ["RoutingInfo", "prompt_ids", "routing_info"]
+__all__ = ["RoutingInfo", "prompt_ids", "routing_info", "template_shared_start"]
 
 _DEFAULT_OUTPUT = 256  # output budget assumed for a chat request that sets no max_tokens
 
@@ -27,6 +27,7 @@ class RoutingInfo:
     fingerprints: tuple[int, ...]  # `prompt_fingerprints` of the prompt (the replicas' block size and extra keys)
     num_prompt_tokens: int
     num_output_tokens: int  # max_tokens
+    num_shared_tokens: int = 0  # the chat template's constant start (`template_shared_start`): no affinity
 
 
 def prompt_ids(path: str, body: bytes, tokenizer: Any) -> tuple[list[int], int] | None:
@@ -53,10 +54,48 @@ def prompt_ids(path: str, body: bytes, tokenizer: Any) -> tuple[list[int], int] 
     return None
 
 
-def routing_info(path: str, body: bytes, tokenizer: Any, block_size: int, extra_keys: tuple = ()) -> RoutingInfo | None:
-    """The `routing=` keyword for the handle call (None: route by load)."""
+# Pairs of conversations that differ from their first message's role on (the second pair, for templates that refuse
+# a system role: only the content): what both prompts of a pair share is the template's, before any message
+_PROBES = (
+    ([{"role": "system", "content": "Alpha probe one."}, {"role": "user", "content": "Bravo question?"}],
+     [{"role": "user", "content": "zulu 2"}]),
+    ([{"role": "user", "content": "Alpha probe one."}], [{"role": "user", "content": "zulu 2"}]),
+)
+
+
+def template_shared_start(tokenizer: Any) -> int:
+    """Tokens at the start of every chat prompt the tokenizer's chat template renders (a preamble such as a date
+    header or a default policy): the common token prefix of two probe conversations that differ from their first
+    message on, rendered as `prompt_ids` renders a chat. 0 when there is no template or it renders no probe pair."""
+    if not getattr(tokenizer, "chat_template", None):
+        return 0
+    for pair in _PROBES:
+        try:
+            rendered = []
+            for messages in pair:
+                text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                rendered.append(list(tokenizer(text, add_special_tokens=False)["input_ids"]))
+            break
+        except Exception:  # noqa: BLE001,S112 -- a template that rejects these probes (roles, ...): the next pair
+            continue
+    else:
+        return 0  # no pair renders: assume no shared start
+    first, second = rendered
+    common = 0
+    for a, b in zip(first, second):
+        if a != b:
+            break
+        common += 1
+    return common
+
+
+def routing_info(path: str, body: bytes, tokenizer: Any, block_size: int, extra_keys: tuple = (),
+                 shared_start: int = 0) -> RoutingInfo | None:
+    """The `routing=` keyword for the handle call (None: route by load). `shared_start`: the chat template's
+    constant start in tokens (`template_shared_start`), passed on for chat requests."""
     found = prompt_ids(path, body, tokenizer)
     if found is None:
         return None
     ids, output = found
-    return RoutingInfo(tuple(prompt_fingerprints(ids, block_size, extra_keys)), len(ids), int(output))
+    shared = min(shared_start, len(ids)) if path.endswith("/chat/completions") else 0
+    return RoutingInfo(tuple(prompt_fingerprints(ids, block_size, extra_keys)), len(ids), int(output), shared)

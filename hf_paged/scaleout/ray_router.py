@@ -2,8 +2,17 @@
 
     caller (gateway replica)                                   engine replicas
     handle.forward.remote(routing=RoutingInfo, ...)            record_routing_stats() -> RoutingStats.poll():
-      -> choose_replicas: reports in, policy.route, ranked          a CacheSummary + the block events after it
-      -> on_request_routed / on_request_completed: policy bookkeeping       (polled by Serve every period)
+      -> choose_replicas: reports in, policy.route, policy.book      a CacheSummary + the block events after it
+      -> on_request_routed: policy.on_routed (confirm, or move)        (polled by Serve every period)
+      -> on_request_completed: policy.on_finished (or unbook)
+
+The first choice is booked when it is made, so the choices Serve makes while a replica has not accepted a request yet
+(a round trip, longer to a replica busy prefilling) see it. Serve 2.60 calls `on_request_routed` once the replica
+accepted the request (the rejection protocol, on outside Ray Client), with the replica it went to: a later rank when
+the first was full, and the booking moves there. A rejected attempt, or one that failed before the replica accepted
+it, ends with `on_request_completed` and no `on_request_routed`: the booking is undone (Serve then asks
+`choose_replicas` again). A request cancelled while it waited for a replica gets no call at all: its booking is
+undone at the next choice, seen by its cancelled future.
 
 A report is taken when it is new: a new summary resets the replica's view (and the event cursor to the summary's
 `event_seq`); events numbered after the cursor are applied in order on top. A report whose events start past the
@@ -46,6 +55,7 @@ class HfPagedRequestRouter(RequestRouter):
         self._event_cursor: dict[ReplicaID, int] = {}  # the last block event applied (or the summary's event_seq)
         self.num_event_gaps = 0
         self._decisions: dict[str, tuple[RouteRequest, RoutingDecision]] = {}  # internal request id -> choice
+        self._unaccepted: dict[str, PendingRequest] = {}  # booked at the choice, not yet accepted by a replica
         registry.register(self)
 
     def snapshot(self) -> dict[str, Any]:
@@ -81,12 +91,22 @@ class HfPagedRequestRouter(RequestRouter):
         for replica in candidate_replicas:
             self.policy.add_replica(replica.replica_id)  # no-op when known
             self._take_report(replica)
+        self._drop_cancelled()
         request = self._route_request(pending_request)
         decision = self.policy.route(request, candidates=list(by_id))
         if pending_request is not None:
-            self._decisions[pending_request.metadata.internal_request_id] = (request, decision)
+            iid = pending_request.metadata.internal_request_id
+            self._decisions[iid] = (request, decision)
             if len(self._decisions) > _MAX_DECISIONS:  # requests cancelled before they were sent: drop the oldest
                 del self._decisions[next(iter(self._decisions))]
+            # Count the first choice now (an earlier choice for the same request moves): the next choices see it
+            self.policy.book(request, decision.replica_ids[0])
+            self._unaccepted.pop(iid, None)
+            self._unaccepted[iid] = pending_request
+            if len(self._unaccepted) > _MAX_DECISIONS:  # never accepted, completed nor cancelled: drop the oldest
+                oldest = next(iter(self._unaccepted))
+                del self._unaccepted[oldest]
+                self.policy.unbook(oldest)
         ranked = [by_id[rid] for rid in decision.replica_ids]
         # The first choice alone, then the runner-up, then everyone else: a busy favourite (max_ongoing_requests)
         # falls back at once instead of making Serve retry the same rank.
@@ -94,15 +114,30 @@ class HfPagedRequestRouter(RequestRouter):
         return [[r] for r in ranked] + ([rest] if rest else [])
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any) -> None:
-        entry = self._decisions.get(pending_request.metadata.internal_request_id)
+        iid = pending_request.metadata.internal_request_id
+        self._unaccepted.pop(iid, None)
+        entry = self._decisions.get(iid)
         if entry is not None:
-            self.policy.on_routed(entry[0], replica_id, entry[1])
+            self.policy.on_routed(entry[0], replica_id, entry[1])  # confirms the booking, moved if need be
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        if self._unaccepted.pop(internal_request_id, None) is not None:
+            # Rejected, or failed before the replica accepted it: undo the booking; Serve may choose again, so the
+            # decision stays (if this call comes after the next choice's booking, on_routed books it afresh)
+            self.policy.unbook(internal_request_id)
+            return
         self._decisions.pop(internal_request_id, None)
         self.policy.on_finished(internal_request_id)
 
     # -- helpers -------------------------------------------------------------------------------------------
+    def _drop_cancelled(self) -> None:
+        """Undo the bookings of requests cancelled while they waited for a replica (Serve tells the router nothing)."""
+        cancelled = [iid for iid, pr in self._unaccepted.items() if pr.future.cancelled()]
+        for iid in cancelled:
+            del self._unaccepted[iid]
+            self._decisions.pop(iid, None)
+            self.policy.unbook(iid)
+
     def _take_report(self, replica: RunningReplica) -> None:
         """Take a replica's summary if it is new, then its events past the cursor. The sequence numbers are read
         first: an unchanged report (most requests see one) is not unpacked at all."""
@@ -158,4 +193,5 @@ class HfPagedRequestRouter(RequestRouter):
         rid = pending_request.metadata.internal_request_id if pending_request is not None else None
         if not isinstance(info, RoutingInfo):
             return RouteRequest(rid, (), num_prompt_tokens=0)  # nothing to match: routed by load
-        return RouteRequest(rid, info.fingerprints, info.num_prompt_tokens, info.num_output_tokens)
+        return RouteRequest(rid, info.fingerprints, info.num_prompt_tokens, info.num_output_tokens,
+                            getattr(info, "num_shared_tokens", 0))

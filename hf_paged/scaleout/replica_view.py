@@ -1,6 +1,7 @@
 """What the router believes of one replica: its last reported cache and load, plus what it was sent since.
 
     holds(key)  = key in the last report | sent since | sent in the period before (may predate the report)
+                  | chosen for a request not yet accepted (`pending`: counted, so a choice can be undone exactly)
     load        = max(0, reported load + uncached work sent since the report - work finished since)
     work        = decayed work routed here (the router's inflated units: see `CacheAwareRouter`)
 
@@ -12,6 +13,7 @@ closed under prefixes too.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
@@ -26,6 +28,7 @@ class ReplicaView:
     keys: frozenset | set = frozenset()  # fingerprints of the last report (a set once events changed it)
     sent: set = field(default_factory=set)  # fingerprints routed here since the last report
     sent_before: set = field(default_factory=set)  # ... in the period before: may still be queued at the report
+    pending: Counter = field(default_factory=Counter)  # fingerprints of choices not yet accepted -> their number
     reported_load: int = 0
     sent_since_report: int = 0
     finished_since_report: int = 0
@@ -35,22 +38,36 @@ class ReplicaView:
     num_events: int = 0  # block events applied since the start
 
     def holds(self, key: Hashable) -> bool:
-        return key in self.keys or key in self.sent or key in self.sent_before
+        return key in self.keys or key in self.sent or key in self.sent_before or key in self.pending
 
     def match(self, digests: Sequence[Hashable]) -> int:
         """Leading digests held. Holdings are closed under prefixes, so this is a binary search."""
         if not digests or not self.holds(digests[0]):
             return 0
-        keys, sent, before = self.keys, self.sent, self.sent_before
+        keys, sent, before, pending = self.keys, self.sent, self.sent_before, self.pending
         low, high = 1, len(digests)  # digests[:low] held; digests[high:] may or may not be
         while low < high:
             mid = (low + high + 1) // 2
             key = digests[mid - 1]
-            if key in keys or key in sent or key in before:
+            if key in keys or key in sent or key in before or key in pending:
                 low = mid
             else:
                 high = mid - 1
         return low
+
+    def add_pending(self, digests: Sequence[Hashable]) -> None:
+        """A request with these digests was chosen for this replica and is not accepted yet."""
+        self.pending.update(digests)
+
+    def drop_pending(self, digests: Sequence[Hashable]) -> None:
+        """Undo one `add_pending` of the same digests (the request was accepted, moved or dropped)."""
+        pending = self.pending
+        for key in digests:
+            left = pending[key] - 1
+            if left > 0:
+                pending[key] = left
+            else:
+                pending.pop(key, None)
 
     def take_report(self, keys: frozenset, load_tokens: int) -> None:
         self.keys = keys
