@@ -13,7 +13,7 @@ KV_CACHE_DTYPES = ("auto", "fp8", "int8", "int4")
 KV_PRUNING_POLICIES = (None, "streaming", "snapkv", "pyramidkv")
 PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
-PREFIX_EVICTION_POLICIES = ("lru", "lfu")
+PREFIX_EVICTION_POLICIES = ("lru", "lfu", "cost")
 VALUE_QUANT_GROUPS = ("token", "head")
 KV_SCALE_FORMATS = ("fp16", "log8")
 
@@ -60,7 +60,8 @@ class PagedConfig:
     preemption_mode: str = "recompute"  # "recompute" | "swap" (blocks copied to CPU and back)
     # -- prefix sharing ------------------------------------------------------------------------------
     enable_prefix_caching: bool = True
-    prefix_eviction_policy: str = "lru"  # "lru" | "lfu"
+    # "lru" | "lfu" | "cost" (recompute cost x decayed reuse, remembered after eviction; cache/eviction_policy.py)
+    prefix_eviction_policy: str = "lru"
     cache_salt: str | None = None  # extra key of every block digest (separates tenants / adapters)
     # -- KV compression --------------------------------------------------------------------------------
     kv_cache_dtype: str = "auto"  # "auto" | "fp8" | "int8" | "int4"; sets keys and values alike

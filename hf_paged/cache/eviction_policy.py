@@ -7,9 +7,15 @@ refreshes every block it serves, an insert every block of the path), so along an
     last_access(parent) >= last_access(child)      hit_count(parent) >= hit_count(child)
     priority(parent)    >= priority(child)          (insert raises an ancestor to its descendants' priority)
 
+    value(parent)       >= value(child)             ("cost": a touch raises each ancestor to its child's value)
+
 and every key below ends with `-depth`, so a parent always sorts after its children. The queue therefore meets
 leaves before their parents and needs no separate leaf index (`RadixCache.check_integrity` asserts these
 orderings; a custom policy that breaks them still works, only with more queue traffic).
+
+"cost" (`CostPolicy`) is the one policy with state beyond the tree's counters: it sets each node's `value` when
+the tree touches it (`revalue`) and asks the tree to remember evicted blocks' reuse (`remembers_evicted`).
+`sort_key` still only reads node fields.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from typing import Generic, Protocol, TypeVar
 
 __all__ = [
+    "CostPolicy",
     "EvictableNode",
     "EvictionPolicy",
     "EvictionQueue",
@@ -39,6 +46,9 @@ class EvictableNode(Protocol):
     block_id: int  # the pool block it maps
     version: int  # bumped by every `EvictionQueue.push`: older queue entries of the node are stale
     attached: bool  # False once the node left the tree
+    value: float  # "cost" only: retention value set at the last touch (0.0 under the other policies)
+    reuse: float  # "cost" only: decayed count of the uses of this prefix (insert + hits), as of `reuse_clock`
+    reuse_clock: float  # "cost" only: the tree's churn clock (pool turnovers) when `reuse` was last updated
 
 
 class EvictionPolicy(Protocol):
@@ -50,7 +60,7 @@ class EvictionPolicy(Protocol):
 
     name: str
 
-    def sort_key(self, node: EvictableNode) -> tuple[int, ...]: ...
+    def sort_key(self, node: EvictableNode) -> tuple[float, ...]: ...
 
 
 class LRUPolicy:
@@ -95,15 +105,103 @@ class PriorityPolicy:
         return (node.priority, node.last_access, -node.depth)
 
 
-_POLICIES: dict[str, type[LRUPolicy | LFUPolicy | PriorityPolicy]] = {
+class CostPolicy:
+    """Lowest retention value first, where a block's value is what a hit on it saves, times how often its prefix
+    is used, on top of an aging floor (GreedyDual-Size-Frequency in our setting; ties: least recently used, then
+    deepest).
+
+        value = inflation + (reuse - 1 + first_use) x block_cost(depth)     block_cost(d) = 1 + attention_cost x d
+
+    - `block_cost`: the prefill a hit saves, relative to one block's dense work (projections, MLP): a block at
+      depth d also attends to d blocks, each `attention_cost` of that dense work (a dense decoder: about
+      block_size / (6 x hidden); 16 / 1536 ~ 0.01 on the embedded model). A 4k-token document's tail costs more
+      to recompute than a chat turn's first block.
+    - `reuse`: uses of the prefix (its insert, then every hit), decayed by half every `half_life` pool
+      turnovers (new blocks cached equal to the pool's size): old popularity fades with churn, never with seconds.
+      An evicted block's reuse is remembered by the tree (`remembers_evicted`, `ghost_history.py`) and resumed
+      when its prefix comes back, so a document asked about every few turnovers is recognised.
+    - `first_use` (0.25): what a prefix's first use counts for, against 1 for each reuse. Most prefixes seen once
+      are never seen again (one-off prompts), most seen twice come back (LRU-2's observation): a burst of
+      one-off prompts then churns among itself and raises the floor slowly, while a document that came back
+      holds its place for several turnovers. With 1.0 this is plain GDSF, and one burst of one-offs overtakes a
+      twice-used document (measured: `benchmarks/prefix_eviction_results.md`).
+    - `inflation`: the tree's aging floor, raised to the value of each block it evicts (GDSF's L). A touch stamps
+      the current floor into the value, so a block nobody uses again is overtaken by fresher ones, however
+      popular it was. The floor moves with evictions, so the order is deterministic.
+
+    `revalue` raises each ancestor on a touched path to at least its child's value: evicting a parent makes the
+    child unreachable, so a prefix is worth at least its most valuable extension (and the queue meets leaves
+    first). Values never fall: a touch takes the larger of the old and the new value.
+
+    Example:
+        >>> from types import SimpleNamespace as Node
+        >>> policy = CostPolicy()
+        >>> doc, chat = (Node(depth=d, reuse=1.0, reuse_clock=0.0, value=0.0, last_access=1) for d in (40, 2))
+        >>> policy.revalue([doc], hit=True, now=0.0, inflation=0.0)
+        >>> policy.revalue([chat], hit=True, now=0.0, inflation=0.0)
+        >>> policy.sort_key(chat) < policy.sort_key(doc)  # same reuse: the shallow block is cheaper to recompute
+        True
+    """
+
+    name = "cost"
+    valued = True  # the tree calls revalue / on_insert / remember and keeps the inflation floor
+    remembers_evicted = True  # the tree keeps a ghost history of evicted blocks' reuse
+
+    def __init__(self, *, attention_cost: float = 0.01, half_life: float = 8.0, ghost_factor: int = 4,
+                 first_use: float = 0.25) -> None:
+        if not attention_cost >= 0:
+            raise ValueError(f"CostPolicy attention_cost must be >= 0 (relative to a block's dense work), "
+                             f"got {attention_cost!r}")
+        if not half_life > 0:
+            raise ValueError(f"CostPolicy half_life must be > 0 pool turnovers, got {half_life!r}")
+        if isinstance(ghost_factor, bool) or not isinstance(ghost_factor, int) or ghost_factor < 0:
+            raise ValueError(f"CostPolicy ghost_factor must be an int >= 0 (ghosts per pool block), got "
+                             f"{ghost_factor!r}")
+        if not first_use > 0:
+            raise ValueError(f"CostPolicy first_use must be > 0, got {first_use!r}")
+        self.attention_cost, self.half_life, self.ghost_factor = attention_cost, half_life, ghost_factor
+        self.first_use = first_use
+
+    def sort_key(self, node: EvictableNode) -> tuple[float, ...]:
+        return (node.value, node.last_access, -node.depth)
+
+    def block_cost(self, depth: int) -> float:
+        return 1.0 + self.attention_cost * depth
+
+    def decayed(self, reuse: float, since: float, now: float) -> float:
+        return reuse * 0.5 ** (max(0.0, now - since) / self.half_life)
+
+    def revalue(self, path: Sequence[EvictableNode], *, hit: bool, now: float, inflation: float) -> None:
+        """A touch of a root path (root's child first): count a use on a hit, then stamp values, deepest first."""
+        below = 0.0
+        for node in reversed(path):
+            if hit:
+                node.reuse = self.decayed(node.reuse, node.reuse_clock, now) + 1.0
+                node.reuse_clock = now
+            uses = node.reuse - 1.0 + self.first_use
+            node.value = max(node.value, inflation + uses * self.block_cost(node.depth), below)
+            below = node.value
+
+    def on_insert(self, node: EvictableNode, remembered: tuple[float, float] | None, now: float) -> None:
+        """A newly cached block: one use, plus what the ghost history remembered of its prefix (decayed)."""
+        node.reuse = 1.0 + (self.decayed(*remembered, now) if remembered is not None else 0.0)
+        node.reuse_clock = now
+
+    def remember(self, node: EvictableNode) -> tuple[float, float]:
+        """What the ghost history keeps of an evicted block: its reuse and when it was counted."""
+        return (node.reuse, node.reuse_clock)
+
+
+_POLICIES: dict[str, type[LRUPolicy | LFUPolicy | PriorityPolicy | CostPolicy]] = {
     "lru": LRUPolicy,
     "lfu": LFUPolicy,
     "priority": PriorityPolicy,
+    "cost": CostPolicy,
 }
 
 
 def make_eviction_policy(policy: str | EvictionPolicy) -> EvictionPolicy:
-    """Return the policy named `policy` ("lru", "lfu", "priority"), or `policy` itself if it is one already.
+    """Return the policy named `policy` ("lru", "lfu", "priority", "cost"), or `policy` itself if it is one already.
 
     Example:
         >>> make_eviction_policy("lfu").name

@@ -13,6 +13,9 @@ policy order.
 Eviction order comes from an `EvictionQueue` (eviction_policy.py). A node enters it when created; touches only
 update the node's statistics, which the queue reads lazily. `listen()` turns on a bounded log of stored / removed /
 cleared blocks (block_events.py) for a router; off, it costs one attribute test per stored or removed block.
+A valued policy ("cost") also gets a churn clock (blocks newly cached / pool blocks), an inflation floor (the
+value of the last evicted block) and a ghost history of evicted blocks' reuse (ghost_history.py); the others
+pay one attribute test per touch, insert and eviction.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from hf_paged.cache.block_events import BlockEventKind, BlockEventLog
 from hf_paged.cache.block_pool import BlockPool
 from hf_paged.cache.digests import chained_digest, encode_extra_keys, prefix_digests
 from hf_paged.cache.eviction_policy import EvictionPolicy, EvictionQueue, make_eviction_policy
+from hf_paged.cache.ghost_history import GhostHistory
 
 __all__ = ["InsertResult", "PrefixMatch", "RadixCache", "prefix_digests"]
 
@@ -65,6 +69,10 @@ class _Node:
     priority: int = 0
     version: int = 0  # bumped on every requeue: queue entries with an older version are stale
     attached: bool = True
+    # "cost" policy only (eviction_policy.CostPolicy), untouched under the others:
+    value: float = 0.0  # retention value stamped at the last touch; never below a child's
+    reuse: float = 1.0  # decayed uses of this prefix (insert + hits) as of reuse_clock
+    reuse_clock: float = 0.0  # churn clock (pool turnovers) when reuse was last counted
 
 
 class RadixCache:
@@ -73,7 +81,8 @@ class RadixCache:
     Args:
         pool: the block pool whose blocks the tree maps. It must hold no cached blocks yet.
         block_size: tokens per block.
-        policy: eviction order of idle cached blocks: "lru" (default), "lfu", "priority", or a policy object.
+        policy: eviction order of idle cached blocks: "lru" (default), "lfu", "priority", "cost", or a policy
+            object (one per tree: "cost" keeps no state itself, the tree keeps its clock, floor and ghosts).
 
     Example:
         >>> pool = BlockPool(8); cache = RadixCache(pool, block_size=2)
@@ -96,6 +105,13 @@ class RadixCache:
         self._node_of_block: dict[int, _Node] = {}
         self._queue: EvictionQueue[_Node] = EvictionQueue(self.policy)
         self._clock = 0
+        # Valued policies ("cost"): their hooks, a churn clock, the inflation floor and the ghost history.
+        self._valuer = self.policy if getattr(self.policy, "valued", False) else None
+        self._num_stored = 0  # blocks newly cached so far (the churn clock, in blocks)
+        self.inflation = 0.0  # value of the last block evicted (only ever raised)
+        self.ghosts: GhostHistory | None = None
+        if getattr(self.policy, "remembers_evicted", False):
+            self.ghosts = GhostHistory(getattr(self.policy, "ghost_factor", 4) * pool.num_blocks)
         self.num_queries = self.num_hits = self.num_query_tokens = self.num_hit_tokens = 0
         self.num_evicted = 0
         self.epoch = 0  # bumped by reset(): KV computed in an older epoch must not be inserted
@@ -215,6 +231,10 @@ class RadixCache:
                     self._node_of_block[block_id] = child
                     self.pool.mark_cached(block_id)
                     new_nodes.append(child)
+                    if self._valuer is not None:
+                        self._num_stored += 1
+                        remembered = self.ghosts.pop(digest) if self.ghosts is not None else None
+                        self._valuer.on_insert(child, remembered, self._churn())
                     if self.events is not None:
                         self.events.record(BlockEventKind.STORED, digest)
                 elif child.token_ids != tokens or child.extra_keys != extra_keys:
@@ -249,6 +269,12 @@ class RadixCache:
             node.last_access = self._clock
             node.hit_count += hit
             node.priority = max(node.priority, priority)
+        if self._valuer is not None:
+            self._valuer.revalue(path, hit=hit, now=self._churn(), inflation=self.inflation)
+
+    def _churn(self) -> float:
+        """Pool turnovers so far: blocks newly cached / blocks in the pool (the "cost" policy's clock)."""
+        return self._num_stored / self.pool.num_blocks
 
     # -- eviction (the pool's Evictor protocol) ----------------------------------------------------------
     def evict(self, num_blocks: int) -> list[int]:
@@ -290,6 +316,10 @@ class RadixCache:
         del self._node_of_block[node.block_id]
         node.attached = False
         self._queue.discard(node)
+        if self._valuer is not None:
+            self.inflation = max(self.inflation, node.value)
+            if self.ghosts is not None:
+                self.ghosts.record(node.digest, self._valuer.remember(node))
         if self.events is not None:
             self.events.record(BlockEventKind.REMOVED, node.digest)
 
@@ -321,6 +351,8 @@ class RadixCache:
         self._root.children.clear()
         self._node_of_block.clear()
         self._queue.clear()
+        if self.ghosts is not None:
+            self.ghosts.clear()
         self.epoch += 1
         if self.events is not None:
             self.events.record(BlockEventKind.CLEARED)
@@ -345,8 +377,13 @@ class RadixCache:
                 if parent is not self._root:  # orderings the eviction queue relies on (see eviction_policy.py)
                     assert parent.last_access >= node.last_access and parent.hit_count >= node.hit_count
                     assert parent.priority >= node.priority, f"block {node.block_id}: priority above its parent's"
+                    assert parent.value >= node.value, f"block {node.block_id}: value above its parent's"
                 stack.append(node)
         assert seen == len(self._node_of_block), f"{len(self._node_of_block)} indexed blocks, {seen} in the tree"
         assert pool.num_cached_blocks == seen, f"pool caches {pool.num_cached_blocks} blocks, the tree maps {seen}"
         stuck = self._queue.unqueued(self._node_of_block.values())
         assert not stuck, f"blocks {[n.block_id for n in stuck]} are in no eviction queue: they can never be evicted"
+        if self.ghosts is not None:
+            assert len(self.ghosts) <= self.ghosts.capacity, f"{len(self.ghosts)} ghosts over {self.ghosts.capacity}"
+            live = [n.block_id for n in self._node_of_block.values() if n.digest in self.ghosts]
+            assert not live, f"blocks {live} are cached and remembered as evicted at once"

@@ -342,7 +342,7 @@ class RadixMachine(RuleBasedStateMachine):
     to force eviction; reset drops the cache. `content[b]` models what block b's KV stands for: the extra keys
     and every token up to the end of the block, so a served block must equal the query's prefix."""
 
-    @initialize(policy=st.sampled_from(["lru", "lfu", "priority"]))
+    @initialize(policy=st.sampled_from(["lru", "lfu", "priority", "cost"]))
     def setup(self, policy):
         self.pool = BlockPool(6)
         self.cache = RadixCache(self.pool, BLOCK_SIZE, policy=policy)

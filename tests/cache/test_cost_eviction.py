@@ -1,0 +1,158 @@
+"""The "cost" eviction policy and the ghost history: exact eviction orders on hand-made trees, bounded ghosts that
+give a returning prefix its count back, config checks, and greedy outputs equal to LRU's in the engine."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_paged import Engine, PagedConfig, SamplingParams
+from hf_paged.cache.block_pool import BlockPool
+from hf_paged.cache.digests import prefix_digests
+from hf_paged.cache.eviction_policy import CostPolicy, make_eviction_policy
+from hf_paged.cache.ghost_history import GhostHistory
+from hf_paged.cache.radix import RadixCache
+from tests.cache.test_radix import cached_request
+from tests.tiny_models import ragged_prompts, tiny_model
+
+
+def node(cache: RadixCache, tokens: list[int]):
+    return cache._walk(tokens, ()).path[-1]
+
+
+def test_a_reused_prefix_outlives_newer_once_used_blocks_and_leaves_go_first():
+    pool = BlockPool(6)
+    cache = RadixCache(pool, block_size=1, policy="cost")
+    assert cached_request(pool, cache, [1, 2]) == [0, 1]  # a document
+    cache.check_integrity()
+    assert cached_request(pool, cache, [3]) == [2]  # one-off prompts, newer
+    assert cached_request(pool, cache, [4]) == [3]
+    cache.match([1, 2])  # the document is asked about again
+    cache.check_integrity()
+    # one use decayed over the churn since its insert (2 of 6 blocks -> 4 of 6), plus the hit
+    assert node(cache, [1, 2]).reuse == pytest.approx(1 + 0.5 ** ((4 / 6 - 2 / 6) / 8))
+    assert node(cache, [1]).value >= node(cache, [1, 2]).value  # a prefix is worth its best extension
+    assert pool.allocate(4) == [4, 5, 2, 3]  # free blocks, then the once-used [3], then [4] (older first on ties)
+    cache.check_integrity()
+    assert cache.inflation == pytest.approx(0.25 * 1.01)  # the floor rose to the evicted value
+    assert pool.allocate(2) == [1, 0]  # only the document is left: its leaf, then its first block
+    assert cache.num_cached_blocks == 0 and len(cache.ghosts or ()) == 4
+    cache.check_integrity()
+
+
+def test_the_floor_lets_fresh_once_used_blocks_overtake_an_old_popular_one():
+    pool = BlockPool(3)
+    cache = RadixCache(pool, block_size=1, policy="cost")
+    cached_request(pool, cache, [1])
+    cache.match([1])  # used twice: value 1.25 x 1.01
+    for token in range(10, 21):  # eleven one-offs; every two evictions raise the floor by 0.25 x 1.01
+        cached_request(pool, cache, [token])
+        cache.check_integrity()
+    assert cache.match([1]).block_ids == []  # aged out: popularity does not live forever
+    assert cache.ghosts is not None and prefix_digests([1], 1)[0] in cache.ghosts
+
+
+def test_a_returning_prefix_resumes_its_decayed_count():
+    pool = BlockPool(4)
+    cache = RadixCache(pool, block_size=1, policy="cost")
+    cached_request(pool, cache, [1, 2])
+    taken = pool.allocate(4)  # evicts both blocks of the prefix
+    assert taken == [2, 3, 1, 0] and cache.num_cached_blocks == 0
+    assert cache.ghosts is not None and len(cache.ghosts) == 2
+    pool.free(taken)
+    cache.check_integrity()
+    table = cached_request(pool, cache, [1, 2])  # comes back: a miss, recomputed, and recognised
+    cache.check_integrity()
+    # churn clock = blocks newly cached / 4: first insert at 0.25 and 0.5, the return at 0.75 and 1.0
+    assert node(cache, [1]).reuse == pytest.approx(1 + 0.5 ** (0.5 / 8))
+    assert node(cache, [1, 2]).reuse == pytest.approx(1 + 0.5 ** (0.5 / 8))
+    assert (cache.ghosts.num_restored, len(cache.ghosts)) == (2, 0)
+    newer = cached_request(pool, cache, [5])  # a once-used prompt, more recent than the prefix
+    free = sorted(set(range(4)) - set(table) - set(newer))
+    assert pool.allocate(2) == free + newer  # the returned prefix stays; LRU would have evicted its leaf
+    assert cache.match([1, 2]).block_ids == table
+    cache.check_integrity()
+
+
+def test_lfu_forgets_a_returning_prefix():
+    pool = BlockPool(4)
+    cache = RadixCache(pool, block_size=1, policy="lfu")
+    cached_request(pool, cache, [1, 2])
+    pool.free(pool.allocate(4))
+    cached_request(pool, cache, [1, 2])
+    assert node(cache, [1, 2]).hit_count == 1 and cache.ghosts is None  # counts restart (the issue's case)
+
+
+def test_the_ghost_history_is_bounded_and_drops_the_least_recently_evicted():
+    pool = BlockPool(3)
+    cache = RadixCache(pool, block_size=1, policy=CostPolicy(ghost_factor=1))
+    for token in range(10):
+        cached_request(pool, cache, [token])
+        cache.check_integrity()
+    assert cache.ghosts is not None and cache.ghosts.capacity == 3
+    remembered = {t for t in range(10) if prefix_digests([t], 1)[0] in cache.ghosts}
+    assert remembered == {4, 5, 6}  # 0..6 evicted, the last three remembered; 7..9 still cached
+    cache.reset()
+    assert len(cache.ghosts) == 0
+    cache.check_integrity()
+
+
+def test_ghost_history_unit():
+    ghosts: GhostHistory[int] = GhostHistory(2)
+    ghosts.record(b"a", 1)
+    ghosts.record(b"b", 2)
+    ghosts.record(b"a", 3)  # refreshed: b is now the oldest
+    ghosts.record(b"c", 4)
+    assert (ghosts.pop(b"b"), ghosts.pop(b"a"), ghosts.pop(b"a"), len(ghosts)) == (None, 3, None, 1)
+    empty: GhostHistory[int] = GhostHistory(0)
+    empty.record(b"a", 1)
+    assert len(empty) == 0
+    with pytest.raises(ValueError, match="capacity"):
+        GhostHistory(-1)
+
+
+def test_lru_and_lfu_keep_no_ghosts_and_no_values():
+    for policy in ("lru", "lfu"):
+        pool = BlockPool(2)
+        cache = RadixCache(pool, block_size=1, policy=policy)
+        cached_request(pool, cache, [1, 2])
+        cache.match([1, 2])
+        pool.free(pool.allocate(2))
+        assert cache.ghosts is None and cache.inflation == 0.0
+        cache.check_integrity()
+
+
+def test_cost_policy_arguments_and_config():
+    assert make_eviction_policy("cost").name == "cost"
+    assert PagedConfig(prefix_eviction_policy="cost").prefix_eviction_policy == "cost"
+    with pytest.raises(ValueError, match=r"\['lru', 'lfu', 'cost'\], got 'gdsf'"):
+        PagedConfig(prefix_eviction_policy="gdsf")
+    with pytest.raises(ValueError, match="'cost'"):
+        make_eviction_policy("gdsf")
+    for bad in ({"attention_cost": -1}, {"half_life": 0}, {"ghost_factor": 1.5}, {"first_use": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            CostPolicy(**bad)
+    deep, shallow = CostPolicy().block_cost(40), CostPolicy().block_cost(2)
+    assert deep > shallow > 1.0
+
+
+def test_engine_greedy_output_with_cost_equals_lru():
+    model = tiny_model("llama")
+    docs = ragged_prompts([40, 40], seed=41)
+    questions = ragged_prompts([5, 6, 7, 8], seed=42)
+    one_offs = ragged_prompts([30, 30, 30], seed=43)
+    trace = [docs[0] + questions[0], one_offs[0], docs[1] + questions[1], one_offs[1], docs[0] + questions[2],
+             one_offs[2], docs[1] + questions[3]]
+    outputs, hits = {}, {}
+    for policy in ("lru", "cost"):
+        engine = Engine(model, PagedConfig(block_size=8, num_blocks=16, prefix_eviction_policy=policy))
+        outs = []
+        for prompt in trace:  # one at a time: the pool holds about two requests
+            rid = engine.add_request(prompt, SamplingParams(max_new_tokens=6))
+            while engine.has_unfinished:
+                engine.step()
+                engine.check_integrity()
+            outs.append(engine.pop_output(rid).generated_tokens)
+        assert engine.stats()["prefix_evictions"] > 0
+        outputs[policy], hits[policy] = outs, engine.stats()["prompt_tokens_cached"]
+    assert outputs["cost"] == outputs["lru"]
+    assert hits["cost"] >= hits["lru"]
