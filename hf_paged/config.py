@@ -62,6 +62,8 @@ class PagedConfig:
     enable_prefix_caching: bool = True
     # "lru" | "lfu" | "cost" (recompute cost x decayed reuse, remembered after eviction; cache/eviction_policy.py)
     prefix_eviction_policy: str = "lru"
+    # most of the pool that pinned prefixes (`Engine.pin_prefix`) may hold, as a share of its blocks
+    prefix_pin_share: float = 0.5
     cache_salt: str | None = None  # extra key of every block digest (separates tenants / adapters)
     # -- KV compression --------------------------------------------------------------------------------
     kv_cache_dtype: str = "auto"  # "auto" | "fp8" | "int8" | "int4"; sets keys and values alike
@@ -117,6 +119,10 @@ class PagedConfig:
             _check_int("max_prefill_tokens_per_step", self.max_prefill_tokens_per_step, minimum=1)
         _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _check_choice("prefix_eviction_policy", self.prefix_eviction_policy, PREFIX_EVICTION_POLICIES)
+        if isinstance(self.prefix_pin_share, bool) or not isinstance(self.prefix_pin_share, (int, float)) \
+                or not 0 <= self.prefix_pin_share <= 1:
+            raise ValueError(f"PagedConfig.prefix_pin_share must be in [0, 1] (a share of the pool's blocks), got "
+                             f"{self.prefix_pin_share!r}")
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         for name in ("key_cache_dtype", "value_cache_dtype"):
             value = getattr(self, name)

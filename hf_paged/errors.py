@@ -13,6 +13,7 @@ __all__ = [
     "InvalidRegexError",
     "InvalidSchemaError",
     "OutOfBlocksError",
+    "PrefixPinLimitError",
     "PromptTooLongError",
     "RequestFailedError",
     "SchemaError",
@@ -31,6 +32,10 @@ class HfPagedError(Exception):
 
 class OutOfBlocksError(HfPagedError, RuntimeError):
     """The block pool cannot hold what was asked for, even after evicting and preempting everything it may."""
+
+
+class PrefixPinLimitError(HfPagedError, ValueError):
+    """Pinning a prefix would pin more of the block pool than `PagedConfig.prefix_pin_share` allows."""
 
 
 class InvalidConfigError(HfPagedError, ValueError, TypeError):

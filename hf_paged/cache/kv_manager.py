@@ -225,7 +225,8 @@ class KVCacheManager:
 
     # -- invariants ------------------------------------------------------------------------------------
     def expected_ref_counts(self) -> dict[int, int]:
-        counts: dict[int, int] = {}
+        """References every block should have: one per block table holding it, plus the prefix cache's pins."""
+        counts: dict[int, int] = dict(self.prefix_cache.pinned_ref_counts()) if self.prefix_cache is not None else {}
         for seq in self.seqs.values():
             for block_id in seq.block_ids:
                 counts[block_id] = counts.get(block_id, 0) + 1

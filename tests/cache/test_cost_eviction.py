@@ -11,6 +11,7 @@ from hf_paged.cache.digests import prefix_digests
 from hf_paged.cache.eviction_policy import CostPolicy, make_eviction_policy
 from hf_paged.cache.ghost_history import GhostHistory
 from hf_paged.cache.radix import RadixCache
+from hf_paged.errors import PrefixPinLimitError
 from tests.cache.test_radix import cached_request
 from tests.tiny_models import ragged_prompts, tiny_model
 
@@ -156,3 +157,60 @@ def test_engine_greedy_output_with_cost_equals_lru():
         outputs[policy], hits[policy] = outs, engine.stats()["prompt_tokens_cached"]
     assert outputs["cost"] == outputs["lru"]
     assert hits["cost"] >= hits["lru"]
+
+
+# -- pins ------------------------------------------------------------------------------------------------
+def test_a_pinned_prefix_is_never_evicted_and_pins_are_bounded():
+    pool = BlockPool(6)
+    cache = RadixCache(pool, block_size=1)
+    doc = cached_request(pool, cache, [1, 2, 3])
+    assert cache.pin([1, 2, 3, 9], max_blocks=3) == 3  # the cached full blocks of the prefix
+    cache.check_integrity()
+    pool.check_integrity(cache.pinned_ref_counts())
+    assert pool.allocate(3) == [3, 4, 5] and pool.allocate(1) is None  # the oldest blocks stay: pinned
+    cache.insert([7], [3])  # a running request's block
+    with pytest.raises(PrefixPinLimitError, match=r"would pin 4 blocks, over the limit of 3 of 6"):
+        cache.pin([7], max_blocks=3)
+    assert cache.num_pinned_blocks == 3
+    assert cache.pin([1, 2], max_blocks=3) == 2  # nested pins share blocks: no new block pinned
+    assert cache.pinned_ref_counts() == {doc[0]: 2, doc[1]: 2, doc[2]: 1}
+    assert cache.unpin([1, 2, 3]) == 3  # the longest pinned prefix first
+    assert cache.unpin([1, 2, 3]) == 2 and cache.unpin([1, 2, 3]) == 0
+    cache.check_integrity()
+    pool.check_integrity({3: 1, 4: 1, 5: 1})
+    pool.free([3, 4, 5])
+    assert sorted(pool.allocate(6)) == list(range(6))  # unpinned: evictable again
+
+
+def test_reset_drops_pins():
+    pool = BlockPool(3)
+    cache = RadixCache(pool, block_size=1, policy="cost")
+    cached_request(pool, cache, [1, 2])
+    cache.pin([1, 2], max_blocks=2)
+    cache.reset()
+    assert (cache.num_pinned_blocks, pool.num_free_blocks, cache.unpin([1, 2])) == (0, 3, 0)
+    cache.check_integrity()
+    pool.check_integrity({})
+
+
+def test_engine_pin_prefix_keeps_a_document_through_a_burst():
+    model = tiny_model("llama")
+    doc, question = ragged_prompts([40], seed=51)[0], ragged_prompts([5], seed=52)[0]
+    one_offs = ragged_prompts([40, 40, 40], seed=53)
+    engine = Engine(model, PagedConfig(block_size=8, num_blocks=16))
+    params = SamplingParams(max_new_tokens=4)
+    engine.run([engine.add_request(doc + question, params)])
+    assert engine.pin_prefix(doc) == 40
+    for prompt in one_offs:  # each needs 6 of the 11 unpinned blocks: LRU alone would evict the document
+        engine.run([engine.add_request(prompt, params)])
+        engine.check_integrity()
+    before = engine.stats()["prompt_tokens_cached"]
+    engine.run([engine.add_request(doc + question, params)])
+    assert engine.stats()["prompt_tokens_cached"] - before == 40
+    with pytest.raises(PrefixPinLimitError, match="prefix_pin_share"):
+        engine.pin_prefix(one_offs[2])  # 5 more blocks: 10 > 8 = 0.5 x 16
+    assert engine.unpin_prefix(doc) == 40
+    engine.check_integrity()
+    assert PagedConfig(prefix_pin_share=0.0).prefix_pin_share == 0.0
+    with pytest.raises(ValueError, match="prefix_pin_share"):
+        PagedConfig(prefix_pin_share=1.5)
