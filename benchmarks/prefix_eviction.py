@@ -1,0 +1,178 @@
+"""Prefix-cache eviction policies side by side (issue 41, point 3): LRU vs LFU vs cost, one run, embedded model.
+
+Workloads (token ids drawn from a seeded generator; requests run one after another in trace order, so a request's
+hits depend only on the policy and the trace, never on batching or timing: hit rates are deterministic):
+
+  docs-bursts  the issue's case: a 140-block pool, two 700-token documents asked about in turn (each time with a
+               new 24-token question) between bursts of four 500-token one-off prompts; 8 rounds.
+  chat         multi-turn chat: 12 users x 6 turns behind one 128-token system prompt, users in random order;
+               turn t's prompt = turn t-1's prompt + its greedy answer + a new 40-120-token message.
+  shared-docs  8 documents (300-800 tokens) with Zipf(1) popularity, 64 questions about them mixed with one-off
+               prompts (200-500 tokens, 40% of requests), in random order.
+
+chat and shared-docs run with the pool at 25% and at 50% of their working set (the blocks the prefix cache holds
+at the end of the same trace run with a pool that never evicts), each under several seeds. Reported per policy:
+prefix hit rate (prompt tokens served from the cache / prompt tokens), prompt tokens computed, and CPU seconds
+relative to LRU's on the same trace (process time, one torch thread, the policies interleaved). Greedy outputs
+must be identical across policies (eviction changes only what is recomputed); the run fails if they are not.
+
+    python benchmarks/prefix_eviction.py [--seeds 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import machine, print_table
+from hf_paged import Engine, PagedConfig, SamplingParams, default_model
+
+POLICIES = ("lru", "lfu", "cost")
+BLOCK_SIZE = 16
+MAX_NEW = 8
+VOCAB = 256  # the embedded model's byte tokens
+
+
+@dataclass(slots=True)
+class Turn:
+    """One request of a trace: a fixed prompt, or (chat) a message appended to a user's history."""
+
+    tokens: list[int]
+    user: int | None = None  # chat: whose history the tokens extend (history = prompt + answer of the last turn)
+    tag: str = ""  # "doc" for document questions (reported apart)
+
+
+def tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(VOCAB) for _ in range(n)]
+
+
+def docs_bursts(seed: int, rounds: int) -> list[Turn]:
+    rng = random.Random(seed)
+    docs = [tokens(rng, 700), tokens(rng, 700)]
+    trace = []
+    for r in range(rounds):
+        trace.append(Turn(docs[r % 2] + tokens(rng, 24), tag="doc"))
+        trace.extend(Turn(tokens(rng, 500)) for _ in range(4))
+    return trace
+
+
+def chat(seed: int, users: int, turns: int) -> list[Turn]:
+    rng = random.Random(seed)
+    system = tokens(rng, 128)
+    order = [u for u in range(users) for _ in range(turns)]
+    rng.shuffle(order)
+    seen: set[int] = set()
+    trace = []
+    for u in order:
+        first = u not in seen
+        seen.add(u)
+        trace.append(Turn((system if first else []) + tokens(rng, rng.randrange(40, 121)), user=u))
+    return trace
+
+
+def shared_docs(seed: int, num_requests: int) -> list[Turn]:
+    rng = random.Random(seed)
+    docs = [tokens(rng, rng.randrange(300, 801)) for _ in range(8)]
+    weights = [1 / (k + 1) for k in range(len(docs))]
+    trace = []
+    for _ in range(num_requests):
+        if rng.random() < 0.4:
+            trace.append(Turn(tokens(rng, rng.randrange(200, 501))))
+        else:
+            trace.append(Turn(rng.choices(docs, weights)[0] + tokens(rng, 32), tag="doc"))
+    return trace
+
+
+def replay(model, trace: list[Turn], policy: str, num_blocks: int) -> dict:
+    engine = Engine(model, PagedConfig(block_size=BLOCK_SIZE, num_blocks=num_blocks, max_num_seqs=4,
+                                       prefix_eviction_policy=policy))
+    params = SamplingParams(max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW)
+    history: dict[int, list[int]] = {}
+    outputs, doc_prompt, doc_cached = [], 0, 0
+    start = time.process_time()
+    for turn in trace:
+        prompt = history.get(turn.user, []) + turn.tokens if turn.user is not None else turn.tokens
+        before = engine.stats()["prompt_tokens_cached"]
+        rid = engine.add_request(prompt, params)
+        out = engine.run([rid])[rid]
+        outputs.append(out.generated_tokens)
+        if turn.user is not None:
+            history[turn.user] = prompt + list(out.generated_tokens)
+        if turn.tag == "doc":
+            doc_prompt += len(prompt)
+            doc_cached += engine.stats()["prompt_tokens_cached"] - before
+    seconds = time.process_time() - start
+    engine.check_integrity()
+    stats = engine.stats()
+    return {
+        "hit_rate": stats["prefix_hit_rate"],
+        "doc_hit_rate": doc_cached / doc_prompt if doc_prompt else None,
+        "computed": stats["prompt_tokens"] - stats["prompt_tokens_cached"],
+        "seconds": seconds,
+        "cached_blocks": stats["blocks_cached"],
+        "outputs": outputs,
+    }
+
+
+def working_set(model, trace: list[Turn]) -> int:
+    """Blocks the prefix cache holds after the trace when nothing is ever evicted."""
+    big = 4 * sum(len(t.tokens) + MAX_NEW for t in trace) // BLOCK_SIZE + 64
+    return replay(model, trace, "lru", big)["cached_blocks"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer rounds, users and requests (a smoke run: 4 rounds are too few for a document hit)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    model, _ = default_model()
+    rounds, users, turns, requests = (4, 6, 4, 24) if args.quick else (8, 12, 6, 64)
+    print(f"machine: {machine()}\nmodel: the embedded tiny Llama (hf_paged.default_model()), fp32; block_size "
+          f"{BLOCK_SIZE}, {MAX_NEW} new tokens a request, requests one after another in trace order\n")
+    cases = [("docs-bursts", "140 blocks", seed, docs_bursts(seed, rounds), 140) for seed in range(args.seeds)]
+    for name, make in (("chat", lambda s: chat(s, users, turns)), ("shared-docs", lambda s: shared_docs(s, requests))):
+        for seed in range(args.seeds):
+            trace = make(seed)
+            ws = working_set(model, trace)
+            longest = max(len(t.tokens) for t in trace) if name != "chat" else 0
+            for share in (0.25, 0.50):
+                blocks = max(round(share * ws), (longest + MAX_NEW) // BLOCK_SIZE + 4)
+                cases.append((name, f"{share:.0%} of {ws} = {blocks}", seed, trace, blocks))
+    rows, summary = [], {}
+    for name, pool, seed, trace, blocks in cases:
+        results = {policy: replay(model, trace, policy, blocks) for policy in POLICIES}
+        same = all(results[p]["outputs"] == results["lru"]["outputs"] for p in POLICIES)
+        if not same:
+            raise SystemExit(f"{name} seed {seed}: greedy outputs differ across policies")
+        for policy in POLICIES:
+            r = results[policy]
+            doc = "-" if r["doc_hit_rate"] is None else f"{r['doc_hit_rate']:.1%}"
+            rows.append([name, pool, seed, policy, f"{r['hit_rate']:.1%}", doc, r["computed"],
+                         f"{r['seconds'] / results['lru']['seconds']:.2f}x", "yes"])
+            key = (name, pool.split(" ")[0])
+            summary.setdefault(key, {}).setdefault(policy, []).append(r["hit_rate"])
+    print_table(["workload", "pool", "seed", "policy", "hit rate", "doc hit rate", "prompt tokens computed",
+                 "CPU s vs lru", "same outputs"], rows, title="per run")
+    srows = []
+    for (name, pool), by_policy in summary.items():
+        mean = {p: sum(v) / len(v) for p, v in by_policy.items()}
+        gain = [c - lru for c, lru in zip(by_policy["cost"], by_policy["lru"])]
+        srows.append([name, pool, f"{mean['lru']:.1%}", f"{mean['lfu']:.1%}", f"{mean['cost']:.1%}",
+                      f"{100 * (mean['cost'] - mean['lru']):+.1f}", f"{100 * min(gain):+.1f}",
+                      "yes" if min(gain) >= 0.05 else "no"])
+    print()
+    print_table(["workload", "pool", "lru", "lfu", "cost", "cost - lru (points, mean)", "worst seed",
+                 ">= 5 points every seed"], srows, title="mean hit rate over seeds")
+
+
+if __name__ == "__main__":
+    main()
