@@ -44,7 +44,6 @@ from hf_paged.cache.sizing import kv_shape_of
 from hf_paged.config import PagedConfig
 from hf_paged.errors import (
     HfPagedError,
-    InvalidConfigError,
     OutOfBlocksError,
     RequestFailedError,
 )
@@ -338,24 +337,14 @@ class Engine:
         return radix.reset() if radix is not None else 0
 
     def pin_prefix(self, token_ids: Sequence[int]) -> int:
-        """Keep the cached blocks of a prefix out of eviction until `unpin_prefix` (or a weight change empties the
-        cache); returns the tokens pinned: the full blocks of `token_ids` cached now (run a request with the
-        prefix first). Pins hold pool room: at most `PagedConfig.prefix_pin_share` of the pool's blocks, beyond
-        it `PrefixPinLimitError` with the numbers."""
-        radix = self.kv.prefix_cache
-        if radix is None:
-            raise InvalidConfigError("pin_prefix needs the prefix cache: PagedConfig(enable_prefix_caching=True)")
+        """Keep a cached prefix out of eviction until `unpin_prefix`: `KVCacheManager.pin_prefix`."""
         with self.lock:
-            limit = int(self.config.prefix_pin_share * self.cache.num_blocks)
-            return radix.pin(list(token_ids), self.config.block_extra_keys, max_blocks=limit)
+            return self.kv.pin_prefix(token_ids, self.config.block_extra_keys, self.config.prefix_pin_share)
 
     def unpin_prefix(self, token_ids: Sequence[int]) -> int:
         """Undo one `pin_prefix` of the longest pinned prefix of `token_ids`; returns its tokens (0: none)."""
-        radix = self.kv.prefix_cache
-        if radix is None:
-            return 0
         with self.lock:
-            return radix.unpin(list(token_ids), self.config.block_extra_keys)
+            return self.kv.unpin_prefix(token_ids, self.config.block_extra_keys)
 
     def _check_weights(self) -> None:
         """Drop the prefix cache when the weights moved since the last check (an optimizer step, a load). Runs on

@@ -16,6 +16,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from hf_paged.cache.block_pool import BlockPool
+from hf_paged.errors import InvalidConfigError
 
 
 @dataclass(slots=True)
@@ -206,6 +207,19 @@ class KVCacheManager:
             token_ids[: num_full * self.block_size], seq.block_ids[:num_full], extra_keys, epoch=seq.cache_epoch
         )
         seq.num_cached_blocks = num_full
+
+    def pin_prefix(self, token_ids: Sequence[int], extra_keys: tuple, max_share: float) -> int:
+        """Keep the cached full blocks of a prefix out of eviction until `unpin_prefix` (or a weight change empties
+        the cache); returns the tokens pinned: the full blocks of `token_ids` cached now (run a request with the
+        prefix first). Pins hold pool room: at most `max_share` of the pool's blocks (`PagedConfig.
+        prefix_pin_share`), beyond it `PrefixPinLimitError` with the numbers."""
+        if self.prefix_cache is None:
+            raise InvalidConfigError("pin_prefix needs the prefix cache: PagedConfig(enable_prefix_caching=True)")
+        return self.prefix_cache.pin(list(token_ids), extra_keys, max_blocks=int(max_share * self.pool.num_blocks))
+
+    def unpin_prefix(self, token_ids: Sequence[int], extra_keys: tuple) -> int:
+        """Undo one `pin_prefix` of the longest pinned prefix of `token_ids`; returns its tokens (0: none)."""
+        return self.prefix_cache.unpin(list(token_ids), extra_keys) if self.prefix_cache is not None else 0
 
     def take_pending_copies(self) -> list[BlockCopy]:
         copies, self.pending_copies = self.pending_copies, []

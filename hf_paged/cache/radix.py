@@ -28,7 +28,7 @@ from hf_paged.cache.block_pool import BlockPool
 from hf_paged.cache.digests import chained_digest, encode_extra_keys, prefix_digests
 from hf_paged.cache.eviction_policy import EvictionPolicy, EvictionQueue, make_eviction_policy
 from hf_paged.cache.ghost_history import GhostHistory
-from hf_paged.errors import PrefixPinLimitError
+from hf_paged.cache.prefix_pins import PinnedPrefixes
 
 __all__ = ["InsertResult", "PrefixMatch", "RadixCache", "prefix_digests"]
 
@@ -118,7 +118,7 @@ class RadixCache:
         self.num_evicted = 0
         self.epoch = 0  # bumped by reset(): KV computed in an older epoch must not be inserted
         self.events: BlockEventLog | None = None  # set by listen(): nothing is recorded before
-        self._pins: dict[_Node, int] = {}  # deepest block of each pinned prefix -> times pinned (root paths)
+        self._pins = PinnedPrefixes(pool)  # prefixes kept out of eviction (`pin`)
         pool.evictor = self
 
     def listen(self, capacity: int = 65536) -> BlockEventLog:
@@ -279,56 +279,28 @@ class RadixCache:
         """Pool turnovers so far: blocks newly cached / blocks in the pool (the "cost" policy's clock)."""
         return self._num_stored / self.pool.num_blocks
 
-    # -- pins ------------------------------------------------------------------------------------------
+    # -- pins (prefix_pins.py) ----------------------------------------------------------------------
     @property
     def num_pinned_blocks(self) -> int:
-        return sum(1 for n in self._node_of_block.values() if n.pins)
+        return self._pins.num_blocks
 
     def pin(self, token_ids: Sequence[int], extra_keys: tuple = (), *, max_blocks: int) -> int:
         """Keep the cached full blocks of `token_ids` out of eviction until `unpin`; returns the tokens pinned (0
-        when none is cached yet: run a request with the prefix first).
-
-        A pin holds one pool reference on each block of the cached prefix (a whole root path, so no pinned
-        block hangs under an evictable one): pins take pool room, and at most `max_blocks` distinct blocks may
-        be pinned at once. Beyond it `PrefixPinLimitError`, and nothing changes. `reset()` drops every pin.
-        """
+        when none is cached yet: run a request with the prefix first). Each pinned block holds one pool reference
+        per pin; at most `max_blocks` distinct blocks pinned at once, beyond it `PrefixPinLimitError` and nothing
+        changes. `reset()` drops every pin."""
         path = self._walk(token_ids, extra_keys).path
-        if not path:
-            return 0
-        new = sum(1 for n in path if not n.pins)
-        pinned = self.num_pinned_blocks
-        if pinned + new > max_blocks:
-            raise PrefixPinLimitError(
-                f"pinning {len(path)} blocks ({new} not pinned yet) would pin {pinned + new} blocks, over the limit "
-                f"of {max_blocks} of {self.pool.num_blocks} (PagedConfig.prefix_pin_share): unpin_prefix another "
-                "prefix, pin a shorter one, or raise prefix_pin_share or num_blocks"
-            )
-        for n in path:
-            n.pins += 1
-        self.pool.incref([n.block_id for n in path])
-        self._pins[path[-1]] = self._pins.get(path[-1], 0) + 1
+        if path:
+            self._pins.pin(path, max_blocks=max_blocks)
         return len(path) * self.block_size
 
     def unpin(self, token_ids: Sequence[int], extra_keys: tuple = ()) -> int:
-        """Undo one `pin` of the longest pinned prefix of `token_ids`; returns its tokens (0 if none is pinned).
-        Its blocks become evictable again once nothing else holds them."""
-        path = self._walk(token_ids, extra_keys).path
-        ends = [i for i, n in enumerate(path) if n in self._pins]
-        if not ends:
-            return 0
-        path = path[: ends[-1] + 1]
-        deepest = path[-1]
-        self._pins[deepest] -= 1
-        if not self._pins[deepest]:
-            del self._pins[deepest]
-        for n in path:
-            n.pins -= 1
-        self.pool.free([n.block_id for n in reversed(path)])
-        return len(path) * self.block_size
+        """Undo one `pin` of the longest pinned prefix of `token_ids`; returns its tokens (0 if none is pinned)."""
+        return self._pins.unpin(self._walk(token_ids, extra_keys).path) * self.block_size
 
     def pinned_ref_counts(self) -> dict[int, int]:
         """Pool references the pins hold, by block (the block manager adds them to its tables' counts)."""
-        return {n.block_id: n.pins for n in self._node_of_block.values() if n.pins}
+        return self._pins.ref_counts(self._node_of_block.values())
 
     # -- eviction (the pool's Evictor protocol) ----------------------------------------------------------
     def evict(self, num_blocks: int) -> list[int]:
@@ -402,10 +374,7 @@ class RadixCache:
         for node in dropped:
             node.attached = False
             self.pool.uncache(node.block_id)
-            if node.pins:  # the new weights make the pinned KV stale: pins end with the cache
-                self.pool.free([node.block_id] * node.pins)
-                node.pins = 0
-        self._pins.clear()
+        self._pins.release(dropped)  # the new weights make the pinned KV stale: pins end with the cache
         self._root.children.clear()
         self._node_of_block.clear()
         self._queue.clear()
@@ -440,14 +409,8 @@ class RadixCache:
         assert seen == len(self._node_of_block), f"{len(self._node_of_block)} indexed blocks, {seen} in the tree"
         assert pool.num_cached_blocks == seen, f"pool caches {pool.num_cached_blocks} blocks, the tree maps {seen}"
         stuck = self._queue.unqueued(self._node_of_block.values())
-        covered: dict[int, int] = {}
-        for end, count in self._pins.items():
-            assert end.attached and count > 0, f"block {end.block_id}: a pin on a detached block or a zero count"
-            walk: _Node | None = end
-            while walk is not None and walk is not self._root:
-                covered[walk.block_id] = covered.get(walk.block_id, 0) + count
-                walk = walk.parent
-        assert covered == self.pinned_ref_counts(), f"pins {self.pinned_ref_counts()} but the pinned paths say {covered}"
+        self._pins.check_integrity(self._node_of_block.values(), self._root)
+        assert all(end.attached for end in self._pins.ends), "a pin on a block the tree no longer holds"
         assert not stuck, f"blocks {[n.block_id for n in stuck]} are in no eviction queue: they can never be evicted"
         if self.ghosts is not None:
             assert len(self.ghosts) <= self.ghosts.capacity, f"{len(self.ghosts)} ghosts over {self.ghosts.capacity}"
