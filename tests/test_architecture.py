@@ -160,3 +160,9 @@ def test_no_new_import_cycles():
     gone = [sorted(c) for c in KNOWN_CYCLES - cycles]
     assert not new, f"new import cycles: {new}"
     assert not gone, f"cycles gone (remove them from KNOWN_CYCLES): {gone}"
+
+
+def test_no_module_is_over_400_lines():
+    """A module that outgrows 400 lines holds more than one concept: split it (STYLE.md asks ~300)."""
+    sizes = {p.relative_to(ROOT).as_posix(): len(p.read_text().splitlines()) for p in ROOT.rglob("*.py")}
+    assert {name: n for name, n in sizes.items() if n > 400} == {}

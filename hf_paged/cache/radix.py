@@ -21,7 +21,6 @@ pay one attribute test per touch, insert and eviction.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
 
 from hf_paged.cache.block_events import BlockEventKind, BlockEventLog
 from hf_paged.cache.block_pool import BlockPool
@@ -29,52 +28,9 @@ from hf_paged.cache.digests import chained_digest, encode_extra_keys, prefix_dig
 from hf_paged.cache.eviction_policy import EvictionPolicy, EvictionQueue, make_eviction_policy
 from hf_paged.cache.ghost_history import GhostHistory
 from hf_paged.cache.prefix_pins import PinnedPrefixes
+from hf_paged.cache.tree_nodes import InsertResult, PrefixMatch, TreeNode, TreeWalk
 
 __all__ = ["InsertResult", "PrefixMatch", "RadixCache", "prefix_digests"]
-
-
-@dataclass(slots=True)
-class PrefixMatch:
-    """The longest cached prefix of a query, in full blocks."""
-
-    block_ids: list[int]  # pool blocks holding the prefix, in order; not yet referenced by the caller
-    num_tokens: int  # tokens they cover: len(block_ids) * block_size
-
-
-@dataclass(slots=True)
-class InsertResult:
-    """What an insert did to the tree."""
-
-    num_new_blocks: int  # blocks that became cached by this call
-    cached_block_ids: list[int]  # the tree's block for each inserted position (differs at duplicates)
-    duplicate_block_ids: list[int] = field(default_factory=list)  # caller blocks not cached: another holds that prefix
-
-
-@dataclass(slots=True)
-class _Walk:
-    path: list[_Node]  # the cached blocks that equal the query's first full blocks
-    next_digest: bytes | None  # digest of the query's first full block past them; None if there is none
-
-
-@dataclass(slots=True, eq=False)
-class _Node:
-    token_ids: tuple[int, ...]
-    block_id: int  # -1 for the root
-    digest: bytes | None  # None for the root
-    parent: _Node | None
-    extra_keys: tuple
-    depth: int  # root 0, first block 1
-    children: dict[bytes, _Node] = field(default_factory=dict)  # by digest
-    last_access: int = 0
-    hit_count: int = 1  # its insert + every match that served it
-    priority: int = 0
-    version: int = 0  # bumped on every requeue: queue entries with an older version are stale
-    attached: bool = True
-    # "cost" policy only (eviction_policy.CostPolicy), untouched under the others:
-    value: float = 0.0  # retention value stamped at the last touch; never below a child's
-    reuse: float = 1.0  # decayed uses of this prefix (insert + hits) as of reuse_clock
-    reuse_clock: float = 0.0  # churn clock (pool turnovers) when reuse was last counted
-    pins: int = 0  # pins covering this block (`pin`): each holds one pool reference, so it is never evicted
 
 
 class RadixCache:
@@ -103,9 +59,9 @@ class RadixCache:
             )
         self.pool, self.block_size = pool, block_size
         self.policy = make_eviction_policy(policy)
-        self._root = _Node(token_ids=(), block_id=-1, digest=None, parent=None, extra_keys=(), depth=0)
-        self._node_of_block: dict[int, _Node] = {}
-        self._queue: EvictionQueue[_Node] = EvictionQueue(self.policy)
+        self._root = TreeNode(token_ids=(), block_id=-1, digest=None, parent=None, extra_keys=(), depth=0)
+        self._node_of_block: dict[int, TreeNode] = {}
+        self._queue: EvictionQueue[TreeNode] = EvictionQueue(self.policy)
         self._clock = 0
         # Valued policies ("cost"): their hooks, a churn clock, the inflation floor and the ghost history.
         self._valuer = self.policy if getattr(self.policy, "valued", False) else None
@@ -179,19 +135,19 @@ class RadixCache:
             return False
         return self._walk(token_ids, extra_keys, digests).next_digest in inflight_digests
 
-    def _walk(self, token_ids: Sequence[int], extra_keys: tuple, digests: Sequence[bytes] | None = None) -> _Walk:
+    def _walk(self, token_ids: Sequence[int], extra_keys: tuple, digests: Sequence[bytes] | None = None) -> TreeWalk:
         extra, extra_keys, node, bs = encode_extra_keys(extra_keys), tuple(extra_keys), self._root, self.block_size
-        path: list[_Node] = []
+        path: list[TreeNode] = []
         for i, start in enumerate(range(0, len(token_ids) - bs + 1, bs)):
             tokens = tuple(map(int, token_ids[start : start + bs]))
             digest = (digests[i] if digests is not None and i < len(digests)
                       else chained_digest(node.digest, tokens, extra))
             child = node.children.get(digest)
             if child is None or child.token_ids != tokens or child.extra_keys != extra_keys:
-                return _Walk(path, digest)  # absent, or a digest collision: serve only what the tokens prove
+                return TreeWalk(path, digest)  # absent, or a digest collision: serve only what the tokens prove
             path.append(child)
             node = child
-        return _Walk(path, None)
+        return TreeWalk(path, None)
 
     # -- insert ----------------------------------------------------------------------------------------
     def insert(
@@ -216,7 +172,7 @@ class RadixCache:
         if epoch is not None and epoch != self.epoch:
             return InsertResult(0, [], [])
         extra, extra_keys, node, path = encode_extra_keys(extra_keys), tuple(extra_keys), self._root, []
-        bs, new_nodes, duplicates = self.block_size, list[_Node](), list[int]()
+        bs, new_nodes, duplicates = self.block_size, list[TreeNode](), list[int]()
         try:  # on a misuse error, the blocks inserted so far stay valid and evictable
             for i in range(min(len(block_ids), len(token_ids) // bs)):
                 tokens, block_id = tuple(map(int, token_ids[i * bs : (i + 1) * bs])), int(block_ids[i])
@@ -229,7 +185,7 @@ class RadixCache:
                 child = node.children.get(digest)
                 if child is None:
                     self._check_insertable(block_id)
-                    child = _Node(tokens, block_id, digest, node, extra_keys, node.depth + 1)
+                    child = TreeNode(tokens, block_id, digest, node, extra_keys, node.depth + 1)
                     node.children[digest] = child
                     self._node_of_block[block_id] = child
                     self.pool.mark_cached(block_id)
@@ -265,7 +221,7 @@ class RadixCache:
                 "request's own block table with the tokens it was computed from (and the same extra_keys)"
             )
 
-    def _touch(self, path: list[_Node], *, hit: bool, priority: int = 0) -> None:
+    def _touch(self, path: list[TreeNode], *, hit: bool, priority: int = 0) -> None:
         # Whole root paths only: keeps parents ordered after their children for every built-in policy.
         self._clock += 1
         for node in path:
@@ -311,7 +267,7 @@ class RadixCache:
         leaves do not suffice (a request released blocks in the middle of its prefix) is such a node dropped
         with its subtree, whose in-use blocks then stop being cached but keep working.
         """
-        refs, victims, interior = self.pool.ref_counts, list[int](), list[_Node]()
+        refs, victims, interior = self.pool.ref_counts, list[int](), list[TreeNode]()
         self._queue.unpark(refs)  # blocks released since the last call compete again
         while len(victims) < num_blocks and (node := self._queue.pop()) is not None:
             if refs[node.block_id] > 0:
@@ -336,7 +292,7 @@ class RadixCache:
         self.num_evicted += len(victims)
         return victims
 
-    def _detach(self, node: _Node) -> None:
+    def _detach(self, node: TreeNode) -> None:
         assert node.parent is not None and node.digest is not None, "the root cannot be detached"
         del node.parent.children[node.digest]
         del self._node_of_block[node.block_id]
@@ -349,7 +305,7 @@ class RadixCache:
         if self.events is not None:
             self.events.record(BlockEventKind.REMOVED, node.digest)
 
-    def _drop_subtree(self, top: _Node) -> list[int]:
+    def _drop_subtree(self, top: TreeNode) -> list[int]:
         """Remove `top` and its descendants; return the idle blocks; uncache the in-use ones (they keep working)."""
         idle, stack, order = [], [top], []
         while stack:

@@ -1,0 +1,57 @@
+"""The prefix tree's values: a node (one full block), where a query leaves the tree, and what a match or an insert
+returns (`radix.py` builds and walks them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["InsertResult", "PrefixMatch", "TreeNode", "TreeWalk"]
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """The longest cached prefix of a query, in full blocks."""
+
+    block_ids: list[int]  # pool blocks holding the prefix, in order; not yet referenced by the caller
+    num_tokens: int  # tokens they cover: len(block_ids) * block_size
+
+
+@dataclass(slots=True)
+class InsertResult:
+    """What an insert did to the tree."""
+
+    num_new_blocks: int  # blocks that became cached by this call
+    cached_block_ids: list[int]  # the tree's block for each inserted position (differs at duplicates)
+    duplicate_block_ids: list[int] = field(default_factory=list)  # caller blocks not cached: another holds that prefix
+
+
+@dataclass(slots=True)
+class TreeWalk:
+    """Where a query leaves the tree."""
+
+    path: list[TreeNode]  # the cached blocks that equal the query's first full blocks
+    next_digest: bytes | None  # digest of the query's first full block past them; None if there is none
+
+
+@dataclass(slots=True, eq=False)
+class TreeNode:
+    """One full block of the prefix tree (the root holds no block); what eviction policies read about it
+    (`eviction_policy.EvictableNode`)."""
+
+    token_ids: tuple[int, ...]
+    block_id: int  # -1 for the root
+    digest: bytes | None  # None for the root
+    parent: TreeNode | None
+    extra_keys: tuple
+    depth: int  # root 0, first block 1
+    children: dict[bytes, TreeNode] = field(default_factory=dict)  # by digest
+    last_access: int = 0
+    hit_count: int = 1  # its insert + every match that served it
+    priority: int = 0
+    version: int = 0  # bumped on every requeue: queue entries with an older version are stale
+    attached: bool = True
+    # "cost" policy only (eviction_policy.CostPolicy), untouched under the others:
+    value: float = 0.0  # retention value stamped at the last touch; never below a child's
+    reuse: float = 1.0  # decayed uses of this prefix (insert + hits) as of reuse_clock
+    reuse_clock: float = 0.0  # churn clock (pool turnovers) when reuse was last counted
+    pins: int = 0  # pins covering this block (`pin`): each holds one pool reference, so it is never evicted
