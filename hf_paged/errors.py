@@ -7,20 +7,27 @@ Each class also derives from the builtin a caller would catch without knowing us
 from __future__ import annotations
 
 __all__ = [
+    "CliError",
+    "GrammarError",
+    "GrammarSyntaxError",
     "HfPagedError",
     "InvalidConfigError",
     "InvalidPromptError",
     "InvalidRegexError",
     "InvalidSchemaError",
+    "LeftRecursionError",
     "OutOfBlocksError",
     "PrefixPinLimitError",
     "PromptTooLongError",
     "RequestFailedError",
     "SchemaError",
     "SchemaTooComplexError",
+    "StoppingCriterionError",
     "TokenizerError",
+    "UndefinedRuleError",
     "UnsatisfiableSchemaError",
     "UnsupportedGenerationError",
+    "UnsupportedGrammarError",
     "UnsupportedModelError",
     "UnsupportedSchemaError",
 ]
@@ -118,9 +125,6 @@ class LeftRecursionError(GrammarError):
 
 class UnsupportedGrammarError(GrammarError):
     """The grammar uses a Lark feature we do not compile (templates, `%declare`, look-around in a terminal, ...)."""
-
-
-__all__ += ["GrammarError", "GrammarSyntaxError", "LeftRecursionError", "UndefinedRuleError", "UnsupportedGrammarError"]
 
 
 class CliError(HfPagedError, ValueError):
