@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 
 from hf_paged.scaleout import CacheAwareRouter, RouterConfig, RouteReason, RouteRequest
+from tests.scaleout.test_ray_router import FakeId, FakeReplica
 
 BS = 16
 PREAMBLE = list(range(1, 25))  # 24 blocks every prompt starts with (the live check's template: 384 tokens)
@@ -147,15 +148,6 @@ def test_a_removed_replica_takes_its_bookings_along():
 
 
 # -- the Ray adapter -------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class FakeId:
-    unique_id: str
-
-
-@dataclass
-class FakeReplica:
-    replica_id: FakeId
-    routing_stats: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -3,7 +3,7 @@ block events applied once and in order, a gap left for the next summary."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 
@@ -25,7 +25,7 @@ class FakeId:
 @dataclass
 class FakeReplica:
     replica_id: FakeId
-    routing_stats: dict
+    routing_stats: dict = field(default_factory=dict)
 
 
 def summary_stats(seq: int, keys: list[int], created_at: float) -> dict:
