@@ -119,9 +119,9 @@ class LeanForward:
     def usable(self) -> bool:
         """No module was swapped, hooked or given a per-instance forward since the build (the stock forward runs
         those); one pass over the module tree, no tensor work."""
-        if _hooked(self._root) or _global_hooks():
+        if module_is_hooked(self._root) or global_forward_hooks():
             return False
-        return all(table.get(name) is m and not _hooked(m) for m, table, name in self._tree)
+        return all(table.get(name) is m and not module_is_hooked(m) for m, table, name in self._tree)
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor,
                  attend: Attend) -> torch.Tensor:
@@ -157,15 +157,6 @@ def _check_classes(lean: LeanForward, model: torch.nn.Module) -> None:
     if any(type(m) not in (torch.nn.Linear, torch.nn.Embedding) for m in plain) or any(
             not type(m).__module__.startswith(family) for m in own):
         raise TypeError("a module of another class")
-
-
-def _hooked(module: torch.nn.Module) -> bool:
-    """Hooks, a per-instance forward, or `module.compile()` (its compiled call is not bypassed either)."""
-    return module_is_hooked(module)
-
-
-def _global_hooks() -> bool:
-    return global_forward_hooks()
 
 
 def _plain(model: torch.nn.Module) -> bool:
