@@ -97,6 +97,10 @@ class PagedConfig:
     # "auto": Triton on CUDA, the numba kernels on the CPU in fp32 (both read the blocks in place), the torch
     # reference otherwise | "torch": the reference (gathers each step's blocks, then SDPA) | "triton"
     attention_backend: str = "auto"
+    # decode steps replayed from CUDA graphs captured per batch-size bucket (`batching/decode_graphs.py`): None
+    # (auto) and True use them on CUDA where they apply (the lean forward, plain blocks, Triton attention, every
+    # scheduled request decoding one token); False always runs the eager forward. No effect off CUDA
+    cuda_graphs: bool | None = None
     kv_eviction: str | None = None  # deprecated name of kv_pruning (warns; moved there at construction)
 
     def __post_init__(self) -> None:
@@ -161,6 +165,8 @@ class PagedConfig:
                     f"window_tokens = {floor}; allowed: None or an int >= {floor}"
                 )
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
+            raise ValueError(f"PagedConfig.cuda_graphs must be None (auto), True or False, got {self.cuda_graphs!r}")
         if self.kv_full_precision_heads is not None:
             heads = self.kv_full_precision_heads
             if not _is_head_table(heads):
