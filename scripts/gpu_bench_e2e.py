@@ -67,6 +67,7 @@ class PathResult:
     tokens_per_s: float = 0.0
     error: str | None = None  # the exception, when the path failed (the others still run)
     first_tokens: list[list[int]] = field(default_factory=list)  # first 8 tokens of the first 4 requests
+    note: str = ""  # hf_paged: how many decode steps its CUDA graphs served
 
 
 @dataclass(slots=True)
@@ -183,31 +184,27 @@ def run(args) -> E2EResult:
             device,
         ))
         model.set_attn_implementation("sdpa")  # generate_batch switched it to its paged one
-    try:
-        import hf_paged
+    import hf_paged
 
-        total_blocks = sum(-(-(len(p) + n) // args.block_size) for p in prompts)
-        hf_paged.wrap(
-            model,
-            hf_paged.PagedConfig(
-                block_size=args.block_size,
-                num_blocks=int(total_blocks * 1.25) + 16,
-                max_num_seqs=len(prompts),
-                max_num_batched_tokens=args.max_batched_tokens,
-            ),
-        )
-        paths.append(
-            timed(
-                "hf_paged generate_batch",
-                lambda: run_generate_batch(model, prompts, n),
-                lambda: run_generate_batch(model, warm_prompts, 2),
-                device,
-            )
-        )
-        hf_paged.unwrap(model)
-    except Exception as exc:  # noqa: BLE001 - wrapping failed: report it in the table, keep the rest
-        traceback.print_exc()
-        paths.append(PathResult("hf_paged generate_batch", error=f"{type(exc).__name__}: {exc}"[:300]))
+    total_blocks = sum(-(-(len(p) + n) // args.block_size) for p in prompts)
+    variants = [("hf_paged generate_batch", {})]
+    if device.type == "cuda":  # the same engine without its decode graphs: what the graphs win
+        variants.append(("hf_paged generate_batch (decode graphs off)", {"cuda_graphs": False}))
+    for name, overrides in variants:
+        try:
+            hf_paged.wrap(model, hf_paged.PagedConfig(
+                block_size=args.block_size, num_blocks=int(total_blocks * 1.25) + 16, max_num_seqs=len(prompts),
+                max_num_batched_tokens=args.max_batched_tokens, **overrides))
+            result = timed(name, lambda: run_generate_batch(model, prompts, n),
+                           lambda: run_generate_batch(model, warm_prompts, 2), device)
+            stats = hf_paged.engine_of(model).stats()
+            result.note = (f"{stats['decode_graph_replays']} decode steps replayed from "
+                           f"{stats['decode_graphs_captured']} captured graphs")
+            paths.append(result)
+            hf_paged.unwrap(model)
+        except Exception as exc:  # noqa: BLE001 - wrapping failed: report it in the table, keep the rest
+            traceback.print_exc()
+            paths.append(PathResult(name, error=f"{type(exc).__name__}: {exc}"[:300]))
     lens = [len(p) for p in prompts]
     return E2EResult(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",

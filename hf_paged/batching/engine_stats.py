@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hf_paged.batching.kv_pruning import KVPruner
 from hf_paged.batching.metrics import EngineMetrics
+from hf_paged.batching.model_runner import ModelRunner
 from hf_paged.batching.retry import Retrier
 from hf_paged.batching.sampler import Sampler
 from hf_paged.batching.scheduler import Scheduler
@@ -13,7 +14,7 @@ __all__ = ["engine_stats"]
 
 
 def engine_stats(*, metrics: EngineMetrics, max_num_batched_tokens: int, cache: PagedCache, scheduler: Scheduler,
-                 pruner: KVPruner, sampler: Sampler, retrier: Retrier) -> dict:
+                 pruner: KVPruner, sampler: Sampler, retrier: Retrier, runner: ModelRunner) -> dict:
     """Metrics (tokens, latencies, speculation), cache gauges, scheduler queues, constraint work and retries."""
     stats = metrics.summary(max_num_batched_tokens)
     stats.update(cache.stats())
@@ -26,4 +27,7 @@ def engine_stats(*, metrics: EngineMetrics, max_num_batched_tokens: int, cache: 
     stats.update(sampler.constraint_stats.summary())
     stats["retries"] = retrier.num_retries
     stats["retried_requests"] = retrier.num_retried_requests
+    graphs = runner.graphs  # decode steps replayed from CUDA graphs, and the buckets captured (0 off CUDA)
+    stats["decode_graph_replays"] = graphs.replays if graphs is not None else 0
+    stats["decode_graphs_captured"] = graphs.num_captured if graphs is not None else 0
     return stats

@@ -6,12 +6,16 @@
                          lengths), chosen once per step (`cache/attention_backends.py`); reaches every cache.update
                          and attention call
     logits_to_keep       only the rows that need a next token
+
+A decode step (every request one token, every row sampled) on CUDA replays a CUDA graph of the lean forward
+instead (`decode_graphs.py`, `PagedConfig.cuda_graphs`); every other step runs eagerly.
 """
 
 from __future__ import annotations
 
 import torch
 
+from hf_paged.batching.decode_graphs import DecodeGraphs
 from hf_paged.batching.lean_forward import LeanForward
 from hf_paged.cache.attention import ATTENTION_NAME, attend_packed, register
 from hf_paged.cache.attention_backends import TorchBackend, choose_backend
@@ -28,10 +32,24 @@ class ModelRunner:
         self._configs = attention_configs(model)
         self.device = _input_device(model)
         self.lean = LeanForward.build(model)
+        self.graphs = self._decode_graphs()
 
     def model_changed(self) -> None:
-        """The weights or modules changed (the engine's weights check): build the lean forward anew."""
+        """The weights or modules changed (the engine's weights check): build the lean forward (and the decode
+        graphs, which recorded its tensors) anew."""
         self.lean = LeanForward.build(self.model)
+        self.graphs = self._decode_graphs()
+
+    def _decode_graphs(self) -> DecodeGraphs | None:
+        """Decode graphs where they can apply: CUDA, the lean forward, Triton attention, not turned off."""
+        cfg = self.cache.paged_config
+        if (cfg.cuda_graphs is False or self.lean is None or self.device.type != "cuda"
+                or cfg.attention_backend == "torch"):
+            return None
+        width = min(self.cache.num_blocks, -(-self.cache.kv_shape.max_model_len // cfg.block_size))
+        return DecodeGraphs(self.lean, self.cache.block_layers, device=self.device, block_size=cfg.block_size,
+                            max_batch=cfg.max_num_seqs, max_blocks_per_seq=width,
+                            attention_backend=cfg.attention_backend)
 
     def paged_attention(self):
         """Route attention to `hf_paged` for one forward only; plain forwards keep the stock implementation."""
@@ -43,11 +61,16 @@ class ModelRunner:
     ) -> torch.Tensor:
         """Returns fp32 logits `[len(logits_rows), vocab]`."""
         self.cache.apply_pending_copies()
+        usable = self.lean is not None and self.lean.usable()
+        if usable and self.graphs is not None and self.graphs.serves(len(input_ids), metadata, logits_rows):
+            logits = self.graphs.run(input_ids, positions, metadata)
+            if logits is not None:
+                return logits.float()
         ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
         pos = torch.tensor([positions], dtype=torch.long, device=self.device)
         keep = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
         backend = choose_backend(metadata, self.cache.block_layers, self.device)
-        if self.lean is not None and self.lean.usable():
+        if usable:
             return self.lean(ids, pos, keep, self._paged_attend(backend)).float()
         with self.paged_attention():
             out = self.model(

@@ -17,7 +17,7 @@ import torch
 
 import hf_paged
 from hf_paged import Engine, JSONSchemaLogitsProcessor, PagedConfig, RequestStatus, SamplingParams
-from tests.tiny_models import left_pad, ragged_prompts, tiny_model
+from tests.tiny_models import left_pad, ragged_prompts, stock_greedy, tiny_model
 
 # HF_PAGED_TEST_DEVICE=cpu runs the same tests on the CPU (to check the tests themselves without a GPU)
 CUDA = torch.device(os.environ.get("HF_PAGED_TEST_DEVICE", "cuda"))
@@ -166,3 +166,24 @@ def test_server_with_seeds_on_cuda():
         bad = client.post("/v1/completions", json={**body, "temperature": "hot"})
         assert 400 <= bad.status_code < 500 and "error" in bad.json()
         wait_idle(engine)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_decode_graphs_replay_and_match_the_eager_engine_and_stock(family):
+    """Decode steps replayed from CUDA graphs (on by default on CUDA): batches shrinking through several buckets
+    (requests end at different lengths), padded rows, prefix hits on a second pass; the same greedy fp32 tokens as
+    the engine without graphs and as stock generate."""
+    model = tiny_model(family).to(CUDA)
+    prompts = ragged_prompts(LENGTHS + [5, 9, 12, 40, 2, 26, 19])
+    lengths = [3 + 3 * i for i in range(len(prompts))]  # 13 requests ending one after another: buckets 16 .. 1
+    stock = [out[:n] for out, n in zip(stock_greedy(model, prompts, max(lengths), pad_token_id=0), lengths)]
+    params = [SamplingParams(max_new_tokens=n) for n in lengths]
+    eager = Engine(model, PagedConfig(block_size=8, cuda_graphs=False))
+    graphs = Engine(model, PagedConfig(block_size=8))
+    assert finished(run(eager, prompts, params)) == stock
+    assert finished(run(graphs, prompts, params)) == stock
+    assert finished(run(graphs, prompts, params)) == stock  # prefix hits, graphs already captured
+    stats = graphs.stats()
+    if CUDA.type == "cuda":
+        assert stats["decode_graph_replays"] > 30 and stats["decode_graphs_captured"] >= 4
+    assert eager.stats()["decode_graph_replays"] == 0
