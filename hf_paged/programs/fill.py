@@ -1,0 +1,165 @@
+"""`fill`: a template's holes filled by the model, field by field or in one constrained generation.
+
+    item_by_item   each hole is its own call after everything before it (whose blocks come from the prefix cache):
+                   a choice hole is scored (`select`); any other hole is generated under its constraint followed by
+                   the template's next literal (produced by jump-forward in the same request); a field refused by its
+                   validator is regenerated alone, from the same cached prefix, with a new seed
+    one_shot       one generation under the whole template as one regex (literals forced: jump-forward); a field
+                   cut short or refused by its validator is redone from there on item by item (the text before it
+                   kept, its tokens cached)
+
+The prompt and the template's first literal are the prompt of the first call in both modes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hf_paged.programs.backend import Backend, RunContext
+from hf_paged.programs.calls import GenCall, SelectCall
+from hf_paged.programs.constraints import Choices, Text, regex_text
+from hf_paged.programs.one_shot import run_one_shot
+from hf_paged.programs.steps import run_gen, run_select
+from hf_paged.programs.template import TemplatePlan, parse_template
+from hf_paged.programs.track import Attempt, CallRecord, TokenCounts, Track
+
+__all__ = ["MODES", "Filled", "FilledField", "fill"]
+
+MODES = ("item_by_item", "one_shot")
+
+
+@dataclass(frozen=True, slots=True)
+class FilledField:
+    """One hole's outcome: its value (a JSON string hole's decoded, a schema hole's parsed), its text in the
+    template, why it ended, every attempt, whether it passed its validator, and the tokens of its own calls
+    (item by item; a field taken from a one-shot generation has none of its own)."""
+
+    name: str
+    value: Any
+    text: str
+    finish_reason: str
+    attempts: tuple[Attempt, ...]
+    valid: bool
+    tokens: TokenCounts
+
+
+@dataclass(slots=True)
+class Filled:
+    """A filled template: `text` (the template with its holes filled, without the prompt), `fields` by name,
+    `details` per field, and the tokens of every request (`tokens`: prefilled, from cache, generated, forced)."""
+
+    text: str
+    fields: dict[str, Any]
+    details: dict[str, FilledField]
+    mode: str
+    tokens: TokenCounts = field(default_factory=TokenCounts)
+
+    @property
+    def valid(self) -> bool:
+        """Every field closed and passed its validator."""
+        return all(d.valid for d in self.details.values())
+
+    @property
+    def finish_reasons(self) -> dict[str, str]:
+        return {name: d.finish_reason for name, d in self.details.items()}
+
+    @property
+    def attempts(self) -> dict[str, int]:
+        return {name: len(d.attempts) for name, d in self.details.items()}
+
+
+def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item", *, temperature: float = 0.0,
+         seed: int | None = None, **holes: Any) -> Filled:
+    """Fill `template`'s `[name]` holes after `prompt`, each under the constraint passed as `name=`.
+
+    Args:
+        model, tokenizer: a causal LM (wrapped with default settings when it is not) and its tokenizer.
+        prompt: text before the template (instructions, the input).
+        template: literal text with `[name]` holes (see `programs/template.py`).
+        mode: "item_by_item" (each field its own call) or "one_shot" (one constrained generation).
+        temperature, seed: sampling of the generated fields (0: greedy). Retries always sample.
+        **holes: one constraint per hole: a list of choices, `hp.text(max_tokens=)`, `hp.regex(...)`,
+            `hp.schema(...)`, `hp.grammar(...)`, each with its own `validator` / `max_retries`.
+
+    Raises:
+        TemplateError (a bad template, a missing or extra constraint, a recursive schema/grammar hole in
+        one_shot), FieldConstraintError, ValidatorError (a validator that raised, naming the field), the
+        constraint compilers' errors, ProgramError (a request that failed).
+    """
+    if mode not in MODES:
+        raise ValueError(f"fill: mode must be one of {MODES}, got {mode!r}")
+    if not isinstance(prompt, str):
+        raise TypeError(f"fill: prompt must be text, got {type(prompt).__name__}; decode token ids first")
+    plan = parse_template(template, holes)
+    run = RunContext(Backend(model, tokenizer))
+    track = run.new_track()
+    track.append_text(prompt + plan.literals[0])
+    records: dict[str, CallRecord] = {}
+    totals = TokenCounts()
+    try:
+        start = 0
+        if mode == "one_shot":
+            one_shot = run_one_shot(run, track, plan, [hole_call(plan, i, temperature, seed)
+                                                       for i in range(len(plan.holes))])
+            start = one_shot.redo_from
+            records.update(one_shot.records)
+            totals.add(one_shot.tokens)
+        for i in range(start, len(plan.holes)):
+            record = _fill_hole(run, track, plan, i, temperature, seed)
+            earlier = records.get(plan.holes[i].name)  # the one-shot attempt refused or cut short
+            if earlier is not None:
+                record.attempts[:0] = earlier.attempts
+            records[plan.holes[i].name] = record
+            totals.add(record.tokens)
+    except BaseException:
+        run.abort()
+        raise
+    finally:
+        run.finished = True
+        run.release()
+    details = {}
+    for i, hole in enumerate(plan.holes):
+        record = records[hole.name]
+        own = record.tokens if record.kind != "one_shot" else TokenCounts()
+        details[hole.name] = FilledField(hole.name, track.fields[hole.name], record.value, record.finish_reason,
+                                         tuple(record.attempts), record.valid, own)
+    return Filled(track.text[len(prompt):], dict(track.fields), details, mode, totals)
+
+
+def hole_call(plan: TemplatePlan, i: int, temperature: float, seed: int | None) -> GenCall:
+    """Hole `i` as a generation followed by the template's next literal (forced in the same request when the
+    constraint has a flat regex)."""
+    hole = plan.holes[i]
+    literal = plan.next_literal(i)
+    constraint = hole.constraint
+    stop_char = literal[0] if literal else None
+    flat = regex_text(constraint, json_string=hole.json_string, stop_char=stop_char)
+    if isinstance(constraint, Text) and not literal:
+        flat = None  # free text to the end: no constraint at all
+    suffix = literal if flat is not None or isinstance(constraint, Text) else ""
+    return GenCall(hole.name, constraint.max_tokens, (), constraint if not isinstance(constraint, Text) else None,
+                   constraint.validator, constraint.max_retries, temperature, 1.0, seed, suffix, hole.json_string,
+                   flat)
+
+
+def _fill_hole(run: RunContext, track: Track, plan: TemplatePlan, i: int, temperature: float,
+               seed: int | None) -> CallRecord:
+    hole = plan.holes[i]
+    literal = plan.next_literal(i)
+    if isinstance(hole.constraint, Choices):
+        texts = tuple(_json_body(c) for c in hole.constraint.choices) if hole.json_string else None
+        record = run_select(run, track, SelectCall(hole.name, hole.constraint.choices, "sum", texts))
+        track.append_text(literal)
+        return record
+    call = hole_call(plan, i, temperature, seed)
+    record = run_gen(run, track, call)
+    if not call.suffix:
+        track.append_text(literal)
+    return record
+
+
+def _json_body(value: str) -> str:
+    import json
+
+    return json.dumps(value, ensure_ascii=False)[1:-1]

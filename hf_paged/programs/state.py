@@ -1,0 +1,185 @@
+"""`ProgramState`, the `s` a program writes to: `s += text`, `s += hp.gen(...)`, `s["name"]`, `s.text`,
+`s.fork(n)`.
+
+Appending is asynchronous: `s += ...` queues the parts and returns; a worker thread of the state runs them in
+order, each call joining the engine's continuous batch. Reading (`s[name]`, `s.text`, `s.fork`) waits for the
+queue. So forks written one after another in a loop run together:
+
+    for f in s.fork(2):                       # two states sharing s's prefix blocks (through the prefix cache)
+        f += "Option: " + hp.gen("option")    # queued on each fork; both requests run in the same engine steps
+    s["option"]                               # waits for both: ["...", "..."] (a field of forks, as a list)
+
+A call that fails is raised by the next read of that state (or when the program returns).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Any, Self
+
+from hf_paged.programs.backend import RunContext
+from hf_paged.programs.calls import GenCall, SelectCall, parts_of
+from hf_paged.programs.steps import run_gen, run_select
+from hf_paged.programs.track import CallRecord, TokenCounts, Track
+
+__all__ = ["ForkGroup", "ProgramState"]
+
+
+class ForkGroup(list):
+    """The states made by one `fork(n)`, in order."""
+
+    def join(self) -> ForkGroup:
+        """Wait for every fork's queued calls; raises the first error."""
+        for state in self:
+            state.join()
+        return self
+
+
+class ProgramState:
+    """The state of one running program (see the module docstring). Not made by hand: `Program.run` makes it."""
+
+    def __init__(self, run: RunContext, track: Track | None = None) -> None:
+        self._run = run
+        self._track = run.new_track(track)
+        self._ops: deque[str | GenCall | SelectCall] = deque()
+        self._cond = threading.Condition()
+        self._busy = False  # a worker thread is running the queue
+        self._error: BaseException | None = None
+        self._fork_groups: list[ForkGroup] = []
+        self.return_value: Any = None  # what the program function returned
+
+    # -- writing ---------------------------------------------------------------------------------------------
+    def __iadd__(self, other: Any) -> Self:
+        parts = parts_of(other)
+        with self._cond:
+            self._raise_error()
+            if not self._busy and all(isinstance(p, str) for p in parts):
+                for part in parts:  # text alone, nothing queued: append it now
+                    self._track.append_text(part)
+                return self
+            self._run.check_open()
+            self._ops.extend(parts)
+            if not self._busy:
+                self._busy = True
+                threading.Thread(target=self._drain, name="hf_paged-program-state", daemon=True).start()
+        return self
+
+    def fork(self, n: int = 2) -> ForkGroup:
+        """`n` states continuing from this one's text; they share its prefix blocks through the prefix cache (this
+        state keeps them pinned) and run their calls in the same engine steps. A field written by the forks reads
+        from this state as the list of their values (`s["option"]`)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"fork(n) needs an int n >= 1 (the number of branches), got {n!r}")
+        self.sync()
+        group = ForkGroup(ProgramState(self._run, self._track.copy()) for _ in range(n))
+        self._fork_groups.append(group)
+        return group
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    def sync(self) -> ProgramState:
+        """Wait for this state's queued calls; raises the error of one that failed."""
+        with self._cond:
+            while self._busy:
+                self._cond.wait()
+            self._raise_error()
+        return self
+
+    def __getitem__(self, name: str) -> Any:
+        self.sync()
+        if name in self._track.fields:
+            return self._track.fields[name]
+        for group in reversed(self._fork_groups):  # the latest forks that wrote the field
+            group.join()
+            if any(name in state._track.fields for state in group):
+                return [state._track.fields.get(name) for state in group]
+        known = sorted(self.fields)
+        raise KeyError(f"no field {name!r} in this program state; fields so far: {known}")
+
+    def get(self, name: str, default: Any = None) -> Any:
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+    def __contains__(self, name: str) -> bool:
+        return self.get(name, _MISSING) is not _MISSING
+
+    @property
+    def text(self) -> str:
+        """Everything appended so far: literal text and field values, exactly."""
+        return self.sync()._track.text
+
+    @property
+    def fields(self) -> dict[str, Any]:
+        """This state's fields by name (not its forks')."""
+        return dict(self.sync()._track.fields)
+
+    @property
+    def token_ids(self) -> list[int]:
+        """The tokens of the text up to the last call (text appended since is not tokenized yet)."""
+        return list(self.sync()._track.ids)
+
+    @property
+    def calls(self) -> list[CallRecord]:
+        """One record per `gen` / `select` of this state, in order (value, finish reason, attempts, tokens)."""
+        return list(self.sync()._track.calls)
+
+    @property
+    def forks(self) -> list[ProgramState]:
+        return [state for group in self._fork_groups for state in group]
+
+    def tokens(self) -> TokenCounts:
+        """Tokens of every call of this state and its forks (prefilled, from cache, generated, forced)."""
+        total = self.sync()._track.totals()
+        for state in self.forks:
+            total.add(state.tokens())
+        return total
+
+    def join(self, *, raise_errors: bool = True) -> ProgramState:
+        """Wait for this state and all its forks; raises the first error (unless `raise_errors=False`)."""
+        first: BaseException | None = None
+        for state in [self, *self.forks]:
+            try:
+                state.sync() if state is self else state.join(raise_errors=raise_errors)
+            except BaseException as exc:  # noqa: BLE001 -- wait for the others, then raise the first
+                first = first or exc
+        if first is not None and raise_errors:
+            raise first
+        return self
+
+    def __repr__(self) -> str:
+        with self._cond:
+            state = "running" if self._busy else "idle"
+            return f"ProgramState({state}, fields={sorted(self._track.fields)}, text={self._track.text[-40:]!r})"
+
+    # -- the worker ------------------------------------------------------------------------------------------
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _drain(self) -> None:
+        while True:
+            with self._cond:
+                if not self._ops:
+                    self._busy = False
+                    self._cond.notify_all()
+                    return
+                op = self._ops.popleft()
+            try:
+                if isinstance(op, str):
+                    self._track.append_text(op)
+                elif isinstance(op, GenCall):
+                    run_gen(self._run, self._track, op)
+                else:
+                    run_select(self._run, self._track, op)
+            except BaseException as exc:  # noqa: BLE001 -- raised by the program's next read of this state
+                with self._cond:
+                    self._error = exc
+                    self._ops.clear()
+                    self._busy = False
+                    self._cond.notify_all()
+                return
+
+
+_MISSING = object()

@@ -1,0 +1,222 @@
+"""One call on a track: `run_gen` (generate a field, check it, regenerate it alone while the validator refuses)
+and `run_select` (score every choice after the shared prefix, keep the best). Synchronous: the caller's thread
+waits while the engine runs the requests among everyone else's.
+
+A field's output is cut where the field ends (the first `stop` string, EOS, or the forced literal after a template
+hole) and its tokens are kept as generated, so the next call's prompt extends them:
+
+    generated:  [tok tok tok tok tok EOS]       value = text before the stop / the suffix
+    kept:       [tok tok tok tok]               the longest run of tokens whose text starts the kept text
+    pending:    "...rest of the kept text"      tokenized with the next call's text
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+from hf_paged.batching.request import RequestStatus
+from hf_paged.batching.sampling import SamplingParams
+from hf_paged.errors import HfPagedError
+from hf_paged.processors.choice import escape_regex
+from hf_paged.programs.backend import RunContext
+from hf_paged.programs.calls import GenCall, SelectCall
+from hf_paged.programs.constraints import Schema, Text, regex_text
+from hf_paged.programs.errors import ProgramError, ValidatorError
+from hf_paged.programs.track import Attempt, CallRecord, TokenCounts, Track
+
+__all__ = ["field_value", "flush", "run_gen", "run_select", "validate"]
+
+_PARTIAL_ESCAPE = re.compile(r"(\\+)(u[0-9a-fA-F]{0,3})?$")
+
+
+def flush(run: RunContext, track: Track, what: str) -> list[int]:
+    """Tokenize the track's pending text; its token ids (the next call's prompt)."""
+    if track.pending or not track.ids:
+        track.ids.extend(run.backend.encode(track.pending, first=not track.ids))
+        track.pending = ""
+    if not track.ids:
+        raise ProgramError(f"{what} has no text before it and the tokenizer adds no BOS token: append a prompt "
+                           "first (s += '...')")
+    return list(track.ids)
+
+
+def run_gen(run: RunContext, track: Track, call: GenCall) -> CallRecord:
+    backend = run.backend
+    what = f"hp.gen({call.name!r})"
+    prompt = flush(run, track, what)
+    processor = _processor(backend, call)
+    record = CallRecord(call.name, "gen", "", "")
+    allowance = len(backend.encode(call.suffix, first=False)) + 1 if call.suffix else 0
+    for attempt in range(call.max_retries + 1):
+        sampled = attempt > 0 or call.temperature > 0  # a retry samples: a greedy rerun would repeat itself
+        seed = None if not sampled else (call.seed or 0) + attempt
+        params = SamplingParams(
+            max_new_tokens=call.max_tokens + allowance + (1 if processor is not None else 0),
+            do_sample=sampled, temperature=call.temperature or 1.0, top_p=call.top_p, seed=seed,
+            eos_token_id=backend.eos_token_id, stop_strings=list(call.stop) or None,
+            tokenizer=backend.tokenizer if call.stop else None,
+            logits_processors=[processor] if processor is not None else [],
+        )
+        (output,) = backend.submit(run, [prompt], [params])
+        if output.status is not RequestStatus.FINISHED:
+            raise _failure(what, output)
+        cut = _cut(backend, call, output.generated_tokens, output.finish_reason or "length")
+        valid = cut.complete and validate(call, cut.value)
+        record.tokens.add(TokenCounts(len(prompt) - output.num_cached_tokens, output.num_cached_tokens,
+                                      len(output.generated_tokens), cut.num_forced, 1))
+        record.attempts.append(Attempt(cut.value, cut.finish_reason, valid, seed))
+        if valid:
+            break
+    record.value, record.finish_reason, record.valid = cut.value, cut.finish_reason, valid
+    track.ids.extend(cut.ids)  # (the pending text was flushed into the prompt)
+    track.text += cut.kept_text
+    track.pending = cut.tail
+    track.fields[call.name] = field_value(call, cut.value)
+    track.calls.append(record)
+    backend.pin(track)
+    return record
+
+
+def run_select(run: RunContext, track: Track, call: SelectCall) -> CallRecord:
+    backend = run.backend
+    what = f"hp.select({call.name!r})"
+    prompt = flush(run, track, what)
+    texts = call.texts or call.choices
+    encoded = [backend.encode(text, first=False) for text in texts]
+    for choice, ids in zip(call.choices, encoded):
+        if not ids:
+            raise ProgramError(f"{what}: choice {choice!r} encodes to no tokens; give non-empty choices")
+    prompts = [prompt + ids[:-1] for ids in encoded]
+    params = [SamplingParams(max_new_tokens=1, score_targets=ids) for ids in encoded]
+    block_size = backend.engine.config.block_size
+    uncached = len(prompt) - len(track.pinned or ())
+    if len(prompts) > 1 and uncached >= block_size:  # a leader computes the new full blocks; the others share them
+        outputs = backend.submit(run, prompts[:1], params[:1]) + backend.submit(run, prompts[1:], params[1:])
+    else:
+        outputs = backend.submit(run, prompts, params)
+    record = CallRecord(call.name, "select", "", "scored")
+    scores: dict[str, float] = {}
+    for choice, output in zip(call.choices, outputs):
+        if output.status is not RequestStatus.FINISHED:
+            raise _failure(what, output)
+        logprobs = output.score_logprobs or []
+        total = float(sum(logprobs))
+        scores[choice] = total / len(logprobs) if call.normalize == "mean" else total
+        num_prompt = len(output.prompt_ids)
+        record.tokens.add(TokenCounts(num_prompt - output.num_cached_tokens, output.num_cached_tokens, 0, 0, 1))
+    best = max(range(len(call.choices)), key=lambda i: (scores[call.choices[i]], -i))  # ties: the earliest
+    record.value, record.scores = call.choices[best], scores
+    record.attempts.append(Attempt(record.value, "scored", True, None))
+    track.append_tokens(encoded[best], texts[best])
+    track.fields[call.name] = call.choices[best]
+    track.calls.append(record)
+    backend.pin(track)
+    return record
+
+
+# -- internals ----------------------------------------------------------------------------------------------
+class _Cut:
+    __slots__ = ("complete", "finish_reason", "ids", "kept_text", "num_forced", "tail", "value")
+
+    def __init__(self, value, kept_text, ids, tail, finish_reason, complete, num_forced) -> None:
+        self.value = value  # the field's text
+        self.kept_text = kept_text  # what the track gets: the value and the forced suffix
+        self.ids = ids  # the generated tokens kept (their text starts kept_text)
+        self.tail = tail  # the rest of kept_text, appended as text
+        self.finish_reason = finish_reason
+        self.complete = complete  # the constraint closed (or free text)
+        self.num_forced = num_forced  # kept tokens wholly inside the suffix
+
+
+def _cut(backend, call: GenCall, generated: list[int], finish_reason: str) -> _Cut:
+    ids = list(generated)
+    while ids and ids[-1] in backend.eos_ids:
+        ids.pop()
+    text = backend.decode(ids)
+    complete = finish_reason != "length_incomplete" or isinstance(call.constraint, Text | None)
+    stops = [text.find(s) for s in call.stop if s in text]
+    if stops:
+        value, finish_reason = text[: min(stops)], "stop"
+    elif call.suffix and text.endswith(call.suffix):
+        value, finish_reason = text[: -len(call.suffix)], "stop"
+    else:
+        value = text
+        if call.suffix:  # the field ran out of tokens before its literal: close it here
+            finish_reason = "length"
+            if call.json_string:
+                value = _trim_partial_escape(value)
+    kept_text = value + call.suffix
+    if backend.decode(ids) != kept_text:
+        while ids and not kept_text.startswith(backend.decode(ids)):
+            ids.pop()
+    ids_text = backend.decode(ids)
+    num_forced = 0
+    if call.suffix and ids:
+        k = 0
+        while k < len(ids) and len(backend.decode(ids[:k])) < len(value):
+            k += 1
+        num_forced = len(ids) - k
+    return _Cut(value, kept_text, ids, kept_text[len(ids_text):], finish_reason, complete, num_forced)
+
+
+def _trim_partial_escape(body: str) -> str:
+    match = _PARTIAL_ESCAPE.search(body)
+    if match is None or len(match.group(1)) % 2 == 0:
+        return body
+    return body[: match.start() + len(match.group(1)) - 1]
+
+
+def validate(call: GenCall, value: str) -> bool:
+    """The field's validator on its value; `ValidatorError` naming the field when the validator raises."""
+    if call.validator is None:
+        return True
+    try:
+        verdict = call.validator(field_value(call, value))
+    except Exception as exc:  # any validator failure is the caller's bug: name the field
+        raise ValidatorError(f"the validator of field {call.name!r} raised {type(exc).__name__}: {exc}; make it "
+                             "return True/False") from exc
+    return bool(verdict)
+
+
+def field_value(call: GenCall, value: str):
+    """A field's value from its text: a JSON string body decoded, a schema field parsed, else the text."""
+    if call.json_string:
+        try:
+            return json.loads('"' + value + '"')
+        except ValueError:
+            return value
+    if isinstance(call.constraint, Schema):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _failure(what: str, output) -> HfPagedError:
+    error_type = output.error_type
+    if isinstance(error_type, type) and issubclass(error_type, HfPagedError):
+        return error_type(f"{what}: {output.error}")
+    return ProgramError(f"{what}: its request ended {output.finish_reason or 'failed'}: {output.error}")
+
+
+def _processor(backend, call: GenCall):
+    """The logits processor that holds the field (and its forced suffix) to its constraint; None: free text."""
+    from hf_paged.processors import GrammarLogitsProcessor, JSONSchemaLogitsProcessor, RegexLogitsProcessor
+
+    tokenizer, eos = backend.tokenizer, backend.eos_token_id
+    constraint = call.constraint if call.constraint is not None else Text(call.max_tokens, None, 0)
+    suffix = escape_regex(call.suffix)
+    if call.regex is not None:
+        return RegexLogitsProcessor(call.regex + suffix, tokenizer, eos_token_id=eos)
+    if isinstance(constraint, Text) and not call.suffix:
+        return None
+    stop_char = call.suffix[0] if call.suffix else None
+    flat = regex_text(constraint, json_string=call.json_string, stop_char=stop_char)
+    if flat is not None:
+        return RegexLogitsProcessor(flat + suffix, tokenizer, eos_token_id=eos)
+    if isinstance(constraint, Schema):
+        return JSONSchemaLogitsProcessor(constraint.schema, tokenizer, eos_token_id=eos)
+    return GrammarLogitsProcessor(constraint.grammar, tokenizer, start=constraint.start, eos_token_id=eos)
+

@@ -1,0 +1,116 @@
+"""Templates with named holes, compiled to forced literal text and one hole per field.
+
+    '{"intent": "[intent]", "tags": ["[t1]", "[t2]"]}'
+      literals: '{"intent": "'  '", "tags": ["'  '", "'  '"]}'
+      holes:    intent (between quotes: a JSON string body)   t1   t2
+
+A hole is `[name]` (a Python identifier). Any other bracket is literal text (`["` above); write `[[` and `]]` for
+a literal `[` or `]` where the text would read as a hole (`[[true]]` is the literal `[true]`). A hole between two
+double quotes is a JSON string: its value is a JSON string body (escaped, never an unescaped quote).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from hf_paged.programs.constraints import Constraint, as_constraint
+from hf_paged.programs.errors import TemplateError
+
+__all__ = ["Hole", "TemplatePlan", "parse_template"]
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True, slots=True)
+class Hole:
+    """One field of a template: its name, constraint, and whether it sits between quotes (a JSON string)."""
+
+    name: str
+    constraint: Constraint
+    json_string: bool
+    column: int  # where `[name]` starts in the template (for messages)
+
+
+@dataclass(frozen=True, slots=True)
+class TemplatePlan:
+    """`literals[i]` comes before `holes[i]`; `literals[-1]` after the last hole (len(literals) = len(holes) + 1)."""
+
+    literals: tuple[str, ...]
+    holes: tuple[Hole, ...]
+
+    def next_literal(self, i: int) -> str:
+        return self.literals[i + 1]
+
+
+def parse_template(template: str, constraints: dict[str, Any]) -> TemplatePlan:
+    """Split `template` into literals and holes and give each hole its constraint from `constraints` (hole name ->
+    a list of choices or an `hp.text` / `hp.regex` / `hp.schema` / `hp.grammar` value).
+
+    Raises:
+        TemplateError: not a string, no hole, an unbalanced hole (`[name` without `]`, or `name]` without `[`),
+            a name used twice, a hole without a constraint, a constraint for no hole.
+        FieldConstraintError: a constraint that is not one.
+    """
+    if not isinstance(template, str):
+        raise TemplateError(f"the template must be a string with [name] holes, got {type(template).__name__}")
+    literals, names = _split(template)
+    if not names:
+        raise TemplateError("the template has no hole: mark each field as [name], e.g. '{\"intent\": \"[intent]\"}'")
+    seen: dict[str, int] = {}
+    for name, column in names:
+        if name in seen:
+            raise TemplateError(f"hole [{name}] appears twice (columns {seen[name]} and {column}); give each hole its "
+                                f"own name (e.g. [{name}_2])")
+        seen[name] = column
+    unknown = sorted(set(constraints) - set(seen))
+    if unknown:
+        raise TemplateError(f"constraints given for {unknown} but the template has no such hole; its holes: "
+                            f"{list(seen)}")
+    holes = []
+    for i, (name, column) in enumerate(names):
+        if name not in constraints:
+            raise TemplateError(f"hole [{name}] has no constraint: pass {name}=[...choices] or "
+                                f"{name}=hp.text(max_tokens=...) (or hp.regex / hp.schema / hp.grammar)")
+        json_string = literals[i].endswith('"') and literals[i + 1].startswith('"')
+        holes.append(Hole(name, as_constraint(f"hole [{name}]", constraints[name]), json_string, column))
+    return TemplatePlan(tuple(literals), tuple(holes))
+
+
+def _split(template: str) -> tuple[list[str], list[tuple[str, int]]]:
+    literals, names, current, i = [], [], [], 0
+    while i < len(template):
+        char = template[i]
+        if template.startswith("[[", i) or template.startswith("]]", i):
+            current.append(char)
+            i += 2
+            continue
+        if char == "[":
+            match = _NAME.match(template, i + 1)
+            if match is not None:
+                end = match.end()
+                if end < len(template) and template[end] == "]":
+                    literals.append("".join(current))
+                    current = []
+                    names.append((match.group(), i))
+                    i = end + 1
+                    continue
+                raise TemplateError(
+                    f"unbalanced hole at column {i}: '[{match.group()}' has no closing ']'; close it "
+                    f"('[{match.group()}]'), or write '[[' for a literal '['"
+                )
+        if char == "]":
+            start = i
+            while start > 0 and (template[start - 1].isalnum() or template[start - 1] == "_"):
+                start -= 1
+            word = template[start:i]
+            if _NAME.fullmatch(word) and (start == 0 or template[start - 1] != "["):
+                raise TemplateError(
+                    f"unbalanced hole at column {i}: '{word}]' has no opening '['; open it ('[{word}]'), or write "
+                    "']]' for a literal ']'"
+                )
+        current.append(char)
+        i += 1
+    literals.append("".join(current))
+    return literals, names
