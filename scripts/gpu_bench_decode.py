@@ -18,6 +18,7 @@ copies ~4.3 TB/s that way). Acceptance: decode reaches >= 70% of it at batch 64,
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import time
@@ -30,6 +31,7 @@ from hf_paged.cache.kernels import FullPrecisionTail, QuantizedKV, paged_decode_
 from hf_paged.cache.kernels.launch import decode_launch_config, num_sms
 from hf_paged.cache.kernels.reference import ref_paged_decode_attention
 from hf_paged.cache.kernels.reference_quantized import ref_paged_decode_attention_quantized
+from hf_paged.cache.kernels.triton_decode import paged_decode_attention_triton
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -154,11 +156,28 @@ def run(args, copy: float | None = None, time_reference: bool = True) -> DecodeB
     scale = args.head_dim**-0.5
     backend = "triton"
     tail, kv_block_bytes = None, None
-    if args.kv_format != "auto":
-        key_cache, value_cache, tail, kv_block_bytes = quantize_inputs(args.kv_format, key_cache, value_cache,
+    kv_format, _, variant = args.kv_format.partition(":")  # "int8:nofold", "int8:4w": a launch variant
+    if kv_format != "auto":
+        key_cache, value_cache, tail, kv_block_bytes = quantize_inputs(kv_format, key_cache, value_cache,
                                                                        block_tables)  # fmt: skip
+    config = decode_launch_config(
+        num_seqs=args.batch,
+        num_heads=args.heads,
+        num_kv_heads=args.kv_heads,
+        head_dim=args.head_dim,
+        max_context_len=block_tables.shape[1] * args.block_size,
+        dtype=dtype,
+        num_sms=num_sms(device),
+        quantized=kv_format != "auto",
+    )
+    if variant:
+        config = dataclasses.replace(config, fold_scales=variant != "nofold",
+                                     num_warps=4 if variant == "4w" else config.num_warps)
 
     def kernel():
+        if variant:  # the launch config forced (the public function chooses its own)
+            return paged_decode_attention_triton(query, key_cache, value_cache, block_tables, context_lens,
+                                                 scale=scale, tail=tail, config=config)
         return paged_decode_attention(
             query, key_cache, value_cache, block_tables, context_lens, scale=scale, tail=tail, backend=backend
         )
@@ -183,22 +202,13 @@ def run(args, copy: float | None = None, time_reference: bool = True) -> DecodeB
         blocks = sum(math.ceil(c / args.block_size) for c in context_lens.tolist())
         nbytes += blocks * kv_block_bytes - kv_plain
     copy = copy or copy_bandwidth(args.copy_bytes, device, iters=args.iters)
-    config = decode_launch_config(
-        num_seqs=args.batch,
-        num_heads=args.heads,
-        num_kv_heads=args.kv_heads,
-        head_dim=args.head_dim,
-        max_context_len=block_tables.shape[1] * args.block_size,
-        dtype=dtype,
-        num_sms=num_sms(device),
-        quantized=args.kv_format != "auto",
-    )
+    fold = " fold" if kv_format in ("int8", "fp8") and config.fold_scales else ""
     achieved = nbytes / (ms / 1e3)
     return DecodeBenchResult(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)",
         shape=f"b{args.batch} x ctx {args.context}, {args.heads}/{args.kv_heads} heads x {args.head_dim}, "
         f"{args.dtype}, block {args.block_size}, KV {args.kv_format}",
-        launch=f"BLOCK_N={config.block_n} splits={config.num_splits} warps={config.num_warps}",
+        launch=f"BLOCK_N={config.block_n} splits={config.num_splits} warps={config.num_warps}{fold}",
         copy_bytes_per_s=copy,
         decode_ms=ms,
         call_ms=call_ms,
@@ -213,6 +223,10 @@ def run(args, copy: float | None = None, time_reference: bool = True) -> DecodeB
 SWEEP_BATCHES = (1, 8, 32, 64, 256)
 SWEEP_CONTEXTS = (512, 4096, 32768)
 SWEEP_FORMATS = ("auto", "int8", "int4")
+# launch variants of the per-token formats, at the shapes of the acceptance (batch >= 32, context >= 4k): the
+# scales folded out of the tiles (the default) or not, 8 warps (the quantized default) or 4, and fp8
+VARIANTS = ("int8:nofold", "int8:4w", "fp8", "fp8:nofold")
+VARIANT_BATCHES, VARIANT_CONTEXTS = (32, 64, 256), (4096, 32768)
 
 
 def sweep(args) -> list[DecodeBenchResult]:
@@ -225,24 +239,27 @@ def sweep(args) -> list[DecodeBenchResult]:
     print(f"| KV | batch | context | kernels ms | TB/s | of copy ({copy / 1e12:.2f} TB/s) | eager call ms | launch "
           "| max err |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for fmt in SWEEP_FORMATS:
-        for batch in batches:
-            for context in contexts:
-                if 2 * batch * context * args.kv_heads * args.head_dim * elem > args.max_kv_bytes:
-                    continue
-                shape = argparse.Namespace(**{**vars(args), "batch": batch, "context": context, "kv_format": fmt})
-                try:
-                    r = run(shape, copy=copy, time_reference=False)
-                except Exception as exc:  # noqa: BLE001 - one failing shape must not hide the others
-                    print(f"| {fmt} | {batch} | {context} | failed: {type(exc).__name__}: {exc} ||||||")
-                    continue
-                finally:
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()
-                results.append(r)
-                print(f"| {fmt if fmt != 'auto' else args.dtype} | {batch} | {context} | {r.decode_ms:.3f} | "
-                      f"{r.decode_bytes_per_s / 1e12:.2f} | {r.fraction_of_copy:.0%} | {r.call_ms:.3f} | {r.launch} | "
-                      f"{r.max_abs_err:.1e} |", flush=True)
+    grid = [(fmt, b, c) for fmt in SWEEP_FORMATS for b in batches for c in contexts]
+    if not args.tiny:
+        grid += [(fmt, b, c) for fmt in VARIANTS for b in VARIANT_BATCHES for c in VARIANT_CONTEXTS]
+    else:
+        grid += [(fmt, batches[-1], contexts[-1]) for fmt in VARIANTS if not fmt.startswith("fp8")]
+    for fmt, batch, context in grid:
+        if 2 * batch * context * args.kv_heads * args.head_dim * elem > args.max_kv_bytes:
+            continue
+        shape = argparse.Namespace(**{**vars(args), "batch": batch, "context": context, "kv_format": fmt})
+        try:
+            r = run(shape, copy=copy, time_reference=False)
+        except Exception as exc:  # noqa: BLE001 - one failing shape must not hide the others
+            print(f"| {fmt} | {batch} | {context} | failed: {type(exc).__name__}: {exc} ||||||")
+            continue
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+        results.append(r)
+        print(f"| {fmt if fmt != 'auto' else args.dtype} | {batch} | {context} | {r.decode_ms:.3f} | "
+              f"{r.decode_bytes_per_s / 1e12:.2f} | {r.fraction_of_copy:.0%} | {r.call_ms:.3f} | {r.launch} | "
+              f"{r.max_abs_err:.1e} |", flush=True)
     return results
 
 
@@ -255,7 +272,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
-    p.add_argument("--kv-format", choices=["auto", "int8", "fp8", "int4"], default="auto",
+    p.add_argument("--kv-format", choices=["auto", "int8", "fp8", "int4", *VARIANTS], default="auto",
                    help="cache format: auto (the dtype) or quantized blocks read by the fused-dequant kernel")
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--iters", type=int, default=50)

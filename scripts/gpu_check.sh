@@ -4,9 +4,10 @@
 #      included) and tests/gpu (greedy fp32 parity with stock generate on CUDA, seeded sampling with forks,
 #      max_retries, sampled speculation, int8 / int4 KV, a JSON-schema constraint, the server on 127.0.0.1);
 #   2. paged decode attention against a plain copy of the same bytes: bf16 / int8 / int4 KV, batch 1-256,
-#      context 512-32k;
+#      context 512-32k, and launch variants of the per-token formats (scales folded or not, 4 or 8 warps, fp8);
 #   3. end to end on a ragged workload, a ~1B random Llama in bf16: stock padded `generate`, transformers'
-#      `generate_batch` with its CUDA graphs off and on, hf_paged's `generate_batch`;
+#      `generate_batch` with its CUDA graphs off and on, hf_paged's `generate_batch` with its decode graphs on
+#      (the default on CUDA) and off;
 # then one table (scripts/gpu_report.py). Every file lands in $GPU_CHECK_OUT (a temporary folder otherwise).
 #
 #   scripts/gpu_check.sh
@@ -45,17 +46,17 @@ echo "== 1/3 CUDA tests (kernels compiled, tests/gpu) =="
 # -m "not slow" replaces the default "not slow and not gpu": the gpu-marked tests run here. Workers compile the
 # Triton kernels in parallel; each test has a time limit so that one hang cannot eat the run.
 XDIST=$("$PY" -c "import xdist" 2>/dev/null && echo "-n ${GPU_CHECK_WORKERS:-8}")
-timeout "${GPU_CHECK_TEST_TIMEOUT:-170}" "$PY" -m pytest tests/kernels tests/gpu tests/processors/test_bitmask.py \
+timeout "${GPU_CHECK_TEST_TIMEOUT:-160}" "$PY" -m pytest tests/kernels tests/gpu tests/processors/test_bitmask.py \
     -q -m "not slow" -p no:cacheprovider $XDIST --deselect tests/kernels/test_kernel_compile.py \
     --junitxml="$RESULTS/kernel_tests.xml" 2>&1 | tail -n 60
 
 echo "== 2/3 paged decode attention vs copy bandwidth (bf16, int8, int4 KV) =="
-timeout "${GPU_CHECK_DECODE_TIMEOUT:-90}" "$PY" scripts/gpu_bench_decode.py --sweep --warmup 3 --iters 20 \
+timeout "${GPU_CHECK_DECODE_TIMEOUT:-130}" "$PY" scripts/gpu_bench_decode.py --sweep --warmup 3 --iters 20 \
     --copy-bytes $((1 << 30)) --json "$RESULTS/decode_sweep.json" | grep '^|'
 
 echo "== 3/3 end-to-end throughput, ~1B Llama, bf16 =="
 timeout "${GPU_CHECK_E2E_TIMEOUT:-200}" "$PY" scripts/gpu_bench_e2e.py --json "$RESULTS/e2e.json" \
-    | grep -E '"(name|tokens_per_s|seconds|error)"'
+    | grep -E '"(name|tokens_per_s|seconds|error|note)"'
 
 echo
 echo "== results ($RESULTS) =="

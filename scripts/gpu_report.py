@@ -58,14 +58,14 @@ def sweep_rows(path: Path) -> list[Row]:
         return []
     results = json.loads(path.read_text())
     rows = []
-    for fmt in ("bf16", "int8", "int4"):
+    for fmt in ("bf16", "int8", "int4", "int8:nofold", "int8:4w", "fp8", "fp8:nofold"):  # + launch variants
         mine = [r for r in results if r["shape"].endswith(f"KV {fmt}") or (fmt == "bf16" and r["shape"].endswith(
             "KV auto"))]
         if not mine:
             continue
         big = [r for r in mine if int(r["shape"].split()[0][1:]) >= 32 and int(r["shape"].split()[3][:-1]) >= 4096]
         fractions = sorted(r["fraction_of_copy"] for r in mine)
-        rows.append(Row(f"decode sweep, KV {fmt}: {len(mine)} shapes, batch 1-256 x context 512-32k",
+        rows.append(Row(f"decode sweep, KV {fmt}: {len(mine)} shapes",
                         f"{fractions[0]:.0%} - {fractions[-1]:.0%} of copy"))
         if big:
             worst = min(big, key=lambda r: r["fraction_of_copy"])
@@ -136,6 +136,8 @@ def e2e_rows(path: Path) -> list[Row]:
             rows.append(Row(p["name"], f"error: {p['error']}", target, "FAIL" if wrapped else ""))
             continue
         text = f"{p['tokens_per_s']:.1f} tok/s ({p['tokens']} tokens in {p['seconds']:.2f} s)"
+        if p.get("note"):
+            text += f"; {p['note']}"
         verdict = ""
         if stock is not None and p is not stock:
             ratio = p["tokens_per_s"] / stock["tokens_per_s"]

@@ -81,6 +81,9 @@ class DecodeLaunchConfig:
     num_warps: int
     num_stages: int
     dot_precision: str  # "ieee" for fp32 inputs (no silent tf32), "tf32" (ignored) for 16-bit inputs
+    # K and V quantized per token (int8, fp8): fold their scales into the scores and probabilities instead of
+    # dequantizing the tiles (`triton_common.attend_tile_folded`); ignored for other formats
+    fold_scales: bool = True
 
 
 @dataclass(slots=True, frozen=True)

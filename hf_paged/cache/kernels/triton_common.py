@@ -37,7 +37,8 @@ def import_triton() -> Any:
 
 def define_jit_helpers() -> None:
     """Define the shared `@triton.jit` helpers (once) as globals of this module."""
-    global _HELPERS_DEFINED, triton, tl, load_kv_tile, find_seq_idx, attend_tile
+    global _HELPERS_DEFINED, triton, tl, load_kv_tile, find_seq_idx, attend_tile, load_raw_tile, load_token_scales
+    global attend_tile_folded
     if _HELPERS_DEFINED:
         return
     triton = import_triton()
@@ -104,6 +105,41 @@ def define_jit_helpers() -> None:
         return x
 
     @triton.jit
+    def load_raw_tile(head_ptr, block_ids, slot_offsets, dims, rows, dim_mask, stride_block, stride_slot):
+        """One [BLOCK_N, BLOCK_D] tile of one KV head as stored (int8, fp8), not dequantized; masked reads 0."""
+        offsets = (block_ids * stride_block + slot_offsets * stride_slot)[:, None] + dims[None, :]
+        return tl.load(head_ptr + offsets, mask=rows[:, None] & dim_mask[None, :], other=0.0)
+
+    @triton.jit
+    def load_token_scales(scale_ptr, block_ids, slot_offsets, rows, stride_scale_block, stride_scale_slot,
+                          FMT: tl.constexpr):
+        """The per-token scales [BLOCK_N] of a tile (fp32; log8 codes decoded); rows off `rows` read 0."""
+        s = tl.load(scale_ptr + block_ids * stride_scale_block + slot_offsets * stride_scale_slot, mask=rows,
+                    other=0).to(tl.float32)
+        if FMT >= 8:
+            s = tl.where(rows, tl.exp2((s - 160.0) * 0.1), 0.0)
+        return s
+
+    @triton.jit
+    def attend_tile_folded(q, k_raw, v_raw, k_scales, v_scales, seen, m_i, l_i, acc, qk_scale,
+                           DOT_PRECISION: tl.constexpr):
+        """`attend_tile` over a tile quantized per token (int8, fp8), its scales folded out of the tiles:
+        q . (s_k[n] k[n]) = s_k[n] (q . k[n]) scales the scores' columns, and sum_n p[n] s_v[n] v[n] the
+        probabilities' columns, so the stored values go to the dots as they are (exact in the query dtype:
+        int8 and fp8 e4m3 fit in fp16 / bf16 / fp32) with no per-element multiply, and the tile loads feed the dots
+        directly, as a bf16 cache's do."""
+        scores = tl.dot(q, tl.trans(k_raw.to(q.dtype)), input_precision=DOT_PRECISION)
+        scores = scores * (k_scales * qk_scale)[None, :]
+        scores = tl.where(seen, scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        weighted = (p * v_scales[None, :]).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(weighted, v_raw.to(q.dtype), input_precision=DOT_PRECISION)
+        return m_new, l_i, acc
+
+    @triton.jit
     def attend_tile(q, k, v, seen, m_i, l_i, acc, qk_scale, DOT_PRECISION: tl.constexpr):
         """One step of the online softmax (base 2) over a key tile; `seen` [rows, BLOCK_N] masks keys out.
 
@@ -161,3 +197,10 @@ def jit_helpers() -> tuple[Any, Any, Any, Any]:
     """(triton.language, load_kv_tile, attend_tile, find_seq_idx), defining them on first call."""
     define_jit_helpers()
     return tl, load_kv_tile, attend_tile, find_seq_idx
+
+
+def folded_helpers() -> tuple[Any, Any, Any]:
+    """(load_raw_tile, load_token_scales, attend_tile_folded): a tile quantized per token, its scales folded
+    into the scores and probabilities (see `attend_tile_folded`)."""
+    define_jit_helpers()
+    return load_raw_tile, load_token_scales, attend_tile_folded

@@ -35,9 +35,11 @@ _DEFINED = False
 def _define() -> None:
     """Define the kernels as module globals on first use (see triton_common for why globals)."""
     global _DEFINED, triton, tl, load_kv_tile, attend_tile, _decode_kernel, _merge_kernel
+    global load_raw_tile, load_token_scales, attend_tile_folded
     if _DEFINED:
         return
     tl, load_kv_tile, attend_tile, _ = triton_common.jit_helpers()
+    load_raw_tile, load_token_scales, attend_tile_folded = triton_common.folded_helpers()
     triton = triton_common.import_triton()
 
     @triton.jit
@@ -76,6 +78,7 @@ def _define() -> None:
         K_PER_CHANNEL: tl.constexpr = False,
         V_PER_CHANNEL: tl.constexpr = False,
         HAS_TAIL: tl.constexpr = False,
+        FOLD_SCALES: tl.constexpr = False,
     ):  # fmt: skip
         seq = tl.program_id(0)
         kv_head = tl.program_id(1)
@@ -123,12 +126,26 @@ def _define() -> None:
                 block_tables_ptr + seq * stride_bt_seq + positions // BLOCK_SIZE, mask=valid, other=0
             ).to(tl.int64)
             slot_offsets = positions % BLOCK_SIZE
-            k = load_kv_tile(k_base, ks_base, kz_base, block_ids, slot_offsets, dims, valid, dim_mask,
-                             stride_k_block, stride_k_slot, stride_ks_block, stride_ks_slot, K_FMT, K_PER_CHANNEL)
-            v = load_kv_tile(v_base, vs_base, vz_base, block_ids, slot_offsets, dims, valid, dim_mask,
-                             stride_v_block, stride_v_slot, stride_vs_block, stride_vs_slot, V_FMT, V_PER_CHANNEL)
-            m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), valid[None, :], m_i, l_i, acc, qk_scale,
-                                        DOT_PRECISION)
+            if FOLD_SCALES:  # K and V quantized per token (int8, fp8): the scales fold out of the tiles
+                k = load_raw_tile(k_base, block_ids, slot_offsets, dims, valid, dim_mask, stride_k_block,
+                                  stride_k_slot)
+                v = load_raw_tile(v_base, block_ids, slot_offsets, dims, valid, dim_mask, stride_v_block,
+                                  stride_v_slot)
+                k_scales = load_token_scales(ks_base, block_ids, slot_offsets, valid, stride_ks_block,
+                                             stride_ks_slot, K_FMT)
+                v_scales = load_token_scales(vs_base, block_ids, slot_offsets, valid, stride_vs_block,
+                                             stride_vs_slot, V_FMT)
+                m_i, l_i, acc = attend_tile_folded(q, k, v, k_scales, v_scales, valid[None, :], m_i, l_i, acc,
+                                                   qk_scale, DOT_PRECISION)
+            else:
+                k = load_kv_tile(k_base, ks_base, kz_base, block_ids, slot_offsets, dims, valid, dim_mask,
+                                 stride_k_block, stride_k_slot, stride_ks_block, stride_ks_slot, K_FMT,
+                                 K_PER_CHANNEL)
+                v = load_kv_tile(v_base, vs_base, vz_base, block_ids, slot_offsets, dims, valid, dim_mask,
+                                 stride_v_block, stride_v_slot, stride_vs_block, stride_vs_slot, V_FMT,
+                                 V_PER_CHANNEL)
+                m_i, l_i, acc = attend_tile(q, k.to(q.dtype), v.to(q.dtype), valid[None, :], m_i, l_i, acc,
+                                            qk_scale, DOT_PRECISION)
         if HAS_TAIL:
             last_tile = tl.cdiv(context_len, BLOCK_N) - 1
             if (tile_lo <= last_tile) & (last_tile < tile_hi):
@@ -290,6 +307,7 @@ def decode_launches(
             "K_PER_CHANNEL": k_op.per_channel,
             "V_PER_CHANNEL": v_op.per_channel,
             "HAS_TAIL": tail is not None,
+            "FOLD_SCALES": config.fold_scales and _per_token(k_op) and _per_token(v_op),
         },
         num_warps=config.num_warps,
         num_stages=config.num_stages,
@@ -310,3 +328,8 @@ def decode_launches(
         num_stages=1,
     )
     return [main, merge]
+
+
+def _per_token(op) -> bool:
+    """int8 or fp8 (native conversion) with one scale per token: `triton_common.attend_tile_folded` applies."""
+    return op.fmt % 8 in (1, 2) and not op.per_channel
