@@ -38,11 +38,13 @@ class OneShot:
 def run_one_shot(run: RunContext, track: Track, plan: TemplatePlan, calls: list[GenCall]) -> OneShot:
     backend = run.backend
     chars_per_token = len(_SAMPLE) / max(1, len(backend.encode(_SAMPLE, first=False)))
-    flats = []
+    flats, budget = [], 1
     for i, hole in enumerate(plan.holes):
         literal = plan.next_literal(i)
         bound = min(_MAX_CHARS, max(1, round(hole.constraint.max_tokens * chars_per_token))) \
             if isinstance(hole.constraint, Text) else None
+        # a free text is bounded by its characters (the regex), and a character is at most 4 byte-level tokens
+        budget += 4 * bound if bound is not None else hole.constraint.max_tokens
         flat = regex_text(hole.constraint, json_string=hole.json_string, stop_char=literal[:1] or None,
                           max_chars=bound)
         if flat is None:
@@ -52,8 +54,7 @@ def run_one_shot(run: RunContext, track: Track, plan: TemplatePlan, calls: list[
             )
         flats.append(flat)
     pattern = "".join(flat + escape_regex(plan.next_literal(i)) for i, flat in enumerate(flats))
-    budget = sum(h.constraint.max_tokens for h in plan.holes) + len(backend.encode("".join(plan.literals[1:]),
-                                                                                  first=False)) + 1
+    budget += len(backend.encode("".join(plan.literals[1:]), first=False))
     prompt_len, text_before = len(flush(run, track, "fill")), track.text
     whole = GenCall("<template>", budget, temperature=calls[0].temperature, seed=calls[0].seed, regex=pattern)
     record = run_gen(run, track, whole)

@@ -1,0 +1,200 @@
+"""Programs on the engine: greedy `gen` equals stock greedy `generate`, `select` equals stock log-probabilities,
+forks share blocks and run together, a program that raises frees everything, `run_batch` equals one by one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_paged import programs as hp
+from hf_paged.api.wrap_state import engine_of
+
+
+def _stock_greedy(model, tok, ids: list[int], max_new_tokens: int) -> list[int]:
+    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.eos_token_id)
+    new = out[0, len(ids):].tolist()
+    return new[: new.index(tok.eos_token_id)] if tok.eos_token_id in new else new
+
+
+def _stock_logprob(model, context: list[int], choice: list[int]) -> float:
+    with torch.no_grad():
+        logits = model(torch.tensor([context + choice[:-1]])).logits[0].float()
+    rows = torch.log_softmax(logits, -1)[len(context) - 1:]
+    return rows.gather(1, torch.tensor(choice)[:, None]).sum().item()
+
+
+@hp.program
+def two_fields(s, topic):
+    s += "Topic: " + topic + "\nFirst: " + hp.gen("first", max_tokens=12)
+    s += "\nSecond: " + hp.gen("second", max_tokens=12)
+
+
+def test_greedy_gen_equals_stock_generate_on_the_same_text(model_tok):
+    model, tok = model_tok
+    state = two_fields.run(model, tok, topic="paged attention for everyone")
+    first_prompt = tok("Topic: paged attention for everyone\nFirst: ")["input_ids"]
+    first = _stock_greedy(model, tok, first_prompt, 12)
+    second_prompt = first_prompt + first + tok("\nSecond: ")["input_ids"]  # the text as the program wrote it
+    second = _stock_greedy(model, tok, second_prompt, 12)
+    assert state.token_ids == second_prompt + second
+    assert state["first"] == tok.decode(first) and state["second"] == tok.decode(second)
+    assert state.text == "Topic: paged attention for everyone\nFirst: " + state["first"] + "\nSecond: " + \
+        state["second"]
+    first, second = state.calls
+    assert first.kind == second.kind == "gen" and first.finish_reason == "length"
+    assert second.tokens.cached >= 40  # the text before it was not computed again (pinned prefix, full blocks)
+    assert second.tokens.prefilled < 8 + len("\nSecond: ") + 1
+
+
+def test_select_equals_brute_force_stock_log_probabilities(model_tok):
+    model, tok = model_tok
+    g = torch.Generator().manual_seed(3)
+    words = ["yes", "no", "maybe", "billing", "complaint", "other", "a", "zebra crossing"]
+
+    @hp.program
+    def pick(s, context, choices, normalize):
+        s += context + hp.select("pick", choices, normalize=normalize)
+
+    for case in range(8):
+        context = f"Case {case}: {'x' * int(torch.randint(1, 30, (1,), generator=g))}? "
+        choices = [words[i] for i in torch.randperm(len(words), generator=g)[:3].tolist()]
+        normalize = "mean" if case % 2 else "sum"
+        state = pick.run(model, tok, context=context, choices=choices, normalize=normalize)
+        record = state.calls[0]
+        ctx = tok(context)["input_ids"]
+        for choice in choices:
+            ids = tok(choice, add_special_tokens=False)["input_ids"]
+            expected = _stock_logprob(model, ctx, ids) / (len(ids) if normalize == "mean" else 1)
+            assert record.scores[choice] == pytest.approx(expected, abs=1e-4)
+        best = max(choices, key=lambda c: record.scores[c])
+        assert state["pick"] == best and state.text == context + best
+
+
+def test_select_ties_go_to_the_first_choice(model_tok):
+    model, tok = model_tok
+
+    @hp.program
+    def pick(s):
+        s += "Pick one: " + hp.select("pick", ["same", "other", "same!"])
+
+    state = pick.run(model, tok)
+    scores = state.calls[0].scores
+    assert state["pick"] == max(scores, key=scores.get)  # max() keeps the first of equal keys, as select does
+
+
+def test_forks_share_the_prefix_blocks_and_run_in_the_same_steps(model_tok):
+    model, tok = model_tok
+    engine = engine_of(model)
+    snapshots = []
+    engine.add_step_listener(lambda _: snapshots.append({rid: list(seq.block_ids)
+                                                          for rid, seq in engine.kv.seqs.items()}))
+
+    @hp.program
+    def branches(s):
+        s += "A long shared prefix that fills several blocks of eight tokens. " + hp.gen("head", max_tokens=3)
+        for f in s.fork(3):
+            f += " Option: " + hp.gen("option", max_tokens=10)
+
+    state = branches.run(model, tok)
+    assert len(state["option"]) == 3 and len(state.forks) == 3
+    shared = max((len(_common_prefix(list(tables.values()))) for tables in snapshots if len(tables) == 3), default=0)
+    assert shared >= 8  # three requests in one step holding the same first 8 blocks (64 tokens of prefix)
+    assert state.tokens().cached >= 3 * 64
+
+
+def _common_prefix(tables: list[list[int]]) -> list[int]:
+    common = tables[0]
+    for table in tables[1:]:
+        n = 0
+        while n < min(len(common), len(table)) and common[n] == table[n]:
+            n += 1
+        common = common[:n]
+    return common
+
+
+def test_a_program_that_raises_aborts_its_requests_and_frees_its_blocks(model_tok):
+    model, tok = model_tok
+    engine = engine_of(model)
+
+    @hp.program
+    def broken(s):
+        s += "Some prefix text for the forks. " + hp.gen("head", max_tokens=2)
+        for f in s.fork(2):
+            f += hp.gen("long", max_tokens=300)
+        raise RuntimeError("the program failed mid-way")
+
+    before = engine.metrics.num_generated_tokens
+    with pytest.raises(RuntimeError, match="mid-way"):
+        broken.run(model, tok)
+    engine.check_integrity()
+    assert not engine.live_requests() and engine.cache.pool.num_used_blocks == 0
+    assert engine.metrics.num_generated_tokens - before < 2 + 2 * 300  # the long gens were cut off
+
+
+def test_a_failing_call_names_its_field_and_frees_everything(model_tok):
+    model, tok = model_tok
+
+    def refuse(value):
+        raise KeyError("no such thing")
+
+    @hp.program
+    def bad(s):
+        s += "Hi " + hp.gen("greeting", max_tokens=3, validator=refuse, max_retries=1)
+        s += hp.gen("never", max_tokens=3)
+
+    with pytest.raises(hp.ValidatorError, match="'greeting'") as info:
+        bad.run(model, tok)
+    assert isinstance(info.value.__cause__, KeyError)
+
+
+def test_run_batch_equals_runs_one_by_one(model_tok):
+    model, tok = model_tok
+    topics = ["cats", "dogs and birds", "the weather today", "KV caches", "x", "continuous batching"]
+    one_by_one = [two_fields.run(model, tok, topic=t).text for t in topics]
+    states = two_fields.run_batch(model, tok, [{"topic": t} for t in topics])
+    assert [s.text for s in states] == one_by_one
+    hits = sum(s.tokens().cached for s in states) / sum(s.tokens().prompt for s in states)
+    assert hits > 0.3
+
+
+def test_gen_stop_strings_and_constraints(model_tok):
+    model, tok = model_tok
+
+    @hp.program
+    def shaped(s):
+        s += "Number: " + hp.gen("n", regex=r"[0-9]{3}", max_tokens=5)
+        s += "\nPet: " + hp.gen("pet", choices=["cat", "dog"])
+        s += "\nFree: " + hp.gen("free", max_tokens=30, stop=["e", "a"])
+
+    state = shaped.run(model, tok)
+    assert state["n"].isdigit() and len(state["n"]) == 3
+    assert state["pet"] in ("cat", "dog")
+    assert "e" not in state["free"] and "a" not in state["free"]
+    assert state.text.endswith("\nFree: " + state["free"])
+
+
+def test_program_misuse_raises_typed_errors(model_tok):
+    model, tok = model_tok
+    with pytest.raises(TypeError, match=r"two_fields.run\(model, tokenizer"):
+        two_fields(None, topic="x")
+    with pytest.raises(TypeError, match="one mapping"):
+        two_fields.run_batch(model, tok, ["cats"])
+    with pytest.raises(hp.FieldConstraintError, match="one constraint"):
+        hp.gen("x", regex="a", choices=["a"])
+    with pytest.raises(hp.FieldConstraintError, match="non-empty list"):
+        hp.select("x", [])
+    with pytest.raises(hp.FieldConstraintError, match="max_tokens"):
+        hp.gen("x", max_tokens=0)
+    with pytest.raises(hp.FieldConstraintError, match="without a validator"):
+        hp.gen("x", max_retries=2)
+    with pytest.raises(ValueError, match="does not compile|regex"):
+        hp.gen("x", regex="(unclosed")
+
+    @hp.program
+    def adds_a_number(s):
+        s += 5
+
+    with pytest.raises(TypeError, match="str"):
+        adds_a_number.run(model, tok)
