@@ -152,17 +152,33 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def run(args) -> E2EResult:
+def run(args):
+    """Yields one `E2EResult` per workload (the ragged one first), so a caller can save each as it comes."""
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     shape = TINY if args.tiny else {"1b": LLAMA_1B, "8b": LLAMA_8B}[args.model]
     dtype = torch.float32 if args.tiny else torch.bfloat16
     model = build_model(shape, dtype, device)
-    prompts = make_workload(args.num_requests, args.min_prompt, args.max_prompt, shape["vocab_size"], args.seed)
+    label = ("tiny Llama" if args.tiny else f"Llama {args.model.upper()} shape") + f", random weights, {str(dtype)[6:]}"
+    vocab = shape["vocab_size"]
     # warm-up: a workload of the same shape with other ids (no prefix hits in the timed run), 2 new tokens each, so
     # every kernel specialisation the timed run needs (batch sizes, chunk widths) is compiled before the clock
-    warm_prompts = make_workload(args.num_requests, args.min_prompt, args.max_prompt, shape["vocab_size"],
-                                 args.seed + 1)
-    n = args.max_new_tokens
+    ragged = make_workload(args.num_requests, args.min_prompt, args.max_prompt, vocab, args.seed)
+    ragged_warm = make_workload(args.num_requests, args.min_prompt, args.max_prompt, vocab, args.seed + 1)
+    yield run_workload(args, model, device, label, ragged, ragged_warm, args.max_new_tokens, prefix_off=False)
+    if args.shared_prefix:
+        # benchmarks/prefix.py's workload (a): one long system prompt, then different questions
+        from hf_paged.cli.workloads import shared_prefix
+
+        prefix_len = 40 if args.tiny else 1000
+        shared = shared_prefix(args.num_requests, prefix_len, vocab=(3, vocab), seed=args.seed).prompts
+        shared_warm = shared_prefix(args.num_requests, prefix_len, vocab=(3, vocab), seed=args.seed + 1).prompts
+        yield run_workload(args, model, device, label, shared, shared_warm, args.shared_new_tokens, prefix_off=True)
+
+
+def run_workload(args, model, device: torch.device, label: str, prompts: list[list[int]],
+                 warm_prompts: list[list[int]], n: int, *, prefix_off: bool) -> E2EResult:
+    """Every path over one workload: stock padded `generate`, transformers' `generate_batch` (CUDA graphs off and
+    on), hf_paged's `generate_batch` (decode graphs on, and off; prefix caching off too where `prefix_off`)."""
     from transformers import ContinuousBatchingConfig
 
     # on CPU transformers sizes its cache from "free memory" for minutes: size it here
@@ -190,6 +206,8 @@ def run(args) -> E2EResult:
     variants = [("hf_paged generate_batch", {})]
     if device.type == "cuda":  # the same engine without its decode graphs: what the graphs win
         variants.append(("hf_paged generate_batch (decode graphs off)", {"cuda_graphs": False}))
+    if prefix_off:
+        variants.append(("hf_paged generate_batch (prefix caching off)", {"enable_prefix_caching": False}))
     for name, overrides in variants:
         try:
             hf_paged.wrap(model, hf_paged.PagedConfig(
@@ -199,7 +217,8 @@ def run(args) -> E2EResult:
                            lambda: run_generate_batch(model, warm_prompts, 2), device)
             stats = hf_paged.engine_of(model).stats()
             result.note = (f"{stats['decode_graph_replays']} decode steps replayed from "
-                           f"{stats['decode_graphs_captured']} captured graphs")
+                           f"{stats['decode_graphs_captured']} captured graphs, prefix hit rate "
+                           f"{stats['prefix_hit_rate']:.2f}")
             paths.append(result)
             hf_paged.unwrap(model)
         except Exception as exc:  # noqa: BLE001 - wrapping failed: report it in the table, keep the rest
@@ -208,8 +227,9 @@ def run(args) -> E2EResult:
     lens = [len(p) for p in prompts]
     return E2EResult(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        model=("tiny Llama" if args.tiny else f"Llama {args.model.upper()} shape") + f", random weights, {str(dtype)[6:]}",
-        workload=f"{len(prompts)} requests, prompts {min(lens)}-{max(lens)} tokens (mean {sum(lens) / len(lens):.0f}), "
+        model=label,
+        workload=("shared prefix: " if prefix_off else "ragged: ")
+        + f"{len(prompts)} requests, prompts {min(lens)}-{max(lens)} tokens (mean {sum(lens) / len(lens):.0f}), "
         f"{n} new tokens each, greedy",
         paths=paths,
     )
@@ -225,22 +245,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--max-batched-tokens", type=int, default=8192)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--shared-prefix", action=argparse.BooleanOptionalAction, default=True,
+                   help="also the shared-prefix workload: a 1000-token system prompt + one question per request")
+    p.add_argument("--shared-new-tokens", type=int, default=32)
     p.add_argument("--tiny", action="store_true", help="tiny fp32 Llama: a CPU smoke test of this script")
     p.add_argument("--json", help="write the result here")
     args = p.parse_args(argv)
     if args.tiny:
         args.num_requests, args.min_prompt, args.max_prompt, args.max_new_tokens = 6, 3, 40, 8
-        args.max_batched_tokens = 64
+        args.max_batched_tokens, args.shared_new_tokens = 64, 4
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    text = json.dumps(asdict(run(args)), indent=2)
+    done = []
+    for result in run(args):  # saved after each workload: a time limit hit in the second keeps the first
+        done.append(asdict(result))
+        text = json.dumps(done, indent=2)
+        if args.json:
+            with open(args.json, "w") as f:
+                f.write(text)
     print(text)
-    if args.json:
-        with open(args.json, "w") as f:
-            f.write(text)
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 #      context 512-32k, and launch variants of the per-token formats (scales folded or not, 4 or 8 warps, fp8);
 #   3. end to end on a ragged workload, a ~1B random Llama in bf16: stock padded `generate`, transformers'
 #      `generate_batch` with its CUDA graphs off and on, hf_paged's `generate_batch` with its decode graphs on
-#      (the default on CUDA) and off;
+#      (the default on CUDA) and off; then benchmarks/prefix.py's shared-prefix workload (a 1000-token system
+#      prompt, one question per request) over the same paths, hf_paged with its prefix caching off too;
 # then one table (scripts/gpu_report.py). Every file lands in $GPU_CHECK_OUT (a temporary folder otherwise).
 #
 #   scripts/gpu_check.sh
@@ -54,8 +55,8 @@ echo "== 2/3 paged decode attention vs copy bandwidth (bf16, int8, int4 KV) =="
 timeout "${GPU_CHECK_DECODE_TIMEOUT:-130}" "$PY" scripts/gpu_bench_decode.py --sweep --warmup 3 --iters 20 \
     --copy-bytes $((1 << 30)) --json "$RESULTS/decode_sweep.json" | grep '^|'
 
-echo "== 3/3 end-to-end throughput, ~1B Llama, bf16 =="
-timeout "${GPU_CHECK_E2E_TIMEOUT:-200}" "$PY" scripts/gpu_bench_e2e.py --json "$RESULTS/e2e.json" \
+echo "== 3/3 end-to-end throughput, ~1B Llama, bf16: ragged, then shared prefix =="
+timeout "${GPU_CHECK_E2E_TIMEOUT:-230}" "$PY" scripts/gpu_bench_e2e.py --json "$RESULTS/e2e.json" \
     | grep -E '"(name|tokens_per_s|seconds|error|note)"'
 
 echo
