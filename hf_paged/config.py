@@ -5,6 +5,7 @@ Imports nothing of ours: every layer may read it.
 
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -65,6 +66,11 @@ class PagedConfig:
     # most of the pool that pinned prefixes (`Engine.pin_prefix`) may hold, as a share of its blocks
     prefix_pin_share: float = 0.5
     cache_salt: str | None = None  # extra key of every block digest (separates tenants / adapters)
+    # the disk tier (`hf_paged/kv_transfer/`): full blocks evicted from the prefix cache are written to this
+    # directory (one file per block, checksummed, keyed by model fingerprint and block digest) and read back on a
+    # later prefix hit instead of being recomputed; survives a restart of the same model. None: no disk tier
+    kv_offload_dir: str | None = None
+    kv_offload_bytes: int = 2**30  # most bytes the disk tier's files may hold; least recently used files go first
     # -- KV compression --------------------------------------------------------------------------------
     kv_cache_dtype: str = "auto"  # "auto" | "fp8" | "int8" | "int4"; sets keys and values alike
     key_cache_dtype: str | None = None  # overrides kv_cache_dtype for keys (e.g. "int8" with values "int4")
@@ -177,8 +183,25 @@ class PagedConfig:
             self.kv_full_precision_heads = tuple(tuple(layer) for layer in heads)
         if self.kv_streaming_heads is not None:
             self._check_streaming_heads()
+        self._check_offload()
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise TypeError(f"PagedConfig.cache_salt must be a str or None, got {type(self.cache_salt).__name__}")
+
+    def _check_offload(self) -> None:
+        if self.kv_offload_dir is not None:
+            if isinstance(self.kv_offload_dir, os.PathLike):
+                self.kv_offload_dir = os.fspath(self.kv_offload_dir)
+            if not isinstance(self.kv_offload_dir, str) or not self.kv_offload_dir:
+                raise ValueError(f"PagedConfig.kv_offload_dir must be None or a directory path (str or os.PathLike), "
+                                 f"got {self.kv_offload_dir!r}")
+            if not self.enable_prefix_caching:
+                raise ValueError("PagedConfig.kv_offload_dir needs enable_prefix_caching=True (the disk tier holds "
+                                 "blocks evicted from the prefix cache); allowed: kv_offload_dir=None, or "
+                                 "enable_prefix_caching=True")
+        if isinstance(self.kv_offload_bytes, bool) or not isinstance(self.kv_offload_bytes, int) \
+                or self.kv_offload_bytes < 1:
+            raise ValueError(f"PagedConfig.kv_offload_bytes must be an int >= 1 (bytes of the disk tier), got "
+                             f"{self.kv_offload_bytes!r}")
 
     def _check_streaming_heads(self) -> None:
         heads = self.kv_streaming_heads

@@ -15,6 +15,9 @@ __all__ = [
     "InvalidPromptError",
     "InvalidRegexError",
     "InvalidSchemaError",
+    "KVBlockCorruptError",
+    "KVBlockMismatchError",
+    "KVTransferError",
     "LeftRecursionError",
     "OutOfBlocksError",
     "PrefixPinLimitError",
@@ -130,3 +133,19 @@ class UnsupportedGrammarError(GrammarError):
 class CliError(HfPagedError, ValueError):
     """A user error of an `hf-paged` command (a model that is not there, a flag that cannot work): printed as one
     line, exit status 2."""
+
+
+class KVTransferError(HfPagedError, RuntimeError):
+    """A KV block could not be moved in or out of an engine (`hf_paged.kv_transfer`: another engine's store, the
+    disk tier). The engine never raises it at a caller: a block that fails to load is recomputed and counted."""
+
+
+class KVBlockMismatchError(KVTransferError, ValueError):
+    """A stored KV block was made for another layout: another model (its fingerprint), block size, storage format,
+    number of layers or KV heads, or another prefix. The message names the field and both values; it is never
+    loaded."""
+
+
+class KVBlockCorruptError(KVTransferError, ValueError):
+    """A stored KV block is truncated or its checksum does not match its contents; it is never loaded (the disk
+    tier deletes the file)."""
