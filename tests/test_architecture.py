@@ -22,7 +22,8 @@ ALLOWED = {
     "config": {"errors"},
     "cache": {"compat", "config", "errors", "lazy", "background_compile"},
     "processors": {"compat", "config", "errors", "lazy", "background_compile"},
-    "batching": {"compat", "cache", "processors", "config", "errors", "lazy"},
+    "kv_transfer": {"compat", "cache", "config", "errors", "lazy"},  # KV blocks between engines and tiers
+    "batching": {"compat", "cache", "kv_transfer", "processors", "config", "errors", "lazy"},
     "serving": {"compat", "batching", "cache", "processors", "config", "errors", "lazy", "api"},
     "scaleout": {"compat", "serving", "batching", "cache", "processors", "config", "errors", "lazy", "api"},
     "distributed": {"compat", "batching", "cache", "config", "errors", "lazy", "api"},

@@ -42,11 +42,8 @@ from hf_paged.cache.kernels import check_backend as check_attention_backend
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.sizing import kv_shape_of
 from hf_paged.config import PagedConfig
-from hf_paged.errors import (
-    HfPagedError,
-    OutOfBlocksError,
-    RequestFailedError,
-)
+from hf_paged.errors import HfPagedError, OutOfBlocksError, RequestFailedError
+from hf_paged.kv_transfer import KVStore, connector_for
 
 
 class Engine:
@@ -58,7 +55,7 @@ class Engine:
         >>> while engine.has_unfinished: engine.step()                                # doctest: +SKIP
     """
 
-    def __init__(self, model: torch.nn.Module, config: PagedConfig | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, config: PagedConfig | None = None, *, kv_store: KVStore | None = None):
         self.model = model
         self.config = config or PagedConfig()
         param = next(model.parameters())
@@ -73,6 +70,7 @@ class Engine:
             on_preempt=lambda r: swap_out(self.cache, r), on_resume=lambda r: swap_in(self.cache, r),
             prefix_policy=PrefixPolicy(self.kv.prefix_cache, self.config.block_size, self._extra_keys)
             if self.kv.prefix_cache is not None else None,
+            kv_transfer=connector_for(self.config, self.cache, model, kv_store),  # the disk tier, or kv_store
         )
         self.runner = ModelRunner(model, self.cache)
         self.pruner = KVPruner(self.config, self.kv, self.cache.kv_shape.num_layers)

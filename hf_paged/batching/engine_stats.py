@@ -27,6 +27,8 @@ def engine_stats(*, metrics: EngineMetrics, max_num_batched_tokens: int, cache: 
     stats.update(sampler.constraint_stats.summary())
     stats["retries"] = retrier.num_retries
     stats["retried_requests"] = retrier.num_retried_requests
+    if scheduler.kv_transfer is not None:  # blocks loaded from / saved to another engine or the disk tier
+        stats.update(scheduler.kv_transfer.stats())
     graphs = runner.graphs  # decode steps replayed from CUDA graphs, and the buckets captured (0 off CUDA)
     stats["decode_graph_replays"] = graphs.replays if graphs is not None else 0
     stats["decode_graphs_captured"] = graphs.num_captured if graphs is not None else 0

@@ -11,7 +11,8 @@ to `max_prefill_tokens_per_step`, so a long prompt is spread over several steps 
 A decode with speculative drafts (`request.draft_ids`) runs its last token and the drafts as one chunk; the drafts
 are trimmed to the budget left and dropped when their blocks are not free (drafts never preempt anyone).
 The block mechanics (tables, sharing, copy-on-write) are the `KVCacheManager`'s; storage work on preemption
-(swapping K/V to CPU) is the engine's, through `on_preempt` / `on_resume` callbacks.
+(swapping K/V to CPU) is the engine's, through `on_preempt` / `on_resume` callbacks; blocks past a request's local
+prefix hit that another engine or the disk tier holds are loaded by the `kv_transfer` connector as it starts.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from hf_paged.batching.request import Request, RequestStatus
 from hf_paged.cache.kv_manager import KVCacheManager
 from hf_paged.config import PagedConfig
+from hf_paged.kv_transfer import KVConnector
 
 # Beyond this many waiting requests, admission is strictly FCFS (no prefix-aware reordering), so nothing starves.
 _PREFIX_AWARE_QUEUE_LIMIT = 256
@@ -62,6 +64,7 @@ class Scheduler:
         on_preempt: Callable[[Request], None] | None = None,
         on_resume: Callable[[Request], bool] | None = None,
         prefix_policy=None,
+        kv_transfer: KVConnector | None = None,
     ) -> None:
         self.config = config
         self.kv = kv
@@ -69,6 +72,7 @@ class Scheduler:
         self.on_preempt = on_preempt  # swap mode: copy the request's K/V to CPU before its blocks go
         self.on_resume = on_resume  # swap mode: take blocks and copy the K/V back; False when they do not fit
         self.prefix_policy = prefix_policy  # cache-aware admission (`PrefixPolicy`), None without a prefix cache
+        self.kv_transfer = kv_transfer  # loads leading blocks another engine or the disk tier holds (kv_transfer/)
         # The one owner of request state: every request the engine knows, by id, from `add`/`register` until
         # `forget` (queued, running, forks waiting for their parent, ended but not yet collected). Written only
         # under the engine's lock; other threads read it through `Engine.requests` (a read-only view) or
@@ -251,6 +255,8 @@ class Scheduler:
         if request.score_start is not None:  # scoring: its first scored position is computed, never served from cache
             tokens = tokens[: request.score_start + 1]
         cached = self.kv.add_sequence(request.request_id, tokens, self.extra_keys(request))
+        if self.kv_transfer is not None:  # blocks past the local hit that a store holds: loaded, not recomputed
+            cached = self.kv_transfer.load_prefix(request.request_id, tokens, self.extra_keys(request), cached)
         request.num_computed_tokens = cached
         if request.num_preemptions == 0:
             request.num_cached_tokens = cached

@@ -13,6 +13,8 @@ policy order.
 Eviction order comes from an `EvictionQueue` (eviction_policy.py). A node enters it when created; touches only
 update the node's statistics, which the queue reads lazily. `listen()` turns on a bounded log of stored / removed /
 cleared blocks (block_events.py) for a router; off, it costs one attribute test per stored or removed block.
+`block_sink` (a `BlockSink`, set by the KV connector of `kv_transfer/`) is told of the blocks each insert stores and
+each eviction removes, while their K/V are still in the pool.
 A valued policy ("cost") also gets a churn clock (blocks newly cached / pool blocks), an inflation floor (the
 value of the last evicted block) and a ghost history of evicted blocks' reuse (ghost_history.py); the others
 pay one attribute test per touch, insert and eviction.
@@ -28,7 +30,7 @@ from hf_paged.cache.digests import chained_digest, encode_extra_keys, prefix_dig
 from hf_paged.cache.eviction_policy import EvictionPolicy, EvictionQueue, make_eviction_policy
 from hf_paged.cache.ghost_history import GhostHistory
 from hf_paged.cache.prefix_pins import PinnedPrefixes
-from hf_paged.cache.tree_nodes import InsertResult, PrefixMatch, TreeNode, TreeWalk
+from hf_paged.cache.tree_nodes import BlockSink, InsertResult, PrefixMatch, TreeNode, TreeWalk
 
 __all__ = ["InsertResult", "PrefixMatch", "RadixCache", "prefix_digests"]
 
@@ -75,6 +77,8 @@ class RadixCache:
         self.epoch = 0  # bumped by reset(): KV computed in an older epoch must not be inserted
         self.events: BlockEventLog | None = None  # set by listen(): nothing is recorded before
         self._pins = PinnedPrefixes(pool)  # prefixes kept out of eviction (`pin`)
+        self.block_sink: BlockSink | None = None  # told of blocks stored and evicted (kv_transfer saves them)
+        self._departed: list[TreeNode] = []  # nodes one `evict` call removed, for the sink
         pool.evictor = self
 
     def listen(self, capacity: int = 65536) -> BlockEventLog:
@@ -206,6 +210,8 @@ class RadixCache:
             self._touch(path, hit=False, priority=priority)
             for child in new_nodes:  # queued once their statistics are set, so their first key is current
                 self._queue.push(child)
+        if self.block_sink is not None and new_nodes:
+            self.block_sink.blocks_stored(new_nodes)
         return InsertResult(len(new_nodes), [n.block_id for n in path], duplicates)
 
     def _check_insertable(self, block_id: int) -> None:
@@ -290,6 +296,9 @@ class RadixCache:
         if len(self._queue) > 2 * len(self._node_of_block) + 64:  # stale duplicates from the parent pushes above
             self._queue.rebuild(self._node_of_block.values())
         self.num_evicted += len(victims)
+        if self._departed:  # before the pool hands the blocks out again: their K/V are still there
+            departed, self._departed = self._departed, []
+            self.block_sink.blocks_evicted(departed)  # type: ignore[union-attr]
         return victims
 
     def _detach(self, node: TreeNode) -> None:
@@ -304,6 +313,8 @@ class RadixCache:
                 self.ghosts.record(node.digest, self._valuer.remember(node))
         if self.events is not None:
             self.events.record(BlockEventKind.REMOVED, node.digest)
+        if self.block_sink is not None:
+            self._departed.append(node)
 
     def _drop_subtree(self, top: TreeNode) -> list[int]:
         """Remove `top` and its descendants; return the idle blocks; uncache the in-use ones (they keep working)."""

@@ -3,9 +3,21 @@ returns (`radix.py` builds and walks them)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
-__all__ = ["InsertResult", "PrefixMatch", "TreeNode", "TreeWalk"]
+__all__ = ["BlockSink", "InsertResult", "PrefixMatch", "TreeNode", "TreeWalk"]
+
+
+class BlockSink(Protocol):
+    """Told of full blocks entering and leaving the tree (`RadixCache.block_sink`; the KV connector saves them out).
+    Called while the blocks still hold their K/V: stored right after the forward that wrote them, evicted before
+    the pool hands them out again. It must not call back into the tree or the pool."""
+
+    def blocks_stored(self, nodes: Sequence[TreeNode]) -> None: ...
+
+    def blocks_evicted(self, nodes: Sequence[TreeNode]) -> None: ...
 
 
 @dataclass(slots=True)

@@ -1,0 +1,51 @@
+"""KV blocks that move between engines and tiers: a connector at the engine boundary, its block format and stores.
+
+    layout.py        BlockLayout (model fingerprint, block size, layers, KV heads, dtype, storage format)
+    block_format.py  one block as bytes: header, tensors as stored, checksum
+    codec.py         the engine's swap copies (`PagedCache.save_blocks`) <-> one block's named tensors
+    stores.py        KVStore: InProcessStore (a dict), DirectoryStore (a file per block, bounded, LRU)
+    connector.py     KVConnector: the scheduler half (how many blocks the store holds, load them) and the worker
+                     half (read, check, write into the pool; save on store or eviction)
+
+The engine builds one with `connector_for` (`PagedConfig.kv_offload_dir`: the disk tier; `Engine(kv_store=...)`:
+another store, written through).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hf_paged.cache.paged_cache import PagedCache
+from hf_paged.config import PagedConfig
+from hf_paged.kv_transfer.block_format import DecodedBlock, decode_block, encode_block
+from hf_paged.kv_transfer.connector import SAVE_POLICIES, KVConnector, KVTransferStats
+from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprint
+from hf_paged.kv_transfer.stores import DirectoryStore, InProcessStore, KVStore
+
+__all__ = [
+    "SAVE_POLICIES",
+    "BlockLayout",
+    "DecodedBlock",
+    "DirectoryStore",
+    "InProcessStore",
+    "KVConnector",
+    "KVStore",
+    "KVTransferStats",
+    "connector_for",
+    "decode_block",
+    "encode_block",
+    "layout_of",
+    "model_fingerprint",
+]
+
+
+def connector_for(config: PagedConfig, cache: PagedCache, model: torch.nn.Module,
+                  store: KVStore | None = None) -> KVConnector | None:
+    """The engine's connector: `store` given, blocks are saved as the prefix cache takes them ("store": another
+    engine may load them at once) and loaded from it; else `config.kv_offload_dir`, the disk tier (blocks saved when
+    evicted, `kv_offload_bytes` at most); else None."""
+    if store is not None:
+        return KVConnector(cache, model, store, save_on="store")
+    if config.kv_offload_dir is not None:
+        return KVConnector(cache, model, DirectoryStore(config.kv_offload_dir, config.kv_offload_bytes), save_on="evict")
+    return None

@@ -1,0 +1,64 @@
+"""The engine's swap copies (`PagedCache.save_blocks`) cut into one block's named tensors, and stacked back.
+
+    save_blocks(ids) -> per layer: SavedPlainBlocks(keys [n, ...], values [n, ...])
+                                   | SavedCompressedBlocks(stores: keys, values -> parts {name: [n, ...]})
+    block_tensors(saved, i)   -> [("0.k", keys[i]), ("0.v", values[i]), ...]    or  ("0.k.<part>", ...)
+    stack_blocks([named, ...]) -> the per-layer objects `load_blocks` takes, for those blocks in order
+
+Only full blocks travel: a compressed block with a staged (partial) copy is not a transferable block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from hf_paged.cache.compression.layer import SavedCompressedBlocks, SavedStore
+from hf_paged.cache.paged_layer import SavedPlainBlocks
+
+__all__ = ["block_tensors", "is_transferable", "stack_blocks"]
+
+_SIDES = ("k", "v")
+
+
+def is_transferable(saved: list, i: int) -> bool:
+    """Whether block `i` of a `save_blocks` result is whole in main storage in every layer (no staged copy)."""
+    for layer in saved:
+        if layer is None:
+            return False
+        if isinstance(layer, SavedCompressedBlocks) and any(i in store.staged for store in layer.stores):
+            return False
+    return True
+
+
+def block_tensors(saved: list, i: int) -> list[tuple[str, torch.Tensor]]:
+    """Block `i` of a `save_blocks` result as named tensors, layer by layer."""
+    out: list[tuple[str, torch.Tensor]] = []
+    for layer_idx, layer in enumerate(saved):
+        if isinstance(layer, SavedPlainBlocks):
+            out += [(f"{layer_idx}.k", layer.keys[i]), (f"{layer_idx}.v", layer.values[i])]
+        elif isinstance(layer, SavedCompressedBlocks):
+            for side, store in zip(_SIDES, layer.stores):
+                out += [(f"{layer_idx}.{side}.{part}", t[i]) for part, t in store.parts.items()]
+        else:
+            raise TypeError(f"layer {layer_idx}: cannot transfer {type(layer).__name__}")
+    return out
+
+
+def stack_blocks(blocks: Sequence[dict[str, torch.Tensor]], num_layers: int, compressed: bool) -> list:
+    """What `PagedCache.load_blocks` takes for these blocks, in order, from their named tensors."""
+    def stacked(name: str) -> torch.Tensor:
+        return torch.stack([b[name] for b in blocks])
+
+    if not compressed:
+        return [SavedPlainBlocks(stacked(f"{i}.k"), stacked(f"{i}.v")) for i in range(num_layers)]
+    layers = []
+    for i in range(num_layers):
+        stores = []
+        for side in _SIDES:
+            prefix = f"{i}.{side}."
+            parts = {name[len(prefix):]: stacked(name) for name in blocks[0] if name.startswith(prefix)}
+            stores.append(SavedStore(parts))
+        layers.append(SavedCompressedBlocks(stores))
+    return layers

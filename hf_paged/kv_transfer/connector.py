@@ -1,0 +1,245 @@
+"""`KVConnector`: full KV blocks in and out of one engine, through a `KVStore`, keyed by the prefix cache's digests.
+
+Two halves, as vLLM splits its KV connector (what the scheduler decides apart from what moves the bytes), with the
+failure policy decided once, here:
+
+    scheduler half   num_external_blocks(prompt): how many leading full blocks past the locally cached ones the
+                     store holds (a digest chain: block i is only useful after blocks 0..i-1)
+                     load_prefix(seq, prompt): claims blocks for them in the sequence's table, has them loaded, and
+                     caches them in the prefix tree: from then on they are normal prefix-cache blocks
+    worker half      _fetch: blobs read and checked (checksum, layout, digest, token ids), stopping at the first bad
+                     one; _load: one `PagedCache.load_blocks` for them all (the swap path, per layer)
+                     blocks_stored / blocks_evicted (the tree's `BlockSink`): `save_blocks`, encode, `store.put`
+
+A load that fails (a blob missing, corrupt or made for another layout, no room in the pool, a storage error) falls
+back to recomputing what was not loaded, and is counted; a bad blob is deleted from the store. Loads are synchronous,
+inside the scheduler's admission of the request (a disk tier on a local disk reads a 2k-token prefix in
+milliseconds); saves happen when the tree stores or evicts blocks, before the pool reuses them.
+
+    prompt:   | cached here | in the store          | not anywhere | last token |
+               0 .. first    first .. first + n      recomputed     always computed (its logits are needed)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import asdict, dataclass
+
+import torch
+
+from hf_paged.cache.digests import prefix_digests
+from hf_paged.cache.paged_cache import PagedCache
+from hf_paged.cache.tree_nodes import TreeNode
+from hf_paged.errors import InvalidConfigError, KVTransferError
+from hf_paged.kv_transfer.block_format import DecodedBlock, decode_block, encode_block
+from hf_paged.kv_transfer.codec import block_tensors, is_transferable, stack_blocks
+from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprint
+from hf_paged.kv_transfer.stores import KVStore
+
+__all__ = ["SAVE_POLICIES", "KVConnector", "KVTransferStats"]
+
+SAVE_POLICIES = ("evict", "store", "never")
+
+
+@dataclass(slots=True)
+class KVTransferStats:
+    """Counters of one connector (`Engine.stats()` shows them as `kv_transfer_<name>`)."""
+
+    loaded_blocks: int = 0  # blocks loaded into the pool instead of recomputed
+    loaded_bytes: int = 0
+    load_seconds: float = 0.0  # reading, checking and writing them into the pool
+    load_failures: int = 0  # loads that fell short of what the store announced (then recomputed)
+    rejected_blocks: int = 0  # blobs refused (corrupt, another layout) and deleted
+    saved_blocks: int = 0  # blocks written to the store
+    saved_bytes: int = 0
+    save_seconds: float = 0.0  # copying, encoding and writing them (inside the step that stored or evicted them)
+    store_bytes: int = 0  # bytes the store holds now
+
+
+class KVConnector:
+    """Loads a request's leading full blocks from a `KVStore` and saves full blocks to it.
+
+    Args:
+        cache: the engine's `PagedCache` (with a prefix cache: loaded blocks become prefix-cache blocks).
+        model: the model whose weights the blocks belong to (its fingerprint names them).
+        store: where blocks live (`InProcessStore`, `DirectoryStore`).
+        save_on: "evict" (blocks leaving the prefix cache: a lower tier such as the disk), "store" (every block the
+            prefix cache takes, right after it was computed: another engine can load it at once), or "never".
+        fingerprint: the model's identity, when the sampled weights fingerprint (`model_fingerprint`) is not enough.
+
+    Example:
+        >>> store = InProcessStore()                                                        # doctest: +SKIP
+        >>> prefill = Engine(model, kv_store=store); decode = Engine(model, kv_store=store)  # doctest: +SKIP
+    """
+
+    def __init__(self, cache: PagedCache, model: torch.nn.Module, store: KVStore, *, save_on: str = "evict",
+                 fingerprint: str | None = None) -> None:
+        radix = cache.manager.prefix_cache
+        if radix is None:
+            raise InvalidConfigError("a KV connector needs the prefix cache (loaded blocks become prefix-cache "
+                                     "blocks): PagedConfig(enable_prefix_caching=True)")
+        if save_on not in SAVE_POLICIES:
+            raise ValueError(f"save_on must be one of {list(SAVE_POLICIES)}, got {save_on!r}")
+        self.cache, self.kv, self.radix, self.store = cache, cache.manager, radix, store
+        self.model, self.save_on, self.block_size = model, save_on, cache.block_size
+        self._fixed_fingerprint = fingerprint
+        self._layout: BlockLayout | None = None
+        self._layout_epoch = -1
+        self._namespace = b""
+        self.counters = KVTransferStats()
+        if save_on != "never":
+            radix.block_sink = self
+
+    # -- identity --------------------------------------------------------------------------------------
+    def layout(self) -> BlockLayout:
+        """This engine's block layout; the fingerprint is taken again after the prefix cache was reset (new
+        weights)."""
+        dtype = next((layer.storage_dtype for layer in self.cache.block_layers if layer.storage_dtype is not None),
+                     None) or next(self.model.parameters()).dtype
+        if self._layout is None or self._layout_epoch != self.radix.epoch:
+            fingerprint = self._fixed_fingerprint or model_fingerprint(self.model)
+            self._layout, self._layout_epoch = layout_of(self.cache, fingerprint, dtype), self.radix.epoch
+            self._namespace = self._layout.namespace()
+        elif self._layout.dtype != _name(dtype):  # the first forward stored K/V in another dtype than the weights'
+            self._layout = layout_of(self.cache, self._layout.fingerprint, dtype)
+            self._namespace = self._layout.namespace()
+        return self._layout
+
+    def _keys(self, digests: Sequence[bytes]) -> list[bytes]:
+        self.layout()
+        return [self._namespace + d for d in digests]
+
+    # -- scheduler half ----------------------------------------------------------------------------------
+    def num_external_blocks(self, token_ids: Sequence[int], extra_keys: tuple = (), num_cached_tokens: int = 0,
+                            digests: Sequence[bytes] | None = None) -> int:
+        """Leading full blocks of `token_ids` past the first `num_cached_tokens` that the store holds (the last
+        token is never counted: its logits are needed). Reads no blob."""
+        bs = self.block_size
+        first, limit = num_cached_tokens // bs, (len(token_ids) - 1) // bs
+        if limit <= first:
+            return 0
+        digests = digests if digests is not None else prefix_digests(token_ids[: limit * bs], bs, extra_keys)
+        n = 0
+        for key in self._keys(digests[first:limit]):
+            if not self.store.contains(key):
+                break
+            n += 1
+        return n
+
+    def load_prefix(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple,
+                    num_cached_tokens: int) -> int:
+        """After the local prefix match of a newly registered sequence (`num_cached_tokens`, whole blocks), load the
+        blocks the store holds next into fresh blocks of its table and cache them. Returns the tokens now computed.
+        Anything short of what the store announced is recomputed by the step, and counted."""
+        bs = self.block_size
+        if num_cached_tokens % bs or not self._has_storage():
+            return num_cached_tokens
+        first, limit = num_cached_tokens // bs, (len(token_ids) - 1) // bs
+        digests = prefix_digests(token_ids[: max(limit, 0) * bs], bs, extra_keys)
+        wanted = self.num_external_blocks(token_ids, extra_keys, num_cached_tokens, digests)
+        if not wanted:
+            return num_cached_tokens
+        start = time.perf_counter()
+        room = min(wanted, self.kv.pool.num_free_blocks)  # read nothing the pool could not take
+        blocks = self._fetch(digests[first : first + room], token_ids, first)
+        loaded = 0
+        if blocks and self.kv.allocate_slots(seq_id, len(blocks) * bs):
+            if self._load(self.kv.block_ids(seq_id)[first : first + len(blocks)], blocks):
+                loaded = len(blocks)
+                self.kv.cache_full_blocks(seq_id, token_ids[: (first + loaded) * bs], extra_keys)
+            else:
+                self.kv.truncate(seq_id, num_cached_tokens)
+        if loaded < wanted:
+            self.counters.load_failures += 1
+        self.counters.loaded_blocks += loaded
+        self.counters.loaded_bytes += sum(b.nbytes for b in blocks[:loaded])
+        self.counters.load_seconds += time.perf_counter() - start
+        return (first + loaded) * bs
+
+    # -- worker half: loads ------------------------------------------------------------------------------
+    def _fetch(self, digests: Sequence[bytes], token_ids: Sequence[int], first: int) -> list[DecodedBlock]:
+        """Read and check the blobs of consecutive blocks starting at block `first`; stop at the first one missing
+        or refused (a refused blob is deleted: it can never become valid under its key)."""
+        layout, bs, out = self.layout(), self.block_size, []
+        for i, (digest, key) in enumerate(zip(digests, self._keys(digests))):
+            blob = self.store.get(key)
+            if blob is None:
+                break
+            block = first + i
+            try:
+                out.append(decode_block(blob, layout, digest, token_ids[block * bs : (block + 1) * bs]))
+            except KVTransferError:
+                self.counters.rejected_blocks += 1
+                self.store.delete(key)
+                break
+        return out
+
+    def _load(self, block_ids: list[int], blocks: list[DecodedBlock]) -> bool:
+        """Write the blocks' tensors into `block_ids` in every layer; False (nothing usable) on a storage error."""
+        try:
+            saved = stack_blocks([b.tensors for b in blocks], self.cache.kv_shape.num_layers, self.cache.compressed)
+            self.cache.load_blocks(block_ids, saved)
+        except (KeyError, RuntimeError, TypeError, ValueError):  # a table that does not fit this storage
+            self.counters.rejected_blocks += len(blocks)
+            for key in self._keys([b.digest for b in blocks]):
+                self.store.delete(key)
+            return False
+        return True
+
+    def _has_storage(self) -> bool:
+        """Layers get their tensors at their first forward; before it (a fresh engine after a restart), create them
+        here when the model sits on one device, as the first forward would. Elsewhere wait for that forward."""
+        layers = self.cache.block_layers
+        if all(layer.is_initialized for layer in layers):
+            return True
+        devices = {p.device for p in self.model.parameters()}
+        if len(devices) != 1 or (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return False
+        param, shape = next(self.model.parameters()), self.cache.kv_shape
+        empty = torch.empty(1, shape.num_kv_heads, 0, shape.head_dim, dtype=param.dtype, device=param.device)
+        for layer in layers:
+            if not layer.is_initialized:
+                layer.lazy_initialization(empty, empty)
+        return True
+
+    # -- worker half: saves (the prefix tree's BlockSink) ---------------------------------------------------
+    def blocks_stored(self, nodes: Sequence[TreeNode]) -> None:
+        if self.save_on == "store":
+            self.save(nodes)
+
+    def blocks_evicted(self, nodes: Sequence[TreeNode]) -> None:
+        if self.save_on == "evict":
+            self.save(nodes)
+
+    def save(self, nodes: Sequence[TreeNode]) -> int:
+        """Write full cached blocks (tree nodes: digest, block id, token ids) the store does not hold yet; returns
+        how many were written."""
+        start = time.perf_counter()
+        layout = self.layout()
+        todo = [(n, key) for n, key in zip(nodes, self._keys([n.digest for n in nodes]))  # type: ignore[misc]
+                if not self.store.contains(key)]
+        if not todo:
+            return 0
+        saved = self.cache.save_blocks([n.block_id for n, _ in todo])
+        written = 0
+        for i, (node, key) in enumerate(todo):
+            if not is_transferable(saved, i):
+                continue
+            blob = encode_block(layout, node.digest, node.token_ids, block_tensors(saved, i))  # type: ignore[arg-type]
+            if self.store.put(key, blob):
+                written += 1
+                self.counters.saved_bytes += len(blob)
+        self.counters.saved_blocks += written
+        self.counters.save_seconds += time.perf_counter() - start
+        return written
+
+    # -- stats -------------------------------------------------------------------------------------------
+    def stats(self) -> dict[str, float]:
+        """The counters as `kv_transfer_<name>` entries of `Engine.stats()`."""
+        self.counters.store_bytes = self.store.nbytes
+        return {f"kv_transfer_{k}": v for k, v in asdict(self.counters).items()}
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,97 @@
+"""What a stored KV block must agree on with the engine that loads it: `BlockLayout`, and the model fingerprint.
+
+A block's K/V are only meaningful to the same model (same weights), cut into the same block size, stored in the same
+format (plain model dtype, or quantized with the same scales), with the same layers and KV heads. The layout names
+all of these; a block whose header names another layout is refused field by field (`KVBlockMismatchError`), never
+loaded. Stores key blocks by `namespace()` + block digest, so two models (or two formats of one model) sharing a
+directory never even look at each other's files.
+
+The fingerprint is computed from the weights themselves (names, shapes, dtypes and a strided sample of the values of
+every parameter), so it is the same after a restart of the same model and differs for other weights. It samples, so
+a change confined to values between the samples goes unseen: pass `fingerprint=` (e.g. a revision id) to the
+connector when weights may differ that way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, fields
+
+import torch
+
+from hf_paged.cache.compression.formats import BlockFormat
+from hf_paged.cache.paged_cache import PagedCache
+from hf_paged.errors import KVBlockMismatchError
+
+__all__ = ["BlockLayout", "layout_of", "model_fingerprint"]
+
+_SAMPLES_PER_PARAMETER = 512
+
+
+@dataclass(frozen=True, slots=True)
+class BlockLayout:
+    """Everything a stored block must match to be loaded into an engine."""
+
+    fingerprint: str  # the model's weights (`model_fingerprint`), hex
+    block_size: int  # token slots per block
+    num_layers: int  # decoder layers (one K and one V per layer)
+    num_kv_heads: int  # KV heads each layer stores (a tensor-parallel rank: its own heads)
+    head_dim: int
+    dtype: str  # the model dtype the K/V arrived in, e.g. "float32"
+    storage: str  # "plain", or the quantized formats of keys and values with their scale layout
+
+    def namespace(self) -> bytes:
+        """8 bytes naming this layout: the prefix of every store key (with the block digest after it)."""
+        text = json.dumps(asdict(self), sort_keys=True).encode()
+        return hashlib.blake2b(text, digest_size=8, person=b"hf_paged.layout").digest()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def check(self, stored: dict) -> None:
+        """Raise `KVBlockMismatchError` naming the first field where a block's header `stored` differs."""
+        for f in fields(self):
+            ours, theirs = getattr(self, f.name), stored.get(f.name)
+            if ours != theirs:
+                what = "another model" if f.name == "fingerprint" else f"another {f.name.replace('_', ' ')}"
+                raise KVBlockMismatchError(
+                    f"stored KV block was made for {what}: {f.name}={theirs!r}, this engine has {ours!r}; it is not "
+                    "loaded (the prefix is recomputed)"
+                )
+
+
+def model_fingerprint(model: torch.nn.Module) -> str:
+    """Hex digest of a model's weights: every parameter's name, shape, dtype and a strided sample of its values.
+
+    The same weights give the same fingerprint in every process (values are read, never addresses); any retraining
+    or another checkpoint changes the samples. Costs a few small copies per parameter."""
+    h = hashlib.blake2b(digest_size=16, person=b"hf_paged.model")
+    config = getattr(model, "config", None)
+    h.update(str(getattr(config, "model_type", type(model).__name__)).encode())
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            h.update(f"{name}|{tuple(p.shape)}|{p.dtype}".encode())
+            flat = p.detach().reshape(-1)
+            step = max(1, flat.numel() // _SAMPLES_PER_PARAMETER)
+            sample = flat[::step][:_SAMPLES_PER_PARAMETER].to("cpu").contiguous()
+            h.update(sample.view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _format_name(fmt: BlockFormat) -> str:
+    parts = [fmt.name]
+    parts += [flag for flag, on in (("channel", fmt.per_channel), ("head", fmt.per_head), ("log", fmt.log_scale),
+                                    ("rope", bool(fmt.rope_frequencies))) if on]
+    return "/".join(parts)
+
+
+def layout_of(cache: PagedCache, fingerprint: str, dtype: torch.dtype) -> BlockLayout:
+    """The layout of the blocks `cache` stores for the model with `fingerprint`, K/V in `dtype`."""
+    shape = cache.kv_shape
+    storage = "plain"
+    if cache.compressed:
+        full = cache.paged_config.kv_full_precision_heads
+        storage = f"k={_format_name(cache.key_format)};v={_format_name(cache.value_format)};full_heads={full}"
+    return BlockLayout(fingerprint, cache.block_size, shape.num_layers, shape.num_kv_heads, shape.head_dim,
+                       str(dtype).removeprefix("torch."), storage)

@@ -1,0 +1,222 @@
+"""Where transferred blocks live: a `KVStore` maps a key (layout namespace + block digest) to a block's bytes.
+
+Two transports:
+- `InProcessStore`: a dict shared by engines of one process (tests; a prefill engine handing blocks to a decode
+  engine in the same process);
+- `DirectoryStore`: one file per block in a directory (the disk tier, `PagedConfig.kv_offload_dir`), bounded by
+  bytes, least recently used files deleted first, atomic writes (a temporary file renamed into place), and read
+  back after a restart: the files found at start are ordered by their modification times, which reads refresh.
+
+A store knows nothing of layouts or tensors; it moves bytes. Checking what it returns is the connector's business
+(`block_format.decode_block`); a blob that fails the check is `delete`d.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+__all__ = ["DirectoryStore", "InProcessStore", "KVStore"]
+
+
+@runtime_checkable
+class KVStore(Protocol):
+    """Bytes by key, bounded or not; every method is thread-safe."""
+
+    name: str  # "in-process", "directory": how stats and benchmarks name the transport
+
+    def contains(self, key: bytes) -> bool: ...
+
+    def get(self, key: bytes) -> bytes | None:
+        """The blob under `key`, or None when it is not there (any more)."""
+        ...
+
+    def put(self, key: bytes, data: bytes) -> bool:
+        """Keep `data` under `key` (a no-op, refreshing it, when the key is there); False when it cannot be kept."""
+        ...
+
+    def delete(self, key: bytes) -> None: ...
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held now."""
+        ...
+
+
+class _LruBytes:
+    """Keys in least-recently-used order with their sizes, bounded by total bytes (both stores' bookkeeping)."""
+
+    def __init__(self, max_bytes: int | None) -> None:
+        self.max_bytes = max_bytes
+        self.sizes: OrderedDict[bytes, int] = OrderedDict()
+        self.nbytes = 0
+
+    def add(self, key: bytes, size: int) -> None:
+        self.sizes[key] = size
+        self.nbytes += size
+
+    def pop(self, key: bytes) -> None:
+        self.nbytes -= self.sizes.pop(key, 0)
+
+    def victims(self, incoming: int) -> list[bytes]:
+        """Oldest keys to drop so that `incoming` more bytes fit."""
+        out, total = [], self.nbytes
+        if self.max_bytes is None:
+            return out
+        for key, size in self.sizes.items():
+            if total + incoming <= self.max_bytes:
+                break
+            out.append(key)
+            total -= size
+        return out
+
+
+class InProcessStore:
+    """Blocks in a dict, shared by the engines it is given to (one process). Optional byte bound, LRU.
+
+    Example:
+        >>> store = InProcessStore()
+        >>> store.put(b"k", b"blob"), store.get(b"k"), store.nbytes
+        (True, b'blob', 4)
+    """
+
+    name = "in-process"
+
+    def __init__(self, max_bytes: int | None = None) -> None:
+        self._blobs: dict[bytes, bytes] = {}
+        self._lru = _LruBytes(max_bytes)
+        self._lock = threading.Lock()
+
+    def contains(self, key: bytes) -> bool:
+        return key in self._blobs
+
+    def get(self, key: bytes) -> bytes | None:
+        with self._lock:
+            blob = self._blobs.get(key)
+            if blob is not None:
+                self._lru.sizes.move_to_end(key)
+            return blob
+
+    def put(self, key: bytes, data: bytes) -> bool:
+        with self._lock:
+            if key in self._blobs:
+                self._lru.sizes.move_to_end(key)
+                return True
+            if self._lru.max_bytes is not None and len(data) > self._lru.max_bytes:
+                return False
+            for old in self._lru.victims(len(data)):
+                self._blobs.pop(old, None)
+                self._lru.pop(old)
+            self._blobs[key] = bytes(data)
+            self._lru.add(key, len(data))
+            return True
+
+    def delete(self, key: bytes) -> None:
+        with self._lock:
+            if self._blobs.pop(key, None) is not None:
+                self._lru.pop(key)
+
+    @property
+    def nbytes(self) -> int:
+        return self._lru.nbytes
+
+
+class DirectoryStore:
+    """One file per block (`<key hex>.kvb`) in `path`, at most `max_bytes` in all, least recently used first out.
+
+    Files are written to a temporary name and renamed, so a reader never sees half a file from this store (a crash
+    leaves at most a `.tmp` file, removed at the next start). A file that vanished or cannot be read is forgotten.
+    One engine process per directory: two processes writing one directory would each keep their own byte count.
+    """
+
+    name = "directory"
+    SUFFIX = ".kvb"
+
+    def __init__(self, path: str | os.PathLike, max_bytes: int) -> None:
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
+            raise ValueError(f"DirectoryStore max_bytes must be an int >= 1, got {max_bytes!r}")
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._lru = _LruBytes(max_bytes)
+        self._lock = threading.Lock()
+        found = []
+        for entry in os.scandir(self.path):
+            if entry.name.endswith(".tmp"):
+                _unlink(entry.path)
+            elif entry.name.endswith(self.SUFFIX) and entry.is_file():
+                try:
+                    key = bytes.fromhex(entry.name[: -len(self.SUFFIX)])
+                except ValueError:
+                    continue  # not one of ours: left alone, not counted
+                stat = entry.stat()
+                found.append((stat.st_mtime_ns, key, stat.st_size))
+        for _, key, size in sorted(found):
+            self._lru.add(key, size)
+        for old in self._lru.victims(0):  # the bound may have shrunk since the files were written
+            self._remove(old)
+
+    def _file(self, key: bytes) -> Path:
+        return self.path / f"{key.hex()}{self.SUFFIX}"
+
+    def contains(self, key: bytes) -> bool:
+        return key in self._lru.sizes
+
+    def get(self, key: bytes) -> bytes | None:
+        with self._lock:
+            if key not in self._lru.sizes:
+                return None
+            self._lru.sizes.move_to_end(key)
+        file = self._file(key)
+        try:
+            data = file.read_bytes()
+            os.utime(file)  # recency survives a restart
+        except OSError:
+            self.delete(key)
+            return None
+        return data
+
+    def put(self, key: bytes, data: bytes) -> bool:
+        with self._lock:
+            if key in self._lru.sizes:
+                self._lru.sizes.move_to_end(key)
+                return True
+            if len(data) > self._lru.max_bytes:  # type: ignore[operator]
+                return False
+            for old in self._lru.victims(len(data)):
+                self._remove(old)
+            file = self._file(key)
+            tmp = file.with_name(file.name + ".tmp")
+            try:
+                tmp.write_bytes(data)
+                os.replace(tmp, file)
+            except OSError:
+                _unlink(tmp)
+                return False
+            self._lru.add(key, len(data))
+            return True
+
+    def delete(self, key: bytes) -> None:
+        with self._lock:
+            self._remove(key)
+
+    def _remove(self, key: bytes) -> None:
+        self._lru.pop(key)
+        _unlink(self._file(key))
+
+    @property
+    def nbytes(self) -> int:
+        return self._lru.nbytes
+
+    @property
+    def max_bytes(self) -> int:
+        return self._lru.max_bytes  # type: ignore[return-value]
+
+
+def _unlink(path) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

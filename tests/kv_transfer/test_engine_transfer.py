@@ -1,0 +1,218 @@
+"""Blocks loaded from another engine or the disk tier give the tokens recomputing gives (fp32, greedy), and every
+refused block is counted and recomputed."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hf_paged import Engine, PagedConfig, SamplingParams
+from hf_paged.kv_transfer import DirectoryStore, InProcessStore
+from tests.tiny_models import ragged_prompts, stock_greedy, tiny_model
+
+MAX_NEW = 8
+BS = 8
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    system = ragged_prompts([45], seed=21)[0]  # 5 full blocks of 8 shared, then a partial one
+    return [system + q for q in ragged_prompts([3, 11], seed=22)]
+
+
+@pytest.fixture(scope="module")
+def expected(model, prompts):
+    return stock_greedy(model, prompts, MAX_NEW)
+
+
+def run(engine, prompts, max_new=MAX_NEW):
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=max_new)) for p in prompts]
+    while engine.has_unfinished:
+        engine.step()
+        engine.check_integrity()
+    outs = [engine.pop_output(i) for i in ids]
+    assert all(o.error is None for o in outs)
+    assert engine.cache.pool.num_used_blocks == 0
+    return [o.generated_tokens for o in outs]
+
+
+def transfer_stats(engine) -> dict:
+    return {k.removeprefix("kv_transfer_"): v for k, v in engine.stats().items() if k.startswith("kv_transfer_")}
+
+
+def evict_all(engine, seed=99):
+    """Fill the small pool with other prompts until everything cached before is evicted (and saved)."""
+    run(engine, ragged_prompts([90, 90], seed=seed), max_new=1)
+
+
+def disk_engine(model, directory, **overrides) -> Engine:
+    cfg = {"block_size": BS, "num_blocks": 16, "kv_offload_dir": str(directory), "max_num_batched_tokens": 64}
+    return Engine(model, PagedConfig(**{**cfg, **overrides}))
+
+
+def test_two_engines_share_blocks_through_an_in_process_store(model, prompts, expected):
+    store = InProcessStore()
+    prefill = Engine(model, PagedConfig(block_size=BS), kv_store=store)
+    assert run(prefill, prompts) == expected
+    assert transfer_stats(prefill)["saved_blocks"] > 0
+    decode = Engine(model, PagedConfig(block_size=BS), kv_store=store)
+    assert run(decode, prompts) == expected
+    stats = transfer_stats(decode)
+    # the first prompt loads its 5 full blocks (the 6th holds its last token); the second hits them locally, then
+    # loads one more of its own
+    assert stats["loaded_blocks"] == 5 + 1 and stats["load_failures"] == 0
+    computed = decode.stats()
+    assert computed["prompt_tokens_cached"] == 5 * BS + 6 * BS
+
+
+def test_evicted_blocks_come_back_from_disk_and_survive_a_restart(model, prompts, expected, tmp_path):
+    engine = disk_engine(model, tmp_path)
+    assert run(engine, prompts[:1]) == expected[:1]
+    evict_all(engine)
+    saved = transfer_stats(engine)["saved_blocks"]
+    assert saved >= 5 and len(list(tmp_path.glob("*.kvb"))) == saved
+    assert run(engine, prompts[:1]) == expected[:1]
+    assert transfer_stats(engine)["loaded_blocks"] == 5
+    engine.check_integrity()
+
+    restarted = disk_engine(model, tmp_path)  # same model, same directory: the first request hits the disk
+    assert run(restarted, prompts) == expected
+    stats = transfer_stats(restarted)
+    assert stats["loaded_blocks"] >= 5 and stats["rejected_blocks"] == 0
+
+
+def test_corrupt_and_truncated_files_are_refused_counted_and_deleted(model, prompts, expected, tmp_path):
+    engine = disk_engine(model, tmp_path)
+    run(engine, prompts[:1])
+    evict_all(engine)
+    files = sorted(tmp_path.glob("*.kvb"), key=os.path.getmtime)
+    blobs = {f: f.read_bytes() for f in files}
+    restarted = disk_engine(model, tmp_path)
+    first_key = restarted.scheduler.kv_transfer._keys(restarted.kv.prefix_cache.digests(prompts[0][:BS]))[0]
+    first = tmp_path / f"{first_key.hex()}.kvb"
+    data = bytearray(blobs[first])
+    data[len(data) // 2] ^= 0xFF  # one flipped byte in the payload
+    first.write_bytes(bytes(data))
+    assert run(restarted, prompts[:1]) == expected[:1]
+    stats = transfer_stats(restarted)
+    assert stats == {**stats, "loaded_blocks": 0, "rejected_blocks": 1, "load_failures": 1}
+    assert not first.exists()
+
+    first.write_bytes(blobs[first][: len(blobs[first]) // 3])  # truncated
+    again = disk_engine(model, tmp_path)
+    assert run(again, prompts[:1]) == expected[:1]
+    assert transfer_stats(again)["rejected_blocks"] == 1 and not first.exists()
+
+
+def test_blocks_of_another_model_are_never_loaded(model, prompts, expected, tmp_path):
+    engine = disk_engine(model, tmp_path)
+    run(engine, prompts[:1])
+    evict_all(engine)
+    other = tiny_model("llama", seed=1)  # same shapes, other weights: another fingerprint
+    other_expected = stock_greedy(other, prompts[:1], MAX_NEW)
+    foreign = disk_engine(other, tmp_path)
+    assert run(foreign, prompts[:1]) == other_expected
+    assert transfer_stats(foreign)["loaded_blocks"] == 0  # its keys name its own fingerprint: no file matches
+    # A file of the first model placed under the other model's key: refused by its header (never garbage attention)
+    foreign = disk_engine(other, tmp_path)
+    digests = foreign.kv.prefix_cache.digests(prompts[0][: 5 * BS])
+    theirs = engine.scheduler.kv_transfer._keys(digests)
+    ours = foreign.scheduler.kv_transfer._keys(digests)
+    for src, dst in zip(theirs, ours):
+        (tmp_path / f"{src.hex()}.kvb").rename(tmp_path / f"{dst.hex()}.kvb")
+    foreign = disk_engine(other, tmp_path)
+    assert run(foreign, prompts[:1]) == other_expected
+    stats = transfer_stats(foreign)
+    assert stats["loaded_blocks"] == 0 and stats["rejected_blocks"] == 1 and stats["load_failures"] == 1
+
+
+def test_new_weights_change_the_fingerprint(model, prompts, tmp_path):
+    import torch
+
+    local = tiny_model("llama", seed=2)
+    engine = disk_engine(local, tmp_path)
+    run(engine, prompts[:1])
+    evict_all(engine)
+    with torch.no_grad():
+        next(local.parameters()).mul_(1.5)
+    expected = stock_greedy(local, prompts[:1], MAX_NEW)
+    assert run(engine, prompts[:1]) == expected  # the weights check resets the cache, the connector re-fingerprints
+    assert transfer_stats(engine)["loaded_blocks"] == 0
+
+
+def test_the_disk_tier_stays_within_its_bytes(model, tmp_path):
+    engine = disk_engine(model, tmp_path, kv_offload_bytes=6 * 2600)  # about 6 blocks of this model
+    for seed in range(4):
+        run(engine, ragged_prompts([60, 70], seed=seed), max_new=2)
+        files = list(tmp_path.glob("*.kvb"))
+        assert sum(f.stat().st_size for f in files) <= 6 * 2600
+    stats = transfer_stats(engine)
+    assert stats["saved_blocks"] > 6 and stats["store_bytes"] <= 6 * 2600
+    engine.check_integrity()
+
+
+def test_a_load_that_finds_its_blob_gone_is_recomputed(model, prompts, expected):
+    class Vanishing(InProcessStore):
+        def get(self, key):
+            return None  # announced by contains(), gone when read
+
+    store = Vanishing()
+    run(Engine(model, PagedConfig(block_size=BS), kv_store=store), prompts[:1])
+    engine = Engine(model, PagedConfig(block_size=BS), kv_store=store)
+    assert run(engine, prompts[:1]) == expected[:1]
+    assert transfer_stats(engine)["load_failures"] == 1 and transfer_stats(engine)["loaded_blocks"] == 0
+
+
+def test_no_room_for_the_load_falls_back_to_recomputing(model, prompts, expected):
+    store = InProcessStore()
+    run(Engine(model, PagedConfig(block_size=BS), kv_store=store), prompts[:1])
+    engine = Engine(model, PagedConfig(block_size=BS, num_blocks=7), kv_store=store)  # 7 blocks for 53 + 8 tokens
+    busy = engine.add_request(ragged_prompts([20], seed=5)[0], SamplingParams(max_new_tokens=20))
+    engine.step()  # the busy request holds 3 blocks: 5 loaded blocks do not fit beside it
+    rid = engine.add_request(prompts[0], SamplingParams(max_new_tokens=MAX_NEW))
+    while engine.has_unfinished:
+        engine.step()
+        engine.check_integrity()
+    assert engine.pop_output(rid).generated_tokens == expected[0]
+    engine.pop_output(busy)
+    stats = transfer_stats(engine)
+    assert stats["load_failures"] >= 1 and stats["rejected_blocks"] == 0
+    assert engine.cache.pool.num_used_blocks == 0
+
+
+def test_int8_blocks_round_trip_with_their_scales(model, prompts):
+    store = InProcessStore()
+    config = PagedConfig(block_size=BS, kv_cache_dtype="int8")
+    alone = run(Engine(model, config), prompts)  # recomputed, int8
+    assert run(Engine(model, config, kv_store=store), prompts) == alone
+    loaded = Engine(model, config, kv_store=store)
+    assert run(loaded, prompts) == alone
+    assert transfer_stats(loaded)["loaded_blocks"] == 6
+    # an fp32 engine of the same model never sees the int8 blocks (another storage format)
+    plain = Engine(model, PagedConfig(block_size=BS), kv_store=store)
+    run(plain, prompts[:1])
+    assert transfer_stats(plain)["loaded_blocks"] == 0
+
+
+def test_directory_store_is_lru_by_file_and_reopens(tmp_path: Path):
+    store = DirectoryStore(tmp_path, max_bytes=300)
+    for i in range(3):
+        assert store.put(bytes([i]), bytes(100))
+    store.get(b"\x00")  # 0 is now the most recent: 1 goes first
+    assert store.put(b"\x03", bytes(100))
+    assert [store.contains(bytes([i])) for i in range(4)] == [True, False, True, True]
+    assert store.nbytes == 300 and sum(f.stat().st_size for f in tmp_path.iterdir()) == 300
+    assert not store.put(b"\x04", bytes(301))  # larger than the whole bound: not kept
+    (tmp_path / "00.kvb.tmp").write_bytes(b"half")  # a crash mid-write
+    for age, i in enumerate((3, 0, 2)):  # file times as the reads left them (the kernel's clock is coarse)
+        os.utime(tmp_path / f"{i:02x}.kvb", ns=(10**18 - age * 10**9,) * 2)
+    reopened = DirectoryStore(tmp_path, max_bytes=200)  # a smaller bound: the oldest files go at once
+    assert reopened.nbytes == 200 and not (tmp_path / "00.kvb.tmp").exists()
+    assert reopened.contains(b"\x03") and not reopened.contains(b"\x02")
