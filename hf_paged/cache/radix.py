@@ -127,6 +127,10 @@ class RadixCache:
         nodes.sort(key=lambda n: (-n.last_access, n.depth))
         return [n.digest for n in (nodes if limit is None else nodes[: max(0, limit)])]  # type: ignore[misc]
 
+    def cached_nodes(self) -> list[TreeNode]:
+        """Every cached block's node (digest, block id, token ids), a copy: what a KV connector saves at shutdown."""
+        return list(self._node_of_block.values())
+
     def is_inflight(self, token_ids: Sequence[int], extra_keys: tuple, inflight_digests: Collection[bytes],
                     digests: Sequence[bytes] | None = None) -> bool:
         """Whether the first full block of `token_ids` past its cached prefix is being computed right now.

@@ -5,7 +5,7 @@
     block_tensors(saved, i)   -> [("0.k", keys[i]), ("0.v", values[i]), ...]    or  ("0.k.<part>", ...)
     stack_blocks([named, ...]) -> the per-layer objects `load_blocks` takes, for those blocks in order
 
-Only full blocks travel: a compressed block with a staged (partial) copy is not a transferable block.
+Only full blocks travel (a partial block's staged rows never do).
 """
 
 from __future__ import annotations
@@ -22,14 +22,13 @@ __all__ = ["block_tensors", "is_transferable", "stack_blocks"]
 _SIDES = ("k", "v")
 
 
-def is_transferable(saved: list, i: int) -> bool:
-    """Whether block `i` of a `save_blocks` result is whole in main storage in every layer (no staged copy)."""
-    for layer in saved:
-        if layer is None:
-            return False
-        if isinstance(layer, SavedCompressedBlocks) and any(i in store.staged for store in layer.stores):
-            return False
-    return True
+def is_transferable(saved: list) -> bool:
+    """Whether a `save_blocks` result holds every layer (a layer never written has nothing to send).
+
+    A full block's main storage is the whole block: a compressed layer quantizes a block in the step it fills (and
+    a loaded block arrives whole), so a staged copy that may still sit under a full block's id is stale and is not
+    sent."""
+    return all(layer is not None for layer in saved)
 
 
 def block_tensors(saved: list, i: int) -> list[tuple[str, torch.Tensor]]:

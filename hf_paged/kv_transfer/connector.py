@@ -222,10 +222,10 @@ class KVConnector:
         if not todo:
             return 0
         saved = self.cache.save_blocks([n.block_id for n, _ in todo])
+        if not is_transferable(saved):
+            return 0
         written = 0
         for i, (node, key) in enumerate(todo):
-            if not is_transferable(saved, i):
-                continue
             blob = encode_block(layout, node.digest, node.token_ids, block_tensors(saved, i))  # type: ignore[arg-type]
             if self.store.put(key, blob):
                 written += 1
@@ -233,6 +233,11 @@ class KVConnector:
         self.counters.saved_blocks += written
         self.counters.save_seconds += time.perf_counter() - start
         return written
+
+    def save_cached(self) -> int:
+        """Write every block the prefix cache holds now that the store lacks (before a shutdown, so a restart finds
+        the whole cache, not only what was evicted); returns how many were written."""
+        return self.save(self.radix.cached_nodes())
 
     # -- stats -------------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:

@@ -88,6 +88,16 @@ def test_evicted_blocks_come_back_from_disk_and_survive_a_restart(model, prompts
     assert stats["loaded_blocks"] >= 5 and stats["rejected_blocks"] == 0
 
 
+def test_save_cached_writes_the_whole_cache_before_a_shutdown(model, prompts, expected, tmp_path):
+    engine = disk_engine(model, tmp_path, num_blocks=64)  # nothing is evicted
+    assert run(engine, prompts) == expected
+    assert transfer_stats(engine)["saved_blocks"] == 0
+    assert engine.scheduler.kv_transfer.save_cached() == engine.kv.prefix_cache.num_cached_blocks == 8  # outputs too
+    restarted = disk_engine(model, tmp_path, num_blocks=64)
+    assert run(restarted, prompts) == expected
+    assert transfer_stats(restarted)["loaded_blocks"] == 6
+
+
 def test_corrupt_and_truncated_files_are_refused_counted_and_deleted(model, prompts, expected, tmp_path):
     engine = disk_engine(model, tmp_path)
     run(engine, prompts[:1])
