@@ -138,7 +138,7 @@ def choices_of(where: str, values: Any) -> Choices:
     if not unique or any(not isinstance(c, str) or not c for c in unique):
         raise FieldConstraintError(f"{where}: choices must be a non-empty list of non-empty strings, got "
                                    f"{list(values)!r}")
-    return Choices(max(len(c) for c in unique), None, 0, unique)
+    return Choices(max(len(c.encode("utf-8")) for c in unique), None, 0, unique)  # tokens: at most one per byte
 
 
 def as_constraint(where: str, value: Any) -> Constraint:

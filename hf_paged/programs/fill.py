@@ -70,7 +70,7 @@ class Filled:
 
 
 def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item", *, temperature: float = 0.0,
-         seed: int | None = None, **holes: Any) -> Filled:
+         seed: int | None = None, score_choices: bool = True, **holes: Any) -> Filled:
     """Fill `template`'s `[name]` holes after `prompt`, each under the constraint passed as `name=`.
 
     Args:
@@ -79,6 +79,9 @@ def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item
         template: literal text with `[name]` holes (see `programs/template.py`).
         mode: "item_by_item" (each field its own call) or "one_shot" (one constrained generation).
         temperature, seed: sampling of the generated fields (0: greedy). Retries always sample.
+        score_choices: item by item, pick a choice hole by scoring every choice (`select`: the whole choice's
+            log-probability, one request per choice); False: generate it under a mask (one request, as one_shot
+            does, token by token).
         **holes: one constraint per hole: a list of choices, `hp.text(max_tokens=)`, `hp.regex(...)`,
             `hp.schema(...)`, `hp.grammar(...)`, each with its own `validator` / `max_retries`.
 
@@ -106,7 +109,7 @@ def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item
             records.update(one_shot.records)
             totals.add(one_shot.tokens)
         for i in range(start, len(plan.holes)):
-            record = _fill_hole(run, track, plan, i, temperature, seed)
+            record = _fill_hole(run, track, plan, i, temperature, seed, score_choices)
             earlier = records.get(plan.holes[i].name)  # the one-shot attempt refused or cut short
             if earlier is not None:
                 record.attempts[:0] = earlier.attempts
@@ -144,10 +147,10 @@ def hole_call(plan: TemplatePlan, i: int, temperature: float, seed: int | None) 
 
 
 def _fill_hole(run: RunContext, track: Track, plan: TemplatePlan, i: int, temperature: float,
-               seed: int | None) -> CallRecord:
+               seed: int | None, score_choices: bool) -> CallRecord:
     hole = plan.holes[i]
     literal = plan.next_literal(i)
-    if isinstance(hole.constraint, Choices):
+    if isinstance(hole.constraint, Choices) and score_choices:
         texts = tuple(_json_body(c) for c in hole.constraint.choices) if hole.json_string else None
         record = run_select(run, track, SelectCall(hole.name, hole.constraint.choices, "sum", texts))
         track.append_text(literal)

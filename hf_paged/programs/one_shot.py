@@ -54,7 +54,7 @@ def run_one_shot(run: RunContext, track: Track, plan: TemplatePlan, calls: list[
             )
         flats.append(flat)
     pattern = "".join(flat + escape_regex(plan.next_literal(i)) for i, flat in enumerate(flats))
-    budget += len(backend.encode("".join(plan.literals[1:]), first=False))
+    budget += len("".join(plan.literals[1:]).encode("utf-8"))  # literals: at most one token per byte
     prompt_len, text_before = len(flush(run, track, "fill")), track.text
     whole = GenCall("<template>", budget, temperature=calls[0].temperature, seed=calls[0].seed, regex=pattern)
     record = run_gen(run, track, whole)

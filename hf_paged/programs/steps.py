@@ -47,6 +47,8 @@ def run_gen(run: RunContext, track: Track, call: GenCall) -> CallRecord:
     prompt = flush(run, track, what)
     processor = _processor(backend, call)
     record = CallRecord(call.name, "gen", "", "")
+    # room for the forced literal (as the tokenizer spells it) and EOS; a field that runs out within its literal
+    # is closed here, the rest of the literal appended as text
     allowance = len(backend.encode(call.suffix, first=False)) + 1 if call.suffix else 0
     for attempt in range(call.max_retries + 1):
         sampled = attempt > 0 or call.temperature > 0  # a retry samples: a greedy rerun would repeat itself
@@ -142,8 +144,9 @@ def _cut(backend, call: GenCall, generated: list[int], finish_reason: str) -> _C
         value, finish_reason = text[: -len(call.suffix)], "stop"
     else:
         value = text
-        if call.suffix:  # the field ran out of tokens before its literal: close it here
+        if call.suffix:  # the field ran out of tokens before its literal (or within it): close it here
             finish_reason = "length"
+            value = _before_partial_suffix(call, text)
             if call.json_string:
                 value = _trim_partial_escape(value)
     kept_text = value + call.suffix
@@ -158,6 +161,19 @@ def _cut(backend, call: GenCall, generated: list[int], finish_reason: str) -> _C
             k += 1
         num_forced = len(ids) - k
     return _Cut(value, kept_text, ids, kept_text[len(ids_text):], finish_reason, complete, num_forced)
+
+
+def _before_partial_suffix(call: GenCall, text: str) -> str:
+    """The value of a field cut short, without the start of its literal: the first split where the rest begins the
+    literal and the value matches the field's regex (Python's `re`, when it reads the pattern)."""
+    try:
+        pattern = re.compile(call.regex, re.DOTALL) if call.regex is not None else None
+    except re.error:
+        pattern = None
+    for k in range(len(text) + 1):
+        if call.suffix.startswith(text[k:]) and (pattern is None or pattern.fullmatch(text, 0, k) is not None):
+            return text[:k]
+    return text
 
 
 def _trim_partial_escape(body: str) -> str:

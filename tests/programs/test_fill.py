@@ -130,3 +130,14 @@ def test_a_validator_that_raises_names_the_field(model_tok):
 
     with pytest.raises(hp.ValidatorError, match="field 's1'.*AttributeError"):
         hp.fill(model, tok, PROMPT, TEMPLATE, **_holes(s1=hp.text(max_tokens=4, validator=broken, max_retries=1)))
+
+
+def test_a_field_cut_inside_its_literal_keeps_the_literal_once():
+    from hf_paged.programs.calls import GenCall
+    from hf_paged.programs.steps import _before_partial_suffix
+
+    choice = GenCall("p", 4, suffix='", "next": "', regex="(?:low|medium)")
+    assert _before_partial_suffix(choice, 'medium", "ne') == "medium"
+    text = GenCall("t", 4, suffix='", "next": "', json_string=True, regex='[^"]*')
+    assert _before_partial_suffix(text, 'some words"') == "some words"
+    assert _before_partial_suffix(text, "no literal yet") == "no literal yet"
