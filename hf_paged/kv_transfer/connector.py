@@ -133,10 +133,10 @@ class KVConnector:
         blocks the store holds next into fresh blocks of its table and cache them. Returns the tokens now computed.
         Anything short of what the store announced is recomputed by the step, and counted."""
         bs = self.block_size
-        if num_cached_tokens % bs or not self._has_storage():
-            return num_cached_tokens
         first, limit = num_cached_tokens // bs, (len(token_ids) - 1) // bs
-        digests = prefix_digests(token_ids[: max(limit, 0) * bs], bs, extra_keys)
+        if num_cached_tokens % bs or limit <= first or not self._has_storage():
+            return num_cached_tokens
+        digests = prefix_digests(token_ids[: limit * bs], bs, extra_keys)
         wanted = self.num_external_blocks(token_ids, extra_keys, num_cached_tokens, digests)
         if not wanted:
             return num_cached_tokens
