@@ -198,3 +198,33 @@ def test_program_misuse_raises_typed_errors(model_tok):
 
     with pytest.raises(TypeError, match="str"):
         adds_a_number.run(model, tok)
+
+
+def test_run_batch_keeps_going_when_one_instance_raises(model_tok):
+    model, tok = model_tok
+
+    @hp.program
+    def maybe_fails(s, n):
+        s += f"Item {n}: " + hp.gen("x", max_tokens=6)
+        if n == 2:
+            raise ValueError("instance 2 refuses")
+        s += " then " + hp.gen("y", max_tokens=6)
+
+    results = maybe_fails.run_batch(model, tok, [{"n": n} for n in range(5)], raise_errors=False)
+    assert isinstance(results[2], ValueError)
+    assert all(isinstance(r, hp.ProgramState) and "y" in r for i, r in enumerate(results) if i != 2)
+    with pytest.raises(ValueError, match="instance 2 refuses") as info:
+        maybe_fails.run_batch(model, tok, [{"n": n} for n in range(4)])
+    assert any("run_batch instance 2" in note for note in info.value.__notes__)
+
+
+def test_a_state_takes_no_calls_after_its_program_returned(model_tok):
+    model, tok = model_tok
+
+    @hp.program
+    def short(s):
+        s += "Hello " + hp.gen("x", max_tokens=2)
+
+    state = short.run(model, tok)
+    with pytest.raises(hp.ProgramError, match="has returned"):
+        state += hp.gen("late", max_tokens=2)
