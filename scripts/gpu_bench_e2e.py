@@ -191,7 +191,7 @@ def run_workload(args, model, device: torch.device, label: str, prompts: list[li
             device,
         )
     ]
-    for graphs in (False, True) if device.type == "cuda" else (False,):
+    for graphs in () if args.skip_transformers else (False, True) if device.type == "cuda" else (False,):
         cb_config = ContinuousBatchingConfig(use_cuda_graph=graphs, auto_switch_to_flash=False, **sizing)
         paths.append(timed(
             f"transformers generate_batch (CUDA graphs {'on' if graphs else 'off'})",
@@ -248,6 +248,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shared-prefix", action=argparse.BooleanOptionalAction, default=True,
                    help="also the shared-prefix workload: a 1000-token system prompt + one question per request")
     p.add_argument("--shared-new-tokens", type=int, default=32)
+    p.add_argument("--skip-transformers", action="store_true", help="no transformers generate_batch paths")
     p.add_argument("--tiny", action="store_true", help="tiny fp32 Llama: a CPU smoke test of this script")
     p.add_argument("--json", help="write the result here")
     args = p.parse_args(argv)

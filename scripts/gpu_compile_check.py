@@ -57,8 +57,12 @@ def specialise(launch) -> tuple[dict, dict, dict]:
     fn = launch.kernel
     runtime_names = [n for n in fn.arg_names if n not in launch.constexprs]
     signature, constexprs, attrs = {}, dict(launch.constexprs), {}
+    plain = {fn.arg_names[a] if isinstance(a, int) else a for a in getattr(fn, "do_not_specialize", ()) or ()}
     for name, value in zip(runtime_names, launch.args, strict=True):
         index = (fn.arg_names.index(name),)
+        if name in plain and not isinstance(value, (torch.Tensor, float)):  # do_not_specialize: a plain int
+            signature[name] = "i32" if -(2**31) <= value < 2**31 else "i64"
+            continue
         if isinstance(value, torch.Tensor):
             signature[name] = POINTER[value.dtype]
             if value.data_ptr() % 16 == 0:  # meta tensors report 0: aligned, like any fresh CUDA allocation

@@ -40,7 +40,9 @@ def _define() -> None:
     tl, load_kv_tile, attend_tile, find_seq_idx = triton_common.jit_helpers()
     triton = triton_common.import_triton()
 
-    @triton.jit
+    # Ints that change from step to step (sequences, the tables' widths) are not specialised on (Triton would
+    # compile a variant for each of "== 1", "divisible by 16" and neither, mid-run, at the first step that hits one)
+    @triton.jit(do_not_specialize=["stride_tt_seq", "num_seqs", "stride_bt_seq"])
     def _prefill_kernel(
         q_ptr,
         k_cache_ptr, k_scale_ptr, k_zero_ptr, stride_k_block, stride_k_slot, stride_k_head,
