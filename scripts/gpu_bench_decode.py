@@ -28,10 +28,9 @@ import torch
 
 from hf_paged.cache.compression import BlockFormat
 from hf_paged.cache.kernels import FullPrecisionTail, QuantizedKV, paged_decode_attention
-from hf_paged.cache.kernels.launch import decode_launch_config, num_sms
 from hf_paged.cache.kernels.reference import ref_paged_decode_attention
 from hf_paged.cache.kernels.reference_quantized import ref_paged_decode_attention_quantized
-from hf_paged.cache.kernels.triton_decode import paged_decode_attention_triton
+from hf_paged.cache.kernels.triton_decode import default_decode_config, paged_decode_attention_triton
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -160,16 +159,7 @@ def run(args, copy: float | None = None, time_reference: bool = True) -> DecodeB
     if kv_format != "auto":
         key_cache, value_cache, tail, kv_block_bytes = quantize_inputs(kv_format, key_cache, value_cache,
                                                                        block_tables)  # fmt: skip
-    config = decode_launch_config(
-        num_seqs=args.batch,
-        num_heads=args.heads,
-        num_kv_heads=args.kv_heads,
-        head_dim=args.head_dim,
-        max_context_len=block_tables.shape[1] * args.block_size,
-        dtype=dtype,
-        num_sms=num_sms(device),
-        quantized=kv_format != "auto",
-    )
+    config = default_decode_config(query, key_cache, value_cache, block_tables)  # what the kernel runs
     if variant:
         config = dataclasses.replace(config, fold_scales=variant != "nofold",
                                      num_warps=4 if variant == "4w" else config.num_warps)

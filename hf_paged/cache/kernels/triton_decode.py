@@ -27,7 +27,7 @@ from hf_paged.cache.kernels import launch, triton_common
 from hf_paged.cache.kernels.launch import DecodeLaunchConfig, KernelLaunch, next_power_of_2
 from hf_paged.cache.kernels.quantized import FullPrecisionTail, QuantizedKV, kv_operand, tail_args
 
-__all__ = ["decode_launches", "paged_decode_attention_triton"]
+__all__ = ["decode_launches", "default_decode_config", "paged_decode_attention_triton"]
 
 _DEFINED = False
 
@@ -266,18 +266,7 @@ def decode_launches(
     k_op, v_op = kv_operand(key_cache), kv_operand(value_cache)
     _, block_size, num_kv_heads, _ = k_op.data.shape
     if config is None:
-        config = launch.decode_launch_config(
-            num_seqs=num_seqs,
-            num_heads=num_heads,
-            num_kv_heads=num_kv_heads,
-            head_dim=head_dim,
-            max_context_len=block_tables.shape[1] * block_size,
-            dtype=query.dtype,
-            num_sms=launch.num_sms(query.device),
-            # dequantized in registers; per-token formats fold their scales instead (`_per_token`), and ran
-            # faster on 4 warps than on 8 on an H200 (b64 x 4k: 0.28-0.31 vs 0.33 ms; b32 x 32k: 1.11-1.18 vs 1.27)
-            quantized=(k_op.fmt != 0 or v_op.fmt != 0) and not (_per_token(k_op) and _per_token(v_op)),
-        )
+        config = default_decode_config(query, key_cache, value_cache, block_tables)
     splits = config.num_splits
     if splits > 1:
         part_out = torch.empty(num_seqs, num_heads, splits, config.block_d, dtype=torch.float32, device=query.device)
@@ -332,6 +321,26 @@ def decode_launches(
         num_stages=1,
     )
     return [main, merge]
+
+
+def default_decode_config(query: torch.Tensor, key_cache: torch.Tensor | QuantizedKV,
+                          value_cache: torch.Tensor | QuantizedKV, block_tables: torch.Tensor) -> DecodeLaunchConfig:
+    """The launch `decode_launches` chooses when it is given none (benchmarks print and vary it)."""
+    num_seqs, num_heads, head_dim = query.shape
+    k_op, v_op = kv_operand(key_cache), kv_operand(value_cache)
+    _, block_size, num_kv_heads, _ = k_op.data.shape
+    return launch.decode_launch_config(
+        num_seqs=num_seqs,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        max_context_len=block_tables.shape[1] * block_size,
+        dtype=query.dtype,
+        num_sms=launch.num_sms(query.device),
+        # dequantized in registers; per-token formats fold their scales instead (`_per_token`), and ran
+        # faster on 4 warps than on 8 on an H200 (b64 x 4k: 0.28-0.31 vs 0.33 ms; b32 x 32k: 1.11-1.18 vs 1.27)
+        quantized=(k_op.fmt != 0 or v_op.fmt != 0) and not (_per_token(k_op) and _per_token(v_op)),
+    )
 
 
 def _per_token(op) -> bool:
