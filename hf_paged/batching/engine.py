@@ -310,8 +310,8 @@ class Engine:
 
     def _fail_unschedulable(self) -> None:
         """Nothing could run although requests wait: the head of the queue can never fit. Fail it (no hang)."""
-        if self.scheduler.running or not self.scheduler.waiting:
-            return
+        if self.scheduler.running or not self.scheduler.waiting or self.scheduler.is_loading:
+            return  # something runs, nothing waits, or blocks are being read for a waiting request
         self.lifecycle.fail(self.scheduler.waiting[0][1], Failure(
             f"request needs more blocks than the pool can ever free ({self.cache.num_blocks} blocks of "
             f"{self.config.block_size}): raise PagedConfig.num_blocks or lower max_new_tokens", OutOfBlocksError))

@@ -116,6 +116,8 @@ class Scheduler:
             self.waiting = [item for item in self.waiting if item[1] is not request]
         if request.request_id in self.kv:
             self.kv.free(request.request_id)
+        if self.kv_transfer is not None:
+            self.kv_transfer.forget(request.request_id)
 
     @property
     def has_unfinished(self) -> bool:
@@ -153,6 +155,8 @@ class Scheduler:
             left = self._admit(out, prompt_budget)
             budget -= prompt_budget - left
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        if out.is_empty and self.is_loading:
+            self.kv_transfer.wait(0.005)  # type: ignore[union-attr]  # nothing to run until a read finishes
         return out
 
     def _prompt_budget(self) -> int:
@@ -213,6 +217,9 @@ class Scheduler:
                 break
             if policy is not None and policy.should_wait(request, inflight):
                 continue  # its prefix is being computed by another request: wait, then hit the cache
+            if self.kv_transfer is not None and request.swapped is None and self.kv_transfer.is_fetching(
+                    request.request_id, self._cache_tokens(request), self.extra_keys(request)):
+                continue  # blocks past its prefix hit are being read from a store: the others go meanwhile
             if not self._start(request):
                 break  # FCFS: do not let smaller requests overtake one that does not fit
             if admitted and self._waits_for_whole_step(request, budget):
@@ -251,9 +258,7 @@ class Scheduler:
         """Register the request's block table (prefix hit or swap-in)."""
         if request.swapped is not None:
             return self.on_resume(request) if self.on_resume is not None else False
-        tokens = request.all_token_ids
-        if request.score_start is not None:  # scoring: its first scored position is computed, never served from cache
-            tokens = tokens[: request.score_start + 1]
+        tokens = self._cache_tokens(request)
         cached = self.kv.add_sequence(request.request_id, tokens, self.extra_keys(request))
         if self.kv_transfer is not None:  # blocks past the local hit that a store holds: loaded, not recomputed
             cached = self.kv_transfer.load_prefix(request.request_id, tokens, self.extra_keys(request), cached)
@@ -261,6 +266,18 @@ class Scheduler:
         if request.num_preemptions == 0:
             request.num_cached_tokens = cached
         return True
+
+    @staticmethod
+    def _cache_tokens(request: Request) -> list[int]:
+        """The tokens a prefix hit may serve (the last one is always computed)."""
+        if request.score_start is not None:  # scoring: its first scored position is computed, never served from cache
+            return request.all_token_ids[: request.score_start + 1]
+        return request.all_token_ids
+
+    @property
+    def is_loading(self) -> bool:
+        """Whether blocks are being read for a waiting request: a step with nothing to run is then a wait."""
+        return self.kv_transfer is not None and self.kv_transfer.num_fetching > 0
 
     def _unstart(self, request: Request) -> None:
         if request.swapped is None:

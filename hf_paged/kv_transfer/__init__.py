@@ -4,8 +4,9 @@
     block_format.py  one block as bytes: header, tensors as stored, checksum
     codec.py         the engine's swap copies (`PagedCache.save_blocks`) <-> one block's named tensors
     stores.py        KVStore: InProcessStore (a dict), DirectoryStore (a file per block, bounded, LRU)
-    connector.py     KVConnector: the scheduler half (how many blocks the store holds, load them) and the worker
-                     half (read, check, write into the pool; save on store or eviction)
+    fetcher.py       reading and checking a sequence's blobs, at once or in a worker thread
+    connector.py     KVConnector: the scheduler half (how many blocks the store holds, read them, load them) and the
+                     worker half (write into the pool; save on store or eviction)
 
 The engine builds one with `connector_for` (`PagedConfig.kv_offload_dir`: the disk tier; `Engine(kv_store=...)`:
 another store, written through).
@@ -43,9 +44,10 @@ def connector_for(config: PagedConfig, cache: PagedCache, model: torch.nn.Module
                   store: KVStore | None = None) -> KVConnector | None:
     """The engine's connector: `store` given, blocks are saved as the prefix cache takes them ("store": another
     engine may load them at once) and loaded from it; else `config.kv_offload_dir`, the disk tier (blocks saved when
-    evicted, `kv_offload_bytes` at most); else None."""
+    evicted, `kv_offload_bytes` at most, read in the background while the request waits); else None."""
     if store is not None:
         return KVConnector(cache, model, store, save_on="store")
     if config.kv_offload_dir is not None:
-        return KVConnector(cache, model, DirectoryStore(config.kv_offload_dir, config.kv_offload_bytes), save_on="evict")
+        disk = DirectoryStore(config.kv_offload_dir, config.kv_offload_bytes)
+        return KVConnector(cache, model, disk, save_on="evict")
     return None

@@ -5,16 +5,19 @@ failure policy decided once, here:
 
     scheduler half   num_external_blocks(prompt): how many leading full blocks past the locally cached ones the
                      store holds (a digest chain: block i is only useful after blocks 0..i-1)
-                     load_prefix(seq, prompt): claims blocks for them in the sequence's table, has them loaded, and
-                     caches them in the prefix tree: from then on they are normal prefix-cache blocks
-    worker half      _fetch: blobs read and checked (checksum, layout, digest, token ids), stopping at the first bad
-                     one; _load: one `PagedCache.load_blocks` for them all (the swap path, per layer)
+                     is_fetching(seq, prompt): for a `load_async` connector, starts reading them in the background
+                     and keeps the request in the queue until they are read (other requests run meanwhile)
+                     load_prefix(seq, prompt): claims blocks for them in the sequence's table, has them written,
+                     and caches them in the prefix tree: from then on they are normal prefix-cache blocks
+    worker half      fetcher.py: blobs read and checked (checksum, layout, digest, token ids), stopping at the first
+                     bad one, now or in a worker thread; _load: one `PagedCache.load_blocks` for them all (the swap
+                     path, per layer), on the scheduler's thread
                      blocks_stored / blocks_evicted (the tree's `BlockSink`): `save_blocks`, encode, `store.put`
 
 A load that fails (a blob missing, corrupt or made for another layout, no room in the pool, a storage error) falls
-back to recomputing what was not loaded, and is counted; a bad blob is deleted from the store. Loads are synchronous,
-inside the scheduler's admission of the request (a disk tier on a local disk reads a 2k-token prefix in
-milliseconds); saves happen when the tree stores or evicts blocks, before the pool reuses them.
+back to recomputing what was not loaded, and is counted; a bad blob is deleted from the store. Without `load_async`
+the read happens inside the admission of the request (an in-process store: memory copies); saves happen when the
+tree stores or evicts blocks, before the pool reuses them (synchronous: ~0.5 ms a 257 KiB block to a local disk).
 
     prompt:   | cached here | in the store          | not anywhere | last token |
                0 .. first    first .. first + n      recomputed     always computed (its logits are needed)
@@ -31,9 +34,10 @@ import torch
 from hf_paged.cache.digests import prefix_digests
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.tree_nodes import TreeNode
-from hf_paged.errors import InvalidConfigError, KVTransferError
-from hf_paged.kv_transfer.block_format import DecodedBlock, decode_block, encode_block
+from hf_paged.errors import InvalidConfigError
+from hf_paged.kv_transfer.block_format import DecodedBlock, encode_block
 from hf_paged.kv_transfer.codec import block_tensors, is_transferable, stack_blocks
+from hf_paged.kv_transfer.fetcher import BlockAsk, BlockFetcher, FetchResult, PendingFetch, read_blocks
 from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprint
 from hf_paged.kv_transfer.stores import KVStore
 
@@ -48,7 +52,8 @@ class KVTransferStats:
 
     loaded_blocks: int = 0  # blocks loaded into the pool instead of recomputed
     loaded_bytes: int = 0
-    load_seconds: float = 0.0  # reading, checking and writing them into the pool
+    fetch_seconds: float = 0.0  # reading and checking blobs (in the admitting step, or in the worker thread)
+    load_seconds: float = 0.0  # writing the blocks read into the pool and the prefix tree (in the admitting step)
     load_failures: int = 0  # loads that fell short of what the store announced (then recomputed)
     rejected_blocks: int = 0  # blobs refused (corrupt, another layout) and deleted
     saved_blocks: int = 0  # blocks written to the store
@@ -66,6 +71,9 @@ class KVConnector:
         store: where blocks live (`InProcessStore`, `DirectoryStore`).
         save_on: "evict" (blocks leaving the prefix cache: a lower tier such as the disk), "store" (every block the
             prefix cache takes, right after it was computed: another engine can load it at once), or "never".
+        load_async: read blobs in a background thread while the request waits in the queue (`is_fetching`; other
+            requests run meanwhile) instead of inside the step that admits it; None: as the store says
+            (`background_reads`: the directory store yes, the in-process store no).
         fingerprint: the model's identity, when the sampled weights fingerprint (`model_fingerprint`) is not enough.
 
     Example:
@@ -74,7 +82,7 @@ class KVConnector:
     """
 
     def __init__(self, cache: PagedCache, model: torch.nn.Module, store: KVStore, *, save_on: str = "evict",
-                 fingerprint: str | None = None) -> None:
+                 load_async: bool | None = None, fingerprint: str | None = None) -> None:
         radix = cache.manager.prefix_cache
         if radix is None:
             raise InvalidConfigError("a KV connector needs the prefix cache (loaded blocks become prefix-cache "
@@ -88,6 +96,8 @@ class KVConnector:
         self._layout_epoch = -1
         self._namespace = b""
         self.counters = KVTransferStats()
+        self.load_async = store.background_reads if load_async is None else load_async
+        self.fetcher = BlockFetcher(store)
         if save_on != "never":
             radix.block_sink = self
 
@@ -127,22 +137,58 @@ class KVConnector:
             n += 1
         return n
 
+    def is_fetching(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple = ()) -> bool:
+        """Whether a waiting sequence must wait for blocks read in the background (admit others meanwhile). The
+        first time the store holds blocks past its local hit, starts that read (`load_async` connectors only)."""
+        if seq_id in self.fetcher:
+            return not self.fetcher.is_done(seq_id)
+        bs = self.block_size
+        limit = (len(token_ids) - 1) // bs
+        if not self.load_async or limit < 1:
+            return False
+        digests = prefix_digests(token_ids[: limit * bs], bs, extra_keys)
+        first = self.radix.peek(token_ids[: limit * bs], extra_keys, digests) // bs
+        wanted = min(self.num_external_blocks(token_ids, extra_keys, first * bs, digests), self.kv.pool.num_blocks)
+        if not wanted:
+            return False
+        asks = self._asks(digests, token_ids, first, wanted)
+        self.fetcher.submit(seq_id, self.layout(), asks, first=first, epoch=self.radix.epoch)
+        return True
+
+    @property
+    def num_fetching(self) -> int:
+        """Background reads not yet taken: while there are some, a step with nothing to run is a wait."""
+        return len(self.fetcher)
+
+    def wait(self, timeout: float) -> None:
+        """Block until a background read finishes, at most `timeout` seconds."""
+        self.fetcher.wait(timeout)
+
+    def forget(self, seq_id: Hashable) -> None:
+        """The sequence ended or left the queue: drop its background read."""
+        self.fetcher.forget(seq_id)
+
     def load_prefix(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple,
                     num_cached_tokens: int) -> int:
         """After the local prefix match of a newly registered sequence (`num_cached_tokens`, whole blocks), load the
-        blocks the store holds next into fresh blocks of its table and cache them. Returns the tokens now computed.
-        Anything short of what the store announced is recomputed by the step, and counted."""
+        blocks the store holds next into fresh blocks of its table and cache them: those a background read
+        (`is_fetching`) brought, else read now. Returns the tokens now computed. Anything short of what the store
+        announced is recomputed by the step, and counted."""
         bs = self.block_size
         first, limit = num_cached_tokens // bs, (len(token_ids) - 1) // bs
+        fetch = self.fetcher.take(seq_id)
         if num_cached_tokens % bs or limit <= first or not self._has_storage():
             return num_cached_tokens
-        digests = prefix_digests(token_ids[: limit * bs], bs, extra_keys)
-        wanted = self.num_external_blocks(token_ids, extra_keys, num_cached_tokens, digests)
-        if not wanted:
-            return num_cached_tokens
+        blocks, wanted = self._fetched(fetch, first) if fetch is not None else ([], 0)
+        if not wanted:  # no background read, or one that cannot serve this table: read now
+            digests = prefix_digests(token_ids[: limit * bs], bs, extra_keys)
+            wanted = self.num_external_blocks(token_ids, extra_keys, num_cached_tokens, digests)
+            if not wanted:
+                return num_cached_tokens
+            room = min(wanted, self.kv.pool.num_free_blocks)  # read nothing the pool could not take
+            blocks = self._checked(read_blocks(self.store, self.layout(), self._asks(digests, token_ids, first, room)))
         start = time.perf_counter()
-        room = min(wanted, self.kv.pool.num_free_blocks)  # read nothing the pool could not take
-        blocks = self._fetch(digests[first : first + room], token_ids, first)
+        blocks = blocks[: self.kv.pool.num_free_blocks]
         loaded = 0
         if blocks and self.kv.allocate_slots(seq_id, len(blocks) * bs):
             if self._load(self.kv.block_ids(seq_id)[first : first + len(blocks)], blocks):
@@ -158,22 +204,29 @@ class KVConnector:
         return (first + loaded) * bs
 
     # -- worker half: loads ------------------------------------------------------------------------------
-    def _fetch(self, digests: Sequence[bytes], token_ids: Sequence[int], first: int) -> list[DecodedBlock]:
-        """Read and check the blobs of consecutive blocks starting at block `first`; stop at the first one missing
-        or refused (a refused blob is deleted: it can never become valid under its key)."""
-        layout, bs, out = self.layout(), self.block_size, []
-        for i, (digest, key) in enumerate(zip(digests, self._keys(digests))):
-            blob = self.store.get(key)
-            if blob is None:
-                break
-            block = first + i
-            try:
-                out.append(decode_block(blob, layout, digest, token_ids[block * bs : (block + 1) * bs]))
-            except KVTransferError:
-                self.counters.rejected_blocks += 1
-                self.store.delete(key)
-                break
-        return out
+    def _asks(self, digests: Sequence[bytes], token_ids: Sequence[int], first: int, count: int) -> list[BlockAsk]:
+        bs, chosen = self.block_size, digests[first : first + count]
+        return [BlockAsk(key, d, token_ids[(first + i) * bs : (first + i + 1) * bs])
+                for i, (d, key) in enumerate(zip(chosen, self._keys(chosen)))]
+
+    def _checked(self, result: FetchResult) -> list[DecodedBlock]:
+        """A read's blocks; its refused blobs counted and deleted (they can never become valid under their keys)."""
+        self.counters.fetch_seconds += result.seconds
+        for key in result.refused:
+            self.counters.rejected_blocks += 1
+            self.store.delete(key)
+        return result.blocks
+
+    def _fetched(self, fetch: PendingFetch, first: int) -> tuple[list[DecodedBlock], int]:
+        """The blocks of a finished background read that follow a local hit of `first` blocks, and how many the
+        store had announced past it; ([], 0) when the read is stale (new weights) or starts past the hit (blocks
+        of the hit were evicted meanwhile: a gap)."""
+        result = fetch.future.result()
+        blocks = self._checked(result)
+        skip = first - fetch.first
+        if fetch.epoch != self.radix.epoch or skip < 0 or skip >= fetch.num_blocks:
+            return [], 0
+        return blocks[skip:], fetch.num_blocks - skip
 
     def _load(self, block_ids: list[int], blocks: list[DecodedBlock]) -> bool:
         """Write the blocks' tensors into `block_ids` in every layer; False (nothing usable) on a storage error."""

@@ -27,6 +27,7 @@ class KVStore(Protocol):
     """Bytes by key, bounded or not; every method is thread-safe."""
 
     name: str  # "in-process", "directory": how stats and benchmarks name the transport
+    background_reads: bool  # reads are slow enough (files, network) that the connector runs them in a worker thread
 
     def contains(self, key: bytes) -> bool: ...
 
@@ -84,6 +85,7 @@ class InProcessStore:
     """
 
     name = "in-process"
+    background_reads = False  # memory copies: read inside the admission
 
     def __init__(self, max_bytes: int | None = None) -> None:
         self._blobs: dict[bytes, bytes] = {}
@@ -133,6 +135,7 @@ class DirectoryStore:
     """
 
     name = "directory"
+    background_reads = True
     SUFFIX = ".kvb"
 
     def __init__(self, path: str | os.PathLike, max_bytes: int) -> None:

@@ -226,3 +226,48 @@ def test_directory_store_is_lru_by_file_and_reopens(tmp_path: Path):
     reopened = DirectoryStore(tmp_path, max_bytes=200)  # a smaller bound: the oldest files go at once
     assert reopened.nbytes == 200 and not (tmp_path / "00.kvb.tmp").exists()
     assert reopened.contains(b"\x03") and not reopened.contains(b"\x02")
+
+
+class SlowDisk(DirectoryStore):
+    """A directory store whose reads take a while (read in the background by the connector)."""
+
+    def get(self, key):
+        import time
+
+        time.sleep(0.02)
+        return super().get(key)
+
+
+def test_a_background_read_holds_no_other_request_back(model, prompts, expected, tmp_path):
+    store = SlowDisk(tmp_path, max_bytes=2**20)
+    run(Engine(model, PagedConfig(block_size=BS), kv_store=store), prompts[:1])
+    engine = Engine(model, PagedConfig(block_size=BS), kv_store=store)
+    assert engine.scheduler.kv_transfer.load_async
+    other = ragged_prompts([6], seed=7)[0]
+    busy = engine.add_request(other, SamplingParams(max_new_tokens=30))
+    engine.step()
+    rid = engine.add_request(prompts[0], SamplingParams(max_new_tokens=MAX_NEW))
+    engine.step()  # the read starts: the busy request decodes, the new one waits in the queue
+    assert engine.scheduler.is_loading and engine.num_waiting == 1
+    assert len(engine.requests[busy].output_ids) == 2
+    while engine.has_unfinished:
+        engine.step()
+        engine.check_integrity()
+    assert engine.pop_output(rid).generated_tokens == expected[0]
+    assert engine.pop_output(busy).generated_tokens == stock_greedy(model, [other], 30)[0]
+    stats = transfer_stats(engine)
+    assert stats["loaded_blocks"] == 5 and stats["fetch_seconds"] >= 5 * 0.02 and not engine.scheduler.is_loading
+
+
+def test_an_aborted_request_drops_its_background_read(model, prompts, expected, tmp_path):
+    store = SlowDisk(tmp_path, max_bytes=2**20)
+    run(Engine(model, PagedConfig(block_size=BS), kv_store=store), prompts[:1])
+    engine = Engine(model, PagedConfig(block_size=BS), kv_store=store)
+    rid = engine.add_request(prompts[0], SamplingParams(max_new_tokens=MAX_NEW))
+    engine.step()  # nothing else to run: the step waits a little for the read, and never fails the request
+    assert engine.scheduler.is_loading and not engine.requests[rid].ended
+    engine.abort(rid)
+    assert not engine.scheduler.is_loading and engine.cache.pool.num_used_blocks == 0
+    engine.check_integrity()
+    assert run(engine, prompts[:1]) == expected[:1]  # a new request reads again, and loads
+    assert transfer_stats(engine)["loaded_blocks"] == 5
