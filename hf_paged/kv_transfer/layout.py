@@ -7,7 +7,8 @@ loaded. Stores key blocks by `namespace()` + block digest, so two models (or two
 directory never even look at each other's files.
 
 The fingerprint is computed from the weights themselves (names, shapes, dtypes and a strided sample of the values of
-every parameter), so it is the same after a restart of the same model and differs for other weights. It samples, so
+every parameter; a tensor-parallel rank samples its own shards, so each rank keys its own heads' blocks), so it is
+the same after a restart of the same model and differs for other weights. It samples, so
 a change confined to values between the samples goes unseen: pass `fingerprint=` (e.g. a revision id) to the
 connector when weights may differ that way.
 """
@@ -72,7 +73,8 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     with torch.no_grad():
         for name, p in model.named_parameters():
             h.update(f"{name}|{tuple(p.shape)}|{p.dtype}".encode())
-            flat = p.detach().reshape(-1)
+            local = p.to_local() if hasattr(p, "to_local") else p  # a tensor-parallel DTensor: this rank's shard
+            flat = local.detach().reshape(-1)  # (a reshape of the DTensor itself would gather across ranks)
             step = max(1, flat.numel() // _SAMPLES_PER_PARAMETER)
             sample = flat[::step][:_SAMPLES_PER_PARAMETER].to("cpu").contiguous()
             h.update(sample.view(torch.uint8).numpy().tobytes())
