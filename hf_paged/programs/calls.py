@@ -108,6 +108,10 @@ def gen(name: str, max_tokens: int = 32, stop: str | Sequence[str] | None = None
                                    f"{stop!r}")
     if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
         raise FieldConstraintError(f"hp.gen({name!r}): temperature must be a number >= 0, got {temperature!r}")
+    if not isinstance(top_p, int | float) or not 0 < top_p <= 1:
+        raise FieldConstraintError(f"hp.gen({name!r}): top_p must be in (0, 1], got {top_p!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise FieldConstraintError(f"hp.gen({name!r}): seed must be None or an int, got {seed!r}")
     constraint: Constraint | None = None
     if regex is not None:
         from hf_paged.programs.constraints import regex as make_regex

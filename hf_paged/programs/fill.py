@@ -19,6 +19,7 @@ from typing import Any
 from hf_paged.programs.backend import Backend, RunContext
 from hf_paged.programs.calls import GenCall, SelectCall
 from hf_paged.programs.constraints import Choices, Text, regex_text
+from hf_paged.programs.errors import FieldConstraintError
 from hf_paged.programs.one_shot import run_one_shot
 from hf_paged.programs.steps import run_gen, run_select
 from hf_paged.programs.template import TemplatePlan, parse_template
@@ -94,6 +95,10 @@ def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item
         raise ValueError(f"fill: mode must be one of {MODES}, got {mode!r}")
     if not isinstance(prompt, str):
         raise TypeError(f"fill: prompt must be text, got {type(prompt).__name__}; decode token ids first")
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or temperature < 0:
+        raise FieldConstraintError(f"fill: temperature must be a number >= 0 (0: greedy), got {temperature!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise FieldConstraintError(f"fill: seed must be None or an int, got {seed!r}")
     plan = parse_template(template, holes)
     run = RunContext(Backend(model, tokenizer))
     track = run.new_track()

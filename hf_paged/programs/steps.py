@@ -47,14 +47,13 @@ def run_gen(run: RunContext, track: Track, call: GenCall) -> CallRecord:
     prompt = flush(run, track, what)
     processor = _processor(backend, call)
     record = CallRecord(call.name, "gen", "", "")
-    # room for the forced literal (as the tokenizer spells it) and EOS; a field that runs out within its literal
-    # is closed here, the rest of the literal appended as text
-    allowance = len(backend.encode(call.suffix, first=False)) + 1 if call.suffix else 0
     for attempt in range(call.max_retries + 1):
         sampled = attempt > 0 or call.temperature > 0  # a retry samples: a greedy rerun would repeat itself
         seed = None if not sampled else (call.seed or 0) + attempt
         params = SamplingParams(
-            max_new_tokens=call.max_tokens + allowance + (1 if processor is not None else 0),
+            # the field's own tokens, and one more for EOS (or the first token of its literal) when constrained:
+            # the literal comes by jump-forward within the budget; what is cut is appended as text (`_cut`)
+            max_new_tokens=call.max_tokens + (1 if processor is not None else 0),
             do_sample=sampled, temperature=call.temperature or 1.0, top_p=call.top_p, seed=seed,
             eos_token_id=backend.eos_token_id, stop_strings=list(call.stop) or None,
             tokenizer=backend.tokenizer if call.stop else None,
@@ -92,8 +91,8 @@ def run_select(run: RunContext, track: Track, call: SelectCall) -> CallRecord:
     prompts = [prompt + ids[:-1] for ids in encoded]
     params = [SamplingParams(max_new_tokens=1, score_targets=ids) for ids in encoded]
     block_size = backend.engine.config.block_size
-    uncached = len(prompt) - len(track.pinned or ())
-    if len(prompts) > 1 and uncached >= block_size:  # a leader computes the new full blocks; the others share them
+    new_full_blocks = len(prompt) // block_size - len(track.pinned or ()) // block_size
+    if len(prompts) > 1 and new_full_blocks > 0:  # a leader computes the new full blocks; the others share them
         outputs = backend.submit(run, prompts[:1], params[:1]) + backend.submit(run, prompts[1:], params[1:])
     else:
         outputs = backend.submit(run, prompts, params)
@@ -149,6 +148,8 @@ def _cut(backend, call: GenCall, generated: list[int], finish_reason: str) -> _C
             value = _before_partial_suffix(call, text)
             if call.json_string:
                 value = _trim_partial_escape(value)
+    if call.suffix and not complete:  # cut in the literal after a whole value: the value is complete
+        complete = _matches(call.regex, value)
     kept_text = value + call.suffix
     if backend.decode(ids) != kept_text:
         while ids and not kept_text.startswith(backend.decode(ids)):
@@ -163,13 +164,23 @@ def _cut(backend, call: GenCall, generated: list[int], finish_reason: str) -> _C
     return _Cut(value, kept_text, ids, kept_text[len(ids_text):], finish_reason, complete, num_forced)
 
 
+def _python_regex(pattern: str | None) -> re.Pattern | None:
+    try:
+        return re.compile(pattern, re.DOTALL) if pattern is not None else None
+    except re.error:  # Rust-only syntax
+        return None
+
+
+def _matches(pattern: str | None, value: str) -> bool:
+    """Whether `value` is a whole match of the field's regex (False when Python's `re` cannot read it)."""
+    compiled = _python_regex(pattern)
+    return compiled is not None and compiled.fullmatch(value) is not None
+
+
 def _before_partial_suffix(call: GenCall, text: str) -> str:
     """The value of a field cut short, without the start of its literal: the first split where the rest begins the
     literal and the value matches the field's regex (Python's `re`, when it reads the pattern)."""
-    try:
-        pattern = re.compile(call.regex, re.DOTALL) if call.regex is not None else None
-    except re.error:
-        pattern = None
+    pattern = _python_regex(call.regex)
     for k in range(len(text) + 1):
         if call.suffix.startswith(text[k:]) and (pattern is None or pattern.fullmatch(text, 0, k) is not None):
             return text[:k]
