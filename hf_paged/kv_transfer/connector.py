@@ -289,7 +289,9 @@ class KVConnector:
 
     def save_cached(self) -> int:
         """Write every block the prefix cache holds now that the store lacks (before a shutdown, so a restart finds
-        the whole cache, not only what was evicted); returns how many were written."""
+        the whole cache, not only what was evicted); returns how many were written. Hold the engine's lock when
+        another thread may step it (`with engine.lock:`): a block evicted and reused meanwhile would be saved
+        with another block's K/V."""
         return self.save(self.radix.cached_nodes())
 
     # -- stats -------------------------------------------------------------------------------------------
