@@ -200,7 +200,8 @@ class PagedCache(Cache):
                 + self.planner.live_slots() * self.compression.streaming_bytes_per_slot(dtype))
 
     def stats(self) -> dict[str, int]:
-        """Blocks total/used/free/cached, KV bytes allocated and in use, and slots allocated but unused."""
+        """Blocks total/used/free/cached/pinned, KV bytes allocated and in use, and slots allocated but unused."""
+        radix = self.manager.prefix_cache
         return {
             "blocks_total": self.num_blocks,
             "blocks_used": self.pool.num_used_blocks,
@@ -214,6 +215,9 @@ class PagedCache(Cache):
             "kv_staging_bytes": sum(layer.staging_nbytes() for layer in self.block_layers),
             "unused_slots": self.manager.num_unused_slots(),
             "live_sequences": len(self.manager.seqs),
+            # the prefix cache's pinned blocks and the evicted blocks the "cost" policy remembers
+            "prefix_pinned_blocks": radix.num_pinned_blocks if radix is not None else 0,
+            "prefix_ghost_blocks": radix.num_ghosts if radix is not None else 0,
         }
 
     def _bytes_per_block_for(self, dtype: torch.dtype) -> int:

@@ -92,6 +92,11 @@ class RadixCache:
     def num_cached_blocks(self) -> int:
         return len(self._node_of_block)
 
+    @property
+    def num_ghosts(self) -> int:
+        """Evicted blocks whose reuse the "cost" policy remembers (0 for the other policies)."""
+        return len(self.ghosts) if self.ghosts is not None else 0
+
     # -- lookup ----------------------------------------------------------------------------------------
     def match(self, token_ids: Sequence[int], extra_keys: tuple = ()) -> PrefixMatch:
         """Longest cached prefix of full blocks equal to `token_ids`' (checked token by token).

@@ -154,6 +154,7 @@ def test_engine_greedy_output_with_cost_equals_lru():
                 engine.check_integrity()
             outs.append(engine.pop_output(rid).generated_tokens)
         assert engine.stats()["prefix_evictions"] > 0
+        assert (engine.stats()["prefix_ghost_blocks"] > 0) == (policy == "cost")  # evicted blocks remembered
         outputs[policy], hits[policy] = outs, engine.stats()["prompt_tokens_cached"]
     assert outputs["cost"] == outputs["lru"]
     assert hits["cost"] >= hits["lru"]
@@ -201,6 +202,7 @@ def test_engine_pin_prefix_keeps_a_document_through_a_burst():
     params = SamplingParams(max_new_tokens=4)
     engine.run([engine.add_request(doc + question, params)])
     assert engine.pin_prefix(doc) == 40
+    assert engine.stats()["prefix_pinned_blocks"] == 5
     for prompt in one_offs:  # each needs 6 of the 11 unpinned blocks: LRU alone would evict the document
         engine.run([engine.add_request(prompt, params)])
         engine.check_integrity()
@@ -210,6 +212,7 @@ def test_engine_pin_prefix_keeps_a_document_through_a_burst():
     with pytest.raises(PrefixPinLimitError, match="prefix_pin_share"):
         engine.pin_prefix(one_offs[2])  # 5 more blocks: 10 > 8 = 0.5 x 16
     assert engine.unpin_prefix(doc) == 40
+    assert engine.stats()["prefix_pinned_blocks"] == 0
     engine.check_integrity()
     assert PagedConfig(prefix_pin_share=0.0).prefix_pin_share == 0.0
     with pytest.raises(ValueError, match="prefix_pin_share"):
