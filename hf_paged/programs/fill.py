@@ -8,21 +8,25 @@
                    cut short or refused by its validator is redone from there on item by item (the text before it
                    kept, its tokens cached)
 
-The prompt and the template's first literal are the prompt of the first call in both modes.
+The prompt and the template's first literal are the prompt of the first call in both modes. Item by item,
+`parallel` groups of consecutive holes that do not depend on each other are generated at once, each in a fork of
+the text before the group (the forks run in the same engine steps; their texts then follow each other as text).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
 from hf_paged.programs.backend import Backend, RunContext
 from hf_paged.programs.calls import GenCall, SelectCall
 from hf_paged.programs.constraints import Choices, Text, regex_text
-from hf_paged.programs.errors import FieldConstraintError
+from hf_paged.programs.errors import FieldConstraintError, TemplateError
 from hf_paged.programs.one_shot import run_one_shot
 from hf_paged.programs.steps import run_gen, run_select
-from hf_paged.programs.template import TemplatePlan, parse_template
+from hf_paged.programs.template import TemplatePlan, parallel_groups, parse_template
 from hf_paged.programs.track import Attempt, CallRecord, TokenCounts, Track
 
 __all__ = ["MODES", "Filled", "FilledField", "fill"]
@@ -71,7 +75,8 @@ class Filled:
 
 
 def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item", *, temperature: float = 0.0,
-         seed: int | None = None, score_choices: bool = True, **holes: Any) -> Filled:
+         seed: int | None = None, score_choices: bool = True, parallel: Sequence[Sequence[str]] = (),
+         **holes: Any) -> Filled:
     """Fill `template`'s `[name]` holes after `prompt`, each under the constraint passed as `name=`.
 
     Args:
@@ -83,6 +88,9 @@ def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item
         score_choices: item by item, pick a choice hole by scoring every choice (`select`: the whole choice's
             log-probability, one request per choice); False: generate it under a mask (one request, as one_shot
             does, token by token).
+        parallel: groups of consecutive holes that do not depend on each other (`[["s1", "s2"]]`), item by item:
+            each hole of a group is generated from the text before the group, in forks that run in the same engine
+            steps, none seeing the others' values; their texts are then placed in order.
         **holes: one constraint per hole: a list of choices, `hp.text(max_tokens=)`, `hp.regex(...)`,
             `hp.schema(...)`, `hp.grammar(...)`, each with its own `validator` / `max_retries`.
 
@@ -100,6 +108,10 @@ def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise FieldConstraintError(f"fill: seed must be None or an int, got {seed!r}")
     plan = parse_template(template, holes)
+    groups = parallel_groups(plan, parallel)
+    if groups and mode != "item_by_item":
+        raise TemplateError("parallel groups are filled item by item: use mode='item_by_item' (one_shot fills every "
+                            "hole in one generation)")
     run = RunContext(Backend(model, tokenizer))
     track = run.new_track()
     track.append_text(prompt + plan.literals[0])
@@ -113,13 +125,18 @@ def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item
             start = one_shot.redo_from
             records.update(one_shot.records)
             totals.add(one_shot.tokens)
-        for i in range(start, len(plan.holes)):
-            record = _fill_hole(run, track, plan, i, temperature, seed, score_choices)
-            earlier = records.get(plan.holes[i].name)  # the one-shot attempt refused or cut short
-            if earlier is not None:
-                record.attempts[:0] = earlier.attempts
-            records[plan.holes[i].name] = record
-            totals.add(record.tokens)
+        i = start
+        while i < len(plan.holes):
+            last = groups.get(i, i)
+            done = _fill_group(run, track, plan, i, last, temperature, seed, score_choices) if last > i else \
+                [_fill_hole(run, track, plan, i, temperature, seed, score_choices)]
+            for k, record in zip(range(i, last + 1), done):
+                earlier = records.get(plan.holes[k].name)  # the one-shot attempt refused or cut short
+                if earlier is not None:
+                    record.attempts[:0] = earlier.attempts
+                records[plan.holes[k].name] = record
+                totals.add(record.tokens)
+            i = last + 1
     except BaseException:
         run.abort()
         raise
@@ -165,6 +182,25 @@ def _fill_hole(run: RunContext, track: Track, plan: TemplatePlan, i: int, temper
     if not call.suffix:
         track.append_text(literal)
     return record
+
+
+def _fill_group(run: RunContext, track: Track, plan: TemplatePlan, first: int, last: int, temperature: float,
+                seed: int | None, score_choices: bool) -> list[CallRecord]:
+    """Holes first..last at once, each in a fork of `track` (the text before the group); their texts (value and
+    the literal after) then appended to `track` in order, as text."""
+    forks = [run.new_track(track.copy()) for _ in range(first, last + 1)]
+    with ThreadPoolExecutor(len(forks), thread_name_prefix="hf_paged-fill") as pool:
+        futures = [pool.submit(_fill_hole, run, fork, plan, k, temperature, seed, score_choices)
+                   for k, fork in zip(range(first, last + 1), forks)]
+        done, _ = wait(futures, return_when=FIRST_EXCEPTION)
+        if any(f.exception() is not None for f in done):
+            run.abort()  # the other forks' requests end now
+    records = [f.result() for f in futures]
+    start = len(track.text)
+    for k, fork in zip(range(first, last + 1), forks):
+        track.append_text(fork.text[start:])
+        track.fields[plan.holes[k].name] = fork.fields[plan.holes[k].name]
+    return records
 
 
 def _json_body(value: str) -> str:

@@ -114,3 +114,28 @@ def _split(template: str) -> tuple[list[str], list[tuple[str, int]]]:
         i += 1
     literals.append("".join(current))
     return literals, names
+
+
+def parallel_groups(plan: TemplatePlan, groups: Any) -> dict[int, int]:
+    """`fill(parallel=[["s1", "s2"], ...])` as {index of a group's first hole: index of its last}. Each group names
+    two or more consecutive holes, each hole in one group at most."""
+    if isinstance(groups, str) or not isinstance(groups, list | tuple):
+        raise TemplateError(f"parallel must be a list of groups of hole names, e.g. [['s1', 's2']], got {groups!r}")
+    index = {hole.name: i for i, hole in enumerate(plan.holes)}
+    spans: dict[int, int] = {}
+    taken: set[str] = set()
+    for group in groups:
+        names = [group] if isinstance(group, str) else list(group)
+        unknown = [n for n in names if n not in index]
+        if unknown or len(names) < 2:
+            raise TemplateError(f"parallel group {group!r}: give two or more of the template's holes "
+                                f"{list(index)}" + (f"; unknown: {unknown}" if unknown else ""))
+        positions = sorted(index[n] for n in names)
+        if positions != list(range(positions[0], positions[0] + len(positions))):
+            raise TemplateError(f"parallel group {group!r}: its holes must follow each other in the template (a "
+                                "hole between them would see some of their values and not others)")
+        if taken & set(names):
+            raise TemplateError(f"parallel group {group!r}: {sorted(taken & set(names))} already in another group")
+        taken.update(names)
+        spans[positions[0]] = positions[-1]
+    return spans

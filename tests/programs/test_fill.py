@@ -146,3 +146,19 @@ def test_a_field_cut_inside_its_literal_keeps_the_literal_once():
     text = GenCall("t", 4, suffix='", "next": "', json_string=True, regex='[^"]*')
     assert _before_partial_suffix(text, 'some words"') == "some words"
     assert _before_partial_suffix(text, "no literal yet") == "no literal yet"
+
+
+def test_parallel_fields_run_as_forks_of_the_text_before_them(model_tok):
+    model, tok = model_tok
+    one_by_one = hp.fill(model, tok, PROMPT, TEMPLATE, **_holes())
+    together = hp.fill(model, tok, PROMPT, TEMPLATE, parallel=[["s1", "s2"]], **_holes())
+    json.loads(together.text)
+    assert together.fields["s1"] == one_by_one.fields["s1"]  # the same text before it
+    assert together.fields["s2"] == together.fields["s1"]  # s2 saw the text before s1, not s1 (greedy, same hole)
+    assert together.text.startswith(one_by_one.text[: one_by_one.text.index('"suggestions"')])
+    with pytest.raises(hp.TemplateError, match="follow each other"):
+        hp.fill(model, tok, PROMPT, TEMPLATE, parallel=[["intent", "s2"]], **_holes())
+    with pytest.raises(hp.TemplateError, match="item_by_item"):
+        hp.fill(model, tok, PROMPT, TEMPLATE, mode="one_shot", parallel=[["s1", "s2"]], **_holes())
+    with pytest.raises(hp.TemplateError, match="unknown"):
+        hp.fill(model, tok, PROMPT, TEMPLATE, parallel=[["s1", "s9"]], **_holes())
