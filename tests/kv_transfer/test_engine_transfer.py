@@ -271,3 +271,25 @@ def test_an_aborted_request_drops_its_background_read(model, prompts, expected, 
     engine.check_integrity()
     assert run(engine, prompts[:1]) == expected[:1]  # a new request reads again, and loads
     assert transfer_stats(engine)["loaded_blocks"] == 5
+
+
+@pytest.mark.parametrize("preemption_mode", ["recompute", "swap"])
+def test_a_churning_pool_with_the_disk_tier_keeps_every_output(model, tmp_path, preemption_mode):
+    """Shared prefixes through a pool far too small: blocks go to disk and come back while requests are preempted,
+    in batches, chunked; every output equals stock greedy and the tables stay whole after every step."""
+    import random
+
+    docs = ragged_prompts([40, 56, 33], seed=40)
+    rng = random.Random(0)
+    prompts = [docs[rng.randrange(3)] + ragged_prompts([rng.randrange(1, 12)], seed=50 + i)[0] for i in range(12)]
+    expected = stock_greedy(model, prompts, 6)
+    engine = disk_engine(model, tmp_path, num_blocks=20, max_num_batched_tokens=32, preemption_mode=preemption_mode)
+    for order in (range(5), range(5, 12), range(11, -1, -1)):
+        ids = [engine.add_request(prompts[i], SamplingParams(max_new_tokens=6)) for i in order]
+        while engine.has_unfinished:
+            engine.step()
+            engine.check_integrity()
+        assert [engine.pop_output(i).generated_tokens for i in ids] == [expected[i] for i in order]
+    stats = transfer_stats(engine)
+    assert stats["saved_blocks"] > 0 and stats["loaded_blocks"] > 0 and stats["rejected_blocks"] == 0
+    assert engine.stats()["preemptions"] > 0 and engine.cache.pool.num_used_blocks == 0
