@@ -17,6 +17,9 @@
    rate of the batch, and how many flows gave the same fields both ways (greedy). Target: >= 3x.
 3. `select` on 100 random cases (a random context, 2-5 random choices) against the summed log-probabilities of one
    stock forward per choice: the largest difference and how often the pick agrees.
+4. Token healing (`hp.gen(..., heal=True)`): free fields after text ending in a space, a colon or a space and a
+   quote; how many tokens extend the prompt's last token, how often the healed first token is another token than
+   the one given back, and how many fields change.
 
 The record table runs at each of `--block-sizes` (default 16, the engine's default, and 4): item by item, each call
 computes again the last partial block of the text before it (the prefix cache holds full blocks only).
@@ -244,6 +247,29 @@ def bench_select(model, tok, n: int) -> list[list]:
     return [[n, f"{worst:.2e}", f"{agree}/{n}"]]
 
 
+# -- 4. token healing -----------------------------------------------------------------------------------------
+@hp.program
+def answer(s, ticket, ending, heal):
+    s += SYSTEM + "Ticket: " + ticket + ending + hp.gen("a", max_tokens=8, heal=heal)
+
+
+def bench_healing(model, tok, n: int) -> list[list]:
+    """Free fields after text ending in a space, a colon or a quote, with and without healing (greedy)."""
+    rows = []
+    for ending in ("\nAnswer: ", "\nAnswer:", '\nAnswer: "'):
+        items = [{"ticket": t, "ending": ending} for t in tickets(n)]
+        plain = answer.run_batch(model, tok, [dict(item, heal=False) for item in items])
+        healed = answer.run_batch(model, tok, [dict(item, heal=True) for item in items])
+        prompt = tok(SYSTEM + "Ticket: " + items[0]["ticket"] + ending)["input_ids"]
+        last = prompt[-1]
+        extensions = sum(tok.decode([i]).startswith(tok.decode([last])) for i in range(len(tok))) - 1
+        merged = sum(h.token_ids[len(tok(SYSTEM + "Ticket: " + item["ticket"] + ending)["input_ids"]) - 1] != last
+                     for h, item in zip(healed, items))
+        differ = sum(p["a"] != h["a"] for p, h in zip(plain, healed))
+        rows.append([repr(ending), repr(tok.decode([last])), extensions, f"{merged}/{n}", f"{differ}/{n}"])
+    return rows
+
+
 # -- models and main ------------------------------------------------------------------------------------------
 def load_models(args) -> list[tuple[str, object, object]]:
     model, tok = hf_paged.default_model()
@@ -299,6 +325,10 @@ def main() -> None:
                                     title=f"\n2. {name}: {args.flows} flows, speedup {flows['speedup']:.1f}x"))
         sections.append(print_table(["select cases", "largest |logprob - stock|", "same pick as stock"],
                                     bench_select(model, tok, args.select_cases), title=f"\n3. {name}: select"))
+        sections.append(print_table(["text before the field", "its last token", "tokens that extend it",
+                                     "healed first token merged", "fields that differ"],
+                                    bench_healing(model, tok, args.flows // 2),
+                                    title=f"\n4. {name}: token healing, {args.flows // 2} fields each"))
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(sections) + "\n")

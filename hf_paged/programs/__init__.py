@@ -15,7 +15,8 @@ field by field (`fill`), every call reusing the KV of the text before it.
 
 Modules: `calls` (gen, select, expressions), `constraints` (text, regex, schema, grammar, choices), `state`
 (ProgramState, forks), `program` (the decorator, run, run_batch), `template` + `fill` (templates), `steps` (one
-call on the engine), `backend` (engine, tokenizer, pins), `track` (values), `errors`.
+call on the engine), `healing` (token healing), `one_shot` (a template as one generation), `backend` (engine,
+tokenizer, pins), `track` (values), `errors`.
 """
 
 from __future__ import annotations

@@ -46,6 +46,7 @@ class GenCall(_Chainable):
     suffix: str = ""
     json_string: bool = False  # the field is a JSON string body (a template hole between quotes)
     regex: str | None = field(default=None, repr=False)  # the regex text to enforce, when not the constraint's own
+    heal: bool = False  # token healing (`healing.py`): back up the prompt's last token when the field follows text
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +83,7 @@ def _check_name(where: str, name: Any) -> None:
 def gen(name: str, max_tokens: int = 32, stop: str | Sequence[str] | None = None, *, regex: str | None = None,
         schema: Any = None, choices: Sequence[str] | None = None, grammar: str | None = None,
         validator: Callable[[str], bool] | None = None, max_retries: int = 0, temperature: float = 0.0,
-        top_p: float = 1.0, seed: int | None = None) -> GenCall:
+        top_p: float = 1.0, seed: int | None = None, heal: bool = False) -> GenCall:
     """Generate field `name` from everything before it (its blocks come from the prefix cache).
 
     Args:
@@ -95,6 +96,8 @@ def gen(name: str, max_tokens: int = 32, stop: str | Sequence[str] | None = None
             is regenerated alone from the cached prefix (sampling, with seed + attempt). A validator that raises
             fails the program with `ValidatorError` naming the field.
         temperature, top_p, seed: sampling (temperature 0: greedy, equal to stock greedy `generate`).
+        heal: token healing for a free-text field after literal text: the prompt's last token is backed up and the
+            first generated token must extend its text (`programs/healing.py`); the value is the text after it.
     """
     _check_name("hp.gen", name)
     given = [k for k, v in (("regex", regex), ("schema", schema), ("choices", choices), ("grammar", grammar))
@@ -127,7 +130,8 @@ def gen(name: str, max_tokens: int = 32, stop: str | Sequence[str] | None = None
         from hf_paged.programs.constraints import grammar as make_grammar
 
         constraint = make_grammar(grammar, max_tokens=max_tokens)
-    return GenCall(name, max_tokens, stops, constraint, validator, max_retries, float(temperature), top_p, seed)
+    return GenCall(name, max_tokens, stops, constraint, validator, max_retries, float(temperature), top_p, seed,
+                   heal=bool(heal))
 
 
 def select(name: str, choices: Sequence[str], *, normalize: str = "sum") -> SelectCall:

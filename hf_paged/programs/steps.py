@@ -23,6 +23,7 @@ from hf_paged.programs.backend import RunContext
 from hf_paged.programs.calls import GenCall, SelectCall
 from hf_paged.programs.constraints import Schema, Text, regex_text
 from hf_paged.programs.errors import ProgramError, ValidatorError
+from hf_paged.programs.healing import heal_prompt
 from hf_paged.programs.track import Attempt, CallRecord, TokenCounts, Track
 
 __all__ = ["field_value", "flush", "run_gen", "run_select", "validate"]
@@ -44,8 +45,17 @@ def flush(run: RunContext, track: Track, what: str) -> list[int]:
 def run_gen(run: RunContext, track: Track, call: GenCall) -> CallRecord:
     backend = run.backend
     what = f"hp.gen({call.name!r})"
+    after_text = bool(track.pending)
     prompt = flush(run, track, what)
     processor = _processor(backend, call)
+    healing = None
+    if call.heal and processor is None and after_text:  # a constraint decides the first bytes itself
+        healing = heal_prompt(backend, prompt)
+        if healing is not None and any(s in healing.lead or healing.lead in s for s in call.stop):
+            healing = None  # the healed token would hit a stop string at once
+    lead = healing.lead if healing is not None else ""
+    request_prompt = healing.prompt if healing is not None else prompt
+    processors = [processor] if processor is not None else [healing.processor] if healing is not None else []
     record = CallRecord(call.name, "gen", "", "")
     for attempt in range(call.max_retries + 1):
         sampled = attempt > 0 or call.temperature > 0  # a retry samples: a greedy rerun would repeat itself
@@ -57,21 +67,22 @@ def run_gen(run: RunContext, track: Track, call: GenCall) -> CallRecord:
             do_sample=sampled, temperature=call.temperature or 1.0, top_p=call.top_p, seed=seed,
             eos_token_id=backend.eos_token_id, stop_strings=list(call.stop) or None,
             tokenizer=backend.tokenizer if call.stop else None,
-            logits_processors=[processor] if processor is not None else [],
+            logits_processors=processors,
         )
-        (output,) = backend.submit(run, [prompt], [params])
+        (output,) = backend.submit(run, [request_prompt], [params])
         if output.status is not RequestStatus.FINISHED:
             raise _failure(what, output)
-        cut = _cut(backend, call, output.generated_tokens, output.finish_reason or "length")
+        cut = _cut(backend, call, output.generated_tokens, output.finish_reason or "length", lead)
         valid = cut.complete and validate(call, cut.value)
-        record.tokens.add(TokenCounts(len(prompt) - output.num_cached_tokens, output.num_cached_tokens,
+        record.tokens.add(TokenCounts(len(request_prompt) - output.num_cached_tokens, output.num_cached_tokens,
                                       len(output.generated_tokens), cut.num_forced, 1))
         record.attempts.append(Attempt(cut.value, cut.finish_reason, valid, seed))
         if valid:
             break
     record.value, record.finish_reason, record.valid = cut.value, cut.finish_reason, valid
+    del track.ids[len(request_prompt):]  # (a healed prompt gave its last token back: the output starts with it)
     track.ids.extend(cut.ids)  # (the pending text was flushed into the prompt)
-    track.text += cut.kept_text
+    track.text += cut.kept_text[len(lead):]
     track.pending = cut.tail
     track.fields[call.name] = field_value(call, cut.value)
     track.calls.append(record)
@@ -130,11 +141,15 @@ class _Cut:
         self.num_forced = num_forced  # kept tokens wholly inside the suffix
 
 
-def _cut(backend, call: GenCall, generated: list[int], finish_reason: str) -> _Cut:
+def _cut(backend, call: GenCall, generated: list[int], finish_reason: str, lead: str = "") -> _Cut:
+    """Where the field ends in `generated`; `lead`: text the output starts with that is not the field's (the token
+    given back by healing; `kept_text` starts with it)."""
     ids = list(generated)
     while ids and ids[-1] in backend.eos_ids:
         ids.pop()
     text = backend.decode(ids)
+    if lead and text.startswith(lead):
+        text = text[len(lead):]
     complete = finish_reason != "length_incomplete" or isinstance(call.constraint, Text | None)
     stops = [text.find(s) for s in call.stop if s in text]
     if stops:
@@ -150,7 +165,7 @@ def _cut(backend, call: GenCall, generated: list[int], finish_reason: str) -> _C
                 value = _trim_partial_escape(value)
     if call.suffix and not complete:  # cut in the literal after a whole value: the value is complete
         complete = _matches(call.regex, value)
-    kept_text = value + call.suffix
+    kept_text = lead + value + call.suffix
     if backend.decode(ids) != kept_text:
         while ids and not kept_text.startswith(backend.decode(ids)):
             ids.pop()
@@ -158,7 +173,7 @@ def _cut(backend, call: GenCall, generated: list[int], finish_reason: str) -> _C
     num_forced = 0
     if call.suffix and ids:
         k = 0
-        while k < len(ids) and len(backend.decode(ids[:k])) < len(value):
+        while k < len(ids) and len(backend.decode(ids[:k])) < len(lead) + len(value):
             k += 1
         num_forced = len(ids) - k
     return _Cut(value, kept_text, ids, kept_text[len(ids_text):], finish_reason, complete, num_forced)
