@@ -33,6 +33,7 @@ from hf_paged.serving.generation import ChoiceEvent, Usage, run_choices
 from hf_paged.serving.metrics import ServerMetrics
 from hf_paged.serving.prepare import PreparedRequest, Preparer
 from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, UnsupportedField
+from hf_paged.serving.retention import PrefixRetention
 
 logger = logging.getLogger("hf_paged.serving")
 
@@ -44,6 +45,7 @@ class ServerSettings:
     model_name: str = "hf-paged"
     max_waiting: int | None = None  # most requests queued before new ones get 429; None: no bound
     retry_after_s: int = 1  # the Retry-After of a 429
+    max_cache_retention_s: float = 3600.0  # the longest cache_retention_seconds a request may ask (0: refused)
 
 
 class _AppState:
@@ -54,8 +56,10 @@ class _AppState:
         self.loop = engine.loop
         self.tokenizer = tokenizer
         self.settings = settings
-        self.preparer = Preparer(engine, tokenizer)
+        self.preparer = Preparer(engine, tokenizer, settings.max_cache_retention_s)
         self.metrics = ServerMetrics(self.loop, settings.model_name)
+        self.retention = self.metrics.retention = PrefixRetention(engine)  # cache_retention_seconds' pins
+        self.background: set[asyncio.Task] = set()  # fire-and-forget tasks (pins)
         self.num_admitted = 0  # prompts admitted whose requests are not in the loop's queue yet (event loop only)
 
     async def parse(self, request: Request, model: type) -> Any:
@@ -137,6 +141,7 @@ def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = 
     async def lifespan(app: FastAPI):
         server.loop.start()
         yield
+        server.retention.close()
         await run_in_threadpool(server.loop.shutdown)
 
     app = FastAPI(title="hf-paged serve", lifespan=lifespan)
@@ -183,7 +188,7 @@ async def _answer(server: _AppState, request: Request, body, prepare: Callable[[
         head = _Head(kind, body.model or server.settings.model_name)
         usage = Usage()
         events = run_choices(server.loop, prepared, server.tokenizer, server.metrics, usage, received,
-                             on_queued=admission.queued)
+                             on_queued=admission.queued, on_prefilled=_retainer(server, prepared))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         if body.stream:
             response = _ClosingStream(_sse(head, events, usage, include_usage), admission.close,
@@ -197,6 +202,21 @@ async def _answer(server: _AppState, request: Request, body, prepare: Callable[[
     if result is None:
         return Response(status_code=499)  # the client is gone: nobody reads this
     return JSONResponse(result)
+
+
+def _retainer(server: _AppState, prepared: PreparedRequest) -> Callable[[int], None] | None:
+    """What pins prompt i's prefix once it is computed, for a request with `cache_retention_seconds`."""
+    if prepared.retention is None:
+        return None
+    tokens, seconds = prepared.retention
+
+    def retain(i: int) -> None:
+        prompt = prepared.prompts[i]
+        task = asyncio.create_task(server.retention.hold(prompt[:tokens], seconds))
+        server.background.add(task)  # a reference until it ends (the loop keeps only weak ones)
+        task.add_done_callback(server.background.discard)
+
+    return retain
 
 
 @dataclass(slots=True)

@@ -63,9 +63,11 @@ class Usage:
 async def run_choices(
     loop: EngineLoop, prepared: PreparedRequest, tokenizer: Any, metrics: ServerMetrics, usage: Usage,
     received: float, on_queued: Callable[[], None] = lambda: None,
+    on_prefilled: Callable[[int], None] | None = None,
 ) -> AsyncIterator[ChoiceEvent]:
     """Choice events of all prompts as they come; `usage` is filled in as requests end. `on_queued` runs as
-    each prompt's request enters the loop's queue (so `loop.num_waiting` counts it from then on)."""
+    each prompt's request enters the loop's queue (so `loop.num_waiting` counts it from then on);
+    `on_prefilled(i)` once prompt i is computed (its first token out: its full blocks are in the prefix cache)."""
     n = prepared.params.num_return_sequences
     usage.prompt_tokens = sum(len(p) for p in prepared.prompts)
     queue: asyncio.Queue[tuple[int, Any]] = asyncio.Queue()
@@ -97,6 +99,8 @@ async def run_choices(
             stream = texts.setdefault(rid, TextStream(tokenizer, prepared.stop))
             now = time.perf_counter()
             if delta.new_token_ids:
+                if rid not in timing and on_prefilled is not None and fork_parent(rid) == rid:
+                    on_prefilled(i)
                 metrics.observe_tokens(now - timing[rid] if rid in timing else None, now - received)
                 timing[rid] = now
             text = stream.push(delta.new_token_ids)

@@ -48,6 +48,7 @@ class ServerMetrics:
         self.rejected = Counter(f"{_PREFIX}request_rejected", "Requests answered with an HTTP error, by status",
                                 labelnames=["model_name", "status"], registry=self.registry)
         self.snapshot: dict[str, Any] = {}
+        self.retention = None  # the server's PrefixRetention (its refused pins are reported)
         self.registry.register(_EngineCollector(self))
 
     # -- observations (event loop thread) ------------------------------------------------------------------
@@ -72,6 +73,7 @@ class ServerMetrics:
         stats["requests_waiting"] = self.loop.num_waiting
         queried = stats["prompt_tokens_queried"]
         stats["prefix_hit_rate"] = stats["prompt_tokens_cached"] / queried if queried else None
+        stats["cache_retention_refused"] = self.retention.num_refused if self.retention is not None else 0
         self.snapshot = stats
         return stats
 
@@ -103,6 +105,10 @@ class _EngineCollector:
         (GaugeMetricFamily, "kv_cache_used_blocks", "blocks_used", "KV blocks held by live requests"),
         (GaugeMetricFamily, "kv_cache_total_blocks", "blocks_total", "KV blocks in the pool"),
         (GaugeMetricFamily, "kv_cache_cached_blocks", "blocks_cached", "KV blocks kept by the prefix cache, reusable"),
+        (GaugeMetricFamily, "prefix_cache_pinned_blocks", "prefix_pinned_blocks",
+         "KV blocks pinned in the prefix cache (cache_retention_seconds, Engine.pin_prefix)"),
+        (CounterMetricFamily, "cache_retention_refused", "cache_retention_refused",
+         "cache_retention_seconds pins refused (past prefix_pin_share, or nothing of the prefix cached)"),
         (GaugeMetricFamily, "prefix_cache_hit_rate", "prefix_hit_rate",
          "Prompt tokens served from the prefix cache / prompt tokens"),
         (GaugeMetricFamily, "batch_utilization", "recent_batch_utilization",

@@ -27,6 +27,7 @@ class PreparedRequest:
     prompts: list[list[int]]  # one engine request per prompt (each with n forks)
     params: SamplingParams
     stop: list[str] = field(default_factory=list)  # cut from the text the client sees
+    retention: tuple[int | None, float] | None = None  # (tokens or None: all, seconds): keep prompts cached
 
 
 class ConstraintCache:
@@ -117,9 +118,10 @@ def build_constraint(cache: ConstraintCache, request: _Sampling) -> list:
 class Preparer:
     """Turns requests into engine work for one engine and tokenizer."""
 
-    def __init__(self, engine: Engine, tokenizer: Any) -> None:
+    def __init__(self, engine: Engine, tokenizer: Any, max_retention_s: float = 0.0) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
+        self.max_retention_s = max_retention_s  # the server's --max-cache-retention (0: the field is refused)
         gen_eos = as_list(getattr(engine.model.generation_config, "eos_token_id", None))
         tok_eos = [tokenizer.eos_token_id] if getattr(tokenizer, "eos_token_id", None) is not None else []
         self.eos_token_ids = list(dict.fromkeys(gen_eos + tok_eos))
@@ -170,7 +172,24 @@ class Preparer:
             params = self._sampling_params(request, max_tokens, stop, processors)
         except ValueError as exc:  # a value the engine refuses that the request's own checks let through
             raise ApiError(str(exc), code="invalid_value") from None
-        return PreparedRequest(prompts, params, stop)
+        return PreparedRequest(prompts, params, stop, self._retention(request))
+
+    def _retention(self, request: _Sampling) -> tuple[int | None, float] | None:
+        seconds, tokens = request.cache_retention_seconds, request.cache_retention_tokens
+        if seconds is None:
+            if tokens is not None:
+                raise ApiError("cache_retention_tokens needs cache_retention_seconds (how long to keep them)",
+                               param="cache_retention_tokens", code="invalid_value")
+            return None
+        if seconds > self.max_retention_s:
+            fix = ("this server keeps no prefix on request (start it with --max-cache-retention SECONDS)"
+                   if not self.max_retention_s else f"this server allows at most {self.max_retention_s:g} s")
+            raise ApiError(f"cache_retention_seconds={seconds:g}: {fix}", param="cache_retention_seconds",
+                           code="invalid_value")
+        if not self.engine.config.enable_prefix_caching:
+            raise ApiError("cache_retention_seconds needs the prefix cache, which this server runs without "
+                           "(--no-prefix-caching)", param="cache_retention_seconds", code="invalid_value")
+        return tokens, float(seconds)
 
     def _sampling_params(self, request: _Sampling, max_tokens: int, stop: list[str], processors: list) -> SamplingParams:
         greedy = request.temperature == 0

@@ -1,7 +1,8 @@
 """OpenAI request bodies (completions and chat), as pydantic models that refuse what we cannot honour.
 
 Fields follow OpenAI's API reference; `top_k`, `min_tokens`, `ignore_eos`, `repetition_penalty`, `guided_json`,
-`guided_regex`, `guided_choice` and `guided_grammar` (Lark EBNF) are vLLM's extras. An unknown field is refused (as
+`guided_regex`, `guided_choice` and `guided_grammar` (Lark EBNF) are vLLM's extras; `cache_retention_seconds` and
+`cache_retention_tokens` are ours (a prompt prefix kept cached, `retention.py`). An unknown field is refused (as
 OpenAI does: a typo such as `max_token` must not be ignored silently); fields we know but cannot honour are refused
 when set to anything but their neutral value, with the field named (`param`) in the 400 answer.
 """
@@ -85,6 +86,10 @@ class _Sampling(_Strict):
     guided_grammar: StrictStr | None = None  # a context-free grammar in Lark's EBNF (`GrammarLogitsProcessor`)
     # the whitespace a JSON constraint allows between tokens (a regex; default at most one space, bounded)
     guided_whitespace_pattern: StrictStr | None = None
+    # hf_paged: keep this prompt's prefix cached (pinned) for this long after its prompt is computed
+    # (`serving/retention.py`), its first `cache_retention_tokens` tokens (default: the whole prompt)
+    cache_retention_seconds: Annotated[Number, Field(gt=0, allow_inf_nan=False)] | None = None
+    cache_retention_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
 
     def check_supported(self) -> None:
         """Raise `UnsupportedField` for the first field we know but cannot honour."""

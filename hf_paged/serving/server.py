@@ -26,6 +26,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chat-template", default=None, help="a Jinja chat template file (overrides the tokenizer's)")
     parser.add_argument("--max-waiting", type=int, default=None,
                         help="most requests queued before new ones get HTTP 429 (default: no bound)")
+    parser.add_argument("--max-cache-retention", type=float, default=3600.0, metavar="SECONDS",
+                        help="the longest cache_retention_seconds a request may ask (its prompt's prefix kept "
+                             "cached); 0 refuses the field (default: %(default)s)")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
     parser.add_argument("--block-size", type=int, default=None)
@@ -76,6 +79,8 @@ def checked_paged_config(args):
 
     if args.max_waiting is not None and args.max_waiting < 1:
         raise CliError(f"--max-waiting must be >= 1, got {args.max_waiting}")
+    if not 0 <= args.max_cache_retention < float("inf"):
+        raise CliError(f"--max-cache-retention must be a number of seconds >= 0, got {args.max_cache_retention}")
     if args.shutdown_timeout < 0:
         raise CliError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     try:
@@ -99,7 +104,8 @@ def run_serve(args) -> int:
     engine, tokenizer, name = _start_engine(args, config)
     if template is not None:
         tokenizer.chat_template = template
-    settings = ServerSettings(model_name=args.served_model_name or name, max_waiting=args.max_waiting)
+    settings = ServerSettings(model_name=args.served_model_name or name, max_waiting=args.max_waiting,
+                              max_cache_retention_s=args.max_cache_retention)
     app = build_app(engine, tokenizer, settings)
     # At --shutdown-timeout the engine's requests are aborted, so each client gets a 503 error body (or an error event
     # on its stream); uvicorn's own cancel (a bare 500, a cut stream) only comes FLUSH_GRACE_S later, for a handler
