@@ -308,7 +308,7 @@ def main() -> None:
     sections = [header]
     block_sizes = [int(b) for b in args.block_sizes.split(",")]
     for name, model, tok in load_models(args):
-        sections.append(f"## {name}\n")
+        sections.append(f"\n## {name}\n")
         for block_size in block_sizes[1:] + block_sizes[:1]:  # the first (the default) last: flows run on it
             hf_paged.unwrap(model)
             hf_paged.wrap(model, block_size=block_size)
