@@ -59,6 +59,7 @@ class _Field:
     max_tokens: int
     validator: Callable[[str], bool] | None
     max_retries: int
+    instruction: str | None = None  # fill, item by item: text shown before the record while this field is made
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +91,17 @@ class Choices(_Field):
 Constraint = Text | Regex | Schema | GrammarText | Choices
 
 
-def text(max_tokens: int = 32, *, validator: Callable[[str], bool] | None = None, max_retries: int = 0) -> Text:
-    """Free text of at most `max_tokens` tokens (in a JSON string hole: a JSON string body)."""
+def text(max_tokens: int = 32, *, validator: Callable[[str], bool] | None = None, max_retries: int = 0,
+         instruction: str | None = None) -> Text:
+    """Free text of at most `max_tokens` tokens (in a JSON string hole: a JSON string body). `instruction` (fill,
+    item by item; every constraint takes it): text placed after the prompt, before the record, while this field is
+    generated (in a fork: the filled record does not contain it)."""
     check_field_options("hp.text", max_tokens, validator, max_retries)
-    return Text(max_tokens, validator, max_retries)
+    return Text(max_tokens, validator, max_retries, _instruction("hp.text", instruction))
 
 
 def regex(pattern: str, *, max_tokens: int = 64, validator: Callable[[str], bool] | None = None,
-          max_retries: int = 0) -> Regex:
+          max_retries: int = 0, instruction: str | None = None) -> Regex:
     """Text matching `pattern` in full (Rust `regex` syntax). Raises `InvalidRegexError` when it does not compile."""
     from hf_paged.processors.automaton.build import validate_regex
 
@@ -105,21 +109,23 @@ def regex(pattern: str, *, max_tokens: int = 64, validator: Callable[[str], bool
         raise FieldConstraintError(f"hp.regex: pattern must be a non-empty regex string, got {pattern!r}")
     check_field_options("hp.regex", max_tokens, validator, max_retries)
     validate_regex(pattern)
-    return Regex(max_tokens, validator, max_retries, pattern)
+    return Regex(max_tokens, validator, max_retries, _instruction("hp.regex", instruction), pattern=pattern)
 
 
 def schema(schema: Any, *, max_tokens: int = 128, validator: Callable[[str], bool] | None = None,
-           max_retries: int = 0) -> Schema:
+           max_retries: int = 0, instruction: str | None = None) -> Schema:
     """A JSON document valid under `schema` (a dict, JSON text or pydantic class). Raises the schema errors of
     `JSONSchemaLogitsProcessor` (`InvalidSchemaError`, `UnsupportedSchemaError`, ...) when it cannot compile."""
     from hf_paged.processors.schema import load_schema
 
     check_field_options("hp.schema", max_tokens, validator, max_retries)
-    return Schema(max_tokens, validator, max_retries, load_schema(schema))
+    return Schema(max_tokens, validator, max_retries, _instruction("hp.schema", instruction),
+                  schema=load_schema(schema))
 
 
 def grammar(grammar: str, *, start: str = "start", max_tokens: int = 128,
-            validator: Callable[[str], bool] | None = None, max_retries: int = 0) -> GrammarText:
+            validator: Callable[[str], bool] | None = None, max_retries: int = 0,
+            instruction: str | None = None) -> GrammarText:
     """A sentence of a Lark EBNF grammar. Raises the `GrammarError`s of `GrammarLogitsProcessor`."""
     from hf_paged.processors.lark import compile_lark
 
@@ -127,7 +133,14 @@ def grammar(grammar: str, *, start: str = "start", max_tokens: int = 128,
         raise FieldConstraintError(f"hp.grammar: grammar must be Lark EBNF text, got {grammar!r}")
     check_field_options("hp.grammar", max_tokens, validator, max_retries)
     compile_lark(grammar, start, None, 1)
-    return GrammarText(max_tokens, validator, max_retries, grammar, start)
+    return GrammarText(max_tokens, validator, max_retries, _instruction("hp.grammar", instruction),
+                       grammar=grammar, start=start)
+
+
+def _instruction(where: str, instruction: Any) -> str | None:
+    if instruction is not None and (not isinstance(instruction, str) or not instruction.strip()):
+        raise FieldConstraintError(f"{where}: instruction must be non-empty text or None, got {instruction!r}")
+    return instruction
 
 
 def choices_of(where: str, values: Any) -> Choices:
@@ -138,7 +151,7 @@ def choices_of(where: str, values: Any) -> Choices:
     if not unique or any(not isinstance(c, str) or not c for c in unique):
         raise FieldConstraintError(f"{where}: choices must be a non-empty list of non-empty strings, got "
                                    f"{list(values)!r}")
-    return Choices(max(len(c.encode("utf-8")) for c in unique), None, 0, unique)  # tokens: at most one per byte
+    return Choices(max(len(c.encode("utf-8")) for c in unique), None, 0, choices=unique)  # tokens: at most one per byte
 
 
 def as_constraint(where: str, value: Any) -> Constraint:

@@ -11,6 +11,8 @@
 The prompt and the template's first literal are the prompt of the first call in both modes. Item by item,
 `parallel` groups of consecutive holes that do not depend on each other are generated at once, each in a fork of
 the text before the group (the forks run in the same engine steps; their texts then follow each other as text).
+A hole with an `instruction` is made the same way, in a fork whose text has the instruction between the prompt
+and the record.
 """
 
 from __future__ import annotations
@@ -92,7 +94,8 @@ def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item
             each hole of a group is generated from the text before the group, in forks that run in the same engine
             steps, none seeing the others' values; their texts are then placed in order.
         **holes: one constraint per hole: a list of choices, `hp.text(max_tokens=)`, `hp.regex(...)`,
-            `hp.schema(...)`, `hp.grammar(...)`, each with its own `validator` / `max_retries`.
+            `hp.schema(...)`, `hp.grammar(...)`, each with its own `validator` / `max_retries` / `instruction`
+            (item by item: text placed after the prompt while that field is made, in a fork; not in the record).
 
     Raises:
         TemplateError (a bad template, a missing or extra constraint, a recursive schema/grammar hole in
@@ -112,6 +115,10 @@ def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item
     if groups and mode != "item_by_item":
         raise TemplateError("parallel groups are filled item by item: use mode='item_by_item' (one_shot fills every "
                             "hole in one generation)")
+    instructed = [hole.name for hole in plan.holes if hole.constraint.instruction is not None]
+    if instructed and mode != "item_by_item":
+        raise TemplateError(f"holes {instructed} have an instruction, which item by item filling places before the "
+                            "record: use mode='item_by_item' (one_shot makes every field in one generation)")
     run = RunContext(Backend(model, tokenizer))
     track = run.new_track()
     track.append_text(prompt + plan.literals[0])
@@ -128,8 +135,10 @@ def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item
         i = start
         while i < len(plan.holes):
             last = groups.get(i, i)
-            done = _fill_group(run, track, plan, i, last, temperature, seed, score_choices) if last > i else \
-                [_fill_hole(run, track, plan, i, temperature, seed, score_choices)]
+            if last > i or plan.holes[i].constraint.instruction is not None:
+                done = _fill_group(run, track, plan, i, last, prompt, temperature, seed, score_choices)
+            else:
+                done = [_fill_hole(run, track, plan, i, temperature, seed, score_choices)]
             for k, record in zip(range(i, last + 1), done):
                 earlier = records.get(plan.holes[k].name)  # the one-shot attempt refused or cut short
                 if earlier is not None:
@@ -184,11 +193,13 @@ def _fill_hole(run: RunContext, track: Track, plan: TemplatePlan, i: int, temper
     return record
 
 
-def _fill_group(run: RunContext, track: Track, plan: TemplatePlan, first: int, last: int, temperature: float,
-                seed: int | None, score_choices: bool) -> list[CallRecord]:
-    """Holes first..last at once, each in a fork of `track` (the text before the group); their texts (value and
-    the literal after) then appended to `track` in order, as text."""
-    forks = [run.new_track(track.copy()) for _ in range(first, last + 1)]
+def _fill_group(run: RunContext, track: Track, plan: TemplatePlan, first: int, last: int, prompt: str,
+                temperature: float, seed: int | None, score_choices: bool) -> list[CallRecord]:
+    """Holes first..last at once, each in a fork of `track` (the text before the group; with the hole's
+    instruction after the prompt, when it has one); their texts (value and the literal after) then appended to
+    `track` in order, as text."""
+    forks = [_fork_for(run, track, plan.holes[k].constraint.instruction, prompt) for k in range(first, last + 1)]
+    starts = [len(fork.text) for fork in forks]
     with ThreadPoolExecutor(len(forks), thread_name_prefix="hf_paged-fill") as pool:
         futures = [pool.submit(_fill_hole, run, fork, plan, k, temperature, seed, score_choices)
                    for k, fork in zip(range(first, last + 1), forks)]
@@ -196,11 +207,20 @@ def _fill_group(run: RunContext, track: Track, plan: TemplatePlan, first: int, l
         if any(f.exception() is not None for f in done):
             run.abort()  # the other forks' requests end now
     records = [f.result() for f in futures]
-    start = len(track.text)
-    for k, fork in zip(range(first, last + 1), forks):
+    for k, fork, start in zip(range(first, last + 1), forks, starts):
         track.append_text(fork.text[start:])
         track.fields[plan.holes[k].name] = fork.fields[plan.holes[k].name]
     return records
+
+
+def _fork_for(run: RunContext, track: Track, instruction: str | None, prompt: str) -> Track:
+    """A fork of `track`; with an instruction, a track whose text has it between the prompt and the record (it
+    shares the prompt's blocks through the prefix cache)."""
+    if instruction is None:
+        return run.new_track(track.copy())
+    fork = run.new_track()
+    fork.append_text(prompt + instruction + "\n" + track.text[len(prompt):])
+    return fork
 
 
 def _json_body(value: str) -> str:

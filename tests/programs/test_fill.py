@@ -162,3 +162,20 @@ def test_parallel_fields_run_as_forks_of_the_text_before_them(model_tok):
         hp.fill(model, tok, PROMPT, TEMPLATE, mode="one_shot", parallel=[["s1", "s2"]], **_holes())
     with pytest.raises(hp.TemplateError, match="unknown"):
         hp.fill(model, tok, PROMPT, TEMPLATE, parallel=[["s1", "s9"]], **_holes())
+
+
+def test_an_instruction_is_seen_by_its_field_only(model_tok):
+    model, tok = model_tok
+    instruction = "The response: one short sentence, polite."
+    plain = hp.fill(model, tok, PROMPT, TEMPLATE, **_holes())
+    told = hp.fill(model, tok, PROMPT, TEMPLATE, **_holes(response=hp.text(max_tokens=16, instruction=instruction)))
+    json.loads(told.text)
+    assert instruction not in told.text and told.fields["intent"] == plain.fields["intent"]
+    response = told.details["response"].tokens
+    assert response.prompt == plain.details["response"].tokens.prompt + len(instruction) + 1  # bytes, and "\n"
+    assert response.cached >= len(PROMPT) // 8 * 8 - 8  # the prompt's blocks are shared with the record's calls
+    with pytest.raises(hp.TemplateError, match="instruction.*item_by_item"):
+        hp.fill(model, tok, PROMPT, TEMPLATE, mode="one_shot",
+                **_holes(response=hp.text(max_tokens=16, instruction=instruction)))
+    with pytest.raises(hp.FieldConstraintError, match="instruction"):
+        hp.text(instruction="  ")
