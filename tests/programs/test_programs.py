@@ -228,3 +228,22 @@ def test_a_state_takes_no_calls_after_its_program_returned(model_tok):
     state = short.run(model, tok)
     with pytest.raises(hp.ProgramError, match="has returned"):
         state += hp.gen("late", max_tokens=2)
+
+
+def test_gen_with_a_schema_or_a_grammar(model_tok):
+    model, tok = model_tok
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+              "additionalProperties": False}
+
+    @hp.program
+    def structured(s):
+        s += "Doc: " + hp.gen("doc", schema=schema, max_tokens=16)
+        s += "\nExpr: " + hp.gen("expr", grammar='start: "(" start ")" | "x"', max_tokens=9)
+
+    state = structured.run(model, tok)
+    assert state["doc"] in ({"ok": True}, {"ok": False})  # a schema field's value is the parsed document
+    expr = state["expr"]
+    if state.calls[1].valid:
+        assert expr == "(" * expr.count("(") + "x" + ")" * expr.count("(")
+    else:  # cut short by max_tokens inside the nesting: recorded as incomplete
+        assert state.calls[1].finish_reason == "length_incomplete"
