@@ -85,6 +85,8 @@ def decode_block(data: bytes | bytearray | memoryview, layout: BlockLayout, dige
         raise KVBlockCorruptError(f"KV block checksum mismatch ({size} bytes): truncated or altered")
     (header_len,) = struct.unpack_from("<I", view, len(MAGIC))
     start = len(MAGIC) + 4 + header_len
+    if start > size - _CHECKSUM:
+        raise KVBlockCorruptError(f"KV block header claims {header_len} bytes of a {size}-byte blob")
     try:
         header = json.loads(bytes(view[len(MAGIC) + 4 : start]))
         table = [(str(n), _DTYPES[d], tuple(int(x) for x in shape)) for n, d, shape in header["tensors"]]

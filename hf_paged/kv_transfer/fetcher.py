@@ -58,13 +58,15 @@ def read_blocks(store: KVStore, layout: BlockLayout, asks: Sequence[BlockAsk]) -
     """Read and check consecutive blocks; stop at the first blob missing or refused."""
     start, blocks, refused = time.perf_counter(), [], []
     for ask in asks:
-        blob = store.get(ask.key)
-        if blob is None:
-            break
         try:
+            blob = store.get(ask.key)
+            if blob is None:
+                break
             blocks.append(decode_block(blob, layout, ask.digest, ask.token_ids))
         except KVTransferError:
             refused.append(ask.key)
+            break
+        except Exception:  # noqa: BLE001 -- a store that failed to answer: stop here, the rest is recomputed
             break
     return FetchResult(blocks, refused, time.perf_counter() - start)
 

@@ -49,6 +49,15 @@ def test_another_prefix_or_other_tokens_are_refused():
         decode_block(blob, LAYOUT, DIGEST, [1] * 8)
 
 
+def test_a_header_longer_than_the_blob_is_corrupt():
+    import struct
+    import zlib
+
+    body = b"HFPKVB01" + struct.pack("<I", 10**6) + b"{}"
+    with pytest.raises(KVBlockCorruptError, match="header claims"):
+        decode_block(body + struct.pack("<I", zlib.crc32(body)), LAYOUT, DIGEST, TOKENS)
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "empty", "garbage"])
 def test_damage_is_detected(damage):
     blob = bytearray(encode_block(LAYOUT, DIGEST, TOKENS, tensors()))
