@@ -58,6 +58,7 @@ class KVTransferStats:
     rejected_blocks: int = 0  # blobs refused (corrupt, another layout) and deleted
     saved_blocks: int = 0  # blocks written to the store
     saved_bytes: int = 0
+    save_failures: int = 0  # saves that raised (the blocks stay where they were: only the copy is missing)
     save_seconds: float = 0.0  # copying, encoding and writing them (inside the step that stored or evicted them)
     store_bytes: int = 0  # bytes the store holds now
 
@@ -259,11 +260,19 @@ class KVConnector:
     # -- worker half: saves (the prefix tree's BlockSink) ---------------------------------------------------
     def blocks_stored(self, nodes: Sequence[TreeNode]) -> None:
         if self.save_on == "store":
-            self.save(nodes)
+            self._save_quietly(nodes)
 
     def blocks_evicted(self, nodes: Sequence[TreeNode]) -> None:
         if self.save_on == "evict":
+            self._save_quietly(nodes)
+
+    def _save_quietly(self, nodes: Sequence[TreeNode]) -> None:
+        # Called from inside the tree's insert and eviction: an error here must not leave the tree and the pool
+        # half updated. A block that could not be saved is only a block a later hit recomputes.
+        try:
             self.save(nodes)
+        except Exception:  # noqa: BLE001 -- counted; the engine goes on without the copy
+            self.counters.save_failures += 1
 
     def save(self, nodes: Sequence[TreeNode]) -> int:
         """Write full cached blocks (tree nodes: digest, block id, token ids) the store does not hold yet; returns

@@ -305,3 +305,14 @@ def test_a_store_that_raises_is_a_failed_load_not_a_failed_step(model, prompts, 
     engine = Engine(model, PagedConfig(block_size=BS), kv_store=store)
     assert run(engine, prompts[:1]) == expected[:1]
     assert transfer_stats(engine)["load_failures"] == 1 and transfer_stats(engine)["loaded_blocks"] == 0
+
+
+def test_a_store_that_raises_while_written_leaves_the_pool_whole(model, prompts, expected):
+    class Full(InProcessStore):
+        def put(self, key, data):
+            raise OSError("no space left on device")
+
+    engine = Engine(model, PagedConfig(block_size=BS, num_blocks=12), kv_store=Full())
+    assert run(engine, prompts) == expected  # every insert and eviction tried to save
+    assert transfer_stats(engine)["save_failures"] > 0
+    engine.check_integrity()
