@@ -31,6 +31,14 @@ def test_round_trip_is_exact_and_aligned():
         assert block.tensors[name].dtype == t.dtype and torch.equal(block.tensors[name], t)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
+def test_half_and_eight_bit_floats_round_trip(dtype):
+    t = torch.randn(8, 2, 8).to(dtype)
+    block = decode_block(encode_block(LAYOUT, DIGEST, TOKENS, [("0.k", t)]), LAYOUT, DIGEST, TOKENS)
+    assert block.tensors["0.k"].dtype == dtype and torch.equal(block.tensors["0.k"].view(torch.uint8),
+                                                               t.view(torch.uint8))
+
+
 @pytest.mark.parametrize("field", ["fingerprint", "block_size", "num_layers", "num_kv_heads", "head_dim", "dtype",
                                    "storage"])
 def test_every_layout_field_must_match(field):
