@@ -41,6 +41,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "bounds inter-token stalls on CPU at some cost in TTFT")
     parser.add_argument("--kv-cache-dtype", default=None, choices=("auto", "fp8", "int8", "int4"))
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
+    parser.add_argument("--kv-offload-dir", default=None, metavar="DIR",
+                        help="the disk tier: blocks evicted from the prefix cache are written here and read back on "
+                             "a later hit, also after a restart (the cache is written here at shutdown)")
+    parser.add_argument("--kv-offload-bytes", type=int, default=None, help="most bytes of --kv-offload-dir (1 GiB)")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     parser.add_argument("--replicas", type=int, default=None,
                         help="run N engine replicas on Ray Serve, routed by prefix cache (needs hf_paged[ray])")
@@ -48,7 +52,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 _PAGED_FLAGS = ("block_size", "num_blocks", "max_cache_bytes", "max_num_seqs", "max_num_batched_tokens",
-                "max_prefill_tokens_per_step", "kv_cache_dtype")
+                "max_prefill_tokens_per_step", "kv_cache_dtype", "kv_offload_dir", "kv_offload_bytes")
 
 
 def paged_overrides(args) -> dict:
@@ -83,6 +87,8 @@ def checked_paged_config(args):
         raise CliError(f"--max-cache-retention must be a number of seconds >= 0, got {args.max_cache_retention}")
     if args.shutdown_timeout < 0:
         raise CliError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    if args.kv_offload_dir is not None and args.replicas is not None:  # each replica would count the files alone
+        raise CliError("--kv-offload-dir is for one engine; with --replicas leave it out")
     try:
         return PagedConfig(**paged_overrides(args))
     except (TypeError, ValueError) as exc:
@@ -118,7 +124,17 @@ def run_serve(args) -> int:
     log_to_stderr(args.log_level)
     logging.getLogger("hf_paged").info("serving %s on http://%s:%d", settings.model_name, args.host, args.port)
     server.run()
+    _save_kv_cache(engine)
     return 130 if server.interrupted else 0
+
+
+def _save_kv_cache(engine) -> None:
+    """With the disk tier, write what the prefix cache still holds, so a restart finds it (not only the evicted)."""
+    connector = engine.scheduler.kv_transfer
+    if connector is not None and connector.save_on == "evict":
+        with engine.lock:
+            saved = connector.save_cached()
+        logging.getLogger("hf_paged").info("wrote %d cached KV blocks to the disk tier", saved)
 
 
 def log_to_stderr(level: str) -> None:
