@@ -135,6 +135,29 @@ def test_memoised_automata_cost_what_building_them_cost():
     assert counters[0] == counters[1]
 
 
+def test_memoised_grammar_rules_cost_what_building_them_cost():
+    """The same for a grammar: its rules are memoised per grammar and per rule text (`grammar_rules`), each hit
+    charging the work the build counted."""
+    from hf_paged.processors.automaton import byte_dfa, grammar_rules
+    from hf_paged.processors.schema.ladder import schema_to_grammar
+
+    item = {"type": "object", "properties": {"id": {"type": "integer"}, "note": {"type": "string"}}}
+    schema = {"type": "object", "properties": {"items": {"type": "array", "items": item}, "meta": {}},
+              "$defs": {"n": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/n"}]}}}
+    counters = []
+    for clear in ("all", "grammars", None):  # built, then memoised by rule text, then by grammar
+        if clear is not None:
+            grammar_rules._RULES.clear()
+        if clear == "all":
+            grammar_rules._TEXTS.clear()
+            byte_dfa._MEMO.clear()
+            byte_dfa._FAILED.clear()
+        budget = CompileBudget()
+        schema_to_grammar(schema, budget=budget)
+        counters.append((budget.visits, budget.checks, budget.text, budget.work))
+    assert counters[0] == counters[1] == counters[2]
+
+
 def test_for_automaton_keeps_the_limits_and_zeroes_the_counters():
     budget = CompileBudget(max_dfa_states=7, max_work=11)
     budget.spend("work", 5)

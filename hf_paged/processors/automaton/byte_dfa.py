@@ -33,8 +33,9 @@ __all__ = ["ByteDFA", "anchored", "automaton_work", "build_byte_dfa", "byte_sets
 
 _PROBE: Any = None
 _MEMO: OrderedDict[str, ByteDFA] = OrderedDict()  # anchored regex -> automaton: validate + build compile once
-_MEMO_SIZE = 128  # entries (a grammar's rules are one each) ...
+_MEMO_SIZE = 128  # entries ...
 _MEMO_BYTES = 256 << 20  # ... and bytes of tables kept, whichever is reached first
+_memo_bytes = 0  # bytes of the tables in `_MEMO` (under `_LOCK`)
 _FAILED: OrderedDict[tuple, tuple[int, str]] = OrderedDict()  # (regex, limits) -> (work, message) of a refused build
 _SENTINEL, _SENTINEL_BYTE = "\\x01", 0x01
 _ANCHOR_OPEN, _ANCHOR_CLOSE = "(?:", ")\\z"  # `anchored`
@@ -125,13 +126,15 @@ def _probe_vocabulary() -> Any:
     return _PROBE
 
 
-def build_byte_dfa(anchored_regex: str, *, fresh: bool = False, budget: CompileBudget | None = None) -> ByteDFA:
+def build_byte_dfa(anchored_regex: str, *, fresh: bool = False, budget: CompileBudget | None = None,
+                   owned: bool = False) -> ByteDFA:
     """Compile `anchored_regex` (already wrapped by `anchored`) into a `ByteDFA`; memoised (small LRU).
 
     Our compiler (`compile_regex`) builds it, counting its work against `budget` (default: a fresh `CompileBudget`);
     syntax that only Rust's parser reads right (`\\p{..}`, nested classes, ...) is built by outlines-core, after
     the caller's size check (`build.check_regex_size`). `fresh=True` builds it even when memoised
-    (benchmarks time the build).
+    (benchmarks time the build). `owned=True`: built afresh and kept out of the memo, so the caller may change it
+    (a grammar's rules: `grammar_rules` memoises them itself, their call edges cut out in place).
 
     Raises:
         InvalidRegexError: the pattern does not parse, or uses look-around / back-references.
@@ -141,7 +144,7 @@ def build_byte_dfa(anchored_regex: str, *, fresh: bool = False, budget: CompileB
     budget = budget if budget is not None else CompileBudget()
     limits = (anchored_regex, budget.max_nfa_states, budget.max_dfa_states, budget.max_dfa_steps)
     with _LOCK:
-        hit = None if fresh else _MEMO.get(anchored_regex)
+        hit = None if fresh or owned else _MEMO.get(anchored_regex)
         if hit is not None:
             _MEMO.move_to_end(anchored_regex)
         failed = None if fresh else _FAILED.get(limits)
@@ -171,12 +174,23 @@ def build_byte_dfa(anchored_regex: str, *, fresh: bool = False, budget: CompileB
         budget.work += work  # (what the failed try did counts too; the error to report is this one)
         raise
     dfa.work = automaton_work(len(anchored_regex), meter)
-    with _LOCK:
-        _MEMO[anchored_regex] = dfa
-        while len(_MEMO) > _MEMO_SIZE or (len(_MEMO) > 1 and _memo_bytes() > _MEMO_BYTES):
-            _MEMO.popitem(last=False)
+    if not owned:
+        _remember(anchored_regex, dfa)
     budget.spend("work", dfa.work)
     return dfa
+
+
+def _remember(anchored_regex: str, dfa: ByteDFA) -> None:
+    """Keep `dfa` in the memo, dropping the least recently used past its entries or bytes (a running total: summing
+    every table on each insert cost more than small automata take to build)."""
+    global _memo_bytes
+    with _LOCK:
+        old = _MEMO.pop(anchored_regex, None)
+        _memo_bytes = 0 if not _MEMO else _memo_bytes - (0 if old is None else old.transitions.nbytes)  # (cleared)
+        _MEMO[anchored_regex] = dfa
+        _memo_bytes += dfa.transitions.nbytes
+        while len(_MEMO) > _MEMO_SIZE or (len(_MEMO) > 1 and _memo_bytes > _MEMO_BYTES):
+            _memo_bytes -= _MEMO.popitem(last=False)[1].transitions.nbytes
 
 
 def automaton_work(num_chars: int, meter: CompileBudget) -> int:
@@ -185,10 +199,6 @@ def automaton_work(num_chars: int, meter: CompileBudget) -> int:
     parsing, NFA positions (built in Python: the compiled builder is faster, but a count must not depend on which
     one ran), DFA states and subset-construction steps."""
     return 500 + num_chars // 2 + 3 * meter.nfa_states + 2 * meter.dfa_states + meter.dfa_steps // 10
-
-
-def _memo_bytes() -> int:
-    return sum(dfa.transitions.nbytes for dfa in _MEMO.values())
 
 
 def _is_anchored(regex: str) -> bool:

@@ -39,7 +39,7 @@ from hf_paged.processors.budget import CompileBudget
 __all__ = ["CAPACITY", "MAX_DEPTH", "GrammarDFA", "InsideView"]
 
 CAPACITY = 1 << 20  # states a grammar automaton may name (a row is 1 KB, allocated when first written)
-ROOT_ROWS = 1 << 15  # a root rule up to this many states has its rows built with the automaton
+ROOT_ROWS = 1 << 15  # a root rule up to this many states has its rows built at once (`build_root_rows`)
 CONTEXT_ROWS = 256  # a called rule up to this many states has its rows built when its context is first met
 MAX_VIEWS = 1 << 17  # memoised `inside_view`s (~200 bytes each), then cleared
 
@@ -105,14 +105,21 @@ class GrammarDFA:
         self._lock = threading.RLock()
         if self._config_state((0, self.rules[0].initial)) != self.initial:
             raise AssertionError("the initial state is state 1")
-        # the root rule's inside rows now, in one gather (compile time): every document walks it, and its key states
-        # fan out over many rows that a walk would otherwise build a level at a time
-        root = self._contexts[0]
+
+    def build_root_rows(self) -> None:
+        """The root rule's inside rows, in one gather: every document walks it, and its key states fan out over many
+        rows that a walk would otherwise build a level at a time. Ahead of decoding, off the compile's path (a third
+        of a median schema's index time): `TokenIndex.warm` runs it in the background; walks build on demand the
+        rows it has not built yet (the same rows either way)."""
         size = self.rules[0].table.shape[0] - 1
-        if size <= ROOT_ROWS:
+        if size > ROOT_ROWS:
+            return
+        with self._lock:
+            root = self._contexts[0]
             every = np.arange(size, dtype=np.int64)
-            inside = ~self._boundaries(root, self.rules[0], every)
-            self._inside_rows(root, self.rules[0], every[inside])
+            every = every[~self._boundaries(root, self.rules[0], every) & ~self.known[root.base + every]]
+            if every.shape[0]:
+                self._inside_rows(root, self.rules[0], every)
 
     @property
     def num_states(self) -> int:

@@ -1,6 +1,7 @@
 """The rules of a grammar (`grammar.Grammar`) as byte automata: each compiled by `build_byte_dfa` (anchored), its
-call edges read off and cut out. Immutable, memoised per grammar: validation and the build share
-them, and every `GrammarDFA` of the grammar names its own states over them."""
+call edges read off and cut out. Immutable, memoised per grammar and per rule text: validation and the build share
+them, the ladder's tries and other grammars share rules of the same text, and every `GrammarDFA` of the grammar
+names its own states over them."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ __all__ = ["Rule", "grammar_rules"]
 class Rule:
     """One rule's automaton, its call edges taken out."""
 
-    table: np.ndarray  # int32 [S + 1, 256]; the mark byte's column is dead (read only: may be the memoised DFA's)
+    table: np.ndarray  # int32 [S + 1, 256]; the mark byte's column is dead (read only: shared by equal rule texts)
     dead: int
     initial: int
     finals: np.ndarray  # bool [S + 1]
@@ -34,34 +35,58 @@ class Rule:
 
 
 def _compile_rule(text: str, budget: CompileBudget) -> Rule:
-    dfa = build_byte_dfa(anchored(text), budget=budget)
+    """`text`'s rule, memoised by text (`_TEXTS`: the ladder's tries and other grammars repeat rules), its work
+    charged again on a hit as `build_byte_dfa` charges a memoised automaton's."""
+    with _RULES_LOCK:
+        hit = _TEXTS.get(text)
+        if hit is not None:
+            _TEXTS.move_to_end(text)
+    if hit is not None:
+        budget.spend("work", hit[1])
+        return hit[0]
+    dfa = build_byte_dfa(anchored(text), budget=budget, owned=True)  # (its own: the mark edges are cut in place)
     table, dead = dfa.transitions, dfa.dead
     calls = _call_edges(table, dead)
-    if calls:  # the mark edges cut out of a copy (the automaton is memoised: shared); without them, no copy at all
-        table = table.copy()
+    if calls:
         table[:, MARK] = dead
     has_calls = np.zeros(table.shape[0], dtype=bool)
     has_calls[list(calls)] = True
-    return Rule(table, dead, dfa.initial, dfa.finals.copy(), dfa.loops, dfa.loops.any(axis=1), calls, has_calls)
+    rule = Rule(table, dead, dfa.initial, dfa.finals, dfa.loops, dfa.loops.any(axis=1), calls, has_calls)
+    global _texts_bytes
+    with _RULES_LOCK:
+        if text not in _TEXTS:
+            _TEXTS[text] = (rule, dfa.work)
+            _texts_bytes += table.nbytes
+        while len(_TEXTS) > _TEXTS_SIZE or (len(_TEXTS) > 1 and _texts_bytes > _TEXTS_BYTES):
+            _texts_bytes -= _TEXTS.popitem(last=False)[1][0].table.nbytes
+    return rule
 
 
 def _call_edges(table: np.ndarray, dead: int) -> dict[int, list[tuple[int, int]]]:
     """state -> [(callee, state after the call's digits)], for every state with a mark edge: the mark, then WIDTH
     digit bytes, read for all calling states at once (paths in digit order, as the call's number grows)."""
-    owners = np.flatnonzero(table[:-1, MARK] != dead)  # (one path per owner to start with, owners ascending)
+    flat = table.reshape(-1)
+    width = table.shape[1]
+    owners = np.flatnonzero(flat[MARK : (table.shape[0] - 1) * width : width] != dead)  # (owners ascending)
     calls: dict[int, list[tuple[int, int]]] = {owner: [] for owner in owners.tolist()}  # (a mark with no call: [])
-    at = table[owners, MARK].astype(np.int64)
+    if not calls:
+        return calls
+    at = flat.take(owners * width + MARK)
     number = np.zeros(owners.shape[0], dtype=np.int64)
-    digits = np.asarray(DIGITS)
-    for _ in range(WIDTH):
-        after = table[at[:, None], digits]  # [paths, digits] (gathered alone: whole rows are 1 KB each)
+    for _ in range(WIDTH):  # (gathered alone, flat: whole rows are 1 KB each)
+        after = flat.take((at.astype(np.int64) * width)[:, None] + _DIGITS)  # [paths, digits]
         path, digit = np.nonzero(after != dead)  # (row-major: each path's digits in order, paths in order)
-        owners, at, number = owners[path], after[path, digit].astype(np.int64), number[path] * len(DIGITS) + digit
+        owners, at, number = owners[path], after[path, digit], number[path] * len(DIGITS) + digit
     for owner, callee, state in zip(owners.tolist(), number.tolist(), at.tolist()):
         calls[owner].append((callee, state))
     return calls
 
 
+_DIGITS = np.asarray(DIGITS, dtype=np.int64)
+_TEXTS: OrderedDict[str, tuple[Rule, int]] = OrderedDict()  # rule text -> its rule, its work (`ByteDFA.work`)
+_TEXTS_SIZE = 256  # entries ...
+_TEXTS_BYTES = 128 << 20  # ... and bytes of tables kept, whichever is reached first
+_texts_bytes = 0  # bytes of the tables in `_TEXTS` (under `_RULES_LOCK`)
 _RULES: OrderedDict[Grammar, tuple[list[Rule], int]] = OrderedDict()  # grammar -> its rules, their work (`ByteDFA.work`)
 _RULES_SIZE = 8
 _RULES_LOCK = threading.Lock()

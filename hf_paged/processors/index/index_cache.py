@@ -32,16 +32,18 @@ from hf_paged.processors.index.shared_trie import token_trie
 from hf_paged.processors.index.token_index import StateMask, TokenIndex
 from hf_paged.processors.index.vocabulary import TokenVocabulary
 
-__all__ = ["CompiledIndex", "IndexCache", "default_index_cache", "index_key"]
+__all__ = ["CompiledIndex", "IndexCache", "default_index_cache", "index_key", "warm_up"]
 
 logger = logging.getLogger(__name__)
 
 
-# Masks a compile precomputes, nearest the start first, counted in narrow-state units (a narrow state's mask,
+# Masks precomputed for a new index, nearest the start first, counted in narrow-state units (a narrow state's mask,
 # ~20 us, is one; a wide one counts `token_index.WIDE_UNITS`): the states right after the start. A count, not a
 # clock: the same states are warm on any machine. 16, not 64 (measured on MaskBench: compile p50 -1 ms, mask p99
 # unchanged): the further states are mostly narrow ones, ~20-40 us on their first visit, far below the masks that
 # decide the p99 (string bodies and grammar states, which the automaton-wide facts `warm` computes first speed up).
+# Computed in `IndexCache`'s background thread right after the index is published, not on the compile's path (half
+# of a median SchemaStore schema's index time): the caller waits for the automaton and the initial mask only.
 WARM_UNITS = 16
 
 
@@ -85,8 +87,8 @@ def _compile(
     budget: CompileBudget | None = None,
 ) -> CompiledIndex:
     """Byte automaton + lazy token view. The initial state's mask is computed now (an empty one means no token
-    sequence of this vocabulary can match, reported at compile time rather than at the first step), and the
-    cheap states' masks up to `WARM_UNITS`."""
+    sequence of this vocabulary can match, reported at compile time rather than at the first step); the next
+    states' masks are `warm_up`'s, after the index is published."""
     start = time.perf_counter()  # (reported as `compile_s`, never a limit)
     if dfa is None:
         dfa = build_automaton(regex, budget)
@@ -96,9 +98,6 @@ def _compile(
             f"no token of this vocabulary can start a match of the constraint {describe(regex)}; check the "
             "schema/regex, or use a tokenizer whose tokens cover every character it needs"
         )
-    # (with the walks still running as Python, while their compiled versions load: a tenth, since a mask then
-    # costs several times more, and decoding may never visit most of what warming computes)
-    compiled.index.warm(WARM_UNITS if jit.is_compiled() else WARM_UNITS // 10)
     compiled.compile_s = 0.0 if from_disk else time.perf_counter() - start
     return compiled
 
@@ -216,10 +215,10 @@ class IndexCache:
                 self._entries.move_to_end(key)
                 while len(self._entries) > self.max_entries:
                     self._entries.popitem(last=False)
-            # a grammar's per-rule facts off the caller's path: the index is usable now, decoding computes on first
-            # need what this has not reached yet
+            # the warm-up masks and a grammar's per-rule facts off the caller's path: the index is usable now,
+            # decoding computes on first need what this has not reached yet
             try:
-                self._executor.submit(_prepare, compiled)
+                self._executor.submit(warm_up, compiled)
             except RuntimeError:  # (the executor is shutting down: decoding computes them on first need)
                 pass
             return compiled
@@ -265,12 +264,17 @@ class IndexCache:
         os.replace(tmp, path)
 
 
-def _prepare(compiled: CompiledIndex) -> None:
-    """`TokenIndex.prepare`, in the background (a failure there only leaves the facts to decoding: logged)."""
+def warm_up(compiled: CompiledIndex) -> None:
+    """The masks nearest the start (`TokenIndex.warm`, `WARM_UNITS`), then a grammar's per-rule facts
+    (`TokenIndex.prepare`): what `IndexCache` runs in its background thread once an index is published (a failure
+    there only leaves the work to decoding's first visits: logged)."""
     try:
+        # (with the walks still running as Python, while their compiled versions load: a tenth, since a mask then
+        # costs several times more, and decoding may never visit most of what warming computes)
+        compiled.index.warm(WARM_UNITS if jit.is_compiled() else WARM_UNITS // 10)
         compiled.index.prepare()
-    except Exception:  # (decoding computes the same facts on first need)
-        logger.exception("preparing a compiled index's rule facts failed; decoding computes them on first need")
+    except Exception:  # (decoding computes the same masks and facts on first need)
+        logger.exception("warming a compiled index failed; decoding computes its masks and facts on first need")
 
 
 def _size(regex: str | Grammar) -> str:

@@ -77,7 +77,8 @@ class TokenIndex:
         # a grammar: masks of wide states inside rules from walks shared per lookahead class (`grammar_masks`)
         self._grammar = GrammarMasks(dfa, trie, self._walk) if dfa.lazy else None
         self._masks: dict[int, StateMask] = {}
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # guards `_masks` and `_cached_bytes`
+        self._building = threading.RLock()  # held while a mask is built (a union of states builds its members')
 
     # -- outlines-core's Index API ---------------------------------------------------------------------
     def get_initial_state(self) -> int:
@@ -113,7 +114,8 @@ class TokenIndex:
         """The mask of `state`: memoised, computed on first visit."""
         mask = self._masks.get(state)
         if mask is None:
-            mask = self._build_mask(state)
+            with self._building:  # (one build at a time: `warm` may run in the background beside decoding)
+                mask = self._masks.get(state) or self._build_mask(state)
             with self._lock:
                 if self._cached_bytes + mask.num_bytes <= self.max_cached_bytes and state not in self._masks:
                     self._masks[state] = mask
@@ -126,10 +128,13 @@ class TokenIndex:
         `WIDE_UNITS` each), until `max_units` are spent. A count, not a clock: the same states are warm on any
         machine. Returns how many masks were computed.
 
-        Run at compile time, in the background while the prompt prefills: decoding then computes masks only on
-        the first visits of states the budget did not reach (big schemas, counted strings). The automaton-wide
-        facts of string bodies (`TrieWalk.prepare`, ~0.7 us a state) come first, outside the budget.
+        Run in the background once the index is published (`IndexCache`), beside the prompt's prefill and the first
+        steps: decoding computes on first visit any mask this has not reached yet, and masks are built one at a
+        time per index (whichever thread builds one, it is the same). The automaton-wide facts of string bodies
+        (`TrieWalk.prepare`, ~0.7 us a state) come first, outside the budget.
         """
+        if max_units > 0 and self.dfa.lazy:
+            self.dfa.build_root_rows()  # (a grammar: its root rule's rows in one gather)
         if max_units > 0 and not self.dfa.lazy:
             # string bodies: the automaton-wide facts first, outside the budget (~0.7 us a state, a few percent of
             # building the automaton; inside it, a 10k-state automaton would have no budget left for masks). A
