@@ -126,6 +126,14 @@ class _EngineCollector:
         (CounterMetricFamily, "num_steps", "steps", "Engine steps (forwards) run"),
         (CounterMetricFamily, "computed_tokens", "computed_tokens",
          "Tokens run through the model (prefill chunks and decodes)"),
+        (CounterMetricFamily, "kv_transfer_loaded_blocks", "kv_transfer_loaded_blocks",
+         "KV blocks loaded from the disk tier or another engine instead of recomputed"),
+        (CounterMetricFamily, "kv_transfer_load_failures", "kv_transfer_load_failures",
+         "KV loads that fell short of what the store announced (the rest recomputed)"),
+        (CounterMetricFamily, "kv_transfer_rejected_blocks", "kv_transfer_rejected_blocks",
+         "Stored KV blocks refused (corrupt, or made for another model or format) and deleted"),
+        (CounterMetricFamily, "kv_transfer_saved_blocks", "kv_transfer_saved_blocks",
+         "KV blocks written to the disk tier or a store"),
     )
 
     def __init__(self, metrics: ServerMetrics) -> None:
