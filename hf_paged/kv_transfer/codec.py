@@ -5,7 +5,8 @@
     block_tensors(saved, i)   -> [("0.k", keys[i]), ("0.v", values[i]), ...]    or  ("0.k.<part>", ...)
     stack_blocks([named, ...]) -> the per-layer objects `load_blocks` takes, for those blocks in order
 
-Only full blocks travel (a partial block's staged rows never do).
+Only full blocks travel (a partial block's staged rows never do). `ensure_storage` gives a fresh engine's layers
+their tensors before its first forward, so blocks can be loaded into them.
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ from collections.abc import Sequence
 import torch
 
 from hf_paged.cache.compression.layer import SavedCompressedBlocks, SavedStore
+from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.paged_layer import SavedPlainBlocks
 
-__all__ = ["block_tensors", "is_transferable", "stack_blocks"]
+__all__ = ["block_tensors", "ensure_storage", "is_transferable", "stack_blocks"]
 
 _SIDES = ("k", "v")
 
@@ -61,3 +63,22 @@ def stack_blocks(blocks: Sequence[dict[str, torch.Tensor]], num_layers: int, com
             stores.append(SavedStore(parts))
         layers.append(SavedCompressedBlocks(stores))
     return layers
+
+
+def ensure_storage(cache: PagedCache, model: torch.nn.Module) -> bool:
+    """Whether every layer of `cache` has its tensors. Layers get them at their first forward; before it (a fresh
+    engine after a restart) they are created here when the model sits on one device, as that forward would (the
+    model's dtype and device, the config's KV heads). Elsewhere (several devices, tensor parallelism: a rank holds
+    its own heads) the loads wait for that forward."""
+    layers = cache.block_layers
+    if all(layer.is_initialized for layer in layers):
+        return True
+    devices = {p.device for p in model.parameters()}
+    if len(devices) != 1 or (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return False
+    param, shape = next(model.parameters()), cache.kv_shape
+    empty = torch.empty(1, shape.num_kv_heads, 0, shape.head_dim, dtype=param.dtype, device=param.device)
+    for layer in layers:
+        if not layer.is_initialized:
+            layer.lazy_initialization(empty, empty)
+    return True

@@ -36,7 +36,7 @@ from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.tree_nodes import TreeNode
 from hf_paged.errors import InvalidConfigError
 from hf_paged.kv_transfer.block_format import DecodedBlock, encode_block
-from hf_paged.kv_transfer.codec import block_tensors, is_transferable, stack_blocks
+from hf_paged.kv_transfer.codec import block_tensors, ensure_storage, is_transferable, stack_blocks
 from hf_paged.kv_transfer.fetcher import BlockAsk, BlockFetcher, FetchResult, PendingFetch, read_blocks
 from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprint
 from hf_paged.kv_transfer.stores import KVStore
@@ -178,7 +178,7 @@ class KVConnector:
         bs = self.block_size
         first, limit = num_cached_tokens // bs, (len(token_ids) - 1) // bs
         fetch = self.fetcher.take(seq_id)
-        if num_cached_tokens % bs or limit <= first or not self._has_storage():
+        if num_cached_tokens % bs or limit <= first or not ensure_storage(self.cache, self.model):
             return num_cached_tokens
         blocks, wanted = self._fetched(fetch, first) if fetch is not None else ([], 0)
         if not wanted:  # no background read, or one that cannot serve this table: read now
@@ -239,22 +239,6 @@ class KVConnector:
             for key in self._keys([b.digest for b in blocks]):
                 self.store.delete(key)
             return False
-        return True
-
-    def _has_storage(self) -> bool:
-        """Layers get their tensors at their first forward; before it (a fresh engine after a restart), create them
-        here when the model sits on one device, as the first forward would. Elsewhere wait for that forward."""
-        layers = self.cache.block_layers
-        if all(layer.is_initialized for layer in layers):
-            return True
-        devices = {p.device for p in self.model.parameters()}
-        if len(devices) != 1 or (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return False
-        param, shape = next(self.model.parameters()), self.cache.kv_shape
-        empty = torch.empty(1, shape.num_kv_heads, 0, shape.head_dim, dtype=param.dtype, device=param.device)
-        for layer in layers:
-            if not layer.is_initialized:
-                layer.lazy_initialization(empty, empty)
         return True
 
     # -- worker half: saves (the prefix tree's BlockSink) ---------------------------------------------------
