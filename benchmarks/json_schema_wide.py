@@ -6,7 +6,9 @@ the compiled kernels and llguidance's tokenizer are made once, untimed; then for
 
     ours        what `JSONSchemaLogitsProcessor` does, step by step: `load_schema` (meta-schema check),
                 `schema_to_grammar` with the default `CompileBudget`, the byte automaton, the lazy token index
-                with its initial mask and warm-up (`index_cache._compile`)
+                with its initial mask (`index_cache._compile`); then, timed apart and not counted in the total,
+                what `IndexCache` runs in its background thread once the index is published (`warm_up`: the
+                warm-up masks, a grammar's root rows and per-rule facts)
     llguidance  `grammar_from_json_schema` (its defaults), `LLMatcher`, the first `fill_next_token_bitmask`
 
 timed with `time.process_time` (CPU of the whole process: immune to other load on a shared machine, but counting
@@ -60,6 +62,7 @@ class Timing:
     false_accepts: int = 0
     instances: int = 0
     phases: dict[str, float] = field(default_factory=dict)  # ours: CPU ms per phase (`PHASES`)
+    background_ms: float = 0.0  # ours: CPU ms of `warm_up` after the compile (off the caller's path, not in cpu_ms)
 
 
 class _Guard(Exception):
@@ -95,7 +98,7 @@ def _ours(schema, vocab) -> object:
     finally:  # (the ladder's automata are timed by `_timed_automata`; the rest of the ladder is translation)
         _SPENT["translate"] = time.process_time() - translated - _SPENT.get("rule automata", 0.0)
     indexed = time.process_time()
-    compiled = _compile(regex, vocab)  # byte automaton of a grammar's root, first mask, warm-up masks
+    compiled = _compile(regex, vocab)  # byte automaton of a grammar's root, the first mask
     _SPENT["index"] = time.process_time() - indexed
     return compiled
 
@@ -115,6 +118,15 @@ def _timed_automata() -> None:
             _SPENT["rule automata"] = _SPENT.get("rule automata", 0.0) + time.process_time() - start
 
     ladder.check_automaton = timed
+
+
+def _background(compiled) -> float:
+    """CPU ms of what `IndexCache` runs once the index is published (`index_cache.warm_up`), here on this thread."""
+    from hf_paged.processors.index.index_cache import warm_up
+
+    start = time.process_time()
+    warm_up(compiled)
+    return (time.process_time() - start) * 1e3
 
 
 def _llguidance(schema, ll_tok, bitmask) -> object:
@@ -166,6 +178,8 @@ def run_set(schemas, state: dict, sides: list[str], verbose: bool) -> dict[str, 
             if side == "ours":
                 compiled, ms, status = _timed(_ours, schema, state["vocab"])
                 timing = Timing(name, status == "ok", ms, status, phases={k: v * 1e3 for k, v in _SPENT.items()})
+                if compiled is not None:
+                    timing.background_ms = _background(compiled)
                 if compiled is not None and tests:
                     timing.false_accepts, timing.instances = _false_accepts(compiled, schema, tests, state["tok"])
             else:
@@ -203,7 +217,7 @@ def render(header: str, command: str, results: dict[str, dict[str, list[Timing]]
         "",
         f"Machine: {header}. Command: `{command}`.",
         ("One warm process, GPT-2 vocabulary; CPU ms per schema (`time.process_time`), compile plus the first mask "
-        "(ours: also the warm-up masks of `_compile`). p50/p99/max over the schemas each side compiled; "
+        "(ours: `warm_up`, run after the index is published, apart). p50/p99/max over the schemas each side compiled; "
         f"\"> {_SLOW_MS:.0f}\" counts them; \"max incl. failures\" also counts the time spent on refused schemas."),
         "",
         "| set | side | coverage | p50 ms | p99 ms | max ms | > 300 ms | max incl. failures | false accepts |",
@@ -215,12 +229,14 @@ def render(header: str, command: str, results: dict[str, dict[str, list[Timing]]
             fa = f"{s['false_accepts']} of {s['instances']} instances" if side == "ours" and s["instances"] else "-"
             lines.append(f"| {set_name} | {side} | {s['coverage']} | {s['p50']:.1f} | {s['p99']:.0f} | "
                          f"{s['max']:.0f} | {s['over']} | {s['max_all']:.0f} | {fa} |")
-    lines += ["", "Where ours' time goes (compiled schemas; CPU ms summed over the set, and the median schema's):", "",
-              "| set | " + " | ".join(PHASES) + " |", "|---|" + "---:|" * len(PHASES)]
+    lines += ["", ("Where ours' time goes (compiled schemas; CPU ms summed over the set, and the median schema's; "
+                   "background: `warm_up` after the index is published, not in the totals above):"), "",
+              "| set | " + " | ".join(PHASES) + " | background |", "|---|" + "---:|" * (len(PHASES) + 1)]
     for set_name, by_side in results.items():
         done = [t for t in by_side.get("ours", []) if t.ok]
         cells = [f"{sum(t.phases.get(p, 0.0) for t in done):.0f} ({_median([t.phases.get(p, 0.0) for t in done]):.1f})"
                  for p in PHASES]
+        cells.append(f"{sum(t.background_ms for t in done):.0f} ({_median([t.background_ms for t in done]):.1f})")
         lines.append(f"| {set_name} | " + " | ".join(cells) + " |")
     lines += ["", "Slowest compiled schemas (ours), per set:", ""]
     for set_name, by_side in results.items():

@@ -38,7 +38,10 @@ ANNOTATION_KEYWORDS = frozenset(
 def pointer_join(pointer: str, *tokens: Any) -> str:
     """JSON pointer `pointer` extended by `tokens` (escaped per RFC 6901)."""
     for t in tokens:
-        pointer += "/" + str(t).replace("~", "~0").replace("/", "~1")
+        t = str(t)
+        if "~" in t or "/" in t:
+            t = t.replace("~", "~0").replace("/", "~1")
+        pointer += "/" + t
     return pointer
 
 
@@ -112,6 +115,7 @@ class Context:
     translate: Callable[..., Rx | None] | None = None
     ref_stack: list[str] = field(default_factory=list)  # $ref targets entered on the current path
     ref_index: dict = field(default_factory=dict)  # $id / $anchor -> RefTarget, built on the first $ref
+    resolved: dict = field(default_factory=dict)  # local `#/...` $ref -> RefTarget (`refs.resolve_ref`'s memo)
     draft4: bool = False  # `$schema` says draft-04 (boolean exclusiveMinimum/Maximum)
     validator: Any = None  # jsonschema validator of the root, built on first use (value checks evolve it)
 

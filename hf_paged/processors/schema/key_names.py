@@ -104,13 +104,34 @@ def _walk_parts(node: dict) -> tuple[list[str], int, bool, list[str], int, bool]
 
 
 def _walk_text(node: dict) -> tuple[str | None, int, str | None, int]:
-    """`_walk` as (text, cost) pairs: the parts joined as `alt` joins them."""
-    leave, leave_cost, _, short, short_cost, _ = _walk_parts(node)
+    """`_walk` as (text, cost) pairs: the parts joined as `alt` joins them (`_walk_parts` below the root, in one
+    function: most nodes of a names trie have one kid, and the calls were most of the trie's writing)."""
+    kids = sorted(c for c in node if c) if len(node) > 1 else [c for c in node if c]
+    others = _key_chars_but(tuple(kids))
+    leave, leave_cost = ([], 0) if others is None else ([others], 4)
+    short: list[str] = [] if "" in node else [""]
+    short_cost = 0
+    for c in kids:
+        if c >= " " and c != '"' and c != "\\":
+            below_leave, below_leave_cost, below_short, below_short_cost = _walk_text(node[c])
+            char = c if c.isalnum() and c.isascii() else escape_text(c)  # (`escape_text`'s own shortcut)
+            if below_leave is not None:
+                leave.append(char + below_leave)
+                leave_cost += 1 + below_leave_cost
+            if below_short is not None:
+                short.append(char + below_short)
+                short_cost += 1 + below_short_cost
     if len(leave) > 1:
-        leave, leave_cost = ["(?:" + "|".join(leave) + ")"], leave_cost + len(leave)
+        leave_text: str | None = "(?:" + "|".join(leave) + ")"
+        leave_cost += len(leave)
+    else:
+        leave_text = leave[0] if leave else None
     if len(short) > 1:
-        short, short_cost = ["(?:" + "|".join(short) + ")"], short_cost + len(short)
-    return (leave[0] if leave else None), leave_cost, (short[0] if short else None), short_cost
+        short_text: str | None = "(?:" + "|".join(short) + ")"
+        short_cost += len(short)
+    else:
+        short_text = short[0] if short else None
+    return leave_text, leave_cost, short_text, short_cost
 
 
 @lru_cache(maxsize=4096)

@@ -140,6 +140,7 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
     num_exact = sum(a.prune_cost is None and not a.narrow for a in attempts)
     checked: dict[str, list[int]] = {}  # instance checks, shared by every try (`Context.checked`)
     ref_index: dict = {}  # the document's `$id`s and anchors, indexed once for every try (`Context.ref_index`)
+    resolved: dict = {}  # its local `$ref`s, resolved once for every try (`Context.resolved`)
     failures: set[tuple] = set()  # (pointer, cost) of the cost failures of full-budget tries
     stuck: bool | None = None  # False: the non-pruning tries cannot help
     automaton_error: SchemaTooComplexError | None = None  # the first automaton over its limits
@@ -153,7 +154,7 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
                        translate=translate, prune_cost=attempt.prune_cost, undeclared_keys=undeclared_keys,
                        any_depth=attempt.any_depth, rules={} if attempt.calls else None,
                        min_rule_cost=attempt.rule_cost, budget=budget, checked=checked, ref_index=ref_index,
-                       stop_at_cut=stop_at_cut)
+                       resolved=resolved, stop_at_cut=stop_at_cut)
 
     cut_tries: list[_Attempt] = []  # with calls: flat tries from the first that cut (the fallback: `_first_cut`)
     for n, attempt in enumerate(attempts):

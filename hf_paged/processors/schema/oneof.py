@@ -52,10 +52,12 @@ def types_of(s: Any) -> set[str]:
         return set(TYPES) if s is not False else set()
     t = s.get("type")
     types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else inferred_types(s) or set(TYPES)
-    for key in ("const", "enum"):
-        values = [s["const"]] if key == "const" and key in s else s.get("enum") if key == "enum" else None
+    for values in ([s["const"]] if "const" in s else None, s.get("enum")):
         if isinstance(values, list):
-            types &= {_json_type(v) for v in values} | ({"number"} if any(_json_type(v) == "integer" for v in values) else set())
+            found = {_json_type(v) for v in values}
+            if "integer" in found:  # (an integer value is a number too)
+                found.add("number")
+            types &= found
     if "number" in types:
         types.add("integer")
     return types
@@ -109,7 +111,8 @@ def _disjoint(a: list[Any], b: list[Any]) -> bool:
 
 def _narrow(b: dict, c: Any, none_valid: NoneValid) -> dict | None:
     """b narrowed so that no document of it satisfies c; None when no rule applies."""
-    if c is False or not (types_of(b) & types_of(c)):
+    types_b = types_of(b)  # (b is the same throughout: its types once)
+    if c is False or not (types_b & types_of(c)):
         return b
     if not isinstance(c, dict):
         return None
@@ -119,12 +122,12 @@ def _narrow(b: dict, c: Any, none_valid: NoneValid) -> dict | None:
     if vc is not None and none_valid(vc, b) or vb is not None and none_valid(vb, c):
         return b  # a finite side none of whose values the other side accepts
     items_b, items_c = b.get("items"), c.get("items")
-    if (types_of(b) == {"array"} and isinstance(items_b, dict) and isinstance(items_c, dict)
+    if (types_b == {"array"} and isinstance(items_b, dict) and isinstance(items_c, dict)
             and "prefixItems" not in b and "prefixItems" not in c  # (else `items` skips the first items)
             and not (types_of(items_b) & types_of(items_c))):
         # only the empty array can satisfy both: b's arrays keep at least one item
         return b if b.get("minItems", 0) >= 1 else dict(b, minItems=1)
-    objects_only = types_of(b) == {"object"}
+    objects_only = types_b == {"object"}
     props_b, props_c = b.get("properties", {}), c.get("properties", {})
     if not (isinstance(props_b, dict) and isinstance(props_c, dict)):
         return None

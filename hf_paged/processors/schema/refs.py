@@ -80,6 +80,16 @@ def resolve_ref(ref: Any, ctx: Context, pointer: str) -> RefTarget:
         nested = ids[_NESTED_BASE]
         ctx.unsupported("$id", nested.pointer, f"a nested `$id` ({nested.schema!r}) changes the base URI of "
                         "references; remove nested `$id`s or make them fragments")
+    if ref.startswith("#/"):  # a local pointer names the same target from anywhere: resolved once per compile
+        found = ctx.resolved.get(ref)
+        if found is None:
+            found = ctx.resolved[ref] = _resolve(ref, ctx, pointer)
+        return found
+    return _resolve(ref, ctx, pointer)
+
+
+def _resolve(ref: str, ctx: Context, pointer: str) -> RefTarget:
+    ids = ctx.ref_index
     base, _, fragment = ref.partition("#")
     if ref.startswith("#") and not ref.startswith("#/") and ref != "#" and ref in ids:
         return ids[ref]
