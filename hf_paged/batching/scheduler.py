@@ -262,6 +262,7 @@ class Scheduler:
         cached = self.kv.add_sequence(request.request_id, tokens, self.extra_keys(request))
         if self.kv_transfer is not None:  # blocks past the local hit that a store holds: loaded, not recomputed
             cached = self.kv_transfer.load_prefix(request.request_id, tokens, self.extra_keys(request), cached)
+        cached += self.kv.take_partial_block(request.request_id, tokens, self.extra_keys(request))  # + a block's start
         request.num_computed_tokens = cached
         if request.num_preemptions == 0:
             request.num_cached_tokens = cached

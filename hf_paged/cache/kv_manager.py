@@ -48,6 +48,9 @@ class KVCacheManager:
         self.prefix_cache = prefix_cache
         self.seqs: dict[Hashable, SeqBlocks] = {}
         self.pending_copies: list[BlockCopy] = []
+        # `take_partial_block` may share a cached block a sequence uses only the start of (plain blocks: a
+        # compressed layer's partial block must stay in its full-precision staging, so the paged cache turns it off)
+        self.partial_reuse = True
 
     # -- queries ---------------------------------------------------------------------------------------
     def __contains__(self, seq_id: Hashable) -> bool:
@@ -105,6 +108,25 @@ class KVCacheManager:
             seq.num_tokens = match.num_tokens
             seq.num_cached_blocks = len(match.block_ids)
         return match.num_tokens
+
+    def take_partial_block(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple = ()) -> int:
+        """Past a prefix hit of full blocks (`add_sequence`): the cached block that goes on with the most of the
+        sequence's next tokens (never its last token: its logits are needed) becomes its last block, shared, and
+        those tokens count as computed; the sequence's first write copies the block (copy-on-write), so the cache's
+        block stays as it is. Reuse past the last full block, as SGLang's token tree gives. Returns the tokens."""
+        seq = self.seqs[seq_id]
+        start = seq.num_tokens
+        if (not self.partial_reuse or self.prefix_cache is None or start != len(seq.block_ids) * self.block_size
+                or len(token_ids) - 1 <= start):
+            return 0
+        block_id, n = self.prefix_cache.partial_block(seq.block_ids[-1] if seq.block_ids else None,
+                                                      token_ids[start : len(token_ids) - 1], extra_keys)
+        if n == 0:
+            return 0
+        self.pool.incref([block_id])
+        seq.block_ids.append(block_id)
+        seq.num_tokens += n
+        return n
 
     def allocate_slots(self, seq_id: Hashable, num_new_tokens: int) -> bool:
         """Claim slots for `num_new_tokens` more tokens; False (and no change) when the pool cannot hold them."""

@@ -89,6 +89,7 @@ class PagedCache(Cache):
 
             radix = RadixCache(self.pool, self.block_size, policy=cfg.prefix_eviction_policy)
         self.manager = KVCacheManager(self.pool, self.block_size, radix)
+        self.manager.partial_reuse = not self.compressed  # a compressed layer's partial block lives in its staging
         self.rows = StockRows(self.manager, self.kv_shape.num_layers, cfg, apply_copies=self.apply_pending_copies)
         # The planner's maps are small and always there (`staging`, `slots`); only compressed layers use them.
         self.planner = CompressedPlanner(self.compression, self.num_blocks, self.manager)

@@ -10,14 +10,12 @@ keys), never on the digest alone. The tree takes no references: the caller `pool
 only marks its blocks cached in the pool and, as the pool's `Evictor`, gives idle ones back, leaves first, in
 policy order.
 
-Eviction order comes from an `EvictionQueue` (eviction_policy.py). A node enters it when created; touches only
-update the node's statistics, which the queue reads lazily. `listen()` turns on a bounded log of stored / removed /
-cleared blocks (block_events.py) for a router; off, it costs one attribute test per stored or removed block.
-`block_sink` (a `BlockSink`, set by the KV connector of `kv_transfer/`) is told of the blocks each insert stores and
-each eviction removes, while their K/V are still in the pool.
-A valued policy ("cost") also gets a churn clock (blocks newly cached / pool blocks), an inflation floor (the
-value of the last evicted block) and a ghost history of evicted blocks' reuse (ghost_history.py); the others
-pay one attribute test per touch, insert and eviction.
+Eviction order comes from an `EvictionQueue` (eviction_policy.py): a node enters it when created, touches update
+its statistics, read lazily. `listen()`: a bounded log of stored / removed / cleared blocks (block_events.py) for a
+router. `block_sink` (the KV connector's, `kv_transfer/`) hears of blocks stored and evicted while they hold K/V.
+A valued policy ("cost") also gets a churn clock (blocks newly cached / pool blocks), an inflation floor (the value
+of the last evicted block) and a ghost history of evicted blocks' reuse (ghost_history.py).
+`partial_block`: past a match, the cached block sharing the most of the next tokens (a caller copies them).
 """
 
 from __future__ import annotations
@@ -30,9 +28,10 @@ from hf_paged.cache.digests import chained_digest, encode_extra_keys, prefix_dig
 from hf_paged.cache.eviction_policy import EvictionPolicy, EvictionQueue, make_eviction_policy
 from hf_paged.cache.ghost_history import GhostHistory
 from hf_paged.cache.prefix_pins import PinnedPrefixes
-from hf_paged.cache.tree_nodes import BlockSink, InsertResult, PrefixMatch, TreeNode, TreeWalk
+from hf_paged.cache.tree_nodes import BlockSink, InsertResult, PrefixMatch, TreeNode, TreeWalk, longest_partial_child
 
 __all__ = ["InsertResult", "PrefixMatch", "RadixCache", "prefix_digests"]
+_PARTIAL_SCAN = 32  # children `partial_block` compares at most (bounded work at a node with many children)
 
 
 class RadixCache:
@@ -112,6 +111,14 @@ class RadixCache:
         self.num_hit_tokens += len(path) * bs
         return PrefixMatch(block_ids=[n.block_id for n in path], num_tokens=len(path) * bs)
 
+    def partial_block(self, after: int | None, token_ids: Sequence[int], extra_keys: tuple = ()) -> tuple[int, int]:
+        """(block id, tokens) of the cached block following block `after` (None: the root) that begins with the
+        most of `token_ids`, fewer than a block; (-1, 0) if none. Refreshes and counts nothing (the caller copies)."""
+        node = self._root if after is None else self._node_of_block.get(after)
+        child, n = (None, 0) if node is None else longest_partial_child(
+            node, [int(t) for t in token_ids[: self.block_size - 1]], tuple(extra_keys), _PARTIAL_SCAN)
+        return (child.block_id, n) if child is not None else (-1, 0)
+
     def digests(self, token_ids: Sequence[int], extra_keys: tuple = ()) -> list[bytes]:
         """Chained digests of the full blocks of `token_ids` with this cache's block size."""
         return prefix_digests(token_ids, self.block_size, extra_keys)
@@ -123,11 +130,9 @@ class RadixCache:
         return len(self._walk(token_ids, extra_keys, digests).path) * self.block_size
 
     def cached_digests(self, limit: int | None = None) -> list[bytes]:
-        """Digests of up to `limit` cached blocks, most recently used first, every block after its parent.
-
-        Any leading slice of the answer is closed under prefixes (a parent is never used less recently than its
-        child), so a capped list never names a block whose prefix it omits: what a replica reports for routing.
-        """
+        """Digests of up to `limit` cached blocks, most recently used first, every block after its parent: any
+        leading slice of the answer is closed under prefixes (a parent is never used less recently than its child),
+        so a capped list never names a block whose prefix it omits: what a replica reports for routing."""
         nodes = list(self._node_of_block.values())  # one C-level copy: safe while another thread inserts
         nodes.sort(key=lambda n: (-n.last_access, n.depth))
         return [n.digest for n in (nodes if limit is None else nodes[: max(0, limit)])]  # type: ignore[misc]

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["BlockSink", "InsertResult", "PrefixMatch", "TreeNode", "TreeWalk"]
+__all__ = ["BlockSink", "InsertResult", "PrefixMatch", "TreeNode", "TreeWalk", "longest_partial_child"]
 
 
 class BlockSink(Protocol):
@@ -67,3 +67,24 @@ class TreeNode:
     reuse: float = 1.0  # decayed uses of this prefix (insert + hits) as of reuse_clock
     reuse_clock: float = 0.0  # churn clock (pool turnovers) when reuse was last counted
     pins: int = 0  # pins covering this block (`pin`): each holds one pool reference, so it is never evicted
+
+
+def longest_partial_child(node: TreeNode, tokens: Sequence[int], extra_keys: tuple,
+                          limit: int) -> tuple[TreeNode | None, int]:
+    """The child of `node` whose block begins with the longest run of `tokens` (fewer than a block), and that
+    run's length; (None, 0) when no child shares even the first token. At most `limit` children are compared (in
+    insertion order), so a node with thousands of children costs a bounded amount of work per query."""
+    best, best_len = None, 0
+    for i, child in enumerate(node.children.values()):
+        if i == limit:
+            break
+        if child.extra_keys != extra_keys or not tokens or child.token_ids[0] != tokens[0]:
+            continue
+        n = 0
+        for a, b in zip(child.token_ids, tokens):
+            if a != b:
+                break
+            n += 1
+        if n > best_len:
+            best, best_len = child, n
+    return best, best_len

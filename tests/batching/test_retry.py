@@ -50,11 +50,12 @@ def test_a_refused_attempt_reruns_with_a_new_seed_and_a_prefix_hit():
     assert first.generated_tokens != second.generated_tokens  # another seed, another document
     assert out.generated_tokens == second.generated_tokens and out.finish_reason == second.finish_reason == "stop"
     assert seen == [tok.decode(a.generated_tokens, skip_special_tokens=True) for a in out.attempts]
-    assert first.num_cached_tokens == 0 and second.num_cached_tokens == 32  # the prompt's 4 full blocks, reused
-    assert out.num_cached_tokens == 32
+    # every prompt token but the last, reused: 4 full blocks and 4 tokens copied from the first attempt's fifth
+    assert first.num_cached_tokens == 0 and second.num_cached_tokens == 36
+    assert out.num_cached_tokens == 36
     stats = engine.stats()
     assert stats["retries"] == stats["retried_requests"] == 1
-    assert stats["requests_finished"] == 1 and stats["prompt_tokens_cached"] == 32
+    assert stats["requests_finished"] == 1 and stats["prompt_tokens_cached"] == 36
 
 
 def test_retries_exhausted_return_the_last_attempt():

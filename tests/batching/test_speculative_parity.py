@@ -47,7 +47,9 @@ def test_prompt_lookup_parity_with_chunked_prefill_preemption_and_prefix_hits(fa
     assert [o.generated_tokens for o in outs] == expected, name
     stats = engine.stats()
     assert stats["preemptions"] > 0 and stats["prompt_tokens_cached"] > 0, stats
-    assert stats["draft_tokens"] > stats["accepted_tokens"] > 0, stats  # drafts kept and drafts rolled back
+    # drafts kept (and, in most families' runs, some rolled back: how many depends on the schedule, and a run where
+    # every proposed draft is right is fine; rejection itself is test_speculative's `test_rejected_drafts_...`)
+    assert stats["draft_tokens"] >= stats["accepted_tokens"] > 0, stats
     assert stats["steps"] > max(len(p) for p in prompts) // 16  # chunked
     assert engine.cache.pool.num_used_blocks == 0  # every block back (the cached ones idle, reusable)
 
