@@ -75,9 +75,12 @@ class ByteDFA:
         """Nothing to do: every row is built."""
 
     @classmethod
-    def from_arrays(cls, transitions: np.ndarray, initial: int, finals: np.ndarray) -> ByteDFA:
-        """Rebuild from the saved arrays (the loop sets are derived)."""
+    def from_arrays(cls, transitions: np.ndarray, initial: int, finals: np.ndarray, *, loops: bool = True) -> ByteDFA:
+        """Rebuild from the saved arrays (the loop sets are derived; `loops=False`: left empty, [0, 4], for an owner
+        that derives them itself, a grammar's rule on first need)."""
         transitions = np.ascontiguousarray(transitions, dtype=np.int32)
+        if not loops:
+            return cls(transitions, int(initial), np.asarray(finals, dtype=bool), np.zeros((0, 4), dtype=np.uint64))
         states = np.arange(transitions.shape[0], dtype=np.int32)[:, None]
         return cls(transitions, int(initial), np.asarray(finals, dtype=bool), byte_sets(transitions == states))
 
@@ -133,8 +136,9 @@ def build_byte_dfa(anchored_regex: str, *, fresh: bool = False, budget: CompileB
     Our compiler (`compile_regex`) builds it, counting its work against `budget` (default: a fresh `CompileBudget`);
     syntax that only Rust's parser reads right (`\\p{..}`, nested classes, ...) is built by outlines-core, after
     the caller's size check (`build.check_regex_size`). `fresh=True` builds it even when memoised
-    (benchmarks time the build). `owned=True`: built afresh and kept out of the memo, so the caller may change it
-    (a grammar's rules: `grammar_rules` memoises them itself, their call edges cut out in place).
+    (benchmarks time the build). `owned=True`: built afresh and kept out of the memo, so the caller may change it,
+    its loop sets left empty (a grammar's rules: `grammar_rules` memoises them itself, their call edges cut out in
+    place, their loop sets derived on first need).
 
     Raises:
         InvalidRegexError: the pattern does not parse, or uses look-around / back-references.
@@ -162,7 +166,7 @@ def build_byte_dfa(anchored_regex: str, *, fresh: bool = False, budget: CompileB
         dense = compile_regex(inner, meter)
         if dense is None:
             raise UnsatisfiableSchemaError(f"the regex {inner[:200]!r} matches no text; check the schema/regex")
-        dfa = ByteDFA.from_arrays(dense.transitions, 0, dense.finals)
+        dfa = ByteDFA.from_arrays(dense.transitions, 0, dense.finals, loops=not owned)
     except Unsupported:
         dfa = _outlines_byte_dfa(anchored_regex)
     except SchemaTooComplexError as exc:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from hf_paged.errors import InvalidRegexError
-from hf_paged.processors.automaton.byte_dfa import anchored, build_byte_dfa
+from hf_paged.processors.automaton.byte_dfa import anchored, build_byte_dfa, byte_sets
 from hf_paged.processors.automaton.grammar import DIGITS, MARK, WIDTH, Grammar
 from hf_paged.processors.budget import CompileBudget
 
@@ -27,11 +27,28 @@ class Rule:
     dead: int
     initial: int
     finals: np.ndarray  # bool [S + 1]
-    loops: np.ndarray  # uint64 [S + 1, 4]: the bytes that keep a state where it is
-    has_loops: np.ndarray  # bool [S + 1]
     calls: dict[int, list[tuple[int, int]]]  # state -> [(callee rule, state to return to)]
     has_calls: np.ndarray  # bool [S + 1]
     multibyte: np.ndarray | None = None  # `utf8.multibyte_ends` of every state, on first need
+    _loops: np.ndarray | None = None  # `loops`, on first need
+    _has_loops: np.ndarray | None = None  # `has_loops`, on first need
+
+    @property
+    def loops(self) -> np.ndarray:
+        """uint64 [S + 1, 4]: the bytes that keep a state where it is. Derived on first need (when decoding first
+        builds the rule's rows): most rules of a big grammar are not reached by the first mask, and the compile
+        never reads them. (Computed twice by two threads at once: the same value.)"""
+        if self._loops is None:
+            states = np.arange(self.table.shape[0], dtype=np.int32)[:, None]
+            self._loops = byte_sets(self.table == states)
+        return self._loops
+
+    @property
+    def has_loops(self) -> np.ndarray:
+        """bool [S + 1]: whether a state has any byte in `loops`."""
+        if self._has_loops is None:
+            self._has_loops = self.loops.any(axis=1)
+        return self._has_loops
 
 
 def _compile_rule(text: str, budget: CompileBudget) -> Rule:
@@ -44,14 +61,15 @@ def _compile_rule(text: str, budget: CompileBudget) -> Rule:
     if hit is not None:
         budget.spend("work", hit[1])
         return hit[0]
-    dfa = build_byte_dfa(anchored(text), budget=budget, owned=True)  # (its own: the mark edges are cut in place)
+    dfa = build_byte_dfa(anchored(text), budget=budget, owned=True)  # (its own: the mark edges are cut in place;
+    # its loop sets are left to `Rule.loops`)
     table, dead = dfa.transitions, dfa.dead
     calls = _call_edges(table, dead)
     if calls:
         table[:, MARK] = dead
     has_calls = np.zeros(table.shape[0], dtype=bool)
     has_calls[list(calls)] = True
-    rule = Rule(table, dead, dfa.initial, dfa.finals, dfa.loops, dfa.loops.any(axis=1), calls, has_calls)
+    rule = Rule(table, dead, dfa.initial, dfa.finals, calls, has_calls)
     global _texts_bytes
     with _RULES_LOCK:
         if text not in _TEXTS:

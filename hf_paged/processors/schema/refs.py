@@ -28,29 +28,38 @@ class RefTarget:
 
 
 def _index_ids(node: Any, pointer: str, out: dict[str, RefTarget], ref_overrides: bool = False,
-               nested: str | None = None) -> None:
+               nested: str | None = None, path: list | None = None) -> None:
     """Index `$id`s and `$anchor`s. `ref_overrides`: drafts up to 7, where a `$ref` makes its siblings (its `$id`
     too) ignored. `nested`: the `$id` of the sub-resource we are in, whose anchors a bare `#name` from the root
-    cannot reach (indexed as `<id>#name` instead). A `$dynamicAnchor` is also a plain anchor for `$ref`."""
+    cannot reach (indexed as `<id>#name` instead). A `$dynamicAnchor` is also a plain anchor for `$ref`. `path`:
+    the tokens from `pointer` down to `node` (the pointer is spelled only where something is indexed: the walk
+    visits every node of the document)."""
+    path = [] if path is None else path
     if isinstance(node, dict):
         for key in () if ref_overrides and "$ref" in node else ("$id", "id"):
             v = node.get(key)
             if isinstance(v, str) and v:
-                out.setdefault(v.rstrip("#"), RefTarget(node, pointer))
-                if pointer != "#" and not v.startswith("#"):
+                here = pointer_join(pointer, *path)
+                out.setdefault(v.rstrip("#"), RefTarget(node, here))
+                if here != "#" and not v.startswith("#"):
                     nested = v.rstrip("#")
                     if _has_ref(node):
                         # the references inside it resolve against another base URI: we do not track scopes
-                        out[_NESTED_BASE] = RefTarget(v, pointer)
+                        out[_NESTED_BASE] = RefTarget(v, here)
         for anchor in (node.get("$anchor"), node.get("$dynamicAnchor")):
             if isinstance(anchor, str):
-                out.setdefault(f"{nested or ''}#{anchor}", RefTarget(node, pointer))
+                out.setdefault(f"{nested or ''}#{anchor}", RefTarget(node, pointer_join(pointer, *path)))
         for k, v in node.items():
-            if k not in ("enum", "const", "default", "examples"):
-                _index_ids(v, pointer_join(pointer, k), out, ref_overrides, nested)
+            if k not in ("enum", "const", "default", "examples") and isinstance(v, (dict, list)):
+                path.append(k)
+                _index_ids(v, pointer, out, ref_overrides, nested, path)
+                path.pop()
     elif isinstance(node, list):
         for i, v in enumerate(node):
-            _index_ids(v, pointer_join(pointer, i), out, ref_overrides, nested)
+            if isinstance(v, (dict, list)):
+                path.append(i)
+                _index_ids(v, pointer, out, ref_overrides, nested, path)
+                path.pop()
 
 
 _NESTED_BASE = "\x00nested-base"
