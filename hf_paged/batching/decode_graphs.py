@@ -84,7 +84,8 @@ class DecodeGraphs:
         """Whether this step is one the graphs replay (module docstring); host values only, no device sync."""
         n = metadata.num_seqs
         return (self.disabled is None and num_tokens == n <= self.buckets[-1] and len(logits_rows) == n
-                and logits_rows[-1] == n - 1 and not metadata.observed and not metadata.hidden
+                and list(logits_rows) == list(range(n))  # row i is request i (a scored row elsewhere is not)
+                and not metadata.observed and not metadata.hidden
                 and metadata.block_tables.shape[1] <= self.width
                 and all(type(layer) is PagedLayer and layer.key_cache is not None for layer in self.layers))
 
