@@ -18,6 +18,7 @@ xgrammar or llguidance); `grammar_dfa.GrammarDFA` is its automaton.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 __all__ = ["MARK", "MAX_RULES", "Grammar", "call_regex", "describe", "inline_grammar"]
 
@@ -27,8 +28,10 @@ WIDTH = 3
 MAX_RULES = len(DIGITS) ** WIDTH
 
 
+@lru_cache(maxsize=MAX_RULES)
 def call_regex(rule: int) -> str:
-    """The regex text of a call to rule number `rule` (1 .. MAX_RULES - 1)."""
+    """The regex text of a call to rule number `rule` (1 .. MAX_RULES - 1); memoised (a translation writes a call
+    wherever a rule is used)."""
     if not 0 < rule < MAX_RULES:
         raise ValueError(f"rule number {rule} out of range 1..{MAX_RULES - 1}")
     digits = []

@@ -109,10 +109,11 @@ def _disjoint(a: list[Any], b: list[Any]) -> bool:
     return not any(same_json(x, y) for x in a for y in b)
 
 
-def _narrow(b: dict, c: Any, none_valid: NoneValid) -> dict | None:
-    """b narrowed so that no document of it satisfies c; None when no rule applies."""
+def _narrow(b: dict, c: Any, none_valid: NoneValid, types_c: set[str] | None = None) -> dict | None:
+    """b narrowed so that no document of it satisfies c; None when no rule applies. `types_c`: `types_of(c)`, when
+    the caller has it."""
     types_b = types_of(b)  # (b is the same throughout: its types once)
-    if c is False or not (types_b & types_of(c)):
+    if c is False or not (types_b & (types_of(c) if types_c is None else types_c)):
         return b
     if not isinstance(c, dict):
         return None
@@ -152,6 +153,7 @@ def _narrow(b: dict, c: Any, none_valid: NoneValid) -> dict | None:
 def narrow_exclusive(options: list[list[Any]], none_valid: NoneValid) -> list[list[Any]] | None:
     """Narrow every flattened branch of every `oneOf` option against all branches of the other options."""
     out: list[list[Any]] = []
+    types: dict[tuple[int, int], set[str]] = {}  # (option, branch) -> its `types_of`, once (every other branch reads it)
     for i, subs in enumerate(options):
         narrowed = []
         for b in subs:
@@ -162,8 +164,11 @@ def narrow_exclusive(options: list[list[Any]], none_valid: NoneValid) -> list[li
             for j, others in enumerate(options):
                 if j == i:
                     continue
-                for c in others:
-                    nb = _narrow(b, c, none_valid)
+                for k, c in enumerate(others):
+                    types_c = types.get((j, k))
+                    if types_c is None and c is not False:
+                        types_c = types[j, k] = types_of(c)
+                    nb = _narrow(b, c, none_valid, types_c)
                     if nb is None:
                         return None
                     b = nb
