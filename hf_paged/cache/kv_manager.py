@@ -113,7 +113,9 @@ class KVCacheManager:
         """Past a prefix hit of full blocks (`add_sequence`): the cached block that goes on with the most of the
         sequence's next tokens (never its last token: its logits are needed) becomes its last block, shared, and
         those tokens count as computed; the sequence's first write copies the block (copy-on-write), so the cache's
-        block stays as it is. Reuse past the last full block, as SGLang's token tree gives. Returns the tokens."""
+        block stays as it is. Reuse past the last full block, as SGLang's token tree gives, when it saves at least
+        a quarter of a block (a prompt sharing only its first token or two with a cached one is not worth a copy).
+        Returns the tokens."""
         seq = self.seqs[seq_id]
         start = seq.num_tokens
         if (not self.partial_reuse or self.prefix_cache is None or start != len(seq.block_ids) * self.block_size
@@ -121,7 +123,7 @@ class KVCacheManager:
             return 0
         block_id, n = self.prefix_cache.partial_block(seq.block_ids[-1] if seq.block_ids else None,
                                                       token_ids[start : len(token_ids) - 1], extra_keys)
-        if n == 0:
+        if n < max(2, self.block_size // 4):  # a block copy worth making: a quarter of a block, 2 tokens at least
             return 0
         self.pool.incref([block_id])
         seq.block_ids.append(block_id)

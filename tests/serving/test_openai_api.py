@@ -52,7 +52,8 @@ def test_completion_matches_the_engine_and_reports_usage(client, engine, tiny_lm
 
 
 def test_cached_prompt_tokens_are_reported(client):
-    prompt = "import os\nimport sys\n" * 8  # 320+ bytes: many full blocks
+    # 320+ bytes: many full blocks; its own first line, so no earlier test's cached block shares its start
+    prompt = "# cached-tokens test\n" + "import os\nimport sys\n" * 8
     first = client.completions.create(model="tiny-lm", prompt=prompt, max_tokens=4, temperature=0)
     second = client.completions.create(model="tiny-lm", prompt=prompt, max_tokens=4, temperature=0)
     assert first.usage.prompt_tokens_details.cached_tokens == 0
