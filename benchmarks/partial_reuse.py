@@ -1,7 +1,8 @@
 """Reuse past the last full block (issue 41, point 6), on vs off, side by side in one run.
 
-With it, a prompt that shares part of a cached block (a system prompt that ends mid-block, then a question) copies
-those tokens' K/V into its own block instead of recomputing them; off, only whole blocks are reused. Workloads
+With it, a prompt that shares part of a cached block (a system prompt that ends mid-block, then a question; a
+chat's next turn, whose history ends in the last turn's cached partial block) copies those tokens' K/V into its own
+block instead of recomputing them; off, only whole blocks are reused. Workloads
 (`hf_paged.cli.workloads`), each over 3 seeds, on and off interleaved per seed:
   (a) shared 1000-token prefix + 64 questions (prefix ends 8 tokens into a 16-token block)
   (b) shared 700-token prefix + 64 questions (ends 12 tokens in)

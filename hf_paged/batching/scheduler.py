@@ -114,7 +114,9 @@ class Scheduler:
             self.running.remove(request)
         else:
             self.waiting = [item for item in self.waiting if item[1] is not request]
-        if request.request_id in self.kv:
+        if request.request_id in self.kv:  # its last partial block first, for a prompt that goes on from it
+            self.kv.cache_tail(request.request_id, request.all_token_ids[: request.num_computed_tokens],
+                               self.extra_keys(request))
             self.kv.free(request.request_id)
         if self.kv_transfer is not None:
             self.kv_transfer.forget(request.request_id)

@@ -203,6 +203,22 @@ class KVCacheManager:
         seq.num_tokens = min(seq.num_tokens, num_tokens)
         seq.num_cached_blocks = min(seq.num_cached_blocks, keep_blocks)
 
+    def cache_tail(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple = ()) -> bool:
+        """Before `free`: offer the sequence's last, partial block to the prefix cache (`RadixCache.insert_tail`)
+        so a prompt that goes on from its tokens (a chat's next turn) copies them (`take_partial_block`).
+        `token_ids`: its computed tokens. Only when its full blocks are all cached, nothing was pruned, and the
+        tail is worth a copy (the `take_partial_block` threshold). Returns whether the tail was cached."""
+        seq = self.seqs.get(seq_id)
+        if seq is None or not self.partial_reuse or self.prefix_cache is None or seq.num_dropped_tokens \
+                or seq.num_prefix_blocks is not None:
+            return False
+        n = min(len(token_ids), seq.num_tokens)
+        full, tail = divmod(n, self.block_size)
+        if tail < max(2, self.block_size // 4) or seq.num_cached_blocks != full or len(seq.block_ids) <= full:
+            return False
+        return self.prefix_cache.insert_tail(token_ids[:n], seq.block_ids[: full + 1], extra_keys,
+                                             epoch=seq.cache_epoch)
+
     def free(self, seq_id: Hashable) -> None:
         """Give a sequence's blocks back, tail first (so LRU order evicts suffixes before prefixes)."""
         seq = self.seqs.pop(seq_id)

@@ -28,6 +28,7 @@ from hf_paged.cache.digests import chained_digest, encode_extra_keys, prefix_dig
 from hf_paged.cache.eviction_policy import EvictionPolicy, EvictionQueue, make_eviction_policy
 from hf_paged.cache.ghost_history import GhostHistory
 from hf_paged.cache.prefix_pins import PinnedPrefixes
+from hf_paged.cache.tree_checks import check_tree
 from hf_paged.cache.tree_nodes import BlockSink, InsertResult, PrefixMatch, TreeNode, TreeWalk, longest_partial_child
 
 __all__ = ["InsertResult", "PrefixMatch", "RadixCache", "prefix_digests"]
@@ -92,8 +93,7 @@ class RadixCache:
         return len(self._node_of_block)
 
     @property
-    def num_ghosts(self) -> int:
-        """Evicted blocks whose reuse the "cost" policy remembers (0 for the other policies)."""
+    def num_ghosts(self) -> int:  # evicted blocks whose reuse the "cost" policy remembers (0 for the others)
         return len(self.ghosts) if self.ghosts is not None else 0
 
     # -- lookup ----------------------------------------------------------------------------------------
@@ -133,13 +133,13 @@ class RadixCache:
         """Digests of up to `limit` cached blocks, most recently used first, every block after its parent: any
         leading slice of the answer is closed under prefixes (a parent is never used less recently than its child),
         so a capped list never names a block whose prefix it omits: what a replica reports for routing."""
-        nodes = list(self._node_of_block.values())  # one C-level copy: safe while another thread inserts
+        nodes = [n for n in list(self._node_of_block.values()) if len(n.token_ids) == self.block_size]  # no tails
         nodes.sort(key=lambda n: (-n.last_access, n.depth))
         return [n.digest for n in (nodes if limit is None else nodes[: max(0, limit)])]  # type: ignore[misc]
 
     def cached_nodes(self) -> list[TreeNode]:
         """Every cached block's node (digest, block id, token ids), a copy: what a KV connector saves at shutdown."""
-        return list(self._node_of_block.values())
+        return [n for n in list(self._node_of_block.values()) if len(n.token_ids) == self.block_size]
 
     def is_inflight(self, token_ids: Sequence[int], extra_keys: tuple, inflight_digests: Collection[bytes],
                     digests: Sequence[bytes] | None = None) -> bool:
@@ -202,18 +202,8 @@ class RadixCache:
                 digest = chained_digest(node.digest, tokens, extra)
                 child = node.children.get(digest)
                 if child is None:
-                    self._check_insertable(block_id)
-                    child = TreeNode(tokens, block_id, digest, node, extra_keys, node.depth + 1)
-                    node.children[digest] = child
-                    self._node_of_block[block_id] = child
-                    self.pool.mark_cached(block_id)
+                    child = self._add_node(node, tokens, block_id, digest, extra_keys)
                     new_nodes.append(child)
-                    if self._valuer is not None:
-                        self._num_stored += 1
-                        remembered = self.ghosts.pop(digest) if self.ghosts is not None else None
-                        self._valuer.on_insert(child, remembered, self._churn())
-                    if self.events is not None:
-                        self.events.record(BlockEventKind.STORED, digest)
                 elif child.token_ids != tokens or child.extra_keys != extra_keys:
                     break  # a digest collision: the resident entry stays, the rest of this sequence stays private
                 elif child.block_id != block_id:
@@ -227,6 +217,46 @@ class RadixCache:
         if self.block_sink is not None and new_nodes:
             self.block_sink.blocks_stored(new_nodes)
         return InsertResult(len(new_nodes), [n.block_id for n in path], duplicates)
+
+    def insert_tail(self, token_ids: Sequence[int], block_ids: Sequence[int], extra_keys: tuple = (), *,
+                    epoch: int | None = None) -> bool:
+        """Cache a sequence's last, partial block (its full ones cached by `insert` first) as a leaf that only
+        `partial_block` finds: the next turn of a chat, or a program's next call, copies its start instead of
+        recomputing it. Tails are the engine's own: routers' events, summaries and KV transfer see full blocks only.
+        False when nothing was cached (no partial block, its parent block not in the tree, a tail cached already)."""
+        bs, extra_keys, full = self.block_size, tuple(extra_keys), len(token_ids) // self.block_size
+        tail = tuple(map(int, token_ids[full * bs :]))
+        if (epoch is not None and epoch != self.epoch) or not tail or len(block_ids) <= full:
+            return False
+        parent = self._node_of_block.get(int(block_ids[full - 1])) if full else self._root  # the tree's block?
+        last = tuple(map(int, token_ids[(full - 1) * bs : full * bs]))
+        if parent is None or full and (parent.extra_keys != extra_keys or parent.token_ids != last):
+            return False
+        digest = chained_digest(parent.digest, tail, encode_extra_keys(extra_keys))
+        if digest in parent.children or int(block_ids[full]) in self._node_of_block:
+            return False
+        path = [self._add_node(parent, tail, int(block_ids[full]), digest, extra_keys)]
+        while path[-1].parent is not self._root:
+            path.append(path[-1].parent)  # type: ignore[arg-type]
+        self._touch(path[::-1], hit=False)
+        self._queue.push(path[0])
+        return True
+
+    def _add_node(self, parent: TreeNode, tokens: tuple[int, ...], block_id: int, digest: bytes,
+                  extra_keys: tuple) -> TreeNode:
+        """A new node under `parent` for an in-use block (the caller touches and queues it)."""
+        self._check_insertable(block_id)
+        child = TreeNode(tokens, block_id, digest, parent, extra_keys, parent.depth + 1)
+        parent.children[digest] = child
+        self._node_of_block[block_id] = child
+        self.pool.mark_cached(block_id)
+        if self._valuer is not None:
+            self._num_stored += 1
+            remembered = self.ghosts.pop(digest) if self.ghosts is not None else None
+            self._valuer.on_insert(child, remembered, self._churn())
+        if self.events is not None and len(tokens) == self.block_size:
+            self.events.record(BlockEventKind.STORED, digest)
+        return child
 
     def _check_insertable(self, block_id: int) -> None:
         if not 0 <= block_id < self.pool.num_blocks:
@@ -325,9 +355,10 @@ class RadixCache:
             self.inflation = max(self.inflation, node.value)
             if self.ghosts is not None:
                 self.ghosts.record(node.digest, self._valuer.remember(node))
-        if self.events is not None:
+        full = len(node.token_ids) == self.block_size  # a tail (`insert_tail`) is the engine's own
+        if self.events is not None and full:
             self.events.record(BlockEventKind.REMOVED, node.digest)
-        if self.block_sink is not None:
+        if self.block_sink is not None and full:
             self._departed.append(node)
 
     def _drop_subtree(self, top: TreeNode) -> list[int]:
@@ -347,10 +378,7 @@ class RadixCache:
 
     def reset(self) -> int:
         """Forget every entry (the weights changed). In-use blocks keep working, uncached; idle ones become free.
-
-        Bumps `epoch`, so inserts from requests that started before (stale KV) are refused. Returns the number of
-        entries dropped.
-        """
+        Bumps `epoch`, so inserts from requests that started before (stale KV) are refused. Returns the entries."""
         dropped = list(self._node_of_block.values())
         for node in dropped:
             node.attached = False
@@ -368,32 +396,5 @@ class RadixCache:
 
     # -- invariants ------------------------------------------------------------------------------------
     def check_integrity(self) -> None:
-        """Assert tree <-> pool consistency, chained digests, full blocks and the eviction queue's coverage."""
-        pool, bs, seen = self.pool, self.block_size, 0
-        stack = [self._root]
-        while stack:
-            parent = stack.pop()
-            for digest, node in parent.children.items():
-                seen += 1
-                assert node.attached and node.parent is parent, f"block {node.block_id}: wrong parent link"
-                assert node.depth == parent.depth + 1, f"block {node.block_id}: depth {node.depth}"
-                assert len(node.token_ids) == bs, f"block {node.block_id} holds {len(node.token_ids)} tokens"
-                want = chained_digest(parent.digest, node.token_ids, encode_extra_keys(node.extra_keys))
-                assert node.digest == digest == want, f"block {node.block_id}: digest does not chain"
-                assert self._node_of_block.get(node.block_id) is node, f"block {node.block_id} not indexed"
-                assert pool.is_cached(node.block_id), f"block {node.block_id} in the tree but not cached in the pool"
-                if parent is not self._root:  # orderings the eviction queue relies on (see eviction_policy.py)
-                    assert parent.last_access >= node.last_access and parent.hit_count >= node.hit_count
-                    assert parent.priority >= node.priority, f"block {node.block_id}: priority above its parent's"
-                    assert parent.value >= node.value, f"block {node.block_id}: value above its parent's"
-                stack.append(node)
-        assert seen == len(self._node_of_block), f"{len(self._node_of_block)} indexed blocks, {seen} in the tree"
-        assert pool.num_cached_blocks == seen, f"pool caches {pool.num_cached_blocks} blocks, the tree maps {seen}"
-        stuck = self._queue.unqueued(self._node_of_block.values())
-        self._pins.check_integrity(self._node_of_block.values(), self._root)
-        assert all(end.attached for end in self._pins.ends), "a pin on a block the tree no longer holds"
-        assert not stuck, f"blocks {[n.block_id for n in stuck]} are in no eviction queue: they can never be evicted"
-        if self.ghosts is not None:
-            assert len(self.ghosts) <= self.ghosts.capacity, f"{len(self.ghosts)} ghosts over {self.ghosts.capacity}"
-            live = [n.block_id for n in self._node_of_block.values() if n.digest in self.ghosts]
-            assert not live, f"blocks {live} are cached and remembered as evicted at once"
+        """Assert tree <-> pool consistency, chained digests, block sizes and the eviction queue's coverage."""
+        check_tree(self, chained_digest)

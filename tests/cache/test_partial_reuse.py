@@ -85,3 +85,54 @@ def test_engine_greedy_output_is_unchanged_and_the_partial_tokens_are_hits(block
     assert outs == expected
     compressed = Engine(model, PagedConfig(block_size=block_size, num_blocks=64, kv_cache_dtype="int8"))
     assert not compressed.kv.partial_reuse
+
+
+# -- tails: a finished sequence's last, partial block ---------------------------------------------------------
+def test_a_cached_tail_is_found_by_partial_block_only_and_evicts_like_any_leaf():
+    pool, cache, kv = _manager()
+    events = cache.listen()
+    kv.add_sequence("a", [1, 2, 3, 4, 5, 6, 7])
+    assert kv.allocate_slots("a", 7)
+    kv.cache_full_blocks("a", [1, 2, 3, 4, 5, 6, 7])
+    assert kv.cache_tail("a", [1, 2, 3, 4, 5, 6, 7])  # 5 6 7: three tokens of a 4-token block
+    tail_block = kv.block_ids("a")[1]
+    kv.free("a")
+    cache.check_integrity()
+    assert cache.num_cached_blocks == 2 and len(cache.cached_digests()) == 1  # routers see full blocks only
+    assert [e.kind.name for e in events.since(0).events] == ["STORED"]
+    assert cache.match([1, 2, 3, 4, 5, 6, 7, 8]).num_tokens == 4  # never a full-block hit
+    kv.add_sequence("b", [1, 2, 3, 4, 5, 6, 7, 9])
+    assert kv.take_partial_block("b", [1, 2, 3, 4, 5, 6, 7, 9]) == 3
+    assert kv.block_ids("b")[1] == tail_block
+    kv.free("b")
+    assert sorted(pool.allocate(8)) == list(range(8))  # both cached blocks evictable (the tail, a leaf, first)
+    cache.check_integrity()
+
+
+def test_tails_need_their_full_blocks_cached_and_enough_tokens():
+    pool, cache, kv = _manager()
+    kv.add_sequence("a", [1, 2, 3, 4, 5])
+    assert kv.allocate_slots("a", 5)
+    assert not kv.cache_tail("a", [1, 2, 3, 4, 5, 6])  # full block not cached yet
+    kv.cache_full_blocks("a", [1, 2, 3, 4, 5])
+    assert not kv.cache_tail("a", [1, 2, 3, 4, 5])  # one token: not worth a copy
+    kv.free("a")
+    cache.check_integrity()
+    pool.check_integrity(kv.expected_ref_counts())
+
+
+def test_a_chat_turn_copies_the_previous_answer_s_last_partial_block():
+    model = tiny_model("llama")
+    first, message = ragged_prompts([21, 6], seed=71)
+    engine = Engine(model, PagedConfig(block_size=8, num_blocks=64))
+    rid = engine.add_request(first, SamplingParams(max_new_tokens=6))
+    answer = engine.run([rid])[rid].generated_tokens  # 21 + 5 computed: 3 full blocks and a tail of 2 tokens
+    second = first + answer + message
+    expected = stock_greedy(model, [second], 5)
+    rid = engine.add_request(second, SamplingParams(max_new_tokens=5))
+    while engine.has_unfinished:
+        engine.step()
+        engine.check_integrity()
+    out = engine.pop_output(rid)
+    assert out.generated_tokens == expected[0]
+    assert out.num_cached_tokens == 26  # everything the first turn computed: 24 in blocks + the 2-token tail
