@@ -36,22 +36,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import machine, print_table
+from benchmarks.latency import stall_model as build_model  # the ~60M random Llama (hidden 512 x 8 layers)
 from hf_paged import Engine, PagedConfig, SamplingParams
 from hf_paged.kv_transfer import InProcessStore
 
 BLOCK_SIZE = 16
 PREFIX, TAIL = 2048, 15  # 128 full blocks, then the tail in block 129
-
-
-def build_model() -> torch.nn.Module:
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=1536,
-                                         num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
-                                         max_position_embeddings=4096)).eval()
-    model.generation_config.eos_token_id = None
-    return model
 
 
 def config(**overrides) -> PagedConfig:

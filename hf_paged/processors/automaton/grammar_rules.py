@@ -51,16 +51,24 @@ class Rule:
         return self._has_loops
 
 
+def _memo_hit(memo: OrderedDict, key, budget: CompileBudget):
+    """The memoised value of `key` (now the most recently used), its work charged again to `budget`; None."""
+    with _RULES_LOCK:
+        hit = memo.get(key)
+        if hit is not None:
+            memo.move_to_end(key)
+    if hit is None:
+        return None
+    budget.spend("work", hit[1])
+    return hit[0]
+
+
 def _compile_rule(text: str, budget: CompileBudget) -> Rule:
     """`text`'s rule, memoised by text (`_TEXTS`: the ladder's tries and other grammars repeat rules), its work
     charged again on a hit as `build_byte_dfa` charges a memoised automaton's."""
-    with _RULES_LOCK:
-        hit = _TEXTS.get(text)
-        if hit is not None:
-            _TEXTS.move_to_end(text)
+    hit = _memo_hit(_TEXTS, text, budget)
     if hit is not None:
-        budget.spend("work", hit[1])
-        return hit[0]
+        return hit
     dfa = build_byte_dfa(anchored(text), budget=budget, owned=True)  # (its own: the mark edges are cut in place;
     # its loop sets are left to `Rule.loops`)
     table, dead = dfa.transitions, dfa.dead
@@ -122,13 +130,9 @@ def grammar_rules(grammar: Grammar, budget: CompileBudget | None = None) -> list
     if not isinstance(grammar, Grammar):
         raise TypeError(f"grammar_rules takes a Grammar, got {type(grammar).__name__}")
     budget = budget if budget is not None else CompileBudget()
-    with _RULES_LOCK:
-        hit = _RULES.get(grammar)
-        if hit is not None:
-            _RULES.move_to_end(grammar)
+    hit = _memo_hit(_RULES, grammar, budget)
     if hit is not None:
-        budget.spend("work", hit[1])
-        return hit[0]
+        return hit
     before = budget.work
     rules = [_compile_rule(text, budget) for text in grammar.texts]
     for number, rule in enumerate(rules):
