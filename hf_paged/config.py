@@ -99,6 +99,10 @@ class PagedConfig:
     # granularity) in a smaller store of their own (DuoAttention's streaming heads, e.g.
     # `calibrate_streaming_heads(...).streaming_heads`); None: every head keeps its whole history
     kv_streaming_heads: tuple[tuple[int, ...], ...] | None = None
+    # per layer, per query head, the query head whose attention probabilities it uses (CHAI's clustered heads,
+    # e.g. `calibrate_head_merge(...).representatives`; cache/head_merge.py): keys are stored only for the KV heads
+    # of representatives, values for every KV head. None: every head attends on its own
+    head_merge: tuple[tuple[int, ...], ...] | None = None
     # -- kernels ---------------------------------------------------------------------------------------
     # "auto": Triton on CUDA, the numba kernels on the CPU in fp32 (both read the blocks in place), the torch
     # reference otherwise | "torch": the reference (gathers each step's blocks, then SDPA) | "triton"
@@ -184,6 +188,8 @@ class PagedConfig:
         if self.kv_streaming_heads is not None:
             self._check_streaming_heads()
         self._check_offload()
+        if self.head_merge is not None:
+            self._check_head_merge()
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise TypeError(f"PagedConfig.cache_salt must be a str or None, got {type(self.cache_salt).__name__}")
 
@@ -235,6 +241,29 @@ class PagedConfig:
                 f"PagedConfig.kv_streaming_heads does not work with {name}={value!r}; allowed with streaming heads: "
                 f"{name}={allowed!r} (or kv_streaming_heads=None)"
             )
+
+    def _check_head_merge(self) -> None:
+        table = self.head_merge
+        if not _is_head_table(table) or not table or any(not layer for layer in table):
+            raise ValueError("PagedConfig.head_merge must be None or one tuple per layer naming each query head's "
+                             f"representative query head (ints >= 0), e.g. ((0, 1, 2, 3), (0, 0, 2, 2)); got {table!r}")
+        table = self.head_merge = tuple(tuple(layer) for layer in table)
+        for layer, reps in enumerate(table):
+            if any(r >= len(reps) or reps[r] != r for r in reps):
+                raise ValueError(f"PagedConfig.head_merge layer {layer} = {reps}: a representative must be a head of "
+                                 "the layer that represents itself (head_merge[layer][r] == r)")
+        # Merged layers store plain blocks with fewer key heads: compressed formats, pruning's scores over every
+        # key head and the disk tier's plain layout do not know them.
+        for name, value, allowed in (("kv_cache_dtype", self.kv_cache_dtype, "auto"),
+                                     ("key_cache_dtype", self.key_cache_dtype, None),
+                                     ("value_cache_dtype", self.value_cache_dtype, None),
+                                     ("kv_full_precision_heads", self.kv_full_precision_heads, None),
+                                     ("kv_streaming_heads", self.kv_streaming_heads, None),
+                                     ("kv_pruning", self.kv_pruning, None),
+                                     ("kv_offload_dir", self.kv_offload_dir, None)):
+            if value != allowed:
+                raise ValueError(f"PagedConfig.head_merge does not work with {name}={value!r}; allowed with "
+                                 f"head_merge: {name}={allowed!r} (or head_merge=None)")
 
     @property
     def block_extra_keys(self) -> tuple:
