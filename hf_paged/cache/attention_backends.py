@@ -9,6 +9,7 @@
       PlainBlocks       -> attend_plain         the block storage, through the step's block tables
       CompressedBlocks  -> attend_compressed    quantized blocks in place + the touched blocks as their tail, or
                                                 the read buffers through the plan's virtual tables (torch)
+      MergedBlocks      -> run_merged_plan      head_merge: scores once per cluster over the plain plan (torch)
 
 As in vLLM v1, the implementation's forward writes the layer's cache, then attends, under metadata built once per
 step; the engine's `cache.update` only hands the new K/V through (`block_layer`). The kernel backends derive from
@@ -29,10 +30,11 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 
 from hf_paged.cache.compression import split_attention
+from hf_paged.cache.head_merge_attention import run_merged_plan
 from hf_paged.cache.kernels.cpu_launch import cpu_kernel_applies, plan_cpu_attention, run_cpu_attention
 from hf_paged.cache.kernels.cpu_warm import PLAIN, variant_of
 from hf_paged.cache.kernels.reference import build_attention_plan, run_attention_plan
-from hf_paged.cache.layer_kv import CompressedBlocks, LayerKV, PlainBlocks
+from hf_paged.cache.layer_kv import CompressedBlocks, LayerKV, MergedBlocks, PlainBlocks
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.pruning import hide_positions
 
@@ -81,20 +83,27 @@ class TorchBackend:
                 return self.attend_plain(layer_idx, kv, q, scale, sliding_window, softcap)
             case CompressedBlocks():
                 return self.attend_compressed(layer_idx, kv, q, scale, sliding_window, softcap)
+            case MergedBlocks():  # head_merge: scores once per cluster (torch, every backend)
+                return run_merged_plan(self.plain_plan(layer_idx, q.device, sliding_window), kv.indices, q,
+                                       kv.keys, kv.values, scale=scale, softcap=softcap)
         raise TypeError(f"layer {layer_idx} returned {type(kv).__name__}; a layer's update_packed returns a LayerKV")
 
     def attend_plain(self, layer_idx: int, kv: PlainBlocks, q: torch.Tensor, scale: float,
                      sliding_window: int | None, softcap: float | None) -> torch.Tensor:
         if self.metadata.observed:
             self._record_scores(layer_idx, q, kv.keys, None, scale)
-        plan = self._torch_plans.get((q.device, sliding_window))
+        plan = self.plain_plan(layer_idx, q.device, sliding_window)
+        return run_attention_plan(plan, q, kv.keys, kv.values, scale=scale, softcap=softcap)
+
+    def plain_plan(self, layer_idx: int, device: torch.device, sliding_window: int | None) -> AttentionPlan:
+        """The torch plan over the block storage in place (built once per step), with this layer's hidden blocks."""
+        plan = self._torch_plans.get((device, sliding_window))
         if plan is None:
             m = self.metadata
-            plan = self._torch_plans[q.device, sliding_window] = build_attention_plan(
-                m.block_tables_on(q.device), m.query_start_loc, m.context_lens, m.block_size, sliding_window,
+            plan = self._torch_plans[device, sliding_window] = build_attention_plan(
+                m.block_tables_on(device), m.query_start_loc, m.context_lens, m.block_size, sliding_window,
                 in_place=True)
-        plan = self._hidden(layer_idx, plan, q.device, sliding_window)
-        return run_attention_plan(plan, q, kv.keys, kv.values, scale=scale, softcap=softcap)
+        return self._hidden(layer_idx, plan, device, sliding_window)
 
     def attend_compressed(self, layer_idx: int, kv: CompressedBlocks, q: torch.Tensor, scale: float,
                           sliding_window: int | None, softcap: float | None) -> torch.Tensor:

@@ -4,6 +4,8 @@
       PlainBlocks       PagedLayer: the block storage itself, read through the step's block tables
       CompressedBlocks  CompressedLayer: the quantized stores in place, the step's touched blocks in full
                         precision, the step's plan (which rows a query reads) and the layer's streaming heads
+      MergedBlocks      MergedLayer (`head_merge`): plain blocks whose keys hold only the representatives' KV
+                        heads, and the layer's merge (which query head uses whose probabilities)
 
 Attention (`attention_backends`) matches on the class: the set is closed, and each value carries everything the
 backends read, so nothing travels through the step's metadata. Which layer an attention module stores into is its
@@ -21,8 +23,10 @@ from hf_paged.errors import UnsupportedModelError
 
 if TYPE_CHECKING:  # pragma: no cover
     from hf_paged.cache.compression.blocks import CompressedKV, StepPlan
+    from hf_paged.cache.head_merge import LayerMerge
+    from hf_paged.cache.head_merge_attention import MergedIndices
 
-__all__ = ["CompressedBlocks", "LayerKV", "PlainBlocks", "layer_index"]
+__all__ = ["CompressedBlocks", "LayerKV", "MergedBlocks", "PlainBlocks", "layer_index"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +61,18 @@ class CompressedBlocks:
         return keys.read(self.plan, self.touched_keys), values.read(self.plan, self.touched_values)
 
 
-LayerKV = PlainBlocks | CompressedBlocks
+@dataclass(frozen=True, slots=True)
+class MergedBlocks:
+    """A merged layer's storage after this step's writes (`head_merge`): slot s of block b is `keys[b, s]` and
+    `values[b, s]`, keys for `merge.kept_kv_heads` only."""
+
+    keys: torch.Tensor  # [num_blocks, block_size, len(merge.kept_kv_heads), head_dim], model dtype
+    values: torch.Tensor  # [num_blocks, block_size, kv_heads, head_dim]
+    merge: LayerMerge
+    indices: MergedIndices  # the merge as index tensors on the layer's device (`head_merge_attention`)
+
+
+LayerKV = PlainBlocks | CompressedBlocks | MergedBlocks
 
 
 def layer_index(module: torch.nn.Module) -> int:
