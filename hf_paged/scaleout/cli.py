@@ -17,6 +17,7 @@ __all__ = ["run_replicas"]
 
 logger = logging.getLogger("hf_paged.scaleout")
 
+READY_TIMEOUT_S = 120.0  # after serve.run: the replicas' first reports reach the router in ~1 s (a stats period)
 FLUSH_GRACE_S = 5.0  # after the abort at --shutdown-timeout: time for the replicas' error answers to reach clients
 
 
@@ -39,6 +40,7 @@ def run_replicas(args) -> int:
         from ray import serve  # noqa: F401
 
         from hf_paged.scaleout.deploy import deploy
+        from hf_paged.scaleout.gateway import wait_until_ready
     except ImportError as exc:
         raise CliError(f"--replicas needs the ray extra ({exc.name} is missing): pip install 'hf_paged[ray]'") from None
     log_to_stderr(args.log_level)
@@ -50,6 +52,10 @@ def run_replicas(args) -> int:
         handle = deploy(args.model, replicas=replicas, address=args.address, host=args.host, port=args.port,
                         served_model_name=args.served_model_name, device=args.device, dtype=args.dtype,
                         paged=paged, max_waiting=args.max_waiting, chat_template=template)
+        state = wait_until_ready(handle, READY_TIMEOUT_S)  # every replica reported to the router
+        if not state.ready:
+            raise CliError(f"{state.num_reported} of {replicas} replicas reported to the router within "
+                           f"{READY_TIMEOUT_S:.0f} s ({state.num_known} known); see the replicas' logs")
         logger.info("serving %s on http://%s:%d (%d replicas on Ray Serve)",
                     args.served_model_name or args.model or "hf-paged/tiny-lm", args.host, args.port, replicas)
         stop.serving = True

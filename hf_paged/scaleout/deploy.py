@@ -131,7 +131,8 @@ def build_application(spec: ReplicaSpec, *, replicas: int = 2, router: str = "ca
                               ray_actor_options={"num_cpus": replica_num_cpus}, **options).bind(spec)
     gateway = serve.deployment(Gateway, name="Gateway", num_replicas=1, max_ongoing_requests=10_000,
                                ray_actor_options={"num_cpus": 0}, graceful_shutdown_wait_loop_s=0.2)
-    return gateway.bind(engine, spec)
+    # Ready (GET /v1/models answers) once every replica has reported to the router; Serve's own router has no view
+    return gateway.bind(engine, spec, num_replicas=replicas, wait_for_reports=router == "cache_aware")
 
 
 def deploy(model: str | None = None, *, replicas: int = 2, address: str | None = None, host: str = "127.0.0.1",

@@ -5,11 +5,27 @@ A replica that dies before sending anything is retried once on another; one that
 an error (an SSE error event, or a cut body). `GET /metrics` and `GET /hf_paged/router` are answered here. At
 shutdown the driver closes the `DrainGate` (new requests get 503), waits for those in flight and aborts the rest
 (`cli.drain`).
+
+Readiness. The gateway is ready once every one of the deployment's `num_replicas` engine replicas is in its router's
+view with a first report (a cache summary) waiting there: the router takes every candidate's report before its first
+choice, so no request is routed on a partial view (one replica known, or one whose cache is unknown, splits a
+system prompt across replicas). Until then:
+
+    GET /v1/models, GET /health      -> 503 at once, an OpenAI-style error (code "not_ready"), Retry-After: 1
+    any other forwarded request      -> waits for readiness, at most `ready_wait_s` (30 s); then the same 503
+    GET /metrics, GET /hf_paged/router -> answered (they show the start-up)
+
+Readiness is reached once and kept: a replica Serve replaces later is routed by load until its first report, as
+before. With Serve's own router (`router="pow2"`) there is no view to wait for: ready at once. The driver waits for
+it (`wait_until_ready`) before it prints the `serving ... on http://` line.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
@@ -24,12 +40,29 @@ from hf_paged.scaleout.prompt_key import routing_info, template_shared_start
 if TYPE_CHECKING:
     from hf_paged.scaleout.spec import ReplicaSpec
 
-__all__ = ["Gateway"]
+__all__ = ["Gateway", "Readiness", "wait_until_ready"]
 
 logger = logging.getLogger("hf_paged.scaleout")
 
 _ROUTED_PATHS = ("/v1/completions", "/v1/chat/completions")
 _DEAD = (ActorDiedError, ActorUnavailableError, RayActorError)
+_PROBES = ("/v1/models", "/health")  # answered 503 at once before readiness (load balancers, clients' start checks)
+RETRY_AFTER_S = 1  # the Retry-After of a not-ready 503: about one routing-stats period
+
+
+@dataclass(frozen=True, slots=True)
+class Readiness:
+    """Where the start-up stands: how many engine replicas the router knows and how many have reported."""
+
+    ready: bool
+    num_replicas: int  # the deployment's replicas (what readiness waits for)
+    num_known: int  # replicas in the router's view
+    num_reported: int  # ... with a first report (cache summary) there
+
+    @property
+    def message(self) -> str:
+        return (f"the server is starting: {self.num_reported} of {self.num_replicas} engine replicas have reported "
+                f"their caches to the router ({self.num_known} known); retry in {RETRY_AFTER_S} s")
 
 
 class Gateway:
@@ -37,7 +70,10 @@ class Gateway:
 
     scrape_timeout_s = 5.0  # each replica's bound on its `/metrics`; the whole scrape gets 2 s more (Prometheus: 10 s)
 
-    def __init__(self, engine: Any, spec: ReplicaSpec) -> None:
+    ready_wait_s = 30.0  # how long a request arriving before readiness waits for it (then 503)
+
+    def __init__(self, engine: Any, spec: ReplicaSpec, *, num_replicas: int = 1, wait_for_reports: bool = True
+                 ) -> None:
         from transformers import AutoTokenizer
 
         self.engine = engine.options(stream=True)
@@ -48,6 +84,29 @@ class Gateway:
         # What every chat prompt starts with (the template's preamble): the router treats it as no affinity
         self.shared_start = template_shared_start(self.tokenizer)
         self.gate = DrainGate()  # closed by the driver at shutdown (`begin_drain`)
+        self.num_replicas, self.wait_for_reports = num_replicas, wait_for_reports
+        self._ready = not wait_for_reports  # latched by `readiness()` once every replica has reported
+
+    def readiness(self) -> Readiness:
+        """Every replica in the router's view with a first report? Read-only on the router (it runs on its own
+        event loop): its replica list and each one's latest routing stats."""
+        if self._ready:
+            return Readiness(True, self.num_replicas, self.num_replicas, self.num_replicas)
+        from hf_paged.scaleout import registry
+
+        known = reported = 0
+        for router in registry.routers():  # the one router of this gateway's handle (none before its first update)
+            view = router.view_readiness()
+            known, reported = max(known, view.num_known), max(reported, view.num_reported)
+        self._ready = known >= self.num_replicas and reported >= self.num_replicas
+        return Readiness(self._ready, self.num_replicas, known, reported)
+
+    async def wait_ready(self, timeout_s: float = 5.0) -> Readiness:
+        """The readiness, once ready or after `timeout_s` (the driver calls this until it is ready)."""
+        deadline = time.monotonic() + timeout_s
+        while not (state := self.readiness()).ready and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        return state
 
     async def __call__(self, request: Request) -> Response:
         if not self.gate.admit():
@@ -75,7 +134,6 @@ class Gateway:
         await self.engine.broadcast("abort_all").results_async(timeout_s=self.scrape_timeout_s, return_exceptions=True)
 
     async def _answer(self, request: Request) -> Response:
-        body = await request.body()
         path = request.url.path
         if path == "/hf_paged/router" and request.method == "GET":
             from hf_paged.scaleout import registry
@@ -83,6 +141,11 @@ class Gateway:
             return JSONResponse([router.snapshot() for router in registry.routers()])
         if path == "/metrics" and request.method == "GET":
             return Response(await self.scrape(), media_type=CONTENT_TYPE)
+        if not self._ready:
+            state = self.readiness() if path in _PROBES else await self.wait_ready(self.ready_wait_s)
+            if not state.ready:
+                return _error(503, state.message, "not_ready", retry_after_s=RETRY_AFTER_S)
+        body = await request.body()
         call = HttpCall(request.method, path, request.url.query.encode(), tuple(request.headers.raw), body)
         routing = None
         if request.method == "POST" and path in _ROUTED_PATHS:
@@ -142,8 +205,20 @@ async def _rest(stream: Any, content_type: str):
             raise  # the status line is sent: the client sees a truncated body, never a hang
 
 
-def _error(status: int, message: str, code: str) -> Response:
+def _error(status: int, message: str, code: str, *, retry_after_s: int | None = None) -> Response:
     import json
 
     body = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
-    return Response(json.dumps(body), status_code=status, media_type="application/json")
+    headers = None if retry_after_s is None else {"retry-after": str(retry_after_s)}
+    return Response(json.dumps(body), status_code=status, media_type="application/json", headers=headers)
+
+
+def wait_until_ready(handle: Any, timeout_s: float) -> Readiness:
+    """Driver side: ask the gateway (its Serve app `handle`) until it is ready or `timeout_s` passed; the last
+    `Readiness` either way."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        state = handle.options(method_name="wait_ready").remote(max(0.0, min(5.0, left))).result(timeout_s=60)
+        if state.ready or left <= 0:
+            return state

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
@@ -42,6 +43,14 @@ __all__ = ["HfPagedRequestRouter", "RoutingInfo"]
 logger = logging.getLogger("hf_paged.scaleout")
 
 _MAX_DECISIONS = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class ViewReadiness:
+    """How complete the router's view is (the gateway's readiness)."""
+
+    num_known: int  # replicas Serve has given the router
+    num_reported: int  # ... whose first report (a cache summary) has arrived: taken before the next choice
 
 
 class HfPagedRequestRouter(RequestRouter):
@@ -68,6 +77,13 @@ class HfPagedRequestRouter(RequestRouter):
             replicas[str(rid.unique_id)]["summary_age_s"] = None if summary is None else round(summary.age(now), 3)
         return {"replicas": replicas, "routed": {reason.value: n for reason, n in policy.num_routed.items()},
                 "event_gaps": self.num_event_gaps}
+
+    def view_readiness(self) -> ViewReadiness:
+        """Replicas known and reported. Read-only (the gateway calls it from its own thread): the replica map is
+        swapped whole by Serve, a report is a dict; `choose_replicas` takes every candidate's report first."""
+        replicas = list(self.curr_replicas.values())
+        reported = sum(1 for r in replicas if isinstance(r.routing_stats, dict) and "seq" in r.routing_stats)
+        return ViewReadiness(len(replicas), reported)
 
     # -- membership ----------------------------------------------------------------------------------------
     def update_replicas(self, replicas: list[RunningReplica]) -> None:

@@ -1,0 +1,224 @@
+"""The gateway's readiness (issue 37): `GET /v1/models` and `/health` answer 503 (OpenAI-style error, Retry-After)
+until every engine replica is in the router's view with a first report; other requests wait for it, bounded.
+
+Without Ray Serve: the gateway's door against a fake router view. On a real local Ray cluster (~40-60 s on 2 loaded
+cores): the app started without waiting for its replicas, probed until the first 200, and the router's view then
+holds both replicas with their reports; a chat sent before readiness waits and is answered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+pytest.importorskip("ray")
+httpx = pytest.importorskip("httpx")
+
+from starlette.requests import Request
+
+from hf_paged.scaleout import registry
+from hf_paged.scaleout.drain import DrainGate
+from hf_paged.scaleout.gateway import Gateway
+from hf_paged.scaleout.ray_router import ViewReadiness
+
+
+@dataclass(eq=False)  # hashable: the registry is a weak set
+class FakeRouterView:
+    num_known: int = 0
+    num_reported: int = 0
+
+    def view_readiness(self) -> ViewReadiness:
+        return ViewReadiness(self.num_known, self.num_reported)
+
+    def snapshot(self) -> dict:
+        return {"replicas": {}, "routed": {}, "event_gaps": 0}
+
+
+def gateway_for(num_replicas: int, ready_wait_s: float) -> Gateway:
+    gateway = object.__new__(Gateway)  # no Serve handle, no tokenizer: only the door
+    gateway.gate = DrainGate()
+    gateway.num_replicas, gateway.wait_for_reports, gateway._ready = num_replicas, True, False
+    gateway.ready_wait_s = ready_wait_s
+    return gateway
+
+
+def request(method: str, path: str, body: bytes = b"") -> Request:
+    async def receive() -> dict:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    scope = {"type": "http", "method": method, "path": path, "raw_path": path.encode(), "query_string": b"",
+             "headers": [(b"content-type", b"application/json")], "scheme": "http", "server": ("t", 80),
+             "client": ("c", 1), "root_path": ""}
+    return Request(scope, receive)
+
+
+@pytest.fixture
+def view():
+    router = FakeRouterView()
+    registry.register(router)  # a weak set: the fixture holds it
+    yield router
+    registry._ROUTERS.discard(router)
+
+
+def test_probes_answer_503_with_retry_after_until_every_replica_reported(view):
+    gateway = gateway_for(num_replicas=2, ready_wait_s=0.2)
+    view.num_known, view.num_reported = 2, 1
+    for path in ("/v1/models", "/health"):
+        started = time.monotonic()
+        response = asyncio.run(gateway(request("GET", path)))
+        assert time.monotonic() - started < 0.15, "a probe must not wait for readiness"
+        assert response.status_code == 503 and response.headers["retry-after"] == "1"
+        error = json.loads(response.body)["error"]
+        assert error["code"] == "not_ready" and error["type"] == "server_error" and error["param"] is None
+        assert "1 of 2 engine replicas have reported" in error["message"] and "(2 known)" in error["message"]
+    assert gateway.gate.num_in_flight == 0
+
+
+def test_a_request_before_readiness_waits_bounded_then_503(view):
+    gateway = gateway_for(num_replicas=2, ready_wait_s=0.3)
+    view.num_known = 2
+    started = time.monotonic()
+    response = asyncio.run(gateway(request("POST", "/v1/chat/completions", b'{"messages": []}')))
+    waited = time.monotonic() - started
+    assert response.status_code == 503 and response.headers["retry-after"] == "1"
+    assert json.loads(response.body)["error"]["code"] == "not_ready"
+    assert 0.3 <= waited < 2.0
+    assert gateway.gate.num_in_flight == 0
+
+
+def test_the_router_view_and_metrics_paths_answer_before_readiness(view):
+    gateway = gateway_for(num_replicas=2, ready_wait_s=5.0)
+    started = time.monotonic()
+    response = asyncio.run(gateway(request("GET", "/hf_paged/router")))
+    assert response.status_code == 200 and time.monotonic() - started < 1.0
+    assert {"replicas": {}, "routed": {}, "event_gaps": 0} in json.loads(response.body)
+
+
+def test_readiness_needs_every_replica_known_and_reported_then_latches(view):
+    gateway = gateway_for(num_replicas=2, ready_wait_s=0.0)
+    assert not gateway.readiness().ready  # nothing known
+    view.num_known, view.num_reported = 1, 1
+    assert not gateway.readiness().ready  # one replica of two
+    view.num_known = 2
+    state = gateway.readiness()
+    assert not state.ready and (state.num_known, state.num_reported) == (2, 1)
+    view.num_reported = 2
+    assert gateway.readiness().ready
+    view.num_known = view.num_reported = 1  # a replica replaced later: routed by load until it reports
+    assert gateway.readiness().ready
+
+
+def test_wait_ready_returns_as_soon_as_the_last_replica_reports(view):
+    gateway = gateway_for(num_replicas=2, ready_wait_s=0.0)
+    view.num_known, view.num_reported = 2, 1
+
+    async def run():
+        async def report_later():
+            await asyncio.sleep(0.2)
+            view.num_reported = 2
+        task = asyncio.ensure_future(report_later())
+        started = time.monotonic()
+        state = await gateway.wait_ready(10.0)
+        await task
+        return state, time.monotonic() - started
+
+    state, waited = asyncio.run(run())
+    assert state.ready and 0.2 <= waited < 2.0
+
+
+def test_the_router_counts_a_replica_reported_once_its_stats_hold_a_summary():
+    from hf_paged.scaleout.ray_router import HfPagedRequestRouter
+
+    @dataclass(frozen=True)
+    class FakeId:
+        unique_id: str
+
+    @dataclass
+    class FakeReplica:
+        replica_id: FakeId
+        routing_stats: dict
+
+    router = object.__new__(HfPagedRequestRouter)  # no Serve controller: only the state our methods use
+    router.initialize_state(block_size=4)
+    router._replicas = {FakeId("a"): FakeReplica(FakeId("a"), {}), FakeId("b"): FakeReplica(FakeId("b"), {"seq": 1})}
+    assert router.view_readiness() == ViewReadiness(num_known=2, num_reported=1)
+
+
+# -- on a real local Ray cluster ------------------------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_on_ray_the_first_200_comes_with_every_replica_in_the_router_view():
+    import ray
+    from ray import serve
+    from ray.serve.api import _run
+
+    from hf_paged.scaleout.deploy import build_application, worker_env
+    from hf_paged.scaleout.gateway import wait_until_ready
+    from hf_paged.scaleout.spec import ReplicaSpec
+
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
+    try:
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        spec = ReplicaSpec(paged={"block_size": 16, "num_blocks": 256}, torch_threads=1)
+        # Not waiting for the application to run: the gateway is up while the engine replicas still load
+        handle = _run(build_application(spec, replicas=2), name="hf_paged", route_prefix="/", _blocking=False)
+        early: dict = {}
+
+        def chat_early() -> None:  # sent before readiness: waits in the gateway (bounded), then routed
+            body = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                try:
+                    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+                except httpx.HTTPError:
+                    time.sleep(0.2)
+                    continue
+                if r.headers.get("content-type", "").startswith("application/json") and r.status_code != 503:
+                    early.update(status=r.status_code, sent=time.monotonic())
+                    return
+                time.sleep(0.2)  # the proxy before the app exists, or not ready in 30 s
+
+        sender = threading.Thread(target=chat_early, daemon=True)
+        sender.start()
+        ours_503 = 0
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.get(url + "/v1/models", timeout=30)
+            except httpx.HTTPError:
+                time.sleep(0.1)
+                continue
+            if r.status_code == 200:
+                break
+            if r.status_code == 503 and r.headers.get("content-type") == "application/json":
+                error = r.json()["error"]
+                if error.get("code") == "not_ready":  # ours (Serve's proxy answers others before the app exists)
+                    assert r.headers["retry-after"] == "1" and "engine replicas have reported" in error["message"]
+                    ours_503 += 1
+            time.sleep(0.1)
+        assert r.status_code == 200 and r.json()["data"][0]["id"] == "hf-paged/tiny-lm"
+        view = httpx.get(url + "/hf_paged/router", timeout=30).json()
+        assert len(view) == 1 and len(view[0]["replicas"]) == 2, view
+        # The probe was routed: the router took every replica's first report before choosing
+        assert all(r["num_reports"] >= 1 for r in view[0]["replicas"].values()), view
+        state = wait_until_ready(handle, 5.0)
+        assert state.ready and (state.num_known, state.num_reported) == (2, 2)
+        sender.join(timeout=120)
+        assert early.get("status") == 200, early
+        print(f"not-ready 503s seen before the first 200: {ours_503}")
+    finally:
+        serve.shutdown()
+        ray.shutdown()
