@@ -17,6 +17,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 PREFIX_EVICTION_POLICIES = ("lru", "lfu", "cost")
 VALUE_QUANT_GROUPS = ("token", "head")
 KV_SCALE_FORMATS = ("fp16", "log8")
+SPARSE_PREFILL_PATTERNS = (None, "vertical_slash", "block", "auto")
 
 
 def _is_power_of_two(n: int) -> bool:
@@ -111,6 +112,12 @@ class PagedConfig:
     # (auto) and True use them on CUDA where they apply (the lean forward, plain blocks, Triton attention, every
     # scheduled request decoding one token); False always runs the eager forward. No effect off CUDA
     cuda_graphs: bool | None = None
+    # block-sparse attention of long prompts' prefill chunks (cache/sparse_prefill.py; an approximation, off by
+    # default): None (dense) | "vertical_slash" | "block" (MInference's patterns) | "auto" (per head, the one that keeps
+    # more of a sample's attention). Each 64-query block keeps the sink, its local blocks and the best-estimated others
+    sparse_prefill: str | None = None
+    sparse_prefill_min_tokens: int = 8192  # context length from which a prefill chunk is attended sparsely
+    sparse_keep_ratio: float = 0.2  # share of each query block's visible key blocks it keeps (0 < r <= 1)
     kv_eviction: str | None = None  # deprecated name of kv_pruning (warns; moved there at construction)
 
     def __post_init__(self) -> None:
@@ -175,6 +182,14 @@ class PagedConfig:
                     f"window_tokens = {floor}; allowed: None or an int >= {floor}"
                 )
         _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        _check_choice("sparse_prefill", self.sparse_prefill, SPARSE_PREFILL_PATTERNS)
+        _check_int("sparse_prefill_min_tokens", self.sparse_prefill_min_tokens, minimum=1)
+        if isinstance(self.sparse_keep_ratio, bool) or not isinstance(self.sparse_keep_ratio, (int, float)):
+            raise TypeError(f"PagedConfig.sparse_keep_ratio must be a float in (0, 1], got "
+                            f"{type(self.sparse_keep_ratio).__name__} ({self.sparse_keep_ratio!r})")
+        if not 0 < self.sparse_keep_ratio <= 1:  # (NaN fails too)
+            raise ValueError(f"PagedConfig.sparse_keep_ratio must be in (0, 1] (the share of key blocks each query "
+                             f"block keeps; 1 = dense), got {self.sparse_keep_ratio!r}")
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"PagedConfig.cuda_graphs must be None (auto), True or False, got {self.cuda_graphs!r}")
         if self.kv_full_precision_heads is not None:
