@@ -1,92 +1,114 @@
-"""The engine side of a program run: `Backend` (a wrapped model's engine and its tokenizer: encode, submit requests
-to the engine loop, pin prefixes) and `RunContext` (one `run`: its requests in flight, its pins, aborting them).
+"""What a program needs from whatever runs its model: the `ProgramBackend` protocol, the requests it sends
+(`GenRequest`, scoring prompts) and what comes back (`Generated`, `Scored`), and `RunContext` (one `run`: its
+requests in flight, its tracks' pins, aborting them).
 
-Every call of every state submits its requests to the engine's loop (`EngineLoop.submit`), so the calls of all
-running states (forks, `run_batch` instances) join the same continuous batch. Between calls a state pins its prefix
-(`Engine.pin_prefix`): the blocks of its text stay in the prefix cache, so the next call prefills only its new text
-(and the last partial block). A pin refused (`PrefixPinLimitError`: pins would hold more than
-`PagedConfig.prefix_pin_share` of the pool) is skipped: the blocks then stay cached only until evicted.
+Two backends implement it; the program layer (`steps`, `state`, `fill`, `one_shot`) never knows which:
+
+    LocalBackend (local.py)    a wrapped model's engine in this process: requests join its continuous batch,
+                               a state's prefix stays pinned between calls
+    HTTPBackend  (http.py)     a running `hf-paged serve`: completions with token-id prompts, `guided_*` fields,
+                               `return_token_ids`, scoring by `echo` (the server's prefix cache gives the reuse)
+
+    connect.backend_for(model, tokenizer)   a wrapped or plain model -> LocalBackend; hp.remote(url) -> HTTPBackend
+
+A call's constraint travels as a `Guide` (regex text, a JSON schema or a Lark grammar), not as a processor object:
+the in-process backend builds the processor, the server builds the same one from its `guided_*` field.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
 
-from hf_paged.batching.request import RequestOutput
-from hf_paged.batching.sampling import SamplingParams
-from hf_paged.errors import PrefixPinLimitError
 from hf_paged.programs.errors import ProgramAbortedError
 from hf_paged.programs.track import Track
 
-__all__ = ["Backend", "RunContext"]
+__all__ = ["GenRequest", "Generated", "Guide", "ProgramBackend", "RunContext", "Scored"]
 
 
-class Backend:
-    """A wrapped model's engine and its tokenizer (the model is wrapped with default settings when it is not)."""
+@dataclass(frozen=True, slots=True)
+class Guide:
+    """A generation's output constraint: regex text (Rust syntax), a JSON schema, or a Lark grammar."""
 
-    def __init__(self, model, tokenizer) -> None:
-        from hf_paged.api.wrap_state import engine_of, is_wrapped
+    kind: Literal["regex", "json_schema", "grammar"]
+    spec: Any
+    start: str = "start"  # a grammar's start rule
 
-        if tokenizer is None or not callable(getattr(tokenizer, "decode", None)):
-            raise TypeError(f"a program needs the model's tokenizer, got {type(tokenizer).__name__}; pass "
-                            "AutoTokenizer.from_pretrained(...) for the model")
-        if not is_wrapped(model):
-            from hf_paged.api.wrapping import wrap
 
-            wrap(model)
-        self.model = model
-        self.tokenizer = tokenizer
-        self.engine = engine_of(model)
-        eos = model.generation_config.eos_token_id
-        if eos is None:
-            eos = tokenizer.eos_token_id
-        self.eos_token_id = eos
-        self.eos_ids = frozenset([eos] if isinstance(eos, int) else list(eos or ()))
+@dataclass(frozen=True, slots=True)
+class GenRequest:
+    """One generation: the prompt's token ids and how to sample after it."""
 
-    def encode(self, text: str, *, first: bool) -> list[int]:
-        """Token ids of `text`; the first text of a state gets the tokenizer's special tokens (e.g. BOS)."""
-        return list(self.tokenizer(text, add_special_tokens=first)["input_ids"])
+    what: str  # the call, for error messages ("hp.gen('intent')")
+    prompt: list[int]
+    max_tokens: int
+    sampled: bool  # False: greedy
+    temperature: float
+    top_p: float
+    seed: int | None
+    stop: tuple[str, ...] = ()
+    guide: Guide | None = None
+    healing: Any = None  # a `healing.TokenHealing` (in process only): the first token must extend its `lead`
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
-    def submit(self, run: RunContext, prompts: list[list[int]], params: list[SamplingParams]) -> list[RequestOutput]:
-        """Run requests in the engine's continuous batch; their outputs in order. Aborted with the run."""
-        run.check_open()
-        submission = self.engine.loop.submit(prompts, params, stream=False)
-        run.track(submission.all_ids)
-        try:
-            outputs = submission.result()
-        finally:
-            run.untrack(submission.all_ids)
-        run.check_open()
-        return [outputs[rid] for rid in submission.request_ids]
+@dataclass(frozen=True, slots=True)
+class Generated:
+    """A finished generation: the tokens as the engine produced them (EOS and stop-string tokens included)."""
+
+    token_ids: list[int]
+    finish_reason: str  # the engine's: "stop", "length", "length_incomplete" (a constraint cut short)
+    num_prompt_tokens: int  # prompt tokens of the engine request
+    num_cached_tokens: int  # of which served from the prefix cache
+
+
+@dataclass(frozen=True, slots=True)
+class Scored:
+    """Scored prompts: per prompt, the log-probability of each token from the scored position on."""
+
+    logprobs: list[list[float]]
+    num_prompt_tokens: int  # prompt tokens of the engine requests (each prompt less its last token), summed
+    num_cached_tokens: int  # of which served from the prefix cache
+
+
+class ProgramBackend(Protocol):
+    """What runs a program's calls. `generate` and `score` block the calling thread (a state's worker) while the
+    requests run among everyone else's; both raise `ProgramAbortedError` once the run is aborted."""
+
+    tokenizer: Any
+    eos_ids: frozenset[int]  # tokens that end a generation (stripped from a field's tokens)
+    supports_healing: bool  # token healing needs a processor object: in process only
+
+    @property
+    def block_size(self) -> int: ...
+
+    def encode(self, text: str, *, first: bool) -> list[int]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def generate(self, run: RunContext, request: GenRequest) -> Generated: ...
+
+    def score(self, run: RunContext, what: str, prompts: list[list[int]], start: int) -> Scored:
+        """Log-probabilities of `prompt[start:]` given what precedes each position, for every prompt."""
+        ...
 
     def pin(self, track: Track) -> None:
-        """Pin the track's computed prefix in the prefix cache, then drop its older pin."""
-        old = track.pinned
-        try:
-            num_tokens = self.engine.pin_prefix(track.ids)
-        except PrefixPinLimitError:
-            num_tokens = 0
-        track.pinned = list(track.ids[:num_tokens]) if num_tokens else None
-        if old is not None:
-            self.engine.unpin_prefix(old)
+        """Keep the track's computed prefix cached for its next call (set `track.pinned`)."""
+        ...
 
-    def unpin(self, track: Track) -> None:
-        if track.pinned is not None:
-            self.engine.unpin_prefix(track.pinned)
-            track.pinned = None
+    def unpin(self, track: Track) -> None: ...
 
 
 class RunContext:
-    """One program run: the requests it has in flight, its tracks (whose pins it releases), an abort switch."""
+    """One program run: the requests it has in flight (each with its way to cancel), its tracks (whose pins it
+    releases), an abort switch."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: ProgramBackend) -> None:
         self.backend = backend
         self._lock = threading.Lock()
-        self._in_flight: set[str] = set()
+        self._in_flight: dict[int, Callable[[], None]] = {}
+        self._next = 0
         self._tracks: list[Track] = []
         self.aborted = False
         self.finished = False  # the program returned: its states take no new calls
@@ -97,16 +119,19 @@ class RunContext:
             self._tracks.append(track)
         return track
 
-    def track(self, request_ids: Sequence[str]) -> None:
+    def track(self, cancel: Callable[[], None]) -> int:
+        """Register work in flight; `cancel()` ends it (called at once if the run was aborted meanwhile)."""
         with self._lock:
-            self._in_flight.update(request_ids)
-            aborted = self.aborted
-        if aborted:  # the run was aborted while these were being submitted
-            self.backend.engine.loop.abort(*request_ids)
+            self._next += 1
+            self._in_flight[self._next] = cancel
+            handle, aborted = self._next, self.aborted
+        if aborted:  # the run was aborted while this was being submitted
+            cancel()
+        return handle
 
-    def untrack(self, request_ids: Sequence[str]) -> None:
+    def untrack(self, handle: int) -> None:
         with self._lock:
-            self._in_flight.difference_update(request_ids)
+            self._in_flight.pop(handle, None)
 
     def check_open(self) -> None:
         if self.finished and not self.aborted:
@@ -116,12 +141,13 @@ class RunContext:
                                       "were aborted and their blocks freed")
 
     def abort(self) -> None:
-        """Abort every request in flight (their blocks go back to the pool before the next step)."""
+        """Cancel everything in flight (in process: aborted before the next step; over HTTP: the connection is
+        closed, and the server aborts the request)."""
         with self._lock:
             self.aborted = True
-            ids = list(self._in_flight)
-        if ids:
-            self.backend.engine.loop.abort(*ids)
+            cancels = list(self._in_flight.values())
+        for cancel in cancels:
+            cancel()
 
     def release(self) -> None:
         """Drop every pin of this run's tracks (the blocks stay cached, evictable)."""

@@ -22,8 +22,9 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf_paged.programs.backend import Backend, RunContext
+from hf_paged.programs.backend import RunContext
 from hf_paged.programs.calls import GenCall, SelectCall
+from hf_paged.programs.connect import backend_for
 from hf_paged.programs.constraints import Choices, Text, regex_text
 from hf_paged.programs.errors import FieldConstraintError, TemplateError
 from hf_paged.programs.one_shot import run_one_shot
@@ -82,7 +83,8 @@ def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item
     """Fill `template`'s `[name]` holes after `prompt`, each under the constraint passed as `name=`.
 
     Args:
-        model, tokenizer: a causal LM (wrapped with default settings when it is not) and its tokenizer.
+        model, tokenizer: a causal LM (wrapped with default settings when it is not) and its tokenizer; or
+            `hp.remote(url)` (a running `hf-paged serve`) and the server model's tokenizer.
         prompt: text before the template (instructions, the input).
         template: literal text with `[name]` holes (see `programs/template.py`).
         mode: "item_by_item" (each field its own call) or "one_shot" (one constrained generation).
@@ -119,7 +121,7 @@ def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item
     if instructed and mode != "item_by_item":
         raise TemplateError(f"holes {instructed} have an instruction, which item by item filling places before the "
                             "record: use mode='item_by_item' (one_shot makes every field in one generation)")
-    run = RunContext(Backend(model, tokenizer))
+    run = RunContext(backend_for(model, tokenizer))
     track = run.new_track()
     track.append_text(prompt + plan.literals[0])
     records: dict[str, CallRecord] = {}

@@ -1,4 +1,5 @@
-"""`@hp.program`: a Python function over a state, run in process on a wrapped model's engine.
+"""`@hp.program`: a Python function over a state, run in process on a wrapped model's engine, or against a running
+`hf-paged serve` (`triage.run(hp.remote(url), tokenizer, ...)`, `http.py`).
 
     @hp.program
     def triage(s, ticket):
@@ -21,7 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from hf_paged.programs.backend import Backend, RunContext
+from hf_paged.programs.backend import ProgramBackend, RunContext
+from hf_paged.programs.connect import backend_for
 from hf_paged.programs.state import ProgramState
 
 __all__ = ["Program", "program"]
@@ -40,10 +42,11 @@ class Program:
         raise TypeError(f"a program runs on a model: call {self.fn.__name__}.run(model, tokenizer, **arguments) or "
                         f"{self.fn.__name__}.run_batch(model, tokenizer, [arguments, ...])")
 
-    def run(self, model, tokenizer, /, **arguments: Any) -> ProgramState:
+    def run(self, model, tokenizer=None, /, **arguments: Any) -> ProgramState:
         """Run the program once; returns its state when it and all its forks are done (its return value in
-        `state.return_value`). The model is wrapped with default settings when it is not wrapped yet."""
-        return _run_one(self.fn, Backend(model, tokenizer), arguments)
+        `state.return_value`). `model`: a causal LM (wrapped with default settings when it is not wrapped yet),
+        or `hp.remote(url)` to run against a running `hf-paged serve` (`http.py`); `tokenizer`: the model's."""
+        return _run_one(self.fn, backend_for(model, tokenizer), arguments)
 
     def run_batch(self, model, tokenizer, arguments: Sequence[Mapping[str, Any]], /, *,
                   max_workers: int | None = None, raise_errors: bool = True) -> list[ProgramState | BaseException]:
@@ -61,7 +64,7 @@ class Program:
         if max_workers is not None and (isinstance(max_workers, bool) or not isinstance(max_workers, int)
                                         or max_workers < 1):
             raise ValueError(f"run_batch: max_workers must be an int >= 1, got {max_workers!r}")
-        backend = Backend(model, tokenizer)
+        backend = backend_for(model, tokenizer)
         workers = max_workers or min(len(items), 64)
         with ThreadPoolExecutor(workers, thread_name_prefix="hf_paged-program") as pool:
             futures = [pool.submit(_run_one, self.fn, backend, dict(item)) for item in items]
@@ -80,7 +83,7 @@ def program(fn: Callable[..., Any]) -> Program:
     return Program(fn)
 
 
-def _run_one(fn: Callable[..., Any], backend: Backend, arguments: dict[str, Any]) -> ProgramState:
+def _run_one(fn: Callable[..., Any], backend: ProgramBackend, arguments: dict[str, Any]) -> ProgramState:
     run = RunContext(backend)
     state = ProgramState(run)
     try:

@@ -15,14 +15,11 @@ from __future__ import annotations
 import json
 import re
 
-from hf_paged.batching.request import RequestStatus
-from hf_paged.batching.sampling import SamplingParams
-from hf_paged.errors import HfPagedError
 from hf_paged.processors.choice import escape_regex
-from hf_paged.programs.backend import RunContext
+from hf_paged.programs.backend import GenRequest, Guide, RunContext
 from hf_paged.programs.calls import GenCall, SelectCall
 from hf_paged.programs.constraints import Schema, Text, regex_text
-from hf_paged.programs.errors import ProgramError, ValidatorError
+from hf_paged.programs.errors import FieldConstraintError, ProgramError, ValidatorError
 from hf_paged.programs.healing import heal_prompt
 from hf_paged.programs.track import Attempt, CallRecord, TokenCounts, Track
 
@@ -46,36 +43,35 @@ def run_gen(run: RunContext, track: Track, call: GenCall) -> CallRecord:
     backend = run.backend
     what = f"hp.gen({call.name!r})"
     after_text = bool(track.pending)
+    if call.heal and not backend.supports_healing:
+        raise FieldConstraintError(f"{what}: heal=True needs the in-process backend (its first token is held by a "
+                                   f"processor the server cannot take); drop heal= for {type(backend).__name__}")
     prompt = flush(run, track, what)
-    processor = _processor(backend, call)
+    guide = _guide(call)
     healing = None
-    if call.heal and processor is None and after_text:  # a constraint decides the first bytes itself
+    if call.heal and guide is None and after_text:  # a constraint decides the first bytes itself
         healing = heal_prompt(backend, prompt)
         if healing is not None and any(s in healing.lead or healing.lead in s for s in call.stop):
             healing = None  # the healed token would hit a stop string at once
     lead = healing.lead if healing is not None else ""
     request_prompt = healing.prompt if healing is not None else prompt
-    processors = [processor] if processor is not None else [healing.processor] if healing is not None else []
     record = CallRecord(call.name, "gen", "", "")
     for attempt in range(call.max_retries + 1):
         sampled = attempt > 0 or call.temperature > 0  # a retry samples: a greedy rerun would repeat itself
         seed = None if not sampled else (call.seed or 0) + attempt
-        params = SamplingParams(
+        request = GenRequest(
+            what, request_prompt,
             # the field's own tokens, and one more for EOS (or the first token of its literal) when constrained:
             # the literal comes by jump-forward within the budget; what is cut is appended as text (`_cut`)
-            max_new_tokens=call.max_tokens + (1 if processor is not None else 0),
-            do_sample=sampled, temperature=call.temperature or 1.0, top_p=call.top_p, seed=seed,
-            eos_token_id=backend.eos_token_id, stop_strings=list(call.stop) or None,
-            tokenizer=backend.tokenizer if call.stop else None,
-            logits_processors=processors,
+            max_tokens=call.max_tokens + (1 if guide is not None else 0),
+            sampled=sampled, temperature=call.temperature or 1.0, top_p=call.top_p, seed=seed, stop=call.stop,
+            guide=guide, healing=healing,
         )
-        (output,) = backend.submit(run, [request_prompt], [params])
-        if output.status is not RequestStatus.FINISHED:
-            raise _failure(what, output)
-        cut = _cut(backend, call, output.generated_tokens, output.finish_reason or "length", lead)
+        output = backend.generate(run, request)
+        cut = _cut(backend, call, output.token_ids, output.finish_reason, lead)
         valid = cut.complete and validate(call, cut.value)
-        record.tokens.add(TokenCounts(len(request_prompt) - output.num_cached_tokens, output.num_cached_tokens,
-                                      len(output.generated_tokens), cut.num_forced, 1))
+        record.tokens.add(TokenCounts(output.num_prompt_tokens - output.num_cached_tokens, output.num_cached_tokens,
+                                      len(output.token_ids), cut.num_forced, 1))
         record.attempts.append(Attempt(cut.value, cut.finish_reason, valid, seed))
         if valid:
             break
@@ -99,24 +95,21 @@ def run_select(run: RunContext, track: Track, call: SelectCall) -> CallRecord:
     for choice, ids in zip(call.choices, encoded):
         if not ids:
             raise ProgramError(f"{what}: choice {choice!r} encodes to no tokens; give non-empty choices")
-    prompts = [prompt + ids[:-1] for ids in encoded]
-    params = [SamplingParams(max_new_tokens=1, score_targets=ids) for ids in encoded]
-    block_size = backend.engine.config.block_size
+    prompts = [prompt + ids for ids in encoded]  # each choice's tokens scored after the shared prompt
+    block_size = backend.block_size
     new_full_blocks = len(prompt) // block_size - len(track.pinned or ()) // block_size
     if len(prompts) > 1 and new_full_blocks > 0:  # a leader computes the new full blocks; the others share them
-        outputs = backend.submit(run, prompts[:1], params[:1]) + backend.submit(run, prompts[1:], params[1:])
+        parts = [backend.score(run, what, prompts[:1], len(prompt)), backend.score(run, what, prompts[1:], len(prompt))]
     else:
-        outputs = backend.submit(run, prompts, params)
+        parts = [backend.score(run, what, prompts, len(prompt))]
     record = CallRecord(call.name, "select", "", "scored")
     scores: dict[str, float] = {}
-    for choice, output in zip(call.choices, outputs):
-        if output.status is not RequestStatus.FINISHED:
-            raise _failure(what, output)
-        logprobs = output.score_logprobs or []
+    for choice, logprobs in zip(call.choices, [lp for part in parts for lp in part.logprobs]):
         total = float(sum(logprobs))
         scores[choice] = total / len(logprobs) if call.normalize == "mean" else total
-        num_prompt = len(output.prompt_ids)
-        record.tokens.add(TokenCounts(num_prompt - output.num_cached_tokens, output.num_cached_tokens, 0, 0, 1))
+    for part in parts:
+        record.tokens.add(TokenCounts(part.num_prompt_tokens - part.num_cached_tokens, part.num_cached_tokens, 0, 0,
+                                      len(part.logprobs)))
     best = max(range(len(call.choices)), key=lambda i: (scores[call.choices[i]], -i))  # ties: the earliest
     record.value, record.scores = call.choices[best], scores
     record.attempts.append(Attempt(record.value, "scored", True, None))
@@ -236,29 +229,18 @@ def field_value(call: GenCall, value: str):
     return value
 
 
-def _failure(what: str, output) -> HfPagedError:
-    error_type = output.error_type
-    if isinstance(error_type, type) and issubclass(error_type, HfPagedError):
-        return error_type(f"{what}: {output.error}")
-    return ProgramError(f"{what}: its request ended {output.finish_reason or 'failed'}: {output.error}")
-
-
-def _processor(backend, call: GenCall):
-    """The logits processor that holds the field (and its forced suffix) to its constraint; None: free text."""
-    from hf_paged.processors import GrammarLogitsProcessor, JSONSchemaLogitsProcessor, RegexLogitsProcessor
-
-    tokenizer, eos = backend.tokenizer, backend.eos_token_id
+def _guide(call: GenCall) -> Guide | None:
+    """The constraint that holds the field (and its forced suffix), as data for the backend; None: free text."""
     constraint = call.constraint if call.constraint is not None else Text(call.max_tokens, None, 0)
     suffix = escape_regex(call.suffix)
     if call.regex is not None:
-        return RegexLogitsProcessor(call.regex + suffix, tokenizer, eos_token_id=eos)
+        return Guide("regex", call.regex + suffix)
     if isinstance(constraint, Text) and not call.suffix:
         return None
     stop_char = call.suffix[0] if call.suffix else None
     flat = regex_text(constraint, json_string=call.json_string, stop_char=stop_char)
     if flat is not None:
-        return RegexLogitsProcessor(flat + suffix, tokenizer, eos_token_id=eos)
+        return Guide("regex", flat + suffix)
     if isinstance(constraint, Schema):
-        return JSONSchemaLogitsProcessor(constraint.schema, tokenizer, eos_token_id=eos)
-    return GrammarLogitsProcessor(constraint.grammar, tokenizer, start=constraint.start, eos_token_id=eos)
-
+        return Guide("json_schema", constraint.schema)
+    return Guide("grammar", constraint.grammar, constraint.start)

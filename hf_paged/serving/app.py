@@ -14,7 +14,6 @@ import asyncio
 import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -28,6 +27,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hf_paged.batching.engine import Engine
 from hf_paged.batching.engine_loop import LoopClosedError
+from hf_paged.serving.echo import echo_choices, prepare_echo, run_echo
+from hf_paged.serving.envelope import Head
 from hf_paged.serving.errors import ApiError, validation_message
 from hf_paged.serving.generation import ChoiceEvent, Usage, run_choices
 from hf_paged.serving.metrics import ServerMetrics
@@ -163,12 +164,16 @@ def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = 
     @app.get("/v1/models")
     async def models() -> dict:
         return {"object": "list", "data": [{"id": server.settings.model_name, "object": "model", "created": 0,
-                                            "owned_by": "hf_paged", "max_model_len": engine.max_model_len}]}
+                                            "owned_by": "hf_paged", "max_model_len": engine.max_model_len,
+                                            "block_size": engine.config.block_size,  # ours: for clients
+                                            "eos_token_ids": server.preparer.eos_token_ids}]}  # that tokenize
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
         received = time.perf_counter()
         body = await server.parse(request, CompletionRequest)
+        if body.echo:
+            return await _echo(server, request, body)
         return await _answer(server, request, body, server.preparer.completion, "text_completion", received)
 
     @app.post("/v1/chat/completions")
@@ -185,7 +190,7 @@ async def _answer(server: _AppState, request: Request, body, prepare: Callable[[
     prepared = await run_in_threadpool(prepare, body)  # may compile a schema: off the event loop; 400s first
     admission = server.admit(len(prepared.prompts))
     try:
-        head = _Head(kind, body.model or server.settings.model_name)
+        head = Head(kind, body.model or server.settings.model_name, body.return_token_ids)
         usage = Usage()
         events = run_choices(server.loop, prepared, server.tokenizer, server.metrics, usage, received,
                              on_queued=admission.queued, on_prefilled=_retainer(server, prepared))
@@ -204,6 +209,24 @@ async def _answer(server: _AppState, request: Request, body, prepare: Callable[[
     return JSONResponse(result)
 
 
+async def _echo(server: _AppState, request: Request, body: CompletionRequest) -> Response:
+    """Scoring (`echo.py`): the prompts' log-probabilities in one answer, aborted if the client leaves."""
+    echo = await run_in_threadpool(prepare_echo, server.engine, server.tokenizer, body)
+    admission = server.admit(len(echo.prompts))
+    try:
+        outputs = await _until_disconnect(request, run_echo(server.loop, echo, admission.queued))
+    except LoopClosedError:
+        raise ApiError("the server is shutting down; retry", status=503, code="shutting_down") from None
+    finally:
+        admission.close()
+    if outputs is None:
+        return Response(status_code=499)  # the client is gone: nobody reads this
+    usage = Usage()
+    choices = echo_choices(echo, outputs, server.tokenizer, usage, return_token_ids=body.return_token_ids)
+    head = Head("text_completion", body.model or server.settings.model_name)
+    return JSONResponse(head.envelope(choices, usage.as_dict()))
+
+
 def _retainer(server: _AppState, prepared: PreparedRequest) -> Callable[[int], None] | None:
     """What pins prompt i's prefix once it is computed, for a request with `cache_retention_seconds`."""
     if prepared.retention is None:
@@ -219,42 +242,15 @@ def _retainer(server: _AppState, prepared: PreparedRequest) -> Callable[[int], N
     return retain
 
 
-@dataclass(slots=True)
-class _Head:
-    kind: str  # "text_completion" | "chat.completion"
-    model: str
-    id: str = ""
-    created: int = 0
-
-    def __post_init__(self) -> None:
-        self.id = ("chatcmpl-" if self.kind.startswith("chat") else "cmpl-") + uuid.uuid4().hex
-        self.created = int(time.time())
-
-    def envelope(self, choices: list[dict], usage: dict | None = None, chunk: bool = False) -> dict:
-        kind = f"{self.kind}.chunk" if chunk and self.kind.startswith("chat") else self.kind
-        out = {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
-        if usage is not None:
-            out["usage"] = usage
-        return out
-
-    def choice(self, event: ChoiceEvent, chunk: bool, first: bool = False) -> dict:
-        finish = event.finish_reason if event.finish_reason != "error" else None
-        if not self.kind.startswith("chat"):
-            return {"index": event.index, "text": event.text, "logprobs": None, "finish_reason": finish}
-        if chunk:
-            delta = {"role": "assistant", "content": event.text} if first else {"content": event.text}
-            return {"index": event.index, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": event.index, "message": {"role": "assistant", "content": event.text}, "logprobs": None,
-                "finish_reason": finish}
-
-
-async def _collect(head: _Head, events: AsyncIterator[ChoiceEvent], usage: Usage, prepared: PreparedRequest) -> dict:
+async def _collect(head: Head, events: AsyncIterator[ChoiceEvent], usage: Usage, prepared: PreparedRequest) -> dict:
     texts: dict[int, list[str]] = {}
+    ids: dict[int, list[int]] = {}
     finals: dict[int, ChoiceEvent] = {}
     try:
         async with _closing(events):
             async for event in events:
                 texts.setdefault(event.index, []).append(event.text)
+                ids.setdefault(event.index, []).extend(event.token_ids or [])
                 if event.finish_reason is not None:
                     finals[event.index] = event
     except LoopClosedError:
@@ -269,11 +265,13 @@ async def _collect(head: _Head, events: AsyncIterator[ChoiceEvent], usage: Usage
     choices = []
     for index in sorted(finals):
         event = finals[index]
-        choices.append(head.choice(ChoiceEvent(index, "".join(texts[index]), event.finish_reason), chunk=False))
+        whole = ChoiceEvent(index, "".join(texts[index]), event.finish_reason, token_ids=ids[index],
+                            prompt_token_ids=event.prompt_token_ids, finish_detail=event.finish_detail)
+        choices.append(head.choice(whole, chunk=False))
     return head.envelope(choices, usage.as_dict())
 
 
-async def _sse(head: _Head, events: AsyncIterator[ChoiceEvent], usage: Usage, include_usage: bool):
+async def _sse(head: Head, events: AsyncIterator[ChoiceEvent], usage: Usage, include_usage: bool):
     """Server-sent events in OpenAI's chunk format. A failed choice sends an error event; the stream still ends
     with `data: [DONE]`."""
     started: set[int] = set()
@@ -295,7 +293,7 @@ async def _sse(head: _Head, events: AsyncIterator[ChoiceEvent], usage: Usage, in
                 yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
     except LoopClosedError:
         yield _error_event("the server shut down before the request finished; retry", 503, "shutting_down")
-    except Exception as exc:  # noqa: BLE001 -- headers are sent: the error goes in the stream, never a traceback
+    except Exception as exc:
         logger.exception("stream failed")
         yield _error_event(f"internal error ({type(exc).__name__}); the server log has the details")
     if include_usage:

@@ -35,6 +35,10 @@ class ChoiceEvent:
     error: str | None = None  # the request failed on the server (e.g. its logits processor raised)
     num_tokens: int = 0  # tokens behind this event
     error_type: type[BaseException] | None = None  # the class of the exception behind `error`
+    token_ids: list[int] | None = None  # the tokens behind this event's text (and any held back before it)
+    prompt_token_ids: list[int] | None = None  # on a choice's last event: its prompt
+    finish_detail: str | None = None  # on the last event: the engine's own reason ("length_incomplete": a guided
+    # output cut short by max_tokens before its constraint closed; the client sees "length")
 
     def error_status(self) -> tuple[int, str]:
         """(HTTP status, code) of a failed choice: 400 when the request itself was at fault (a typed
@@ -85,6 +89,7 @@ async def run_choices(
 
     tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(prepared.prompts)]
     texts: dict[str, TextStream] = {}
+    unsent: dict[str, list[int]] = {}  # request id -> tokens whose text is held back (not in an event yet)
     index_of: dict[str, int] = {}
     timing: dict[str, float] = {}  # request id -> time of its last token
     remaining = len(prepared.prompts) * n
@@ -104,12 +109,18 @@ async def run_choices(
                 metrics.observe_tokens(now - timing[rid] if rid in timing else None, now - received)
                 timing[rid] = now
             text = stream.push(delta.new_token_ids)
+            ids = unsent.setdefault(rid, [])
+            ids.extend(delta.new_token_ids)
             if not delta.finished:
                 if text:
-                    yield ChoiceEvent(index_of[rid], text, num_tokens=len(delta.new_token_ids))
+                    yield ChoiceEvent(index_of[rid], text, num_tokens=len(delta.new_token_ids), token_ids=ids)
+                    unsent[rid] = []
                 continue
             remaining -= 1
-            yield _last_event(index_of[rid], text + stream.finish(), delta, stream, usage, metrics, now - received)
+            event = _last_event(index_of[rid], text + stream.finish(), delta, stream, usage, metrics, now - received)
+            event.token_ids, event.prompt_token_ids = unsent.pop(rid), list(delta.output.prompt_ids)
+            event.finish_detail = delta.output.finish_reason
+            yield event
     finally:
         for task in tasks:
             task.cancel()

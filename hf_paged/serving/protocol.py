@@ -2,7 +2,10 @@
 
 Fields follow OpenAI's API reference; `top_k`, `min_tokens`, `ignore_eos`, `repetition_penalty`, `guided_json`,
 `guided_regex`, `guided_choice` and `guided_grammar` (Lark EBNF) are vLLM's extras; `cache_retention_seconds` and
-`cache_retention_tokens` are ours (a prompt prefix kept cached, `retention.py`). An unknown field is refused (as
+`cache_retention_tokens` are ours (a prompt prefix kept cached, `retention.py`). `return_token_ids` is vLLM's (each
+choice gets `prompt_token_ids` and `token_ids`; ours adds `finish_detail`, the engine's own finish reason).
+Completions take OpenAI's scoring form `echo: true, logprobs: 0, max_tokens: 0` (the prompt's log-probabilities,
+`serving/echo.py`), with our `prompt_logprobs_start` (the first prompt position scored). An unknown field is refused (as
 OpenAI does: a typo such as `max_token` must not be ignored silently); fields we know but cannot honour are refused
 when set to anything but their neutral value, with the field named (`param`) in the 400 answer.
 """
@@ -90,6 +93,8 @@ class _Sampling(_Strict):
     # (`serving/retention.py`), its first `cache_retention_tokens` tokens (default: the whole prompt)
     cache_retention_seconds: Annotated[Number, Field(gt=0, allow_inf_nan=False)] | None = None
     cache_retention_tokens: Annotated[StrictInt, Field(ge=1)] | None = None
+    # vLLM: each choice carries `prompt_token_ids` and `token_ids` (generated, as the engine produced them)
+    return_token_ids: StrictBool = False
 
     def check_supported(self) -> None:
         """Raise `UnsupportedField` for the first field we know but cannot honour."""
@@ -102,7 +107,10 @@ class _Sampling(_Strict):
         }
         for name, bad in refused.items():
             if bad:
-                raise UnsupportedField(name, f"{name} is not supported by hf-paged serve; leave it out")
+                fix = (" (generated tokens' log-probabilities are not computed); leave it out, or score a prompt "
+                       "with echo: true, logprobs: 0, max_tokens: 0") if name in ("logprobs", "top_logprobs") else \
+                    "; leave it out"
+                raise UnsupportedField(name, f"{name} is not supported by hf-paged serve{fix}")
         guides = [name for name in _GUIDES if getattr(self, name) is not None
                   and not (name == "response_format" and self.response_format.type == "text")]
         if len(guides) > 1:
@@ -120,15 +128,42 @@ class CompletionRequest(_Sampling):
     echo: StrictBool = False
     suffix: StrictStr | None = None
     best_of: StrictInt | None = None
+    # hf_paged, with echo: the first prompt position that gets a log-probability (default 1: all but the first
+    # token, as OpenAI's echo); the positions before it may come from the prefix cache
+    prompt_logprobs_start: Annotated[StrictInt, Field(ge=1)] | None = None
 
     def check_supported(self) -> None:
         super().check_supported()
         if self.echo:
-            raise UnsupportedField("echo", "echo is not supported by hf-paged serve; leave it out")
+            self._check_echo()
+        elif self.prompt_logprobs_start is not None:
+            raise UnsupportedField("prompt_logprobs_start", "prompt_logprobs_start applies to scoring (echo: true, "
+                                   "logprobs: 0, max_tokens: 0); leave it out or add those")
         if self.suffix:
             raise UnsupportedField("suffix", "suffix (insertion) is not supported by hf-paged serve; leave it out")
         if self.best_of not in (None, self.n):
             raise UnsupportedField("best_of", "best_of is not supported by hf-paged serve; use n")
+
+    def _check_echo(self) -> None:
+        """echo is supported as scoring: the prompt's tokens' log-probabilities, nothing generated."""
+        scoring = "echo is supported for scoring only: send echo: true with logprobs: 0 and max_tokens: 0"
+        if self.max_tokens != 0:
+            raise UnsupportedField("echo", f"echo with generation (max_tokens={self.max_tokens}) is not supported; "
+                                   f"{scoring}")
+        if self.logprobs is None or isinstance(self.logprobs, bool) or self.logprobs != 0:
+            raise UnsupportedField("logprobs", f"echo needs logprobs: 0 (the prompt tokens' own log-probabilities; "
+                                   f"top alternatives are not computed), got {self.logprobs!r}; {scoring}")
+        for name, bad in (("n", self.n != 1), ("stream", self.stream), ("stop", self.stop is not None),
+                          ("cache_retention_seconds", self.cache_retention_seconds is not None),
+                          ("min_tokens", self.min_tokens != 0), ("ignore_eos", self.ignore_eos)):
+            if bad:
+                raise UnsupportedField(name, f"{name} does not apply to echo scoring (nothing is generated); "
+                                       "leave it out")
+        for name in _GUIDES:
+            if getattr(self, name) is not None and not (name == "response_format" and self.response_format.type
+                                                        == "text"):
+                raise UnsupportedField(name, f"{name} does not apply to echo scoring (nothing is generated); "
+                                       "leave it out")
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: text, or token ids."""
