@@ -17,6 +17,7 @@ ATTENTION_BACKENDS = ("auto", "torch", "triton")
 PREFIX_EVICTION_POLICIES = ("lru", "lfu", "cost")
 VALUE_QUANT_GROUPS = ("token", "head")
 KV_SCALE_FORMATS = ("fp16", "log8")
+SCHEDULING_POLICIES = ("budget", "remaining")
 SPARSE_PREFILL_PATTERNS = (None, "vertical_slash", "block", "auto")
 
 
@@ -41,7 +42,10 @@ class PagedConfig:
     """
 
     # -- the block pool ------------------------------------------------------------------------------
-    block_size: int = 16  # token slots per block; a power of two (1, 2, 4, ... 256)
+    # token slots per block; a power of two (1, 2, 4, ... 256), or "auto": picked from the model's shape and the
+    # machine when the cache is built (`cache/block_size.py`; measured in benchmarks/block_size_results.md), shown
+    # as `block_size` in `Engine.stats()` and the engine's config
+    block_size: int | str = 16
     num_blocks: int | None = None  # blocks in the pool; None: sized from max_cache_bytes
     max_cache_bytes: int | None = None  # KV memory budget when num_blocks is None; None: see memory_fraction
     # with neither num_blocks nor max_cache_bytes: the pool's budget is this share of the memory free when the
@@ -60,6 +64,10 @@ class PagedConfig:
     # engine with nothing decoding prefills at full budget
     max_prefill_tokens_per_step: int | None = None
     preemption_mode: str = "recompute"  # "recompute" | "swap" (blocks copied to CPU and back)
+    # "budget": admit whatever the token budget and the free blocks allow now | "remaining": keep back the blocks the
+    # running requests need to their last token, decode shortest remaining tail first, preempt the longest tail
+    # (`batching/decode_lengths.py`; measured in benchmarks/decode_lengths_results.md)
+    scheduling_policy: str = "budget"
     # -- prefix sharing ------------------------------------------------------------------------------
     enable_prefix_caching: bool = True
     # "lru" | "lfu" | "cost" (recompute cost x decayed reuse, remembered after eviction; cache/eviction_policy.py)
@@ -121,12 +129,16 @@ class PagedConfig:
     kv_eviction: str | None = None  # deprecated name of kv_pruning (warns; moved there at construction)
 
     def __post_init__(self) -> None:
-        _check_int("block_size", self.block_size, minimum=1)
-        if not _is_power_of_two(self.block_size) or self.block_size > 256:
-            raise ValueError(
-                f"PagedConfig.block_size must be a power of two between 1 and 256, got {self.block_size}; "
-                "use e.g. 16"
-            )
+        if isinstance(self.block_size, str) and self.block_size != "auto":
+            raise TypeError(f"PagedConfig.block_size must be an int (a power of two from 1 to 256) or \"auto\", got "
+                            f"str ({self.block_size!r}); use e.g. 16 or \"auto\"")
+        if self.block_size != "auto":
+            _check_int("block_size", self.block_size, minimum=1)
+            if not _is_power_of_two(self.block_size) or self.block_size > 256:
+                raise ValueError(
+                    f"PagedConfig.block_size must be a power of two between 1 and 256 (or \"auto\"), got "
+                    f"{self.block_size}; use e.g. 16"
+                )
         if self.num_blocks is not None:
             _check_int("num_blocks", self.num_blocks, minimum=1)
         if self.max_cache_bytes is not None:
@@ -139,6 +151,7 @@ class PagedConfig:
         if self.max_prefill_tokens_per_step is not None:
             _check_int("max_prefill_tokens_per_step", self.max_prefill_tokens_per_step, minimum=1)
         _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _check_choice("prefix_eviction_policy", self.prefix_eviction_policy, PREFIX_EVICTION_POLICIES)
         if isinstance(self.prefix_pin_share, bool) or not isinstance(self.prefix_pin_share, (int, float)) \
                 or not 0 <= self.prefix_pin_share <= 1:

@@ -38,6 +38,7 @@ from hf_paged.batching.speculative import DraftRows, Speculator
 from hf_paged.batching.step_inputs import build_step_inputs
 from hf_paged.batching.swap import swap_in, swap_out
 from hf_paged.batching.weights import weights_fingerprint
+from hf_paged.cache.block_size import resolve_block_size
 from hf_paged.cache.kernels import check_backend as check_attention_backend
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.sizing import kv_shape_of
@@ -57,8 +58,8 @@ class Engine:
 
     def __init__(self, model: torch.nn.Module, config: PagedConfig | None = None, *, kv_store: KVStore | None = None):
         self.model = model
-        self.config = config or PagedConfig()
         param = next(model.parameters())
+        self.config = resolve_block_size(config or PagedConfig(), model.config, param.dtype, param.device)  # "auto"
         check_attention_backend(self.config.attention_backend, param.device)
         self.cache = PagedCache(
             model.config, self.config, dtype=param.dtype, device=param.device,

@@ -10,6 +10,8 @@ While some request decodes in the step, prompt tokens (running prefills and admi
 to `max_prefill_tokens_per_step`, so a long prompt is spread over several steps instead of stalling the decodes.
 A decode with speculative drafts (`request.draft_ids`) runs its last token and the drafts as one chunk; the drafts
 are trimmed to the budget left and dropped when their blocks are not free (drafts never preempt anyone).
+With `scheduling_policy="remaining"` (`decode_lengths.py`), admission also keeps back the blocks the running
+requests need to their last token, decodes run shortest remaining tail first, and victims are the longest tails.
 The block mechanics (tables, sharing, copy-on-write) are the `KVCacheManager`'s; storage work on preemption
 (swapping K/V to CPU) is the engine's, through `on_preempt` / `on_resume` callbacks; blocks past a request's local
 prefix hit that another engine or the disk tier holds are loaded by the `kv_transfer` connector as it starts.
@@ -21,6 +23,7 @@ from bisect import insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from hf_paged.batching.decode_lengths import DecodeLengths
 from hf_paged.batching.request import Request, RequestStatus
 from hf_paged.cache.kv_manager import KVCacheManager
 from hf_paged.config import PagedConfig
@@ -81,6 +84,8 @@ class Scheduler:
         self.waiting: list[tuple[tuple[int, int], Request]] = []
         self.running: list[Request] = []
         self.num_preemptions = 0
+        # "remaining": admission, decode order and victims from the remaining decode lengths (decode_lengths.py)
+        self.lengths = DecodeLengths(kv) if config.scheduling_policy == "remaining" else None
 
     # -- requests --------------------------------------------------------------------------------------
     def register(self, request: Request) -> None:
@@ -132,7 +137,8 @@ class Scheduler:
         prompt_budget = budget  # prompt tokens left this step: bounded once a decode is in the step
         bounded = False
         # Decodes first, then running prefill chunks; within each, higher priority and earlier arrival first.
-        order = sorted(self.running, key=lambda r: (r.num_tokens_to_compute > 1, _queue_key(r)))
+        order = sorted(self.running, key=self.lengths.order_key if self.lengths is not None
+                       else lambda r: (r.num_tokens_to_compute > 1, _queue_key(r)))
         scheduled_ids: set[str] = set()
         for request in order:
             if budget == 0:
@@ -182,7 +188,8 @@ class Scheduler:
     def _allocate_or_preempt(self, request: Request, num_tokens: int, scheduled_ids: set[str], out) -> bool:
         while not self.kv.allocate_slots(request.request_id, num_tokens):
             victims = [r for r in self.running if r.request_id not in scheduled_ids]
-            victim = min(victims, key=lambda r: (r.priority, -r.arrival_index))
+            victim = min(victims, key=self.lengths.victim_key if self.lengths is not None
+                         else lambda r: (r.priority, -r.arrival_index))
             self._preempt(victim)
             out.preempted.append(victim)
             if victim is request:
@@ -214,6 +221,7 @@ class Scheduler:
                 hits = {id(r): policy.cached_prefix_len(r) for r in candidates}
                 candidates.sort(key=lambda r: (-r.priority, -hits[id(r)], r.arrival_index))
         admitted: list[Request] = []
+        reserve = self.lengths.reserve(self.running) if self.lengths is not None else 0
         for request in candidates:
             if budget == 0 or len(self.running) + len(admitted) >= self.config.max_num_seqs:
                 break
@@ -227,6 +235,10 @@ class Scheduler:
             if admitted and self._waits_for_whole_step(request, budget):
                 self._unstart(request)
                 continue  # smaller requests behind it may fill the rest of this step
+            if self.lengths is not None and not self.lengths.admits(
+                    request, reserve, alone=not self.running and not admitted):
+                self._unstart(request)
+                break  # its blocks to its last token do not fit beside the running requests' (FCFS)
             num_tokens = min(request.num_tokens_to_compute, budget)
             if num_tokens < request.num_tokens_to_compute and not self.config.enable_chunked_prefill:
                 self._unstart(request)
@@ -237,6 +249,8 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             request.swapped = None  # swapped-in K/V now live in blocks
             admitted.append(request)
+            if self.lengths is not None:
+                reserve += self.lengths.need(request)
             if policy is not None:
                 inflight.update(policy.computing(request))
             out.scheduled.append(ScheduledRequest(request, num_tokens))
