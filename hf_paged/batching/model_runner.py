@@ -22,6 +22,7 @@ from hf_paged.cache.attention_backends import TorchBackend, choose_backend
 from hf_paged.cache.attention_switch import attention_configs, use_attention
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.paged_cache import PagedCache
+from hf_paged.cache.sparse_prefill import SparsePrefill
 
 
 class ModelRunner:
@@ -31,6 +32,7 @@ class ModelRunner:
         self.cache = cache
         self._configs = attention_configs(model)
         self.device = _input_device(model)
+        self.sparse = SparsePrefill.from_config(cache.paged_config)  # long prefill chunks block-sparse (or None)
         self.lean = LeanForward.build(model)
         self.graphs = self._decode_graphs()
 
@@ -69,7 +71,7 @@ class ModelRunner:
         ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
         pos = torch.tensor([positions], dtype=torch.long, device=self.device)
         keep = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
-        backend = choose_backend(metadata, self.cache.block_layers, self.device)
+        backend = choose_backend(metadata, self.cache.block_layers, self.device, self.sparse)
         if usable:
             return self.lean(ids, pos, keep, self._paged_attend(backend)).float()
         with self.paged_attention():

@@ -20,11 +20,17 @@ cannot read (head groups, streaming heads, keys in the RoPE frame), a CPU varian
 (`metadata.cpu_kernels`), and queries the CPU kernels do not take (not fp32 on the CPU). The backend also keeps the
 step's plans, each built by the first layer that needs it: torch gather plans (device, window), CPU kernel plans
 (window, quantized), PyramidKV's per-layer plans, the fused kernels' tail tables (device).
+
+Sparse prefill (`PagedConfig.sparse_prefill`, `cache/sparse_prefill.py`): over plain blocks, with no window, soft
+cap, hidden blocks or observation, the step's long prefill chunks (`SparsePrefill.applies`) are left out of the dense
+plans and attended block-sparsely on the torch path, whatever the backend (the Triton backend hands such steps to the
+torch one); compressed and merged layers stay dense.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -37,6 +43,7 @@ from hf_paged.cache.kernels.reference import build_attention_plan, run_attention
 from hf_paged.cache.layer_kv import CompressedBlocks, LayerKV, MergedBlocks, PlainBlocks
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.pruning import hide_positions
+from hf_paged.cache.sparse_prefill import SparsePrefill, attend_sparse_groups
 
 if TYPE_CHECKING:  # pragma: no cover
     from hf_paged.cache.block_layer import BlockLayer
@@ -47,15 +54,17 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["CpuKernelBackend", "TorchBackend", "TritonBackend", "choose_backend"]
 
 
-def choose_backend(metadata: PagedMetadata, layers: Sequence[BlockLayer], device: torch.device) -> TorchBackend:
-    """The step's backend from `PagedConfig.attention_backend` and the device the forward runs on."""
+def choose_backend(metadata: PagedMetadata, layers: Sequence[BlockLayer], device: torch.device,
+                   sparse: SparsePrefill | None = None) -> TorchBackend:
+    """The step's backend from `PagedConfig.attention_backend` and the device the forward runs on; `sparse`: the
+    engine's sparse prefill settings (`SparsePrefill.from_config`), None for dense prefill."""
     name = metadata.attention_backend
     if name == "torch":
-        return TorchBackend(metadata, layers)
+        return TorchBackend(metadata, layers, sparse)
     if name == "triton" or device.type == "cuda":
-        return TritonBackend(metadata, layers)
+        return TritonBackend(metadata, layers, sparse)
     if name == "auto":
-        return CpuKernelBackend(metadata, layers)
+        return CpuKernelBackend(metadata, layers, sparse)
     raise ValueError(f"attention_backend must be 'auto', 'torch' or 'triton'; got {name!r}")
 
 
@@ -64,11 +73,19 @@ class TorchBackend:
     Serves everything: per-layer hidden blocks, SnapKV observation, streaming heads, soft-capped logits."""
 
     name: ClassVar[str] = "torch"
-    __slots__ = ("_cpu_plans", "_hidden_plans", "_tails", "_torch_plans", "layers", "metadata")
+    __slots__ = ("_cpu_plans", "_hidden_plans", "_sparse_plans", "_sparse_seqs", "_tails", "_torch_plans", "layers",
+                 "metadata", "sparse")
 
-    def __init__(self, metadata: PagedMetadata, layers: Sequence[BlockLayer]) -> None:
+    def __init__(self, metadata: PagedMetadata, layers: Sequence[BlockLayer],
+                 sparse: SparsePrefill | None = None) -> None:
         self.metadata = metadata
         self.layers = layers  # the cache's layers, by layer index
+        self.sparse = sparse
+        # per sequence: is its chunk attended sparsely this step (None: not decided yet; [] when sparse is off)
+        self._sparse_seqs: list[bool] | None = None if sparse is not None else []
+        # (device, which) -> torch plan (no window) of the sparse chunks ("sparse": their slots and rows) or of the
+        # other sequences ("dense"; "long": the other long chunks only, the CPU kernels attend the short ones)
+        self._sparse_plans: dict[tuple[torch.device, str], AttentionPlan] = {}
         self._torch_plans: dict[tuple[torch.device, int | None], AttentionPlan] = {}
         self._hidden_plans: dict[tuple[torch.device, int | None, int], AttentionPlan] = {}  # + layer
         self._cpu_plans: dict[tuple[int | None, bool], CpuAttentionPlan] = {}  # (window, quantized)
@@ -92,8 +109,39 @@ class TorchBackend:
                      sliding_window: int | None, softcap: float | None) -> torch.Tensor:
         if self.metadata.observed:
             self._record_scores(layer_idx, q, kv.keys, None, scale)
+        sparse = self.sparse_seqs(sliding_window, softcap)
+        if any(sparse):
+            out = run_attention_plan(self._sparse_plan(q.device, "dense", sparse), q, kv.keys, kv.values, scale=scale)
+            self._attend_sparse(q, kv, scale, out)
+            return out
         plan = self.plain_plan(layer_idx, q.device, sliding_window)
         return run_attention_plan(plan, q, kv.keys, kv.values, scale=scale, softcap=softcap)
+
+    def sparse_seqs(self, sliding_window: int | None, softcap: float | None) -> list[bool]:
+        """Per sequence, whether its chunk is attended block-sparsely in this layer ([] or all False: none).
+        Decided once per step from the chunk lengths; a window, a soft cap, hidden blocks or observation keep the
+        layer dense."""
+        m = self.metadata
+        if self.sparse is None or sliding_window is not None or softcap is not None or m.hidden or m.observed:
+            return []
+        if self._sparse_seqs is None:
+            qsl = m.query_start_loc
+            self._sparse_seqs = [self.sparse.applies(qsl[i + 1] - qsl[i], c) for i, c in enumerate(m.context_lens)]
+        return self._sparse_seqs
+
+    def _sparse_plan(self, device: torch.device, which: str, skip: list[bool]) -> AttentionPlan:
+        """The step's torch plan (no window) of the sequences not in `skip`, built once per `which`."""
+        plan = self._sparse_plans.get((device, which))
+        if plan is None:
+            m = self.metadata
+            plan = self._sparse_plans[device, which] = build_attention_plan(
+                m.block_tables_on(device), m.query_start_loc, m.context_lens, m.block_size, skip=skip, in_place=True)
+        return plan
+
+    def _attend_sparse(self, q: torch.Tensor, kv: PlainBlocks, scale: float, out: torch.Tensor) -> None:
+        """The sparse chunks' rows of `out` (`sparse_prefill.attend_sparse_groups`)."""
+        chunks = self._sparse_plan(q.device, "sparse", [not s for s in self._sparse_seqs])
+        attend_sparse_groups(self.sparse, chunks.prefills, q, kv.keys, kv.values, scale=scale, out=out)
 
     def plain_plan(self, layer_idx: int, device: torch.device, sliding_window: int | None) -> AttentionPlan:
         """The torch plan over the block storage in place (built once per step), with this layer's hidden blocks."""
@@ -177,8 +225,17 @@ class CpuKernelBackend(TorchBackend):
         m = self.metadata
         if m.hidden or m.observed or PLAIN not in m.cpu_kernels or not cpu_kernel_applies(q, kv.keys):
             return super().attend_plain(layer_idx, kv, q, scale, sliding_window, softcap)
-        return run_cpu_attention(self._cpu_plan(sliding_window, quantized=False), q, kv.keys, kv.values,
-                                 scale=scale, softcap=softcap)
+        sparse = self.sparse_seqs(sliding_window, softcap)
+        if not any(sparse):
+            return run_cpu_attention(self._cpu_plan(sliding_window, quantized=False), q, kv.keys, kv.values,
+                                     scale=scale, softcap=softcap)
+        # the kernel takes the short chunks and decodes, the dense torch plan the other long chunks
+        plan = self._cpu_plan(None, quantized=False)
+        skip = [i not in plan.long_seqs or s for i, s in enumerate(sparse)]
+        plan = replace(plan, long=self._sparse_plan(q.device, "long", skip), long_seqs=[])
+        out = run_cpu_attention(plan, q, kv.keys, kv.values, scale=scale, softcap=None)
+        self._attend_sparse(q, kv, scale, out)
+        return out
 
     def attend_compressed(self, layer_idx: int, kv: CompressedBlocks, q: torch.Tensor, scale: float,
                           sliding_window: int | None, softcap: float | None) -> torch.Tensor:
@@ -209,7 +266,7 @@ class TritonBackend(TorchBackend):
     def attend_plain(self, layer_idx: int, kv: PlainBlocks, q: torch.Tensor, scale: float,
                      sliding_window: int | None, softcap: float | None) -> torch.Tensor:
         m = self.metadata
-        if softcap is not None or m.hidden:
+        if softcap is not None or m.hidden or any(self.sparse_seqs(sliding_window, softcap)):
             return super().attend_plain(layer_idx, kv, q, scale, sliding_window, softcap)
         if m.observed:  # the scores come from the storage; the kernels attend as usual
             self._record_scores(layer_idx, q, kv.keys, None, scale)
