@@ -27,9 +27,14 @@ import json
 import os
 from dataclasses import dataclass, field
 
+import torch
+
+from hf_paged.cache.sizing import KVShape, budget_bytes, max_useful_blocks
+from hf_paged.config import PagedConfig
 from hf_paged.errors import InvalidConfigError
 
-__all__ = ["HeadMergePlan", "LayerMerge", "check_head_merge", "layer_merges"]
+__all__ = ["HeadMergePlan", "LayerMerge", "check_head_merge", "layer_merges", "merged_bytes_per_block",
+           "merged_num_blocks", "merges_for_cache"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,3 +145,35 @@ class HeadMergePlan:
             data = json.load(f)
         return cls(tuple(tuple(int(r) for r in layer) for layer in data["representatives"]),
                    int(data["num_kv_heads"]), data.get("threshold"), data.get("distances"))
+
+
+def merges_for_cache(model_config, cfg: PagedConfig) -> list[LayerMerge] | None:
+    """The layers' merges of `cfg.head_merge` checked against the model (None without head merging)."""
+    if cfg.head_merge is None:
+        return None
+    text = model_config.get_text_config(decoder=True) if hasattr(model_config, "get_text_config") else model_config
+    num_heads = int(text.num_attention_heads)
+    num_kv_heads = int(getattr(text, "num_key_value_heads", None) or num_heads)
+    check_head_merge(cfg.head_merge, num_layers=int(text.num_hidden_layers), num_heads=num_heads,
+                     num_kv_heads=num_kv_heads)
+    return layer_merges(cfg.head_merge, num_kv_heads)
+
+
+def merged_bytes_per_block(merges: list[LayerMerge], block_size: int, head_dim: int, dtype: torch.dtype) -> int:
+    """What one block costs over every layer: each layer's kept key heads plus all its value heads."""
+    elem = torch.empty((), dtype=dtype).element_size()
+    return sum((len(m.kept_kv_heads) + m.num_kv_heads) * block_size * head_dim * elem for m in merges)
+
+
+def merged_num_blocks(cfg: PagedConfig, kv_shape: KVShape, per_block: int, device) -> int:
+    """`num_blocks` if given, else what the KV budget buys at the merged block size (the unmerged rule of
+    `sizing.num_blocks_for` with `per_block`: the bytes a merge saves become blocks)."""
+    if cfg.num_blocks is not None:
+        return cfg.num_blocks
+    blocks = budget_bytes(cfg, device) // per_block
+    if cfg.max_cache_bytes is None:
+        blocks = min(blocks, max_useful_blocks(cfg, kv_shape))
+    if blocks < 1:
+        raise InvalidConfigError(f"PagedConfig.max_cache_bytes={cfg.max_cache_bytes} is smaller than one merged "
+                                 f"block ({per_block} bytes); raise it")
+    return int(blocks)

@@ -20,7 +20,7 @@ heads). The cache holds what they share:
      |- rows (StockRows)                                                  the stock path's batch rows
      |- compression (CompressionSpec), planner (CompressedPlanner)       formats and costs; staging rows,
      |                                                                    streaming slots, one plan per step
-     '- layers: PagedLayer | CompressedLayer, one per decoder layer      tensors, update, copies, swaps
+     '- layers: PagedLayer | CompressedLayer | MergedLayer (head_merge)  tensors, update, copies, swaps
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ from hf_paged.cache.compression import (
     SlotMap,
     StagingMap,
 )
+from hf_paged.cache.head_merge import merged_bytes_per_block, merged_num_blocks, merges_for_cache
 from hf_paged.cache.kv_manager import KVCacheManager
+from hf_paged.cache.merged_layer import MergedLayer
 from hf_paged.cache.paged_layer import PagedLayer
 from hf_paged.cache.sizing import KVShape, check_fits_device, kv_shape_of, num_blocks_for
 from hf_paged.cache.stock_rows import StockRows
@@ -81,6 +83,9 @@ class PagedCache(Cache):
         self.compressed = self.compression.enabled  # some layer stores blocks compressed (or streams heads)
         if self.compressed and cfg.num_blocks is None:
             self.num_blocks = self.compression.num_blocks_for_budget(model_dtype, device)
+        self.head_merges = merges_for_cache(config, cfg)  # per layer, or None (`head_merge`: narrower key blocks)
+        if self.head_merges is not None:
+            self.num_blocks = merged_num_blocks(cfg, self.kv_shape, self._bytes_per_block_for(model_dtype), device)
         check_fits_device(cfg, self.num_blocks, self._bytes_per_block_for(model_dtype), device)
         self.pool = BlockPool(self.num_blocks)
         radix = None
@@ -107,6 +112,9 @@ class PagedCache(Cache):
     def _new_layer(self, layer_idx: int) -> BlockLayer:
         if self.compressed:
             return CompressedLayer(layer_idx, self.rows, self.planner)
+        merge = self.head_merges[layer_idx] if self.head_merges is not None else None
+        if merge is not None and not merge.is_identity:
+            return MergedLayer(layer_idx, self.rows, merge, num_blocks=self.num_blocks, block_size=self.block_size)
         return PagedLayer(layer_idx, self.rows, num_blocks=self.num_blocks, block_size=self.block_size,
                           attention_backend=self.paged_config.attention_backend)
 
@@ -196,7 +204,7 @@ class PagedCache(Cache):
         partial block per sequence, model dtype) are not included."""
         num_live = len(self.manager.live_block_ids())
         if not self.compressed:
-            return num_live * self.kv_shape.bytes_per_block(self.block_size, dtype)
+            return num_live * self._bytes_per_block_for(dtype)
         return (num_live * self.compression.bytes_per_block(dtype)
                 + self.planner.live_slots() * self.compression.streaming_bytes_per_slot(dtype))
 
@@ -224,6 +232,8 @@ class PagedCache(Cache):
     def _bytes_per_block_for(self, dtype: torch.dtype) -> int:
         if self.compressed:
             return self.compression.bytes_per_block(dtype)
+        if self.head_merges is not None:
+            return merged_bytes_per_block(self.head_merges, self.block_size, self.kv_shape.head_dim, dtype)
         return self.kv_shape.bytes_per_block(self.block_size, dtype)
 
     def _storage_dtype(self) -> torch.dtype:
