@@ -211,9 +211,10 @@ def one_run(args, seed: int, template: Path | None, log_dir: Path) -> dict:
                 raise RuntimeError(f"server exited with {proc.returncode} before it was ready; see {log_path}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"server not ready in {args.start_timeout} s; see {log_path}")
-            # Ready: the command logged its URL (`serving ... on http://...`: after serve.run, every replica up)
-            # and `GET /v1/models` answers. `--ready http` takes the answer alone: the gateway answers while the
-            # second engine replica may still be starting, so the first requests can only go to the first one.
+            # Ready: the command logged its URL (`serving ... on http://...`) and `GET /v1/models` answers.
+            # `--ready http` takes the answer alone. Both wait for the same thing since the gateway's readiness
+            # (issue 37): it answers 503 until every replica has reported to its router, and the command logs its
+            # URL only then. (Before, the answer could come while the router knew only one replica.)
             logged = args.ready == "http" or "replicas on Ray Serve)" in log_path.read_text(errors="replace")
             try:
                 if logged and httpx.get(url + "/v1/models", timeout=5).status_code == 200:
