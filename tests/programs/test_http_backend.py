@@ -129,6 +129,20 @@ def test_retries_sample_with_the_same_seeds_over_http(setup):
     _same_records(local, remote)
 
 
+def test_a_recursive_grammar_field_over_http_equals_in_process(setup):
+    model, tok, server, _ = setup
+
+    @hp.program
+    def nested(s):
+        s += "Expr: " + hp.gen("expr", grammar='start: "(" start ")" | "x"', max_tokens=9)
+        s += "\nOk: " + hp.gen("ok", schema={"type": "boolean"}, max_tokens=4)
+
+    local = nested.run(model, tok)
+    remote = nested.run(hp.remote(server.url), tok)
+    _same_records(local, remote)
+    assert remote.calls[0].tokens.generated > 0
+
+
 def test_a_program_that_raises_aborts_its_server_requests(setup):
     _, tok, server, engine = setup
     aborted = engine.metrics.num_requests_aborted

@@ -46,6 +46,18 @@ def test_streamed_token_ids_add_up_to_the_whole(server, tiny_lm):
     assert "".join(c["choices"][0]["text"] for c in chunks) == whole["text"]
 
 
+def test_chat_choices_carry_token_ids_too(server, engine, tiny_lm):
+    body = {"messages": [{"role": "user", "content": "Say hi"}], "max_tokens": 6, "temperature": 0,
+            "return_token_ids": True}
+    response = post(server, "/v1/chat/completions", body)
+    assert response.status_code == 200, response.text
+    (choice,) = response.json()["choices"]
+    reference = engine_greedy(engine, choice["prompt_token_ids"], 6)
+    assert choice["token_ids"] == reference.generated_tokens
+    assert choice["message"]["content"] == tiny_lm.tokenizer.decode(reference.generated_tokens,
+                                                                   skip_special_tokens=True)
+
+
 def test_a_guided_output_cut_short_says_so(server):
     out = _complete(server, prompt="Code: ", max_tokens=3, temperature=0, guided_regex="[a-z]{12}",
                     return_token_ids=True)
