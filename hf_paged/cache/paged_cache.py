@@ -30,6 +30,7 @@ from transformers.cache_utils import Cache
 
 from hf_paged.cache.block_layer import BlockLayer
 from hf_paged.cache.block_pool import BlockPool
+from hf_paged.cache.block_size import resolve_block_size
 from hf_paged.cache.compression import (
     BlockFormat,
     CompressedLayer,
@@ -74,10 +75,11 @@ class PagedCache(Cache):
         device: torch.device | str | None = None,
         prefix_cache: bool = False,
     ) -> None:
-        cfg = self.paged_config = paged_config or PagedConfig()
+        model_dtype = dtype or _config_dtype(config)
+        # block_size "auto": the number it picks for this model and machine (cache/block_size.py)
+        cfg = self.paged_config = resolve_block_size(paged_config or PagedConfig(), config, model_dtype, device)
         self.kv_shape: KVShape = kv_shape_of(config)
         self.block_size = cfg.block_size
-        model_dtype = dtype or _config_dtype(config)
         self.num_blocks = num_blocks_for(cfg, self.kv_shape, model_dtype, device)
         self.compression = CompressionSpec(cfg, self.kv_shape)
         self.compressed = self.compression.enabled  # some layer stores blocks compressed (or streams heads)
