@@ -1,0 +1,56 @@
+"""Pool storage on 2 MiB-aligned memory with huge pages requested: right shape and contents, never a failure."""
+
+import sys
+
+import pytest
+import torch
+
+from hf_paged.cache.huge_pages import HUGE_PAGE_BYTES, huge_pages_in_use, pool_empty, thp_mode
+
+
+def test_thp_mode_reads_the_bracketed_policy(tmp_path):
+    enabled = tmp_path / "enabled"
+    enabled.write_text("always [madvise] never\n")
+    assert thp_mode(str(enabled)) == "madvise"
+    enabled.write_text("[never]\n")
+    assert thp_mode(str(enabled)) == "never"
+    assert thp_mode(str(tmp_path / "missing")) is None
+    enabled.write_text("garbage\n")
+    assert thp_mode(str(enabled)) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int8])
+def test_pool_tensor_is_usable_and_aligned_where_requested(dtype):
+    shape = (5, 16, 2, 8)
+    pool, how = pool_empty(shape, dtype)
+    assert tuple(pool.shape) == shape and pool.dtype == dtype and pool.is_contiguous()
+    pool.fill_(3)
+    assert bool((pool == 3).all())
+    pool[2, 7] = 1  # a block row written through an index, as the store does
+    assert int((pool == 1).sum()) == 2 * 8
+    if how.aligned:  # Linux with THP not "never"
+        assert pool.data_ptr() % HUGE_PAGE_BYTES == 0 and how.thp_mode in ("always", "madvise")
+    else:
+        assert not how.huge_pages_requested
+
+
+def test_plain_memory_when_not_asked_or_not_cpu():
+    pool, how = pool_empty((4, 4), torch.float32, huge_pages=False)
+    assert not how.aligned and not how.huge_pages_requested and tuple(pool.shape) == (4, 4)
+    meta, how = pool_empty((4, 4), torch.float32, "meta")
+    assert meta.device.type == "meta" and not how.aligned
+
+
+def test_memory_outlives_the_allocator_frame():
+    """The mmap region is owned by the tensor: views stay valid after every other reference is gone."""
+    pool, _ = pool_empty((64, 16, 4, 8), torch.float32)
+    view = pool[10:12]
+    del pool
+    view.fill_(7.0)
+    assert float(view.sum()) == 7.0 * view.numel()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="AnonHugePages is a Linux counter")
+def test_huge_pages_counter_reads():
+    value = huge_pages_in_use()
+    assert value is None or value >= 0
