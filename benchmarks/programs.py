@@ -20,6 +20,11 @@
 4. Token healing (`hp.gen(..., heal=True)`): free fields after text ending in a space, a colon or a space and a
    quote; how many tokens extend the prompt's last token, how often the healed first token is another token than
    the one given back, and how many fields change.
+5. With `--http`: the record (item by item, one shot) and the dialog flows in process vs over HTTP
+   (`hp.remote(url)` against `hf-paged serve` on 127.0.0.1, uvicorn in a thread of this process, an engine with the
+   same settings over a copy of the weights). Interleaved repeats; prompt tokens prefilled and from the cache (the
+   program's counts), all tokens computed (the serving engine's counter), wall and CPU seconds (CPU: this process,
+   client and server together), and whether the fields equal the in-process ones. `--only-http`: this section only.
 
 The record table runs at each of `--block-sizes` (default 16, the engine's default, and 4): item by item, each call
 computes again the last partial block of the text before it (the prefix cache holds full blocks only).
@@ -34,6 +39,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -96,16 +102,17 @@ def _counters(engine) -> tuple[int, int]:
     return engine.metrics.num_computed_tokens, engine.metrics.num_steps
 
 
-def run_fill(model, tok, mode: str, score_choices: bool = True) -> dict:
-    engine = engine_of(model)
+def run_fill(model, tok, mode: str, score_choices: bool = True, engine=None) -> dict:
+    """`model`: a model, or a program backend (then `engine` is the engine serving it)."""
+    engine = engine or engine_of(model)
     engine.reset_prefix_cache()
     computed, steps = _counters(engine)
     wall, cpu = time.perf_counter(), time.process_time()
     filled = hp.fill(model, tok, PROMPT, TEMPLATE, mode=mode, score_choices=score_choices, **holes())
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-    return {"prompt": filled.tokens.prefilled, "computed": engine.metrics.num_computed_tokens - computed,
-            "forwards": engine.metrics.num_steps - steps, "wall": wall, "cpu": cpu, "valid": _valid(filled.text),
-            "text": filled.text}
+    return {"prompt": filled.tokens.prefilled, "cached": filled.tokens.cached,
+            "computed": engine.metrics.num_computed_tokens - computed, "forwards": engine.metrics.num_steps - steps,
+            "wall": wall, "cpu": cpu, "valid": _valid(filled.text), "text": filled.text, "fields": filled.fields}
 
 
 def run_naive(model, tok) -> dict:
@@ -151,8 +158,7 @@ def bench_record(model, tok, repeats: int) -> tuple[list[list], dict]:
     medians = {}
     for name, run in runs.items():
         results = [run() for _ in range(repeats)]
-        medians[name] = {k: statistics.median(r[k] for r in results) if k not in ("valid", "text")
-                         else results[-1][k] for k in results[0]}
+        medians[name] = _median(results)
     base = medians["one_shot"]
     rows = [[name, m["prompt"], f"{m['prompt'] / base['prompt']:.2f}x", m["computed"],
              f"{m['computed'] / base['computed']:.2f}x", m["forwards"], m["wall"], m["cpu"],
@@ -270,8 +276,83 @@ def bench_healing(model, tok, n: int) -> list[list]:
     return rows
 
 
+def _median(results: list[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in results) if isinstance(results[0][k], int | float)
+            and not isinstance(results[0][k], bool) else results[-1][k] for k in results[0]}
+
+
+# -- 5. over HTTP ---------------------------------------------------------------------------------------------
+class _Server:
+    """`hf-paged serve` (uvicorn) on 127.0.0.1, an ephemeral port, in a thread of this process."""
+
+    def __init__(self, app) -> None:
+        import socket
+        import threading
+
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join()
+        self.sock.close()
+
+
+def bench_http(model, tok, served, repeats: int, n_flows: int) -> list[list]:
+    from hf_paged import Engine
+    from hf_paged.serving import ServerSettings, build_app
+
+    local = engine_of(model)
+    engine = Engine(served, local.config)
+    rows = []
+    with _Server(build_app(engine, tok, ServerSettings(model_name="bench"))) as url:
+        backend = hp.HTTPBackend(hp.remote(url), tok)
+        sides = {"in process": (model, local), "HTTP": (backend, engine)}
+        for mode in ("item_by_item", "one_shot"):
+            runs: dict[str, list[dict]] = {side: [] for side in sides}
+            for i in range(repeats + 1):  # the first round warms up (indexes compiled), interleaved after
+                for side, (target, eng) in sides.items():
+                    result = run_fill(target, tok, mode, engine=eng)
+                    if i:
+                        runs[side].append(result)
+            base = _median(runs["in process"])
+            for side in sides:
+                m = _median(runs[side])
+                rows.append([f"record, {mode}", side, m["prompt"], m["cached"], m["computed"], m["wall"], m["cpu"],
+                             "yes" if m["fields"] == base["fields"] else "NO"])
+        items = [{"ticket": t} for t in tickets(n_flows)]
+        states = {}
+        for side, (target, eng) in sides.items():
+            flow.run_batch(target, tok, items[:4])  # warm-up
+            eng.reset_prefix_cache()
+            computed = eng.metrics.num_computed_tokens
+            wall, cpu = time.perf_counter(), time.process_time()
+            states[side] = flow.run_batch(target, tok, items)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            computed = eng.metrics.num_computed_tokens - computed
+            total = hp.TokenCounts()
+            for state in states[side]:
+                total.add(state.tokens())
+            same = sum(a.fields == b.fields for a, b in zip(states["in process"], states[side]))
+            rows.append([f"{n_flows} dialog flows (run_batch)", side, total.prefilled, total.cached,
+                         computed, wall, cpu, f"{same}/{n_flows}"])
+    return rows
+
+
 # -- models and main ------------------------------------------------------------------------------------------
-def load_models(args) -> list[tuple[str, object, object]]:
+def load_models(args) -> list[tuple[str, object, object, object]]:
+    """(name, model (wrapped), tokenizer, an unwrapped copy of the weights for the server or None)."""
     model, tok = hf_paged.default_model()
     found = [("embedded 2.3M byte-level Llama", model, tok)]
     if args.llama55m:
@@ -286,9 +367,10 @@ def load_models(args) -> list[tuple[str, object, object]]:
         big.generation_config.eos_token_id = gpt2.eos_token_id
         size = sum(p.numel() for p in big.parameters()) / 1e6
         found.append((f"random {size:.0f}M Llama, GPT-2 tokenizer", big, gpt2))
+    copies = [copy.deepcopy(model) if args.http else None for _, model, _ in found]
     for _, model, _ in found:
         hf_paged.wrap(model)
-    return found
+    return [(name, model, tok, served) for (name, model, tok), served in zip(found, copies)]
 
 
 def main() -> None:
@@ -300,15 +382,23 @@ def main() -> None:
     parser.add_argument("--block-sizes", default="16,4", help="block sizes of the record table (the first: the rest)")
     parser.add_argument("--llama55m", action="store_true")
     parser.add_argument("--gpt2", default="/work/shared/data/tokenizers/gpt2")
+    parser.add_argument("--http", action="store_true", help="section 5: in process vs over HTTP")
+    parser.add_argument("--only-http", action="store_true", help="section 5 only")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
+    args.http = args.http or args.only_http
     torch.set_num_threads(args.threads)
     header = (f"# Structured programs (issue 40)\n\nMachine: {machine()}\n\nCommand: `python benchmarks/programs.py "
               f"{' '.join(sys.argv[1:])}`\n")
     sections = [header]
     block_sizes = [int(b) for b in args.block_sizes.split(",")]
-    for name, model, tok in load_models(args):
+    for name, model, tok, served in load_models(args):
         sections.append(f"\n## {name}\n")
+        if args.only_http:
+            hf_paged.unwrap(model)
+            hf_paged.wrap(model, block_size=block_sizes[0])
+            sections.append(_http_table(name, model, tok, served, args))
+            continue
         for block_size in block_sizes[1:] + block_sizes[:1]:  # the first (the default) last: flows run on it
             hf_paged.unwrap(model)
             hf_paged.wrap(model, block_size=block_size)
@@ -329,9 +419,20 @@ def main() -> None:
                                      "healed first token merged", "fields that differ"],
                                     bench_healing(model, tok, args.flows // 2),
                                     title=f"\n4. {name}: token healing, {args.flows // 2} fields each"))
+        if args.http:
+            sections.append(_http_table(name, model, tok, served, args))
     if args.out:
         with open(args.out, "w") as f:
             f.write("\n".join(sections) + "\n")
+
+
+
+def _http_table(name, model, tok, served, args) -> str:
+    block_size = engine_of(model).config.block_size
+    return print_table(["run", "backend", "prompt tokens prefilled", "prompt tokens from cache",
+                        "all tokens computed", "wall s", "CPU s", "same fields as in process"],
+                       bench_http(model, tok, served, args.repeats, args.flows),
+                       title=f"\n5. {name}: in process vs over HTTP, block_size {block_size}, median of {args.repeats}")
 
 
 if __name__ == "__main__":
