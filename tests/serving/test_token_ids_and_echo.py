@@ -106,6 +106,11 @@ def test_echo_from_a_start_position_reuses_the_cached_prefix(server, tiny_lm):
     whole = full["choices"][0]["logprobs"]["token_logprobs"][len(prefix):]
     assert max(abs(a - b) for a, b in zip(out["choices"][0]["logprobs"]["token_logprobs"][len(prefix):],
                                           whole)) < 1e-5
+    # scored again with the prefix cached: positions to score are computed, never taken from the cache
+    again = _complete(server, prompt=prefix + choices[0], echo=True, logprobs=0, max_tokens=0)
+    assert again["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert max(abs(a - b) for a, b in zip(again["choices"][0]["logprobs"]["token_logprobs"][1:],
+                                          full["choices"][0]["logprobs"]["token_logprobs"][1:])) < 1e-5
 
 
 @pytest.mark.parametrize(
