@@ -5,6 +5,9 @@
     codec.py         the engine's swap copies (`PagedCache.save_blocks`) <-> one block's named tensors
     stores.py        KVStore: InProcessStore (a dict), DirectoryStore (a file per block, bounded, LRU)
     fetcher.py       reading and checking a sequence's blobs, at once or in a worker thread
+    write_behind.py  WriteBehindStore: saves queued (bounded by bytes) and written by a background thread
+    saver.py         the save half: blocks copied out of the pool, handed to the store or the write queue
+    request_digests.py  a waiting request's block digests, hashed once
     connector.py     KVConnector: the scheduler half (how many blocks the store holds, read them, load them) and the
                      worker half (write into the pool; save on store or eviction)
 
@@ -22,6 +25,7 @@ from hf_paged.kv_transfer.block_format import DecodedBlock, decode_block, encode
 from hf_paged.kv_transfer.connector import SAVE_POLICIES, KVConnector, KVTransferStats
 from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprint
 from hf_paged.kv_transfer.stores import DirectoryStore, InProcessStore, KVStore
+from hf_paged.kv_transfer.write_behind import WriteBehindStore, flush_writes_to
 
 __all__ = [
     "SAVE_POLICIES",
@@ -32,9 +36,11 @@ __all__ = [
     "KVConnector",
     "KVStore",
     "KVTransferStats",
+    "WriteBehindStore",
     "connector_for",
     "decode_block",
     "encode_block",
+    "flush_writes_to",
     "layout_of",
     "model_fingerprint",
 ]
@@ -44,10 +50,13 @@ def connector_for(config: PagedConfig, cache: PagedCache, model: torch.nn.Module
                   store: KVStore | None = None) -> KVConnector | None:
     """The engine's connector: `store` given, blocks are saved as the prefix cache takes them ("store": another
     engine may load them at once) and loaded from it; else `config.kv_offload_dir`, the disk tier (blocks saved when
-    evicted, `kv_offload_bytes` at most, read in the background while the request waits); else None."""
+    evicted, `kv_offload_bytes` at most, read in the background while the request waits, written by a background
+    thread); else None. Writes still queued for that directory by another engine of this process are flushed first,
+    so the new store lists them."""
     if store is not None:
         return KVConnector(cache, model, store, save_on="store")
     if config.kv_offload_dir is not None:
+        flush_writes_to(config.kv_offload_dir)
         disk = DirectoryStore(config.kv_offload_dir, config.kv_offload_bytes)
         return KVConnector(cache, model, disk, save_on="evict")
     return None

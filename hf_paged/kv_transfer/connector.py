@@ -35,11 +35,14 @@ from hf_paged.cache.digests import prefix_digests
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.tree_nodes import TreeNode
 from hf_paged.errors import InvalidConfigError
-from hf_paged.kv_transfer.block_format import DecodedBlock, encode_block
-from hf_paged.kv_transfer.codec import block_tensors, ensure_storage, is_transferable, stack_blocks
+from hf_paged.kv_transfer.block_format import DecodedBlock
+from hf_paged.kv_transfer.codec import ensure_storage, stack_blocks
 from hf_paged.kv_transfer.fetcher import BlockAsk, BlockFetcher, FetchResult, PendingFetch, read_blocks
 from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprint
+from hf_paged.kv_transfer.request_digests import RequestDigests
+from hf_paged.kv_transfer.saver import BlockSaver
 from hf_paged.kv_transfer.stores import KVStore
+from hf_paged.kv_transfer.write_behind import DEFAULT_QUEUE_BYTES, WriteBehindStore
 
 __all__ = ["SAVE_POLICIES", "KVConnector", "KVTransferStats"]
 
@@ -59,8 +62,11 @@ class KVTransferStats:
     saved_blocks: int = 0  # blocks written to the store
     saved_bytes: int = 0
     save_failures: int = 0  # saves that raised (the blocks stay where they were: only the copy is missing)
-    save_seconds: float = 0.0  # copying, encoding and writing them (inside the step that stored or evicted them)
-    store_bytes: int = 0  # bytes the store holds now
+    save_seconds: float = 0.0  # the step thread's part of saving: copying (and, without a writer, encoding, writing)
+    save_dropped: int = 0  # saves refused because the write queue was full (a write-behind store)
+    save_queued_blocks: int = 0  # blocks queued for writing now
+    write_seconds: float = 0.0  # encoding and writing in the writer thread (a write-behind store)
+    store_bytes: int = 0  # bytes the store holds now (and queued for it)
 
 
 class KVConnector:
@@ -76,6 +82,10 @@ class KVConnector:
             requests run meanwhile) instead of inside the step that admits it; None: as the store says
             (`background_reads`: the directory store yes, the in-process store no).
         fingerprint: the model's identity, when the sampled weights fingerprint (`model_fingerprint`) is not enough.
+        write_behind: write saved blocks from a background thread through a queue of at most `write_queue_bytes`
+            (`write_behind.py`: the step only copies the blocks out; a save finding the queue full is dropped and
+            counted); None: for a lower tier ("evict") read in the background (`load_async`: the disk tier), not for
+            a handover to another engine ("store": a block is in the store when the step that computed it ends).
 
     Example:
         >>> store = InProcessStore()                                                        # doctest: +SKIP
@@ -83,7 +93,8 @@ class KVConnector:
     """
 
     def __init__(self, cache: PagedCache, model: torch.nn.Module, store: KVStore, *, save_on: str = "evict",
-                 load_async: bool | None = None, fingerprint: str | None = None) -> None:
+                 load_async: bool | None = None, fingerprint: str | None = None, write_behind: bool | None = None,
+                 write_queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
         radix = cache.manager.prefix_cache
         if radix is None:
             raise InvalidConfigError("a KV connector needs the prefix cache (loaded blocks become prefix-cache "
@@ -98,7 +109,13 @@ class KVConnector:
         self._namespace = b""
         self.counters = KVTransferStats()
         self.load_async = store.background_reads if load_async is None else load_async
-        self.fetcher = BlockFetcher(store)
+        if write_behind is None:
+            write_behind = self.load_async and save_on == "evict"  # a handover ("store") is there when put returns
+        writer = WriteBehindStore(store, max_queue_bytes=write_queue_bytes) if write_behind else None
+        self.store = writer if writer is not None else store  # reads see blocks still queued for writing
+        self.fetcher = BlockFetcher(self.store)
+        self.saver = BlockSaver(cache, store, writer, self.layout, self._keys, self.counters)
+        self.digests = RequestDigests(self.block_size)  # waiting requests' digests, hashed once
         if save_on != "never":
             radix.block_sink = self
 
@@ -147,7 +164,7 @@ class KVConnector:
         limit = (len(token_ids) - 1) // bs
         if not self.load_async or limit < 1:
             return False
-        digests = prefix_digests(token_ids[: limit * bs], bs, extra_keys)
+        digests = self.digests.digests(seq_id, token_ids[: limit * bs], extra_keys)
         first = self.radix.peek(token_ids[: limit * bs], extra_keys, digests) // bs
         wanted = min(self.num_external_blocks(token_ids, extra_keys, first * bs, digests), self.kv.pool.num_blocks)
         if not wanted:
@@ -168,6 +185,7 @@ class KVConnector:
     def forget(self, seq_id: Hashable) -> None:
         """The sequence ended or left the queue: drop its background read."""
         self.fetcher.forget(seq_id)
+        self.digests.forget(seq_id)
 
     def load_prefix(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple,
                     num_cached_tokens: int) -> int:
@@ -182,12 +200,12 @@ class KVConnector:
             return num_cached_tokens
         blocks, wanted = self._fetched(fetch, first) if fetch is not None else ([], 0)
         if not wanted:  # no background read, or one that cannot serve this table: read now
-            digests = prefix_digests(token_ids[: limit * bs], bs, extra_keys)
-            wanted = self.num_external_blocks(token_ids, extra_keys, num_cached_tokens, digests)
+            known = self.digests.digests(seq_id, token_ids[: limit * bs], extra_keys)
+            wanted = self.num_external_blocks(token_ids, extra_keys, num_cached_tokens, known)
             if not wanted:
                 return num_cached_tokens
             room = min(wanted, self.kv.pool.num_free_blocks)  # read nothing the pool could not take
-            blocks = self._checked(read_blocks(self.store, self.layout(), self._asks(digests, token_ids, first, room)))
+            blocks = self._checked(read_blocks(self.store, self.layout(), self._asks(known, token_ids, first, room)))
         start = time.perf_counter()
         blocks = blocks[: self.kv.pool.num_free_blocks]
         loaded = 0
@@ -244,54 +262,46 @@ class KVConnector:
     # -- worker half: saves (the prefix tree's BlockSink) ---------------------------------------------------
     def blocks_stored(self, nodes: Sequence[TreeNode]) -> None:
         if self.save_on == "store":
-            self._save_quietly(nodes)
+            self.saver.save_quietly(nodes)
 
     def blocks_evicted(self, nodes: Sequence[TreeNode]) -> None:
         if self.save_on == "evict":
-            self._save_quietly(nodes)
-
-    def _save_quietly(self, nodes: Sequence[TreeNode]) -> None:
-        # Called from inside the tree's insert and eviction: an error here must not leave the tree and the pool
-        # half updated. A block that could not be saved is only a block a later hit recomputes.
-        try:
-            self.save(nodes)
-        except Exception:  # noqa: BLE001 -- counted; the engine goes on without the copy
-            self.counters.save_failures += 1
+            self.saver.save_quietly(nodes)
 
     def save(self, nodes: Sequence[TreeNode]) -> int:
-        """Write full cached blocks (tree nodes: digest, block id, token ids) the store does not hold yet; returns
-        how many were written."""
-        start = time.perf_counter()
-        layout = self.layout()
-        todo = [(n, key) for n, key in zip(nodes, self._keys([n.digest for n in nodes]))  # type: ignore[misc]
-                if not self.store.contains(key)]
-        if not todo:
-            return 0
-        saved = self.cache.save_blocks([n.block_id for n, _ in todo])
-        if not is_transferable(saved):
-            return 0
-        written = 0
-        for i, (node, key) in enumerate(todo):
-            blob = encode_block(layout, node.digest, node.token_ids, block_tensors(saved, i))  # type: ignore[arg-type]
-            if self.store.put(key, blob):
-                written += 1
-                self.counters.saved_bytes += len(blob)
-        self.counters.saved_blocks += written
-        self.counters.save_seconds += time.perf_counter() - start
-        return written
+        """Save full cached blocks (tree nodes: digest, block id, token ids) the store does not hold yet; returns
+        how many were written (or queued for the writer thread: `flush` waits for them)."""
+        return self.saver.save(nodes)
 
     def save_cached(self) -> int:
         """Write every block the prefix cache holds now that the store lacks (before a shutdown, so a restart finds
-        the whole cache, not only what was evicted); returns how many were written. Hold the engine's lock when
-        another thread may step it (`with engine.lock:`): a block evicted and reused meanwhile would be saved
-        with another block's K/V."""
-        return self.save(self.radix.cached_nodes())
+        the whole cache, not only what was evicted), queued writes first; returns how many were written, all on
+        disk when it returns. Hold the engine's lock when another thread may step it (`with engine.lock:`): a
+        block evicted and reused meanwhile would be saved with another block's K/V."""
+        self.saver.flush()
+        return self.saver.save(self.radix.cached_nodes(), wait=True)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until queued writes are in the store (at most `timeout` seconds); True when none is left."""
+        return self.saver.flush(timeout)
+
+    def close(self, *, flush: bool = True) -> None:
+        """Stop the background threads: queued writes are written (`flush`) or dropped, reads in flight are dropped
+        (their requests recompute or read again). The connector stays usable: a later read or write starts a thread
+        again."""
+        self.saver.close(flush=flush)
+        self.fetcher.close()
+
+    @property
+    def has_threads(self) -> bool:
+        """Whether a reader or writer thread of this connector is alive."""
+        return self.fetcher.has_thread or (self.saver.writer is not None and self.saver.writer.is_writing)
 
     # -- stats -------------------------------------------------------------------------------------------
     def stats(self) -> dict[str, float]:
         """The counters as `kv_transfer_<name>` entries of `Engine.stats()`."""
         self.counters.store_bytes = self.store.nbytes
-        return {f"kv_transfer_{k}": v for k, v in asdict(self.counters).items()}
+        return {f"kv_transfer_{k}": v for k, v in {**asdict(self.counters), **self.saver.stats()}.items()}
 
 
 def _name(dtype: torch.dtype) -> str:

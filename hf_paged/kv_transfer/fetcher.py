@@ -116,3 +116,16 @@ class BlockFetcher:
         futures = [f.future for f in self._pending.values()]
         if futures:
             wait_futures(futures, timeout=timeout, return_when="FIRST_COMPLETED")
+
+    @property
+    def has_thread(self) -> bool:
+        return self._executor is not None
+
+    def close(self) -> None:
+        """Drop every read (finished or not) and stop the worker thread; a later `submit` starts one again."""
+        for seq_id in list(self._pending):
+            self.forget(seq_id)
+        with self._lock:
+            executor, self._executor = self._executor, None
+        if executor is not None:
+            executor.shutdown(wait=True, cancel_futures=True)

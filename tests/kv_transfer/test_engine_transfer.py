@@ -48,8 +48,10 @@ def transfer_stats(engine) -> dict:
 
 
 def evict_all(engine, seed=99):
-    """Fill the small pool with other prompts until everything cached before is evicted (and saved)."""
+    """Fill the small pool with other prompts until everything cached before is evicted (and saved: the disk tier's
+    writer thread has written them when this returns)."""
     run(engine, ragged_prompts([90, 90], seed=seed), max_new=1)
+    assert engine.scheduler.kv_transfer.flush(10)
 
 
 def disk_engine(model, directory, **overrides) -> Engine:
@@ -161,6 +163,7 @@ def test_the_disk_tier_stays_within_its_bytes(model, tmp_path):
     engine = disk_engine(model, tmp_path, kv_offload_bytes=6 * 2600)  # about 6 blocks of this model
     for seed in range(4):
         run(engine, ragged_prompts([60, 70], seed=seed), max_new=2)
+        engine.scheduler.kv_transfer.flush(10)
         files = list(tmp_path.glob("*.kvb"))
         assert sum(f.stat().st_size for f in files) <= 6 * 2600
     stats = transfer_stats(engine)

@@ -1,0 +1,212 @@
+"""Saves to the disk tier leave the step thread: a bounded queue and a writer thread (`write_behind.py`); queued blocks
+are read from the queue; shutdown flushes or discards and leaves no thread; a waiting request is hashed once."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from hf_paged import Engine, PagedConfig, SamplingParams
+from hf_paged.cache.digests import prefix_digests
+from hf_paged.kv_transfer import DirectoryStore, InProcessStore, WriteBehindStore
+from hf_paged.kv_transfer.request_digests import RequestDigests
+from tests.kv_transfer.test_engine_transfer import BS, MAX_NEW, disk_engine, evict_all, run, transfer_stats
+from tests.tiny_models import ragged_prompts, stock_greedy, tiny_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama")
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    system = ragged_prompts([45], seed=21)[0]
+    return [system + q for q in ragged_prompts([3, 11], seed=22)]
+
+
+@pytest.fixture(scope="module")
+def expected(model, prompts):
+    return stock_greedy(model, prompts, MAX_NEW)
+
+
+def kv_threads(wait: float = 5.0) -> list[threading.Thread]:
+    """The connectors' threads still alive; an engine a test did not close lets its idle writer go within 1 s."""
+    deadline = time.monotonic() + wait
+    while True:
+        alive = [t for t in threading.enumerate() if t.name.startswith("hf_paged-kv")]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.01)
+
+
+class GatedStore(InProcessStore):
+    """Writes wait for `gate`; records the threads that wrote."""
+
+    name, background_reads = "gated", True
+
+    def __init__(self):
+        super().__init__()
+        self.gate, self.writers = threading.Event(), set()
+
+    def put(self, key, data):
+        self.writers.add(threading.current_thread().name)
+        assert self.gate.wait(10)
+        return super().put(key, data)
+
+
+def test_writes_are_queued_read_from_the_queue_bounded_and_flushed():
+    inner = GatedStore()
+    store = WriteBehindStore(inner, max_queue_bytes=250)
+    assert store.put(b"a", bytes(100)) and store.put(b"b", b"x" * 100)
+    assert store.contains(b"b") and store.get(b"b") == b"x" * 100  # not written yet: served from the queue
+    assert not store.put(b"c", bytes(100))  # 300 > 250 queued bytes: dropped, counted
+    assert store.counters.dropped_blocks == 1 and not store.contains(b"c")
+    assert store.put(b"a", bytes(100))  # already queued: nothing new
+    assert store.nbytes == 200 and inner.nbytes == 0
+    inner.gate.set()
+    assert store.flush(10)
+    assert inner.get(b"a") == bytes(100) and inner.get(b"b") == b"x" * 100
+    assert store.counters.written_blocks == 2 and store.queued_bytes == 0
+    assert inner.writers == {"hf_paged-kv-write"}
+    store.close()
+    assert not store.is_writing and not kv_threads()
+
+
+def test_delete_of_a_queued_block_and_close_without_flush():
+    inner = GatedStore()
+    store = WriteBehindStore(inner)
+    for key in (b"1", b"2", b"3"):
+        store.put(key, key * 10)
+    deadline = time.monotonic() + 5
+    while not inner.writers and time.monotonic() < deadline:  # the writer holds b"1" at the gate
+        time.sleep(0.001)
+    store.delete(b"1")  # being written: deleted once written
+    store.delete(b"2")  # queued: dropped now
+    assert store.get(b"2") is None and not store.contains(b"2")
+    inner.gate.set()
+    store.close(flush=False)  # b"3" may be discarded; nothing is half-written and no thread is left
+    assert not inner.contains(b"1") and not inner.contains(b"2")
+    assert store.queued_blocks == 0 and not kv_threads()
+
+
+def test_the_step_thread_never_writes_and_outputs_match(model, prompts, expected, tmp_path):
+    engine = disk_engine(model, tmp_path)
+    writer = engine.scheduler.kv_transfer.saver.writer
+    assert isinstance(writer, WriteBehindStore) and isinstance(writer.inner, DirectoryStore)
+    threads: set[str] = set()
+    put = writer.inner.put
+
+    def recording_put(key, data):
+        threads.add(threading.current_thread().name)
+        return put(key, data)
+
+    writer.inner.put = recording_put
+    assert run(engine, prompts[:1]) == expected[:1]
+    evict_all(engine)
+    assert engine.scheduler.kv_transfer.flush(10)
+    assert threads == {"hf_paged-kv-write"}
+    stats = transfer_stats(engine)
+    assert stats["saved_blocks"] == len(list(tmp_path.glob("*.kvb"))) >= 5 and stats["save_dropped"] == 0
+    assert run(engine, prompts) == expected
+    assert transfer_stats(engine)["loaded_blocks"] >= 5
+    engine.scheduler.kv_transfer.close()
+    assert not engine.scheduler.kv_transfer.has_threads and not kv_threads()
+
+
+def test_a_block_still_queued_is_loaded_from_the_queue(model, prompts, expected, tmp_path):
+    gated = GatedStore()
+    engine = disk_engine(model, tmp_path)
+    connector = engine.scheduler.kv_transfer
+    connector.saver.writer.inner = gated  # writes never reach the store until the gate opens
+    connector.saver.store = gated
+    run(engine, prompts[:1])
+    run(engine, ragged_prompts([90, 90], seed=99), max_new=1)  # evicts the prompt's blocks into the queue
+    assert gated.nbytes == 0 and connector.saver.writer.queued_blocks >= 5
+    assert run(engine, prompts[:1]) == expected[:1]  # no read-before-write miss
+    assert transfer_stats(engine)["loaded_blocks"] == 5
+    gated.gate.set()
+    connector.close()
+    assert gated.nbytes > 0 and not connector.has_threads and not kv_threads()
+
+
+def test_a_full_queue_drops_saves_and_changes_no_output(model, prompts, expected, tmp_path):
+    engine = disk_engine(model, tmp_path)
+    connector = engine.scheduler.kv_transfer
+    connector.saver.writer.max_queue_bytes = 1  # every save finds the queue full
+    assert run(engine, prompts[:1]) == expected[:1]
+    evict_all(engine)
+    assert run(engine, prompts) == expected
+    stats = transfer_stats(engine)
+    assert stats["save_dropped"] >= 5 and stats["saved_blocks"] == 0 and stats["loaded_blocks"] == 0
+    engine.check_integrity()
+
+
+def test_a_restart_in_the_same_process_sees_queued_writes(model, prompts, expected, tmp_path):
+    engine = disk_engine(model, tmp_path)
+    inner = engine.scheduler.kv_transfer.saver.writer.inner
+    put = inner.put
+
+    def slow_put(key, data):
+        time.sleep(0.02)
+        return put(key, data)
+
+    inner.put = slow_put
+    run(engine, prompts[:1])
+    evict_all(engine)
+    restarted = disk_engine(model, tmp_path)  # opening the directory flushes this process's queued writes first
+    assert run(restarted, prompts[:1]) == expected[:1]
+    assert transfer_stats(restarted)["loaded_blocks"] == 5
+    for e in (engine, restarted):
+        e.scheduler.kv_transfer.close()
+        assert not e.scheduler.kv_transfer.has_threads
+    assert not kv_threads()
+
+
+def test_save_cached_flushes_and_close_leaves_no_thread(model, prompts, expected, tmp_path):
+    engine = disk_engine(model, tmp_path, num_blocks=64)
+    run(engine, prompts)
+    assert engine.scheduler.kv_transfer.save_cached() == 8
+    assert len(list(tmp_path.glob("*.kvb"))) == 8  # on disk when it returns
+    engine.scheduler.kv_transfer.close()
+    assert not engine.scheduler.kv_transfer.has_threads and not kv_threads()
+
+
+def test_request_digests_match_prefix_digests_and_hash_each_block_once():
+    tokens = ragged_prompts([37], seed=3)[0]
+    memo = RequestDigests(8)
+    assert memo.digests("r", tokens[:20], ("salt",)) == prefix_digests(tokens[:20], 8, ("salt",))
+    assert memo.hashed_blocks == 2
+    assert memo.digests("r", tokens, ("salt",)) == prefix_digests(tokens, 8, ("salt",))
+    assert memo.hashed_blocks == 4  # the first two reused
+    assert memo.digests("r", tokens[:16], ("salt",)) == prefix_digests(tokens[:16], 8, ("salt",))
+    assert memo.hashed_blocks == 4
+    other = ragged_prompts([37], seed=4)[0]
+    assert memo.digests("r", other) == prefix_digests(other, 8)  # other tokens under the same id: hashed anew
+    memo.forget("r")
+    assert len(memo) == 0
+
+
+def test_a_long_queue_hashes_each_waiting_prompt_once(model, tmp_path):
+    """Admission asks the store about waiting prompts at every step; their digests are computed once (blocks a
+    preempted request's outputs added are hashed as they come)."""
+    prompts = ragged_prompts([40] * 6, seed=8)
+    engine = disk_engine(model, tmp_path, num_blocks=12, max_num_seqs=2)
+    connector = engine.scheduler.kv_transfer
+    asked, is_fetching = [], connector.is_fetching
+
+    def counting(seq_id, token_ids, extra_keys=()):
+        asked.append((len(token_ids) - 1) // BS)  # the blocks one ask would hash without the memo
+        return is_fetching(seq_id, token_ids, extra_keys)
+
+    connector.is_fetching = counting
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=12)) for p in prompts]
+    while engine.has_unfinished:
+        engine.step()
+    assert all(engine.pop_output(i).error is None for i in ids)
+    memo = connector.digests
+    assert len(asked) > 2 * len(prompts) and memo.hashed_blocks < sum(asked) / 2
+    assert memo.hashed_blocks <= len(prompts) * ((40 + 12) // BS)  # each block of each request once at most
+    assert len(memo) == 0  # every entry dropped when its request ended
