@@ -19,7 +19,8 @@ are found there. Nothing is pinned (`pin` only records what the server computed)
 server may evict a prefix and compute it again, which the token counts show. The server checks and compiles
 every constraint; token healing (`heal=True`) needs a processor object and is refused here.
 
-Each request has its own connection and a socket timeout (`timeout`: seconds without an answer). When the run is
+When made, the backend checks that its tokenizer is the server's (the server's `/tokenize` must give the same ids for
+a probe text; `TokenizerError` otherwise). Each request has its own connection and a socket timeout (`timeout`: seconds without an answer). When the run is
 aborted (the program raised, another call failed), the connections in flight are shut down; the server sees the
 client leave and aborts their requests. Errors: `ServerUnavailableError` (cannot connect), `ServerTimeoutError`,
 `ServerRequestError` (the server's 4xx/5xx, its message quoted).
@@ -35,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from hf_paged.errors import TokenizerError
 from hf_paged.programs.backend import Generated, GenRequest, RunContext, Scored
 from hf_paged.programs.errors import (
     FieldConstraintError,
@@ -45,6 +47,8 @@ from hf_paged.programs.errors import (
 from hf_paged.programs.track import Track
 
 __all__ = ["HTTPBackend", "RemoteModel", "remote"]
+
+_PROBE = 'Ticket #12: "refund" {\n\t"a": [1, 2.5]} caf\u00e9 \u20ac \U0001f600 end.'  # words, digits, JSON, non-ASCII
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +97,27 @@ class HTTPBackend:
         if eos is None:
             eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
         self.eos_ids = frozenset(eos)
+        self._check_tokenizer()
 
     @property
     def block_size(self) -> int:
         return self._block_size
+
+    def _check_tokenizer(self) -> None:
+        """The server's `/tokenize` (vLLM's) must give this tokenizer's ids for a probe text: ids from another
+        tokenizer would run as some other text, a silent wrong answer. A server without `/tokenize` is not checked."""
+        body = {"model": self.model_name, "prompt": _PROBE, "add_special_tokens": True}
+        try:
+            theirs = self._request(None, "POST", "/tokenize", body, "hp.remote")["tokens"]
+        except ServerRequestError as exc:
+            if exc.status == 404 and exc.param != "model":
+                return
+            raise
+        mine = self.encode(_PROBE, first=True)
+        if theirs != mine:
+            raise TokenizerError(f"hp.remote: the tokenizer given is not the server's: it encodes {_PROBE!r} as "
+                                 f"{mine[:12]}..., the server at {self.server.url} as {theirs[:12]}...; pass the "
+                                 "tokenizer of the model the server runs")
 
     def encode(self, text: str, *, first: bool) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=first)["input_ids"])

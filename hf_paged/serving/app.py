@@ -2,6 +2,7 @@
 scheduling, batching and cancellation live in the engine loop.
 
     POST /v1/completions, /v1/chat/completions   (stream: server-sent events ending with `data: [DONE]`)
+    POST /tokenize                                (vLLM's: a text's token ids under this server's tokenizer)
     GET  /v1/models, /health (?detail=1), /metrics
 
 Every error is an OpenAI error body with a 4xx (the client's fault: the field is named) or a 5xx without a
@@ -33,7 +34,7 @@ from hf_paged.serving.errors import ApiError, validation_message
 from hf_paged.serving.generation import ChoiceEvent, Usage, run_choices
 from hf_paged.serving.metrics import ServerMetrics
 from hf_paged.serving.prepare import PreparedRequest, Preparer
-from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, UnsupportedField
+from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest, UnsupportedField
 from hf_paged.serving.retention import PrefixRetention
 
 logger = logging.getLogger("hf_paged.serving")
@@ -167,6 +168,13 @@ def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = 
                                             "owned_by": "hf_paged", "max_model_len": engine.max_model_len,
                                             "block_size": engine.config.block_size,  # ours: for clients
                                             "eos_token_ids": server.preparer.eos_token_ids}]}  # that tokenize
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> dict:  # vLLM's: what this server's tokenizer makes of a text
+        body = await server.parse(request, TokenizeRequest)
+        ids = await run_in_threadpool(
+            lambda: list(server.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens)["input_ids"]))
+        return {"count": len(ids), "max_model_len": engine.max_model_len, "tokens": ids}
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

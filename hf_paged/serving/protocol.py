@@ -16,7 +16,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
 
-__all__ = ["ChatCompletionRequest", "ChatMessage", "CompletionRequest", "ResponseFormat", "UnsupportedField"]
+__all__ = [
+    "ChatCompletionRequest",
+    "ChatMessage",
+    "CompletionRequest",
+    "ResponseFormat",
+    "TokenizeRequest",
+    "UnsupportedField",
+]
 
 Number = StrictInt | StrictFloat
 
@@ -211,3 +218,14 @@ class ChatCompletionRequest(_Sampling):
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+
+class TokenizeRequest(_Strict):
+    """vLLM's `/tokenize`: a text's token ids (a client that tokenizes itself checks it has the server's tokenizer)."""
+
+    model: StrictStr | None = None
+    prompt: StrictStr
+    add_special_tokens: StrictBool = True
+
+    def check_supported(self) -> None:
+        return None

@@ -16,6 +16,7 @@ import hf_paged
 from hf_paged import Engine, PagedConfig
 from hf_paged import programs as hp
 from hf_paged.api.wrap_state import engine_of
+from hf_paged.errors import TokenizerError
 from hf_paged.serving import ServerSettings, build_app
 from tests.programs.conftest import tiny_byte_llama
 from tests.serving.conftest import ServerThread, wait_idle
@@ -198,6 +199,9 @@ def test_hostile_servers_and_requests_get_typed_errors(setup):
         hp.remote(server.url, timeout=0)
     with pytest.raises(TypeError, match="tokenizer"):
         ticket_flow.run(hp.remote(server.url), None, ticket="x")
+    other = hf_paged.default_model().tokenizer  # another model's tokenizer: its ids would be other text
+    with pytest.raises(TokenizerError, match="not the server's"):
+        ticket_flow.run(hp.remote(server.url), other, ticket="x")
 
 
 def test_a_request_past_the_timeout_is_a_typed_error(setup):

@@ -138,6 +138,18 @@ def test_bad_scoring_requests_get_400(server, body, param, words):
     assert_error(post(server, "/v1/completions", {"prompt": "hello there", **body}), 400, param, words)
 
 
+def test_tokenize_gives_the_servers_ids(server, tiny_lm):
+    tokenizer = tiny_lm.tokenizer
+    response = post(server, "/tokenize", {"model": "tiny-lm", "prompt": "héllo {\"a\": 1}"})
+    assert response.status_code == 200, response.text
+    ids = tokenizer("héllo {\"a\": 1}")["input_ids"]
+    assert response.json() == {"count": len(ids), "max_model_len": 2048, "tokens": ids}
+    bare = post(server, "/tokenize", {"prompt": "hi", "add_special_tokens": False}).json()["tokens"]
+    assert bare == tokenizer("hi", add_special_tokens=False)["input_ids"]
+    assert_error(post(server, "/tokenize", {"model": "nope", "prompt": "hi"}), 404, "model")
+    assert_error(post(server, "/tokenize", {"text": "hi"}), 400)
+
+
 def test_models_report_the_block_size(server):
     import httpx
 
