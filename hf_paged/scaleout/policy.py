@@ -10,7 +10,7 @@ of P prompt tokens:
                 request's `num_shared_tokens` (a chat template's constant start, found by the gateway): a preamble
     gain(r)   = prefill r saves beyond the shared part: min(match(r) * block_size, P) - min(shared * block_size, P)
     affine(r) = gain(r) >= min_gain_share * P                  (a match worth something)
-    fits(r)   = load(r) <= mean load + queue_factor * gain(r) + typical request     (queueing vs prefill saved)
+    fits(r)   = load(r) <= mean load + queue_factor * gain(r) + mean request        (queueing vs prefill saved)
                 and work(r) <= balance_factor * mean work + mean request            (long run: decayed work)
     key       = the request's block at the deepest match;  wanted = replicas its share of recent work calls for
 
@@ -22,14 +22,9 @@ of P prompt tokens:
     otherwise                                   -> the lightest of 4 random replicas            IMBALANCED
 
 "Mean request" is the decayed mean work of a routed request (uncached prompt + output budget), so one default holds
-for 500-token and 30k-token prompts. A holder may run one typical request ahead of the candidates' mean load, plus
+for 500-token and 30k-token prompts: a holder may run one request ahead of the candidates' mean load, plus
 queue_factor times what its match saves (the mean, not the lightest: the lightest of 100 replicas is near idle, so
-a bound on it tightens as the cluster grows). "Typical request" is size-biased, sum(work^2) / sum(work), decayed: the
-size of the request a queued token belongs to. Loads move by whole requests, so that is how far a holder's load
-strays from the mean when it has one request more than its share; it equals the mean request when requests are
-alike, and is the long request's size when a few long prompts carry most of the tokens (mixed traffic: with the
-plain mean, a short request's holder that took one long prefill more than the others lost its affinity, and the
-short prompt was computed again elsewhere). The work bound is consistent hashing with bounded loads (Mirrokni et
+a bound on it tightens as the cluster grows). The work bound is consistent hashing with bounded loads (Mirrokni et
 al.): queued tokens are near zero everywhere in a lightly loaded cluster, so the queue test alone lets sticky
 affinity pile work on the replicas that caught popular prefixes; bounding the decayed work a replica was sent keeps
 max/mean near `balance_factor`, and a prefix that overflows its holders gains another (IMBALANCED). A shared
@@ -90,7 +85,6 @@ class CacheAwareRouter:
         self._unit = 1.0
         self._total_work = 0.0
         self._total_requests = 0.0  # decayed count of routed requests, same units: mean request = work / this
-        self._total_sq_work = 0.0  # decayed sum of each request's work squared, same units: typical = this / work
         self.traffic = PrefixTraffic(self.config.traffic_half_life)
         self.num_routed: Counter[RouteReason] = Counter()
 
@@ -110,10 +104,7 @@ class CacheAwareRouter:
         replica = self._replicas.pop(replica_id, None)
         if replica is not None:
             self._pool = None
-            left = max(0.0, self._total_work - replica.work)
-            # The request sizes' statistics stay: scale the squares as the work total, keeping their ratio
-            self._total_sq_work = self._total_sq_work * left / self._total_work if self._total_work > 0 else 0.0
-            self._total_work = left
+            self._total_work = max(0.0, self._total_work - replica.work)
             self._inflight = {rid: b for rid, b in self._inflight.items() if b.replica_id != replica_id}
 
     def sync_replicas(self, replica_ids: Iterable[Hashable]) -> None:
@@ -158,13 +149,6 @@ class CacheAwareRouter:
     def mean_request_tokens(self) -> float:
         """The decayed mean work of a routed request (uncached prompt + output budget): the bounds' unit."""
         return self._total_work / self._total_requests if self._total_requests > 0 else 0.0
-
-    @property
-    def typical_request_tokens(self) -> float:
-        """The decayed size-biased mean work of a routed request, sum(work^2) / sum(work): the size of the request a
-        routed token belongs to (>= `mean_request_tokens`; equal when every request is the same size). The queue
-        bound's slack: loads differ by whole requests."""
-        return self._total_sq_work / self._total_work if self._total_work > 0 else 0.0
 
     def replica_stats(self, replica_id: Hashable) -> dict[str, float]:
         """The router's view of one replica (for debugging and metrics)."""
@@ -240,7 +224,6 @@ class CacheAwareRouter:
         replica.work += credit
         self._total_work += credit
         self._total_requests += self._unit
-        self._total_sq_work += added * credit
         booking = Booking(replica.replica_id, request.digests, added, credit, self._unit, confirmed)
         self._inflight[request.request_id] = booking
         if self._unit > _RESCALE_AT:
@@ -262,7 +245,6 @@ class CacheAwareRouter:
             replica.work = max(0.0, replica.work - booking.credit)
             self._total_work = max(0.0, self._total_work - booking.credit)
             self._total_requests = max(0.0, self._total_requests - booking.unit)
-            self._total_sq_work = max(0.0, self._total_sq_work - booking.added * booking.credit)
         return True
 
     def on_routed(self, request: RouteRequest, replica_id: Hashable, decision: RoutingDecision | None = None) -> None:
@@ -344,7 +326,7 @@ class CacheAwareRouter:
         cfg = self.config
         mean_request = self.mean_request_tokens
         # The candidates' mean load, not the lightest's: the minimum of N loads falls as N grows, the mean does not
-        queue_base = sum(r.load for r in pool) / len(pool) + self.typical_request_tokens
+        queue_base = sum(r.load for r in pool) / len(pool) + mean_request
         mean_work = self._total_work / max(1, len(self._replicas))
         work_bound = cfg.balance_factor * mean_work + mean_request * self._unit
         return [(r, g) for r, g in affine
@@ -367,7 +349,6 @@ class CacheAwareRouter:
             replica.work /= self._unit
         self._total_work /= self._unit
         self._total_requests /= self._unit
-        self._total_sq_work /= self._unit
         for booking in self._inflight.values():
             booking.credit /= self._unit
             booking.unit /= self._unit

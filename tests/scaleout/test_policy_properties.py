@@ -84,7 +84,7 @@ class RouterMachine(RuleBasedStateMachine):
         if decision.reason in (RouteReason.AFFINITY, RouteReason.HOT_SPREAD):
             gain = gains[ids[0]]
             assert gain > 0 and gain >= cfg.min_gain_share * prompt, "affinity saves more than the shared part"
-            base = sum(s.load for s in states.values()) / len(states) + self.router.typical_request_tokens
+            base = sum(s.load for s in states.values()) / len(states) + self.router.mean_request_tokens
             assert states[ids[0]].load <= base + cfg.queue_factor * gain + 1e-6, "queue bound respected"
         if decision.reason is RouteReason.HOT_ADMIT:
             assert matches[ids[0]] < best and decision.num_replicas_wanted > 1
