@@ -27,7 +27,13 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_paged.cache.kernels.block_sparse import SPARSE_BLOCK, BlockSelection, block_sparse_attention, visible_blocks
+from hf_paged.cache.kernels.block_sparse import (
+    SPARSE_BLOCK,
+    TILE_QUERY_BLOCKS,
+    BlockSelection,
+    block_sparse_attention,
+    visible_blocks,
+)
 from hf_paged.cache.kernels.reference import PrefillGroup
 
 SPARSE_PATTERNS = ("vertical_slash", "block", "auto")
@@ -73,12 +79,17 @@ def select_blocks(q: torch.Tensor, keys: torch.Tensor, pattern: str, keep_ratio:
     k = keys.float().repeat_interleave(group, dim=1).transpose(0, 1)  # [H, c, D]
     visible = visible_blocks(context_len, q_len, nqb, q.device)  # [nqb]
     if pattern == "block":
-        scores = _block_scores(q, k, nqb, nkb, scale)
+        scores = _per_kv_head(_block_scores(q, k, nqb, nkb, scale), group)
     elif pattern == "vertical_slash":
-        scores = _vertical_slash_scores(q, k, nqb, nkb, scale)
+        scores = _per_kv_head(_vertical_slash_scores(q, k, nqb, nkb, scale), group)
     else:
-        scores = _per_head_choice(q, k, nqb, nkb, visible, keep_ratio, scale)
+        scores = _per_head_choice(q, k, nqb, nkb, visible, keep_ratio, scale, group)
     return _top_blocks(scores, visible, context_len - q_len, keep_ratio)
+
+
+def _per_kv_head(scores: torch.Tensor, group: int) -> torch.Tensor:
+    """[H, ...] -> [H / group, ...]: the query heads of a KV head read the same K/V blocks; their scores add up."""
+    return scores.view(-1, group, *scores.shape[1:]).sum(1)
 
 
 def _block_scores(q: torch.Tensor, k: torch.Tensor, nqb: int, nkb: int, scale: float) -> torch.Tensor:
@@ -136,30 +147,31 @@ def _block_sums(x: torch.Tensor, nkb: int) -> torch.Tensor:
 
 
 def _per_head_choice(q: torch.Tensor, k: torch.Tensor, nqb: int, nkb: int, visible: torch.Tensor,
-                     keep_ratio: float, scale: float) -> torch.Tensor:
-    """Each head's scores from the pattern whose selection keeps more of the exact attention of the chunk's middle
-    query block (held out: "vertical_slash" estimates from the chunk's last queries)."""
-    block_scores = _block_scores(q, k, nqb, nkb, scale)
-    vs_scores = _vertical_slash_scores(q, k, nqb, nkb, scale)
+                     keep_ratio: float, scale: float, group: int) -> torch.Tensor:
+    """Each KV head's scores from the pattern whose selection keeps more of the exact attention of the chunk's middle
+    query block (held out: "vertical_slash" estimates from the chunk's last queries), summed over its query heads."""
+    block_scores = _per_kv_head(_block_scores(q, k, nqb, nkb, scale), group)
+    vs_scores = _per_kv_head(_vertical_slash_scores(q, k, nqb, nkb, scale), group)
     if nqb < 2:
         return vs_scores
     i = nqb // 2 - 1  # a full query block, away from the last one
     probs, _ = _sample_attention(q, k, slice(i * SPARSE_BLOCK, (i + 1) * SPARSE_BLOCK), scale)  # [H, 64, c_i]
-    mass = _block_sums(probs.sum(1), nkb)  # [H, nkb] (blocks past its keys hold 0)
+    mass = _per_kv_head(_block_sums(probs.sum(1), nkb), group)  # [Hkv, nkb] (blocks past its keys hold 0)
     first = k.shape[1] - q.shape[0]
     recall = []
     for scores in (block_scores, vs_scores):
         chosen = _top_blocks(scores[:, i : i + 1], visible[i : i + 1], first + i * SPARSE_BLOCK, keep_ratio)
         kept = torch.arange(chosen.blocks.shape[-1], device=q.device) < chosen.keep[..., None]
-        recall.append((mass.gather(1, chosen.blocks[:, 0]) * kept[:, 0]).sum(1))  # [H] (local blocks: alike)
+        recall.append((mass.gather(1, chosen.blocks[:, 0]) * kept[:, 0]).sum(1))  # [Hkv] (local blocks: alike)
     use_block = (recall[0] > recall[1])[:, None, None]
     return torch.where(use_block, block_scores, vs_scores)
 
 
 def _top_blocks(scores: torch.Tensor, visible: torch.Tensor, first: int, keep_ratio: float) -> BlockSelection:
-    """scores [H, n, nkb] -> each query block's kept blocks: the local ones (its own and `NUM_LOCAL_BLOCKS` before),
-    the sink, then the best-scored distant ones up to `ceil(keep_ratio x visible)` in all. `first`: the position of
-    the first query of block 0; `visible[i]`: key blocks query block i may see."""
+    """scores [Hkv, n, nkb] -> each query block's kept blocks: the local ones (its own and `NUM_LOCAL_BLOCKS`
+    before), the sink, then the best-scored distant ones up to `ceil(keep_ratio x visible)` in all (the most of its
+    tile of `TILE_QUERY_BLOCKS`). `first`: the position of the first query of block 0; `visible[i]`: key blocks query
+    block i may see."""
     heads, n, nkb = scores.shape
     device = scores.device
     j = torch.arange(nkb, device=device)
@@ -168,8 +180,11 @@ def _top_blocks(scores: torch.Tensor, visible: torch.Tensor, first: int, keep_ra
     distant = j[None, :] < local_first[:, None]  # [n, nkb]
     sink = distant & (j[None, :] == 0)
     ranked = scores.float().masked_fill(sink, float("inf")).masked_fill(~distant, float("-inf"))
-    wanted = torch.ceil(visible.double() * keep_ratio).long() - (visible - local_first)
-    keep = torch.maximum(wanted, sink.sum(1)).clamp(max=local_first)  # [n] distant blocks kept
+    wanted = torch.maximum(torch.ceil(visible.double() * keep_ratio).long() - (visible - local_first), sink.sum(1))
+    # a tile of query blocks is attended together: each keeps its tile's largest count (when it has that many)
+    pad = -n % TILE_QUERY_BLOCKS
+    tile_max = torch.nn.functional.pad(wanted, (0, pad)).view(-1, TILE_QUERY_BLOCKS).amax(1)
+    keep = tile_max.repeat_interleave(TILE_QUERY_BLOCKS)[:n].clamp(max=local_first)  # [n] distant blocks kept
     width = int(keep.max())
     blocks = torch.topk(ranked, width, dim=-1, sorted=True).indices  # [H, n, width]
     return BlockSelection(blocks, keep[None, :].expand(heads, n).contiguous(), local_first)

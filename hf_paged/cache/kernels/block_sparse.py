@@ -2,13 +2,16 @@
 
     keys      0 ......................................................... c-1   (cut into blocks of 64)
     queries                                       c-q ........................ c-1 (cut into blocks of 64 from c-q)
-    query block i keeps `keep[h, i]` key blocks for head h: `blocks[h, i, :keep[h, i]]` (the rest of the row is
-    padding). A kept block may straddle the diagonal: keys after a query's position are masked as in dense attention.
+    key blocks of query block i, per KV head h (shared by the query heads of its group, which read the same K/V):
+      | distant: blocks[h, i, :keep[h, i]]  | local: local_first[i] .. visible[i] - 1          |
+        wholly before its first query         its own blocks and NUM_LOCAL before: the causal
+        (any order, never masked)             mask applies here only
 
-The work is the kept blocks only: for a tile of query blocks, the kept key blocks of every head are gathered
-(`[heads x tile, kept x 64, dim]`), and one masked SDPA runs over them, so its cost is the kept share of the causal
-triangle (plus the gather). With every visible block kept, this is dense causal attention (same softmax over the same
-keys; fp32 rounding apart). Torch only, so it runs on any device; the CPU is where it is measured.
+The work is the kept blocks only: for a tile of `TILE_QUERY_BLOCKS` query blocks, each KV head's kept key blocks are
+gathered once (`[kv_heads x tile, kept x 64, dim]`), its query heads' queries stacked (`group x 64` rows, so each
+matmul is taller than one head's), then one matmul, softmax and matmul. Its cost is the kept share of the causal
+triangle plus the gather. With every visible block kept this is dense causal attention (the same softmax over the
+same keys; fp32 rounding apart). Torch only, so it runs on any device; the CPU is where it is measured.
 """
 
 from __future__ import annotations
@@ -18,22 +21,17 @@ from dataclasses import dataclass
 import torch
 
 SPARSE_BLOCK = 64  # tokens per query block and per key block (MInference's granularity)
-_TILE_SCORES = 1 << 22  # score elements (heads x tile x 64 x kept x 64) one SDPA call holds at most
+TILE_QUERY_BLOCKS = 4  # query blocks attended together (the selection keeps the same count within a tile)
 
-__all__ = ["SPARSE_BLOCK", "BlockSelection", "block_sparse_attention", "visible_blocks"]
+__all__ = ["SPARSE_BLOCK", "TILE_QUERY_BLOCKS", "BlockSelection", "block_sparse_attention", "visible_blocks"]
 
 
 @dataclass(slots=True, frozen=True)
 class BlockSelection:
-    """Which key blocks each query block of a chunk attends to, per query head.
+    """Which key blocks each query block of a chunk attends to, per KV head (see the module's sketch)."""
 
-        key blocks of query block i:  | distant: blocks[h, i, :keep[h, i]] | local: local_first[i] .. visible - 1 |
-                                        fully before its queries             its own blocks and the ones before
-                                        (any order, no mask)                 (the causal mask applies here only)
-    """
-
-    blocks: torch.Tensor  # [heads, num_query_blocks, max_keep] int64 distant key blocks, the kept ones first
-    keep: torch.Tensor  # [heads, num_query_blocks] int64 how many leading entries of `blocks` are kept
+    blocks: torch.Tensor  # [kv_heads, num_query_blocks, max_keep] int64 distant key blocks, the kept ones first
+    keep: torch.Tensor  # [kv_heads, num_query_blocks] int64 how many leading entries of `blocks` are kept
     local_first: torch.Tensor  # [num_query_blocks] int64 the first local key block (every later visible one too)
 
     def kept_share(self, context_len: int, q_len: int) -> float:
@@ -59,37 +57,41 @@ def block_sparse_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Te
     context_len, num_kv_heads = keys.shape[0], keys.shape[1]
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads are not a multiple of {num_kv_heads} KV heads")
-    bs, nqb = SPARSE_BLOCK, -(-q_len // SPARSE_BLOCK)
-    if selection.blocks.shape[:2] != (num_heads, nqb):
-        raise ValueError(f"selection covers {tuple(selection.blocks.shape[:2])} (heads, query blocks); the chunk "
-                         f"has ({num_heads}, {nqb})")
+    bs, nqb, group = SPARSE_BLOCK, -(-q_len // SPARSE_BLOCK), num_heads // num_kv_heads
+    if selection.blocks.shape[:2] != (num_kv_heads, nqb):
+        raise ValueError(f"selection covers {tuple(selection.blocks.shape[:2])} (KV heads, query blocks); the chunk "
+                         f"has ({num_kv_heads}, {nqb})")
     nkb, device = -(-context_len // bs), q.device
     kb, vb = _key_blocks(keys, nkb), _key_blocks(values, nkb)  # [kv_heads, nkb + 1, 64, dim]; block nkb: null
-    qb = _query_blocks(q * scale, nqb)  # [heads, nqb, 64, dim]
+    qb = _query_blocks(q * scale, nqb, num_kv_heads)  # [kv_heads, nqb, group * 64, dim]
     qpos = torch.clamp(context_len - q_len + torch.arange(nqb * bs, device=device), max=context_len - 1).view(nqb, bs)
-    kv_of_head = (torch.arange(num_heads, device=device) // (num_heads // num_kv_heads))[:, None, None]
+    kv_index = torch.arange(num_kv_heads, device=device)[:, None, None]
     offsets = torch.arange(bs, device=device)
     visible = visible_blocks(context_len, q_len, nqb, device)
-    out = torch.empty(num_heads, nqb, bs, dim, dtype=q.dtype, device=device)
-    for i0, i1 in _tiles(selection, visible, num_heads):
+    out = torch.empty(num_kv_heads, nqb, group * bs, dim, dtype=q.dtype, device=device)
+    for i0 in range(0, nqb, TILE_QUERY_BLOCKS):
+        i1 = min(i0 + TILE_QUERY_BLOCKS, nqb)
         n, keep = i1 - i0, selection.keep[:, i0:i1]
         width = int(keep.max())
         local_width = int((visible[i0:i1] - selection.local_first[i0:i1]).max())
-        local = torch.clamp(selection.local_first[i0:i1, None] + torch.arange(local_width, device=device), max=nkb)
+        local = selection.local_first[i0:i1, None] + torch.arange(local_width, device=device)
         local = torch.where(local < visible[i0:i1, None], local, nkb)  # past the visible ones: the null block
-        blocks = torch.cat([selection.blocks[:, i0:i1, :width], local.expand(num_heads, n, local_width)], dim=2)
-        k = kb[kv_of_head, blocks].view(num_heads * n, -1, dim)  # [H*n, (W + L)*64, D]
-        v = vb[kv_of_head, blocks].view(num_heads * n, -1, dim)
-        scores = torch.bmm(qb[:, i0:i1].reshape(num_heads * n, bs, dim), k.transpose(1, 2)).view(
-            num_heads, n, bs, -1)
+        blocks = torch.cat([selection.blocks[:, i0:i1, :width], local.expand(num_kv_heads, n, local_width)], dim=2)
+        k = kb[kv_index, blocks].view(num_kv_heads * n, -1, dim)  # [Hkv*n, (W + L)*64, D]
+        v = vb[kv_index, blocks].view(num_kv_heads * n, -1, dim)
+        scores = torch.bmm(qb[:, i0:i1].reshape(num_kv_heads * n, group * bs, dim), k.transpose(1, 2))
+        scores = scores.view(num_kv_heads, n, group, bs, -1)
         if width and bool((keep < width).any()):  # padding entries of the distant part: masked per key
             padded = (torch.arange(width, device=device) >= keep[..., None]).repeat_interleave(bs, dim=2)
-            scores[..., : width * bs].masked_fill_(padded[:, :, None, :], float("-inf"))
-        kpos = (local[..., None] * bs + offsets).flatten(1)  # [n, L*64] (the null block sits past every query)
-        scores[..., width * bs :].masked_fill_((kpos[:, None, :] > qpos[i0:i1, :, None])[None], float("-inf"))
-        probs = torch.softmax(scores.view(num_heads * n, bs, -1), dim=-1)
-        out[:, i0:i1] = torch.bmm(probs, v).view(num_heads, n, bs, dim)
-    return out.flatten(1, 2)[:, :q_len].transpose(0, 1)
+            scores[..., : width * bs].masked_fill_(padded[:, :, None, None, :], float("-inf"))
+        kpos = (local[..., None] * bs + offsets).flatten(1)  # [n, L*64] (the null block lies past every query)
+        future = (kpos[:, None, :] > qpos[i0:i1, :, None])[None, :, None]  # [1, n, 1, 64, L*64]
+        scores[..., width * bs :].masked_fill_(future, float("-inf"))
+        probs = torch.softmax(scores.view(num_kv_heads * n, group * bs, -1), dim=-1)
+        out[:, i0:i1] = torch.bmm(probs, v).view(num_kv_heads, n, group * bs, dim)
+    # [Hkv, nqb, group, 64, D] -> [nqb * 64, Hkv * group, D]
+    out = out.view(num_kv_heads, nqb, group, bs, dim).permute(1, 3, 0, 2, 4).reshape(nqb * bs, num_heads, dim)
+    return out[:q_len]
 
 
 def _key_blocks(x: torch.Tensor, nkb: int) -> torch.Tensor:
@@ -100,23 +102,11 @@ def _key_blocks(x: torch.Tensor, nkb: int) -> torch.Tensor:
     return x.view(nkb + 1, SPARSE_BLOCK, *x.shape[1:]).permute(2, 0, 1, 3).contiguous()
 
 
-def _query_blocks(q: torch.Tensor, nqb: int) -> torch.Tensor:
+def _query_blocks(q: torch.Tensor, nqb: int, num_kv_heads: int) -> torch.Tensor:
+    """[q_len, heads, dim] -> [kv_heads, nqb, group * 64, dim]: each KV head's query heads stacked per block."""
     pad = nqb * SPARSE_BLOCK - q.shape[0]
     if pad:  # padding rows attend like the last query and are dropped
         q = torch.cat([q, q[-1:].expand(pad, *q.shape[1:])])
-    return q.view(nqb, SPARSE_BLOCK, *q.shape[1:]).permute(2, 0, 1, 3)
-
-
-def _tiles(selection: BlockSelection, visible: torch.Tensor, num_heads: int) -> list[tuple[int, int]]:
-    """Consecutive query blocks whose gathered scores stay under `_TILE_SCORES` (kept counts grow along the chunk, so
-    each tile pads only to its own widest row)."""
-    widths = (selection.keep.max(dim=0).values + visible - selection.local_first).tolist()
-    tiles, start, per_block = [], 0, num_heads * SPARSE_BLOCK * SPARSE_BLOCK
-    while start < len(widths):
-        end, widest = start + 1, widths[start]
-        while end < len(widths) and max(widest, widths[end]) * per_block * (end + 1 - start) <= _TILE_SCORES:
-            widest = max(widest, widths[end])
-            end += 1
-        tiles.append((start, end))
-        start = end
-    return tiles
+    heads, dim = q.shape[1:]
+    q = q.view(nqb, SPARSE_BLOCK, num_kv_heads, heads // num_kv_heads, dim)
+    return q.permute(2, 0, 3, 1, 4).reshape(num_kv_heads, nqb, -1, dim)
