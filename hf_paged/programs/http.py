@@ -16,7 +16,8 @@ an in-process run computes:
 
 Reuse comes from the server's prefix cache: each call's prompt extends the previous one's tokens, so its full blocks
 are found there. Nothing is pinned (`pin` only records what the server computed): under memory pressure the
-server may evict a prefix and compute it again, which the token counts show. The server checks and compiles
+server may evict a prefix and compute it again, which the token counts show; `hp.remote(url, cache_retention_s=)`
+asks the server to pin each gen's prompt for that long (`cache_retention_seconds`). The server checks and compiles
 every constraint; token healing (`heal=True`) needs a processor object and is refused here.
 
 When made, the backend checks that its tokenizer is the server's (the server's `/tokenize` must give the same ids for
@@ -58,15 +59,25 @@ class RemoteModel:
     url: str  # the server's base URL (http or https), without /v1
     timeout: float = 120.0  # seconds one request may wait for its answer
     model: str | None = None  # the served model's name (None: the one the server lists)
+    cache_retention_s: float | None = None  # each gen's prompt kept pinned on the server this long (None: no pin)
 
 
-def remote(url: str, *, timeout: float = 120.0, model: str | None = None) -> RemoteModel:
-    """A running `hf-paged serve` at `url` (e.g. "http://127.0.0.1:8000"), for `run`, `run_batch` and `fill`."""
+def remote(url: str, *, timeout: float = 120.0, model: str | None = None,
+           cache_retention_s: float | None = None) -> RemoteModel:
+    """A running `hf-paged serve` at `url` (e.g. "http://127.0.0.1:8000"), for `run`, `run_batch` and `fill`.
+
+    `cache_retention_s`: each `gen` asks the server to keep its prompt's blocks pinned that long
+    (`cache_retention_seconds`), as the in-process backend pins a state's prefix between calls; the server bounds it
+    (`--max-cache-retention`) and refuses pins past its `prefix_pin_share`. None: the prefix cache alone (LRU)."""
     if not isinstance(url, str) or urlsplit(url).scheme not in ("http", "https") or not urlsplit(url).hostname:
         raise ValueError(f"hp.remote: url must be http(s)://host:port of a running hf-paged serve, got {url!r}")
     if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
         raise ValueError(f"hp.remote: timeout must be a number of seconds > 0, got {timeout!r}")
-    return RemoteModel(url.rstrip("/").removesuffix("/v1"), float(timeout), model)
+    if cache_retention_s is not None and (isinstance(cache_retention_s, bool)
+                                          or not isinstance(cache_retention_s, int | float) or not cache_retention_s > 0):
+        raise ValueError(f"hp.remote: cache_retention_s must be None or seconds > 0, got {cache_retention_s!r}")
+    return RemoteModel(url.rstrip("/").removesuffix("/v1"), float(timeout), model,
+                       None if cache_retention_s is None else float(cache_retention_s))
 
 
 class HTTPBackend:
@@ -135,6 +146,8 @@ class HTTPBackend:
             body["seed"] = request.seed
         if request.stop:
             body["stop"] = list(request.stop)
+        if self.server.cache_retention_s is not None:
+            body["cache_retention_seconds"] = self.server.cache_retention_s
         guide = request.guide
         if guide is not None:
             if guide.kind == "grammar" and guide.start != "start":

@@ -96,6 +96,25 @@ def test_a_second_run_is_served_from_the_prefix_cache(setup):
     assert again.calls[0].tokens.cached >= 3 * 16  # the select's choices: the whole prompt's full blocks
 
 
+def test_cache_retention_pins_each_prompt_on_the_server_for_a_while(setup):
+    model, tok, server, engine = setup
+
+    def pinned() -> int:
+        with engine.lock:
+            return engine.stats()["prefix_pinned_blocks"]
+
+    local = ticket_flow.run(model, tok, ticket="pin my prefix while I think")
+    remote = ticket_flow.run(hp.remote(server.url, cache_retention_s=3.0), tok, ticket="pin my prefix while I think")
+    _same_records(local, remote)
+    assert pinned() > 0  # the gens' prompts, pinned once computed
+    deadline = time.monotonic() + 30
+    while pinned():  # released when the 3 s are over
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    with pytest.raises(ValueError, match="cache_retention_s"):
+        hp.remote(server.url, cache_retention_s=0)
+
+
 def test_run_batch_and_fill_over_http_equal_in_process(setup):
     model, tok, server, _ = setup
     tickets = [{"ticket": t} for t in ("refund please", "the parcel never came", "thanks, all good")]
