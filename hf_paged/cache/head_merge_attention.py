@@ -26,12 +26,16 @@ __all__ = ["MergedIndices", "run_merged_plan"]
 class MergedIndices:
     """A layer's merge as index tensors on one device (built once per layer and device)."""
 
-    __slots__ = ("cluster_of", "key_of_cluster", "rep_heads")
+    __slots__ = ("cluster_of", "clusters_per_key", "key_of_cluster", "rep_heads")
 
     def __init__(self, merge: LayerMerge, device: torch.device) -> None:
         self.rep_heads = torch.tensor(merge.rep_heads, dtype=torch.long, device=device)
         self.cluster_of = torch.tensor(merge.cluster_of, dtype=torch.long, device=device)
         self.key_of_cluster = torch.tensor(merge.key_of_cluster, dtype=torch.long, device=device)
+        # Clusters come in key-head order (representatives ascending); when every kept key head serves as many
+        # clusters, the scores are one matmul per key head with no copy of the keys.
+        counts = {merge.key_of_cluster.count(k) for k in range(len(merge.kept_kv_heads))}
+        self.clusters_per_key = counts.pop() if len(counts) == 1 else None
 
 
 def run_merged_plan(plan: AttentionPlan, idx: MergedIndices, query: torch.Tensor, key_cache: torch.Tensor,
@@ -93,8 +97,13 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tenso
     n, num_heads, q_len, dim = q.shape
     num_kv_heads, length = v.shape[1], v.shape[2]
     qc = q.index_select(1, idx.rep_heads)
-    kc = k.index_select(1, idx.key_of_cluster).to(q.dtype)
-    scores = torch.matmul(qc, kc.transpose(-1, -2)).float() * scale  # [n, C, q, L]
+    if idx.clusters_per_key is not None:  # [n, kept, per * q, D] x [n, kept, D, L]: the keys read in place
+        kept = k.shape[1]
+        scores = torch.matmul(qc.reshape(n, kept, -1, dim), k.to(q.dtype).transpose(-1, -2))
+        scores = scores.view(n, -1, q_len, length).float() * scale  # [n, C, q, L]
+    else:
+        kc = k.index_select(1, idx.key_of_cluster).to(q.dtype)
+        scores = torch.matmul(qc, kc.transpose(-1, -2)).float() * scale
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
     if mask is not None:

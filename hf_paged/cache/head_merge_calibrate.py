@@ -9,11 +9,12 @@
    within `threshold`; each round drops the group whose heads are closest to what stays (greedy: exact for 2 KV
    heads, a heuristic beyond).
 3. Clusters. Representatives are picked among the heads of kept groups, greedily by how many not-yet-covered heads
-   lie within `threshold` (set cover), and every head follows its nearest representative. `kv_only=True` keeps
-   every head of a kept group its own representative: only the dropped groups merge (the KV saving without the
-   extra error of merging heads that save no bytes).
+   they reach (set cover), and every head follows its nearest representative. A head of a dropped group may follow
+   one within `threshold`; a head of a kept group within `score_threshold` (None: `threshold`). Merging heads of a
+   kept group saves score computations, never bytes, and adds error: `score_threshold=0` merges there only heads
+   whose maps are identical (exact), keeping the KV saving of `threshold` without that extra error.
 
-    threshold 0: every head its own cluster (the unmerged model)   threshold 1: one representative per layer
+    threshold 0: only heads with identical maps merge (exact)      threshold 1: one representative per layer
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def measure_head_distances(model: torch.nn.Module, samples: Sequence[Sequence[in
 
 
 def choose_layer_merge(d: torch.Tensor, num_kv_heads: int, threshold: float, *,
-                       kv_only: bool = False) -> tuple[int, ...]:
+                       score_threshold: float | None = None) -> tuple[int, ...]:
     """One layer's representatives from its `[heads, heads]` distances (module doc, steps 2 and 3)."""
     num_heads = d.shape[0]
     group = num_heads // num_kv_heads
@@ -81,38 +82,43 @@ def choose_layer_merge(d: torch.Tensor, num_kv_heads: int, threshold: float, *,
             break
         kept.discard(-min(options)[1])  # the cheapest drop; on a tie the later group (low heads represent)
     candidates = heads_of(kept)
-    reps = list(candidates) if kv_only else []
-    uncovered = {h for h in range(num_heads) if all(float(d[h, r]) > threshold for r in reps)}
-    while uncovered:  # greedy set cover: the candidate reaching most uncovered heads within threshold
+    within = threshold if score_threshold is None else score_threshold
+    limit = [threshold if h // group not in kept else within for h in range(num_heads)]  # how far h may follow
+    reps: list[int] = []
+    uncovered = set(range(num_heads))
+    while uncovered:  # greedy set cover: the candidate reaching most uncovered heads within their limits
         best = max((r for r in candidates if r not in reps), key=lambda r, left=frozenset(uncovered): _reach(
-            d, r, left, threshold))
+            d, r, left, limit))
         reps.append(best)
-        uncovered -= {h for h in uncovered if float(d[h, best]) <= threshold}
+        uncovered -= {h for h in uncovered if float(d[h, best]) <= limit[h]}
     chosen = sorted(reps)
-    return tuple(h if h in chosen else min(chosen, key=lambda r: (float(d[h, r]), r)) for h in range(num_heads))
+    return tuple(h if h in chosen else min((r for r in chosen if float(d[h, r]) <= limit[h]),
+                                           key=lambda r: (float(d[h, r]), r)) for h in range(num_heads))
 
 
-def _reach(d: torch.Tensor, r: int, uncovered: frozenset[int], threshold: float) -> tuple[int, float, int]:
-    """How well `r` covers the uncovered heads: how many within `threshold`, then the smaller total distance, then
-    the lower head."""
-    near = [h for h in uncovered if float(d[h, r]) <= threshold]
+def _reach(d: torch.Tensor, r: int, uncovered: frozenset[int], limit: list[float]) -> tuple[int, float, int]:
+    """How well `r` covers the uncovered heads: how many within their limits, then the smaller total distance,
+    then the lower head."""
+    near = [h for h in uncovered if float(d[h, r]) <= limit[h]]
     return len(near), -sum(float(d[h, r]) for h in near), -r
 
 
 def plan_from_distances(distances: torch.Tensor, num_kv_heads: int, threshold: float, *,
-                        kv_only: bool = False) -> HeadMergePlan:
+                        score_threshold: float | None = None) -> HeadMergePlan:
     """A whole model's merge from `[layers, heads, heads]` distances (`measure_head_distances`)."""
-    if not 0 <= threshold <= 1:
-        raise ValueError(f"threshold is a total-variation distance in [0, 1], got {threshold!r}")
+    for name, value in (("threshold", threshold), ("score_threshold", 0 if score_threshold is None else score_threshold)):
+        if not 0 <= value <= 1:
+            raise ValueError(f"{name} is a total-variation distance in [0, 1], got {value!r}")
     if distances.dim() != 3 or distances.shape[1] != distances.shape[2] or distances.shape[1] % num_kv_heads:
         raise ValueError(f"distances must be [layers, heads, heads] with heads a multiple of num_kv_heads "
                          f"({num_kv_heads}); got {tuple(distances.shape)}")
-    table = tuple(choose_layer_merge(d, num_kv_heads, threshold, kv_only=kv_only) for d in distances)
+    table = tuple(choose_layer_merge(d, num_kv_heads, threshold, score_threshold=score_threshold)
+                  for d in distances)
     return HeadMergePlan(table, num_kv_heads, threshold, distances.tolist())
 
 
 def calibrate_head_merge(model: torch.nn.Module, samples: Sequence[Sequence[int]], *, threshold: float,
-                         skip: int = 8, kv_only: bool = False) -> HeadMergePlan:
+                         skip: int = 8, score_threshold: float | None = None) -> HeadMergePlan:
     """Measure which heads of `model` attend alike on token-id `samples` and merge those within `threshold`.
 
     Use samples that are not the evaluation ones. The result's `representatives` go to `PagedConfig(head_merge=)`;
@@ -125,4 +131,4 @@ def calibrate_head_merge(model: torch.nn.Module, samples: Sequence[Sequence[int]
     text = model.config.get_text_config(decoder=True)
     num_kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
     distances = measure_head_distances(model, samples, skip=skip)
-    return plan_from_distances(distances, int(num_kv_heads), threshold, kv_only=kv_only)
+    return plan_from_distances(distances, int(num_kv_heads), threshold, score_threshold=score_threshold)

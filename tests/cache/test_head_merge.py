@@ -117,6 +117,12 @@ def test_merged_plan_equals_the_reference_with_one_head_clusters():
     ref_heads_01 = run_attention_plan(plan, q, keys, swapped_values, scale=0.3)[:, :2]
     torch.testing.assert_close(got[:, 2:], ref_heads_01)
     torch.testing.assert_close(got[:, :2], want[:, :2])
+    # unequal clusters per key head (KV 0: heads 0, 1; KV 1: head 2 for heads 2 and 3): the keys gathered per cluster
+    uneven = MergedIndices(LayerMerge((0, 1, 2, 2), kv_heads), q.device)
+    assert uneven.clusters_per_key is None
+    got = run_merged_plan(plan, uneven, q, keys, values, scale=0.3)
+    torch.testing.assert_close(got[:, :3], want[:, :3])
+    torch.testing.assert_close(got[:, 3], want[:, 2])
 
 
 def test_key_bytes_are_saved_in_the_pool(model):
@@ -172,12 +178,14 @@ def test_choose_merge_follows_the_gqa_rule():
     d[2, 0] = d[0, 2] = 0.05  # head 2 (KV 1) is close to head 0; head 3 (KV 1) is close to nothing
     # KV 1 cannot drop (head 3 has no kept neighbour); head 2 still follows head 0: one score fewer, no bytes
     assert choose_layer_merge(d, 2, 0.1) == (0, 1, 0, 3)
-    assert choose_layer_merge(d, 2, 0.1, kv_only=True) == (0, 1, 2, 3)
+    assert choose_layer_merge(d, 2, 0.1, score_threshold=0) == (0, 1, 2, 3)
     assert choose_layer_merge(d, 2, 0.0) == (0, 1, 2, 3)
     d[3, 1] = d[1, 3] = 0.08
     assert choose_layer_merge(d, 2, 0.1) == (0, 1, 0, 1)  # KV 1 dropped: heads 2, 3 follow 0, 1
     assert choose_layer_merge(d, 2, 1.0) == (0, 0, 0, 0)  # one cluster
-    assert choose_layer_merge(d, 2, 1.0, kv_only=True) == (0, 1, 0, 1)  # kept heads stay their own
+    assert choose_layer_merge(d, 2, 1.0, score_threshold=0) == (0, 1, 0, 1)  # kept heads stay their own
+    d[1, 0] = d[0, 1] = 0.0  # identical maps: merged even at score_threshold 0 (exact)
+    assert choose_layer_merge(d, 2, 1.0, score_threshold=0) == (0, 0, 0, 0)
     with pytest.raises(ValueError, match="in \\[0, 1\\]"):
         plan_from_distances(d[None], 2, 1.5)
 
