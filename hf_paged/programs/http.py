@@ -81,8 +81,8 @@ def remote(url: str, *, timeout: float = 120.0, model: str | None = None,
 
 
 class HTTPBackend:
-    """A served model and its tokenizer (the server's own: token ids cross the wire). Asks the server for its
-    model name, block size and EOS ids once, when made."""
+    """A served model and its tokenizer (the server's own: token ids cross the wire). When made, asks the server
+    for its model name, block size and EOS ids, and checks the tokenizer against the server's (`/tokenize`)."""
 
     supports_healing = False
 
