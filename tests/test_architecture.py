@@ -25,7 +25,8 @@ ALLOWED = {
     "kv_transfer": {"compat", "cache", "config", "errors", "lazy"},  # KV blocks between engines and tiers
     "batching": {"compat", "cache", "kv_transfer", "processors", "config", "errors", "lazy"},
     "serving": {"compat", "batching", "cache", "processors", "config", "errors", "lazy", "api"},
-    "scaleout": {"compat", "serving", "batching", "cache", "processors", "config", "errors", "lazy", "api"},
+    "scaleout": {"compat", "serving", "batching", "kv_transfer", "cache", "processors", "config", "errors", "lazy",
+                 "api"},  # kv_transfer: prefill/decode replicas hand KV over through Ray's object store
     "distributed": {"compat", "batching", "cache", "config", "errors", "lazy", "api"},
     "api": {"compat", "distributed", "batching", "cache", "processors", "config", "errors", "lazy"},
     "cli": {"api", "integrations", "serving", "scaleout", "distributed", "batching", "cache", "processors", "config",

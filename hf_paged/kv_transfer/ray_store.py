@@ -161,6 +161,9 @@ class RayObjectStore:
         max_blocks / max_bytes: the directory's lease bounds (when this store creates it).
         flush_blocks: register puts with the directory in batches of this many (`flush()` sends the rest).
         get_timeout_s: the longest a read waits for an object (a node unreachable): then it is recomputed.
+        sync_on_miss: a `contains` miss asks the directory for what changed (a reader); False: answer from what this
+            store put and what `sync()` brought (a writer, e.g. a prefill replica: the connector asks `contains`
+            before saving each new block, and a round trip per block would cost more than the block).
 
     Example:
         >>> store = RayObjectStore()                       # doctest: +SKIP  (inside ray.init())
@@ -172,7 +175,8 @@ class RayObjectStore:
     background_reads = True  # a read may cross nodes: the connector reads in its worker thread
 
     def __init__(self, directory: str = DIRECTORY_NAME, *, namespace: str = NAMESPACE, max_blocks: int = 65536,
-                 max_bytes: int = 16 << 30, flush_blocks: int = 16, get_timeout_s: float = 30.0) -> None:
+                 max_bytes: int = 16 << 30, flush_blocks: int = 16, get_timeout_s: float = 30.0,
+                 sync_on_miss: bool = True) -> None:
         import ray
 
         if not ray.is_initialized():
@@ -181,7 +185,7 @@ class RayObjectStore:
             raise ValueError(f"flush_blocks must be an int >= 1, got {flush_blocks!r}")
         self._ray = ray
         self.directory = block_directory(directory, namespace=namespace, max_blocks=max_blocks, max_bytes=max_bytes)
-        self.flush_blocks, self.get_timeout_s = flush_blocks, get_timeout_s
+        self.flush_blocks, self.get_timeout_s, self.sync_on_miss = flush_blocks, get_timeout_s, sync_on_miss
         self._known: dict[bytes, tuple[Any, int]] = {}  # the mirror: key -> (ref, size)
         self._nbytes = 0
         self._cursor = 0
@@ -197,6 +201,8 @@ class RayObjectStore:
         with self._lock:
             if key in self._known:
                 return True
+            if not self.sync_on_miss:
+                return False
             self._sync()
             return key in self._known
 
@@ -244,13 +250,20 @@ class RayObjectStore:
         return self._nbytes
 
     # -- beyond KVStore -----------------------------------------------------------------------------------
-    def flush(self, wait: bool = True) -> None:
+    def flush(self, wait: bool = True) -> Any:
         """Register every put block with the directory (and send the collected / dropped reports); with `wait`,
-        return once the directory holds them, so another engine's next `contains` finds them."""
+        return once the directory holds them, so another engine's next `contains` finds them. Without `wait`,
+        returns the call's ref (`await` it in async code)."""
         with self._lock:
             ref = self._register()
         if wait:
             self._ray.get(ref)
+        return ref
+
+    def sync(self) -> None:
+        """Take what changed in the directory now (a writer's mirror, or before a burst of reads)."""
+        with self._lock:
+            self._sync()
 
     def directory_stats(self) -> dict[str, int]:
         return self._ray.get(self.directory.get_stats.remote())

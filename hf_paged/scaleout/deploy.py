@@ -57,6 +57,11 @@ class EngineReplica:
             tokenizer.chat_template = spec.chat_template
         self.app = build_app(self.engine, tokenizer, ServerSettings(model_name=spec.name,
                                                                     max_waiting=spec.max_waiting))
+        self.kv_store = None
+        if spec.kv_role is not None:
+            from hf_paged.scaleout.kv_roles import attach_kv_role
+
+            self.kv_store = attach_kv_role(self.engine, spec.kv_role, spec.kv_directory)
         self.reporter = ReplicaReporter(self.engine, limit=spec.summary_limit)
         self.routing_stats = RoutingStats(self.reporter, events=spec.routing_events, summary_every=spec.summary_every)
         try:
@@ -71,6 +76,21 @@ class EngineReplica:
             if isinstance(item, ResponseStart):
                 item = ResponseStart(item.status, [*item.headers, (b"x-hf-paged-replica", self.tag.encode())])
             yield item
+
+    async def prefill(self, call: HttpCall, routing: Any = None) -> int:
+        """Compute a prompt for a decode replica (a prefill replica; the body asks for one token, `kv_roles.py`):
+        its blocks are in the object store and registered with the directory when this returns the app's status."""
+        status = 0
+        async for item in forward(self.app, call):
+            if isinstance(item, ResponseStart):
+                status = item.status
+        if self.kv_store is not None:
+            await self.kv_store.flush(wait=False)
+        return status
+
+    def num_used_blocks(self) -> int:
+        """Blocks held by requests now (0 once every request ended or was cancelled)."""
+        return self.engine.cache.pool.num_used_blocks
 
     async def metrics(self, timeout_s: float = 5.0) -> ReplicaMetrics:
         """This replica's `/metrics` text (the gateway merges every replica's). Bounded by `timeout_s`: the
@@ -113,11 +133,16 @@ def worker_env() -> dict:
 
 def build_application(spec: ReplicaSpec, *, replicas: int = 2, router: str = "cache_aware",
                       router_kwargs: dict | None = None, stats_period_s: float = 1.0,
-                      max_ongoing_requests: int = 64, replica_num_cpus: float = 1.0) -> Any:
+                      max_ongoing_requests: int = 64, replica_num_cpus: float = 1.0, prefill_replicas: int = 0) -> Any:
     """The Serve application: `replicas` engine replicas behind a gateway, routed by `HfPagedRequestRouter`
-    (`router="cache_aware"`) or by Ray Serve's default power of two choices (`router="pow2"`, for comparison)."""
+    (`router="cache_aware"`) or by Ray Serve's default power of two choices (`router="pow2"`, for comparison).
+    With `prefill_replicas` (1 .. replicas - 1), that many of them only prefill and the rest decode, the KV handed
+    over through Ray's object store (`kv_roles.py`, `pd_gateway.py`)."""
     if router not in ("cache_aware", "pow2"):
         raise ValueError(f"router must be 'cache_aware' or 'pow2', got {router!r}")
+    if prefill_replicas and not 0 < prefill_replicas < replicas:
+        raise ValueError(f"prefill_replicas must leave at least one decode replica: 1 .. {replicas - 1} of "
+                         f"{replicas} replicas, got {prefill_replicas} (0: colocated)")
     options: dict[str, Any] = {}
     if router == "cache_aware":
         options["request_router_config"] = RequestRouterConfig(
@@ -126,18 +151,31 @@ def build_application(spec: ReplicaSpec, *, replicas: int = 2, router: str = "ca
             request_routing_stats_period_s=stats_period_s,
         )
     options["graceful_shutdown_wait_loop_s"] = 0.2  # the CLI drains first (cli.drain): Serve's 2 s polls only add
-    engine = serve.deployment(EngineReplica, name="EngineReplica", num_replicas=replicas,
-                              max_ongoing_requests=max_ongoing_requests,
-                              ray_actor_options={"num_cpus": replica_num_cpus}, **options).bind(spec)
-    gateway = serve.deployment(Gateway, name="Gateway", num_replicas=1, max_ongoing_requests=10_000,
-                               ray_actor_options={"num_cpus": 0}, graceful_shutdown_wait_loop_s=0.2)
+    def engines(name: str, num: int, replica_spec: ReplicaSpec) -> Any:
+        return serve.deployment(EngineReplica, name=name, num_replicas=num, max_ongoing_requests=max_ongoing_requests,
+                                ray_actor_options={"num_cpus": replica_num_cpus}, **options).bind(replica_spec)
+
+    def gateway(cls: type) -> Any:
+        return serve.deployment(cls, name="Gateway", num_replicas=1, max_ongoing_requests=10_000,
+                                ray_actor_options={"num_cpus": 0}, graceful_shutdown_wait_loop_s=0.2)
+
     # Ready (GET /v1/models answers) once every replica has reported to the router; Serve's own router has no view
-    return gateway.bind(engine, spec, num_replicas=replicas, wait_for_reports=router == "cache_aware")
+    ready = {"num_replicas": replicas, "wait_for_reports": router == "cache_aware"}
+    if not prefill_replicas:
+        return gateway(Gateway).bind(engines("EngineReplica", replicas, spec), spec, **ready)
+    from dataclasses import replace
+
+    from hf_paged.scaleout.pd_gateway import DisaggGateway
+
+    decode = engines("EngineReplica", replicas - prefill_replicas, replace(spec, kv_role="decode"))
+    prefill = engines("PrefillReplica", prefill_replicas, replace(spec, kv_role="prefill"))
+    # (readiness takes the most replicas one router sees: the decode deployment's)
+    return gateway(DisaggGateway).bind(decode, spec, prefill, **{**ready, "num_replicas": replicas - prefill_replicas})
 
 
 def deploy(model: str | None = None, *, replicas: int = 2, address: str | None = None, host: str = "127.0.0.1",
            port: int = 8000, num_cpus: int | None = None, blocking: bool = False, router: str = "cache_aware",
-           **spec_fields: Any) -> Any:
+           prefill_replicas: int = 0, **spec_fields: Any) -> Any:
     """Start (or join, with `address`) a Ray cluster and serve `replicas` engine replicas of `model` on
     http://host:port with the single-server endpoints. Returns the app's handle (or blocks, with `blocking`).
 
@@ -153,6 +191,6 @@ def deploy(model: str | None = None, *, replicas: int = 2, address: str | None =
                  runtime_env=worker_env())
     serve.start(http_options={"host": host, "port": port})
     spec = ReplicaSpec(model=model, **spec_fields)
-    handle = serve.run(build_application(spec, replicas=replicas, router=router), name="hf_paged", route_prefix="/",
-                       blocking=blocking)
+    app = build_application(spec, replicas=replicas, router=router, prefill_replicas=prefill_replicas)
+    handle = serve.run(app, name="hf_paged", route_prefix="/", blocking=blocking)
     return handle

@@ -131,7 +131,15 @@ class Gateway:
 
     async def abort_all(self) -> None:
         """Abort every replica's requests; their answers end with the single server's error."""
-        await self.engine.broadcast("abort_all").results_async(timeout_s=self.scrape_timeout_s, return_exceptions=True)
+        for handle in self._engine_handles():
+            await handle.broadcast("abort_all").results_async(timeout_s=self.scrape_timeout_s, return_exceptions=True)
+
+    def _engine_handles(self) -> list[Any]:
+        """Every deployment of engine replicas (the metrics scrape and the abort reach each)."""
+        return [self.engine]
+
+    async def _before_forward(self, call: HttpCall, routing: Any) -> None:
+        """Called before a routed request goes to a replica (prefill/decode disaggregation prefills it here)."""
 
     async def _answer(self, request: Request) -> Response:
         path = request.url.path
@@ -150,6 +158,7 @@ class Gateway:
         routing = None
         if request.method == "POST" and path in _ROUTED_PATHS:
             routing = routing_info(path, body, self.tokenizer, self.block_size, self.extra_keys, self.shared_start)
+            await self._before_forward(call, routing)
         for attempt in range(2):
             stream = self.engine.forward.remote(call, routing=routing)
             try:
@@ -174,13 +183,14 @@ class Gateway:
         """
         from hf_paged.scaleout import registry
 
-        results: list[ReplicaMetrics | BaseException]
-        try:
-            response = self.engine.broadcast("metrics", timeout_s=self.scrape_timeout_s)
-            results = await response.results_async(timeout_s=self.scrape_timeout_s + 2.0, return_exceptions=True)
-        except Exception as exc:  # noqa: BLE001 -- no replica running, or one stuck past its own bound
-            logger.warning("metrics scrape failed as a whole: %r", exc)
-            results = [exc]
+        results: list[ReplicaMetrics | BaseException] = []
+        for handle in self._engine_handles():
+            try:
+                response = handle.broadcast("metrics", timeout_s=self.scrape_timeout_s)
+                results += await response.results_async(timeout_s=self.scrape_timeout_s + 2.0, return_exceptions=True)
+            except Exception as exc:  # noqa: BLE001 -- no replica running, or one stuck past its own bound
+                logger.warning("metrics scrape failed as a whole: %r", exc)
+                results.append(exc)
         routers = registry.routers()
         routed = None
         if routers:  # the cache-aware router (Serve's own pow2 router keeps no such counts)

@@ -24,6 +24,8 @@ class ReplicaSpec:
     routing_events: bool = False  # report block events between summaries (routing_stats.py); off: a summary a poll
     summary_every: int = 10  # with routing_events: stats polls per full summary (poll often: `stats_period_s`)
     torch_threads: int | None = None  # torch.set_num_threads in each replica (None: leave it)
+    kv_role: str | None = None  # "prefill" / "decode": prefill/decode disaggregation (kv_roles.py); None: colocated
+    kv_directory: str = "hf_paged_kv_directory"  # the Ray object store's block directory (a named actor)
 
     @property
     def model_path(self) -> str:

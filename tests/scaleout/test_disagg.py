@@ -1,0 +1,152 @@
+"""Prefill/decode disaggregation end to end on a local Ray cluster (num_cpus=2): 1 prefill + 1 decode replica of the
+tiny model behind the gateway. Answers (plain, streamed, n=2, constrained) are compared with the same request served
+by one colocated engine in this process; the decode replica loads the prompt's blocks from Ray's object store; a
+killed prefill replica costs only the recompute."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import pytest
+
+from hf_paged.scaleout.kv_roles import prefill_body
+
+ray = pytest.importorskip("ray")
+httpx = pytest.importorskip("httpx")
+
+PAGED = {"block_size": 16, "num_blocks": 256}
+PROMPTS = [("Once upon a time, in a quiet town by the sea, there lived an old sailor who told stories. " * 3) + tail
+           for tail in ("The first story", "The second story", "A question")]
+
+
+def test_prefill_body_asks_one_token_of_the_same_prompt():
+    body = json.dumps({"prompt": "hi", "max_tokens": 50, "n": 3, "stream": True, "stream_options": {},
+                       "response_format": {"type": "json_object"}, "temperature": 0.5}).encode()
+    assert json.loads(prefill_body(body)) == {"prompt": "hi", "max_tokens": 1, "n": 1, "stream": False,
+                                              "temperature": 0.5}
+    assert prefill_body(b"[1, 2]") is None and prefill_body(b"{nope") is None
+
+
+def test_build_application_refuses_a_split_without_decode_replicas():
+    from hf_paged.scaleout.deploy import build_application
+    from hf_paged.scaleout.spec import ReplicaSpec
+
+    with pytest.raises(ValueError, match="at least one decode replica"):
+        build_application(ReplicaSpec(paged=PAGED), replicas=2, prefill_replicas=2)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    from ray import serve
+
+    from hf_paged.scaleout.deploy import deploy, worker_env
+
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
+    try:
+        port = free_port()
+        deploy(None, replicas=2, prefill_replicas=1, port=port, paged=PAGED, torch_threads=1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def colocated():
+    """One engine, served by the same app in this process: the reference answers."""
+    from hf_paged.scaleout.asgi import HttpCall
+    from hf_paged.scaleout.deploy import EngineReplica
+    from hf_paged.scaleout.spec import ReplicaSpec
+
+    replica = EngineReplica(ReplicaSpec(paged=PAGED, torch_threads=1))
+
+    def answer(path: str, body: dict) -> bytes:
+        async def collect() -> bytes:
+            call = HttpCall("POST", path, headers=((b"content-type", b"application/json"),),
+                            body=json.dumps(body).encode())
+            return b"".join([item async for item in replica.forward(call) if isinstance(item, bytes)])
+
+        return asyncio.run(collect())
+
+    yield answer
+    replica.engine.loop.shutdown()
+
+
+def texts(raw: bytes) -> list[str]:
+    return [c["text"] for c in json.loads(raw)["choices"]]
+
+
+def streamed_text(raw: str) -> str:
+    out = []
+    for line in raw.splitlines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            chunk = json.loads(line[6:])
+            assert "error" not in chunk, chunk
+            out += [c.get("text", "") for c in chunk["choices"]]
+    return "".join(out)
+
+
+def counter(client, name: str) -> float:
+    """The sum of a counter's `_total` samples over every replica (and the gateway)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families = list(text_string_to_metric_families(client.get("/metrics").text))
+    tags = {s.labels["replica"] for f in families if f.name == "hf_paged:num_requests_running" for s in f.samples}
+    assert len(tags) == 2, tags  # both roles are scraped
+    return sum(s.value for f in families for s in f.samples if s.name == f"{name}_total")
+
+
+def num_used_blocks() -> list[int]:
+    from ray import serve
+
+    return [serve.get_deployment_handle(name, "hf_paged").num_used_blocks.remote().result(timeout_s=30)
+            for name in ("PrefillReplica", "EngineReplica")]
+
+
+def test_disaggregated_answers_equal_one_engine(endpoint, colocated):
+    greedy = {"max_tokens": 8, "temperature": 0}
+    with httpx.Client(base_url=endpoint, timeout=120) as client:
+        for prompt in PROMPTS:
+            body = {"prompt": prompt, **greedy}
+            r = client.post("/v1/completions", json=body)
+            assert r.status_code == 200, r.text
+            assert texts(r.content) == texts(colocated("/v1/completions", body))
+        body = {"prompt": PROMPTS[0] + " again", "n": 2, **greedy}
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 200 and texts(r.content) == texts(colocated("/v1/completions", body))
+        stream = client.post("/v1/completions", json={"prompt": PROMPTS[1] + " streamed", "stream": True, **greedy})
+        assert stream.status_code == 200 and stream.text.rstrip().endswith("data: [DONE]")
+        reference = texts(colocated("/v1/completions", {"prompt": PROMPTS[1] + " streamed", **greedy}))[0]
+        assert streamed_text(stream.text) == reference
+        choice = {"prompt": PROMPTS[2] + " yes or no?", "guided_choice": ["yes", "no", "maybe not"], **greedy,
+                  "max_tokens": 32}
+        r = client.post("/v1/completions", json=choice)
+        assert r.status_code == 200 and texts(r.content) == texts(colocated("/v1/completions", choice))
+        assert texts(r.content)[0] in choice["guided_choice"]
+        bad = client.post("/v1/completions", json={"prompt": "x", "max_tokens": -1})
+        assert bad.status_code == 400 and "error" in bad.json()
+        assert counter(client, "hf_paged:pd_prefills") >= 6
+        assert counter(client, "hf_paged:pd_prefill_failures") == 0
+        loaded = counter(client, "hf_paged:kv_transfer_loaded_blocks")
+        assert loaded >= 4 * len(PROMPTS), f"the decode replica loaded {loaded} blocks"
+    assert num_used_blocks() == [0, 0]
+
+
+def test_a_killed_prefill_replica_costs_only_the_recompute(endpoint, colocated):
+    body = {"prompt": "A brand new prompt that no replica has seen before, long enough for some blocks. " * 2,
+            "max_tokens": 8, "temperature": 0}
+    name = next(a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if "#PrefillReplica#" in a["name"])
+    ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
+    with httpx.Client(base_url=endpoint, timeout=120) as client:
+        r = client.post("/v1/completions", json=body)
+        assert r.status_code == 200, r.text
+        assert texts(r.content) == texts(colocated("/v1/completions", body))
