@@ -47,6 +47,11 @@ class PagedConfig:
     # as `block_size` in `Engine.stats()` and the engine's config
     block_size: int | str = 16
     num_blocks: int | None = None  # blocks in the pool; None: sized from max_cache_bytes
+    # CPU pools on 2 MiB-aligned memory with transparent huge pages requested (madvise; `cache/huge_pages.py`) where
+    # the OS allows, plain memory elsewhere. Off: on this project's CPU box the engine's steady state ran 0.90x the
+    # CPU time (5 of 5 pairs faster) but the first touch of a fresh pool, 4x faster when free huge pages exist,
+    # stalled up to 5x longer when the kernel had to compact memory (mean 1.41x; benchmarks/block_size_results.md)
+    kv_huge_pages: bool = False
     max_cache_bytes: int | None = None  # KV memory budget when num_blocks is None; None: see memory_fraction
     # with neither num_blocks nor max_cache_bytes: the pool's budget is this share of the memory free when the
     # cache is built (after the weights; RAM on CPU, the CUDA driver's free bytes on a GPU; vLLM's
@@ -141,6 +146,8 @@ class PagedConfig:
                 )
         if self.num_blocks is not None:
             _check_int("num_blocks", self.num_blocks, minimum=1)
+        if not isinstance(self.kv_huge_pages, bool):
+            raise TypeError(f"PagedConfig.kv_huge_pages must be True or False, got {self.kv_huge_pages!r}")
         if self.max_cache_bytes is not None:
             _check_int("max_cache_bytes", self.max_cache_bytes, minimum=1)
         if isinstance(self.memory_fraction, bool) or not isinstance(self.memory_fraction, (int, float)) \

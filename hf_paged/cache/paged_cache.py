@@ -118,7 +118,8 @@ class PagedCache(Cache):
         if merge is not None and not merge.is_identity:
             return MergedLayer(layer_idx, self.rows, merge, num_blocks=self.num_blocks, block_size=self.block_size)
         return PagedLayer(layer_idx, self.rows, num_blocks=self.num_blocks, block_size=self.block_size,
-                          attention_backend=self.paged_config.attention_backend)
+                          attention_backend=self.paged_config.attention_backend,
+                          huge_pages=self.paged_config.kv_huge_pages)
 
     # -- shared storage mechanics --------------------------------------------------------------------------
     def apply_pending_copies(self) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hf_paged.cache.block_layer import BlockLayer
+from hf_paged.cache.huge_pages import pool_empty
 from hf_paged.cache.layer_kv import PlainBlocks
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.stock_rows import StockRows
@@ -36,7 +37,7 @@ class PagedLayer(BlockLayer):
     """One decoder layer's K/V storage: `[num_blocks, block_size, num_kv_heads, head_dim]` each."""
 
     def __init__(self, layer_idx: int, rows: StockRows, *, num_blocks: int, block_size: int,
-                 attention_backend: str = "auto") -> None:
+                 attention_backend: str = "auto", huge_pages: bool = False) -> None:
         super().__init__(layer_idx, rows)
         self.num_blocks = num_blocks
         self.block_size = block_size
@@ -44,6 +45,7 @@ class PagedLayer(BlockLayer):
         self.key_cache: torch.Tensor | None = None
         self.value_cache: torch.Tensor | None = None
         self.store_fn = None  # the unchecked store backend, set by the first (checked) store of this layer
+        self.huge_pages = huge_pages  # `PagedConfig.kv_huge_pages`: storage from `huge_pages.pool_empty`
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         num_kv_heads, head_dim = key_states.shape[1], key_states.shape[-1]
@@ -52,8 +54,9 @@ class PagedLayer(BlockLayer):
         # Normal (not inference-mode) tensors: the first update may run under inference_mode, but swaps and
         # copy-on-write must be able to write the storage outside it.
         with torch.inference_mode(False):
-            self.key_cache = torch.empty(shape, dtype=key_states.dtype, device=key_states.device)
-            self.value_cache = torch.empty(shape, dtype=value_states.dtype, device=value_states.device)
+            self.key_cache = pool_empty(shape, key_states.dtype, key_states.device, huge_pages=self.huge_pages)[0]
+            self.value_cache = pool_empty(shape, value_states.dtype, value_states.device,
+                                          huge_pages=self.huge_pages)[0]
         self.is_initialized = True
 
     def _storage(self) -> tuple[torch.Tensor, torch.Tensor]:

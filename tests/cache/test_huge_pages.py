@@ -54,3 +54,22 @@ def test_memory_outlives_the_allocator_frame():
 def test_huge_pages_counter_reads():
     value = huge_pages_in_use()
     assert value is None or value >= 0
+
+
+def test_engine_on_huge_page_pools_keeps_parity():
+    from hf_paged import Engine, PagedConfig, SamplingParams
+    from tests.tiny_models import ragged_prompts, stock_greedy, tiny_model
+
+    model = tiny_model("llama")
+    prompts = ragged_prompts([5, 40, 23], seed=3)
+    engine = Engine(model, PagedConfig(kv_huge_pages=True, num_blocks=64, max_num_batched_tokens=24))
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=12)) for p in prompts]
+    while engine.has_unfinished:
+        engine.step()
+        engine.check_integrity()
+    assert [engine.pop_output(i).generated_tokens for i in ids] == stock_greedy(model, prompts, 12)
+    layer = engine.cache.block_layers[0]
+    if thp_mode() in ("always", "madvise"):
+        assert layer.key_cache.data_ptr() % HUGE_PAGE_BYTES == 0 and layer.value_cache.data_ptr() % HUGE_PAGE_BYTES == 0
+    with pytest.raises(TypeError, match="kv_huge_pages must be True or False"):
+        PagedConfig(kv_huge_pages="yes")
