@@ -6,7 +6,7 @@ shapes x a ragged, a shared-prefix and a multi-turn workload, block sizes 8/16/3
 
   - throughput: 8-64 all within the run-to-run noise of 16 (0.79-1.14x, with max/min CPU spreads up to 1.5x),
     no block size ahead on every shape and workload; the rule's 256 (1 MiB L2 / (2 x 256 x 4 bytes) = 512, clipped)
-    no better (0.87-1.07x);
+    no better (0.87-1.08x);
   - hit rate: the same at every block size (a partially matching block is copied, `take_partial_block`);
   - fragmentation grows with the block: 2.7% of the allocated slots unused at 8, 5.6% at 16, 20% at 64, 58% at 256
     on the ragged workload (pool memory that holds nothing).
