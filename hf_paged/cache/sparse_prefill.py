@@ -117,33 +117,36 @@ def _sample_attention(q: torch.Tensor, k: torch.Tensor, rows: slice, scale: floa
     sample = q[rows].float().transpose(0, 1)  # [H, s, D]
     s = sample.shape[1]
     seen = first + s
-    logits = torch.matmul(sample, k[:, :seen].transpose(1, 2)) * scale  # [H, s, seen]
-    causal = torch.arange(seen, device=q.device)[None, :] <= first + torch.arange(s, device=q.device)[:, None]
-    return torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1), first
+    logits = torch.matmul(sample * scale, k[:, :seen].transpose(1, 2))  # [H, s, seen]
+    future = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)  # only the sample's own keys can be ahead
+    logits[:, :, first:].masked_fill_(future, float("-inf"))
+    return torch.softmax(logits, dim=-1), first
 
 
 def _vertical_slash_scores(q: torch.Tensor, k: torch.Tensor, nqb: int, nkb: int, scale: float) -> torch.Tensor:
     """[H, nqb, nkb]: the sample's attention mass on each key block (vertical) plus its mass at the block's distance
-    from the query block (slash)."""
+    from the query block (slash, in whole blocks: sample query in key block b, key block j -> distance b - j)."""
     heads, context_len = k.shape[0], k.shape[1]
     s = min(NUM_SAMPLE_QUERIES, q.shape[0])
     probs, first = _sample_attention(q, k, slice(q.shape[0] - s, q.shape[0]), scale)  # [H, s, c]
-    vertical = _block_sums(probs.sum(1), nkb)  # [H, nkb]
-    # distance query - key of every entry, accumulated per distance (entries past the diagonal hold 0)
-    distance = (first + torch.arange(s, device=q.device)[:, None]) - torch.arange(context_len, device=q.device)
-    slash = torch.zeros(heads, context_len, device=q.device)
-    slash.scatter_add_(1, distance.clamp(min=0).flatten().expand(heads, -1), probs.flatten(1))
-    slash_blocks = _block_sums(slash, nkb)  # [H, nkb] mass at distance block d
-    q_mid = context_len - q.shape[0] + torch.arange(nqb, device=q.device) * SPARSE_BLOCK + SPARSE_BLOCK // 2
-    k_mid = torch.arange(nkb, device=q.device) * SPARSE_BLOCK + SPARSE_BLOCK // 2
-    d = ((q_mid[:, None] - k_mid[None, :]) // SPARSE_BLOCK).clamp(0, nkb - 1)  # [nqb, nkb]
-    return vertical[:, None, :] + slash_blocks[:, d]
+    per_block = _block_sums(probs.view(heads * s, context_len), nkb).view(heads, s, nkb)
+    vertical = per_block.sum(1)  # [H, nkb]
+    own = (first + torch.arange(s, device=q.device)) // SPARSE_BLOCK  # each sample query's key block
+    distance = (own[:, None] - torch.arange(nkb, device=q.device)).clamp(min=0)  # [s, nkb] (later blocks hold 0)
+    slash = torch.zeros(heads, nkb, device=q.device)
+    slash.scatter_add_(1, distance.flatten().expand(heads, -1), per_block.flatten(1))
+    q_mid = (context_len - q.shape[0] + torch.arange(nqb, device=q.device) * SPARSE_BLOCK + SPARSE_BLOCK // 2)
+    d = (q_mid[:, None] // SPARSE_BLOCK - torch.arange(nkb, device=q.device)).clamp(0, nkb - 1)  # [nqb, nkb]
+    return vertical[:, None, :] + slash[:, d]
 
 
 def _block_sums(x: torch.Tensor, nkb: int) -> torch.Tensor:
     """[H, c] -> [H, nkb]: sums over each 64-key block."""
-    pad = nkb * SPARSE_BLOCK - x.shape[1]
-    return torch.nn.functional.pad(x, (0, pad)).view(x.shape[0], nkb, SPARSE_BLOCK).sum(-1)
+    full = x.shape[1] // SPARSE_BLOCK
+    sums = x[:, : full * SPARSE_BLOCK].reshape(x.shape[0], full, SPARSE_BLOCK).sum(-1)
+    if full < nkb:  # the last, partial block
+        sums = torch.cat([sums, x[:, full * SPARSE_BLOCK :].sum(-1, keepdim=True)], dim=1)
+    return sums
 
 
 def _per_head_choice(q: torch.Tensor, k: torch.Tensor, nqb: int, nkb: int, visible: torch.Tensor,
