@@ -95,8 +95,11 @@ class Gateway:
         from hf_paged.scaleout import registry
 
         known = reported = 0
-        for router in registry.routers():  # the one router of this gateway's handle (none before its first update)
+        target = getattr(self.engine, "deployment_id", None)
+        for router in registry.routers():  # the router of this gateway's handle (none before its first update)
             view = router.view_readiness()
+            if target is not None and view.deployment_id != target:
+                continue  # another deployment's router in this process (prefill replicas under disaggregation)
             known, reported = max(known, view.num_known), max(reported, view.num_reported)
         self._ready = known >= self.num_replicas and reported >= self.num_replicas
         return Readiness(self._ready, self.num_replicas, known, reported)

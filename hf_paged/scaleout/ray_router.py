@@ -51,6 +51,7 @@ class ViewReadiness:
 
     num_known: int  # replicas Serve has given the router
     num_reported: int  # ... whose first report (a cache summary) has arrived: taken before the next choice
+    deployment_id: Any = None  # the deployment the router routes to (Serve's DeploymentID)
 
 
 class HfPagedRequestRouter(RequestRouter):
@@ -83,7 +84,7 @@ class HfPagedRequestRouter(RequestRouter):
         swapped whole by Serve, a report is a dict; `choose_replicas` takes every candidate's report first."""
         replicas = list(self.curr_replicas.values())
         reported = sum(1 for r in replicas if isinstance(r.routing_stats, dict) and "seq" in r.routing_stats)
-        return ViewReadiness(len(replicas), reported)
+        return ViewReadiness(len(replicas), reported, getattr(self, "_deployment_id", None))
 
     # -- membership ----------------------------------------------------------------------------------------
     def update_replicas(self, replicas: list[RunningReplica]) -> None:

@@ -32,9 +32,10 @@ from hf_paged.scaleout.ray_router import ViewReadiness
 class FakeRouterView:
     num_known: int = 0
     num_reported: int = 0
+    deployment_id: str | None = None
 
     def view_readiness(self) -> ViewReadiness:
-        return ViewReadiness(self.num_known, self.num_reported)
+        return ViewReadiness(self.num_known, self.num_reported, self.deployment_id)
 
     def snapshot(self) -> dict:
         return {"replicas": {}, "routed": {}, "event_gaps": 0}
@@ -42,6 +43,7 @@ class FakeRouterView:
 
 def gateway_for(num_replicas: int, ready_wait_s: float) -> Gateway:
     gateway = object.__new__(Gateway)  # no Serve handle, no tokenizer: only the door
+    gateway.engine = object()  # no deployment id: every router in the process counts
     gateway.gate = DrainGate()
     gateway.num_replicas, gateway.wait_for_reports, gateway._ready = num_replicas, True, False
     gateway.ready_wait_s = ready_wait_s
@@ -114,6 +116,20 @@ def test_readiness_needs_every_replica_known_and_reported_then_latches(view):
     assert gateway.readiness().ready
 
 
+def test_only_the_router_of_the_gateways_own_deployment_counts(view):
+    gateway = gateway_for(num_replicas=2, ready_wait_s=0.0)
+    gateway.engine = type("Handle", (), {"deployment_id": "decode"})()
+    other = FakeRouterView(2, 2, deployment_id="prefill")  # e.g. the prefill replicas' router under disaggregation
+    registry.register(other)
+    try:
+        view.num_known, view.num_reported, view.deployment_id = 2, 1, "decode"
+        assert not gateway.readiness().ready
+        view.num_reported = 2
+        assert gateway.readiness().ready
+    finally:
+        registry._ROUTERS.discard(other)
+
+
 def test_wait_ready_returns_as_soon_as_the_last_replica_reports(view):
     gateway = gateway_for(num_replicas=2, ready_wait_s=0.0)
     view.num_known, view.num_reported = 2, 1
@@ -147,7 +163,8 @@ def test_the_router_counts_a_replica_reported_once_its_stats_hold_a_summary():
     router = object.__new__(HfPagedRequestRouter)  # no Serve controller: only the state our methods use
     router.initialize_state(block_size=4)
     router._replicas = {FakeId("a"): FakeReplica(FakeId("a"), {}), FakeId("b"): FakeReplica(FakeId("b"), {"seq": 1})}
-    assert router.view_readiness() == ViewReadiness(num_known=2, num_reported=1)
+    router._deployment_id = "d"
+    assert router.view_readiness() == ViewReadiness(num_known=2, num_reported=1, deployment_id="d")
 
 
 # -- on a real local Ray cluster ------------------------------------------------------------------------------------
