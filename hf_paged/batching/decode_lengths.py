@@ -6,11 +6,16 @@ recomputed or swapped later). "remaining" looks at how long each request may sti
 what it generated, an upper bound: EOS and stop strings can end it sooner):
 
     request tokens   | prompt ............ | output so far | remaining max_new_tokens - 1 |
-                     '--- stored now (kv.num_tokens) ---'  '--- still to store (its need) -'
+                     '--- stored now (kv.num_tokens) ---'  '- still to store, at most ----'
+                                                           '- horizon -' (its need this step)
 
-  1. admission: a waiting request starts only when the blocks it still needs to its last token, plus the blocks
-     every running request still needs to its last token (the reserve), fit in the free blocks; with nothing
-     running (and nothing admitted this step) the head of the queue always starts, so nothing waits for good;
+  1. admission: the horizon is the shortest remaining tail among the running requests (the steps until the first
+     of them can end and give its blocks back). A waiting request starts only when the blocks it needs for its
+     prompt and the horizon, plus the blocks every running request needs to reach the horizon (the reserve), fit
+     in the free blocks: the pool is not promised past the point where blocks come back. With nothing running
+     (and nothing admitted this step) the head of the queue always starts, so nothing waits for good; the first
+     admitted then sets the horizon (its own tail). Reserving to every request's last token instead was measured
+     too: no preemptions, but 0.87-0.91x the throughput and a 1.09-1.16x p99 on the tight pools;
   2. decodes run shortest remaining tail first, so when the budget or the blocks run short the requests that are
      about to finish (and free their blocks) go first;
   3. when the pool must still give (a prefix hit's copy, a reserve that the budget policy's admissions broke), the
@@ -48,19 +53,27 @@ class DecodeLengths:
         """Smallest key is preempted first: lowest priority, then the longest remaining tail, then latest arrival."""
         return (request.priority, -remaining_new_tokens(request), -request.arrival_index)
 
-    def need(self, request: Request) -> int:
-        """Blocks the request's table still has to take to hold every token up to its last possible one (the last
-        generated token is sampled, never stored)."""
-        final = len(request.prompt_ids) + request.params.max_new_tokens - 1
+    @staticmethod
+    def horizon(running: list[Request]) -> int | None:
+        """Tokens until the first running request can end (its remaining tail) and free its blocks; None when
+        nothing runs."""
+        return min((remaining_new_tokens(r) for r in running), default=None)
+
+    def need(self, request: Request, horizon: int) -> int:
+        """Blocks the request's table still has to take to hold the rest of its prompt and `horizon` more tokens
+        (never past its last possible token: the last generated token is sampled, never stored)."""
         rid = request.request_id
         stored = self.kv.num_tokens(rid) if rid in self.kv else 0
-        return self.kv.blocks_needed(rid, max(0, final - stored))
+        final = len(request.prompt_ids) + request.params.max_new_tokens - 1
+        prompt_left = max(0, len(request.prompt_ids) - stored)
+        return self.kv.blocks_needed(rid, max(0, min(final - stored, prompt_left + horizon)))
 
-    def reserve(self, requests: list[Request]) -> int:
-        """Blocks the given (running) requests still need to finish."""
-        return sum(self.need(r) for r in requests)
+    def reserve(self, running: list[Request]) -> tuple[int | None, int]:
+        """(horizon, blocks the running requests need to get there)."""
+        horizon = self.horizon(running)
+        return horizon, sum(self.need(r, horizon) for r in running) if horizon is not None else 0
 
-    def admits(self, request: Request, reserve: int, *, alone: bool) -> bool:
-        """Whether a started (block table registered) waiting request may run: its need and the reserve fit in the
-        free blocks, or it would run alone (nothing running, nothing admitted this step)."""
-        return alone or self.need(request) + reserve <= self.kv.pool.num_free_blocks
+    def admits(self, request: Request, horizon: int, reserve: int, *, alone: bool) -> bool:
+        """Whether a started (block table registered) waiting request may run: its blocks to the horizon and the
+        reserve fit in the free blocks, or it would run alone (nothing running, nothing admitted this step)."""
+        return alone or self.need(request, horizon) + reserve <= self.kv.pool.num_free_blocks

@@ -11,7 +11,7 @@ to `max_prefill_tokens_per_step`, so a long prompt is spread over several steps 
 A decode with speculative drafts (`request.draft_ids`) runs its last token and the drafts as one chunk; the drafts
 are trimmed to the budget left and dropped when their blocks are not free (drafts never preempt anyone).
 With `scheduling_policy="remaining"` (`decode_lengths.py`), admission also keeps back the blocks the running
-requests need to their last token, decodes run shortest remaining tail first, and victims are the longest tails.
+requests need until the shortest remaining tail ends, decodes run shortest tail first, victims are the longest.
 The block mechanics (tables, sharing, copy-on-write) are the `KVCacheManager`'s; storage work on preemption
 (swapping K/V to CPU) is the engine's, through `on_preempt` / `on_resume` callbacks; blocks past a request's local
 prefix hit that another engine or the disk tier holds are loaded by the `kv_transfer` connector as it starts.
@@ -221,7 +221,7 @@ class Scheduler:
                 hits = {id(r): policy.cached_prefix_len(r) for r in candidates}
                 candidates.sort(key=lambda r: (-r.priority, -hits[id(r)], r.arrival_index))
         admitted: list[Request] = []
-        reserve = self.lengths.reserve(self.running) if self.lengths is not None else 0
+        horizon, reserve = self.lengths.reserve(self.running) if self.lengths is not None else (None, 0)
         for request in candidates:
             if budget == 0 or len(self.running) + len(admitted) >= self.config.max_num_seqs:
                 break
@@ -235,10 +235,11 @@ class Scheduler:
             if admitted and self._waits_for_whole_step(request, budget):
                 self._unstart(request)
                 continue  # smaller requests behind it may fill the rest of this step
-            if self.lengths is not None and not self.lengths.admits(
-                    request, reserve, alone=not self.running and not admitted):
-                self._unstart(request)
-                break  # its blocks to its last token do not fit beside the running requests' (FCFS)
+            if self.lengths is not None:
+                horizon = horizon if horizon is not None else self.lengths.horizon([request])
+                if not self.lengths.admits(request, horizon, reserve, alone=not self.running and not admitted):
+                    self._unstart(request)
+                    break  # its blocks to the horizon do not fit beside the running requests' (FCFS)
             num_tokens = min(request.num_tokens_to_compute, budget)
             if num_tokens < request.num_tokens_to_compute and not self.config.enable_chunked_prefill:
                 self._unstart(request)
@@ -250,7 +251,7 @@ class Scheduler:
             request.swapped = None  # swapped-in K/V now live in blocks
             admitted.append(request)
             if self.lengths is not None:
-                reserve += self.lengths.need(request)
+                reserve += self.lengths.need(request, horizon)
             if policy is not None:
                 inflight.update(policy.computing(request))
             out.scheduled.append(ScheduledRequest(request, num_tokens))

@@ -64,9 +64,12 @@ def test_decisions_on_exact_requests():
     assert remaining_new_tokens(ra) == 9 and remaining_new_tokens(rb) == 2
     lengths = engine.scheduler.lengths
     assert isinstance(lengths, DecodeLengths)
-    # a: 6 prompt tokens stored (2 blocks of 4), will store up to 6 + 10 - 1 = 15 -> 4 blocks: needs 2 more
-    # b: 3 stored (1 block), up to 3 + 3 - 1 = 5 -> 2 blocks: needs 1 more
-    assert lengths.need(ra) == 2 and lengths.need(rb) == 1 and lengths.reserve([ra, rb]) == 3
+    # The horizon is the shortest tail (b: 2 tokens). a: 6 prompt tokens stored in 2 blocks of 4; 2 more tokens
+    # fit in them (0 blocks), its whole tail (to 6 + 10 - 1 = 15 tokens) would take 2 more. b: 3 stored in 1 block,
+    # 2 more reach 5 tokens: 1 more block
+    assert lengths.horizon([ra, rb]) == 2 and lengths.horizon([]) is None
+    assert lengths.need(ra, 2) == 0 and lengths.need(ra, 9) == 2 and lengths.need(rb, 2) == 1
+    assert lengths.reserve([ra, rb]) == (2, 1) and lengths.reserve([]) == (None, 0)
     order = sorted([ra, rb], key=lengths.order_key)
     assert order == [rb, ra]  # the shorter tail decodes first
     assert min([ra, rb], key=lengths.victim_key) is ra  # the longer tail yields its blocks first
