@@ -23,13 +23,14 @@ import numpy as np
 
 from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors.automaton import nfa_kernel
-from hf_paged.processors.automaton.dfa import KERNEL_LIMIT, DenseDFA, FlatNFA, determinize, flat_nfa
+from hf_paged.processors.automaton.dfa import KERNEL_LIMIT, DenseDFA, FlatNFA, Subsets, determinize, flat_nfa, subsets
 from hf_paged.processors.automaton.nfa import build_nfa
 from hf_paged.processors.automaton.syntax import parse
 from hf_paged.processors.automaton.tree import Unsupported
 from hf_paged.processors.budget import CompileBudget
 
-__all__ = ["ByteDFA", "anchored", "automaton_work", "build_byte_dfa", "byte_sets", "compile_regex", "regex_nfa"]
+__all__ = ["ByteDFA", "PendingDFA", "anchored", "automaton_work", "build_byte_dfa", "build_pending", "byte_sets",
+           "compile_regex", "regex_nfa"]
 
 _PROBE: Any = None
 _MEMO: OrderedDict[str, ByteDFA] = OrderedDict()  # anchored regex -> automaton: validate + build compile once
@@ -85,6 +86,26 @@ class ByteDFA:
         return cls(transitions, int(initial), np.asarray(finals, dtype=bool), byte_sets(transitions == states))
 
 
+@dataclass(slots=True)
+class PendingDFA:
+    """An automaton built up to its table (`build_pending`): counted and checked like a `ByteDFA`, its dense table
+    written on first need (`byte_dfa`). A grammar's rules: the compile needs every rule's count of work, the first
+    mask only the rules it reaches."""
+
+    subsets: Subsets
+    work: int = 0  # as `ByteDFA.work`
+
+    @property
+    def num_states(self) -> int:
+        """States of the subset construction (the table may trim some away)."""
+        return self.subsets.num_states
+
+    def byte_dfa(self) -> ByteDFA:
+        """The automaton with its table written (its loop sets left empty: `ByteDFA.from_arrays(loops=False)`)."""
+        dense = self.subsets.dense()
+        return ByteDFA.from_arrays(dense.transitions, 0, dense.finals, loops=False)
+
+
 def anchored(regex: str) -> str:
     """`regex` anchored at end of input, the form every automaton is compiled from (the key of the memo; the form
     outlines-core needs for the patterns it still builds: its `Index` otherwise decides "may this token end here"
@@ -129,16 +150,13 @@ def _probe_vocabulary() -> Any:
     return _PROBE
 
 
-def build_byte_dfa(anchored_regex: str, *, fresh: bool = False, budget: CompileBudget | None = None,
-                   owned: bool = False) -> ByteDFA:
+def build_byte_dfa(anchored_regex: str, *, fresh: bool = False, budget: CompileBudget | None = None) -> ByteDFA:
     """Compile `anchored_regex` (already wrapped by `anchored`) into a `ByteDFA`; memoised (small LRU).
 
     Our compiler (`compile_regex`) builds it, counting its work against `budget` (default: a fresh `CompileBudget`);
     syntax that only Rust's parser reads right (`\\p{..}`, nested classes, ...) is built by outlines-core, after
     the caller's size check (`build.check_regex_size`). `fresh=True` builds it even when memoised
-    (benchmarks time the build). `owned=True`: built afresh and kept out of the memo, so the caller may change it,
-    its loop sets left empty (a grammar's rules: `grammar_rules` memoises them itself, their call edges cut out in
-    place, their loop sets derived on first need).
+    (benchmarks time the build).
 
     Raises:
         InvalidRegexError: the pattern does not parse, or uses look-around / back-references.
@@ -146,29 +164,56 @@ def build_byte_dfa(anchored_regex: str, *, fresh: bool = False, budget: CompileB
         SchemaTooComplexError: its automaton is over a limit of `budget`.
     """
     budget = budget if budget is not None else CompileBudget()
-    limits = (anchored_regex, budget.max_nfa_states, budget.max_dfa_states, budget.max_dfa_steps)
     with _LOCK:
-        hit = None if fresh or owned else _MEMO.get(anchored_regex)
+        hit = None if fresh else _MEMO.get(anchored_regex)
         if hit is not None:
             _MEMO.move_to_end(anchored_regex)
-        failed = None if fresh else _FAILED.get(limits)
     if hit is not None:
         budget.spend("work", hit.work)
         return hit
+    dfa = _build(anchored_regex, budget, fresh, pending=False)
+    assert isinstance(dfa, ByteDFA)
+    _remember(anchored_regex, dfa)
+    budget.spend("work", dfa.work)
+    return dfa
+
+
+def build_pending(anchored_regex: str, budget: CompileBudget) -> ByteDFA | PendingDFA:
+    """`build_byte_dfa` built afresh for an owner that memoises it itself (a grammar's rules, `grammar_rules`): kept
+    out of the memo, its table written on first need (`PendingDFA`; a pattern outlines-core builds comes whole),
+    its loop sets left empty. The same counts, errors and work charged as `build_byte_dfa`."""
+    dfa = _build(anchored_regex, budget, False, pending=True)
+    budget.spend("work", dfa.work)
+    return dfa
+
+
+def _build(anchored_regex: str, budget: CompileBudget, fresh: bool, pending: bool) -> ByteDFA | PendingDFA:
+    """The build of `build_byte_dfa` / `build_pending`, its work in `.work` (not charged yet); a refusal memoised
+    per limits (`_FAILED`: the same error, its work charged again)."""
+    limits = (anchored_regex, budget.max_nfa_states, budget.max_dfa_states, budget.max_dfa_steps)
+    with _LOCK:
+        failed = None if fresh else _FAILED.get(limits)
     if failed is not None:  # over a limit before, with these limits: the same error, the same work charged
         budget.work += failed[0]
         raise SchemaTooComplexError(failed[1])
     inner = anchored_regex[len(_ANCHOR_OPEN) : -len(_ANCHOR_CLOSE)] if _is_anchored(anchored_regex) else None
     meter = budget.for_automaton()  # the automaton's own limits: the same outcome whoever asks, memoised or not
+    dfa: ByteDFA | PendingDFA
     try:
         if inner is None:
             raise Unsupported("not in the anchored form")
-        dense = compile_regex(inner, meter)
-        if dense is None:
-            raise UnsatisfiableSchemaError(f"the regex {inner[:200]!r} matches no text; check the schema/regex")
-        dfa = ByteDFA.from_arrays(dense.transitions, 0, dense.finals, loops=not owned)
+        if pending:
+            found = subsets(regex_nfa(inner, meter), meter)
+            if found is None:
+                raise UnsatisfiableSchemaError(f"the regex {inner[:200]!r} matches no text; check the schema/regex")
+            dfa = PendingDFA(found)
+        else:
+            dense = compile_regex(inner, meter)
+            if dense is None:
+                raise UnsatisfiableSchemaError(f"the regex {inner[:200]!r} matches no text; check the schema/regex")
+            dfa = ByteDFA.from_arrays(dense.transitions, 0, dense.finals)
     except Unsupported:
-        dfa = _outlines_byte_dfa(anchored_regex)
+        dfa = _outlines_byte_dfa(anchored_regex, loops=not pending)
     except SchemaTooComplexError as exc:
         work = automaton_work(len(anchored_regex), meter)
         with _LOCK:
@@ -178,9 +223,6 @@ def build_byte_dfa(anchored_regex: str, *, fresh: bool = False, budget: CompileB
         budget.work += work  # (what the failed try did counts too; the error to report is this one)
         raise
     dfa.work = automaton_work(len(anchored_regex), meter)
-    if not owned:
-        _remember(anchored_regex, dfa)
-    budget.spend("work", dfa.work)
     return dfa
 
 
@@ -209,7 +251,7 @@ def _is_anchored(regex: str) -> bool:
     return regex.startswith(_ANCHOR_OPEN) and regex.endswith(_ANCHOR_CLOSE)
 
 
-def _outlines_byte_dfa(anchored_regex: str) -> ByteDFA:
+def _outlines_byte_dfa(anchored_regex: str, loops: bool = True) -> ByteDFA:
     """outlines-core's byte automaton of a pattern our parser leaves to it (no work budget: its build cannot be
     interrupted, only the caller's size estimate guards it)."""
     from outlines_core import Index
@@ -253,4 +295,4 @@ def _outlines_byte_dfa(anchored_regex: str) -> ByteDFA:
     finals = np.zeros(dead + 1, dtype=bool)
     final_ids = np.fromiter(index.get_final_states(), dtype=np.int64)
     finals[remap(final_ids)] = True
-    return ByteDFA.from_arrays(transitions, 0, finals)
+    return ByteDFA.from_arrays(transitions, 0, finals, loops=loops)

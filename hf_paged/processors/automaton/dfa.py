@@ -23,7 +23,7 @@ from hf_paged.processors.automaton.layout_kernel import nfa_layout, trim_table
 from hf_paged.processors.automaton.nfa import LOOK, NFA, SPARSE, SPLIT
 from hf_paged.processors.budget import CompileBudget
 
-__all__ = ["JIT_MIN_POSITIONS", "KERNEL_LIMIT", "DenseDFA", "FlatNFA", "determinize", "flat_nfa"]
+__all__ = ["JIT_MIN_POSITIONS", "KERNEL_LIMIT", "DenseDFA", "FlatNFA", "Subsets", "determinize", "flat_nfa", "subsets"]
 
 # NFAs from this size on start loading the compiled subset construction (`jit.start`); below, its Python twin
 # takes milliseconds, less than loading numba (~0.7 s of CPU in the background)
@@ -45,6 +45,40 @@ def determinize(nfa: FlatNFA, budget: CompileBudget) -> DenseDFA | None:
     Raises:
         SchemaTooComplexError: more states or steps than the budget allows.
     """
+    found = subsets(nfa, budget)
+    return None if found is None else found.dense()
+
+
+@dataclass(slots=True)
+class Subsets:
+    """A subset construction's rows before the table is written: state s's runs are runs[run_ptr[s]:run_ptr[s + 1]],
+    each (first class, last class, next state or -1 dead). Every state was reached from the initial one, and one of
+    them is final (`subsets`): the initial state is live, so `dense` always has a table to give."""
+
+    runs: np.ndarray
+    run_ptr: np.ndarray
+    finals: np.ndarray  # bool [states]
+    byte_class: np.ndarray  # int64 [256]
+
+    @property
+    def num_states(self) -> int:
+        return self.finals.shape[0]
+
+    def dense(self) -> DenseDFA:
+        """The trimmed dense table (`trim_table`: states that cannot reach a match become the dead one)."""
+        initial_live, transitions, kept_finals = trim_table(self.runs, self.run_ptr, self.finals, self.byte_class)
+        assert initial_live, "a state of the subset construction is final: the initial state reaches it"
+        return DenseDFA(transitions, kept_finals)
+
+
+def subsets(nfa: FlatNFA, budget: CompileBudget) -> Subsets | None:
+    """The subset construction of `nfa` (every state and step counted, as `determinize` counts them), its table not
+    written yet; None when it matches no text (no state is final: every state is reached from the initial one, so
+    the initial one is live exactly when one is).
+
+    Raises:
+        SchemaTooComplexError: more states or steps than the budget allows.
+    """
     if nfa.kinds.shape[0] >= JIT_MIN_POSITIONS:  # (a big automaton: worth the compiled loop from the next one on)
         jit.start()
     sp_ptr, spans, eps_ptr, byte_class = nfa_layout(nfa.kinds, nfa.sparse, nfa.counts, nfa.flat, nfa.split,
@@ -54,10 +88,9 @@ def determinize(nfa: FlatNFA, budget: CompileBudget) -> DenseDFA | None:
         min(budget.left("dfa_steps"), KERNEL_LIMIT))
     budget.spend("dfa_states", num_states)
     budget.spend("dfa_steps", steps)
-    if num_states == 0:
+    if num_states == 0 or not finals.any():
         return None
-    initial_live, transitions, kept_finals = trim_table(runs, run_ptr, finals, byte_class)
-    return DenseDFA(transitions, kept_finals) if initial_live else None
+    return Subsets(runs, run_ptr, finals, byte_class)
 
 
 @dataclass(slots=True)

@@ -32,7 +32,7 @@ from hf_paged.errors import SchemaTooComplexError
 from hf_paged.processors.automaton.grammar import Grammar
 from hf_paged.processors.automaton.grammar_rules import Rule, grammar_rules
 from hf_paged.processors.automaton.grammar_stacks import MAX_DEPTH, CallStacks
-from hf_paged.processors.automaton.lazy_zeros import lazy_zeros
+from hf_paged.processors.automaton.lazy_zeros import lazy_zeros_many
 from hf_paged.processors.automaton.utf8 import multibyte_ends
 from hf_paged.processors.budget import CompileBudget
 
@@ -86,15 +86,14 @@ class GrammarDFA:
         self.rules = grammar_rules(grammar, budget)
         self.capacity = capacity
         # zero-filled arrays: the OS hands out their pages on first write, so capacity costs address space only
-        self.transitions = lazy_zeros((capacity, 256), np.int32)
-        self.finals = lazy_zeros(capacity, np.bool_)
-        self.loops = lazy_zeros((capacity, 4), np.uint64)
-        self.has_loops = lazy_zeros(capacity, np.bool_)
-        self.known = lazy_zeros(capacity, np.bool_)  # row built
+        # (on one mapping: `lazy_zeros_many`)
+        (self.transitions, self.finals, self.loops, self.has_loops, self.known, self._state_context,
+         self._rule_state) = lazy_zeros_many(((capacity, 256), np.int32), (capacity, np.bool_),
+                                             ((capacity, 4), np.uint64), (capacity, np.bool_), (capacity, np.bool_),
+                                             (capacity, np.int32), (capacity, np.int32))
+        # known: row built; _state_context: one configuration's context + 1, else 0; _rule_state: its rule state
         self.known[0] = True  # dead: all zeros, loops on itself (never walked)
         self._num_named = 1
-        self._state_context = lazy_zeros(capacity, np.int32)  # one configuration: its context + 1, else 0
-        self._rule_state = lazy_zeros(capacity, np.int32)  # ... and its rule state
         self._contexts: list[_Context] = []
         self._context_ids: dict[tuple, int] = {}  # prefix + (rule,) -> context
         self._sets: dict[int, frozenset] = {}  # states of several configurations

@@ -1,37 +1,97 @@
-"""The rules of a grammar (`grammar.Grammar`) as byte automata: each compiled by `build_byte_dfa` (anchored), its
-call edges read off and cut out. Immutable, memoised per grammar and per rule text: validation and the build share
-them, the ladder's tries and other grammars share rules of the same text, and every `GrammarDFA` of the grammar
-names its own states over them."""
+"""The rules of a grammar (`grammar.Grammar`) as byte automata: each compiled by `build_pending` (anchored, counted
+and checked at once), its table written and its call edges read off and cut out on first need (`Rule`). A call to
+a missing rule is refused at once, from the calls its text spells (`_calls_in_range`). Immutable, memoised per
+grammar and per rule text: validation and the build share them, the ladder's tries and other grammars share rules
+of the same text, and every `GrammarDFA` of the grammar names its own states over them."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
 
 import numpy as np
 
 from hf_paged.errors import InvalidRegexError
-from hf_paged.processors.automaton.byte_dfa import anchored, build_byte_dfa, byte_sets
+from hf_paged.processors.automaton.byte_dfa import ByteDFA, PendingDFA, anchored, build_pending, byte_sets
 from hf_paged.processors.automaton.grammar import DIGITS, MARK, WIDTH, Grammar
 from hf_paged.processors.budget import CompileBudget
 
 __all__ = ["Rule", "grammar_rules"]
 
 
-@dataclass(slots=True)
 class Rule:
-    """One rule's automaton, its call edges taken out."""
+    """One rule's automaton, its call edges taken out. Its table is written on first need (`table`, `dead`,
+    `finals`, `calls`, `has_calls` all wait for it): the compile counts every rule's work, but the first mask reaches
+    few rules, and `IndexCache`'s background step (`TokenIndex.prepare`) writes the others' before decoding meets
+    them. Read only once written (shared by equal rule texts); written once, under `_WRITE_LOCK`."""
 
-    table: np.ndarray  # int32 [S + 1, 256]; the mark byte's column is dead (read only: shared by equal rule texts)
-    dead: int
-    initial: int
-    finals: np.ndarray  # bool [S + 1]
-    calls: dict[int, list[tuple[int, int]]]  # state -> [(callee rule, state to return to)]
-    has_calls: np.ndarray  # bool [S + 1]
-    multibyte: np.ndarray | None = None  # `utf8.multibyte_ends` of every state, on first need
-    _loops: np.ndarray | None = None  # `loops`, on first need
-    _has_loops: np.ndarray | None = None  # `has_loops`, on first need
+    __slots__ = ("_calls", "_dead", "_finals", "_has_calls", "_has_loops", "_loops", "_pending", "_table",
+                 "initial", "multibyte", "nbytes")
+
+    def __init__(self, dfa: ByteDFA | PendingDFA) -> None:
+        self._pending: ByteDFA | PendingDFA | None = dfa  # what the table is written from (None once written)
+        self.initial = 0
+        self.nbytes = (dfa.num_states + 1) * 256 * 4  # the table's size, at most (the memo's running total)
+        self._table: np.ndarray | None = None  # int32 [S + 1, 256]; the mark byte's column is dead
+        self._dead = 0
+        self._finals: np.ndarray | None = None  # bool [S + 1]
+        self._calls: dict[int, list[tuple[int, int]]] = {}  # state -> [(callee rule, state to return to)]
+        self._has_calls: np.ndarray | None = None  # bool [S + 1]
+        self.multibyte: np.ndarray | None = None  # `utf8.multibyte_ends` of every state, on first need
+        self._loops: np.ndarray | None = None  # `loops`, on first need
+        self._has_loops: np.ndarray | None = None  # `has_loops`, on first need
+
+    def _write(self) -> None:
+        """The table, its call edges read off and cut out in place (the rule owns its automaton)."""
+        with _WRITE_LOCK:
+            pending = self._pending
+            if pending is None:  # (another thread wrote it)
+                return
+            dfa = pending if isinstance(pending, ByteDFA) else pending.byte_dfa()
+            table, dead = dfa.transitions, dfa.dead
+            calls = _call_edges(table, dead)
+            if calls:
+                table[:, MARK] = dead
+            has_calls = np.zeros(table.shape[0], dtype=bool)
+            has_calls[list(calls)] = True
+            self._dead, self._finals, self._calls, self._has_calls = dead, dfa.finals, calls, has_calls
+            self._table = table  # (last: a reader that sees the table sees the rest)
+            self._pending = None
+
+    @property
+    def table(self) -> np.ndarray:
+        """int32 [S + 1, 256]: the rule's byte automaton (read only), its mark column dead."""
+        if self._table is None:
+            self._write()
+        return self._table  # type: ignore[return-value]
+
+    @property
+    def dead(self) -> int:
+        if self._table is None:
+            self._write()
+        return self._dead
+
+    @property
+    def finals(self) -> np.ndarray:
+        """bool [S + 1]."""
+        if self._table is None:
+            self._write()
+        return self._finals  # type: ignore[return-value]
+
+    @property
+    def calls(self) -> dict[int, list[tuple[int, int]]]:
+        """state -> [(callee rule, state to return to)]."""
+        if self._table is None:
+            self._write()
+        return self._calls
+
+    @property
+    def has_calls(self) -> np.ndarray:
+        """bool [S + 1]: whether a state has a call edge."""
+        if self._table is None:
+            self._write()
+        return self._has_calls  # type: ignore[return-value]
 
     @property
     def loops(self) -> np.ndarray:
@@ -39,8 +99,9 @@ class Rule:
         builds the rule's rows): most rules of a big grammar are not reached by the first mask, and the compile
         never reads them. (Computed twice by two threads at once: the same value.)"""
         if self._loops is None:
-            states = np.arange(self.table.shape[0], dtype=np.int32)[:, None]
-            self._loops = byte_sets(self.table == states)
+            table = self.table
+            states = np.arange(table.shape[0], dtype=np.int32)[:, None]
+            self._loops = byte_sets(table == states)
         return self._loops
 
     @property
@@ -69,22 +130,15 @@ def _compile_rule(text: str, budget: CompileBudget) -> Rule:
     hit = _memo_hit(_TEXTS, text, budget)
     if hit is not None:
         return hit
-    dfa = build_byte_dfa(anchored(text), budget=budget, owned=True)  # (its own: the mark edges are cut in place;
-    # its loop sets are left to `Rule.loops`)
-    table, dead = dfa.transitions, dfa.dead
-    calls = _call_edges(table, dead)
-    if calls:
-        table[:, MARK] = dead
-    has_calls = np.zeros(table.shape[0], dtype=bool)
-    has_calls[list(calls)] = True
-    rule = Rule(table, dead, dfa.initial, dfa.finals, calls, has_calls)
+    dfa = build_pending(anchored(text), budget)  # (its own, its table written on first need: `Rule`)
+    rule = Rule(dfa)
     global _texts_bytes
     with _RULES_LOCK:
         if text not in _TEXTS:
             _TEXTS[text] = (rule, dfa.work)
-            _texts_bytes += table.nbytes
+            _texts_bytes += rule.nbytes
         while len(_TEXTS) > _TEXTS_SIZE or (len(_TEXTS) > 1 and _texts_bytes > _TEXTS_BYTES):
-            _texts_bytes -= _TEXTS.popitem(last=False)[1][0].table.nbytes
+            _texts_bytes -= _TEXTS.popitem(last=False)[1][0].nbytes
     return rule
 
 
@@ -108,7 +162,27 @@ def _call_edges(table: np.ndarray, dead: int) -> dict[int, list[tuple[int, int]]
     return calls
 
 
+def _calls_in_range(text: str, num_rules: int) -> bool:
+    """Whether every call `text` spells (`call_regex`'s markers) names one of `num_rules` rules, and it spells no
+    mark byte another way: then its automaton's call edges, a subset of those (rule texts match no raw mark byte
+    themselves, `grammar.py`), name rules of the grammar too, and its table can wait. False: check the edges."""
+    markers = _MARKER.findall(text)
+    if len(markers) != text.count("\\x02"):
+        return False
+    for digits in markers:
+        number = 0
+        for at in (2, 6, 10):
+            digit = int(digits[at : at + 2], 16) - DIGITS[0]
+            if not 0 <= digit < len(DIGITS):
+                return False
+            number = number * len(DIGITS) + digit
+        if not 0 < number < num_rules:
+            return False
+    return True
+
+
 _DIGITS = np.asarray(DIGITS, dtype=np.int64)
+_MARKER = re.compile(r"\\x02((?:\\x[0-9a-f]{2}){3})")  # a call as `call_regex` spells it: the digits
 _TEXTS: OrderedDict[str, tuple[Rule, int]] = OrderedDict()  # rule text -> its rule, its work (`ByteDFA.work`)
 _TEXTS_SIZE = 256  # entries ...
 _TEXTS_BYTES = 128 << 20  # ... and bytes of tables kept, whichever is reached first
@@ -116,6 +190,7 @@ _texts_bytes = 0  # bytes of the tables in `_TEXTS` (under `_RULES_LOCK`)
 _RULES: OrderedDict[Grammar, tuple[list[Rule], int]] = OrderedDict()  # grammar -> its rules, their work (`ByteDFA.work`)
 _RULES_SIZE = 8
 _RULES_LOCK = threading.Lock()
+_WRITE_LOCK = threading.Lock()  # a rule's table written once (`Rule._write`), whichever thread needs it first
 
 
 def grammar_rules(grammar: Grammar, budget: CompileBudget | None = None) -> list[Rule]:
@@ -136,6 +211,8 @@ def grammar_rules(grammar: Grammar, budget: CompileBudget | None = None) -> list
     before = budget.work
     rules = [_compile_rule(text, budget) for text in grammar.texts]
     for number, rule in enumerate(rules):
+        if _calls_in_range(grammar.texts[number], len(rules)):
+            continue  # (every callee exists: the table waits for its first need)
         for targets in rule.calls.values():
             for callee, _ in targets:
                 if not 0 < callee < len(rules):

@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 import numpy as np
 
+from hf_paged.errors import InvalidRegexError
 from hf_paged.processors.automaton.grammar_rules import Rule
 
 __all__ = ["MAX_DEPTH", "CallStacks"]
@@ -52,6 +53,8 @@ class CallStacks:
             moves = []
             if len(current) < 2 * MAX_DEPTH:
                 for callee, back in rules[rule].calls.get(state, ()):
+                    if not 0 < callee < len(rules):  # (a text that spells a mark byte some other way: `grammar.py`)
+                        raise InvalidRegexError(f"rule {rule} calls rule {callee}, which the grammar does not have")
                     moves.append(current[:-1] + (back, callee, rules[callee].initial))
             if len(current) > 2 and rules[rule].finals[state]:
                 moves.append(current[:-2])  # the caller's top is its return state already

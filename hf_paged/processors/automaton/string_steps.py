@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hf_paged.processors.automaton.lazy_zeros import lazy_zeros
+from hf_paged.processors.automaton.lazy_zeros import lazy_zeros_many
 from hf_paged.processors.automaton.utf8 import multibyte_ends
 
 __all__ = ["UNBOUNDED", "BodySteps"]
@@ -56,18 +56,17 @@ class BodySteps:
         ends: Callable[[np.ndarray], np.ndarray] | None = None,
     ):
         num_states = transitions.shape[0]
-        self.ascii = lazy_zeros((num_states, 2), np.uint64)  # A(s) as two 64-bit words (bytes 0..127)
-        self.multibyte = lazy_zeros(num_states, np.bool_)
-        # steps + 1, so that 0 is "not computed": zero-filled arrays cost no memory until written (a grammar
-        # automaton's capacity is a million states, most never named)
-        self._steps1 = lazy_zeros(num_states, np.int64)
+        # ascii: A(s) as two 64-bit words (bytes 0..127); _steps1: steps + 1, so that 0 is "not computed"; _ends:
+        # `multibyte_ends` + _ENDS_OFFSET, per state on first use. Zero-filled arrays cost no memory until written (a
+        # grammar automaton's capacity is a million states, most never named), on one mapping (`lazy_zeros_many`)
+        self.ascii, self.multibyte, self._steps1, self._ends = lazy_zeros_many(
+            ((num_states, 2), np.uint64), (num_states, np.bool_), (num_states, np.int64), (num_states, np.int64))
         self._table = transitions
         self._dead = dead
         self.dead = dead
         self._ensure = ensure
         self._ensure_path = ensure_path
         self._ends_of = ends
-        self._ends = lazy_zeros(num_states, np.int64)  # `multibyte_ends` + _ENDS_OFFSET, per state on first use
         self._body: dict[int, tuple[int, int, bool]] = {}  # state -> (A as int, t(s), multibyte)
 
     def prepare(self) -> None:
