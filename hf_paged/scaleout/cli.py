@@ -30,6 +30,10 @@ def run_replicas(args) -> int:
     replicas = 1 if args.replicas is None else args.replicas  # --address alone: one replica on that cluster
     if replicas < 1:
         raise CliError(f"--replicas must be >= 1, got {replicas}")
+    prefill_replicas = getattr(args, "prefill_replicas", None) or 0  # prefill/decode disaggregation (kv_roles.py)
+    if prefill_replicas and not 0 < prefill_replicas < replicas:
+        raise CliError(f"--prefill-replicas must leave at least one decode replica: 1 .. {replicas - 1} with "
+                       f"--replicas {replicas}, got {prefill_replicas}")
     if args.no_prefix_caching:
         raise CliError("--replicas routes by the replicas' prefix caches: drop --no-prefix-caching")
     checked_paged_config(args)
@@ -51,7 +55,8 @@ def run_replicas(args) -> int:
         stop.install()  # after ray.init: its core worker installs a handler that dumps core on SIGTERM
         handle = deploy(args.model, replicas=replicas, address=args.address, host=args.host, port=args.port,
                         served_model_name=args.served_model_name, device=args.device, dtype=args.dtype,
-                        paged=paged, max_waiting=args.max_waiting, chat_template=template)
+                        paged=paged, max_waiting=args.max_waiting, chat_template=template,
+                        prefill_replicas=prefill_replicas)
         state = wait_until_ready(handle, READY_TIMEOUT_S)  # every replica reported to the router
         if not state.ready:
             raise CliError(f"{state.num_reported} of {replicas} replicas reported to the router within "

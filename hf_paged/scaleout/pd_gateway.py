@@ -7,14 +7,16 @@
            the blocks it lacks and decodes; the answer streams back
 
 What each role does and why the first token is the decode side's: `kv_roles.py`. A prefill that fails (the replica
-died, mid-transfer or before; any other error) is logged and counted; the decode replica then recomputes what it
-cannot load, and answers. A client that leaves during the prefill cancels it (the prefill replica aborts the request
+died, mid-transfer or before; any other error; no answer within `ReplicaSpec.prefill_timeout_s`, a fault bound for
+the time Serve queues calls while no prefill replica is alive) is logged and counted; the decode replica then
+recomputes what it cannot load, and answers. A client that leaves during the prefill cancels it (the prefill replica aborts the request
 and frees its blocks); during the decode, as in colocated mode. `GET /metrics` merges both kinds of replicas;
 `GET /hf_paged/router` shows both routers.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -37,6 +39,7 @@ class DisaggGateway(Gateway):
     def __init__(self, engine: Any, spec: ReplicaSpec, prefill: Any, **readiness: Any) -> None:
         super().__init__(engine, spec, **readiness)
         self.prefill = prefill
+        self.prefill_timeout_s = spec.prefill_timeout_s
         self.num_prefills = 0  # prefills that answered (any status)
         self.num_prefill_failures = 0  # prefills that raised (replica lost, ...): the decode side recomputed
 
@@ -58,8 +61,9 @@ class DisaggGateway(Gateway):
         if body is None:
             return
         headers = tuple((k, v) for k, v in call.headers if k.lower() != b"content-length")
+        response = self.prefill.prefill.remote(replace(call, headers=headers, body=body), routing=routing)
         try:
-            status = await self.prefill.prefill.remote(replace(call, headers=headers, body=body), routing=routing)
+            status = await asyncio.wait_for(_result(response), self.prefill_timeout_s)
         except Exception as exc:  # noqa: BLE001 -- a lost prefill only costs the decode side the recompute
             self.num_prefill_failures += 1
             logger.warning("prefill of %s failed; the decode replica recomputes it: %r", call.path, exc)
@@ -67,3 +71,7 @@ class DisaggGateway(Gateway):
         self.num_prefills += 1
         if status != 200:
             logger.info("prefill of %s answered %d; the decode replica answers the request", call.path, status)
+
+
+async def _result(response: Any) -> Any:
+    return await response

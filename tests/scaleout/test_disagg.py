@@ -52,7 +52,7 @@ def endpoint():
     ray.init(num_cpus=2, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
     try:
         port = free_port()
-        deploy(None, replicas=2, prefill_replicas=1, port=port, paged=PAGED, torch_threads=1)
+        deploy(None, replicas=2, prefill_replicas=1, port=port, paged=PAGED, torch_threads=1, prefill_timeout_s=5.0)
         yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
@@ -94,13 +94,13 @@ def streamed_text(raw: str) -> str:
     return "".join(out)
 
 
-def counter(client, name: str) -> float:
-    """The sum of a counter's `_total` samples over every replica (and the gateway)."""
+def counter(client, name: str, replicas: int | None = 2) -> float:
+    """The sum of a counter's `_total` samples over every replica (and the gateway); `replicas` scraped."""
     from prometheus_client.parser import text_string_to_metric_families
 
     families = list(text_string_to_metric_families(client.get("/metrics").text))
     tags = {s.labels["replica"] for f in families if f.name == "hf_paged:num_requests_running" for s in f.samples}
-    assert len(tags) == 2, tags  # both roles are scraped
+    assert replicas is None or len(tags) == replicas, tags  # both roles are scraped
     return sum(s.value for f in families for s in f.samples if s.name == f"{name}_total")
 
 
@@ -140,6 +140,23 @@ def test_disaggregated_answers_equal_one_engine(endpoint, colocated):
     assert num_used_blocks() == [0, 0]
 
 
+def test_a_client_that_leaves_frees_blocks_on_both_sides(endpoint):
+    import time
+
+    body = {"prompt": PROMPTS[0] + " and it went on and on", "max_tokens": 400, "temperature": 0, "stream": True}
+    with httpx.Client(base_url=endpoint, timeout=120) as client, client.stream("POST", "/v1/completions",
+                                                                                json=body) as r:
+        assert r.status_code == 200
+        lines = r.iter_lines()
+        while not next(lines).startswith("data: "):
+            pass  # the first token arrived: the decode replica is decoding; then the client leaves
+    for _ in range(60):  # the abort reaches the engine within a step or two
+        if num_used_blocks() == [0, 0]:
+            break
+        time.sleep(0.5)
+    assert num_used_blocks() == [0, 0]
+
+
 def test_a_killed_prefill_replica_costs_only_the_recompute(endpoint, colocated):
     body = {"prompt": "A brand new prompt that no replica has seen before, long enough for some blocks. " * 2,
             "max_tokens": 8, "temperature": 0}
@@ -150,3 +167,4 @@ def test_a_killed_prefill_replica_costs_only_the_recompute(endpoint, colocated):
         r = client.post("/v1/completions", json=body)
         assert r.status_code == 200, r.text
         assert texts(r.content) == texts(colocated("/v1/completions", body))
+        assert counter(client, "hf_paged:pd_prefill_failures", None) >= 1  # the decode replica recomputed it
