@@ -4,6 +4,8 @@
     block_format.py  one block as bytes: header, tensors as stored, checksum
     codec.py         the engine's swap copies (`PagedCache.save_blocks`) <-> one block's named tensors
     stores.py        KVStore: InProcessStore (a dict), DirectoryStore (a file per block, bounded, LRU)
+    ray_store.py     RayObjectStore: blocks in Ray's object store, found through a named KVBlockDirectory actor
+                     (leases counted in blocks and bytes); ray imported only when one is built
     fetcher.py       reading and checking a sequence's blobs, at once or in a worker thread
     write_behind.py  WriteBehindStore: saves queued (bounded by bytes) and written by a background thread
     saver.py         the save half: blocks copied out of the pool, handed to the store or the write queue
@@ -24,6 +26,7 @@ from hf_paged.config import PagedConfig
 from hf_paged.kv_transfer.block_format import DecodedBlock, decode_block, encode_block
 from hf_paged.kv_transfer.connector import SAVE_POLICIES, KVConnector, KVTransferStats
 from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprint
+from hf_paged.kv_transfer.ray_store import KVBlockDirectory, RayObjectStore
 from hf_paged.kv_transfer.stores import DirectoryStore, InProcessStore, KVStore
 from hf_paged.kv_transfer.write_behind import WriteBehindStore, flush_writes_to
 
@@ -33,9 +36,11 @@ __all__ = [
     "DecodedBlock",
     "DirectoryStore",
     "InProcessStore",
+    "KVBlockDirectory",
     "KVConnector",
     "KVStore",
     "KVTransferStats",
+    "RayObjectStore",
     "WriteBehindStore",
     "connector_for",
     "decode_block",
