@@ -108,7 +108,7 @@ def engine_config(model: PreTrainedModel, config: PagedConfig) -> PagedConfig:
     if total is not None and not probe.compressed:
         # The engine checks the pool against the device counting every KV head (`check_fits_device`); stay under
         # that, or a budget above 1/tp_size of the device would be refused.
-        num_blocks = min(num_blocks, total // kv_shape_of(model.config).bytes_per_block(config.block_size, param.dtype))
+        num_blocks = min(num_blocks, total // kv_shape_of(model.config).bytes_per_block(probe.block_size, param.dtype))
     every: list[int | None] = [None] * tp_size
     dist.all_gather_object(every, int(num_blocks), group=_tp_group(model))
     return config.with_overrides(num_blocks=max(1, min(n for n in every if n is not None)))
