@@ -50,7 +50,7 @@ class PagedConfig:
     # CPU pools on 2 MiB-aligned memory with transparent huge pages requested (madvise; `cache/huge_pages.py`) where
     # the OS allows, plain memory elsewhere. Off: on this project's CPU box the engine's steady state ran 0.90x the
     # CPU time (5 of 5 pairs faster) but the first touch of a fresh pool, 4x faster when free huge pages exist,
-    # stalled up to 5x longer when the kernel had to compact memory (mean 1.41x; benchmarks/block_size_results.md)
+    # stalled up to 6x longer when the kernel had to compact memory (mean 1.41x; benchmarks/block_size_results.md)
     kv_huge_pages: bool = False
     max_cache_bytes: int | None = None  # KV memory budget when num_blocks is None; None: see memory_fraction
     # with neither num_blocks nor max_cache_bytes: the pool's budget is this share of the memory free when the
