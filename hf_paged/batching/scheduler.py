@@ -107,6 +107,8 @@ class Scheduler:
         """Register a request and queue it for admission."""
         self.requests[request.request_id] = request
         insort(self.waiting, (_queue_key(request), request), key=lambda item: item[0])
+        if self.kv_transfer is not None and request.num_preemptions == 0:  # its prefix's disk reads start now
+            self.kv_transfer.prefetch(request.request_id, self._cache_tokens(request), self.extra_keys(request))
 
     def run_fork(self, request: Request) -> None:
         """A fork starts running on blocks its parent shared with it (`KVCacheManager.fork`): no admission."""
@@ -163,6 +165,8 @@ class Scheduler:
             left = self._admit(out, prompt_budget)
             budget -= prompt_budget - left
         out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        if self.kv_transfer is not None:
+            self.kv_transfer.step_started(out)  # its cost model times prefill steps
         if out.is_empty and self.is_loading:
             self.kv_transfer.wait(0.005)  # type: ignore[union-attr]  # nothing to run until a read finishes
         return out

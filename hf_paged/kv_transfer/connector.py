@@ -37,6 +37,7 @@ from hf_paged.cache.tree_nodes import TreeNode
 from hf_paged.errors import InvalidConfigError
 from hf_paged.kv_transfer.block_format import DecodedBlock
 from hf_paged.kv_transfer.codec import ensure_storage, stack_blocks
+from hf_paged.kv_transfer.cost_model import StepClock, TransferCostModel
 from hf_paged.kv_transfer.fetcher import BlockAsk, BlockFetcher, FetchResult, PendingFetch, read_blocks
 from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprint
 from hf_paged.kv_transfer.request_digests import RequestDigests
@@ -67,6 +68,8 @@ class KVTransferStats:
     save_queued_blocks: int = 0  # blocks queued for writing now
     write_seconds: float = 0.0  # encoding and writing in the writer thread (a write-behind store)
     store_bytes: int = 0  # bytes the store holds now (and queued for it)
+    loads_skipped: int = 0  # requests whose blocks the cost model chose to recompute rather than load
+    prefetched_reads: int = 0  # background reads started when the request arrived (not when admitted)
 
 
 class KVConnector:
@@ -82,6 +85,8 @@ class KVConnector:
             requests run meanwhile) instead of inside the step that admits it; None: as the store says
             (`background_reads`: the directory store yes, the in-process store no).
         fingerprint: the model's identity, when the sampled weights fingerprint (`model_fingerprint`) is not enough.
+        cost_model: decides whether a load beats recomputing (`cost_model.py`); None: one that learns this engine's
+            load bandwidth and prefill speed.
         write_behind: write saved blocks from a background thread through a queue of at most `write_queue_bytes`
             (`write_behind.py`: the step only copies the blocks out; a save finding the queue full is dropped and
             counted); None: for a lower tier ("evict") read in the background (`load_async`: the disk tier), not for
@@ -94,7 +99,7 @@ class KVConnector:
 
     def __init__(self, cache: PagedCache, model: torch.nn.Module, store: KVStore, *, save_on: str = "evict",
                  load_async: bool | None = None, fingerprint: str | None = None, write_behind: bool | None = None,
-                 write_queue_bytes: int = DEFAULT_QUEUE_BYTES) -> None:
+                 write_queue_bytes: int = DEFAULT_QUEUE_BYTES, cost_model: TransferCostModel | None = None) -> None:
         radix = cache.manager.prefix_cache
         if radix is None:
             raise InvalidConfigError("a KV connector needs the prefix cache (loaded blocks become prefix-cache "
@@ -116,6 +121,10 @@ class KVConnector:
         self.fetcher = BlockFetcher(self.store)
         self.saver = BlockSaver(cache, store, writer, self.layout, self._keys, self.counters)
         self.digests = RequestDigests(self.block_size)  # waiting requests' digests, hashed once
+        self.cost = cost_model if cost_model is not None else TransferCostModel()
+        self._clock = StepClock(next(model.parameters()).device)  # times prefill steps for the cost model
+        self._recompute: set[Hashable] = set()  # sequences the cost model chose to recompute
+        self._last_block_bytes, self._read_seconds = 0, 0.0
         if save_on != "never":
             radix.block_sink = self
 
@@ -160,18 +169,61 @@ class KVConnector:
         first time the store holds blocks past its local hit, starts that read (`load_async` connectors only)."""
         if seq_id in self.fetcher:
             return not self.fetcher.is_done(seq_id)
+        return self._start_read(seq_id, token_ids, extra_keys, self.kv.pool.num_blocks)
+
+    def prefetch(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple = ()) -> bool:
+        """A sequence arrived: start reading the blocks the store holds past its local hit now, not when it is
+        admitted (a long queue's reads overlap the steps before its turn). Reads waiting to be taken hold at most the
+        pool's worth of blocks; past that, the read starts at admission. True when a read started."""
+        if seq_id in self.fetcher:
+            return False
+        room = self.kv.pool.num_blocks - self.fetcher.num_blocks
+        started = self._start_read(seq_id, token_ids, extra_keys, room, whole=True)
+        self.counters.prefetched_reads += started
+        return started
+
+    def _start_read(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple, room: int, *,
+                    whole: bool = False) -> bool:
+        """Start a background read of up to `room` blocks the store holds past the local hit (`whole`: all of them
+        or none), when the cost model finds loading them cheaper than recomputing (`load_async` connectors only)."""
         bs = self.block_size
         limit = (len(token_ids) - 1) // bs
-        if not self.load_async or limit < 1:
+        if not self.load_async or limit < 1 or room < 1 or seq_id in self._recompute:
             return False
         digests = self.digests.digests(seq_id, token_ids[: limit * bs], extra_keys)
         first = self.radix.peek(token_ids[: limit * bs], extra_keys, digests) // bs
-        wanted = min(self.num_external_blocks(token_ids, extra_keys, first * bs, digests), self.kv.pool.num_blocks)
-        if not wanted:
+        held = self.num_external_blocks(token_ids, extra_keys, first * bs, digests)
+        wanted = min(held, room)
+        if not wanted or (whole and wanted < held) or not self._worth_loading(seq_id, wanted):
             return False
         asks = self._asks(digests, token_ids, first, wanted)
         self.fetcher.submit(seq_id, self.layout(), asks, first=first, epoch=self.radix.epoch)
         return True
+
+    def _worth_loading(self, seq_id: Hashable, num_blocks: int) -> bool:
+        """The cost model's answer, remembered for the sequence when it is no (asked once, counted once)."""
+        if self.cost.should_load(num_blocks * self._block_bytes(), num_blocks * self.block_size):
+            return True
+        self._recompute.add(seq_id)
+        self.counters.loads_skipped += 1
+        return False
+
+    def _block_bytes(self) -> int:
+        """A block's bytes in the store: the last one loaded, else the layout's plain K/V (quantized: fewer)."""
+        if not self._last_block_bytes:
+            shape, dtype = self.cache.kv_shape, next(self.model.parameters()).dtype
+            itemsize = torch.empty((), dtype=dtype).element_size()
+            return 2 * shape.num_layers * shape.num_kv_heads * shape.head_dim * self.block_size * itemsize
+        return self._last_block_bytes
+
+    # -- the cost model's prefill clock: a step's scheduling done, then its forward's first stored block ----------
+    def step_started(self, out) -> None:
+        """The scheduler planned a step (`SchedulerOutput`): time it if it is mostly prompt tokens."""
+        for num_tokens, seconds in self._clock.samples():
+            if self.cost.learn:
+                self.cost.observe_prefill(num_tokens, seconds)
+        prompt = sum(item.num_tokens for item in out.scheduled if item.num_tokens > 1 + item.num_draft_tokens)
+        self._clock.start(out.num_batched_tokens, prompt)
 
     @property
     def num_fetching(self) -> int:
@@ -186,6 +238,7 @@ class KVConnector:
         """The sequence ended or left the queue: drop its background read."""
         self.fetcher.forget(seq_id)
         self.digests.forget(seq_id)
+        self._recompute.discard(seq_id)
 
     def load_prefix(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple,
                     num_cached_tokens: int) -> int:
@@ -196,13 +249,17 @@ class KVConnector:
         bs = self.block_size
         first, limit = num_cached_tokens // bs, (len(token_ids) - 1) // bs
         fetch = self.fetcher.take(seq_id)
+        self._read_seconds = 0.0  # this load's reads (`_checked`), for the cost model
+        self._clock.cancel()  # the blocks it caches are not a forward's
         if num_cached_tokens % bs or limit <= first or not ensure_storage(self.cache, self.model):
             return num_cached_tokens
         blocks, wanted = self._fetched(fetch, first) if fetch is not None else ([], 0)
         if not wanted:  # no background read, or one that cannot serve this table: read now
+            if seq_id in self._recompute:
+                return num_cached_tokens  # the cost model chose recomputing
             known = self.digests.digests(seq_id, token_ids[: limit * bs], extra_keys)
             wanted = self.num_external_blocks(token_ids, extra_keys, num_cached_tokens, known)
-            if not wanted:
+            if not wanted or not self._worth_loading(seq_id, wanted):
                 return num_cached_tokens
             room = min(wanted, self.kv.pool.num_free_blocks)  # read nothing the pool could not take
             blocks = self._checked(read_blocks(self.store, self.layout(), self._asks(known, token_ids, first, room)))
@@ -218,8 +275,13 @@ class KVConnector:
         if loaded < wanted:
             self.counters.load_failures += 1
         self.counters.loaded_blocks += loaded
-        self.counters.loaded_bytes += sum(b.nbytes for b in blocks[:loaded])
-        self.counters.load_seconds += time.perf_counter() - start
+        nbytes, seconds = sum(b.nbytes for b in blocks[:loaded]), time.perf_counter() - start
+        self.counters.loaded_bytes += nbytes
+        self.counters.load_seconds += seconds
+        if loaded:
+            self._last_block_bytes = nbytes // loaded
+            if self.cost.learn:  # the read (here or in the worker thread) and the copy into the pool
+                self.cost.observe_load(nbytes, seconds + self._read_seconds)
         return (first + loaded) * bs
 
     # -- worker half: loads ------------------------------------------------------------------------------
@@ -231,6 +293,7 @@ class KVConnector:
     def _checked(self, result: FetchResult) -> list[DecodedBlock]:
         """A read's blocks; its refused blobs counted and deleted (they can never become valid under their keys)."""
         self.counters.fetch_seconds += result.seconds
+        self._read_seconds += result.seconds
         for key in result.refused:
             self.counters.rejected_blocks += 1
             self.store.delete(key)
@@ -249,6 +312,9 @@ class KVConnector:
 
     def _load(self, block_ids: list[int], blocks: list[DecodedBlock]) -> bool:
         """Write the blocks' tensors into `block_ids` in every layer; False (nothing usable) on a storage error."""
+        # Copies queued by this step's allocations (a shared partial block copied on write) read their sources at
+        # the forward; one of those sources may be a block just handed to this load: copy before writing over it.
+        self.cache.apply_pending_copies()
         try:
             saved = stack_blocks([b.tensors for b in blocks], self.cache.kv_shape.num_layers, self.cache.compressed)
             self.cache.load_blocks(block_ids, saved)
@@ -261,6 +327,7 @@ class KVConnector:
 
     # -- worker half: saves (the prefix tree's BlockSink) ---------------------------------------------------
     def blocks_stored(self, nodes: Sequence[TreeNode]) -> None:
+        self._clock.stop()  # a step's forward stored blocks: its time is known (a load's blocks come before start)
         if self.save_on == "store":
             self.saver.save_quietly(nodes)
 
@@ -301,7 +368,8 @@ class KVConnector:
     def stats(self) -> dict[str, float]:
         """The counters as `kv_transfer_<name>` entries of `Engine.stats()`."""
         self.counters.store_bytes = self.store.nbytes
-        return {f"kv_transfer_{k}": v for k, v in {**asdict(self.counters), **self.saver.stats()}.items()}
+        merged = {**asdict(self.counters), **self.saver.stats(), **self.cost.stats()}
+        return {f"kv_transfer_{k}": v for k, v in merged.items()}
 
 
 def _name(dtype: torch.dtype) -> str:

@@ -84,6 +84,11 @@ class BlockFetcher:
         """Reads asked and not yet taken or forgotten."""
         return len(self._pending)
 
+    @property
+    def num_blocks(self) -> int:
+        """Blocks asked by the reads not yet taken (what they hold in memory once read)."""
+        return sum(f.num_blocks for f in self._pending.values())
+
     def __contains__(self, seq_id: Hashable) -> bool:
         return seq_id in self._pending
 

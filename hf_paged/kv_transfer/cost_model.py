@@ -1,0 +1,154 @@
+"""Fetch or recompute: a load starts only when moving the blocks' bytes costs less than computing their tokens.
+
+    fetch cost      = bytes / bandwidth        bandwidth: bytes/s of this connector's own loads (read, check, write
+                                               into the pool), decayed
+    recompute cost  = tokens / prefill speed   prefill speed: tokens/s of this engine's own prefill steps, decayed
+
+Both rates are decayed sums of work over seconds (`Rate`): each observation adds its work units (bytes, tokens) and
+its seconds, and the older sums shrink by `decay`, so the estimate follows the machine (a cold disk, a busy device)
+while one noisy step moves it little. Each starts from a prior worth `prior_weight` seconds of observations, chosen
+so that loading wins until measured (1 GB/s against 1,000 tokens/s: a block must hold over 1 MB per token to lose),
+the behaviour before the model existed; the measurements then take over. A decision against loading is revisited
+every `explore_every`-th time (a load is tried anyway and measured), so a disk that got faster is noticed.
+
+The comparison is in work units: only the two rates come from clocks, and `learn=False` freezes them (tests inject
+their measurements with `observe_*` and get the same decisions every run).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["CostEstimate", "Rate", "StepClock", "TransferCostModel"]
+
+
+class Rate:
+    """A decayed rate: work units per second over the observations, the newest counting most."""
+
+    def __init__(self, prior_per_second: float, prior_weight: float, decay: float) -> None:
+        if not prior_per_second > 0 or not prior_weight > 0:
+            raise ValueError(f"a rate's prior must be > 0, got {prior_per_second!r} per second over {prior_weight!r} s")
+        self.decay = decay
+        self.work, self.seconds = prior_per_second * prior_weight, prior_weight
+        self.num_observations = 0
+
+    def observe(self, work: float, seconds: float) -> None:
+        if work <= 0 or seconds <= 0:
+            return
+        self.work = self.work * self.decay + work
+        self.seconds = self.seconds * self.decay + seconds
+        self.num_observations += 1
+
+    @property
+    def per_second(self) -> float:
+        return self.work / self.seconds
+
+
+@dataclass(frozen=True, slots=True)
+class CostEstimate:
+    fetch_seconds: float  # bytes / bandwidth
+    recompute_seconds: float  # tokens / prefill speed
+
+    @property
+    def load_is_cheaper(self) -> bool:
+        return self.fetch_seconds < self.recompute_seconds
+
+
+class TransferCostModel:
+    """Decides whether a load is worth starting.
+
+    Args:
+        bandwidth_prior: bytes/s assumed before any load was measured.
+        prefill_prior: tokens/s assumed before any prefill step was measured.
+        prior_weight: seconds of observations the priors count as (smaller: measurements take over sooner).
+        decay: how much of the older sums each observation keeps (0 < decay <= 1).
+        explore_every: after this many decisions against loading in a row, one load is tried anyway (0: never).
+        learn: False freezes the rates (`observe_*` still update them: tests inject measurements that way).
+    """
+
+    def __init__(self, *, bandwidth_prior: float = 1e9, prefill_prior: float = 1e3, prior_weight: float = 0.05,
+                 decay: float = 0.9, explore_every: int = 16, learn: bool = True) -> None:
+        if not 0 < decay <= 1:
+            raise ValueError(f"decay must be in (0, 1], got {decay!r}")
+        if isinstance(explore_every, bool) or not isinstance(explore_every, int) or explore_every < 0:
+            raise ValueError(f"explore_every must be an int >= 0, got {explore_every!r}")
+        self.bandwidth = Rate(bandwidth_prior, prior_weight, decay)
+        self.prefill = Rate(prefill_prior, prior_weight, decay)
+        self.explore_every, self.learn = explore_every, learn
+        self._refused_in_a_row = 0
+
+    def observe_load(self, nbytes: int, seconds: float) -> None:
+        """A load of `nbytes` took `seconds` (read, checks, written into the pool)."""
+        self.bandwidth.observe(nbytes, seconds)
+
+    def observe_prefill(self, num_tokens: int, seconds: float) -> None:
+        """A prefill step computed `num_tokens` in `seconds`."""
+        self.prefill.observe(num_tokens, seconds)
+
+    def estimate(self, nbytes: int, num_tokens: int) -> CostEstimate:
+        return CostEstimate(nbytes / self.bandwidth.per_second, num_tokens / self.prefill.per_second)
+
+    def should_load(self, nbytes: int, num_tokens: int) -> bool:
+        """Whether loading `nbytes` beats recomputing `num_tokens` (or it is time to try a load again)."""
+        if self.estimate(nbytes, num_tokens).load_is_cheaper:
+            self._refused_in_a_row = 0
+            return True
+        self._refused_in_a_row += 1
+        if self.explore_every and self._refused_in_a_row >= self.explore_every:
+            self._refused_in_a_row = 0
+            return True
+        return False
+
+    def stats(self) -> dict[str, float]:
+        return {"cost_bandwidth_bytes_per_s": self.bandwidth.per_second,
+                "cost_prefill_tokens_per_s": self.prefill.per_second,
+                "cost_load_samples": self.bandwidth.num_observations,
+                "cost_prefill_samples": self.prefill.num_observations}
+
+
+class StepClock:
+    """Times the engine's prefill steps for the prefill rate: from the end of a step's scheduling (`start`) to the
+    first full block the step's forward hands the prefix cache (`stop`, the tree's `blocks_stored`). On a CUDA device
+    two events are recorded instead of reading a clock (the forward runs asynchronously), and read once the device
+    passed the second (`samples`), never waiting for it. A step counts when prompt tokens are at least half of it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._open: tuple[int, object] | None = None
+        self._pending: list[tuple[int, object, object]] = []
+
+    def _mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def start(self, num_tokens: int, num_prompt_tokens: int) -> None:
+        self._open = (num_tokens, self._mark()) if num_tokens and 2 * num_prompt_tokens >= num_tokens else None
+
+    def cancel(self) -> None:
+        """Blocks stored outside a step's forward (a load, during scheduling): the open step is not timed."""
+        self._open = None
+
+    def stop(self) -> None:
+        if self._open is not None:
+            num_tokens, begin = self._open
+            self._pending.append((num_tokens, begin, self._mark()))
+            self._open = None
+
+    def samples(self) -> list[tuple[int, float]]:
+        """(tokens, seconds) of the timed steps that finished, each once."""
+        done, waiting = [], []
+        for num_tokens, begin, end in self._pending:
+            if not self.cuda:
+                done.append((num_tokens, end - begin))  # type: ignore[operator]
+            elif end.query():  # type: ignore[attr-defined]
+                done.append((num_tokens, begin.elapsed_time(end) / 1000))  # type: ignore[attr-defined]
+            else:
+                waiting.append((num_tokens, begin, end))
+        self._pending = waiting[-64:]
+        return done
