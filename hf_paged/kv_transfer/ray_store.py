@@ -186,6 +186,7 @@ class RayObjectStore:
         self._ray = ray
         self.directory = block_directory(directory, namespace=namespace, max_blocks=max_blocks, max_bytes=max_bytes)
         self.flush_blocks, self.get_timeout_s, self.sync_on_miss = flush_blocks, get_timeout_s, sync_on_miss
+        self.max_blocks = max_blocks
         self._known: dict[bytes, tuple[Any, int]] = {}  # the mirror: key -> (ref, size)
         self._nbytes = 0
         self._cursor = 0
@@ -210,7 +211,7 @@ class RayObjectStore:
         """The blob under `key` (a read-only view of the object, zero-copy on one node), or None."""
         with self._lock:
             entry = self._known.get(key)
-        if entry is None:
+        if entry is None or entry[0] is None:  # (a writer keeps no refs: see _register)
             return None
         try:
             array = self._ray.get(entry[0], timeout=self.get_timeout_s)
@@ -271,6 +272,15 @@ class RayObjectStore:
     # -- helpers (under the lock) -----------------------------------------------------------------------
     def _register(self):
         entries, self._pending = self._pending, []
+        if not self.sync_on_miss:
+            # A writer never syncs, so it must not keep refs: the directory's lease alone decides when Ray frees a
+            # block (the call in flight keeps them alive until the directory holds them). It keeps the keys (so a
+            # block is put once), the most recent `max_blocks` of them.
+            for key, _, size in entries:
+                if key in self._known:
+                    self._known[key] = (None, size)
+            while len(self._known) > self.max_blocks:
+                self._forget(next(iter(self._known)))
         collected, self._collected = self._collected, []
         dropped, self._dropped = self._dropped, []
         return self.directory.register.remote(entries, collected, dropped)

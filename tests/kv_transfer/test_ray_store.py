@@ -198,3 +198,21 @@ def test_blocks_whose_owner_died_are_loaded_or_recomputed_never_wrong(cluster, p
     assert run(engine, prompts[:1]) == expected
     stats = transfer_stats(engine)
     assert stats["loaded_blocks"] == 5 or (stats["load_failures"] == 1 and store.num_lost >= 1), stats
+
+
+def test_a_writer_keeps_no_refs_so_the_lease_alone_frees_blocks(cluster):
+    from hf_paged.kv_transfer.ray_store import RayObjectStore
+
+    writer = RayObjectStore("dir-writer", sync_on_miss=False, max_blocks=2, flush_blocks=1)
+    blobs = {bytes([i]) * 8: bytes([i]) * 1000 for i in range(3)}
+    for key, blob in blobs.items():
+        assert writer.put(key, blob)
+    writer.flush()
+    first, _, last = blobs
+    assert not writer.contains(first) and writer.contains(last)  # its keys: the latest max_blocks
+    assert writer.get(last) is None  # and no ref to read them back with
+    reader = RayObjectStore("dir-writer")
+    assert bytes(reader.get(last) if reader.contains(last) else b"") == blobs[last]
+    assert not reader.contains(first)  # the directory's lease (2 blocks) let it go
+    stats = reader.directory_stats()
+    assert stats["evicted_blocks"] == 1 and stats["evicted_uncollected"] == 1 and stats["num_blocks"] == 2
