@@ -10,6 +10,8 @@
     write_behind.py  WriteBehindStore: saves queued (bounded by bytes) and written by a background thread
     saver.py         the save half: blocks copied out of the pool, handed to the store or the write queue
     request_digests.py  a waiting request's block digests, hashed once
+    cost_model.py    TransferCostModel: load only when bytes / bandwidth < tokens / prefill speed (both measured)
+    leases.py        LeasedStore: blocks put for another engine that nobody collects are freed (bounded)
     connector.py     KVConnector: the scheduler half (how many blocks the store holds, read them, load them) and the
                      worker half (write into the pool; save on store or eviction)
 
@@ -25,7 +27,9 @@ from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.config import PagedConfig
 from hf_paged.kv_transfer.block_format import DecodedBlock, decode_block, encode_block
 from hf_paged.kv_transfer.connector import SAVE_POLICIES, KVConnector, KVTransferStats
+from hf_paged.kv_transfer.cost_model import TransferCostModel
 from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprint
+from hf_paged.kv_transfer.leases import LeasedStore
 from hf_paged.kv_transfer.ray_store import KVBlockDirectory, RayObjectStore
 from hf_paged.kv_transfer.stores import DirectoryStore, InProcessStore, KVStore
 from hf_paged.kv_transfer.write_behind import WriteBehindStore, flush_writes_to
@@ -40,7 +44,9 @@ __all__ = [
     "KVConnector",
     "KVStore",
     "KVTransferStats",
+    "LeasedStore",
     "RayObjectStore",
+    "TransferCostModel",
     "WriteBehindStore",
     "connector_for",
     "decode_block",

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from hf_paged import Engine, PagedConfig, SamplingParams
+from hf_paged import SamplingParams
 from hf_paged.cache.digests import prefix_digests
 from hf_paged.kv_transfer import DirectoryStore, InProcessStore, WriteBehindStore
 from hf_paged.kv_transfer.request_digests import RequestDigests
