@@ -37,6 +37,17 @@ def test_build_application_refuses_a_split_without_decode_replicas():
         build_application(ReplicaSpec(paged=PAGED), replicas=2, prefill_replicas=2)
 
 
+def test_run_replicas_refuses_a_split_without_decode_replicas():
+    from hf_paged.cli.commands import build_parser
+    from hf_paged.errors import CliError
+    from hf_paged.scaleout.cli import run_replicas
+
+    args = build_parser().parse_args(["serve", "--replicas", "2"])
+    args.prefill_replicas = 2  # `--prefill-replicas 2` (read with getattr: the flag's parser line is serving's)
+    with pytest.raises(CliError, match="--prefill-replicas must leave at least one decode replica"):
+        run_replicas(args)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -131,9 +142,14 @@ def test_disaggregated_answers_equal_one_engine(endpoint, colocated):
         r = client.post("/v1/completions", json=choice)
         assert r.status_code == 200 and texts(r.content) == texts(colocated("/v1/completions", choice))
         assert texts(r.content)[0] in choice["guided_choice"]
+        chat = {"messages": [{"role": "system", "content": PROMPTS[0]}, {"role": "user", "content": "and then?"}],
+                "max_completion_tokens": 8, "temperature": 0}
+        r = client.post("/v1/chat/completions", json=chat)
+        reference = json.loads(colocated("/v1/chat/completions", chat))["choices"][0]["message"]["content"]
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == reference
         bad = client.post("/v1/completions", json={"prompt": "x", "max_tokens": -1})
         assert bad.status_code == 400 and "error" in bad.json()
-        assert counter(client, "hf_paged:pd_prefills") >= 6
+        assert counter(client, "hf_paged:pd_prefills") >= 7
         assert counter(client, "hf_paged:pd_prefill_failures") == 0
         loaded = counter(client, "hf_paged:kv_transfer_loaded_blocks")
         assert loaded >= 4 * len(PROMPTS), f"the decode replica loaded {loaded} blocks"
