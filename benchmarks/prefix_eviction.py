@@ -15,6 +15,8 @@ at the end of the same trace run with a pool that never evicts), each under seve
 prefix hit rate (prompt tokens served from the cache / prompt tokens), prompt tokens computed, and CPU seconds
 relative to LRU's on the same trace (process time, one torch thread, the policies interleaved). Greedy outputs
 must be identical across policies (eviction changes only what is recomputed); the run fails if they are not.
+The headroom: `prefix_oracle.py` replays the same prompts through a block-level model of the cache under LRU and
+under Belady's MIN (furthest next use first, knowing the future): "oracle - lru" is what any policy could gain.
 
     python benchmarks/prefix_eviction.py [--seeds 3] [--quick]
 """
@@ -32,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import machine, print_table
+from benchmarks.prefix_oracle import simulate
 from hf_paged import Engine, PagedConfig, SamplingParams, default_model
 
 POLICIES = ("lru", "lfu", "cost")
@@ -95,7 +98,7 @@ def replay(model, trace: list[Turn], policy: str, num_blocks: int) -> dict:
                                        prefix_eviction_policy=policy))
     params = SamplingParams(max_new_tokens=MAX_NEW, min_new_tokens=MAX_NEW)
     history: dict[int, list[int]] = {}
-    outputs, doc_prompt, doc_cached = [], 0, 0
+    outputs, prompts, doc_prompt, doc_cached = [], [], 0, 0
     start = time.process_time()
     for turn in trace:
         prompt = history.get(turn.user, []) + turn.tokens if turn.user is not None else turn.tokens
@@ -103,6 +106,7 @@ def replay(model, trace: list[Turn], policy: str, num_blocks: int) -> dict:
         rid = engine.add_request(prompt, params)
         out = engine.run([rid])[rid]
         outputs.append(out.generated_tokens)
+        prompts.append(prompt)
         if turn.user is not None:
             history[turn.user] = prompt + list(out.generated_tokens)
         if turn.tag == "doc":
@@ -118,6 +122,7 @@ def replay(model, trace: list[Turn], policy: str, num_blocks: int) -> dict:
         "seconds": seconds,
         "cached_blocks": stats["blocks_cached"],
         "outputs": outputs,
+        "prompts": prompts,
     }
 
 
@@ -153,6 +158,9 @@ def main() -> None:
         same = all(results[p]["outputs"] == results["lru"]["outputs"] for p in POLICIES)
         if not same:
             raise SystemExit(f"{name} seed {seed}: greedy outputs differ across policies")
+        lru = results["lru"]
+        bound = {p: simulate(lru["prompts"], lru["outputs"], blocks, p) for p in ("lru", "oracle")}
+        summary.setdefault((name, pool.split(" ")[0]), {}).setdefault("bound", []).append(bound)
         for policy in POLICIES:
             r = results[policy]
             doc = "-" if r["doc_hit_rate"] is None else f"{r['doc_hit_rate']:.1%}"
@@ -164,14 +172,18 @@ def main() -> None:
                  "CPU s vs lru", "same outputs"], rows, title="per run")
     srows = []
     for (name, pool), by_policy in summary.items():
-        mean = {p: sum(v) / len(v) for p, v in by_policy.items()}
+        mean = {p: sum(by_policy[p]) / len(by_policy[p]) for p in POLICIES}
         gain = [c - lru for c, lru in zip(by_policy["cost"], by_policy["lru"])]
+        headroom = [b["oracle"] - b["lru"] for b in by_policy["bound"]]
         srows.append([name, pool, f"{mean['lru']:.1%}", f"{mean['lfu']:.1%}", f"{mean['cost']:.1%}",
                       f"{100 * (mean['cost'] - mean['lru']):+.1f}", f"{100 * min(gain):+.1f}",
-                      "yes" if min(gain) >= 0.05 else "no"])
+                      "yes" if min(gain) >= 0.05 else "no",
+                      f"{sum(b['oracle'] for b in by_policy['bound']) / len(headroom):.1%}",
+                      f"{100 * sum(headroom) / len(headroom):+.1f} ({100 * min(headroom):+.1f})"])
     print()
     print_table(["workload", "pool", "lru", "lfu", "cost", "cost - lru (points, mean)", "worst seed",
-                 ">= 5 points every seed"], srows, title="mean hit rate over seeds")
+                 ">= 5 points every seed", "oracle (Belady, full blocks)", "oracle - lru, modelled (worst seed)"],
+                srows, title="mean hit rate over seeds")
 
 
 if __name__ == "__main__":

@@ -109,6 +109,26 @@ def test_a_cached_tail_is_found_by_partial_block_only_and_evicts_like_any_leaf()
     cache.check_integrity()
 
 
+@pytest.mark.parametrize("policy", ["lru", "lfu", "cost"])
+def test_a_tail_is_evicted_before_any_full_block_even_older_ones(policy):
+    pool = BlockPool(8)
+    cache = RadixCache(pool, block_size=4, policy=policy)
+    kv = KVCacheManager(pool, 4, cache)
+    old = cached_request(pool, cache, [9, 9, 9, 9])  # a full block cached first: the oldest, used once
+    kv.add_sequence("a", [1, 2, 3, 4, 5, 6, 7])
+    assert kv.allocate_slots("a", 7)
+    kv.cache_full_blocks("a", [1, 2, 3, 4, 5, 6, 7])
+    assert kv.cache_tail("a", [1, 2, 3, 4, 5, 6, 7])
+    full_block, tail_block = kv.block_ids("a")
+    kv.free("a")
+    cache.check_integrity()
+    assert cache.partial_block(full_block, [5, 6, 7]) == (tail_block, 3)
+    assert len(pool.allocate(6)) == 6  # 5 free blocks: one cached block must go
+    assert cache.partial_block(full_block, [5, 6, 7]) == (-1, 0)  # the tail went, not the older full block
+    assert cache.match([9, 9, 9, 9, 0]).block_ids == old
+    cache.check_integrity()
+
+
 def test_tails_need_their_full_blocks_cached_and_enough_tokens():
     pool, cache, kv = _manager()
     kv.add_sequence("a", [1, 2, 3, 4, 5])
