@@ -34,6 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import machine, print_table
+from benchmarks.prefix_oracle import POLICIES as MODELLED
 from benchmarks.prefix_oracle import simulate
 from hf_paged import Engine, PagedConfig, SamplingParams, default_model
 
@@ -159,7 +160,7 @@ def main() -> None:
         if not same:
             raise SystemExit(f"{name} seed {seed}: greedy outputs differ across policies")
         lru = results["lru"]
-        bound = {p: simulate(lru["prompts"], lru["outputs"], blocks, p) for p in ("lru", "oracle")}
+        bound = {p: simulate(lru["prompts"], lru["outputs"], blocks, p) for p in MODELLED}
         summary.setdefault((name, pool.split(" ")[0]), {}).setdefault("bound", []).append(bound)
         for policy in POLICIES:
             r = results[policy]
@@ -184,6 +185,13 @@ def main() -> None:
     print_table(["workload", "pool", "lru", "lfu", "cost", "cost - lru (points, mean)", "worst seed",
                  ">= 5 points every seed", "oracle (Belady, full blocks)", "oracle - lru, modelled (worst seed)"],
                 srows, title="mean hit rate over seeds")
+    mrows = []
+    for (name, pool), by_policy in summary.items():
+        gains = {p: [b[p] - b["lru"] for b in by_policy["bound"]] for p in MODELLED}
+        mrows.append([name, pool, *(f"{100 * sum(g) / len(g):+.1f} ({100 * min(g):+.1f})" for g in gains.values())])
+    print()
+    print_table(["workload", "pool", *MODELLED], mrows,
+                title="modelled policies on the same prompts (prefix_oracle.py): points over modelled LRU, mean (worst seed)")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,10 @@ another, through a block-level model of the engine's prefix cache and reports th
 
   lru     least recently used first (the engine's LRU key: last access, then deepest), as a calibration of the
           model against the engine's measured LRU;
+  lfu     fewest hits first (then least recent);
+  lru2    oldest second-to-last use first (LRU-2; blocks used once go first, least recent of them first);
+  2q      blocks whose prefix was used at least twice, counting uses remembered after eviction (a ghost list),
+          are kept over blocks used once; least recent first within each class (2Q / SLRU with a ghost list);
   oracle  furthest next use first (Belady's MIN, which knows every future prompt; ties: deepest first). Blocks are
           all one size and a request reads whole root paths, so evicting the block needed furthest in the future
           is the classic optimum of unit-size caching; the tree only adds that a parent is never needed later than
@@ -25,6 +29,7 @@ import bisect
 from collections.abc import Sequence
 
 BLOCK = 16
+POLICIES = ("lru", "lfu", "lru2", "2q", "oracle")
 
 
 def _chains(seqs: Sequence[Sequence[int]], block: int, ids: dict) -> list[list[int]]:
@@ -42,9 +47,9 @@ def _chains(seqs: Sequence[Sequence[int]], block: int, ids: dict) -> list[list[i
 
 def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]], num_blocks: int, policy: str,
              block: int = BLOCK) -> float:
-    """Prompt tokens served from the cache / prompt tokens, for `policy` "lru" or "oracle"."""
-    if policy not in ("lru", "oracle"):
-        raise ValueError(f"policy must be 'lru' or 'oracle', got {policy!r}")
+    """Prompt tokens served from the cache / prompt tokens, for `policy` in `POLICIES`."""
+    if policy not in POLICIES:
+        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
     ids: dict[tuple[int, tuple[int, ...]], int] = {}
     prompt_chains = _chains(prompts, block, ids)
     # the computed tokens of a finished request: its prompt and every new token but the last (never fed back)
@@ -59,12 +64,21 @@ def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
             parent[b] = up
     cached: dict[int, int] = {}  # block -> last access (request index)
     depth: dict[int, int] = {}
+    used: dict[int, int] = {}  # block -> uses (insert + hits) while cached
+    previous: dict[int, int] = {}  # block -> the access before the last (-1: none)
+    ghosts: dict[int, int] = {}  # evicted block -> its uses then
     children: dict[int, int] = {}  # cached block -> its cached children
     hits = total = 0
 
-    def key(b: int, now: int) -> tuple[float, int]:
+    def key(b: int, now: int) -> tuple[float, ...]:
         if policy == "lru":
             return (cached[b], -depth[b])
+        if policy == "lfu":
+            return (used[b], cached[b], -depth[b])
+        if policy == "lru2":
+            return (previous[b], cached[b], -depth[b])
+        if policy == "2q":
+            return (min(used[b], 2), cached[b], -depth[b])
         at = uses.get(b, [])
         k = bisect.bisect_right(at, now)
         next_use = at[k] if k < len(at) else float("inf")
@@ -81,7 +95,8 @@ def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
         total += len(prompt)
         held = set(chain[:hit])
         for b in held:
-            cached[b] = i
+            previous[b], cached[b] = cached[b], i
+            used[b] += 1
         fresh = -(-(len(prompt) + len(output)) // block) - hit
         while len(cached) + fresh > num_blocks:
             leaves = [b for b in cached if b not in held and children.get(b, 0) == 0]
@@ -90,12 +105,14 @@ def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
                                  f"{num_blocks} blocks is too small")
             victim = min(leaves, key=lambda b: key(b, i))
             del cached[victim]
+            ghosts[victim] = used.pop(victim)
             children.pop(victim, None)
             if parent[victim] in children:
                 children[parent[victim]] -= 1
         for d, b in enumerate(done_chains[i], start=1):
             if b not in cached:
-                cached[b], depth[b] = i, d
+                cached[b], depth[b], previous[b] = i, d, -1
+                used[b] = 1 + (ghosts.pop(b, 0) if policy == "2q" else 0)
                 children[b] = 0
                 if parent[b] in children:
                     children[parent[b]] += 1
