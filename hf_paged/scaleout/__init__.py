@@ -12,7 +12,10 @@
     ray_router.py  HfPagedRequestRouter  the policy as a Ray Serve RequestRouter
     deploy.py      deploy(), EngineReplica, Gateway: N replicas behind one endpoint (asgi.py, prompt_key.py)
     metrics_merge.py  every replica's /metrics text as one, a `replica` label per sample (pure text, no Ray)
-    cli.py         hf-paged serve --replicas N [--address ADDR]
+    kv_roles.py    prefill/decode disaggregation: a replica's role (its KV connector over Ray's object store), the
+                   one-token body a prefill replica gets
+    pd_gateway.py  DisaggGateway: prefill on a prefill replica, then the request to a decode replica
+    cli.py         hf-paged serve --replicas N [--prefill-replicas P] [--address ADDR]
 
 The policy imports neither Ray nor torch: it is tested and simulated alone (`benchmarks/routing_sim.py`).
 """

@@ -6,7 +6,9 @@
         2. EngineReplica, a decode replica (N - P, cache-aware routed): `forward(call)` as in colocated mode; it loads
            the blocks it lacks and decodes; the answer streams back
 
-What each role does and why the first token is the decode side's: `kv_roles.py`. A prefill that fails (the replica
+What each role does and why the first token is the decode side's: `kv_roles.py`. A prompt without a full block before
+its last token has nothing to hand over (the connector never moves the block that holds the last token): it goes to
+a decode replica at once. A prefill that fails (the replica
 died, mid-transfer or before; any other error; no answer within `ReplicaSpec.prefill_timeout_s`, a fault bound for
 the time Serve queues calls while no prefill replica is alive) is logged and counted; the decode replica then
 recomputes what it cannot load, and answers. A client that leaves during the prefill cancels it (the prefill replica aborts the request
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from hf_paged.scaleout.asgi import HttpCall
 from hf_paged.scaleout.gateway import Gateway
 from hf_paged.scaleout.kv_roles import prefill_body
+from hf_paged.scaleout.prompt_key import RoutingInfo
 
 if TYPE_CHECKING:
     from hf_paged.scaleout.spec import ReplicaSpec
@@ -42,6 +45,7 @@ class DisaggGateway(Gateway):
         self.prefill_timeout_s = spec.prefill_timeout_s
         self.num_prefills = 0  # prefills that answered (any status)
         self.num_prefill_failures = 0  # prefills that raised (replica lost, ...): the decode side recomputed
+        self.num_prefills_skipped = 0  # prompts with no full block to hand over: sent to the decode side at once
 
     def _engine_handles(self) -> list[Any]:
         return [self.engine, self.prefill]
@@ -51,12 +55,17 @@ class DisaggGateway(Gateway):
         text = await super().scrape()
         own = [("pd_prefills", self.num_prefills, "Prefills a prefill replica answered (any status)"),
                ("pd_prefill_failures", self.num_prefill_failures,
-                "Prefills that raised (a replica lost, ...): the decode replica recomputed the prompt")]
+                "Prefills that raised (a replica lost, ...): the decode replica recomputed the prompt"),
+               ("pd_prefills_skipped", self.num_prefills_skipped,
+                "Prompts without a full block before their last token: sent to a decode replica at once")]
         lines = [f"# HELP hf_paged:{name} {text_}\n# TYPE hf_paged:{name} counter\nhf_paged:{name}_total {n}\n"
                  for name, n, text_ in own]
         return text + ("" if text.endswith("\n") else "\n") + "".join(lines)
 
     async def _before_forward(self, call: HttpCall, routing: Any) -> None:
+        if isinstance(routing, RoutingInfo) and (routing.num_prompt_tokens - 1) // self.block_size < 1:
+            self.num_prefills_skipped += 1  # no full block before the last token: nothing to hand over
+            return
         body = prefill_body(call.body)
         if body is None:
             return

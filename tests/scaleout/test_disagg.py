@@ -147,6 +147,10 @@ def test_disaggregated_answers_equal_one_engine(endpoint, colocated):
         r = client.post("/v1/chat/completions", json=chat)
         reference = json.loads(colocated("/v1/chat/completions", chat))["choices"][0]["message"]["content"]
         assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == reference
+        short = {"prompt": "Hi", **greedy}  # no full block to hand over: straight to the decode replica
+        r = client.post("/v1/completions", json=short)
+        assert r.status_code == 200 and texts(r.content) == texts(colocated("/v1/completions", short))
+        assert counter(client, "hf_paged:pd_prefills_skipped") == 1
         bad = client.post("/v1/completions", json={"prompt": "x", "max_tokens": -1})
         assert bad.status_code == 400 and "error" in bad.json()
         assert counter(client, "hf_paged:pd_prefills") >= 7
