@@ -25,7 +25,10 @@ Getting the sets (none is committed):
 
 A set whose directory is not given is skipped; `--sets` picks some; `--json` keeps per-schema times, and `--merge`
 reports the fastest of several runs per schema (each run its own warm process: in one process a second compile of a
-schema would find its automata memoised).
+schema would find its automata memoised). `--signatures OUT` times nothing: it writes each schema's outcome (a hash
+of the translation's texts, the budget's counters, the first mask, the instances' walks, or the error), and
+`--compare A B` lists the schemas whose outcomes differ between two such files (a change that must keep the
+compiled languages: run both trees, compare).
 """
 
 from __future__ import annotations
@@ -77,7 +80,7 @@ PHASES = ("load", "translate", "rule automata", "index")  # where ours' time goe
 _SPENT: dict[str, float] = {}  # CPU seconds per phase of the schema being compiled
 
 
-def _ours(schema, vocab) -> object:
+def _ours(schema, vocab, budget=None) -> object:
     from hf_paged.processors.automaton import check_automaton
     from hf_paged.processors.budget import CompileBudget
     from hf_paged.processors.index.index_cache import _compile
@@ -86,7 +89,7 @@ def _ours(schema, vocab) -> object:
 
     _SPENT.clear()
     start = time.process_time()
-    budget = CompileBudget()
+    budget = budget if budget is not None else CompileBudget()
     loaded = load_schema(schema, budget)
     translated = time.process_time()
     _SPENT["load"] = translated - start
@@ -274,8 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--merge", nargs="+", default=None, metavar="JSON",
                         help="instead: report the fastest of several runs' --json files per schema and side (a shared "
                              "machine's noise only ever adds time; each run is its own warm process)")
+    parser.add_argument("--signatures", default=None, metavar="OUT", help="instead: write every schema's outcome here")
+    parser.add_argument("--compare", nargs=2, default=None, metavar="SIG", help="instead: diff two --signatures files")
     parser.add_argument("-v", "--verbose", action="store_true")
     args = parser.parse_args(argv)
+    if args.compare:
+        return _compare(*args.compare)
     command = "python benchmarks/json_schema_wide.py " + " ".join(argv if argv is not None else sys.argv[1:])
     if args.merge:
         return _report(machine(), command, _fastest(args.merge), args)
@@ -305,6 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     for side in sides:  # imports and first-call setup, untimed
         run_set([("warm", {"type": "object", "properties": {"a": {"type": "string"}}}, [])], state, [side], False)
     sets = _load_sets(args)
+    if args.signatures:
+        return _signatures(sets, state, args.signatures)
     gc.collect()
     gc.freeze()  # (the tokenizer, vocabulary, trie and the sets' schema documents, millions of objects, out of the
     # collector's reach: each full collection over them, ~60 ms, would land on whichever compile triggers it)
@@ -317,6 +326,50 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as handle:
             json.dump({k: {s: [asdict(t) for t in v] for s, v in r.items()} for k, r in results.items()}, handle)
     return _report(header, command, results, args)
+
+
+def _signatures(sets: dict[str, list], state: dict, path: str) -> int:
+    """Each schema's outcome, untimed: what a change that keeps the compiled languages must keep."""
+    import hashlib
+
+    from hf_paged.processors.automaton import Grammar
+    from hf_paged.processors.budget import CompileBudget
+    from hf_paged.processors.index.index_cache import warm_up
+
+    out = {}
+    for set_name, schemas in sets.items():
+        for name, schema, tests in schemas:
+            record: dict = {}
+            budget = CompileBudget()
+            try:
+                compiled = _ours(schema, state["vocab"], budget)
+                regex = compiled.regex
+                texts = regex.texts if isinstance(regex, Grammar) else (regex,)
+                record["texts"] = hashlib.sha1("\x00".join(texts).encode("utf-8", "surrogatepass")).hexdigest()
+                mask = compiled.mask(compiled.index.dfa.initial)
+                record["mask"] = [hashlib.sha1(mask.words.tobytes()).hexdigest(), mask.num_allowed]
+                warm_up(compiled)
+                if tests:
+                    from benchmarks.json_schema import _texts, _walk
+
+                    record["walks"] = [bool(_walk(compiled.index, state["tok"].encode(text)))
+                                       for _, text in _texts(schema, tests) if text is not None]
+            except Exception as exc:  # noqa: BLE001 -- an outcome like any other
+                record["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            record["budget"] = [budget.schema_objects, budget.visits, budget.checks, budget.text, budget.work]
+            out[f"{set_name}/{name}"] = record
+    with open(path, "w") as handle:
+        json.dump(out, handle)
+    print(f"{len(out)} schemas, {sum('error' in r for r in out.values())} refused: {path}")
+    return 0
+
+
+def _compare(first: str, second: str) -> int:
+    with open(first) as a, open(second) as b:
+        old, new = json.load(a), json.load(b)
+    differ = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    print(f"{len(old)} / {len(new)} schemas; {len(differ)} differ" + "".join(f"\n  {k}" for k in differ[:20]))
+    return 1 if differ else 0
 
 
 def _report(header: str, command: str, results: dict[str, dict[str, list[Timing]]], args) -> int:
