@@ -49,6 +49,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=None,
                         help="run N engine replicas on Ray Serve, routed by prefix cache (needs hf_paged[ray])")
     parser.add_argument("--address", default=None, help="with --replicas: join this Ray cluster (default: local)")
+    parser.add_argument("--prefill-replicas", type=int, default=None,
+                        help="with --replicas N: run P of the N replicas as prefill workers whose KV the other N - P "
+                             "load and decode from (prefill/decode disaggregation, blocks through Ray's object store)")
 
 
 _PAGED_FLAGS = ("block_size", "num_blocks", "max_cache_bytes", "max_num_seqs", "max_num_batched_tokens",
@@ -89,6 +92,9 @@ def checked_paged_config(args):
         raise CliError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     if args.kv_offload_dir is not None and args.replicas is not None:  # each replica would count the files alone
         raise CliError("--kv-offload-dir is for one engine; with --replicas leave it out")
+    if getattr(args, "prefill_replicas", None) is not None and args.replicas is None:
+        raise CliError("--prefill-replicas splits the replicas of --replicas N: give --replicas too (e.g. "
+                       "--replicas 3 --prefill-replicas 1)")
     try:
         return PagedConfig(**paged_overrides(args))
     except (TypeError, ValueError) as exc:

@@ -14,6 +14,9 @@ from hf_paged.cli import main
     (["serve", "--replicas", "2", "--max-waiting", "0"], "--max-waiting must be >= 1"),
     (["serve", "--replicas", "2", "--chat-template", "/no/template.jinja"], "chat template file"),
     (["serve", "--replicas", "x"], "argument --replicas: invalid int value"),
+    (["serve", "--replicas", "2", "--prefill-replicas", "2"], "--prefill-replicas must leave at least one decode"),
+    (["serve", "--replicas", "3", "--prefill-replicas", "-1"], "--prefill-replicas must leave at least one decode"),
+    (["serve", "--prefill-replicas", "1"], "--prefill-replicas splits the replicas of --replicas N"),
 ])
 def test_bad_replica_arguments_fail_before_ray_starts(argv, message, capsys):
     assert main(argv) == 2

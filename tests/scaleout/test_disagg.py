@@ -43,7 +43,7 @@ def test_run_replicas_refuses_a_split_without_decode_replicas():
     from hf_paged.scaleout.cli import run_replicas
 
     args = build_parser().parse_args(["serve", "--replicas", "2"])
-    args.prefill_replicas = 2  # `--prefill-replicas 2` (read with getattr: the flag's parser line is serving's)
+    args.prefill_replicas = 2  # `--prefill-replicas 2`
     with pytest.raises(CliError, match="--prefill-replicas must leave at least one decode replica"):
         run_replicas(args)
 
