@@ -33,10 +33,12 @@ def expected(model, prompts):
 
 
 def kv_threads(wait: float = 5.0) -> list[threading.Thread]:
-    """The connectors' threads still alive; an engine a test did not close lets its idle writer go within 1 s."""
+    """Writer threads still alive in the process; one of an engine a test did not close ends within 1 s idle. (The
+    reader threads of engines other tests left open stay until those are collected: `has_threads` checks one
+    connector's both.)"""
     deadline = time.monotonic() + wait
     while True:
-        alive = [t for t in threading.enumerate() if t.name.startswith("hf_paged-kv")]
+        alive = [t for t in threading.enumerate() if t.name.startswith("hf_paged-kv-write")]
         if not alive or time.monotonic() > deadline:
             return alive
         time.sleep(0.01)
