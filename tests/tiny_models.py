@@ -49,6 +49,23 @@ def ragged_prompts(lengths, seed: int = 1, vocab: int = VOCAB) -> list[list[int]
     return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
+def run_engine(engine, prompts, max_new_tokens, *, pool_empty: bool = False) -> list[list[int]]:
+    """Run `prompts` through `engine` to the end (`max_new_tokens`: one int, or one per prompt), checking its
+    integrity after every step and that no request failed (with `pool_empty`, that every block came back)."""
+    from hf_paged import SamplingParams
+
+    news = max_new_tokens if isinstance(max_new_tokens, list) else [max_new_tokens] * len(prompts)
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts, news, strict=True)]
+    while engine.has_unfinished:
+        engine.step()
+        engine.check_integrity()
+    outs = [engine.pop_output(i) for i in ids]
+    assert all(o.error is None for o in outs), [o.error for o in outs]
+    if pool_empty:
+        assert engine.cache.pool.num_used_blocks == 0
+    return [o.generated_tokens for o in outs]
+
+
 def stock_greedy(model, prompts, max_new_tokens: int, **kwargs) -> list[list[int]]:
     """Reference continuations: stock generate, one prompt at a time (no padding at all)."""
     outs = []

@@ -4,21 +4,14 @@ same setting run one request at a time (what a query reads does not depend on ho
 import pytest
 
 from hf_paged import Engine, PagedConfig, SamplingParams
-from tests.tiny_models import ragged_prompts, tiny_model
+from tests.tiny_models import ragged_prompts, run_engine, tiny_model
 
 LENGTHS = [5, 40, 23, 2, 61]
 MAX_NEW = 24
 
 
 def run(model, prompts, **config) -> list[list[int]]:
-    engine = Engine(model, PagedConfig(**config))
-    ids = [engine.add_request(p, SamplingParams(max_new_tokens=MAX_NEW)) for p in prompts]
-    while engine.has_unfinished:
-        engine.step()
-        engine.check_integrity()
-    outs = [engine.pop_output(i) for i in ids]
-    assert all(o.error is None for o in outs)
-    return [o.generated_tokens for o in outs]
+    return run_engine(Engine(model, PagedConfig(**config)), prompts, MAX_NEW)
 
 
 @pytest.fixture(scope="module", params=["llama", "mistral"])  # mistral: sliding window 24 over blocks of 8

@@ -5,7 +5,7 @@ import pytest
 
 from hf_paged import Engine, PagedConfig, SamplingParams
 from hf_paged.batching.decode_lengths import DecodeLengths, remaining_new_tokens
-from tests.tiny_models import FAMILIES, ragged_prompts, stock_greedy, tiny_model
+from tests.tiny_models import FAMILIES, ragged_prompts, run_engine, stock_greedy, tiny_model
 
 LENGTHS = [5, 40, 23, 2, 61]
 NEWS = [24, 6, 17, 30, 9]  # ragged tails: the policy orders and reserves by them
@@ -19,13 +19,7 @@ def family(request):
 
 
 def run_checked(engine: Engine, prompts) -> list[list[int]]:
-    ids = [engine.add_request(p, SamplingParams(max_new_tokens=n)) for p, n in zip(prompts, NEWS)]
-    while engine.has_unfinished:
-        engine.step()
-        engine.check_integrity()
-    outs = [engine.pop_output(i) for i in ids]
-    assert all(o.error is None for o in outs)
-    return [o.generated_tokens for o in outs]
+    return run_engine(engine, prompts, list(NEWS[: len(prompts)]))
 
 
 @pytest.mark.parametrize("setting", [

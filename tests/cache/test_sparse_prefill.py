@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_paged import Engine, PagedConfig, SamplingParams
+from hf_paged import Engine, PagedConfig
 from hf_paged.cache import attention_backends
 from hf_paged.cache.kernels.block_sparse import (
     SPARSE_BLOCK,
@@ -15,7 +15,7 @@ from hf_paged.cache.kernels.block_sparse import (
     visible_blocks,
 )
 from hf_paged.cache.sparse_prefill import SPARSE_PATTERNS, SparsePrefill, select_blocks
-from tests.tiny_models import tiny_model
+from tests.tiny_models import run_engine, tiny_model
 
 PATTERNS = list(SPARSE_PATTERNS)
 
@@ -101,14 +101,7 @@ def test_bad_settings_raise_typed_errors():
 
 
 def _run(model, prompts, max_new_tokens, **config) -> list[list[int]]:
-    engine = Engine(model, PagedConfig(block_size=16, **config))
-    ids = [engine.add_request(p, SamplingParams(max_new_tokens=max_new_tokens)) for p in prompts]
-    while engine.has_unfinished:
-        engine.step()
-        engine.check_integrity()
-    outs = [engine.pop_output(i) for i in ids]
-    assert all(o.error is None for o in outs)
-    return [o.generated_tokens for o in outs]
+    return run_engine(Engine(model, PagedConfig(block_size=16, **config)), prompts, max_new_tokens)
 
 
 @pytest.fixture(scope="module")

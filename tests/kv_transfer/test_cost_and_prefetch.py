@@ -8,23 +8,7 @@ from hf_paged import Engine, PagedConfig, SamplingParams
 from hf_paged.kv_transfer import DirectoryStore
 from hf_paged.kv_transfer.cost_model import TransferCostModel
 from tests.kv_transfer.test_engine_transfer import BS, MAX_NEW, SlowDisk, disk_engine, evict_all, run, transfer_stats
-from tests.tiny_models import ragged_prompts, stock_greedy, tiny_model
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    system = ragged_prompts([45], seed=21)[0]
-    return [system + q for q in ragged_prompts([3, 11], seed=22)]
-
-
-@pytest.fixture(scope="module")
-def expected(model, prompts):
-    return stock_greedy(model, prompts, MAX_NEW)
+from tests.tiny_models import ragged_prompts, stock_greedy
 
 
 def test_the_model_compares_bytes_over_bandwidth_with_tokens_over_prefill_speed():

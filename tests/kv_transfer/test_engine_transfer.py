@@ -10,37 +10,14 @@ import pytest
 
 from hf_paged import Engine, PagedConfig, SamplingParams
 from hf_paged.kv_transfer import DirectoryStore, InProcessStore
-from tests.tiny_models import ragged_prompts, stock_greedy, tiny_model
+from tests.tiny_models import ragged_prompts, run_engine, stock_greedy, tiny_model
 
 MAX_NEW = 8
 BS = 8
 
 
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    system = ragged_prompts([45], seed=21)[0]  # 5 full blocks of 8 shared, then a partial one
-    return [system + q for q in ragged_prompts([3, 11], seed=22)]
-
-
-@pytest.fixture(scope="module")
-def expected(model, prompts):
-    return stock_greedy(model, prompts, MAX_NEW)
-
-
 def run(engine, prompts, max_new=MAX_NEW):
-    ids = [engine.add_request(p, SamplingParams(max_new_tokens=max_new)) for p in prompts]
-    while engine.has_unfinished:
-        engine.step()
-        engine.check_integrity()
-    outs = [engine.pop_output(i) for i in ids]
-    assert all(o.error is None for o in outs)
-    assert engine.cache.pool.num_used_blocks == 0
-    return [o.generated_tokens for o in outs]
+    return run_engine(engine, prompts, max_new, pool_empty=True)
 
 
 def transfer_stats(engine) -> dict:

@@ -6,30 +6,12 @@ from __future__ import annotations
 import threading
 import time
 
-import pytest
-
 from hf_paged import SamplingParams
 from hf_paged.cache.digests import prefix_digests
 from hf_paged.kv_transfer import DirectoryStore, InProcessStore, WriteBehindStore
 from hf_paged.kv_transfer.request_digests import RequestDigests
-from tests.kv_transfer.test_engine_transfer import BS, MAX_NEW, disk_engine, evict_all, run, transfer_stats
-from tests.tiny_models import ragged_prompts, stock_greedy, tiny_model
-
-
-@pytest.fixture(scope="module")
-def model():
-    return tiny_model("llama")
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    system = ragged_prompts([45], seed=21)[0]
-    return [system + q for q in ragged_prompts([3, 11], seed=22)]
-
-
-@pytest.fixture(scope="module")
-def expected(model, prompts):
-    return stock_greedy(model, prompts, MAX_NEW)
+from tests.kv_transfer.test_engine_transfer import BS, disk_engine, evict_all, run, transfer_stats
+from tests.tiny_models import ragged_prompts
 
 
 def kv_threads(wait: float = 5.0) -> list[threading.Thread]:
