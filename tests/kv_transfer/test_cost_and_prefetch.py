@@ -8,7 +8,7 @@ from hf_paged import Engine, PagedConfig, SamplingParams
 from hf_paged.kv_transfer import DirectoryStore
 from hf_paged.kv_transfer.cost_model import TransferCostModel
 from tests.kv_transfer.test_engine_transfer import BS, MAX_NEW, SlowDisk, disk_engine, evict_all, run, transfer_stats
-from tests.tiny_models import ragged_prompts, stock_greedy
+from tests.tiny_models import ragged_prompts, run_engine, stock_greedy
 
 
 def test_the_model_compares_bytes_over_bandwidth_with_tokens_over_prefill_speed():
@@ -112,10 +112,6 @@ def test_directory_store_reads_are_identical_with_prefetch_and_a_churning_pool(m
     expected = stock_greedy(model, prompts, 6)
     engine = disk_engine(model, tmp_path, num_blocks=20, max_num_batched_tokens=32)
     for order in (range(4), range(4, 8), range(7, -1, -1)):
-        ids = [engine.add_request(prompts[i], SamplingParams(max_new_tokens=6)) for i in order]
-        while engine.has_unfinished:
-            engine.step()
-            engine.check_integrity()
-        assert [engine.pop_output(i).generated_tokens for i in ids] == [expected[i] for i in order]
+        assert run_engine(engine, [prompts[i] for i in order], 6) == [expected[i] for i in order]
     assert transfer_stats(engine)["prefetched_reads"] >= 1 and isinstance(
         engine.scheduler.kv_transfer.saver.store, DirectoryStore)

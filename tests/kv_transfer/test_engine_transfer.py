@@ -265,11 +265,7 @@ def test_a_churning_pool_with_the_disk_tier_keeps_every_output(model, tmp_path, 
     expected = stock_greedy(model, prompts, 6)
     engine = disk_engine(model, tmp_path, num_blocks=20, max_num_batched_tokens=32, preemption_mode=preemption_mode)
     for order in (range(4), range(4, 8), range(7, -1, -1)):
-        ids = [engine.add_request(prompts[i], SamplingParams(max_new_tokens=6)) for i in order]
-        while engine.has_unfinished:
-            engine.step()
-            engine.check_integrity()
-        assert [engine.pop_output(i).generated_tokens for i in ids] == [expected[i] for i in order]
+        assert run_engine(engine, [prompts[i] for i in order], 6) == [expected[i] for i in order]
     stats = transfer_stats(engine)
     assert stats["saved_blocks"] > 0 and stats["loaded_blocks"] > 0 and stats["rejected_blocks"] == 0
     assert engine.stats()["preemptions"] > 0 and engine.cache.pool.num_used_blocks == 0

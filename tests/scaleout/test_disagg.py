@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 
 import pytest
 
 from hf_paged.scaleout.kv_roles import prefill_body
+from tests.ports import free_port
 
 ray = pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
@@ -46,12 +46,6 @@ def test_run_replicas_refuses_a_split_without_decode_replicas():
     args.prefill_replicas = 2  # `--prefill-replicas 2`
     with pytest.raises(CliError, match="--prefill-replicas must leave at least one decode replica"):
         run_replicas(args)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

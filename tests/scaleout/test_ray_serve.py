@@ -8,7 +8,6 @@ slow.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 
@@ -18,14 +17,10 @@ ray = pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.ports import free_port
+
 SYSTEMS = [f"You are assistant number {k}. " + "Answer in one short sentence, kindly and plainly. " * 5
            for k in range(3)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

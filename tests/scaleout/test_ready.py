@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ from hf_paged.scaleout import registry
 from hf_paged.scaleout.drain import DrainGate
 from hf_paged.scaleout.gateway import Gateway
 from hf_paged.scaleout.ray_router import ViewReadiness
+from tests.ports import free_port
 
 
 @dataclass(eq=False)  # hashable: the registry is a weak set
@@ -168,12 +168,6 @@ def test_the_router_counts_a_replica_reported_once_its_stats_hold_a_summary():
 
 
 # -- on a real local Ray cluster ------------------------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def test_on_ray_the_first_200_comes_with_every_replica_in_the_router_view():
     import ray

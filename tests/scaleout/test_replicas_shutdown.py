@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -17,15 +16,11 @@ import time
 
 import pytest
 
+from tests.ports import free_port
+
 pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
 psutil = pytest.importorskip("psutil")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def alive(processes: list) -> list:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hf_paged.serving.text import TextStream
+from tests.ports import free_port
 
 
 def scrape(server) -> dict[str, dict]:
@@ -90,12 +90,6 @@ def test_text_stream_holds_half_characters_and_stop_prefixes():
     assert stream.finish() == "\ufffd"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize(
     ("timeout", "body", "finishes"),
     [
@@ -104,7 +98,7 @@ def _free_port() -> int:
     ],
 )
 def test_sigterm_finishes_or_aborts_in_flight_requests_and_exits_0(timeout, body, finishes):
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "hf_paged.cli", "serve", "--port", str(port), "--shutdown-timeout", timeout,
          "--log-level", "warning"],
