@@ -14,7 +14,7 @@ KV_CACHE_DTYPES = ("auto", "fp8", "int8", "int4")
 KV_PRUNING_POLICIES = (None, "streaming", "snapkv", "pyramidkv")
 PREEMPTION_MODES = ("recompute", "swap")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
-PREFIX_EVICTION_POLICIES = ("lru", "lfu", "cost")
+PREFIX_EVICTION_POLICIES = ("lru", "lfu", "cost", "slru")
 VALUE_QUANT_GROUPS = ("token", "head")
 KV_SCALE_FORMATS = ("fp16", "log8")
 SCHEDULING_POLICIES = ("budget", "remaining")
@@ -75,7 +75,8 @@ class PagedConfig:
     scheduling_policy: str = "budget"
     # -- prefix sharing ------------------------------------------------------------------------------
     enable_prefix_caching: bool = True
-    # "lru" | "lfu" | "cost" (recompute cost x decayed reuse, remembered after eviction; cache/eviction_policy.py)
+    # "lru" | "lfu" | "cost" (recompute cost x decayed reuse, remembered after eviction) | "slru" (LRU, reused
+    # prefixes and what extends them protected for a pool turnover); cache/eviction_policy.py
     prefix_eviction_policy: str = "lru"
     # most of the pool that pinned prefixes (`Engine.pin_prefix`) may hold, as a share of its blocks
     prefix_pin_share: float = 0.5

@@ -8,7 +8,7 @@ import pytest
 from hf_paged import Engine, PagedConfig, SamplingParams
 from hf_paged.cache.block_pool import BlockPool
 from hf_paged.cache.digests import prefix_digests
-from hf_paged.cache.eviction_policy import CostPolicy, make_eviction_policy
+from hf_paged.cache.eviction_policy import CostPolicy, SLRUPolicy, make_eviction_policy
 from hf_paged.cache.ghost_history import GhostHistory
 from hf_paged.cache.radix import RadixCache
 from hf_paged.errors import PrefixPinLimitError
@@ -125,7 +125,7 @@ def test_lru_and_lfu_keep_no_ghosts_and_no_values():
 def test_cost_policy_arguments_and_config():
     assert make_eviction_policy("cost").name == "cost"
     assert PagedConfig(prefix_eviction_policy="cost").prefix_eviction_policy == "cost"
-    with pytest.raises(ValueError, match=r"\['lru', 'lfu', 'cost'\], got 'gdsf'"):
+    with pytest.raises(ValueError, match=r"\['lru', 'lfu', 'cost', 'slru'\], got 'gdsf'"):
         PagedConfig(prefix_eviction_policy="gdsf")
     with pytest.raises(ValueError, match="'cost'"):
         make_eviction_policy("gdsf")
@@ -136,7 +136,7 @@ def test_cost_policy_arguments_and_config():
     assert deep > shallow > 1.0
 
 
-def test_engine_greedy_output_with_cost_equals_lru():
+def test_engine_greedy_output_with_cost_and_slru_equals_lru():
     model = tiny_model("llama")
     docs = ragged_prompts([40, 40], seed=41)
     questions = ragged_prompts([5, 6, 7, 8], seed=42)
@@ -144,7 +144,7 @@ def test_engine_greedy_output_with_cost_equals_lru():
     trace = [docs[0] + questions[0], one_offs[0], docs[1] + questions[1], one_offs[1], docs[0] + questions[2],
              one_offs[2], docs[1] + questions[3]]
     outputs, hits = {}, {}
-    for policy in ("lru", "cost"):
+    for policy in ("lru", "cost", "slru"):
         engine = Engine(model, PagedConfig(block_size=8, num_blocks=16, prefix_eviction_policy=policy))
         outs = []
         for prompt in trace:  # one at a time: the pool holds about two requests
@@ -154,10 +154,10 @@ def test_engine_greedy_output_with_cost_equals_lru():
                 engine.check_integrity()
             outs.append(engine.pop_output(rid).generated_tokens)
         assert engine.stats()["prefix_evictions"] > 0
-        assert (engine.stats()["prefix_ghost_blocks"] > 0) == (policy == "cost")  # evicted blocks remembered
+        assert (engine.stats()["prefix_ghost_blocks"] > 0) == (policy != "lru")  # evicted blocks remembered
         outputs[policy], hits[policy] = outs, engine.stats()["prompt_tokens_cached"]
-    assert outputs["cost"] == outputs["lru"]
-    assert hits["cost"] >= hits["lru"]
+    assert outputs["cost"] == outputs["lru"] == outputs["slru"]
+    assert hits["cost"] >= hits["lru"] and hits["slru"] >= hits["lru"]
 
 
 # -- pins ------------------------------------------------------------------------------------------------
@@ -217,3 +217,69 @@ def test_engine_pin_prefix_keeps_a_document_through_a_burst():
     assert PagedConfig(prefix_pin_share=0.0).prefix_pin_share == 0.0
     with pytest.raises(ValueError, match="prefix_pin_share"):
         PagedConfig(prefix_pin_share=1.5)
+
+
+# -- "slru": a reused prefix (and what extends it) protected for a bounded number of pool turnovers --------------
+def test_slru_keeps_a_reused_prefix_over_newer_once_used_blocks():
+    pool = BlockPool(6)
+    cache = RadixCache(pool, block_size=1, policy="slru")
+    assert cached_request(pool, cache, [1, 2]) == [0, 1]  # a document
+    assert cached_request(pool, cache, [3]) == [2]  # one-off prompts, newer
+    assert cached_request(pool, cache, [4]) == [3]
+    cache.match([1, 2])  # asked about again: used twice, protected for one turnover past the current churn (4/6)
+    assert node(cache, [1, 2]).value == pytest.approx(4 / 6 + 1.0)
+    assert node(cache, [3]).value == pytest.approx(3 / 6)
+    cache.check_integrity()
+    assert pool.allocate(4) == [4, 5, 2, 3]  # free blocks, then the one-offs (least recent first)
+    assert pool.allocate(2) == [1, 0]  # the document last: its leaf, then its first block
+    assert len(cache.ghosts or ()) == 4
+    cache.check_integrity()
+
+
+def test_slru_protects_what_extends_a_reused_prefix():
+    pool = BlockPool(8)
+    cache = RadixCache(pool, block_size=1, policy="slru")
+    first = cached_request(pool, cache, [1, 2, 10])  # system prompt + user A's message
+    second = cached_request(pool, cache, [1, 2, 20])  # user B: the system prompt is reused, B's turn extends it
+    assert node(cache, [1, 2, 20]).value > node(cache, [1, 2, 10]).value + 0.5  # protected, A's turn is not
+    one_off = cached_request(pool, cache, [5])  # the newest block, used once under no reused prefix
+    cache.check_integrity()
+    assert pool.allocate(5) == [5, 6, 7, first[2], one_off[0]]  # free, then A's once-used turn, then the one-off
+    assert cache.match([1, 2, 20]).block_ids == second  # B's whole history stayed
+    cache.check_integrity()
+
+
+def test_slru_ages_a_protected_block_that_is_not_used_again():
+    pool = BlockPool(3)
+    cache = RadixCache(pool, block_size=1, policy=SLRUPolicy(protect=1.0))
+    cached_request(pool, cache, [1])
+    for _ in range(5):
+        cache.match([1])  # popular: six uses, the same class as two (no count is read, so nothing to outlive)
+    survived = 0
+    for token in range(10, 20):  # one-offs: each block newly cached moves the churn clock by 1/3 of a turnover
+        cached_request(pool, cache, [token])
+        cache.check_integrity()
+        survived += bool(cache.peek([1]))
+    assert survived == 4  # kept over the one-offs cached within a turnover of its last use, then evicted
+    assert not cache.peek([1]) and prefix_digests([1], 1)[0] in (cache.ghosts or ())
+
+
+def test_slru_a_returning_prefix_is_protected_from_its_remembered_use():
+    pool = BlockPool(4)
+    cache = RadixCache(pool, block_size=1, policy="slru")
+    cached_request(pool, cache, [1, 2])
+    pool.free(pool.allocate(4))  # both blocks evicted, their one use remembered
+    table = cached_request(pool, cache, [1, 2])  # back: a miss, recomputed, and recognised as a second use
+    assert node(cache, [1, 2]).reuse == 2.0 and cache.ghosts is not None and cache.ghosts.num_restored == 2
+    newer = cached_request(pool, cache, [5])
+    free = sorted(set(range(4)) - set(table) - set(newer))
+    assert pool.allocate(2) == free + newer  # the returned prefix stays; LRU would evict its leaf
+    cache.check_integrity()
+
+
+def test_slru_arguments_and_config():
+    assert make_eviction_policy("slru").name == "slru"
+    assert PagedConfig(prefix_eviction_policy="slru").prefix_eviction_policy == "slru"
+    for bad in ({"protect": -1}, {"protect": True}, {"ghost_factor": 1.5}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SLRUPolicy(**bad)
