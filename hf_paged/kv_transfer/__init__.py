@@ -11,6 +11,8 @@
     saver.py         the save half: blocks copied out of the pool, handed to the store or the write queue
     request_digests.py  a waiting request's block digests, hashed once
     cost_model.py    TransferCostModel: load only when bytes / bandwidth < tokens / prefill speed (both measured)
+    hot_blocks.py    PeerStore + HotBlockPublisher: colocated replicas publish blocks of local prefix hits and load
+                     each other's (`save_on="hot"`, `hf-paged serve --replicas N --kv-share`)
     leases.py        LeasedStore: blocks put for another engine that nobody collects are freed (bounded)
     connector.py     KVConnector: the scheduler half (how many blocks the store holds, read them, load them) and the
                      worker half (write into the pool; save on store or eviction)
@@ -28,6 +30,7 @@ from hf_paged.config import PagedConfig
 from hf_paged.kv_transfer.block_format import DecodedBlock, decode_block, encode_block
 from hf_paged.kv_transfer.connector import SAVE_POLICIES, KVConnector, KVTransferStats
 from hf_paged.kv_transfer.cost_model import TransferCostModel
+from hf_paged.kv_transfer.hot_blocks import HotBlockPublisher, PeerStore
 from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprint
 from hf_paged.kv_transfer.leases import LeasedStore
 from hf_paged.kv_transfer.ray_store import KVBlockDirectory, RayObjectStore
@@ -39,12 +42,14 @@ __all__ = [
     "BlockLayout",
     "DecodedBlock",
     "DirectoryStore",
+    "HotBlockPublisher",
     "InProcessStore",
     "KVBlockDirectory",
     "KVConnector",
     "KVStore",
     "KVTransferStats",
     "LeasedStore",
+    "PeerStore",
     "RayObjectStore",
     "TransferCostModel",
     "WriteBehindStore",

@@ -39,6 +39,7 @@ from hf_paged.kv_transfer.block_format import DecodedBlock
 from hf_paged.kv_transfer.codec import ensure_storage, stack_blocks
 from hf_paged.kv_transfer.cost_model import StepClock, TransferCostModel
 from hf_paged.kv_transfer.fetcher import BlockAsk, BlockFetcher, FetchResult, PendingFetch, read_blocks
+from hf_paged.kv_transfer.hot_blocks import HotBlockPublisher, PeerStore
 from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprint
 from hf_paged.kv_transfer.request_digests import RequestDigests
 from hf_paged.kv_transfer.saver import BlockSaver
@@ -47,7 +48,7 @@ from hf_paged.kv_transfer.write_behind import DEFAULT_QUEUE_BYTES, WriteBehindSt
 
 __all__ = ["SAVE_POLICIES", "KVConnector", "KVTransferStats"]
 
-SAVE_POLICIES = ("evict", "store", "never")
+SAVE_POLICIES = ("evict", "store", "hot", "never")
 
 
 @dataclass(slots=True)
@@ -56,6 +57,7 @@ class KVTransferStats:
 
     loaded_blocks: int = 0  # blocks loaded into the pool instead of recomputed
     loaded_bytes: int = 0
+    loaded_tokens: int = 0  # prompt tokens those blocks hold: prefill tokens not computed
     fetch_seconds: float = 0.0  # reading and checking blobs (in the admitting step, or in the worker thread)
     load_seconds: float = 0.0  # writing the blocks read into the pool and the prefix tree (in the admitting step)
     load_failures: int = 0  # loads that fell short of what the store announced (then recomputed)
@@ -80,7 +82,9 @@ class KVConnector:
         model: the model whose weights the blocks belong to (its fingerprint names them).
         store: where blocks live (`InProcessStore`, `DirectoryStore`).
         save_on: "evict" (blocks leaving the prefix cache: a lower tier such as the disk), "store" (every block the
-            prefix cache takes, right after it was computed: another engine can load it at once), or "never".
+            prefix cache takes, right after it was computed: another engine can load it at once), "hot" (blocks of a
+            local prefix hit, at admission: replicas sharing what they reuse, `hot_blocks.py`; `store` must be a
+            `PeerStore`), or "never".
         load_async: read blobs in a background thread while the request waits in the queue (`is_fetching`; other
             requests run meanwhile) instead of inside the step that admits it; None: as the store says
             (`background_reads`: the directory store yes, the in-process store no).
@@ -106,6 +110,9 @@ class KVConnector:
                                      "blocks): PagedConfig(enable_prefix_caching=True)")
         if save_on not in SAVE_POLICIES:
             raise ValueError(f"save_on must be one of {list(SAVE_POLICIES)}, got {save_on!r}")
+        if save_on == "hot" and not isinstance(store, PeerStore):
+            raise TypeError(f"save_on='hot' publishes through a PeerStore, got {type(store).__name__}: pass "
+                            "PeerStore(store)")
         self.cache, self.kv, self.radix, self.store = cache, cache.manager, radix, store
         self.model, self.save_on, self.block_size = model, save_on, cache.block_size
         self._fixed_fingerprint = fingerprint
@@ -120,6 +127,7 @@ class KVConnector:
         self.store = writer if writer is not None else store  # reads see blocks still queued for writing
         self.fetcher = BlockFetcher(self.store)
         self.saver = BlockSaver(cache, store, writer, self.layout, self._keys, self.counters)
+        self.hot = HotBlockPublisher(store, self.saver, self._keys, self.block_size) if save_on == "hot" else None
         self.digests = RequestDigests(self.block_size)  # waiting requests' digests, hashed once
         self.cost = cost_model if cost_model is not None else TransferCostModel()
         self._clock = StepClock(next(model.parameters()).device)  # times prefill steps for the cost model
@@ -222,6 +230,8 @@ class KVConnector:
         for num_tokens, seconds in self._clock.samples():
             if self.cost.learn:
                 self.cost.observe_prefill(num_tokens, seconds)
+        if self.hot is not None:
+            self.hot.store.new_round()  # the next lookup that misses may ask the directory again
         prompt = sum(item.num_tokens for item in out.scheduled if item.num_tokens > 1 + item.num_draft_tokens)
         self._clock.start(out.num_batched_tokens, prompt)
 
@@ -249,6 +259,8 @@ class KVConnector:
         bs = self.block_size
         first, limit = num_cached_tokens // bs, (len(token_ids) - 1) // bs
         fetch = self.fetcher.take(seq_id)
+        if self.hot is not None and first and not num_cached_tokens % bs:  # the local hit's blocks are hot
+            self._publish(seq_id, token_ids, extra_keys, first)
         self._read_seconds = 0.0  # this load's reads (`_checked`), for the cost model
         self._clock.cancel()  # the blocks it caches are not a forward's
         if num_cached_tokens % bs or limit <= first or not ensure_storage(self.cache, self.model):
@@ -275,6 +287,7 @@ class KVConnector:
         if loaded < wanted:
             self.counters.load_failures += 1
         self.counters.loaded_blocks += loaded
+        self.counters.loaded_tokens += loaded * bs
         nbytes, seconds = sum(b.nbytes for b in blocks[:loaded]), time.perf_counter() - start
         self.counters.loaded_bytes += nbytes
         self.counters.load_seconds += seconds
@@ -283,6 +296,14 @@ class KVConnector:
             if self.cost.learn:  # the read (here or in the worker thread) and the copy into the pool
                 self.cost.observe_load(nbytes, seconds + self._read_seconds)
         return (first + loaded) * bs
+
+    def _publish(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple, num_blocks: int) -> None:
+        """Publish the blocks of a local hit (`save_on="hot"`); a failure costs only the copy, never the step."""
+        try:
+            digests = self.digests.digests(seq_id, token_ids[: num_blocks * self.block_size], extra_keys)
+            self.hot.publish(digests, token_ids, self.kv.block_ids(seq_id)[:num_blocks])  # type: ignore[union-attr]
+        except Exception:  # noqa: BLE001 -- counted; the request runs on its local hit
+            self.counters.save_failures += 1
 
     # -- worker half: loads ------------------------------------------------------------------------------
     def _asks(self, digests: Sequence[bytes], token_ids: Sequence[int], first: int, count: int) -> list[BlockAsk]:

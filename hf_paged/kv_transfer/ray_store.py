@@ -261,6 +261,11 @@ class RayObjectStore:
             self._ray.get(ref)
         return ref
 
+    def knows(self, key: bytes) -> bool:
+        """Whether the mirror holds `key` now (no round trip, whatever `sync_on_miss` says)."""
+        with self._lock:
+            return key in self._known
+
     def sync(self) -> None:
         """Take what changed in the directory now (a writer's mirror, or before a burst of reads)."""
         with self._lock:

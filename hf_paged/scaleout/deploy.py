@@ -62,6 +62,10 @@ class EngineReplica:
             from hf_paged.scaleout.kv_roles import attach_kv_role
 
             self.kv_store = attach_kv_role(self.engine, spec.kv_role, spec.kv_directory)
+        elif spec.kv_share:
+            from hf_paged.scaleout.kv_share import attach_kv_share
+
+            self.kv_store = attach_kv_share(self.engine, spec.kv_directory, max_blocks=spec.kv_share_max_blocks)
         self.reporter = ReplicaReporter(self.engine, limit=spec.summary_limit)
         self.routing_stats = RoutingStats(self.reporter, events=spec.routing_events, summary_every=spec.summary_every)
         try:
@@ -137,12 +141,16 @@ def build_application(spec: ReplicaSpec, *, replicas: int = 2, router: str = "ca
     """The Serve application: `replicas` engine replicas behind a gateway, routed by `HfPagedRequestRouter`
     (`router="cache_aware"`) or by Ray Serve's default power of two choices (`router="pow2"`, for comparison).
     With `prefill_replicas` (1 .. replicas - 1), that many of them only prefill and the rest decode, the KV handed
-    over through Ray's object store (`kv_roles.py`, `pd_gateway.py`)."""
+    over through Ray's object store (`kv_roles.py`, `pd_gateway.py`). `spec.kv_share`: colocated replicas publish the
+    blocks of their prefix hits and load each other's (`kv_share.py`); not with `prefill_replicas`."""
     if router not in ("cache_aware", "pow2"):
         raise ValueError(f"router must be 'cache_aware' or 'pow2', got {router!r}")
     if prefill_replicas and not 0 < prefill_replicas < replicas:
         raise ValueError(f"prefill_replicas must leave at least one decode replica: 1 .. {replicas - 1} of "
                          f"{replicas} replicas, got {prefill_replicas} (0: colocated)")
+    if prefill_replicas and spec.kv_share:
+        raise ValueError("kv_share is for colocated replicas; with prefill_replicas the decode replicas already load "
+                         "the prefill replicas' blocks: drop one of the two")
     options: dict[str, Any] = {}
     if router == "cache_aware":
         options["request_router_config"] = RequestRouterConfig(
@@ -175,9 +183,10 @@ def build_application(spec: ReplicaSpec, *, replicas: int = 2, router: str = "ca
 
 def deploy(model: str | None = None, *, replicas: int = 2, address: str | None = None, host: str = "127.0.0.1",
            port: int = 8000, num_cpus: int | None = None, blocking: bool = False, router: str = "cache_aware",
-           prefill_replicas: int = 0, **spec_fields: Any) -> Any:
+           prefill_replicas: int = 0, kv_share: bool = False, **spec_fields: Any) -> Any:
     """Start (or join, with `address`) a Ray cluster and serve `replicas` engine replicas of `model` on
     http://host:port with the single-server endpoints. Returns the app's handle (or blocks, with `blocking`).
+    `kv_share`: the replicas share hot prefixes through Ray's object store (`kv_share.py`; off by default).
 
     Example:
         >>> handle = deploy("path/to/model", replicas=2, paged={"block_size": 16})    # doctest: +SKIP
@@ -190,7 +199,7 @@ def deploy(model: str | None = None, *, replicas: int = 2, address: str | None =
         ray.init(address=address, num_cpus=num_cpus if address is None else None, include_dashboard=False,
                  runtime_env=worker_env())
     serve.start(http_options={"host": host, "port": port})
-    spec = ReplicaSpec(model=model, **spec_fields)
+    spec = ReplicaSpec(model=model, kv_share=kv_share, **spec_fields)
     app = build_application(spec, replicas=replicas, router=router, prefill_replicas=prefill_replicas)
     handle = serve.run(app, name="hf_paged", route_prefix="/", blocking=blocking)
     return handle

@@ -26,6 +26,8 @@ class ReplicaSpec:
     torch_threads: int | None = None  # torch.set_num_threads in each replica (None: leave it)
     kv_role: str | None = None  # "prefill" / "decode": prefill/decode disaggregation (kv_roles.py); None: colocated
     kv_directory: str = "hf_paged_kv_directory"  # the Ray object store's block directory (a named actor)
+    kv_share: bool = False  # colocated replicas publish their prefix hits' blocks and load each other's (kv_share.py)
+    kv_share_max_blocks: int | None = None  # the shared directory's lease in blocks (None: one replica's pool)
     prefill_timeout_s: float = 60.0  # a fault bound: a prefill not back by then (no prefill replica alive: Serve
     # queues the call until a replacement starts) is given up and the decode replica recomputes the prompt
 

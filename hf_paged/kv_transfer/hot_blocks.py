@@ -1,0 +1,120 @@
+"""Hot blocks shared between colocated replicas: a block that got a prefix-cache hit is published for the others.
+
+Colocated replicas (`hf-paged serve --replicas N --kv-share`) each compute their own prompts. A prefix one replica
+holds and reuses (a hot system prompt, a document asked about again) is recomputed by every other replica the router
+sends it to, and by a replica that just joined or restarted. With sharing, each replica's connector (`save_on="hot"`):
+
+    publishes   at admission, the blocks of the request's local prefix hit that the directory does not know yet
+                (a hit proves the block is reused; a block computed once and never hit stays private): copied out
+                of the pool, encoded in the engine's block format, `ray.put`, registered with the directory without
+                waiting (`flush(wait=False)`). The hit never holds the request's last token (`add_sequence` matches
+                all tokens but the last), so neither does a published block.
+    loads       the blocks past its local hit that the directory knows, when the cost model says loading beats
+                recomputing (the connector's scheduler half, unchanged): read in the background while the request
+                waits, written into fresh blocks, cached in the prefix tree as normal blocks.
+
+`PeerStore` wraps the `RayObjectStore` so that lookups cost at most one round trip to the directory per engine step
+(`new_round`, called as each step is planned): a miss syncs the mirror once, the other misses of that step answer
+from it. A mirror a step stale only costs a recompute; a round trip per admission would cost every unshared prompt.
+Bounds are the directory's leases (blocks and bytes, least recently used out first): a block falls out of the
+directory, and Ray frees it once the mirrors have synced the drop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hf_paged.kv_transfer.ray_store import RayObjectStore
+from hf_paged.kv_transfer.saver import BlockSaver
+from hf_paged.kv_transfer.stores import KVStore
+
+__all__ = ["HotBlock", "HotBlockPublisher", "PeerStore"]
+
+
+class PeerStore:
+    """A `KVStore` over the blocks every replica published: lookups sync the mirror at most once a round.
+
+    Args:
+        inner: the shared store; a `RayObjectStore` (its directory mirror is synced on a miss, once a round) or any
+            other `KVStore` (asked directly: an in-process store needs no sync).
+    """
+
+    def __init__(self, inner: KVStore) -> None:
+        self.inner = inner
+        self.name, self.background_reads = inner.name, inner.background_reads
+        self._mirror = inner if isinstance(inner, RayObjectStore) else None
+        self._synced = False  # this round's sync done
+        self.num_rounds_synced = 0
+
+    def contains(self, key: bytes) -> bool:
+        if self._mirror is None or self._mirror.knows(key):
+            return self.inner.contains(key)
+        if self._synced:
+            return False
+        self._synced = True
+        self.num_rounds_synced += 1
+        self._mirror.sync()
+        return self._mirror.knows(key)
+
+    def knows(self, key: bytes) -> bool:
+        """Whether the mirror holds `key` now (never a round trip)."""
+        return self._mirror.knows(key) if self._mirror is not None else self.inner.contains(key)
+
+    def new_round(self) -> None:
+        """A step is planned: the next miss may sync the mirror again."""
+        self._synced = False
+
+    def register(self) -> None:
+        """Hand the blocks just put to the directory, without waiting (the next step's lookups of other replicas
+        find them once the directory took them)."""
+        if self._mirror is not None:
+            self._mirror.flush(wait=False)
+
+    def get(self, key: bytes) -> Any:
+        return self.inner.get(key)
+
+    def put(self, key: bytes, data: bytes) -> bool:
+        return self.inner.put(key, data)
+
+    def delete(self, key: bytes) -> None:
+        self.inner.delete(key)
+
+    @property
+    def nbytes(self) -> int:
+        return self.inner.nbytes
+
+
+@dataclass(frozen=True, slots=True)
+class HotBlock:
+    """A cached block to publish: what the saver reads of a prefix-tree node."""
+
+    digest: bytes
+    block_id: int  # the pool block holding its K/V (held by the admitted request: not reused while it is saved)
+    token_ids: tuple[int, ...]
+
+
+class HotBlockPublisher:
+    """Publishes the blocks of local prefix hits that the shared store does not know yet.
+
+    `keys` maps digests to store keys (the connector's layout namespace); `saver` copies, encodes and puts them
+    (its counters: `saved_blocks` / `saved_bytes` count what was published)."""
+
+    def __init__(self, store: PeerStore, saver: BlockSaver, keys: Callable[[Sequence[bytes]], list[bytes]],
+                 block_size: int) -> None:
+        self.store, self.saver, self._keys, self.block_size = store, saver, keys, block_size
+
+    def publish(self, digests: Sequence[bytes], token_ids: Sequence[int], block_ids: Sequence[int]) -> int:
+        """Publish the leading blocks `block_ids` (a request's local hit: `digests` and `token_ids` of the same
+        blocks) that the store lacks; returns how many were put."""
+        bs = self.block_size
+        fresh = [HotBlock(d, int(b), tuple(int(t) for t in token_ids[i * bs : (i + 1) * bs]))
+                 for i, (d, b, key) in enumerate(zip(digests, block_ids, self._keys(digests)))
+                 if not self.store.knows(key)]
+        if not fresh:
+            return 0
+        done = self.saver.save(fresh)  # type: ignore[arg-type]  # (reads digest, block_id, token_ids)
+        if done:
+            self.store.register()
+        return done

@@ -1,0 +1,138 @@
+"""Colocated replicas sharing hot prefixes (`--kv-share`) on a real local Ray cluster: a replica in its own process
+publishes the blocks of its prefix hits, another loads them and answers as stock generate does; a corrupt block or
+one of another model is refused, counted and recomputed; the directory's lease bounds what is published, and a block
+that fell out is recomputed."""
+
+from __future__ import annotations
+
+import pytest
+
+ray = pytest.importorskip("ray")
+
+BS = 8
+MAX_NEW = 8
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from hf_paged.scaleout.deploy import worker_env
+
+    ray.init(num_cpus=2, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
+    try:
+        yield
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def prompts():
+    from tests.tiny_models import ragged_prompts
+
+    system = ragged_prompts([45], seed=41)[0]  # 5 full blocks of 8 shared, then a partial one
+    return [system + q for q in ragged_prompts([3, 11], seed=42)]
+
+
+@pytest.fixture(scope="module")
+def expected(prompts):
+    from tests.tiny_models import stock_greedy, tiny_model
+
+    return stock_greedy(tiny_model("llama"), prompts, MAX_NEW)
+
+
+def sharing_engine(directory: str, seed: int = 0, **bounds):
+    import torch
+
+    from hf_paged import Engine, PagedConfig
+    from hf_paged.scaleout.kv_share import attach_kv_share
+    from tests.tiny_models import tiny_model
+
+    torch.set_num_threads(1)
+    engine = Engine(tiny_model("llama", seed=seed), PagedConfig(block_size=BS))
+    return engine, attach_kv_share(engine, directory, **bounds)
+
+
+class Replica:
+    """A sharing engine in its own process (replica A)."""
+
+    def __init__(self, directory: str, **bounds) -> None:
+        self.engine, self.store = sharing_engine(directory, **bounds)
+
+    def run(self, prompts: list[list[int]]) -> list[list[int]]:
+        from tests.tiny_models import run_engine
+
+        out = run_engine(self.engine, prompts, MAX_NEW, pool_empty=True)
+        self.store.flush()  # (the publish registered without waiting: make it visible before the test goes on)
+        return out
+
+    def stats(self) -> dict:
+        return transfer_stats(self.engine)
+
+
+def transfer_stats(engine) -> dict:
+    return {k.removeprefix("kv_transfer_"): v for k, v in engine.stats().items() if k.startswith("kv_transfer_")}
+
+
+def test_a_replica_loads_what_a_peer_reused_and_answers_identically(cluster, prompts, expected):
+    from tests.tiny_models import run_engine
+
+    a = ray.remote(Replica).options(num_cpus=0).remote("share-identical")
+    assert ray.get(a.run.remote(prompts[:1])) == expected[:1]
+    assert ray.get(a.stats.remote())["saved_blocks"] == 0  # computed once, never hit: not hot, not published
+    assert ray.get(a.run.remote(prompts[1:])) == expected[1:]
+    assert ray.get(a.stats.remote())["saved_blocks"] == 5  # the second prompt hit the 5 shared blocks
+    b, store = sharing_engine("share-identical")
+    assert run_engine(b, prompts[1:], MAX_NEW, pool_empty=True) == expected[1:]
+    stats = transfer_stats(b)
+    assert stats["loaded_blocks"] == 5 and stats["loaded_tokens"] == 5 * BS and stats["load_failures"] == 0
+    assert b.kv.prefix_cache.num_hit_tokens == 0  # nothing was a local hit: the 40 tokens came from A
+    assert run_engine(b, prompts[:1], MAX_NEW, pool_empty=True) == expected[:1]  # a local hit on the loaded blocks
+    assert transfer_stats(b)["saved_blocks"] == 0  # ... which the directory knows: published once, cluster-wide
+    store.flush()
+    assert store.directory_stats()["collected_blocks"] >= 5
+    ray.kill(a)
+
+
+@pytest.mark.parametrize("fault", ["corrupt", "other-model"])
+def test_a_corrupt_or_foreign_block_is_refused_counted_and_recomputed(cluster, prompts, expected, fault):
+    from tests.tiny_models import run_engine
+
+    directory = f"share-{fault}"
+    b, store = sharing_engine(directory)
+    connector = b.scheduler.kv_transfer
+    digests = b.kv.prefix_cache.digests(prompts[0][: 5 * BS])
+    ours = connector._keys(digests)
+    if fault == "corrupt":  # our own block, one byte flipped in its tensors (the checksum catches it)
+        donor, donor_store = sharing_engine(directory + "-donor")
+        run_engine(donor, prompts, MAX_NEW)
+        donor_store.flush()
+        blob = bytearray(donor_store.get(ours[0]))
+        blob[-100] ^= 0xFF
+    else:  # another model's block (other weights) under this model's key
+        other, other_store = sharing_engine(directory + "-other", seed=1)
+        run_engine(other, prompts, MAX_NEW)
+        other_store.flush()
+        blob = bytearray(other_store.get(other.scheduler.kv_transfer._keys(digests)[0]))
+    store.put(ours[0], bytes(blob))
+    store.flush()
+    assert run_engine(b, prompts[:1], MAX_NEW, pool_empty=True) == expected[:1]  # refused, never loaded
+    stats = transfer_stats(b)
+    assert stats["loaded_blocks"] == 0 and stats["rejected_blocks"] == 1 and stats["load_failures"] == 1
+    store.flush()
+    assert store.directory_stats()["dropped_blocks"] == 1  # the bad blob left the directory
+
+
+def test_the_lease_bounds_what_is_published_and_an_expired_block_is_recomputed(cluster, prompts, expected):
+    from tests.tiny_models import run_engine
+
+    a = ray.remote(Replica).options(num_cpus=0).remote("share-lease", max_blocks=2)  # creates the directory
+    ray.get(a.__ray_ready__.remote())
+    b, store = sharing_engine("share-lease")
+    assert ray.get(a.run.remote(prompts)) == expected  # 5 hot blocks published into a directory of 2
+    stats = store.directory_stats()
+    assert stats["num_blocks"] <= 2 and stats["evicted_blocks"] >= 3 and stats["evicted_uncollected"] >= 3
+    assert run_engine(b, prompts[1:], MAX_NEW, pool_empty=True) == expected[1:]
+    loaded = transfer_stats(b)
+    # blocks 0..2 fell out of the lease: the chain breaks at block 0, so all 5 are recomputed, and nothing failed
+    assert loaded["loaded_blocks"] == 0 and loaded["load_failures"] == 0
+    ray.kill(a)
+
