@@ -34,6 +34,10 @@ def run_replicas(args) -> int:
     if prefill_replicas and not 0 < prefill_replicas < replicas:
         raise CliError(f"--prefill-replicas must leave at least one decode replica: 1 .. {replicas - 1} with "
                        f"--replicas {replicas}, got {prefill_replicas}")
+    kv_share = bool(getattr(args, "kv_share", False))  # colocated replicas share hot prefixes (kv_share.py)
+    if kv_share and prefill_replicas:
+        raise CliError("--kv-share is for colocated replicas; with --prefill-replicas the decode replicas already "
+                       "load the prefill replicas' blocks: drop one of the two")
     if args.no_prefix_caching:
         raise CliError("--replicas routes by the replicas' prefix caches: drop --no-prefix-caching")
     checked_paged_config(args)
@@ -56,7 +60,7 @@ def run_replicas(args) -> int:
         handle = deploy(args.model, replicas=replicas, address=args.address, host=args.host, port=args.port,
                         served_model_name=args.served_model_name, device=args.device, dtype=args.dtype,
                         paged=paged, max_waiting=args.max_waiting, chat_template=template,
-                        prefill_replicas=prefill_replicas)
+                        prefill_replicas=prefill_replicas, kv_share=kv_share)
         state = wait_until_ready(handle, READY_TIMEOUT_S)  # every replica reported to the router
         if not state.ready:
             raise CliError(f"{state.num_reported} of {replicas} replicas reported to the router within "

@@ -128,6 +128,8 @@ class _EngineCollector:
          "Tokens run through the model (prefill chunks and decodes)"),
         (CounterMetricFamily, "kv_transfer_loaded_blocks", "kv_transfer_loaded_blocks",
          "KV blocks loaded from the disk tier or another engine instead of recomputed"),
+        (CounterMetricFamily, "kv_transfer_loaded_tokens", "kv_transfer_loaded_tokens",
+         "Prompt tokens whose KV was loaded (disk tier, a peer replica) instead of computed: prefill tokens saved"),
         (CounterMetricFamily, "kv_transfer_load_failures", "kv_transfer_load_failures",
          "KV loads that fell short of what the store announced (the rest recomputed)"),
         (CounterMetricFamily, "kv_transfer_rejected_blocks", "kv_transfer_rejected_blocks",

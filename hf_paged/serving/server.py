@@ -52,6 +52,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill-replicas", type=int, default=None,
                         help="with --replicas N: run P of the N replicas as prefill workers whose KV the other N - P "
                              "load and decode from (prefill/decode disaggregation, blocks through Ray's object store)")
+    parser.add_argument("--kv-share", action="store_true",
+                        help="with --replicas N: the replicas publish the KV blocks of their prefix hits through Ray's "
+                             "object store and load each other's instead of recomputing them (off by default)")
 
 
 _PAGED_FLAGS = ("block_size", "num_blocks", "max_cache_bytes", "max_num_seqs", "max_num_batched_tokens",
@@ -95,6 +98,9 @@ def checked_paged_config(args):
     if getattr(args, "prefill_replicas", None) is not None and args.replicas is None:
         raise CliError("--prefill-replicas splits the replicas of --replicas N: give --replicas too (e.g. "
                        "--replicas 3 --prefill-replicas 1)")
+    if getattr(args, "kv_share", False) and args.replicas is None:
+        raise CliError("--kv-share shares hot prefixes between the replicas of --replicas N: give --replicas too "
+                       "(e.g. --replicas 2 --kv-share)")
     try:
         return PagedConfig(**paged_overrides(args))
     except (TypeError, ValueError) as exc:
