@@ -34,11 +34,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import machine, print_table
-from benchmarks.prefix_oracle import POLICIES as MODELLED
+from benchmarks.prefix_oracle import POLICIES as ORACLE_POLICIES
 from benchmarks.prefix_oracle import simulate
 from hf_paged import Engine, PagedConfig, SamplingParams, default_model
 
-POLICIES = ("lru", "lfu", "cost")
+POLICIES = ("lru", "lfu", "cost", "slru")
+MODELLED = (*ORACLE_POLICIES, "window+:2")  # window+:2 models "slru"
+WORKLOADS = ("docs-bursts", "chat", "shared-docs", "chat-zipf", "support-mix")
 BLOCK_SIZE = 16
 MAX_NEW = 8
 VOCAB = 256  # the embedded model's byte tokens
@@ -94,6 +96,47 @@ def shared_docs(seed: int, num_requests: int) -> list[Turn]:
     return trace
 
 
+def chat_zipf(seed: int, users: int) -> list[Turn]:
+    """Chat the policies were not designed on: users of unequal activity (Zipf(1) weights), each with its own number
+    of turns (1 + geometric, mean 5, at most 14), messages of 20-200 tokens; the next turn is drawn among the users
+    with turns left, by weight."""
+    rng = random.Random(seed)
+    system = tokens(rng, 128)
+    left = {u: min(14, 1 + int(rng.expovariate(1 / 4))) for u in range(users)}
+    seen: set[int] = set()
+    trace = []
+    while left:
+        live = sorted(left)
+        u = rng.choices(live, [1 / (v + 1) for v in live])[0]
+        left[u] -= 1
+        if not left[u]:
+            del left[u]
+        trace.append(Turn((system if u not in seen else []) + tokens(rng, rng.randrange(20, 201)), user=u))
+        seen.add(u)
+    return trace
+
+
+def support_mix(seed: int, num_requests: int) -> list[Turn]:
+    """Another unseen mix: 8 chat users (random order, no turn limit), questions about 4 documents (300-600 tokens,
+    Zipf(1)) and 200-500-token one-offs, 45% / 35% / 20% of requests."""
+    rng = random.Random(seed)
+    system = tokens(rng, 96)
+    docs = [tokens(rng, rng.randrange(300, 601)) for _ in range(4)]
+    seen: set[int] = set()
+    trace = []
+    for _ in range(num_requests):
+        r = rng.random()
+        if r < 0.45:
+            u = rng.randrange(8)
+            trace.append(Turn((system if u not in seen else []) + tokens(rng, rng.randrange(30, 121)), user=u))
+            seen.add(u)
+        elif r < 0.8:
+            trace.append(Turn(rng.choices(docs, [1, 1 / 2, 1 / 3, 1 / 4])[0] + tokens(rng, 32), tag="doc"))
+        else:
+            trace.append(Turn(tokens(rng, rng.randrange(200, 501))))
+    return trace
+
+
 def replay(model, trace: list[Turn], policy: str, num_blocks: int) -> dict:
     engine = Engine(model, PagedConfig(block_size=BLOCK_SIZE, num_blocks=num_blocks, max_num_seqs=4,
                                        prefix_eviction_policy=policy))
@@ -121,6 +164,7 @@ def replay(model, trace: list[Turn], policy: str, num_blocks: int) -> dict:
         "doc_hit_rate": doc_cached / doc_prompt if doc_prompt else None,
         "computed": stats["prompt_tokens"] - stats["prompt_tokens_cached"],
         "seconds": seconds,
+        "tokens": sum(map(len, prompts)) + sum(map(len, outputs)),
         "cached_blocks": stats["blocks_cached"],
         "outputs": outputs,
         "prompts": prompts,
@@ -133,26 +177,47 @@ def working_set(model, trace: list[Turn]) -> int:
     return replay(model, trace, "lru", big)["cached_blocks"]
 
 
+def prompt_lengths(trace: list[Turn]) -> list[int]:
+    """Each request's prompt length (a chat turn carries its user's history and the answers)."""
+    history: dict[int | None, int] = {}
+    out = []
+    for t in trace:
+        out.append(history.get(t.user, 0) + len(t.tokens) if t.user is not None else len(t.tokens))
+        if t.user is not None:
+            history[t.user] = out[-1] + MAX_NEW
+    return out
+
+
+def cases_of(model, name: str, seeds: int, quick: bool) -> list[tuple[str, str, int, list[Turn], int]]:
+    rounds, users, turns, requests = (4, 6, 4, 24) if quick else (8, 12, 6, 64)
+    if name == "docs-bursts":
+        return [(name, "140 blocks", seed, docs_bursts(seed, rounds), 140) for seed in range(seeds)]
+    make = {"chat": lambda s: chat(s, users, turns), "shared-docs": lambda s: shared_docs(s, requests),
+            "chat-zipf": lambda s: chat_zipf(s, 16 if not quick else 6),
+            "support-mix": lambda s: support_mix(s, requests + 8)}[name]
+    cases = []
+    for seed in range(seeds):
+        trace = make(seed)
+        ws = working_set(model, trace)
+        longest = max(prompt_lengths(trace))
+        for share in (0.25, 0.50):
+            blocks = max(round(share * ws), (longest + MAX_NEW) // BLOCK_SIZE + 4)
+            cases.append((name, f"{share:.0%} of {ws} = {blocks}", seed, trace, blocks))
+    return cases
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"comma-separated, of {WORKLOADS}")
     parser.add_argument("--quick", action="store_true",
                         help="fewer rounds, users and requests (a smoke run: 4 rounds are too few for a document hit)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     model, _ = default_model()
-    rounds, users, turns, requests = (4, 6, 4, 24) if args.quick else (8, 12, 6, 64)
     print(f"machine: {machine()}\nmodel: the embedded tiny Llama (hf_paged.default_model()), fp32; block_size "
           f"{BLOCK_SIZE}, {MAX_NEW} new tokens a request, requests one after another in trace order\n")
-    cases = [("docs-bursts", "140 blocks", seed, docs_bursts(seed, rounds), 140) for seed in range(args.seeds)]
-    for name, make in (("chat", lambda s: chat(s, users, turns)), ("shared-docs", lambda s: shared_docs(s, requests))):
-        for seed in range(args.seeds):
-            trace = make(seed)
-            ws = working_set(model, trace)
-            longest = max(len(t.tokens) for t in trace) if name != "chat" else 0
-            for share in (0.25, 0.50):
-                blocks = max(round(share * ws), (longest + MAX_NEW) // BLOCK_SIZE + 4)
-                cases.append((name, f"{share:.0%} of {ws} = {blocks}", seed, trace, blocks))
+    cases = [case for name in args.workloads.split(",") for case in cases_of(model, name, args.seeds, args.quick)]
     rows, summary = [], {}
     for name, pool, seed, trace, blocks in cases:
         results = {policy: replay(model, trace, policy, blocks) for policy in POLICIES}
@@ -161,37 +226,38 @@ def main() -> None:
             raise SystemExit(f"{name} seed {seed}: greedy outputs differ across policies")
         lru = results["lru"]
         bound = {p: simulate(lru["prompts"], lru["outputs"], blocks, p) for p in MODELLED}
-        summary.setdefault((name, pool.split(" ")[0]), {}).setdefault("bound", []).append(bound)
+        key = (name, pool.split(" ")[0])
+        summary.setdefault(key, {}).setdefault("bound", []).append(bound)
         for policy in POLICIES:
             r = results[policy]
             doc = "-" if r["doc_hit_rate"] is None else f"{r['doc_hit_rate']:.1%}"
             rows.append([name, pool, seed, policy, f"{r['hit_rate']:.1%}", doc, r["computed"],
-                         f"{r['seconds'] / results['lru']['seconds']:.2f}x", "yes"])
-            key = (name, pool.split(" ")[0])
-            summary.setdefault(key, {}).setdefault(policy, []).append(r["hit_rate"])
+                         f"{r['tokens'] / r['seconds']:.0f}", f"{r['seconds'] / lru['seconds']:.2f}x", "yes"])
+            summary[key].setdefault(policy, []).append(r["hit_rate"])
+            summary[key].setdefault(policy + " s", []).append(r["seconds"] / lru["seconds"])
     print_table(["workload", "pool", "seed", "policy", "hit rate", "doc hit rate", "prompt tokens computed",
-                 "CPU s vs lru", "same outputs"], rows, title="per run")
+                 "tokens/s (CPU)", "CPU s vs lru", "same outputs"], rows, title="per run")
     srows = []
-    for (name, pool), by_policy in summary.items():
-        mean = {p: sum(by_policy[p]) / len(by_policy[p]) for p in POLICIES}
-        gain = [c - lru for c, lru in zip(by_policy["cost"], by_policy["lru"])]
-        headroom = [b["oracle"] - b["lru"] for b in by_policy["bound"]]
-        srows.append([name, pool, f"{mean['lru']:.1%}", f"{mean['lfu']:.1%}", f"{mean['cost']:.1%}",
-                      f"{100 * (mean['cost'] - mean['lru']):+.1f}", f"{100 * min(gain):+.1f}",
-                      "yes" if min(gain) >= 0.05 else "no",
-                      f"{sum(b['oracle'] for b in by_policy['bound']) / len(headroom):.1%}",
-                      f"{100 * sum(headroom) / len(headroom):+.1f} ({100 * min(headroom):+.1f})"])
+    for (name, pool), by in summary.items():
+        mean = {p: sum(by[p]) / len(by[p]) for p in POLICIES}
+        gains = {p: [100 * (c - b) for c, b in zip(by[p], by["lru"])] for p in POLICIES}
+        headroom = [100 * (b["oracle"] - b["lru"]) for b in by["bound"]]
+        srows.append([name, pool, *(f"{mean[p]:.1%}" for p in POLICIES),
+                      *(f"{sum(gains[p]) / len(gains[p]):+.1f} ({min(gains[p]):+.1f})" for p in POLICIES[1:]),
+                      f"{sum(by['slru s']) / len(by['slru s']):.2f}x",
+                      f"{sum(headroom) / len(headroom):+.1f} ({min(headroom):+.1f})"])
     print()
-    print_table(["workload", "pool", "lru", "lfu", "cost", "cost - lru (points, mean)", "worst seed",
-                 ">= 5 points every seed", "oracle (Belady, full blocks)", "oracle - lru, modelled (worst seed)"],
-                srows, title="mean hit rate over seeds")
+    print_table(["workload", "pool", *POLICIES, *(f"{p} - lru, mean (worst)" for p in POLICIES[1:]),
+                 "slru CPU s vs lru", "oracle - lru, modelled (worst)"], srows,
+                title="mean hit rate over seeds, points over LRU (worst seed)")
     mrows = []
-    for (name, pool), by_policy in summary.items():
-        gains = {p: [b[p] - b["lru"] for b in by_policy["bound"]] for p in MODELLED}
+    for (name, pool), by in summary.items():
+        gains = {p: [b[p] - b["lru"] for b in by["bound"]] for p in MODELLED}
         mrows.append([name, pool, *(f"{100 * sum(g) / len(g):+.1f} ({100 * min(g):+.1f})" for g in gains.values())])
     print()
     print_table(["workload", "pool", *MODELLED], mrows,
-                title="modelled policies on the same prompts (prefix_oracle.py): points over modelled LRU, mean (worst seed)")
+                title="modelled policies on the same prompts (prefix_oracle.py; window+:2 is slru): points over "
+                      "modelled LRU, mean (worst seed)")
 
 
 if __name__ == "__main__":

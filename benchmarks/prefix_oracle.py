@@ -30,6 +30,17 @@ from collections.abc import Sequence
 
 BLOCK = 16
 POLICIES = ("lru", "lfu", "lru2", "2q", "oracle")
+# Further keys, for explaining where the oracle's gain comes from (`benchmarks/prefix_eviction_gap.py`):
+#   oracle_dead   blocks never used again first, then least recent (knows only whether a block has a future)
+#   oracle_count  fewest future uses first, then least recent (knows how often, not when)
+#   gap           online: furthest estimated next use first, the estimate being the last use plus the mean of
+#                 the block's own past gaps (remembered after eviction); once-used blocks first, least recent first
+#   slru:F        online: segmented LRU, blocks whose prefix was used twice (ghost-aware) in a protected segment
+#                 of at most F x pool blocks, its least recent demoted when full; least recent first per segment
+#   window:W      online: least recent first by a clock of pool turnovers, a block whose prefix was used twice
+#                 (ghost-aware) counting as touched W turnovers later (ages by construction)
+#   window+:W     window:W where a block that extends a reused prefix counts as reused too (a chat's new turn)
+EXTRA = ("oracle_dead", "oracle_count", "gap")
 
 
 def _chains(seqs: Sequence[Sequence[int]], block: int, ids: dict) -> list[list[int]]:
@@ -48,8 +59,10 @@ def _chains(seqs: Sequence[Sequence[int]], block: int, ids: dict) -> list[list[i
 def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]], num_blocks: int, policy: str,
              block: int = BLOCK) -> float:
     """Prompt tokens served from the cache / prompt tokens, for `policy` in `POLICIES`."""
-    if policy not in POLICIES:
-        raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
+    name, _, arg = policy.partition(":")
+    if policy not in POLICIES + EXTRA and not (name in ("slru", "window", "window+") and arg):
+        raise ValueError(f"policy must be one of {POLICIES + EXTRA}, slru:F or window:W, got {policy!r}")
+    param = float(arg) if arg else 0.0
     ids: dict[tuple[int, tuple[int, ...]], int] = {}
     prompt_chains = _chains(prompts, block, ids)
     # the computed tokens of a finished request: its prompt and every new token but the last (never fed back)
@@ -64,10 +77,16 @@ def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
             parent[b] = up
     cached: dict[int, int] = {}  # block -> last access (request index)
     depth: dict[int, int] = {}
-    used: dict[int, int] = {}  # block -> uses (insert + hits) while cached
+    used: dict[int, int] = {}  # block -> uses (insert + hits) while cached (+ remembered ones: 2q, slru, window)
     previous: dict[int, int] = {}  # block -> the access before the last (-1: none)
     ghosts: dict[int, int] = {}  # evicted block -> its uses then
     children: dict[int, int] = {}  # cached block -> its cached children
+    span: dict[int, tuple[int, int, int]] = {}  # gap: block -> (first use, last use, uses), kept after eviction
+    protected: dict[int, None] = {}  # slru: the protected segment
+    stamp: dict[int, float] = {}  # window: churn at the last touch (+ param if used twice)
+    remembers = policy.startswith(("2q", "slru", "window"))
+    inherits = name == "window+"  # a block extending a reused prefix counts as reused
+    stored = 0  # blocks newly cached (window's churn clock: stored / num_blocks)
     hits = total = 0
 
     def key(b: int, now: int) -> tuple[float, ...]:
@@ -79,10 +98,37 @@ def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
             return (previous[b], cached[b], -depth[b])
         if policy == "2q":
             return (min(used[b], 2), cached[b], -depth[b])
+        if name == "slru":
+            return (b in protected, cached[b], -depth[b])
+        if name.startswith("window"):
+            return (stamp[b], cached[b], -depth[b])
+        if policy == "gap":
+            first, last, n = span[b]
+            if n < 2:
+                return (0, cached[b], -depth[b])
+            expected = last + (last - first) / (n - 1)
+            return (1, -max(expected, now + now - last), -depth[b])  # overdue: as far again as it has waited
         at = uses.get(b, [])
         k = bisect.bisect_right(at, now)
+        if policy == "oracle_dead":
+            return (k < len(at), cached[b], -depth[b])
+        if policy == "oracle_count":
+            return (len(at) - k, cached[b], -depth[b])
         next_use = at[k] if k < len(at) else float("inf")
         return (-next_use, -depth[b])
+
+    def touch(path: list[int]) -> None:
+        """A root path touched (root's child first)."""
+        inherit = False
+        for b in path:
+            reused = used[b] >= 2 or inherit
+            inherit = reused and inherits
+            if name.startswith("window"):
+                stamp[b] = stored / num_blocks + (param if reused else 0.0)
+        for b in reversed(path):  # deepest first: slru demotes the end of a prefix before its start
+            if name == "slru" and used[b] >= 2:
+                protected.pop(b, None)
+                protected[b] = None  # most recent last
 
     for i, (prompt, output) in enumerate(zip(prompts, outputs)):
         chain = prompt_chains[i]
@@ -94,9 +140,12 @@ def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
         hits += hit * block
         total += len(prompt)
         held = set(chain[:hit])
-        for b in held:
+        for b in chain[:hit]:
             previous[b], cached[b] = cached[b], i
             used[b] += 1
+            first, _, n = span[b]
+            span[b] = (first, i, n + 1)
+        touch(chain[:hit])
         fresh = -(-(len(prompt) + len(output)) // block) - hit
         while len(cached) + fresh > num_blocks:
             leaves = [b for b in cached if b not in held and children.get(b, 0) == 0]
@@ -106,15 +155,23 @@ def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
             victim = min(leaves, key=lambda b: key(b, i))
             del cached[victim]
             ghosts[victim] = used.pop(victim)
+            protected.pop(victim, None)
             children.pop(victim, None)
             if parent[victim] in children:
                 children[parent[victim]] -= 1
         for d, b in enumerate(done_chains[i], start=1):
             if b not in cached:
+                stored += 1
                 cached[b], depth[b], previous[b] = i, d, -1
-                used[b] = 1 + (ghosts.pop(b, 0) if policy == "2q" else 0)
+                used[b] = 1 + (ghosts.pop(b, 0) if remembers else 0)
+                first, last, n = span.get(b, (i, i, 0))
+                span[b] = (first, i, n + 1) if last != i or not n else (first, last, n)
                 children[b] = 0
                 if parent[b] in children:
                     children[parent[b]] += 1
             cached[b] = i
+        touch(done_chains[i])
+        if name == "slru":
+            while len(protected) > param * num_blocks:  # demote the least recent protected block
+                del protected[next(iter(protected))]
     return hits / total if total else 0.0

@@ -226,8 +226,8 @@ def test_slru_keeps_a_reused_prefix_over_newer_once_used_blocks():
     assert cached_request(pool, cache, [1, 2]) == [0, 1]  # a document
     assert cached_request(pool, cache, [3]) == [2]  # one-off prompts, newer
     assert cached_request(pool, cache, [4]) == [3]
-    cache.match([1, 2])  # asked about again: used twice, protected for one turnover past the current churn (4/6)
-    assert node(cache, [1, 2]).value == pytest.approx(4 / 6 + 1.0)
+    cache.match([1, 2])  # asked about again: used twice, protected for two turnovers past the current churn (4/6)
+    assert node(cache, [1, 2]).value == pytest.approx(4 / 6 + 2.0)
     assert node(cache, [3]).value == pytest.approx(3 / 6)
     cache.check_integrity()
     assert pool.allocate(4) == [4, 5, 2, 3]  # free blocks, then the one-offs (least recent first)
