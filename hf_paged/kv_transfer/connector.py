@@ -165,6 +165,8 @@ class KVConnector:
         if limit <= first:
             return 0
         digests = digests if digests is not None else prefix_digests(token_ids[: limit * bs], bs, extra_keys)
+        if self.hot is not None:  # a miss may ask the directory (a round trip) only for blocks worth it
+            self.hot.worth_asking((limit - first) * bs, self.cost)
         n = 0
         for key in self._keys(digests[first:limit]):
             if not self.store.contains(key):
@@ -298,8 +300,7 @@ class KVConnector:
         return (first + loaded) * bs
 
     def _publish(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple, num_blocks: int) -> None:
-        """Publish the blocks of a local hit (`save_on="hot"`); a failure costs only the copy, never the step."""
-        try:
+        try:  # the blocks of a local hit (`save_on="hot"`); a failure costs only the copy, never the step
             digests = self.digests.digests(seq_id, token_ids[: num_blocks * self.block_size], extra_keys)
             self.hot.publish(digests, token_ids, self.kv.block_ids(seq_id)[:num_blocks])  # type: ignore[union-attr]
         except Exception:  # noqa: BLE001 -- counted; the request runs on its local hit

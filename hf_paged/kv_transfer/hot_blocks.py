@@ -15,22 +15,30 @@ sends it to, and by a replica that just joined or restarted. With sharing, each 
 
 `PeerStore` wraps the `RayObjectStore` so that lookups cost at most one round trip to the directory per engine step
 (`new_round`, called as each step is planned): a miss syncs the mirror once, the other misses of that step answer
-from it. A mirror a step stale only costs a recompute; a round trip per admission would cost every unshared prompt.
+from it. A mirror a step stale only costs a recompute. And a miss may sync only for a prompt whose blocks past its
+local hit take longer to recompute than `ASK_FACTOR` round trips (both measured: the cost model's prefill speed, the
+store's own syncs): a lookup that finds blocks costs a round trip, then the read; one that misses, the round trip
+for nothing. A short prompt (one block past its hit: ~3 ms of prefill here against ~1 ms a round trip) then costs no
+round trip at all (measured: benchmarks/kv_share_results.md).
 Bounds are the directory's leases (blocks and bytes, least recently used out first): a block falls out of the
 directory, and Ray frees it once the mirrors have synced the drop.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from hf_paged.kv_transfer.cost_model import Rate, TransferCostModel
 from hf_paged.kv_transfer.ray_store import RayObjectStore
 from hf_paged.kv_transfer.saver import BlockSaver
 from hf_paged.kv_transfer.stores import KVStore
 
-__all__ = ["HotBlock", "HotBlockPublisher", "PeerStore"]
+__all__ = ["ASK_FACTOR", "HotBlock", "HotBlockPublisher", "PeerStore"]
+
+ASK_FACTOR = 4.0  # a miss syncs only for blocks worth this many round trips of recompute
 
 
 class PeerStore:
@@ -46,16 +54,20 @@ class PeerStore:
         self.name, self.background_reads = inner.name, inner.background_reads
         self._mirror = inner if isinstance(inner, RayObjectStore) else None
         self._synced = False  # this round's sync done
-        self.num_rounds_synced = 0
+        self.may_sync = True  # the lookup in progress is worth a round trip (`HotBlockPublisher.worth_asking`)
+        self.num_syncs = 0
+        self.sync_seconds = Rate(1e3, 1e-3, 0.9)  # round trips per second (decayed; prior: 1 ms each)
 
     def contains(self, key: bytes) -> bool:
         if self._mirror is None or self._mirror.knows(key):
             return self.inner.contains(key)
-        if self._synced:
+        if self._synced or not self.may_sync:
             return False
         self._synced = True
-        self.num_rounds_synced += 1
+        self.num_syncs += 1
+        start = time.perf_counter()
         self._mirror.sync()
+        self.sync_seconds.observe(1, time.perf_counter() - start)
         return self._mirror.knows(key)
 
     def knows(self, key: bytes) -> bool:
@@ -104,6 +116,13 @@ class HotBlockPublisher:
     def __init__(self, store: PeerStore, saver: BlockSaver, keys: Callable[[Sequence[bytes]], list[bytes]],
                  block_size: int) -> None:
         self.store, self.saver, self._keys, self.block_size = store, saver, keys, block_size
+
+    def worth_asking(self, num_tokens: int, cost: TransferCostModel) -> bool:
+        """Whether `num_tokens` past a local hit take longer to recompute than `ASK_FACTOR` round trips to the
+        directory (a miss may then sync the mirror: `PeerStore.may_sync`)."""
+        round_trip = 1.0 / self.store.sync_seconds.per_second  # (the rate counts round trips per second)
+        self.store.may_sync = num_tokens / cost.prefill.per_second > ASK_FACTOR * round_trip
+        return self.store.may_sync
 
     def publish(self, digests: Sequence[bytes], token_ids: Sequence[int], block_ids: Sequence[int]) -> int:
         """Publish the leading blocks `block_ids` (a request's local hit: `digests` and `token_ids` of the same

@@ -136,3 +136,19 @@ def test_the_lease_bounds_what_is_published_and_an_expired_block_is_recomputed(c
     assert loaded["loaded_blocks"] == 0 and loaded["load_failures"] == 0
     ray.kill(a)
 
+
+
+def test_a_lookup_asks_the_directory_only_for_blocks_worth_a_round_trip(cluster, prompts, expected):
+    from hf_paged.kv_transfer import TransferCostModel
+    from hf_paged.kv_transfer.hot_blocks import ASK_FACTOR
+    from tests.tiny_models import ragged_prompts, run_engine
+
+    b, _ = sharing_engine("share-ask")
+    connector = b.scheduler.kv_transfer
+    connector.cost = TransferCostModel(prefill_prior=8000.0, learn=False)  # 8 tokens: 1 ms, under 4 round trips
+    peers = connector.hot.store
+    assert ASK_FACTOR * 1e-3 * 8000.0 == 32  # (the prior round trip: 1 ms) -> more than 32 tokens are worth asking
+    run_engine(b, ragged_prompts([12], seed=43), MAX_NEW)  # one block past its (empty) hit: no round trip
+    assert peers.num_syncs == 0
+    assert run_engine(b, prompts[:1], MAX_NEW) == expected[:1]  # five blocks (40 tokens): one round trip
+    assert peers.num_syncs == 1
