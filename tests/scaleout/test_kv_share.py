@@ -152,3 +152,41 @@ def test_a_lookup_asks_the_directory_only_for_blocks_worth_a_round_trip(cluster,
     assert peers.num_syncs == 0
     assert run_engine(b, prompts[:1], MAX_NEW) == expected[:1]  # five blocks (40 tokens): one round trip
     assert peers.num_syncs == 1
+
+
+def test_engine_replicas_built_with_kv_share_share_and_count_it_in_metrics(cluster):
+    """The deployment's own replica class (`deploy(kv_share=True)` builds it; here outside Serve): B answers A's
+    hot prompt as A does, from A's blocks, and its /metrics count them."""
+    import asyncio
+    import json
+    import re
+
+    from hf_paged.scaleout.asgi import HttpCall, ResponseStart
+    from hf_paged.scaleout.deploy import EngineReplica
+    from hf_paged.scaleout.spec import ReplicaSpec
+
+    spec = ReplicaSpec(kv_share=True, kv_directory="share-replicas", paged={"block_size": 16}, torch_threads=1)
+    body = json.dumps({"model": spec.name, "prompt": "The paged cache keeps every block. " * 6, "max_tokens": 4,
+                       "temperature": 0}).encode()
+
+    async def complete(replica) -> str:
+        items = [item async for item in replica.forward(
+            HttpCall("POST", "/v1/completions", headers=((b"content-type", b"application/json"),), body=body))]
+        assert isinstance(items[0], ResponseStart) and items[0].status == 200, items
+        return json.loads(b"".join(items[1:]))["choices"][0]["text"]
+
+    async def scenario():
+        a, b = EngineReplica(spec), EngineReplica(spec)
+        try:
+            first, second = await complete(a), await complete(a)  # the second is a hit: A publishes the blocks
+            a.kv_store.flush()
+            assert await complete(b) == first == second
+            text = (await b.metrics()).text
+            tokens = re.search(r'^hf_paged:kv_transfer_loaded_tokens_total\{[^}]*\} (\S+)$', text, re.M)
+            blocks = re.search(r'^hf_paged:kv_transfer_loaded_blocks_total\{[^}]*\} (\S+)$', text, re.M)
+            assert tokens and blocks and float(tokens.group(1)) == 16 * float(blocks.group(1)) > 0, text[-800:]
+        finally:
+            for replica in (a, b):
+                replica.engine.loop.shutdown()
+
+    asyncio.run(scenario())
