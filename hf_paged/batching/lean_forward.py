@@ -14,6 +14,14 @@ records what it is given (every layer's q, k, v, scaling and sliding window); lo
 So an adapter, a patched or kernelized module, a module class we do not know, or a transformers release whose
 modules compute differently keeps the stock forward; so do forward hooks, per-instance forwards (accelerate's
 dispatch, tensor parallelism) and `module.compile()`, checked at each forward.
+
+The last layer runs its o_proj, MLP and final norm on the rows whose logits are kept only (`prune`), where that
+gives the same bits: fp32 on the CPU with one torch thread, where a matmul's row does not depend on the other rows
+once there are at least `MIN_PRUNED_ROWS` (MKL takes other kernels below, so fewer kept rows are padded with other
+rows up to it; with several threads the rows are split among them and the rule breaks), and row widths that are
+multiples of `_ROW_MULTIPLE` (elementwise ops never reach their scalar tail loop, whose transcendentals may round
+otherwise). A prefill chunk's rows whose logits nobody reads then skip ~1/layers of the step's matmuls. The
+self-check probes the pruned path too (built with one thread); where it disagrees, `prune` stays off.
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ _FAMILIES: dict[str, Callable[[torch.nn.Module], int | None]] = {
     "mistral": lambda attn: getattr(attn.config, "sliding_window", None),
 }
 _PROBE = "hf_paged_probe"
+MIN_PRUNED_ROWS = 4  # MKL's sgemm: rows of 1-3 row products differ from the same rows in a larger product
+_ROW_MULTIPLE = 32  # two AVX-512 vectors: ATen's vectorized loops' step (their remainder runs scalar code)
 
 Attend = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, float, "int | None"], torch.Tensor]
 
@@ -104,6 +114,7 @@ class LeanForward:
         self._tree = tuple((child, parent._modules, name) for parent in model.modules()
                            for name, child in parent._modules.items() if child is not None)
         self._root = model
+        self.prune = _prunable(model)  # the last layer after attention runs the kept rows only (module docstring)
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> LeanForward | None:
@@ -114,7 +125,13 @@ class LeanForward:
             lean = cls(model)
         except (AttributeError, TypeError):  # a module of another shape under a known model_type
             return None
-        return lean if lean.usable() and _agrees(model, lean) else None
+        if not lean.usable():
+            return None
+        for prune in (lean.prune, False) if lean.prune else (False,):  # a pruned path that disagrees: unpruned
+            lean.prune = prune
+            if _agrees(model, lean):
+                return lean
+        return None
 
     def usable(self) -> bool:
         """No module was swapped, hooked or given a per-instance forward since the build (the stock forward runs
@@ -131,18 +148,35 @@ class LeanForward:
         half = sin.shape[-1] // 2
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         tokens = hidden.shape[0]
+        rows = _pruned_rows(keep, tokens) if self.prune and torch.get_num_threads() == 1 else None
+        last = self.layers[-1].attn
         for in_norm, attn, q_proj, k_proj, v_proj, o_proj, window, post_norm, gate, up, down, act in self.layers:
             x = _rms_norm(in_norm, hidden)
             q = _linear(q_proj, x).view(tokens, -1, attn.head_dim)
             k = _linear(k_proj, x).view(tokens, -1, attn.head_dim)
             v = _linear(v_proj, x).view(tokens, -1, attn.head_dim)
             q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-            out = attend(attn, q, k, v, attn.scaling, window).reshape(tokens, -1).contiguous()
-            hidden = hidden + _linear(o_proj, out)
+            out = attend(attn, q, k, v, attn.scaling, window).reshape(tokens, -1)
+            if rows is not None and attn is last:  # every layer stored its keys and values: the rest is per row
+                out, hidden = out[rows], hidden[rows]
+            hidden = hidden + _linear(o_proj, out.contiguous())
             x = _rms_norm(post_norm, hidden)
             hidden = hidden + _linear(down, act(_linear(gate, x)) * _linear(up, x))
         hidden = _rms_norm(self.norm, hidden)
-        return _linear(self.head, hidden[keep])
+        return _linear(self.head, hidden[keep] if rows is None else hidden[: keep.numel()])
+
+
+def _pruned_rows(keep: torch.Tensor, tokens: int) -> torch.Tensor | None:
+    """The rows the last layer runs after attention: `keep`, then other rows up to `MIN_PRUNED_ROWS`; None where
+    that saves no row (a decode step keeps every row)."""
+    count = max(keep.numel(), MIN_PRUNED_ROWS)
+    if count >= tokens:
+        return None
+    if keep.numel() == count:
+        return keep
+    others = torch.ones(tokens, dtype=torch.bool, device=keep.device)
+    others[keep] = False
+    return torch.cat((keep, others.nonzero()[: count - keep.numel(), 0]))
 
 
 def _check_classes(lean: LeanForward, model: torch.nn.Module) -> None:
@@ -157,6 +191,15 @@ def _check_classes(lean: LeanForward, model: torch.nn.Module) -> None:
     if any(type(m) not in (torch.nn.Linear, torch.nn.Embedding) for m in plain) or any(
             not type(m).__module__.startswith(family) for m in own):
         raise TypeError("a module of another class")
+
+
+def _prunable(model: torch.nn.Module) -> bool:
+    """fp32 on the CPU, one torch thread, and every row width of the layers' elementwise ops a multiple of
+    `_ROW_MULTIPLE`."""
+    config, weight = model.config, model.lm_head.weight
+    widths = (config.hidden_size, config.intermediate_size)
+    return (weight.dtype == torch.float32 and weight.device.type == "cpu" and torch.get_num_threads() == 1
+            and all(isinstance(w, int) and w % _ROW_MULTIPLE == 0 for w in widths))
 
 
 def _plain(model: torch.nn.Module) -> bool:
@@ -198,7 +241,9 @@ def _agrees(model: torch.nn.Module, lean: LeanForward) -> bool:
     vocab = model.config.vocab_size
     same = True
     # a prefill-shaped probe and a decode-shaped one (matmuls of one row may take other kernels)
-    for ids, positions, keep in (([1, 7, 3, 11, 5], [0, 1, 2, 9, 40], [1, 4]), ([9], [17], [0])):
+    # (two kept rows of five: the pruned path pads them to four; four of nine: pruned as they are)
+    for ids, positions, keep in (([1, 7, 3, 11, 5], [0, 1, 2, 9, 40], [1, 4]), ([9], [17], [0]),
+                                 ([4, 2, 8, 6, 1, 3, 5, 7, 9], [0, 1, 2, 3, 4, 5, 6, 7, 8], [8, 0, 5, 3])):
         ids = torch.tensor([ids], device=device) % vocab
         positions, keep = torch.tensor([positions], device=device), torch.tensor(keep, device=device)
         try:

@@ -1,0 +1,84 @@
+"""The lean forward's last layer on the kept rows only (`LeanForward.prune`): the same bits as every row, or off."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from hf_paged import Engine, PagedConfig
+from hf_paged.batching.lean_forward import MIN_PRUNED_ROWS, LeanForward, _pruned_rows
+from tests.batching.test_lean_forward import VARIANTS, _logits_of
+from tests.tiny_models import DECODER, ragged_prompts, tiny_model
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen2-sliding", "llama-biases"])
+def test_pruned_logits_equal_the_stock_modules_bit_for_bit(family, one_thread):
+    model = VARIANTS[family]() if family in VARIANTS else tiny_model(family)
+    prompts = ragged_prompts([5, 30, 17, 1, 9, 12])
+    config = PagedConfig(block_size=8, max_num_batched_tokens=24)  # chunked prefills beside decodes
+    lean, stock = Engine(model, config), Engine(model, config)
+    stock.runner.lean = None
+    assert lean.runner.lean is not None and lean.runner.lean.prune
+    rows_run = []
+    forward = lean.runner.lean.__call__
+
+    class Counting:  # the steps that pruned: fewer rows than tokens in the last layer
+        def __call__(self, ids, positions, keep, attend):
+            rows_run.append(_pruned_rows(keep, ids.shape[1]) is not None)
+            return forward(ids, positions, keep, attend)
+
+        def usable(self):
+            return True
+
+    lean.runner.lean = Counting()
+    got, want = _logits_of(lean, prompts), _logits_of(stock, prompts)
+    assert any(rows_run) and len(got) == len(want) > 3
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+def test_matmul_rows_do_not_depend_on_the_other_rows_from_four_rows(one_thread):
+    """What pruning rests on, over every row count a step of the default budget (512) can have: on one thread, the
+    rows of an M-row product (M >= MIN_PRUNED_ROWS) are bit for bit those rows of the 512-row product, for the
+    shapes of the benchmark models and the tiny ones."""
+    torch.manual_seed(0)
+    for k, n in ((256, 256), (256, 128), (256, 704), (704, 256), (256, 1000), (32, 64), (64, 32), (32, 96)):
+        weight, x = torch.randn(n, k), torch.randn(512, k)
+        full = torch.mm(x, weight.t())
+        bad = [m for m in range(MIN_PRUNED_ROWS, 512) if not torch.equal(torch.mm(x[:m], weight.t()), full[:m])]
+        assert bad == [], (k, n, bad[:10])
+
+
+def test_the_rows_a_pruned_layer_runs():
+    keep = torch.tensor([7, 2])
+    rows = _pruned_rows(keep, 10)
+    assert rows[:2].tolist() == [7, 2] and len(rows) == MIN_PRUNED_ROWS == len(set(rows.tolist()))
+    assert _pruned_rows(torch.tensor([3, 1, 0, 5, 6]), 9).tolist() == [3, 1, 0, 5, 6]
+    assert _pruned_rows(torch.tensor([0, 1]), 4) is None  # padding to four rows saves nothing
+    assert _pruned_rows(torch.arange(6), 6) is None  # a decode step keeps every row
+
+
+def test_no_pruning_where_it_could_change_bits(one_thread):
+    torch.manual_seed(0)
+    odd = LlamaForCausalLM(LlamaConfig(**{**DECODER, "intermediate_size": 72})).eval()  # a scalar tail in silu
+    lean = LeanForward.build(odd)
+    assert lean is not None and not lean.prune
+    assert not LeanForward.build(tiny_model("llama").to(torch.bfloat16)).prune
+    torch.set_num_threads(2)  # rows are split among threads: built with two, it never prunes
+    assert not LeanForward.build(tiny_model("llama")).prune
+
+
+def test_a_pruned_path_that_disagrees_falls_back_to_every_row(one_thread, monkeypatch):
+    from hf_paged.batching import lean_forward
+
+    monkeypatch.setattr(lean_forward, "_pruned_rows", lambda keep, tokens: torch.arange(tokens - 1))  # wrong rows
+    lean = LeanForward.build(tiny_model("llama"))
+    assert lean is not None and not lean.prune
