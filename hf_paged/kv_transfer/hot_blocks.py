@@ -19,7 +19,8 @@ from it. A mirror a step stale only costs a recompute. And a miss may sync only 
 local hit take longer to recompute than `ASK_FACTOR` round trips (both measured: the cost model's prefill speed, the
 store's own syncs): a lookup that finds blocks costs a round trip, then the read; one that misses, the round trip
 for nothing. A short prompt (one block past its hit: ~3 ms of prefill here against ~1 ms a round trip) then costs no
-round trip at all (measured: benchmarks/kv_share_results.md).
+round trip (but one lookup in `EXPLORE_EVERY` kept from asking, which measures the round trip again; measured in
+benchmarks/kv_share_results.md).
 Bounds are the directory's leases (blocks and bytes, least recently used out first): a block falls out of the
 directory, and Ray frees it once the mirrors have synced the drop.
 """
@@ -39,6 +40,8 @@ from hf_paged.kv_transfer.stores import KVStore
 __all__ = ["ASK_FACTOR", "HotBlock", "HotBlockPublisher", "PeerStore"]
 
 ASK_FACTOR = 4.0  # a miss syncs only for blocks worth this many round trips of recompute
+EXPLORE_EVERY = 16  # after this many lookups kept from syncing in a row, one may sync (the round trip is measured
+# again: one sync that brought a large change would otherwise keep every later lookup from asking)
 
 
 class PeerStore:
@@ -116,13 +119,18 @@ class HotBlockPublisher:
     def __init__(self, store: PeerStore, saver: BlockSaver, keys: Callable[[Sequence[bytes]], list[bytes]],
                  block_size: int) -> None:
         self.store, self.saver, self._keys, self.block_size = store, saver, keys, block_size
+        self._kept_from_asking = 0  # lookups in a row that `worth_asking` kept from syncing
 
     def worth_asking(self, num_tokens: int, cost: TransferCostModel) -> bool:
         """Whether `num_tokens` past a local hit take longer to recompute than `ASK_FACTOR` round trips to the
         directory (a miss may then sync the mirror: `PeerStore.may_sync`)."""
         round_trip = 1.0 / self.store.sync_seconds.per_second  # (the rate counts round trips per second)
-        self.store.may_sync = num_tokens / cost.prefill.per_second > ASK_FACTOR * round_trip
-        return self.store.may_sync
+        worth = num_tokens / cost.prefill.per_second > ASK_FACTOR * round_trip
+        self._kept_from_asking = 0 if worth else self._kept_from_asking + 1
+        if self._kept_from_asking >= EXPLORE_EVERY:
+            worth, self._kept_from_asking = True, 0
+        self.store.may_sync = worth
+        return worth
 
     def publish(self, digests: Sequence[bytes], token_ids: Sequence[int], block_ids: Sequence[int]) -> int:
         """Publish the leading blocks `block_ids` (a request's local hit: `digests` and `token_ids` of the same

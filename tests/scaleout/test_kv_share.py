@@ -140,7 +140,7 @@ def test_the_lease_bounds_what_is_published_and_an_expired_block_is_recomputed(c
 
 def test_a_lookup_asks_the_directory_only_for_blocks_worth_a_round_trip(cluster, prompts, expected):
     from hf_paged.kv_transfer import TransferCostModel
-    from hf_paged.kv_transfer.hot_blocks import ASK_FACTOR
+    from hf_paged.kv_transfer.hot_blocks import ASK_FACTOR, EXPLORE_EVERY
     from tests.tiny_models import ragged_prompts, run_engine
 
     b, _ = sharing_engine("share-ask")
@@ -152,6 +152,9 @@ def test_a_lookup_asks_the_directory_only_for_blocks_worth_a_round_trip(cluster,
     assert peers.num_syncs == 0
     assert run_engine(b, prompts[:1], MAX_NEW) == expected[:1]  # five blocks (40 tokens): one round trip
     assert peers.num_syncs == 1
+    publisher = connector.hot
+    asked = [publisher.worth_asking(8, connector.cost) for _ in range(EXPLORE_EVERY)]
+    assert asked.count(True) == 1  # one lookup in EXPLORE_EVERY kept from asking measures the round trip again
 
 
 def test_engine_replicas_built_with_kv_share_share_and_count_it_in_metrics(cluster):
