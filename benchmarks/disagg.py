@@ -1,4 +1,4 @@
-"""Prefill/decode disaggregation vs colocated replicas (issue 39): TTFT and inter-token latency under a mixed load.
+"""Prefill/decode disaggregation vs colocated replicas (issue 39): TTFT and inter-token latency under mixed loads.
 
 A smaller run of the issue's measure, as a replay with measured costs: every replica is a real `Engine` (the ~60M
 random Llama of `benchmarks/latency.py`, fp32, one torch thread), stepped in this process; each replica has its own
@@ -6,20 +6,26 @@ clock, advanced by the CPU time (`time.process_time`) of its own steps, so the r
 core each, whatever else the machine runs. Requests arrive on those clocks; a token's time is the clock of the
 replica that produced it after that step.
 
-Load: short requests (64-token prompts, 48 new tokens) arriving every `--gap` seconds, and long prompts (1-2k
-tokens, 8 new tokens) arriving while they decode. Three setups of 2 replicas:
+Load: short requests (`--short-len`-token prompts, 48 new tokens) arriving every `--gap` seconds, and long prompts
+(`--long-len` to 2x that, 8 new tokens) arriving while they decode. Four setups of 2 replicas:
 
   colocated              requests alternate between the replicas; each prefills and decodes
   colocated, chunked     the same with `max_prefill_tokens_per_step` (a long prefill cut into chunks between decodes)
   1 prefill + 1 decode   every request is prefilled (1 token) on the prefill replica, its blocks handed over through
                          a store, then decoded on the decode replica, which loads them (its own measured step time),
                          from the moment the prefill finished on the prefill replica's clock
+  PD, placed             the same, but each prompt's side is decided on arrival by the gateway's own rule
+                         (`hf_paged.scaleout.pd_placement.PlacementLedger`, the object `DisaggGateway` uses): the
+                         prefill replica, or a local prefill on the decode replica in chunks of `--decode-budget`
+                         (its `max_prefill_tokens_per_step`); a placement is released when the prefill replica
+                         finishes it, or when the decode replica emits its first token
 
+The gateway's view is modelled on the replay's clock: a release counts for a decision only once its time has come.
 The hand-over here is an `InProcessStore` (same process); the object store's own cost per block is measured in
 `benchmarks/kv_transfer_results.md` (Ray object store row). Greedy tokens of every request are checked equal across
-the three setups.
+the setups.
 
-    python benchmarks/disagg.py [--shorts 8] [--longs 4] [--out benchmarks/disagg_results.md]
+    python benchmarks/disagg.py [--shorts 8] [--longs 4] [--gap 0.25] [--seeds 0 1 2] [--out FILE]
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 
 import torch
 
@@ -38,8 +45,10 @@ from benchmarks.common import machine, print_table
 from benchmarks.latency import stall_model as build_model
 from hf_paged import Engine, PagedConfig, SamplingParams
 from hf_paged.kv_transfer import InProcessStore
+from hf_paged.scaleout.pd_placement import Placement, PlacementLedger, Side
 
 BLOCK_SIZE = 16
+SETUPS = ("colocated x2", "colocated x2, chunked", "1 prefill + 1 decode", "PD, placed")
 
 
 @dataclass
@@ -50,6 +59,7 @@ class Arrival:
     kind: str  # "short" / "long"
     times: list[float] = field(default_factory=list)  # each token's time
     tokens: list[int] = field(default_factory=list)
+    side: str = ""  # where it was prefilled (PD setups)
 
 
 class Replica:
@@ -70,7 +80,8 @@ class Replica:
             return self.clock
         return max(self.clock, self.pending[0][0]) if self.pending else None
 
-    def step(self) -> None:
+    def step(self) -> list[Arrival]:
+        """One engine step; returns the requests that got their first token in it."""
         if not self.live and self.pending:
             self.clock = max(self.clock, self.pending[0][0])
         while self.pending and self.pending[0][0] <= self.clock:
@@ -80,25 +91,30 @@ class Replica:
         start = time.process_time()
         self.engine.step()
         self.clock += time.process_time() - start
+        first = []
         for rid in list(self.live):
             request = self.engine.requests[rid]
             arrival = self.live[rid]
             new = request.output_ids[len(arrival.tokens):]
+            if new and not arrival.tokens:
+                first.append(arrival)
             arrival.tokens += list(new)
             arrival.times += [self.clock] * len(new)
             if request.ended:
                 self.engine.pop_output(rid)
                 del self.live[rid]
                 self.done.append(arrival)
+        return first
 
 
-def workload(args) -> list[Arrival]:
-    g = torch.Generator().manual_seed(args.seed)
+def workload(args, seed: int) -> list[Arrival]:
+    g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(args.shorts):
-        out.append(Arrival(i * args.gap, torch.randint(3, 32000, (64,), generator=g).tolist(), 48, "short"))
+        out.append(Arrival(i * args.gap, torch.randint(3, 32000, (args.short_len,), generator=g).tolist(), 48,
+                           "short"))
     for i in range(args.longs):
-        n = 1024 + (i * 1024) // max(args.longs - 1, 1)
+        n = args.long_len + (i * args.long_len) // max(args.longs - 1, 1)
         at = (i + 0.5) * args.shorts * args.gap / args.longs
         out.append(Arrival(at, torch.randint(3, 32000, (n,), generator=g).tolist(), 8, "long"))
     return sorted(out, key=lambda a: a.at)
@@ -112,16 +128,20 @@ def config(**overrides) -> PagedConfig:
     return PagedConfig(**{"block_size": BLOCK_SIZE, "num_blocks": 1024, "max_num_batched_tokens": 2048, **overrides})
 
 
-def run_until_done(replicas: list[Replica], on_step=None) -> None:
+def run_until_done(replicas: list[Replica], on_step=None, arrivals: list[Arrival] = (), on_arrival=None) -> None:
+    """Step the replica whose next event comes first; an arrival is handled once every replica's clock reached it."""
+    incoming = sorted(arrivals, key=lambda a: a.at)
     while True:
-        events = [(r.next_event(), i) for i, r in enumerate(replicas)]
-        events = [(t, i) for t, i in events if t is not None]
+        events = [(t, i) for i, r in enumerate(replicas) if (t := r.next_event()) is not None]
+        if incoming and (not events or incoming[0].at <= min(events)[0]):
+            on_arrival(incoming.pop(0))
+            continue
         if not events:
             return
         _, i = min(events)
-        replicas[i].step()
+        first = replicas[i].step()
         if on_step is not None:
-            on_step(replicas[i])
+            on_step(replicas[i], first)
 
 
 def colocated(model, arrivals: list[Arrival], **cfg) -> list[Arrival]:
@@ -132,25 +152,46 @@ def colocated(model, arrivals: list[Arrival], **cfg) -> list[Arrival]:
     return arrivals
 
 
-def disaggregated(model, arrivals: list[Arrival]) -> tuple[list[Arrival], dict]:
+def disaggregated(model, arrivals: list[Arrival], ledger: PlacementLedger | None = None,
+                  **cfg) -> tuple[list[Arrival], dict]:
+    """1 prefill + 1 decode replica. Without a ledger every prompt goes to the prefill replica (the old gateway);
+    with one, each prompt's side is the ledger's decision at its arrival."""
     store = InProcessStore()
-    prefill = Replica(Engine(model, config(), kv_store=store))
-    decode = Replica(Engine(model, config(), kv_store=store))
+    prefill = Replica(Engine(model, config(**cfg), kv_store=store))
+    decode = Replica(Engine(model, config(**cfg), kv_store=store))
     handed: dict[int, Arrival] = {}
-    shadows = []
-    for a in arrivals:
+    placed: dict[int, Placement] = {}
+    releases: list[tuple[float, Placement]] = []  # (time, placement): due once the replay's time reaches it
+
+    def arrive(a: Arrival) -> None:
+        if ledger is not None:
+            for due in [r for r in releases if r[0] <= a.at]:
+                releases.remove(due)
+                ledger.done(due[1])
+            placement = placed[id(a)] = ledger.place(len(a.prompt))
+            a.side = placement.side.value
+            if placement.side is Side.LOCAL:
+                decode.submit(a, a.at)
+                return
+        a.side = a.side or "prefill"
         shadow = Arrival(a.at, a.prompt, 1, a.kind)  # the prefill's own record (one token)
         handed[id(shadow)] = a
-        shadows.append(shadow)
         prefill.submit(shadow, a.at)
 
-    def hand_over(replica: Replica) -> None:
+    def stepped(replica: Replica, first: list[Arrival]) -> None:
         if replica is prefill:
             while prefill.done:
-                shadow = prefill.done.pop()
-                decode.submit(handed[id(shadow)], prefill.clock)  # decodes from the prefill's end on
+                a = handed[id(prefill.done.pop())]
+                decode.submit(a, prefill.clock)  # decodes from the prefill's end on
+                if id(a) in placed:
+                    releases.append((prefill.clock, placed[id(a)]))
+        else:
+            releases.extend((decode.clock, placed[id(a)]) for a in first if placed.get(id(a), None) is not None
+                            and placed[id(a)].side is Side.LOCAL)
 
-    run_until_done([prefill, decode], hand_over)
+    run_until_done([prefill, decode], stepped, arrivals, arrive)
+    for _, placement in releases:
+        ledger.done(placement)  # type: ignore[union-attr]  # (only a ledger's placements are released)
     stats = {k: v for k, v in decode.engine.stats().items() if k.startswith("kv_transfer_")}
     return arrivals, stats
 
@@ -164,7 +205,29 @@ def summarize(arrivals: list[Arrival]) -> dict[str, float]:
     ttft = [a.times[0] - a.at for a in arrivals]
     gaps = [b - a for r in arrivals if r.kind == "short" for a, b in zip(r.times, r.times[1:])]
     return {"ttft_p50": pct(ttft, 0.5), "ttft_p99": pct(ttft, 0.99), "itl_p50": pct(gaps, 0.5),
-            "itl_p99": pct(gaps, 0.99), "itl_max": max(gaps)}
+            "itl_p99": pct(gaps, 0.99), "itl_max": max(gaps),
+            "local": sum(a.side == "local" for a in arrivals), "n": len(arrivals)}
+
+
+def run_seed(model, args, seed: int) -> dict[str, dict]:
+    base = workload(args, seed)
+    results, tokens = {}, {}
+    for name in SETUPS:
+        arrivals = fresh(base)
+        if name == "colocated x2":
+            colocated(model, arrivals)
+        elif name == "colocated x2, chunked":
+            colocated(model, arrivals, max_prefill_tokens_per_step=args.chunk)
+        elif name == "1 prefill + 1 decode":
+            disaggregated(model, arrivals)
+        else:
+            ledger = PlacementLedger(block_size=BLOCK_SIZE, local_budget=args.decode_budget)
+            disaggregated(model, arrivals, ledger, max_prefill_tokens_per_step=args.decode_budget)
+            assert ledger.queued == {Side.PREFILL: 0, Side.LOCAL: 0}, ledger.queued
+        results[name], tokens[name] = summarize(arrivals), [a.tokens for a in arrivals]
+    reference = tokens["colocated x2"]
+    assert all(t == reference for t in tokens.values()), "greedy tokens differ between setups"
+    return results
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,55 +235,59 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shorts", type=int, default=8)
     parser.add_argument("--longs", type=int, default=4)
     parser.add_argument("--gap", type=float, default=0.25, help="seconds between short arrivals")
+    parser.add_argument("--short-len", type=int, default=64, help="tokens of a short prompt")
+    parser.add_argument("--long-len", type=int, default=1024, help="tokens of the shortest long prompt (up to 2x)")
     parser.add_argument("--chunk", type=int, default=256, help="max_prefill_tokens_per_step of the chunked setup")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--decode-budget", type=int, default=32,
+                        help="max_prefill_tokens_per_step of the placed PD setup (the decode side's budget)")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--label", default="", help="a name for this load in the output")
+    parser.add_argument("--out", type=Path, default=None, help="append this load's section to FILE")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     load_before = os.getloadavg()[0]
     model = build_model()
-    base = workload(args)
     warm = Engine(model, config())
-    warm.run([warm.add_request(base[0].prompt, SamplingParams(max_new_tokens=2))])  # kernels loaded, allocator primed
+    warm.run([warm.add_request(workload(args, 0)[0].prompt, SamplingParams(max_new_tokens=2))])  # kernels loaded
 
-    results = {
-        "colocated x2": summarize(colocated(model, (reference_run := fresh(base)))),
-        "colocated x2, chunked": summarize(colocated(model, (chunked := fresh(base)),
-                                                     max_prefill_tokens_per_step=args.chunk)),
-    }
-    pd, transfer = disaggregated(model, (pd_arrivals := fresh(base)))
-    results["1 prefill + 1 decode"] = summarize(pd)
-    reference = [a.tokens for a in reference_run]
-    assert [a.tokens for a in chunked] == reference and [a.tokens for a in pd_arrivals] == reference
-
-    rows = [[name, *(f"{r[k] * 1000:.0f}" for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99", "itl_max")),
-             f"{r['itl_p99'] / r['itl_p50']:.2f}"] for name, r in results.items()]
-    title = (f"{args.shorts} short requests (64-token prompts, 48 new tokens, one every {args.gap} s) and {args.longs} "
-             "long prompts (1-2k tokens, 8 new) arriving among them; 2 replicas, ~60M random Llama, fp32, block size "
-             f"{BLOCK_SIZE}; milliseconds on each replica's own CPU clock:")
-    table = print_table(["setup", "TTFT p50", "TTFT p99", "inter-token p50 (short)", "inter-token p99 (short)",
-                         "inter-token max", "p99 / p50"], rows, title=title)
-    colo = results["colocated x2"]
-    pdr = results["1 prefill + 1 decode"]
-    verdict = (f"Targets (issue 39): PD decode inter-token p99 <= 1.5x its p50: {pdr['itl_p99'] / pdr['itl_p50']:.2f}x; "
-               f"PD TTFT p99 <= 1.5x colocated: {pdr['ttft_p99'] / colo['ttft_p99']:.2f}x. The decode replica loaded "
-               f"{transfer['kv_transfer_loaded_blocks']} blocks ({transfer['kv_transfer_loaded_bytes'] / 2**20:.1f} MiB, "
-               f"{(transfer['kv_transfer_fetch_seconds'] + transfer['kv_transfer_load_seconds']) * 1000:.0f} ms of "
-               "reads and copies) instead of recomputing them; every request's greedy tokens are the same in the "
-               "three setups.")
-    notes = ("Not measured here (left from the issue's list): the live Ray Serve deployment under load (this machine's "
-             "2 cores are shared by ~9 agents: wall-clock latencies of 3+ Ray processes would measure the others), "
-             "the 2,000-request soak with disconnects and a killed prefill replica (the kill and the disconnect are "
-             "tested in tests/scaleout/test_disagg.py). Load average (1 min) of the machine: "
-             f"{load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end (per-process CPU clocks make the "
-             "replay independent of it, up to cache effects).")
+    per_seed = {seed: run_seed(model, args, seed) for seed in args.seeds}
+    rows = []
+    for name in SETUPS:
+        for seed, results in per_seed.items():
+            r = results[name]
+            rows.append([name, seed, *(f"{r[k] * 1000:.0f}" for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99",
+                                                                       "itl_max")),
+                         f"{r['itl_p99'] / r['itl_p50']:.2f}", f"{r['local']}/{r['n']}" if "PD" in name else ""])
+    title = (f"{args.label + ': ' if args.label else ''}{args.shorts} short requests ({args.short_len}-token prompts, "
+             f"48 new tokens, one every {args.gap} s) and {args.longs} long prompts ({args.long_len}-"
+             f"{2 * args.long_len} tokens, 8 new) arriving among them; 2 replicas, ~60M random Llama, fp32, block "
+             f"size {BLOCK_SIZE}; milliseconds on each replica's own CPU clock; seeds {args.seeds}:")
+    table = print_table(["setup", "seed", "TTFT p50", "TTFT p99", "inter-token p50 (short)", "inter-token p99 (short)",
+                         "inter-token max", "p99 / p50", "prefilled locally"], rows, title=title)
+    lines = []
+    for name in ("1 prefill + 1 decode", "PD, placed"):
+        ttft = [per_seed[s][name]["ttft_p99"] / per_seed[s]["colocated x2"]["ttft_p99"] for s in args.seeds]
+        itl = [per_seed[s][name]["itl_p99"] / per_seed[s][name]["itl_p50"] for s in args.seeds]
+        held = max(ttft) <= 1.5 and max(itl) <= 1.5
+        lines.append(f"- {name}: TTFT p99 / colocated's = {', '.join(f'{x:.2f}' for x in ttft)} (median "
+                     f"{median(ttft):.2f}); inter-token p99 / p50 = {', '.join(f'{x:.2f}' for x in itl)} (median "
+                     f"{median(itl):.2f}): both targets (<= 1.5x) {'held on every seed' if held else 'NOT held'}.")
+    verdict = ("Targets (issue 39), per seed:\n" + "\n".join(lines) + "\nEvery request's greedy tokens are the same "
+               "in the four setups (asserted).")
+    command = (f"python benchmarks/disagg.py --shorts {args.shorts} --longs {args.longs} --gap {args.gap} "
+               f"--short-len {args.short_len} --long-len {args.long_len} --chunk {args.chunk} --decode-budget "
+               f"{args.decode_budget} --seeds {' '.join(map(str, args.seeds))}"
+               + (f" --label '{args.label}'" if args.label else "") + (f" --out {args.out}" if args.out else ""))
+    note = (f"`{command}`; load average (1 min) {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
+            "(per-process CPU clocks make the replay independent of it, up to cache effects).")
     print(verdict)
-    print(notes)
+    print(note)
     if args.out:
-        command = (f"python benchmarks/disagg.py --shorts {args.shorts} --longs {args.longs} --gap {args.gap} "
-                   f"--chunk {args.chunk} --out {args.out}")
-        args.out.write_text(f"# Prefill/decode disaggregation vs colocated replicas\n\n`{command}` on {machine()}.\n\n"
-                            f"{table}\n\n{verdict}\n\n{notes}\n")
+        if not args.out.exists():
+            args.out.write_text("# Prefill/decode disaggregation vs colocated replicas\n\nOn "
+                                f"{machine()}; one section per load (`--out` appends).\n")
+        with args.out.open("a") as f:
+            f.write(f"\n## {args.label or 'load'}\n\n{note}\n\n{table}\n\n{verdict}\n")
     return 0
 
 

@@ -1,12 +1,14 @@
 """Prefill/decode disaggregation end to end on a local Ray cluster (num_cpus=2): 1 prefill + 1 decode replica of the
 tiny model behind the gateway. Answers (plain, streamed, n=2, constrained) are compared with the same request served
 by one colocated engine in this process; the decode replica loads the prompt's blocks from Ray's object store; a
-killed prefill replica costs only the recompute."""
+killed prefill replica costs only the recompute; a prompt the gateway places on the decode side (the prefill side
+busy with long prompts) is answered as one engine answers it."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import pytest
 
@@ -16,7 +18,8 @@ from tests.ports import free_port
 ray = pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
 
-PAGED = {"block_size": 16, "num_blocks": 256}
+# max_prefill_tokens_per_step: the decode side's budget, so the gateway may place a prompt's prefill there
+PAGED = {"block_size": 16, "num_blocks": 256, "max_prefill_tokens_per_step": 32}
 PROMPTS = [("Once upon a time, in a quiet town by the sea, there lived an old sailor who told stories. " * 3) + tail
            for tail in ("The first story", "The second story", "A question")]
 
@@ -54,6 +57,9 @@ def endpoint():
 
     from hf_paged.scaleout.deploy import deploy, worker_env
 
+    # Serve kills a proxy not ready within 5 s (its default), which a loaded machine misses: the raylet this starts,
+    # and so the controller, inherit this process's environment
+    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
     ray.init(num_cpus=2, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
     try:
         port = free_port()
@@ -109,6 +115,17 @@ def counter(client, name: str, replicas: int | None = 2) -> float:
     return sum(s.value for f in families for s in f.samples if s.name == f"{name}_total")
 
 
+def placements(endpoint: str) -> tuple[float, float]:
+    """(prompts placed on the decode side, tokens still booked on either side) from the gateway's metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with httpx.Client(base_url=endpoint, timeout=60) as client:
+        local = counter(client, "hf_paged:pd_prefills_local")
+        families = list(text_string_to_metric_families(client.get("/metrics").text))
+    queued = sum(s.value for f in families if f.name == "hf_paged:pd_queued_prefill_tokens" for s in f.samples)
+    return local, queued
+
+
 def num_used_blocks() -> list[int]:
     from ray import serve
 
@@ -151,6 +168,34 @@ def test_disaggregated_answers_equal_one_engine(endpoint, colocated):
         assert counter(client, "hf_paged:pd_prefill_failures") == 0
         loaded = counter(client, "hf_paged:kv_transfer_loaded_blocks")
         assert loaded >= 4 * len(PROMPTS), f"the decode replica loaded {loaded} blocks"
+    assert num_used_blocks() == [0, 0]
+
+
+def test_a_prompt_placed_on_the_decode_side_is_answered_as_one_engine(endpoint, colocated):
+    """Long prompts keep the prefill side busy; a short one sent behind them is placed locally (the placement rule:
+    `tests/scaleout/test_pd_placement.py`), and every answer equals one engine's."""
+    greedy = {"max_tokens": 8, "temperature": 0}
+
+    async def burst(longs: list[str], short: str) -> list:
+        async with httpx.AsyncClient(base_url=endpoint, timeout=120) as client:
+            sends = [asyncio.create_task(client.post("/v1/completions", json={"prompt": p, **greedy}))
+                     for p in longs]
+            await asyncio.sleep(0.02)  # the longs reach the gateway first
+            return await asyncio.gather(*sends, client.post("/v1/completions", json={"prompt": short, **greedy}))
+
+    local = 0.0
+    for attempt in range(5):  # the short must arrive while a long's prefill is in flight: retried if not
+        longs = [f"Round {attempt}, long {i}: " + PROMPTS[i % 3] * 2 for i in range(4)]
+        short = f"Round {attempt}: a short question, asked while the long prompts prefill?"
+        answers = asyncio.run(burst(longs, short))
+        for prompt, r in zip([*longs, short], answers):
+            assert r.status_code == 200, r.text
+            assert texts(r.content) == texts(colocated("/v1/completions", {"prompt": prompt, **greedy}))
+        local, queued = placements(endpoint)
+        assert queued == 0  # every placement released once its prefill (either side) was done
+        if local >= 1:
+            break
+    assert local >= 1, "no prompt was placed on the decode side in 5 bursts"
     assert num_used_blocks() == [0, 0]
 
 
