@@ -11,7 +11,9 @@ automaton, numbers the states the same and counts the same work, so a constraint
                     overlapping   split at every span end (steps += points); each piece: steps += spans scanned,
                                   its seeds the next states of the spans covering it
                     before each piece: steps > max_steps -> 2 (stop); a piece -> intern(the union of its seeds'
-                    closures; steps += their sizes when several, checked after each), steps += 1
+                    closures; steps += their sizes when several, checked after each), steps += 1; a set of
+                    several seeds met before gives its state again (memoised by the seed set: the union, its sort
+                    and its lookup skipped, the same steps counted)
                     after the row: states discovered > max_states -> 1, steps > max_steps -> 2
 
 Returns (status, states, steps, finals, run_ptr, runs): state s's runs are runs[run_ptr[s]:run_ptr[s + 1]], each
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hf_paged.processors.automaton import seed_sets_kernel as seed_sets
 from hf_paged.processors.automaton.dfa_python import subset_construction_python
 from hf_paged.processors.jit import helper, kernel, warm_up
 
@@ -165,6 +168,9 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
     cover = np.empty(256, np.int64)
     seeds = np.empty(1, np.int64)
     points = np.empty(0, np.int64)
+    # sets of several seeds -> their DFA state (`single_id` for one): keys in `seed_keys`, rows (offset, length, state)
+    seed_table, seed_keys, seed_rows, num_sets = np.full(1024, -1, np.int64), np.empty(1024, np.int64), np.empty(
+        (256, 3), np.int64), 0
     status = 0
     generation += 1
     count, final, visited = _closure(start, True, kinds, sp_ptr, eps_ptr, eps_next, look, stamp, generation, stack,
@@ -246,8 +252,20 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
                     continue
                 _sort_small(cover, num_seeds)
                 chosen = cover[:num_seeds]
+            seed_slot, seed_entry = -1, -1
+            if num_seeds > 1:
+                seed_slot, seed_entry = seed_sets.find(seed_table, seed_keys, seed_rows, chosen, num_seeds)
             if num_seeds == 1 and single_id[chosen[0]] != -2:
                 target = single_id[chosen[0]]
+            elif seed_entry >= 0:  # merged before: the same state, the same steps (every seed's closure is known)
+                for j in range(num_seeds):
+                    steps += cl_len[chosen[j]]
+                    if steps > max_steps:
+                        status = 2
+                        break
+                if status != 0:
+                    break
+                target = seed_rows[seed_entry, 2]
             else:
                 # the closures of the seeds (each memoised), merged
                 mark_generation += 1
@@ -324,6 +342,10 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
                                 table[slot] = other
                 if num_seeds == 1:
                     single_id[chosen[0]] = target
+                else:
+                    seed_table, seed_keys, seed_rows = seed_sets.remember(seed_table, seed_keys, seed_rows, num_sets,
+                                                                         seed_slot, chosen, num_seeds, target)
+                    num_sets += 1
             if num_runs == runs.shape[0]:
                 runs = _grow_rows(runs, 2 * num_runs)
             runs[num_runs, 0], runs[num_runs, 1], runs[num_runs, 2] = lo, hi, target

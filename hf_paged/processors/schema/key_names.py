@@ -44,14 +44,8 @@ def _not_in_names(names: tuple[str, ...]) -> Rx:
     or stops at a trie node where no name ends. Both walks of the trie share their characters in the automaton
     (the same text drives them), and every way out reaches one free tail: about one state per trie node, where a
     tail after each way out (`[^..][..]*` at every node) doubles the states and the regex text."""
-    trie: dict = {}
-    for name in names:
-        node = trie
-        for ch in name:
-            node = node.setdefault(ch, {})
-        node[""] = {}
     key_char = Rx(char_class(_KEY_CHARS) or "", 4)
-    leave, short = _walk(trie)
+    leave, short = _walk(tuple(sorted(set(names))))
     quote = raw('"', atomic=True)
     bare = seq(quote, alt([seq(leave, rep(key_char, 0, None)), short]), quote)
     if any('"' in name or "\\" in name for name in names):
@@ -62,11 +56,16 @@ def _not_in_names(names: tuple[str, ...]) -> Rx:
     return alt([bare, escaped])  # type: ignore[return-value]
 
 
-def _walk(node: dict) -> tuple[Rx | None, Rx | None]:
-    """(keys leaving the trie at `node` or below, keys ending there or below): `alt` of `seq(lit(c), ...)` per kid,
-    written as text directly (the same fragments, ~5x faster than through the combinators: an object's names are
-    a trie of ~60 nodes, one of MaskBench's of 7,000)."""
-    leave, leave_cost, leave_compound, short, short_cost, short_compound = _walk_parts(node)
+# The names' trie, walked as sorted suffixes: a node is the sorted, distinct suffixes of the names below it ("" first
+# where a name ends), a kid the suffixes that start with its character, that character cut. Most nodes lie on one
+# name's own tail (a single suffix): its texts are written in one pass (`_tail`), memoised by the suffix.
+
+
+def _walk(suffixes: tuple[str, ...]) -> tuple[Rx | None, Rx | None]:
+    """(keys leaving the trie at the root or below, keys ending there or below): `alt` of `seq(lit(c), ...)` per
+    kid, written as text directly (the same fragments, ~5x faster than through the combinators: an object's names
+    are a trie of ~60 nodes, one of MaskBench's of 7,000)."""
+    leave, leave_cost, leave_compound, short, short_cost, short_compound = _walk_parts(suffixes)
     return _alt_of(leave, leave_cost, leave_compound), _alt_of(short, short_cost, short_compound)
 
 
@@ -79,18 +78,40 @@ def _alt_of(parts: list[str], cost: int, compound: bool) -> Rx | None:
     return Rx("(?:" + "|".join(parts) + ")", cost + len(parts), True)
 
 
-def _walk_parts(node: dict) -> tuple[list[str], int, bool, list[str], int, bool]:
+def _kids(suffixes: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
+    """The kids of a node: (character, the kid's suffixes), in character order."""
+    kids: list[tuple[str, tuple[str, ...]]] = []
+    first, group = "", []
+    for suffix in suffixes:
+        if not suffix:
+            continue
+        if suffix[0] != first:
+            if group:
+                kids.append((first, tuple(group)))
+            first, group = suffix[0], []
+        group.append(suffix[1:])
+    if group:
+        kids.append((first, tuple(group)))
+    return kids
+
+
+def _regular(c: str) -> bool:
+    """Whether a key character is spelled bare (quotes, backslashes and control characters need escapes)."""
+    return c >= " " and c != '"' and c != "\\"
+
+
+def _walk_parts(suffixes: tuple[str, ...]) -> tuple[list[str], int, bool, list[str], int, bool]:
     """`_walk`'s alternatives unjoined: (texts, summed cost, whether a single text is compound) for the keys
     leaving, then for the keys ending. The texts are distinct (each starts with its own kid's character; the
     others' class holds none of them), so `alt`'s dropping of duplicates has nothing to drop."""
-    kids = sorted(c for c in node if c)
-    others = _key_chars_but(tuple(kids))
+    kids = _kids(suffixes)
+    others = _key_chars_but(tuple(c for c, _ in kids))
     leave, leave_cost = ([], 0) if others is None else ([others], 4)
-    short: list[str] = [] if "" in node else [""]
+    short: list[str] = [] if suffixes and not suffixes[0] else [""]
     short_cost, leave_compound, short_compound = 0, False, False
-    for c in kids:
-        if c >= " " and c != '"' and c != "\\":
-            below_leave, below_leave_cost, below_short, below_short_cost = _walk_text(node[c])
+    for c, below in kids:
+        if _regular(c):
+            below_leave, below_leave_cost, below_short, below_short_cost = _node_text(below)
             char = escape_text(c)  # (`lit(c)`: cost 1)
             if below_leave is not None:
                 leave.append(char + below_leave)
@@ -103,18 +124,19 @@ def _walk_parts(node: dict) -> tuple[list[str], int, bool, list[str], int, bool]
     return leave, leave_cost, leave_compound, short, short_cost, short_compound
 
 
-def _walk_text(node: dict) -> tuple[str | None, int, str | None, int]:
-    """`_walk` as (text, cost) pairs: the parts joined as `alt` joins them (`_walk_parts` below the root, in one
-    function: most nodes of a names trie have one kid, and the calls were most of the trie's writing)."""
-    kids = sorted(c for c in node if c) if len(node) > 1 else [c for c in node if c]
-    others = _key_chars_but(tuple(kids))
+def _node_text(suffixes: tuple[str, ...]) -> tuple[str | None, int, str | None, int]:
+    """A node below the root as (text, cost) pairs, the keys leaving then the keys ending, joined as `alt` joins."""
+    if len(suffixes) == 1:
+        return _tail(suffixes[0])
+    kids = _kids(suffixes)
+    others = _key_chars_but(tuple(c for c, _ in kids))
     leave, leave_cost = ([], 0) if others is None else ([others], 4)
-    short: list[str] = [] if "" in node else [""]
+    short: list[str] = [] if not suffixes[0] else [""]
     short_cost = 0
-    for c in kids:
-        if c >= " " and c != '"' and c != "\\":
-            below_leave, below_leave_cost, below_short, below_short_cost = _walk_text(node[c])
-            char = c if c.isalnum() and c.isascii() else escape_text(c)  # (`escape_text`'s own shortcut)
+    for c, below in kids:
+        if _regular(c):
+            below_leave, below_leave_cost, below_short, below_short_cost = _node_text(below)
+            char = _bare(c)
             if below_leave is not None:
                 leave.append(char + below_leave)
                 leave_cost += 1 + below_leave_cost
@@ -132,6 +154,37 @@ def _walk_text(node: dict) -> tuple[str | None, int, str | None, int]:
     else:
         short_text = short[0] if short else None
     return leave_text, leave_cost, short_text, short_cost
+
+
+def _bare(c: str) -> str:
+    return c if c.isalnum() and c.isascii() else escape_text(c)  # (`escape_text`'s own shortcut)
+
+
+@lru_cache(maxsize=8192)
+def _tail(suffix: str) -> tuple[str | None, int, str | None, int]:
+    """`_node_text` of a node on one name's own tail (`suffix` still to spell; "" where the name ends), in one pass,
+    memoised. Each character c of the tail is a node with the one kid c (no name ends there): keys leave through
+    the others' class or go on, `(?:[others]|c ...)` (cost 4 + 1 + below + 2); keys end there or go on,
+    `(?:|c ...)` (cost 1 + below + 2), or just "" above the name's own end. Its first character that needs an
+    escape ends the walk: its kid is never spelled (the node's texts: the others' class, and "")."""
+    end = next((k for k, c in enumerate(suffix) if not _regular(c)), None)
+    chain = suffix if end is None else suffix[:end]
+    if end is None:  # the name's end: no kid; keys leave through any character, none may end here
+        leave, leave_cost, short, short_cost = _key_chars_but(()), 4, None, 0
+    else:
+        leave, leave_cost, short, short_cost = _key_chars_but((suffix[end],)), 4, "", 0
+    if not chain:
+        return leave, leave_cost, short, short_cost
+    parts: list[str] = []
+    for c in chain:
+        others = _key_chars_but((c,))
+        assert others is not None, "the key characters are more than one"
+        parts += ("(?:", others, "|", _bare(c))
+    leave_text = "".join(parts) + leave + ")" * len(chain)  # type: ignore[operator]
+    spelled = [_bare(c) for c in chain]
+    closed = len(chain) if short is not None else len(chain) - 1  # (above the name's end: "" only)
+    short_text = "".join(f"(?:|{char}" for char in spelled[:closed]) + (short or "") + ")" * closed
+    return leave_text, leave_cost + 7 * len(chain), short_text, short_cost + 3 * closed
 
 
 @lru_cache(maxsize=4096)
