@@ -14,12 +14,15 @@ of P prompt tokens:
                 and work(r) <= balance_factor * mean work + mean request            (long run: decayed work)
     key       = the request's block at the deepest match;  wanted = replicas its share of recent work calls for
 
-    nobody matches                              -> the lightest of 4 random replicas            NO_MATCH
-    no replica is affine                        -> the same, less what each one's match saves   LOW_GAIN
+    nobody matches                              -> the lightest replica                         NO_MATCH
+    no replica is affine                        -> the lightest, less what each one's match     LOW_GAIN
+                                                   saves beyond the shared part
     the key's holders < wanted and the lightest
-      of 4 others is lighter than they are      -> that replica (it joins the key)              HOT_ADMIT
+      other is lighter than they are, less
+      the prefill each one's match saves        -> that replica (it joins the key)              HOT_ADMIT
     some affine replica fits                    -> the fitting one that saves most              AFFINITY / HOT_SPREAD
-    otherwise                                   -> the lightest of 4 random replicas            IMBALANCED
+    otherwise                                   -> the affine ones and 4 random others: the     IMBALANCED
+                                                   lightest less what its match saves
 
 "Mean request" is the decayed mean work of a routed request (uncached prompt + output budget), so one default holds
 for 500-token and 30k-token prompts: a holder may run one request ahead of the candidates' mean load, plus
@@ -28,9 +31,19 @@ a bound on it tightens as the cluster grows). The work bound is consistent hashi
 al.): queued tokens are near zero everywhere in a lightly loaded cluster, so the queue test alone lets sticky
 affinity pile work on the replicas that caught popular prefixes; bounding the decayed work a replica was sent keeps
 max/mean near `balance_factor`, and a prefix that overflows its holders gains another (IMBALANCED). A shared
-preamble is never a key, so it is neither affinity nor hot. Load is in tokens (prompt still to compute + output
-budget): the replica's last report, plus what this router sent since (its uncached part), minus what finished since
-(`replica_view.py`).
+preamble is never a key, so it is neither affinity nor hot.
+
+Load is in tokens (prompt still to compute + output budget): the replica's last report, plus what this router sent
+since (its uncached part), minus what finished since (`replica_view.py`).
+
+"Lightest" is by weight (decayed work + load, tokens): for NO_MATCH and LOW_GAIN over every candidate (one router
+counts each choice at once, `book`, so the lightest moves as it routes; 4 random ones would leave a replica that drew
+a 100k-token prompt among the draws 1 time in 25 at 100 replicas). Long prompts (Mooncake's synthetic trace at 100
+replicas: up to 191k tokens, 0.7x a replica's mean work, 36 requests a replica) set three rules: an IMBALANCED
+choice weighs every drawn replica less the prefill its match saves, holders included (recomputing a long prompt
+elsewhere only moves the imbalance); a hot prefix admits a replica only when it is lighter even after recomputing
+what the holders have; and a prefix's traffic is what its requests cost at its holders (beyond the deepest match),
+so admitting a replica, which recomputes the prefix, does not make the prefix look hotter.
 
 A choice counts from the moment it is made (`book`: its blocks as pending on the replica, its load and work), so
 requests routed while the replica has not yet accepted it see it; `on_routed` confirms it (or moves it, when the
@@ -40,6 +53,7 @@ replicas go to a random one (the router's seeded draws), not always to the first
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections import Counter
@@ -53,7 +67,7 @@ __all__ = ["CacheAwareRouter", "RouteReason", "RouteRequest", "RouterConfig", "R
 
 
 _RESCALE_AT = 1e100
-NUM_CHOICES = 4  # replicas drawn when routing by load (d random choices, the lightest first)
+NUM_CHOICES = 4  # replicas offered when routing by load (the lightest first: the rest are fallbacks)
 
 
 class CacheAwareRouter:
@@ -186,11 +200,13 @@ class CacheAwareRouter:
         wanted = self.traffic.replicas_wanted(key, len(self._replicas), cfg.hot_threshold)
         fitting = self._fitting(affine, pool)
         holders = sum(m == best for m in matches)
+        saved = {r: min(m * cfg.block_size, prompt) for r, m in zip(pool, matches)}  # prefill each one saves
         if holders < wanted:
             others = [r for r, m in zip(pool, matches) if m < best]
             if others:
                 newcomer = self._choices(others)[0]
-                if not fitting or self._weight(newcomer) < min(self._weight(r) for r, _ in fitting):
+                after = self._weight(newcomer) - saved[newcomer]  # lighter even after computing what holders have
+                if not fitting or after < min(self._weight(r) - saved[r] for r, _ in fitting):
                     ranked = [newcomer, *(r for r, _ in fitting)]
                     return self._decide(ranked, RouteReason.HOT_ADMIT, key, wanted, digests)
         if fitting:
@@ -200,8 +216,10 @@ class CacheAwareRouter:
             fitting.sort(key=lambda rg: (-rg[1], rg[0].load, self._weight(rg[0])))  # most saved, then lightest
             ranked = [r for r, _ in fitting[:2]]
             return self._decide([*ranked, *self._choices(pool)], reason, key, wanted, digests)
-        small = {r: g for r, g in by_gain.items() if g < floor}  # the affine ones are past a bound: no bonus
-        return self._decide(self._choices(pool, small), RouteReason.IMBALANCED, key, wanted, digests)
+        # Past a bound: the affine replicas against NUM_CHOICES random others, the lightest after taking it first
+        drawn = dict.fromkeys([*(r for r, _ in affine), *self._rng.sample(pool, min(len(pool), NUM_CHOICES))])
+        ranked = sorted(drawn, key=lambda r: self._weight(r) - saved[r])
+        return self._decide(ranked, RouteReason.IMBALANCED, key, wanted, digests)
 
     def book(self, request: RouteRequest, replica_id: Hashable) -> None:
         """Count `request` on `replica_id` from now, before the replica accepted it: its blocks as pending there,
@@ -264,9 +282,12 @@ class CacheAwareRouter:
             booking.confirmed = True
             replica.drop_pending(booking.digests)
             replica.sent.update(booking.digests)
-        if decision is not None and decision.prefix_key is not None:
-            self.traffic.track(decision.prefix_key)
-        self.traffic.add(request.digests, booking.added)
+        key = decision.prefix_key if decision is not None else None
+        if key is not None:
+            self.traffic.track(key)
+        # What the request costs where its prefix is cached (beyond the deepest match), not what this choice cost
+        depth = _position(request.digests, key) + 1 if key is not None else 0
+        self.traffic.add(request.digests, min(booking.added, self._work_of(request, depth)) if depth else booking.added)
         if decision is not None:
             self.num_routed[decision.reason] += 1
 
@@ -336,13 +357,13 @@ class CacheAwareRouter:
         return replica.work / self._unit + replica.load
 
     def _choices(self, pool: list[ReplicaView], gains: dict[ReplicaView, int] | None = None) -> list[ReplicaView]:
-        """`NUM_CHOICES` distinct replicas drawn at random, the lightest first: weight (recent work + load) less the
-        prefill the replica's match saves, when it saves some."""
-        # A random order either way: exact ties go to a random replica (the sort below is stable)
-        drawn = self._rng.sample(pool, min(len(pool), NUM_CHOICES))
+        """The `NUM_CHOICES` lightest of `pool`, lightest first: weight (recent work + load) less the prefill the
+        replica's match saves, when it saves some."""
+        # A random order first: exact ties go to a random replica (the sort below is stable)
+        drawn = self._rng.sample(pool, len(pool))
         if not gains:
-            return sorted(drawn, key=self._weight)
-        return sorted(drawn, key=lambda r: self._weight(r) - gains.get(r, 0))
+            return heapq.nsmallest(NUM_CHOICES, drawn, key=self._weight)
+        return heapq.nsmallest(NUM_CHOICES, drawn, key=lambda r: self._weight(r) - gains.get(r, 0))
 
     def _rescale(self) -> None:
         for replica in self._replicas.values():
@@ -361,3 +382,8 @@ class CacheAwareRouter:
             replica_ids=[r.replica_id for r in unique], reason=reason, num_cached_blocks=unique[0].match(digests),
             prefix_key=key, num_replicas_wanted=wanted,
         )
+
+
+def _position(digests: Sequence[Hashable], key: Hashable) -> int:
+    """Index of `key` in `digests` (chained: it occurs once), -1 when absent."""
+    return next((i for i, d in enumerate(digests) if d == key), -1)
