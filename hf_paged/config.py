@@ -76,7 +76,7 @@ class PagedConfig:
     # -- prefix sharing ------------------------------------------------------------------------------
     enable_prefix_caching: bool = True
     # "lru" | "lfu" | "cost" (recompute cost x decayed reuse, remembered after eviction) | "slru" (LRU, reused
-    # prefixes and what extends them protected for a pool turnover); cache/eviction_policy.py
+    # prefixes and what extends them protected for two pool turnovers); cache/eviction_policy.py
     prefix_eviction_policy: str = "lru"
     # most of the pool that pinned prefixes (`Engine.pin_prefix`) may hold, as a share of its blocks
     prefix_pin_share: float = 0.5
