@@ -40,6 +40,7 @@ POLICIES = ("lru", "lfu", "lru2", "2q", "oracle")
 #   window:W      online: least recent first by a clock of pool turnovers, a block whose prefix was used twice
 #                 (ghost-aware) counting as touched W turnovers later (ages by construction)
 #   window+:W     window:W where a block that extends a reused prefix counts as reused too (a chat's new turn)
+#   slru+:F       slru:F with the same extension rule
 EXTRA = ("oracle_dead", "oracle_count", "gap")
 
 
@@ -60,7 +61,7 @@ def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
              block: int = BLOCK) -> float:
     """Prompt tokens served from the cache / prompt tokens, for `policy` in `POLICIES`."""
     name, _, arg = policy.partition(":")
-    if policy not in POLICIES + EXTRA and not (name in ("slru", "window", "window+") and arg):
+    if policy not in POLICIES + EXTRA and not (name in ("slru", "slru+", "window", "window+") and arg):
         raise ValueError(f"policy must be one of {POLICIES + EXTRA}, slru:F or window:W, got {policy!r}")
     param = float(arg) if arg else 0.0
     ids: dict[tuple[int, tuple[int, ...]], int] = {}
@@ -98,7 +99,7 @@ def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
             return (previous[b], cached[b], -depth[b])
         if policy == "2q":
             return (min(used[b], 2), cached[b], -depth[b])
-        if name == "slru":
+        if name.startswith("slru"):
             return (b in protected, cached[b], -depth[b])
         if name.startswith("window"):
             return (stamp[b], cached[b], -depth[b])
@@ -125,10 +126,14 @@ def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
             inherit = reused and inherits
             if name.startswith("window"):
                 stamp[b] = stored / num_blocks + (param if reused else 0.0)
-        for b in reversed(path):  # deepest first: slru demotes the end of a prefix before its start
-            if name == "slru" and used[b] >= 2:
-                protected.pop(b, None)
-                protected[b] = None  # most recent last
+        inherit, promote = False, []
+        for b in path:
+            inherit = (used[b] >= 2 or inherit) and (inherits or name == "slru+")
+            if name.startswith("slru") and (used[b] >= 2 or inherit):
+                promote.append(b)
+        for b in reversed(promote):  # deepest first: slru demotes the end of a prefix before its start
+            protected.pop(b, None)
+            protected[b] = None  # most recent last
 
     for i, (prompt, output) in enumerate(zip(prompts, outputs)):
         chain = prompt_chains[i]
@@ -171,7 +176,7 @@ def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
                     children[parent[b]] += 1
             cached[b] = i
         touch(done_chains[i])
-        if name == "slru":
+        if name.startswith("slru"):
             while len(protected) > param * num_blocks:  # demote the least recent protected block
                 del protected[next(iter(protected))]
     return hits / total if total else 0.0

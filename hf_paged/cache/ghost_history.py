@@ -2,10 +2,10 @@
 
 A cached block leaves the tree with its statistics; when its prefix comes back it would start from nothing, so a
 document asked about every few pool turnovers looks like a one-off prompt each time (LFU's counts restart at 1).
-The tree keeps the evicted blocks' digests with what the policy asks to remember (`CostPolicy.remember`: reuse and
-when it was counted), and hands it back when a block with that digest is cached again (ARC's ghost lists, in
-spirit). Bounded: at most `capacity` entries, the least recently evicted dropped first. Only policies that set
-`remembers_evicted` get one; LRU and LFU pay nothing.
+The tree keeps the evicted blocks' digests with what the policy asks to remember (`CostPolicy.remember` and
+`SLRUPolicy.remember`: uses and when they were counted), and hands it back when a block with that digest is cached
+again (ARC's ghost lists, in spirit). Bounded: at most `capacity` entries, the least recently evicted dropped
+first. Only policies that set `remembers_evicted` get one; LRU and LFU pay nothing.
 """
 
 from __future__ import annotations
