@@ -1,7 +1,10 @@
-"""The "cost" eviction policy and the ghost history: exact eviction orders on hand-made trees, bounded ghosts that
-give a returning prefix its count back, config checks, and greedy outputs equal to LRU's in the engine."""
+"""The "cost" and "slru" eviction policies and the ghost history: exact eviction orders on hand-made trees, bounded
+ghosts that give a returning prefix its count back, aging, random traffic, config checks, and greedy outputs equal
+to LRU's in the engine."""
 
 from __future__ import annotations
+
+import random
 
 import pytest
 
@@ -283,3 +286,28 @@ def test_slru_arguments_and_config():
     for bad in ({"protect": -1}, {"protect": True}, {"ghost_factor": 1.5}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             SLRUPolicy(**bad)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_slru_random_traffic_keeps_the_tree_consistent_and_serves_true_prefixes(seed):
+    rng = random.Random(seed)
+    pool = BlockPool(12)
+    cache = RadixCache(pool, block_size=2, policy=SLRUPolicy(protect=0.5, ghost_factor=1))
+    heads = [[rng.randrange(4) for _ in range(rng.randrange(2, 7))] for _ in range(4)]  # shared prefixes
+    for _ in range(60):
+        tokens = rng.choice(heads) + [rng.randrange(4) for _ in range(rng.randrange(0, 6))]
+        hit = cache.match(tokens)
+        served = [t for b in hit.block_ids for t in cache._node_of_block[b].token_ids]  # what the blocks hold
+        assert served == list(tokens[: hit.num_tokens])
+        pool.incref(hit.block_ids)
+        new = pool.allocate(-(-len(tokens) // 2) - len(hit.block_ids))
+        assert new is not None
+        cache.insert(tokens, hit.block_ids + new)
+        pool.free(reversed(hit.block_ids + new))
+        if rng.random() < 0.2:  # another user of the pool takes a few blocks for a while
+            taken = pool.allocate(rng.randrange(1, 6))
+            assert taken is not None
+            pool.free(taken)
+        cache.check_integrity()  # values never above a parent's, every idle block queued, ghosts bounded
+        assert len(cache.ghosts or ()) <= 12
+    assert cache.num_evicted > 0 and cache.ghosts is not None and cache.ghosts.num_restored > 0
