@@ -1,4 +1,4 @@
-"""Prefix-cache eviction policies side by side (issue 41, point 3): LRU vs LFU vs cost, one run, embedded model.
+"""Prefix-cache eviction policies side by side (issue 41, point 3): LRU vs LFU vs cost vs slru, embedded model.
 
 Workloads (token ids drawn from a seeded generator; requests run one after another in trace order, so a request's
 hits depend only on the policy and the trace, never on batching or timing: hit rates are deterministic):
@@ -9,16 +9,19 @@ hits depend only on the policy and the trace, never on batching or timing: hit r
                turn t's prompt = turn t-1's prompt + its greedy answer + a new 40-120-token message.
   shared-docs  8 documents (300-800 tokens) with Zipf(1) popularity, 64 questions about them mixed with one-off
                prompts (200-500 tokens, 40% of requests), in random order.
+  chat-zipf    (added after the policies were designed, as a check) 16 users of Zipf(1) activity, each with its own
+               number of turns (1 + geometric, mean 5, at most 14), 20-200-token messages.
+  support-mix  (likewise) 8 chat users, questions about 4 documents and one-offs mixed, 45/35/20% of 72 requests.
 
-chat and shared-docs run with the pool at 25% and at 50% of their working set (the blocks the prefix cache holds
+All but docs-bursts run with the pool at 25% and at 50% of their working set (the blocks the prefix cache holds
 at the end of the same trace run with a pool that never evicts), each under several seeds. Reported per policy:
-prefix hit rate (prompt tokens served from the cache / prompt tokens), prompt tokens computed, and CPU seconds
-relative to LRU's on the same trace (process time, one torch thread, the policies interleaved). Greedy outputs
+prefix hit rate (prompt tokens served from the cache / prompt tokens), prompt tokens computed, tokens (prompt +
+new) per CPU second, and CPU seconds relative to LRU's on the same trace (process time, one torch thread, the policies interleaved). Greedy outputs
 must be identical across policies (eviction changes only what is recomputed); the run fails if they are not.
 The headroom: `prefix_oracle.py` replays the same prompts through a block-level model of the cache under LRU and
 under Belady's MIN (furthest next use first, knowing the future): "oracle - lru" is what any policy could gain.
 
-    python benchmarks/prefix_eviction.py [--seeds 3] [--quick]
+    python benchmarks/prefix_eviction.py [--seeds 3] [--workloads chat,shared-docs,...] [--quick]
 """
 
 from __future__ import annotations
