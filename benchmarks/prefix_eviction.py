@@ -10,7 +10,7 @@ hits depend only on the policy and the trace, never on batching or timing: hit r
   shared-docs  8 documents (300-800 tokens) with Zipf(1) popularity, 64 questions about them mixed with one-off
                prompts (200-500 tokens, 40% of requests), in random order.
   chat-zipf    (added after the policies were designed, as a check) 16 users of Zipf(1) activity, each with its own
-               number of turns (1 + geometric, mean 5, at most 14), 20-200-token messages.
+               number of turns (1 + a geometric count, mean ~4.5, at most 14), 20-200-token messages.
   support-mix  (likewise) 8 chat users, questions about 4 documents and one-offs mixed, 45/35/20% of 72 requests.
 
 All but docs-bursts run with the pool at 25% and at 50% of their working set (the blocks the prefix cache holds
@@ -101,7 +101,7 @@ def shared_docs(seed: int, num_requests: int) -> list[Turn]:
 
 def chat_zipf(seed: int, users: int) -> list[Turn]:
     """Chat the policies were not designed on: users of unequal activity (Zipf(1) weights), each with its own number
-    of turns (1 + geometric, mean 5, at most 14), messages of 20-200 tokens; the next turn is drawn among the users
+    of turns (1 + a geometric count, mean ~4.5, at most 14), 20-200-token messages; the next turn is drawn among the users
     with turns left, by weight."""
     rng = random.Random(seed)
     system = tokens(rng, 128)
