@@ -76,6 +76,7 @@ class Result:
     report_bytes_s: float = 0.0  # ours: report bytes (summaries + events) a second per replica
     reports_s: float = 0.0  # ours: report messages (summaries + non-empty event batches) a second per replica
     event_share: float = 0.0  # ours: the share of those bytes that are events
+    max_work_tokens: int = 0  # tokens the busiest replica computed (0 in results written before this field)
 
 
 def build_workload(name: str, num_replicas: int, seed: int, load: float, trace_block_size: int) -> Workload:
@@ -210,7 +211,7 @@ def simulate(policy_cls, num_replicas: int, seed: int, load: float = 0.8, *, wor
         ideal_hit_rate=_ideal_hits(finished, warm, bs) / prompt_tokens,
         p50_ttft_s=ttfts[len(ttfts) // 2] if enough else None,
         p99_ttft_s=ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))] if enough else None,
-        mean_ttft_s=sum(ttfts) / len(ttfts), max_over_mean=max(work) / (sum(work) / len(work)),
+        mean_ttft_s=sum(ttfts) / len(ttfts), max_over_mean=max(work) / (sum(work) / len(work)), max_work_tokens=max(work),
         utilization=sum(r.busy_s for r in replicas) / (span * num_replicas),
         route_us=policy.route_s / len(finished) * 1e6 if isinstance(policy, Ours) else 0.0,
         sim_s=time.perf_counter() - wall,
@@ -242,11 +243,13 @@ def _run(args: tuple) -> Result:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.routing.report import machine, report, summary, verdicts
+    from benchmarks.routing.report import machine, paired, report, summary, verdicts
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--replicas", type=int, nargs="+", default=[8, 32, 100])
-    parser.add_argument("--seeds", type=int, default=3, help="seeds 0 .. N-1; tables give the mean and min-max")
+    parser.add_argument("--seeds", type=int, default=3, help="N seeds from --first-seed; tables give the mean and "
+                        "min-max")
+    parser.add_argument("--first-seed", type=int, default=0, help="the first seed (to add seeds to an earlier run)")
     parser.add_argument("--workloads", nargs="*", default=WORKLOADS, help=f"any of {WORKLOADS} (none: --trace only)")
     parser.add_argument("--trace", type=Path, nargs="*", default=[], help="Mooncake-format JSONL traces to replay")
     parser.add_argument("--trace-block-size", type=int, default=512, help="tokens per hash_ids block of --trace")
@@ -267,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     workloads = [*args.workloads, *(f"trace:{p}" for p in args.trace)]
     wall = time.perf_counter()
     jobs = [(cls, n, seed, args.load, w, args.cache_tokens, args.trace_block_size)
-            for w in workloads for n in args.replicas for cls in args.policies for seed in range(args.seeds)]
+            for w in workloads for n in args.replicas for cls in args.policies
+            for seed in range(args.first_seed, args.first_seed + args.seeds)]
     sink = open(args.json, "a") if args.json is not None else None  # noqa: SIM115 (closed below)
 
     def done(index: int, r: Result) -> None:
@@ -281,8 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     results: list = [None] * len(jobs)
     order = sorted(range(len(jobs)), key=lambda i: (-jobs[i][1], jobs[i][0] != "Ours"))  # the longest runs first
     if args.from_json:
-        results = [Result(**json.loads(line)) for path in args.from_json for line in path.read_text().splitlines()
-                   if line.strip()]
+        merged = [Result(**json.loads(line)) for path in args.from_json for line in path.read_text().splitlines()
+                  if line.strip()]  # a run found twice (same workload, size, policy, seed): the later file's
+        results = list({(r.workload, r.num_replicas, r.policy, r.seed): r for r in merged}.values())
         kinds = [w.replace("+", " + ") for w in WORKLOADS]
         names = [c.name for c in POLICIES]
         results.sort(key=lambda r: (kinds.index(r.workload) if r.workload in kinds else len(kinds), r.workload,
@@ -315,6 +320,9 @@ def main(argv: list[str] | None = None) -> int:
         f"Targets held: {held} of {checked}.",
         "",
         *lines,
+        "",
+        *(["Ours against Ray's PrefixCacheAffinityRouter, seed by seed (mean, min..max over seeds):", "", *pairs]
+          if (pairs := paired(results)) else []),
         "",
         f"ours: {statistics.fmean(ours):.0f} us a routing decision on average (wall time)" if ours else "",
         f"simulated in {time.perf_counter() - wall:.1f} s",

@@ -7,10 +7,11 @@ import platform
 import statistics
 from collections import defaultdict
 
-__all__ = ["machine", "report", "summary", "verdicts"]
+__all__ = ["machine", "paired", "report", "summary", "verdicts"]
 
 OURS = "ours (CacheAwareRouter)"
 ORACLE = "oracle (true caches, same bound)"
+RAY = "Ray PrefixCacheAffinity"
 BALANCE = 1.25  # the max/mean work target; a baseline past it buys its hit rate with a hot replica
 
 
@@ -136,3 +137,36 @@ def summary(results: list) -> list[str]:
             f"{'-' if not p99s else '{1:.2f} ({0})'.format(*min(p99s.items(), key=lambda t: t[1]))} | "
             f"{_mean([r.max_over_mean for r in runs[OURS]]):.3f} |")
     return lines
+
+
+def paired(results: list, other: str = RAY) -> list[str]:
+    """Ours minus `other` seed by seed (the same seed gives both the same sessions and arrivals), per workload and
+    cluster size where both ran on >= 2 common seeds: the mean difference and its min..max over seeds. A difference
+    whose min..max straddles 0 is a tie: the seeds do not settle its sign."""
+    runs = {(r.workload, r.num_replicas, r.policy, r.seed): r for r in results}
+    head = ("| workload | replicas | seeds | ours: hit | theirs: hit | ours - theirs, hit points | "
+            "ours - theirs, p99 TTFT ms | ours - theirs, mean TTFT ms | hit rate |")
+    lines = [head, "|" + "---|" * 9]
+    for workload, n in dict.fromkeys((r.workload, r.num_replicas) for r in results):
+        seeds = sorted(s for (w, m, p, s) in runs if (w, m, p) == (workload, n, OURS) and (w, m, other, s) in runs)
+        if len(seeds) < 2:
+            continue
+        ours = [runs[(workload, n, OURS, s)] for s in seeds]
+        theirs = [runs[(workload, n, other, s)] for s in seeds]
+        hit = [100 * (a.hit_rate - b.hit_rate) for a, b in zip(ours, theirs)]
+        p99 = [1e3 * (a.p99_ttft_s - b.p99_ttft_s) for a, b in zip(ours, theirs)
+               if a.p99_ttft_s is not None and b.p99_ttft_s is not None]
+        mean = [1e3 * (a.mean_ttft_s - b.mean_ttft_s) for a, b in zip(ours, theirs)]
+        sign = ("tie (straddles 0)" if min(hit) < 0 < max(hit) else "ours higher, every seed" if min(hit) > 0
+                else "ours lower, every seed" if max(hit) < 0 else "tie")
+        lines.append(f"| {workload} | {n} | {len(seeds)} | {_stat([r.hit_rate for r in ours], 100, '{:.2f}%')} | "
+                     f"{_stat([r.hit_rate for r in theirs], 100, '{:.2f}%')} | {_diff(hit, '{:+.2f}')} | "
+                     f"{_diff(p99, '{:+.1f}')} | {_diff(mean, '{:+.1f}')} | {sign} |")
+    return lines if len(lines) > 2 else []
+
+
+def _diff(values: list[float], fmt: str) -> str:
+    if not values:
+        return "-"
+    return f"{fmt.format(statistics.fmean(values))} ({fmt.format(min(values))}..{fmt.format(max(values))})"
+

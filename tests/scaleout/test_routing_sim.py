@@ -156,3 +156,20 @@ def test_events_between_summaries_are_counted_on_the_wire():
     assert events.reports_s > base.reports_s and rare.report_bytes_s < base.report_bytes_s / 4
     assert dataclasses.replace(rare, sim_s=0, route_us=0) == dataclasses.replace(again, sim_s=0, route_us=0)
     assert all(r.num_requests == base.num_requests for r in (events, rare))
+
+
+def test_paired_differences_are_seed_by_seed_and_a_straddling_range_is_a_tie():
+    from benchmarks.routing.report import OURS, RAY, paired
+
+    def run(policy, workload, seed, hit, p99=1.0):
+        return sim.Result(workload, policy, 8, seed, 1000, hit, 0.9, 0.1, p99, 0.5, 1.0, 0.8, 0.0, 0.0)
+
+    results = [run(OURS, "mix", 0, 0.70), run(RAY, "mix", 0, 0.71), run(OURS, "mix", 1, 0.80, 1.1),
+               run(RAY, "mix", 1, 0.82), run(OURS, "long", 0, 0.70), run(RAY, "long", 0, 0.71),
+               run(OURS, "long", 1, 0.81), run(RAY, "long", 1, 0.80), run(OURS, "long", 2, 0.5)]  # seed 2: unpaired
+    rows = paired(results)[2:]
+    assert len(rows) == 2
+    assert "| mix | 8 | 2 |" in rows[0] and "-1.50 (-2.00..-1.00)" in rows[0] and "+50.0 (+0.0..+100.0)" in rows[0]
+    assert rows[0].endswith("ours lower, every seed |")
+    assert "| long | 8 | 2 |" in rows[1] and "+0.00 (-1.00..+1.00)" in rows[1] and rows[1].endswith("tie (straddles 0) |")
+    assert paired(results[:1]) == []  # one seed: nothing to pair
