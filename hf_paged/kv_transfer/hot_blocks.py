@@ -59,6 +59,7 @@ class PeerStore:
         self._synced = False  # this round's sync done
         self.may_sync = True  # the lookup in progress is worth a round trip (`HotBlockPublisher.worth_asking`)
         self.num_syncs = 0
+        self.num_sync_failures = 0  # syncs that raised (counted as misses: the blocks are recomputed)
         self.sync_seconds = Rate(1e3, 1e-3, 0.9)  # round trips per second (decayed; prior: 1 ms each)
 
     def contains(self, key: bytes) -> bool:
@@ -69,8 +70,13 @@ class PeerStore:
         self._synced = True
         self.num_syncs += 1
         start = time.perf_counter()
-        self._mirror.sync()
-        self.sync_seconds.observe(1, time.perf_counter() - start)
+        try:
+            self._mirror.sync()
+        except Exception:  # noqa: BLE001 -- the directory did not answer (a timeout, it died): a miss, recomputed
+            self.num_sync_failures += 1
+            return False
+        finally:
+            self.sync_seconds.observe(1, time.perf_counter() - start)
         return self._mirror.knows(key)
 
     def knows(self, key: bytes) -> bool:

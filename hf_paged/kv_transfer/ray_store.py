@@ -196,6 +196,7 @@ class RayObjectStore:
         self._lock = threading.Lock()
         self.num_syncs = 0  # round trips to the directory for a miss
         self.num_lost = 0  # reads that failed (the owner died, a timeout): recomputed
+        self.num_sync_failures = 0  # lookups whose sync with the directory failed (answered as misses)
 
     # -- KVStore ------------------------------------------------------------------------------------------
     def contains(self, key: bytes) -> bool:
@@ -204,7 +205,11 @@ class RayObjectStore:
                 return True
             if not self.sync_on_miss:
                 return False
-            self._sync()
+            try:
+                self._sync()
+            except Exception:  # noqa: BLE001 -- the directory did not answer in get_timeout_s: a miss, recomputed
+                self.num_sync_failures += 1
+                return False
             return key in self._known
 
     def get(self, key: bytes) -> memoryview | None:

@@ -35,6 +35,7 @@ def attach_kv_share(engine: Engine, directory: str, *, max_blocks: int | None = 
     if max_blocks is None:
         max_blocks = engine.cache.num_blocks
     store = RayObjectStore(directory, max_blocks=max_blocks, max_bytes=max_bytes)
+    store.directory_stats()  # the directory actor is up (its first start imports torch): no lookup waits for it
     with engine.lock:  # the loop thread may be stepping: swap the connector between steps
         engine.scheduler.kv_transfer = KVConnector(engine.cache, engine.model, PeerStore(store), save_on="hot")
     return store

@@ -193,3 +193,13 @@ def test_engine_replicas_built_with_kv_share_share_and_count_it_in_metrics(clust
                 replica.engine.loop.shutdown()
 
     asyncio.run(scenario())
+
+
+def test_a_directory_that_does_not_answer_is_a_miss_and_the_prompt_is_computed(cluster, prompts, expected):
+    from tests.tiny_models import run_engine
+
+    b, store = sharing_engine("share-dead-directory")
+    ray.kill(store.directory)  # every lookup's sync now raises
+    assert run_engine(b, prompts[:1], MAX_NEW, pool_empty=True) == expected[:1]
+    peers = b.scheduler.kv_transfer.hot.store
+    assert peers.num_sync_failures >= 1 and transfer_stats(b)["loaded_blocks"] == 0
