@@ -216,6 +216,22 @@ def test_a_client_that_leaves_frees_blocks_on_both_sides(endpoint):
     assert num_used_blocks() == [0, 0]
 
 
+def test_the_handover_directory_holds_at_most_one_pool_of_blocks(endpoint):
+    """Regression (the PD soak): the directory's lease was 65,536 blocks / 16 GiB, so every prefilled block stayed in
+    Ray's object store and both replicas' memory grew with the traffic; the lease is one engine pool now."""
+    from hf_paged.kv_transfer.ray_store import NAMESPACE
+    from hf_paged.scaleout.spec import ReplicaSpec
+
+    directory = ray.get_actor(ReplicaSpec().kv_directory, namespace=NAMESPACE)
+    with httpx.Client(base_url=endpoint, timeout=120) as client:
+        for i in range(16):  # ~19 blocks each: more than the 256-block pool in all
+            body = {"prompt": f"Prompt number {i}. " + PROMPTS[i % 3], "max_tokens": 1, "temperature": 0}
+            assert client.post("/v1/completions", json=body).status_code == 200
+    bound, stats = ray.get(directory.__ray_call__.remote(lambda d: (d.max_blocks, d.stats)), timeout=60)
+    assert bound == PAGED["num_blocks"]
+    assert stats.num_blocks <= bound and stats.evicted_blocks > 0, stats
+
+
 def test_a_killed_prefill_replica_costs_only_the_recompute(endpoint, colocated):
     body = {"prompt": "A brand new prompt that no replica has seen before, long enough for some blocks. " * 2,
             "max_tokens": 8, "temperature": 0}
