@@ -185,8 +185,8 @@ def test_engine_replicas_built_with_kv_share_share_and_count_it_in_metrics(clust
             a.kv_store.flush()
             assert await complete(b) == first == second
             text = (await b.metrics()).text
-            tokens = re.search(r'^hf_paged:kv_transfer_loaded_tokens_total\{[^}]*\} (\S+)$', text, re.M)
-            blocks = re.search(r'^hf_paged:kv_transfer_loaded_blocks_total\{[^}]*\} (\S+)$', text, re.M)
+            tokens = re.search(r'^hf_paged:kv_transfer_loaded_tokens_total\{[^}]*\} (\S+)$', text, re.MULTILINE)
+            blocks = re.search(r'^hf_paged:kv_transfer_loaded_blocks_total\{[^}]*\} (\S+)$', text, re.MULTILINE)
             assert tokens and blocks and float(tokens.group(1)) == 16 * float(blocks.group(1)) > 0, text[-800:]
         finally:
             for replica in (a, b):
@@ -203,3 +203,15 @@ def test_a_directory_that_does_not_answer_is_a_miss_and_the_prompt_is_computed(c
     assert run_engine(b, prompts[:1], MAX_NEW, pool_empty=True) == expected[:1]
     peers = b.scheduler.kv_transfer.hot.store
     assert peers.num_sync_failures >= 1 and transfer_stats(b)["loaded_blocks"] == 0
+
+
+def test_the_block_holding_a_prompts_last_token_is_never_published(cluster):
+    from tests.tiny_models import ragged_prompts, run_engine
+
+    a, store = sharing_engine("share-last-token")
+    prompt = ragged_prompts([4 * BS], seed=44)[0]  # 4 full blocks: the 4th holds the last token
+    run_engine(a, [prompt, prompt], MAX_NEW, pool_empty=True)  # the second is a hit on blocks 0..2 (never the 4th)
+    assert transfer_stats(a)["saved_blocks"] == 3
+    keys = a.scheduler.kv_transfer._keys(a.kv.prefix_cache.digests(prompt))
+    store.flush()
+    assert [store.knows(k) for k in keys] == [True, True, True, False]
