@@ -37,3 +37,12 @@ def test_the_flag_reaches_deploy(monkeypatch):
     seen.clear()
     assert main(["serve", "--replicas", "2"]) == 2
     assert seen["kv_share"] is False
+
+
+def test_build_application_refuses_kv_share_beside_prefill_replicas():
+    pytest.importorskip("ray")
+    from hf_paged.scaleout.deploy import build_application
+    from hf_paged.scaleout.spec import ReplicaSpec
+
+    with pytest.raises(ValueError, match="kv_share is for colocated replicas"):
+        build_application(ReplicaSpec(kv_share=True), replicas=3, prefill_replicas=1)
