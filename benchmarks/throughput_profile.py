@@ -3,9 +3,11 @@
     py-spy record --native -r 200 -f raw -o prof.txt -- python benchmarks/throughput.py --only-ours [--workload gqa6]
     python benchmarks/throughput_profile.py prof.txt
 
-Only the samples under the timed `generate_batch` call count (not the model build, the warm-up or imports). Each
-sample goes to the innermost frame that names a category below (a matmul inside `_linear` counts as `_linear`, the
-numba kernel's frames as the kernel launch that called it).
+Only the timed `generate_batch` call's steps count: the samples under the timed call in the calling thread, and the
+engine loop thread's steps (whichever thread holds the loop's turn runs a step; the untimed warm-up runs before,
+in the calling thread). Each sample goes to the innermost frame that names a category below (a matmul inside
+`_linear` counts as `_linear`, the numba kernel's frames as the kernel launch that called it). py-spy samples wall
+time: on a loaded machine the shares are those of the time the threads were running or runnable.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ def fold(path: str) -> tuple[int, Counter]:
         for line in f:
             stack, n = line.rsplit(" ", 1)
             frames = [frame.split(" (")[0] for frame in stack.split(";")]
-            if "timed" not in frames:
+            if "timed" not in frames and not ("EngineLoop._run" in frames and "Engine._run" in frames):
                 continue
             total += int(n)
             hit = next((names[name] for name in reversed(frames) if name in names), "other (engine loop, threads)")
