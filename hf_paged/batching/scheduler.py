@@ -164,7 +164,7 @@ class Scheduler:
         if not out.preempted:  # admitting while preempting would thrash
             left = self._admit(out, prompt_budget)
             budget -= prompt_budget - left
-        out.num_batched_tokens = self.config.max_num_batched_tokens - budget
+        out.num_batched_tokens = sum(item.num_tokens for item in out.scheduled)  # (block loads not counted)
         if self.kv_transfer is not None:
             self.kv_transfer.step_started(out)  # its cost model times prefill steps
         if out.is_empty and self.is_loading:
@@ -231,9 +231,12 @@ class Scheduler:
                 break
             if policy is not None and policy.should_wait(request, inflight):
                 continue  # its prefix is being computed by another request: wait, then hit the cache
-            if self.kv_transfer is not None and request.swapped is None and self.kv_transfer.is_fetching(
-                    request.request_id, self._cache_tokens(request), self.extra_keys(request)):
-                continue  # blocks past its prefix hit are being read from a store: the others go meanwhile
+            if self.kv_transfer is not None and request.swapped is None:
+                load = self.kv_transfer.load_step(request.request_id, self._cache_tokens(request),
+                                                  self.extra_keys(request), budget)
+                budget -= load.num_tokens  # its block writes this step, as prompt tokens of the same cost
+                if load.waiting or budget == 0:
+                    continue  # blocks past its prefix hit are read or written (a share a step): the others go
             if not self._start(request):
                 break  # FCFS: do not let smaller requests overtake one that does not fit
             if admitted and self._waits_for_whole_step(request, budget):

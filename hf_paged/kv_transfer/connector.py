@@ -25,7 +25,6 @@ tree stores or evicts blocks, before the pool reuses them (synchronous: ~0.5 ms 
 
 from __future__ import annotations
 
-import time
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass
 
@@ -36,11 +35,12 @@ from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.tree_nodes import TreeNode
 from hf_paged.errors import InvalidConfigError
 from hf_paged.kv_transfer.block_format import DecodedBlock
-from hf_paged.kv_transfer.codec import ensure_storage, stack_blocks
+from hf_paged.kv_transfer.codec import stack_blocks
 from hf_paged.kv_transfer.cost_model import StepClock, TransferCostModel
-from hf_paged.kv_transfer.fetcher import BlockAsk, BlockFetcher, FetchResult, PendingFetch, read_blocks
+from hf_paged.kv_transfer.fetcher import BlockAsk, BlockFetcher, FetchResult
 from hf_paged.kv_transfer.hot_blocks import HotBlockPublisher, PeerStore
 from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprint
+from hf_paged.kv_transfer.paced_load import LoadStep, PacedLoads
 from hf_paged.kv_transfer.request_digests import RequestDigests
 from hf_paged.kv_transfer.saver import BlockSaver
 from hf_paged.kv_transfer.stores import KVStore
@@ -59,7 +59,7 @@ class KVTransferStats:
     loaded_bytes: int = 0
     loaded_tokens: int = 0  # prompt tokens those blocks hold: prefill tokens not computed
     fetch_seconds: float = 0.0  # reading and checking blobs (in the admitting step, or in the worker thread)
-    load_seconds: float = 0.0  # writing the blocks read into the pool and the prefix tree (in the admitting step)
+    load_seconds: float = 0.0  # the step's part of loads: a read there, writing into the pool and the prefix tree
     load_failures: int = 0  # loads that fell short of what the store announced (then recomputed)
     rejected_blocks: int = 0  # blobs refused (corrupt, another layout) and deleted
     saved_blocks: int = 0  # blocks written to the store
@@ -131,8 +131,10 @@ class KVConnector:
         self.digests = RequestDigests(self.block_size)  # waiting requests' digests, hashed once
         self.cost = cost_model if cost_model is not None else TransferCostModel()
         self._clock = StepClock(next(model.parameters()).device)  # times prefill steps for the cost model
-        self._recompute: set[Hashable] = set()  # sequences the cost model chose to recompute
-        self._last_block_bytes, self._read_seconds = 0, 0.0
+        self._recompute: set[Hashable] = set()  # sequences to load no (more) blocks for: the cost model chose
+        # recomputing, or their paced load ended
+        self.paced = PacedLoads(self)  # waiting requests' blocks written a chunk a step (paced_load.py)
+        self._last_block_bytes = 0
         if save_on != "never":
             radix.block_sink = self
 
@@ -174,12 +176,18 @@ class KVConnector:
             n += 1
         return n
 
+    def load_step(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple = (),
+                  token_budget: int | None = None) -> LoadStep:
+        """Admission's question for a waiting sequence: must it wait for blocks the store holds past its local hit
+        (admit others meanwhile)? The first time, starts their background read (`load_async`); once they are read
+        (or, reading in the step, at once) writes them into the pool a chunk a step, each step at most its share:
+        `token_budget` prompt tokens' worth (`TransferCostModel.block_tokens`; None: all at once). `LoadStep` says
+        whether it still waits and how many of the budget's tokens the writes took (`paced_load.py`)."""
+        return self.paced.step(seq_id, token_ids, extra_keys, token_budget)
+
     def is_fetching(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple = ()) -> bool:
-        """Whether a waiting sequence must wait for blocks read in the background (admit others meanwhile). The
-        first time the store holds blocks past its local hit, starts that read (`load_async` connectors only)."""
-        if seq_id in self.fetcher:
-            return not self.fetcher.is_done(seq_id)
-        return self._start_read(seq_id, token_ids, extra_keys, self.kv.pool.num_blocks)
+        """`load_step` without a bound: whether the sequence still waits for its blocks."""
+        return self.load_step(seq_id, token_ids, extra_keys).waiting
 
     def prefetch(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple = ()) -> bool:
         """A sequence arrived: start reading the blocks the store holds past its local hit now, not when it is
@@ -188,11 +196,11 @@ class KVConnector:
         if seq_id in self.fetcher:
             return False
         room = self.kv.pool.num_blocks - self.fetcher.num_blocks
-        started = self._start_read(seq_id, token_ids, extra_keys, room, whole=True)
+        started = self.start_read(seq_id, token_ids, extra_keys, room, whole=True)
         self.counters.prefetched_reads += started
         return started
 
-    def _start_read(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple, room: int, *,
+    def start_read(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple, room: int, *,
                     whole: bool = False) -> bool:
         """Start a background read of up to `room` blocks the store holds past the local hit (`whole`: all of them
         or none), when the cost model finds loading them cheaper than recomputing (`load_async` connectors only)."""
@@ -204,21 +212,21 @@ class KVConnector:
         first = self.radix.peek(token_ids[: limit * bs], extra_keys, digests) // bs
         held = self.num_external_blocks(token_ids, extra_keys, first * bs, digests)
         wanted = min(held, room)
-        if not wanted or (whole and wanted < held) or not self._worth_loading(seq_id, wanted):
+        if not wanted or (whole and wanted < held) or not self.worth_loading(seq_id, wanted):
             return False
-        asks = self._asks(digests, token_ids, first, wanted)
+        asks = self.asks(digests, token_ids, first, wanted)
         self.fetcher.submit(seq_id, self.layout(), asks, first=first, epoch=self.radix.epoch)
         return True
 
-    def _worth_loading(self, seq_id: Hashable, num_blocks: int) -> bool:
+    def worth_loading(self, seq_id: Hashable, num_blocks: int) -> bool:
         """The cost model's answer, remembered for the sequence when it is no (asked once, counted once)."""
-        if self.cost.should_load(num_blocks * self._block_bytes(), num_blocks * self.block_size):
+        if self.cost.should_load(num_blocks * self.block_bytes(), num_blocks * self.block_size):
             return True
         self._recompute.add(seq_id)
         self.counters.loads_skipped += 1
         return False
 
-    def _block_bytes(self) -> int:
+    def block_bytes(self) -> int:
         """A block's bytes in the store: the last one loaded, else the layout's plain K/V (quantized: fewer)."""
         if not self._last_block_bytes:
             shape, dtype = self.cache.kv_shape, next(self.model.parameters()).dtype
@@ -239,8 +247,9 @@ class KVConnector:
 
     @property
     def num_fetching(self) -> int:
-        """Background reads not yet taken: while there are some, a step with nothing to run is a wait."""
-        return len(self.fetcher)
+        """Background reads and paced loads not finished: while there are some, a step with nothing to run is a
+        wait."""
+        return len(self.fetcher) + len(self.paced)
 
     def wait(self, timeout: float) -> None:
         """Block until a background read finishes, at most `timeout` seconds."""
@@ -251,53 +260,43 @@ class KVConnector:
         self.fetcher.forget(seq_id)
         self.digests.forget(seq_id)
         self._recompute.discard(seq_id)
+        self.paced.forget(seq_id)
+
+    def skips(self, seq_id: Hashable) -> bool:
+        """Whether no (more) blocks are to be loaded for the sequence."""
+        return seq_id in self._recompute
+
+    def settle(self, seq_id: Hashable, *, failed: bool) -> None:
+        """The sequence's paced load ended (`failed`: short of what the store announced, counted): load no more."""
+        self._recompute.add(seq_id)
+        self.counters.load_failures += failed
+
+    def clock_cancel(self) -> None:
+        """Blocks cached outside a forward (a load): the open step is not timed."""
+        self._clock.cancel()
 
     def load_prefix(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple,
                     num_cached_tokens: int) -> int:
-        """After the local prefix match of a newly registered sequence (`num_cached_tokens`, whole blocks), load the
-        blocks the store holds next into fresh blocks of its table and cache them: those a background read
-        (`is_fetching`) brought, else read now. Returns the tokens now computed. Anything short of what the store
-        announced is recomputed by the step, and counted."""
-        bs = self.block_size
-        first, limit = num_cached_tokens // bs, (len(token_ids) - 1) // bs
-        fetch = self.fetcher.take(seq_id)
-        if self.hot is not None and first and not num_cached_tokens % bs:  # the local hit's blocks are hot
+        """A newly registered sequence took its local prefix hit (`num_cached_tokens`): the blocks a store held past
+        it were loaded while it waited (`load_step`) and are part of that hit now; with `save_on="hot"` the hit's
+        blocks the store lacks are published. Returns the tokens computed."""
+        first = num_cached_tokens // self.block_size
+        if self.hot is not None and first and not num_cached_tokens % self.block_size:  # the hit's blocks are hot
             self._publish(seq_id, token_ids, extra_keys, first)
-        self._read_seconds = 0.0  # this load's reads (`_checked`), for the cost model
-        self._clock.cancel()  # the blocks it caches are not a forward's
-        if num_cached_tokens % bs or limit <= first or not ensure_storage(self.cache, self.model):
-            return num_cached_tokens
-        blocks, wanted = self._fetched(fetch, first) if fetch is not None else ([], 0)
-        if not wanted:  # no background read, or one that cannot serve this table: read now
-            if seq_id in self._recompute:
-                return num_cached_tokens  # the cost model chose recomputing
-            known = self.digests.digests(seq_id, token_ids[: limit * bs], extra_keys)
-            wanted = self.num_external_blocks(token_ids, extra_keys, num_cached_tokens, known)
-            if not wanted or not self._worth_loading(seq_id, wanted):
-                return num_cached_tokens
-            room = min(wanted, self.kv.pool.num_free_blocks)  # read nothing the pool could not take
-            blocks = self._checked(read_blocks(self.store, self.layout(), self._asks(known, token_ids, first, room)))
-        start = time.perf_counter()
-        blocks = blocks[: self.kv.pool.num_free_blocks]
-        loaded = 0
-        if blocks and self.kv.allocate_slots(seq_id, len(blocks) * bs):
-            if self._load(self.kv.block_ids(seq_id)[first : first + len(blocks)], blocks):
-                loaded = len(blocks)
-                self.kv.cache_full_blocks(seq_id, token_ids[: (first + loaded) * bs], extra_keys)
-            else:
-                self.kv.truncate(seq_id, num_cached_tokens)
-        if loaded < wanted:
-            self.counters.load_failures += 1
-        self.counters.loaded_blocks += loaded
-        self.counters.loaded_tokens += loaded * bs
-        nbytes, seconds = sum(b.nbytes for b in blocks[:loaded]), time.perf_counter() - start
+        return num_cached_tokens
+
+    def count_load(self, blocks: Sequence[DecodedBlock], step_seconds: float, seconds: float) -> None:
+        """`blocks` were loaded: `step_seconds` on the step's thread, `seconds` in all (a background read too)."""
+        nbytes = sum(b.nbytes for b in blocks)
+        self.counters.loaded_blocks += len(blocks)
+        self.counters.loaded_tokens += len(blocks) * self.block_size
         self.counters.loaded_bytes += nbytes
-        self.counters.load_seconds += seconds
-        if loaded:
-            self._last_block_bytes = nbytes // loaded
+        self.counters.load_seconds += step_seconds
+        if blocks:
+            self._last_block_bytes = nbytes // len(blocks)
             if self.cost.learn:  # the read (here or in the worker thread) and the copy into the pool
-                self.cost.observe_load(nbytes, seconds + self._read_seconds)
-        return (first + loaded) * bs
+                self.cost.observe_load(nbytes, seconds)
+                self.cost.observe_step_load(nbytes, step_seconds)
 
     def _publish(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple, num_blocks: int) -> None:
         try:  # the blocks of a local hit (`save_on="hot"`); a failure costs only the copy, never the step
@@ -307,32 +306,20 @@ class KVConnector:
             self.counters.save_failures += 1
 
     # -- worker half: loads ------------------------------------------------------------------------------
-    def _asks(self, digests: Sequence[bytes], token_ids: Sequence[int], first: int, count: int) -> list[BlockAsk]:
+    def asks(self, digests: Sequence[bytes], token_ids: Sequence[int], first: int, count: int) -> list[BlockAsk]:
         bs, chosen = self.block_size, digests[first : first + count]
         return [BlockAsk(key, d, token_ids[(first + i) * bs : (first + i + 1) * bs])
                 for i, (d, key) in enumerate(zip(chosen, self._keys(chosen)))]
 
-    def _checked(self, result: FetchResult) -> list[DecodedBlock]:
+    def checked(self, result: FetchResult) -> list[DecodedBlock]:
         """A read's blocks; its refused blobs counted and deleted (they can never become valid under their keys)."""
         self.counters.fetch_seconds += result.seconds
-        self._read_seconds += result.seconds
         for key in result.refused:
             self.counters.rejected_blocks += 1
             self.store.delete(key)
         return result.blocks
 
-    def _fetched(self, fetch: PendingFetch, first: int) -> tuple[list[DecodedBlock], int]:
-        """The blocks of a finished background read that follow a local hit of `first` blocks, and how many the
-        store had announced past it; ([], 0) when the read is stale (new weights) or starts past the hit (blocks
-        of the hit were evicted meanwhile: a gap)."""
-        result = fetch.future.result()
-        blocks = self._checked(result)
-        skip = first - fetch.first
-        if fetch.epoch != self.radix.epoch or skip < 0 or skip >= fetch.num_blocks:
-            return [], 0
-        return blocks[skip:], fetch.num_blocks - skip
-
-    def _load(self, block_ids: list[int], blocks: list[DecodedBlock]) -> bool:
+    def write_blocks(self, block_ids: list[int], blocks: list[DecodedBlock]) -> bool:
         """Write the blocks' tensors into `block_ids` in every layer; False (nothing usable) on a storage error."""
         # Copies queued by this step's allocations (a shared partial block copied on write) read their sources at
         # the forward; one of those sources may be a block just handed to this load: copy before writing over it.

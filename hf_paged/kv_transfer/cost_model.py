@@ -11,6 +11,10 @@ so that loading wins until measured (1 GB/s against 1,000 tokens/s: a block must
 the behaviour before the model existed; the measurements then take over. A decision against loading is revisited
 every `explore_every`-th time (a load is tried anyway and measured), so a disk that got faster is noticed.
 
+The same two rates bound a step's load work (`paced_load.py`): `block_tokens(nbytes)` is what writing one block on
+the step's thread (`step_load`: bytes/s of that part alone, reads in a worker thread not counted) costs in prompt
+tokens of this engine's forward, so a step's share of block writes is a share of its token budget, never seconds.
+
 The comparison is in work units: only the two rates come from clocks, and `learn=False` freezes them (tests inject
 their measurements with `observe_*` and get the same decisions every run).
 """
@@ -77,12 +81,21 @@ class TransferCostModel:
             raise ValueError(f"explore_every must be an int >= 0, got {explore_every!r}")
         self.bandwidth = Rate(bandwidth_prior, prior_weight, decay)
         self.prefill = Rate(prefill_prior, prior_weight, decay)
+        self.step_load = Rate(bandwidth_prior, prior_weight, decay)  # the step thread's part of loads only
         self.explore_every, self.learn = explore_every, learn
         self._refused_in_a_row = 0
 
     def observe_load(self, nbytes: int, seconds: float) -> None:
         """A load of `nbytes` took `seconds` (read, checks, written into the pool)."""
         self.bandwidth.observe(nbytes, seconds)
+
+    def observe_step_load(self, nbytes: int, seconds: float) -> None:
+        """The step's thread spent `seconds` on a load of `nbytes` (a read done there, checks, pool write, tree)."""
+        self.step_load.observe(nbytes, seconds)
+
+    def block_tokens(self, nbytes: int) -> float:
+        """Prompt tokens of forward that writing a block of `nbytes` on the step's thread costs as much as."""
+        return nbytes / self.step_load.per_second * self.prefill.per_second
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
         """A prefill step computed `num_tokens` in `seconds`."""
@@ -106,7 +119,8 @@ class TransferCostModel:
         return {"cost_bandwidth_bytes_per_s": self.bandwidth.per_second,
                 "cost_prefill_tokens_per_s": self.prefill.per_second,
                 "cost_load_samples": self.bandwidth.num_observations,
-                "cost_prefill_samples": self.prefill.num_observations}
+                "cost_prefill_samples": self.prefill.num_observations,
+                "cost_step_load_bytes_per_s": self.step_load.per_second}
 
 
 class StepClock:

@@ -179,13 +179,13 @@ def test_a_long_queue_hashes_each_waiting_prompt_once(model, tmp_path):
     prompts = ragged_prompts([40] * 6, seed=8)
     engine = disk_engine(model, tmp_path, num_blocks=12, max_num_seqs=2)
     connector = engine.scheduler.kv_transfer
-    asked, is_fetching = [], connector.is_fetching
+    asked, load_step = [], connector.load_step
 
-    def counting(seq_id, token_ids, extra_keys=()):
+    def counting(seq_id, token_ids, extra_keys=(), token_budget=None):
         asked.append((len(token_ids) - 1) // BS)  # the blocks one ask would hash without the memo
-        return is_fetching(seq_id, token_ids, extra_keys)
+        return load_step(seq_id, token_ids, extra_keys, token_budget)
 
-    connector.is_fetching = counting
+    connector.load_step = counting
     ids = [engine.add_request(p, SamplingParams(max_new_tokens=12)) for p in prompts]
     while engine.has_unfinished:
         engine.step()
