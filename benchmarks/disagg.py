@@ -212,7 +212,7 @@ def summarize(arrivals: list[Arrival]) -> dict[str, float]:
 def run_seed(model, args, seed: int) -> dict[str, dict]:
     base = workload(args, seed)
     results, tokens = {}, {}
-    for name in SETUPS:
+    for name in args.setups:
         arrivals = fresh(base)
         if name == "colocated x2":
             colocated(model, arrivals)
@@ -225,7 +225,7 @@ def run_seed(model, args, seed: int) -> dict[str, dict]:
             disaggregated(model, arrivals, ledger, max_prefill_tokens_per_step=args.decode_budget)
             assert ledger.queued == {Side.PREFILL: 0, Side.LOCAL: 0}, ledger.queued
         results[name], tokens[name] = summarize(arrivals), [a.tokens for a in arrivals]
-    reference = tokens["colocated x2"]
+    reference = tokens[args.setups[0]]
     assert all(t == reference for t in tokens.values()), "greedy tokens differ between setups"
     return results
 
@@ -241,6 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode-budget", type=int, default=32,
                         help="max_prefill_tokens_per_step of the placed PD setup (the decode side's budget)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS),
+                        help="a subset for a quick look (the targets need 'colocated x2' and a PD setup)")
     parser.add_argument("--label", default="", help="a name for this load in the output")
     parser.add_argument("--out", type=Path, default=None, help="append this load's section to FILE")
     args = parser.parse_args(argv)
@@ -252,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
 
     per_seed = {seed: run_seed(model, args, seed) for seed in args.seeds}
     rows = []
-    for name in SETUPS:
+    for name in args.setups:
         for seed, results in per_seed.items():
             r = results[name]
             rows.append([name, seed, *(f"{r[k] * 1000:.0f}" for k in ("ttft_p50", "ttft_p99", "itl_p50", "itl_p99",
@@ -265,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     table = print_table(["setup", "seed", "TTFT p50", "TTFT p99", "inter-token p50 (short)", "inter-token p99 (short)",
                          "inter-token max", "p99 / p50", "prefilled locally"], rows, title=title)
     lines = []
-    for name in ("1 prefill + 1 decode", "PD, placed"):
+    for name in [n for n in ("1 prefill + 1 decode", "PD, placed") if n in args.setups and SETUPS[0] in args.setups]:
         ttft = [per_seed[s][name]["ttft_p99"] / per_seed[s]["colocated x2"]["ttft_p99"] for s in args.seeds]
         itl = [per_seed[s][name]["itl_p99"] / per_seed[s][name]["itl_p50"] for s in args.seeds]
         held = max(ttft) <= 1.5 and max(itl) <= 1.5

@@ -280,6 +280,7 @@ class KVConnector:
         """A newly registered sequence took its local prefix hit (`num_cached_tokens`): the blocks a store held past
         it were loaded while it waited (`load_step`) and are part of that hit now; with `save_on="hot"` the hit's
         blocks the store lacks are published. Returns the tokens computed."""
+        self.paced.uncount(seq_id, num_cached_tokens)  # the tokens its load wrote were no local hit
         first = num_cached_tokens // self.block_size
         if self.hot is not None and first and not num_cached_tokens % self.block_size:  # the hit's blocks are hot
             self._publish(seq_id, token_ids, extra_keys, first)

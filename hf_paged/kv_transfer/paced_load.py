@@ -18,6 +18,9 @@ So a waiting request holds no block between steps: its chunks are normal cached 
 a tight pool may take them back (the request then hits fewer and recomputes the rest), and nothing waits on a
 half-loaded request (no deadlock). A chunk that fails (a blob missing or corrupt, no room, a storage error, a gap in
 the hit, new weights) ends the load, counted once: what was written stays cached, the rest is recomputed.
+
+The prefix cache's hit counters keep meaning local hits: a chunk's staging lookup is not counted, and when the
+request is admitted the tokens its load wrote are taken out of its lookup's hit (`uncount`).
 """
 
 from __future__ import annotations
@@ -52,6 +55,10 @@ class StagedLoad:
     blocks: list[DecodedBlock] | None = None  # read in the background already (from `first`), else None
     asks: list[BlockAsk] | None = None  # without a background read: the blobs to read, a chunk a step
     read_seconds: float = 0.0  # the background read's time, counted with the first chunk (cost model)
+    num_written: int = 0  # blocks of the load the tree held after the last chunk
+
+
+_COUNTERS = ("num_queries", "num_hits", "num_query_tokens", "num_hit_tokens")  # the prefix cache's hit statistics
 
 
 _STAGING = "kv-load"  # a chunk's staging table: (_STAGING, request id), dropped within the call
@@ -63,6 +70,7 @@ class PacedLoads:
     def __init__(self, connector) -> None:
         self.c = connector  # the `KVConnector` these loads belong to (not imported here: it imports this module)
         self._staged: dict[Hashable, StagedLoad] = {}
+        self._written: dict[Hashable, tuple[int, int]] = {}  # ended loads: the prompt tokens (start, end) written
 
     def __len__(self) -> int:
         return len(self._staged)
@@ -72,6 +80,26 @@ class PacedLoads:
 
     def forget(self, seq_id: Hashable) -> None:
         self._staged.pop(seq_id, None)
+        self._written.pop(seq_id, None)
+
+    def uncount(self, seq_id: Hashable, num_hit_tokens: int) -> None:
+        """The request's lookup hit `num_hit_tokens`: those its load wrote were not a local hit (take them out of the
+        prefix cache's counters, which the request's own lookup just counted)."""
+        start, end = self._written.pop(seq_id, (0, 0))
+        loaded = max(0, min(num_hit_tokens, end) - start)
+        radix = self.c.radix
+        radix.num_hit_tokens -= loaded
+        radix.num_hits -= bool(loaded) and loaded == num_hit_tokens
+
+    def _lookup(self, staging: tuple, token_ids: Sequence[int], extra_keys: tuple) -> int:
+        """The staging table's prefix hit, left out of the prefix cache's hit statistics (a load's bookkeeping)."""
+        radix = self.c.radix
+        saved = [getattr(radix, name) for name in _COUNTERS]
+        try:
+            return self.c.kv.add_sequence(staging, token_ids, extra_keys)
+        finally:
+            for name, value in zip(_COUNTERS, saved, strict=True):
+                setattr(radix, name, value)
 
     def share(self, token_budget: int | None, num_blocks: int) -> int:
         """Blocks a step with `token_budget` prompt tokens left may write (None: no bound), at least 1."""
@@ -125,14 +153,14 @@ class PacedLoads:
         if staged.epoch != c.radix.epoch or not ensure_storage(c.cache, c.model):
             return self._end(seq_id, staged, failed=True, num_tokens=0)
         staging = (_STAGING, seq_id)
-        hit = c.kv.add_sequence(staging, token_ids, extra_keys) // bs
+        start = time.perf_counter()  # the lookup (hashing the prompt) is the step's load work too
+        hit = self._lookup(staging, token_ids, extra_keys) // bs
         try:
             done = hit - staged.first  # blocks of the load the tree holds (earlier chunks; maybe others' too)
             available = staged.num_blocks if staged.blocks is None else len(staged.blocks)
             if done < 0 or done >= available:  # a gap (blocks before the load were evicted), or all written
                 return self._end(seq_id, staged, failed=done < 0 or available < staged.num_blocks, num_tokens=0)
             n = min(self.share(token_budget, available - done), c.kv.pool.num_free_blocks)
-            start = time.perf_counter()
             if staged.asks is not None:  # read in the step: only this chunk's blobs
                 blocks = c.checked(read_blocks(c.store, c.layout(), staged.asks[done : done + n]))
             else:
@@ -146,6 +174,7 @@ class PacedLoads:
         finally:
             c.kv.free(staging)
         c.count_load(blocks[:loaded], seconds, seconds + staged.read_seconds)
+        staged.num_written = done + loaded
         staged.read_seconds = 0.0
         used = 0 if token_budget is None else min(token_budget, math.ceil(n * c.cost.block_tokens(c.block_bytes())))
         if loaded < n or n == 0:
@@ -157,5 +186,8 @@ class PacedLoads:
     def _end(self, seq_id: Hashable, staged: StagedLoad, *, failed: bool, num_tokens: int) -> LoadStep:
         """The load is over: the request goes on with what the tree holds, recomputing the rest."""
         del self._staged[seq_id]
+        if staged.num_written > 0:
+            bs = self.c.block_size
+            self._written[seq_id] = (staged.first * bs, (staged.first + staged.num_written) * bs)
         self.c.settle(seq_id, failed=failed)
         return LoadStep(False, num_tokens)

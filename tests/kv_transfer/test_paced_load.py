@@ -1,0 +1,170 @@
+"""Paced loads (`paced_load.py`): a long prompt's handed-over blocks are written a chunk a step, each step within
+its share of the prompt budget, while the other requests decode; the answer is the one engine's (fp32, greedy)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_paged import Engine, PagedConfig, SamplingParams
+from hf_paged.kv_transfer import InProcessStore, TransferCostModel
+from hf_paged.kv_transfer.cost_model import MarginalCost
+from hf_paged.kv_transfer.paced_load import LoadStep
+from tests.kv_transfer.test_engine_transfer import BS, run, transfer_stats
+from tests.tiny_models import ragged_prompts, stock_greedy
+
+LONG_BLOCKS = 20  # full blocks the store holds for the long prompt (its last token's block is computed)
+TOKENS_PER_BLOCK = 2  # what the injected cost model says one block's write costs in prefill tokens
+BUDGET = 8  # max_prefill_tokens_per_step of the decode engine: a step's share is 8 / 2 = 4 blocks
+
+
+@pytest.fixture(scope="module")
+def long_prompt():
+    return ragged_prompts([LONG_BLOCKS * BS + 3], seed=31)[0]
+
+
+@pytest.fixture(scope="module")
+def short_prompts():
+    return ragged_prompts([5, 9], seed=32)
+
+
+@pytest.fixture(scope="module")
+def expected(model, long_prompt, short_prompts):
+    return stock_greedy(model, [long_prompt, *short_prompts], 6)
+
+
+def handed_over(model, long_prompt) -> InProcessStore:
+    """A prefill engine computed the long prompt: its full blocks are in the store."""
+    store = InProcessStore()
+    run(Engine(model, PagedConfig(block_size=BS), kv_store=store), [long_prompt], max_new=1)
+    return store
+
+
+def decode_engine(model, store, **overrides) -> Engine:
+    cfg = {"block_size": BS, "max_prefill_tokens_per_step": BUDGET, **overrides}
+    engine = Engine(model, PagedConfig(**cfg), kv_store=store)
+    connector = engine.scheduler.kv_transfer
+    if store.nbytes:  # a blob's size (header included) from the start, as after the first load
+        connector._last_block_bytes = len(next(iter(store._blobs.values())))
+    prefill = 1e3  # tokens/s; a block's write: TOKENS_PER_BLOCK tokens' time (frozen: the same every run)
+    connector.cost = TransferCostModel(bandwidth_prior=connector.block_bytes() * prefill / TOKENS_PER_BLOCK,
+                                       prefill_prior=prefill, learn=False)
+    return engine
+
+
+def step_all(engine, ids, loads: list[int], limit: int = 500) -> list:
+    """Step to the end (at most `limit` steps: no hang), checking integrity; `loads` gets each step's new blocks."""
+    for _ in range(limit):
+        if not engine.has_unfinished:
+            break
+        before = transfer_stats(engine)["loaded_blocks"]
+        engine.step()
+        engine.check_integrity()
+        loads.append(transfer_stats(engine)["loaded_blocks"] - before)
+    assert not engine.has_unfinished, "the engine did not finish"
+    outs = [engine.pop_output(i) for i in ids]
+    assert all(o.error is None for o in outs), [o.error for o in outs]
+    assert engine.cache.pool.num_used_blocks == 0
+    return [o.generated_tokens for o in outs]
+
+
+def start_decoding(engine, short_prompts) -> list[str]:
+    """Short requests decoding before the long one arrives (a step's prompt budget is then bounded)."""
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=6)) for p in short_prompts]
+    engine.step()
+    return ids
+
+
+def test_the_share_converts_the_prompt_budget_through_the_cost_model(model, long_prompt):
+    engine = decode_engine(model, InProcessStore())
+    paced = engine.scheduler.kv_transfer.paced
+    assert paced.share(BUDGET, 100) == BUDGET // TOKENS_PER_BLOCK
+    assert paced.share(1, 100) == 1  # less than a block's worth: one block, so a load always moves on
+    assert paced.share(BUDGET, 3) == 3 and paced.share(None, 100) == 100
+
+
+def test_a_step_never_writes_more_than_its_share_and_the_answer_is_one_engines(model, long_prompt, short_prompts,
+                                                                               expected):
+    engine = decode_engine(model, handed_over(model, long_prompt))
+    ids = start_decoding(engine, short_prompts)
+    ids.insert(0, engine.add_request(long_prompt, SamplingParams(max_new_tokens=6)))
+    loads: list[int] = []
+    assert step_all(engine, ids, loads) == [expected[0], *expected[1:]]
+    share = BUDGET // TOKENS_PER_BLOCK
+    assert max(loads) == share and sum(loads) == LONG_BLOCKS  # over 5 steps, never more than 4 blocks in one
+    assert sum(1 for n in loads if n) == LONG_BLOCKS // share, loads
+    stats = transfer_stats(engine)
+    assert stats["load_failures"] == 0 and engine.stats()["prompt_tokens_cached"] >= LONG_BLOCKS * BS
+    radix = engine.kv.prefix_cache  # its hit counters mean local hits: neither the chunks' lookups nor the loaded
+    assert radix.num_hit_tokens == 0 and radix.num_hits == 0 and radix.num_queries == 3  # blocks are counted
+
+
+def test_with_nothing_decoding_the_whole_budget_loads_at_once(model, long_prompt, expected):
+    engine = decode_engine(model, handed_over(model, long_prompt))
+    loads: list[int] = []
+    ids = [engine.add_request(long_prompt, SamplingParams(max_new_tokens=6))]
+    assert step_all(engine, ids, loads) == expected[:1]
+    assert loads[0] == LONG_BLOCKS  # 1024 tokens of budget hold 512 blocks' worth
+
+
+def test_a_blob_gone_midway_ends_the_load_and_the_rest_is_recomputed(model, long_prompt, short_prompts, expected):
+    store = handed_over(model, long_prompt)
+    engine = decode_engine(model, store)
+    ids = start_decoding(engine, short_prompts)
+    ids.insert(0, engine.add_request(long_prompt, SamplingParams(max_new_tokens=6)))
+    while transfer_stats(engine)["loaded_blocks"] == 0:
+        engine.step()
+    assert transfer_stats(engine)["loaded_blocks"] == BUDGET // TOKENS_PER_BLOCK  # one chunk written
+    keys = engine.scheduler.kv_transfer._keys(engine.kv.prefix_cache.digests(long_prompt[: LONG_BLOCKS * BS]))
+    store.delete(keys[10])  # block 10's blob is gone before its chunk (blocks 8-11) is read
+    assert step_all(engine, ids, []) == [expected[0], *expected[1:]]
+    stats = transfer_stats(engine)
+    assert stats["loaded_blocks"] == 8 + 2 and stats["load_failures"] == 1  # blocks 8, 9 of the third chunk
+
+
+def test_a_failed_write_recomputes_and_counts_once(model, long_prompt, short_prompts, expected):
+    engine = decode_engine(model, handed_over(model, long_prompt))
+    connector = engine.scheduler.kv_transfer
+    writes, write_blocks = [], connector.write_blocks
+
+    def second_write_fails(block_ids, blocks):
+        writes.append(len(blocks))
+        return write_blocks(block_ids, blocks) if len(writes) != 2 else False
+
+    connector.write_blocks = second_write_fails
+    ids = start_decoding(engine, short_prompts)
+    ids.insert(0, engine.add_request(long_prompt, SamplingParams(max_new_tokens=6)))
+    assert step_all(engine, ids, []) == [expected[0], *expected[1:]]
+    stats = transfer_stats(engine)
+    assert writes == [4, 4] and stats["loaded_blocks"] == 4 and stats["load_failures"] == 1
+
+
+def test_a_tight_pool_finishes_every_request(model, long_prompt, short_prompts, expected):
+    """A pool barely larger than the long prompt: chunks written earlier may be evicted while the short requests
+    grow (the load writes them again, or the request recomputes them); nothing waits forever."""
+    engine = decode_engine(model, handed_over(model, long_prompt), num_blocks=LONG_BLOCKS + 4)
+    ids = start_decoding(engine, short_prompts)
+    ids.insert(0, engine.add_request(long_prompt, SamplingParams(max_new_tokens=6)))
+    assert step_all(engine, ids, []) == [expected[0], *expected[1:]]
+
+
+def test_load_step_answers_a_request_without_stored_blocks_at_once(model, short_prompts):
+    engine = decode_engine(model, InProcessStore())
+    step = engine.scheduler.kv_transfer.load_step("x", short_prompts[1] * 4, (), BUDGET)
+    assert step == LoadStep(waiting=False, num_tokens=0)
+
+
+def test_the_marginal_token_cost_is_the_slope_not_the_average():
+    cost = MarginalCost()
+    for n in (16, 16):
+        cost.observe(n, 0.020 + 0.001 * n)  # 20 ms a step (the weights read once) + 1 ms a token
+    assert cost.seconds_per_token is None  # one size: no slope
+    cost.observe(20, 0.040)  # 16-20 tokens: too narrow a spread for a slope
+    assert cost.seconds_per_token is None
+    for n in (64, 23, 1024):
+        cost.observe(n, 0.020 + 0.001 * n)
+    assert cost.seconds_per_token == pytest.approx(0.001)
+    model = TransferCostModel(bandwidth_prior=1e6, prefill_prior=100, learn=False)  # 10 ms a token assumed
+    assert model.block_tokens(1000) == pytest.approx(0.1)  # a 1 ms write: a tenth of a token, until measured
+    for n in (16, 64, 16, 64):
+        model.observe_prefill(n, 0.020 + 0.001 * n)  # average now ~1.5 ms a token, marginal 1 ms
+    assert model.block_tokens(1000) == pytest.approx(1.0, rel=0.05)
