@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hf_paged import Engine, PagedConfig, SamplingParams
-from hf_paged.kv_transfer import InProcessStore, TransferCostModel
+from hf_paged.kv_transfer import DirectoryStore, InProcessStore, TransferCostModel
 from hf_paged.kv_transfer.cost_model import MarginalCost
 from hf_paged.kv_transfer.paced_load import LoadStep
 from tests.kv_transfer.test_engine_transfer import BS, run, transfer_stats
@@ -32,9 +32,9 @@ def expected(model, long_prompt, short_prompts):
     return stock_greedy(model, [long_prompt, *short_prompts], 6)
 
 
-def handed_over(model, long_prompt) -> InProcessStore:
-    """A prefill engine computed the long prompt: its full blocks are in the store."""
-    store = InProcessStore()
+def handed_over(model, long_prompt, store=None):
+    """A prefill engine computed the long prompt: its full blocks are in the store (an in-process one by default)."""
+    store = store if store is not None else InProcessStore()
     run(Engine(model, PagedConfig(block_size=BS), kv_store=store), [long_prompt], max_new=1)
     return store
 
@@ -44,18 +44,21 @@ def decode_engine(model, store, **overrides) -> Engine:
     engine = Engine(model, PagedConfig(**cfg), kv_store=store)
     connector = engine.scheduler.kv_transfer
     if store.nbytes:  # a blob's size (header included) from the start, as after the first load
-        connector._last_block_bytes = len(next(iter(store._blobs.values())))
+        connector._last_block_bytes = store.nbytes // LONG_BLOCKS
     prefill = 1e3  # tokens/s; a block's write: TOKENS_PER_BLOCK tokens' time (frozen: the same every run)
     connector.cost = TransferCostModel(bandwidth_prior=connector.block_bytes() * prefill / TOKENS_PER_BLOCK,
                                        prefill_prior=prefill, learn=False)
     return engine
 
 
-def step_all(engine, ids, loads: list[int], limit: int = 500) -> list:
-    """Step to the end (at most `limit` steps: no hang), checking integrity; `loads` gets each step's new blocks."""
+def step_all(engine, ids, loads: list[int], limit: int = 500, decoding: list[int] | None = None) -> list:
+    """Step to the end (at most `limit` steps: no hang), checking integrity; `loads` gets each step's new blocks
+    (`decoding`: how many requests were decoding when it started)."""
     for _ in range(limit):
         if not engine.has_unfinished:
             break
+        if decoding is not None:
+            decoding.append(sum(r.num_tokens_to_compute == 1 for r in engine.scheduler.running))
         before = transfer_stats(engine)["loaded_blocks"]
         engine.step()
         engine.check_integrity()
@@ -168,3 +171,18 @@ def test_the_marginal_token_cost_is_the_slope_not_the_average():
     for n in (16, 64, 16, 64):
         model.observe_prefill(n, 0.020 + 0.001 * n)  # average now ~1.5 ms a token, marginal 1 ms
     assert model.block_tokens(1000) == pytest.approx(1.0, rel=0.05)
+
+
+def test_blocks_read_in_the_background_are_written_a_share_a_step_too(model, long_prompt, short_prompts, expected,
+                                                                       tmp_path):
+    """A store that reads in a worker thread (a directory): the read comes first, then the same paced writes."""
+    store = handed_over(model, long_prompt, DirectoryStore(tmp_path, 1 << 30))
+    engine = decode_engine(model, DirectoryStore(tmp_path, 1 << 30))
+    assert engine.scheduler.kv_transfer.load_async
+    ids = start_decoding(engine, short_prompts)
+    ids.insert(0, engine.add_request(long_prompt, SamplingParams(max_new_tokens=6)))
+    loads, decoding = [], []
+    assert step_all(engine, ids, loads, decoding=decoding) == [expected[0], *expected[1:]]
+    assert max(n for n, d in zip(loads, decoding) if d) == BUDGET // TOKENS_PER_BLOCK and sum(loads) == LONG_BLOCKS
+    assert loads[0] == 0  # the first step only started the read
+    assert transfer_stats(engine)["load_failures"] == 0 and store.nbytes
