@@ -162,10 +162,8 @@ class StepClock:
     """Times the engine's prefill steps for the prefill rate: from the end of a step's scheduling (`start`) to the
     first full block the step's forward hands the prefix cache (`stop`, the tree's `blocks_stored`). On a CUDA device
     two events are recorded instead of reading a clock (the forward runs asynchronously), and read once the device
-    passed the second (`samples`), never waiting for it. A step counts when prompt tokens are at least 7/8 of it: in
-    a step that also decodes, most of the time goes to what its prompt tokens do not add (on the CPU, 16 prompt tokens
-    beside 7 decodes measured ~2.2 ms a token against ~1 ms in a prefill step), and the rate is a prompt token's cost
-    (what recomputing, or a paced load's share, is weighed against)."""
+    passed the second (`samples`), never waiting for it. A step counts when prompt tokens are at least half of it
+    (its tokens and seconds feed the prefill rate and `MarginalCost`)."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
