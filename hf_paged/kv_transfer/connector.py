@@ -5,18 +5,18 @@ failure policy decided once, here:
 
     scheduler half   num_external_blocks(prompt): how many leading full blocks past the locally cached ones the
                      store holds (a digest chain: block i is only useful after blocks 0..i-1)
-                     is_fetching(seq, prompt): for a `load_async` connector, starts reading them in the background
-                     and keeps the request in the queue until they are read (other requests run meanwhile)
-                     load_prefix(seq, prompt): claims blocks for them in the sequence's table, has them written,
-                     and caches them in the prefix tree: from then on they are normal prefix-cache blocks
+                     load_step(seq, prompt, token_budget): for a `load_async` connector, starts reading them in
+                     the background; once read, writes them a chunk a step within the step's share (paced_load.py)
+                     and caches them in the prefix tree; the request stays queued until then (others run meanwhile)
+                     load_prefix(seq, prompt): at admission, the loaded blocks are part of the local hit now
     worker half      fetcher.py: blobs read and checked (checksum, layout, digest, token ids), stopping at the first
-                     bad one, now or in a worker thread; _load: one `PagedCache.load_blocks` for them all (the swap
-                     path, per layer), on the scheduler's thread
+                     bad one, in the step or in a worker thread; write_blocks: one `PagedCache.load_blocks` a chunk
+                     (the swap path, per layer), on the scheduler's thread
                      blocks_stored / blocks_evicted (the tree's `BlockSink`): `save_blocks`, encode, `store.put`
 
 A load that fails (a blob missing, corrupt or made for another layout, no room in the pool, a storage error) falls
 back to recomputing what was not loaded, and is counted; a bad blob is deleted from the store. Without `load_async`
-the read happens inside the admission of the request (an in-process store: memory copies); saves happen when the
+each chunk's blobs are read in its step (an in-process store: memory copies); saves happen when the
 tree stores or evicts blocks, before the pool reuses them (synchronous: ~0.5 ms a 257 KiB block to a local disk).
 
     prompt:   | cached here | in the store          | not anywhere | last token |

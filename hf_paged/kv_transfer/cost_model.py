@@ -13,7 +13,8 @@ every `explore_every`-th time (a load is tried anyway and measured), so a disk t
 
 The same two rates bound a step's load work (`paced_load.py`): `block_tokens(nbytes)` is what writing one block on
 the step's thread (`step_load`: bytes/s of that part alone, reads in a worker thread not counted) costs in prompt
-tokens of this engine's forward, so a step's share of block writes is a share of its token budget, never seconds.
+tokens of this engine's forward (one more token's cost, `MarginalCost`), so a step's share of block writes is a share
+of its token budget, never seconds.
 
 The comparison is in work units: only the two rates come from clocks, and `learn=False` freezes them (tests inject
 their measurements with `observe_*` and get the same decisions every run).
