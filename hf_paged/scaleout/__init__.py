@@ -15,7 +15,9 @@
     kv_roles.py    prefill/decode disaggregation: a replica's role (its KV connector over Ray's object store), the
                    one-token body a prefill replica gets
     pd_gateway.py  DisaggGateway: prefill on a prefill replica, then the request to a decode replica
-    cli.py         hf-paged serve --replicas N [--prefill-replicas P] [--address ADDR]
+    pd_placement.py  place_prefill, PlacementLedger: per prompt, the prefill replica or a local chunked prefill
+    kv_share.py    attach_kv_share: colocated replicas share hot prefixes through one object-store directory
+    cli.py         hf-paged serve --replicas N [--prefill-replicas P | --kv-share] [--address ADDR]
 
 The policy imports neither Ray nor torch: it is tested and simulated alone (`benchmarks/routing_sim.py`).
 """
