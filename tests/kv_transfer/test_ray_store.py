@@ -47,13 +47,10 @@ def test_directory_resends_the_whole_table_to_a_mirror_it_cannot_serve():
 # -- two engines on real Ray ---------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster():
-    from hf_paged.scaleout.deploy import worker_env
+    from tests.ray_cluster import local_ray
 
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
-    try:
+    with local_ray():
         yield
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 
 import pytest
 
@@ -53,21 +52,13 @@ def test_run_replicas_refuses_a_split_without_decode_replicas():
 
 @pytest.fixture(scope="module")
 def endpoint():
-    from ray import serve
+    from hf_paged.scaleout.deploy import deploy
+    from tests.ray_cluster import local_ray
 
-    from hf_paged.scaleout.deploy import deploy, worker_env
-
-    # Serve kills a proxy not ready within 5 s (its default), which a loaded machine misses: the raylet this starts,
-    # and so the controller, inherit this process's environment
-    os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", "60")
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
-    try:
+    with local_ray(serve=True):
         port = free_port()
         deploy(None, replicas=2, prefill_replicas=1, port=port, paged=PAGED, torch_threads=1, prefill_timeout_s=5.0)
         yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

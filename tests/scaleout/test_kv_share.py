@@ -15,13 +15,10 @@ MAX_NEW = 8
 
 @pytest.fixture(scope="module")
 def cluster():
-    from hf_paged.scaleout.deploy import worker_env
+    from tests.ray_cluster import local_ray
 
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
-    try:
+    with local_ray():
         yield
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture(scope="module")

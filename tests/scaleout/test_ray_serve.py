@@ -25,18 +25,13 @@ SYSTEMS = [f"You are assistant number {k}. " + "Answer in one short sentence, ki
 
 @pytest.fixture(scope="module")
 def endpoint():
-    from ray import serve
+    from hf_paged.scaleout.deploy import deploy
+    from tests.ray_cluster import local_ray
 
-    from hf_paged.scaleout.deploy import deploy, worker_env
-
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
-    try:
+    with local_ray(serve=True):
         port = free_port()
         deploy(None, replicas=2, port=port, paged={"block_size": 16, "num_blocks": 512}, torch_threads=1)
         yield f"http://127.0.0.1:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
 
 
 def chat(client, system: str, question: str, **extra):

@@ -170,16 +170,15 @@ def test_the_router_counts_a_replica_reported_once_its_stats_hold_a_summary():
 # -- on a real local Ray cluster ------------------------------------------------------------------------------------
 
 def test_on_ray_the_first_200_comes_with_every_replica_in_the_router_view():
-    import ray
     from ray import serve
     from ray.serve.api import _run
 
-    from hf_paged.scaleout.deploy import build_application, worker_env
+    from hf_paged.scaleout.deploy import build_application
     from hf_paged.scaleout.gateway import wait_until_ready
     from hf_paged.scaleout.spec import ReplicaSpec
+    from tests.ray_cluster import local_ray
 
-    ray.init(num_cpus=2, include_dashboard=False, runtime_env=worker_env(), log_to_driver=False)
-    try:
+    with local_ray(serve=True):
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -230,6 +229,3 @@ def test_on_ray_the_first_200_comes_with_every_replica_in_the_router_view():
         sender.join(timeout=120)
         assert early.get("status") == 200, early
         print(f"not-ready 503s seen before the first 200: {ours_503}")
-    finally:
-        serve.shutdown()
-        ray.shutdown()
