@@ -9,6 +9,7 @@ from hf_paged import Engine, PagedConfig, SamplingParams
 from hf_paged.cache.block_pool import BlockPool
 from hf_paged.cache.kv_manager import BlockCopy, KVCacheManager
 from hf_paged.cache.radix import RadixCache
+from hf_paged.config import PREFIX_EVICTION_POLICIES
 from tests.cache.test_radix import cached_request
 from tests.tiny_models import ragged_prompts, stock_greedy, tiny_model
 
@@ -109,7 +110,7 @@ def test_a_cached_tail_is_found_by_partial_block_only_and_evicts_like_any_leaf()
     cache.check_integrity()
 
 
-@pytest.mark.parametrize("policy", ["lru", "lfu", "cost"])
+@pytest.mark.parametrize("policy", PREFIX_EVICTION_POLICIES)  # every policy the config accepts
 def test_a_tail_is_evicted_before_any_full_block_even_older_ones(policy):
     pool = BlockPool(8)
     cache = RadixCache(pool, block_size=4, policy=policy)
