@@ -72,8 +72,8 @@ class RadixCache:
         self.ghosts: GhostHistory | None = None
         if getattr(self.policy, "remembers_evicted", False):
             self.ghosts = GhostHistory(getattr(self.policy, "ghost_factor", 4) * pool.num_blocks)
-        self.num_queries = self.num_hits = self.num_query_tokens = self.num_hit_tokens = 0
-        self.num_evicted = 0
+        self.num_queries = self.num_hits = self.num_query_tokens = self.num_hit_tokens = self.num_evicted = 0
+        self.counting = True  # lookups count in the hit statistics (off while a KV load stages its blocks)
         self.epoch = 0  # bumped by reset(): KV computed in an older epoch must not be inserted
         self.events: BlockEventLog | None = None  # set by listen(): nothing is recorded before
         self._pins = PinnedPrefixes(pool)  # prefixes kept out of eviction (`pin`)
@@ -105,10 +105,11 @@ class RadixCache:
         """
         bs, path = self.block_size, self._walk(token_ids, extra_keys).path
         self._touch(path, hit=True)
-        self.num_queries += 1
-        self.num_hits += bool(path)
-        self.num_query_tokens += len(token_ids)
-        self.num_hit_tokens += len(path) * bs
+        if self.counting:
+            self.num_queries += 1
+            self.num_hits += bool(path)
+            self.num_query_tokens += len(token_ids)
+            self.num_hit_tokens += len(path) * bs
         return PrefixMatch(block_ids=[n.block_id for n in path], num_tokens=len(path) * bs)
 
     def partial_block(self, after: int | None, token_ids: Sequence[int], extra_keys: tuple = ()) -> tuple[int, int]:

@@ -19,8 +19,9 @@ a tight pool may take them back (the request then hits fewer and recomputes the 
 half-loaded request (no deadlock). A chunk that fails (a blob missing or corrupt, no room, a storage error, a gap in
 the hit, new weights) ends the load, counted once: what was written stays cached, the rest is recomputed.
 
-The prefix cache's hit counters keep meaning local hits: a chunk's staging lookup is not counted, and when the
-request is admitted the tokens its load wrote are taken out of its lookup's hit (`uncount`).
+The prefix cache's hit counters keep meaning local hits: a chunk's staging lookup is not counted
+(`RadixCache.counting` off), and when the request is admitted the tokens its load wrote are taken out of its
+lookup's hit (`uncount`).
 """
 
 from __future__ import annotations
@@ -58,9 +59,6 @@ class StagedLoad:
     num_written: int = 0  # blocks of the load the tree held after the last chunk
 
 
-_COUNTERS = ("num_queries", "num_hits", "num_query_tokens", "num_hit_tokens")  # the prefix cache's hit statistics
-
-
 _STAGING = "kv-load"  # a chunk's staging table: (_STAGING, request id), dropped within the call
 
 
@@ -94,12 +92,11 @@ class PacedLoads:
     def _lookup(self, staging: tuple, token_ids: Sequence[int], extra_keys: tuple) -> int:
         """The staging table's prefix hit, left out of the prefix cache's hit statistics (a load's bookkeeping)."""
         radix = self.c.radix
-        saved = [getattr(radix, name) for name in _COUNTERS]
+        radix.counting = False
         try:
             return self.c.kv.add_sequence(staging, token_ids, extra_keys)
         finally:
-            for name, value in zip(_COUNTERS, saved, strict=True):
-                setattr(radix, name, value)
+            radix.counting = True
 
     def share(self, token_budget: int | None, num_blocks: int) -> int:
         """Blocks a step with `token_budget` prompt tokens left may write (None: no bound), at least 1."""
