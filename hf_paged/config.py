@@ -68,6 +68,11 @@ class PagedConfig:
     # 2.3M embedded model it costs the demo's batch a quarter of its speed. Applies with chunked prefill only; an
     # engine with nothing decoding prefills at full budget
     max_prefill_tokens_per_step: int | None = None
+    # with max_prefill_tokens_per_step, also size a step's prompt tokens (chunks and KV-load writes) by time: at
+    # most what keeps a step that carries decodes within this many of the engine's own measured decode-only steps
+    # (kv_transfer/cost_model.py `StepTimes`; the engine's KV connector times its steps: needs kv_store= or
+    # kv_offload_dir). Relative, so one value holds across models and machines; None: the token bound alone
+    max_prefill_step_time_ratio: float | None = None
     preemption_mode: str = "recompute"  # "recompute" | "swap" (blocks copied to CPU and back)
     # "budget": admit whatever the token budget and the free blocks allow now | "remaining": keep back the blocks the
     # running requests need to their last token, decode shortest remaining tail first, preempt the longest tail
@@ -158,6 +163,13 @@ class PagedConfig:
         _check_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
         if self.max_prefill_tokens_per_step is not None:
             _check_int("max_prefill_tokens_per_step", self.max_prefill_tokens_per_step, minimum=1)
+        ratio = self.max_prefill_step_time_ratio
+        if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 1):
+            raise ValueError(f"PagedConfig.max_prefill_step_time_ratio must be a number > 1 (a step's time over a "
+                             f"decode-only step's) or None, got {ratio!r}")
+        if ratio is not None and self.max_prefill_tokens_per_step is None:
+            raise ValueError("PagedConfig.max_prefill_step_time_ratio bounds prompt tokens below "
+                             "max_prefill_tokens_per_step (the bound until step times are measured): set both")
         _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _check_choice("prefix_eviction_policy", self.prefix_eviction_policy, PREFIX_EVICTION_POLICIES)

@@ -7,7 +7,8 @@ One step, under a token budget (`max_num_batched_tokens`) and `max_num_seqs`:
      queue is long), as long as budget, sequence slots and blocks last; a scoring prompt that a whole step holds
      is not split behind others admitted in the step: it waits for the next (`_waits_for_whole_step`).
 While some request decodes in the step, prompt tokens (running prefills and admissions together) are also held
-to `max_prefill_tokens_per_step`, so a long prompt is spread over several steps instead of stalling the decodes.
+to `max_prefill_tokens_per_step`, so a long prompt is spread over several steps instead of stalling the decodes
+(with `max_prefill_step_time_ratio`, also to what keeps the step within that many measured decode-only steps).
 A decode with speculative drafts (`request.draft_ids`) runs its last token and the drafts as one chunk; the drafts
 are trimmed to the budget left and dropped when their blocks are not free (drafts never preempt anyone).
 With `scheduling_policy="remaining"` (`decode_lengths.py`), admission also keeps back the blocks the running
@@ -27,6 +28,7 @@ from hf_paged.batching.decode_lengths import DecodeLengths
 from hf_paged.batching.request import Request, RequestStatus
 from hf_paged.cache.kv_manager import KVCacheManager
 from hf_paged.config import PagedConfig
+from hf_paged.errors import InvalidConfigError
 from hf_paged.kv_transfer import KVConnector
 
 # Beyond this many waiting requests, admission is strictly FCFS (no prefix-aware reordering), so nothing starves.
@@ -76,6 +78,9 @@ class Scheduler:
         self.on_resume = on_resume  # swap mode: take blocks and copy the K/V back; False when they do not fit
         self.prefix_policy = prefix_policy  # cache-aware admission (`PrefixPolicy`), None without a prefix cache
         self.kv_transfer = kv_transfer  # loads leading blocks another engine or the disk tier holds (kv_transfer/)
+        if config.max_prefill_step_time_ratio is not None and kv_transfer is None:
+            raise InvalidConfigError("max_prefill_step_time_ratio needs the engine's step times, which its KV "
+                                     "connector measures: pass kv_store= or kv_offload_dir, or drop the ratio")
         # The one owner of request state: every request the engine knows, by id, from `add`/`register` until
         # `forget` (queued, running, forks waiting for their parent, ended but not yet collected). Written only
         # under the engine's lock; other threads read it through `Engine.requests` (a read-only view) or
@@ -176,6 +181,8 @@ class Scheduler:
         limit = self.config.max_prefill_tokens_per_step
         if limit is None or not self.config.enable_chunked_prefill:
             return self.config.max_num_batched_tokens
+        if self.kv_transfer is not None:  # sized by time too (max_prefill_step_time_ratio): the connector times steps
+            limit = self.kv_transfer.prompt_budget(limit, self.config.max_prefill_step_time_ratio)
         return min(limit, self.config.max_num_batched_tokens)
 
     def _fit_drafts(self, request: Request, budget: int) -> int:

@@ -130,7 +130,7 @@ class KVConnector:
         self.hot = HotBlockPublisher(store, self.saver, self._keys, self.block_size) if save_on == "hot" else None
         self.digests = RequestDigests(self.block_size)  # waiting requests' digests, hashed once
         self.cost = cost_model if cost_model is not None else TransferCostModel()
-        self._clock = StepClock(next(model.parameters()).device)  # times prefill steps for the cost model
+        self._clock = StepClock(next(model.parameters()).device)  # times steps for the cost model
         self._recompute: set[Hashable] = set()  # sequences to load no (more) blocks for: the cost model chose
         # recomputing, or their paced load ended
         self.paced = PacedLoads(self)  # waiting requests' blocks written a chunk a step (paced_load.py)
@@ -237,13 +237,18 @@ class KVConnector:
     # -- the cost model's prefill clock: a step's scheduling done, then its forward's first stored block ----------
     def step_started(self, out) -> None:
         """The scheduler planned a step (`SchedulerOutput`): time it if it is mostly prompt tokens."""
-        for num_tokens, seconds in self._clock.samples():
+        for num_tokens, num_prompt_tokens, seconds in self._clock.samples():
             if self.cost.learn:
-                self.cost.observe_prefill(num_tokens, seconds)
+                self.cost.observe_step(num_tokens, num_prompt_tokens, seconds)
         if self.hot is not None:
             self.hot.store.new_round()  # the next lookup that misses may ask the directory again
         prompt = sum(item.num_tokens for item in out.scheduled if item.num_tokens > 1 + item.num_draft_tokens)
         self._clock.start(out.num_batched_tokens, prompt)
+
+    def prompt_budget(self, limit: int, ratio: float | None) -> int:
+        """Prompt tokens a step that carries decodes may take (chunks and block writes): `limit`, and with a `ratio`
+        at most what keeps it within `ratio` decode-only steps as this engine measured them (the cost model's)."""
+        return self.cost.prompt_budget(limit, ratio)
 
     @property
     def num_fetching(self) -> int:

@@ -23,11 +23,13 @@ their measurements with `observe_*` and get the same decisions every run).
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
+from statistics import median
 
 import torch
 
-__all__ = ["CostEstimate", "Rate", "StepClock", "TransferCostModel"]
+__all__ = ["CostEstimate", "Rate", "StepClock", "StepTimes", "TransferCostModel"]
 
 
 class Rate:
@@ -79,6 +81,52 @@ class MarginalCost:
         return slope if slope > 0 else None
 
 
+class StepTimes:
+    """What prompt tokens add to a step that carries decodes, measured on this engine's own steps:
+
+        decode_step   the median of the last `window` timed steps without prompt tokens (a decode-only step)
+        token_seconds (step - decode_step) / prompt tokens, over the steps that carry both, decayed
+        budget(ratio) prompt tokens a step may carry so that it takes at most `ratio` decode-only steps:
+                      (ratio - 1) * decode_step / token_seconds (at least 1: a prompt always moves on)
+
+    One more token's cost is measured directly against a decode-only step, not fitted as a slope over step sizes (a
+    decode replica's steps are all within a few tokens of each other: the fit fell back to its prior). The times are
+    wall seconds, so a loaded machine stretches both sides of the ratio alike. None until both are measured."""
+
+    def __init__(self, window: int = 32, decay: float = 0.9) -> None:
+        self.decay = decay
+        self._decode_only: deque[float] = deque(maxlen=window)
+        self._extra_seconds = self._extra_tokens = 0.0
+
+    def observe(self, num_tokens: int, num_prompt_tokens: int, seconds: float) -> None:
+        """A timed step: `num_tokens` in all, `num_prompt_tokens` of them prompt tokens (the rest decodes)."""
+        if seconds <= 0 or num_prompt_tokens >= num_tokens:
+            return  # nothing decoded in it: a prefill step, measured by the prefill rate
+        if num_prompt_tokens == 0:
+            self._decode_only.append(seconds)
+            return
+        base = self.decode_step
+        if base is not None:
+            self._extra_seconds = self._extra_seconds * self.decay + (seconds - base)
+            self._extra_tokens = self._extra_tokens * self.decay + num_prompt_tokens
+
+    @property
+    def decode_step(self) -> float | None:
+        return median(self._decode_only) if len(self._decode_only) >= 3 else None
+
+    @property
+    def token_seconds(self) -> float | None:
+        if self._extra_tokens <= 0 or self._extra_seconds <= 0:
+            return None
+        return self._extra_seconds / self._extra_tokens
+
+    def budget(self, ratio: float) -> int | None:
+        base, per_token = self.decode_step, self.token_seconds
+        if base is None or per_token is None:
+            return None
+        return max(1, int((ratio - 1) * base / per_token))
+
+
 @dataclass(frozen=True, slots=True)
 class CostEstimate:
     fetch_seconds: float  # bytes / bandwidth
@@ -111,7 +159,8 @@ class TransferCostModel:
         self.prefill = Rate(prefill_prior, prior_weight, decay)
         self.prefill_prior_seconds = 1 / prefill_prior  # a token's cost until measured
         self.step_load = Rate(bandwidth_prior, prior_weight, decay)  # the step thread's part of loads only
-        self.marginal = MarginalCost()  # one more prompt token's cost in a step (what a load's share weighs)
+        self.marginal = MarginalCost()  # one more prompt token's cost in a prefill step (until `steps` measures it)
+        self.steps = StepTimes()  # a decode-only step and what a prompt token adds beside decodes (budgets by time)
         self.explore_every, self.learn = explore_every, learn
         self._refused_in_a_row = 0
 
@@ -123,13 +172,31 @@ class TransferCostModel:
         """The step's thread spent `seconds` on a load of `nbytes` (a read done there, checks, pool write, tree)."""
         self.step_load.observe(nbytes, seconds)
 
-    def block_tokens(self, nbytes: int) -> float:
-        """Prompt tokens of forward that writing a block of `nbytes` on the step's thread costs as much as: one
-        more token's cost (`MarginalCost`); until the steps' sizes spread, the prior's (a small step's average
+    def token_seconds(self) -> float:
+        """One more prompt token's cost in a step: measured beside decodes (`StepTimes`) once it is; before, the
+        slope over prefill steps (`MarginalCost`), or until their sizes spread the prior's (a small step's average
         carries the step's fixed part: it would make a block look cheap), never more than the average."""
-        average = 1 / self.prefill.per_second
-        per_token = min(self.marginal.seconds_per_token or self.prefill_prior_seconds, average)
-        return nbytes / self.step_load.per_second / per_token
+        measured = self.steps.token_seconds
+        if measured is not None:
+            return measured
+        return min(self.marginal.seconds_per_token or self.prefill_prior_seconds, 1 / self.prefill.per_second)
+
+    def block_tokens(self, nbytes: int) -> float:
+        """Prompt tokens of forward that writing a block of `nbytes` on the step's thread costs as much as."""
+        return nbytes / self.step_load.per_second / self.token_seconds()
+
+    def prompt_budget(self, limit: int, ratio: float | None) -> int:
+        """Prompt tokens (a local chunk and block writes together) a step that carries decodes may take: at most
+        `limit`, and with a `ratio`, at most what keeps the step within `ratio` decode-only steps (`StepTimes`);
+        `limit` alone until that is measured."""
+        budget = self.steps.budget(ratio) if ratio is not None else None
+        return limit if budget is None else min(limit, budget)
+
+    def observe_step(self, num_tokens: int, num_prompt_tokens: int, seconds: float) -> None:
+        """A timed step: one mostly of prompt tokens feeds the prefill rate too (`observe_prefill`)."""
+        if 2 * num_prompt_tokens >= num_tokens:
+            self.observe_prefill(num_tokens, seconds)
+        self.steps.observe(num_tokens, num_prompt_tokens, seconds)
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
         """A prefill step computed `num_tokens` in `seconds`."""
@@ -156,20 +223,21 @@ class TransferCostModel:
                 "cost_load_samples": self.bandwidth.num_observations,
                 "cost_prefill_samples": self.prefill.num_observations,
                 "cost_step_load_bytes_per_s": self.step_load.per_second,
-                "cost_token_seconds": self.marginal.seconds_per_token or 1 / self.prefill.per_second}
+                "cost_token_seconds": self.token_seconds(),
+                "cost_decode_step_seconds": self.steps.decode_step or 0.0}
 
 
 class StepClock:
     """Times the engine's prefill steps for the prefill rate: from the end of a step's scheduling (`start`) to the
     first full block the step's forward hands the prefix cache (`stop`, the tree's `blocks_stored`). On a CUDA device
     two events are recorded instead of reading a clock (the forward runs asynchronously), and read once the device
-    passed the second (`samples`), never waiting for it. A step counts when prompt tokens are at least half of it
-    (its tokens and seconds feed the prefill rate and `MarginalCost`)."""
+    passed the second (`samples`), never waiting for it. Every step is timed that stores a block (a decode-only
+    step too: `StepTimes` needs both kinds); one of mostly prompt tokens also feeds the prefill rate."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
-        self._open: tuple[int, object] | None = None
-        self._pending: list[tuple[int, object, object]] = []
+        self._open: tuple[int, int, object] | None = None
+        self._pending: list[tuple[int, int, object, object]] = []
 
     def _mark(self):
         if self.cuda:
@@ -179,7 +247,7 @@ class StepClock:
         return time.perf_counter()
 
     def start(self, num_tokens: int, num_prompt_tokens: int) -> None:
-        self._open = (num_tokens, self._mark()) if num_tokens and 2 * num_prompt_tokens >= num_tokens else None
+        self._open = (num_tokens, num_prompt_tokens, self._mark()) if num_tokens else None
 
     def cancel(self) -> None:
         """Blocks stored outside a step's forward (a load, during scheduling): the open step is not timed."""
@@ -187,19 +255,19 @@ class StepClock:
 
     def stop(self) -> None:
         if self._open is not None:
-            num_tokens, begin = self._open
-            self._pending.append((num_tokens, begin, self._mark()))
+            num_tokens, num_prompt_tokens, begin = self._open
+            self._pending.append((num_tokens, num_prompt_tokens, begin, self._mark()))
             self._open = None
 
-    def samples(self) -> list[tuple[int, float]]:
-        """(tokens, seconds) of the timed steps that finished, each once."""
+    def samples(self) -> list[tuple[int, int, float]]:
+        """(tokens, prompt tokens, seconds) of the timed steps that finished, each once."""
         done, waiting = [], []
-        for num_tokens, begin, end in self._pending:
+        for num_tokens, num_prompt_tokens, begin, end in self._pending:
             if not self.cuda:
-                done.append((num_tokens, end - begin))  # type: ignore[operator]
+                done.append((num_tokens, num_prompt_tokens, end - begin))  # type: ignore[operator]
             elif end.query():  # type: ignore[attr-defined]
-                done.append((num_tokens, begin.elapsed_time(end) / 1000))  # type: ignore[attr-defined]
+                done.append((num_tokens, num_prompt_tokens, begin.elapsed_time(end) / 1000))  # type: ignore[attr-defined]
             else:
-                waiting.append((num_tokens, begin, end))
+                waiting.append((num_tokens, num_prompt_tokens, begin, end))
         self._pending = waiting[-64:]
         return done

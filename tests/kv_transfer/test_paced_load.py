@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from hf_paged import Engine, PagedConfig, SamplingParams
+from hf_paged.errors import InvalidConfigError
 from hf_paged.kv_transfer import DirectoryStore, InProcessStore, TransferCostModel
-from hf_paged.kv_transfer.cost_model import MarginalCost
+from hf_paged.kv_transfer.cost_model import MarginalCost, Rate, StepTimes
 from hf_paged.kv_transfer.paced_load import LoadStep
 from tests.kv_transfer.test_engine_transfer import BS, run, transfer_stats
 from tests.tiny_models import ragged_prompts, stock_greedy
@@ -186,3 +187,44 @@ def test_blocks_read_in_the_background_are_written_a_share_a_step_too(model, lon
     assert max(n for n, d in zip(loads, decoding) if d) == BUDGET // TOKENS_PER_BLOCK and sum(loads) == LONG_BLOCKS
     assert loads[0] == 0  # the first step only started the read
     assert transfer_stats(engine)["load_failures"] == 0 and store.nbytes
+
+
+def test_step_times_measure_a_token_against_a_decode_only_step_and_size_the_budget_by_time():
+    steps = StepTimes()
+    assert steps.budget(1.5) is None  # nothing measured
+    for _ in range(3):
+        steps.observe(5, 0, 0.030)  # decode-only steps: 30 ms
+    steps.observe(2048, 2048, 2.0)  # a prefill step (nothing decoding): not this model's business
+    assert steps.decode_step == pytest.approx(0.030) and steps.token_seconds is None
+    steps.observe(21, 16, 0.046)  # a 16-token chunk beside 5 decodes added 16 ms: 1 ms a token
+    assert steps.token_seconds == pytest.approx(0.001)
+    assert steps.budget(1.5) == 15  # (1.5 - 1) * 30 ms / 1 ms
+    assert steps.budget(1.01) == 1  # a prompt always moves on
+    model = TransferCostModel(bandwidth_prior=1e6, prefill_prior=100, learn=False)
+    model.steps = steps
+    assert model.block_tokens(1000) == pytest.approx(1.0)  # a 1 ms write is one measured token's cost
+    assert model.prompt_budget(16, 1.5) == 15 and model.prompt_budget(8, 1.5) == 8  # the token bound still caps
+    assert model.prompt_budget(16, None) == 16
+
+
+def test_a_time_bounded_engine_keeps_every_step_within_its_ratio_of_a_decode_only_step(model, long_prompt,
+                                                                                      short_prompts, expected):
+    """Measured step times (injected: the same every run): a chunk token costs 1/4 of a decode-only step, so at
+    ratio 1.5 a step carrying decodes takes 2 prompt tokens (local chunk and block writes together), not BUDGET."""
+    engine = decode_engine(model, handed_over(model, long_prompt), max_prefill_step_time_ratio=1.5)
+    connector = engine.scheduler.kv_transfer
+    for _ in range(3):
+        connector.cost.steps.observe(3, 0, 0.040)
+    connector.cost.steps.observe(11, 8, 0.120)  # 8 tokens added 80 ms: 10 ms a token, a quarter of a decode step
+    connector.cost.step_load = Rate(connector.block_bytes() * 50, 1.0, 1.0)  # a block's write on the step: 20 ms
+    assert engine.scheduler._prompt_budget() == 2 and connector.paced.share(2, 100) == 1
+    ids = start_decoding(engine, short_prompts)
+    ids.insert(0, engine.add_request(long_prompt, SamplingParams(max_new_tokens=6)))
+    loads, decoding = [], []
+    assert step_all(engine, ids, loads, decoding=decoding) == [expected[0], *expected[1:]]
+    assert max(n for n, d in zip(loads, decoding) if d) == 1 and sum(loads) == LONG_BLOCKS
+
+
+def test_a_time_ratio_without_a_step_clock_is_a_typed_error(model):
+    with pytest.raises(InvalidConfigError, match="kv_store= or kv_offload_dir"):
+        Engine(model, PagedConfig(block_size=BS, max_prefill_tokens_per_step=8, max_prefill_step_time_ratio=1.4))
