@@ -70,6 +70,9 @@ class _AppState:
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ApiError(f"the request body is not valid JSON ({exc}); send a JSON object",
                            code="invalid_json") from None
+        except RecursionError:  # the decoder recurses once per level: ~1,000 nested arrays/objects
+            raise ApiError("the request body nests too deeply to parse (about 1,000 levels of arrays or objects); "
+                           "send a flatter JSON object", code="invalid_json") from None
         if not isinstance(data, dict):
             raise ApiError(f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
         try:

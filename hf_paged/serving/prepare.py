@@ -98,13 +98,14 @@ def constraint_of(request: _Sampling) -> tuple[str, Any, str] | None:
 def build_constraint(cache: ConstraintCache, request: _Sampling) -> list:
     """The request's processors (at most one); schema errors become a 400 naming the keyword's JSON pointer."""
     found = constraint_of(request)
+    whitespace = request.guided_whitespace_pattern
+    if whitespace is not None and (found is None or found[0] != "json_schema"):
+        given = f"with {found[2]}" if found is not None else "without one"
+        raise ApiError("guided_whitespace_pattern applies to JSON constraints (response_format, guided_json); "
+                       f"leave it out {given}", param="guided_whitespace_pattern", code="invalid_value")
     if found is None:
         return []
     kind, spec, param = found
-    whitespace = request.guided_whitespace_pattern
-    if whitespace is not None and kind != "json_schema":
-        raise ApiError("guided_whitespace_pattern applies to JSON constraints (response_format, guided_json); "
-                       f"leave it out with {param}", param="guided_whitespace_pattern", code="invalid_value")
     try:
         return [cache.get(kind, spec, whitespace)]
     except (SchemaError, TokenizerError, TypeError) as exc:
@@ -155,8 +156,9 @@ class Preparer:
                  *, default_to_room: bool) -> PreparedRequest:
         max_len = self.engine.max_model_len
         longest = max(len(p) for p in prompts)
-        if max_tokens is None:
-            max_tokens = max(max_len - longest, 1) if default_to_room else 16
+        if max_tokens is None:  # chat's default: the room left in the model's positions and in the whole pool
+            pool_tokens = self.engine.cache.num_blocks * self.engine.config.block_size
+            max_tokens = max(min(max_len, pool_tokens) - longest, 1) if default_to_room else 16
         if max_tokens < 1:
             name = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) is not None else "max_tokens"
             raise ApiError(f"{name} must be at least 1, got {max_tokens}", param=name, code="invalid_value")
@@ -218,6 +220,11 @@ class Preparer:
                 f"max_tokens={max_tokens} ask for {len(prompt) + max_tokens}; shorten the {param} or lower max_tokens",
                 param=param if len(prompt) >= max_len else "max_tokens", code="context_length_exceeded",
             )
+        pool_tokens = self.engine.cache.num_blocks * self.engine.config.block_size
+        if len(prompt) + 1 > pool_tokens:  # lowering max_tokens cannot help: say what can
+            raise ApiError(f"the {param} is {len(prompt)} tokens but this server's KV pool holds {pool_tokens} in all "
+                           f"(the prompt and at least one generated token must fit); shorten the {param}, or restart "
+                           "the server with a larger --num-blocks", param=param, code="context_length_exceeded")
         error = self.engine.validate_prompt(  # the pool must hold the whole answer: refused up front, not cut short
             prompt, SamplingParams(max_new_tokens=max_tokens), whole_sequence=True, output_name="max_tokens",
             pool_fix="restart the server with a larger --num-blocks")

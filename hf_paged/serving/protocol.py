@@ -122,6 +122,9 @@ class _Sampling(_Strict):
                   and not (name == "response_format" and self.response_format.type == "text")]
         if len(guides) > 1:
             raise UnsupportedField(guides[1], f"give one output constraint, not {' and '.join(guides)}")
+        if self.stream_options is not None and not self.stream:
+            raise UnsupportedField("stream_options", "stream_options applies to streamed answers only; leave it out "
+                                   "or send stream: true")
         if self.stop is not None and any(s == "" for s in ([self.stop] if isinstance(self.stop, str) else self.stop)):
             raise UnsupportedField("stop", "stop sequences must be non-empty strings")
 

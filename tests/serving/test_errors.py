@@ -82,6 +82,12 @@ DEEP = {"type": "object", "properties": {"xs": {"type": "array", "contains": {"t
          ["JSON constraints"]),
         ({"prompt": "x", "guided_json": {"type": "object"}, "guided_whitespace_pattern": "(x"}, "guided_json",
          ["whitespace='(x'"]),
+        # found by a hostile pass (issue 36): each was a 500 or silently accepted before
+        pytest.param('{"prompt": ' + "[" * 5000 + "]" * 5000 + "}", None, ["nests too deeply"], id="deep-array"),
+        pytest.param('{"prompt": "x", "metadata": ' + '{"a": ' * 5000 + "1" + "}" * 5001, None,
+                     ["nests too deeply"], id="deep-object"),
+        ({"prompt": "x", "guided_whitespace_pattern": ""}, "guided_whitespace_pattern", ["JSON constraints"]),
+        ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", ["stream: true"]),
     ],
 )
 def test_bad_completion_requests_get_400(server, body, param, words):
@@ -216,3 +222,14 @@ def test_an_answer_the_pool_cannot_hold_is_refused_up_front_in_api_terms(tiny_lm
                              "max_tokens", ["needs 13 blocks but the pool has 8", "lower max_tokens", "--num-blocks"])
         assert error["code"] == "context_length_exceeded"
         assert post(server, "/v1/completions", {"prompt": "x" * 100, "max_tokens": 20}).status_code == 200
+        # a prompt the pool cannot hold at all: the prompt is at fault, lowering max_tokens would not help
+        error = assert_error(post(server, "/v1/completions", {"prompt": "x" * 200, "max_tokens": 1}), 400, "prompt",
+                             ["holds 128", "shorten the prompt", "--num-blocks"])
+        assert "lower max_tokens" not in error["message"]
+        # chat without max_tokens: the default is the room the pool leaves, not the model's 2048 positions
+        response = post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                                                          "temperature": 0, "ignore_eos": True})
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["choices"][0]["finish_reason"] == "length"
+        assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] == 128
