@@ -164,7 +164,7 @@ class Scheduler:
             scheduled_ids.add(request.request_id)
             budget -= num_tokens
             if not is_prompt and not bounded:
-                prompt_budget, bounded = self._prompt_budget(), True
+                prompt_budget, bounded = self._prompt_budget(sum(r.num_tokens_to_compute == 1 for r in order)), True
             prompt_budget = min(prompt_budget - (num_tokens if is_prompt else 0), budget)
         if not out.preempted:  # admitting while preempting would thrash
             left = self._admit(out, prompt_budget)
@@ -176,13 +176,13 @@ class Scheduler:
             self.kv_transfer.wait(0.005)  # type: ignore[union-attr]  # nothing to run until a read finishes
         return out
 
-    def _prompt_budget(self) -> int:
-        """Prompt tokens one step may carry while requests decode in it."""
+    def _prompt_budget(self, num_decodes: int | None = None) -> int:
+        """Prompt tokens one step may carry while requests (`num_decodes` of them) decode in it."""
         limit = self.config.max_prefill_tokens_per_step
         if limit is None or not self.config.enable_chunked_prefill:
             return self.config.max_num_batched_tokens
         if self.kv_transfer is not None:  # sized by time too (max_prefill_step_time_ratio): the connector times steps
-            limit = self.kv_transfer.prompt_budget(limit, self.config.max_prefill_step_time_ratio)
+            limit = self.kv_transfer.prompt_budget(limit, self.config.max_prefill_step_time_ratio, num_decodes)
         return min(limit, self.config.max_num_batched_tokens)
 
     def _fit_drafts(self, request: Request, budget: int) -> int:

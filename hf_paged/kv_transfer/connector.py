@@ -245,10 +245,10 @@ class KVConnector:
         prompt = sum(item.num_tokens for item in out.scheduled if item.num_tokens > 1 + item.num_draft_tokens)
         self._clock.start(out.num_batched_tokens, prompt)
 
-    def prompt_budget(self, limit: int, ratio: float | None) -> int:
-        """Prompt tokens a step that carries decodes may take (chunks and block writes): `limit`, and with a `ratio`
-        at most what keeps it within `ratio` decode-only steps as this engine measured them (the cost model's)."""
-        return self.cost.prompt_budget(limit, ratio)
+    def prompt_budget(self, limit: int, ratio: float | None, num_decodes: int | None = None) -> int:
+        """Prompt tokens a step with `num_decodes` decodes may take (chunks and block writes): `limit`, and with a
+        `ratio` at most what keeps it within `ratio` decode-only steps as this engine measured them (cost model)."""
+        return self.cost.prompt_budget(limit, ratio, num_decodes)
 
     @property
     def num_fetching(self) -> int:

@@ -23,13 +23,19 @@ their measurements with `observe_*` and get the same decisions every run).
 from __future__ import annotations
 
 import time
-from collections import deque
 from dataclasses import dataclass
-from statistics import median
 
 import torch
 
-__all__ = ["CostEstimate", "Rate", "StepClock", "StepTimes", "TransferCostModel"]
+__all__ = ["CostEstimate", "Rate", "StepClock", "StepTimes", "TransferCostModel", "work_clock"]
+
+
+def work_clock(device: torch.device):
+    """The clock that times a step's work for `device`: on a CPU the stepping thread's own CPU time (the forward runs
+    there, its intra-op threads joined at each op: other processes on a loaded machine do not stretch it, where the
+    wall clock measured a 30-40 ms decode step as 100-150 ms under a load average of 6 on 2 cores), else the wall
+    clock (device work is timed by events, `StepClock`)."""
+    return time.thread_time if device.type == "cpu" else time.perf_counter
 
 
 class Rate:
@@ -81,47 +87,78 @@ class MarginalCost:
         return slope if slope > 0 else None
 
 
+class _Line:
+    """A decayed least-squares line y = a + b x (b = 0 until the x values spread by at least one unit)."""
+
+    def __init__(self, decay: float) -> None:
+        self.decay = decay
+        self.w = self.x = self.y = self.xx = self.xy = 0.0
+
+    def observe(self, x: float, y: float) -> None:
+        d = self.decay
+        self.w, self.x, self.y = self.w * d + 1, self.x * d + x, self.y * d + y
+        self.xx, self.xy = self.xx * d + x * x, self.xy * d + x * y
+
+    def coefficients(self) -> tuple[float, float] | None:
+        if self.w <= 0:
+            return None
+        spread = self.w * self.xx - self.x * self.x  # w^2 * variance of x
+        slope = (self.w * self.xy - self.x * self.y) / spread if spread >= self.w * self.w else 0.0
+        return self.y / self.w - slope * self.x / self.w, slope
+
+
 class StepTimes:
     """What prompt tokens add to a step that carries decodes, measured on this engine's own steps:
 
-        decode_step   the median of the last `window` timed steps without prompt tokens (a decode-only step)
-        token_seconds (step - decode_step) / prompt tokens, over the steps that carry both, decayed
-        budget(ratio) prompt tokens a step may carry so that it takes at most `ratio` decode-only steps:
-                      (ratio - 1) * decode_step / token_seconds (at least 1: a prompt always moves on)
+        decode_step(n)  a decode-only step with n decodes: a decayed line through the timed decode-only steps
+        token_seconds   (step - decode_step(its decodes)) / prompt tokens, over the steps that carry both, decayed
+        budget(ratio, n) prompt tokens a step with n decodes may carry to take at most `ratio` decode-only steps:
+                        (ratio - 1) * decode_step(n) / token_seconds (at least 1: a prompt always moves on)
 
-    One more token's cost is measured directly against a decode-only step, not fitted as a slope over step sizes (a
-    decode replica's steps are all within a few tokens of each other: the fit fell back to its prior). The times are
-    wall seconds, so a loaded machine stretches both sides of the ratio alike. None until both are measured."""
+    One more token's cost is measured directly against a decode-only step of the same batch, not fitted as a slope
+    over step sizes (a decode replica's steps are all within a few tokens of each other: that fit fell back to its
+    prior), and not against a fixed decode step (on the CPU one decode took 17-20 ms a step, seven 30-35 ms). The
+    sums keep each step's decode count, so the steps seen before the first decode-only one count too. None until
+    both kinds were timed."""
 
-    def __init__(self, window: int = 32, decay: float = 0.9) -> None:
+    def __init__(self, decay: float = 0.95) -> None:
         self.decay = decay
-        self._decode_only: deque[float] = deque(maxlen=window)
-        self._extra_seconds = self._extra_tokens = 0.0
+        self._decode_only = _Line(decay)  # seconds over decodes, decode-only steps
+        self._num_decode_only = 0
+        self._w = self._decodes = self._seconds = self._prompt = 0.0  # decayed sums over steps carrying both
 
     def observe(self, num_tokens: int, num_prompt_tokens: int, seconds: float) -> None:
         """A timed step: `num_tokens` in all, `num_prompt_tokens` of them prompt tokens (the rest decodes)."""
-        if seconds <= 0 or num_prompt_tokens >= num_tokens:
+        num_decodes = num_tokens - num_prompt_tokens
+        if seconds <= 0 or num_decodes <= 0:
             return  # nothing decoded in it: a prefill step, measured by the prefill rate
         if num_prompt_tokens == 0:
-            self._decode_only.append(seconds)
+            self._decode_only.observe(num_decodes, seconds)
+            self._num_decode_only += 1
             return
-        base = self.decode_step
-        if base is not None:
-            self._extra_seconds = self._extra_seconds * self.decay + (seconds - base)
-            self._extra_tokens = self._extra_tokens * self.decay + num_prompt_tokens
+        d = self.decay
+        self._w, self._decodes = self._w * d + 1, self._decodes * d + num_decodes
+        self._seconds, self._prompt = self._seconds * d + seconds, self._prompt * d + num_prompt_tokens
 
-    @property
-    def decode_step(self) -> float | None:
-        return median(self._decode_only) if len(self._decode_only) >= 3 else None
+    def decode_step(self, num_decodes: float | None = None) -> float | None:
+        """A decode-only step's seconds with `num_decodes` decodes (None: the observed mix's average)."""
+        fit = self._decode_only.coefficients() if self._num_decode_only >= 2 else None
+        if fit is None:
+            return None
+        line = self._decode_only
+        x = line.x / line.w if num_decodes is None else num_decodes
+        return max(fit[0] + fit[1] * x, 1e-9)
 
     @property
     def token_seconds(self) -> float | None:
-        if self._extra_tokens <= 0 or self._extra_seconds <= 0:
+        fit = self._decode_only.coefficients() if self._num_decode_only >= 2 else None
+        if fit is None or self._prompt <= 0:
             return None
-        return self._extra_seconds / self._extra_tokens
+        extra = self._seconds - fit[0] * self._w - fit[1] * self._decodes  # sum of (step - its decode-only step)
+        return extra / self._prompt if extra > 0 else None
 
-    def budget(self, ratio: float) -> int | None:
-        base, per_token = self.decode_step, self.token_seconds
+    def budget(self, ratio: float, num_decodes: int | None = None) -> int | None:
+        base, per_token = self.decode_step(num_decodes), self.token_seconds
         if base is None or per_token is None:
             return None
         return max(1, int((ratio - 1) * base / per_token))
@@ -185,11 +222,11 @@ class TransferCostModel:
         """Prompt tokens of forward that writing a block of `nbytes` on the step's thread costs as much as."""
         return nbytes / self.step_load.per_second / self.token_seconds()
 
-    def prompt_budget(self, limit: int, ratio: float | None) -> int:
-        """Prompt tokens (a local chunk and block writes together) a step that carries decodes may take: at most
-        `limit`, and with a `ratio`, at most what keeps the step within `ratio` decode-only steps (`StepTimes`);
-        `limit` alone until that is measured."""
-        budget = self.steps.budget(ratio) if ratio is not None else None
+    def prompt_budget(self, limit: int, ratio: float | None, num_decodes: int | None = None) -> int:
+        """Prompt tokens (a local chunk and block writes together) a step with `num_decodes` decodes may take: at
+        most `limit`, and with a `ratio`, at most what keeps the step within `ratio` decode-only steps of as many
+        decodes (`StepTimes`); `limit` alone until that is measured."""
+        budget = self.steps.budget(ratio, num_decodes) if ratio is not None else None
         return limit if budget is None else min(limit, budget)
 
     def observe_step(self, num_tokens: int, num_prompt_tokens: int, seconds: float) -> None:
@@ -224,7 +261,7 @@ class TransferCostModel:
                 "cost_prefill_samples": self.prefill.num_observations,
                 "cost_step_load_bytes_per_s": self.step_load.per_second,
                 "cost_token_seconds": self.token_seconds(),
-                "cost_decode_step_seconds": self.steps.decode_step or 0.0}
+                "cost_decode_step_seconds": self.steps.decode_step() or 0.0}
 
 
 class StepClock:
@@ -236,6 +273,7 @@ class StepClock:
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
+        self._now = work_clock(device)
         self._open: tuple[int, int, object] | None = None
         self._pending: list[tuple[int, int, object, object]] = []
 
@@ -244,7 +282,7 @@ class StepClock:
             event = torch.cuda.Event(enable_timing=True)
             event.record()
             return event
-        return time.perf_counter()
+        return self._now()
 
     def start(self, num_tokens: int, num_prompt_tokens: int) -> None:
         self._open = (num_tokens, num_prompt_tokens, self._mark()) if num_tokens else None

@@ -27,12 +27,12 @@ lookup's hit (`uncount`).
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from hf_paged.kv_transfer.block_format import DecodedBlock
 from hf_paged.kv_transfer.codec import ensure_storage
+from hf_paged.kv_transfer.cost_model import work_clock
 from hf_paged.kv_transfer.fetcher import BlockAsk, PendingFetch, read_blocks
 
 __all__ = ["LoadStep", "PacedLoads", "StagedLoad"]
@@ -67,6 +67,7 @@ class PacedLoads:
 
     def __init__(self, connector) -> None:
         self.c = connector  # the `KVConnector` these loads belong to (not imported here: it imports this module)
+        self._now = work_clock(next(connector.model.parameters()).device)  # the step clock's (`StepTimes` units)
         self._staged: dict[Hashable, StagedLoad] = {}
         self._written: dict[Hashable, tuple[int, int]] = {}  # ended loads: the prompt tokens (start, end) written
 
@@ -150,7 +151,7 @@ class PacedLoads:
         if staged.epoch != c.radix.epoch or not ensure_storage(c.cache, c.model):
             return self._end(seq_id, staged, failed=True, num_tokens=0)
         staging = (_STAGING, seq_id)
-        start = time.perf_counter()  # the lookup (hashing the prompt) is the step's load work too
+        start = self._now()  # the lookup (hashing the prompt) is the step's load work too
         hit = self._lookup(staging, token_ids, extra_keys) // bs
         try:
             done = hit - staged.first  # blocks of the load the tree holds (earlier chunks; maybe others' too)
@@ -167,7 +168,7 @@ class PacedLoads:
                     and c.write_blocks(c.kv.block_ids(staging)[hit : hit + len(blocks)], blocks)):
                 loaded = len(blocks)  # only now, written, do they enter the prefix tree
                 c.kv.cache_full_blocks(staging, token_ids[: (hit + loaded) * bs], extra_keys)
-            seconds = time.perf_counter() - start
+            seconds = self._now() - start
         finally:
             c.kv.free(staging)
         c.count_load(blocks[:loaded], seconds, seconds + staged.read_seconds)

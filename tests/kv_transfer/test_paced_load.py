@@ -189,22 +189,24 @@ def test_blocks_read_in_the_background_are_written_a_share_a_step_too(model, lon
     assert transfer_stats(engine)["load_failures"] == 0 and store.nbytes
 
 
-def test_step_times_measure_a_token_against_a_decode_only_step_and_size_the_budget_by_time():
+def test_step_times_measure_a_token_against_a_decode_only_step_of_the_same_batch():
     steps = StepTimes()
-    assert steps.budget(1.5) is None  # nothing measured
-    for _ in range(3):
-        steps.observe(5, 0, 0.030)  # decode-only steps: 30 ms
+    steps.observe(17, 16, 0.0335)  # a 16-token chunk beside 1 decode, timed before any decode-only step
+    assert steps.budget(1.5) is None  # nothing to compare it with yet
     steps.observe(2048, 2048, 2.0)  # a prefill step (nothing decoding): not this model's business
-    assert steps.decode_step == pytest.approx(0.030) and steps.token_seconds is None
-    steps.observe(21, 16, 0.046)  # a 16-token chunk beside 5 decodes added 16 ms: 1 ms a token
-    assert steps.token_seconds == pytest.approx(0.001)
-    assert steps.budget(1.5) == 15  # (1.5 - 1) * 30 ms / 1 ms
-    assert steps.budget(1.01) == 1  # a prompt always moves on
+    for n in (1, 7, 1, 7):
+        steps.observe(n, 0, 0.015 + 0.0025 * n)  # decode-only steps: 17.5 ms with 1 decode, 32.5 ms with 7
+    assert steps.decode_step(1) == pytest.approx(0.0175) and steps.decode_step(7) == pytest.approx(0.0325)
+    assert steps.token_seconds == pytest.approx(0.001)  # the early chunk step: (33.5 - 17.5) ms / 16 tokens
+    steps.observe(23, 16, 0.0485)  # 16 tokens beside 7 decodes: 16 ms more than 7 decodes alone, 1 ms a token
+    assert steps.token_seconds == pytest.approx(0.001, rel=0.02)
+    assert steps.budget(1.5, 7) == 16 and steps.budget(1.5, 1) == 8  # (1.5 - 1) x the step of as many decodes
+    assert steps.budget(1.01, 1) == 1  # a prompt always moves on
     model = TransferCostModel(bandwidth_prior=1e6, prefill_prior=100, learn=False)
     model.steps = steps
-    assert model.block_tokens(1000) == pytest.approx(1.0)  # a 1 ms write is one measured token's cost
-    assert model.prompt_budget(16, 1.5) == 15 and model.prompt_budget(8, 1.5) == 8  # the token bound still caps
-    assert model.prompt_budget(16, None) == 16
+    assert model.block_tokens(1000) == pytest.approx(1.0, rel=0.02)  # a 1 ms write is one measured token's cost
+    assert model.prompt_budget(32, 1.5, 7) == 16 and model.prompt_budget(8, 1.5, 7) == 8  # the token bound caps
+    assert model.prompt_budget(32, None, 7) == 32
 
 
 def test_a_time_bounded_engine_keeps_every_step_within_its_ratio_of_a_decode_only_step(model, long_prompt,
@@ -214,10 +216,10 @@ def test_a_time_bounded_engine_keeps_every_step_within_its_ratio_of_a_decode_onl
     engine = decode_engine(model, handed_over(model, long_prompt), max_prefill_step_time_ratio=1.5)
     connector = engine.scheduler.kv_transfer
     for _ in range(3):
-        connector.cost.steps.observe(3, 0, 0.040)
-    connector.cost.steps.observe(11, 8, 0.120)  # 8 tokens added 80 ms: 10 ms a token, a quarter of a decode step
+        connector.cost.steps.observe(2, 0, 0.040)  # two decodes: 40 ms
+    connector.cost.steps.observe(10, 8, 0.120)  # 8 tokens added 80 ms: 10 ms a token, a quarter of a decode step
     connector.cost.step_load = Rate(connector.block_bytes() * 50, 1.0, 1.0)  # a block's write on the step: 20 ms
-    assert engine.scheduler._prompt_budget() == 2 and connector.paced.share(2, 100) == 1
+    assert engine.scheduler._prompt_budget(2) == 2 and connector.paced.share(2, 100) == 1
     ids = start_decoding(engine, short_prompts)
     ids.insert(0, engine.add_request(long_prompt, SamplingParams(max_new_tokens=6)))
     loads, decoding = [], []
