@@ -10,7 +10,6 @@ the engine does not implement fall back to stock `generate` with a one-line warn
 from __future__ import annotations
 
 import copy
-import operator
 import warnings
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,6 +19,7 @@ import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 
 from hf_paged.api.generate_criteria import LockstepCriteria
+from hf_paged.api.generate_inputs import check_priorities, check_prompts, checked_inputs, token_ids_of
 from hf_paged.api.generate_output import assemble_generate_output, make_streamer_hook
 from hf_paged.api.generate_processors import ProcessorFactory
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
@@ -90,18 +90,14 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
         return _fallback(stock, reason, input_ids, generation_config, logits_processor, streamer, extra, kwargs,
                          negative_prompt_ids, negative_prompt_attention_mask)
 
-    if input_ids.dim() == 1:
-        input_ids = input_ids[None]
-    attention_mask = model_kwargs.get("attention_mask")
-    if attention_mask is None:
-        attention_mask = torch.ones_like(input_ids)
+    input_ids, attention_mask = checked_inputs(input_ids, model_kwargs.get("attention_mask"))
     prompts = [row[mask.bool()].tolist() for row, mask in zip(input_ids.cpu(), attention_mask.cpu())]
     engine = engine_of(model)
     padded_len = input_ids.shape[1]
     max_new_tokens = gen_config.max_new_tokens
     if max_new_tokens is None:
         max_new_tokens = max(gen_config.max_length - padded_len, 1)
-    _check_prompts(engine, prompts, max_new_tokens)
+    check_prompts(engine, prompts, max_new_tokens)
 
     eos = as_list(gen_config.eos_token_id)
     pad_token_id = gen_config.pad_token_id if gen_config.pad_token_id is not None else (eos[0] if eos else 0)
@@ -187,16 +183,6 @@ def speculative_params(gen_config: GenerationConfig, assistant_model=None) -> di
     return {}
 
 
-def _check_prompts(engine, prompts: list[list[int]], max_new_tokens: int) -> None:
-    """Raise before any work starts (stock generate users expect exceptions, not FAILED outputs)."""
-    for i, prompt in enumerate(prompts):
-        if not prompt:
-            raise InvalidPromptError(f"row {i} of input_ids is all padding (attention_mask is 0 everywhere)")
-        error = engine.validate_prompt(prompt, SamplingParams(max_new_tokens=max_new_tokens))
-        if error is not None:
-            raise type(error)(f"row {i}: {error}")
-
-
 def _fallback(stock, reason, inputs, generation_config, logits_processor, streamer, extra, kwargs,
               negative_prompt_ids, negative_prompt_attention_mask):
     warnings.warn(f"hf_paged: {reason} is not supported by the paged engine; running stock generate",
@@ -234,10 +220,16 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
         return distributed_generate_batch(model, inputs, generation_config, logits_processor=logits_processor,
                                           sampling_params=sampling_params, priorities=priorities,
                                           progress_bar=progress_bar, **kwargs)
+    if isinstance(inputs, torch.Tensor):
+        raise InvalidPromptError("generate_batch takes a list of token-id lists, not a tensor (a tensor's rows may "
+                                 "hold padding): pass e.g. [row[mask.bool()].tolist() for row, mask in "
+                                 "zip(input_ids, attention_mask)]")
     if not inputs:
         return {}
     engine = engine_of(model)
-    prompts = _token_ids_of(engine, inputs)
+    prompts = token_ids_of(engine, inputs)
+    if priorities is not None:
+        check_priorities(priorities, len(prompts))
     per_request = _sampling_params_for(model, prompts, generation_config, logits_processor, sampling_params, kwargs)
     # Engine ids are unique across concurrent callers; this call's outputs are renamed req_0, req_1, ... as
     # transformers names them.
@@ -252,30 +244,23 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     return renamed
 
 
-def _token_ids_of(engine, inputs) -> list[list[int]]:
-    """`generate_batch`'s inputs as token-id lists. Raises `InvalidPromptError` before any work for an input that
-    is not token ids of this model (not ints, empty, negative, outside the vocabulary): a caller's bug. A prompt
-    that is valid but too long ends its own request FAILED instead, and the others run."""
-    prompts, params = [], SamplingParams()
-    for i, prompt in enumerate(inputs):
-        try:
-            ids = [operator.index(t) for t in prompt]
-        except TypeError:
-            raise InvalidPromptError(
-                f"input {i} of generate_batch is not a list of token ids ({type(prompt).__name__}); encode text "
-                "first, e.g. tokenizer(text).input_ids"
-            ) from None
-        error = engine.validate_prompt(ids, params)
-        if isinstance(error, InvalidPromptError):
-            raise InvalidPromptError(f"input {i} of generate_batch: {error}")
-        prompts.append(ids)
-    return prompts
+# generate_batch keywords beyond GenerationConfig's fields: hf_paged's own (`SamplingParams.from_generation_config`)
+_OWN_KEYWORDS = frozenset({"constraint_mode", "max_retries"})
 
 
 def _sampling_params_for(model, inputs, generation_config, logits_processor, sampling_params, kwargs):
     if sampling_params is not None:
+        also = [name for name, given in (("generation_config", generation_config is not None),
+                                         ("logits_processor", bool(logits_processor))) if given] + sorted(kwargs)
+        if also:  # they would be ignored: a processor dropped silently is an unconstrained answer
+            raise ValueError(f"generate_batch got sampling_params and also {also}; put those options in the "
+                             "SamplingParams (e.g. logits_processors=, max_new_tokens=) instead")
         if isinstance(sampling_params, SamplingParams):
             return [sampling_params] * len(inputs)
+        if isinstance(sampling_params, str | bytes | dict) or not isinstance(sampling_params, Sequence) or not all(
+                isinstance(p, SamplingParams) for p in sampling_params):
+            raise TypeError("sampling_params must be a SamplingParams or a list of them (one per input), got "
+                            f"{type(sampling_params).__name__}")
         if len(sampling_params) != len(inputs):
             raise ValueError(f"got {len(sampling_params)} sampling_params for {len(inputs)} inputs; give one each")
         return list(sampling_params)
@@ -283,6 +268,10 @@ def _sampling_params_for(model, inputs, generation_config, logits_processor, sam
     max_new_tokens = kwargs.pop("max_new_tokens", None)
     assistant_model = kwargs.pop("assistant_model", None)
     tokenizer = kwargs.pop("tokenizer", None)  # for stop strings, as transformers takes it (not a config field)
+    unknown = sorted(set(kwargs) - set(GenerationConfig().to_dict()) - set(gen_config.to_dict()) - _OWN_KEYWORDS)
+    if unknown:  # a typo (max_new_token=) would otherwise run with the defaults
+        raise ValueError(f"generate_batch got unknown keyword argument(s) {unknown}: neither GenerationConfig fields "
+                         f"nor hf_paged's ({', '.join(sorted(_OWN_KEYWORDS))}); check the spelling")
     if kwargs:
         gen_config = GenerationConfig.from_dict({**gen_config.to_dict(), **kwargs})
     factory = ProcessorFactory(model, gen_config, logits_processor, None)

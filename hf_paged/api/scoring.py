@@ -153,6 +153,10 @@ def _check_pair(engine, i: int, pair) -> _Pair:
             f"context {i} is empty: the first continuation token needs a token before it; begin the context with "
             "the BOS id (or the EOS id for a model without one)"
         )
+    bad = [t for t in context + continuation if not 0 <= t < engine.vocab_size]
+    if bad:  # the last continuation token is no prompt token: the engine's prompt check would not see it
+        raise InvalidPromptError(f"request {i}: token ids {bad[:5]} are outside the vocabulary [0, "
+                                 f"{engine.vocab_size})")
     params = SamplingParams(max_new_tokens=1, score_targets=continuation)
     error = engine.validate_prompt(context + continuation[:-1], params)
     if error is not None:

@@ -1,0 +1,95 @@
+"""A hostile caller's arguments to the patched `generate`, `generate_batch` and the scoring API (issue 36): each gets
+a typed error naming the argument before any work, never a tensor error from deep inside, a traceback in the engine
+loop, an argument ignored silently, or a row dropped from the answer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import hf_paged
+from hf_paged import SamplingParams
+from hf_paged.errors import InvalidPromptError
+
+
+@pytest.fixture(scope="module")
+def model():
+    model, _ = hf_paged.default_model()
+    hf_paged.wrap(model, num_blocks=64)
+    yield model
+    hf_paged.unwrap(model)
+
+
+@pytest.fixture(autouse=True)
+def _pool_whole(model):
+    yield
+    engine = hf_paged.engine_of(model)
+    with engine.lock:
+        engine.check_integrity()
+        assert engine.cache.pool.num_used_blocks == 0
+
+
+IDS = torch.tensor([[258, 258, 5, 6, 7], [9, 10, 11, 12, 13]])  # 258: the embedded model's pad id
+MASK = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    ({"input_ids": IDS, "attention_mask": MASK[:, 1:]}, ValueError, ["attention_mask has shape (2, 4)", "(2, 5)"]),
+    ({"input_ids": IDS, "attention_mask": MASK[:1]}, ValueError, ["(1, 5)"]),  # was: row 1 dropped silently
+    ({"input_ids": IDS[None]}, ValueError, ["[batch, sequence_length]", "(1, 2, 5)"]),
+    ({"input_ids": IDS.float(), "attention_mask": MASK}, TypeError, ["integer tensor", "torch.float32"]),
+])
+def test_generate_refuses_inputs_it_would_misread(model, kwargs, error, words):
+    with pytest.raises(error) as info:
+        model.generate(**kwargs, max_new_tokens=2, pad_token_id=258)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_generate_takes_a_one_dimensional_prompt_and_mask(model):
+    row = model.generate(input_ids=IDS[1], attention_mask=MASK[1], max_new_tokens=3, pad_token_id=258)
+    batch = model.generate(input_ids=IDS, attention_mask=MASK, max_new_tokens=3, pad_token_id=258)
+    assert torch.equal(row[0], batch[1])
+
+
+@pytest.mark.parametrize(("inputs", "words"), [
+    (torch.tensor([[5, 6]]), ["not a tensor", "tolist()"]),  # was: "Boolean value of Tensor ... is ambiguous"
+    ([[True, False]], ["True (bool)", "not a token id"]),  # was: run as [1, 0]
+    ([[5.0, 6.0]], ["5.0 (float)"]),
+    (["some text"], ["not a list of token ids (str)", "tokenizer(text).input_ids"]),
+])
+def test_generate_batch_refuses_what_is_not_token_ids(model, inputs, words):
+    with pytest.raises(InvalidPromptError) as info:
+        model.generate_batch(inputs, max_new_tokens=2)
+    for word in words:
+        assert word in str(info.value)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    ({"max_new_token": 5}, ValueError, ["['max_new_token']", "spelling"]),  # was: ran with the default 20 tokens
+    ({"priorities": [1, 2]}, ValueError, ["one int per input (1)", "got 2"]),  # was: accepted
+    ({"priorities": ["high"]}, TypeError, ["'high'"]),  # was: a traceback in the engine loop, the request FAILED
+    ({"sampling_params": {"max_new_tokens": 3}}, TypeError, ["SamplingParams", "dict"]),  # was: AttributeError
+    ({"sampling_params": SamplingParams(max_new_tokens=2), "max_new_tokens": 5}, ValueError, ["['max_new_tokens']"]),
+    ({"sampling_params": SamplingParams(max_new_tokens=2), "logits_processor": [object()]}, ValueError,
+     ["logits_processor", "logits_processors="]),  # was: the processor dropped silently, an unconstrained answer
+])
+def test_generate_batch_refuses_arguments_it_would_ignore_or_misuse(model, kwargs, error, words):
+    with pytest.raises(error) as info:
+        model.generate_batch([[5, 6, 7]], **kwargs)
+    for word in words:
+        assert word in str(info.value)
+
+
+def test_generate_batch_keeps_its_own_generation_keywords(model):
+    outs = model.generate_batch([[5, 6, 7]], max_new_tokens=3, max_retries=1, priorities=[2])
+    assert outs["req_0"].status.name == "FINISHED" and len(outs["req_0"].generated_tokens) == 3
+
+
+@pytest.mark.parametrize("continuation", [[10**6], [5, -1]])
+def test_loglikelihood_refuses_continuation_ids_outside_the_vocabulary(model, continuation):
+    """The last continuation token is no prompt token, so the engine's prompt check never saw it: an id outside
+    the vocabulary crashed the engine step, failing every request scheduled with it."""
+    with pytest.raises(InvalidPromptError, match=r"request 0: token ids \[.*\] are outside the vocabulary"):
+        model.loglikelihood([([5, 6], continuation)])
+    assert model.loglikelihood([([5, 6], [7])])[0].logprob < 0  # the engine is fine
