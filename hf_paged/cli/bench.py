@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 import time
 
 import torch
@@ -87,7 +88,8 @@ def _plot(result: dict, path: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("hf-paged: matplotlib is not installed (pip install 'hf_paged[plot]'): no plot written")
+        print("hf-paged: matplotlib is not installed (pip install 'hf_paged[plot]'): no plot written",
+              file=sys.stderr)
         return
     ours, stock = result["hf_paged"], result["stock_generate_batches_of_8"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))

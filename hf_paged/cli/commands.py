@@ -92,6 +92,7 @@ def _run(args: argparse.Namespace) -> int:
         _check_writable("--out", args.out)
         if args.plot is not None:
             _check_writable("--plot", args.plot)
+            _check_plotting()
         args.model = _model_or_default(args.model)
         run_bench(args)
     elif args.command == "serve":
@@ -128,6 +129,15 @@ def _check_writable(option: str, path: str) -> None:
         raise CliError(f"{option} {path!r}: folder {str(folder)!r} does not exist; create it or pick another path")
     if not os.access(folder, os.W_OK):
         raise CliError(f"{option} {path!r}: folder {str(folder)!r} is not writable; pick another path")
+
+
+def _check_plotting() -> None:
+    """`--plot` needs matplotlib: say so before the run (minutes), not after it."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise CliError("--plot needs matplotlib, which is not installed: pip install 'hf_paged[plot]', or leave "
+                       "--plot out") from None
 
 
 def read_prompts(path: str) -> list[str]:
