@@ -83,7 +83,7 @@ class Engine:
         # The engine's one lock: held by every call that changes requests or the pool, and by every step (callers
         # in several threads never see a half-done step). `EngineLoop` takes it to add a caller's requests at once.
         self.lock = threading.RLock()
-        self._step_listeners: list[Callable[[StepOutput], None]] = []
+        self._step_listeners = [] if (kt := self.scheduler.kv_transfer) is None else [kt.step_ended]  # it times steps
         self._loop = None  # the EngineLoop, created by `loop` at first use
         text_config = model.config.get_text_config(decoder=True)
         self.vocab_size = int(text_config.vocab_size)

@@ -341,8 +341,11 @@ class KVConnector:
         return True
 
     # -- worker half: saves (the prefix tree's BlockSink) ---------------------------------------------------
+    def step_ended(self, _output: object = None) -> None:
+        """The engine's step is over (a step listener): its time is known."""
+        self._clock.stop()
+
     def blocks_stored(self, nodes: Sequence[TreeNode]) -> None:
-        self._clock.stop()  # a step's forward stored blocks: its time is known (a load's blocks come before start)
         if self.save_on == "store":
             self.saver.save_quietly(nodes)
 

@@ -265,11 +265,12 @@ class TransferCostModel:
 
 
 class StepClock:
-    """Times the engine's prefill steps for the prefill rate: from the end of a step's scheduling (`start`) to the
-    first full block the step's forward hands the prefix cache (`stop`, the tree's `blocks_stored`). On a CUDA device
+    """Times the engine's steps: from the end of a step's scheduling (`start`; a load's block writes come before it,
+    timed apart) to the step's end (`stop`, the engine's step listener `KVConnector.step_ended`). On a CUDA device
     two events are recorded instead of reading a clock (the forward runs asynchronously), and read once the device
-    passed the second (`samples`), never waiting for it. Every step is timed that stores a block (a decode-only
-    step too: `StepTimes` needs both kinds); one of mostly prompt tokens also feeds the prefill rate."""
+    passed the second (`samples`), never waiting for it; on a CPU the stepping thread's CPU time (`work_clock`).
+    Every step is timed (`StepTimes` needs decode-only steps and steps with prompt tokens beside decodes); one of
+    mostly prompt tokens also feeds the prefill rate."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
