@@ -31,6 +31,7 @@ the setups.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -162,13 +163,19 @@ def disaggregated(model, arrivals: list[Arrival], ledger: PlacementLedger | None
     handed: dict[int, Arrival] = {}
     placed: dict[int, Placement] = {}
     releases: list[tuple[float, Placement]] = []  # (time, placement): due once the replay's time reaches it
+    ended: list[tuple[float, int]] = []  # (time, max new tokens) of requests the decode replica answered
 
     def arrive(a: Arrival) -> None:
         if ledger is not None:
             for due in [r for r in releases if r[0] <= a.at]:
                 releases.remove(due)
                 ledger.done(due[1])
+            for due in [e for e in ended if e[0] <= a.at]:
+                ended.remove(due)
+                ledger.end_decode(due[1])
+            ledger.decode_step_tokens = decode_step_tokens(prefill.engine, decode.engine)  # what the replicas report
             placement = placed[id(a)] = ledger.place(len(a.prompt))
+            ledger.start_decode(a.max_new)
             a.side = placement.side.value
             if placement.side is Side.LOCAL:
                 decode.submit(a, a.at)
@@ -188,12 +195,25 @@ def disaggregated(model, arrivals: list[Arrival], ledger: PlacementLedger | None
         else:
             releases.extend((decode.clock, placed[id(a)]) for a in first if placed.get(id(a), None) is not None
                             and placed[id(a)].side is Side.LOCAL)
+            ended.extend((decode.clock, a.max_new) for a in decode.done[num_ended[0]:] if id(a) in placed)
+            num_ended[0] = len(decode.done)
+
+    num_ended = [0]
 
     run_until_done([prefill, decode], stepped, arrivals, arrive)
     for _, placement in releases:
         ledger.done(placement)  # type: ignore[union-attr]  # (only a ledger's placements are released)
+    for _, max_new in ended:
+        ledger.end_decode(max_new)  # type: ignore[union-attr]
     stats = {k: v for k, v in decode.engine.stats().items() if k.startswith("kv_transfer_")}
     return arrivals, stats
+
+
+def decode_step_tokens(prefill: Engine, decode: Engine) -> float | None:
+    """A decode-only step of the decode replica in tokens of the prefill replica's prefill, from the two replicas'
+    own cost models (their `stats()`, as a gateway reads them); None until the decode replica timed such steps."""
+    seconds = decode.stats().get("kv_transfer_cost_decode_step_seconds", 0.0)
+    return seconds * prefill.stats()["kv_transfer_cost_prefill_tokens_per_s"] if seconds else None
 
 
 def pct(values: list[float], q: float) -> float:
@@ -221,9 +241,11 @@ def run_seed(model, args, seed: int) -> dict[str, dict]:
         elif name == "1 prefill + 1 decode":
             disaggregated(model, arrivals)
         else:
-            ledger = PlacementLedger(block_size=BLOCK_SIZE, local_budget=args.decode_budget)
-            disaggregated(model, arrivals, ledger, max_prefill_tokens_per_step=args.decode_budget)
-            assert ledger.queued == {Side.PREFILL: 0, Side.LOCAL: 0}, ledger.queued
+            ledger = PlacementLedger(block_size=BLOCK_SIZE, local_budget=args.decode_budget,
+                                     step_ratio=args.decode_ratio)
+            disaggregated(model, arrivals, ledger, max_prefill_tokens_per_step=args.decode_budget,
+                          max_prefill_step_time_ratio=args.decode_ratio)
+            assert ledger.queued == {Side.PREFILL: 0, Side.LOCAL: 0} and ledger.drain() in (0, math.inf), ledger.queued
         results[name], tokens[name] = summarize(arrivals), [a.tokens for a in arrivals]
     reference = tokens[args.setups[0]]
     assert all(t == reference for t in tokens.values()), "greedy tokens differ between setups"
@@ -240,6 +262,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=256, help="max_prefill_tokens_per_step of the chunked setup")
     parser.add_argument("--decode-budget", type=int, default=32,
                         help="max_prefill_tokens_per_step of the placed PD setup (the decode side's budget)")
+    parser.add_argument("--decode-ratio", type=float, default=None,
+                        help="max_prefill_step_time_ratio of the placed PD setup (its steps sized by time)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS),
                         help="a subset for a quick look (the targets need 'colocated x2' and a PD setup)")

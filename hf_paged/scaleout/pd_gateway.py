@@ -59,9 +59,10 @@ class DisaggGateway(Gateway):
         super().__init__(engine, spec, **readiness)
         self.prefill = prefill
         self.prefill_timeout_s = spec.prefill_timeout_s
-        self.ledger = PlacementLedger(block_size=self.block_size,
-                                      local_budget=PagedConfig(**spec.paged).max_prefill_tokens_per_step,
-                                      num_decode_replicas=max(1, self.num_replicas))
+        paged = PagedConfig(**spec.paged)
+        self.ledger = PlacementLedger(block_size=self.block_size, local_budget=paged.max_prefill_tokens_per_step,
+                                      num_decode_replicas=max(1, self.num_replicas),
+                                      step_ratio=paged.max_prefill_step_time_ratio)
         self.num_prefills = 0  # prefills that answered (any status)
         self.num_prefill_failures = 0  # prefills that raised (replica lost, ...): the decode side recomputed
 

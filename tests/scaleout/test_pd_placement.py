@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from hf_paged.scaleout.pd_placement import LOCAL_SLOWDOWN, PlacementLedger, Side, place_prefill
+from hf_paged.scaleout.pd_placement import LOCAL_SLOWDOWN, PlacementLedger, Side, place_prefill, slowdown_for
 
 
 def place(num_tokens, queued_remote=0, queued_local=0, local_budget=32, **kw):
@@ -94,3 +94,44 @@ def test_the_ledger_books_each_side_until_done():
     assert ledger.place(64).side is Side.PREFILL  # the queue is gone: back to the prefill side
     with pytest.raises(ValueError, match="released twice"):
         ledger.done(short)
+
+
+def test_a_time_ratio_sets_the_slowdown():
+    assert slowdown_for(1.5) == pytest.approx(LOCAL_SLOWDOWN) and slowdown_for(1.25) == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="> 1"):
+        slowdown_for(1.0)
+    assert PlacementLedger(block_size=16, local_budget=16, step_ratio=1.25).slowdown == pytest.approx(5.0)
+
+
+def test_a_decode_side_about_to_drain_takes_a_long_prompt_it_would_finish_sooner():
+    # 2048 tokens behind 3072 on the prefill side: remote 5120. Bounded for ever, local is 3 x 2048 = 6144: remote.
+    assert place(2048, queued_remote=3072).side is Side.PREFILL
+    # The decodes end after 2000 token-times: 2000 / 3 = 666.7 tokens by then, the other 1381.3 at full speed
+    p = place(2048, queued_remote=3072, drain=2000)
+    assert p.side is Side.LOCAL and p.local_cost == pytest.approx(2000 + 2048 - 2000 / 3)
+    # A prompt done before the drain costs what the bounded steps take (the old rule)
+    assert place(64, queued_remote=2000, drain=2000).local_cost == 3 * 32 * 2
+    assert place(64, drain=0).local_cost == 64  # nothing decodes: a prefill replica's speed, so the idle prefill
+    assert place(64, drain=0).side is Side.PREFILL  # side still wins the tie
+    with pytest.raises(ValueError, match="drain"):
+        place(64, drain=-1)
+
+
+def test_the_ledger_drains_over_its_longest_booked_decode_once_step_times_are_reported():
+    ledger = PlacementLedger(block_size=16, local_budget=16, step_ratio=1.5)
+    ledger.start_decode(48)
+    ledger.start_decode(8)
+    assert ledger.drain() == math.inf  # no step time reported: the decode side is taken to decode for ever
+    ledger.decode_step_tokens = 30.0  # a decode-only step takes as long as 30 prefill tokens
+    assert ledger.drain() == pytest.approx(48 * 1.5 * 30)  # every bounded step is 1.5 decode-only steps
+    ledger.end_decode(48)
+    assert ledger.drain() == pytest.approx(8 * 1.5 * 30)
+    ledger.end_decode(8)
+    assert ledger.drain() == 0
+    with pytest.raises(ValueError, match="ended twice"):
+        ledger.end_decode(8)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        ledger.start_decode(-1)
+    ledger.start_decode(48)  # 2048 behind 3072: 48 x 45 = 2160 token-times of drain, local 2160 + 2048 - 720
+    ledger.place(3072)
+    assert ledger.place(2048).side is Side.LOCAL
