@@ -153,10 +153,11 @@ def colocated(model, arrivals: list[Arrival], **cfg) -> list[Arrival]:
     return arrivals
 
 
-def disaggregated(model, arrivals: list[Arrival], ledger: PlacementLedger | None = None,
+def disaggregated(model, arrivals: list[Arrival], ledger: PlacementLedger | None = None, drain: bool = False,
                   **cfg) -> tuple[list[Arrival], dict]:
     """1 prefill + 1 decode replica. Without a ledger every prompt goes to the prefill replica (the old gateway);
-    with one, each prompt's side is the ledger's decision at its arrival."""
+    with one, each prompt's side is the ledger's decision at its arrival (`drain`: the ledger is told the decode
+    side's measured step time, so it expects the decode side's budget to stop binding when its decodes end)."""
     store = InProcessStore()
     prefill = Replica(Engine(model, config(**cfg), kv_store=store))
     decode = Replica(Engine(model, config(**cfg), kv_store=store))
@@ -173,7 +174,8 @@ def disaggregated(model, arrivals: list[Arrival], ledger: PlacementLedger | None
             for due in [e for e in ended if e[0] <= a.at]:
                 ended.remove(due)
                 ledger.end_decode(due[1])
-            ledger.decode_step_tokens = decode_step_tokens(prefill.engine, decode.engine)  # what the replicas report
+            if drain:  # what the replicas report
+                ledger.decode_step_tokens = decode_step_tokens(prefill.engine, decode.engine)
             placement = placed[id(a)] = ledger.place(len(a.prompt))
             ledger.start_decode(a.max_new)
             a.side = placement.side.value
@@ -243,7 +245,7 @@ def run_seed(model, args, seed: int) -> dict[str, dict]:
         else:
             ledger = PlacementLedger(block_size=BLOCK_SIZE, local_budget=args.decode_budget,
                                      step_ratio=args.decode_ratio)
-            disaggregated(model, arrivals, ledger, max_prefill_tokens_per_step=args.decode_budget,
+            disaggregated(model, arrivals, ledger, args.drain, max_prefill_tokens_per_step=args.decode_budget,
                           max_prefill_step_time_ratio=args.decode_ratio)
             assert ledger.queued == {Side.PREFILL: 0, Side.LOCAL: 0} and ledger.drain() in (0, math.inf), ledger.queued
         results[name], tokens[name] = summarize(arrivals), [a.tokens for a in arrivals]
@@ -264,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="max_prefill_tokens_per_step of the placed PD setup (the decode side's budget)")
     parser.add_argument("--decode-ratio", type=float, default=None,
                         help="max_prefill_step_time_ratio of the placed PD setup (its steps sized by time)")
+    parser.add_argument("--drain", action="store_true",
+                        help="tell the placed PD setup's ledger the decode side's measured step time (its drain)")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0])
     parser.add_argument("--setups", nargs="+", choices=SETUPS, default=list(SETUPS),
                         help="a subset for a quick look (the targets need 'colocated x2' and a PD setup)")
@@ -302,7 +306,8 @@ def main(argv: list[str] | None = None) -> int:
                "in the four setups (asserted).")
     command = (f"python benchmarks/disagg.py --shorts {args.shorts} --longs {args.longs} --gap {args.gap} "
                f"--short-len {args.short_len} --long-len {args.long_len} --chunk {args.chunk} --decode-budget "
-               f"{args.decode_budget} --seeds {' '.join(map(str, args.seeds))}"
+               f"{args.decode_budget}" + (f" --decode-ratio {args.decode_ratio}" if args.decode_ratio else "")
+               + (" --drain" if args.drain else "") + f" --seeds {' '.join(map(str, args.seeds))}"
                + (f" --label '{args.label}'" if args.label else "") + (f" --out {args.out}" if args.out else ""))
     note = (f"`{command}`; load average (1 min) {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
             "(per-process CPU clocks make the replay independent of it, up to cache effects).")

@@ -110,22 +110,23 @@ class _Line:
 class StepTimes:
     """What prompt tokens add to a step that carries decodes, measured on this engine's own steps:
 
-        decode_step(n)  a decode-only step with n decodes: a decayed line through the timed decode-only steps
-        token_seconds   (step - decode_step(its decodes)) / prompt tokens, over the steps that carry both, decayed
-        budget(ratio, n) prompt tokens a step with n decodes may carry to take at most `ratio` decode-only steps:
-                        (ratio - 1) * decode_step(n) / token_seconds (at least 1: a prompt always moves on)
+        decode_step(n)   a decode-only step with n decodes: a decayed line through the timed decode-only steps
+        added(u)         = fixed + token_seconds * u: a decayed line through (u, step - decode_step(its decodes)) of
+                         the steps that carry u prompt tokens beside decodes (fixed: a chunk's own overhead, its
+                         rows and metadata; without a spread of u, fixed = 0 and the average per token)
+        budget(ratio, n) the most prompt tokens u with decode_step(n) + added(u) <= ratio * decode_step(n), at least
+                         1 (a prompt always moves on)
 
-    One more token's cost is measured directly against a decode-only step of the same batch, not fitted as a slope
-    over step sizes (a decode replica's steps are all within a few tokens of each other: that fit fell back to its
-    prior), and not against a fixed decode step (on the CPU one decode took 17-20 ms a step, seven 30-35 ms). The
-    sums keep each step's decode count, so the steps seen before the first decode-only one count too. None until
-    both kinds were timed."""
+    Measured directly against a decode-only step of the same batch, not as a slope over whole steps (a decode
+    replica's steps are all within a few tokens of each other: that fit fell back to its prior), and with the fixed
+    part apart: as an average per token, small chunks looked dear (2-3 ms a token at 2-3 tokens against ~0.8 at 16),
+    which shrank the budget, which made chunks smaller. None until both kinds of step were timed."""
 
     def __init__(self, decay: float = 0.95) -> None:
         self.decay = decay
         self._decode_only = _Line(decay)  # seconds over decodes, decode-only steps
+        self._added = _Line(decay)  # added seconds over prompt tokens, steps carrying both
         self._num_decode_only = 0
-        self._w = self._decodes = self._seconds = self._prompt = 0.0  # decayed sums over steps carrying both
 
     def observe(self, num_tokens: int, num_prompt_tokens: int, seconds: float) -> None:
         """A timed step: `num_tokens` in all, `num_prompt_tokens` of them prompt tokens (the rest decodes)."""
@@ -136,9 +137,9 @@ class StepTimes:
             self._decode_only.observe(num_decodes, seconds)
             self._num_decode_only += 1
             return
-        d = self.decay
-        self._w, self._decodes = self._w * d + 1, self._decodes * d + num_decodes
-        self._seconds, self._prompt = self._seconds * d + seconds, self._prompt * d + num_prompt_tokens
+        base = self.decode_step(num_decodes)
+        if base is not None:
+            self._added.observe(num_prompt_tokens, seconds - base)
 
     def decode_step(self, num_decodes: float | None = None) -> float | None:
         """A decode-only step's seconds with `num_decodes` decodes (None: the observed mix's average)."""
@@ -149,19 +150,26 @@ class StepTimes:
         x = line.x / line.w if num_decodes is None else num_decodes
         return max(fit[0] + fit[1] * x, 1e-9)
 
+    def _added_fit(self) -> tuple[float, float] | None:
+        """(fixed seconds, seconds a token) of what prompt tokens add to a step, or None."""
+        fit = self._added.coefficients()
+        if fit is None:
+            return None
+        fixed, per_token = fit
+        if fixed < 0 or per_token <= 0:  # too little spread for a line: the average per token
+            fixed, per_token = 0.0, self._added.y / self._added.x if self._added.x > 0 else 0.0
+        return (fixed, per_token) if per_token > 0 else None
+
     @property
     def token_seconds(self) -> float | None:
-        fit = self._decode_only.coefficients() if self._num_decode_only >= 2 else None
-        if fit is None or self._prompt <= 0:
-            return None
-        extra = self._seconds - fit[0] * self._w - fit[1] * self._decodes  # sum of (step - its decode-only step)
-        return extra / self._prompt if extra > 0 else None
+        fit = self._added_fit()
+        return fit[1] if fit is not None else None
 
     def budget(self, ratio: float, num_decodes: int | None = None) -> int | None:
-        base, per_token = self.decode_step(num_decodes), self.token_seconds
-        if base is None or per_token is None:
+        base, fit = self.decode_step(num_decodes), self._added_fit()
+        if base is None or fit is None:
             return None
-        return max(1, int((ratio - 1) * base / per_token))
+        return max(1, int(((ratio - 1) * base - fit[0]) / fit[1]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -191,20 +191,23 @@ def test_blocks_read_in_the_background_are_written_a_share_a_step_too(model, lon
 
 def test_step_times_measure_a_token_against_a_decode_only_step_of_the_same_batch():
     steps = StepTimes()
-    steps.observe(17, 16, 0.0335)  # a 16-token chunk beside 1 decode, timed before any decode-only step
-    assert steps.budget(1.5) is None  # nothing to compare it with yet
+    steps.observe(17, 16, 0.0335)  # a chunk beside a decode before any decode-only step: nothing to compare with
+    assert steps.budget(1.5) is None and steps.token_seconds is None
     steps.observe(2048, 2048, 2.0)  # a prefill step (nothing decoding): not this model's business
     for n in (1, 7, 1, 7):
         steps.observe(n, 0, 0.015 + 0.0025 * n)  # decode-only steps: 17.5 ms with 1 decode, 32.5 ms with 7
     assert steps.decode_step(1) == pytest.approx(0.0175) and steps.decode_step(7) == pytest.approx(0.0325)
-    assert steps.token_seconds == pytest.approx(0.001)  # the early chunk step: (33.5 - 17.5) ms / 16 tokens
-    steps.observe(23, 16, 0.0485)  # 16 tokens beside 7 decodes: 16 ms more than 7 decodes alone, 1 ms a token
-    assert steps.token_seconds == pytest.approx(0.001, rel=0.02)
-    assert steps.budget(1.5, 7) == 16 and steps.budget(1.5, 1) == 8  # (1.5 - 1) x the step of as many decodes
-    assert steps.budget(1.01, 1) == 1  # a prompt always moves on
+    for n in (1, 7):  # 16-token chunks add 4 ms (the chunk's own rows) + 0.75 ms a token = 16 ms
+        steps.observe(n + 16, 16, 0.015 + 0.0025 * n + 0.016)
+    assert steps.token_seconds == pytest.approx(0.001)  # one chunk size: the average, 1 ms a token
+    for n in (1, 7):
+        steps.observe(n + 4, 4, 0.015 + 0.0025 * n + 0.007)  # 4-token chunks: 4 + 3 ms
+    assert steps.token_seconds == pytest.approx(0.00075)  # the line: small chunks no longer look dear
+    assert steps.budget(1.5, 7) == 16 and steps.budget(1.5, 1) == 6  # ((1.5 - 1) x decode step - 4 ms) / 0.75 ms
+    assert steps.budget(1.1, 1) == 1  # the fixed part alone is over the bound: a prompt still moves on
     model = TransferCostModel(bandwidth_prior=1e6, prefill_prior=100, learn=False)
     model.steps = steps
-    assert model.block_tokens(1000) == pytest.approx(1.0, rel=0.02)  # a 1 ms write is one measured token's cost
+    assert model.block_tokens(750) == pytest.approx(1.0)  # a 0.75 ms write is one more token's cost
     assert model.prompt_budget(32, 1.5, 7) == 16 and model.prompt_budget(8, 1.5, 7) == 8  # the token bound caps
     assert model.prompt_budget(32, None, 7) == 32
 
