@@ -17,8 +17,10 @@ Load: short requests (`--short-len`-token prompts, 48 new tokens) arriving every
   PD, placed             the same, but each prompt's side is decided on arrival by the gateway's own rule
                          (`hf_paged.scaleout.pd_placement.PlacementLedger`, the object `DisaggGateway` uses): the
                          prefill replica, or a local prefill on the decode replica in chunks of `--decode-budget`
-                         (its `max_prefill_tokens_per_step`); a placement is released when the prefill replica
-                         finishes it, or when the decode replica emits its first token
+                         (its `max_prefill_tokens_per_step`; with `--decode-ratio`, also its
+                         `max_prefill_step_time_ratio`: a step's chunk and block writes sized by its measured step
+                         times); a placement is released when the prefill replica finishes it, or when the decode
+                         replica emits its first token; `--drain` also tells the ledger the decode side's step time
 
 The gateway's view is modelled on the replay's clock: a release counts for a decision only once its time has come.
 The hand-over here is an `InProcessStore` (same process); the object store's own cost per block is measured in
