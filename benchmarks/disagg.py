@@ -310,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
                f"--short-len {args.short_len} --long-len {args.long_len} --chunk {args.chunk} --decode-budget "
                f"{args.decode_budget}" + (f" --decode-ratio {args.decode_ratio}" if args.decode_ratio else "")
                + (" --drain" if args.drain else "") + f" --seeds {' '.join(map(str, args.seeds))}"
+               + ("" if list(args.setups) == list(SETUPS) else " --setups " + " ".join(f"'{x}'" for x in args.setups))
                + (f" --label '{args.label}'" if args.label else "") + (f" --out {args.out}" if args.out else ""))
     note = (f"`{command}`; load average (1 min) {load_before:.1f} at the start, {os.getloadavg()[0]:.1f} at the end "
             "(per-process CPU clocks make the replay independent of it, up to cache effects).")
