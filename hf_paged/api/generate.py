@@ -41,6 +41,11 @@ class IncompleteDocumentWarning(UserWarning):
     (`finish_reason == "length_incomplete"`)."""
 
 
+class PositionLimitWarning(UserWarning):
+    """`generate` was asked for more tokens than the model's positions hold (`max_position_embeddings`): rows stop
+    there (`generate_batch`: `finish_reason == "length"`), shorter than stock's output, which runs past them."""
+
+
 def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, extra: dict) -> str | None:
     modes = unsupported_modes(generation_config)
     if modes:
@@ -98,6 +103,12 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     if max_new_tokens is None:
         max_new_tokens = max(gen_config.max_length - padded_len, 1)
     check_prompts(engine, prompts, max_new_tokens)
+    longest = max((len(p) for p in prompts), default=0)
+    if longest + max_new_tokens > engine.max_model_len:  # stock goes on past them (with a logged reminder)
+        warnings.warn(f"hf_paged: generation stops at the model's maximum of {engine.max_model_len} positions (a "
+                      f"prompt of {longest} tokens + max_new_tokens={max_new_tokens}); rows that reach it end there, "
+                      "where stock generate would go on past the positions the model was trained on",
+                      PositionLimitWarning, stacklevel=2)
 
     eos = as_list(gen_config.eos_token_id)
     pad_token_id = gen_config.pad_token_id if gen_config.pad_token_id is not None else (eos[0] if eos else 0)

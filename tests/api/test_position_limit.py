@@ -1,0 +1,39 @@
+"""More new tokens than the model's positions hold: the engine stops rows at `max_position_embeddings` where stock
+`generate` goes on (issue 36: the shorter answer came back without a word). It now says so with a warning; the tokens
+it does return are stock's."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import hf_paged
+from hf_paged.api.generate import PositionLimitWarning
+
+
+@pytest.fixture(scope="module")
+def short_model():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    return LlamaForCausalLM(config).eval()
+
+
+def test_generate_past_the_positions_warns_and_returns_stocks_tokens_up_to_them(short_model):
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    kwargs = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
+    ref = short_model.generate(ids, max_new_tokens=40, **kwargs)
+    hf_paged.wrap(short_model)
+    try:
+        with pytest.warns(PositionLimitWarning, match="maximum of 32 positions.*max_new_tokens=40"):
+            out = short_model.generate(ids, max_new_tokens=40, **kwargs)
+        assert out.shape == (1, 32) and ref.shape == (1, 45)
+        assert torch.equal(out, ref[:, :32])
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PositionLimitWarning)
+            assert short_model.generate(ids, max_new_tokens=27, **kwargs).shape == (1, 32)  # fits: no warning
+    finally:
+        hf_paged.unwrap(short_model)
