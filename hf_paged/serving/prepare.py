@@ -162,6 +162,9 @@ class Preparer:
         if max_tokens < 1:
             name = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) is not None else "max_tokens"
             raise ApiError(f"{name} must be at least 1, got {max_tokens}", param=name, code="invalid_value")
+        if request.min_tokens > max_tokens:  # the engine would stop at max_tokens: min_tokens could not hold
+            raise ApiError(f"min_tokens={request.min_tokens} is more than max_tokens={max_tokens}; lower min_tokens or "
+                           "raise max_tokens", param="min_tokens", code="invalid_value")
         for prompt in prompts:
             self._check_prompt(prompt, max_tokens, prompt_param)
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])

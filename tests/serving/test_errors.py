@@ -88,6 +88,7 @@ DEEP = {"type": "object", "properties": {"xs": {"type": "array", "contains": {"t
                      ["nests too deeply"], id="deep-object"),
         ({"prompt": "x", "guided_whitespace_pattern": ""}, "guided_whitespace_pattern", ["JSON constraints"]),
         ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", ["stream: true"]),
+        ({"prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens", ["max_tokens=4"]),
     ],
 )
 def test_bad_completion_requests_get_400(server, body, param, words):
