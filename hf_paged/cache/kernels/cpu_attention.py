@@ -30,6 +30,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from hf_paged.cache.kernels.cpu_prefetch import prefetch_lines
+
 MAX_KERNEL_QUERIES = 16  # queries per sequence from which a chunk goes to the torch path (matmul)
 _FASTMATH = {"nsz", "arcp", "contract", "reassoc"}  # no "nnan"/"ninf": scores are compared, never assumed finite
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
@@ -147,13 +149,21 @@ def softmax_row(s, width):
 def _decode_seq(q, q0, key_cache, value_cache, table, lo, length, scale, scores, acc, out):
     """One query (row q0, the sequence's last position) of every head: keys lo .. length - 1. The common case, in
     the tightest loops: each key row (all KV heads, contiguous in its block) is read once for every query head
-    (GQA groups included), and each value row once; scores [heads, keys] and acc [heads, dim] are scratch."""
+    (GQA groups included), and each value row once; scores [heads, keys] and acc [heads, dim] are scratch.
+    While a block's row r is read, row r of the next block (the first value block after the last key block) is
+    prefetched: a block ahead, the memory wait overlaps the arithmetic (`cpu_prefetch`)."""
     bs, num_kv_heads, dim = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
     heads = q.shape[1]
     g = heads // num_kv_heads
-    for blk in range(lo // bs, (length + bs - 1) // bs):
+    row_bytes = num_kv_heads * dim * 4  # one token's keys (or values), every KV head: fp32, C-contiguous
+    block_bytes = bs * row_bytes
+    first, last = lo // bs, (length - 1) // bs
+    for blk in range(first, last + 1):
         keys = key_cache[table[blk]]
+        ahead = (key_cache.ctypes.data + table[blk + 1] * block_bytes if blk < last
+                 else value_cache.ctypes.data + table[first] * block_bytes)
         for t in range(max(lo, blk * bs), min(length, blk * bs + bs)):
+            prefetch_lines(ahead + (t - blk * bs) * row_bytes, row_bytes)
             row = keys[t - blk * bs]
             for h in range(num_kv_heads):
                 k = row[h]
@@ -166,9 +176,12 @@ def _decode_seq(q, q0, key_cache, value_cache, table, lo, length, scale, scores,
     for r in range(heads):
         softmax_row(scores[r], length - lo)
     acc[:heads] = 0.0
-    for blk in range(lo // bs, (length + bs - 1) // bs):
+    for blk in range(first, last + 1):
         values = value_cache[table[blk]]
+        ahead = value_cache.ctypes.data + table[blk + 1] * block_bytes if blk < last else 0
         for t in range(max(lo, blk * bs), min(length, blk * bs + bs)):
+            if ahead:
+                prefetch_lines(ahead + (t - blk * bs) * row_bytes, row_bytes)
             row = values[t - blk * bs]
             for h in range(num_kv_heads):
                 v = row[h]
