@@ -104,11 +104,8 @@ class Context:
     num_pruned: int = 0  # optional properties and anyOf branches dropped to fit the budget (reported once)
     rules: dict[str, int] | None = None  # value rule text -> its number (1, 2, ...), when values may be called
     min_rule_cost: int = MIN_RULE_COST  # values cheaper than this are written in place (0: every value a rule)
-    # with `rules`: value texts that are one rule for the whole grammar, called wherever a member value or an item is
-    # exactly that text, whatever its cost (the plain JSON string: `translate.SHARED_VALUES`)
-    shared_values: frozenset[str] = frozenset()
     rule_texts: list[str | None] = field(default_factory=list)  # rule n's text at n - 1 (None: matches nothing)
-    ref_rules: dict[str, int] = field(default_factory=dict)  # rule by name (`$ref` target, free value, shared text) -> number
+    ref_rules: dict[str, int] = field(default_factory=dict)  # recursive rule (`$ref` target, free value) -> number
     _defining: set[int] = field(default_factory=set)  # recursive rules being built (calls to them are fine)
     _recursive: set[int] = field(default_factory=set)  # rules called while being built
     _built: dict[int, Rx | None] = field(default_factory=dict)  # recursive rules' translations
@@ -184,27 +181,15 @@ class Context:
         return self.as_rule(self.sub(schema, pointer), pointer)
 
     def as_rule(self, rx: Rx | None, pointer: str, scale: int = 1) -> Rx | None:
-        """`rx` itself, or, when `rules` is on and it costs at least `scale` x `min_rule_cost` or is one of
-        `shared_values`, a call to it as a rule (one rule per distinct text)."""
-        if self.rules is None or rx is None:
-            return rx
-        if rx.text in self.shared_values:
-            return self.shared(rx, pointer)
-        if rx.cost < scale * self.min_rule_cost:
+        """`rx` itself, or, when `rules` is on and it costs at least `scale` x `min_rule_cost`, a call to it as a
+        rule (one rule per distinct text)."""
+        if self.rules is None or rx is None or rx.cost < scale * self.min_rule_cost:
             return rx
         number = self.rules.get(rx.text)
         if number is None:
             number = self.rules[rx.text] = self._new_rule(pointer)
             self._define_rule(number, rx, pointer)
         return self._call(number)
-
-    def shared(self, rx: Rx | None, pointer: str) -> Rx | None:
-        """A call to the grammar's one rule of `rx` when `rules` is on and `rx` is one of `shared_values` (the rule
-        keyed by its text, defined on first use), else `rx`. For values and the alternatives of a union, never for
-        text that is matched with `re`."""
-        if self.rules is None or rx is None or rx.text not in self.shared_values:
-            return rx
-        return self.recursive_call(rx.text, lambda: rx, pointer)
 
     def recursive_call(self, key: str, build: Callable[[], Rx | None], pointer: str) -> Rx | None:
         """A call to the rule named `key` (a `$ref` target, or the free value), built on first use by `build`, in

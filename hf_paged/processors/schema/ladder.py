@@ -16,7 +16,7 @@ from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, Unsatisfi
 from hf_paged.processors.automaton import Grammar, check_automaton
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.schema.context import DEFAULT_WHITESPACE, MIN_RULE_COST, Context, CutShort
-from hf_paged.processors.schema.translate import SHARED_VALUES, translate
+from hf_paged.processors.schema.translate import translate
 
 __all__ = ["schema_to_grammar", "schema_to_regex"]
 
@@ -153,7 +153,6 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
                        extras_beside_declared=attempt.extras, narrow_strings=attempt.narrow, whitespace=ws,
                        translate=translate, prune_cost=attempt.prune_cost, undeclared_keys=undeclared_keys,
                        any_depth=attempt.any_depth, rules={} if attempt.calls else None,
-                       shared_values=SHARED_VALUES if attempt.calls else frozenset(),
                        min_rule_cost=attempt.rule_cost, budget=budget, checked=checked, ref_index=ref_index,
                        resolved=resolved, stop_at_cut=stop_at_cut)
 

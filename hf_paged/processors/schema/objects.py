@@ -256,11 +256,7 @@ def _value(parts: list[Any], ctx: Context, where: str) -> Rx | None:
 
 
 def _name_ok(name: str, names_schema: Any, ctx: Context, pointer: str) -> bool:
-    shared, ctx.shared_values = ctx.shared_values, frozenset()  # (matched with `re`: the text itself, never a call)
-    try:
-        rx = ctx.sub(names_schema, pointer_join(pointer, "propertyNames"))
-    finally:
-        ctx.shared_values = shared
+    rx = ctx.sub(names_schema, pointer_join(pointer, "propertyNames"))
     return rx is not None and re.fullmatch(rx.text, json.dumps(name, ensure_ascii=False)) is not None
 
 

@@ -32,18 +32,12 @@ from hf_paged.processors.schema.numbers import NUMBER, integer_regex, number_reg
 from hf_paged.processors.schema.objects import object_regex
 from hf_paged.processors.schema.oneof import TYPES, inferred_types, narrow_exclusive, types_of
 from hf_paged.processors.schema.refs import merge_all, resolve_ref
-from hf_paged.processors.schema.strings import STRING, string_regex
+from hf_paged.processors.schema.strings import string_regex
 from hf_paged.processors.schema.values import dump_value, finite_domain, valid_values
 
-__all__ = ["SHARED_VALUES", "Branch", "branches", "dump_value", "translate"]
+__all__ = ["Branch", "branches", "dump_value", "translate"]
 
 _MAX_MERGE_ROUNDS = 16
-# Values a grammar writes once, as one rule, and calls from every member or item that is exactly that value
-# (`Context.shared_values`): the plain JSON string, the most common value of real schemas (9 a schema on
-# SchemaStore's median ones), whose body with `\\u` escapes is ~20 automaton states in every rule that spelled it in
-# place, against 4 for a call; the same text in every grammar, so its automaton is built once per process (the rules'
-# memo). Numbers and booleans stay in place: they cost about what a call does.
-SHARED_VALUES = frozenset({STRING.text})
 
 
 @dataclass(slots=True)
@@ -74,8 +68,6 @@ def translate(schema: Any, ctx: Context, pointer: str) -> Rx | None:
                 out.append(_plain(branch.schema, ctx, pointer))
         finally:
             del ctx.ref_stack[len(ctx.ref_stack) - len(branch.refs):]
-    if len(out) > 1 and ctx.shared_values:  # (a union: its plain-string alternative calls the shared rule)
-        out = [ctx.shared(r, pointer) for r in out]
     result = alt(out)
     if ctx.prune_cost is not None and result is not None and result.cost > ctx.prune_cost:
         kept = sorted((r for r in out if r is not None), key=lambda r: r.cost)
@@ -201,8 +193,6 @@ def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
             parts.append(array_regex(schema, ctx, pointer, dump_value))
         elif t == "object":
             parts.append(object_regex(schema, ctx, pointer))
-    if len(parts) > 1 and ctx.shared_values:  # (`type: [string, ...]`: its plain string calls the shared rule)
-        parts = [ctx.shared(p, pointer) for p in parts]
     return alt(parts)
 
 
