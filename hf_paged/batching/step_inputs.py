@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from hf_paged.batching.request import Request
@@ -88,11 +89,9 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
             num_drafts.append(k)
     for rows, offset in zip(scored, score_offsets):
         logits_rows.extend(range(offset, offset + rows.count))
-    width = max(len(t) for t in tables)
-    block_tables = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)  # one tensor
     metadata = PagedMetadata(
-        slot_mapping=torch.tensor(slots, dtype=torch.long),
-        block_tables=block_tables,
+        slot_mapping=torch.from_numpy(np.array(slots, dtype=np.int64)),  # numpy parses a list of ints ~3x faster
+        block_tables=_block_tables(tables),
         query_start_loc=query_start_loc,
         context_lens=context_lens,
         block_size=block_size,
@@ -101,6 +100,16 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
         observed=ObservedScores(observed),
     )
     return StepInputs(input_ids, positions, metadata, logits_rows, sampled, num_drafts, scored)
+
+
+def _block_tables(tables: list[list[int]]) -> torch.Tensor:
+    """[num_seqs, longest table] int32, rows padded with block 0 (never read: context lengths bound every read).
+    Filled row by row in numpy: `torch.tensor` of the padded lists parses every int on its own (~4x slower at
+    batch 64)."""
+    out = np.zeros((len(tables), max(len(t) for t in tables)), dtype=np.int32)
+    for row, table in zip(out, tables):
+        row[: len(table)] = table
+    return torch.from_numpy(out)
 
 
 def _token_slice(request: Request, start: int, end: int) -> list[int]:
