@@ -192,3 +192,26 @@ def test_a_scored_sequence_may_fill_the_pool_exactly():
     assert model.loglikelihood([(context, continuation)])[0].logprob == pytest.approx(reference, abs=1e-4)
     with pytest.raises(PromptTooLongError, match="needs 5 blocks but the pool has 4"):
         model.loglikelihood([(context, continuation + [7])])
+
+
+def test_the_same_documents_scored_again_reuse_the_later_windows_contexts():
+    """A later rolling window's context (the text before its scored tokens) is an ordinary prefix: scored again on
+    the same engine, its tokens come from the prefix cache up to the last one (whose logits score the first
+    continuation token), so only the scored rows are computed; the log-likelihoods are the same. (So an A/B of repeated calls on one engine
+    measures less work than a fresh evaluation: `benchmarks/lm_eval_ppl_ab.py` builds a fresh engine per call.)"""
+    model = tiny_model("llama")
+    documents = ragged_prompts([150, 100, 64], seed=14)
+    hf_paged.wrap(model, block_size=8, max_num_batched_tokens=64)
+    engine = hf_paged.engine_of(model)
+    windows = [w for d in documents for w in rolling_windows(d, 1, 64)]
+    prompt_tokens = sum(len(c) + len(x) - 1 for c, x in windows)
+    counts, results = [], []
+    for _ in range(2):
+        before = engine.metrics.num_computed_tokens
+        results.append([r.logprob for r in model.loglikelihood_rolling(documents, max_length=64)])
+        counts.append(engine.metrics.num_computed_tokens - before)
+    assert counts[0] == prompt_tokens  # a fresh engine: no window shares a prefix with another
+    reused = sum(len(c) - 1 for c, _ in windows)  # every context token but the last (the first scored row)
+    assert reused > 0 and counts[1] == prompt_tokens - reused, (counts, prompt_tokens, reused)
+    assert results[1] == pytest.approx(results[0], abs=1e-4)
+    engine.check_integrity()
