@@ -4,7 +4,14 @@ import warnings
 
 import pytest
 import torch
-from transformers import GPTNeoXConfig, GPTNeoXForCausalLM
+from transformers import (
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
+    NemotronConfig,
+    NemotronForCausalLM,
+    StableLmConfig,
+    StableLmForCausalLM,
+)
 
 import hf_paged
 from hf_paged import PagedCache, PagedConfig
@@ -172,6 +179,16 @@ def test_unsupported_model_is_rejected_with_reason():
         hf_paged.wrap(neox)
     with pytest.raises(TypeError, match="PagedConfig"):
         hf_paged.wrap(tiny_model("llama"), {"block_size": 16})
+
+
+@pytest.mark.parametrize("config_class, model_class", [(StableLmConfig, StableLmForCausalLM),
+                                                        (NemotronConfig, NemotronForCausalLM)])
+def test_families_whose_layers_drop_the_attention_kwargs_are_refused_at_wrap(config_class, model_class):
+    """Their decoder layers call self_attn without **kwargs: wrapped, every generate failed in the engine."""
+    config = config_class(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                          num_key_value_heads=2, intermediate_size=32)
+    with pytest.raises(UnsupportedModelError, match=f"{config.model_type}.*self_attn without"):
+        hf_paged.wrap(model_class(config))
 
 
 def test_wrap_errors_are_typed(model):

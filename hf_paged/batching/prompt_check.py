@@ -43,6 +43,8 @@ def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, limits: Prom
                 f"{len(targets)} score_targets do not fit a prompt of {len(prompt_ids)} tokens: the prompt must "
                 "end with all targets but the last (hf_paged.api.scoring builds such requests)"
             )
+        if not 0 <= targets[-1] < limits.vocab_size:  # the others are prompt ids, checked above
+            return InvalidPromptError(f"score target {targets[-1]} is outside the vocabulary [0, {limits.vocab_size})")
         if len(prompt_ids) > limits.max_model_len:
             return PromptTooLongError(
                 f"scored sequence of {len(prompt_ids) + 1} tokens (context + continuation) exceeds the model's "

@@ -17,6 +17,8 @@ _UNSUPPORTED_MODEL_TYPES = {
     "falcon": "its attention bypasses transformers' AttentionInterface",
     "bloom": "its attention bypasses transformers' AttentionInterface",
     "mpt": "its attention bypasses transformers' AttentionInterface",
+    "stablelm": "its decoder layer calls self_attn without the attention kwargs",
+    "nemotron": "its decoder layer calls self_attn without the attention kwargs",
 }
 _SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 

@@ -57,7 +57,7 @@ def prefill_body(body: bytes) -> bytes | None:
     the body is not a JSON object (the decode replica answers it with the error)."""
     try:
         request: Any = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth: the decode side's 400
         return None
     if not isinstance(request, dict):
         return None

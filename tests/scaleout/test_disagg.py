@@ -29,6 +29,7 @@ def test_prefill_body_asks_one_token_of_the_same_prompt():
     assert json.loads(prefill_body(body)) == {"prompt": "hi", "max_tokens": 1, "n": 1, "stream": False,
                                               "temperature": 0.5}
     assert prefill_body(b"[1, 2]") is None and prefill_body(b"{nope") is None
+    assert prefill_body(b'{"a": ' * 100_000 + b"1" + b"}" * 100_000) is None  # past the parser's depth: no 500
 
 
 def test_build_application_refuses_a_split_without_decode_replicas():
