@@ -197,8 +197,9 @@ def test_a_scored_sequence_may_fill_the_pool_exactly():
 def test_the_same_documents_scored_again_reuse_the_later_windows_contexts():
     """A later rolling window's context (the text before its scored tokens) is an ordinary prefix: scored again on
     the same engine, its tokens come from the prefix cache up to the last one (whose logits score the first
-    continuation token), so only the scored rows are computed; the log-likelihoods are the same. (So an A/B of repeated calls on one engine
-    measures less work than a fresh evaluation: `benchmarks/lm_eval_ppl_ab.py` builds a fresh engine per call.)"""
+    continuation token), so only the scored rows are computed; the log-likelihoods are the same. (So an A/B of
+    repeated calls on one engine measures less work than a fresh evaluation: `benchmarks/lm_eval_ppl_ab.py` builds
+    a fresh engine per call.)"""
     model = tiny_model("llama")
     documents = ragged_prompts([150, 100, 64], seed=14)
     hf_paged.wrap(model, block_size=8, max_num_batched_tokens=64)
