@@ -49,7 +49,8 @@ class GrammarLogitsProcessor(GuidedLogitsProcessor):
             counts, never seconds, so a grammar compiles or is refused the same way on any machine.
         max_ignored: the most matches of the `%ignore` patterns before, between and after two tokens (default 1:
             with `%ignore " "`, one space, so a small model cannot emit spaces until `max_new_tokens`); None: any
-            number, Lark's own meaning. A pattern that is itself a run (`WS`: `/[ \t\f\r\n]+/`) is one match.
+            number, Lark's own meaning. A pattern of whitespace runs (`WS`: `/[ \t\f\r\n]+/`) counts each character (or
+            `\r\n`) as a match: `%ignore WS` allows one space, tab or newline between tokens by default.
 
     Raises:
         GrammarSyntaxError, UndefinedRuleError, LeftRecursionError, UnsupportedGrammarError (all `GrammarError`,

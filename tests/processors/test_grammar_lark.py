@@ -206,6 +206,28 @@ def test_ignored_text_between_tokens_is_bounded_by_max_ignored(max_ignored, text
     assert dfa.accepts(text.encode()) == accepted
 
 
+@pytest.mark.parametrize(("max_ignored", "text", "accepted"), [
+    (None, "a ,  \n\n  b", True), (1, "a , b", True), (1, "a ,\nb", True), (1, "a,\r\nb", True),
+    (1, "a ,  b", False), (1, "a ,\n\nb", False), (1, "a,\n  b", False), (2, "a\n ,b", True), (2, "a   ,b", False),
+])
+def test_a_whitespace_run_counts_its_characters(max_ignored, text, accepted):
+    """`%ignore WS` (Lark's usual idiom) matched a whole run at once: one match let a model write whitespace
+    until `max_new_tokens`. Under a bound, each character (or \\r\\n) is a match."""
+    grammar = 'start: WORD ("," WORD)*\nWORD: /[a-z]+/\n%import common.WS\n%ignore WS\n'
+    dfa = build_automaton(compile_lark(grammar, max_ignored=max_ignored).constraint)
+    assert dfa.accepts(text.encode()) == accepted
+
+
+@pytest.mark.parametrize(("pattern", "unit"), [
+    (r"[ \t\f\r\n]+", r"(?: |\t|\n|\r\n|\r|\f)"), (r"[ \t]+", r"(?: |\t)"), (r"\s+", r"(?: |\t|\n|\r\n|\r|\f|\v)"),
+    (r"(\r?\n)+", r"(?:\n|\r\n)"), (" ", None), (r"#[^\n]*", None), (r"[^a]+", None), ("[ ]{2}", None),
+])
+def test_only_unbounded_whitespace_patterns_are_cut(pattern, unit):
+    from hf_paged.processors.lark.compile import _whitespace_unit
+
+    assert _whitespace_unit(pattern) == unit  # comments, bounded and non-whitespace patterns are left as written
+
+
 def test_the_processor_bounds_ignored_text_by_default():
     from hf_paged.processors import GrammarLogitsProcessor
     from tests.processors.toy_tokenizers import byte_level_tokenizer

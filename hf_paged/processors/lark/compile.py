@@ -6,7 +6,9 @@
                                         else a rule of its own
     %ignore X                           `(?:X)*` after every terminal of a rule, and at the start of the root
                                         (`(?:X){0,n}` under `max_ignored=n`):
-                                        exactly "ignored text may stand before, between and after tokens"
+                                        exactly "ignored text may stand before, between and after tokens";
+                                        under `max_ignored=n`, an X of whitespace runs (`WS`) is cut to one
+                                        character (or `\r\n`) a match, so n bounds the characters too
     start                               the root (rule 0)
 
 A grammar with no call left is a plain regex (a `ByteDFA`, every row built at once). Every text written is
@@ -22,6 +24,8 @@ from functools import lru_cache
 
 from hf_paged.errors import SchemaTooComplexError, UndefinedRuleError, UnsupportedGrammarError
 from hf_paged.processors.automaton.grammar import MAX_RULES, Grammar, call_regex
+from hf_paged.processors.automaton.syntax import parse as parse_regex
+from hf_paged.processors.automaton.tree import Unsupported
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.lark.common import COMMON_SOURCE
 from hf_paged.processors.lark.recursion import (
@@ -212,10 +216,39 @@ class _Rules:
         return text
 
 
+_UNITS = ((" ", " "), ("\t", r"\t"), ("\n", r"\n"), ("\r\n", r"\r\n"), ("\r", r"\r"), ("\f", r"\f"), ("\v", r"\v"))
+
+
+def _whitespace_unit(text: str) -> str | None:
+    """For an `%ignore` pattern that writes whitespace only and repeats without bound (`WS`: `/[ \t\f\r\n]+/`):
+    the regex of its one-character matches (and `\r\n`), so that `max_ignored` bounds characters, not runs: one
+    match of `WS` let a small model write whitespace until `max_new_tokens`. None for any other pattern."""
+    try:
+        tree = parse_regex(text)
+    except (Unsupported, re.error):
+        return None
+    nodes, chars, unbounded = [tree], set(), False
+    while nodes:
+        node = nodes.pop()
+        if node.kind == "look":
+            return None
+        if node.kind == "set":
+            if any(hi - lo > 64 for lo, hi in node.ranges):
+                return None  # (a wide class is not whitespace; checked before its code points are listed)
+            chars.update(cp for lo, hi in node.ranges for cp in range(lo, hi + 1))
+        unbounded |= node.kind == "rep" and node.hi is None
+        nodes.extend(node.children)
+    if not unbounded or not all(chr(cp).isspace() for cp in chars):
+        return None
+    units = [regex for unit, regex in _UNITS if re.fullmatch(text, unit)]
+    return "(?:" + "|".join(units) + ")" if units else None
+
+
 def compile_lark(source: str, start: str = "start", budget: CompileBudget | None = None,
                  max_ignored: int | None = None) -> LarkCompiled:
     """Compile a Lark EBNF grammar to a `Grammar` (or a plain regex) for `GuidedLogitsProcessor`. `max_ignored`:
-    the most matches of the `%ignore` patterns before, between or after tokens; None: any number (Lark's meaning).
+    the most matches of the `%ignore` patterns before, between or after tokens, a whitespace run counted by its
+    characters (`_whitespace_unit`); None: any number, runs as long as they like (Lark's meaning).
 
     Raises:
         GrammarSyntaxError, UndefinedRuleError, LeftRecursionError, UnsupportedGrammarError (`GrammarError`s);
@@ -253,6 +286,8 @@ def compile_lark(source: str, start: str = "start", budget: CompileBudget | None
         check_rules(bodies, lambda leaf: re.fullmatch(
             terminals.text(leaf) if isinstance(leaf, Ref) else leaf_regex(leaf, "a rule"), "") is not None)
         ignores = [terminals.expr(node, "%ignore") for node in grammar.ignores]
+        if max_ignored is not None:
+            ignores = [_whitespace_unit(text) or text for text in ignores]
         repeat = "*" if max_ignored is None else "?" if max_ignored == 1 else f"{{0,{max_ignored}}}"
         ignore = f"(?:{'|'.join(ignores)}){repeat}" if ignores and max_ignored != 0 else ""
         rules = _Rules(bodies, terminals, ignore, budget)
