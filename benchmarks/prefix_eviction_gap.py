@@ -6,6 +6,14 @@ unequal activity and turn counts; `chat` with 24 users x 4 turns and with 6 user
 documents and one-offs together). The model needs each request's new tokens; here they are 8 seeded random tokens
 (the engine's greedy answers only matter as tokens a chat history carries, never for which blocks repeat).
 
+With `--mooncake PATH` (the public Mooncake `conversation_trace.jsonl`, FAST'25 release: 12,031 chat requests of an
+hour, 512-token blocks as `hash_ids`), windows of `--mooncake-requests` consecutive requests (window k starts at
+request 4,000 k, one a seed) run too: a 512-token block is 16 equal tokens here (block 16), a prompt's partial last
+block one token of its own (never a full block, never cached, as in the engine), and answers are not cached (the
+trace's next turn names its own blocks for them). Printed beside the table: how long a live block waits for its
+first reuse against the LRU pool's turnover, and how the share of new blocks that are ever reused varies with what
+is known when they are stored (their request's hit depth, the prompt's length).
+
 Printed: points of hit rate over the model's LRU, mean and worst seed, for the oracles that know part of the future
 (`oracle_dead`: only whether a block is used again; `oracle_count`: how often; `oracle`: when) and for the online
 policies. Then, for chat: how well what is known online predicts who comes next (a user's turns so far, the gap
@@ -73,6 +81,57 @@ def working_set(prompts: list[list[int]], outputs: list[list[int]]) -> int:
     return len(blocks)
 
 
+def mooncake(path: str, requests: int, seed: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Window `seed` of a Mooncake-format trace as the model's prompts and (uncached, one-token) outputs."""
+    import itertools
+    import json
+    with open(path) as f:
+        rows = [json.loads(line) for line in itertools.islice(f, 4000 * seed, 4000 * seed + requests)]
+    if len(rows) < requests:
+        raise ValueError(f"{path} has no {requests} requests from request {4000 * seed} (seed {seed}): use fewer seeds")
+    fresh = itertools.count(-1, -1)  # token ids of their own: partial last blocks and answers
+    prompts, outputs = [], []
+    for row in rows:
+        full = row["input_length"] // 512
+        prompt = [h for h in row["hash_ids"][:full] for _ in range(BLOCK_SIZE)]
+        prompts.append(prompt + ([next(fresh)] if len(row["hash_ids"]) > full else []))
+        outputs.append([next(fresh)])
+    return prompts, outputs
+
+
+def live_blocks(prompts: list[list[int]], pool: int) -> str:
+    """When live blocks are reused, and whether what is known at store time predicts it (one line)."""
+    chains, ids = [], {}
+    for p in prompts:
+        parent, chain = -1, []
+        for start in range(0, len(p) - BLOCK_SIZE + 1, BLOCK_SIZE):
+            parent = ids.setdefault((parent, tuple(p[start:start + BLOCK_SIZE])), len(ids))
+            chain.append(parent)
+        chains.append(chain)
+    uses: dict[int, int] = {}
+    for chain in chains:
+        for b in chain:
+            uses[b] = uses.get(b, 0) + 1
+    created: dict[int, int] = {}
+    gaps, by_kind = [], {"first turn": [0, 0], "later turn": [0, 0]}
+    for i, chain in enumerate(chains):
+        hit = next((d for d, b in enumerate(chain) if b not in created), len(chain))
+        kind = "first turn" if hit <= 1 else "later turn"  # past the shared first block or not
+        for b in chain:
+            if b in created:
+                if created[b] >= 0:
+                    gaps.append(i - created[b])
+                    created[b] = -1
+            else:
+                created[b] = i
+                by_kind[kind][0] += 1
+                by_kind[kind][1] += uses[b] > 1
+    turnover = pool / (len(ids) / len(chains))
+    late = sum(g > turnover for g in gaps) / max(1, len(gaps))
+    kinds = ", ".join(f"{k} {v[1] / max(1, v[0]):.2f}" for k, v in by_kind.items())
+    return f"live blocks reused after one LRU turnover (~{turnover:.0f} requests): {late:.2f}; reused share by {kinds}"
+
+
 def chat_signals(trace: list[Turn]) -> dict[str, float]:
     """For each chat request after the first few: is the user who comes next the one an online signal ranks first?
     Reported as the mean rank percentile (0 = always ranked first, 0.5 = no better than chance) of the actual next
@@ -107,7 +166,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--policies", default=DEFAULT_POLICIES)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--mooncake", help="a Mooncake-format conversation trace (JSONL) to replay too")
+    parser.add_argument("--mooncake-requests", type=int, default=1500)
     args = parser.parse_args()
+    notes: list[str] = []
+    if args.mooncake:
+        WORKLOADS["mooncake*"] = (lambda s: mooncake(args.mooncake, args.mooncake_requests, s), None)
+        args.workloads += ",mooncake*"
     policies = args.policies.split(",")
     print(f"model: prefix_oracle.simulate, block {BLOCK_SIZE}, {MAX_NEW} new tokens a request; seeds 0..{args.seeds - 1};"
           " * = a workload the policies were not designed on\n")
@@ -121,10 +186,12 @@ def main() -> None:
             trace = make(seed)
             if name.startswith("chat"):
                 signals.setdefault(name, []).append(chat_signals(trace))
-            prompts, outputs = model_trace(trace, seed)
+            prompts, outputs = trace if name == "mooncake*" else model_trace(trace, seed)
             ws = working_set(prompts, outputs)
             floor = max(len(p) + MAX_NEW for p in prompts) // BLOCK_SIZE + 4
             pools = {"140": fixed} if fixed else {s: max(round(f * ws), floor) for s, f in (("25%", .25), ("50%", .5))}
+            if name == "mooncake*":
+                notes += [f"mooncake* seed {seed}, pool {label}: {live_blocks(prompts, n)}" for label, n in pools.items()]
             for label, blocks in pools.items():
                 for p in policies:
                     runs.setdefault(label, {}).setdefault(p, []).append(simulate(prompts, outputs, blocks, p))
@@ -137,6 +204,7 @@ def main() -> None:
                 gain = [100 * (a - b) for a, b in zip(by[p], lru)]
                 cells.append(f"{sum(gain) / len(gain):+.1f} ({min(gain):+.1f})")
             print(f"| {name} | {label} | {100 * sum(lru) / len(lru):.1f}% | " + " | ".join(cells) + " |", flush=True)
+    print("", *notes, sep="\n")
     print("\nchat: where the next user ranks among the users seen so far by an online signal "
           "(mean rank percentile: 0 = ranked first, 0.5 = chance)")
     for name, rows in signals.items():

@@ -41,6 +41,9 @@ POLICIES = ("lru", "lfu", "lru2", "2q", "oracle")
 #                 (ghost-aware) counting as touched W turnovers later (ages by construction)
 #   window+:W     window:W where a block that extends a reused prefix counts as reused too (a chat's new turn)
 #   slru+:F       slru:F with the same extension rule
+#   window*:W     window+:W where the extension passes only through a block with at most one cached child: a
+#                 prefix many continuations share (a common preamble, a document asked many questions) is a hub,
+#                 and a new branch under it earns its own reuse (a new conversation is not a reused one)
 EXTRA = ("oracle_dead", "oracle_count", "gap")
 
 
@@ -61,7 +64,7 @@ def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
              block: int = BLOCK) -> float:
     """Prompt tokens served from the cache / prompt tokens, for `policy` in `POLICIES`."""
     name, _, arg = policy.partition(":")
-    if policy not in POLICIES + EXTRA and not (name in ("slru", "slru+", "window", "window+") and arg):
+    if policy not in POLICIES + EXTRA and not (name in ("slru", "slru+", "window", "window+", "window*") and arg):
         raise ValueError(f"policy must be one of {POLICIES + EXTRA}, slru:F or window:W, got {policy!r}")
     param = float(arg) if arg else 0.0
     ids: dict[tuple[int, tuple[int, ...]], int] = {}
@@ -86,7 +89,8 @@ def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
     protected: dict[int, None] = {}  # slru: the protected segment
     stamp: dict[int, float] = {}  # window: churn at the last touch (+ param if used twice)
     remembers = policy.startswith(("2q", "slru", "window"))
-    inherits = name == "window+"  # a block extending a reused prefix counts as reused
+    inherits = name in ("window+", "window*")  # a block extending a reused prefix counts as reused
+    hubs_stop = name == "window*"  # ... unless the prefix branches (window*)
     stored = 0  # blocks newly cached (window's churn clock: stored / num_blocks)
     hits = total = 0
 
@@ -123,7 +127,7 @@ def simulate(prompts: Sequence[Sequence[int]], outputs: Sequence[Sequence[int]],
         inherit = False
         for b in path:
             reused = used[b] >= 2 or inherit
-            inherit = reused and inherits
+            inherit = reused and inherits and not (hubs_stop and children.get(b, 0) > 1)
             if name.startswith("window"):
                 stamp[b] = stored / num_blocks + (param if reused else 0.0)
         inherit, promote = False, []
