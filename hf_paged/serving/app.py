@@ -89,11 +89,16 @@ class _AppState:
                            code="model_not_found")
         return body
 
-    def admit(self, num_prompts: int) -> _Admission:
-        """Admit a request's prompts or answer 429 (queue full) / 503 (shutting down). Admission and queueing
-        are apart (the request is queued when its pump starts), so prompts admitted but not queued yet count as
-        waiting: concurrent arrivals cannot all slip under the bound. Runs on the event loop thread only."""
+    def admit(self, num_prompts: int, n: int = 1) -> _Admission:
+        """Admit a request's prompts or answer 400 (more sequences, prompts x `n`, than the queue may ever hold),
+        429 (queue full) / 503 (shutting down). Admission and queueing are apart (the request is queued when its
+        pump starts), so prompts admitted but not queued yet count as waiting: concurrent arrivals cannot all slip
+        under the bound. Runs on the event loop thread only."""
         limit = self.settings.max_waiting
+        if limit is not None and num_prompts * n > limit:
+            raise ApiError(f"this request asks for {num_prompts * n} sequences ({num_prompts} prompts x n={n}) but "
+                           f"the server queues at most {limit} (--max-waiting): split it into smaller requests",
+                           param="n" if n > 1 else "prompt", code="request_too_large")
         if limit is not None and self.loop.num_waiting + self.num_admitted >= limit:
             raise ApiError(f"the server's queue is full ({limit} requests waiting); retry after "
                            f"{self.settings.retry_after_s} s", status=429, code="rate_limit_exceeded",
@@ -199,7 +204,7 @@ def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = 
 async def _answer(server: _AppState, request: Request, body, prepare: Callable[[Any], PreparedRequest], kind: str,
                   received: float) -> Response:
     prepared = await run_in_threadpool(prepare, body)  # may compile a schema: off the event loop; 400s first
-    admission = server.admit(len(prepared.prompts))
+    admission = server.admit(len(prepared.prompts), prepared.params.num_return_sequences)
     try:
         head = Head(kind, body.model or server.settings.model_name, body.return_token_ids)
         usage = Usage()

@@ -190,6 +190,20 @@ def test_a_request_failing_on_its_own_input_answers_400(server, engine):
         constraints._items.pop(("regex", json.dumps("too big"), None), None)
 
 
+def test_a_request_larger_than_the_queue_bound_is_a_400_not_a_flood(tiny_lm):
+    """--max-waiting bounded only what was queued before a request: one request of prompts x n sequences past the
+    bound was admitted whole (100 prompts x n=128 queued 12,800 sequences)."""
+    server, engine = make_server(tiny_lm, settings=ServerSettings(model_name="tiny-lm", max_waiting=8))
+    with server:
+        r = post(server, "/v1/completions", {"prompt": ["a", "b", "c"], "n": 3, "max_tokens": 2,
+                                             "temperature": 1.0})
+        assert_error(r, 400, param="n", words=("9 sequences (3 prompts x n=3)", "--max-waiting"))
+        assert post(server, "/v1/completions", {"prompt": ["a", "b"], "n": 4, "max_tokens": 2,
+                                                "temperature": 1.0}).status_code == 200  # 8: at the bound
+        wait_idle(engine)
+        assert server.app.state.server.num_admitted == 0
+
+
 def test_a_full_queue_answers_429_with_retry_after(tiny_lm):
     server, engine = make_server(tiny_lm, max_num_seqs=1,
                                  settings=ServerSettings(model_name="tiny-lm", max_waiting=1))
