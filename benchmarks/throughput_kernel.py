@@ -1,5 +1,5 @@
-"""The CPU decode kernel at a commit (`--before`, default: the parent of the prefetch change) against the working
-tree's, interleaved in one process: the kernel alone (ns per key of 64 decodes) and `throughput.py`'s timed
+"""The CPU decode kernel at a commit (`--before`, default f44b4c0: the kernel before its prefetch) against the
+working tree's, interleaved in one process: the kernel alone (ns per key of 64 decodes) and `throughput.py`'s timed
 `generate_batch` (process CPU time), with the outputs compared (largest difference; tokens).
 
     OMP_NUM_THREADS=1 HF_PAGED_JIT=now python benchmarks/throughput_kernel.py [--workload gqa6] [--repeats 3]
