@@ -78,6 +78,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+        if (isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float)
+                or not self.temperature >= 0):  # (NaN too) a negative one is refused greedy or not
+            raise ValueError(f"SamplingParams.temperature must be a number >= 0, got {self.temperature!r}")
         if self.do_sample and not self.temperature > 0:
             raise ValueError(f"SamplingParams.temperature must be > 0 when sampling, got {self.temperature!r}")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
@@ -184,7 +187,8 @@ class SamplingParams:
         gc = generation_config
         params: dict[str, Any] = {
             "do_sample": bool(gc.do_sample),
-            "temperature": gc.temperature if gc.temperature is not None else 1.0,
+            # greedy: stock ignores the temperature (with a warning), whatever it is; so does the engine
+            "temperature": gc.temperature if gc.temperature is not None and gc.do_sample else 1.0,
             "top_k": gc.top_k,
             "top_p": gc.top_p if gc.top_p is not None else 1.0,
             "eos_token_id": gc.eos_token_id,

@@ -93,3 +93,28 @@ def test_loglikelihood_refuses_continuation_ids_outside_the_vocabulary(model, co
     with pytest.raises(InvalidPromptError, match=r"request 0: token ids \[.*\] are outside the vocabulary"):
         model.loglikelihood([([5, 6], continuation)])
     assert model.loglikelihood([([5, 6], [7])])[0].logprob < 0  # the engine is fine
+
+
+@pytest.mark.parametrize("temperature", [-1, -0.5, float("nan"), "hot", True, None])
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_temperature_that_is_not_a_number_at_least_zero_is_refused_greedy_or_not(temperature, do_sample):
+    """Greedy requests took any temperature (-1, "hot") silently: it is unused there, but it is a caller's mistake."""
+    with pytest.raises(ValueError, match="temperature must be a number >= 0"):
+        SamplingParams(do_sample=do_sample, temperature=temperature)
+    assert SamplingParams(temperature=0).temperature == 0  # greedy by temperature 0 (the OpenAI convention) is fine
+
+
+def test_a_greedy_generation_config_with_any_temperature_runs_as_stock(model):
+    """transformers ignores the temperature of a greedy config (it warns): a drop-in must not refuse it."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(temperature=-1.0, max_new_tokens=3, do_sample=False)
+    assert SamplingParams.from_generation_config(config).temperature == 1.0
+    ids = torch.tensor([[5, 6, 7]])
+    wrapped = model.generate(ids, generation_config=config)
+    hf_paged.unwrap(model)
+    try:
+        stock = model.generate(ids, generation_config=config)
+    finally:
+        hf_paged.wrap(model, num_blocks=64)
+    assert torch.equal(wrapped, stock)
