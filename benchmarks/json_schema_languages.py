@@ -33,25 +33,11 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks import schema_sets
 from benchmarks.json_schema import DEFAULT_SHARED, _texts
+from benchmarks.json_schema_wide import _load_sets  # the same sets, read the same way
 
 _MAX_BYTES = 4_000  # a sample walk that has not stopped by then is dropped (counted)
 _STOP = 0.25  # chance of stopping at a final state
-
-
-def _load_sets(args) -> dict[str, list]:
-    sets: dict[str, list] = {}
-    wanted = set(args.sets.split(","))
-    if "maskbench" in wanted and os.path.isdir(args.maskbench):
-        sets["maskbench"] = schema_sets.maskbench(args.maskbench)
-    if "suite" in wanted and args.suite:
-        sets["suite"] = schema_sets.suite(args.suite)
-    if "schemastore" in wanted and args.schemastore:
-        sets["schemastore"] = schema_sets.schemastore(args.schemastore, args.sample, args.seed)
-    if "stress" in wanted:
-        sets["stress"] = schema_sets.stress_schemas(args.seed)
-    return sets
 
 
 def dump(sets: dict[str, list], path: str) -> int:

@@ -41,7 +41,7 @@ from benchmarks.prefix_eviction import (
     shared_docs,
     support_mix,
 )
-from benchmarks.prefix_oracle import simulate
+from benchmarks.prefix_oracle import _chains, simulate
 
 WORKLOADS = {  # name -> (trace of a seed, fixed pool or None for 25% / 50% of the working set)
     "docs-bursts": (lambda s: docs_bursts(s, 8), 140),
@@ -101,13 +101,8 @@ def mooncake(path: str, requests: int, seed: int) -> tuple[list[list[int]], list
 
 def live_blocks(prompts: list[list[int]], pool: int) -> str:
     """When live blocks are reused, and whether what is known at store time predicts it (one line)."""
-    chains, ids = [], {}
-    for p in prompts:
-        parent, chain = -1, []
-        for start in range(0, len(p) - BLOCK_SIZE + 1, BLOCK_SIZE):
-            parent = ids.setdefault((parent, tuple(p[start:start + BLOCK_SIZE])), len(ids))
-            chain.append(parent)
-        chains.append(chain)
+    ids: dict = {}
+    chains = _chains(prompts, BLOCK_SIZE, ids)
     uses: dict[int, int] = {}
     for chain in chains:
         for b in chain:
