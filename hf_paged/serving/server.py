@@ -39,6 +39,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-prefill-tokens-per-step", type=int, default=None,
                         help="prompt tokens a step may carry while others decode (default: no bound); e.g. 64 "
                              "bounds inter-token stalls on CPU at some cost in TTFT")
+    parser.add_argument("--max-prefill-step-time-ratio", type=float, default=None, metavar="R",
+                        help="with --max-prefill-tokens-per-step and a KV connector (--prefill-replicas' decode side, "
+                             "--kv-offload-dir): also hold a step's prompt tokens to what keeps it within R measured "
+                             "decode-only steps (R > 1; off by default; benchmarks/disagg_results.md)")
     parser.add_argument("--kv-cache-dtype", default=None, choices=("auto", "fp8", "int8", "int4"))
     parser.add_argument("--no-prefix-caching", action="store_true", help="turn the prefix cache off")
     parser.add_argument("--kv-offload-dir", default=None, metavar="DIR",
@@ -58,7 +62,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 _PAGED_FLAGS = ("block_size", "num_blocks", "max_cache_bytes", "max_num_seqs", "max_num_batched_tokens",
-                "max_prefill_tokens_per_step", "kv_cache_dtype", "kv_offload_dir", "kv_offload_bytes")
+                "max_prefill_tokens_per_step", "max_prefill_step_time_ratio", "kv_cache_dtype", "kv_offload_dir",
+                "kv_offload_bytes")
 
 
 def paged_overrides(args) -> dict:
