@@ -6,7 +6,7 @@ engine finds every later window's context in the prefix cache and computes only 
 47,983 tokens fewer on the embedded model), which is not what one evaluation does. The order inside a pair
 alternates (hf first in even pairs); every document's log-likelihood is checked against hf (1e-6 relative).
 
-    python benchmarks/lm_eval_ppl_ab.py --pairs 5
+    python benchmarks/lm_eval_ppl_ab.py --pairs 5 [--model llama50m]
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import argparse
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -51,9 +52,17 @@ def _timed(lm, requests) -> tuple[float, list[float]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--model", default="tiny", choices=("tiny", "llama50m"), help="as benchmarks/lm_eval.py's")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    path, requests = str(DEFAULT_MODEL_PATH), _documents()
+    tmp = tempfile.TemporaryDirectory()
+    if args.model == "tiny":
+        path = str(DEFAULT_MODEL_PATH)
+    else:
+        from benchmarks.lm_eval import _llama50m  # the same random 51M Llama, saved the same way
+
+        path = _llama50m(tmp.name)
+    requests = _documents()
     hf = HFLM(pretrained=path, dtype="float32", device="cpu", batch_size=1)
     hf.loglikelihood_rolling(requests[:1], disable_tqdm=True)  # lm-eval's and torch's first-call costs, untimed
     hf_s, paged_s, ratios = [], [], []
