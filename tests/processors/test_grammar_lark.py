@@ -221,6 +221,7 @@ def test_a_whitespace_run_counts_its_characters(max_ignored, text, accepted):
 @pytest.mark.parametrize(("pattern", "unit"), [
     (r"[ \t\f\r\n]+", r"(?: |\t|\n|\r\n|\r|\f)"), (r"[ \t]+", r"(?: |\t)"), (r"\s+", r"(?: |\t|\n|\r\n|\r|\f|\v)"),
     (r"(\r?\n)+", r"(?:\n|\r\n)"), (" ", None), (r"#[^\n]*", None), (r"[^a]+", None), ("[ ]{2}", None),
+    (r"[\x{20}\t]+", None),  # Rust's braced escape, which Python's re does not read: left as written, no error
 ])
 def test_only_unbounded_whitespace_patterns_are_cut(pattern, unit):
     from hf_paged.processors.lark.compile import _whitespace_unit

@@ -240,7 +240,10 @@ def _whitespace_unit(text: str) -> str | None:
         nodes.extend(node.children)
     if not unbounded or not all(chr(cp).isspace() for cp in chars):
         return None
-    units = [regex for unit, regex in _UNITS if re.fullmatch(text, unit)]
+    try:
+        units = [regex for unit, regex in _UNITS if re.fullmatch(text, unit)]
+    except re.error:  # (syntax our reader takes and Python's does not: left as written)
+        return None
     return "(?:" + "|".join(units) + ")" if units else None
 
 
