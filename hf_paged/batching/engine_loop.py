@@ -23,11 +23,13 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from hf_paged.batching.drivable import Drivable
+from hf_paged.batching.loop_thread import serve, wake
 from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput, fork_ids
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.errors import RequestFailedError
@@ -192,7 +194,9 @@ class EngineLoop:
             if self._closed:
                 raise LoopClosedError("the engine loop was shut down; create a new Engine to serve again")
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="hf_paged-engine-loop", daemon=True)
+                self._thread = threading.Thread(target=serve, args=(weakref.ref(self), self._cond),
+                                                name="hf_paged-engine-loop", daemon=True)
+                weakref.finalize(self, wake, self._cond)  # a loop nobody holds is collected: its thread ends
                 self._thread.start()
 
     def run_in_this_thread(self, on_ready: Callable[[], None] | None = None) -> None:
@@ -205,7 +209,7 @@ class EngineLoop:
             self._thread = threading.current_thread()
         if on_ready is not None:
             on_ready()
-        self._run()
+        serve(lambda: self, self._cond)  # (holding the loop: the caller's thread owns it)
 
     def shutdown(self, timeout: float = 0.0) -> None:
         """Take no new requests, give those in flight up to `timeout` seconds to finish, abort the rest, and stop
@@ -296,18 +300,19 @@ class EngineLoop:
             self._cond.notify()
 
     # -- the loop thread -----------------------------------------------------------------------------------
-    def _run(self) -> None:
-        while True:
-            with self._cond:
-                while not (self._commands or self._sinks or self._stopping):
-                    self._cond.wait()  # idle: sleep until a caller submits (no polling)
-                stopping = self._stopping
-            with self._driver:  # waits while a synchronous caller drives its own turns
-                self._turn()  # when stopping, this delivers the aborted requests' outputs
-                if stopping and not self._commands:
-                    if self._sinks:
-                        self._fail_in_flight("the engine loop shut down")
-                    return
+    def _has_work(self) -> bool:
+        """Commands, callers waiting, or a shutdown to carry out (read under `_cond`)."""
+        return bool(self._commands or self._sinks or self._stopping)
+
+    def _one_turn(self, stopping: bool) -> bool:
+        """One turn of the loop thread; False when the thread is to end."""
+        with self._driver:  # waits while a synchronous caller drives its own turns
+            self._turn()  # when stopping, this delivers the aborted requests' outputs
+            if stopping and not self._commands:
+                if self._sinks:
+                    self._fail_in_flight("the engine loop shut down")
+                return False
+        return True
 
     def _turn(self) -> bool:
         """Run the queued commands, then one step if a caller waits for requests (the driver lock is held).
@@ -387,3 +392,4 @@ class EngineLoop:
             sink.put(deltas)
         except Exception:  # noqa: BLE001 -- e.g. the caller's event loop is closed: nobody will read these requests
             self._command(lambda: [self.engine.abort(d.request_id) for d in deltas if not d.finished], force=True)
+

@@ -280,3 +280,24 @@ def test_a_thread_of_the_callers_choice_can_be_the_loop_thread(model):
     engine.loop.shutdown()
     thread.join(10)
     assert not thread.is_alive()
+
+
+def test_a_dropped_wrapped_model_is_collected_and_its_loop_thread_ends():
+    """The loop thread held its loop, engine, model and KV pool for ever: a notebook cell that wrapped a model again
+    and again kept every copy alive. Idle, it now holds the loop weakly."""
+    import gc
+    import weakref
+
+    model = hf_paged.wrap(tiny_model("llama"), PagedConfig(block_size=4, num_blocks=32))
+    model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=3)  # through the loop thread
+    engine = hf_paged.engine_of(model)
+    thread, gone = engine.loop._thread, weakref.ref(engine)
+    assert thread is not None and thread.is_alive()
+    del model, engine
+    deadline = time.monotonic() + 30
+    while gone() is not None and time.monotonic() < deadline:  # (a turn may still hold it for a moment)
+        gc.collect()
+        time.sleep(0.05)
+    assert gone() is None
+    thread.join(timeout=30)
+    assert not thread.is_alive()
