@@ -392,4 +392,3 @@ class EngineLoop:
             sink.put(deltas)
         except Exception:  # noqa: BLE001 -- e.g. the caller's event loop is closed: nobody will read these requests
             self._command(lambda: [self.engine.abort(d.request_id) for d in deltas if not d.finished], force=True)
-
