@@ -33,8 +33,8 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from benchmarks.json_schema import DEFAULT_SHARED, _texts
-from benchmarks.json_schema_wide import _load_sets  # the same sets, read the same way
+from benchmarks.json_schema import _texts
+from benchmarks.json_schema_wide import _load_sets, add_set_arguments  # the same sets, read the same way
 
 _MAX_BYTES = 4_000  # a sample walk that has not stopped by then is dropped (counted)
 _STOP = 0.25  # chance of stopping at a final state
@@ -131,12 +131,7 @@ def check(sets: dict[str, list], old_path: str, new_path: str, num_samples: int,
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--maskbench", default=os.path.join(DEFAULT_SHARED, "schemas"))
-    parser.add_argument("--suite", default=None, help="JSON-Schema-Test-Suite's tests/draft2020-12 directory")
-    parser.add_argument("--schemastore", default=None, help="SchemaStore's src/schemas/json directory")
-    parser.add_argument("--sample", type=int, default=300, help="schemas drawn from --schemastore")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sets", default="maskbench,suite,schemastore,stress")
+    add_set_arguments(parser)
     parser.add_argument("--samples", type=int, default=40, help="documents drawn from each side of a changed schema")
     parser.add_argument("--dump", default=None, metavar="OUT", help="write every schema's translation texts here")
     parser.add_argument("--check", nargs=2, default=None, metavar="TEXTS", help="compare two --dump files' languages")

@@ -263,14 +263,19 @@ def _load_sets(args) -> dict[str, list]:
     return sets
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_set_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags `_load_sets` reads (shared with `json_schema_languages.py`)."""
     parser.add_argument("--maskbench", default=os.path.join(DEFAULT_SHARED, "schemas"))
     parser.add_argument("--suite", default=None, help="JSON-Schema-Test-Suite's tests/draft2020-12 directory")
     parser.add_argument("--schemastore", default=None, help="SchemaStore's src/schemas/json directory")
     parser.add_argument("--sample", type=int, default=300, help="schemas drawn from --schemastore")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sets", default="maskbench,suite,schemastore,stress")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_set_arguments(parser)
     parser.add_argument("--sides", default="ours,llguidance")
     parser.add_argument("--tokenizer", default=os.path.join(DEFAULT_SHARED, "tokenizers", "gpt2"))
     parser.add_argument("--out", default=None, help="write the markdown report here")
