@@ -3,6 +3,8 @@ its share of the prompt budget, while the other requests decode; the answer is t
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from hf_paged import Engine, PagedConfig, SamplingParams
@@ -52,9 +54,10 @@ def decode_engine(model, store, **overrides) -> Engine:
     return engine
 
 
-def step_all(engine, ids, loads: list[int], limit: int = 500, decoding: list[int] | None = None) -> list:
+def step_all(engine, ids, loads: list[int], limit: int = 500, decoding: list[int] | None = None,
+             after_step=None) -> list:
     """Step to the end (at most `limit` steps: no hang), checking integrity; `loads` gets each step's new blocks
-    (`decoding`: how many requests were decoding when it started)."""
+    (`decoding`: how many requests were decoding when it started; `after_step()` runs after each)."""
     for _ in range(limit):
         if not engine.has_unfinished:
             break
@@ -64,6 +67,8 @@ def step_all(engine, ids, loads: list[int], limit: int = 500, decoding: list[int
         engine.step()
         engine.check_integrity()
         loads.append(transfer_stats(engine)["loaded_blocks"] - before)
+        if after_step is not None:
+            after_step()
     assert not engine.has_unfinished, "the engine did not finish"
     outs = [engine.pop_output(i) for i in ids]
     assert all(o.error is None for o in outs), [o.error for o in outs]
@@ -176,14 +181,22 @@ def test_the_marginal_token_cost_is_the_slope_not_the_average():
 
 def test_blocks_read_in_the_background_are_written_a_share_a_step_too(model, long_prompt, short_prompts, expected,
                                                                        tmp_path):
-    """A store that reads in a worker thread (a directory): the read comes first, then the same paced writes."""
+    """A store that reads in a worker thread (a directory): the read comes first, then the same paced writes. The
+    reads wait until the first step has ended (they may start at arrival: without the gate, a fast read raced it)."""
     store = handed_over(model, long_prompt, DirectoryStore(tmp_path, 1 << 30))
-    engine = decode_engine(model, DirectoryStore(tmp_path, 1 << 30))
+    gate = threading.Event()
+
+    class GatedStore(DirectoryStore):
+        def get(self, key):
+            assert gate.wait(30), "the first step never ended"
+            return super().get(key)
+
+    engine = decode_engine(model, GatedStore(tmp_path, 1 << 30))
     assert engine.scheduler.kv_transfer.load_async
     ids = start_decoding(engine, short_prompts)
     ids.insert(0, engine.add_request(long_prompt, SamplingParams(max_new_tokens=6)))
     loads, decoding = [], []
-    assert step_all(engine, ids, loads, decoding=decoding) == [expected[0], *expected[1:]]
+    assert step_all(engine, ids, loads, decoding=decoding, after_step=gate.set) == [expected[0], *expected[1:]]
     assert max(n for n, d in zip(loads, decoding) if d) == BUDGET // TOKENS_PER_BLOCK and sum(loads) == LONG_BLOCKS
     assert loads[0] == 0  # the first step only started the read
     assert transfer_stats(engine)["load_failures"] == 0 and store.nbytes
