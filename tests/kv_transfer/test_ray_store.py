@@ -4,6 +4,8 @@ refused and counted, an owner that died recomputed."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from hf_paged.kv_transfer.ray_store import KVBlockDirectory
@@ -190,6 +192,13 @@ def test_blocks_whose_owner_died_are_loaded_or_recomputed_never_wrong(cluster, p
     engine, store = decode_engine(model, "dir-dead")
     assert store.contains(engine.scheduler.kv_transfer._keys(engine.kv.prefix_cache.digests(prompts[0][:BS]))[0])
     ray.kill(worker)  # the process that owns the objects is gone: a copy still in this node's memory may be read
+    deadline = time.monotonic() + 30  # (the kill is asynchronous: a call right after it may still be served)
+    while time.monotonic() < deadline:
+        try:
+            ray.get(worker.saved_blocks.remote())
+        except ray.exceptions.RayActorError:
+            break
+        time.sleep(0.1)
     with pytest.raises(ray.exceptions.RayActorError):
         ray.get(worker.saved_blocks.remote())
     assert run(engine, prompts[:1]) == expected
