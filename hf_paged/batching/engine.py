@@ -172,8 +172,8 @@ class Engine:
 
     @property
     def num_waiting(self) -> int:
-        """Requests queued for admission."""
-        return len(self.scheduler.waiting)
+        """Sequences not running yet: requests queued for admission and forks waiting for their parent (`n`)."""
+        return len(self.scheduler.waiting) + self.lifecycle.num_waiting_forks
 
     @property
     def requests(self) -> Mapping[str, Request]:

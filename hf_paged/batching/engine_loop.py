@@ -120,7 +120,7 @@ class EngineLoop:
         self._cond = threading.Condition()
         self._commands: deque[Callable[[], None]] = deque()
         self._sinks: dict[str, _Sink] = {}  # request id -> its caller; changed under the engine's lock
-        self._num_pending = 0  # requests submitted whose add command has not run yet
+        self._num_pending = 0  # sequences (forks included) submitted whose add command has not run yet
         self._thread: threading.Thread | None = None
         # Who steps: the loop thread, or a synchronous caller that found nobody stepping (`Submission.steps`). A
         # caller in the thread that loaded the model keeps its torch thread team: the loop thread's own team
@@ -175,7 +175,7 @@ class EngineLoop:
 
     @property
     def num_waiting(self) -> int:
-        """Requests submitted that have not started running (queued here or in the scheduler)."""
+        """Sequences submitted that have not started running (queued here or in the scheduler, forks of `n`)."""
         return self._num_pending + self.engine.num_waiting
 
     @property
@@ -268,7 +268,7 @@ class EngineLoop:
 
         def add() -> None:
             with self.engine.lock:
-                self._num_pending -= len(items)
+                self._num_pending -= len(all_ids)
                 for rid in all_ids:
                     self._sinks[rid] = sink
                 for rid, prompt, p, priority in items:  # bad input ends FAILED here: delivered after the next step
@@ -279,7 +279,7 @@ class EngineLoop:
                         self._fail_unadded(rid, p, f"{type(exc).__name__}: {exc}", type(exc))
 
         with self._cond:
-            self._num_pending += len(items)
+            self._num_pending += len(all_ids)
         self._command(add, wake=wake)
         return ids, all_ids
 

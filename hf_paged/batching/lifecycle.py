@@ -55,6 +55,12 @@ class RequestLifecycle:
             self.scheduler.register(child)
             self.children.setdefault(parent.request_id, []).append(child)
 
+    @property
+    def num_waiting_forks(self) -> int:
+        """Forks made but not running yet: they wait for their parent's first token. Any thread may read it (the
+        values are copied in one C-level call, so the step thread's changes cannot break the iteration)."""
+        return sum(len(forks) for forks in list(self.children.values()))
+
     def fork_children(self, parent: Request) -> list[Request]:
         """At the parent's first sampled token, its forks take its blocks (shared, copy-on-write) and run."""
         children = self.children.pop(parent.request_id, [])

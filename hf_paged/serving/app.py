@@ -62,7 +62,7 @@ class _AppState:
         self.metrics = ServerMetrics(self.loop, settings.model_name)
         self.retention = self.metrics.retention = PrefixRetention(engine)  # cache_retention_seconds' pins
         self.background: set[asyncio.Task] = set()  # fire-and-forget tasks (pins)
-        self.num_admitted = 0  # prompts admitted whose requests are not in the loop's queue yet (event loop only)
+        self.num_admitted = 0  # sequences admitted whose requests are not in the loop's queue yet (event loop only)
 
     async def parse(self, request: Request, model: type) -> Any:
         try:
@@ -92,35 +92,37 @@ class _AppState:
     def admit(self, num_prompts: int, n: int = 1) -> _Admission:
         """Admit a request's prompts or answer 400 (more sequences, prompts x `n`, than the queue may ever hold),
         429 (queue full) / 503 (shutting down). Admission and queueing are apart (the request is queued when its
-        pump starts), so prompts admitted but not queued yet count as waiting: concurrent arrivals cannot all slip
+        pump starts), so sequences admitted but not queued yet count as waiting: concurrent arrivals cannot all slip
         under the bound. Runs on the event loop thread only."""
         limit = self.settings.max_waiting
         if limit is not None and num_prompts * n > limit:
             raise ApiError(f"this request asks for {num_prompts * n} sequences ({num_prompts} prompts x n={n}) but "
                            f"the server queues at most {limit} (--max-waiting): split it into smaller requests",
                            param="n" if n > 1 else "prompt", code="request_too_large")
-        if limit is not None and self.loop.num_waiting + self.num_admitted >= limit:
-            raise ApiError(f"the server's queue is full ({limit} requests waiting); retry after "
+        if limit is not None and self.loop.num_waiting + self.num_admitted + num_prompts * n > limit:
+            raise ApiError(f"the server's queue is full ({limit} sequences waiting); retry after "
                            f"{self.settings.retry_after_s} s", status=429, code="rate_limit_exceeded",
                            headers={"Retry-After": str(self.settings.retry_after_s)})
         if not self.loop.is_alive:
             raise ApiError("the server is shutting down; retry on another replica", status=503,
                            code="shutting_down")
-        self.num_admitted += num_prompts
-        return _Admission(self, num_prompts)
+        self.num_admitted += num_prompts * n
+        return _Admission(self, num_prompts * n, n)
 
 
 class _Admission:
-    """One request's admitted prompts not yet queued in the loop; `queued` as each is, `close` at the end."""
+    """One request's admitted sequences (prompts x `n`) not yet queued in the loop; `queued` as each prompt is
+    (its `n` sequences then count in the loop's `num_waiting`), `close` at the end."""
 
-    def __init__(self, server: _AppState, num_prompts: int) -> None:
+    def __init__(self, server: _AppState, num_sequences: int, n: int) -> None:
         self._server = server
-        self._left = num_prompts
+        self._left = num_sequences
+        self._n = n
 
     def queued(self) -> None:
-        if self._left:
-            self._left -= 1
-            self._server.num_admitted -= 1
+        step = min(self._n, self._left)
+        self._left -= step
+        self._server.num_admitted -= step
 
     def close(self) -> None:
         """The response is over (or never started): prompts never queued stop counting as waiting."""

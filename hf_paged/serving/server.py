@@ -25,7 +25,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     parser.add_argument("--chat-template", default=None, help="a Jinja chat template file (overrides the tokenizer's)")
     parser.add_argument("--max-waiting", type=int, default=None,
-                        help="most requests queued before new ones get HTTP 429 (default: no bound)")
+                        help="most sequences (prompts x n) queued before new requests get HTTP 429 (default: no bound)")
     parser.add_argument("--max-cache-retention", type=float, default=3600.0, metavar="SECONDS",
                         help="the longest cache_retention_seconds a request may ask (its prompt's prefix kept "
                              "cached); 0 refuses the field (default: %(default)s)")

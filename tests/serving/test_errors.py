@@ -228,6 +228,31 @@ def test_a_full_queue_answers_429_with_retry_after(tiny_lm):
         assert 'hf_paged:request_rejected_total{model_name="tiny-lm",status="429"}' in metrics
 
 
+def test_the_queue_bound_counts_the_forks_of_n_as_sequences(tiny_lm):
+    """--max-waiting counted a waiting request of n=3 as one: its forks (waiting for the parent's first token) were
+    not seen, so requests of many sequences each filled the queue far past the bound."""
+    server, engine = make_server(tiny_lm, max_num_seqs=1,
+                                 settings=ServerSettings(model_name="tiny-lm", max_waiting=4))
+    with server:
+        body = {"prompt": "def main():", "max_tokens": 40, "temperature": 1.0}
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            first = pool.submit(post, server, "/v1/completions", body)
+            _wait_until(lambda: engine.loop.num_in_flight == 1 and engine.loop.num_waiting == 0)
+            with engine.lock:  # no step runs: what is admitted stays queued
+                three = pool.submit(post, server, "/v1/completions", {**body, "n": 3})
+                _wait_until(lambda: engine.loop.num_waiting == 3)
+                two = pool.submit(post, server, "/v1/completions", {**body, "n": 2})
+                _wait_until(two.done)
+                assert_error(two.result(), 429)  # 3 waiting + 2 > 4
+                one = pool.submit(post, server, "/v1/completions", body)
+                _wait_until(lambda: engine.loop.num_waiting == 4)  # 3 + 1 fits
+            responses = [first.result(), three.result(), one.result()]
+        assert [r.status_code for r in responses] == [200, 200, 200], [r.text for r in responses]
+        assert len(responses[1].json()["choices"]) == 3
+        wait_idle(engine)
+        assert server.app.state.server.num_admitted == 0 and engine.loop.num_waiting == 0
+
+
 def test_an_answer_the_pool_cannot_hold_is_refused_up_front_in_api_terms(tiny_lm):
     """The engine's one prompt check (`prompt_check.py`, whole sequence), worded for the server: 400, the
     `max_tokens` parameter, the `--num-blocks` flag; a request that fits runs."""
