@@ -155,6 +155,10 @@ class CacheAwareRouter:
         """The router's estimate of a replica's queued + running tokens."""
         return self._replicas[replica_id].load
 
+    def view_match(self, replica_id: Hashable, digests: Sequence[Hashable]) -> int:
+        """Leading `digests` the router believes `replica_id` holds (reported | sent | pending)."""
+        return self._replicas[replica_id].match(digests)
+
     def work_share(self, replica_id: Hashable) -> float:
         """The replica's share of the recent (decayed) work routed by this router; 0 before any routing."""
         return self._replicas[replica_id].work / self._total_work if self._total_work > 0 else 0.0

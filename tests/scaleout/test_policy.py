@@ -277,3 +277,10 @@ def test_work_decay_survives_rescaling():
     for i in range(300):
         send(r, request(i, [i], output=10), candidates=["a" if i % 3 else "b"])
     assert r.work_share("a") + r.work_share("b") == pytest.approx(1.0)
+
+
+def test_view_match_is_what_the_router_believes_a_replica_holds():
+    r = router("a", "b")
+    r.report("a", keys={1, 2}, load_tokens=0)
+    send(r, request("q", [7, 8, 9]), candidates=["b"])
+    assert (r.view_match("a", [1, 2, 3]), r.view_match("b", [7, 8, 5]), r.view_match("b", [1])) == (2, 2, 0)

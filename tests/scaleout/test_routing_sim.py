@@ -1,5 +1,6 @@
 """The routing simulator: continuous-batching replicas step as specified, baselines keep their bounds, a trace in
-the Mooncake format replays, runs are deterministic with a seed and rank policies as the full run does."""
+the Mooncake format replays, runs are deterministic with a seed and rank policies as the full run does; the
+per-request analysis (`benchmarks/routing/choices.py`) charges hit differences and bounds max/mean work exactly."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 
 from benchmarks import routing_sim as sim
 from benchmarks.routing import replica as rep
-from benchmarks.routing.policies import BoundedHash
+from benchmarks.routing.choices import Choice, attribute, lpt_max, run_recorded, work_bounds
+from benchmarks.routing.policies import BoundedHash, Ours
 from benchmarks.routing.workloads import Stream, chain, read_trace, write_synthetic_trace
 
 
@@ -173,3 +175,49 @@ def test_paired_differences_are_seed_by_seed_and_a_straddling_range_is_a_tie():
     assert rows[0].endswith("ours lower, every seed |")
     assert "| long | 8 | 2 |" in rows[1] and "+0.00 (-1.00..+1.00)" in rows[1] and rows[1].endswith("tie (straddles 0) |")
     assert paired(results[:1]) == []  # one seed: nothing to pair
+
+
+def _choice(session, arrival, prompt, hit, replica, keys, output=1, reason="", best=0, chosen=0, view=(-1, -1)):
+    return Choice(session, 0, arrival, prompt, output, hit, replica, reason, best, chosen, view[0], view[1], 0.1,
+                  list(keys))
+
+
+def test_work_bounds_lpt_groups_and_greedy_on_a_hand_made_run():
+    # Longest first, to the lighter: 5 | 4, 3 -> 4, 3 -> 5, 3 -> 7: {5, 3} {4, 3, 3} = 10 (the best is 9: within 4/3)
+    assert lpt_max([5, 4, 3, 3, 3], 2) == 10
+    # Two replicas. Request 1 reuses request 0's two blocks on replica 0 (a group); 2 and 3 are alone
+    run = [_choice(0, 0.0, 40, 0, 0, [1, 2, 3, 4]), _choice(1, 1.0, 40, 20, 0, [1, 2, 7, 8]),
+           _choice(2, 2.0, 10, 0, 1, [9]), _choice(3, 3.0, 60, 0, 1, [5, 6, 11, 12, 13, 14])]
+    b = work_bounds(run, num_replicas=2, block_size=10)
+    # work = prompt - hit (+ output - 1 = 0): 40, 20, 10, 60 -> replica 0: 60, replica 1: 70, mean 65
+    assert b.mean_work == 65 and b.ours == pytest.approx(70 / 65)
+    assert b.offline_lpt == pytest.approx(70 / 65)  # {60, 10} {40, 20}
+    assert b.num_groups == 3 and b.largest_group == pytest.approx(60 / 65)  # {0, 1}: 60 tokens
+    # Online, arrival order: 40 -> r0, 20 -> r1, 10 -> r1, 60 -> r1 (30 < 40): {40}, {90}
+    assert b.online_greedy == pytest.approx(90 / 65)
+    assert [round(r.work, 3) for r in b.large] == [round(40 / 65, 3), round(20 / 65, 3), round(60 / 65, 3)]
+    assert b.large[-1].lightest_ours == pytest.approx(10 / 65) and b.large[-1].lightest_greedy == pytest.approx(30 / 65)
+
+
+def test_attribution_charges_each_hit_difference_to_the_rule_behind_ours_choice():
+    ours = [_choice(0, 0.0, 100, 50, 0, [], reason="affinity", best=5, chosen=5, view=(5, 5)),
+            _choice(1, 1.0, 100, 20, 1, [], reason="affinity", best=5, chosen=2, view=(5, 2)),  # past a bound
+            _choice(2, 2.0, 100, 20, 1, [], reason="affinity", best=5, chosen=2, view=(2, 2)),  # view behind
+            _choice(3, 3.0, 9000, 0, 0, [], reason="low_gain", best=3, chosen=0, view=(3, 0))]
+    theirs = [_choice(0, 0.0, 100, 40, 0, []), _choice(1, 1.0, 100, 50, 0, []), _choice(2, 2.0, 100, 50, 0, []),
+              _choice(3, 3.0, 9000, 30, 0, [])]
+    rows = {(r.rule, r.prompts): r.hit_tokens_diff for r in attribute(ours, theirs, warmup=0.0)}
+    assert rows == {("at the deepest true holder", "short"): 10,
+                    ("affinity: the deepest holder past a bound, a shallower one taken", "short"): -30,
+                    ("affinity: the deepest holder's blocks missing from the router's view", "short"): -30,
+                    ("low_gain: the match < 20% of the prompt, the lightest less its saving taken", "long"): -30}
+
+
+def test_a_recorded_run_gives_the_same_result_and_one_choice_per_request():
+    plain = sim.simulate(Ours, 4, 0, workload="mix")
+    result, choices = run_recorded(sim.simulate, Ours, 4, 0, workload="mix")
+    assert dataclasses.replace(result, sim_s=0, route_us=0) == dataclasses.replace(plain, sim_s=0, route_us=0)
+    assert len(choices) == len({(c.session, c.turn) for c in choices}) >= sim.MIN_REQUESTS
+    assert all(0 <= c.chosen_blocks <= c.best_blocks and c.reason for c in choices)
+    work = sum(c.work_tokens for c in choices)  # every token a replica computed belongs to one request
+    assert work == pytest.approx(result.max_work_tokens / result.max_over_mean * 4)
