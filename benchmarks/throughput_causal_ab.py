@@ -1,0 +1,63 @@
+"""Causal prefill chunks in row blocks (`reference.CAUSAL_ROW_BLOCK`) on and off, interleaved in one process: CPU
+time of hf_paged's timed `generate_batch` on `benchmarks/throughput.py`'s workloads, and whether the tokens are
+the same. Off is one SDPA call per chunk (0), as before.
+
+    OMP_NUM_THREADS=1 HF_PAGED_JIT=now python benchmarks/throughput_causal_ab.py [--workload gqa6] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import hf_paged
+from benchmarks.throughput import small_llama
+from hf_paged.cache.kernels import reference
+from hf_paged.cli.workloads import ragged
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workload", choices=["default", "gqa6"], default="default")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=reference.CAUSAL_ROW_BLOCK, help="the row block when on")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    if args.workload == "gqa6":
+        work, layers, kv_heads = ragged(num_prompts=40, min_len=16, max_len=900, min_new=16, max_new=160, seed=1), 6, 2
+    else:
+        work, layers, kv_heads = ragged(num_prompts=64, max_len=1000, min_new=64, max_new=256, seed=0), 4, 4
+    model = small_llama(1000, 256, layers, kv_heads)
+    params = [hf_paged.SamplingParams(max_new_tokens=w) for w in work.max_new_tokens]
+
+    def run(rows: int) -> tuple[float, list]:
+        reference.CAUSAL_ROW_BLOCK = rows
+        hf_paged.wrap(model, hf_paged.PagedConfig(block_size=16, max_num_batched_tokens=512, max_num_seqs=64))
+        try:
+            model.generate_batch(work.prompts[:2], sampling_params=params[:2])  # warm-up, untimed
+            start = time.process_time()
+            out = model.generate_batch(work.prompts, sampling_params=params)
+            return time.process_time() - start, [o.generated_tokens for o in out.values()]
+        finally:
+            hf_paged.unwrap(model)
+
+    times: dict[int, list[float]] = {0: [], args.rows: []}
+    tokens: dict[int, list] = {}
+    for r in range(args.repeats):
+        for rows in (0, args.rows) if r % 2 == 0 else (args.rows, 0):  # alternate which goes first
+            cpu, tokens[rows] = run(rows)
+            times[rows].append(cpu)
+    paired = [off / on for off, on in zip(times[0], times[args.rows])]
+    print(f"{args.workload}: one call per chunk {', '.join(f'{t:.2f}' for t in times[0])} s; rows of {args.rows} "
+          f"{', '.join(f'{t:.2f}' for t in times[args.rows])} s; best off / best on "
+          f"{min(times[0]) / min(times[args.rows]):.3f}; paired ratios {', '.join(f'{x:.3f}' for x in paired)}; "
+          f"same tokens: {tokens[0] == tokens[args.rows]}")
+
+
+if __name__ == "__main__":
+    main()
