@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hf_paged.cache.compression import BlockFormat
-from hf_paged.cache.kernels.cpu_attention import MAX_KERNEL_QUERIES
+from hf_paged.cache.kernels.cpu_attention import MAX_KERNEL_PAIRS, MAX_KERNEL_QUERIES
 from hf_paged.cache.kernels.cpu_launch import cpu_kernel_applies, plan_cpu_attention, run_cpu_attention
 from tests.kernels.paged_cases import dense_attention, tolerance
 from tests.kernels.paged_cases import make_case as _make_case
@@ -56,6 +56,20 @@ def test_plain_kernel_matches_dense_attention(num_heads, num_kv_heads, block_siz
     out = run_cpu_attention(plan, case.query, case.key_cache, case.value_cache, scale=case.scale, softcap=None)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, dense_attention(case), **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_short_chunk_over_a_long_context_takes_the_torch_path(window):
+    """A chunk within MAX_KERNEL_QUERIES whose queries x keys pass MAX_KERNEL_PAIRS goes to the torch plan (plain
+    blocks); with a sliding window its keys are the window's; quantized plans keep it in the kernel."""
+    long_ctx = MAX_KERNEL_PAIRS // 4 + 8  # 4 queries over it pass the bound, 2 do not
+    case = make_case([long_ctx, long_ctx, 30], [4, 2, 4], num_heads=4, num_kv_heads=2, head_dim=16, block_size=16,
+                     dtype=torch.float32, seed=3)
+    plan = _plan(case, window)
+    assert (plan.seqs.tolist(), plan.long_seqs) == (([1, 2], [0]) if window is None else ([0, 1, 2], []))
+    assert _plan(case, window, quantized=True).long_seqs == []
+    out = run_cpu_attention(plan, case.query, case.key_cache, case.value_cache, scale=case.scale, softcap=None)
+    torch.testing.assert_close(out, dense_attention(case, window), **tolerance(torch.float32))
 
 
 @pytest.mark.parametrize("window", [1, 5, 16, 33])

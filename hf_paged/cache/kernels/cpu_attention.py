@@ -2,10 +2,9 @@
 
 The torch path gathers every scheduled sequence's blocks into a fresh tensor on every layer and step (and, for a
 quantized cache, dequantizes them into one first); that copy cost as much as the attention arithmetic. These
-kernels walk the block tables instead: one pass over a sequence's keys per KV head computes the scores of all
-the queries that share that head (GQA) and all the query positions of a short chunk, a softmax over each
-query's own range, one pass over the values. A decode (one query) reads each key and value row, every KV head of
-it, once for all the query heads. Nothing outside a sequence's own slots `0 .. context_len - 1` is
+kernels walk the block tables instead: one pass over a sequence's keys computes the scores of all its queries (every
+query head, GQA groups included, and every query position of a short chunk), a softmax over each query's own range,
+one pass over the values: each key and value row, every KV head of it, is read once. Nothing outside a sequence's own slots `0 .. context_len - 1` is
 read, so unwritten slots never matter, and nothing is copied.
 
     sequence i: queries qsl[i] .. qsl[i+1]-1 sit at positions L-q .. L-1 (L = lens[i], q = qsl[i+1]-qsl[i])
@@ -13,11 +12,12 @@ read, so unwritten slots never matter, and nothing is copied.
     quantized: key t is read from the quantized block when its block is full at p (block(t) < block(p), or p is
     its block's last slot), else from the full-precision tail (`FullPrecisionTail`, the Triton kernels' rule)
 
-Quantized caches: `cpu_quantized` (the same loops over blocks dequantized as they are read). fp32 only (numba has no
-half-precision arithmetic on the CPU); the caller keeps the torch path for other dtypes.
-Accumulation is fp32, scores are kept per chunk in a scratch row, so a chunk of q queries needs q x g x L floats:
-the caller sends long prefill chunks (q > `MAX_KERNEL_QUERIES`) to the torch path, where one matmul per chunk
-amortises the gather.
+Quantized caches: `cpu_quantized` (loops per KV head over blocks dequantized as they are read). fp32 only (numba has
+no half-precision arithmetic on the CPU); the caller keeps the torch path for other dtypes.
+Accumulation is fp32, scores are kept per chunk in scratch rows, so a chunk of q queries needs q x heads x L floats;
+each score is a dot product of its own, where a matmul shares the loads: the caller sends longer prefill chunks
+(q > `MAX_KERNEL_QUERIES`, or q x L > `MAX_KERNEL_PAIRS` for plain blocks) to the torch path, where one matmul per
+chunk amortises the gather.
 
 Compiled once per install (numba's on-disk cache beside this file, `cache=True`); `warm_up()` compiles both
 kernels on a tiny input so that the first real step does not pay for it.
@@ -33,6 +33,10 @@ from numba import njit, prange
 from hf_paged.cache.kernels.cpu_prefetch import prefetch_lines
 
 MAX_KERNEL_QUERIES = 16  # queries per sequence from which a chunk goes to the torch path (matmul)
+# query x key pairs of a plain chunk above which it goes to the torch path: in the kernel, 16 queries over 2k cached
+# keys took ~1.7x the torch path's time, 8 over 2k ~1.25x; 2 over 2k, or 8 over 512, were faster in the kernel
+# (`benchmarks/mixed_step.py --kernel-pairs`, 8 layers of the 60M Llama, issue 39)
+MAX_KERNEL_PAIRS = 8192
 _FASTMATH = {"nsz", "arcp", "contract", "reassoc"}  # no "nnan"/"ninf": scores are compared, never assumed finite
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
 def _softmax_rows(scores, q_len, g, first, lo, hi_key, window):
@@ -95,10 +99,12 @@ def _add_value(r_lo, r_hi, g, value, scores, col, acc):
 
 @njit(cache=True, nogil=True)
 def _scratch(q, qsl, lens, seqs, window, g):
-    rows, width = q.shape[1], 1  # a decode's scores: one row per query head
+    """Scores and accumulators: a decode's one row per query head, a plain chunk's (`_chunk_seq`) one per query
+    and query head, a quantized chunk's one per query and query head of one KV head (`g` of them)."""
+    rows, width = q.shape[1], 1
     for idx in range(seqs.shape[0]):
         i = seqs[idx]
-        rows = max(rows, (qsl[i + 1] - qsl[i]) * g)
+        rows = max(rows, (qsl[i + 1] - qsl[i]) * q.shape[1])
         width = max(width, lens[i] if window <= 0 else min(lens[i], window + qsl[i + 1] - qsl[i]))
     return np.empty((rows, width), np.float32), np.empty((rows, q.shape[2]), np.float32)
 
@@ -196,8 +202,6 @@ def _decode_seq(q, q0, key_cache, value_cache, table, lo, length, scale, scores,
 
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
 def _plain_seq(i, q, key_cache, value_cache, tables, qsl, lens, scale, window, softcap, out, scores, acc):
-    bs, num_kv_heads = key_cache.shape[1], key_cache.shape[2]
-    g = q.shape[1] // num_kv_heads
     q0, q_len, length = qsl[i], qsl[i + 1] - qsl[i], lens[i]
     if q_len == 0:
         return
@@ -206,17 +210,54 @@ def _plain_seq(i, q, key_cache, value_cache, tables, qsl, lens, scale, window, s
     if q_len == 1 and softcap <= 0:
         _decode_seq(q, q0, key_cache, value_cache, tables[i], lo, length, scale, scores, acc, out)
         return
-    for h in range(num_kv_heads):
-        for t in range(lo, length):
-            r_lo, r_hi = _rows_seeing(t, first, q_len, window)
-            _score_row(q, q0, r_lo, r_hi, h, g, key_cache[tables[i, t // bs], t % bs, h], scale, softcap,
-                       scores, t - lo)
-        _softmax_rows(scores, q_len, g, first, lo, length, window)
-        acc[: q_len * g] = 0.0
-        for t in range(lo, length):
-            r_lo, r_hi = _rows_seeing(t, first, q_len, window)
-            _add_value(r_lo, r_hi, g, value_cache[tables[i, t // bs], t % bs, h], scores, t - lo, acc)
-        _write_out(out, acc, q0, q_len, h, g)
+    _chunk_seq(q, q0, q_len, key_cache, value_cache, tables[i], lo, length, first, window, scale, softcap, scores,
+               acc, out)
+
+
+@njit(cache=True, nogil=True, fastmath=_FASTMATH)
+def _chunk_seq(q, q0, q_len, key_cache, value_cache, table, lo, length, first, window, scale, softcap, scores, acc,
+               out):
+    """A short chunk: queries q0 .. q0 + q_len - 1 at positions first .. length - 1, keys lo .. length - 1. As in
+    `_decode_seq`, each key row and each value row (every KV head, contiguous in its block) is read once for all
+    the chunk's queries and heads, in pool order (a loop per KV head read the context once per head: 1.3-2.6x
+    slower over 1-2k keys); scores row r * heads + head, their softmax the vectorized `softmax_row`."""
+    bs, num_kv_heads, dim = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
+    heads = q.shape[1]
+    g = heads // num_kv_heads
+    for t in range(lo, length):
+        row = key_cache[table[t // bs], t % bs]
+        r_lo, r_hi = _rows_seeing(t, first, q_len, window)
+        for r in range(r_lo, r_hi):
+            for h in range(num_kv_heads):
+                k = row[h]
+                for j in range(g):
+                    qq = q[q0 + r, h * g + j]
+                    dot = np.float32(0.0)
+                    for d in range(dim):
+                        dot += qq[d] * k[d]
+                    x = dot * scale
+                    if softcap > 0:
+                        x = np.float32(math.tanh(x / softcap)) * softcap
+                    scores[r * heads + h * g + j, t - lo] = x
+    for r in range(q_len):  # query r sees keys start .. first + r (only those are read below)
+        start = lo if window <= 0 else max(lo, first + r - window + 1)
+        for head in range(heads):
+            softmax_row(scores[r * heads + head, start - lo : first + r - lo + 1], first + r - start + 1)
+    acc[: q_len * heads] = 0.0
+    for t in range(lo, length):
+        row = value_cache[table[t // bs], t % bs]
+        r_lo, r_hi = _rows_seeing(t, first, q_len, window)
+        for r in range(r_lo, r_hi):
+            for h in range(num_kv_heads):
+                v = row[h]
+                for j in range(g):
+                    p = scores[r * heads + h * g + j, t - lo]
+                    a = acc[r * heads + h * g + j]
+                    for d in range(dim):
+                        a[d] += p * v[d]
+    for r in range(q_len):
+        for head in range(heads):
+            out[q0 + r, head] = acc[r * heads + head]
 
 
 @njit(cache=True, nogil=True)

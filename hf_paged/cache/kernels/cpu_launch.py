@@ -4,8 +4,9 @@
     run_cpu_attention(plan, q, k, v, ...)        kernel for the short chunks and decodes, torch for long prefills
 
 A sequence whose chunk has at most `MAX_KERNEL_QUERIES` queries (decodes, short extends) is attended by the
-kernel in place; a longer prefill chunk goes to the torch plan (`reference.build_attention_plan`), where one
-matmul over the chunk amortises the gather of its context.
+kernel in place, unless (plain blocks) its queries times its context pass `MAX_KERNEL_PAIRS`; a longer prefill
+chunk, or a short one after a long cached context, goes to the torch plan (`reference.build_attention_plan`),
+where one matmul over the chunk amortises the gather of its context.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class CpuAttentionPlan:
 def plan_cpu_attention(block_tables: torch.Tensor, query_start_loc: list[int], context_lens: list[int],
                        block_size: int, sliding_window: int | None, *, quantized: bool = False) -> CpuAttentionPlan:
     """The plan of one forward (shared by its layers): which sequences the kernel attends, the rest's torch plan."""
-    from hf_paged.cache.kernels.cpu_attention import MAX_KERNEL_QUERIES
+    from hf_paged.cache.kernels.cpu_attention import MAX_KERNEL_PAIRS, MAX_KERNEL_QUERIES
 
     qsl = np.asarray(query_start_loc, dtype=np.int32)
     tables, lens = block_tables.cpu().to(torch.int32).numpy(), np.asarray(context_lens, dtype=np.int32)
@@ -66,6 +67,9 @@ def plan_cpu_attention(block_tables: torch.Tensor, query_start_loc: list[int], c
                                 [], None)
     q_lens = np.diff(qsl)
     short = q_lens <= MAX_KERNEL_QUERIES
+    if not quantized:  # (quantized chunks keep the query rule: their other path dequantizes the whole context)
+        keys = lens if not sliding_window else np.minimum(lens, sliding_window + q_lens)
+        short &= (q_lens <= 1) | (q_lens * keys <= MAX_KERNEL_PAIRS)
     long_seqs = np.flatnonzero(~short).tolist()
     long = None
     if long_seqs and not quantized:

@@ -8,8 +8,9 @@ automaton, numbers the states the same and counts the same work, so a constraint
     row of a DFA state (BFS order)
                     its members' spans, sorted; steps += their number + 1
                     disjoint      each span is a piece, its next state the seed
-                    overlapping   split at every span end (steps += points); each piece: steps += spans scanned,
-                                  its seeds the next states of the spans covering it
+                    overlapping   split at every span end (steps += points); each piece: steps += spans (the
+                                  count of a scan of them all; found by a sweep over the spans that began and
+                                  have not ended), its seeds the next states of the spans covering it
                     before each piece: steps > max_steps -> 2 (stop); a piece -> intern(the union of its seeds'
                     closures; steps += their sizes when several, checked after each), steps += 1; a set of
                     several seeds met before gives its state again (memoised by the seed set: the union, its sort
@@ -166,6 +167,7 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
     sorted_rows = np.empty((256, 3), np.int64)  # `items` ordered (`_sort_items`)
     bounds = np.empty(512, np.int64)  # piece boundaries of overlapping spans, then the distinct ones
     cover = np.empty(256, np.int64)
+    active = np.empty(256, np.int64)  # the sweep's spans begun at or before the piece and not ended before it
     seeds = np.empty(1, np.int64)
     points = np.empty(0, np.int64)
     # sets of several seeds -> their DFA state (`single_id` for one): keys in `seed_keys`, rows (offset, length, state)
@@ -225,6 +227,9 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
             points = bounds[:num_points]
             num_pieces = num_points - 1
             steps += num_points
+            if active.shape[0] < num_items:
+                active = np.empty(2 * num_items, np.int64)
+        num_active, entered = 0, 0  # (the sweep over overlapping spans: `active[:num_active]`, spans entered)
         for piece in range(num_pieces):
             if steps > max_steps:
                 status = 2
@@ -236,11 +241,24 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
                 chosen = seeds
             else:
                 lo, hi = points[piece], points[piece + 1] - 1
-                steps += num_items
+                steps += num_items  # (counted as a scan of every span: the same work whichever way it is found)
                 num_seeds = 0
                 mark_generation += 1
-                for i in range(num_items):
-                    if ordered[i, 0] <= lo and hi <= ordered[i, 1]:
+                # A sweep, not a scan: spans enter in their order (by first class) once they begin at or before
+                # `lo` and leave once they end before it (pieces ascend); the spans covering the piece are among
+                # those left, in span order as a scan meets them
+                while entered < num_items and ordered[entered, 0] <= lo:
+                    active[num_active] = entered
+                    num_active += 1
+                    entered += 1
+                kept = 0
+                for a in range(num_active):
+                    i = active[a]
+                    if ordered[i, 1] < lo:
+                        continue
+                    active[kept] = i
+                    kept += 1
+                    if hi <= ordered[i, 1]:
                         nxt = ordered[i, 2]
                         if mark[nxt] != mark_generation:
                             mark[nxt] = mark_generation
@@ -248,6 +266,7 @@ def subset_construction(kinds, sp_ptr, spans, eps_ptr, eps_next, look, start, ma
                                 cover = _grow(cover, 2 * num_seeds)
                             cover[num_seeds] = nxt
                             num_seeds += 1
+                num_active = kept
                 if num_seeds == 0:
                     continue
                 _sort_small(cover, num_seeds)
