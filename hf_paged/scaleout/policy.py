@@ -18,7 +18,8 @@ of P prompt tokens:
     no replica is affine                        -> the lightest, less what each one's match     LOW_GAIN
                                                    saves beyond the shared part
     the key's holders < wanted and the lightest
-      other is lighter than they are, less
+      other is lighter than the fitting ones
+      (every affine one when none fits), less
       the prefill each one's match saves        -> that replica (it joins the key)              HOT_ADMIT
     some affine replica fits                    -> the fitting one that saves most              AFFINITY / HOT_SPREAD
     otherwise                                   -> the affine ones and 4 random others: the     IMBALANCED
@@ -42,8 +43,10 @@ a 100k-token prompt among the draws 1 time in 25 at 100 replicas). Long prompts 
 replicas: up to 191k tokens, 0.7x a replica's mean work, 36 requests a replica) set three rules: an IMBALANCED
 choice weighs every drawn replica less the prefill its match saves, holders included (recomputing a long prompt
 elsewhere only moves the imbalance); a hot prefix admits a replica only when it is lighter even after recomputing
-what the holders have; and a prefix's traffic is what its requests cost at its holders (beyond the deepest match),
-so admitting a replica, which recomputes the prefix, does not make the prefix look hotter.
+what the holders have, whether or not a holder fits (one past a bound still saves its match: a 191k-token prompt
+recomputed by an admitted replica was the busiest replica's largest request); and a prefix's traffic is what its
+requests cost at its holders (beyond the deepest match), so admitting a replica, which recomputes the prefix, does
+not make the prefix look hotter.
 
 A choice counts from the moment it is made (`book`: its blocks as pending on the replica, its load and work), so
 requests routed while the replica has not yet accepted it see it; `on_routed` confirms it (or moves it, when the
@@ -210,7 +213,7 @@ class CacheAwareRouter:
             if others:
                 newcomer = self._choices(others)[0]
                 after = self._weight(newcomer) - saved[newcomer]  # lighter even after computing what holders have
-                if not fitting or after < min(self._weight(r) - saved[r] for r, _ in fitting):
+                if after < min(self._weight(r) - saved[r] for r, _ in (fitting or affine)):
                     ranked = [newcomer, *(r for r, _ in fitting)]
                     return self._decide(ranked, RouteReason.HOT_ADMIT, key, wanted, digests)
         if fitting:

@@ -60,3 +60,18 @@ def test_a_prefix_traffic_is_its_cost_at_the_holders_not_the_recompute():
     send(r, request("x", [99, 98], output=0))  # 9 tokens of other traffic
     # The prefix is credited 1 + 4 tokens (what it costs where it is cached), not 45
     assert r.traffic.share(10) == pytest.approx(5 / 14, rel=1e-3)
+
+
+def test_a_hot_prefix_whose_holders_are_past_a_bound_admits_no_replica_heavier_after_recomputing_it():
+    r = router("a", "b", "c")
+    for k in range(10):  # "a" is past the work bound (1.2 x the mean work + a mean request)
+        r.on_routed(request(f"w{k}", [1000 + k, 2000 + k]), "a")
+    long = list(range(1, 251))  # 1,001 tokens held by "a", far more than its excess of work
+    r.report("a", keys=set(long), load_tokens=0)
+    r.traffic.track(long[-1]), r.traffic.track(long[1])
+    r.traffic.add(long, 1e6)  # the prefix is most of the traffic: it wants every replica
+    decision = r.route(request("q", long))  # a newcomer would recompute 1,001 tokens to spare "a" 90: no
+    assert (decision.reason, decision.replica_ids[0]) == (RouteReason.IMBALANCED, "a")
+    decision = r.route(request("q2", long[:2] + [7777]))  # a short prompt under it: a newcomer recomputes 8 tokens
+    assert decision.reason is RouteReason.HOT_ADMIT and decision.replica_ids[0] != "a"
+    r.check_integrity()
