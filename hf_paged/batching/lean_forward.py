@@ -51,7 +51,8 @@ Attend = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, fl
 
 def _rms_norm(norm: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     if x.dtype == torch.float32:  # the stock casts to and from fp32 return `x` itself: skip their dispatch
-        return norm.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon))
+        # in place on this function's own temporaries (`a * b` is `b * a` to the bit): fewer fresh tensors
+        return (x * x.pow(2).mean(-1, keepdim=True).add_(norm.variance_epsilon).rsqrt_()).mul_(norm.weight)
     dtype = x.dtype
     x = x.to(torch.float32)
     variance = x.pow(2).mean(-1, keepdim=True)
@@ -95,7 +96,7 @@ def _head(module: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """The stock `(x * cos) + (rotate_half(x) * sin)`: `rotate_half(x)` is `roll(x)` with its first half negated,
     and `-a * b` is `a * -b` to the bit, so the negation moves onto `sin` once per forward (`sin_signed`)."""
-    return (x * cos) + (x.roll(x.shape[-1] // 2, -1) * sin_signed)
+    return (x * cos).add_(x.roll(x.shape[-1] // 2, -1).mul_(sin_signed))  # in place on its own temporaries
 
 
 class _Layer(NamedTuple):
@@ -184,9 +185,11 @@ class LeanForward:
             out = attend(attn, q, k, v, attn.scaling, window).reshape(tokens, -1)
             if rows is not None and attn is last:  # every layer stored its keys and values: the rest is per row
                 out, hidden = out[rows], hidden[rows]
-            hidden = hidden + _linear(o_proj, out.contiguous())
+            # the residual adds and gate * up in place on the matmuls' fresh outputs (`a + b` is `b + a` to the
+            # bit): a prefill step allocates (and malloc faults in) fewer [T, hidden] / [T, intermediate] tensors
+            hidden = _linear(o_proj, out.contiguous()).add_(hidden)
             x = _rms_norm(post_norm, hidden)
-            hidden = hidden + _linear(down, act(_linear(gate, x)) * _linear(up, x))
+            hidden = _linear(down, act(_linear(gate, x)).mul_(_linear(up, x))).add_(hidden)
         hidden = _rms_norm(self.norm, hidden)
         return _head(self.head, hidden[keep] if rows is None else hidden[: keep.numel()])
 
