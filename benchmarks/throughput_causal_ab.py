@@ -1,4 +1,4 @@
-"""Causal prefill chunks in row blocks (`reference.CAUSAL_ROW_BLOCK`) on and off, interleaved in one process: CPU
+"""Causal prefill chunks in row blocks (`causal_rows.CAUSAL_ROW_BLOCK`) on and off, interleaved in one process: CPU
 time of hf_paged's timed `generate_batch` on `benchmarks/throughput.py`'s workloads, and whether the tokens are
 the same. Off is one SDPA call per chunk (0), as before.
 
@@ -17,7 +17,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import hf_paged
 from benchmarks.throughput import small_llama
-from hf_paged.cache.kernels import reference
+from hf_paged.cache.kernels import causal_rows
 from hf_paged.cli.workloads import ragged
 
 
@@ -25,7 +25,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workload", choices=["default", "gqa6"], default="default")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--rows", type=int, default=reference.CAUSAL_ROW_BLOCK, help="the row block when on")
+    parser.add_argument("--rows", type=int, default=causal_rows.CAUSAL_ROW_BLOCK, help="the row block when on")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.workload == "gqa6":
@@ -36,7 +36,7 @@ def main() -> None:
     params = [hf_paged.SamplingParams(max_new_tokens=w) for w in work.max_new_tokens]
 
     def run(rows: int) -> tuple[float, list]:
-        reference.CAUSAL_ROW_BLOCK = rows
+        causal_rows.CAUSAL_ROW_BLOCK = rows
         hf_paged.wrap(model, hf_paged.PagedConfig(block_size=16, max_num_batched_tokens=512, max_num_seqs=64))
         try:
             model.generate_batch(work.prompts[:2], sampling_params=params[:2])  # warm-up, untimed

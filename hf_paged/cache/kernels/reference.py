@@ -19,6 +19,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hf_paged.cache.kernels import causal_rows as rows_
+from hf_paged.cache.kernels.causal_rows import CausalRows
+
 
 @dataclass(slots=True)
 class PrefillGroup:
@@ -32,17 +35,7 @@ class PrefillGroup:
     # plain causal (query j sees keys 0 .. context_len - q_len + j, nothing else), set by `build_attention_plan`
     # only: a group whose mask or slots are changed afterwards leaves it False and runs as one SDPA call
     causal: bool = False
-    row_blocks: list[CausalRows] | None = None  # its `causal_rows`, built by the first layer of the step
-
-
-@dataclass(slots=True)
-class CausalRows:
-    """A block of a causal chunk's query rows, attended over the keys they can see only (see `causal_rows`)."""
-
-    start: int  # first row within the chunk
-    end: int  # one past its last row
-    num_keys: int  # keys 0 .. num_keys - 1 (the last row's position + 1)
-    mask: torch.Tensor | None  # [end - start, num_keys] additive (0 / -inf) in the query's dtype; None: one row
+    row_blocks: list[CausalRows] | None = None  # its `causal_rows.causal_rows`, built by the step's first layer
 
 
 @dataclass(slots=True)
@@ -259,9 +252,13 @@ def run_attention_plan(
             k, v = flat_k.index_select(0, group.slots), flat_v.index_select(0, group.slots)
         k = k.transpose(0, 1).unsqueeze(0).to(query.dtype)
         v = v.transpose(0, 1).unsqueeze(0).to(query.dtype)
-        if group.causal and softcap is None and query.device.type == "cpu" and q.shape[2] > CAUSAL_ROW_BLOCK > 0:
+        after_prefix = group.mask is not None  # a causal group has a mask only when it follows a cached prefix
+        if group.causal and softcap is None and query.device.type == "cpu" and rows_.pays(q.shape[2], after_prefix):
+            blocks = group.row_blocks  # built by the step's first layer, kept for the others (one plan a step)
+            if blocks is None or (blocks[0].mask is not None and blocks[0].mask.dtype != query.dtype):
+                blocks = group.row_blocks = rows_.causal_rows(q.shape[2], k.shape[2], query.dtype, query.device)
             rows = out[group.q_start : group.q_end].transpose(0, 1)  # [H, q, D], a view of `out`
-            for b in causal_rows(group, query.dtype):
+            for b in blocks:
                 rows[:, b.start : b.end] = _sdpa(q[:, :, b.start : b.end], k[:, :, : b.num_keys],
                                                  v[:, :, : b.num_keys], b.mask, causal=False, scale=scale,
                                                  softcap=None)[0]
@@ -290,37 +287,6 @@ def run_attention_plan(
         o = _sdpa(q, k, v, d.mask, causal=False, scale=scale, softcap=softcap)
         out[d.rows] = o.squeeze(2)
     return out
-
-
-# Query rows per SDPA call of a causal prefill chunk on the CPU (0: one call per chunk). torch's CPU flash attention
-# skips no key inside its 512-key blocks for a causal chunk below 512 queries, and a chunk after a cached prefix
-# (a mask) computes every (query, key) pair and masks half of the last q x q: one call per block of rows over the
-# keys those rows can see leaves about q x 32 pairs of the masked triangle instead (measured: 10-30% less time
-# for chunks of 126-512 queries, `benchmarks/throughput_causal_ab.py`).
-CAUSAL_ROW_BLOCK = 64
-
-
-def causal_rows(group: PrefillGroup, dtype: torch.dtype) -> list[CausalRows]:
-    """The row blocks of a causal chunk, built once per step (the plan is shared by the layers).
-
-        rows start .. end - 1 at positions P + start .. P + end - 1   (P = context_len - q_len)
-        keys  0 ............ P + start - 1 | P + start ...... P + end - 1
-              every row sees them (mask 0)  | the block's own triangle (-inf above the diagonal)"""
-    if group.row_blocks is None or (group.row_blocks and group.row_blocks[0].mask is not None
-                                    and group.row_blocks[0].mask.dtype != dtype):
-        q_len, context_len = group.q_end - group.q_start, group.slots.numel()
-        prefix, blocks = context_len - q_len, []
-        for start in range(0, q_len, CAUSAL_ROW_BLOCK):
-            end = min(q_len, start + CAUSAL_ROW_BLOCK)
-            mask = None
-            if end - start > 1:
-                mask = torch.zeros(end - start, prefix + end, dtype=dtype, device=group.slots.device)
-                mask[:, prefix + start :].masked_fill_(
-                    torch.ones(end - start, end - start, dtype=torch.bool, device=mask.device).triu(1),
-                    float("-inf"))
-            blocks.append(CausalRows(start, end, prefix + end, mask))
-        group.row_blocks = blocks
-    return group.row_blocks
 
 
 def _cascade_decode(q, shared_k, shared_v, k, v, mask, scale: float) -> torch.Tensor:
