@@ -79,6 +79,19 @@ def timed(fn) -> tuple[float, float, object]:
     return time.process_time() - cpu, time.perf_counter() - wall, out
 
 
+def workload(name: str):
+    """The ragged workload `name` ("default" or "gqa6") and its model's (layers, KV heads), as `main` runs them."""
+    if name == "gqa6":  # a workload the defaults were not tuned on: other lengths, depth, GQA ratio
+        return ragged(num_prompts=40, min_len=16, max_len=900, min_new=16, max_new=160, seed=1), 6, 2
+    return ragged(num_prompts=64, max_len=1000, min_new=64, max_new=256, seed=0), 4, 4
+
+
+def workload_and_model(name: str):
+    """`workload(name)`'s prompts and a fresh random model of its shape (hidden 256): what the A/B scripts time."""
+    work, layers, kv_heads = workload(name)
+    return work, small_llama(1000, 256, layers, kv_heads)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="32 prompts of 8-400 tokens, 32-96 new tokens")
@@ -98,11 +111,10 @@ def main() -> None:
     kv_heads = 4
     if args.quick:
         work = ragged(num_prompts=32, max_len=400, min_new=32, max_new=96, seed=0)
-    elif args.workload == "gqa6":  # a workload the defaults were not tuned on: other lengths, depth, GQA ratio
-        work = ragged(num_prompts=40, min_len=16, max_len=900, min_new=16, max_new=160, seed=1)
-        args.layers, kv_heads = 6, 2
+    elif args.workload == "gqa6":
+        work, args.layers, kv_heads = workload("gqa6")
     else:
-        work = ragged(num_prompts=64, max_len=1000, min_new=64, max_new=256, seed=0)
+        work = workload("default")[0]
     prompts, wants = work.prompts, work.max_new_tokens
     useful = sum(wants)
     model = small_llama(1000, args.hidden, args.layers, kv_heads)

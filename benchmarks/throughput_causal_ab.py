@@ -16,9 +16,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import hf_paged
-from benchmarks.throughput import small_llama
+from benchmarks.throughput import workload_and_model
 from hf_paged.cache.kernels import causal_rows
-from hf_paged.cli.workloads import ragged
 
 
 def main() -> None:
@@ -28,11 +27,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=causal_rows.CAUSAL_ROW_BLOCK, help="the row block when on")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.workload == "gqa6":
-        work, layers, kv_heads = ragged(num_prompts=40, min_len=16, max_len=900, min_new=16, max_new=160, seed=1), 6, 2
-    else:
-        work, layers, kv_heads = ragged(num_prompts=64, max_len=1000, min_new=64, max_new=256, seed=0), 4, 4
-    model = small_llama(1000, 256, layers, kv_heads)
+    work, model = workload_and_model(args.workload)
     params = [hf_paged.SamplingParams(max_new_tokens=w) for w in work.max_new_tokens]
 
     def run(rows: int) -> tuple[float, list]:

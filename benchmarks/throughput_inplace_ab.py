@@ -21,9 +21,8 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import hf_paged
-from benchmarks.throughput import small_llama
+from benchmarks.throughput import workload_and_model
 from hf_paged.batching import lean_forward
-from hf_paged.cli.workloads import ragged
 
 
 def old_call(revision: str):
@@ -46,11 +45,7 @@ def main() -> None:
     parser.add_argument("--old", default="cc319b2", help="the revision whose lean forward is 'before'")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    if args.workload == "gqa6":
-        work, layers, kv_heads = ragged(num_prompts=40, min_len=16, max_len=900, min_new=16, max_new=160, seed=1), 6, 2
-    else:
-        work, layers, kv_heads = ragged(num_prompts=64, max_len=1000, min_new=64, max_new=256, seed=0), 4, 4
-    model = small_llama(1000, 256, layers, kv_heads)
+    work, model = workload_and_model(args.workload)
     params = [hf_paged.SamplingParams(max_new_tokens=w) for w in work.max_new_tokens]
     calls = {"before": old_call(args.old), "in place": lean_forward.LeanForward.__call__}
 

@@ -79,14 +79,9 @@ def kernel_alone(kernels: dict, kv_heads: int, cached: bool, repeats: int) -> di
 
 
 def end_to_end(kernels: dict, workload: str, repeats: int) -> dict[str, tuple[list[float], list]]:
-    from benchmarks.throughput import small_llama
-    from hf_paged.cli.workloads import ragged
-
-    if workload == "gqa6":
-        work, layers, kv_heads = ragged(num_prompts=40, min_len=16, max_len=900, min_new=16, max_new=160, seed=1), 6, 2
-    else:
-        work, layers, kv_heads = ragged(num_prompts=64, max_len=1000, min_new=64, max_new=256, seed=0), 4, 4
-    model = small_llama(1000, 256, layers, kv_heads)
+    from benchmarks.throughput import workload_and_model
+    
+    work, model = workload_and_model(workload)
     params = [hf_paged.SamplingParams(max_new_tokens=w) for w in work.max_new_tokens]
     current = cpu_attention.attend_plain
     results: dict[str, tuple[list[float], list]] = {name: ([], []) for name in kernels}

@@ -42,15 +42,10 @@ def child(workload: str, stock: bool, keep: bool) -> None:
     import torch
 
     import hf_paged
-    from benchmarks.throughput import small_llama, stock_batches
-    from hf_paged.cli.workloads import ragged
+    from benchmarks.throughput import stock_batches, workload_and_model
 
     torch.set_num_threads(1)
-    if workload == "gqa6":
-        work, layers, kv_heads = ragged(num_prompts=40, min_len=16, max_len=900, min_new=16, max_new=160, seed=1), 6, 2
-    else:
-        work, layers, kv_heads = ragged(num_prompts=64, max_len=1000, min_new=64, max_new=256, seed=0), 4, 4
-    model = small_llama(1000, 256, layers, kv_heads)
+    work, model = workload_and_model(workload)
     params = [hf_paged.SamplingParams(max_new_tokens=w) for w in work.max_new_tokens]
     hf_paged.wrap(model, hf_paged.PagedConfig(block_size=16, max_num_batched_tokens=512, max_num_seqs=64))
     model.generate_batch(work.prompts[:2], sampling_params=params[:2])  # warm-up, untimed

@@ -15,8 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import hf_paged
-from benchmarks.throughput import small_llama
-from hf_paged.cli.workloads import ragged
+from benchmarks.throughput import workload_and_model
 
 
 def main() -> None:
@@ -25,11 +24,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)  # pruning runs with one torch thread only
-    if args.workload == "gqa6":
-        work, layers, kv_heads = ragged(num_prompts=40, min_len=16, max_len=900, min_new=16, max_new=160, seed=1), 6, 2
-    else:
-        work, layers, kv_heads = ragged(num_prompts=64, max_len=1000, min_new=64, max_new=256, seed=0), 4, 4
-    model = small_llama(1000, 256, layers, kv_heads)
+    work, model = workload_and_model(args.workload)
     params = [hf_paged.SamplingParams(max_new_tokens=w) for w in work.max_new_tokens]
 
     def run(prune: bool) -> tuple[float, list]:
