@@ -29,9 +29,9 @@ import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import hf_paged  # noqa: E402
-from benchmarks.common import machine, print_table  # noqa: E402
-from hf_paged.cli.workloads import left_pad, ragged  # noqa: E402
+import hf_paged
+from benchmarks.common import machine, print_table
+from hf_paged.cli.workloads import left_pad, ragged
 
 
 def small_llama(vocab: int, hidden: int, layers: int, kv_heads: int = 4) -> LlamaForCausalLM:
