@@ -389,7 +389,7 @@ class Engine:
         with self.lock:
             return engine_stats(metrics=self.metrics, max_num_batched_tokens=self.config.max_num_batched_tokens,
                                 cache=self.cache, scheduler=self.scheduler, pruner=self.pruner, sampler=self.sampler,
-                                retrier=self.lifecycle.retrier, runner=self.runner)
+                                lifecycle=self.lifecycle, runner=self.runner)
 
     def check_integrity(self) -> None:
         self.cache.check_integrity()

@@ -110,6 +110,17 @@ def test_generate_batch_edges(model):
         hf_paged.unwrap(model)
 
 
+def test_forks_waiting_for_their_parent_count_as_waiting(model):
+    """`num_waiting` and `stats()["requests_waiting"]` count sequences: a queued request of n=3 is 3 (its forks wait
+    outside the scheduler's queue for the parent's first token), and none once they run."""
+    engine = Engine(model, PagedConfig(block_size=4))
+    engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=3, num_return_sequences=3, temperature=1.0, seed=0))
+    assert engine.num_waiting == engine.stats()["requests_waiting"] == 3
+    engine.step()
+    assert engine.num_waiting == engine.stats()["requests_waiting"] == 0
+    assert engine.stats()["requests_running"] == 3
+
+
 def test_stream_and_step_outputs(model):
     engine = Engine(model, PagedConfig(block_size=4))
     a = engine.add_request([3, 4, 5], SamplingParams(max_new_tokens=5))
