@@ -21,6 +21,7 @@ the methods interleaved; wall seconds are printed beside it.
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import time
 from pathlib import Path
@@ -90,6 +91,23 @@ def workload_and_model(name: str):
     """`workload(name)`'s prompts and a fresh random model of its shape (hidden 256): what the A/B scripts time."""
     work, layers, kv_heads = workload(name)
     return work, small_llama(1000, 256, layers, kv_heads)
+
+
+def timed_generate_batch(model, work, params, setup=None) -> tuple[float, int, list]:
+    """What the A/B scripts time: `model` wrapped (blocks of 16, budget 512, 64 sequences), `setup(engine)` if given,
+    a 2-prompt warm-up, then `generate_batch` over `work`'s prompts: (CPU s, minor page faults, tokens); unwrapped
+    after."""
+    hf_paged.wrap(model, hf_paged.PagedConfig(block_size=16, max_num_batched_tokens=512, max_num_seqs=64))
+    try:
+        if setup is not None:
+            setup(hf_paged.engine_of(model))
+        model.generate_batch(work.prompts[:2], sampling_params=params[:2])  # warm-up, untimed
+        faults, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
+        out = model.generate_batch(work.prompts, sampling_params=params)
+        return (time.process_time() - start, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
+                [o.generated_tokens for o in out.values()])
+    finally:
+        hf_paged.unwrap(model)
 
 
 def main() -> None:

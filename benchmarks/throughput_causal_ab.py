@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import hf_paged
-from benchmarks.throughput import workload_and_model
+from benchmarks.throughput import timed_generate_batch, workload_and_model
 from hf_paged.cache.kernels import causal_rows
 
 
@@ -32,14 +31,8 @@ def main() -> None:
 
     def run(rows: int) -> tuple[float, list]:
         causal_rows.CAUSAL_ROW_BLOCK = rows
-        hf_paged.wrap(model, hf_paged.PagedConfig(block_size=16, max_num_batched_tokens=512, max_num_seqs=64))
-        try:
-            model.generate_batch(work.prompts[:2], sampling_params=params[:2])  # warm-up, untimed
-            start = time.process_time()
-            out = model.generate_batch(work.prompts, sampling_params=params)
-            return time.process_time() - start, [o.generated_tokens for o in out.values()]
-        finally:
-            hf_paged.unwrap(model)
+        cpu, _, tokens = timed_generate_batch(model, work, params)
+        return cpu, tokens
 
     times: dict[int, list[float]] = {0: [], args.rows: []}
     tokens: dict[int, list] = {}

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import resource
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -21,7 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import hf_paged
-from benchmarks.throughput import workload_and_model
+from benchmarks.throughput import timed_generate_batch, workload_and_model
 from hf_paged.batching import lean_forward
 
 
@@ -51,16 +49,12 @@ def main() -> None:
 
     def run(which: str) -> tuple[float, int, list]:
         lean_forward.LeanForward.__call__ = calls[which]
-        hf_paged.wrap(model, hf_paged.PagedConfig(block_size=16, max_num_batched_tokens=512, max_num_seqs=64))
         try:
-            assert hf_paged.engine_of(model).runner.lean is not None, "no lean forward here"
-            model.generate_batch(work.prompts[:2], sampling_params=params[:2])  # warm-up, untimed
-            faults, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.process_time()
-            out = model.generate_batch(work.prompts, sampling_params=params)
-            return (time.process_time() - start, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults,
-                    [o.generated_tokens for o in out.values()])
+            def setup(engine) -> None:
+                assert engine.runner.lean is not None, "no lean forward here"
+
+            return timed_generate_batch(model, work, params, setup)
         finally:
-            hf_paged.unwrap(model)
             lean_forward.LeanForward.__call__ = calls["in place"]
 
     times: dict[str, list[tuple[float, int]]] = {"before": [], "in place": []}

@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import hf_paged
-from benchmarks.throughput import workload_and_model
+from benchmarks.throughput import timed_generate_batch, workload_and_model
 
 
 def main() -> None:
@@ -28,17 +27,13 @@ def main() -> None:
     params = [hf_paged.SamplingParams(max_new_tokens=w) for w in work.max_new_tokens]
 
     def run(prune: bool) -> tuple[float, list]:
-        hf_paged.wrap(model, hf_paged.PagedConfig(block_size=16, max_num_batched_tokens=512, max_num_seqs=64))
-        try:
-            lean = hf_paged.engine_of(model).runner.lean
+        def setup(engine) -> None:
+            lean = engine.runner.lean
             assert lean is not None and (lean.prune or not prune), "the lean forward does not prune here"
             lean.prune = prune
-            model.generate_batch(work.prompts[:2], sampling_params=params[:2])  # warm-up, untimed
-            start = time.process_time()
-            out = model.generate_batch(work.prompts, sampling_params=params)
-            return time.process_time() - start, [o.generated_tokens for o in out.values()]
-        finally:
-            hf_paged.unwrap(model)
+
+        cpu, _, tokens = timed_generate_batch(model, work, params, setup)
+        return cpu, tokens
 
     times: dict[bool, list[float]] = {False: [], True: []}
     tokens: dict[bool, list] = {}
