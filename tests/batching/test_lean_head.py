@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -10,14 +9,6 @@ from hf_paged import Engine, PagedConfig
 from hf_paged.batching.lean_forward import _HEAD_CHUNK, _head
 from tests.batching.test_lean_forward import _logits_of
 from tests.tiny_models import DECODER, ragged_prompts
-
-
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_sliced_head_equals_one_matmul_bit_for_bit(one_thread):

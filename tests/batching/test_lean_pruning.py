@@ -12,14 +12,6 @@ from tests.batching.test_lean_forward import VARIANTS, _logits_of
 from tests.tiny_models import DECODER, ragged_prompts, tiny_model
 
 
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen2-sliding", "llama-biases"])
 def test_pruned_logits_equal_the_stock_modules_bit_for_bit(family, one_thread):
     model = VARIANTS[family]() if family in VARIANTS else tiny_model(family)
