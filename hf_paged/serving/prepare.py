@@ -11,12 +11,14 @@ import json
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from hf_paged.batching.engine import Engine
 from hf_paged.batching.sampling import SamplingParams, as_list
 from hf_paged.errors import PromptTooLongError, SchemaError, TokenizerError
 from hf_paged.serving.errors import ApiError
+from hf_paged.serving.prompt_chars import max_prompt_chars
 from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
 __all__ = ["ConstraintCache", "PreparedRequest", "Preparer"]
@@ -132,7 +134,7 @@ class Preparer:
     def completion(self, request: CompletionRequest) -> PreparedRequest:
         prompts = []
         for prompt in request.prompts():
-            ids = list(prompt) if isinstance(prompt, list) else self.tokenizer(prompt)["input_ids"]
+            ids = list(prompt) if isinstance(prompt, list) else self._tokenize(prompt, "prompt")
             prompts.append(ids)
         return self._prepare(request, prompts, request.max_tokens, "prompt", default_to_room=False)
 
@@ -148,8 +150,20 @@ class Preparer:
         except Exception as exc:  # noqa: BLE001 -- a template error is the request's (e.g. roles out of order)
             raise ApiError(f"the chat template refused these messages: {exc}", param="messages",
                            code="chat_template_error") from None
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        ids = self._tokenize(text, "messages", add_special_tokens=False)
         return self._prepare(request, [ids], request.requested_max_tokens, "messages", default_to_room=True)
+
+    @cached_property
+    def _max_chars(self) -> int | None:  # read from the vocabulary on the first text prompt
+        return max_prompt_chars(self.tokenizer, self.engine.max_model_len)
+
+    def _tokenize(self, text: str, param: str, **kwargs: Any) -> list[int]:
+        """`text`'s token ids; a text too long for any tokenization to fit is refused before tokenizing."""
+        if self._max_chars is not None and len(text) > self._max_chars:
+            raise ApiError(f"the {param} is {len(text):,} characters, more than any text of at most this model's "
+                           f"{self.engine.max_model_len} tokens can have ({self._max_chars:,} with this vocabulary); "
+                           f"shorten the {param}", param=param, code="context_length_exceeded")
+        return self.tokenizer(text, **kwargs)["input_ids"]
 
     # -- shared ------------------------------------------------------------------------------------------
     def _prepare(self, request: _Sampling, prompts: list[list[int]], max_tokens: int | None, prompt_param: str,
