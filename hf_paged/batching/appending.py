@@ -5,11 +5,16 @@
                               -> still running and no scores to record? jump-forward: the first constraint's forced
                                  tokens (one allowed continuation each) appended the same way, computed by the next
                                  forward as one chunk instead of one decode step each
+    a request with `logprobs` gets each token's entry beside it (`request.logprobs`, the step's `new_logprobs`),
+    cut with its tokens; it takes no jump-forward (forced tokens have no row of logits to read them from)
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from hf_paged.batching.lifecycle import RequestLifecycle
+from hf_paged.batching.logprobs import TokenLogprobs
 from hf_paged.batching.metrics import EngineMetrics
 from hf_paged.batching.request import Request, StepOutput
 from hf_paged.batching.stopping import check_stop
@@ -25,18 +30,27 @@ class TokenAppender:
         self.metrics = metrics
         self.max_model_len = max_model_len
 
-    def emit(self, request: Request, tokens: list[int], now: float, result: StepOutput) -> None:
-        """The tokens a step produced for `request`, then the tokens its constraint forces after them."""
-        self.append(request, tokens, now, result)
-        if not request.ended and not request.params.output_scores:
+    def emit(self, request: Request, tokens: list[int], now: float, result: StepOutput,
+             logprobs: Sequence[TokenLogprobs | None] | None = None) -> None:
+        """The tokens a step produced for `request` (with their `logprobs` entries when it asks), then the tokens
+        its constraint forces after them."""
+        self.append(request, tokens, now, result, logprobs)
+        if not request.ended and not request.params.output_scores and request.params.logprobs is None:
             self.jump_forward(request, now, result)
 
-    def append(self, request: Request, tokens: list[int], now: float, result: StepOutput) -> None:
+    def append(self, request: Request, tokens: list[int], now: float, result: StepOutput,
+               logprobs: Sequence[TokenLogprobs | None] | None = None) -> None:
         streams = not request.params.max_retries  # a request that may rerun shows its tokens once it has ended
-        for token in tokens:
+        rid = request.request_id
+        for at, token in enumerate(tokens):
             request.output_ids.append(token)
+            entry = logprobs[at] if logprobs is not None else None
+            if entry is not None:
+                request.logprobs.append(entry)
             if streams:
-                result.new_tokens.setdefault(request.request_id, []).append(token)
+                result.new_tokens.setdefault(rid, []).append(token)
+                if entry is not None:
+                    result.new_logprobs.setdefault(rid, []).append(entry)
             self.metrics.num_generated_tokens += 1
             if request.first_token_time is None:
                 request.first_token_time = now
@@ -46,7 +60,9 @@ class TokenAppender:
             if reason is not None:
                 self.lifecycle.finish(request, reason)
                 if not streams and request.finish_reason != "retry":
-                    result.new_tokens[request.request_id] = list(request.output_ids)
+                    result.new_tokens[rid] = list(request.output_ids)
+                    if request.params.logprobs is not None:
+                        result.new_logprobs[rid] = list(request.logprobs)
                 return
 
     def jump_forward(self, request: Request, now: float, result: StepOutput) -> None:

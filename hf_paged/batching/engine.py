@@ -28,12 +28,12 @@ from hf_paged.batching.metrics import EngineMetrics
 from hf_paged.batching.model_runner import ModelRunner
 from hf_paged.batching.prefix_policy import PrefixPolicy
 from hf_paged.batching.prompt_check import PromptLimits, check_prompt
+from hf_paged.batching.prompt_logprobs import record_scored_rows
 from hf_paged.batching.request import Failure, Request, RequestOutput, RequestStatus, StepOutput
 from hf_paged.batching.request_ids import RequestIds
 from hf_paged.batching.sampler import Sampler
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.batching.scheduler import Scheduler, SchedulerOutput
-from hf_paged.batching.score_rows import record_scores
 from hf_paged.batching.speculative import DraftRows, Speculator
 from hf_paged.batching.step_inputs import build_step_inputs
 from hf_paged.batching.swap import swap_in, swap_out
@@ -266,7 +266,7 @@ class Engine:
                 self.kv.cache_full_blocks(request.request_id, tokens, self._extra_keys(request))
         if inputs.scored:  # scoring rows come after the sampled ones; a request whose prompt is done has ended
             num_sampled_rows = len(logits) - sum(rows.count for rows in inputs.scored)
-            record_scores(inputs.scored, logits[num_sampled_rows:])
+            record_scored_rows(inputs.scored, logits[num_sampled_rows:])  # (and their top-k, logprobs)
             logits = logits[:num_sampled_rows]
             for rows in inputs.scored:
                 if rows.request.num_computed_tokens == rows.request.num_tokens:
@@ -289,11 +289,11 @@ class Engine:
         with torch.inference_mode():  # the logits are inference tensors: processors may edit them in place
             sample = self.sampler(samplers, logits)
         now = time.perf_counter()
-        for request, token, failure in zip(samplers, sample.token_ids, sample.errors):
+        for request, token, failure, entry in zip(samplers, sample.token_ids, sample.errors, sample.logprobs):
             if failure is not None:
                 self.lifecycle.fail(request, failure)
             else:
-                self.appender.emit(request, [token], now, result)
+                self.appender.emit(request, [token], now, result, [entry])
 
     def _verify(self, drafted: DraftRows, result: StepOutput) -> None:
         """Keep each speculating request's accepted drafts and the model's next token; roll back the rest."""
@@ -307,7 +307,7 @@ class Engine:
             self.speculator.settle(request, verdict)
             self.metrics.num_draft_tokens += verdict.num_drafted
             self.metrics.num_accepted_tokens += verdict.num_accepted
-            self.appender.emit(request, verdict.token_ids, now, result)
+            self.appender.emit(request, verdict.token_ids, now, result, verdict.logprobs)
 
     def _fail_unschedulable(self) -> None:
         """Nothing could run although requests wait: the head of the queue can never fit. Fail it (no hang)."""

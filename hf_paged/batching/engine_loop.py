@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from hf_paged.batching.drivable import Drivable
+from hf_paged.batching.logprobs import TokenLogprobs
 from hf_paged.batching.loop_thread import serve, wake
 from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput, fork_ids
 from hf_paged.batching.sampling import SamplingParams
@@ -50,6 +51,7 @@ class RequestDelta:
     request_id: str
     new_token_ids: list[int]
     output: RequestOutput | None = None  # set on the request's last delta
+    new_logprobs: list[TokenLogprobs] | None = None  # SamplingParams.logprobs: an entry per new token
 
     @property
     def finished(self) -> bool:
@@ -376,7 +378,8 @@ class EngineLoop:
         for rid, tokens in step.new_tokens.items():
             sink = self._sinks.get(rid)
             if sink is not None and sink.tokens:
-                per_caller.setdefault(id(sink), (sink, {}))[1][rid] = RequestDelta(rid, tokens)
+                delta = RequestDelta(rid, tokens, new_logprobs=step.new_logprobs.get(rid))
+                per_caller.setdefault(id(sink), (sink, {}))[1][rid] = delta
         for output in step.finished:
             sink = self._sinks.pop(output.request_id, None)
             if sink is None:

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from hf_paged.batching.constraint_protocol import RequestProcessors
+from hf_paged.batching.logprobs import TokenLogprobs, TopLogprob
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.errors import RequestFailedError
 
@@ -128,6 +129,8 @@ class Request:
     # scoring (params.score_targets): each target's log-probability and whether it was the argmax, by index
     score_logprobs: list[float] | None = None
     score_greedy: list[bool] | None = None
+    score_top: list[list[TopLogprob]] | None = None  # scoring with params.logprobs >= 1: each position's top k
+    logprobs: list[TokenLogprobs] = field(default_factory=list)  # params.logprobs: one per output token
     # params.logits_processors sorted once into constraints and stock row processors (constraint_protocol.py)
     processors: RequestProcessors = field(init=False)
 
@@ -136,6 +139,8 @@ class Request:
         if self.params.score_targets is not None:
             n = len(self.params.score_targets)
             self.score_logprobs, self.score_greedy = [math.nan] * n, [False] * n
+            if self.params.logprobs:
+                self.score_top = [[] for _ in range(n)]
 
     @property
     def score_start(self) -> int | None:
@@ -194,6 +199,9 @@ class Request:
             attempts=list(self.attempts) if self.attempts else None,
             score_logprobs=None if self.score_logprobs is None else list(self.score_logprobs),
             score_greedy=None if self.score_greedy is None else list(self.score_greedy),
+            logprobs=None if self.params.logprobs is None or self.params.score_targets is not None
+            else list(self.logprobs),
+            score_top_logprobs=None if self.score_top is None else [list(top) for top in self.score_top],
         )
 
 
@@ -222,6 +230,9 @@ class RequestOutput:
     # `hf_paged.errors` class, a user processor's own exception, ...; `RequestFailedError` when none was raised)
     score_logprobs: list[float] | None = None  # scoring: each of params.score_targets' log-probability
     score_greedy: list[bool] | None = None  # scoring: whether each target was the argmax of its row
+    # SamplingParams.logprobs: one entry per generated token (its log-probability and the top k), else None
+    logprobs: list[TokenLogprobs] | None = None
+    score_top_logprobs: list[list[TopLogprob]] | None = None  # scoring with logprobs >= 1: each target's top k
 
     def __getstate__(self) -> list:
         # outputs cross processes (distributed gathers, Ray): an exception class defined in a function does not
@@ -253,4 +264,5 @@ class StepOutput:
     """What one engine step produced: new tokens per request, and the requests that ended."""
 
     new_tokens: dict[str, list[int]] = field(default_factory=dict)
+    new_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # of new_tokens (params.logprobs)
     finished: list[RequestOutput] = field(default_factory=list)

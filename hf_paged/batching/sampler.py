@@ -7,6 +7,9 @@ generator. Rows without processors or sampling take a single batched argmax.
 A constrained row in `constraint_mode="resample"` is processed without its mask, picked, and checked against the
 constraint; only a refused token costs the mask and a second pick (`constraint_modes.py`).
 
+Rows of requests with `SamplingParams.logprobs` get their raw log-probabilities first (one log_softmax of those rows,
+before anything edits the logits; `logprobs.py`), and the chosen token's entry once it is picked.
+
 `process` applies the same chain without picking, for a request whose history is extended by `pending` tokens
 not yet appended (speculative verification scores each drafted position with the drafts before it).
 """
@@ -21,6 +24,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 from hf_paged.batching.constraint_modes import ConstraintStats, resample_checks
 from hf_paged.batching.constraint_protocol import RequestConstraint
+from hf_paged.batching.logprobs import RowLogprobs, TokenLogprobs
 from hf_paged.batching.request import Failure, Request
 
 
@@ -28,6 +32,7 @@ from hf_paged.batching.request import Failure, Request
 class SampleResult:
     token_ids: list[int | None]  # None where the row failed
     errors: list[Failure | None]  # why each failed row failed
+    logprobs: list[TokenLogprobs | None]  # the chosen token's raw log-probability, for rows that ask (logprobs.py)
 
 
 @dataclass(slots=True)
@@ -46,6 +51,9 @@ class Sampler:
         n = len(requests)
         tokens: list[int | None] = [None] * n
         errors: list[Failure | None] = [None] * n
+        asking = [i for i, r in enumerate(requests) if r.params.logprobs is not None]
+        # before the processors below edit the logits in place: the model's raw distribution
+        raw = RowLogprobs.of(logits, asking, [requests[i].params.logprobs for i in asking]) if asking else None
         scores = logits.clone() if any(r.params.output_logits for r in requests) else logits  # modified in place
         plain = [i for i, r in enumerate(requests) if is_plain_greedy(r)]
         if len(plain) == n:  # every row greedy with nothing to apply: one argmax, no row selection
@@ -74,7 +82,11 @@ class Sampler:
             if request.params.output_scores:
                 request.scores.append(row[0].clone())
             tokens[i] = self._pick(request, row)
-        return SampleResult(tokens, errors)
+        logprobs: list[TokenLogprobs | None] = [None] * n
+        if raw is not None:
+            for i, entry in zip(asking, raw.tokens([tokens[i] for i in asking])):
+                logprobs[i] = entry
+        return SampleResult(tokens, errors, logprobs)
 
     def process(self, requests: Sequence[Request], scores: torch.Tensor,
                 pending: Sequence[Sequence[int]]) -> ProcessedRows:

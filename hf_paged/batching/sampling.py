@@ -6,6 +6,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from hf_paged.batching.logprobs import check_logprobs
+
 # Most tokens drafted per step: a verification chunk of 1 + 15 queries still runs the in-place CPU attention
 # kernels (chunks of up to 16 queries a sequence); past that the step would fall back to the gather path.
 MAX_SPECULATIVE_TOKENS = 15
@@ -47,6 +49,11 @@ class SamplingParams:
             read at the prompt's last n positions (target i is the token after position len(prompt) - n + i, so the
             first n - 1 targets are the prompt's own last n - 1 tokens); the request ends once its prompt is
             computed, with `RequestOutput.score_logprobs` / `score_greedy`, and generates nothing.
+        logprobs: log-probabilities of the generated tokens (`batching/logprobs.py`): None (off), 0 (each token's
+            own, `RequestOutput.logprobs`), or k in 1..20 (also the k most likely tokens at each step). Read from the
+            model's raw distribution (log_softmax of the logits before processors, temperature, top-k/p and
+            constraints). With `score_targets`: the k most likely tokens at each scored position
+            (`RequestOutput.score_top_logprobs`).
 
     Example:
         >>> SamplingParams(max_new_tokens=8, do_sample=True, temperature=0.7, seed=1).do_sample
@@ -74,6 +81,7 @@ class SamplingParams:
     max_retries: int = 0  # reruns of a request whose document is cut short or refused by `validator`
     validator: Callable[[str | list[int]], bool] | None = None  # None: schema validation (see retry.py)
     score_targets: list[int] | None = None  # scoring: the tokens scored at the prompt's last positions
+    logprobs: int | None = None  # None: off; 0: the chosen token's log-probability; k: also the top k (<= 20)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -98,6 +106,7 @@ class SamplingParams:
             self.stop_strings = [self.stop_strings]
         if self.logits_processors is None:
             self.logits_processors = []
+        check_logprobs(self.logprobs)
         self._check_speculative()
         self._check_constraint_options()
         if self.score_targets is not None:

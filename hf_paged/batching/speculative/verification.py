@@ -12,6 +12,10 @@ gives; sampled, tokens of the same distribution. Processors and warpers score po
 as pending history, and only when those drafts were all kept: a processor's per-request state (a grammar's
 automaton) only ever sees a prefix of the final output, so it needs no rollback, and a draft its mask forbids is
 rejected like any other.
+
+Log-probabilities (`SamplingParams.logprobs`): emitted token j of a request is read from row `first + j`, the raw
+logits it was judged against (kept drafts and the model's own token alike), in one log_softmax of every such row
+of the step; what decoding one token at a time would report.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hf_paged.batching.logprobs import RowLogprobs, TokenLogprobs
 from hf_paged.batching.request import Failure, Request
 from hf_paged.batching.sampler import Sampler, is_plain_greedy
 
@@ -42,6 +47,7 @@ class Verdict:
     num_drafted: int  # drafts verified
     num_accepted: int  # of which kept
     error: Failure | None = None  # a processor failed: the request fails
+    logprobs: list[TokenLogprobs] | None = None  # params.logprobs: one entry per token of `token_ids`
 
 
 def verify(rows: DraftRows, sampler: Sampler) -> list[Verdict]:
@@ -61,7 +67,23 @@ def verify(rows: DraftRows, sampler: Sampler) -> list[Verdict]:
     others = [i for i in range(len(rows.requests)) if verdicts[i] is None]
     if others:
         _verify_in_order(rows, others, sampler, verdicts)
-    return verdicts  # type: ignore[return-value]  # every slot is filled
+    _add_logprobs(rows, verdicts)  # type: ignore[arg-type]  # every slot is filled
+    return verdicts  # type: ignore[return-value]
+
+
+def _add_logprobs(rows: DraftRows, verdicts: list[Verdict]) -> None:
+    """Each emitted token's entry from the raw row it was judged against, for the requests that ask."""
+    asking = [i for i, r in enumerate(rows.requests) if r.params.logprobs is not None and verdicts[i].token_ids]
+    if not asking:
+        return
+    index = [rows.first_rows[i] + j for i in asking for j in range(len(verdicts[i].token_ids))]
+    ks = [rows.requests[i].params.logprobs for i in asking for _ in verdicts[i].token_ids]
+    entries = RowLogprobs.of(rows.logits, index, ks).tokens([t for i in asking for t in verdicts[i].token_ids])
+    at = 0
+    for i in asking:
+        count = len(verdicts[i].token_ids)
+        verdicts[i].logprobs = entries[at : at + count]  # type: ignore[assignment]  # every token was picked
+        at += count
 
 
 def _verify_in_order(rows: DraftRows, members: list[int], sampler: Sampler, verdicts: list) -> None:
