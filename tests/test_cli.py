@@ -128,6 +128,8 @@ BAD_ARGUMENTS = [
     # serve: every case fails on validation before a socket is bound
     (["serve", "--max-waiting", "0"], "--max-waiting must be >= 1"),
     (["serve", "--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0"),
+    (["serve", "--max-request-bytes", "10"], "--max-request-bytes must be >= 1024"),
+    (["serve", "--replicas", "2", "--max-request-bytes", "4096"], "--max-request-bytes is for one server"),
     (["serve", "--block-size", "3"], "block_size must be a power of two"),
     (["serve", "--num-blocks", "0"], "num_blocks must be >= 1"),
     (["serve", "--max-num-seqs", "-1"], "max_num_seqs must be >= 1"),

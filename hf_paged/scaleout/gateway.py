@@ -36,6 +36,8 @@ from hf_paged.scaleout.asgi import HttpCall, ResponseStart
 from hf_paged.scaleout.drain import DrainGate
 from hf_paged.scaleout.metrics_merge import CONTENT_TYPE, ReplicaMetrics, render_scrape
 from hf_paged.scaleout.prompt_key import routing_info, template_shared_start
+from hf_paged.serving.body import DEFAULT_MAX_REQUEST_BYTES, read_body
+from hf_paged.serving.errors import ApiError
 
 if TYPE_CHECKING:
     from hf_paged.scaleout.spec import ReplicaSpec
@@ -156,7 +158,10 @@ class Gateway:
             state = self.readiness() if path in _PROBES else await self.wait_ready(self.ready_wait_s)
             if not state.ready:
                 return _error(503, state.message, "not_ready", retry_after_s=RETRY_AFTER_S)
-        body = await request.body()
+        try:  # the replicas' own limit, applied before a byte is forwarded
+            body = await read_body(request, DEFAULT_MAX_REQUEST_BYTES)
+        except ApiError as exc:
+            return JSONResponse(exc.body(), status_code=exc.status)
         call = HttpCall(request.method, path, request.url.query.encode(), tuple(request.headers.raw), body)
         routing = None
         if request.method == "POST" and path in _ROUTED_PATHS:

@@ -22,19 +22,19 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hf_paged.batching.engine import Engine
 from hf_paged.batching.engine_loop import LoopClosedError
+from hf_paged.serving.body import DEFAULT_MAX_REQUEST_BYTES, OFF_LOOP_BYTES, decode_request, read_body
 from hf_paged.serving.echo import echo_choices, prepare_echo, run_echo
 from hf_paged.serving.envelope import Head
-from hf_paged.serving.errors import ApiError, validation_message
+from hf_paged.serving.errors import ApiError
 from hf_paged.serving.generation import ChoiceEvent, Usage, run_choices
 from hf_paged.serving.metrics import ServerMetrics
 from hf_paged.serving.prepare import PreparedRequest, Preparer
-from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest, UnsupportedField
+from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 from hf_paged.serving.retention import PrefixRetention
 
 logger = logging.getLogger("hf_paged.serving")
@@ -48,6 +48,7 @@ class ServerSettings:
     max_waiting: int | None = None  # most requests queued before new ones get 429; None: no bound
     retry_after_s: int = 1  # the Retry-After of a 429
     max_cache_retention_s: float = 3600.0  # the longest cache_retention_seconds a request may ask (0: refused)
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # a longer body gets 413 (read no further)
 
 
 class _AppState:
@@ -65,29 +66,10 @@ class _AppState:
         self.num_admitted = 0  # sequences admitted whose requests are not in the loop's queue yet (event loop only)
 
     async def parse(self, request: Request, model: type) -> Any:
-        try:
-            data = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(f"the request body is not valid JSON ({exc}); send a JSON object",
-                           code="invalid_json") from None
-        except RecursionError:  # the decoder recurses once per level: ~1,000 nested arrays/objects
-            raise ApiError("the request body nests too deeply to parse (about 1,000 levels of arrays or objects); "
-                           "send a flatter JSON object", code="invalid_json") from None
-        if not isinstance(data, dict):
-            raise ApiError(f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
-        try:
-            body = model.model_validate(data)
-            body.check_supported()
-        except ValidationError as exc:
-            param, message = validation_message(exc.errors())
-            raise ApiError(f"{param}: {message}" if param else message, param=param, code="invalid_value") from None
-        except UnsupportedField as exc:
-            raise ApiError(str(exc), param=exc.param, code="unsupported_parameter") from None
-        if body.model is not None and body.model != self.settings.model_name:
-            raise ApiError(f"the model {body.model!r} does not exist here; this server serves "
-                           f"{self.settings.model_name!r} (GET /v1/models)", status=404, param="model",
-                           code="model_not_found")
-        return body
+        raw = await read_body(request, self.settings.max_request_bytes)
+        if len(raw) > OFF_LOOP_BYTES:  # a big body is decoded beside the event loop: streams keep flowing
+            return await run_in_threadpool(decode_request, raw, model, self.settings.model_name)
+        return decode_request(raw, model, self.settings.model_name)
 
     def admit(self, num_prompts: int, n: int = 1) -> _Admission:
         """Admit a request's prompts or answer 400 (more sequences, prompts x `n`, than the queue may ever hold),

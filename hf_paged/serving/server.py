@@ -29,6 +29,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-cache-retention", type=float, default=3600.0, metavar="SECONDS",
                         help="the longest cache_retention_seconds a request may ask (its prompt's prefix kept "
                              "cached); 0 refuses the field (default: %(default)s)")
+    parser.add_argument("--max-request-bytes", type=int, default=None, metavar="BYTES",
+                        help="the longest request body; longer ones get HTTP 413 (default: 32 MiB)")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
     parser.add_argument("--block-size", type=int, default=None)
@@ -96,8 +98,13 @@ def checked_paged_config(args):
         raise CliError(f"--max-waiting must be >= 1, got {args.max_waiting}")
     if not 0 <= args.max_cache_retention < float("inf"):
         raise CliError(f"--max-cache-retention must be a number of seconds >= 0, got {args.max_cache_retention}")
+    if getattr(args, "max_request_bytes", None) is not None and args.max_request_bytes < 1024:
+        raise CliError(f"--max-request-bytes must be >= 1024, got {args.max_request_bytes}")
     if args.shutdown_timeout < 0:
         raise CliError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    if getattr(args, "max_request_bytes", None) is not None and args.replicas is not None:
+        raise CliError("--max-request-bytes is for one server; with --replicas the gateway and the replicas take the "
+                       "default (32 MiB): leave it out")
     if args.kv_offload_dir is not None and args.replicas is not None:  # each replica would count the files alone
         raise CliError("--kv-offload-dir is for one engine; with --replicas leave it out")
     if getattr(args, "prefill_replicas", None) is not None and args.replicas is None:
@@ -129,6 +136,8 @@ def run_serve(args) -> int:
         tokenizer.chat_template = template
     settings = ServerSettings(model_name=args.served_model_name or name, max_waiting=args.max_waiting,
                               max_cache_retention_s=args.max_cache_retention)
+    if getattr(args, "max_request_bytes", None) is not None:
+        settings.max_request_bytes = args.max_request_bytes
     app = build_app(engine, tokenizer, settings)
     # At --shutdown-timeout the engine's requests are aborted, so each client gets a 503 error body (or an error event
     # on its stream); uvicorn's own cancel (a bare 500, a cut stream) only comes FLUSH_GRACE_S later, for a handler

@@ -1,0 +1,67 @@
+"""Request bodies: a bound in bytes (413 with an OpenAI error body, read no further) and big bodies decoded beside
+the event loop, so the streams a server is sending keep flowing while it decodes them."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+import hf_paged.serving.app as app_module
+from hf_paged.serving import ServerSettings
+from hf_paged.serving.body import OFF_LOOP_BYTES
+from tests.serving.conftest import make_server
+from tests.serving.test_errors import assert_error, post
+
+
+@pytest.fixture(scope="module")
+def small_limit_server(tiny_lm):
+    server, _ = make_server(tiny_lm, settings=ServerSettings(model_name="tiny-lm", max_request_bytes=64 * 1024))
+    with server:
+        yield server
+
+
+def test_a_body_past_the_limit_gets_413_from_its_declared_length(small_limit_server):
+    error = assert_error(post(small_limit_server, "/v1/completions", {"prompt": "x" * 70_000, "max_tokens": 1}), 413,
+                         None, ["65,536", "--max-request-bytes"])
+    assert error["code"] == "request_too_large"
+
+
+def test_a_chunked_body_past_the_limit_gets_413_once_the_count_passes_it(small_limit_server):
+    def chunks():  # no content-length: the server counts what it reads
+        yield b'{"prompt": "'
+        for _ in range(40):
+            yield b"x" * 4096
+        yield b'", "max_tokens": 1}'
+
+    response = httpx.post(small_limit_server.url + "/v1/completions", content=chunks(),
+                          headers={"content-type": "application/json"}, timeout=60)
+    assert_error(response, 413, None, ["more than 65,536 bytes"])
+
+
+def test_a_body_under_the_limit_runs(small_limit_server):
+    response = post(small_limit_server, "/v1/completions", {"prompt": "hello", "max_tokens": 2})
+    assert response.status_code == 200, response.text
+
+
+def test_big_bodies_are_decoded_off_the_event_loop(tiny_lm, monkeypatch):
+    threads: list[tuple[int, str]] = []
+    real = app_module.decode_request
+
+    def recording(raw, model, name):
+        threads.append((len(raw), threading.current_thread().name))
+        return real(raw, model, name)
+
+    monkeypatch.setattr(app_module, "decode_request", recording)
+    server, _ = make_server(tiny_lm)
+    with server:
+        small = {"prompt": "hello", "max_tokens": 1}
+        big = {"prompt": [5] * (OFF_LOOP_BYTES // 3), "max_tokens": 1}  # "5, " per id: past OFF_LOOP_BYTES
+        assert post(server, "/v1/completions", small).status_code == 200
+        assert_error(post(server, "/v1/completions", big), 400, "prompt", ["maximum context length"])
+        assert post(server, "/v1/completions", json.dumps(small)).status_code == 200
+    (small_size, loop_thread), (big_size, worker), _ = threads
+    assert small_size <= OFF_LOOP_BYTES < big_size
+    assert worker != loop_thread  # decoded in a worker thread, not on the event loop's
