@@ -275,6 +275,10 @@ def _sampling_params_for(model, inputs, generation_config, logits_processor, sam
         if len(sampling_params) != len(inputs):
             raise ValueError(f"got {len(sampling_params)} sampling_params for {len(inputs)} inputs; give one each")
         return list(sampling_params)
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        hint = " (GenerationConfig(**that_dict), or its fields as keywords)" if isinstance(generation_config, dict) else ""
+        raise TypeError("generation_config must be a transformers GenerationConfig, got "
+                        f"{type(generation_config).__name__}{hint}")
     gen_config = generation_config if generation_config is not None else model.generation_config
     max_new_tokens = kwargs.pop("max_new_tokens", None)
     assistant_model = kwargs.pop("assistant_model", None)

@@ -70,6 +70,8 @@ def test_generate_batch_refuses_what_is_not_token_ids(model, inputs, words):
     ({"priorities": [1, 2]}, ValueError, ["one int per input (1)", "got 2"]),  # was: accepted
     ({"priorities": ["high"]}, TypeError, ["'high'"]),  # was: a traceback in the engine loop, the request FAILED
     ({"sampling_params": {"max_new_tokens": 3}}, TypeError, ["SamplingParams", "dict"]),  # was: AttributeError
+    ({"generation_config": {"max_new_tokens": 3}}, TypeError, ["GenerationConfig", "dict", "keywords"]),  # was:
+    # AttributeError: 'dict' object has no attribute 'to_dict'
     ({"sampling_params": SamplingParams(max_new_tokens=2), "max_new_tokens": 5}, ValueError, ["['max_new_tokens']"]),
     ({"sampling_params": SamplingParams(max_new_tokens=2), "logits_processor": [object()]}, ValueError,
      ["logits_processor", "logits_processors="]),  # was: the processor dropped silently, an unconstrained answer
