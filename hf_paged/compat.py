@@ -16,6 +16,7 @@ The library imports happen inside the functions: this module is a leaf any layer
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 __all__ = [
@@ -23,12 +24,14 @@ __all__ = [
     "get_attn_implementation",
     "global_forward_hooks",
     "has_attn_implementation",
+    "has_default_max_length",
     "module_is_hooked",
     "numba_cache_index",
     "prepare_generation_config",
     "prepare_special_tokens",
     "set_attn_implementation",
     "stock_logits_processors",
+    "stock_max_length",
     "stock_stopping_criteria",
 ]
 
@@ -40,6 +43,24 @@ def prepare_generation_config(model: Any, generation_config: Any, **kwargs: Any)
     """`GenerationMixin._prepare_generation_config`: the call's config (the model's defaults, the given config and
     keyword overrides merged) and the keywords left for the model."""
     return model._prepare_generation_config(generation_config, **kwargs)
+
+
+def has_default_max_length(model: Any, generation_config: Any, kwargs: dict) -> bool:
+    """`generate`'s `has_default_max_length`, read before the call's config is prepared: no `max_length` in the
+    keywords, the given config or the model's."""
+    return (kwargs.get("max_length") is None
+            and (generation_config is None or generation_config.max_length is None)
+            and model.generation_config.max_length is None)
+
+
+def stock_max_length(model: Any, generation_config: Any, default_max_length: bool, input_ids_length: int) -> int:
+    """The `max_length` stock generate runs to (`_prepare_generated_length`: with no max_length anywhere, 20 new
+    tokens within `max_position_embeddings`), checked as stock checks it (`_validate_generated_length`: a prompt at
+    or past it is stock's ValueError, with stock's warnings). `generation_config` is left as it was."""
+    config = copy.deepcopy(generation_config)
+    model._prepare_generated_length(config, default_max_length, True, "input_ids", input_ids_length, None)
+    model._validate_generated_length(config, input_ids_length, default_max_length)
+    return config.max_length
 
 
 def prepare_special_tokens(model: Any, generation_config: Any, device: Any) -> None:

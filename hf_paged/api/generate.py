@@ -24,7 +24,13 @@ from hf_paged.api.generate_output import assemble_generate_output, make_streamer
 from hf_paged.api.generate_processors import ProcessorFactory
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
 from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list, unsupported_modes
-from hf_paged.compat import prepare_generation_config, prepare_special_tokens, stock_stopping_criteria
+from hf_paged.compat import (
+    has_default_max_length,
+    prepare_generation_config,
+    prepare_special_tokens,
+    stock_max_length,
+    stock_stopping_criteria,
+)
 from hf_paged.errors import HfPagedError, InvalidPromptError, RequestFailedError
 
 # generate() arguments (besides generation options) the engine understands.
@@ -89,6 +95,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
             or kwargs.get("past_key_values") is not None or negative_prompt_ids is not None:
         return _fallback(stock, "inputs_embeds / an explicit cache / no input_ids", inputs, generation_config,
                          logits_processor, streamer, extra, kwargs, negative_prompt_ids, negative_prompt_attention_mask)
+    default_max_length = has_default_max_length(model, generation_config, kwargs)
     gen_config, model_kwargs = prepare_generation_config(model, generation_config, **kwargs)
     reason = _fallback_reason(model, gen_config, model_kwargs, {**extra, "streamer": streamer})
     if reason is not None:
@@ -100,8 +107,8 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     engine = engine_of(model)
     padded_len = input_ids.shape[1]
     max_new_tokens = gen_config.max_new_tokens
-    if max_new_tokens is None:
-        max_new_tokens = max(gen_config.max_length - padded_len, 1)
+    if max_new_tokens is None:  # stock's length: 20 new tokens by default, a prompt past max_length its ValueError
+        max_new_tokens = stock_max_length(model, gen_config, default_max_length, padded_len) - padded_len
     check_prompts(engine, prompts, max_new_tokens)
     longest = max((len(p) for p in prompts), default=0)
     if longest + max_new_tokens > engine.max_model_len:  # stock goes on past them (with a logged reminder)

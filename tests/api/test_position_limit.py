@@ -37,3 +37,31 @@ def test_generate_past_the_positions_warns_and_returns_stocks_tokens_up_to_them(
             assert short_model.generate(ids, max_new_tokens=27, **kwargs).shape == (1, 32)  # fits: no warning
     finally:
         hf_paged.unwrap(short_model)
+
+
+@pytest.mark.parametrize("length_kwargs", [{}, {"max_length": 24}, {"max_length": 25}, {"max_length": 8}])
+def test_the_length_without_max_new_tokens_is_stocks(short_model, length_kwargs):
+    """No `max_new_tokens`: stock runs 20 new tokens past the prompt (within the positions) when no max_length is
+    set anywhere, and refuses a prompt at or past an explicit `max_length` with its ValueError (was: 1 new token,
+    for every prompt of 20 tokens or more, and 1 token past a max_length the prompt already reached)."""
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28]])
+    kwargs = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None, **length_kwargs}
+    results = []
+    for wrapped in (False, True):
+        if wrapped:
+            hf_paged.wrap(short_model)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                results.append(short_model.generate(ids, **kwargs))
+        except ValueError as exc:
+            results.append(str(exc))
+        finally:
+            if wrapped:
+                hf_paged.unwrap(short_model)
+    ref, out = results
+    if isinstance(ref, str):
+        assert out == ref and "Input length of input_ids is 24" in ref
+    else:
+        assert isinstance(out, torch.Tensor) and torch.equal(out, ref), (out.shape, ref.shape)
+        assert ref.shape[1] == {(): 32, ("max_length",): 25}[tuple(length_kwargs)]
