@@ -28,10 +28,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hf_paged.batching.engine import Engine
 from hf_paged.batching.engine_loop import LoopClosedError
 from hf_paged.serving.body import DEFAULT_MAX_REQUEST_BYTES, OFF_LOOP_BYTES, decode_request, read_body
-from hf_paged.serving.echo import echo_choices, prepare_echo, run_echo
+from hf_paged.serving.echo import EchoPrefix, echo_choices, echo_prefixes, prepare_echo, run_echo, with_prefix
 from hf_paged.serving.envelope import Head
 from hf_paged.serving.errors import ApiError
 from hf_paged.serving.generation import ChoiceEvent, Usage, run_choices
+from hf_paged.serving.logprobs import TokenPieces
 from hf_paged.serving.metrics import ServerMetrics
 from hf_paged.serving.prepare import PreparedRequest, Preparer
 from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
@@ -60,6 +61,7 @@ class _AppState:
         self.tokenizer = tokenizer
         self.settings = settings
         self.preparer = Preparer(engine, tokenizer, settings.max_cache_retention_s)
+        self.pieces = TokenPieces(tokenizer)  # token texts and bytes for `logprobs` answers (memoised per id)
         self.metrics = ServerMetrics(self.loop, settings.model_name)
         self.retention = self.metrics.retention = PrefixRetention(engine)  # cache_retention_seconds' pins
         self.background: set[asyncio.Task] = set()  # fire-and-forget tasks (pins)
@@ -172,7 +174,7 @@ def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = 
     async def completions(request: Request) -> Response:
         received = time.perf_counter()
         body = await server.parse(request, CompletionRequest)
-        if body.echo:
+        if body.echo and body.max_tokens == 0:  # scoring: the prompt's log-probabilities, nothing generated
             return await _echo(server, request, body)
         return await _answer(server, request, body, server.preparer.completion, "text_completion", received)
 
@@ -190,7 +192,8 @@ async def _answer(server: _AppState, request: Request, body, prepare: Callable[[
     prepared = await run_in_threadpool(prepare, body)  # may compile a schema: off the event loop; 400s first
     admission = server.admit(len(prepared.prompts), prepared.params.num_return_sequences)
     try:
-        head = Head(kind, body.model or server.settings.model_name, body.return_token_ids)
+        head = Head(kind, body.model or server.settings.model_name, body.return_token_ids,
+                    server.pieces if prepared.params.logprobs is not None else None)
         usage = Usage()
         events = run_choices(server.loop, prepared, server.tokenizer, server.metrics, usage, received,
                              on_queued=admission.queued, on_prefilled=_retainer(server, prepared))
@@ -200,7 +203,10 @@ async def _answer(server: _AppState, request: Request, body, prepare: Callable[[
                                       media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
             admission = None  # the response closes it
             return response
-        result = await _until_disconnect(request, _collect(head, events, usage, prepared))
+        echo = None  # completions' echo with generation: the prompts (and their entries) before the choices
+        if getattr(body, "echo", False):
+            echo = echo_prefixes(server.loop, prepared.prompts, server.pieces, prepared.params.logprobs)
+        result = await _until_disconnect(request, _collect(head, events, usage, prepared, echo))
     finally:
         if admission is not None:
             admission.close()
@@ -242,19 +248,28 @@ def _retainer(server: _AppState, prepared: PreparedRequest) -> Callable[[int], N
     return retain
 
 
-async def _collect(head: Head, events: AsyncIterator[ChoiceEvent], usage: Usage, prepared: PreparedRequest) -> dict:
+async def _collect(head: Head, events: AsyncIterator[ChoiceEvent], usage: Usage, prepared: PreparedRequest,
+                   echo: Awaitable[list[EchoPrefix]] | None = None) -> dict:
     texts: dict[int, list[str]] = {}
     ids: dict[int, list[int]] = {}
+    entries: dict[int, list] = {}  # choice -> its log-probability entries (when asked)
     finals: dict[int, ChoiceEvent] = {}
+    prefixes = asyncio.ensure_future(echo) if echo is not None else None  # runs beside the generation
     try:
         async with _closing(events):
             async for event in events:
                 texts.setdefault(event.index, []).append(event.text)
                 ids.setdefault(event.index, []).extend(event.token_ids or [])
+                entries.setdefault(event.index, []).extend(event.logprobs or [])
                 if event.finish_reason is not None:
                     finals[event.index] = event
+        echoed = await prefixes if prefixes is not None else None
     except LoopClosedError:
         raise ApiError("the server is shutting down; retry", status=503, code="shutting_down") from None
+    finally:
+        if prefixes is not None and not prefixes.done():
+            prefixes.cancel()  # aborts its scoring requests
+            await asyncio.gather(prefixes, return_exceptions=True)
     failed = [e for e in finals.values() if e.finish_reason in ("error", "abort")]
     if failed:
         if failed[0].finish_reason == "abort":
@@ -266,7 +281,10 @@ async def _collect(head: Head, events: AsyncIterator[ChoiceEvent], usage: Usage,
     for index in sorted(finals):
         event = finals[index]
         whole = ChoiceEvent(index, "".join(texts[index]), event.finish_reason, token_ids=ids[index],
-                            prompt_token_ids=event.prompt_token_ids, finish_detail=event.finish_detail)
+                            prompt_token_ids=event.prompt_token_ids, finish_detail=event.finish_detail,
+                            logprobs=entries[index] if prepared.params.logprobs is not None else None)
+        if echoed is not None:
+            whole = with_prefix(whole, echoed[index // prepared.params.num_return_sequences])
         choices.append(head.choice(whole, chunk=False))
     return head.envelope(choices, usage.as_dict())
 

@@ -8,15 +8,21 @@ engine (`SamplingParams.score_targets`, the path of `hf_paged.api.scoring`): not
 
 `prompt_logprobs_start` is ours: OpenAI scores every token but the first, which computes the whole prompt; a client
 that needs only a continuation's log-probabilities (a `select` over choices after a shared prefix) names where the
-continuation starts, and the prefix before it comes from the prefix cache. Top alternatives are not computed
-(`logprobs` must be 0; `top_logprobs` is null).
+continuation starts, and the prefix before it comes from the prefix cache. `logprobs: N >= 1` adds each scored
+position's N most likely tokens (`top_logprobs`, from the same log_softmax as the targets' values: a client tells
+whether a token was the greedy one by comparing them, as lm-evaluation-harness does); `logprobs: 0` keeps
+`top_logprobs` null.
+
+`echo: true` with `max_tokens >= 1` generates as usual and puts the prompt before each choice's text; with
+`logprobs: N` the prompt's entries (a scoring request per prompt, run beside the generation; the first token's
+log-probability null) come before the generated ones (`echo_prefixes`, `with_prefix`).
 """
 
 from __future__ import annotations
 
 import asyncio
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from hf_paged.batching.engine import Engine
@@ -25,10 +31,11 @@ from hf_paged.batching.request import RequestOutput, RequestStatus
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.errors import HfPagedError, PromptTooLongError
 from hf_paged.serving.errors import ApiError
-from hf_paged.serving.generation import Usage
+from hf_paged.serving.generation import ChoiceEvent, Usage
+from hf_paged.serving.logprobs import LogprobEntry, TokenPieces, completion_logprobs
 from hf_paged.serving.protocol import CompletionRequest
 
-__all__ = ["EchoRequest", "echo_choices", "prepare_echo", "run_echo"]
+__all__ = ["EchoPrefix", "EchoRequest", "echo_choices", "echo_prefixes", "prepare_echo", "run_echo", "with_prefix"]
 
 
 @dataclass(slots=True)
@@ -53,7 +60,7 @@ def prepare_echo(engine: Engine, tokenizer: Any, request: CompletionRequest) -> 
         if not 0 <= ids[-1] < engine.vocab_size:
             raise ApiError(f"token id {ids[-1]} is outside the vocabulary [0, {engine.vocab_size})", param="prompt",
                            code="invalid_prompt")
-        scoring = SamplingParams(max_new_tokens=1, score_targets=ids[start:])
+        scoring = SamplingParams(max_new_tokens=1, score_targets=ids[start:], logprobs=request.logprobs or None)
         error = engine.validate_prompt(ids[:-1], scoring)
         if error is not None:
             code = "context_length_exceeded" if isinstance(error, PromptTooLongError) else "invalid_prompt"
@@ -81,33 +88,87 @@ async def run_echo(loop: EngineLoop, echo: EchoRequest, on_queued=lambda: None) 
     return list(await asyncio.gather(*(one(p, s) for p, s in zip(echo.prompts, echo.params))))
 
 
+def _check_scored(output: RequestOutput) -> None:
+    """Raise the `ApiError` of a scoring request that did not finish."""
+    if output.status is RequestStatus.FINISHED:
+        return
+    if output.finish_reason == "abort":
+        raise ApiError("the server shut down before the request finished; retry", status=503, code="shutting_down")
+    client = isinstance(output.error_type, type) and issubclass(output.error_type, HfPagedError) \
+        and issubclass(output.error_type, (ValueError, TypeError))
+    raise ApiError(f"the request failed: {output.error}", status=400 if client else 500,
+                   code="invalid_request" if client else "request_failed")
+
+
+def prompt_entries(prompt: list[int], start: int, output: RequestOutput | None,
+                   pieces: TokenPieces) -> list[LogprobEntry]:
+    """The prompt's entries: null before `start`, then the scored values (and alternatives, when asked); text
+    offsets are the pieces' running lengths."""
+    entries, at = [], 0
+    values = (output.score_logprobs or []) if output is not None else []
+    tops = output.score_top_logprobs if output is not None else None
+    for j, token in enumerate(prompt):
+        if j < start or j - start >= len(values):
+            entries.append(LogprobEntry(token, None, None, at))
+        else:
+            entries.append(LogprobEntry(token, float(values[j - start]), tops[j - start] if tops else [], at))
+        at += len(pieces.text(token))
+    return entries
+
+
 def echo_choices(echo: EchoRequest, outputs: list[RequestOutput], tokenizer: Any, usage: Usage, *,
                  return_token_ids: bool) -> list[dict]:
     """OpenAI completion choices with `logprobs` (tokens, token_logprobs, top_logprobs, text_offset); fills `usage`."""
     choices = []
+    pieces = TokenPieces(tokenizer)
     for index, (prompt, start, output) in enumerate(zip(echo.prompts, echo.starts, outputs)):
-        if output.status is not RequestStatus.FINISHED:
-            if output.finish_reason == "abort":
-                raise ApiError("the server shut down before the request finished; retry", status=503,
-                               code="shutting_down")
-            client = isinstance(output.error_type, type) and issubclass(output.error_type, HfPagedError) \
-                and issubclass(output.error_type, (ValueError, TypeError))
-            raise ApiError(f"the request failed: {output.error}", status=400 if client else 500,
-                           code="invalid_request" if client else "request_failed")
+        _check_scored(output)
         usage.prompt_tokens += len(prompt)
         usage.cached_tokens += output.num_cached_tokens
-        tokens = [tokenizer.decode([t], skip_special_tokens=False) for t in prompt]
-        offsets, at = [], 0
-        for token in tokens:
-            offsets.append(at)
-            at += len(token)
-        logprobs = [None] * start + [float(x) for x in output.score_logprobs or []]
+        logprobs = completion_logprobs(prompt_entries(prompt, start, output, pieces), pieces)
+        if output.score_top_logprobs is None:
+            logprobs["top_logprobs"] = None  # logprobs: 0 scores the tokens only
         choice: dict[str, Any] = {
-            "index": index, "text": tokenizer.decode(prompt, skip_special_tokens=False),
-            "logprobs": {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": None, "text_offset": offsets},
+            "index": index, "text": tokenizer.decode(prompt, skip_special_tokens=False), "logprobs": logprobs,
             "finish_reason": "length",
         }
         if return_token_ids:
             choice.update(prompt_token_ids=list(prompt), token_ids=[], finish_detail="scored")
         choices.append(choice)
     return choices
+
+
+@dataclass(slots=True)
+class EchoPrefix:
+    """What `echo: true` puts before a generated choice: its prompt's text, and with logprobs its entries."""
+
+    text: str
+    entries: list[LogprobEntry] | None  # None: logprobs not asked
+
+
+async def echo_prefixes(loop: EngineLoop, prompts: list[list[int]], pieces: TokenPieces,
+                        logprobs: int | None) -> list[EchoPrefix]:
+    """Each prompt's prefix; with `logprobs`, its entries from one scoring request per prompt of 2+ tokens (run in
+    the continuous batch beside the generation; its full blocks may serve both)."""
+    texts = [pieces.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
+    if logprobs is None:
+        return [EchoPrefix(text, None) for text in texts]
+    scored = [p for p in prompts if len(p) >= 2]
+    params = [SamplingParams(max_new_tokens=1, score_targets=p[1:], logprobs=logprobs or None) for p in scored]
+    outputs = iter(await run_echo(loop, EchoRequest(scored, [1] * len(scored), params)))
+    prefixes = []
+    for prompt, text in zip(prompts, texts):
+        output = next(outputs) if len(prompt) >= 2 else None
+        if output is not None:
+            _check_scored(output)
+        prefixes.append(EchoPrefix(text, prompt_entries(prompt, 1, output, pieces)))
+    return prefixes
+
+
+def with_prefix(event: ChoiceEvent, prefix: EchoPrefix) -> ChoiceEvent:
+    """A whole choice with its prompt before it: text, and entries (the generated ones' offsets moved past it)."""
+    entries = None
+    if prefix.entries is not None:
+        shift = len(prefix.text)
+        entries = prefix.entries + [replace(e, offset=e.offset + shift) for e in event.logprobs or []]
+    return replace(event, text=prefix.text + event.text, logprobs=entries)

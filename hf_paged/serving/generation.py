@@ -1,6 +1,7 @@
 """Run one prepared OpenAI request on the engine loop: every prompt and fork becomes a choice, streamed as text.
 
     prompts x n forks --generate_async (one per prompt)--> RequestDelta --TextStream--> ChoiceEvent(index, text)
+                                                                        --EntryStream--> its tokens' log-probabilities
 
 Choice `i * n + k` is fork k of prompt i (OpenAI's order). Leaving the iteration early (client gone, task
 cancelled) aborts every request still running.
@@ -18,6 +19,7 @@ from typing import Any
 from hf_paged.batching.engine_loop import EngineLoop
 from hf_paged.batching.request import RequestStatus, fork_ids, fork_parent
 from hf_paged.errors import HfPagedError
+from hf_paged.serving.logprobs import EntryStream, LogprobEntry
 from hf_paged.serving.metrics import ServerMetrics
 from hf_paged.serving.prepare import PreparedRequest
 from hf_paged.serving.text import TextStream
@@ -39,6 +41,7 @@ class ChoiceEvent:
     prompt_token_ids: list[int] | None = None  # on a choice's last event: its prompt
     finish_detail: str | None = None  # on the last event: the engine's own reason ("length_incomplete": a guided
     # output cut short by max_tokens before its constraint closed; the client sees "length")
+    logprobs: list[LogprobEntry] | None = None  # the log-probabilities of this event's tokens (None: not asked)
 
     def error_status(self) -> tuple[int, str]:
         """(HTTP status, code) of a failed choice: 400 when the request itself was at fault (a typed
@@ -89,6 +92,8 @@ async def run_choices(
 
     tasks = [asyncio.create_task(pump(i, p)) for i, p in enumerate(prepared.prompts)]
     texts: dict[str, TextStream] = {}
+    asks = prepared.params.logprobs is not None
+    entries: dict[str, EntryStream] = {}  # request id -> its entries not sent yet (logprobs asked)
     unsent: dict[str, list[int]] = {}  # request id -> tokens whose text is held back (not in an event yet)
     index_of: dict[str, int] = {}
     timing: dict[str, float] = {}  # request id -> time of its last token
@@ -111,15 +116,21 @@ async def run_choices(
             text = stream.push(delta.new_token_ids)
             ids = unsent.setdefault(rid, [])
             ids.extend(delta.new_token_ids)
+            lps = entries.setdefault(rid, EntryStream(tokenizer)) if asks else None
+            if lps is not None:
+                lps.push(delta.new_token_ids, delta.new_logprobs)
             if not delta.finished:
                 if text:
-                    yield ChoiceEvent(index_of[rid], text, num_tokens=len(delta.new_token_ids), token_ids=ids)
+                    yield ChoiceEvent(index_of[rid], text, num_tokens=len(delta.new_token_ids), token_ids=ids,
+                                      logprobs=lps.take(stream.num_sent) if lps is not None else None)
                     unsent[rid] = []
                 continue
             remaining -= 1
             event = _last_event(index_of[rid], text + stream.finish(), delta, stream, usage, metrics, now - received)
             event.token_ids, event.prompt_token_ids = unsent.pop(rid), list(delta.output.prompt_ids)
             event.finish_detail = delta.output.finish_reason
+            if lps is not None:
+                event.logprobs = lps.take(stream.num_sent, final=True, cut=stream.stopped)
             yield event
     finally:
         for task in tasks:

@@ -225,6 +225,7 @@ class Preparer:
             logits_processors=processors,
             num_return_sequences=request.n,
             min_new_tokens=request.min_tokens,
+            logprobs=request.num_logprobs,
         )
 
     def _check_prompt(self, prompt: list[int], max_tokens: int, param: str) -> None:

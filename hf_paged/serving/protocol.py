@@ -4,8 +4,10 @@ Fields follow OpenAI's API reference; `top_k`, `min_tokens`, `ignore_eos`, `repe
 `guided_regex`, `guided_choice` and `guided_grammar` (Lark EBNF) are vLLM's extras; `cache_retention_seconds` and
 `cache_retention_tokens` are ours (a prompt prefix kept cached, `retention.py`). `return_token_ids` is vLLM's (each
 choice gets `prompt_token_ids` and `token_ids`; ours adds `finish_detail`, the engine's own finish reason).
-Completions take OpenAI's scoring form `echo: true, logprobs: 0, max_tokens: 0` (the prompt's log-probabilities,
-`serving/echo.py`), with our `prompt_logprobs_start` (the first prompt position scored). An unknown field is refused (as
+Completions take OpenAI's scoring form `echo: true, logprobs: N, max_tokens: 0` (the prompt's log-probabilities,
+`serving/echo.py`), with our `prompt_logprobs_start` (the first prompt position scored), and `echo: true` with
+`max_tokens >= 1` (the prompt, then the generated text). Generated tokens' log-probabilities: completions'
+`logprobs: N`, chat's `logprobs: true` + `top_logprobs: N` (N in 0..20; `serving/logprobs.py`). An unknown field is refused (as
 OpenAI does: a typo such as `max_token` must not be ignored silently); fields we know but cannot honour are refused
 when set to anything but their neutral value, with the field named (`param`) in the 400 answer.
 """
@@ -14,7 +16,19 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
+
+from hf_paged.batching.logprobs import MAX_LOGPROBS
 
 __all__ = [
     "ChatCompletionRequest",
@@ -34,6 +48,15 @@ class UnsupportedField(ValueError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+def _count(value: Any, name: str) -> Any:
+    """`logprobs` (completions) / `top_logprobs` (chat): None or an int in 0..MAX_LOGPROBS (a 400 naming it)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                              or not 0 <= value <= MAX_LOGPROBS):
+        raise ValueError(f"{name} must be an integer from 0 to {MAX_LOGPROBS} (the most likely tokens returned at "
+                         f"each position), got {value!r}")
+    return value
 
 
 class _Strict(BaseModel):
@@ -79,9 +102,10 @@ class _Sampling(_Strict):
     store: StrictBool | None = None
     metadata: dict[str, StrictStr] | None = None
     service_tier: StrictStr | None = None
-    # known, refused unless neutral
+    # log-probabilities: completions' `logprobs: N`; chat's `logprobs: true` + `top_logprobs: N` (checked per kind)
     logprobs: Any = None
     top_logprobs: Any = None
+    # known, refused unless neutral
     logit_bias: dict[str, Number] | None = None
     presence_penalty: Number | None = None
     frequency_penalty: Number | None = None
@@ -106,18 +130,13 @@ class _Sampling(_Strict):
     def check_supported(self) -> None:
         """Raise `UnsupportedField` for the first field we know but cannot honour."""
         refused = {
-            "logprobs": self.logprobs not in (None, False, 0),
-            "top_logprobs": self.top_logprobs not in (None, 0),
             "logit_bias": bool(self.logit_bias),
             "presence_penalty": self.presence_penalty not in (None, 0),
             "frequency_penalty": self.frequency_penalty not in (None, 0),
         }
         for name, bad in refused.items():
             if bad:
-                fix = (" (generated tokens' log-probabilities are not computed); leave it out, or score a prompt "
-                       "with echo: true, logprobs: 0, max_tokens: 0") if name in ("logprobs", "top_logprobs") else \
-                    "; leave it out"
-                raise UnsupportedField(name, f"{name} is not supported by hf-paged serve{fix}")
+                raise UnsupportedField(name, f"{name} is not supported by hf-paged serve; leave it out")
         guides = [name for name in _GUIDES if getattr(self, name) is not None
                   and not (name == "response_format" and self.response_format.type == "text")]
         if len(guides) > 1:
@@ -144,9 +163,14 @@ class CompletionRequest(_Sampling):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.echo:
+        if self.top_logprobs is not None:
+            raise UnsupportedField("top_logprobs", "top_logprobs is a chat field; completions take logprobs: N (the "
+                                   "N most likely tokens at each position)")
+        if self.echo and self.max_tokens == 0:
             self._check_echo()
-        elif self.prompt_logprobs_start is not None:
+        elif self.echo and self.stream:
+            raise UnsupportedField("stream", "echo with a streamed answer is not supported; send stream: false")
+        if self.prompt_logprobs_start is not None and not (self.echo and self.max_tokens == 0):
             raise UnsupportedField("prompt_logprobs_start", "prompt_logprobs_start applies to scoring (echo: true, "
                                    "logprobs: 0, max_tokens: 0); leave it out or add those")
         if self.suffix:
@@ -155,14 +179,11 @@ class CompletionRequest(_Sampling):
             raise UnsupportedField("best_of", "best_of is not supported by hf-paged serve; use n")
 
     def _check_echo(self) -> None:
-        """echo is supported as scoring: the prompt's tokens' log-probabilities, nothing generated."""
-        scoring = "echo is supported for scoring only: send echo: true with logprobs: 0 and max_tokens: 0"
-        if self.max_tokens != 0:
-            raise UnsupportedField("echo", f"echo with generation (max_tokens={self.max_tokens}) is not supported; "
-                                   f"{scoring}")
-        if self.logprobs is None or isinstance(self.logprobs, bool) or self.logprobs != 0:
-            raise UnsupportedField("logprobs", f"echo needs logprobs: 0 (the prompt tokens' own log-probabilities; "
-                                   f"top alternatives are not computed), got {self.logprobs!r}; {scoring}")
+        """echo with max_tokens: 0 is scoring: the prompt's tokens' log-probabilities, nothing generated."""
+        scoring = "send echo: true with logprobs: N and max_tokens: 0 to score a prompt"
+        if self.logprobs is None:
+            raise UnsupportedField("logprobs", f"echo with max_tokens: 0 needs logprobs: 0 (the prompt tokens' own "
+                                   f"log-probabilities) or logprobs: N (and the N most likely tokens); {scoring}")
         for name, bad in (("n", self.n != 1), ("stream", self.stream), ("stop", self.stop is not None),
                           ("cache_retention_seconds", self.cache_retention_seconds is not None),
                           ("min_tokens", self.min_tokens != 0), ("ignore_eos", self.ignore_eos)):
@@ -174,6 +195,16 @@ class CompletionRequest(_Sampling):
                                                         == "text"):
                 raise UnsupportedField(name, f"{name} does not apply to echo scoring (nothing is generated); "
                                        "leave it out")
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """The engine's `SamplingParams.logprobs`: None (off) or the alternatives asked per token."""
+        return self.logprobs
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs_in_range(cls, value: Any) -> Any:
+        return _count(value, "logprobs")
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: text, or token ids."""
@@ -215,8 +246,29 @@ class ChatCompletionRequest(_Sampling):
 
     def check_supported(self) -> None:
         super().check_supported()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise UnsupportedField("top_logprobs", "top_logprobs needs logprobs: true (each generated token's "
+                                   "log-probability); add it, or leave top_logprobs out")
         if self.tools or self.tool_choice not in (None, "none"):
             raise UnsupportedField("tools", "tool calling is not supported by hf-paged serve; leave tools out")
+
+    @field_validator("logprobs")
+    @classmethod
+    def _logprobs_is_a_flag(cls, value: Any) -> Any:
+        if value is not None and not isinstance(value, bool):
+            raise ValueError(f"chat's logprobs is a boolean (true: each generated token's log-probability), got "
+                             f"{value!r}; ask for alternatives with top_logprobs: N")
+        return value
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_in_range(cls, value: Any) -> Any:
+        return _count(value, "top_logprobs")
+
+    @property
+    def num_logprobs(self) -> int | None:
+        """The engine's `SamplingParams.logprobs`: None (off) or the alternatives asked per token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def requested_max_tokens(self) -> int | None:

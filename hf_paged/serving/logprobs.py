@@ -1,0 +1,120 @@
+"""Log-probabilities in OpenAI's shapes: the engine's `TokenLogprobs` entries -> a choice's `logprobs` object.
+
+    completions  {"tokens": [piece], "token_logprobs": [lp], "top_logprobs": [{piece: lp}], "text_offset": [int]}
+                 (each top dict holds the top k and the chosen token, as vLLM's; echo's first prompt token: null)
+    chat         {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
+
+`EntryStream` keeps one choice's entries in step with the text the client sees: an entry goes out with the chunk
+whose text reaches its token, and when a stop sequence cuts the text, the tokens past the cut (those that only
+spell the stop sequence) get no entry: the entries end where the text ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hf_paged.batching.logprobs import TokenLogprobs, TopLogprob
+
+__all__ = ["EntryStream", "LogprobEntry", "TokenPieces", "chat_logprobs", "completion_logprobs"]
+
+
+@dataclass(slots=True)
+class LogprobEntry:
+    """One token of a choice with its log-probability, as the client gets it."""
+
+    token_id: int
+    logprob: float | None  # None: echo's first prompt token (nothing before it)
+    top: list[TopLogprob] | None  # the k most likely tokens at this position (None with logprob None)
+    offset: int  # where the token's text starts in the choice's text (characters)
+
+
+class TokenPieces:
+    """Each token's text (the tokenizer's piece for that id) and bytes, memoised per id."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._text: dict[int, str] = {}
+        self._bytes: dict[int, bytes] | None = None
+
+    def text(self, token_id: int) -> str:
+        piece = self._text.get(token_id)
+        if piece is None:
+            piece = self._text[token_id] = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        return piece
+
+    def bytes(self, token_id: int) -> list[int]:
+        """The token's bytes (a byte-level piece that is half a character has its own bytes, not U+FFFD's)."""
+        if self._bytes is None:
+            try:
+                from hf_paged.processors.index.vocabulary import token_bytes_map
+
+                self._bytes = token_bytes_map(self.tokenizer)[0]
+            except Exception:  # noqa: BLE001 -- a tokenizer the map cannot read: fall back to the decoded piece
+                self._bytes = {}
+        raw = self._bytes.get(token_id)
+        return list(raw if raw is not None else self.text(token_id).encode("utf-8"))
+
+
+class EntryStream:
+    """One choice's entries, released as its text is shown (see the module docstring)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.token_ids: list[int] = []
+        self.pending: list[LogprobEntry] = []  # entries not sent yet, in order
+
+    def push(self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs] | None) -> None:
+        """A delta's tokens and their entries (None: the request did not ask; nothing is kept)."""
+        if not entries:
+            self.token_ids.extend(token_ids)
+            return
+        for token_id, entry in zip(token_ids, entries, strict=True):
+            start = len(self.tokenizer.decode(self.token_ids, skip_special_tokens=True).rstrip("\ufffd"))
+            self.token_ids.append(token_id)
+            self.pending.append(LogprobEntry(entry.token_id, entry.logprob, entry.top, start))
+
+    def take(self, num_shown: int, *, final: bool = False, cut: bool = False) -> list[LogprobEntry]:
+        """The entries whose token starts inside the first `num_shown` characters of text (`final` and not `cut`:
+        all that are left, e.g. an EOS token, which shows no text)."""
+        if final and not cut:
+            out, self.pending = self.pending, []
+            return out
+        n = 0
+        while n < len(self.pending) and self.pending[n].offset < num_shown:
+            n += 1
+        out, self.pending = self.pending[:n], self.pending[n:]
+        if final:
+            self.pending = []
+        return out
+
+
+def completion_logprobs(entries: Sequence[LogprobEntry], pieces: TokenPieces, offset: int = 0) -> dict:
+    """The completions `logprobs` object; `offset` is added to every text offset (echo: the generated text's
+    entries follow the prompt's)."""
+    tops: list[dict[str, float] | None] = []
+    for e in entries:
+        if e.top is None:
+            tops.append(None)
+            continue
+        top = {pieces.text(t.token_id): t.logprob for t in e.top}
+        top.setdefault(pieces.text(e.token_id), e.logprob)  # the chosen token is always there (vLLM's shape)
+        tops.append(top)
+    return {
+        "tokens": [pieces.text(e.token_id) for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": tops,
+        "text_offset": [e.offset + offset for e in entries],
+    }
+
+
+def chat_logprobs(entries: Sequence[LogprobEntry], pieces: TokenPieces) -> dict:
+    """The chat `logprobs` object (`content`: one item per token, `top_logprobs`: exactly the top k)."""
+
+    def item(token_id: int, logprob: float) -> dict:
+        return {"token": pieces.text(token_id), "logprob": logprob, "bytes": pieces.bytes(token_id)}
+
+    return {"content": [{**item(e.token_id, e.logprob), "top_logprobs": [item(t.token_id, t.logprob)
+                                                                          for t in e.top or []]}
+                        for e in entries]}
