@@ -58,12 +58,14 @@ def check_logprobs(value: object, field: str = "SamplingParams.logprobs") -> Non
 def top_logprobs(logprobs: torch.Tensor, ks: Sequence[int]) -> list[list[TopLogprob]]:
     """Row i's `ks[i]` most likely tokens of `logprobs` [rows, vocab], most likely first, equal values by token id.
 
-    `torch.topk` does not promise an order among equal values; the top `max(ks)` are taken, sorted by (value, id),
-    and a row whose k-th value is tied with tokens outside that set is taken from a stable sort of the whole row."""
-    k_max = min(max(ks, default=0), logprobs.shape[-1])
+    `torch.topk` does not promise an order among equal values; the top `max(ks) + 1` are taken and each row's first k
+    sorted by (value, id). When the (k+1)-th value equals the k-th, a tie crosses the cut (tokens outside the set may
+    have a lower id): that row is taken from a stable sort of the whole row."""
+    vocab = logprobs.shape[-1]
+    k_max = min(max(ks, default=0), vocab)
     if k_max == 0:
         return [[] for _ in ks]
-    values, ids = torch.topk(logprobs, k_max, dim=-1)
+    values, ids = torch.topk(logprobs, min(k_max + 1, vocab), dim=-1)
     out: list[list[TopLogprob]] = []
     for i, k in enumerate(ks):
         k = min(k, k_max)
@@ -71,13 +73,12 @@ def top_logprobs(logprobs: torch.Tensor, ks: Sequence[int]) -> list[list[TopLogp
             out.append([])
             continue
         row_values, row_ids = values[i].tolist(), ids[i].tolist()
-        pairs = sorted(zip(row_ids, row_values), key=lambda p: (-p[1], p[0]))
-        boundary = pairs[k - 1][1]
-        inside = sum(1 for _, v in pairs if v == boundary)
-        if int((logprobs[i] == boundary).sum()) > inside:  # a tie crosses the cut: take the lowest ids
+        if k < len(row_values) and row_values[k] == row_values[k - 1]:  # a tie crosses the cut: lowest ids
             order = torch.sort(logprobs[i], descending=True, stable=True)
             pairs = list(zip(order.indices[:k].tolist(), order.values[:k].tolist()))
-        out.append([TopLogprob(int(t), float(v)) for t, v in pairs[:k]])
+        else:
+            pairs = sorted(zip(row_ids[:k], row_values[:k]), key=lambda p: (-p[1], p[0]))
+        out.append([TopLogprob(int(t), float(v)) for t, v in pairs])
     return out
 
 

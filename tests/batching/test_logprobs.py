@@ -66,6 +66,14 @@ def test_top_logprobs_breaks_ties_by_token_id():
     assert top_logprobs(row, [4]) == [[TopLogprob(1, 2.0), TopLogprob(3, 2.0), TopLogprob(4, 2.0),
                                        TopLogprob(2, 1.0)]]
     assert top_logprobs(row, [0]) == [[]]
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):  # many ties: every row equals a stable sort's first k
+        vocab = int(torch.randint(1, 12, (1,), generator=g))
+        rows = torch.randint(0, 4, (3, vocab), generator=g).float()
+        ks = torch.randint(0, vocab + 2, (3,), generator=g).tolist()
+        for row, k, got in zip(rows, ks, top_logprobs(rows, ks)):
+            order = torch.sort(row, descending=True, stable=True)
+            assert got == [TopLogprob(t, v) for t, v in zip(order.indices[:k].tolist(), order.values[:k].tolist())]
 
 
 def test_greedy_entries_match_a_stock_forward_and_one_asking_row_changes_no_token(model):
