@@ -4,6 +4,8 @@ constraint, stop string or retry around it; and asking for them changes no token
 
 from __future__ import annotations
 
+import pickle
+
 import pytest
 import torch
 
@@ -197,3 +199,21 @@ def test_scoring_with_logprobs_gives_each_position_its_top_k(model):
             if t.token_id == targets[j]:
                 assert t.logprob == out.score_logprobs[j]
     assert out.score_top_logprobs[3][0].logprob == out.score_logprobs[3]  # the greedy target checked above
+
+
+def test_generate_batch_takes_logprobs_through_sampling_params():
+    import hf_paged
+
+    model = tiny_model("llama", seed=3)
+    prompts = ragged_prompts([7, 12], seed=9)
+    hf_paged.wrap(model, block_size=8, num_blocks=64)
+    try:
+        outs = model.generate_batch(prompts, sampling_params=[SamplingParams(max_new_tokens=6, logprobs=2),
+                                                              SamplingParams(max_new_tokens=6)])
+    finally:
+        hf_paged.unwrap(model)
+    first, second = outs.values()
+    check_entries(model, first, 2)
+    assert second.logprobs is None
+    assert pickle.loads(pickle.dumps(first)).logprobs == first.logprobs  # outputs cross processes (distributed, Ray)
+    assert [o.generated_tokens for o in outs.values()] == stock_greedy(model, prompts, 6)
