@@ -113,12 +113,12 @@ async def run_choices(
                     on_prefilled(i)
                 metrics.observe_tokens(now - timing[rid] if rid in timing else None, now - received)
                 timing[rid] = now
+            lps = entries.setdefault(rid, EntryStream(tokenizer)) if asks else None
+            if lps is not None:  # (before the text stream moves on: its text so far is where these tokens start)
+                lps.push(delta.new_token_ids, delta.new_logprobs, len(stream.text))
             text = stream.push(delta.new_token_ids)
             ids = unsent.setdefault(rid, [])
             ids.extend(delta.new_token_ids)
-            lps = entries.setdefault(rid, EntryStream(tokenizer)) if asks else None
-            if lps is not None:
-                lps.push(delta.new_token_ids, delta.new_logprobs)
             if not delta.finished:
                 if text:
                     yield ChoiceEvent(index_of[rid], text, num_tokens=len(delta.new_token_ids), token_ids=ids,

@@ -65,13 +65,19 @@ class EntryStream:
         self.token_ids: list[int] = []
         self.pending: list[LogprobEntry] = []  # entries not sent yet, in order
 
-    def push(self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs] | None) -> None:
-        """A delta's tokens and their entries (None: the request did not ask; nothing is kept)."""
+    def push(self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs] | None,
+             num_chars_before: int | None = None) -> None:
+        """A delta's tokens and their entries (None: the request did not ask; nothing is kept). `num_chars_before`:
+        the text's length before these tokens, when the caller has it (the choice's `TextStream` decoded it);
+        the start of each later token of the delta is decoded here."""
         if not entries:
             self.token_ids.extend(token_ids)
             return
-        for token_id, entry in zip(token_ids, entries, strict=True):
-            start = len(self.tokenizer.decode(self.token_ids, skip_special_tokens=True).rstrip("\ufffd"))
+        for at, (token_id, entry) in enumerate(zip(token_ids, entries, strict=True)):
+            if at == 0 and num_chars_before is not None:
+                start = num_chars_before
+            else:
+                start = len(self.tokenizer.decode(self.token_ids, skip_special_tokens=True).rstrip("\ufffd"))
             self.token_ids.append(token_id)
             self.pending.append(LogprobEntry(entry.token_id, entry.logprob, entry.top, start))
 

@@ -246,7 +246,7 @@ class ChatCompletionRequest(_Sampling):
 
     def check_supported(self) -> None:
         super().check_supported()
-        if self.top_logprobs is not None and not self.logprobs:
+        if self.top_logprobs and not self.logprobs:  # (0 asks for nothing: accepted, as before)
             raise UnsupportedField("top_logprobs", "top_logprobs needs logprobs: true (each generated token's "
                                    "log-probability); add it, or leave top_logprobs out")
         if self.tools or self.tool_choice not in (None, "none"):

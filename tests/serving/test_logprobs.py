@@ -182,6 +182,18 @@ def test_echo_with_generation_is_lm_eval_loglikelihood(server, tiny_lm):
     plain = ok(server, "/v1/completions", {"prompt": prompts[0], "echo": True, "max_tokens": 3, "temperature": 0})
     assert plain["choices"][0]["logprobs"] is None
     assert plain["choices"][0]["text"].startswith(tokenizer.decode(prompts[0], skip_special_tokens=False))
+    forks = ok(server, "/v1/completions", {"prompt": prompts[:2], "echo": True, "max_tokens": 4, "logprobs": 0,
+                                           "n": 2, "temperature": 0.8, "seed": 5, "return_token_ids": True})
+    for choice in forks["choices"]:  # choice i * n + k: prompt i's entries, then fork k's own
+        prompt, lp = prompts[choice["index"] // 2], choice["logprobs"]
+        assert len(lp["tokens"]) == len(prompt) + len(choice["token_ids"])
+        assert lp["token_logprobs"][: len(prompt)] == pytest.approx(choices[choice["index"] // 2]["logprobs"]
+                                                                    ["token_logprobs"][: len(prompt)], abs=ATOL)
+        tail = reference(model, prompt, choice["token_ids"])[len(prompt):]
+        assert lp["token_logprobs"][len(prompt):] == pytest.approx(
+            [float(tail[j, t]) for j, t in enumerate(choice["token_ids"])], abs=ATOL)
+        assert lp["text_offset"] == sorted(lp["text_offset"]) and choice["text"].startswith(
+            tokenizer.decode(prompt, skip_special_tokens=False))
 
 
 def test_echo_scoring_with_top_alternatives(server, tiny_lm):
