@@ -12,6 +12,8 @@ traceback (ours: logged here). A client that goes away, streaming or not, has it
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import logging
 import time
@@ -28,7 +30,15 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hf_paged.batching.engine import Engine
 from hf_paged.batching.engine_loop import LoopClosedError
 from hf_paged.serving.body import DEFAULT_MAX_REQUEST_BYTES, OFF_LOOP_BYTES, decode_request, read_body
-from hf_paged.serving.echo import EchoPrefix, echo_choices, echo_prefixes, prepare_echo, run_echo, with_prefix
+from hf_paged.serving.echo import (
+    EchoPrefix,
+    EchoStream,
+    echo_choices,
+    echo_prefixes,
+    prepare_echo,
+    run_echo,
+    with_prefix,
+)
 from hf_paged.serving.envelope import Head
 from hf_paged.serving.errors import ApiError
 from hf_paged.serving.generation import ChoiceEvent, Usage, run_choices
@@ -198,15 +208,18 @@ async def _answer(server: _AppState, request: Request, body, prepare: Callable[[
         events = run_choices(server.loop, prepared, server.tokenizer, server.metrics, usage, received,
                              on_queued=admission.queued, on_prefilled=_retainer(server, prepared))
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        echo = None  # completions' echo with generation: the prompts (and their entries) before the choices
+        if getattr(body, "echo", False):
+            echo = functools.partial(echo_prefixes, server.loop, prepared.prompts, server.pieces,
+                                     prepared.params.logprobs)
         if body.stream:
-            response = _ClosingStream(_sse(head, events, usage, include_usage), admission.close,
+            stream = EchoStream(echo, prepared.params.num_return_sequences) if echo is not None else None
+            response = _ClosingStream(_sse(head, events, usage, include_usage, stream), admission.close,
                                       media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
             admission = None  # the response closes it
             return response
-        echo = None  # completions' echo with generation: the prompts (and their entries) before the choices
-        if getattr(body, "echo", False):
-            echo = echo_prefixes(server.loop, prepared.prompts, server.pieces, prepared.params.logprobs)
-        result = await _until_disconnect(request, _collect(head, events, usage, prepared, echo))
+        result = await _until_disconnect(request, _collect(head, events, usage, prepared,
+                                                           echo() if echo is not None else None))
     finally:
         if admission is not None:
             admission.close()
@@ -289,12 +302,13 @@ async def _collect(head: Head, events: AsyncIterator[ChoiceEvent], usage: Usage,
     return head.envelope(choices, usage.as_dict())
 
 
-async def _sse(head: Head, events: AsyncIterator[ChoiceEvent], usage: Usage, include_usage: bool):
+async def _sse(head: Head, events: AsyncIterator[ChoiceEvent], usage: Usage, include_usage: bool,
+               echo: EchoStream | None = None):
     """Server-sent events in OpenAI's chunk format. A failed choice sends an error event; the stream still ends
-    with `data: [DONE]`."""
+    with `data: [DONE]`. `echo`: each choice's first chunk starts with its prompt (`echo.py`)."""
     started: set[int] = set()
     try:
-        async with _closing(events):
+        async with _closing(events), (echo if echo is not None else contextlib.nullcontext()):
             async for event in events:
                 if event.finish_reason == "error":
                     yield _error_event(f"the request failed: {event.error}", *event.error_status())
@@ -305,12 +319,16 @@ async def _sse(head: Head, events: AsyncIterator[ChoiceEvent], usage: Usage, inc
                     continue
                 first = event.index not in started
                 started.add(event.index)
+                if echo is not None:
+                    event = await echo.apply(event, first)
                 chunk = head.envelope([head.choice(event, chunk=True, first=first)], chunk=True)
                 if include_usage:
                     chunk["usage"] = None
                 yield f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
     except LoopClosedError:
         yield _error_event("the server shut down before the request finished; retry", 503, "shutting_down")
+    except ApiError as exc:  # echo's scoring of a prompt failed
+        yield _error_event(exc.message, exc.status, exc.code or "request_failed")
     except Exception as exc:
         logger.exception("stream failed")
         yield _error_event(f"internal error ({type(exc).__name__}); the server log has the details")

@@ -21,9 +21,10 @@ log-probability null) come before the generated ones (`echo_prefixes`, `with_pre
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Self
 
 from hf_paged.batching.engine import Engine
 from hf_paged.batching.engine_loop import EngineLoop
@@ -35,7 +36,8 @@ from hf_paged.serving.generation import ChoiceEvent, Usage
 from hf_paged.serving.logprobs import LogprobEntry, TokenPieces, completion_logprobs
 from hf_paged.serving.protocol import CompletionRequest
 
-__all__ = ["EchoPrefix", "EchoRequest", "echo_choices", "echo_prefixes", "prepare_echo", "run_echo", "with_prefix"]
+__all__ = ["EchoPrefix", "EchoRequest", "EchoStream", "echo_choices", "echo_prefixes", "prepare_echo", "run_echo",
+           "with_prefix"]
 
 
 @dataclass(slots=True)
@@ -172,3 +174,31 @@ def with_prefix(event: ChoiceEvent, prefix: EchoPrefix) -> ChoiceEvent:
         shift = len(prefix.text)
         entries = prefix.entries + [replace(e, offset=e.offset + shift) for e in event.logprobs or []]
     return replace(event, text=prefix.text + event.text, logprobs=entries)
+
+
+class EchoStream:
+    """Streamed echo: each choice's first chunk starts with its prompt (text and entries), later chunks' text offsets
+    move past it. The prompts' scoring starts when the stream does (`async with`) and is cancelled when it ends."""
+
+    def __init__(self, prefixes: Callable[[], Awaitable[list[EchoPrefix]]], n: int) -> None:
+        self._start = prefixes
+        self._n = n
+        self._task: asyncio.Future[list[EchoPrefix]] | None = None
+
+    async def __aenter__(self) -> Self:
+        self._task = asyncio.ensure_future(self._start())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None and not self._task.done():
+            self._task.cancel()  # aborts its scoring requests
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def apply(self, event: ChoiceEvent, first: bool) -> ChoiceEvent:
+        assert self._task is not None, "use EchoStream in `async with`"
+        prefix = (await self._task)[event.index // self._n]
+        if first:
+            return with_prefix(event, prefix)
+        if not event.logprobs:
+            return event
+        return replace(event, logprobs=[replace(e, offset=e.offset + len(prefix.text)) for e in event.logprobs])

@@ -168,8 +168,6 @@ class CompletionRequest(_Sampling):
                                    "N most likely tokens at each position)")
         if self.echo and self.max_tokens == 0:
             self._check_echo()
-        elif self.echo and self.stream:
-            raise UnsupportedField("stream", "echo with a streamed answer is not supported; send stream: false")
         if self.prompt_logprobs_start is not None and not (self.echo and self.max_tokens == 0):
             raise UnsupportedField("prompt_logprobs_start", "prompt_logprobs_start applies to scoring (echo: true, "
                                    "logprobs: 0, max_tokens: 0); leave it out or add those")

@@ -61,7 +61,7 @@ DEEP = {"type": "object", "properties": {"xs": {"type": "array", "contains": {"t
         ({"prompt": "x", "max_token": 5}, "max_token", ["Extra inputs"]),
         ({"prompt": "x", "seed": 2**64}, "seed", []),
         ({"prompt": "x", "logprobs": 21}, "logprobs", ["from 0 to 20"]),
-        ({"prompt": "x", "echo": True, "stream": True}, "stream", ["echo with a streamed answer"]),
+        ({"prompt": "x", "echo": True, "max_tokens": 0}, "logprobs", ["logprobs: 0"]),
         ({"prompt": "x" * 3000, "max_tokens": 4}, "prompt", ["maximum context length is 2048"]),
         ({"prompt": "x" * 2000, "max_tokens": 100}, "max_tokens", ["maximum context length is 2048"]),
         ({"prompt": [1, 2, 999]}, "prompt", ["outside the vocabulary"]),

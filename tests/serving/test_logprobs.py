@@ -196,6 +196,22 @@ def test_echo_with_generation_is_lm_eval_loglikelihood(server, tiny_lm):
             tokenizer.decode(prompt, skip_special_tokens=False))
 
 
+def test_streamed_echo_starts_each_choice_with_its_prompt(server, tiny_lm):
+    tokenizer = tiny_lm.tokenizer
+    prompts = [tokenizer("Once upon a time")["input_ids"], tokenizer("The quick brown fox")["input_ids"]]
+    body = {"prompt": prompts, "echo": True, "max_tokens": 6, "logprobs": 2, "n": 2, "temperature": 0}
+    whole = sorted(ok(server, "/v1/completions", body)["choices"], key=lambda c: c["index"])
+    chunks = [c["choices"][0] for c in streamed(server, "/v1/completions", body) if c["choices"]]
+    for choice in whole:
+        parts = [c for c in chunks if c["index"] == choice["index"]]
+        assert parts[0]["text"].startswith(tokenizer.decode(prompts[choice["index"] // 2], skip_special_tokens=False))
+        assert "".join(p["text"] for p in parts) == choice["text"]
+        joined = {k: [x for p in parts if p["logprobs"] for x in p["logprobs"][k]] for k in choice["logprobs"]}
+        assert joined["tokens"] == choice["logprobs"]["tokens"]
+        assert joined["text_offset"] == choice["logprobs"]["text_offset"]
+        assert joined["token_logprobs"] == pytest.approx(choice["logprobs"]["token_logprobs"], abs=ATOL)
+
+
 def test_echo_scoring_with_top_alternatives(server, tiny_lm):
     model, tokenizer = tiny_lm
     prompt = tokenizer("hello there, friend")["input_ids"]
@@ -215,7 +231,6 @@ def test_echo_scoring_with_top_alternatives(server, tiny_lm):
         ("/v1/completions", {"prompt": "x", "logprobs": -1}, "logprobs", ["from 0 to 20"]),
         ("/v1/completions", {"prompt": "x", "logprobs": True}, "logprobs", ["from 0 to 20"]),
         ("/v1/completions", {"prompt": "x", "top_logprobs": 2}, "top_logprobs", ["chat field"]),
-        ("/v1/completions", {"prompt": "x", "echo": True, "stream": True}, "stream", ["echo"]),
         ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs", ["logprobs: true"]),
         ("/v1/chat/completions", {"logprobs": True, "top_logprobs": 21}, "top_logprobs", ["from 0 to 20"]),
         ("/v1/chat/completions", {"logprobs": 3}, "logprobs", ["boolean"]),

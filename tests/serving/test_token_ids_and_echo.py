@@ -116,7 +116,6 @@ def test_echo_from_a_start_position_reuses_the_cached_prefix(server, tiny_lm):
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [
-        ({"echo": True, "stream": True}, "stream", ["echo with a streamed answer"]),
         ({"echo": True, "max_tokens": 0}, "logprobs", ["logprobs: 0"]),
         ({"echo": True, "max_tokens": 0, "logprobs": 21}, "logprobs", ["from 0 to 20"]),
         ({"echo": True, "max_tokens": 0, "logprobs": 0, "stream": True}, "stream", ["echo scoring"]),
