@@ -63,6 +63,8 @@ class Arrival:
     times: list[float] = field(default_factory=list)  # each token's time
     tokens: list[int] = field(default_factory=list)
     side: str = ""  # where it was prefilled (PD setups)
+    started: float | None = None  # clock of the replica that prefilled it, when the first step computing it began
+    prefilled: float | None = None  # the prefill replica's clock when it finished the prompt (handed over)
 
 
 class Replica:
@@ -73,6 +75,7 @@ class Replica:
         self.pending: list[tuple[float, Arrival, int | None]] = []  # (time, request, max_new), not yet admitted
         self.live: dict[str, Arrival] = {}
         self.done: list[Arrival] = []
+        self.steps: list[tuple[float, float]] = []  # (clock at its end, CPU seconds) of each step
 
     def submit(self, arrival: Arrival, at: float, max_new: int | None = None) -> None:
         self.pending.append((at, arrival, max_new))
@@ -91,13 +94,16 @@ class Replica:
             _, arrival, max_new = self.pending.pop(0)
             rid = self.engine.add_request(arrival.prompt, SamplingParams(max_new_tokens=max_new or arrival.max_new))
             self.live[rid] = arrival
-        start = time.process_time()
+        start, began = time.process_time(), self.clock
         self.engine.step()
         self.clock += time.process_time() - start
+        self.steps.append((self.clock, self.clock - began))
         first = []
         for rid in list(self.live):
             request = self.engine.requests[rid]
             arrival = self.live[rid]
+            if arrival.started is None and request.num_computed_tokens > 0:
+                arrival.started = began
             new = request.output_ids[len(arrival.tokens):]
             if new and not arrival.tokens:
                 first.append(arrival)
@@ -192,7 +198,9 @@ def disaggregated(model, arrivals: list[Arrival], ledger: PlacementLedger | None
     def stepped(replica: Replica, first: list[Arrival]) -> None:
         if replica is prefill:
             while prefill.done:
-                a = handed[id(prefill.done.pop())]
+                shadow = prefill.done.pop()
+                a = handed[id(shadow)]
+                a.started, a.prefilled = shadow.started, prefill.clock
                 decode.submit(a, prefill.clock)  # decodes from the prefill's end on
                 if id(a) in placed:
                     releases.append((prefill.clock, placed[id(a)]))
@@ -210,7 +218,31 @@ def disaggregated(model, arrivals: list[Arrival], ledger: PlacementLedger | None
     for _, max_new in ended:
         ledger.end_decode(max_new)  # type: ignore[union-attr]
     stats = {k: v for k, v in decode.engine.stats().items() if k.startswith("kv_transfer_")}
+    stats["slowest"] = slowest_first_token(arrivals, prefill)
     return arrivals, stats
+
+
+def slowest_first_token(arrivals: list[Arrival], prefill: Replica) -> str:
+    """Where the slowest first token's time went (the TTFT p99 of a dozen requests is their max), and how much prompt
+    work each side had: the prefill replica's busy share from the first prompt it got to that one's end says
+    whether its queue (its capacity) or the decode side set it."""
+    a = max(arrivals, key=lambda r: r.times[0] - r.at)
+    ttft, wait = a.times[0] - a.at, (a.started if a.started is not None else a.times[0]) - a.at
+    if a.prefilled is None:
+        where = f"prefilled on the decode replica: waited {wait:.2f} s, then {a.times[0] - a.at - wait:.2f} s"
+        end = a.times[0]
+    else:
+        where = (f"waited {wait:.2f} s for the prefill replica, prefilled in {a.prefilled - a.at - wait:.2f} s, then "
+                 f"{a.times[0] - a.prefilled:.2f} s on the decode replica (load, last block, first token)")
+        end = a.prefilled
+    begin = min(r.at for r in arrivals if r.side != "local")
+    busy = sum(dt for t, dt in prefill.steps if begin < t <= end)
+    remote = sum(len(r.prompt) for r in arrivals if r.side != "local")
+    return (f"slowest TTFT {ttft:.2f} s, a {len(a.prompt)}-token {a.kind} prompt arriving at {a.at:.2f} s, {where}; "
+            f"the prefill replica was busy {busy:.2f} s of the {end - begin:.2f} s from its first prompt to "
+            f"{'that one' if a.prefilled is not None else 'then'} ({remote} prompt tokens in all, "
+            f"{sum(dt for _, dt in prefill.steps):.2f} s busy); {len(arrivals) - sum(r.side != 'local' for r in arrivals)}"
+            f" prompts, {sum(len(r.prompt) for r in arrivals) - remote} tokens prefilled on the decode replica")
 
 
 def decode_step_tokens(prefill: Engine, decode: Engine) -> float | None:
@@ -237,20 +269,21 @@ def run_seed(model, args, seed: int) -> dict[str, dict]:
     base = workload(args, seed)
     results, tokens = {}, {}
     for name in args.setups:
-        arrivals = fresh(base)
+        arrivals, stats = fresh(base), {}
         if name == "colocated x2":
             colocated(model, arrivals)
         elif name == "colocated x2, chunked":
             colocated(model, arrivals, max_prefill_tokens_per_step=args.chunk)
         elif name == "1 prefill + 1 decode":
-            disaggregated(model, arrivals)
+            _, stats = disaggregated(model, arrivals)
         else:
             ledger = PlacementLedger(block_size=BLOCK_SIZE, local_budget=args.decode_budget,
                                      step_ratio=args.decode_ratio)
-            disaggregated(model, arrivals, ledger, args.drain, max_prefill_tokens_per_step=args.decode_budget,
-                          max_prefill_step_time_ratio=args.decode_ratio)
+            _, stats = disaggregated(model, arrivals, ledger, args.drain,
+                                     max_prefill_tokens_per_step=args.decode_budget,
+                                     max_prefill_step_time_ratio=args.decode_ratio)
             assert ledger.queued == {Side.PREFILL: 0, Side.LOCAL: 0} and ledger.drain() in (0, math.inf), ledger.queued
-        results[name], tokens[name] = summarize(arrivals), [a.tokens for a in arrivals]
+        results[name], tokens[name] = {**summarize(arrivals), **stats}, [a.tokens for a in arrivals]
     reference = tokens[args.setups[0]]
     assert all(t == reference for t in tokens.values()), "greedy tokens differ between setups"
     return results
@@ -304,8 +337,10 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"- {name}: TTFT p99 / colocated's = {', '.join(f'{x:.2f}' for x in ttft)} (median "
                      f"{median(ttft):.2f}); inter-token p99 / p50 = {', '.join(f'{x:.2f}' for x in itl)} (median "
                      f"{median(itl):.2f}): both targets (<= 1.5x) {'held on every seed' if held else 'NOT held'}.")
+    slowest = [f"- {name}, seed {seed}: {results[name]['slowest']}" for name in args.setups
+               for seed, results in per_seed.items() if "slowest" in results[name]]
     verdict = ("Targets (issue 39), per seed:\n" + "\n".join(lines) + "\nEvery request's greedy tokens are the same "
-               "in the four setups (asserted).")
+               "in the four setups (asserted).\n\nThe slowest first token of each PD run:\n" + "\n".join(slowest))
     command = (f"python benchmarks/disagg.py --shorts {args.shorts} --longs {args.longs} --gap {args.gap} "
                f"--short-len {args.short_len} --long-len {args.long_len} --chunk {args.chunk} --decode-budget "
                f"{args.decode_budget}" + (f" --decode-ratio {args.decode_ratio}" if args.decode_ratio else "")

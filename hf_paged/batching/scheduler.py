@@ -8,7 +8,8 @@ One step, under a token budget (`max_num_batched_tokens`) and `max_num_seqs`:
      is not split behind others admitted in the step: it waits for the next (`_waits_for_whole_step`).
 While some request decodes in the step, prompt tokens (running prefills and admissions together) are also held
 to `max_prefill_tokens_per_step`, so a long prompt is spread over several steps instead of stalling the decodes
-(with `max_prefill_step_time_ratio`, also to what keeps the step within that many measured decode-only steps).
+(with `max_prefill_step_time_ratio`, also to what keeps the step within that many measured decode-only steps, each
+chunk priced by its attention over its cached context too: `kv_transfer/step_times.py`).
 A decode with speculative drafts (`request.draft_ids`) runs its last token and the drafts as one chunk; the drafts
 are trimmed to the budget left and dropped when their blocks are not free (drafts never preempt anyone).
 With `scheduling_policy="remaining"` (`decode_lengths.py`), admission also keeps back the blocks the running
@@ -29,7 +30,7 @@ from hf_paged.batching.request import Request, RequestStatus
 from hf_paged.cache.kv_manager import KVCacheManager
 from hf_paged.config import PagedConfig
 from hf_paged.errors import InvalidConfigError
-from hf_paged.kv_transfer import KVConnector
+from hf_paged.kv_transfer import ChunkFit, KVConnector
 
 # Beyond this many waiting requests, admission is strictly FCFS (no prefix-aware reordering), so nothing starves.
 _PREFIX_AWARE_QUEUE_LIMIT = 256
@@ -142,7 +143,7 @@ class Scheduler:
         out = SchedulerOutput()
         budget = self.config.max_num_batched_tokens
         prompt_budget = budget  # prompt tokens left this step: bounded once a decode is in the step
-        bounded = False
+        bounded, reserve = False, 0  # reserve: prompt budget the running prefills leave to admissions
         # Decodes first, then running prefill chunks; within each, higher priority and earlier arrival first.
         order = sorted(self.running, key=self.lengths.order_key if self.lengths is not None
                        else lambda r: (r.num_tokens_to_compute > 1, _queue_key(r)))
@@ -153,7 +154,8 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             is_prompt = request.num_tokens_to_compute > 1
-            num_tokens = min(request.num_tokens_to_compute, prompt_budget if is_prompt else budget)
+            chunk = self._fit_chunk(request, prompt_budget - reserve, bounded) if is_prompt else None
+            num_tokens = chunk.num_tokens if chunk is not None else min(request.num_tokens_to_compute, budget)
             if num_tokens == 0:
                 break  # the prompt budget is spent: the other prefills wait (they come last in `order`)
             num_drafts = 0 if is_prompt else self._fit_drafts(request, budget)
@@ -165,9 +167,10 @@ class Scheduler:
             budget -= num_tokens
             if not is_prompt and not bounded:
                 prompt_budget, bounded = self._prompt_budget(sum(r.num_tokens_to_compute == 1 for r in order)), True
-            prompt_budget = min(prompt_budget - (num_tokens if is_prompt else 0), budget)
+                reserve = self._admission_reserve(prompt_budget)
+            prompt_budget = max(0, min(prompt_budget - (chunk.cost if chunk is not None else 0), budget))
         if not out.preempted:  # admitting while preempting would thrash
-            left = self._admit(out, prompt_budget)
+            left = self._admit(out, prompt_budget, bounded)
             budget -= prompt_budget - left
         out.num_batched_tokens = sum(item.num_tokens for item in out.scheduled)  # (block loads not counted)
         if self.kv_transfer is not None:
@@ -184,6 +187,25 @@ class Scheduler:
         if self.kv_transfer is not None:  # sized by time too (max_prefill_step_time_ratio): the connector times steps
             limit = self.kv_transfer.prompt_budget(limit, self.config.max_prefill_step_time_ratio, num_decodes)
         return min(limit, self.config.max_num_batched_tokens)
+
+    def _admission_reserve(self, prompt_budget: int) -> int:
+        """In a step sized by time, half the prompt budget is left to waiting requests (a handed-over prompt needs its
+        blocks written, a fraction of a token each, where a local chunk takes whole tokens): slow local chunks held the
+        whole budget, and handed-over prompts waited seconds for their blocks (`benchmarks/disagg_results.md`)."""
+        if self.waiting and self.config.max_prefill_step_time_ratio is not None:
+            return prompt_budget // 2
+        return 0
+
+    def _fit_chunk(self, request: Request, budget: int, bounded: bool) -> ChunkFit:
+        """A prompt chunk cut to the step's prompt `budget`: its tokens, and while requests decode in a step sized by
+        time, its attention over its context too (`KVConnector.fit_chunk`: a chunk after a long context is shorter)."""
+        config = self.config
+        if bounded and config.max_prefill_step_time_ratio is not None and config.enable_chunked_prefill:
+            return self.kv_transfer.fit_chunk(  # type: ignore[union-attr]  # (a ratio needs the connector)
+                request.num_tokens_to_compute, request.num_computed_tokens, budget,
+                config.max_prefill_tokens_per_step, config.max_prefill_step_time_ratio)
+        num_tokens = min(request.num_tokens_to_compute, budget)
+        return ChunkFit(num_tokens, num_tokens)
 
     def _fit_drafts(self, request: Request, budget: int) -> int:
         """How many of a decode's drafted tokens run this step: what the budget leaves beside its last token, and
@@ -219,7 +241,7 @@ class Scheduler:
         self.num_preemptions += 1
         self.add(request)
 
-    def _admit(self, out: SchedulerOutput, budget: int) -> int:
+    def _admit(self, out: SchedulerOutput, budget: int, bounded: bool = False) -> int:
         if not self.waiting:
             return budget  # the common decode-only step: no in-flight digests, no cache peeks
         candidates = [item[1] for item in self.waiting]
@@ -254,7 +276,8 @@ class Scheduler:
                 if not self.lengths.admits(request, horizon, reserve, alone=not self.running and not admitted):
                     self._unstart(request)
                     break  # its blocks to the horizon do not fit beside the running requests' (FCFS)
-            num_tokens = min(request.num_tokens_to_compute, budget)
+            chunk = self._fit_chunk(request, budget, bounded)
+            num_tokens = chunk.num_tokens
             if num_tokens < request.num_tokens_to_compute and not self.config.enable_chunked_prefill:
                 self._unstart(request)
                 break
@@ -269,7 +292,7 @@ class Scheduler:
             if policy is not None:
                 inflight.update(policy.computing(request))
             out.scheduled.append(ScheduledRequest(request, num_tokens))
-            budget -= num_tokens
+            budget = max(0, budget - chunk.cost)
         if admitted:
             ids = {id(r) for r in admitted}
             self.waiting = [item for item in self.waiting if id(item[1]) not in ids]

@@ -11,6 +11,8 @@
     saver.py         the save half: blocks copied out of the pool, handed to the store or the write queue
     request_digests.py  a waiting request's block digests, hashed once
     cost_model.py    TransferCostModel: load only when bytes / bandwidth < tokens / prefill speed (both measured)
+    step_times.py    StepTimes: a decode-only step and what prompt work adds to it (fixed + per token + per query x
+                     key pair), fitted on the engine's timed steps; fit_chunk: a chunk cut to a step's time share
     hot_blocks.py    PeerStore + HotBlockPublisher: colocated replicas publish blocks of local prefix hits and load
                      each other's (`save_on="hot"`, `hf-paged serve --replicas N --kv-share`)
     leases.py        LeasedStore: blocks put for another engine that nobody collects are freed (bounded)
@@ -34,12 +36,14 @@ from hf_paged.kv_transfer.hot_blocks import HotBlockPublisher, PeerStore
 from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprint
 from hf_paged.kv_transfer.leases import LeasedStore
 from hf_paged.kv_transfer.ray_store import KVBlockDirectory, RayObjectStore
+from hf_paged.kv_transfer.step_times import ChunkFit, StepCost, StepTimes, fit_chunk
 from hf_paged.kv_transfer.stores import DirectoryStore, InProcessStore, KVStore
 from hf_paged.kv_transfer.write_behind import WriteBehindStore, flush_writes_to
 
 __all__ = [
     "SAVE_POLICIES",
     "BlockLayout",
+    "ChunkFit",
     "DecodedBlock",
     "DirectoryStore",
     "HotBlockPublisher",
@@ -51,11 +55,14 @@ __all__ = [
     "LeasedStore",
     "PeerStore",
     "RayObjectStore",
+    "StepCost",
+    "StepTimes",
     "TransferCostModel",
     "WriteBehindStore",
     "connector_for",
     "decode_block",
     "encode_block",
+    "fit_chunk",
     "flush_writes_to",
     "layout_of",
     "model_fingerprint",

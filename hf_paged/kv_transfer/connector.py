@@ -43,6 +43,7 @@ from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprin
 from hf_paged.kv_transfer.paced_load import LoadStep, PacedLoads
 from hf_paged.kv_transfer.request_digests import RequestDigests
 from hf_paged.kv_transfer.saver import BlockSaver
+from hf_paged.kv_transfer.step_times import ChunkFit, chunk_pairs, fit_chunk
 from hf_paged.kv_transfer.stores import KVStore
 from hf_paged.kv_transfer.write_behind import DEFAULT_QUEUE_BYTES, WriteBehindStore
 
@@ -237,18 +238,26 @@ class KVConnector:
     # -- the cost model's prefill clock: a step's scheduling done, then its forward's first stored block ----------
     def step_started(self, out) -> None:
         """The scheduler planned a step (`SchedulerOutput`): time it if it is mostly prompt tokens."""
-        for num_tokens, num_prompt_tokens, seconds in self._clock.samples():
+        for sample in self._clock.samples():
             if self.cost.learn:
-                self.cost.observe_step(num_tokens, num_prompt_tokens, seconds)
+                self.cost.observe_step(sample.num_tokens, sample.num_prompt_tokens, sample.seconds, sample.num_pairs)
         if self.hot is not None:
             self.hot.store.new_round()  # the next lookup that misses may ask the directory again
-        prompt = sum(item.num_tokens for item in out.scheduled if item.num_tokens > 1 + item.num_draft_tokens)
-        self._clock.start(out.num_batched_tokens, prompt)
+        chunks = [item for item in out.scheduled if item.num_tokens > 1 + item.num_draft_tokens]
+        pairs = sum(chunk_pairs(item.num_tokens, item.request.num_computed_tokens) for item in chunks)
+        self._clock.start(out.num_batched_tokens, sum(item.num_tokens for item in chunks), pairs)
 
     def prompt_budget(self, limit: int, ratio: float | None, num_decodes: int | None = None) -> int:
         """Prompt tokens a step with `num_decodes` decodes may take (chunks and block writes): `limit`, and with a
         `ratio` at most what keeps it within `ratio` decode-only steps as this engine measured them (cost model)."""
         return self.cost.prompt_budget(limit, ratio, num_decodes)
+
+    def fit_chunk(self, num_wanted: int, num_context: int, budget: int, limit: int, ratio: float | None) -> ChunkFit:
+        """A prompt chunk after `num_context` cached tokens cut to a step's `budget` of prompt tokens: with a
+        `ratio`, each query x key pair costs its measured share of a token (`step_times.fit_chunk`: a chunk after a
+        long context gets fewer tokens) and a chunk's pairs stay near what the fit has seen; tokens alone without."""
+        return fit_chunk(num_wanted, num_context, budget, self.cost.pair_tokens(ratio),
+                         self.cost.pair_limit(ratio, limit))
 
     @property
     def num_fetching(self) -> int:

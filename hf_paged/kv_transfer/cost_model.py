@@ -27,7 +27,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["CostEstimate", "Rate", "StepClock", "StepTimes", "TransferCostModel", "work_clock"]
+from hf_paged.kv_transfer.step_times import StepTimes
+
+__all__ = ["CostEstimate", "Rate", "StepClock", "StepSample", "StepTimes", "TransferCostModel", "work_clock"]
 
 
 def work_clock(device: torch.device):
@@ -87,91 +89,6 @@ class MarginalCost:
         return slope if slope > 0 else None
 
 
-class _Line:
-    """A decayed least-squares line y = a + b x (b = 0 until the x values spread by at least one unit)."""
-
-    def __init__(self, decay: float) -> None:
-        self.decay = decay
-        self.w = self.x = self.y = self.xx = self.xy = 0.0
-
-    def observe(self, x: float, y: float) -> None:
-        d = self.decay
-        self.w, self.x, self.y = self.w * d + 1, self.x * d + x, self.y * d + y
-        self.xx, self.xy = self.xx * d + x * x, self.xy * d + x * y
-
-    def coefficients(self) -> tuple[float, float] | None:
-        if self.w <= 0:
-            return None
-        spread = self.w * self.xx - self.x * self.x  # w^2 * variance of x
-        slope = (self.w * self.xy - self.x * self.y) / spread if spread >= self.w * self.w else 0.0
-        return self.y / self.w - slope * self.x / self.w, slope
-
-
-class StepTimes:
-    """What prompt tokens add to a step that carries decodes, measured on this engine's own steps:
-
-        decode_step(n)   a decode-only step with n decodes: a decayed line through the timed decode-only steps
-        added(u)         = fixed + token_seconds * u: a decayed line through (u, step - decode_step(its decodes)) of
-                         the steps that carry u prompt tokens beside decodes (fixed: a chunk's own overhead, its
-                         rows and metadata; without a spread of u, fixed = 0 and the average per token)
-        budget(ratio, n) the most prompt tokens u with decode_step(n) + added(u) <= ratio * decode_step(n), at least
-                         1 (a prompt always moves on)
-
-    Measured directly against a decode-only step of the same batch, not as a slope over whole steps (a decode
-    replica's steps are all within a few tokens of each other: that fit fell back to its prior), and with the fixed
-    part apart: as an average per token, small chunks looked dear (2-3 ms a token at 2-3 tokens against ~0.8 at 16),
-    which shrank the budget, which made chunks smaller. None until both kinds of step were timed."""
-
-    def __init__(self, decay: float = 0.95) -> None:
-        self.decay = decay
-        self._decode_only = _Line(decay)  # seconds over decodes, decode-only steps
-        self._added = _Line(decay)  # added seconds over prompt tokens, steps carrying both
-        self._num_decode_only = 0
-
-    def observe(self, num_tokens: int, num_prompt_tokens: int, seconds: float) -> None:
-        """A timed step: `num_tokens` in all, `num_prompt_tokens` of them prompt tokens (the rest decodes)."""
-        num_decodes = num_tokens - num_prompt_tokens
-        if seconds <= 0 or num_decodes <= 0:
-            return  # nothing decoded in it: a prefill step, measured by the prefill rate
-        if num_prompt_tokens == 0:
-            self._decode_only.observe(num_decodes, seconds)
-            self._num_decode_only += 1
-            return
-        base = self.decode_step(num_decodes)
-        if base is not None:
-            self._added.observe(num_prompt_tokens, seconds - base)
-
-    def decode_step(self, num_decodes: float | None = None) -> float | None:
-        """A decode-only step's seconds with `num_decodes` decodes (None: the observed mix's average)."""
-        fit = self._decode_only.coefficients() if self._num_decode_only >= 2 else None
-        if fit is None:
-            return None
-        line = self._decode_only
-        x = line.x / line.w if num_decodes is None else num_decodes
-        return max(fit[0] + fit[1] * x, 1e-9)
-
-    def _added_fit(self) -> tuple[float, float] | None:
-        """(fixed seconds, seconds a token) of what prompt tokens add to a step, or None."""
-        fit = self._added.coefficients()
-        if fit is None:
-            return None
-        fixed, per_token = fit
-        if fixed < 0 or per_token <= 0:  # too little spread for a line: the average per token
-            fixed, per_token = 0.0, self._added.y / self._added.x if self._added.x > 0 else 0.0
-        return (fixed, per_token) if per_token > 0 else None
-
-    @property
-    def token_seconds(self) -> float | None:
-        fit = self._added_fit()
-        return fit[1] if fit is not None else None
-
-    def budget(self, ratio: float, num_decodes: int | None = None) -> int | None:
-        base, fit = self.decode_step(num_decodes), self._added_fit()
-        if base is None or fit is None:
-            return None
-        return max(1, int(((ratio - 1) * base - fit[0]) / fit[1]))
-
-
 @dataclass(frozen=True, slots=True)
 class CostEstimate:
     fetch_seconds: float  # bytes / bandwidth
@@ -222,8 +139,11 @@ class TransferCostModel:
         slope over prefill steps (`MarginalCost`), or until their sizes spread the prior's (a small step's average
         carries the step's fixed part: it would make a block look cheap), never more than the average."""
         measured = self.steps.token_seconds
-        if measured is not None:
-            return measured
+        return measured if measured is not None else self.prefill_token_seconds()
+
+    def prefill_token_seconds(self) -> float:
+        """One more prompt token's cost in a prefill step: the slope over prefill steps (`MarginalCost`), or until
+        their sizes spread the prior's, never more than the average."""
         return min(self.marginal.seconds_per_token or self.prefill_prior_seconds, 1 / self.prefill.per_second)
 
     def block_tokens(self, nbytes: int) -> float:
@@ -237,16 +157,27 @@ class TransferCostModel:
         budget = self.steps.budget(ratio, num_decodes) if ratio is not None else None
         return limit if budget is None else min(limit, budget)
 
-    def observe_step(self, num_tokens: int, num_prompt_tokens: int, seconds: float) -> None:
-        """A timed step: one mostly of prompt tokens feeds the prefill rate too (`observe_prefill`)."""
+    def pair_tokens(self, ratio: float | None) -> float:
+        """With a `ratio` (steps sized by time), what one query x key pair of a chunk costs in prompt tokens of the
+        step's budget (`StepTimes.pair_tokens`: a chunk after a long context is cut shorter); 0 without."""
+        return self.steps.pair_tokens if ratio is not None else 0.0
+
+    def pair_limit(self, ratio: float | None, limit: int) -> float | None:
+        """With a `ratio`, the most query x key pairs one chunk may carry (`StepTimes.pair_limit`); None without."""
+        return self.steps.pair_limit(limit) if ratio is not None else None
+
+    def observe_step(self, num_tokens: int, num_prompt_tokens: int, seconds: float, num_pairs: int = 0) -> None:
+        """A timed step (`num_pairs`: its prompt chunks' query x key pairs): one mostly of prompt tokens feeds the
+        prefill rate too (`observe_prefill`)."""
         if 2 * num_prompt_tokens >= num_tokens:
             self.observe_prefill(num_tokens, seconds)
-        self.steps.observe(num_tokens, num_prompt_tokens, seconds)
+        self.steps.observe(num_tokens, num_prompt_tokens, seconds, num_pairs)
 
     def observe_prefill(self, num_tokens: int, seconds: float) -> None:
-        """A prefill step computed `num_tokens` in `seconds`."""
+        """A prefill step computed `num_tokens` in `seconds` (a token's cost there is `steps`' too)."""
         self.prefill.observe(num_tokens, seconds)
         self.marginal.observe(num_tokens, seconds)
+        self.steps.prefill_token_seconds = self.prefill_token_seconds()
 
     def estimate(self, nbytes: int, num_tokens: int) -> CostEstimate:
         return CostEstimate(nbytes / self.bandwidth.per_second, num_tokens / self.prefill.per_second)
@@ -272,6 +203,16 @@ class TransferCostModel:
                 "cost_decode_step_seconds": self.steps.decode_step() or 0.0}
 
 
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """One timed step (`StepClock.samples`)."""
+
+    num_tokens: int  # tokens in all (decodes and prompt tokens)
+    num_prompt_tokens: int
+    num_pairs: int  # query x key pairs of its prompt chunks (`step_times.chunk_pairs`, summed)
+    seconds: float
+
+
 class StepClock:
     """Times the engine's steps: from the end of a step's scheduling (`start`; a load's block writes come before it,
     timed apart) to the step's end (`stop`, the engine's step listener `KVConnector.step_ended`). On a CUDA device
@@ -283,8 +224,8 @@ class StepClock:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self._now = work_clock(device)
-        self._open: tuple[int, int, object] | None = None
-        self._pending: list[tuple[int, int, object, object]] = []
+        self._open: tuple[int, int, int, object] | None = None
+        self._pending: list[tuple[int, int, int, object, object]] = []
 
     def _mark(self):
         if self.cuda:
@@ -293,8 +234,8 @@ class StepClock:
             return event
         return self._now()
 
-    def start(self, num_tokens: int, num_prompt_tokens: int) -> None:
-        self._open = (num_tokens, num_prompt_tokens, self._mark()) if num_tokens else None
+    def start(self, num_tokens: int, num_prompt_tokens: int, num_pairs: int = 0) -> None:
+        self._open = (num_tokens, num_prompt_tokens, num_pairs, self._mark()) if num_tokens else None
 
     def cancel(self) -> None:
         """Blocks stored outside a step's forward (a load, during scheduling): the open step is not timed."""
@@ -302,19 +243,20 @@ class StepClock:
 
     def stop(self) -> None:
         if self._open is not None:
-            num_tokens, num_prompt_tokens, begin = self._open
-            self._pending.append((num_tokens, num_prompt_tokens, begin, self._mark()))
+            num_tokens, num_prompt_tokens, num_pairs, begin = self._open
+            self._pending.append((num_tokens, num_prompt_tokens, num_pairs, begin, self._mark()))
             self._open = None
 
-    def samples(self) -> list[tuple[int, int, float]]:
-        """(tokens, prompt tokens, seconds) of the timed steps that finished, each once."""
+    def samples(self) -> list[StepSample]:
+        """The timed steps that finished, each once."""
         done, waiting = [], []
-        for num_tokens, num_prompt_tokens, begin, end in self._pending:
+        for num_tokens, num_prompt_tokens, num_pairs, begin, end in self._pending:
             if not self.cuda:
-                done.append((num_tokens, num_prompt_tokens, end - begin))  # type: ignore[operator]
+                done.append(StepSample(num_tokens, num_prompt_tokens, num_pairs, end - begin))  # type: ignore[operator]
             elif end.query():  # type: ignore[attr-defined]
-                done.append((num_tokens, num_prompt_tokens, begin.elapsed_time(end) / 1000))  # type: ignore[attr-defined]
+                seconds = begin.elapsed_time(end) / 1000  # type: ignore[attr-defined]
+                done.append(StepSample(num_tokens, num_prompt_tokens, num_pairs, seconds))
             else:
-                waiting.append((num_tokens, num_prompt_tokens, begin, end))
+                waiting.append((num_tokens, num_prompt_tokens, num_pairs, begin, end))
         self._pending = waiting[-64:]
         return done
