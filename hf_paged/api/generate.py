@@ -302,7 +302,15 @@ def _sampling_params_for(model, inputs, generation_config, logits_processor, sam
         overrides["tokenizer"] = tokenizer
     if assistant_model is not None:  # not a GenerationConfig field: an argument, as in stock generate
         overrides.update(speculative_params(gen_config, assistant_model))
-    return _params_per_prompt(gen_config, factory, inputs, **overrides)
+    params = _params_per_prompt(gen_config, factory, inputs, **overrides)
+    if max_new_tokens is None and gen_config.max_new_tokens is None:
+        # transformers' generate_batch: no max_new_tokens is no limit (max_length is not read), so a request runs to
+        # EOS or, here, to the model's positions (not SamplingParams' default of 20)
+        from hf_paged.api.wrap_state import engine_of
+
+        room = engine_of(model).max_model_len
+        params = [p.replace(max_new_tokens=max(room - len(prompt), 1)) for p, prompt in zip(params, inputs)]
+    return params
 
 
 def _params_per_prompt(gen_config: GenerationConfig, factory: ProcessorFactory, prompts, **overrides: Any,

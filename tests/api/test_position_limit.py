@@ -65,3 +65,18 @@ def test_the_length_without_max_new_tokens_is_stocks(short_model, length_kwargs)
     else:
         assert isinstance(out, torch.Tensor) and torch.equal(out, ref), (out.shape, ref.shape)
         assert ref.shape[1] == {(): 32, ("max_length",): 25}[tuple(length_kwargs)]
+
+
+def test_generate_batch_without_max_new_tokens_runs_to_the_positions(short_model):
+    """transformers' `generate_batch` reads no `max_length`: without `max_new_tokens` a request has no limit (it
+    runs to EOS); the engine ends it at the model's positions (was: SamplingParams' default of 20 new tokens)."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(do_sample=False, eos_token_id=None, pad_token_id=0)
+    hf_paged.wrap(short_model)
+    try:
+        outs = short_model.generate_batch([[5, 6, 7], [5] * 10], config)
+        assert [len(o.generated_tokens) for o in outs.values()] == [29, 22]
+        assert len(short_model.generate_batch([[5, 6, 7]], config, max_new_tokens=4)["req_0"].generated_tokens) == 4
+    finally:
+        hf_paged.unwrap(short_model)
