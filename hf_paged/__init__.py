@@ -28,6 +28,7 @@ _LAZY = {
     "SamplingParams": "hf_paged.batching.sampling",
     "RequestOutput": "hf_paged.batching.request",
     "RequestStatus": "hf_paged.batching.request",
+    "TokenLogprobs": "hf_paged.batching.logprobs",
     "JSONSchemaLogitsProcessor": "hf_paged.processors",
     "RegexLogitsProcessor": "hf_paged.processors",
     "ChoiceLogitsProcessor": "hf_paged.processors",
@@ -68,6 +69,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from hf_paged.api.wrapping import unwrap as unwrap
     from hf_paged.api.wrapping import wrap as wrap
     from hf_paged.batching.engine import Engine as Engine
+    from hf_paged.batching.logprobs import TokenLogprobs as TokenLogprobs
     from hf_paged.batching.request import RequestOutput as RequestOutput
     from hf_paged.batching.request import RequestStatus as RequestStatus
     from hf_paged.batching.sampling import SamplingParams as SamplingParams
