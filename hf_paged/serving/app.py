@@ -210,8 +210,8 @@ async def _answer(server: _AppState, request: Request, body, prepare: Callable[[
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         echo = None  # completions' echo with generation: the prompts (and their entries) before the choices
         if getattr(body, "echo", False):
-            echo = functools.partial(echo_prefixes, server.loop, prepared.prompts, server.pieces,
-                                     prepared.params.logprobs)
+            echo = functools.partial(echo_prefixes, server.loop, prepared.prompts, prepared.echo_texts,
+                                     server.pieces, prepared.params.logprobs)
         if body.stream:
             stream = EchoStream(echo, prepared.params.num_return_sequences) if echo is not None else None
             response = _ClosingStream(_sse(head, events, usage, include_usage, stream), admission.close,
@@ -230,7 +230,7 @@ async def _answer(server: _AppState, request: Request, body, prepare: Callable[[
 
 async def _echo(server: _AppState, request: Request, body: CompletionRequest) -> Response:
     """Scoring (`echo.py`): the prompts' log-probabilities in one answer, aborted if the client leaves."""
-    echo = await run_in_threadpool(prepare_echo, server.engine, server.tokenizer, body)
+    echo = await run_in_threadpool(prepare_echo, server.engine, server.tokenizer, body, server.preparer.tokenize)
     admission = server.admit(len(echo.prompts))
     try:
         outputs = await _until_disconnect(request, run_echo(server.loop, echo, admission.queued))

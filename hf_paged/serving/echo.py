@@ -34,6 +34,7 @@ from hf_paged.errors import HfPagedError, PromptTooLongError
 from hf_paged.serving.errors import ApiError
 from hf_paged.serving.generation import ChoiceEvent, Usage
 from hf_paged.serving.logprobs import LogprobEntry, TokenPieces, completion_logprobs
+from hf_paged.serving.prompt_text import PromptText, prompt_text
 from hf_paged.serving.protocol import CompletionRequest
 
 __all__ = ["EchoPrefix", "EchoRequest", "EchoStream", "echo_choices", "echo_prefixes", "prepare_echo", "run_echo",
@@ -45,13 +46,16 @@ class EchoRequest:
     prompts: list[list[int]]  # the prompts as sent (tokenized)
     starts: list[int]  # each prompt's first scored position
     params: list[SamplingParams]  # one scoring request per prompt
+    texts: list[PromptText] | None = None  # each prompt's echo (as sent); None: not echoed
 
 
-def prepare_echo(engine: Engine, tokenizer: Any, request: CompletionRequest) -> EchoRequest:
-    """The scoring requests of an echo request, or an `ApiError` (400) naming the field."""
-    prompts, starts, params = [], [], []
+def prepare_echo(engine: Engine, tokenizer: Any, request: CompletionRequest,
+                 tokenize: Callable[[str, str], list[int]]) -> EchoRequest:
+    """The scoring requests of an echo request, or an `ApiError` (400) naming the field. `tokenize(text, param)`:
+    the server's (`Preparer.tokenize`: a text too long to fit is refused before it is tokenized)."""
+    prompts, starts, params, texts = [], [], [], []
     for prompt in request.prompts():
-        ids = list(prompt) if isinstance(prompt, list) else list(tokenizer(prompt)["input_ids"])
+        ids = list(prompt) if isinstance(prompt, list) else list(tokenize(prompt, "prompt"))
         if len(ids) < 2:
             raise ApiError(f"echo scoring needs a prompt of at least 2 tokens (the first has no log-probability), "
                            f"got {len(ids)}", param="prompt", code="invalid_prompt")
@@ -70,7 +74,8 @@ def prepare_echo(engine: Engine, tokenizer: Any, request: CompletionRequest) -> 
         prompts.append(ids)
         starts.append(start)
         params.append(scoring)
-    return EchoRequest(prompts, starts, params)
+        texts.append(prompt_text(tokenizer, prompt, ids))
+    return EchoRequest(prompts, starts, params, texts)
 
 
 async def run_echo(loop: EngineLoop, echo: EchoRequest, on_queued=lambda: None) -> list[RequestOutput]:
@@ -102,10 +107,11 @@ def _check_scored(output: RequestOutput) -> None:
                    code="invalid_request" if client else "request_failed")
 
 
-def prompt_entries(prompt: list[int], start: int, output: RequestOutput | None,
-                   pieces: TokenPieces) -> list[LogprobEntry]:
+def prompt_entries(prompt: list[int], start: int, output: RequestOutput | None, pieces: TokenPieces,
+                   textless: frozenset[int] = frozenset()) -> list[LogprobEntry]:
     """The prompt's entries: null before `start`, then the scored values (and alternatives, when asked); text
-    offsets are the pieces' running lengths."""
+    offsets are the pieces' running lengths, the `textless` positions (a BOS the tokenizer added to a text
+    prompt: `prompt_text.py`) counting none."""
     entries, at = [], 0
     values = (output.score_logprobs or []) if output is not None else []
     tops = output.score_top_logprobs if output is not None else None
@@ -114,7 +120,8 @@ def prompt_entries(prompt: list[int], start: int, output: RequestOutput | None,
             entries.append(LogprobEntry(token, None, None, at))
         else:
             entries.append(LogprobEntry(token, float(values[j - start]), tops[j - start] if tops else [], at))
-        at += len(pieces.text(token))
+        if j not in textless:
+            at += len(pieces.text(token))
     return entries
 
 
@@ -123,15 +130,16 @@ def echo_choices(echo: EchoRequest, outputs: list[RequestOutput], tokenizer: Any
     """OpenAI completion choices with `logprobs` (tokens, token_logprobs, top_logprobs, text_offset); fills `usage`."""
     choices = []
     pieces = TokenPieces(tokenizer)
-    for index, (prompt, start, output) in enumerate(zip(echo.prompts, echo.starts, outputs)):
+    texts = echo.texts or [prompt_text(tokenizer, prompt, prompt) for prompt in echo.prompts]
+    for index, (prompt, start, output, text) in enumerate(zip(echo.prompts, echo.starts, outputs, texts)):
         _check_scored(output)
         usage.prompt_tokens += len(prompt)
         usage.cached_tokens += output.num_cached_tokens
-        logprobs = completion_logprobs(prompt_entries(prompt, start, output, pieces), pieces)
+        logprobs = completion_logprobs(prompt_entries(prompt, start, output, pieces, text.textless), pieces)
         if output.score_top_logprobs is None:
             logprobs["top_logprobs"] = None  # logprobs: 0 scores the tokens only
         choice: dict[str, Any] = {
-            "index": index, "text": tokenizer.decode(prompt, skip_special_tokens=False), "logprobs": logprobs,
+            "index": index, "text": text.text, "logprobs": logprobs,
             "finish_reason": "length",
         }
         if return_token_ids:
@@ -148,13 +156,13 @@ class EchoPrefix:
     entries: list[LogprobEntry] | None  # None: logprobs not asked
 
 
-async def echo_prefixes(loop: EngineLoop, prompts: list[list[int]], pieces: TokenPieces,
+async def echo_prefixes(loop: EngineLoop, prompts: list[list[int]], texts: list[PromptText], pieces: TokenPieces,
                         logprobs: int | None) -> list[EchoPrefix]:
-    """Each prompt's prefix; with `logprobs`, its entries from one scoring request per prompt of 2+ tokens (run in
-    the continuous batch beside the generation; its full blocks may serve both)."""
-    texts = [pieces.tokenizer.decode(p, skip_special_tokens=False) for p in prompts]
+    """Each prompt's prefix (its text as sent: `prompt_text.py`); with `logprobs`, its entries from one scoring
+    request per prompt of 2+ tokens (run in the continuous batch beside the generation; its full blocks may serve
+    both)."""
     if logprobs is None:
-        return [EchoPrefix(text, None) for text in texts]
+        return [EchoPrefix(text.text, None) for text in texts]
     scored = [p for p in prompts if len(p) >= 2]
     params = [SamplingParams(max_new_tokens=1, score_targets=p[1:], logprobs=logprobs or None) for p in scored]
     outputs = iter(await run_echo(loop, EchoRequest(scored, [1] * len(scored), params)))
@@ -163,7 +171,7 @@ async def echo_prefixes(loop: EngineLoop, prompts: list[list[int]], pieces: Toke
         output = next(outputs) if len(prompt) >= 2 else None
         if output is not None:
             _check_scored(output)
-        prefixes.append(EchoPrefix(text, prompt_entries(prompt, 1, output, pieces)))
+        prefixes.append(EchoPrefix(text.text, prompt_entries(prompt, 1, output, pieces, text.textless)))
     return prefixes
 
 

@@ -19,6 +19,7 @@ from hf_paged.batching.sampling import SamplingParams, as_list
 from hf_paged.errors import PromptTooLongError, SchemaError, TokenizerError
 from hf_paged.serving.errors import ApiError
 from hf_paged.serving.prompt_chars import max_prompt_chars
+from hf_paged.serving.prompt_text import PromptText, prompt_text
 from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
 __all__ = ["ConstraintCache", "PreparedRequest", "Preparer"]
@@ -30,6 +31,7 @@ class PreparedRequest:
     params: SamplingParams
     stop: list[str] = field(default_factory=list)  # cut from the text the client sees
     retention: tuple[int | None, float] | None = None  # (tokens or None: all, seconds): keep prompts cached
+    echo_texts: list[PromptText] | None = None  # completions' echo: each prompt as sent (`prompt_text.py`)
 
 
 class ConstraintCache:
@@ -132,11 +134,12 @@ class Preparer:
 
     # -- requests ----------------------------------------------------------------------------------------
     def completion(self, request: CompletionRequest) -> PreparedRequest:
-        prompts = []
-        for prompt in request.prompts():
-            ids = list(prompt) if isinstance(prompt, list) else self._tokenize(prompt, "prompt")
-            prompts.append(ids)
-        return self._prepare(request, prompts, request.max_tokens, "prompt", default_to_room=False)
+        sent = request.prompts()
+        prompts = [list(prompt) if isinstance(prompt, list) else self.tokenize(prompt, "prompt") for prompt in sent]
+        prepared = self._prepare(request, prompts, request.max_tokens, "prompt", default_to_room=False)
+        if request.echo:
+            prepared.echo_texts = [prompt_text(self.tokenizer, s, ids) for s, ids in zip(sent, prompts)]
+        return prepared
 
     def chat(self, request: ChatCompletionRequest) -> PreparedRequest:
         if not getattr(self.tokenizer, "chat_template", None):
@@ -150,14 +153,14 @@ class Preparer:
         except Exception as exc:  # noqa: BLE001 -- a template error is the request's (e.g. roles out of order)
             raise ApiError(f"the chat template refused these messages: {exc}", param="messages",
                            code="chat_template_error") from None
-        ids = self._tokenize(text, "messages", add_special_tokens=False)
+        ids = self.tokenize(text, "messages", add_special_tokens=False)
         return self._prepare(request, [ids], request.requested_max_tokens, "messages", default_to_room=True)
 
     @cached_property
     def _max_chars(self) -> int | None:  # read from the vocabulary on the first text prompt
         return max_prompt_chars(self.tokenizer, self.engine.max_model_len)
 
-    def _tokenize(self, text: str, param: str, **kwargs: Any) -> list[int]:
+    def tokenize(self, text: str, param: str, **kwargs: Any) -> list[int]:
         """`text`'s token ids; a text too long for any tokenization to fit is refused before tokenizing."""
         if self._max_chars is not None and len(text) > self._max_chars:
             raise ApiError(f"the {param} is {len(text):,} characters, more than any text of at most this model's "
