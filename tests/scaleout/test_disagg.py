@@ -25,7 +25,8 @@ PROMPTS = [("Once upon a time, in a quiet town by the sea, there lived an old sa
 
 def test_prefill_body_asks_one_token_of_the_same_prompt():
     body = json.dumps({"prompt": "hi", "max_tokens": 50, "n": 3, "stream": True, "stream_options": {},
-                       "response_format": {"type": "json_object"}, "temperature": 0.5}).encode()
+                       "response_format": {"type": "json_object"}, "temperature": 0.5, "echo": True,
+                       "logprobs": 2}).encode()  # echo / logprobs: the decode side's (a prefill would score too)
     assert json.loads(prefill_body(body)) == {"prompt": "hi", "max_tokens": 1, "n": 1, "stream": False,
                                               "temperature": 0.5}
     assert prefill_body(b"[1, 2]") is None and prefill_body(b"{nope") is None
