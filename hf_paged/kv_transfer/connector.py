@@ -26,7 +26,7 @@ tree stores or evicts blocks, before the pool reuses them (synchronous: ~0.5 ms 
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import torch
 
@@ -45,34 +45,12 @@ from hf_paged.kv_transfer.request_digests import RequestDigests
 from hf_paged.kv_transfer.saver import BlockSaver
 from hf_paged.kv_transfer.step_times import ChunkFit, chunk_pairs, fit_chunk
 from hf_paged.kv_transfer.stores import KVStore
+from hf_paged.kv_transfer.transfer_stats import KVTransferStats
 from hf_paged.kv_transfer.write_behind import DEFAULT_QUEUE_BYTES, WriteBehindStore
 
 __all__ = ["SAVE_POLICIES", "KVConnector", "KVTransferStats"]
 
 SAVE_POLICIES = ("evict", "store", "hot", "never")
-
-
-@dataclass(slots=True)
-class KVTransferStats:
-    """Counters of one connector (`Engine.stats()` shows them as `kv_transfer_<name>`)."""
-
-    loaded_blocks: int = 0  # blocks loaded into the pool instead of recomputed
-    loaded_bytes: int = 0
-    loaded_tokens: int = 0  # prompt tokens those blocks hold: prefill tokens not computed
-    fetch_seconds: float = 0.0  # reading and checking blobs (in the admitting step, or in the worker thread)
-    load_seconds: float = 0.0  # the step's part of loads: a read there, writing into the pool and the prefix tree
-    load_failures: int = 0  # loads that fell short of what the store announced (then recomputed)
-    rejected_blocks: int = 0  # blobs refused (corrupt, another layout) and deleted
-    saved_blocks: int = 0  # blocks written to the store
-    saved_bytes: int = 0
-    save_failures: int = 0  # saves that raised (the blocks stay where they were: only the copy is missing)
-    save_seconds: float = 0.0  # the step thread's part of saving: copying (and, without a writer, encoding, writing)
-    save_dropped: int = 0  # saves refused because the write queue was full (a write-behind store)
-    save_queued_blocks: int = 0  # blocks queued for writing now
-    write_seconds: float = 0.0  # encoding and writing in the writer thread (a write-behind store)
-    store_bytes: int = 0  # bytes the store holds now (and queued for it)
-    loads_skipped: int = 0  # requests whose blocks the cost model chose to recompute rather than load
-    prefetched_reads: int = 0  # background reads started when the request arrived (not when admitted)
 
 
 class KVConnector:
