@@ -46,7 +46,7 @@ class EchoRequest:
     prompts: list[list[int]]  # the prompts as sent (tokenized)
     starts: list[int]  # each prompt's first scored position
     params: list[SamplingParams]  # one scoring request per prompt
-    texts: list[PromptText] | None = None  # each prompt's echo (as sent); None: not echoed
+    texts: list[PromptText] | None = None  # each prompt's echo (as sent; prepare_echo's); None: not shown
 
 
 def prepare_echo(engine: Engine, tokenizer: Any, request: CompletionRequest,
@@ -130,8 +130,8 @@ def echo_choices(echo: EchoRequest, outputs: list[RequestOutput], tokenizer: Any
     """OpenAI completion choices with `logprobs` (tokens, token_logprobs, top_logprobs, text_offset); fills `usage`."""
     choices = []
     pieces = TokenPieces(tokenizer)
-    texts = echo.texts or [prompt_text(tokenizer, prompt, prompt) for prompt in echo.prompts]
-    for index, (prompt, start, output, text) in enumerate(zip(echo.prompts, echo.starts, outputs, texts)):
+    assert echo.texts is not None, "echo_choices takes prepare_echo's request (each prompt's echo)"
+    for index, (prompt, start, output, text) in enumerate(zip(echo.prompts, echo.starts, outputs, echo.texts)):
         _check_scored(output)
         usage.prompt_tokens += len(prompt)
         usage.cached_tokens += output.num_cached_tokens
