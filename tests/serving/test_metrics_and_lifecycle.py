@@ -37,7 +37,8 @@ def test_metrics_parse_and_count(server):
     before = scrape(server)
     prompt = "import collections\n" * 6
     for _ in range(2):
-        r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8}, timeout=60)
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": prompt, "max_tokens": 8, "ignore_eos": True},
+                       timeout=60)
         assert r.status_code == 200
     after = scrape(server)
     for name in ("hf_paged:num_requests_running", "hf_paged:num_requests_waiting", "hf_paged:kv_cache_usage_perc",
@@ -93,7 +94,7 @@ def test_text_stream_holds_half_characters_and_stop_prefixes():
 @pytest.mark.parametrize(
     ("timeout", "body", "finishes"),
     [
-        ("30", {"prompt": "def f():", "max_tokens": 100}, True),  # in flight at SIGTERM, finished in time
+        ("30", {"prompt": "def f():", "max_tokens": 100, "ignore_eos": True}, True),  # sampled: no EOS, finished in time
         ("1", {"prompt": "x", "max_tokens": 2000, "ignore_eos": True}, False),  # ~2000 steps: aborted at ~0.9 s
     ],
 )
