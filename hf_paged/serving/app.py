@@ -29,12 +29,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hf_paged.batching.engine import Engine
 from hf_paged.batching.engine_loop import LoopClosedError
+from hf_paged.serving.admission import Admission, AdmissionGate
 from hf_paged.serving.body import DEFAULT_MAX_REQUEST_BYTES, OFF_LOOP_BYTES, decode_request, read_body
 from hf_paged.serving.echo import (
     EchoPrefix,
     EchoStream,
     echo_choices,
     echo_prefixes,
+    echo_scored,
     prepare_echo,
     run_echo,
     with_prefix,
@@ -75,7 +77,7 @@ class _AppState:
         self.metrics = ServerMetrics(self.loop, settings.model_name)
         self.retention = self.metrics.retention = PrefixRetention(engine)  # cache_retention_seconds' pins
         self.background: set[asyncio.Task] = set()  # fire-and-forget tasks (pins)
-        self.num_admitted = 0  # sequences admitted whose requests are not in the loop's queue yet (event loop only)
+        self.gate = AdmissionGate(self.loop, settings.max_waiting, settings.retry_after_s)  # --max-waiting
 
     async def parse(self, request: Request, model: type) -> Any:
         raw = await read_body(request, self.settings.max_request_bytes)
@@ -83,45 +85,12 @@ class _AppState:
             return await run_in_threadpool(decode_request, raw, model, self.settings.model_name)
         return decode_request(raw, model, self.settings.model_name)
 
-    def admit(self, num_prompts: int, n: int = 1) -> _Admission:
-        """Admit a request's prompts or answer 400 (more sequences, prompts x `n`, than the queue may ever hold),
-        429 (queue full) / 503 (shutting down). Admission and queueing are apart (the request is queued when its
-        pump starts), so sequences admitted but not queued yet count as waiting: concurrent arrivals cannot all slip
-        under the bound. Runs on the event loop thread only."""
-        limit = self.settings.max_waiting
-        if limit is not None and num_prompts * n > limit:
-            raise ApiError(f"this request asks for {num_prompts * n} sequences ({num_prompts} prompts x n={n}) but "
-                           f"the server queues at most {limit} (--max-waiting): split it into smaller requests",
-                           param="n" if n > 1 else "prompt", code="request_too_large")
-        if limit is not None and self.loop.num_waiting + self.num_admitted + num_prompts * n > limit:
-            raise ApiError(f"the server's queue is full ({limit} sequences waiting); retry after "
-                           f"{self.settings.retry_after_s} s", status=429, code="rate_limit_exceeded",
-                           headers={"Retry-After": str(self.settings.retry_after_s)})
-        if not self.loop.is_alive:
-            raise ApiError("the server is shutting down; retry on another replica", status=503,
-                           code="shutting_down")
-        self.num_admitted += num_prompts * n
-        return _Admission(self, num_prompts * n, n)
+    @property
+    def num_admitted(self) -> int:
+        return self.gate.num_admitted
 
-
-class _Admission:
-    """One request's admitted sequences (prompts x `n`) not yet queued in the loop; `queued` as each prompt is
-    (its `n` sequences then count in the loop's `num_waiting`), `close` at the end."""
-
-    def __init__(self, server: _AppState, num_sequences: int, n: int) -> None:
-        self._server = server
-        self._left = num_sequences
-        self._n = n
-
-    def queued(self) -> None:
-        step = min(self._n, self._left)
-        self._left -= step
-        self._server.num_admitted -= step
-
-    def close(self) -> None:
-        """The response is over (or never started): prompts never queued stop counting as waiting."""
-        self._server.num_admitted -= self._left
-        self._left = 0
+    def admit(self, num_prompts: int, n: int = 1, scoring: int = 0) -> Admission:
+        return self.gate.admit(num_prompts, n, scoring)
 
 
 class _ClosingStream(StreamingResponse):
@@ -200,7 +169,8 @@ def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = 
 async def _answer(server: _AppState, request: Request, body, prepare: Callable[[Any], PreparedRequest], kind: str,
                   received: float) -> Response:
     prepared = await run_in_threadpool(prepare, body)  # may compile a schema: off the event loop; 400s first
-    admission = server.admit(len(prepared.prompts), prepared.params.num_return_sequences)
+    scored = echo_scored(prepared.prompts, prepared.params.logprobs) if getattr(body, "echo", False) else []
+    admission = server.admit(len(prepared.prompts), prepared.params.num_return_sequences, len(scored))
     try:
         head = Head(kind, body.model or server.settings.model_name, body.return_token_ids,
                     server.pieces if prepared.params.logprobs is not None else None)
@@ -211,7 +181,7 @@ async def _answer(server: _AppState, request: Request, body, prepare: Callable[[
         echo = None  # completions' echo with generation: the prompts (and their entries) before the choices
         if getattr(body, "echo", False):
             echo = functools.partial(echo_prefixes, server.loop, prepared.prompts, prepared.echo_texts,
-                                     server.pieces, prepared.params.logprobs)
+                                     server.pieces, prepared.params.logprobs, admission.scoring_queued)
         if body.stream:
             stream = EchoStream(echo, prepared.params.num_return_sequences) if echo is not None else None
             response = _ClosingStream(_sse(head, events, usage, include_usage, stream), admission.close,

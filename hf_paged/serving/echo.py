@@ -156,16 +156,21 @@ class EchoPrefix:
     entries: list[LogprobEntry] | None  # None: logprobs not asked
 
 
+def echo_scored(prompts: list[list[int]], logprobs: int | None) -> list[list[int]]:
+    """The prompts echo with generation scores: with `logprobs`, those of 2+ tokens (one scoring request each)."""
+    return [] if logprobs is None else [p for p in prompts if len(p) >= 2]
+
+
 async def echo_prefixes(loop: EngineLoop, prompts: list[list[int]], texts: list[PromptText], pieces: TokenPieces,
-                        logprobs: int | None) -> list[EchoPrefix]:
+                        logprobs: int | None, on_queued=lambda: None) -> list[EchoPrefix]:
     """Each prompt's prefix (its text as sent: `prompt_text.py`); with `logprobs`, its entries from one scoring
     request per prompt of 2+ tokens (run in the continuous batch beside the generation; its full blocks may serve
-    both)."""
+    both; `on_queued` as each is queued)."""
     if logprobs is None:
         return [EchoPrefix(text.text, None) for text in texts]
-    scored = [p for p in prompts if len(p) >= 2]
+    scored = echo_scored(prompts, logprobs)
     params = [SamplingParams(max_new_tokens=1, score_targets=p[1:], logprobs=logprobs or None) for p in scored]
-    outputs = iter(await run_echo(loop, EchoRequest(scored, [1] * len(scored), params)))
+    outputs = iter(await run_echo(loop, EchoRequest(scored, [1] * len(scored), params), on_queued))
     prefixes = []
     for prompt, text in zip(prompts, texts):
         output = next(outputs) if len(prompt) >= 2 else None
