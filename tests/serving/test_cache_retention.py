@@ -18,7 +18,7 @@ def _pinned(engine) -> int:
         return engine.stats()["prefix_pinned_blocks"]
 
 
-def _wait_for(predicate, timeout: float = 10.0) -> bool:
+def _wait_for(predicate, timeout: float = 60.0) -> bool:
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
@@ -33,8 +33,10 @@ def test_a_retained_prefix_is_pinned_then_released(tiny_lm):
         body = {"prompt": SYSTEM + "Where is Paris?", "max_tokens": 4, "temperature": 0,
                 "cache_retention_seconds": 0.5}
         assert client.post("/v1/completions", json=body).status_code == 200
-        assert _wait_for(lambda: _pinned(engine) > 0)  # the prompt's full blocks, pinned after its first token
-        assert _wait_for(lambda: _pinned(engine) == 0)  # released when the 0.5 s are over
+        # pinned after its first token (counted: on a loaded machine the 0.5 s may be over before a look at the pool)
+        retention = server.app.state.server.retention
+        assert _wait_for(lambda: retention.num_pinned == 1)
+        assert _wait_for(lambda: _pinned(engine) == 0 and retention.num_held == 0)  # released when the 0.5 s are over
         # the first 16 tokens only, streamed: one block pinned
         body.update(cache_retention_seconds=30, cache_retention_tokens=16, stream=True)
         with client.stream("POST", "/v1/completions", json=body) as response:
