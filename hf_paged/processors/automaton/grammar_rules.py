@@ -17,7 +17,7 @@ from hf_paged.processors.automaton.byte_dfa import ByteDFA, PendingDFA, anchored
 from hf_paged.processors.automaton.grammar import DIGITS, MARK, WIDTH, Grammar
 from hf_paged.processors.budget import CompileBudget
 
-__all__ = ["Rule", "grammar_rules"]
+__all__ = ["Rule", "grammar_rules", "rules_that_never_end"]
 
 
 class Rule:
@@ -222,3 +222,36 @@ def grammar_rules(grammar: Grammar, budget: CompileBudget | None = None) -> list
         while len(_RULES) > _RULES_SIZE:
             _RULES.popitem(last=False)
     return rules
+
+
+def rules_that_never_end(rules: list[Rule]) -> list[int]:
+    """The rules no finite text matches (a rule whose every path passes a call to such a rule, as `$ref` cycles
+    with no base case write): the complement of the least fixed point of "some path from the initial state to a
+    final one, over bytes and calls to rules that end". Writes every rule's table: for error messages, not the
+    compile's hot path."""
+    ends: set[int] = set()
+    grown = True
+    while grown:
+        grown = False
+        for number, rule in enumerate(rules):
+            if number not in ends and _reaches_a_final(rule, ends):
+                ends.add(number)
+                grown = True
+    return [number for number in range(len(rules)) if number not in ends]
+
+
+def _reaches_a_final(rule: Rule, ends: set[int]) -> bool:
+    table, dead, finals = rule.table, rule.dead, rule.finals
+    seen = {rule.initial}
+    todo = [rule.initial]
+    while todo:
+        state = todo.pop()
+        if finals[state]:
+            return True
+        nexts = set(np.unique(table[state]).tolist())
+        nexts.update(back for callee, back in rule.calls.get(state, ()) if callee in ends)
+        nexts.discard(dead)
+        for target in nexts - seen:
+            seen.add(target)
+            todo.append(target)
+    return False

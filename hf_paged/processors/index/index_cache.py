@@ -27,6 +27,7 @@ from typing import Any
 from hf_paged.errors import SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors import jit
 from hf_paged.processors.automaton import ByteDFA, Grammar, GrammarDFA, build_automaton, check_regex_size, describe
+from hf_paged.processors.automaton.grammar_rules import rules_that_never_end
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index.shared_trie import token_trie
 from hf_paged.processors.index.token_index import StateMask, TokenIndex
@@ -94,6 +95,13 @@ def _compile(
         dfa = build_automaton(regex, budget)
     compiled = CompiledIndex(TokenIndex(dfa, vocab, token_trie(vocab)), regex, vocab, 0.0, from_disk)
     if compiled.mask(dfa.initial).num_allowed == 0:
+        if isinstance(dfa, GrammarDFA) and 0 in (stuck := rules_that_never_end(dfa.rules)):
+            raise UnsatisfiableSchemaError(
+                f"no document matches the constraint {describe(regex)}: its rules {stuck} only lead into each other "
+                "and never end (a schema whose `$ref`s loop with no branch that stops, such as {\"$ref\": \"#\"}); "
+                "give the recursion a way out (e.g. an anyOf with a non-recursive branch, or make the property "
+                "optional)"
+            )
         raise UnsatisfiableSchemaError(
             f"no token of this vocabulary can start a match of the constraint {describe(regex)}; check the "
             "schema/regex, or use a tokenizer whose tokens cover every character it needs"
