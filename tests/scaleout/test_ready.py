@@ -69,12 +69,12 @@ def view():
 
 
 def test_probes_answer_503_with_retry_after_until_every_replica_reported(view):
-    gateway = gateway_for(num_replicas=2, ready_wait_s=0.2)
+    gateway = gateway_for(num_replicas=2, ready_wait_s=60.0)  # a probe that waited would take a minute
     view.num_known, view.num_reported = 2, 1
     for path in ("/v1/models", "/health"):
         started = time.monotonic()
         response = asyncio.run(gateway(request("GET", path)))
-        assert time.monotonic() - started < 0.15, "a probe must not wait for readiness"
+        assert time.monotonic() - started < 30, "a probe must not wait for readiness"  # (generous: a loaded machine)
         assert response.status_code == 503 and response.headers["retry-after"] == "1"
         error = json.loads(response.body)["error"]
         assert error["code"] == "not_ready" and error["type"] == "server_error" and error["param"] is None
@@ -90,15 +90,15 @@ def test_a_request_before_readiness_waits_bounded_then_503(view):
     waited = time.monotonic() - started
     assert response.status_code == 503 and response.headers["retry-after"] == "1"
     assert json.loads(response.body)["error"]["code"] == "not_ready"
-    assert 0.3 <= waited < 2.0
+    assert 0.3 <= waited < 30  # bounded (the upper bound generous: CI shares its cores)
     assert gateway.gate.num_in_flight == 0
 
 
 def test_the_router_view_and_metrics_paths_answer_before_readiness(view):
-    gateway = gateway_for(num_replicas=2, ready_wait_s=5.0)
+    gateway = gateway_for(num_replicas=2, ready_wait_s=60.0)  # a path that waited would take a minute
     started = time.monotonic()
     response = asyncio.run(gateway(request("GET", "/hf_paged/router")))
-    assert response.status_code == 200 and time.monotonic() - started < 1.0
+    assert response.status_code == 200 and time.monotonic() - started < 30
     assert {"replicas": {}, "routed": {}, "event_gaps": 0} in json.loads(response.body)
 
 
@@ -140,12 +140,12 @@ def test_wait_ready_returns_as_soon_as_the_last_replica_reports(view):
             view.num_reported = 2
         task = asyncio.ensure_future(report_later())
         started = time.monotonic()
-        state = await gateway.wait_ready(10.0)
+        state = await gateway.wait_ready(60.0)  # returning at its timeout would take a minute
         await task
         return state, time.monotonic() - started
 
     state, waited = asyncio.run(run())
-    assert state.ready and 0.2 <= waited < 2.0
+    assert state.ready and 0.2 <= waited < 30
 
 
 def test_the_router_counts_a_replica_reported_once_its_stats_hold_a_summary():
