@@ -15,8 +15,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def run_ranks(case: str, out_dir: Path, *args: str, num_ranks: int = 2, timeout: float = 60) -> list[dict]:
-    """Run `tests.distributed.workers CASE` on `num_ranks` processes; return each rank's JSON, rank order."""
+def run_ranks(case: str, out_dir: Path, *args: str, num_ranks: int = 2, timeout: float = 240) -> list[dict]:
+    """Run `tests.distributed.workers CASE` on `num_ranks` processes; return each rank's JSON, rank order. The bound
+    is generous: torchrun, 2 interpreters importing torch and transformers, and gloo take minutes on 2 busy cores."""
     out_dir.mkdir(parents=True, exist_ok=True)
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={num_ranks}",
                "-m", "tests.distributed.workers", case, str(out_dir), *args]
