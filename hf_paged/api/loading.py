@@ -8,7 +8,7 @@ from pathlib import Path
 
 from hf_paged.errors import CliError
 
-__all__ = ["CliError", "check_device", "load_model"]
+__all__ = ["CliError", "check_device", "load_model", "missing_model_path"]
 
 
 def check_device(device: str) -> None:
@@ -20,15 +20,21 @@ def check_device(device: str) -> None:
         raise CliError("--device cuda given but no CUDA device is available; use --device cpu")
 
 
+def missing_model_path(path: str) -> bool:
+    """Whether `path` names a local directory that is not there (a path: it starts with "/", "." or "~", or has more
+    than one "/"); a hub id ("org/name", or one word such as "gpt2") is left to `from_pretrained`."""
+    return not Path(path).expanduser().exists() and (path.startswith(("/", ".", "~")) or path.count("/") > 1)
+
+
 def load_model(path: str, device: str = "cpu", dtype: str = "float32"):
     """Model and tokenizer from a directory or hub id, with one-line errors."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     check_device(device)
-    local = Path(path)
-    if not local.exists() and ("/" not in path or path.startswith((".", "/"))):
+    if missing_model_path(path):
         raise CliError(f"model {path!r} not found: give a model directory or a hub id")
+    path = str(Path(path).expanduser()) if path.startswith("~") else path
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)

@@ -47,6 +47,8 @@ def run_eval(argv: list[str]) -> int:
         raise
     except (ValueError, FileNotFoundError) as exc:  # lm-eval's own input checks (unknown task, bad path, ...)
         raise CliError(f"lm-eval: {exc}") from None
+    except OSError as exc:  # from_pretrained: no such hub id, no network, a directory without a model
+        raise CliError(f"cannot load the model: {str(exc).splitlines()[0]}") from None
     return 0
 
 

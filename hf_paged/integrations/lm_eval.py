@@ -31,6 +31,7 @@ from lm_eval.models.huggingface import HFLM
 from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
 
 import hf_paged
+from hf_paged.api.loading import missing_model_path
 from hf_paged.api.scoring import loglikelihood, loglikelihood_rolling
 from hf_paged.batching.request import RequestStatus
 from hf_paged.config import PagedConfig
@@ -50,7 +51,12 @@ _FROM_PRETRAINED = frozenset({"attn_implementation", "low_cpu_mem_usage", "local
 class PagedLM(HFLM):
     """lm-eval's HF model with every request on hf_paged's engine; see the module docstring."""
 
-    def __init__(self, pretrained, tokenizer=None, **kwargs: Any) -> None:
+    def __init__(self, pretrained=None, tokenizer=None, **kwargs: Any) -> None:
+        if pretrained is None:
+            raise InvalidConfigError("hf-paged needs the model to evaluate: pretrained=PATH (a model directory or a "
+                                     "hub id) in --model_args, or PagedLM(pretrained=<path or loaded model>)")
+        if isinstance(pretrained, str) and missing_model_path(pretrained):
+            raise InvalidConfigError(f"model {pretrained!r} not found: give pretrained= a model directory or a hub id")
         paged = {name: kwargs.pop(name) for name in list(kwargs) if name in _PAGED_FIELDS}
         unknown = sorted(set(kwargs) - _HFLM_ARGS - _FROM_PRETRAINED)
         if unknown:
