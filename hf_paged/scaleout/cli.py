@@ -9,6 +9,7 @@ runs in a temporary directory of its own, removed at exit, and without Ray's das
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -19,6 +20,7 @@ logger = logging.getLogger("hf_paged.scaleout")
 
 READY_TIMEOUT_S = 120.0  # after serve.run: the replicas' first reports reach the router in ~1 s (a stats period)
 FLUSH_GRACE_S = 5.0  # after the abort at --shutdown-timeout: time for the replicas' error answers to reach clients
+PROXY_READY_TIMEOUT_S = "60"  # Serve's proxy start-up bound in a cluster this command starts (Serve's default: 5 s)
 
 
 def run_replicas(args) -> int:
@@ -147,6 +149,9 @@ class _LocalCluster:
 
         if self.address is None:
             self.temp_dir = tempfile.mkdtemp(prefix="hf_paged-ray-")  # Ray's sockets and logs; short: socket paths
+            # Serve kills a proxy not ready within 5 s and the command died with ActorDiedError (4 of 5 starts at load
+            # 15-23 on 2 cores); the raylet, and so Serve's controller, inherit this process's environment
+            os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", PROXY_READY_TIMEOUT_S)
         ray.init(address=self.address, include_dashboard=False, runtime_env=worker_env(), _temp_dir=self.temp_dir)
 
     def stop(self) -> None:

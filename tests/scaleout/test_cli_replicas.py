@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 
 from hf_paged.cli import main
@@ -22,3 +25,26 @@ def test_bad_replica_arguments_fail_before_ray_starts(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_a_local_cluster_gives_serves_proxy_time_to_start(monkeypatch):
+    """Serve kills a proxy not ready within its default 5 s: on a loaded machine `serve --replicas 2` died at start-up
+    with ActorDiedError (4 of 5 starts at load 15-23). The cluster the command starts inherits a 60 s bound; a user's
+    own setting, and a cluster given by --address, are left alone."""
+    ray = pytest.importorskip("ray")
+    from hf_paged.scaleout import cli
+
+    name = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
+    seen = []
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.append((kwargs["address"], os.environ.get(name))))
+    monkeypatch.setenv(name, "unset below")  # (monkeypatch restores the variable after the test either way)
+    monkeypatch.delenv(name)
+    cluster = cli._LocalCluster(None)
+    cluster.start()
+    shutil.rmtree(cluster.temp_dir)
+    monkeypatch.setenv(name, "7")
+    cluster.start()
+    shutil.rmtree(cluster.temp_dir)
+    monkeypatch.delenv(name)
+    cli._LocalCluster("ray://elsewhere:10001").start()
+    assert seen == [(None, "60"), (None, "7"), ("ray://elsewhere:10001", None)]
