@@ -53,7 +53,7 @@ def test_sigterm_drains_aborts_the_rest_exits_0_and_leaves_no_process_or_file():
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     try:
-        assert ready.wait(240), "".join(output[-30:])
+        assert ready.wait(420), "".join(output[-30:])  # ~40 s quiet; past 240 s at load ~20 beside other Ray clusters
         processes = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         assert len(processes) >= 8  # driver, gcs, raylet, agents, controller, proxy, gateway, 2 replicas
         base = f"http://127.0.0.1:{port}"
@@ -75,8 +75,13 @@ def test_sigterm_drains_aborts_the_rest_exits_0_and_leaves_no_process_or_file():
         proc.send_signal(signal.SIGTERM)
         sent = time.monotonic()
         refused = None
-        while refused is None and time.monotonic() - sent < 2:
-            r = httpx.post(f"{base}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=10)
+        # until a refusal, while the server lives: the drain's 2 s start when the gateway hears of the signal, which a
+        # loaded machine delays past a fixed 2 s after `sent`
+        while refused is None and proc.poll() is None and time.monotonic() - sent < 60:
+            try:
+                r = httpx.post(f"{base}/v1/completions", json={"prompt": "hi", "max_tokens": 2}, timeout=30)
+            except httpx.TransportError:
+                break  # the server is gone
             refused = r.json()["error"]["code"] if r.status_code == 503 else None
         assert refused == "shutting_down"
         status = proc.wait(timeout=60)
