@@ -1,6 +1,8 @@
 """Compressed KV in the engine: batched, chunked, preempted or prefix-shared runs give exactly the tokens of the
 same setting run one request at a time (what a query reads does not depend on how its prompt was split)."""
 
+import os
+
 import pytest
 
 from hf_paged import Engine, PagedConfig, SamplingParams
@@ -80,11 +82,15 @@ def test_forks_copy_the_staged_partial_block():
     assert [o.generated_tokens for o in outs] == [alone] * 3
 
 
-def test_int8_quality_on_the_trained_default_model():
+def test_int8_quality_on_the_trained_default_model(monkeypatch):
     from hf_paged.api.models import DEFAULT_MODEL_PATH
 
     if not (DEFAULT_MODEL_PATH / "model.safetensors").is_file():
         pytest.skip("the default model's checkpoint is not trained yet (scripts/train_tiny_lm.py)")
+    # benchmarks/common.py sets HF_PAGED_JIT=now for the whole process when imported: here for this test only (the
+    # kernels loaded before it measures), restored after it, so that later tests run in the default background
+    # mode as they do when run alone
+    monkeypatch.setenv("HF_PAGED_JIT", os.environ.get("HF_PAGED_JIT", "now"))
     import torch
     import torch.nn.functional as F
 
