@@ -34,7 +34,8 @@ def tokenizer():
     tok = gpt2_or_toy()
     token_trie(build_vocabulary(tok))  # per tokenizer, once: not part of any compile
     if os.environ.get("HF_PAGED_JIT") != "off":
-        jit.wait(300)  # the bound is for the compiled kernels (their Python twins run only while they load)
+        jit.wait(1800)  # the bound is for the compiled kernels (their Python twins run only while they load; a cold
+        # numba cache on a loaded machine: the compile child runs at nice 10, starved for minutes at load 17-19)
     compile_outcome({"type": "object", "properties": {"a": {"type": "string"}}}, tok)  # imports, first touches
     return tok
 
