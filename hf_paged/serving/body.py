@@ -9,6 +9,7 @@ stream the server was sending stalled.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from pydantic import ValidationError
@@ -43,6 +44,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")  # JSON's escape of half a surrogate pair
+
+
 def decode_request(raw: bytes, model: type, model_name: str) -> Any:
     """The body as `model` (a pydantic request class), checked for fields this server refuses and for its model."""
     try:
@@ -52,6 +56,13 @@ def decode_request(raw: bytes, model: type, model_name: str) -> Any:
     except RecursionError:  # the decoder recurses once per level: ~1,000 nested arrays/objects
         raise ApiError("the request body nests too deeply to parse (about 1,000 levels of arrays or objects); "
                        "send a flatter JSON object", code="invalid_json") from None
+    if _SURROGATE_ESCAPE.search(raw):  # (a pair escapes one astral character: fine; a lone half is no text)
+        try:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ApiError("the request body holds a lone UTF-16 surrogate escape (such as \\ud800) in a string, "
+                           "which is no Unicode text; send text as UTF-8, or an astral character as a surrogate "
+                           "pair", code="invalid_json") from None
     if not isinstance(data, dict):
         raise ApiError(f"the request body must be a JSON object, got {type(data).__name__}", code="invalid_json")
     try:

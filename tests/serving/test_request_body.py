@@ -65,3 +65,20 @@ def test_big_bodies_are_decoded_off_the_event_loop(tiny_lm, monkeypatch):
     (small_size, loop_thread), (big_size, worker), _ = threads
     assert small_size <= OFF_LOOP_BYTES < big_size
     assert worker != loop_thread  # decoded in a worker thread, not on the event loop's
+
+
+@pytest.mark.parametrize(("path", "raw"), [
+    ("/v1/completions", b'{"prompt": "\\ud800abc", "max_tokens": 3}'),  # the tokenizer raised TypeError: a 500
+    ("/v1/completions", b'{"prompt": "x", "max_tokens": 3, "guided_choice": ["\\udfff", "b"]}'),  # UnicodeEncodeError
+    ("/tokenize", b'{"prompt": "\\uD83D"}'),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "a\\udc00"}], "max_tokens": 3}'),
+])
+def test_a_lone_surrogate_escape_is_a_400(server, path, raw):
+    error = assert_error(post(server, path, raw), 400, words=["lone UTF-16 surrogate"])
+    assert error["code"] == "invalid_json"
+
+
+def test_a_surrogate_pair_is_one_character(server, tiny_lm):
+    r = post(server, "/tokenize", b'{"prompt": "\\ud83d\\ude00", "add_special_tokens": false}')
+    assert r.status_code == 200, r.text
+    assert r.json()["tokens"] == tiny_lm.tokenizer("\U0001F600", add_special_tokens=False)["input_ids"]
