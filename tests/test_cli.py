@@ -30,10 +30,12 @@ def files(tmp_path):
         "PROMPTS": tmp_path / "p.jsonl", "NOT_JSONL": tmp_path / "bad.jsonl", "LATIN1": tmp_path / "latin1.jsonl",
         "BAD_JSON": tmp_path / "bad.json", "NOT_A_SCHEMA": tmp_path / "type5.json",
         "DEEP_500": tmp_path / "deep500.json", "DEEP_2000": tmp_path / "deep2000.json", "DIR": tmp_path,
+        "SURROGATE": tmp_path / "surrogate.jsonl",
     }
     paths["PROMPTS"].write_text('"hello"\n')
     paths["NOT_JSONL"].write_text("hello\n")
     paths["LATIN1"].write_bytes('"caf\u00e9"\n'.encode("latin-1"))
+    paths["SURROGATE"].write_text('{"prompt": "a\\ud800"}\n')  # valid JSON, no Unicode text (a traceback before)
     paths["BAD_JSON"].write_text("{not json")
     paths["NOT_A_SCHEMA"].write_text('{"type": 5}')
     paths["DEEP_500"].write_text(nested_schema_text(500))
@@ -118,6 +120,7 @@ BAD_ARGUMENTS = [
     (["generate", "--prompts", "/no/prompts.jsonl"], "prompts file '/no/prompts.jsonl' not found"),
     (["generate", "--prompts", "NOT_JSONL"], ":1: not JSON"),
     (["generate", "--prompts", "LATIN1"], "is not UTF-8 text"),
+    (["generate", "--prompts", "SURROGATE"], ":1: the prompt holds a lone UTF-16 surrogate"),
     (["generate", "--prompts", "PROMPTS", "--schema", "/no/schema.json"], "schema file '/no/schema.json' not found"),
     (["generate", "--prompts", "PROMPTS", "--schema", "BAD_JSON"], "does not parse as JSON"),
     (["generate", "--prompts", "PROMPTS", "--schema", "NOT_A_SCHEMA"], "not a valid JSON Schema"),

@@ -160,6 +160,11 @@ def read_prompts(path: str) -> list[str]:
             item = item.get("prompt")
         if not isinstance(item, str):
             raise CliError(f"{path}:{n}: expected a string or an object with a \"prompt\" string")
+        try:
+            item.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CliError(f"{path}:{n}: the prompt holds a lone UTF-16 surrogate escape (such as \\ud800), which is "
+                           "no Unicode text; write the text as UTF-8, or an astral character as a surrogate pair") from None
         prompts.append(item)
     if not prompts:
         raise CliError(f"prompts file {path!r} holds no prompts")
