@@ -19,6 +19,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+from hf_paged.errors import InvalidConfigError
+
 __all__ = ["DirectoryStore", "InProcessStore", "KVStore"]
 
 
@@ -142,7 +144,17 @@ class DirectoryStore:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise ValueError(f"DirectoryStore max_bytes must be an int >= 1, got {max_bytes!r}")
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise InvalidConfigError(f"the KV directory {str(path)!r} (kv_offload_dir) is a file, or under one; give "
+                                     "a directory path") from None
+        except PermissionError:
+            raise InvalidConfigError(f"cannot create the KV directory {str(path)!r} (kv_offload_dir): permission "
+                                     "denied; give a directory this process may write") from None
+        if not os.access(self.path, os.W_OK | os.X_OK):
+            raise InvalidConfigError(f"the KV directory {str(path)!r} (kv_offload_dir) is not writable by this "
+                                     "process; give one it may write")
         self._lru = _LruBytes(max_bytes)
         self._lock = threading.Lock()
         found = []

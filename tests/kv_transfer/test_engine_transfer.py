@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from hf_paged import Engine, PagedConfig, SamplingParams
+from hf_paged.errors import InvalidConfigError
 from hf_paged.kv_transfer import DirectoryStore, InProcessStore
 from tests.tiny_models import ragged_prompts, run_engine, stock_greedy, tiny_model
 
@@ -206,6 +207,13 @@ def test_directory_store_is_lru_by_file_and_reopens(tmp_path: Path):
     reopened = DirectoryStore(tmp_path, max_bytes=200)  # a smaller bound: the oldest files go at once
     assert reopened.nbytes == 200 and not (tmp_path / "00.kvb.tmp").exists()
     assert reopened.contains(b"\x03") and not reopened.contains(b"\x02")
+
+
+def test_a_kv_directory_that_is_a_file_is_a_config_error(tmp_path: Path):
+    (tmp_path / "file").write_text("x")
+    for path in (tmp_path / "file", tmp_path / "file" / "sub"):  # FileExistsError / NotADirectoryError before
+        with pytest.raises(InvalidConfigError, match="is a file, or under one; give a directory path"):
+            DirectoryStore(path, max_bytes=100)
 
 
 class SlowDisk(DirectoryStore):
