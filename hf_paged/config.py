@@ -5,8 +5,10 @@ Imports nothing of ours: every layer may read it.
 
 from __future__ import annotations
 
+import difflib
 import os
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -331,11 +333,21 @@ class PagedConfig:
 
     def with_overrides(self, **overrides: Any) -> PagedConfig:
         """A copy with some fields changed; unknown names raise `TypeError` listing the valid ones."""
-        valid = {f.name for f in fields(self)}
-        unknown = sorted(set(overrides) - valid)
-        if unknown:
-            raise TypeError(f"unknown PagedConfig field(s) {unknown}; valid fields: {sorted(valid)}")
+        message = unknown_fields_message(overrides)
+        if message:
+            raise TypeError(message)
         return replace(self, **overrides)
+
+
+def unknown_fields_message(names: Iterable[str]) -> str | None:
+    """The error text for names that are no `PagedConfig` field (a close field suggested for each), else None."""
+    valid = sorted(f.name for f in fields(PagedConfig))
+    unknown = sorted(set(names) - set(valid))
+    if not unknown:
+        return None
+    hints = [f"{name!r} -> {close[0]!r}" for name in unknown if (close := difflib.get_close_matches(name, valid, 1))]
+    did_you_mean = f" (did you mean {', '.join(hints)}?)" if hints else ""
+    return f"unknown PagedConfig field(s) {unknown}{did_you_mean}; valid fields: {valid}"
 
 
 def _is_head_table(heads: Any) -> bool:

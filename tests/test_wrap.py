@@ -196,7 +196,8 @@ def test_wrap_errors_are_typed(model):
         hf_paged.wrap("my-org/my-model")
     with pytest.raises(InvalidConfigError, match="config must be a hf_paged.PagedConfig, got dict"):
         hf_paged.wrap(model, {"block_size": 16})
-    with pytest.raises(InvalidConfigError, match=r"unknown PagedConfig field\(s\) \['blocksize'\]"):
+    with pytest.raises(InvalidConfigError, match=r"unknown PagedConfig field\(s\) \['blocksize'\] \(did you mean "
+                                                 r"'blocksize' -> 'block_size'\?\)"):
         hf_paged.wrap(model, blocksize=16)
     with pytest.raises(TypeError):  # what it was before it was typed
         hf_paged.wrap(model, blocksize=16)

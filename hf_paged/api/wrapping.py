@@ -7,7 +7,6 @@ attention implementation is only switched during the engine's own forwards.
 
 from __future__ import annotations
 
-from dataclasses import fields
 from types import MethodType
 from typing import Any
 
@@ -15,11 +14,10 @@ import torch
 
 from hf_paged.api.wrap_state import _MISSING, _STATE_ATTR, _WrapState, engine_of, is_wrapped  # noqa: F401
 from hf_paged.cache.model_support import check_supported  # noqa: F401 -- also part of this face
-from hf_paged.config import PagedConfig
+from hf_paged.config import PagedConfig, unknown_fields_message
 from hf_paged.errors import InvalidConfigError, UnsupportedModelError
 
 _PATCHED = ("generate", "generate_batch", "loglikelihood", "loglikelihood_rolling")
-_CONFIG_FIELDS = {f.name for f in fields(PagedConfig)}
 
 
 def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides: Any) -> torch.nn.Module:
@@ -65,9 +63,9 @@ def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides:
             f"config must be a hf_paged.PagedConfig, got {type(config).__name__}; pass PagedConfig(...) or the "
             "fields as keywords (wrap(model, block_size=32))"
         )
-    unknown = sorted(set(overrides) - _CONFIG_FIELDS)
-    if unknown:
-        raise InvalidConfigError(f"unknown PagedConfig field(s) {unknown}; valid fields: {sorted(_CONFIG_FIELDS)}")
+    message = unknown_fields_message(overrides)
+    if message:
+        raise InvalidConfigError(message)
     base = config or PagedConfig()
     config = base.with_overrides(**overrides) if overrides else base
     state: _WrapState | None = model.__dict__.get(_STATE_ATTR)
