@@ -204,7 +204,7 @@ def test_on_ray_the_first_200_comes_with_every_replica_in_the_router_view():
 
         sender = threading.Thread(target=chat_early, daemon=True)
         sender.start()
-        ours_503 = 0
+        ours_503, r = 0, None
         deadline = time.monotonic() + start_s
         while time.monotonic() < deadline:
             try:
@@ -220,6 +220,7 @@ def test_on_ray_the_first_200_comes_with_every_replica_in_the_router_view():
                     assert r.headers["retry-after"] == "1" and "engine replicas have reported" in error["message"]
                     ours_503 += 1
             time.sleep(0.1)
+        assert r is not None, f"the app did not answer within {start_s} s"
         assert r.status_code == 200 and r.json()["data"][0]["id"] == "hf-paged/tiny-lm"
         view = httpx.get(url + "/hf_paged/router", timeout=30).json()
         assert len(view) == 1 and len(view[0]["replicas"]) == 2, view
