@@ -71,7 +71,9 @@ def test_replicas_serve_the_openai_endpoints_and_route_by_cache(endpoint):
         while True:  # the router takes the reports when it next routes
             assert chat(client, SYSTEMS[1], "one more").status_code == 200
             view = router_view(client)
-            reported = len(view["replicas"]) == 2 and all(r["num_reports"] >= 1 for r in view["replicas"].values())
+            replicas = view["replicas"].values()  # reported, and a report with the prefixes they cached
+            reported = len(replicas) == 2 and all(r["num_reports"] >= 1 for r in replicas) \
+                and sum(r["num_fingerprints"] for r in replicas) > 0
             if reported or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
