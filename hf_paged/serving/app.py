@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hf_paged.batching.engine import Engine
 from hf_paged.batching.engine_loop import LoopClosedError
-from hf_paged.serving.admission import Admission, AdmissionGate
+from hf_paged.serving.admission import AdmissionGate
 from hf_paged.serving.body import DEFAULT_MAX_REQUEST_BYTES, OFF_LOOP_BYTES, decode_request, read_body
 from hf_paged.serving.echo import (
     EchoPrefix,
@@ -88,9 +88,6 @@ class _AppState:
     @property
     def num_admitted(self) -> int:
         return self.gate.num_admitted
-
-    def admit(self, num_prompts: int, n: int = 1, scoring: int = 0) -> Admission:
-        return self.gate.admit(num_prompts, n, scoring)
 
 
 class _ClosingStream(StreamingResponse):
@@ -170,7 +167,7 @@ async def _answer(server: _AppState, request: Request, body, prepare: Callable[[
                   received: float) -> Response:
     prepared = await run_in_threadpool(prepare, body)  # may compile a schema: off the event loop; 400s first
     scored = echo_scored(prepared.prompts, prepared.params.logprobs) if getattr(body, "echo", False) else []
-    admission = server.admit(len(prepared.prompts), prepared.params.num_return_sequences, len(scored))
+    admission = server.gate.admit(len(prepared.prompts), prepared.params.num_return_sequences, len(scored))
     try:
         head = Head(kind, body.model or server.settings.model_name, body.return_token_ids,
                     server.pieces if prepared.params.logprobs is not None else None)
@@ -201,7 +198,7 @@ async def _answer(server: _AppState, request: Request, body, prepare: Callable[[
 async def _echo(server: _AppState, request: Request, body: CompletionRequest) -> Response:
     """Scoring (`echo.py`): the prompts' log-probabilities in one answer, aborted if the client leaves."""
     echo = await run_in_threadpool(prepare_echo, server.engine, server.tokenizer, body, server.preparer.tokenize)
-    admission = server.admit(len(echo.prompts))
+    admission = server.gate.admit(len(echo.prompts))
     try:
         outputs = await _until_disconnect(request, run_echo(server.loop, echo, admission.queued))
     except LoopClosedError:
