@@ -1,13 +1,15 @@
-"""hf-paged before / after the 51M model's lm_head and score-row changes, interleaved A/B on PagedLM (issue 44):
+"""hf-paged before / after the 51M model's lm_head, score-row and certified-argmax changes, interleaved A/B on PagedLM (issue 44):
 CPU time of hf_paged_gen (generate_until, `simple_evaluate`, `--limit` documents) and of `loglikelihood_rolling` on
 the hf_paged_ppl documents, the random 51M Llama of `benchmarks/lm_eval.py` (GPT-2's 50,257-token vocabulary).
 
 The changes (`--changes`, the "before" side undoes them): `head`, the lm_head in vocabulary slices
 (`lean_forward._head`; before: the one matmul `_linear`); `scores`, score rows' log-softmax in place
-(`score_rows.record_scores`; before: `torch.logsumexp`, a second [rows, vocab] tensor). Each run builds a fresh
+(`score_rows.record_scores`; before: `torch.logsumexp`, a second [rows, vocab] tensor); `certified`, greedy steps
+tokens from the bf16 head with a proof (`batching/certified_head.py`; before: `certified_argmax=False`, the fp32
+head and the sampler's argmax). Each run builds a fresh
 PagedLM (untimed); the order inside a pair alternates. Generated text and log-likelihoods must be identical.
 
-    OMP_NUM_THREADS=1 python benchmarks/lm_eval_ab.py --pairs 3 [--tasks gen,ppl] [--changes head,scores]
+    OMP_NUM_THREADS=1 python benchmarks/lm_eval_ab.py --pairs 3 [--tasks gen,ppl] [--changes head,scores,certified]
 """
 
 from __future__ import annotations
@@ -32,10 +34,10 @@ from lm_eval.tasks import TaskManager
 import hf_paged
 from benchmarks.lm_eval import TASKS_DIR, _llama50m
 from benchmarks.lm_eval_ppl_ab import _documents
-from hf_paged.batching import engine, lean_forward
+from hf_paged.batching import lean_forward, prompt_logprobs
 from hf_paged.integrations.lm_eval import PagedLM
 
-SLICED, IN_PLACE = lean_forward._head, engine.record_scores
+SLICED, IN_PLACE = lean_forward._head, prompt_logprobs.record_scores
 
 
 def _one_matmul(module, x):
@@ -67,9 +69,10 @@ def _run(side: str, changes: set[str], task: str, path: str, limit: int, tasks: 
     """(CPU s, outputs, computed tokens) of one fresh PagedLM, `side` "before" or "after"."""
     before = side == "before"
     lean_forward._head = _one_matmul if before and "head" in changes else SLICED
-    engine.record_scores = _with_logsumexp if before and "scores" in changes else IN_PLACE
+    prompt_logprobs.record_scores = _with_logsumexp if before and "scores" in changes else IN_PLACE
     try:
-        lm = PagedLM(pretrained=path, dtype="float32", device="cpu")
+        flag = {"certified_argmax": False} if before and "certified" in changes else {}
+        lm = PagedLM(pretrained=path, dtype="float32", device="cpu", **flag)
         start = time.process_time()
         if task == "gen":
             out = lm_eval.simple_evaluate(model=lm, tasks=["hf_paged_gen"], task_manager=tasks, limit=limit,
@@ -79,7 +82,7 @@ def _run(side: str, changes: set[str], task: str, path: str, limit: int, tasks: 
             outputs = lm.loglikelihood_rolling(documents, disable_tqdm=True)
         return time.process_time() - start, outputs, hf_paged.engine_of(lm.model).metrics.num_computed_tokens
     finally:
-        lean_forward._head, engine.record_scores = SLICED, IN_PLACE
+        lean_forward._head, prompt_logprobs.record_scores = SLICED, IN_PLACE
 
 
 def main() -> None:

@@ -133,6 +133,11 @@ class PagedConfig:
     # (auto) and True use them on CUDA where they apply (the lean forward, plain blocks, Triton attention, every
     # scheduled request decoding one token); False always runs the eager forward. No effect off CUDA
     cuda_graphs: bool | None = None
+    # greedy rows' tokens from a bf16 copy of the lm_head with a proof that each is the fp32 head's argmax
+    # (`batching/certified_head.py`; the same tokens, the exact values computed only where the proof leaves a row
+    # open; the copy costs half the head's fp32 bytes): None (auto) on CPUs with native bf16 products for heads of
+    # >= 2M weights, when every row of a step is plain greedy; True wherever the head is fp32 on the CPU; False never
+    certified_argmax: bool | None = None
     # block-sparse attention of long prompts' prefill chunks (cache/sparse_prefill.py; an approximation, off by
     # default): None (dense) | "vertical_slash" | "block" (MInference's patterns) | "auto" (per head, the one that keeps
     # more of a sample's attention). Each 64-query block keeps the sink, its local blocks and the best-estimated others
@@ -227,6 +232,9 @@ class PagedConfig:
                              f"block keeps; 1 = dense), got {self.sparse_keep_ratio!r}")
         if self.cuda_graphs is not None and not isinstance(self.cuda_graphs, bool):
             raise ValueError(f"PagedConfig.cuda_graphs must be None (auto), True or False, got {self.cuda_graphs!r}")
+        if self.certified_argmax is not None and not isinstance(self.certified_argmax, bool):
+            raise ValueError("PagedConfig.certified_argmax must be None (auto), True or False, got "
+                             f"{self.certified_argmax!r}")
         if self.kv_full_precision_heads is not None:
             heads = self.kv_full_precision_heads
             if not _is_head_table(heads):

@@ -31,10 +31,10 @@ from hf_paged.batching.prompt_check import PromptLimits, check_prompt
 from hf_paged.batching.prompt_logprobs import record_scored_rows
 from hf_paged.batching.request import Failure, Request, RequestOutput, RequestStatus, StepOutput
 from hf_paged.batching.request_ids import RequestIds
-from hf_paged.batching.sampler import Sampler
+from hf_paged.batching.sampler import Sampler, SampleResult, plain_greedy_step
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.batching.scheduler import Scheduler, SchedulerOutput
-from hf_paged.batching.speculative import DraftRows, Speculator
+from hf_paged.batching.speculative import DraftRows, Speculator, speculation_unsupported
 from hf_paged.batching.step_inputs import build_step_inputs
 from hf_paged.batching.swap import swap_in, swap_out
 from hf_paged.batching.weights import weights_fingerprint
@@ -91,7 +91,7 @@ class Engine:
         self._weights = weights_fingerprint(model)
         self.speculator = Speculator(
             self.kv, self.config, num_blocks=self.cache.num_blocks, vocab_size=self.vocab_size,
-            max_model_len=self.max_model_len, unsupported=self._speculation_unsupported(),
+            max_model_len=self.max_model_len, unsupported=speculation_unsupported(self.config, self.cache.compressed),
         )
         # ends, retries and forks (lifecycle.py); new tokens, jump-forward and stop checks (appending.py)
         self.lifecycle = RequestLifecycle(self.scheduler, self.kv, self.speculator, self.metrics)
@@ -246,8 +246,11 @@ class Engine:
         inputs = build_step_inputs(schedule, self.kv, self.config.block_size, self.config.attention_backend,
                                    self.pruner.observation_window)
         self.pruner.annotate(schedule, inputs.metadata)
+        # every row plain greedy: the runner returns the tokens (the certified bf16 head, certified_head.py)
+        greedy = self.runner.certified is not None and plain_greedy_step(inputs, self.lifecycle.children)
         try:
-            logits = self.runner.forward(inputs.input_ids, inputs.positions, inputs.metadata, inputs.logits_rows)
+            call = self.runner.greedy_tokens if greedy else self.runner.forward
+            logits = call(inputs.input_ids, inputs.positions, inputs.metadata, inputs.logits_rows)
         except Exception as exc:  # noqa: BLE001 -- the forward failed: its requests fail, the engine goes on
             failure = Failure.of(exc, "forward failed")
             for item in schedule.scheduled:
@@ -271,6 +274,8 @@ class Engine:
             for rows in inputs.scored:
                 if rows.request.num_computed_tokens == rows.request.num_tokens:
                     self.lifecycle.finish(rows.request, "scored")
+        if greedy:
+            return self._emit(inputs.sampled_requests, SampleResult.plain(logits), result)
         sampled, drafted = inputs.sampled_requests, None
         if any(inputs.num_draft_tokens):  # speculating decodes have 1 + k rows each: verified apart
             split = self.speculator.split(inputs, logits)
@@ -287,7 +292,9 @@ class Engine:
         if not samplers:
             return
         with torch.inference_mode():  # the logits are inference tensors: processors may edit them in place
-            sample = self.sampler(samplers, logits)
+            self._emit(samplers, self.sampler(samplers, logits), result)
+
+    def _emit(self, samplers: list[Request], sample: SampleResult, result: StepOutput) -> None:
         now = time.perf_counter()
         for request, token, failure, entry in zip(samplers, sample.token_ids, sample.errors, sample.logprobs):
             if failure is not None:
@@ -316,15 +323,6 @@ class Engine:
         self.lifecycle.fail(self.scheduler.waiting[0][1], Failure(
             f"request needs more blocks than the pool can ever free ({self.cache.num_blocks} blocks of "
             f"{self.config.block_size}): raise PagedConfig.num_blocks or lower max_new_tokens", OutOfBlocksError))
-
-    def _speculation_unsupported(self) -> str | None:
-        """Why rejected drafts could not be rolled back here (None: they can)."""
-        if self.cache.compressed:
-            return ("needs uncompressed KV blocks (a block quantized when drafts filled it cannot take other tokens "
-                    "back): use kv_cache_dtype='auto' and no streaming heads")
-        if self.config.kv_pruning is not None:
-            return f"does not work with kv_pruning={self.config.kv_pruning!r}: use kv_pruning=None"
-        return None
 
     # -- prefix cache ------------------------------------------------------------------------------------
     def _extra_keys(self, request: Request) -> tuple:

@@ -168,6 +168,11 @@ class LeanForward:
 
     def __call__(self, input_ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor,
                  attend: Attend) -> torch.Tensor:
+        return _head(self.head, self.hidden(input_ids, position_ids, keep, attend))
+
+    def hidden(self, input_ids: torch.Tensor, position_ids: torch.Tensor, keep: torch.Tensor,
+               attend: Attend) -> torch.Tensor:
+        """The final norm's output `[R, hidden]` on the kept rows: what the lm_head multiplies."""
         hidden = self.embed(input_ids[0])  # [T, hidden]: the stock [1, T, hidden] without its batch dimension
         cos, sin = self.rotary(hidden, position_ids)
         cos, sin = cos[0].unsqueeze(1), sin[0].unsqueeze(1)  # [T, 1, dim] against [T, heads, dim]
@@ -191,7 +196,7 @@ class LeanForward:
             x = _rms_norm(post_norm, hidden)
             hidden = _linear(down, act(_linear(gate, x)).mul_(_linear(up, x))).add_(hidden)
         hidden = _rms_norm(self.norm, hidden)
-        return _head(self.head, hidden[keep] if rows is None else hidden[: keep.numel()])
+        return hidden[keep] if rows is None else hidden[: keep.numel()]
 
 
 def _pruned_rows(keep: torch.Tensor, tokens: int) -> torch.Tensor | None:

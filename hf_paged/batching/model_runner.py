@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from hf_paged.batching.certified_head import CertifiedArgmax
 from hf_paged.batching.decode_graphs import DecodeGraphs
 from hf_paged.batching.lean_forward import LeanForward
 from hf_paged.cache.attention import ATTENTION_NAME, attend_packed, register
@@ -35,12 +36,23 @@ class ModelRunner:
         self.sparse = SparsePrefill.from_config(cache.paged_config)  # long prefill chunks block-sparse (or None)
         self.lean = LeanForward.build(model)
         self.graphs = self._decode_graphs()
+        self.certified = self._certified()
 
     def model_changed(self) -> None:
         """The weights or modules changed (the engine's weights check): build the lean forward (and the decode
         graphs, which recorded its tensors) anew."""
         self.lean = LeanForward.build(self.model)
         self.graphs = self._decode_graphs()
+        self.certified = self._certified()
+
+    def _certified(self) -> CertifiedArgmax | None:
+        """Greedy rows' tokens from the bf16 head with a proof (`certified_head.py`): the lean forward on the CPU, a
+        head it applies to, `PagedConfig.certified_argmax` not False."""
+        if self.cache.paged_config.certified_argmax is False or self.lean is None:
+            return None
+        if not CertifiedArgmax.applies(self.lean.head, forced=bool(self.cache.paged_config.certified_argmax)):
+            return None
+        return CertifiedArgmax(self.lean.head, rows_independent=self.lean.prune)
 
     def _decode_graphs(self) -> DecodeGraphs | None:
         """Decode graphs where they can apply: CUDA, the lean forward, Triton attention, not turned off."""
@@ -52,6 +64,25 @@ class ModelRunner:
         return DecodeGraphs(self.lean, self.cache.block_layers, device=self.device, block_size=cfg.block_size,
                             max_batch=cfg.max_num_seqs, max_blocks_per_seq=width,
                             attention_backend=cfg.attention_backend)
+
+    @torch.inference_mode()
+    def greedy_tokens(
+        self, input_ids: list[int], positions: list[int], metadata: PagedMetadata, logits_rows: list[int]
+    ) -> list[int]:
+        """Each logits row's argmax, for a step whose rows are all plain greedy: the same tokens as `forward`'s
+        logits would give, by way of the certified bf16 head where it applies (`certified_head.py`)."""
+        if self.certified is None or not self.lean.usable():  # (CPU only: no decode graphs there)
+            return self.forward(input_ids, positions, metadata, logits_rows).argmax(dim=-1).tolist()
+        self.cache.apply_pending_copies()
+        ids, pos, keep, backend = self._packed(input_ids, positions, metadata, logits_rows)
+        return self.certified.tokens(self.lean.hidden(ids, pos, keep, self._paged_attend(backend)))
+
+    def _packed(self, input_ids: list[int], positions: list[int], metadata: PagedMetadata, logits_rows: list[int]):
+        """The step's tensors `[1, T]` ids and positions, `[R]` kept rows, and its attention backend."""
+        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
+        pos = torch.tensor([positions], dtype=torch.long, device=self.device)
+        keep = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
+        return ids, pos, keep, choose_backend(metadata, self.cache.block_layers, self.device, self.sparse)
 
     def paged_attention(self):
         """Route attention to `hf_paged` for one forward only; plain forwards keep the stock implementation."""
@@ -68,10 +99,7 @@ class ModelRunner:
             logits = self.graphs.run(input_ids, positions, metadata)
             if logits is not None:
                 return logits.float()
-        ids = torch.tensor([input_ids], dtype=torch.long, device=self.device)
-        pos = torch.tensor([positions], dtype=torch.long, device=self.device)
-        keep = torch.tensor(logits_rows, dtype=torch.long, device=self.device)
-        backend = choose_backend(metadata, self.cache.block_layers, self.device, self.sparse)
+        ids, pos, keep, backend = self._packed(input_ids, positions, metadata, logits_rows)
         if usable:
             return self.lean(ids, pos, keep, self._paged_attend(backend)).float()
         with self.paged_attention():

@@ -16,7 +16,7 @@ not yet appended (speculative verification scores each drafted position with the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +33,11 @@ class SampleResult:
     token_ids: list[int | None]  # None where the row failed
     errors: list[Failure | None]  # why each failed row failed
     logprobs: list[TokenLogprobs | None]  # the chosen token's raw log-probability, for rows that ask (logprobs.py)
+
+    @classmethod
+    def plain(cls, tokens: list[int]) -> SampleResult:
+        """Tokens picked without the sampler (a plain greedy step's argmax): no failures, no log-probabilities."""
+        return cls(tokens, [None] * len(tokens), [None] * len(tokens))
 
 
 @dataclass(slots=True)
@@ -188,6 +193,14 @@ class Sampler:
             return int(row.argmax(dim=-1))
         probs = torch.softmax(row.float(), dim=-1)
         return int(torch.multinomial(probs, num_samples=1, generator=request.generator_on(probs.device)))
+
+
+def plain_greedy_step(inputs, waiting_forks: Mapping[str, object]) -> bool:
+    """A step whose every logits row only needs its argmax: plain greedy requests that ask no log-probabilities and
+    have no forks waiting for their first token, no drafts, no scoring rows (`StepInputs`)."""
+    return (bool(inputs.sampled_requests) and not inputs.scored and not any(inputs.num_draft_tokens)
+            and all(is_plain_greedy(r) and r.params.logprobs is None and r.request_id not in waiting_forks
+                    for r in inputs.sampled_requests))
 
 
 def is_plain_greedy(request: Request) -> bool:

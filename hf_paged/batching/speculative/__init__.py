@@ -11,8 +11,8 @@ The face of the stage is `Speculator` (what the engine calls); the drafters impl
 from hf_paged.batching.speculative.draft import Draft, Proposer
 from hf_paged.batching.speculative.draft_model import DraftModelProposer
 from hf_paged.batching.speculative.prompt_lookup import NgramIndex, PromptLookupProposer
-from hf_paged.batching.speculative.speculator import DraftFailure, Speculator, SplitRows
+from hf_paged.batching.speculative.speculator import DraftFailure, Speculator, SplitRows, speculation_unsupported
 from hf_paged.batching.speculative.verification import DraftRows, Verdict, verify
 
 __all__ = ["Draft", "DraftFailure", "DraftModelProposer", "DraftRows", "NgramIndex", "PromptLookupProposer",
-           "Proposer", "Speculator", "SplitRows", "Verdict", "verify"]
+           "Proposer", "Speculator", "SplitRows", "Verdict", "speculation_unsupported", "verify"]

@@ -29,6 +29,16 @@ from hf_paged.config import PagedConfig
 from hf_paged.errors import HfPagedError, UnsupportedGenerationError
 
 
+def speculation_unsupported(config: PagedConfig, compressed: bool) -> str | None:
+    """Why rejected drafts could not be rolled back in an engine of this config (None: they can)."""
+    if compressed:
+        return ("needs uncompressed KV blocks (a block quantized when drafts filled it cannot take other tokens "
+                "back): use kv_cache_dtype='auto' and no streaming heads")
+    if config.kv_pruning is not None:
+        return f"does not work with kv_pruning={config.kv_pruning!r}: use kv_pruning=None"
+    return None
+
+
 @dataclass(slots=True)
 class DraftFailure:
     """A request whose drafter could not run: it fails with `error`."""
