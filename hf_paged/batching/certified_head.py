@@ -9,11 +9,12 @@ exact argmax; exact fp64 dot products over those columns settle almost every row
 The proof, for one row x (fp32, width D) and vocabulary rows w_j (fp32); s_j is the exact head's fp32 entry (MKL's
 summation, in whatever order), t_j = x . w_j the real dot product, A_j the bf16 product's entry:
 
-    |A_j - t_j| <= E = |x~| max|w~_j - w_j| + |x~ - x| max|w_j| + g(D) |x~| max|w~_j| + 2^-8 max|A| / (1 - 2^-8)
+    |A_j - t_j| <= E = |x~| max|w~_j - w_j| + |x~ - x| max|w_j| + g(D) |x~| max|w~_j| + 2^-7 max|A| / (1 - 2^-7)
     |s_j - t_j| <= G_j = g(D + 1) sum_i |x_i w_ij| + D * 2^-126   <=   G = g(D + 1) |x| max|w_j| + D * 2^-126
 
 (x~, w~: the bf16 roundings; the input roundings by Cauchy-Schwarz; the fp32 accumulation of D exact bf16 products in
-any order, g(n) = n u / (1 - n u) with u = 2^-24; the product's own rounding to bf16; denormals flushed.) A column j
+any order, g(n) = n u / (1 - n u) with u = 2^-24; the product's own rounding to bf16, by nearest or toward zero;
+denormals flushed.) A column j
 with A_j < max A - 2E - 2G has s_j < s_m for the column m of the largest A, so the argmax is among the candidates
 (A_j at or above that threshold). Among them the row is certified when the largest t beats every other candidate's
 by more than the two G_j (t in fp64 with its own error bound added): that column's s is the strict maximum of the row,
@@ -39,6 +40,7 @@ _U32 = 2.0**-24  # fp32 unit roundoff
 _U_BF16 = 2.0**-8  # bf16 unit roundoff (8 significant bits)
 _U64 = 2.0**-53
 _FLUSH = 2.0**-126  # a flushed denormal's absolute error, per operation
+MAX_CANDIDATES = 64  # a row with more candidate columns is settled by the exact head (its gather would cost more)
 MIN_HEAD_ELEMENTS = 2**21  # smaller heads (8 MiB of fp32 and below) stay in cache: the bf16 product gains little
 
 
@@ -106,13 +108,20 @@ class CertifiedArgmax:
         x_norm, xb_norm = x64.norm(dim=1), xb.double().norm(dim=1)
         dx_norm = (x64 - xb.double()).norm(dim=1)
         err_a = (xb_norm * self._dw_max + dx_norm * self._w_max + _gamma(width, _U32) * xb_norm * self._wb_max
-                 + big * (_U_BF16 / (1 - _U_BF16)) + width * _FLUSH)
+                 + big * (2 * _U_BF16 / (1 - 2 * _U_BF16)) + width * _FLUSH)  # (2u: truncation covered too)
         err_s = _gamma(width + 1, _U32) * x_norm * self._w_max + width * _FLUSH
         threshold = high.double() - 2 * err_a - 2 * err_s
-        finite = torch.isfinite(threshold) & torch.isfinite(x_norm)
-        # an fp32 threshold at or below the fp64 one (rounding to fp32 moves a value by at most 2^-24 of it)
-        lowered = (threshold - threshold.abs() * 2.0**-22 - 1e-30).where(finite, torch.zeros_like(threshold))
-        pairs = (approx >= lowered.float().unsqueeze(1)).nonzero().tolist()
+        # rows the proof takes: finite, and far from fp32's overflow (|x.w_j| <= |x| |w_j|, partial sums too)
+        finite = torch.isfinite(threshold) & (x_norm * self._w_max < 2.0**100)
+        # an fp32 threshold at or below the fp64 one (rounding to fp32 moves a value by at most 2^-24 of it); NaN
+        # for the other rows (no candidate: they are settled exactly)
+        lowered = (threshold - threshold.abs() * 2.0**-22 - 1e-30).where(finite, torch.full_like(threshold, torch.nan))
+        mask = approx >= lowered.float().unsqueeze(1)
+        crowded = mask.sum(1) > MAX_CANDIDATES  # many near-equal columns (a zero or repeated head): settled exactly
+        if crowded.any():
+            mask[crowded] = False
+            finite &= ~crowded
+        pairs = mask.nonzero().tolist()
         by_row: list[list[int]] = [[] for _ in range(rows)]
         for r, j in pairs:
             by_row[r].append(j)

@@ -144,3 +144,19 @@ def test_a_step_with_a_sampled_or_logprobs_row_takes_the_sampler(one_thread):
     assert outs[greedy].generated_tokens == want[0]
     assert len(outs[logprobs].logprobs) == 8 and len(outs[sampled].generated_tokens) == 8
     assert engine.runner.certified.stats.rows == 0  # every step had a row that needs its logits
+
+
+def test_a_head_of_equal_columns_is_settled_exactly_without_a_huge_gather(one_thread):
+    """A zero head (every column ties) or many repeated columns: more candidates than `MAX_CANDIDATES`, so the row
+    goes to the exact head instead of gathering thousands of columns."""
+    from hf_paged.batching.certified_head import MAX_CANDIDATES
+
+    head = _head_module(4 * _HEAD_CHUNK + 9, 64)
+    certified = CertifiedArgmax(head)
+    x = _rows(5, 64, 6)
+    head.weight[:2000] = head.weight[1234]  # 2,000 equal columns
+    x[0] = head.weight[1234] * 40
+    assert certified.tokens(x) == _exact(head, x) and certified.tokens(x)[0] == 0
+    assert certified.stats.candidates <= 2 * 5 * MAX_CANDIDATES
+    head.weight.zero_()
+    assert certified.tokens(x) == _exact(head, x) == [0] * 5
