@@ -160,3 +160,13 @@ def test_a_head_of_equal_columns_is_settled_exactly_without_a_huge_gather(one_th
     assert certified.stats.candidates <= 2 * 5 * MAX_CANDIDATES
     head.weight.zero_()
     assert certified.tokens(x) == _exact(head, x) == [0] * 5
+
+
+def test_engines_over_one_weight_share_its_copy(one_thread):
+    from hf_paged.batching.certified_head import head_copy
+
+    head = _head_module(6000, 64)
+    first = head_copy(head.weight)
+    assert head_copy(head.weight) is first
+    head.weight.add_(0.0)  # an in-place write (its version counter moves): copied again
+    assert head_copy(head.weight) is not first
