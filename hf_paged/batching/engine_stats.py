@@ -32,4 +32,7 @@ def engine_stats(*, metrics: EngineMetrics, max_num_batched_tokens: int, cache: 
     graphs = runner.graphs  # decode steps replayed from CUDA graphs, and the buckets captured (0 off CUDA)
     stats["decode_graph_replays"] = graphs.replays if graphs is not None else 0
     stats["decode_graphs_captured"] = graphs.num_captured if graphs is not None else 0
+    head = runner.certified.stats if runner.certified is not None else None  # greedy rows of the certified head
+    stats["certified_head_rows"] = head.rows if head is not None else 0
+    stats["certified_head_open_rows"] = head.open_rows if head is not None else 0  # settled by exact values
     return stats
