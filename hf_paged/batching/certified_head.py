@@ -41,6 +41,7 @@ _U32 = 2.0**-24  # fp32 unit roundoff
 _U_BF16 = 2.0**-8  # bf16 unit roundoff (8 significant bits)
 _U64 = 2.0**-53
 _FLUSH = 2.0**-126  # a flushed denormal's absolute error, per operation
+_BLOCK = 1024  # columns per block maximum while looking for candidates
 MAX_CANDIDATES = 64  # a row with more candidate columns is settled by the exact head (its gather would cost more)
 MIN_HEAD_ELEMENTS = 2**21  # smaller heads (8 MiB of fp32 and below) stay in cache: the bf16 product gains little
 
@@ -104,6 +105,34 @@ def head_copy(weight: torch.Tensor) -> HeadCopy:
     return copy
 
 
+def _candidates(approx: torch.Tensor, lowered: torch.Tensor) -> list[list[int]]:
+    """Each row's columns at or above its threshold (`lowered`, NaN: none), found through the maxima of 1,024-column
+    blocks (one pass over the product, where a boolean mask, its count and its nonzero take three); a row with more
+    than `MAX_CANDIDATES` (a zero or repeated head: many near-equal columns) gets none, and is settled exactly."""
+    rows, vocab = approx.shape
+    blocks = vocab // _BLOCK
+    main = approx[:, : blocks * _BLOCK].view(rows, blocks, _BLOCK)
+    maxima = main.amax(2)
+    if vocab > blocks * _BLOCK:
+        maxima = torch.cat((maxima, approx[:, blocks * _BLOCK :].amax(1, keepdim=True)), 1)
+    hit = maxima >= lowered.unsqueeze(1)
+    hit[hit.sum(1) > MAX_CANDIDATES] = False  # more blocks than candidates allowed: crowded
+    pairs = hit.nonzero().tolist()
+    found: list[list[int]] = [[] for _ in range(rows)]
+    inner = [(r, b) for r, b in pairs if b < blocks]
+    if inner:
+        at_rows = torch.tensor([r for r, _ in inner])
+        segments = main[at_rows, torch.tensor([b for _, b in inner])] >= lowered[at_rows].unsqueeze(1)
+        for p, c in segments.nonzero().tolist():  # at most MAX_CANDIDATES x 1,024 entries a row
+            r, b = inner[p]
+            found[r].append(b * _BLOCK + c)
+    for r, b in pairs:
+        if b == blocks:  # the remainder past the last whole block
+            tail = approx[r, blocks * _BLOCK :] >= lowered[r]
+            found[r].extend(blocks * _BLOCK + c for c in tail.nonzero()[:, 0].tolist())
+    return [columns if len(columns) <= MAX_CANDIDATES else [] for columns in found]
+
+
 class CertifiedArgmax:
     """`tokens(x)` for the lm_head module `head` (fp32, CPU, no bias): the exact head's argmax of each row of x."""
 
@@ -147,16 +176,9 @@ class CertifiedArgmax:
         # an fp32 threshold at or below the fp64 one (rounding to fp32 moves a value by at most 2^-24 of it); NaN
         # for the other rows (no candidate: they are settled exactly)
         lowered = (threshold - threshold.abs() * 2.0**-22 - 1e-30).where(finite, torch.full_like(threshold, torch.nan))
-        mask = approx >= lowered.float().unsqueeze(1)
-        crowded = mask.sum(1) > MAX_CANDIDATES  # many near-equal columns (a zero or repeated head): settled exactly
-        if crowded.any():
-            mask[crowded] = False
-            finite &= ~crowded
-        pairs = mask.nonzero().tolist()
-        by_row: list[list[int]] = [[] for _ in range(rows)]
-        for r, j in pairs:
-            by_row[r].append(j)
-        finite_rows = finite.tolist()
+        by_row = _candidates(approx, lowered.float())
+        pairs = [(r, j) for r, columns in enumerate(by_row) for j in columns]
+        finite_rows = [f and bool(c) for f, c in zip(finite.tolist(), by_row)]  # crowded rows have none: exact
         cols = [j for r, j in pairs]
         wide = self.head.weight.detach()[cols].double() if cols else None
         take = torch.tensor([r for r, j in pairs], dtype=torch.long)
