@@ -264,6 +264,9 @@ class Scheduler:
                 load = self.kv_transfer.load_step(request.request_id, self._cache_tokens(request),
                                                   self.extra_keys(request), budget)
                 budget -= load.num_tokens  # its block writes this step, as prompt tokens of the same cost
+                if load.blocked:
+                    break  # the rest of its load does not fit beside the running requests: as a request that
+                    # does not fit (FCFS), none behind it takes the blocks it waits for
                 if load.waiting or budget == 0:
                     continue  # blocks past its prefix hit are read or written (a share a step): the others go
             if not self._start(request):

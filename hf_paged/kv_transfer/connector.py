@@ -14,8 +14,9 @@ failure policy decided once, here:
                      (the swap path, per layer), on the scheduler's thread
                      blocks_stored / blocks_evicted (the tree's `BlockSink`): `save_blocks`, encode, `store.put`
 
-A load that fails (a blob missing, corrupt or made for another layout, no room in the pool, a storage error) falls
-back to recomputing what was not loaded, and is counted; a bad blob is deleted from the store. Without `load_async`
+A load that fails (a blob missing, corrupt or made for another layout, a storage error) falls back to recomputing
+what was not loaded, and is counted; a bad blob is deleted from the store. A load with no room in the pool waits for
+the blocks running requests hold (`paced_load.py`). Without `load_async`
 each chunk's blobs are read in its step (an in-process store: memory copies); saves happen when the
 tree stores or evicts blocks, before the pool reuses them (synchronous: ~0.5 ms a 257 KiB block to a local disk).
 

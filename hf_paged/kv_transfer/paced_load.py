@@ -15,9 +15,21 @@ A chunk: a staging table takes the local hit (the tree's blocks, earlier chunks 
 chunk; the blobs are read (a store without background reads: only the chunk's) and written; the blocks go into the
 prefix tree only then (the tree sees whole, written blocks); the staging table is dropped before the call returns.
 So a waiting request holds no block between steps: its chunks are normal cached blocks (the newest: evicted last),
-a tight pool may take them back (the request then hits fewer and recomputes the rest), and nothing waits on a
-half-loaded request (no deadlock). A chunk that fails (a blob missing or corrupt, no room, a storage error, a gap in
-the hit, new weights) ends the load, counted once: what was written stays cached, the rest is recomputed.
+a tight pool may take them back (the next chunk writes them again from the blocks read), and nothing waits on a
+half-loaded request (no deadlock).
+
+The step the background read finishes before (the reader thread's speed) must not decide what is loaded (issue 39:
+a read taken while running requests held the pool ended its load with 0 blocks written, recomputed):
+- no room: a chunk is written only when the free blocks hold the whole rest of the load (else its chunks would be
+  evicted before the rest goes in). Until then the request waits (`LoadStep.blocked`: as for a request that does not
+  fit, the scheduler admits none behind it) while running requests' tables hold blocks, which they give back as they
+  end; with no table left (only pinned prefixes hold blocks: nothing will free one) it writes what fits and the rest
+  is recomputed, a failure.
+- a gap: blocks before the load's first were evicted meanwhile (to the store, the disk tier saving on eviction).
+  The missing head is read again from the hit there is now and the blocks read are kept behind it (`_reask`); each
+  re-read starts at a lower block, so they end.
+A chunk that fails (a blob missing or corrupt, a storage error, new weights, a re-read the store cannot serve) ends
+the load, counted once: what was written stays cached, the rest is recomputed.
 
 The prefix cache's hit counters keep meaning local hits: a chunk's staging lookup is not counted
 (`RadixCache.counting` off), and when the request is admitted the tokens its load wrote are taken out of its
@@ -44,6 +56,7 @@ class LoadStep:
 
     waiting: bool  # its blocks are still being read or written: admit the others meanwhile
     num_tokens: int  # prompt tokens of the step's budget its block writes took (their cost in prefill tokens)
+    blocked: bool = False  # waiting for a free block to write its next chunk into: admit none behind it (FCFS)
 
 
 @dataclass(slots=True)
@@ -70,6 +83,7 @@ class PacedLoads:
         self._now = work_clock(next(connector.model.parameters()).device)  # the step clock's (`StepTimes` units)
         self._staged: dict[Hashable, StagedLoad] = {}
         self._written: dict[Hashable, tuple[int, int]] = {}  # ended loads: the prompt tokens (start, end) written
+        self._kept: dict[Hashable, StagedLoad] = {}  # a load whose head is read again (`_reask`): its blocks read
 
     def __len__(self) -> int:
         return len(self._staged)
@@ -80,6 +94,7 @@ class PacedLoads:
     def forget(self, seq_id: Hashable) -> None:
         self._staged.pop(seq_id, None)
         self._written.pop(seq_id, None)
+        self._kept.pop(seq_id, None)
 
     def uncount(self, seq_id: Hashable, num_hit_tokens: int) -> None:
         """The request's lookup hit `num_hit_tokens`: those its load wrote were not a local hit (take them out of the
@@ -114,7 +129,7 @@ class PacedLoads:
             if seq_id in c.fetcher:
                 if not c.fetcher.is_done(seq_id):
                     return LoadStep(True, 0)
-                staged = self._from_fetch(c.fetcher.take(seq_id))  # type: ignore[arg-type]
+                staged = self._from_fetch(seq_id, c.fetcher.take(seq_id))  # type: ignore[arg-type]
             elif c.load_async:
                 started = c.start_read(seq_id, token_ids, extra_keys, c.kv.pool.num_blocks)
                 return LoadStep(started, 0)
@@ -125,10 +140,16 @@ class PacedLoads:
             self._staged[seq_id] = staged
         return self._chunk(seq_id, staged, token_ids, extra_keys, token_budget)
 
-    def _from_fetch(self, fetch: PendingFetch) -> StagedLoad:
+    def _from_fetch(self, seq_id: Hashable, fetch: PendingFetch) -> StagedLoad:
+        """A finished read as a load; the read of a load's missing head (`_reask`) goes before the blocks kept."""
         result = fetch.future.result()
-        return StagedLoad(fetch.first, fetch.num_blocks, fetch.epoch, blocks=self.c.checked(result),
-                          read_seconds=result.seconds)
+        blocks, num_blocks = self.c.checked(result), fetch.num_blocks
+        kept = self._kept.pop(seq_id, None)
+        if kept is not None and kept.epoch == fetch.epoch:
+            num_blocks += kept.num_blocks  # what the store announced, both reads
+            if fetch.first + len(blocks) == kept.first:  # the head came back whole: the kept blocks follow it
+                blocks = blocks + kept.blocks  # type: ignore[operator]
+        return StagedLoad(fetch.first, num_blocks, fetch.epoch, blocks=blocks, read_seconds=result.seconds)
 
     def _from_store(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple) -> StagedLoad | None:
         """Without background reads: the blocks the store holds past the local hit, to read a chunk a step."""
@@ -153,17 +174,26 @@ class PacedLoads:
         staging = (_STAGING, seq_id)
         start = self._now()  # the lookup (hashing the prompt) is the step's load work too
         hit = self._lookup(staging, token_ids, extra_keys) // bs
+        done = hit - staged.first  # blocks of the load the tree holds (earlier chunks; maybe others' too)
+        if done < 0:  # a gap: blocks before the load were evicted meanwhile (to the store, as a rule)
+            c.kv.free(staging)
+            return self._reask(seq_id, staged, token_ids, extra_keys, token_budget)
         try:
-            done = hit - staged.first  # blocks of the load the tree holds (earlier chunks; maybe others' too)
             available = staged.num_blocks if staged.blocks is None else len(staged.blocks)
-            if done < 0 or done >= available:  # a gap (blocks before the load were evicted), or all written
-                return self._end(seq_id, staged, failed=done < 0 or available < staged.num_blocks, num_tokens=0)
-            n = min(self.share(token_budget, available - done), c.kv.pool.num_free_blocks)
-            if staged.asks is not None:  # read in the step: only this chunk's blobs
+            if done >= available:  # all written (or held by the tree)
+                return self._end(seq_id, staged, failed=available < staged.num_blocks, num_tokens=0)
+            rest, free = available - done, c.kv.pool.num_free_blocks
+            # the rest does not fit now (its chunks would be evicted before it ends): wait while requests' tables hold
+            # blocks, which come back as they end (pinned prefixes' never do: with no table left, write what fits)
+            waits = free < rest and any(seq.block_ids for sid, seq in c.kv.seqs.items() if sid != staging)
+            n = 0 if waits else min(self.share(token_budget, rest), free)
+            blocks, loaded = [], 0
+            if n == 0:
+                pass  # nothing to write this step
+            elif staged.asks is not None:  # read in the step: only this chunk's blobs
                 blocks = c.checked(read_blocks(c.store, c.layout(), staged.asks[done : done + n]))
             else:
                 blocks = staged.blocks[done : done + n]  # type: ignore[index]
-            loaded = 0
             if (blocks and c.kv.allocate_slots(staging, len(blocks) * bs)
                     and c.write_blocks(c.kv.block_ids(staging)[hit : hit + len(blocks)], blocks)):
                 loaded = len(blocks)  # only now, written, do they enter the prefix tree
@@ -171,6 +201,9 @@ class PacedLoads:
             seconds = self._now() - start
         finally:
             c.kv.free(staging)
+        if waits:  # the request stays queued, holding nothing; the blocks read stay with the load
+            c.counters.load_waits += 1
+            return LoadStep(True, 0, blocked=True)
         c.count_load(blocks[:loaded], seconds, seconds + staged.read_seconds)
         staged.num_written = done + loaded
         staged.read_seconds = 0.0
@@ -181,9 +214,29 @@ class PacedLoads:
             return self._end(seq_id, staged, failed=available < staged.num_blocks, num_tokens=used)
         return LoadStep(True, used)
 
+    def _reask(self, seq_id: Hashable, staged: StagedLoad, token_ids: Sequence[int], extra_keys: tuple,
+               token_budget: int | None) -> LoadStep:
+        """The local hit the load was asked after shrank: a tight pool evicted blocks before the load's first while its
+        read ran or it waited for room (a slow read waits longer: issue 39). The evicted blocks went to the store (the
+        disk tier saves on eviction): read them again, from the hit there is now, and keep the blocks already read
+        behind them. Each time the load starts at a smaller block (the hit now, below the load's first), so this ends."""
+        c = self.c
+        del self._staged[seq_id]
+        c.counters.reread_loads += 1
+        if c.load_async and staged.blocks is not None:
+            prefix = token_ids[: staged.first * c.block_size]
+            first = c.radix.peek(prefix, extra_keys, c.digests.digests(seq_id, prefix, extra_keys)) // c.block_size
+            if c.start_read(seq_id, token_ids, extra_keys, staged.first - first):  # the missing head alone
+                self._kept[seq_id] = staged
+                return LoadStep(True, 0)
+        elif not c.load_async and (again := self._from_store(seq_id, token_ids, extra_keys)) is not None:
+            self._staged[seq_id] = again  # read in the step, a chunk a step: only what is missing is read
+            return self._chunk(seq_id, again, token_ids, extra_keys, token_budget)
+        return self._end(seq_id, staged, failed=True, num_tokens=0)
+
     def _end(self, seq_id: Hashable, staged: StagedLoad, *, failed: bool, num_tokens: int) -> LoadStep:
         """The load is over: the request goes on with what the tree holds, recomputing the rest."""
-        del self._staged[seq_id]
+        self._staged.pop(seq_id, None)
         if staged.num_written > 0:
             bs = self.c.block_size
             self._written[seq_id] = (staged.first * bs, (staged.first + staged.num_written) * bs)

@@ -28,3 +28,5 @@ class KVTransferStats:
     store_bytes: int = 0  # bytes the store holds now (and queued for it)
     loads_skipped: int = 0  # requests whose blocks the cost model chose to recompute rather than load
     prefetched_reads: int = 0  # background reads started when the request arrived (not when admitted)
+    load_waits: int = 0  # steps a load waited for a free block to write its next chunk into (a full pool)
+    reread_loads: int = 0  # loads asked again from a shorter local hit (blocks before them evicted meanwhile)

@@ -162,20 +162,28 @@ def test_a_load_that_finds_its_blob_gone_is_recomputed(model, prompts, expected)
     assert transfer_stats(engine)["load_failures"] == 1 and transfer_stats(engine)["loaded_blocks"] == 0
 
 
-def test_no_room_for_the_load_falls_back_to_recomputing(model, prompts, expected):
+def test_no_room_for_the_load_waits_for_the_running_requests_blocks(model, prompts, expected):
+    """A load whose blocks do not fit beside a running request waits for that request's blocks (it used to end as a
+    failure and recompute: issue 39), and the request behind it is not admitted first (FCFS, as for a request that
+    does not fit)."""
     store = InProcessStore()
     run(Engine(model, PagedConfig(block_size=BS), kv_store=store), prompts[:1])
     engine = Engine(model, PagedConfig(block_size=BS, num_blocks=7), kv_store=store)  # 7 blocks for 53 + 8 tokens
     busy = engine.add_request(ragged_prompts([20], seed=5)[0], SamplingParams(max_new_tokens=20))
     engine.step()  # the busy request holds 3 blocks: 5 loaded blocks do not fit beside it
     rid = engine.add_request(prompts[0], SamplingParams(max_new_tokens=MAX_NEW))
+    behind = engine.add_request(ragged_prompts([4], seed=6)[0], SamplingParams(max_new_tokens=2))
+    order = []
     while engine.has_unfinished:
         engine.step()
         engine.check_integrity()
+        order += [r.request_id for r in engine.scheduler.running if r.request_id not in order]
     assert engine.pop_output(rid).generated_tokens == expected[0]
     engine.pop_output(busy)
+    engine.pop_output(behind)
     stats = transfer_stats(engine)
-    assert stats["load_failures"] >= 1 and stats["rejected_blocks"] == 0
+    assert stats["loaded_blocks"] == 5 and stats["load_failures"] == 0 and stats["load_waits"] > 0, stats
+    assert order.index(rid) < order.index(behind)
     assert engine.cache.pool.num_used_blocks == 0
 
 
@@ -274,15 +282,15 @@ def test_a_churning_pool_with_the_disk_tier_keeps_every_output(model, tmp_path, 
     expected = stock_greedy(model, prompts, 6)
     engine = disk_engine(model, tmp_path, num_blocks=20, max_num_batched_tokens=32, preemption_mode=preemption_mode)
     # loads always win here (the priors, frozen): whether a load beats recomputing on this machine's clocks is
-    # test_cost_and_prefetch's; this test is about paging, and a full run once loaded 0 blocks (23 saved)
+    # test_cost_and_prefetch's; this test is about paging
     engine.scheduler.kv_transfer.cost = TransferCostModel(learn=False)
     for order in (range(4), range(4, 8), range(7, -1, -1)):
         assert run_engine(engine, [prompts[i] for i in order], 6) == [expected[i] for i in order]
     stats = transfer_stats(engine)
     assert stats["saved_blocks"] > 0 and stats["rejected_blocks"] == 0, stats
-    # with swap, a run now and then loads no block (0 of 23 saved; 1 of ~20 runs alone, the cost model frozen; cause
-    # not found, the disk tier's reader and writer threads are the timing in it); outputs equal stock either way
-    assert stats["loaded_blocks"] > 0 or preemption_mode == "swap", stats
+    # a prefetched read taken while the fillers held the pool used to end its load with 0 blocks written (issue 39,
+    # 1 run in ~20 with swap): it waits for room now (test_read_timing)
+    assert stats["loaded_blocks"] > 0 and stats["load_failures"] == 0, stats
     assert engine.stats()["preemptions"] > 0 and engine.cache.pool.num_used_blocks == 0
 
 
