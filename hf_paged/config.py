@@ -136,7 +136,8 @@ class PagedConfig:
     # greedy rows' tokens from a bf16 copy of the lm_head with a proof that each is the fp32 head's argmax
     # (`batching/certified_head.py`; the same tokens, the exact values computed only where the proof leaves a row
     # open; the copy costs half the head's fp32 bytes): None (auto) on CPUs with native bf16 products for heads of
-    # >= 2M weights, when every row of a step is plain greedy; True wherever the head is fp32 on the CPU; False never
+    # >= 2M weights and >= 128 wide, when every row of a step is plain greedy; True wherever the head is fp32 on the
+    # CPU; False never
     certified_argmax: bool | None = None
     # block-sparse attention of long prompts' prefill chunks (cache/sparse_prefill.py; an approximation, off by
     # default): None (dense) | "vertical_slash" | "block" (MInference's patterns) | "auto" (per head, the one that keeps

@@ -106,6 +106,7 @@ def test_applies_to_plain_fp32_cpu_heads_only():
     assert not CertifiedArgmax.applies(torch.nn.Linear(64, 6000, bias=False).half(), forced=True)
     assert CertifiedArgmax.applies(torch.nn.Linear(64, 6000, bias=False), forced=True)
     assert not CertifiedArgmax.applies(torch.nn.Linear(64, 300, bias=False))  # small: auto leaves it exact
+    assert not CertifiedArgmax.applies(torch.nn.Linear(64, 2**15, bias=False))  # 2M weights, but 64 wide
     with pytest.raises(ValueError, match="certified_argmax"):
         PagedConfig(certified_argmax="yes")
 
