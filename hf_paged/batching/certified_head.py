@@ -171,7 +171,8 @@ class CertifiedArgmax:
         x_norm, xb_norm = x64.norm(dim=1), xb.double().norm(dim=1)
         dx_norm = (x64 - xb.double()).norm(dim=1)
         err_a = (xb_norm * self._dw_max + dx_norm * self._w_max + _gamma(width, _U32) * xb_norm * self._wb_max
-                 + big * (2 * _U_BF16 / (1 - 2 * _U_BF16)) + width * _FLUSH)  # (2u: truncation covered too)
+                 + big * (2 * _U_BF16 / (1 - 2 * _U_BF16))  # (2u: truncation covered too)
+                 + width * _FLUSH * (1 + xb_norm + self._wb_max))  # denormal inputs or sums flushed to zero
         err_s = _gamma(width + 1, _U32) * x_norm * self._w_max + width * _FLUSH
         threshold = high.double() - 2 * err_a - 2 * err_s
         # rows the proof takes: finite, and far from fp32's overflow (|x.w_j| <= |x| |w_j|, partial sums too)
