@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hf_paged.batching.lean_forward import MIN_PRUNED_ROWS, _HEAD_CHUNK, _head
+from hf_paged.batching.lean_forward import _HEAD_CHUNK, MIN_PRUNED_ROWS, _head
 
 _U32 = 2.0**-24  # fp32 unit roundoff
 _U_BF16 = 2.0**-8  # bf16 unit roundoff (8 significant bits)
@@ -103,7 +103,8 @@ def head_copy(weight: torch.Tensor) -> HeadCopy:
             wb_max = max(wb_max, float(torch.linalg.vector_norm(wide, dim=1).max()))
     margin = 1 + 2 * _gamma(width + 4, _U32)  # an fp32 norm's relative error, twice over
     copy = HeadCopy(key, bf16, w_max * margin, dw_max * margin, wb_max * margin)
-    _COPIES[id(weight)] = (weakref.ref(weight, lambda _, i=id(weight): _COPIES.pop(i, None)), copy)
+    number = id(weight)
+    _COPIES[number] = (weakref.ref(weight, lambda _: _COPIES.pop(number, None)), copy)
     return copy
 
 
