@@ -22,13 +22,14 @@ RELEASES = {"read before the first step": 0, "read while the pool is full": 3, "
 
 
 class GatedReads:
-    """The connector's reads (its reader thread's store) held until the test opens `gate` (10 s at most)."""
+    """The connector's reads (its reader thread's store) held until the test opens `gate` (120 s at most: a bound
+    against a hang, far past any step count a loaded machine takes to reach the release)."""
 
     def __init__(self, store) -> None:
         self.store, self.gate = store, threading.Event()
 
     def get(self, key):
-        self.gate.wait(10)
+        self.gate.wait(120)
         return self.store.get(key)
 
 
@@ -73,7 +74,7 @@ def run_released_at(engine, gated, release: int, requests: list[tuple[list[int],
     while engine.has_unfinished:
         if steps == release:
             gated.gate.set()
-            engine.scheduler.kv_transfer.wait(10)  # the read is finished before this step asks for it
+            engine.scheduler.kv_transfer.wait(60)  # the read is finished before this step asks for it
         engine.step()
         engine.check_integrity()
         steps += 1
