@@ -30,6 +30,7 @@ depends on the proof.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass
 
@@ -65,6 +66,7 @@ class HeadStats:
     open_rows: int = 0  # rows the proof left open (their candidates computed exactly)
     whole_heads: int = 0  # steps that computed the whole exact head (open rows where slices cannot be used)
     candidates: int = 0  # candidate columns over all rows
+    exact_steps: int = 0  # steps left to the exact head while the copy was being made (or could not be)
 
 
 @dataclass(slots=True, frozen=True)
@@ -100,16 +102,29 @@ def _packed(bf16: torch.Tensor) -> torch.Tensor | None:
 # id(weight) -> (a weak reference to it, its HeadCopy): engines over one model share the copy; it goes with the weight
 _COPIES: dict[int, tuple[weakref.ref, HeadCopy]] = {}
 _COPY_ROWS = 1024  # vocabulary rows per pass while copying: the passes over a slice stay in cache
+_BUILD_LOCK = threading.Lock()
+
+
+def current_copy(weight: torch.Tensor) -> HeadCopy | None:
+    """The shared copy of `weight` as it is now (storage, version counter, shape), or None."""
+    ref, copy = _COPIES.get(id(weight), (None, None))
+    if ref is None or ref() is not weight or copy.key != (weight.data_ptr(), weight._version, tuple(weight.shape)):
+        return None
+    return copy
 
 
 def head_copy(weight: torch.Tensor) -> HeadCopy:
     """The bf16 copy of an fp32 head and bounds of its row norms, shared by every engine over the same weight and
     made again when the weight changed in place (its version counter) or was replaced. In passes of `_COPY_ROWS` rows,
-    fp32 norms raised by their own rounding's bound (no fp64 copy of the head: ~0.3 s for a [151936, 896] head)."""
+    fp32 norms raised by their own rounding's bound (no fp64 copy of the head: ~0.55 s for a [151936, 896] head, its
+    oneDNN packing included). One build at a time: engines over one weight wait for the same copy."""
+    with _BUILD_LOCK:
+        copy = current_copy(weight)
+        return copy if copy is not None else _build(weight)
+
+
+def _build(weight: torch.Tensor) -> HeadCopy:
     key = (weight.data_ptr(), weight._version, tuple(weight.shape))
-    ref, copy = _COPIES.get(id(weight), (None, None))
-    if ref is not None and ref() is weight and copy.key == key:
-        return copy
     vocab, width = weight.shape
     bf16 = torch.empty(vocab, width, dtype=torch.bfloat16)
     w_max = dw_max = wb_max = 0.0
@@ -162,10 +177,35 @@ def _candidates(approx: torch.Tensor, lowered: torch.Tensor) -> list[list[int]]:
 class CertifiedArgmax:
     """`tokens(x)` for the lm_head module `head` (fp32, CPU, no bias): the exact head's argmax of each row of x."""
 
-    def __init__(self, head: torch.nn.Module, rows_independent: bool = True) -> None:
+    def __init__(self, head: torch.nn.Module, rows_independent: bool = True, background: bool = False) -> None:
         self.head = head
         self.rows_independent = rows_independent  # the lean forward's pruning check held (module docstring)
         self.stats = HeadStats()
+        # background: the copy is made by a thread, and `tokens` answers None until it is there (the caller takes
+        # the exact head meanwhile): a first step, or the first after new weights, never waits for it
+        self.background = background
+        self._builder: threading.Thread | None = None
+        self._failed: Exception | None = None  # a background build that raised: the exact head from then on
+        if background:
+            self._start()
+
+    def _start(self) -> None:
+        if self._failed is None and (self._builder is None or not self._builder.is_alive()):
+            self._builder = threading.Thread(target=self._build, name="hf_paged-head-copy", daemon=True)
+            self._builder.start()
+
+    def _build(self) -> None:
+        try:
+            head_copy(self.head.weight)
+        except Exception as exc:  # noqa: BLE001 -- out of memory, say: the exact head goes on serving
+            self._failed = exc
+
+    def ready(self, timeout: float | None = None) -> bool:
+        """Whether the copy of the weight as it is now exists, after waiting up to `timeout` s for a background
+        build (None: until it ends)."""
+        if current_copy(self.head.weight) is None and self._builder is not None:
+            self._builder.join(timeout)
+        return current_copy(self.head.weight) is not None
 
     @staticmethod
     def applies(head: torch.nn.Module, forced: bool = False) -> bool:
@@ -177,13 +217,17 @@ class CertifiedArgmax:
         return forced or (weight.numel() >= MIN_HEAD_ELEMENTS and weight.shape[1] >= MIN_HEAD_WIDTH
                           and bf16_products_native())
 
-    def _prepare(self) -> None:
-        """The bf16 copy of the weight and its norms (`head_copy`), made again whenever the weight changed."""
-        copy = head_copy(self.head.weight)
+    def tokens(self, x: torch.Tensor) -> list[int] | None:
+        """Each row's token; None where the copy of the weight as it is now is still being made in the background
+        (or could not be made): the caller computes the exact head."""
+        copy = current_copy(self.head.weight)
+        if copy is None:
+            if self.background or self._failed is not None:
+                self._start()
+                self.stats.exact_steps += 1
+                return None
+            copy = head_copy(self.head.weight)
         self._copy, self._w_max, self._dw_max, self._wb_max = copy, copy.w_max, copy.dw_max, copy.wb_max
-
-    def tokens(self, x: torch.Tensor) -> list[int]:
-        self._prepare()
         rows, width = x.shape
         self.stats.rows += rows
         xb = x.to(torch.bfloat16)

@@ -17,7 +17,7 @@ import torch
 
 from hf_paged.batching.certified_head import CertifiedArgmax
 from hf_paged.batching.decode_graphs import DecodeGraphs
-from hf_paged.batching.lean_forward import LeanForward
+from hf_paged.batching.lean_forward import LeanForward, _head
 from hf_paged.cache.attention import ATTENTION_NAME, attend_packed, register
 from hf_paged.cache.attention_backends import TorchBackend, choose_backend
 from hf_paged.cache.attention_switch import attention_configs, use_attention
@@ -52,7 +52,7 @@ class ModelRunner:
             return None
         if not CertifiedArgmax.applies(self.lean.head, forced=bool(self.cache.paged_config.certified_argmax)):
             return None
-        return CertifiedArgmax(self.lean.head, rows_independent=self.lean.prune)
+        return CertifiedArgmax(self.lean.head, rows_independent=self.lean.prune, background=True)
 
     def _decode_graphs(self) -> DecodeGraphs | None:
         """Decode graphs where they can apply: CUDA, the lean forward, Triton attention, not turned off."""
@@ -75,7 +75,9 @@ class ModelRunner:
             return self.forward(input_ids, positions, metadata, logits_rows).argmax(dim=-1).tolist()
         self.cache.apply_pending_copies()
         ids, pos, keep, backend = self._packed(input_ids, positions, metadata, logits_rows)
-        return self.certified.tokens(self.lean.hidden(ids, pos, keep, self._paged_attend(backend)))
+        hidden = self.lean.hidden(ids, pos, keep, self._paged_attend(backend))
+        tokens = self.certified.tokens(hidden)  # None while its copy of the head is made in the background
+        return tokens if tokens is not None else _head(self.lean.head, hidden).argmax(dim=-1).tolist()
 
     def _packed(self, input_ids: list[int], positions: list[int], metadata: PagedMetadata, logits_rows: list[int]):
         """The step's tensors `[1, T]` ids and positions, `[R]` kept rows, and its attention backend."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -125,6 +127,7 @@ def test_engine_greedy_equals_stock_through_the_certified_head(one_thread):
     for flag in (True, False):
         engine = Engine(model, PagedConfig(block_size=8, max_num_batched_tokens=24, certified_argmax=flag))
         assert (engine.runner.certified is not None) is flag
+        assert not flag or engine.runner.certified.ready(60)  # its copy of the head, made in the background
         ids = [engine.add_request(p, SamplingParams(max_new_tokens=12)) for p in prompts]
         outs = engine.run(ids)
         assert [outs[i].generated_tokens for i in ids] == want
@@ -170,3 +173,45 @@ def test_engines_over_one_weight_share_its_copy(one_thread):
     assert head_copy(head.weight) is first
     head.weight.add_(0.0)  # an in-place write (its version counter moves): copied again
     assert head_copy(head.weight) is not first
+
+
+def test_steps_before_the_background_copy_is_made_take_the_exact_head(one_thread, monkeypatch):
+    """The engine's copy of the head is made by a thread: until it exists the steps take the exact head (the same
+    tokens), none waits for it; a build that fails leaves the exact head serving."""
+    from hf_paged.batching import certified_head
+
+    model = _model(vocab=6007)  # a weight no other test has copied
+    prompts = ragged_prompts([5, 9, 13], vocab=6000)
+    want = stock_greedy(model, prompts, 10)
+    release = threading.Event()
+    build = certified_head._build
+
+    def held(weight):
+        release.wait(60)
+        return build(weight)
+
+    monkeypatch.setattr(certified_head, "_build", held)
+    engine = Engine(model, PagedConfig(block_size=8, certified_argmax=True))
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=10)) for p in prompts]
+    outs = engine.run(ids)
+    assert [outs[i].generated_tokens for i in ids] == want
+    head = engine.runner.certified
+    assert head.stats.rows == 0 and head.stats.exact_steps > 0 and not head.ready(0)
+    release.set()
+    assert head.ready(60)
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=10)) for p in prompts]
+    outs = engine.run(ids)
+    assert [outs[i].generated_tokens for i in ids] == want and head.stats.rows > 0
+
+    def broken(weight):
+        raise MemoryError("no room for the copy")
+
+    monkeypatch.setattr(certified_head, "_build", broken)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(1.0)  # a new version of the weight: a new copy is asked for, and fails
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=10)) for p in prompts]
+    outs = engine.run(ids)
+    assert [outs[i].generated_tokens for i in ids] == want
+    head = engine.runner.certified  # (the engine's weights check built the runner's parts anew)
+    head._builder.join(60)
+    assert isinstance(head._failed, MemoryError) and head.stats.rows == 0 and not head.ready(0)
