@@ -181,16 +181,17 @@ class CertifiedArgmax:
         self.head = head
         self.rows_independent = rows_independent  # the lean forward's pruning check held (module docstring)
         self.stats = HeadStats()
-        # background: the copy is made by a thread, and `tokens` answers None until it is there (the caller takes
-        # the exact head meanwhile): a first step, or the first after new weights, never waits for it
+        # background: the copy is made by a thread that the first call starts, and `tokens` answers None until it is
+        # there (the caller takes the exact head meanwhile): no step waits for it, and an engine whose requests all
+        # sample never makes it
         self.background = background
         self._builder: threading.Thread | None = None
         self._failed: Exception | None = None  # a background build that raised: the exact head from then on
-        if background:
-            self._start()
 
     def _start(self) -> None:
         if self._failed is None and (self._builder is None or not self._builder.is_alive()):
+            if current_copy(self.head.weight) is not None:
+                return
             self._builder = threading.Thread(target=self._build, name="hf_paged-head-copy", daemon=True)
             self._builder.start()
 
@@ -202,9 +203,11 @@ class CertifiedArgmax:
 
     def ready(self, timeout: float | None = None) -> bool:
         """Whether the copy of the weight as it is now exists, after waiting up to `timeout` s for a background
-        build (None: until it ends)."""
-        if current_copy(self.head.weight) is None and self._builder is not None:
-            self._builder.join(timeout)
+        build, started here if none runs (None: until it ends)."""
+        if current_copy(self.head.weight) is None:
+            self._start()
+            if self._builder is not None:
+                self._builder.join(timeout)
         return current_copy(self.head.weight) is not None
 
     @staticmethod
