@@ -230,24 +230,24 @@ class CertifiedArgmax:
                 self.stats.exact_steps += 1
                 return None
             copy = head_copy(self.head.weight)
-        self._copy, self._w_max, self._dw_max, self._wb_max = copy, copy.w_max, copy.dw_max, copy.wb_max
+        w_max, dw_max, wb_max = copy.w_max, copy.dw_max, copy.wb_max
         rows, width = x.shape
         self.stats.rows += rows
         xb = x.to(torch.bfloat16)
         # [rows, vocab], accumulated in fp32, rounded to bf16; read as fp32 (bf16 reductions take the slow path)
-        approx = self._copy.product(xb).float()
+        approx = copy.product(xb).float()
         low, high = approx.amin(1), approx.amax(1)
         big = torch.maximum(low.double().abs(), high.double().abs())
         x64 = x.double()
         x_norm, xb_norm = x64.norm(dim=1), xb.double().norm(dim=1)
         dx_norm = (x64 - xb.double()).norm(dim=1)
-        err_a = (xb_norm * self._dw_max + dx_norm * self._w_max + _gamma(width, _U32) * xb_norm * self._wb_max
+        err_a = (xb_norm * dw_max + dx_norm * w_max + _gamma(width, _U32) * xb_norm * wb_max
                  + big * (2 * _U_BF16 / (1 - 2 * _U_BF16))  # (2u: truncation covered too)
-                 + width * _FLUSH * (1 + xb_norm + self._wb_max))  # denormal inputs or sums flushed to zero
-        err_s = _gamma(width + 1, _U32) * x_norm * self._w_max + width * _FLUSH
+                 + width * _FLUSH * (1 + xb_norm + wb_max))  # denormal inputs or sums flushed to zero
+        err_s = _gamma(width + 1, _U32) * x_norm * w_max + width * _FLUSH
         threshold = high.double() - 2 * err_a - 2 * err_s
         # rows the proof takes: finite, and far from fp32's overflow (|x.w_j| <= |x| |w_j|, partial sums too)
-        finite = torch.isfinite(threshold) & (x_norm * self._w_max < 2.0**100)
+        finite = torch.isfinite(threshold) & (x_norm * w_max < 2.0**100)
         # an fp32 threshold at or below the fp64 one (rounding to fp32 moves a value by at most 2^-24 of it); NaN
         # for the other rows (no candidate: they are settled exactly)
         lowered = (threshold - threshold.abs() * 2.0**-22 - 1e-30).where(finite, torch.full_like(threshold, torch.nan))
