@@ -1,12 +1,11 @@
 """The rules of a grammar (`grammar.Grammar`) as byte automata: each compiled by `build_pending` (anchored, counted
 and checked at once), its table written and its call edges read off and cut out on first need (`Rule`). A call to
-a missing rule is refused at once, from the calls its text spells (`_calls_in_range`). Immutable, memoised per
+a missing rule is refused at once, from the calls its text spells (`call_graph`). Immutable, memoised per
 grammar and per rule text: validation and the build share them, the ladder's tries and other grammars share rules
 of the same text, and every `GrammarDFA` of the grammar names its own states over them."""
 
 from __future__ import annotations
 
-import re
 import threading
 from collections import OrderedDict
 
@@ -14,10 +13,11 @@ import numpy as np
 
 from hf_paged.errors import InvalidRegexError
 from hf_paged.processors.automaton.byte_dfa import ByteDFA, PendingDFA, anchored, build_pending, byte_sets
+from hf_paged.processors.automaton.call_graph import call_graph
 from hf_paged.processors.automaton.grammar import DIGITS, MARK, WIDTH, Grammar
 from hf_paged.processors.budget import CompileBudget
 
-__all__ = ["Rule", "grammar_rules", "rules_that_never_end"]
+__all__ = ["Rule", "grammar_rules"]
 
 
 class Rule:
@@ -162,27 +162,7 @@ def _call_edges(table: np.ndarray, dead: int) -> dict[int, list[tuple[int, int]]
     return calls
 
 
-def _calls_in_range(text: str, num_rules: int) -> bool:
-    """Whether every call `text` spells (`call_regex`'s markers) names one of `num_rules` rules, and it spells no
-    mark byte another way: then its automaton's call edges, a subset of those (rule texts match no raw mark byte
-    themselves, `grammar.py`), name rules of the grammar too, and its table can wait. False: check the edges."""
-    markers = _MARKER.findall(text)
-    if len(markers) != text.count("\\x02"):
-        return False
-    for digits in markers:
-        number = 0
-        for at in (2, 6, 10):
-            digit = int(digits[at : at + 2], 16) - DIGITS[0]
-            if not 0 <= digit < len(DIGITS):
-                return False
-            number = number * len(DIGITS) + digit
-        if not 0 < number < num_rules:
-            return False
-    return True
-
-
 _DIGITS = np.asarray(DIGITS, dtype=np.int64)
-_MARKER = re.compile(r"\\x02((?:\\x[0-9a-f]{2}){3})")  # a call as `call_regex` spells it: the digits
 _TEXTS: OrderedDict[str, tuple[Rule, int]] = OrderedDict()  # rule text -> its rule, its work (`ByteDFA.work`)
 _TEXTS_SIZE = 256  # entries ...
 _TEXTS_BYTES = 128 << 20  # ... and bytes of tables kept, whichever is reached first
@@ -210,9 +190,13 @@ def grammar_rules(grammar: Grammar, budget: CompileBudget | None = None) -> list
         return hit
     before = budget.work
     rules = [_compile_rule(text, budget) for text in grammar.texts]
+    graph = call_graph(grammar)  # (the scan `productive` made of the same grammar, memoised)
     for number, rule in enumerate(rules):
-        if _calls_in_range(grammar.texts[number], len(rules)):
-            continue  # (every callee exists: the table waits for its first need)
+        if graph.spelled[number] and all(0 < callee < len(rules) for callee in graph.callees[number]):
+            # every call the text spells names a rule of the grammar, and it spells no mark byte another way: its
+            # automaton's call edges, a subset of those (rule texts match no raw mark byte themselves,
+            # `grammar.py`), name rules of the grammar too, and the table waits for its first need
+            continue
         for targets in rule.calls.values():
             for callee, _ in targets:
                 if not 0 < callee < len(rules):
@@ -222,36 +206,3 @@ def grammar_rules(grammar: Grammar, budget: CompileBudget | None = None) -> list
         while len(_RULES) > _RULES_SIZE:
             _RULES.popitem(last=False)
     return rules
-
-
-def rules_that_never_end(rules: list[Rule]) -> list[int]:
-    """The rules no finite text matches (a rule whose every path passes a call to such a rule, as `$ref` cycles
-    with no base case write): the complement of the least fixed point of "some path from the initial state to a
-    final one, over bytes and calls to rules that end". Writes every rule's table: for error messages, not the
-    compile's hot path."""
-    ends: set[int] = set()
-    grown = True
-    while grown:
-        grown = False
-        for number, rule in enumerate(rules):
-            if number not in ends and _reaches_a_final(rule, ends):
-                ends.add(number)
-                grown = True
-    return [number for number in range(len(rules)) if number not in ends]
-
-
-def _reaches_a_final(rule: Rule, ends: set[int]) -> bool:
-    table, dead, finals = rule.table, rule.dead, rule.finals
-    seen = {rule.initial}
-    todo = [rule.initial]
-    while todo:
-        state = todo.pop()
-        if finals[state]:
-            return True
-        nexts = set(np.unique(table[state]).tolist())
-        nexts.update(back for callee, back in rule.calls.get(state, ()) if callee in ends)
-        nexts.discard(dead)
-        for target in nexts - seen:
-            seen.add(target)
-            todo.append(target)
-    return False

@@ -27,7 +27,7 @@ from typing import Any
 from hf_paged.errors import SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors import jit
 from hf_paged.processors.automaton import ByteDFA, Grammar, GrammarDFA, build_automaton, check_regex_size, describe
-from hf_paged.processors.automaton.grammar_rules import rules_that_never_end
+from hf_paged.processors.automaton.productive import never_ending_rules
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index.shared_trie import token_trie
 from hf_paged.processors.index.token_index import StateMask, TokenIndex
@@ -95,7 +95,7 @@ def _compile(
         dfa = build_automaton(regex, budget)
     compiled = CompiledIndex(TokenIndex(dfa, vocab, token_trie(vocab)), regex, vocab, 0.0, from_disk)
     if compiled.mask(dfa.initial).num_allowed == 0:
-        if isinstance(dfa, GrammarDFA) and 0 in (stuck := rules_that_never_end(dfa.rules)):
+        if isinstance(regex, Grammar) and 0 in (stuck := never_ending_rules(regex)):
             raise UnsatisfiableSchemaError(
                 f"no document matches the constraint {describe(regex)}: its rules {stuck} only lead into each other "
                 "and never end (a schema whose `$ref`s loop with no branch that stops, such as {\"$ref\": \"#\"}); "

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors.automaton import Grammar, check_automaton
+from hf_paged.processors.automaton.productive import prune_dead_rules
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.schema.context import DEFAULT_WHITESPACE, MIN_RULE_COST, Context, CutShort
 from hf_paged.processors.schema.translate import translate
@@ -146,6 +147,7 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
     automaton_error: SchemaTooComplexError | None = None  # the first automaton over its limits
     too_many_visits: tuple[SchemaTooComplexError, int] | None = None  # (error, recursion depth it happened at)
     cost_failure: tuple[tuple, int] | None = None  # (settings, cost) of the last stop-at-cut try over its cost budget
+    dead_root: UnsatisfiableSchemaError | None = None  # a pruning try's grammar whose root never ends
 
     def make_context(attempt: _Attempt, stop_at_cut: bool = False) -> Context:
         return Context(root=schema, strict=strict, max_cost=attempt.max_cost, max_ref_depth=attempt.ref_depth,
@@ -191,11 +193,14 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
         ctx = make_context(attempt, stop_at_cut=stop_at_cut)
         try:
             rx = translate(schema, ctx, "#")
-            text = None if rx is None else Grammar(rx.text, ctx.grammar_rules()) if ctx.rule_texts else rx.text
+            text = None if rx is None else _grammar(rx.text, ctx) if ctx.rule_texts else rx.text
             if text is not None:
                 check_automaton(text, budget)  # (memoised for the processors; over a limit: the next try)
         except CutShort:
             cut_tries.append(attempt)
+            continue
+        except _PrunedToNothing as exc:
+            dead_root = exc.error  # (what this try left out was the recursion's way out: a later try may keep it)
             continue
         except SchemaTooComplexError as exc:
             if n == len(attempts) - 1 or budget.exhausted():
@@ -233,8 +238,36 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
         if cut is not None:
             check_automaton(cut, budget)
             return cut
+    if too_many_visits is None and dead_root is not None:
+        raise SchemaTooComplexError(
+            f"the schema is over the regex budget ({max_cost:,}), and the tries that fit it left out what ends its "
+            "recursion (an optional member or an anyOf branch that does not refer back): raise max_cost, or make the "
+            "recursion's way out its first anyOf branch") from dead_root
     assert too_many_visits is not None, "only skipped tries end the loop without a result"
     raise too_many_visits[0]
+
+
+class _PrunedToNothing(Exception):
+    """A try that left members out (`Context.num_pruned`) wrote a grammar whose root never ends (`error`)."""
+
+    def __init__(self, error: UnsatisfiableSchemaError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _grammar(root: str, ctx: Context) -> Grammar:
+    """The try's grammar without the rules that never end (`prune_dead_rules`: a call to one matches nothing).
+
+    Raises:
+        UnsatisfiableSchemaError: its root never ends, all of the schema kept (no finite document is valid).
+        _PrunedToNothing: its root never ends, but the try left members out (perhaps the recursion's way out).
+    """
+    try:
+        return prune_dead_rules(Grammar(root, ctx.grammar_rules()))
+    except UnsatisfiableSchemaError as exc:
+        if ctx.num_pruned:
+            raise _PrunedToNothing(exc) from None
+        raise
 
 
 def _first_cut(tries: list[_Attempt], make_context: Callable[[_Attempt], Context], budget: CompileBudget) -> str | None:

@@ -1,0 +1,121 @@
+"""Who calls whom in a grammar (`grammar.Grammar`), read off the rule texts once per grammar (`call_graph`,
+memoised): `grammar_rules` checks with it that every callee exists (before any table is written), and
+`productive` looks in it for call cycles.
+
+    texts --one scan for `call_regex`'s markers--> CallGraph(callees per rule, whether every mark is a call)
+          --components--> strongly connected components, callees' first (Tarjan)
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from hf_paged.processors.automaton.grammar import DIGITS, Grammar
+
+__all__ = ["CallGraph", "call_graph", "call_number", "components"]
+
+_MARKER = re.compile(r"\\x02((?:\\x[0-9a-f]{2}){3})")  # a call as `call_regex` spells it: the digits
+
+
+@dataclass(frozen=True, slots=True)
+class CallGraph:
+    """The calls of a grammar's rules, as their texts spell them."""
+
+    callees: tuple[frozenset[int], ...]  # rule n's callees (numbers as spelled: possibly past the grammar's rules)
+    spelled: tuple[bool, ...]  # rule n's every mark byte starts a call whose digits are digit bytes (else its
+    #                            automaton's call edges are the truth: `grammar_rules` reads them)
+
+
+def call_number(digits: str) -> int | None:
+    """The rule number of a call's three digits as `call_regex` writes them (`\\x0e\\x0e\\x0f`), or None when a
+    digit is not a digit byte. Memoised (a grammar repeats its calls)."""
+    number = _NUMBERS.get(digits)
+    if number is None:
+        number = 0
+        for at in (2, 6, 10):
+            digit = int(digits[at : at + 2], 16) - DIGITS[0]
+            if not 0 <= digit < len(DIGITS):
+                return None
+            number = number * len(DIGITS) + digit
+        _NUMBERS[digits] = number  # (at most MAX_RULES entries: only digit bytes get here)
+    return number
+
+
+def _scan(text: str) -> tuple[frozenset[int], bool]:
+    if "\\x02" not in text:  # (most texts: no call at all, a scan in C)
+        return _NO_CALLS, True
+    markers = _MARKER.findall(text)
+    numbers = {call_number(digits) for digits in set(markers)}
+    spelled = None not in numbers and text.count("\\x02") == len(markers)
+    numbers.discard(None)
+    return frozenset(numbers), spelled  # type: ignore[arg-type]
+
+
+def call_graph(grammar: Grammar) -> CallGraph:
+    """The calls of `grammar`'s rules, memoised per grammar (the ladder's check and the build share one scan)."""
+    with _LOCK:
+        hit = _GRAPHS.get(grammar)
+        if hit is not None:
+            _GRAPHS.move_to_end(grammar)
+            return hit
+    scans = [_scan(text) for text in grammar.texts]
+    graph = CallGraph(tuple(callees for callees, _ in scans), tuple(spelled for _, spelled in scans))
+    with _LOCK:
+        _GRAPHS[grammar] = graph
+        while len(_GRAPHS) > _GRAPHS_SIZE:
+            _GRAPHS.popitem(last=False)
+    return graph
+
+
+def components(graph: CallGraph) -> list[list[int]]:
+    """The strongly connected components of the call graph, callees' before their callers' (Tarjan's order),
+    iteratively; a rule that calls nothing (or only missing rules) is left out."""
+    edges_of = [[callee for callee in callees if 0 <= callee < len(graph.callees) and graph.callees[callee]]
+                for callees in graph.callees]
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    stack: list[int] = []
+    on_stack: set[int] = set()
+    out: list[list[int]] = []
+    for root in range(len(edges_of)):
+        if root in index or not graph.callees[root]:
+            continue
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        work = [(root, iter(edges_of[root]))]
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = len(index)
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(edges_of[nxt])))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    out.append(component)
+    return out
+
+
+_NO_CALLS: frozenset[int] = frozenset()
+_NUMBERS: dict[str, int] = {}  # a call's digits -> its rule number
+_GRAPHS: OrderedDict[Grammar, CallGraph] = OrderedDict()
+_GRAPHS_SIZE = 16
+_LOCK = threading.Lock()
