@@ -6,10 +6,10 @@ tokens the model computed (hf: the input_ids of every forward, padding and decod
 engine's computed tokens, prefix-cache hits excluded). Every sample is compared with hf at batch 8: generated text
 identical, log-likelihoods within 1e-4 (relative 1e-6 for document sums, which hf adds in fp32).
 
-Tasks (hf_paged/assets/lm_eval_tasks): hf_paged_gen (generate_until, passages of 40-480 characters after 2 few-shot
-examples (the first documents, the same before every document, as MMLU's and GSM8K's prompts), up to 128 new
-tokens, until "\\n"), hf_paged_mc (4 choices of 10-40 characters after 300-800-character
-passages), hf_paged_ppl (passages of 1,000-6,000 characters, rolling windows). Models: the embedded byte-level tiny
+Tasks (hf_paged/assets/lm_eval_tasks, documents sized in the model's own tokens): hf_paged_gen (generate_until, a
+passage and question of 50-1,500 tokens after 2 short few-shot examples (the first documents, the same before every
+document, as MMLU's and GSM8K's prompts), up to 128 new tokens, until "\\n"), hf_paged_mc (4 choices of 10-40
+tokens after 300-800-token passages), hf_paged_ppl (passages of 1,000-6,000 characters, rolling windows). Models: the embedded byte-level tiny
 Llama, and a random Llama of ~50M parameters with GPT-2's 50,257-token vocabulary (`--model llama50m`; needs
 ../shared/data/tokenizers/gpt2).
 
@@ -138,7 +138,9 @@ def main() -> None:
     tmp = tempfile.TemporaryDirectory()
     path = str(DEFAULT_MODEL_PATH) if args.model == "tiny" else _llama50m(tmp.name)
     sides = args.sides.split(",")
-    tasks = TaskManager(include_path=TASKS_DIR)  # (indexing lm-eval's thousands of task files: once, not timed)
+    # (indexing lm-eval's thousands of task files: once, not timed); `pretrained` sizes the documents in this
+    # model's tokens, as `hf-paged eval --model_args pretrained=...` does (`paged_tasks`)
+    tasks = TaskManager(include_path=TASKS_DIR, metadata={"pretrained": path})
     lines = [f"### {args.model}: {args.limit} documents per task",
              "",
              (f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical CPUs (load average at "

@@ -95,7 +95,7 @@ def main() -> None:
     torch.set_num_threads(1)
     tmp = tempfile.TemporaryDirectory()
     path = _llama50m(tmp.name)
-    tasks, documents = TaskManager(include_path=TASKS_DIR), _documents()
+    tasks, documents = TaskManager(include_path=TASKS_DIR, metadata={"pretrained": path}), _documents()
     changes = set(args.changes.split(","))
     for task in args.tasks.split(","):
         times: dict[str, list[float]] = {"before": [], "after": []}
