@@ -30,15 +30,20 @@ def _passage(rng: random.Random, num_chars: int) -> str:
 _BYTE_LEVEL_WORD = 7.0  # tokens a word of `WORDS` takes on the embedded model's byte-level tokenizer (6.96)
 
 
-def _tokens_per_word(pretrained) -> float:
-    """How many tokens a word of `WORDS` takes (with its space) on `pretrained`'s tokenizer: a local path or hub id
-    from `--model_args`; anything else (none, a loaded model) takes the embedded model's."""
-    if not isinstance(pretrained, str):
+def _tokens_per_word(pretrained, tokenizer=None) -> float:
+    """How many tokens a word of `WORDS` takes (with its space) on the tokenizer of `--model_args` (`tokenizer`, else
+    `pretrained`: a local path or hub id); anything else (none, a loaded model, a tokenizer that does not load)
+    takes the embedded model's: the documents' sizes are all that depends on it."""
+    name = tokenizer if isinstance(tokenizer, str) else pretrained
+    if not isinstance(name, str):
         return _BYTE_LEVEL_WORD
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(pretrained)
-    counts = [len(tokenizer(" " + word, add_special_tokens=False)["input_ids"]) for word in WORDS]
+    try:
+        loaded = AutoTokenizer.from_pretrained(name)
+    except Exception:  # noqa: BLE001 -- the model's own loading reports a bad path; here only sizes depend on it
+        return _BYTE_LEVEL_WORD
+    counts = [len(loaded(" " + word, add_special_tokens=False)["input_ids"]) for word in WORDS]
     return sum(counts) / len(counts)
 
 
@@ -53,8 +58,8 @@ def _dataset(docs: list[dict]):
     return datasets.DatasetDict({"test": datasets.Dataset.from_list(docs)})
 
 
-def load_gen(num_docs: int = 48, seed: int = 0, pretrained=None, **_):
-    per_word = _tokens_per_word(pretrained)
+def load_gen(num_docs: int = 48, seed: int = 0, pretrained=None, tokenizer=None, **_):
+    per_word = _tokens_per_word(pretrained, tokenizer)
     rng = random.Random(seed)
     docs = []
     for i in range(num_docs):
@@ -67,8 +72,8 @@ def load_gen(num_docs: int = 48, seed: int = 0, pretrained=None, **_):
     return _dataset(docs)
 
 
-def load_mc(num_docs: int = 48, seed: int = 1, pretrained=None, **_):
-    per_word = _tokens_per_word(pretrained)
+def load_mc(num_docs: int = 48, seed: int = 1, pretrained=None, tokenizer=None, **_):
+    per_word = _tokens_per_word(pretrained, tokenizer)
     rng = random.Random(seed)
     docs = []
     for _ in range(num_docs):
