@@ -103,7 +103,7 @@ class Submission:
             for out in ended:
                 outputs[out.request_id] = out
             if on_step is not None:
-                on_step(StepOutput({d.request_id: d.new_token_ids for d in deltas if d.new_token_ids}, ended))
+                on_step(StepOutput({d.request_id: d.new_token_ids for d in deltas if d.new_token_ids}, finished=ended))
         return {rid: outputs[rid] for rid in self.all_ids}
 
 

@@ -96,7 +96,7 @@ def test_soak_random_requests_and_aborts_leak_nothing(model):
     assert engine.stats()["requests_finished"] + engine.stats()["requests_aborted"] == 2000
 
 
-def test_generate_batch_edges(model):
+def test_generate_batch_edges(model, capsys):
     hf_paged.wrap(model)
     try:
         assert model.generate_batch([]) == {}
@@ -106,6 +106,7 @@ def test_generate_batch_edges(model):
                                                                    do_sample=True), progress_bar=True)
         assert list(outs) == ["req_0", "req_0__child#0", "req_0__child#1"]
         assert all(len(o.generated_tokens) == 3 for o in outs.values())
+        assert "3/3" in capsys.readouterr().err  # the bar counts the ended requests (it stayed at 0/3)
     finally:
         hf_paged.unwrap(model)
 
