@@ -23,6 +23,7 @@ __all__ = [
     "PrefixPinLimitError",
     "PromptTooLongError",
     "RequestFailedError",
+    "SamplingError",
     "SchemaError",
     "SchemaTooComplexError",
     "StoppingCriterionError",
@@ -75,6 +76,11 @@ class UnsupportedGenerationError(HfPagedError, ValueError):
 
 class StoppingCriterionError(HfPagedError, RuntimeError):
     """A caller's stopping criterion raised inside a wrapped `generate` (that call's requests were aborted)."""
+
+
+class SamplingError(HfPagedError, ValueError):
+    """A request's sampling distribution is not a distribution (NaN or infinite after its temperature, penalties
+    and processors); only that request fails."""
 
 
 class RequestFailedError(HfPagedError, RuntimeError):

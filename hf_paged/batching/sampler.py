@@ -26,6 +26,7 @@ from hf_paged.batching.constraint_modes import ConstraintStats, resample_checks
 from hf_paged.batching.constraint_protocol import RequestConstraint
 from hf_paged.batching.logprobs import RowLogprobs, TokenLogprobs
 from hf_paged.batching.request import Failure, Request
+from hf_paged.errors import SamplingError
 
 
 @dataclass(slots=True)
@@ -84,9 +85,12 @@ class Sampler:
             except Exception as exc:  # noqa: BLE001 -- a user processor failed: only this request fails
                 errors[i] = Failure.of(exc, "logits processor failed")
                 continue
-            if request.params.output_scores:
-                request.scores.append(row[0].clone())
-            tokens[i] = self._pick(request, row)
+            try:  # a row the processors left unusable (None, NaN, a temperature that overflows it): this one fails
+                if request.params.output_scores:
+                    request.scores.append(row[0].clone())
+                tokens[i] = self._pick(request, row)
+            except Exception as exc:  # noqa: BLE001
+                errors[i] = Failure.of(exc, "sampling failed")
         logprobs: list[TokenLogprobs | None] = [None] * n
         if raw is not None:
             for i, entry in zip(asking, raw.tokens([tokens[i] for i in asking])):
@@ -189,9 +193,18 @@ class Sampler:
         return row
 
     def _pick(self, request: Request, row: torch.Tensor) -> int:
+        if not isinstance(row, torch.Tensor):
+            raise SamplingError(f"a logits processor returned {type(row).__name__}, not the scores tensor: return "
+                                "the (edited) scores from its __call__")
         if not request.params.do_sample:
             return int(row.argmax(dim=-1))
         probs = torch.softmax(row.float(), dim=-1)
+        if not bool(torch.isfinite(probs).all()):
+            raise SamplingError(
+                f"the sampling distribution is not finite (temperature={request.params.temperature!r}): a "
+                "temperature or penalty that overflows the logits, or a processor that wrote NaN; use a temperature "
+                ">= 1e-5 (or greedy) and finite penalties"
+            )
         return int(torch.multinomial(probs, num_samples=1, generator=request.generator_on(probs.device)))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import operator
+
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -87,8 +89,8 @@ class SamplingParams:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
         if (isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float)
-                or not self.temperature >= 0):  # (NaN too) a negative one is refused greedy or not
-            raise ValueError(f"SamplingParams.temperature must be a number >= 0, got {self.temperature!r}")
+                or not 0 <= self.temperature < float("inf")):  # (NaN too) a negative one is refused greedy or not
+            raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature!r}")
         if self.do_sample and not self.temperature > 0:
             raise ValueError(f"SamplingParams.temperature must be > 0 when sampling, got {self.temperature!r}")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
@@ -98,6 +100,7 @@ class SamplingParams:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not -(2**63) <= self.seed < 2**63):
             raise ValueError(f"SamplingParams.seed must be None or an int in [-2**63, 2**63), got {self.seed!r}")
+        self._check_eos()
         if not isinstance(self.num_return_sequences, int) or self.num_return_sequences < 1:
             raise ValueError(f"SamplingParams.num_return_sequences must be >= 1, got {self.num_return_sequences!r}")
         if self.stop_strings and self.tokenizer is None:
@@ -177,14 +180,23 @@ class SamplingParams:
                     "rerun a request it refuses)"
                 )
 
+    def _check_eos(self) -> None:
+        try:
+            self.eos_token_ids  # noqa: B018
+        except (TypeError, ValueError):
+            raise ValueError(f"SamplingParams.eos_token_id must be None, a token id or a list of token ids (ints), "
+                             f"got {self.eos_token_id!r}") from None
+
     @property
     def eos_token_ids(self) -> frozenset[int]:
         eos = self.eos_token_id
         if eos is None:
             return frozenset()
-        if isinstance(eos, int):
-            return frozenset((eos,))
-        return frozenset(int(e) for e in (eos.tolist() if hasattr(eos, "tolist") else eos))
+        raw = eos.tolist() if hasattr(eos, "tolist") else eos  # (a tensor, 0-d or not)
+        items = [raw] if isinstance(raw, int) else list(raw) if not isinstance(raw, str | bytes) else [raw]
+        if any(isinstance(e, bool) for e in items):
+            raise TypeError(f"eos_token_id {eos!r} is not a token id or a list of token ids")
+        return frozenset(operator.index(e) for e in items)  # (ints and numpy's; a float or a string raises)
 
     def replace(self, **changes: Any) -> SamplingParams:
         return replace(self, **changes)

@@ -92,7 +92,7 @@ class _Sampling(_Strict):
     n: Annotated[StrictInt, Field(ge=1, le=128)] = 1
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    temperature: Annotated[Number, Field(ge=0)] | None = None
+    temperature: Annotated[Number, Field(ge=0, allow_inf_nan=False)] | None = None
     top_p: Annotated[Number, Field(gt=0, le=1)] | None = None
     seed: Annotated[StrictInt, Field(ge=-(2**63), lt=2**63)] | None = None
     stop: StrictStr | list[StrictStr] | None = None
@@ -113,7 +113,7 @@ class _Sampling(_Strict):
     top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
     ignore_eos: StrictBool = False
-    repetition_penalty: Annotated[Number, Field(gt=0)] | None = None
+    repetition_penalty: Annotated[Number, Field(gt=0, allow_inf_nan=False)] | None = None
     guided_json: dict[str, Any] | bool | StrictStr | None = None
     guided_regex: StrictStr | None = None
     guided_choice: list[StrictStr] | None = None

@@ -8,7 +8,7 @@ from transformers import GenerationConfig, LogitsProcessor, NoBadWordsLogitsProc
 
 import hf_paged
 from hf_paged import Engine, PagedConfig, RequestStatus, SamplingParams
-from hf_paged.errors import UnsupportedGenerationError
+from hf_paged.errors import SamplingError, UnsupportedGenerationError
 from tests.tiny_models import VOCAB, left_pad, ragged_prompts, tiny_model
 
 
@@ -171,3 +171,50 @@ def test_stats_report_metrics(model):
         assert key in stats
     assert stats["requests_finished"] == 3 and stats["generated_tokens"] == 18
     assert 0 < stats["batch_utilization"] <= 1
+
+
+class _NaNScores(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+        return scores * float("nan")
+
+
+class _ReturnsNone(LogitsProcessor):
+    def __call__(self, input_ids, scores):
+        return None
+
+
+def test_a_row_that_cannot_be_sampled_fails_only_its_request(model):
+    """A temperature that overflows the logits, a processor that writes NaN or returns None: that request fails with
+    `SamplingError` naming it, and the greedy requests beside it finish with their solo tokens (before, the draw
+    raised out of the step and failed every request in flight)."""
+    engine = Engine(model, PagedConfig(block_size=4))
+    alone = engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=6))
+    outs = {}
+    while engine.has_unfinished:
+        outs.update((o.request_id, o) for o in engine.step().finished)
+    solo = outs[alone].generated_tokens
+    good = [engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=6)) for _ in range(2)]
+    bad = [engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=6, do_sample=True, temperature=1e-40, seed=0)),
+           engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=6, do_sample=True, seed=0,
+                                                        logits_processors=[_NaNScores()])),
+           engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=6, logits_processors=[_ReturnsNone()]))]
+    while engine.has_unfinished:
+        outs.update((o.request_id, o) for o in engine.step().finished)
+    assert [outs[r].generated_tokens for r in good] == [solo, solo]
+    assert [outs[r].status for r in bad] == [RequestStatus.FAILED] * 3
+    assert all(outs[r].error_type is SamplingError for r in bad)
+    assert "temperature=1e-40" in outs[bad[0]].error and "returned NoneType" in outs[bad[2]].error
+    engine.check_integrity()
+    assert engine.cache.pool.num_used_blocks == 0
+
+
+@pytest.mark.parametrize("eos", ["x", [1, "a"], True, 3.0])
+def test_an_eos_that_is_not_a_token_id_is_refused_up_front(eos):
+    with pytest.raises(ValueError, match="eos_token_id must be None, a token id or a list"):
+        SamplingParams(eos_token_id=eos)
+
+
+@pytest.mark.parametrize("temperature", [float("inf"), float("nan"), -1.0])
+def test_a_temperature_that_is_not_finite_is_refused(temperature):
+    with pytest.raises(ValueError, match="finite number >= 0"):
+        SamplingParams(temperature=temperature)

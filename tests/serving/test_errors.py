@@ -89,6 +89,10 @@ DEEP = {"type": "object", "properties": {"xs": {"type": "array", "contains": {"t
         ({"prompt": "x", "guided_whitespace_pattern": ""}, "guided_whitespace_pattern", ["JSON constraints"]),
         ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options", ["stream: true"]),
         ({"prompt": "x", "max_tokens": 4, "min_tokens": 5}, "min_tokens", ["max_tokens=4"]),
+        # found by a new-user pass (session 12): an infinite temperature or penalty reached the sampler
+        pytest.param('{"prompt": "x", "temperature": 1e309}', "temperature", ["finite"], id="inf-temperature"),
+        pytest.param('{"prompt": "x", "repetition_penalty": 1e309}', "repetition_penalty", ["finite"],
+                     id="inf-penalty"),
     ],
 )
 def test_bad_completion_requests_get_400(server, body, param, words):
@@ -169,6 +173,20 @@ def test_a_failing_processor_fails_only_its_request(server, engine):
         assert "boom" in json.loads(events[0][6:])["error"]["message"] and events[-1] == "data: [DONE]"
     finally:
         constraints._items.pop(("regex", json.dumps("explode"), None), None)
+
+
+def test_a_distribution_that_overflows_fails_only_its_request(server, engine):
+    """A temperature so small that the logits overflow (1e-40: inf / NaN after the softmax) failed every request in
+    flight with a 500 (the draw ran outside the per-request guard); now that request alone gets a 400 naming it."""
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        good = [pool.submit(post, server, "/v1/completions", {"prompt": f"def f{i}():", "max_tokens": 20,
+                                                             "ignore_eos": True}) for i in range(2)]
+        bad = pool.submit(post, server, "/v1/completions", {"prompt": "hi", "max_tokens": 4, "temperature": 1e-40})
+    for future in good:
+        assert future.result().status_code == 200
+        assert future.result().json()["usage"]["completion_tokens"] == 20
+    assert_error(bad.result(), 400, words=["not finite", "temperature=1e-40"])
+    wait_idle(engine)
 
 
 class OverBudget(LogitsProcessor):
