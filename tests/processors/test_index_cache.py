@@ -80,6 +80,20 @@ def test_regex_size_estimate_and_budget():
         IndexCache(max_regex_size=50).get_or_compile("big", "[ab]{60}", VOCAB)
 
 
+def test_a_unicode_property_counts_as_its_automaton():
+    """`\\p{..}` patterns are built by outlines-core, without a work budget (~10 ms an occurrence): each property
+    counts as its UTF-8 automaton's states (`\\p{L}`: ~300), so `[\\p{L}]{3000}` (50 s of CPU before) is refused by
+    the size estimate before any build; one occurrence, or a class of two properties, stays small."""
+    letters = estimate_regex_size(r"\p{L}")
+    assert 100 < letters < 1_000
+    assert estimate_regex_size(r"[\p{L}]{3000}") == estimate_regex_size(r"\pL{3000}") == 3000 * letters
+    assert estimate_regex_size(r"[\p{L}\p{N}_]") == letters + estimate_regex_size(r"\p{N}")
+    assert estimate_regex_size(r"\d{4}") == 4 and estimate_regex_size(r"[\\p]") == 1  # (an escaped backslash)
+    with pytest.raises(SchemaTooComplexError, match="max_regex_size"):
+        validate_regex(r"[\p{L}]{3000}")
+    validate_regex(r"[\p{L} ]{1,10}")
+
+
 def test_bad_patterns():
     with pytest.raises(InvalidRegexError, match="does not compile"):
         validate_regex("a(")

@@ -3,10 +3,17 @@
 regex-automata (under outlines-core) builds its NFA and DFA without a size limit, so `a{99999999}` or nested
 `(x{100}){100}` exhausts memory before any error. Counting unrolled atoms in Python first lets us refuse such a
 pattern with `SchemaTooComplexError` in microseconds.
+
+A Unicode property (`\\p{L}`, `\\P{Greek}`, `\\pN`, alone or in a class) is not one position: its UTF-8 byte automaton has
+up to hundreds of states (`\\p{L}`: 300), and such patterns are built by outlines-core, without a work budget (~10 ms
+an occurrence: `[\\p{L}]{3000}` took 50 s of CPU while its estimate said 3,000). Each one counts as the states of its
+own automaton, built once per property (`_property_size`).
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from dataclasses import dataclass
 
 __all__ = ["estimate_regex_size"]
@@ -16,6 +23,27 @@ __all__ = ["estimate_regex_size"]
 class _Group:
     total: int = 0  # unrolled size of the current alternative(s) of this group
     last: int = 0  # size of the most recent atom, which a following quantifier multiplies
+
+
+_PROPERTY = re.compile(r"\\([pP])(\{[^}]*\}|.)", re.DOTALL)  # \p{Name}, \P{Name}, \pL
+
+
+@functools.lru_cache(maxsize=1024)
+def _property_size(escape: str) -> int:
+    """States of the UTF-8 byte automaton of one property escape (at least 1; one the engine refuses: 1, the parser
+    reports it)."""
+    from hf_paged.errors import HfPagedError
+    from hf_paged.processors.automaton.byte_dfa import _outlines_byte_dfa, anchored
+
+    try:
+        return max(1, _outlines_byte_dfa(anchored(escape)).transitions.shape[0] - 1)
+    except (HfPagedError, ValueError):
+        return 1
+
+
+def _properties_size(text: str) -> int:
+    """The positions the property escapes in `text` (an escape or a class) stand for; 0 when it has none."""
+    return sum(_property_size(m.group(0)) for m in _PROPERTY.finditer(text)) if "\\p" in text or "\\P" in text else 0
 
 
 def _skip_class(pattern: str, i: int) -> int:
@@ -67,14 +95,18 @@ def estimate_regex_size(pattern: str) -> int:
         c = pattern[i]
         top = stack[-1]
         if c == "\\":
-            i += 2
-            top.last = 1
-            top.total += 1
+            found = _PROPERTY.match(pattern, i)
+            size = _property_size(found.group(0)) if found else 1
+            i = found.end() if found else i + 2
+            top.last = size
+            top.total += size
             continue
         if c == "[":
-            i = _skip_class(pattern, i)
-            top.last = 1
-            top.total += 1
+            end = _skip_class(pattern, i)
+            size = max(1, _properties_size(pattern[i:end]))
+            i = end
+            top.last = size
+            top.total += size
             continue
         if c == "(":
             stack.append(_Group())
