@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import signal
+import socket
 import threading
 from pathlib import Path
 
@@ -148,10 +149,35 @@ def run_serve(args) -> int:
     timer.daemon = True  # never keeps the process alive
     server = _ExitZeroServer(uv_config, on_exit=timer.start)
     log_to_stderr(args.log_level)
-    logging.getLogger("hf_paged").info("serving %s on http://%s:%d", settings.model_name, args.host, args.port)
-    server.run()
+    sock = _bind(args.host, args.port)  # before the URL is printed: a busy port is one error line, `--port 0` real
+    host, port = sock.getsockname()[:2]
+    logging.getLogger("hf_paged").info("serving %s on http://%s:%d", settings.model_name,
+                                       f"[{host}]" if ":" in host else host, port)
+    server.run(sockets=[sock])
     _save_kv_cache(engine)
     return 130 if server.interrupted else 0
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A listening socket on `host:port` (port 0: one the system picks), or `CliError` naming why not."""
+    from hf_paged.errors import CliError
+
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except (OSError, UnicodeError, OverflowError) as exc:
+        raise CliError(f"--host {host!r} is not an address this machine can listen on ({exc}); use e.g. 127.0.0.1 or "
+                       "0.0.0.0") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        raise CliError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port (0: any free "
+                       "one) or --host") from None
+    sock.set_inheritable(True)
+    return sock
 
 
 def _save_kv_cache(engine) -> None:
