@@ -12,6 +12,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from hf_paged.errors import InvalidConfigError
+
 KV_CACHE_DTYPES = ("auto", "fp8", "int8", "int4")
 KV_PRUNING_POLICIES = (None, "streaming", "snapkv", "pyramidkv")
 PREEMPTION_MODES = ("recompute", "swap")
@@ -160,8 +162,12 @@ class PagedConfig:
                 )
         if self.num_blocks is not None:
             _check_int("num_blocks", self.num_blocks, minimum=1)
-        if not isinstance(self.kv_huge_pages, bool):
-            raise TypeError(f"PagedConfig.kv_huge_pages must be True or False, got {self.kv_huge_pages!r}")
+        for f in fields(self):  # a switch given as "no" or 0 turned it on or off silently
+            value = getattr(self, f.name)
+            if f.type in ("bool", "bool | None") and not isinstance(value, bool) and not (
+                    value is None and f.type == "bool | None"):
+                auto = " (or None: auto)" if "None" in f.type else ""
+                raise InvalidConfigError(f"PagedConfig.{f.name} must be True or False{auto}, got {value!r}")
         if self.max_cache_bytes is not None:
             _check_int("max_cache_bytes", self.max_cache_bytes, minimum=1)
         if isinstance(self.memory_fraction, bool) or not isinstance(self.memory_fraction, (int, float)) \

@@ -109,6 +109,13 @@ class SamplingParams:
             self.stop_strings = [self.stop_strings]
         if self.logits_processors is None:
             self.logits_processors = []
+        if (isinstance(self.logits_processors, str | bytes) or not isinstance(self.logits_processors, Sequence)
+                or not all(callable(p) for p in self.logits_processors)):
+            raise TypeError(f"SamplingParams.logits_processors must be a list of callables (transformers "
+                            f"`LogitsProcessor`s), got {self.logits_processors!r}")
+        # (above max_new_tokens is allowed, as stock `generate` allows it: EOS stays suppressed to the end)
+        if isinstance(self.min_new_tokens, bool) or not isinstance(self.min_new_tokens, int) or self.min_new_tokens < 0:
+            raise ValueError(f"SamplingParams.min_new_tokens must be an int >= 0, got {self.min_new_tokens!r}")
         check_logprobs(self.logprobs)
         self._check_speculative()
         self._check_constraint_options()

@@ -101,7 +101,7 @@ def test_loglikelihood_refuses_continuation_ids_outside_the_vocabulary(model, co
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_a_temperature_that_is_not_a_number_at_least_zero_is_refused_greedy_or_not(temperature, do_sample):
     """Greedy requests took any temperature (-1, "hot") silently: it is unused there, but it is a caller's mistake."""
-    with pytest.raises(ValueError, match="temperature must be a number >= 0"):
+    with pytest.raises(ValueError, match="temperature must be a finite number >= 0"):
         SamplingParams(do_sample=do_sample, temperature=temperature)
     assert SamplingParams(temperature=0).temperature == 0  # greedy by temperature 0 (the OpenAI convention) is fine
 

@@ -218,3 +218,21 @@ def test_an_eos_that_is_not_a_token_id_is_refused_up_front(eos):
 def test_a_temperature_that_is_not_finite_is_refused(temperature):
     with pytest.raises(ValueError, match="finite number >= 0"):
         SamplingParams(temperature=temperature)
+
+
+@pytest.mark.parametrize(("kwargs", "error", "words"), [
+    ({"min_new_tokens": -1}, ValueError, "min_new_tokens must be an int >= 0"),
+    ({"logits_processors": lambda ids, scores: scores}, TypeError, "logits_processors must be a list of callables"),
+    ({"logits_processors": [1]}, TypeError, "logits_processors must be a list of callables"),
+])
+def test_sampling_params_that_would_fail_later_are_refused_up_front(kwargs, error, words):
+    with pytest.raises(error, match=words):
+        SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(("name", "value"), [("enable_prefix_caching", "no"), ("kv_huge_pages", 1),
+                                             ("certified_argmax", "auto")])
+def test_a_switch_that_is_not_a_bool_is_refused(name, value):
+    """`enable_prefix_caching="no"` turned caching on (a non-empty string is true)."""
+    with pytest.raises(ValueError, match=f"PagedConfig.{name} must be True or False"):
+        PagedConfig(**{name: value})
