@@ -147,6 +147,9 @@ def test_tokenize_gives_the_servers_ids(server, tiny_lm):
     assert bare == tokenizer("hi", add_special_tokens=False)["input_ids"]
     assert_error(post(server, "/tokenize", {"model": "nope", "prompt": "hi"}), 404, "model")
     assert_error(post(server, "/tokenize", {"text": "hi"}), 400)
+    # a text longer than any of max_model_len tokens can be: refused untokenized (10 MB took 17 s and 640 MB)
+    huge = "x" * (server.app.state.server.preparer._max_chars + 1)
+    assert_error(post(server, "/tokenize", {"prompt": huge}), 400, "prompt")
 
 
 def test_models_report_the_block_size(server):
