@@ -29,7 +29,7 @@ from hf_paged.batching.model_runner import ModelRunner
 from hf_paged.batching.prefix_policy import PrefixPolicy
 from hf_paged.batching.prompt_check import PromptLimits, check_prompt
 from hf_paged.batching.prompt_logprobs import record_scored_rows
-from hf_paged.batching.request import Failure, Request, RequestOutput, RequestStatus, StepOutput
+from hf_paged.batching.request import Failure, Request, RequestOutput, RequestStatus, StepOutput, checked_arguments
 from hf_paged.batching.request_ids import RequestIds
 from hf_paged.batching.sampler import Sampler, SampleResult, plain_greedy_step
 from hf_paged.batching.sampling import SamplingParams
@@ -103,9 +103,10 @@ class Engine:
         self, prompt_ids: Sequence[int] | torch.Tensor, params: SamplingParams | None = None, *,
         request_id: str | None = None, priority: int = 0,
     ) -> str:
-        """Queue a prompt; returns its id (unique in this engine when not given). Bad input does not raise: the
-        request ends FAILED with `error`. A `request_id` already in use raises `ValueError`."""
-        params = params or SamplingParams()
+        """Queue a prompt; returns its id (unique in this engine when not given). Bad values (an empty or too long
+        prompt, ids outside the vocabulary) do not raise: the request ends FAILED with `error`. Arguments of the
+        wrong kind (a text prompt) raise `TypeError`; a `request_id` already in use raises `ValueError`."""
+        prompt_ids, params = checked_arguments(prompt_ids, params, priority)  # (before an id is claimed for it)
         return self.add_reserved_request(self.reserve_request_id(request_id), prompt_ids, params, priority)
 
     def reserve_request_id(self, request_id: str | None = None) -> str:
@@ -123,16 +124,18 @@ class Engine:
     ) -> str:
         """`add_request` under an id claimed earlier with `reserve_request_id`. `arrival_time`: when the caller
         submitted it (`time.perf_counter()`), so TTFT counts the wait before it reached the engine."""
-        params = params or SamplingParams()
+        try:
+            prompt_ids, params = checked_arguments(prompt_ids, params, priority)
+        except TypeError:
+            self._ids.release([request_id])  # a refused call leaves no id claimed
+            raise
         with self.lock:
             self._ids.take(request_id)
             return self._add(request_id, prompt_ids, params, priority, arrival_time)
 
-    def _add(self, request_id: str, prompt_ids, params: SamplingParams, priority: int,
+    def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, priority: int,
              arrival_time: float | None = None) -> str:
-        if isinstance(prompt_ids, torch.Tensor):
-            prompt_ids = prompt_ids.reshape(-1).tolist()
-        request = Request(request_id, [int(t) for t in prompt_ids], params, priority, next(self._arrivals))
+        request = Request(request_id, prompt_ids, params, priority, next(self._arrivals))
         if arrival_time is not None:
             request.arrival_time = arrival_time
         error = self.validate_prompt(request.prompt_ids, params) or self.speculator.check(params)
@@ -188,7 +191,10 @@ class Engine:
     def pop_output(self, request_id: str) -> RequestOutput:
         """The output of an ended request, forgetting it. Raises `KeyError` for an unknown id."""
         with self.lock:
-            request = self.scheduler.requests[request_id]
+            request = self.scheduler.requests.get(request_id)
+            if request is None:
+                raise KeyError(f"no request {request_id!r} in this engine: an id from add_request, not popped or "
+                               "forgotten yet")
             if not request.ended:
                 raise ValueError(f"request {request_id!r} has not ended; abort it or step until it ends")
             self.scheduler.forget(request_id)

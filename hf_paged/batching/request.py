@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
+import operator
 import pickle
 import time
 from dataclasses import dataclass, field, fields
@@ -266,3 +267,28 @@ class StepOutput:
     new_tokens: dict[str, list[int]] = field(default_factory=dict)
     new_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # of new_tokens (params.logprobs)
     finished: list[RequestOutput] = field(default_factory=list)
+
+
+def token_ids(prompt_ids: Any) -> list[int]:
+    """A prompt as a list of ints (a tensor or an array flattened, numpy's ints taken); `TypeError` naming the fix
+    for anything else (a text, floats, bools, nested lists)."""
+    if isinstance(prompt_ids, torch.Tensor):
+        prompt_ids = prompt_ids.reshape(-1)
+    if hasattr(prompt_ids, "tolist"):
+        prompt_ids = prompt_ids.tolist()
+    try:
+        if isinstance(prompt_ids, str | bytes | dict) or any(isinstance(t, bool) for t in prompt_ids):
+            raise TypeError
+        return [operator.index(t) for t in prompt_ids]
+    except TypeError:
+        raise TypeError(f"prompt_ids must be token ids (a list of ints or a 1-D tensor), got {str(prompt_ids)[:80]!r}; "
+                        "tokenize a text first: tokenizer(text)['input_ids']") from None
+
+
+def checked_arguments(prompt_ids: Any, params: SamplingParams | None, priority: Any) -> tuple[list[int], SamplingParams]:
+    """`Engine.add_request`'s arguments, or a `TypeError` naming the fix (a text prompt, a dict of params)."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be an int (higher runs first), got {priority!r}")
+    if params is not None and not isinstance(params, SamplingParams):
+        raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
+    return token_ids(prompt_ids), params or SamplingParams()

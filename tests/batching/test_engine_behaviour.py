@@ -236,3 +236,18 @@ def test_a_switch_that_is_not_a_bool_is_refused(name, value):
     """`enable_prefix_caching="no"` turned caching on (a non-empty string is true)."""
     with pytest.raises(ValueError, match=f"PagedConfig.{name} must be True or False"):
         PagedConfig(**{name: value})
+
+
+def test_arguments_of_the_wrong_kind_raise_and_claim_no_id(model):
+    """A text prompt raised `ValueError: invalid literal for int()` after its id was claimed; a bad priority a bare
+    `TypeError` from inside the scheduler; `pop_output` of an unknown id a bare `KeyError`."""
+    engine = Engine(model, PagedConfig(block_size=4))
+    with pytest.raises(TypeError, match=r"prompt_ids must be token ids .* tokenizer\(text\)"):
+        engine.add_request("hello", request_id="mine")
+    with pytest.raises(TypeError, match="priority must be an int"):
+        engine.add_request([5, 6], priority="x", request_id="mine")
+    with pytest.raises(TypeError, match="params must be a SamplingParams"):
+        engine.add_request([5, 6], {"max_new_tokens": 2}, request_id="mine")
+    assert engine.add_request(torch.tensor([5, 6]), SamplingParams(max_new_tokens=2), request_id="mine") == "mine"
+    with pytest.raises(KeyError, match="no request 'nope' in this engine"):
+        engine.pop_output("nope")
