@@ -10,9 +10,12 @@ import pytest
 
 from hf_paged.errors import UnsatisfiableSchemaError
 from hf_paged.processors import JSONSchemaLogitsProcessor
+from hf_paged.processors.automaton.formula_arrays import formulas_from_arrays
 from hf_paged.processors.automaton.grammar import Grammar, call_regex
 from hf_paged.processors.automaton.productive import (
     NOTHING,
+    _formula,
+    _holds,
     never_ending_rules,
     productivity,
     prune_dead_rules,
@@ -49,6 +52,25 @@ def test_never_ending_rules_from_the_texts():
 def test_the_formula_follows_groups_quantifiers_and_alternatives(text, ends):
     grammar = Grammar(text, (f"z{call_regex(1)}",))  # rule 1 never ends
     assert (0 not in never_ending_rules(grammar)) is ends
+
+
+FORMULA_TEXTS = [
+    f"a(?:{call_regex(1)})*", f"a(?:{call_regex(1)}){{0,3}}", f"a(?:{call_regex(1)}){{2,3}}", f"a(?:{call_regex(1)})+",
+    f"(?:a|b(?:c|{call_regex(1)}))d", f"(?:{call_regex(1)}|b{call_regex(2)})d", f"[a-z(|]{call_regex(1)}",
+    f"\\(|\\|{call_regex(1)}", f"\\\\{call_regex(1)}?", f"x(?:y(?:{call_regex(1)}|{call_regex(2)}z)w|v)*u",
+    f"(?:(?:{call_regex(1)})(?:,{call_regex(2)})*)?\\]", f"[\\]({call_regex(2)}]{call_regex(1)}",
+    f"(?:{call_regex(1)}{call_regex(2)}|(?:{call_regex(2)})?{call_regex(1)})",
+]
+
+
+@pytest.mark.parametrize("rule_ends", [set(), {1}, {2}, {1, 2}])
+def test_the_array_reader_gives_the_token_readers_formulas(rule_ends):
+    formulas = formulas_from_arrays(FORMULA_TEXTS)  # (read together: one pass over all of them)
+    assert formulas is not None
+    for text, formula in zip(FORMULA_TEXTS, formulas, strict=True):
+        assert _holds(formula, rule_ends) == _holds(_formula(text), rule_ends), text
+    for other_syntax in ("[]a]", "(?P<n>a)", "(a", f"a{NOTHING}"):  # (left to the token reader)
+        assert formulas_from_arrays([other_syntax]) is None
 
 
 def test_a_grammar_without_a_call_cycle_is_not_analysed():
