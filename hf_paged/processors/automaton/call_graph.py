@@ -11,11 +11,12 @@ from __future__ import annotations
 import re
 import threading
 from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
 from hf_paged.processors.automaton.grammar import DIGITS, Grammar
 
-__all__ = ["CallGraph", "call_graph", "call_number", "components"]
+__all__ = ["CallGraph", "call_graph", "call_number", "components", "strongly_connected"]
 
 _MARKER = re.compile(r"\\x02((?:\\x[0-9a-f]{2}){3})")  # a call as `call_regex` spells it: the digits
 
@@ -71,46 +72,55 @@ def call_graph(grammar: Grammar) -> CallGraph:
 
 
 def components(graph: CallGraph) -> list[list[int]]:
-    """The strongly connected components of the call graph, callees' before their callers' (Tarjan's order),
-    iteratively; a rule that calls nothing (or only missing rules) is left out."""
-    edges_of = [[callee for callee in callees if 0 <= callee < len(graph.callees) and graph.callees[callee]]
-                for callees in graph.callees]
-    index: dict[int, int] = {}
-    low: dict[int, int] = {}
-    stack: list[int] = []
-    on_stack: set[int] = set()
-    out: list[list[int]] = []
-    for root in range(len(edges_of)):
-        if root in index or not graph.callees[root]:
+    """The strongly connected components of the call graph, callees' before their callers' (Tarjan's order); a rule
+    that calls nothing (or only missing rules) is left out."""
+    callees = graph.callees
+    return strongly_connected({rule: [c for c in calls if 0 <= c < len(callees) and callees[c]]
+                               for rule, calls in enumerate(callees) if calls})
+
+
+def strongly_connected(graph: Mapping[Hashable, Iterable[Hashable]]) -> list[list]:
+    """Tarjan's strongly connected components of `graph` (every edge's target a key), iteratively, callees' before
+    their callers'; each component in the order its members were met. Edges are followed in sorted order."""
+    index: dict = {}
+    low: dict = {}
+    on_stack: set = set()
+    stack: list = []
+    out: list[list] = []
+    for root, edges_of_root in graph.items():
+        if root in index:
             continue
+        work = [(root, iter(sorted(edges_of_root)))]
         index[root] = low[root] = len(index)
         stack.append(root)
         on_stack.add(root)
-        work = [(root, iter(edges_of[root]))]
         while work:
             node, edges = work[-1]
+            advanced = False
             for nxt in edges:
                 if nxt not in index:
                     index[nxt] = low[nxt] = len(index)
                     stack.append(nxt)
                     on_stack.add(nxt)
-                    work.append((nxt, iter(edges_of[nxt])))
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    advanced = True
                     break
                 if nxt in on_stack:
                     low[node] = min(low[node], index[nxt])
-            else:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    component = []
-                    while True:
-                        member = stack.pop()
-                        on_stack.discard(member)
-                        component.append(member)
-                        if member == node:
-                            break
-                    out.append(component)
+            if advanced:
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                out.append(component[::-1])
     return out
 
 

@@ -166,13 +166,14 @@ def formulas_from_arrays(texts: list[str]) -> list | None:  # -> list[productive
             group_starts, group_ends = level_groups
             for k in range(bisect_right(group_starts, left), bisect_left(group_starts, right)):
                 items.append(True if optional_after(group_ends[k]) else node(group_starts[k], group_ends[k], lvl + 1))
-            alternatives.append(_and(items))
-        return _or(alternatives)
+            alternatives.append(all_of(items))
+        return any_of(alternatives)
 
     return [node(start, end, 0) for start, end in zip([-1, *ends[:-1].tolist()], ends.tolist())]
 
 
-def _and(items: list):
+def all_of(items: list):
+    """A formula's conjunction, simplified (True / False absorbed, one item alone)."""
     kept = []
     for item in items:
         if item is False:
@@ -182,7 +183,8 @@ def _and(items: list):
     return True if not kept else kept[0] if len(kept) == 1 else ("&", tuple(kept))
 
 
-def _or(items: list):
+def any_of(items: list):
+    """A formula's disjunction, simplified (True / False absorbed, one item alone)."""
     kept = []
     for item in items:
         if item is True:

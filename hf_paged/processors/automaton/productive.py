@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from hf_paged.errors import UnsatisfiableSchemaError
 from hf_paged.processors.automaton.call_graph import call_graph, call_number, components
+from hf_paged.processors.automaton.formula_arrays import all_of as _and
+from hf_paged.processors.automaton.formula_arrays import any_of as _or
 from hf_paged.processors.automaton.formula_arrays import formulas_from_arrays
 from hf_paged.processors.automaton.grammar import Grammar, call_regex, describe
 
@@ -58,26 +60,6 @@ class Productivity:
 
     has_cycle: bool  # some rule calls itself through others (without one, every rule with a text that ends ends)
     never_end: tuple[int, ...]  # the rules no finite text matches, ascending (0: the root)
-
-
-def _and(items: list[Formula]) -> Formula:
-    kept = []
-    for item in items:
-        if item is False:
-            return False
-        if item is not True:
-            kept.append(item)
-    return True if not kept else kept[0] if len(kept) == 1 else ("&", tuple(kept))
-
-
-def _or(items: list[Formula]) -> Formula:
-    kept = []
-    for item in items:
-        if item is True:
-            return True
-        if item is not False:
-            kept.append(item)
-    return False if not kept else kept[0] if len(kept) == 1 else ("|", tuple(kept))
 
 
 def _formula(text: str) -> Formula:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from hf_paged.errors import LeftRecursionError, UnsatisfiableSchemaError
+from hf_paged.processors.automaton.call_graph import strongly_connected
 from hf_paged.processors.lark.syntax import Alt, Node, Ref, Rep, Rx, Seq
 
 __all__ = ["check_rules", "rewrite_left_recursion", "rule_refs", "strongly_connected"]
@@ -127,50 +128,6 @@ class _Analysis:
         if isinstance(node, Rep):
             return self.left_calls(node.item)
         return set()
-
-
-def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Tarjan's strongly connected components of `graph` (iterative), each in the order met."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    on_stack: set[str] = set()
-    stack: list[str] = []
-    out: list[list[str]] = []
-    for root, edges_of_root in graph.items():
-        if root in index:
-            continue
-        work = [(root, iter(sorted(edges_of_root)))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            node, edges = work[-1]
-            advanced = False
-            for nxt in edges:
-                if nxt not in index:
-                    index[nxt] = low[nxt] = len(index)
-                    stack.append(nxt)
-                    on_stack.add(nxt)
-                    work.append((nxt, iter(sorted(graph[nxt]))))
-                    advanced = True
-                    break
-                if nxt in on_stack:
-                    low[node] = min(low[node], index[nxt])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[node])
-            if low[node] == index[node]:
-                component = []
-                while True:
-                    member = stack.pop()
-                    on_stack.discard(member)
-                    component.append(member)
-                    if member == node:
-                        break
-                out.append(component[::-1])
-    return out
 
 
 def check_rules(bodies: dict[str, Node], terminal_nullable: Callable[[Ref | Rx], bool]) -> None:
