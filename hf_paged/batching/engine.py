@@ -124,11 +124,7 @@ class Engine:
     ) -> str:
         """`add_request` under an id claimed earlier with `reserve_request_id`. `arrival_time`: when the caller
         submitted it (`time.perf_counter()`), so TTFT counts the wait before it reached the engine."""
-        try:
-            prompt_ids, params = checked_arguments(prompt_ids, params, priority)
-        except TypeError:
-            self._ids.release([request_id])  # a refused call leaves no id claimed
-            raise
+        prompt_ids, params = checked_arguments(prompt_ids, params, priority)  # (the caller holds the id: release it)
         with self.lock:
             self._ids.take(request_id)
             return self._add(request_id, prompt_ids, params, priority, arrival_time)

@@ -234,7 +234,7 @@ def test_sampling_params_that_would_fail_later_are_refused_up_front(kwargs, erro
                                              ("certified_argmax", "auto")])
 def test_a_switch_that_is_not_a_bool_is_refused(name, value):
     """`enable_prefix_caching="no"` turned caching on (a non-empty string is true)."""
-    with pytest.raises(ValueError, match=f"PagedConfig.{name} must be True or False"):
+    with pytest.raises(ValueError, match=rf"PagedConfig.{name} must be (None \(auto\), )?True or False"):
         PagedConfig(**{name: value})
 
 
