@@ -277,9 +277,12 @@ def token_ids(prompt_ids: Any) -> list[int]:
     if hasattr(prompt_ids, "tolist"):
         prompt_ids = prompt_ids.tolist()
     try:
-        if isinstance(prompt_ids, str | bytes | dict) or any(isinstance(t, bool) for t in prompt_ids):
+        if isinstance(prompt_ids, str | bytes | dict):
             raise TypeError
-        return [operator.index(t) for t in prompt_ids]
+        items = list(prompt_ids)
+        if any(isinstance(t, bool) for t in items):
+            raise TypeError
+        return [operator.index(t) for t in items]
     except TypeError:
         raise TypeError(f"prompt_ids must be token ids (a list of ints or a 1-D tensor), got {str(prompt_ids)[:80]!r}; "
                         "tokenize a text first: tokenizer(text)['input_ids']") from None

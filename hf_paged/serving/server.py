@@ -162,6 +162,8 @@ def _bind(host: str, port: int) -> socket.socket:
     """A listening socket on `host:port` (port 0: one the system picks), or `CliError` naming why not."""
     from hf_paged.errors import CliError
 
+    if not 0 <= port <= 65535:
+        raise CliError(f"--port must be from 0 to 65535 (0: any free port), got {port}")
     try:
         family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
         sock = socket.socket(family, kind, proto)
@@ -174,7 +176,7 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.listen(2048)
     except (OSError, OverflowError) as exc:
         sock.close()
-        raise CliError(f"cannot listen on {host}:{port} ({exc.strerror or exc}); choose another --port (0: any free "
+        raise CliError(f"cannot listen on {host}:{port} ({getattr(exc, 'strerror', None) or exc}); choose another --port (0: any free "
                        "one) or --host") from None
     sock.set_inheritable(True)
     return sock
