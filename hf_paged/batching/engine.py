@@ -107,7 +107,7 @@ class Engine:
         prompt, ids outside the vocabulary) do not raise: the request ends FAILED with `error`. Arguments of the
         wrong kind (a text prompt) raise `TypeError`; a `request_id` already in use raises `ValueError`."""
         prompt_ids, params = checked_arguments(prompt_ids, params, priority)  # (before an id is claimed for it)
-        return self.add_reserved_request(self.reserve_request_id(request_id), prompt_ids, params, priority)
+        return self._add(self.reserve_request_id(request_id), prompt_ids, params, priority)
 
     def reserve_request_id(self, request_id: str | None = None) -> str:
         """Claim a request id before `add_request` (a new unique one when None); thread-safe, never waits for a
@@ -125,26 +125,27 @@ class Engine:
         """`add_request` under an id claimed earlier with `reserve_request_id`. `arrival_time`: when the caller
         submitted it (`time.perf_counter()`), so TTFT counts the wait before it reached the engine."""
         prompt_ids, params = checked_arguments(prompt_ids, params, priority)  # (the caller holds the id: release it)
-        with self.lock:
-            self._ids.take(request_id)
-            return self._add(request_id, prompt_ids, params, priority, arrival_time)
+        return self._add(request_id, prompt_ids, params, priority, arrival_time)
 
     def _add(self, request_id: str, prompt_ids: list[int], params: SamplingParams, priority: int,
              arrival_time: float | None = None) -> str:
-        request = Request(request_id, prompt_ids, params, priority, next(self._arrivals))
-        if arrival_time is not None:
-            request.arrival_time = arrival_time
-        error = self.validate_prompt(request.prompt_ids, params) or self.speculator.check(params)
-        if error is not None:
-            self.scheduler.register(request)
-            self.lifecycle.end(request, RequestStatus.FAILED, "error", Failure(str(error), type(error)))
+        """Checked arguments (`checked_arguments`) under a claimed id, taken here."""
+        with self.lock:
+            self._ids.take(request_id)
+            request = Request(request_id, prompt_ids, params, priority, next(self._arrivals))
+            if arrival_time is not None:
+                request.arrival_time = arrival_time
+            error = self.validate_prompt(request.prompt_ids, params) or self.speculator.check(params)
+            if error is not None:
+                self.scheduler.register(request)
+                self.lifecycle.end(request, RequestStatus.FAILED, "error", Failure(str(error), type(error)))
+                return request_id
+            self.scheduler.add(request)
+            self.lifecycle.add_forks(request)
+            for constraint in request.processors.constraints:
+                constraint.prepare()  # constraints compile in the background while the prompt prefills
+            self.metrics.num_prompt_tokens += len(request.prompt_ids) * params.num_return_sequences
             return request_id
-        self.scheduler.add(request)
-        self.lifecycle.add_forks(request)
-        for constraint in request.processors.constraints:
-            constraint.prepare()  # constraints compile in the background while the prompt prefills
-        self.metrics.num_prompt_tokens += len(request.prompt_ids) * params.num_return_sequences
-        return request_id
 
     def validate_prompt(self, prompt_ids: Sequence[int], params: SamplingParams, *, whole_sequence: bool = False,
                         **wording: str) -> HfPagedError | None:
