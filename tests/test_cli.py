@@ -129,7 +129,7 @@ BAD_ARGUMENTS = [
     (["generate", "--prompts", "PROMPTS", "--device", "tpu"], "argument --device: invalid choice"),
     (["generate", "--prompts", "PROMPTS", "--bogus"], "unrecognized arguments: --bogus"),
     # serve: every case fails on validation before a socket is bound
-    (["serve", "--max-waiting", "0"], "--max-waiting must be >= 1"),
+    (["serve", "--max-waiting", "-1"], "--max-waiting must be >= 0 (0: no bound), got -1"),
     (["serve", "--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0"),
     (["serve", "--max-request-bytes", "10"], "--max-request-bytes must be >= 1024"),
     (["serve", "--replicas", "2", "--max-request-bytes", "4096"], "--max-request-bytes is for one server"),

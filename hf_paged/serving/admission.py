@@ -8,6 +8,18 @@ from hf_paged.batching.engine_loop import EngineLoop
 from hf_paged.serving.errors import ApiError
 
 
+DEFAULT_WAITING_BATCHES = 64  # the default bound: this many full batches (max_num_seqs) of sequences waiting
+
+
+def waiting_bound(max_waiting: int | None, max_num_seqs: int) -> int | None:
+    """The queue bound in sequences: `max_waiting` as given, its default (64 full batches: 8,192 sequences with the
+    default `max_num_seqs` of 128, so memory and queueing delay stay bounded by default and still scale with the
+    engine), or None (no bound) for 0."""
+    if max_waiting is None:
+        return DEFAULT_WAITING_BATCHES * max_num_seqs
+    return max_waiting or None
+
+
 class AdmissionGate:
     def __init__(self, loop: EngineLoop, max_waiting: int | None, retry_after_s: int) -> None:
         self.loop = loop

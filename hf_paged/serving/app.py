@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hf_paged.batching.engine import Engine
 from hf_paged.batching.engine_loop import LoopClosedError
-from hf_paged.serving.admission import AdmissionGate
+from hf_paged.serving.admission import AdmissionGate, waiting_bound
 from hf_paged.serving.body import DEFAULT_MAX_REQUEST_BYTES, OFF_LOOP_BYTES, decode_request, read_body
 from hf_paged.serving.echo import (
     EchoPrefix,
@@ -58,7 +58,8 @@ __all__ = ["ServerSettings", "build_app"]
 @dataclass(slots=True)
 class ServerSettings:
     model_name: str = "hf-paged"
-    max_waiting: int | None = None  # most requests queued before new ones get 429; None: no bound
+    max_waiting: int | None = None  # most sequences queued before new requests get 429; None: DEFAULT_WAITING_BATCHES
+    #   x the engine's max_num_seqs; 0: no bound
     retry_after_s: int = 1  # the Retry-After of a 429
     max_cache_retention_s: float = 3600.0  # the longest cache_retention_seconds a request may ask (0: refused)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # a longer body gets 413 (read no further)
@@ -77,7 +78,8 @@ class _AppState:
         self.metrics = ServerMetrics(self.loop, settings.model_name)
         self.retention = self.metrics.retention = PrefixRetention(engine)  # cache_retention_seconds' pins
         self.background: set[asyncio.Task] = set()  # fire-and-forget tasks (pins)
-        self.gate = AdmissionGate(self.loop, settings.max_waiting, settings.retry_after_s)  # --max-waiting
+        self.gate = AdmissionGate(self.loop, waiting_bound(settings.max_waiting, engine.config.max_num_seqs),
+                                  settings.retry_after_s)  # --max-waiting
 
     async def parse(self, request: Request, model: type) -> Any:
         raw = await read_body(request, self.settings.max_request_bytes)

@@ -143,8 +143,7 @@ def _last_event(index, text, delta, stream: TextStream, usage: Usage, metrics: S
     usage.completion_tokens += len(output.generated_tokens)
     if fork_parent(output.request_id) == output.request_id:  # forks share their parent's cached prompt
         usage.cached_tokens += output.num_cached_tokens
-    if output.status is RequestStatus.FAILED and output.finish_reason != "abort":
-        metrics.observe_finished("error", e2e)
+    if output.status is RequestStatus.FAILED and output.finish_reason != "abort":  # counted by request_failed
         return ChoiceEvent(index, text, "error", output.error, len(delta.new_token_ids), output.error_type)
     reason = "stop" if stream.stopped else _FINISH_REASONS.get(output.finish_reason or "", "stop")
     metrics.observe_finished(reason, e2e)

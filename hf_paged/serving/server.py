@@ -26,7 +26,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     parser.add_argument("--chat-template", default=None, help="a Jinja chat template file (overrides the tokenizer's)")
     parser.add_argument("--max-waiting", type=int, default=None,
-                        help="most sequences (prompts x n) queued before new requests get HTTP 429 (default: no bound)")
+                        help="most sequences (prompts x n) queued before new requests get HTTP 429 (default: 64 x "
+                             "--max-num-seqs, 8,192 with its default; 0: no bound)")
     parser.add_argument("--max-cache-retention", type=float, default=3600.0, metavar="SECONDS",
                         help="the longest cache_retention_seconds a request may ask (its prompt's prefix kept "
                              "cached); 0 refuses the field (default: %(default)s)")
@@ -95,8 +96,8 @@ def checked_paged_config(args):
     from hf_paged.config import PagedConfig
     from hf_paged.errors import CliError
 
-    if args.max_waiting is not None and args.max_waiting < 1:
-        raise CliError(f"--max-waiting must be >= 1, got {args.max_waiting}")
+    if args.max_waiting is not None and args.max_waiting < 0:
+        raise CliError(f"--max-waiting must be >= 0 (0: no bound), got {args.max_waiting}")
     if not 0 <= args.max_cache_retention < float("inf"):
         raise CliError(f"--max-cache-retention must be a number of seconds >= 0, got {args.max_cache_retention}")
     if getattr(args, "max_request_bytes", None) is not None and args.max_request_bytes < 1024:

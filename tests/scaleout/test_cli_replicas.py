@@ -14,7 +14,7 @@ from hf_paged.cli import main
     (["serve", "--replicas", "0"], "--replicas must be >= 1, got 0"),
     (["serve", "--replicas", "2", "--no-prefix-caching"], "drop --no-prefix-caching"),
     (["serve", "--replicas", "2", "--block-size", "3"], "block_size must be a power of two"),
-    (["serve", "--replicas", "2", "--max-waiting", "0"], "--max-waiting must be >= 1"),
+    (["serve", "--replicas", "2", "--max-waiting", "-1"], "--max-waiting must be >= 0"),
     (["serve", "--replicas", "2", "--chat-template", "/no/template.jinja"], "chat template file"),
     (["serve", "--replicas", "x"], "argument --replicas: invalid int value"),
     (["serve", "--replicas", "2", "--prefill-replicas", "2"], "--prefill-replicas must leave at least one decode"),

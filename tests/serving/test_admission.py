@@ -27,3 +27,20 @@ def test_echo_with_logprobs_counts_its_scoring_requests_in_the_bound(tiny_lm):
         assert all(choice["logprobs"]["token_logprobs"][0] is None for choice in r.json()["choices"])
         wait_idle(engine, timeout=60)
         assert server.app.state.server.num_admitted == 0  # every admitted sequence was queued or released
+
+
+def test_the_queue_is_bounded_by_default_relative_to_the_batch(tiny_lm):
+    """No `max_waiting`: 64 full batches (`max_num_seqs`) of sequences; 0: no bound."""
+    from hf_paged.serving.admission import DEFAULT_WAITING_BATCHES, waiting_bound
+
+    assert waiting_bound(None, 128) == DEFAULT_WAITING_BATCHES * 128 == 8192
+    assert waiting_bound(0, 128) is None and waiting_bound(5, 128) == 5
+    server, engine = make_server(tiny_lm, max_num_seqs=2)
+    with server:
+        assert server.app.state.server.gate.max_waiting == DEFAULT_WAITING_BATCHES * 2
+        body = {"prompt": ["a", "b"], "n": 65, "max_tokens": 1, "temperature": 1.0}  # 130 > 128 sequences
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+        assert r.status_code == 400 and "--max-waiting" in r.json()["error"]["message"], r.text
+    unbounded, _ = make_server(tiny_lm, settings=ServerSettings(model_name="tiny-lm", max_waiting=0), max_num_seqs=2)
+    with unbounded:
+        assert unbounded.app.state.server.gate.max_waiting is None

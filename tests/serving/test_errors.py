@@ -187,6 +187,8 @@ def test_a_distribution_that_overflows_fails_only_its_request(server, engine):
         assert future.result().json()["usage"]["completion_tokens"] == 20
     assert_error(bad.result(), 400, words=["not finite", "temperature=1e-40"])
     wait_idle(engine)
+    metrics = httpx.get(server.url + "/metrics", timeout=30).text  # a failure is no success (it counted as one)
+    assert 'finished_reason="error"' not in metrics and "hf_paged:request_failed_total" in metrics
 
 
 class OverBudget(LogitsProcessor):

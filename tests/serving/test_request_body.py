@@ -82,3 +82,22 @@ def test_a_surrogate_pair_is_one_character(server, tiny_lm):
     r = post(server, "/tokenize", b'{"prompt": "\\ud83d\\ude00", "add_special_tokens": false}')
     assert r.status_code == 200, r.text
     assert r.json()["tokens"] == tiny_lm.tokenizer("\U0001F600", add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("media_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data"])
+def test_a_body_that_is_not_declared_json_gets_415(small_limit_server, media_type):
+    """A web page can POST `text/plain` or a form to a server on localhost without the browser asking first (no
+    CORS preflight): only JSON (or no Content-Type at all) is read."""
+    body = json.dumps({"prompt": "hello", "max_tokens": 1})
+    response = httpx.post(small_limit_server.url + "/v1/completions", content=body,
+                          headers={"content-type": media_type}, timeout=60)
+    error = assert_error(response, 415, None, [repr(media_type), "application/json"])
+    assert error["code"] == "unsupported_media_type"
+
+
+@pytest.mark.parametrize("headers", [{}, {"content-type": "application/json; charset=utf-8"},
+                                     {"content-type": "Application/JSON"}, {"content-type": "application/x-ld+json"}])
+def test_json_or_no_content_type_is_read(small_limit_server, headers):
+    body = json.dumps({"prompt": "hello", "max_tokens": 1})
+    response = httpx.post(small_limit_server.url + "/v1/completions", content=body, headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
