@@ -102,7 +102,8 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
         return _fallback(stock, reason, input_ids, generation_config, logits_processor, streamer, extra, kwargs,
                          negative_prompt_ids, negative_prompt_attention_mask)
 
-    input_ids, attention_mask = checked_inputs(input_ids, model_kwargs.get("attention_mask"))
+    input_ids, attention_mask = checked_inputs(input_ids, model_kwargs.get("attention_mask"), gen_config.pad_token_id,
+                                               as_list(gen_config.eos_token_id))
     prompts = [row[mask.bool()].tolist() for row, mask in zip(input_ids.cpu(), attention_mask.cpu())]
     engine = engine_of(model)
     padded_len = input_ids.shape[1]
@@ -124,8 +125,10 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     # stop strings, max_time and the caller's criteria: stock's own list, replayed over the engine's steps
     lockstep = bool(stopping_criteria) or gen_config.stop_strings is not None or gen_config.max_time is not None
     # stop strings, max_time and the caller's criteria run as stock's own list (LockstepCriteria), not in the engine
-    params = _params_per_prompt(gen_config, factory, prompts, max_new_tokens=max_new_tokens, eos_token_id=eos or None,
-                                stop_strings=None, **speculative_params(gen_config, assistant_model))
+    params = _params_per_prompt(gen_config, factory, prompts, padded_rows=input_ids.tolist(),
+                                left_pads=attention_mask.ne(0).int().argmax(dim=1).tolist(),
+                                max_new_tokens=max_new_tokens, eos_token_id=eos or None, stop_strings=None,
+                                **speculative_params(gen_config, assistant_model))
     rows = input_ids.repeat_interleave(num_seqs, dim=0)
     criteria = _stock_criteria(model, gen_config, stopping_criteria, model_kwargs.get("tokenizer"), padded_len,
                                max_new_tokens, input_ids.device) if lockstep else None
@@ -302,23 +305,34 @@ def _sampling_params_for(model, inputs, generation_config, logits_processor, sam
         overrides["tokenizer"] = tokenizer
     if assistant_model is not None:  # not a GenerationConfig field: an argument, as in stock generate
         overrides.update(speculative_params(gen_config, assistant_model))
-    params = _params_per_prompt(gen_config, factory, inputs, **overrides)
+    room = None
     if max_new_tokens is None and gen_config.max_new_tokens is None:
         # transformers' generate_batch: no max_new_tokens is no limit (max_length is not read), so a request runs to
         # EOS or, here, to the model's positions (not SamplingParams' default of 20)
         from hf_paged.api.wrap_state import engine_of
 
         room = engine_of(model).max_model_len
-        params = [p.replace(max_new_tokens=max(room - len(prompt), 1)) for p, prompt in zip(params, inputs)]
-    return params
+    return _params_per_prompt(gen_config, factory, inputs, room=room, **overrides)
 
 
-def _params_per_prompt(gen_config: GenerationConfig, factory: ProcessorFactory, prompts, **overrides: Any,
-                       ) -> list[SamplingParams]:
+def _params_per_prompt(gen_config: GenerationConfig, factory: ProcessorFactory, prompts, padded_rows=None,
+                       left_pads=None, room: int | None = None, **overrides: Any) -> list[SamplingParams]:
     """The one translation of a `GenerationConfig` for the engine (`generate` and `generate_batch` alike): its
-    options (`SamplingParams.from_generation_config`), and stock's processor list for each prompt's length. That
-    list holds stock's warpers (temperature, top-k, top-p) in stock's order, so the sampler must not apply them
-    again."""
+    options (`SamplingParams.from_generation_config`), and stock's processor list. That list holds stock's warpers
+    (temperature, top-k, top-p) in stock's order, so the sampler must not apply them again.
+    - `generate` (`padded_rows`: its input_ids, `left_pads`: each row's leading padding): stock's list for the
+      padded batch, each row's processors reading the row as stock's do (`processor_prompt_ids`, its padding
+      included; the repetition penalty skipping the leading pads as stock's does);
+    - `generate_batch`: each prompt as stock `generate` of that prompt alone (`room`: no limit was given, generate
+      up to the model's `room` positions)."""
     base = SamplingParams.from_generation_config(gen_config, **overrides)
-    return [base.replace(logits_processors=factory.for_prompt_length(len(p)), temperature=1.0, top_k=None, top_p=1.0)
-            for p in prompts]
+    plain = {"temperature": 1.0, "top_k": None, "top_p": 1.0}
+    if padded_rows is not None:
+        return [base.replace(logits_processors=factory.for_prompt_length(len(row), base.max_new_tokens, pads),
+                             processor_prompt_ids=row, **plain) for row, pads in zip(padded_rows, left_pads)]
+    params = []
+    for prompt in prompts:
+        new = base.max_new_tokens if room is None else max(room - len(prompt), 1)
+        params.append(base.replace(logits_processors=factory.for_prompt_length(len(prompt), new),
+                                   max_new_tokens=new, **plain))
+    return params

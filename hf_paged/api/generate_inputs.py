@@ -14,11 +14,12 @@ from hf_paged.errors import InvalidPromptError
 __all__ = ["check_priorities", "check_prompts", "checked_inputs", "token_ids_of"]
 
 
-def checked_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
+def checked_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, pad_token_id: int | None = None,
+                   eos_token_ids: Sequence[int] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """`input_ids` and `attention_mask` as [batch, length] tensors of the same shape (a 1-D row is one prompt), or
     a `ValueError` / `TypeError` naming the mismatch: rows are cut by the mask, so a mask of another shape would drop
-    or misread tokens silently."""
+    or misread tokens silently. No mask: stock's (`_prepare_attention_mask_for_generation`): where `pad_token_id`
+    occurs in `input_ids` and is no EOS id, its positions are padding; else every token counts."""
     if not isinstance(input_ids, torch.Tensor) or input_ids.is_floating_point() or input_ids.is_complex():
         kind = input_ids.dtype if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
         raise TypeError(f"input_ids must be an integer tensor of token ids, got {kind}; e.g. tokenizer(texts, "
@@ -30,6 +31,9 @@ def checked_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None
     if input_ids.dim() != 2:
         raise ValueError(f"input_ids must be [batch, sequence_length], got shape {tuple(input_ids.shape)}")
     if attention_mask is None:
+        pads = input_ids.eq(pad_token_id) if pad_token_id is not None and pad_token_id not in eos_token_ids else None
+        if pads is not None and bool(pads.any()):
+            return input_ids, (~pads).long()
         return input_ids, torch.ones_like(input_ids)
     if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
         shape = tuple(attention_mask.shape) if isinstance(attention_mask, torch.Tensor) else type(attention_mask)

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from hf_paged.api.wrap_state import _MISSING, _STATE_ATTR, _WrapState, engine_of, is_wrapped  # noqa: F401
-from hf_paged.cache.model_support import check_supported  # noqa: F401 -- also part of this face
+from hf_paged.cache.model_support import check_supported
 from hf_paged.config import PagedConfig, unknown_fields_message
 from hf_paged.errors import InvalidConfigError, UnsupportedModelError
 

@@ -2,7 +2,8 @@
 
 Order per row, as stock `generate`: logits processors (user and built-in, each with this request's own history)
 -> min_new_tokens EOS suppression -> temperature -> top-k -> top-p -> argmax or a draw from the request's own
-generator. Rows without processors or sampling take a single batched argmax.
+generator. Rows without processors or sampling take a single batched argmax; sampled rows without stock processors
+or a seed go through the chain together, grouped by their warpers, and draw from torch's global generator at once.
 
 A constrained row in `constraint_mode="resample"` is processed without its mask, picked, and checked against the
 constraint; only a refused token costs the mask and a second pick (`constraint_modes.py`).
@@ -20,7 +21,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (
+    EpsilonLogitsWarper,
+    EtaLogitsWarper,
+    MinPLogitsWarper,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
 
 from hf_paged.batching.constraint_modes import ConstraintStats, resample_checks
 from hf_paged.batching.constraint_protocol import RequestConstraint
@@ -71,8 +80,10 @@ class Sampler:
         special = [i for i in range(n) if tokens[i] is None]
         resampled = {i for i in special if resample_checks(requests[i])}
         self._apply_batched_processors(requests, scores, [i for i in special if i not in resampled], errors)
+        self._draw_together(requests, logits, scores, [i for i in special if i not in resampled and errors[i] is None
+                                                       and _drawn_together(requests[i])], tokens, errors)
         for i in special:
-            if errors[i] is not None:
+            if errors[i] is not None or tokens[i] is not None:
                 continue
             request = requests[i]
             if request.params.output_logits:
@@ -144,6 +155,53 @@ class Sampler:
                 for i in members:
                     errors[i] = failure
 
+    def _draw_together(self, requests: Sequence[Request], logits: torch.Tensor, scores: torch.Tensor,
+                       rows: list[int], tokens: list[int | None], errors: list[Failure | None]) -> None:
+        """Sampled rows with no stock processor but row-only warpers and no seed of their own, grouped by those: the
+        chain of `_process_row` on each group's rows at once (each row's values as alone), then one draw from torch's
+        global generator for all of them, in row order (the stream `_pick` row by row takes, and stock's batch).
+        Row by row this was ~10 small ops a row: at 200 sampled rows with top-k, a third of the step."""
+        groups: dict[tuple, list[int]] = {}
+        for i in rows:
+            request = requests[i]
+            params = request.params
+            warpers = tuple(id(p.processor) for p in request.processors.row_processors)
+            groups.setdefault((warpers, params.temperature, params.top_k, params.top_p), []).append(i)
+        if not groups:
+            return
+        probs = torch.empty(len(rows), scores.shape[-1], dtype=torch.float32, device=scores.device)
+        position = {i: k for k, i in enumerate(rows)}
+        for (_, temperature, top_k, top_p), members in groups.items():
+            group = scores.index_select(0, torch.tensor(members, device=scores.device))
+            for warper in requests[members[0]].processors.row_processors:  # the same objects on every member
+                group = warper(None, group)
+            for j, i in enumerate(members):
+                request, params = requests[i], requests[i].params
+                if params.output_logits:
+                    request.logits.append(logits[i].clone())
+                if len(request.output_ids) < params.min_new_tokens and params.eos_token_ids:
+                    group[j, list(params.eos_token_ids)] = float("-inf")
+            if temperature != 1.0:
+                group = TemperatureLogitsWarper(temperature)(None, group)
+            if top_k:
+                group = TopKLogitsWarper(top_k)(None, group)
+            if top_p < 1.0:
+                group = TopPLogitsWarper(top_p)(None, group)
+            for j, i in enumerate(members):
+                if requests[i].params.output_scores:
+                    requests[i].scores.append(group[j].clone())
+            probs.index_copy_(0, torch.tensor([position[i] for i in members], device=scores.device),
+                              torch.softmax(group.float(), dim=-1))
+        finite = torch.isfinite(probs).all(dim=-1).tolist()
+        drawn = [k for k, ok in enumerate(finite) if ok]
+        for k, ok in enumerate(finite):
+            if not ok:
+                errors[rows[k]] = Failure.of(_not_finite(requests[rows[k]].params.temperature), "sampling failed")
+        if drawn:  # one draw in row order: the global generator's stream as row by row (and as stock's batch)
+            picked = probs if len(drawn) == len(rows) else probs[drawn]
+            for k, token in zip(drawn, torch.multinomial(picked, num_samples=1).flatten().tolist()):
+                tokens[rows[k]] = token
+
     def _resample(self, request: Request, row: torch.Tensor) -> int:
         """Resample mode: pick from the unmasked row; keep the token when every constraint allows it, else mask the
         raw row and pick again (the masked distribution, see `constraint_modes.py`)."""
@@ -179,7 +237,9 @@ class Sampler:
         history = None
         for proc in request.processors.row_processors:  # the constraints were applied in the batched pass
             if history is None:
-                history = torch.tensor([request.all_token_ids + list(pending)], dtype=torch.long, device=row.device)
+                prompt = request.prompt_ids if params.processor_prompt_ids is None else params.processor_prompt_ids
+                history = torch.tensor([prompt + request.output_ids + list(pending)], dtype=torch.long,
+                                       device=row.device)
             row = proc(history, row)
         if len(request.output_ids) + len(pending) < params.min_new_tokens and params.eos_token_ids:
             row[:, list(params.eos_token_ids)] = float("-inf")
@@ -200,12 +260,31 @@ class Sampler:
             return int(row.argmax(dim=-1))
         probs = torch.softmax(row.float(), dim=-1)
         if not bool(torch.isfinite(probs).all()):
-            raise SamplingError(
-                f"the sampling distribution is not finite (temperature={request.params.temperature!r}): a "
-                "temperature or penalty that overflows the logits, or a processor that wrote NaN; use a temperature "
-                ">= 1e-5 (or greedy) and finite penalties"
-            )
+            raise _not_finite(request.params.temperature)
         return int(torch.multinomial(probs, num_samples=1, generator=request.generator_on(probs.device)))
+
+
+def _not_finite(temperature: float) -> SamplingError:
+    return SamplingError(
+        f"the sampling distribution is not finite (temperature={temperature!r}): a temperature or penalty that "
+        "overflows the logits, or a processor that wrote NaN; use a temperature >= 1e-5 (or greedy) and finite "
+        "penalties"
+    )
+
+
+def _drawn_together(request: Request) -> bool:
+    """A sampled row `_draw_together` may take: no stock processor but the warpers that read nothing but the row
+    (others are called per row with its history), no seed (its own generator's stream must not depend on which rows
+    share its step)."""
+    return (request.params.do_sample and request.seed is None and request.params.seed is None
+            and request.generator is None
+            and all(type(p.processor) in _ROW_ONLY_WARPERS for p in request.processors.row_processors))
+
+
+# transformers' warpers whose result on a row depends on that row alone, not on `input_ids` (exact types: a subclass
+# may read more)
+_ROW_ONLY_WARPERS = frozenset((TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper, MinPLogitsWarper,
+                               TypicalLogitsWarper, EpsilonLogitsWarper, EtaLogitsWarper))
 
 
 def plain_greedy_step(inputs, waiting_forks: Mapping[str, object]) -> bool:

@@ -29,6 +29,9 @@ class SamplingParams:
         eos_token_id: id or ids that end the request (they are kept in the output, like `generate`).
         stop_strings: strings that end the request once the decoded output contains one (needs `tokenizer`).
         logits_processors: transformers `LogitsProcessor`s; each gets this request's own history as input_ids.
+        processor_prompt_ids: the prompt as `logits_processors` see it in that history (None: the prompt itself).
+            `generate` gives each row as stock's processors see it, its padding included (stock's min_length,
+            no_repeat_ngram_size, repetition_penalty read the padded rows).
         num_return_sequences: independent continuations of the same prompt (they share the prompt's blocks).
         min_new_tokens: EOS is suppressed before this many tokens.
         num_speculative_tokens: speculative decoding: tokens drafted per step and checked by the model in one
@@ -83,6 +86,7 @@ class SamplingParams:
     validator: Callable[[str | list[int]], bool] | None = None  # None: schema validation (see retry.py)
     score_targets: list[int] | None = None  # scoring: the tokens scored at the prompt's last positions
     logprobs: int | None = None  # None: off; 0: the chosen token's log-probability; k: also the top k (<= 20)
+    processor_prompt_ids: list[int] | None = None  # the prompt as `logits_processors` see it (None: the prompt)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -255,6 +259,11 @@ def unsupported_modes(generation_config) -> list[str]:
         modes.append("self-speculative decoding (assistant_early_exit)")
     if getattr(gc, "guidance_scale", None) not in (None, 1, 1.0):
         modes.append("classifier-free guidance (guidance_scale)")
+    if getattr(gc, "dola_layers", None) is not None:
+        modes.append("DoLa decoding (dola_layers)")
+    if getattr(gc, "encoder_repetition_penalty", None) not in (None, 1, 1.0) \
+            or getattr(gc, "encoder_no_repeat_ngram_size", None):  # stock reads the batch's padded prompts
+        modes.append("encoder_repetition_penalty / encoder_no_repeat_ngram_size")
     return modes
 
 
