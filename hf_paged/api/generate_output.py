@@ -22,7 +22,8 @@ def assemble_generate_output(
     argmax is the pad it got)."""
     rows, prompt_len = input_ids.shape
     max_new = max((len(o.generated_tokens) for o in outputs), default=0)
-    sequences = torch.full((rows, prompt_len + max_new), pad_token_id, dtype=input_ids.dtype, device=input_ids.device)
+    dtype = torch.promote_types(input_ids.dtype, torch.long) if max_new else input_ids.dtype  # stock's cat promotes
+    sequences = torch.full((rows, prompt_len + max_new), pad_token_id, dtype=dtype, device=input_ids.device)
     sequences[:, :prompt_len] = input_ids
     for i, out in enumerate(outputs):
         if out.generated_tokens:

@@ -34,12 +34,14 @@ class TokenAppender:
              logprobs: Sequence[TokenLogprobs | None] | None = None) -> None:
         """The tokens a step produced for `request` (with their `logprobs` entries when it asks), then the tokens
         its constraint forces after them."""
-        self.append(request, tokens, now, result, logprobs)
+        self.append(request, tokens, now, result, logprobs, recorded=True)
         if not request.ended and not request.params.output_scores and request.params.logprobs is None:
             self.jump_forward(request, now, result)
 
     def append(self, request: Request, tokens: list[int], now: float, result: StepOutput,
-               logprobs: Sequence[TokenLogprobs | None] | None = None) -> None:
+               logprobs: Sequence[TokenLogprobs | None] | None = None, recorded: bool = False) -> None:
+        """`recorded`: each of `tokens` has its scores / logits recorded (`output_scores` / `output_logits`), and
+        those of tokens after a stop (speculative drafts verified past an EOS) are dropped with them."""
         streams = not request.params.max_retries  # a request that may rerun shows its tokens once it has ended
         rid = request.request_id
         for at, token in enumerate(tokens):
@@ -58,6 +60,12 @@ class TokenAppender:
             request.last_token_time = now
             reason = check_stop(request, self.max_model_len)
             if reason is not None:
+                unused = len(tokens) - at - 1
+                if recorded and unused:
+                    for records, kept in ((request.scores, request.params.output_scores),
+                                          (request.logits, request.params.output_logits)):
+                        if kept:
+                            del records[len(records) - unused:]
                 self.lifecycle.finish(request, reason)
                 if not streams and request.finish_reason != "retry":
                     result.new_tokens[rid] = list(request.output_ids)

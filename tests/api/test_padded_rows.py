@@ -76,3 +76,10 @@ def test_generate_batch_forces_eos_at_each_requests_last_token(models):
                                                                                   forced_eos_token_id=5))
     for output in outputs.values():
         assert len(output.generated_tokens) <= 4 and output.generated_tokens[-1] == 5
+
+
+def test_int32_input_ids_give_int64_sequences_as_stock(models):
+    stock, wrapped = models
+    expected = stock.generate(IDS.int(), attention_mask=MASK, max_new_tokens=3)
+    got = wrapped.generate(IDS.int(), attention_mask=MASK, max_new_tokens=3)
+    assert got.dtype == expected.dtype == torch.int64 and torch.equal(got, expected)

@@ -257,3 +257,30 @@ def test_scores_of_drafted_tokens_match_stock(model):
     assert torch.equal(ours.sequences, stock.sequences)
     for mine, theirs in zip(ours.scores + ours.logits, stock.scores + stock.logits):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_scores_of_drafts_verified_past_a_stop_are_dropped(model, monkeypatch):
+    """Verification judges every draft position and records its scores; an EOS among the kept drafts ends the
+    request there, and the later positions' scores and logits go with their tokens: one per generated token."""
+    from hf_paged.batching.speculative.prompt_lookup import PromptLookupProposer
+
+    prompt = ragged_prompts([12], seed=3)[0]
+
+    def run(params):
+        engine = Engine(model, PagedConfig(block_size=4, num_blocks=64))
+        rid = engine.add_request(prompt, params)
+        step_all(engine)
+        return engine.pop_output(rid)
+
+    greedy = run(SamplingParams(max_new_tokens=12)).generated_tokens
+    eos = next(t for i, t in enumerate(greedy) if i >= 2 and t not in greedy[:i])  # reached mid-way, first there
+
+    def oracle(self, requests, num_tokens):  # drafts the greedy output itself: every draft kept, EOS among them
+        return [Draft(greedy[len(r.output_ids):len(r.output_ids) + k]) for r, k in zip(requests, num_tokens)]
+
+    monkeypatch.setattr(PromptLookupProposer, "propose", oracle)
+    for k in (0, 4):
+        out = run(SamplingParams(max_new_tokens=12, eos_token_id=eos, output_scores=True, output_logits=True,
+                                 num_speculative_tokens=k))
+        assert out.generated_tokens == greedy[:greedy.index(eos) + 1]
+        assert len(out.scores) == len(out.logits) == len(out.generated_tokens), k
