@@ -7,7 +7,6 @@ from __future__ import annotations
 from hf_paged.batching.engine_loop import EngineLoop
 from hf_paged.serving.errors import ApiError
 
-
 DEFAULT_WAITING_BATCHES = 64  # the default bound: this many full batches (max_num_seqs) of sequences waiting
 
 
