@@ -190,23 +190,27 @@ class GuidedLogitsProcessor(LogitsProcessor):
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         """Mask `scores` [batch, vocab] in place for each row of `input_ids` [batch, length]; returns `scores`.
 
-        A call continues the previous one when the batch size is the same, the ids are one token longer and the
-        prompt part is unchanged; otherwise it is a new `generate` call and every row starts a fresh document at
-        its first generated token. A continuing row whose history is not its previous row's (beam search
-        reorders rows) is replayed from the prompt, so its state always matches its own tokens.
+        A call continues the previous one when the batch size is the same, the prompt part is unchanged and the ids
+        are at most one token longer; otherwise it is a new `generate` call and every row starts a fresh document
+        at its first generated token. A row one token past its previous row advances by that token; any other row
+        (beam search reorders rows; assisted decoding judges candidates position by position, then goes back to
+        the accepted ones) is replayed from the prompt, so its state always matches its own tokens.
         """
         batch, length = input_ids.shape
         prev = self._prev_ids
         continuing = (
             prev is not None
             and prev.shape[0] == batch
-            and prev.shape[1] + 1 == length
+            and self._prompt_len <= length <= prev.shape[1] + 1
             and len(self._rows) == batch
             and torch.equal(prev[:, : self._prompt_len], input_ids[:, : self._prompt_len])
         )
         if continuing:
             assert prev is not None
-            same_row = (prev == input_ids[:, :-1]).all(dim=1).tolist()
+            if prev.shape[1] + 1 == length:
+                same_row = (prev == input_ids[:, :-1]).all(dim=1).tolist()
+            else:
+                same_row = [False] * batch
             last = input_ids[:, -1].tolist()
             for row in range(batch):
                 if same_row[row]:

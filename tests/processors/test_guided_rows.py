@@ -110,3 +110,35 @@ def test_cpu_id_path_equals_the_bitmask_path_and_fills_the_bitmask():
         covered = unpacked.shape[1]  # 288 bits for 279 ids; the 2 columns past them are padding
         assert torch.equal(unpacked, got[:, :covered] != float("-inf"))
         assert bool((got[:, covered:] == float("-inf")).all())
+
+
+def test_assisted_decoding_goes_back_to_the_accepted_candidates():
+    """Stock assisted decoding (`prompt_lookup_num_tokens`, `assistant_model`) calls the processor on the ids up to
+    each candidate position in turn (one token longer each), then on the accepted ids only, which can be shorter
+    than the last call: those rows are replayed, not taken for a new `generate` call (which reset them before)."""
+    proc = ChoiceLogitsProcessor(["12", "1x"], TOK)
+    prompt = [5, 6]
+    proc(torch.tensor([prompt]), torch.zeros(1, 279))
+    proc(torch.tensor([prompt + [ONE]]), torch.zeros(1, 279))  # candidate "1"
+    proc(torch.tensor([prompt + [ONE, X]]), torch.zeros(1, 279))  # candidate "x" after it (then rejected)
+    # the next round starts from the accepted "1": same length as an earlier call, not one token longer
+    assert allowed(proc(torch.tensor([prompt + [ONE]]), torch.zeros(1, 279))) == [sorted([TWO, X])]
+    # a candidate the constraint refuses is judged without an error (its position's mask is not used)
+    proc(torch.tensor([prompt + [ONE, DOT]]), torch.zeros(1, 279))
+    assert allowed(proc(torch.tensor([prompt + [ONE, TWO]]), torch.zeros(1, 279)))[0] == [EOS]
+
+
+def test_stock_prompt_lookup_decoding_keeps_the_regex():
+    import re
+
+    from hf_paged import default_model
+
+    model, tok = default_model()
+    pattern = r"[a-z]{2,6}@[a-z]{3}\.(com|org)"
+    inputs = tok(["Answer: "], return_tensors="pt")
+    texts = []
+    for lookup in ({}, {"prompt_lookup_num_tokens": 3}):
+        proc = RegexLogitsProcessor(pattern, tok)
+        out = model.generate(**inputs, max_new_tokens=30, logits_processor=[proc], **lookup)
+        texts.append(tok.decode(out[0, inputs.input_ids.shape[1]:], skip_special_tokens=True))
+    assert re.fullmatch(pattern, texts[1]) and texts[0] == texts[1]  # assisted greedy is greedy
