@@ -83,7 +83,7 @@ def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, e
 def paged_generate(model, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None,
                    logits_processor=None, stopping_criteria=None, prefix_allowed_tokens_fn=None, synced_gpus=None,
                    assistant_model=None, streamer=None, negative_prompt_ids=None, negative_prompt_attention_mask=None,
-                   use_model_defaults=None, custom_generate=None, **kwargs: Any):
+                   custom_generate=None, **kwargs: Any):
     """Stock `generate` signature, run on the paged engine. See the module docstring."""
     from hf_paged.api.wrap_state import engine_of
 

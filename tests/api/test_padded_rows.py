@@ -83,3 +83,13 @@ def test_int32_input_ids_give_int64_sequences_as_stock(models):
     expected = stock.generate(IDS.int(), attention_mask=MASK, max_new_tokens=3)
     got = wrapped.generate(IDS.int(), attention_mask=MASK, max_new_tokens=3)
     assert got.dtype == expected.dtype == torch.int64 and torch.equal(got, expected)
+
+
+def test_keywords_stock_refuses_are_not_swallowed(models):
+    """`use_model_defaults` is no argument of stock's `generate` (transformers 5): it falls back, and stock refuses
+    it, as it would unwrapped."""
+    stock, wrapped = models
+    with pytest.raises(ValueError, match="use_model_defaults"):
+        stock.generate(IDS, attention_mask=MASK, max_new_tokens=2, use_model_defaults=False)
+    with pytest.warns(PagedFallbackWarning), pytest.raises(ValueError, match="use_model_defaults"):
+        wrapped.generate(IDS, attention_mask=MASK, max_new_tokens=2, use_model_defaults=False)
