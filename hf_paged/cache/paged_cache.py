@@ -87,8 +87,8 @@ class PagedCache(Cache):
             self.num_blocks = self.compression.num_blocks_for_budget(model_dtype, device)
         self.head_merges = merges_for_cache(config, cfg)  # per layer, or None (`head_merge`: narrower key blocks)
         if self.head_merges is not None:
-            self.num_blocks = merged_num_blocks(cfg, self.kv_shape, self._bytes_per_block_for(model_dtype), device)
-        check_fits_device(cfg, self.num_blocks, self._bytes_per_block_for(model_dtype), device)
+            self.num_blocks = merged_num_blocks(cfg, self.kv_shape, self.bytes_per_block(model_dtype), device)
+        check_fits_device(cfg, self.num_blocks, self.bytes_per_block(model_dtype), device)
         self.pool = BlockPool(self.num_blocks)
         radix = None
         if prefix_cache:
@@ -207,7 +207,7 @@ class PagedCache(Cache):
         partial block per sequence, model dtype) are not included."""
         num_live = len(self.manager.live_block_ids())
         if not self.compressed:
-            return num_live * self._bytes_per_block_for(dtype)
+            return num_live * self.bytes_per_block(dtype)
         return (num_live * self.compression.bytes_per_block(dtype)
                 + self.planner.live_slots() * self.compression.streaming_bytes_per_slot(dtype))
 
@@ -221,7 +221,7 @@ class PagedCache(Cache):
             "blocks_cached": self.pool.num_cached_blocks,
             "block_size": self.block_size,
             "kv_bytes_allocated": sum(layer.nbytes() for layer in self.block_layers),
-            "kv_bytes_per_block": self._bytes_per_block_for(self._storage_dtype()),
+            "kv_bytes_per_block": self.bytes_per_block(self._storage_dtype()),
             # what the live sequences hold (streaming heads' slots included), not what is preallocated
             "kv_bytes_in_use": self.kv_bytes_in_use(self._storage_dtype()),
             "kv_staging_bytes": sum(layer.staging_nbytes() for layer in self.block_layers),
@@ -232,7 +232,8 @@ class PagedCache(Cache):
             "prefix_ghost_blocks": radix.num_ghosts if radix is not None else 0,
         }
 
-    def _bytes_per_block_for(self, dtype: torch.dtype) -> int:
+    def bytes_per_block(self, dtype: torch.dtype) -> int:
+        """Main-storage bytes of one block over every layer, "auto" parts costed in `dtype`."""
         if self.compressed:
             return self.compression.bytes_per_block(dtype)
         if self.head_merges is not None:

@@ -29,6 +29,7 @@ import torch
 
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.config import PagedConfig
+from hf_paged.errors import InvalidConfigError
 from hf_paged.kv_transfer.block_format import DecodedBlock, decode_block, encode_block
 from hf_paged.kv_transfer.connector import SAVE_POLICIES, KVConnector, KVTransferStats
 from hf_paged.kv_transfer.cost_model import TransferCostModel
@@ -77,8 +78,20 @@ def connector_for(config: PagedConfig, cache: PagedCache, model: torch.nn.Module
     thread); else None. Writes still queued for that directory by another engine of this process are flushed first,
     so the new store lists them."""
     if store is not None:
+        if config.kv_offload_dir is not None:
+            raise InvalidConfigError("got both a kv_store and PagedConfig.kv_offload_dir: an engine has one store; "
+                                     "give one (a DirectoryStore as kv_store shares a directory between engines)")
+        missing = [name for name in ("contains", "get", "put", "background_reads") if not hasattr(store, name)]
+        if missing:
+            raise TypeError(f"kv_store must be a KVStore (InProcessStore, DirectoryStore, RayObjectStore or one with "
+                            f"{', '.join(missing)}), got {type(store).__name__}")
         return KVConnector(cache, model, store, save_on="store")
     if config.kv_offload_dir is not None:
+        per_block = cache.bytes_per_block(next(model.parameters()).dtype)
+        if config.kv_offload_bytes < per_block:
+            raise InvalidConfigError(f"kv_offload_bytes={config.kv_offload_bytes:,} holds no block of this model "
+                                     f"(one is {per_block:,} bytes of keys and values): nothing would ever be saved; "
+                                     "give at least a few thousand blocks' worth (default 1 GiB)")
         flush_writes_to(config.kv_offload_dir)
         disk = DirectoryStore(config.kv_offload_dir, config.kv_offload_bytes)
         return KVConnector(cache, model, disk, save_on="evict")

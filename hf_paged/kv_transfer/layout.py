@@ -16,6 +16,7 @@ connector when weights may differ that way.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 from dataclasses import asdict, dataclass, fields
 
@@ -63,15 +64,21 @@ class BlockLayout:
 
 
 def model_fingerprint(model: torch.nn.Module) -> str:
-    """Hex digest of a model's weights: every parameter's name, shape, dtype and a strided sample of its values.
+    """Hex digest of what a model computes its keys and values from: its config (RoPE theta and scaling, head
+    sizes, windows...; not the fields that only name or report things) and every parameter's and buffer's name,
+    shape, dtype and a strided sample of its values (buffers: RoPE's inverse frequencies, which a config override
+    recomputes on the same weights).
 
-    The same weights give the same fingerprint in every process (values are read, never addresses); any retraining
-    or another checkpoint changes the samples. Costs a few small copies per parameter."""
+    The same model gives the same fingerprint in every process (values are read, never addresses); any retraining,
+    another checkpoint or another RoPE changes it. Costs a few small copies per tensor."""
     h = hashlib.blake2b(digest_size=16, person=b"hf_paged.model")
     config = getattr(model, "config", None)
     h.update(str(getattr(config, "model_type", type(model).__name__)).encode())
+    if config is not None and hasattr(config, "to_dict"):
+        fields = {k: v for k, v in config.to_dict().items() if k not in _CONFIG_FIELDS_NOT_COMPUTED}
+        h.update(json.dumps(fields, sort_keys=True, default=str).encode())
     with torch.no_grad():
-        for name, p in model.named_parameters():
+        for name, p in itertools.chain(model.named_parameters(), model.named_buffers()):
             h.update(f"{name}|{tuple(p.shape)}|{p.dtype}".encode())
             local = p.to_local() if hasattr(p, "to_local") else p  # a tensor-parallel DTensor: this rank's shard
             flat = local.detach().reshape(-1)  # (a reshape of the DTensor itself would gather across ranks)
@@ -79,6 +86,14 @@ def model_fingerprint(model: torch.nn.Module) -> str:
             sample = flat[::step][:_SAMPLES_PER_PARAMETER].to("cpu").contiguous()
             h.update(sample.view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
+
+
+# config fields that name, report or route things, never what a forward computes (a process may set them apart)
+_CONFIG_FIELDS_NOT_COMPUTED = frozenset({
+    "_name_or_path", "transformers_version", "_commit_hash", "architectures", "output_attentions",
+    "output_hidden_states", "return_dict", "use_cache", "id2label", "label2id", "problem_type",
+    "_attn_implementation_autoset", "_attn_implementation_internal", "attn_implementation",
+})
 
 
 def _format_name(fmt: BlockFormat) -> str:

@@ -152,6 +152,9 @@ class DirectoryStore:
         except PermissionError:
             raise InvalidConfigError(f"cannot create the KV directory {str(path)!r} (kv_offload_dir): permission "
                                      "denied; give a directory this process may write") from None
+        except OSError as exc:  # a read-only filesystem, /proc, a missing device...
+            raise InvalidConfigError(f"cannot create the KV directory {str(path)!r} (kv_offload_dir): "
+                                     f"{exc.strerror or exc}; give a directory this process may write") from None
         if not os.access(self.path, os.W_OK | os.X_OK):
             raise InvalidConfigError(f"the KV directory {str(path)!r} (kv_offload_dir) is not writable by this "
                                      "process; give one it may write")

@@ -87,6 +87,18 @@ def test_fingerprint_is_stable_and_tells_weights_apart():
     assert model_fingerprint(a) == model_fingerprint(b) != model_fingerprint(tiny_model("llama", seed=1))
 
 
+def test_fingerprint_tells_another_rope_on_the_same_weights_apart():
+    """A RoPE override (config and the inverse frequencies it recomputes) on the same weights computes other keys:
+    a disk tier shared with it loaded them as its own (same fingerprint) and answered wrong."""
+    base, same, theta, buffer = (tiny_model("llama", seed=0) for _ in range(4))
+    theta.config.rope_parameters = {**theta.config.rope_parameters, "rope_theta": 1234.0}
+    buffer.model.rotary_emb.inv_freq.mul_(0.5)
+    fingerprints = [model_fingerprint(m) for m in (base, same, theta, buffer)]
+    assert fingerprints[0] == fingerprints[1] and len(set(fingerprints)) == 3
+    same.config._name_or_path = "/elsewhere"  # naming fields do not count
+    assert model_fingerprint(same) == fingerprints[0]
+
+
 def test_config_fields_are_checked():
     assert PagedConfig(kv_offload_dir="/tmp/kv", kv_offload_bytes=10).kv_offload_bytes == 10
     with pytest.raises(ValueError, match="kv_offload_bytes"):

@@ -225,6 +225,17 @@ def test_a_kv_directory_that_is_a_file_is_a_config_error(tmp_path: Path):
             DirectoryStore(path, max_bytes=100)
 
 
+def test_an_unusable_kv_directory_or_bound_is_a_config_error(model, tmp_path: Path):
+    with pytest.raises(InvalidConfigError, match="cannot create the KV directory '/proc/hf_paged_kv'"):
+        DirectoryStore("/proc/hf_paged_kv", max_bytes=100)  # FileNotFoundError (a read-only filesystem: EROFS)
+    with pytest.raises(InvalidConfigError, match="holds no block of this model"):  # stored nothing, silently
+        Engine(model, PagedConfig(block_size=BS, kv_offload_dir=str(tmp_path), kv_offload_bytes=1000))
+    with pytest.raises(InvalidConfigError, match="both a kv_store and PagedConfig.kv_offload_dir"):  # dropped one
+        Engine(model, PagedConfig(block_size=BS, kv_offload_dir=str(tmp_path)), kv_store=InProcessStore())
+    with pytest.raises(TypeError, match="kv_store must be a KVStore"):
+        Engine(model, PagedConfig(block_size=BS), kv_store={})
+
+
 class SlowDisk(DirectoryStore):
     """A directory store whose reads take a while (read in the background by the connector)."""
 
