@@ -29,15 +29,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from hf_paged.cache.sizing import kv_shape_of
 from hf_paged.scaleout.asgi import HttpCall, ResponseStart
 from hf_paged.scaleout.drain import DrainGate
 from hf_paged.scaleout.metrics_merge import CONTENT_TYPE, ReplicaMetrics, render_scrape
 from hf_paged.scaleout.prompt_key import routing_info, template_shared_start
-from hf_paged.serving.body import DEFAULT_MAX_REQUEST_BYTES, read_body
+from hf_paged.serving.body import DEFAULT_MAX_REQUEST_BYTES, OFF_LOOP_BYTES, read_body
 from hf_paged.serving.errors import ApiError
+from hf_paged.serving.prompt_chars import max_prompt_chars
 
 if TYPE_CHECKING:
     from hf_paged.scaleout.spec import ReplicaSpec
@@ -76,7 +79,7 @@ class Gateway:
 
     def __init__(self, engine: Any, spec: ReplicaSpec, *, num_replicas: int = 1, wait_for_reports: bool = True
                  ) -> None:
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         self.engine = engine.options(stream=True)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.model_path)
@@ -85,6 +88,8 @@ class Gateway:
         self.block_size, self.extra_keys = spec.block_size, spec.extra_keys
         # What every chat prompt starts with (the template's preamble): the router treats it as no affinity
         self.shared_start = template_shared_start(self.tokenizer)
+        self.max_model_len = kv_shape_of(AutoConfig.from_pretrained(spec.model_path)).max_model_len
+        self.max_chars = max_prompt_chars(self.tokenizer, self.max_model_len)  # longer texts: routed by load
         self.gate = DrainGate()  # closed by the driver at shutdown (`begin_drain`)
         self.num_replicas, self.wait_for_reports = num_replicas, wait_for_reports
         self._ready = not wait_for_reports  # latched by `readiness()` once every replica has reported
@@ -165,7 +170,11 @@ class Gateway:
         call = HttpCall(request.method, path, request.url.query.encode(), tuple(request.headers.raw), body)
         routing = None
         if request.method == "POST" and path in _ROUTED_PATHS:
-            routing = routing_info(path, body, self.tokenizer, self.block_size, self.extra_keys, self.shared_start)
+            find = (path, body, self.tokenizer, self.block_size, self.extra_keys, self.shared_start,
+                    self.max_model_len, self.max_chars)
+            # a big body is read and tokenized beside the event loop: the streams it carries keep flowing
+            routing = await run_in_threadpool(routing_info, *find) if len(body) > OFF_LOOP_BYTES else \
+                routing_info(*find)
             await self._before_forward(call, routing)
         for attempt in range(2):
             stream = self.engine.forward.remote(call, routing=routing)

@@ -30,8 +30,11 @@ class RoutingInfo:
     num_shared_tokens: int = 0  # the chat template's constant start (`template_shared_start`): no affinity
 
 
-def prompt_ids(path: str, body: bytes, tokenizer: Any) -> tuple[list[int], int] | None:
-    """(prompt token ids, output budget) of a completion or chat request, or None when there is none to find."""
+def prompt_ids(path: str, body: bytes, tokenizer: Any, max_chars: int | None = None
+               ) -> tuple[list[int], int, int] | None:
+    """(prompt token ids, output budget, n) of a completion or chat request, or None when there is none to find
+    (or its text is longer than `max_chars`, more than any prompt the model takes: the replica refuses it from its
+    length, and tokenizing megabytes here would hold up the gateway)."""
     try:
         data = json.loads(body)
         if path.endswith("/chat/completions"):
@@ -39,14 +42,18 @@ def prompt_ids(path: str, body: bytes, tokenizer: Any) -> tuple[list[int], int] 
             if not getattr(tokenizer, "chat_template", None):
                 return None
             messages = [{**m.model_dump(exclude_none=True), "content": m.text()} for m in request.messages]
+            if max_chars is not None and sum(len(m["content"]) for m in messages) > max_chars:
+                return None
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]  # as Preparer.chat
-            return list(ids), request.requested_max_tokens or _DEFAULT_OUTPUT
+            return list(ids), request.requested_max_tokens or _DEFAULT_OUTPUT, request.n
         if path.endswith("/completions"):
             request = CompletionRequest.model_validate(data)
             prompt = request.prompts()[0]  # several prompts: the first decides
+            if isinstance(prompt, str) and max_chars is not None and len(prompt) > max_chars:
+                return None
             ids = list(prompt) if isinstance(prompt, list) else tokenizer(prompt)["input_ids"]  # as Preparer
-            return list(ids), request.max_tokens or 16
+            return list(ids), request.max_tokens or 16, request.n
     except (ValueError, ValidationError, TypeError, KeyError, IndexError):
         return None
     except Exception:  # noqa: BLE001 -- a template error is the replica's to report, with its 400
@@ -90,12 +97,17 @@ def template_shared_start(tokenizer: Any) -> int:
 
 
 def routing_info(path: str, body: bytes, tokenizer: Any, block_size: int, extra_keys: tuple = (),
-                 shared_start: int = 0) -> RoutingInfo | None:
+                 shared_start: int = 0, max_model_len: int | None = None,
+                 max_chars: int | None = None) -> RoutingInfo | None:
     """The `routing=` keyword for the handle call (None: route by load). `shared_start`: the chat template's
-    constant start in tokens (`template_shared_start`), passed on for chat requests."""
-    found = prompt_ids(path, body, tokenizer)
+    constant start in tokens (`template_shared_start`), passed on for chat requests. The output counted is what the
+    request can generate: its budget, at most the model's room after the prompt (`max_model_len`), times `n` (a
+    `max_tokens` of 1e12, refused by the replica, weighed on its replica's share for as long as work decays)."""
+    found = prompt_ids(path, body, tokenizer, max_chars)
     if found is None:
         return None
-    ids, output = found
+    ids, output, n = found
+    if max_model_len is not None:
+        output = min(output, max(max_model_len - len(ids), 1))
     shared = min(shared_start, len(ids)) if path.endswith("/chat/completions") else 0
-    return RoutingInfo(tuple(prompt_fingerprints(ids, block_size, extra_keys)), len(ids), int(output), shared)
+    return RoutingInfo(tuple(prompt_fingerprints(ids, block_size, extra_keys)), len(ids), int(output) * n, shared)

@@ -84,15 +84,16 @@ def tokenizer():
 def test_prompt_key_tokenizes_as_the_replicas_preparer(tokenizer):
     chat = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
             "max_tokens": 7}
-    ids, output = prompt_ids("/v1/chat/completions", json.dumps(chat).encode(), tokenizer)
+    ids, output, n = prompt_ids("/v1/chat/completions", json.dumps(chat).encode(), tokenizer)
     messages = [{**m.model_dump(exclude_none=True), "content": m.text()}
                 for m in ChatCompletionRequest.model_validate(chat).messages]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert ids == tokenizer(text, add_special_tokens=False)["input_ids"] and output == 7
     completion = {"prompt": "hello world", "max_tokens": 3}
-    ids, output = prompt_ids("/v1/completions", json.dumps(completion).encode(), tokenizer)
+    ids, output, n = prompt_ids("/v1/completions", json.dumps(completion).encode(), tokenizer)
     assert ids == tokenizer(CompletionRequest.model_validate(completion).prompts()[0])["input_ids"] and output == 3
-    assert prompt_ids("/v1/completions", json.dumps({"prompt": [5, 6, 7]}).encode(), tokenizer) == ([5, 6, 7], 16)
+    assert prompt_ids("/v1/completions", json.dumps({"prompt": [5, 6, 7], "n": 2}).encode(), tokenizer) == (
+        [5, 6, 7], 16, 2)
 
 
 def test_routing_info_digests_the_prompt_and_gives_up_quietly(tokenizer):
@@ -102,6 +103,21 @@ def test_routing_info_digests_the_prompt_and_gives_up_quietly(tokenizer):
     assert (info.num_prompt_tokens, info.num_output_tokens) == (40, 5)
     for bad in (b"not json", b"[]", json.dumps({"messages": "x"}).encode()):
         assert routing_info("/v1/chat/completions", bad, tokenizer, 16) is None  # the replica answers the 400
+
+
+def test_routing_info_counts_what_a_request_can_generate_and_skips_what_cannot_fit(tokenizer):
+    """A `max_tokens` of 1e12 (refused by the replica) booked 1e12 tokens of work on its replica: every later
+    request went elsewhere. Now: at most the room after the prompt, times n. A text longer than any prompt the
+    model takes is routed by load untokenized (9 MB of text held the gateway's event loop for ~10 s)."""
+    body = json.dumps({"prompt": list(range(40)), "max_tokens": 10**12, "n": 3}).encode()
+    info = routing_info("/v1/completions", body, tokenizer, 16, max_model_len=2048)
+    assert (info.num_prompt_tokens, info.num_output_tokens) == (40, 3 * (2048 - 40))
+    chat = json.dumps({"messages": [{"role": "user", "content": "x" * 101}]}).encode()
+    assert routing_info("/v1/chat/completions", chat, tokenizer, 16, max_chars=100) is None
+    assert routing_info("/v1/completions", json.dumps({"prompt": "x" * 101}).encode(), tokenizer, 16,
+                        max_chars=100) is None
+    assert routing_info("/v1/completions", json.dumps({"prompt": "x" * 99}).encode(), tokenizer, 16,
+                        max_chars=100) is not None
 
 
 def test_gateway_scrape_labels_every_replica_and_skips_a_failed_one():
