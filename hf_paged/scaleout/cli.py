@@ -29,6 +29,8 @@ def run_replicas(args) -> int:
     from hf_paged.errors import CliError
     from hf_paged.serving.server import checked_paged_config, log_to_stderr, paged_overrides, read_chat_template
 
+    stop = _StopSignals()
+    stop.install()  # from the start: a signal during the imports and checks ends the command before Ray starts
     replicas = 1 if args.replicas is None else args.replicas  # --address alone: one replica on that cluster
     if replicas < 1:
         raise CliError(f"--replicas must be >= 1, got {replicas}")
@@ -55,11 +57,15 @@ def run_replicas(args) -> int:
         raise CliError(f"--replicas needs the ray extra ({exc.name} is missing): pip install 'hf_paged[ray]'") from None
     log_to_stderr(args.log_level)
     cluster = _LocalCluster(args.address)
-    stop = _StopSignals()
+    port = _free_port(args.host) if args.port == 0 else args.port  # Serve's proxy: a port it can be told, and logged
+    if stop.event.is_set():
+        return 130 if stop.interrupted else 0
     try:
+        stop.armed = True  # a signal while Ray starts ends the start-up, cleaned up
         cluster.start()
-        stop.install()  # after ray.init: its core worker installs a handler that dumps core on SIGTERM
-        handle = deploy(args.model, replicas=replicas, address=args.address, host=args.host, port=args.port,
+        stop.install()  # again after ray.init: its core worker installs a handler that dumps core on SIGTERM
+        cluster.check_cpus(replicas)
+        handle = deploy(args.model, replicas=replicas, address=args.address, host=args.host, port=port,
                         served_model_name=args.served_model_name, device=args.device, dtype=args.dtype,
                         paged=paged, max_waiting=args.max_waiting, chat_template=template,
                         prefill_replicas=prefill_replicas, kv_share=kv_share)
@@ -68,12 +74,15 @@ def run_replicas(args) -> int:
             raise CliError(f"{state.num_reported} of {replicas} replicas reported to the router within "
                            f"{READY_TIMEOUT_S:.0f} s ({state.num_known} known); see the replicas' logs")
         logger.info("serving %s on http://%s:%d (%d replicas on Ray Serve)",
-                    args.served_model_name or args.model or "hf-paged/tiny-lm", args.host, args.port, replicas)
+                    args.served_model_name or args.model or "hf-paged/tiny-lm", args.host, port, replicas)
         stop.serving = True
         stop.wait()
         drain(handle, args.shutdown_timeout)
     except _Stopped:  # a signal during start-up: nothing to drain
         pass
+    except SystemError:  # _Stopped raised inside Ray's C code (a signal in `ray.get` during start-up) comes out so
+        if not stop.event.is_set():
+            raise
     finally:
         cluster.stop()
     return 130 if stop.interrupted else 0
@@ -108,10 +117,11 @@ class _Stopped(Exception):
 
 class _StopSignals:
     """SIGTERM and SIGINT set an event once serving (a second one is ignored: the drain is under way); before
-    that they abort the start-up."""
+    that they abort the start-up once it is `armed` (before: the command ends where it checks the event)."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
+        self.armed = False  # raise `_Stopped` (start-up under way, cleaned up in a `finally`); before: only the event
         self.serving = False
         self.interrupted = False  # Ctrl-C (exit 130) rather than SIGTERM (exit 0)
 
@@ -124,7 +134,7 @@ class _StopSignals:
             return
         self.interrupted = signum == signal.SIGINT
         self.event.set()
-        if not self.serving:
+        if self.armed and not self.serving:
             raise _Stopped
 
     def wait(self) -> None:
@@ -152,7 +162,26 @@ class _LocalCluster:
             # Serve kills a proxy not ready within 5 s and the command died with ActorDiedError (4 of 5 starts at load
             # 15-23 on 2 cores); the raylet, and so Serve's controller, inherit this process's environment
             os.environ.setdefault("RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S", PROXY_READY_TIMEOUT_S)
-        ray.init(address=self.address, include_dashboard=False, runtime_env=worker_env(), _temp_dir=self.temp_dir)
+        try:
+            ray.init(address=self.address, include_dashboard=False, runtime_env=worker_env(),
+                     _temp_dir=self.temp_dir)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            from hf_paged.errors import CliError
+
+            where = f"the Ray cluster at --address {self.address!r}" if self.address else "a local Ray cluster"
+            raise CliError(f"could not start or join {where}: {exc}".splitlines()[0]) from None
+
+    def check_cpus(self, replicas: int) -> None:
+        """A local cluster has this machine's CPUs, one per replica: more replicas would wait to be scheduled
+        forever (Serve's deploy blocks before any timeout of ours). A cluster given by --address may grow."""
+        import ray
+
+        from hf_paged.errors import CliError
+
+        cpus = int(ray.cluster_resources().get("CPU", 0))
+        if self.address is None and replicas > cpus:
+            raise CliError(f"--replicas {replicas} needs {replicas} CPUs (one per replica) but the local Ray "
+                           f"cluster has {cpus}: lower --replicas, or join a larger cluster with --address")
 
     def stop(self) -> None:
         """Serve and the cluster down; then any process of ours still alive gets SIGTERM, then SIGKILL (Ray's
@@ -162,7 +191,10 @@ class _LocalCluster:
         import ray
         from ray import serve
 
-        if not ray.is_initialized():
+        if not ray.is_initialized():  # stopped while Ray started: what it started so far goes too
+            if self.address is None and self.temp_dir is not None:
+                _reap(_descendants(), grace_s=3.0)
+                shutil.rmtree(self.temp_dir, ignore_errors=True)
             return
         self.pids = _descendants()
         try:
@@ -172,6 +204,15 @@ class _LocalCluster:
             if self.address is None:
                 _reap(self.pids, grace_s=3.0)
                 shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+def _free_port(host: str) -> int:
+    """A port free on `host` now, for `--port 0` (Serve's proxy is told a port; the single server binds 0 itself)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def _descendants() -> set[tuple[int, int]]:

@@ -48,3 +48,31 @@ def test_a_local_cluster_gives_serves_proxy_time_to_start(monkeypatch):
     monkeypatch.delenv(name)
     cli._LocalCluster("ray://elsewhere:10001").start()
     assert seen == [(None, "60"), (None, "7"), ("ray://elsewhere:10001", None)]
+
+
+def test_ray_start_failures_and_too_many_replicas_are_one_line_errors(monkeypatch):
+    """A bad --address gave a traceback (exit 1); more replicas than a local cluster's CPUs waited to be scheduled
+    forever (Serve's deploy blocks before our readiness timeout)."""
+    ray = pytest.importorskip("ray")
+    from hf_paged.errors import CliError
+    from hf_paged.scaleout import cli
+
+    def refuse(**kwargs):
+        raise ConnectionError("could not connect to ray://127.0.0.1:1\nthe rest of the story")
+
+    monkeypatch.setattr(ray, "init", refuse)
+    with pytest.raises(CliError, match=r"^could not start or join the Ray cluster at --address 'ray://127.0.0.1:1': "
+                                       r"could not connect to ray://127.0.0.1:1$"):
+        cli._LocalCluster("ray://127.0.0.1:1").start()
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    cli._LocalCluster(None).check_cpus(2)
+    cli._LocalCluster("ray://elsewhere:10001").check_cpus(8)  # a cluster of its own may grow
+    with pytest.raises(CliError, match="--replicas 3 needs 3 CPUs .* the local Ray cluster has 2"):
+        cli._LocalCluster(None).check_cpus(3)
+
+
+def test_port_zero_is_a_free_port_told_to_serves_proxy():
+    from hf_paged.scaleout.cli import _free_port
+
+    port = _free_port("127.0.0.1")
+    assert 0 < port < 65536
