@@ -233,11 +233,9 @@ async def _rest(stream: Any, content_type: str):
 
 
 def _error(status: int, message: str, code: str, *, retry_after_s: int | None = None) -> Response:
-    import json
-
-    body = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+    """An answer of the gateway's own, shaped as a replica's (`ApiError`: the type its status gets there too)."""
     headers = None if retry_after_s is None else {"retry-after": str(retry_after_s)}
-    return Response(json.dumps(body), status_code=status, media_type="application/json", headers=headers)
+    return JSONResponse(ApiError(message, status=status, code=code).body(), status_code=status, headers=headers)
 
 
 def wait_until_ready(handle: Any, timeout_s: float) -> Readiness:

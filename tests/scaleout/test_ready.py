@@ -77,7 +77,7 @@ def test_probes_answer_503_with_retry_after_until_every_replica_reported(view):
         assert time.monotonic() - started < 30, "a probe must not wait for readiness"  # (generous: a loaded machine)
         assert response.status_code == 503 and response.headers["retry-after"] == "1"
         error = json.loads(response.body)["error"]
-        assert error["code"] == "not_ready" and error["type"] == "server_error" and error["param"] is None
+        assert error["code"] == "not_ready" and error["type"] == "service_unavailable_error" and error["param"] is None
         assert "1 of 2 engine replicas have reported" in error["message"] and "(2 known)" in error["message"]
     assert gateway.gate.num_in_flight == 0
 
