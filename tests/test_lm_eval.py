@@ -111,6 +111,22 @@ def test_hf_paged_eval_runs_lm_eval_with_this_model(tmp_path, capsys):
     assert data["config"]["model"] == "hf-paged" and "acc,none" in data["results"]["hf_paged_mc"]
 
 
+def test_model_args_without_a_model_take_the_embedded_one():
+    """`--model_args block_size=32` alone was refused ("needs pretrained=PATH") where no --model_args runs the
+    embedded model: both run it now, with the arguments given."""
+    from hf_paged.cli.eval import _lm_eval_arguments
+
+    def model_args(*argv):
+        args = _lm_eval_arguments(list(argv))
+        return args[args.index("--model_args") + 1]
+
+    embedded = f"pretrained={DEFAULT_MODEL_PATH}"
+    assert model_args() == f"{embedded},dtype=float32"
+    assert model_args("--model_args", "block_size=32") == f"{embedded},dtype=float32,block_size=32"
+    assert model_args("--model_args", "dtype=bfloat16,bogus=1") == f"{embedded},dtype=bfloat16,bogus=1"
+    assert model_args("--model_args", "pretrained=/m,block_size=8") == "pretrained=/m,block_size=8"
+
+
 def test_hf_paged_eval_refuses_another_backend(capsys):
     from hf_paged.cli import main
 

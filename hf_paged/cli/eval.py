@@ -5,7 +5,8 @@
 
 Every other argument is lm-eval's own and means what it means there. Beyond it: `--model` may only say `hf` or
 `hf-paged`; `--batch_size` is accepted and unused (a task's requests all go to the engine at once); without
-`--model_args` the embedded tiny model is evaluated in fp32; hf_paged's local tasks (`hf_paged_gen`, `hf_paged_mc`,
+`pretrained=` in `--model_args` the embedded tiny model is evaluated (in fp32 unless `dtype=` says otherwise) with
+the other arguments given; hf_paged's local tasks (`hf_paged_gen`, `hf_paged_mc`,
 `hf_paged_ppl`: no hub) are always on the include path beside the caller's own.
 """
 
@@ -60,10 +61,15 @@ def _lm_eval_arguments(argv: list[str]) -> list[str]:
     if _pop_option(argv, "--batch_size", "-b") is not None:
         print("hf-paged eval: note: --batch_size is unused: every request of a task runs on the engine at once "
               "(continuous batching)", file=sys.stderr)
-    if not any(a in ("--model_args", "-a") or a.startswith("--model_args=") for a in argv):
-        from hf_paged.api.models import DEFAULT_MODEL_PATH
+    from hf_paged.api.models import DEFAULT_MODEL_PATH
 
-        argv += ["--model_args", f"pretrained={DEFAULT_MODEL_PATH},dtype=float32"]  # (stored in fp16)
+    model_args = _pop_option(argv, "--model_args", "-a")
+    given = [] if model_args is None else [a.strip() for a in model_args.split(",") if a.strip()]
+    if not (model_args or "").lstrip().startswith("{") and not any(a.startswith("pretrained=") for a in given):
+        # no model named: the embedded one (fp32 unless dtype= is given; it is stored in fp16), with what was given
+        dtype = [] if any(a.startswith("dtype=") for a in given) else ["dtype=float32"]
+        model_args = ",".join([f"pretrained={DEFAULT_MODEL_PATH}", *dtype, *given])
+    argv += ["--model_args", model_args]
     if not any(a == "--device" or a.startswith("--device=") for a in argv):
         import torch
 
