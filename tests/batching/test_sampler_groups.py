@@ -1,6 +1,7 @@
 """Sampled rows drawn together (`Sampler._draw_together`): rows with no stock processor but row-only warpers and no
 seed go through the chain as one tensor and one draw, with the same tokens, scores and failures as row by row."""
 
+import pytest
 import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
@@ -10,6 +11,7 @@ from hf_paged.batching.request import Request
 from hf_paged.batching.sampler import Sampler
 
 VOCAB = 64
+TOGETHER = sampler_module._drawn_together
 
 
 def _requests(shared_warpers):
@@ -31,11 +33,13 @@ def _sample(requests, logits, together: bool, monkeypatch):
         monkeypatch.setattr(sampler_module, "_drawn_together", lambda request: False)
     torch.manual_seed(7)
     out = Sampler()(requests, logits.clone())
-    monkeypatch.undo()
+    monkeypatch.setattr(sampler_module, "_drawn_together", TOGETHER)
     return out
 
 
-def test_rows_drawn_together_equal_rows_drawn_one_by_one(monkeypatch):
+@pytest.mark.parametrize("run_rows", [4096, 2])  # runs of one same-warper stretch, or cut every 2 rows
+def test_rows_drawn_together_equal_rows_drawn_one_by_one(monkeypatch, run_rows):
+    monkeypatch.setattr(sampler_module, "_RUN_BYTES", run_rows * VOCAB * 4)
     logits = torch.randn(7, VOCAB, generator=torch.Generator().manual_seed(0))
     for shared in (True, False):
         for _ in range(3):
