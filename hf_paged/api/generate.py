@@ -225,8 +225,9 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     Beyond transformers: `logits_processor=` (applied per request with its own history), `sampling_params=`
     (one `SamplingParams` for all, or one per input), `priorities=` (higher first), `distributed=True` (under
     torchrun / accelerate: every rank passes the same inputs, generates its shard, and gets every output;
-    `hf_paged.distributed.generate_batch`). `continuous_batching_config`, `persistent_manager` and `warmup` are
-    accepted for compatibility and ignored (the engine persists).
+    `hf_paged.distributed.generate_batch`). `record_timestamps=True` fills each output's `timestamps`
+    (as transformers'). `continuous_batching_config`, `persistent_manager` and `warmup` are accepted for
+    compatibility and ignored (the engine persists).
 
     Raises `InvalidPromptError` before any work when an input is not token ids of this model (empty, negative or
     outside the vocabulary). Other per-request failures (a prompt beyond the model's positions or the pool, a
@@ -252,6 +253,8 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     if priorities is not None:
         check_priorities(priorities, len(prompts))
     per_request = _sampling_params_for(model, prompts, generation_config, logits_processor, sampling_params, kwargs)
+    if record_timestamps:  # transformers' GenerationOutput.timestamps: one time per generated token
+        per_request = [p.replace(record_timestamps=True) for p in per_request]
     # Engine ids are unique across concurrent callers; this call's outputs are renamed req_0, req_1, ... as
     # transformers names them.
     submission = engine.loop.submit(prompts, per_request, priorities=priorities, stream=progress_bar)

@@ -46,6 +46,8 @@ class TokenAppender:
         rid = request.request_id
         for at, token in enumerate(tokens):
             request.output_ids.append(token)
+            if request.params.record_timestamps:
+                request.timestamps.append(now)
             entry = logprobs[at] if logprobs is not None else None
             if entry is not None:
                 request.logprobs.append(entry)

@@ -106,6 +106,7 @@ class Request:
     generator: torch.Generator | None = None
     scores: list[torch.Tensor] = field(default_factory=list)  # processed scores per step (output_scores)
     logits: list[torch.Tensor] = field(default_factory=list)  # raw logits per step (output_logits)
+    timestamps: list[float] = field(default_factory=list)  # params.record_timestamps: perf_counter per token
     swapped: Any = None  # CPU copy of the K/V while swapped out
     parent_id: str | None = None  # set on forked children (num_return_sequences)
     num_preemptions: int = 0
@@ -194,6 +195,7 @@ class Request:
             lifespan=(self.first_token_time or -1.0, self.finish_time or -1.0),
             scores=self.scores or None,
             logits=self.logits or None,
+            timestamps=list(self.timestamps) if self.params.record_timestamps else None,
             num_draft_tokens=self.num_draft_tokens,
             num_accepted_tokens=self.num_accepted_tokens,
             num_masks_computed=self.num_masks_computed,
@@ -222,6 +224,7 @@ class RequestOutput:
     lifespan: tuple[float, float] = (-1.0, -1.0)  # (first token time, finish time)
     scores: list[torch.Tensor] | None = None  # processed scores per generated token (output_scores)
     logits: list[torch.Tensor] | None = None  # raw logits per generated token (output_logits)
+    timestamps: list[float] | None = None  # record_timestamps: `time.perf_counter()` when each token was appended
     num_draft_tokens: int = 0  # speculative decoding: drafted tokens the model verified
     num_accepted_tokens: int = 0  # of which it accepted (each saved one decode step)
     num_masks_computed: int = 0  # sampled tokens whose constraint mask was computed (constraint_mode="resample":

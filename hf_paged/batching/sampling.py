@@ -87,6 +87,7 @@ class SamplingParams:
     score_targets: list[int] | None = None  # scoring: the tokens scored at the prompt's last positions
     logprobs: int | None = None  # None: off; 0: the chosen token's log-probability; k: also the top k (<= 20)
     processor_prompt_ids: list[int] | None = None  # the prompt as `logits_processors` see it (None: the prompt)
+    record_timestamps: bool = False  # `RequestOutput.timestamps`: when each generated token was appended
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
