@@ -1,8 +1,31 @@
-"""Detect a change of a model's weights (an optimizer step, a `load_state_dict`, a dtype or device move)."""
+"""Detect a change of a model's weights (an optimizer step, a `load_state_dict`, a dtype or device move, an edit
+through `.data`).
+
+Three signals, all cheap enough for every step that admits requests:
+- each parameter's and buffer's storage, dtype, device and version counter (an in-place op under `no_grad` moves it);
+- the number of optimizer steps taken in this process (`torch.optim` step hook): fused optimizers (AdamW's
+  `fused=True`, Trainer's default `adamw_torch_fused`) write the weights without moving their version counters;
+- a few values of the first, middle and last parameter: an edit through `.data` (EMA, hand-written update loops)
+  moves neither. An edit through `.data` of other tensors only is not seen: call `Engine.reset_prefix_cache()`.
+"""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+_SAMPLES = 8  # values read from each sampled parameter
+_optimizer_steps = 0
+
+
+def _count_step(optimizer, args, kwargs) -> None:
+    global _optimizer_steps
+    _optimizer_steps += 1
+
+
+register_optimizer_step_post_hook(_count_step)
 
 
 def _version(p: torch.Tensor) -> int:
@@ -12,6 +35,21 @@ def _version(p: torch.Tensor) -> int:
 
 
 def weights_fingerprint(model: torch.nn.Module) -> int:
-    """Changes whenever any parameter is modified in place (its version counter moves) or replaced (its storage,
-    dtype or device changes). Costs one pass over the parameter list, no arithmetic on the weights."""
-    return hash(tuple((p.data_ptr(), _version(p), p.dtype, p.device) for p in model.parameters()))
+    """Changes whenever a parameter or buffer is modified in place (its version counter moves) or replaced (its
+    storage, dtype or device changes), after any optimizer step of this process, and when the sampled values of the
+    first, middle or last parameter change. One pass over the tensor lists and three small reads."""
+    params, buffers = [], []
+    for module in model.modules():  # one walk of the module tree for both (a tied weight is listed twice)
+        params.extend(t for t in module._parameters.values() if t is not None)
+        buffers.extend(t for t in module._buffers.values() if t is not None)
+    state = tuple((t.data_ptr(), _version(t), t.dtype, t.device) for t in itertools.chain(params, buffers))
+    picks = params[:1] + params[len(params) // 2:][:1] + params[-1:] if params else []
+    with torch.no_grad():
+        samples = tuple(_sample(p.to_local() if hasattr(p, "to_local") else p)  # (a DTensor: this rank's shard)
+                        for p in picks if not p.is_meta)
+    return hash((state, _optimizer_steps, samples))
+
+
+def _sample(t: torch.Tensor) -> tuple:
+    flat = t.detach().reshape(-1)
+    return tuple(flat[:: max(1, flat.numel() // _SAMPLES)][:_SAMPLES].tolist())

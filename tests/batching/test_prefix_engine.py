@@ -106,3 +106,28 @@ def test_weight_change_invalidates_the_cache():
     assert engine.stats()["prompt_tokens_cached"] == before  # no stale hit
     engine.check_integrity()
     assert engine.reset_prefix_cache() >= 0
+
+
+@pytest.mark.parametrize("change", ["fused AdamW", ".data edit", "buffer"])
+def test_changes_that_move_no_version_counter_invalidate_the_cache(change):
+    """A fused optimizer (Trainer's default `adamw_torch_fused`) and an edit through `.data` (EMA, hand-written
+    loops) write the weights without moving their version counters: the prefix cache served keys of the old
+    weights (wrong tokens, no warning). RoPE's inverse frequencies are a buffer, checked the same way."""
+    model = tiny_model("llama", seed=3)
+    prompts = shared_prompts()
+    engine = Engine(model, PagedConfig(block_size=8))
+    run(engine, prompts[:1])
+    if change == "fused AdamW":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.05, fused=True)
+        model(torch.tensor([prompts[0]]), labels=torch.tensor([prompts[0]])).loss.backward()
+        versions = [p._version for p in model.parameters()]
+        optimizer.step()
+        assert versions == [p._version for p in model.parameters()]  # (what made it invisible before)
+    elif change == ".data edit":
+        for p in model.parameters():
+            p.data.mul_(0.5)
+    else:
+        model.model.rotary_emb.inv_freq.mul_(0.5)
+    before = engine.stats()["prompt_tokens_cached"]
+    assert run(engine, prompts[1:2]) == stock_greedy(model, prompts[1:2], MAX_NEW)
+    assert engine.stats()["prompt_tokens_cached"] == before  # no stale hit
