@@ -44,3 +44,34 @@ def test_paged_cache_as_stock_cache_argument(family_model, block_size):
     stats = cache.stats()
     assert stats["live_sequences"] == len(LENGTHS)
     assert stats["unused_slots"] < block_size * len(LENGTHS)  # at most one partial block per sequence
+
+
+def test_long_rope_sequences_past_the_short_window_run_on_stock():
+    """Phi-3's LongRoPE rotates every position with its long factors once a sequence passes
+    `original_max_position_embeddings`, and stock generate recomputes the whole sequence there: kept blocks (and
+    chunked prefill) had keys of the short factors, and the tokens differed. The engine serves sequences up to that
+    length; `generate` runs longer ones on stock (a fallback warning), `generate_batch` stops them there."""
+    from transformers import GenerationConfig, Phi3Config, Phi3ForCausalLM
+
+    torch.manual_seed(0)
+    config = Phi3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, original_max_position_embeddings=16,
+                        max_position_embeddings=64, pad_token_id=0, eos_token_id=1, bos_token_id=2,
+                        rope_scaling={"type": "longrope", "short_factor": [1.0] * 8,
+                                      "long_factor": [2.0 + i for i in range(8)]})
+    model = Phi3ForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(3)  # (random weights this size barely depend on positions otherwise)
+    prompts = {n: torch.randint(3, 97, (1, n), generator=torch.Generator().manual_seed(n)) for n in (5, 14, 40)}
+    expected = {n: model.generate(ids, max_new_tokens=8, do_sample=False) for n, ids in prompts.items()}
+    hf_paged.wrap(model, max_num_batched_tokens=7)
+    try:
+        assert torch.equal(model.generate(prompts[5], max_new_tokens=8, do_sample=False), expected[5])  # engine
+        for n in (14, 40):
+            with pytest.warns(hf_paged.PagedFallbackWarning, match="LongRoPE"):
+                assert torch.equal(model.generate(prompts[n], max_new_tokens=8, do_sample=False), expected[n])
+        (out,) = model.generate_batch([prompts[14][0].tolist()], GenerationConfig(max_new_tokens=8)).values()
+        assert len(out.generated_tokens) == 2 and out.finish_reason == "length"
+    finally:
+        hf_paged.unwrap(model)

@@ -24,6 +24,7 @@ from hf_paged.api.generate_output import assemble_generate_output, make_streamer
 from hf_paged.api.generate_processors import ProcessorFactory
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
 from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list, unsupported_modes
+from hf_paged.cache.sizing import long_rope_limit
 from hf_paged.compat import (
     has_default_max_length,
     prepare_generation_config,
@@ -110,8 +111,13 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     max_new_tokens = gen_config.max_new_tokens
     if max_new_tokens is None:  # stock's length: 20 new tokens by default, a prompt past max_length its ValueError
         max_new_tokens = stock_max_length(model, gen_config, default_max_length, padded_len) - padded_len
-    check_prompts(engine, prompts, max_new_tokens)
     longest = max((len(p) for p in prompts), default=0)
+    if longest + max_new_tokens > engine.max_model_len and long_rope_limit(model.config) is not None:
+        return _fallback(stock, f"a LongRoPE model past original_max_position_embeddings={engine.max_model_len} (its "
+                         "long factors apply to the whole sequence there)", input_ids, generation_config,
+                         logits_processor, streamer, extra, kwargs, negative_prompt_ids,
+                         negative_prompt_attention_mask)
+    check_prompts(engine, prompts, max_new_tokens)
     if longest + max_new_tokens > engine.max_model_len:  # stock goes on past them (with a logged reminder)
         warnings.warn(f"hf_paged: generation stops at the model's maximum of {engine.max_model_len} positions (a "
                       f"prompt of {longest} tokens + max_new_tokens={max_new_tokens}); rows that reach it end there, "

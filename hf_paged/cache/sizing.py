@@ -27,6 +27,19 @@ class KVShape:
         return 2 * self.num_layers * block_size * self.num_kv_heads * self.head_dim * elem
 
 
+def long_rope_limit(config) -> int | None:
+    """`original_max_position_embeddings` of a LongRoPE model (Phi-3 128k), else None. Past it the model rotates
+    every position with its long factors, and stock `generate` recomputes the whole sequence when it crosses (its
+    cache was rotated with the short ones): kept blocks cannot follow that, so the engine serves sequences up to it
+    and `generate` runs longer ones on stock."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    if not isinstance(params, dict) or params.get("rope_type", params.get("type")) != "longrope":
+        return None
+    short = params.get("original_max_position_embeddings") or getattr(text, "original_max_position_embeddings", None)
+    return int(short) if short else None
+
+
 def kv_shape_of(config) -> KVShape:
     """Read layer count, KV heads and head size from a transformers config (decoder part)."""
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
@@ -40,6 +53,9 @@ def kv_shape_of(config) -> KVShape:
     num_kv_heads = getattr(text, "num_key_value_heads", None) or num_heads
     head_dim = getattr(text, "head_dim", None) or hidden // num_heads
     max_len = getattr(text, "max_position_embeddings", None) or getattr(text, "n_positions", None) or 1 << 20
+    short = long_rope_limit(config)
+    if short is not None:  # keys of a LongRoPE model change past it: the engine serves up to it (see below)
+        max_len = min(max_len, short)
     return KVShape(int(num_layers), int(num_kv_heads), int(head_dim), int(max_len), rope_frequencies(config))
 
 
