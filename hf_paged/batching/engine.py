@@ -150,9 +150,9 @@ class Engine:
     def validate_prompt(self, prompt_ids: Sequence[int], params: SamplingParams, *, whole_sequence: bool = False,
                         **wording: str) -> HfPagedError | None:
         """Why a prompt cannot run, as the error to raise (`InvalidPromptError`, `PromptTooLongError`), or None
-        (`prompt_check.py`; `whole_sequence`: the pool must hold `max_new_tokens` more too; `wording`:
-        `output_name` / `pool_fix` for the message)."""
-        limits = PromptLimits(self.vocab_size, self.max_model_len, self.config.block_size, self.cache.num_blocks)
+        (`prompt_check.py`; `whole_sequence`: the pool must hold `max_new_tokens` more too; `wording`: its words)."""
+        limits = PromptLimits(self.vocab_size, self.max_model_len, self.config.block_size, self.cache.num_blocks,
+                              None if self.config.enable_chunked_prefill else self.config.max_num_batched_tokens)
         return check_prompt(prompt_ids, params, limits, whole_sequence=whole_sequence, **wording)
 
     def abort(self, request_id: str, *, error: str | None = None,

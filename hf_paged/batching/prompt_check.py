@@ -20,6 +20,7 @@ class PromptLimits:
     max_model_len: int
     block_size: int
     num_blocks: int
+    max_prefill_tokens: int | None = None  # without chunked prefill: a prompt is computed in one step of at most this
 
 
 def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, limits: PromptLimits, *,
@@ -54,6 +55,12 @@ def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, limits: Prom
         return PromptTooLongError(
             f"prompt of {len(prompt_ids)} tokens leaves no room to generate within the model's maximum of "
             f"{limits.max_model_len} positions: shorten it"
+        )
+    if limits.max_prefill_tokens is not None and len(prompt_ids) > limits.max_prefill_tokens:
+        return PromptTooLongError(
+            f"prompt of {len(prompt_ids)} tokens is longer than one step's budget (max_num_batched_tokens="
+            f"{limits.max_prefill_tokens}) and chunked prefill is off: raise PagedConfig.max_num_batched_tokens or "
+            "set enable_chunked_prefill=True"
         )
     num_tokens = len(prompt_ids) + (0 if targets is not None else params.max_new_tokens if whole_sequence else 1)
     need = -(-num_tokens // limits.block_size)

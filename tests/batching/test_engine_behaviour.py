@@ -251,3 +251,15 @@ def test_arguments_of_the_wrong_kind_raise_and_claim_no_id(model):
     assert engine.add_request(torch.tensor([5, 6]), SamplingParams(max_new_tokens=2), request_id="mine") == "mine"
     with pytest.raises(KeyError, match="no request 'nope' in this engine"):
         engine.pop_output("nope")
+
+
+def test_a_prompt_past_one_step_without_chunked_prefill_names_the_fix(model):
+    """It ended with "needs more blocks than the pool can ever free" on a nearly empty pool."""
+    engine = Engine(model, PagedConfig(block_size=4, num_blocks=64, enable_chunked_prefill=False,
+                                       max_num_batched_tokens=16))
+    long, short = engine.add_request(list(range(1, 40)), SamplingParams(max_new_tokens=4)), \
+        engine.add_request([1, 2, 3], SamplingParams(max_new_tokens=4))
+    outputs = engine.run()
+    error = outputs[long].error
+    assert "max_num_batched_tokens=16" in error and "enable_chunked_prefill=True" in error
+    assert outputs[short].error is None
