@@ -1,7 +1,5 @@
-"""`PagedConfig`: every knob of the paged engine, validated at construction.
-
-Imports nothing of ours: every layer may read it.
-"""
+"""`PagedConfig`: every knob of the paged engine, validated at construction. Imports nothing of ours: every layer
+may read it."""
 
 from __future__ import annotations
 
@@ -212,7 +210,8 @@ class PagedConfig:
                                  f"{self.kv_eviction!r}; pass kv_pruning only")
             self.kv_pruning, self.kv_eviction = self.kv_eviction, None
         _check_choice("kv_pruning", self.kv_pruning, KV_PRUNING_POLICIES)
-        if not isinstance(self.kv_keep_ratio, (int, float)) or not 0 < self.kv_keep_ratio <= 1:
+        if isinstance(self.kv_keep_ratio, bool) or not isinstance(self.kv_keep_ratio, (int, float)) \
+                or not 0 < self.kv_keep_ratio <= 1:
             raise ValueError(f"PagedConfig.kv_keep_ratio must be in (0, 1], got {self.kv_keep_ratio!r}")
         _check_int("num_sink_tokens", self.num_sink_tokens, minimum=0)
         _check_int("window_tokens", self.window_tokens, minimum=1)
@@ -248,6 +247,29 @@ class PagedConfig:
             self._check_head_merge()
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise TypeError(f"PagedConfig.cache_salt must be a str or None, got {type(self.cache_salt).__name__}")
+        self._check_inert()
+
+    def _check_inert(self) -> None:
+        """A field set away from its default where nothing reads it is a mistake (it ran as if unset)."""
+        quantized, pruning = self.key_dtype != "auto" or self.value_dtype != "auto", self.kv_pruning is not None
+        windowed = pruning or self.kv_streaming_heads is not None  # sinks and a local window: pruning, streaming heads
+        for name, changed, used, needs in (
+            ("kv_keep_ratio", self.kv_keep_ratio != 1.0, pruning, "kv_pruning"),
+            ("kv_budget_tokens", self.kv_budget_tokens is not None, pruning, "kv_pruning"),
+            ("num_sink_tokens", self.num_sink_tokens != 16, windowed, "kv_pruning or kv_streaming_heads"),
+            ("window_tokens", self.window_tokens != 256, windowed, "kv_pruning or kv_streaming_heads"),
+            ("prefix_eviction_policy", self.prefix_eviction_policy != "lru", self.enable_prefix_caching,
+             "enable_prefix_caching=True"),
+            ("max_prefill_tokens_per_step", self.max_prefill_tokens_per_step is not None,
+             self.enable_chunked_prefill, "enable_chunked_prefill=True"),
+            ("kv_full_precision_heads", self.kv_full_precision_heads is not None, quantized, "a kv_cache_dtype"),
+            ("value_quant_group", self.value_quant_group != "token", self.value_dtype != "auto",
+             "a value_cache_dtype (or kv_cache_dtype)"),
+            ("kv_scale_format", self.kv_scale_format != "fp16", quantized, "a kv_cache_dtype"),
+        ):
+            if changed and not used:
+                raise InvalidConfigError(f"PagedConfig.{name}={getattr(self, name)!r} does nothing here: it acts "
+                                         f"only with {needs}; set that too, or leave {name} at its default")
 
     def _check_offload(self) -> None:
         if self.kv_offload_dir is not None:

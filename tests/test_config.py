@@ -1,6 +1,7 @@
 import pytest
 
 from hf_paged import PagedConfig
+from hf_paged.errors import InvalidConfigError
 
 
 @pytest.mark.parametrize(
@@ -31,3 +32,29 @@ def test_types_and_overrides():
     with pytest.raises(TypeError, match="unknown PagedConfig field"):
         PagedConfig().with_overrides(blocksize=32)
     assert PagedConfig(kv_cache_dtype="int8", value_cache_dtype="int4").value_dtype == "int4"
+
+
+@pytest.mark.parametrize(("kwargs", "needs"), [
+    ({"kv_keep_ratio": 0.5}, "kv_pruning"),
+    ({"kv_budget_tokens": 512}, "kv_pruning"),
+    ({"num_sink_tokens": 4}, "kv_pruning or kv_streaming_heads"),
+    ({"window_tokens": 64}, "kv_pruning or kv_streaming_heads"),
+    ({"prefix_eviction_policy": "cost", "enable_prefix_caching": False}, "enable_prefix_caching=True"),
+    ({"max_prefill_tokens_per_step": 64, "enable_chunked_prefill": False}, "enable_chunked_prefill=True"),
+    ({"kv_full_precision_heads": ((0,),)}, "a kv_cache_dtype"),
+    ({"value_quant_group": "head"}, "a value_cache_dtype"),
+    ({"kv_scale_format": "log8"}, "a kv_cache_dtype"),
+])
+def test_a_field_nothing_reads_is_refused(kwargs, needs):
+    """Each ran as if unset (the output equal to the defaults'), with no word."""
+    name = next(iter(kwargs))
+    with pytest.raises(InvalidConfigError, match=f"PagedConfig.{name}=.* does nothing here: it acts only with {needs}"):
+        PagedConfig(**kwargs)
+
+
+def test_the_same_fields_with_what_reads_them_are_taken():
+    PagedConfig(kv_pruning="snapkv", kv_keep_ratio=0.5, kv_budget_tokens=64, num_sink_tokens=4, window_tokens=32)
+    PagedConfig(kv_cache_dtype="int8", value_quant_group="head", kv_scale_format="log8")
+    PagedConfig(prefix_eviction_policy="cost", max_prefill_tokens_per_step=64)
+    with pytest.raises(ValueError, match="kv_keep_ratio"):
+        PagedConfig(kv_pruning="snapkv", kv_keep_ratio=True)  # a bool is no ratio
