@@ -106,6 +106,17 @@ def test_unique_items_over_a_finite_set_and_rejection_otherwise():
     assert accepts({"type": "array", "items": {"type": "string"}, "uniqueItems": True, "maxItems": 1}, '["x"]')
 
 
+def test_unique_items_over_a_finite_set_keep_min_items():
+    """The uniqueness path ended every array at any count: `[]` and `[1]` passed `minItems: 2` (invalid output)."""
+    s = {"type": "array", "items": {"enum": [1, 2, 3]}, "uniqueItems": True, "minItems": 2}
+    assert not accepts(s, "[]") and not accepts(s, "[1]") and accepts(s, "[1,3]") and accepts(s, "[1,2,3]")  # (in the enum's order)
+    exact = {"type": "array", "items": {"enum": ["a", "b", "c"]}, "uniqueItems": True, "minItems": 3, "maxItems": 3}
+    assert not accepts(exact, '["c"]') and accepts(exact, '["a","b","c"]')
+    one = {"type": "array", "items": {"const": 1}, "uniqueItems": True, "minItems": 1}
+    assert not accepts(one, "[]") and accepts(one, "[1]") and not accepts(one, "[1,1]")
+    assert not accepts({"type": "array", "items": {"type": "boolean"}, "uniqueItems": True, "minItems": 2}, "[true]")
+
+
 def test_optional_members_are_left_out_when_over_budget():
     s = {"type": "object", "properties": {f"p{i}": {"type": "string", "maxLength": 30} for i in range(12)},
          "required": ["p0"]}

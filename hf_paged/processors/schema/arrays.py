@@ -133,7 +133,7 @@ def _unique(prefix: list[Any], rest: Any, lo: int, hi: int | None, sep: Rx, ctx:
         rest_rx = None if rest is False else ctx.value(rest, pointer_join(pointer, "items"))
         return _sequence(prefix_rx, rest_rx, lo, ctx.cap(hi, lo), sep)
     elements: list[tuple[Rx | None, bool]] = [(lit(v), False) for v in values]
-    return ordered_members(elements, sep, lo, hi, lambda k: Rx("", 0), ctx, pointer)
+    return ordered_members(elements, sep, lo, hi, lambda k: Rx("", 0) if k >= lo else None, ctx, pointer)
 
 
 def _finite_values(rest: Any, ctx: Context, pointer: str, canonical: Any) -> list[str] | None:
