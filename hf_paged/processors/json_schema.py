@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+import re._parser as sre_parse
 from collections.abc import Iterable
 from typing import Any
 
@@ -77,6 +79,9 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
             except SchemaError as exc:
                 raise InvalidRegexError(f"whitespace={whitespace!r} does not compile as a regex ({exc}); give "
                                         "e.g. '[ ]?' or '[ \\n]{0,4}'") from None
+            if not only_json_whitespace(whitespace):  # else documents that do not parse, ending "stop"
+                raise InvalidRegexError(f"whitespace={whitespace!r} can match text that is no JSON whitespace; give a "
+                                        "regex over space, \\t, \\n and \\r only, e.g. '[ ]?' or '[ \\n]{0,4}'")
         budget = budget if budget is not None else CompileBudget()
         self.schema = load_schema(schema, budget)
         self.whitespace = whitespace
@@ -102,3 +107,37 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
             budget=budget.for_automaton(),  # (the ladder already counted the automata it built; these rebuild them)
             translated=True,
         )
+
+
+_JSON_SPACE = frozenset((9, 10, 13, 32))  # the only whitespace JSON allows between tokens (RFC 8259)
+
+
+def only_json_whitespace(pattern: str) -> bool:
+    """Whether every text `pattern` matches is JSON whitespace: literals and classes of space, tab, LF and CR under
+    groups, alternations and repeats (read with Python's regex parser; `\\s`, `.`, anchors and anything it cannot
+    read count as more)."""
+    try:
+        return _spaces_only(sre_parse.parse(pattern))
+    except (re.error, RecursionError, OverflowError):
+        return False
+
+
+def _spaces_only(items) -> bool:
+    for op, arg in items:
+        name = str(op)
+        if name == "LITERAL":
+            ok = arg in _JSON_SPACE
+        elif name == "IN":
+            ok = all(str(o) == "LITERAL" and a in _JSON_SPACE
+                     or str(o) == "RANGE" and all(c in _JSON_SPACE for c in range(a[0], a[1] + 1)) for o, a in arg)
+        elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+            ok = _spaces_only(arg[2])
+        elif name == "SUBPATTERN":
+            ok = _spaces_only(arg[-1])
+        elif name == "BRANCH":
+            ok = all(_spaces_only(branch) for branch in arg[1])
+        else:
+            ok = False
+        if not ok:
+            return False
+    return True

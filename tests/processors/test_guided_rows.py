@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from hf_paged.errors import InvalidRegexError
 from hf_paged.processors import ChoiceLogitsProcessor, RegexLogitsProcessor
 from tests.processors.toy_tokenizers import byte_level_tokenizer
 
@@ -80,6 +82,9 @@ def test_whitespace_is_bounded_by_default_and_configurable():
     loose = JSONSchemaLogitsProcessor(schema, TOK, whitespace="[ ]{0,4}")
     after_space = allowed(loose.process_rows(["r"], [[brace, space]], torch.zeros(1, 279)))[0]
     assert space in after_space and two_spaces in after_space
+    for other in ("x", "a|", '"?', ",?", "\\s*", "."):  # anything but JSON whitespace made documents that do not parse
+        with pytest.raises(InvalidRegexError, match="no JSON whitespace"):
+            JSONSchemaLogitsProcessor(schema, TOK, whitespace=other)
 
 
 def test_reordered_rows_follow_their_own_history():

@@ -82,6 +82,8 @@ DEEP = {"type": "object", "properties": {"xs": {"type": "array", "contains": {"t
          ["JSON constraints"]),
         ({"prompt": "x", "guided_json": {"type": "object"}, "guided_whitespace_pattern": "(x"}, "guided_json",
          ["whitespace='(x'"]),
+        ({"prompt": "x", "guided_json": {"type": "object"}, "guided_whitespace_pattern": ",?"}, "guided_json",
+         ["no JSON whitespace"]),  # documents that did not parse, ending "stop"
         # found by a hostile pass (issue 36): each was a 500 or silently accepted before
         pytest.param('{"prompt": ' + "[" * 5000 + "]" * 5000 + "}", None, ["nests too deeply"], id="deep-array"),
         pytest.param('{"prompt": "x", "metadata": ' + '{"a": ' * 5000 + "1" + "}" * 5001, None,
