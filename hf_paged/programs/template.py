@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from hf_paged.programs.constraints import Constraint, as_constraint
+from hf_paged.programs.constraints import Constraint, GrammarText, Schema, as_constraint
 from hf_paged.programs.errors import TemplateError
 
 __all__ = ["Hole", "TemplatePlan", "parse_template"]
@@ -50,7 +50,8 @@ def parse_template(template: str, constraints: dict[str, Any]) -> TemplatePlan:
 
     Raises:
         TemplateError: not a string, no hole, an unbalanced hole (`[name` without `]`, or `name]` without `[`),
-            a name used twice, a hole without a constraint, a constraint for no hole.
+            a name used twice, a hole without a constraint, a constraint for no hole, a schema or grammar hole
+            between quotes.
         FieldConstraintError: a constraint that is not one.
     """
     if not isinstance(template, str):
@@ -74,7 +75,14 @@ def parse_template(template: str, constraints: dict[str, Any]) -> TemplatePlan:
             raise TemplateError(f"hole [{name}] has no constraint: pass {name}=[...choices] or "
                                 f"{name}=hp.text(max_tokens=...) (or hp.regex / hp.schema / hp.grammar)")
         json_string = literals[i].endswith('"') and literals[i + 1].startswith('"')
-        holes.append(Hole(name, as_constraint(f"hole [{name}]", constraints[name]), json_string, column))
+        constraint = as_constraint(f"hole [{name}]", constraints[name])
+        if json_string and isinstance(constraint, (Schema, GrammarText)):  # its text would land in the string raw
+            kind = "hp.schema writes a whole JSON value (a string with its own quotes)" if isinstance(
+                constraint, Schema) else "hp.grammar's text is not escaped as a JSON string"
+            raise TemplateError(f"hole [{name}] sits between quotes (a JSON string body) but {kind}: put the hole "
+                                f"outside the quotes ({{\"{name}\": [{name}]}}), or use hp.regex / hp.text / choices "
+                                "for a string")
+        holes.append(Hole(name, constraint, json_string, column))
     return TemplatePlan(tuple(literals), tuple(holes))
 
 

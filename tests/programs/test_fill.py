@@ -90,6 +90,20 @@ def test_fields_with_regex_and_schema_constraints(model_tok):
         assert filled.text == f"code={filled.details['code'].text} data={filled.details['data'].text};"
 
 
+def test_a_regex_hole_between_quotes_is_an_escaped_string_body(model_tok):
+    """A regex that can emit a quote was inserted raw: '{"a": "a""}' did not parse. Now the value matches the
+    pattern and the text is its JSON string body; schema and grammar holes there are refused (their text is no
+    string body)."""
+    model, tok = model_tok
+    for mode in ("item_by_item", "one_shot"):
+        filled = hp.fill(model, tok, "Name:", '{"a": "[a]"}', mode=mode, a=hp.regex('[a-z]"', max_tokens=6))
+        assert json.loads(filled.text) == {"a": filled.fields["a"]} and filled.fields["a"].endswith('"')
+    for hole, words in ((hp.schema({"type": "string", "maxLength": 3}), "hp.schema writes a whole JSON value"),
+                        (hp.grammar('start: "x"'), "not escaped as a JSON string")):
+        with pytest.raises(hp.TemplateError, match=f"hole \\[a\\] sits between quotes .*{words}"):
+            hp.fill(model, tok, "p", '{"a": "[a]"}', a=hole)
+
+
 @pytest.mark.parametrize("template,holes,match", [
     ('{"a": "[a"}', {"a": ["x"]}, "unbalanced hole.*'\\[a' has no closing"),
     ('{"a": "a]"}', {}, "unbalanced hole.*'a\\]' has no opening"),
