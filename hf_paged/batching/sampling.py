@@ -120,6 +120,11 @@ class SamplingParams:
         # (above max_new_tokens is allowed, as stock `generate` allows it: EOS stays suppressed to the end)
         if isinstance(self.min_new_tokens, bool) or not isinstance(self.min_new_tokens, int) or self.min_new_tokens < 0:
             raise ValueError(f"SamplingParams.min_new_tokens must be an int >= 0, got {self.min_new_tokens!r}")
+        constrained = any(getattr(p, "supports_continuous_batching", False) for p in self.logits_processors)
+        if self.min_new_tokens and constrained:
+            raise ValueError("SamplingParams.min_new_tokens holds EOS back past the end of a constrained document "
+                             "(JSON schema, regex, choices, grammar), where nothing else is allowed: drop "
+                             "min_new_tokens and bound the document's own length (minLength, minItems, the pattern)")
         check_logprobs(self.logprobs)
         self._check_speculative()
         self._check_constraint_options()

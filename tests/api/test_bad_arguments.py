@@ -120,3 +120,15 @@ def test_a_greedy_generation_config_with_any_temperature_runs_as_stock(model):
     finally:
         hf_paged.wrap(model, num_blocks=64)
     assert torch.equal(wrapped, stock)
+
+
+def test_min_new_tokens_with_a_constraint_is_refused():
+    """Once the document is complete only EOS is allowed, and min_new_tokens held it back: greedy wrote token 0
+    past the document, sampling failed with 'the sampling distribution is not finite'."""
+    from hf_paged import RegexLogitsProcessor
+    from tests.tiny_models import byte_tokenizer
+
+    processor = RegexLogitsProcessor("ab", byte_tokenizer())
+    with pytest.raises(ValueError, match="min_new_tokens holds EOS back past the end of a constrained document"):
+        SamplingParams(min_new_tokens=3, logits_processors=[processor])
+    SamplingParams(min_new_tokens=3)  # alone: fine

@@ -84,6 +84,7 @@ DEEP = {"type": "object", "properties": {"xs": {"type": "array", "contains": {"t
          ["whitespace='(x'"]),
         ({"prompt": "x", "guided_json": {"type": "object"}, "guided_whitespace_pattern": ",?"}, "guided_json",
          ["no JSON whitespace"]),  # documents that did not parse, ending "stop"
+        ({"prompt": "x", "guided_regex": "ab", "min_tokens": 3}, None, ["min_new_tokens", "constrained document"]),
         # found by a hostile pass (issue 36): each was a 500 or silently accepted before
         pytest.param('{"prompt": ' + "[" * 5000 + "]" * 5000 + "}", None, ["nests too deeply"], id="deep-array"),
         pytest.param('{"prompt": "x", "metadata": ' + '{"a": ' * 5000 + "1" + "}" * 5001, None,
