@@ -48,8 +48,9 @@ class RequestConstraint(Protocol):
     def forced_tokens(self, request_id: str, generated: Sequence[int], max_tokens: int) -> list[int]:
         """The tokens that are each the only allowed continuation (at most `max_tokens`; jump-forward)."""
 
-    def is_complete(self, request_id: str) -> bool:
-        """Whether the request's document is complete (EOS allowed now, or produced)."""
+    def is_complete(self, request_id: str, generated: Sequence[int] | None = None) -> bool:
+        """Whether the request's document is complete (EOS allowed now, or produced), after `generated` (the
+        request's whole output; None: as far as the constraint has read it, which may lack the last token)."""
 
     def release(self, request_id: str) -> None:
         """Forget the request's state (it ended)."""

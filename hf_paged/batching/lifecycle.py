@@ -96,7 +96,8 @@ class RequestLifecycle:
     def end(self, request: Request, status: RequestStatus, reason: str, failure: Failure | None) -> None:
         """Record the end of a request already out of the schedule (or, with max_retries, queue its next
         attempt)."""
-        if reason == "length" and any(not c.is_complete(request.request_id) for c in request.processors.constraints):
+        if reason == "length" and any(not c.is_complete(request.request_id, request.output_ids)
+                                      for c in request.processors.constraints):
             reason = "length_incomplete"  # max_new_tokens cut a constrained document short: it will not parse
         if request.params.max_retries:
             decision = self.retrier.end_attempt(request, status, reason)

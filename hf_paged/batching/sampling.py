@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from hf_paged.batching.constraint_protocol import is_constraint
 from hf_paged.batching.logprobs import check_logprobs
 
 # Most tokens drafted per step: a verification chunk of 1 + 15 queries still runs the in-place CPU attention
@@ -120,7 +121,7 @@ class SamplingParams:
         # (above max_new_tokens is allowed, as stock `generate` allows it: EOS stays suppressed to the end)
         if isinstance(self.min_new_tokens, bool) or not isinstance(self.min_new_tokens, int) or self.min_new_tokens < 0:
             raise ValueError(f"SamplingParams.min_new_tokens must be an int >= 0, got {self.min_new_tokens!r}")
-        constrained = any(getattr(p, "supports_continuous_batching", False) for p in self.logits_processors)
+        constrained = any(is_constraint(p) for p in self.logits_processors)
         if self.min_new_tokens and constrained:
             raise ValueError("SamplingParams.min_new_tokens holds EOS back past the end of a constrained document "
                              "(JSON schema, regex, choices, grammar), where nothing else is allowed: drop "

@@ -286,8 +286,11 @@ class GuidedLogitsProcessor(LogitsProcessor):
             return bool((int(mask.words[token_id >> 5]) >> (token_id & 31)) & 1)
         return compiled.index.get_next_state(state.state, token_id) is not None
 
-    def is_complete(self, request_id: str) -> bool:
-        """True when the request's document is complete (EOS allowed now, or already produced)."""
+    def is_complete(self, request_id: str, generated: Sequence[int] | None = None) -> bool:
+        """True when the request's document is complete (EOS allowed now, or already produced) after `generated`
+        (its whole output: the last token is read first; None: as far as the state has read)."""
+        if generated is not None and request_id in self._requests:
+            self._request_state(request_id, generated)
         state = self._requests.get(request_id)
         if state is None:
             return False

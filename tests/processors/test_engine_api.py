@@ -81,3 +81,24 @@ def test_state_masks_are_computed_once_per_index():
     # another request reaching the same state by another path is served from the memo, identically
     again = allowed(proc.process_rows(["b"], [[TWELVE]], torch.zeros(1, 279)))
     assert first == again == [[EOS, V["<|end|>"]]]
+
+
+def test_a_document_completed_by_the_last_allowed_token_is_complete():
+    """`max_new_tokens` exactly the document's length: it ended "length_incomplete" (with a warning that the text
+    will not parse, and needless retries) because completeness was read before the last token."""
+    import hf_paged
+    from hf_paged import SamplingParams
+
+    model, tok = hf_paged.default_model()
+    hf_paged.wrap(model)
+    try:
+        proc = RegexLogitsProcessor("ab", tok)
+        (out,) = model.generate_batch([tok("x").input_ids], sampling_params=SamplingParams(
+            max_new_tokens=2, logits_processors=[proc])).values()
+        assert tok.decode(out.generated_tokens) == "ab" and out.finish_reason == "length"
+        cut = RegexLogitsProcessor("abc", tok)
+        (out,) = model.generate_batch([tok("x").input_ids], sampling_params=SamplingParams(
+            max_new_tokens=2, logits_processors=[cut])).values()
+        assert out.finish_reason == "length_incomplete"
+    finally:
+        hf_paged.unwrap(model)
