@@ -128,3 +128,20 @@ def numba_cache_index(dispatcher: Any) -> dict:
         return dict(dispatcher._cache._cache_file._load_index())
     except Exception:  # noqa: BLE001 -- internal API: any surprise reads as "not cached"
         return {}
+
+
+# -- torch: a module's own tensors -----------------------------------------------------------------------------------
+def own_parameters_and_buffers(module: Any) -> tuple[list, list]:
+    """The parameters and buffers registered on `module` itself, not its children (`nn.Module._parameters`,
+    `_buffers`: one walk of a model's modules reads both, where `parameters()` and `buffers()` walk it twice)."""
+    return ([t for t in module._parameters.values() if t is not None],
+            [t for t in module._buffers.values() if t is not None])
+
+
+# -- Python: a regex's parse tree ------------------------------------------------------------------------------------
+def regex_parse_tree(pattern: str) -> Any:
+    """`re._parser.parse(pattern)` (Python 3.11+; `sre_parse` before): a list of (opcode, argument) pairs. Raises
+    `re.error` for a pattern Python cannot read."""
+    import re._parser as sre_parse
+
+    return sre_parse.parse(pattern)

@@ -291,7 +291,6 @@ def _drawn_together(request: Request) -> bool:
     (others are called per row with its history), no seed (its own generator's stream must not depend on which rows
     share its step)."""
     return (request.params.do_sample and request.seed is None and request.params.seed is None
-            and request.generator is None
             and all(type(p.processor) in _ROW_ONLY_WARPERS for p in request.processors.row_processors))
 
 

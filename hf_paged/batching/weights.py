@@ -16,6 +16,8 @@ import itertools
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from hf_paged.compat import own_parameters_and_buffers
+
 _SAMPLES = 8  # values read from each sampled parameter
 _optimizer_steps = 0
 
@@ -40,8 +42,9 @@ def weights_fingerprint(model: torch.nn.Module) -> int:
     first, middle or last parameter change. One pass over the tensor lists and three small reads."""
     params, buffers = [], []
     for module in model.modules():  # one walk of the module tree for both (a tied weight is listed twice)
-        params.extend(t for t in module._parameters.values() if t is not None)
-        buffers.extend(t for t in module._buffers.values() if t is not None)
+        own_params, own_buffers = own_parameters_and_buffers(module)
+        params += own_params
+        buffers += own_buffers
     state = tuple((t.data_ptr(), _version(t), t.dtype, t.device) for t in itertools.chain(params, buffers))
     picks = params[:1] + params[len(params) // 2:][:1] + params[-1:] if params else []
     with torch.no_grad():

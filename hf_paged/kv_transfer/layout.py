@@ -75,7 +75,8 @@ def model_fingerprint(model: torch.nn.Module) -> str:
     config = getattr(model, "config", None)
     h.update(str(getattr(config, "model_type", type(model).__name__)).encode())
     if config is not None and hasattr(config, "to_dict"):
-        fields = {k: v for k, v in config.to_dict().items() if k not in _CONFIG_FIELDS_NOT_COMPUTED}
+        fields = {k: v for k, v in config.to_dict().items()
+                  if not k.startswith("_") and k not in _CONFIG_FIELDS_NOT_COMPUTED}  # (private: set per process)
         h.update(json.dumps(fields, sort_keys=True, default=str).encode())
     with torch.no_grad():
         for name, p in itertools.chain(model.named_parameters(), model.named_buffers()):
@@ -90,9 +91,8 @@ def model_fingerprint(model: torch.nn.Module) -> str:
 
 # config fields that name, report or route things, never what a forward computes (a process may set them apart)
 _CONFIG_FIELDS_NOT_COMPUTED = frozenset({
-    "_name_or_path", "transformers_version", "_commit_hash", "architectures", "output_attentions",
-    "output_hidden_states", "return_dict", "use_cache", "id2label", "label2id", "problem_type",
-    "_attn_implementation_autoset", "_attn_implementation_internal", "attn_implementation",
+    "transformers_version", "architectures", "output_attentions", "output_hidden_states", "return_dict", "use_cache",
+    "id2label", "label2id", "problem_type", "attn_implementation",
 })
 
 

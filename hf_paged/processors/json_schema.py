@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-import re._parser as sre_parse
 from collections.abc import Iterable
 from typing import Any
 
+from hf_paged.compat import regex_parse_tree
 from hf_paged.errors import InvalidRegexError, SchemaError, SchemaTooComplexError
 from hf_paged.processors.automaton import validate_regex
 from hf_paged.processors.base import GuidedLogitsProcessor
@@ -117,7 +117,7 @@ def only_json_whitespace(pattern: str) -> bool:
     groups, alternations and repeats (read with Python's regex parser; `\\s`, `.`, anchors and anything it cannot
     read count as more)."""
     try:
-        return _spaces_only(sre_parse.parse(pattern))
+        return _spaces_only(regex_parse_tree(pattern))
     except (re.error, RecursionError, OverflowError):
         return False
 

@@ -178,8 +178,10 @@ class _LocalCluster:
 
         from hf_paged.errors import CliError
 
+        if self.address is not None or not ray.is_initialized():
+            return
         cpus = int(ray.cluster_resources().get("CPU", 0))
-        if self.address is None and replicas > cpus:
+        if replicas > cpus:
             raise CliError(f"--replicas {replicas} needs {replicas} CPUs (one per replica) but the local Ray "
                            f"cluster has {cpus}: lower --replicas, or join a larger cluster with --address")
 

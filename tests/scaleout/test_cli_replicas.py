@@ -65,6 +65,7 @@ def test_ray_start_failures_and_too_many_replicas_are_one_line_errors(monkeypatc
                                        r"could not connect to ray://127.0.0.1:1$"):
         cli._LocalCluster("ray://127.0.0.1:1").start()
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
     cli._LocalCluster(None).check_cpus(2)
     cli._LocalCluster("ray://elsewhere:10001").check_cpus(8)  # a cluster of its own may grow
     with pytest.raises(CliError, match="--replicas 3 needs 3 CPUs .* the local Ray cluster has 2"):
