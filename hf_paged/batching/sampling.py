@@ -18,6 +18,9 @@ MAX_SPECULATIVE_TOKENS = 15
 CONSTRAINT_MODES = ("mask", "resample")
 
 
+MAX_RETRIES = 100  # reruns of one request at most (each a whole generation)
+
+
 @dataclass(slots=True)
 class SamplingParams:
     """Per-request decoding settings.
@@ -183,8 +186,11 @@ class SamplingParams:
                     "scores); use constraint_mode='mask' or num_speculative_tokens=0"
                 )
         r = self.max_retries
-        if isinstance(r, bool) or not isinstance(r, int) or r < 0:
-            raise InvalidConfigError(f"SamplingParams.max_retries must be an int >= 0, got {r!r}")
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= MAX_RETRIES:
+            raise InvalidConfigError(f"SamplingParams.max_retries must be an int in [0, {MAX_RETRIES}], got {r!r}")
+        if r and not self.do_sample:  # each rerun differs only by its seed
+            raise InvalidConfigError("SamplingParams.max_retries reruns with new seeds, and a greedy request repeats "
+                                     "the same attempt: set do_sample=True (or max_retries=0)")
         if self.validator is not None:
             if not callable(self.validator):
                 raise InvalidConfigError(

@@ -84,7 +84,7 @@ def test_generate_batch_refuses_arguments_it_would_ignore_or_misuse(model, kwarg
 
 
 def test_generate_batch_keeps_its_own_generation_keywords(model):
-    outs = model.generate_batch([[5, 6, 7]], max_new_tokens=3, max_retries=1, priorities=[2])
+    outs = model.generate_batch([[5, 6, 7]], max_new_tokens=3, do_sample=True, max_retries=1, priorities=[2])
     assert outs["req_0"].status.name == "FINISHED" and len(outs["req_0"].generated_tokens) == 3
 
 

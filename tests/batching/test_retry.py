@@ -140,7 +140,7 @@ def test_generate_batch_takes_retries_from_sampling_params_and_kwargs():
         outs = model.generate_batch([tok(PROMPT)["input_ids"]],
                                     sampling_params=sampled(tok, proc, max_retries=1, validator=validator))
         assert [a.valid for a in outs["req_0"].attempts] == [False, True]
-        outs = model.generate_batch([tok(PROMPT)["input_ids"]], GenerationConfig(max_new_tokens=6),
+        outs = model.generate_batch([tok(PROMPT)["input_ids"]], GenerationConfig(max_new_tokens=6, do_sample=True),
                                     logits_processor=[proc], max_retries=1, constraint_mode="resample")
         assert [a.finish_reason for a in outs["req_0"].attempts] == ["length_incomplete"] * 2
     finally:
@@ -148,12 +148,24 @@ def test_generate_batch_takes_retries_from_sampling_params_and_kwargs():
 
 
 @pytest.mark.parametrize("kwargs, words", [
-    ({"max_retries": -1}, "max_retries must be an int >= 0"),
-    ({"max_retries": 1.5}, "max_retries must be an int >= 0"),
-    ({"max_retries": True}, "max_retries must be an int >= 0"),
-    ({"max_retries": 2, "validator": "json"}, "validator must be a callable"),
+    ({"max_retries": -1}, "max_retries must be an int in \\[0, 100\\]"),
+    ({"max_retries": 1.5}, "max_retries must be an int in \\[0, 100\\]"),
+    ({"max_retries": True}, "max_retries must be an int in \\[0, 100\\]"),
+    ({"max_retries": 2, "validator": "json", "do_sample": True}, "validator must be a callable"),
     ({"validator": lambda t: True}, "max_retries=0"),
 ])
 def test_bad_retry_arguments_raise_typed_errors(kwargs, words):
     with pytest.raises(InvalidConfigError, match=words):
         SamplingParams(**kwargs)
+
+
+def test_greedy_retries_and_unbounded_retries_are_refused():
+    """A greedy rerun repeats its attempt (max_retries=5 ran 6 identical generations; 10**6 ran until killed)."""
+    from hf_paged.batching.sampling import MAX_RETRIES
+    from hf_paged.errors import InvalidConfigError
+
+    with pytest.raises(InvalidConfigError, match="a greedy request repeats the same attempt: set do_sample=True"):
+        SamplingParams(max_retries=2)
+    with pytest.raises(InvalidConfigError, match=f"max_retries must be an int in \\[0, {MAX_RETRIES}\\]"):
+        SamplingParams(do_sample=True, max_retries=10**6)
+    SamplingParams(do_sample=True, max_retries=MAX_RETRIES)
