@@ -96,6 +96,11 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
             or kwargs.get("past_key_values") is not None or negative_prompt_ids is not None:
         return _fallback(stock, "inputs_embeds / an explicit cache / no input_ids", inputs, generation_config,
                          logits_processor, streamer, extra, kwargs, negative_prompt_ids, negative_prompt_attention_mask)
+    own = sorted(_OWN_KEYWORDS & set(kwargs))
+    if own:  # stock would refuse them as unused model kwargs, after a fallback warning
+        raise ValueError(f"{own} are generate_batch options (one output per request, with its attempts); generate "
+                         "returns tensors: call model.generate_batch(prompts, ..., constraint_mode=..., "
+                         "max_retries=...) instead")
     default_max_length = has_default_max_length(model, generation_config, kwargs)
     gen_config, model_kwargs = prepare_generation_config(model, generation_config, **kwargs)
     reason = _fallback_reason(model, gen_config, model_kwargs, {**extra, "streamer": streamer})

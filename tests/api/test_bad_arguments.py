@@ -132,3 +132,9 @@ def test_min_new_tokens_with_a_constraint_is_refused():
     with pytest.raises(ValueError, match="min_new_tokens holds EOS back past the end of a constrained document"):
         SamplingParams(min_new_tokens=3, logits_processors=[processor])
     SamplingParams(min_new_tokens=3)  # alone: fine
+
+
+def test_generate_batch_options_passed_to_generate_name_generate_batch(model):
+    for kwargs in ({"constraint_mode": "resample"}, {"max_retries": 2}):
+        with pytest.raises(ValueError, match="are generate_batch options"):
+            model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=2, **kwargs)
