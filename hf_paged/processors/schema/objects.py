@@ -215,6 +215,12 @@ def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
         return seq(raw("\\{", atomic=True), ws, body, ws, raw("\\}", atomic=True))
 
     out = build(elements)
+    declared = sum(m is not None for m, _ in elements)
+    if out is None and state["extras"] is not None and int(min_p) - declared > 1:  # not "no document satisfies"
+        ctx.unsupported("minProperties", pointer, f"undeclared keys count toward it once (a regex cannot tell a "
+                        f"repeated key from a new one), so at most {declared + 1} "
+                        f"{'property is' if declared == 0 else 'properties are'} assured here: "
+                        "declare the properties it needs, or lower minProperties")
     if ctx.prune_cost is not None and out is not None and out.cost > ctx.prune_cost:
         if state["extras"] is not None:  # undeclared keys go first: they cost a whole generic value
             state["extras"] = None
