@@ -34,8 +34,9 @@ from hf_paged.compat import (
 )
 from hf_paged.errors import HfPagedError, InvalidPromptError, RequestFailedError
 
-# generate() arguments (besides generation options) the engine understands.
-_ENGINE_MODEL_KWARGS = {"attention_mask", "use_cache", "tokenizer"}
+# generate() arguments (besides generation options) the engine understands; `labels` (Seq2SeqTrainer's
+# predict_with_generate passes them) only make stock's forwards compute a loss nobody reads: ignored.
+_ENGINE_MODEL_KWARGS = {"attention_mask", "use_cache", "tokenizer", "labels"}
 
 
 class PagedFallbackWarning(UserWarning):

@@ -93,3 +93,13 @@ def test_keywords_stock_refuses_are_not_swallowed(models):
         stock.generate(IDS, attention_mask=MASK, max_new_tokens=2, use_model_defaults=False)
     with pytest.warns(PagedFallbackWarning), pytest.raises(ValueError, match="use_model_defaults"):
         wrapped.generate(IDS, attention_mask=MASK, max_new_tokens=2, use_model_defaults=False)
+
+
+def test_labels_beside_generate_run_on_the_engine(models):
+    """Seq2SeqTrainer(predict_with_generate=True) passes `labels` for decoder-only models too: every call fell back
+    to stock (the labels only make stock's forwards compute a loss)."""
+    stock, wrapped = models
+    expected = stock.generate(IDS, attention_mask=MASK, max_new_tokens=4, labels=IDS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PagedFallbackWarning)
+        assert torch.equal(wrapped.generate(IDS, attention_mask=MASK, max_new_tokens=4, labels=IDS), expected)
