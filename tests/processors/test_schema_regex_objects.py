@@ -221,3 +221,16 @@ def test_optional_members_and_undeclared_keys_write_the_keys_loop_once():
         assert not rx.fullmatch(text), text
     at_least_one = re.compile(schema_to_regex({**s, "minProperties": 1}, undeclared_keys=True))
     assert not at_least_one.fullmatch("{}") and at_least_one.fullmatch('{"x":1}') and at_least_one.fullmatch('{"beta":1}')
+
+
+@pytest.mark.parametrize(("schema", "why"), [
+    ({"type": "array", "minItems": 3, "maxItems": 1}, "#: minItems 3 > maxItems 1"),
+    ({"type": "string", "minLength": 5, "maxLength": 2}, "#: minLength 5 > maxLength 2"),
+    ({"type": "integer", "exclusiveMinimum": 5, "exclusiveMaximum": 6}, "no integer lies within"),
+    ({"type": "object", "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 1}}, "required": ["a"]},
+     "#/properties/a: minLength 3 > maxLength 1"),
+])
+def test_an_empty_schema_names_the_part_that_allows_nothing(schema, why):
+    """Every such schema got the same text, naming no keyword or place."""
+    with pytest.raises(UnsatisfiableSchemaError, match="parts that allow no value: .*" + re.escape(why)):
+        schema_to_regex(schema)

@@ -50,7 +50,7 @@ def array_regex(schema: dict, ctx: Context, pointer: str, canonical: Any) -> Rx 
     max_items = None if max_items is None else int(max_items)
     prefix_schemas, rest, min_items = _contains(schema, prefix_schemas, rest, min_items, ctx, pointer)
     if max_items is not None and min_items > max_items:
-        return None
+        return ctx.nothing(pointer, f"minItems {min_items} > maxItems {max_items}")
     ws = raw(ctx.whitespace) if ctx.whitespace else Rx("", 0)
     sep = seq(ws, raw("\\,", atomic=True), ws)
     assert sep is not None

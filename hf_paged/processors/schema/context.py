@@ -97,6 +97,8 @@ class Context:
     prune_cost: int | None = None  # when set: drop optional members / alternatives costlier than this budget
     budget: CompileBudget = field(default_factory=CompileBudget)  # work counted across the ladder's tries
     checked: dict[str, list[int]] = field(default_factory=dict)  # `valid_values` memo, shared by the ladder's tries
+    empty: list[str] = field(default_factory=list)  # the first parts found to allow no value (`nothing`): told
+    #   when the whole schema allows none
     max_visits: int = 20_000  # sub-schema translations allowed in this try (recursive $refs multiply them)
     num_visits: int = 0
     num_cut: int = 0  # places a flat translation allows less than the schema (free values' depth, extras, recursion)
@@ -127,6 +129,12 @@ class Context:
             raise UnsupportedSchemaError(msg + " (or pass strict=False to drop it with a warning)")
         effect = "output may violate it" if restricts else "output is looser than the schema allows"
         warnings.warn(f"{msg}; dropped because strict=False: {effect}", UserWarning, stacklevel=4)
+
+    def nothing(self, pointer: str, why: str) -> None:
+        """A part that allows no value: remember why (the first three), for the error if the whole schema is
+        empty (a branch of an anyOf may be empty while the schema is not)."""
+        if len(self.empty) < 3:
+            self.empty.append(f"{pointer or '#'}: {why}")
 
     def invalid(self, pointer: str, problem: str, fix: str) -> InvalidSchemaError:
         """An `InvalidSchemaError` naming where and what."""

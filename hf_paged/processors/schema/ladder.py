@@ -224,8 +224,9 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
                 failures.add(failure)
             continue  # retry, leaving out optional members and alternatives to fit the budget
         if rx is None or text is None:
+            found = f"; parts that allow no value: {'; '.join(ctx.empty)}" if ctx.empty else ""
             raise UnsatisfiableSchemaError("no JSON document satisfies this schema (or every way to satisfy it "
-                                           "needs recursion deeper than max_ref_depth); check its constraints")
+                                           f"needs recursion deeper than max_ref_depth); check its constraints{found}")
         if ctx.num_pruned or attempt.narrow:
             capped = (f"over the regex budget ({max_cost:,}): counted repetitions capped at {attempt.repeat} items / "
                       f"{attempt.string_repeat} characters (below U+0800); " if attempt.narrow else "")

@@ -249,6 +249,8 @@ def integer_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
     """Regex of the integers allowed by `minimum`/`maximum`/`exclusive*`/`multipleOf`."""
     lo, hi = _int_bounds(*_bounds(schema, ctx, pointer))
     step = _multiple(schema, ctx, pointer)
+    if lo is not None and hi is not None and lo > hi:
+        return ctx.nothing(pointer, f"no integer lies within the minimum / maximum bounds ({lo} > {hi})")
     return _with_step(lo, hi, step, ctx, pointer)
 
 
@@ -312,4 +314,6 @@ def number_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
         return NUMBER
     dlo = _safe_decimal(lo, lo_x, upper=False) if lo is not None else None
     dhi = _safe_decimal(hi, hi_x, upper=True) if hi is not None else None
+    if dlo is not None and dhi is not None and dlo > dhi:
+        return ctx.nothing(pointer, f"no number lies within the minimum / maximum bounds ({lo} > {hi})")
     return decimal_range(dlo, dhi)

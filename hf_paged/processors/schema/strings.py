@@ -121,7 +121,7 @@ def string_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
     min_len = int(min_len)
     max_len = int(max_len) if max_len is not None else None
     if max_len is not None and min_len > max_len:
-        return None
+        return ctx.nothing(pointer, f"minLength {min_len} > maxLength {max_len}")
     node = _constraint_node(schema, ctx, pointer)
     if node is None:
         if min_len == 0 and max_len is None:
