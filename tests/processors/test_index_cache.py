@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 
 import numpy as np
 import pytest
 
 from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
+from hf_paged.processors import RegexLogitsProcessor
 from hf_paged.processors.automaton import anchored, validate_regex
 from hf_paged.processors.automaton.regex_size import estimate_regex_size
 from hf_paged.processors.index.index_cache import IndexCache, index_key
 from hf_paged.processors.index.vocabulary import build_vocabulary
+from tests.processors.toy_tokenizers import byte_level_tokenizer
 from tests.processors.toy_tokenizers import byte_level_tokenizer
 
 VOCAB = build_vocabulary(byte_level_tokenizer())
@@ -125,3 +128,16 @@ def test_outlines_core_errors_are_typed_by_where_they_come_from():
     assert IndexCache().get_or_compile("p", r"\p{Greek}", VOCAB) is not None  # compiled by outlines-core
     with pytest.raises(UnsatisfiableSchemaError):  # our compiler: an empty language is typed as such
         validate_regex(r"a[^\x00-\x{10FFFF}]b")
+
+
+@pytest.mark.parametrize(("pattern", "why"), [
+    ("(ab", "'(ab' does not compile: missing ), unterminated subpattern at position 0"),
+    ("a{3,1}", "'a{3,1}' does not compile: min repeat greater than max repeat at position 2"),
+    (r"\bab", "word boundaries"),
+    (r"\Aab\z", "anchor nothing here"),
+])
+def test_a_pattern_the_automaton_refuses_is_named_with_its_fault(pattern, why):
+    """outlines-core's messages named our wrapping of the pattern ('(?:(ab)\\z'), a state number, or 'Unicode word
+    boundaries' with no way out."""
+    with pytest.raises(InvalidRegexError, match=re.escape(why)):
+        RegexLogitsProcessor(pattern, byte_level_tokenizer())

@@ -251,6 +251,22 @@ def _is_anchored(regex: str) -> bool:
     return regex.startswith(_ANCHOR_OPEN) and regex.endswith(_ANCHOR_CLOSE)
 
 
+def _why_not(pattern: str, exc: Exception) -> str:
+    """What is wrong with a pattern outlines-core refused, in the pattern's own terms (its messages name our
+    wrapping of it, or a state number)."""
+    import re
+
+    if re.search(r"(?<!\\)\\[bB]", pattern):
+        return "word boundaries (\\b, \\B) have no automaton here; remove them, or write (?-u:\\b) for ASCII ones"
+    if re.search(r"(?<!\\)\\[Az]", pattern):
+        return "\\A and \\z anchor nothing here: the whole text must match already; remove them"
+    try:
+        re.compile(pattern)
+    except re.error as error:  # Python's reading names the place (an unbalanced group, a bad repeat)
+        return f"{error.msg} at position {error.pos}"
+    return str(exc)[:300]
+
+
 def _outlines_byte_dfa(anchored_regex: str, loops: bool = True) -> ByteDFA:
     """outlines-core's byte automaton of a pattern our parser leaves to it (no work budget: its build cannot be
     interrupted, only the caller's size estimate guards it)."""
@@ -263,10 +279,10 @@ def _outlines_byte_dfa(anchored_regex: str, loops: bool = True) -> ByteDFA:
     try:
         index = Index(_SENTINEL + anchored_regex, _probe_vocabulary())
     except ValueError as exc:  # (outlines-core raises plain ValueErrors: a pattern it cannot read or build)
-        raise InvalidRegexError(
-            f"the regex does not compile ({str(exc)[:300]}); use Rust `regex` syntax (no look-around, no "
-            f"back-references): fix the pattern {anchored_regex[:200]!r}"
-        ) from None
+        pattern = anchored_regex[len(_ANCHOR_OPEN):-len(_ANCHOR_CLOSE)] if _is_anchored(anchored_regex) else \
+            anchored_regex
+        raise InvalidRegexError(f"the regex {pattern[:200]!r} does not compile: {_why_not(pattern, exc)}; use Rust "
+                                "`regex` syntax (no look-around, no back-references)") from None
     table = index.get_transitions()  # {state: {byte (or 256 = EOS): next}}
     entry = index.get_initial_state()
     initial = table.get(entry, {}).get(_SENTINEL_BYTE)
