@@ -16,7 +16,6 @@ from hf_paged.processors.automaton.regex_size import estimate_regex_size
 from hf_paged.processors.index.index_cache import IndexCache, index_key
 from hf_paged.processors.index.vocabulary import build_vocabulary
 from tests.processors.toy_tokenizers import byte_level_tokenizer
-from tests.processors.toy_tokenizers import byte_level_tokenizer
 
 VOCAB = build_vocabulary(byte_level_tokenizer())
 V = byte_level_tokenizer().get_vocab()
