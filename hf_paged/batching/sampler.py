@@ -3,7 +3,8 @@
 Order per row, as stock `generate`: logits processors (user and built-in, each with this request's own history)
 -> min_new_tokens EOS suppression -> temperature -> top-k -> top-p -> argmax or a draw from the request's own
 generator. Rows without processors or sampling take a single batched argmax; sampled rows without stock processors
-or a seed go through the chain together, grouped by their warpers, and draw from torch's global generator at once.
+(but row-only warpers) or a seed go through the chain in runs of consecutive rows with the same warpers, each run
+drawing from torch's global generator at once, in row order.
 
 A constrained row in `constraint_mode="resample"` is processed without its mask, picked, and checked against the
 constraint; only a refused token costs the mask and a second pick (`constraint_modes.py`).
@@ -182,27 +183,33 @@ class Sampler:
     @staticmethod
     def _draw_run(requests: Sequence[Request], logits: torch.Tensor, scores: torch.Tensor, members: list[int],
                   tokens: list[int | None], errors: list[Failure | None]) -> None:
-        group = scores.index_select(0, torch.tensor(members, device=scores.device))
+        """One run: warp, record, draw. A warper that raises leaves the run untouched (no token, nothing recorded):
+        its rows then go row by row, where a failure is its own request's."""
         first = requests[members[0]]
-        for warper in first.processors.row_processors:  # the same objects on every member
-            group = warper(None, group)
-        for j, i in enumerate(members):
-            request, params = requests[i], requests[i].params
-            if params.output_logits:
-                request.logits.append(logits[i].clone())
-            if len(request.output_ids) < params.min_new_tokens and params.eos_token_ids:
-                group[j, list(params.eos_token_ids)] = float("-inf")
         params = first.params
-        if params.temperature != 1.0:
-            group = TemperatureLogitsWarper(params.temperature)(None, group)
-        if params.top_k:
-            group = TopKLogitsWarper(params.top_k)(None, group)
-        if params.top_p < 1.0:
-            group = TopPLogitsWarper(params.top_p)(None, group)
+        try:
+            group = scores.index_select(0, torch.tensor(members, device=scores.device))
+            for warper in first.processors.row_processors:  # the same objects on every member
+                group = warper(None, group)
+            for j, i in enumerate(members):
+                request = requests[i]
+                if len(request.output_ids) < request.params.min_new_tokens and request.params.eos_token_ids:
+                    group[j, list(request.params.eos_token_ids)] = float("-inf")
+            if params.temperature != 1.0:
+                group = TemperatureLogitsWarper(params.temperature)(None, group)
+            if params.top_k:
+                group = TopKLogitsWarper(params.top_k)(None, group)
+            if params.top_p < 1.0:
+                group = TopPLogitsWarper(params.top_p)(None, group)
+            probs = torch.softmax(group.float(), dim=-1)
+        except Exception:  # noqa: BLE001 -- row by row names the failing request
+            return
         for j, i in enumerate(members):
-            if requests[i].params.output_scores:
-                requests[i].scores.append(group[j].clone())
-        probs = torch.softmax(group.float(), dim=-1)
+            request = requests[i]
+            if request.params.output_logits:
+                request.logits.append(logits[i].clone())
+            if request.params.output_scores:
+                request.scores.append(group[j].clone())
         finite = torch.isfinite(probs).all(dim=-1).tolist()
         drawn = [j for j, ok in enumerate(finite) if ok]
         for j, ok in enumerate(finite):

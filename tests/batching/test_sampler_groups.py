@@ -78,3 +78,22 @@ def test_seeded_rows_and_other_processors_keep_their_own_path(monkeypatch):
                         real(self, request, row))
     Sampler()([seeded, history, warped], torch.randn(3, VOCAB))
     assert calls == ["s", "h"]
+
+
+def test_a_run_whose_warper_raises_goes_row_by_row(monkeypatch):
+    """No token and nothing recorded for the run: its rows take the row-by-row path, where a failure is only its
+    own request's (here none fails: the warper refuses batches only)."""
+    real = sampler_module.TopKLogitsWarper
+
+    class NoBatches(real):
+        def __call__(self, input_ids, scores):
+            if scores.shape[0] > 1:
+                raise RuntimeError("one row at a time")
+            return super().__call__(input_ids, scores)
+
+    logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(3))
+    requests = [Request(f"r{i}", [1], SamplingParams(do_sample=True, top_k=5, output_scores=True)) for i in range(3)]
+    monkeypatch.setattr(sampler_module, "TopKLogitsWarper", NoBatches)
+    out = Sampler()(requests, logits.clone())
+    assert out.errors == [None] * 3 and all(t is not None for t in out.token_ids)
+    assert [len(r.scores) for r in requests] == [1, 1, 1]
