@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from hf_paged.batching.lean_forward import _HEAD_CHUNK, MIN_PRUNED_ROWS, _head
+from hf_paged.batching.weights import tensor_stamp
 
 _U32 = 2.0**-24  # fp32 unit roundoff
 _U_BF16 = 2.0**-8  # bf16 unit roundoff (8 significant bits)
@@ -106,9 +107,10 @@ _BUILD_LOCK = threading.Lock()
 
 
 def current_copy(weight: torch.Tensor) -> HeadCopy | None:
-    """The shared copy of `weight` as it is now (storage, version counter, shape), or None."""
+    """The shared copy of `weight` as it is now (`tensor_stamp`: storage, version counter, shape, optimizer steps,
+    sampled values), or None."""
     ref, copy = _COPIES.get(id(weight), (None, None))
-    if ref is None or ref() is not weight or copy.key != (weight.data_ptr(), weight._version, tuple(weight.shape)):
+    if ref is None or ref() is not weight or copy.key != tensor_stamp(weight):
         return None
     return copy
 
@@ -124,7 +126,7 @@ def head_copy(weight: torch.Tensor) -> HeadCopy:
 
 
 def _build(weight: torch.Tensor) -> HeadCopy:
-    key = (weight.data_ptr(), weight._version, tuple(weight.shape))
+    key = tensor_stamp(weight)
     vocab, width = weight.shape
     bf16 = torch.empty(vocab, width, dtype=torch.bfloat16)
     w_max = dw_max = wb_max = 0.0

@@ -53,6 +53,13 @@ def weights_fingerprint(model: torch.nn.Module) -> int:
     return hash((state, _optimizer_steps, samples))
 
 
+def tensor_stamp(t: torch.Tensor) -> tuple:
+    """What says one tensor changed (a copy made of it is stale): its storage, version counter, shape, the
+    process's optimizer steps and a few of its values (`weights_fingerprint`'s signals, for one tensor)."""
+    with torch.no_grad():
+        return t.data_ptr(), _version(t), tuple(t.shape), _optimizer_steps, _sample(t)
+
+
 def _sample(t: torch.Tensor) -> tuple:
     flat = t.detach().reshape(-1)
     return tuple(flat[:: max(1, flat.numel() // _SAMPLES)][:_SAMPLES].tolist())

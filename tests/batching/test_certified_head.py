@@ -101,6 +101,13 @@ def test_a_weight_changed_in_place_is_seen(one_thread):
     assert certified.tokens(x) == _exact(head, x)
     head.weight = torch.nn.Parameter(torch.randn(6000, 64) * 0.02, requires_grad=False)  # replaced
     assert certified.tokens(x) == _exact(head, x)
+    head.weight.data.mul_(-1)  # through .data (as fused optimizers write): no version counter moves
+    assert certified.tokens(x) == _exact(head, x)
+    head.weight.requires_grad_(True)
+    optimizer = torch.optim.AdamW([head.weight], lr=1.0, fused=True)
+    head.weight.grad = torch.randn_like(head.weight)
+    optimizer.step()
+    assert certified.tokens(x) == _exact(head, x)
 
 
 def test_applies_to_plain_fp32_cpu_heads_only():
