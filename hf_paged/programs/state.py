@@ -89,12 +89,21 @@ class ProgramState:
         self.sync()
         if name in self._track.fields:
             return self._track.fields[name]
-        for group in reversed(self._fork_groups):  # the latest forks that wrote the field
+        for group in reversed(self._fork_groups):  # the latest forks that wrote the field (at any depth: a fork's
+            group.join()  # forks answer for it, as a list per fork)
+            values = [state.get(name, _MISSING) for state in group]
+            if any(v is not _MISSING for v in values):
+                return [None if v is _MISSING else v for v in values]
+        raise KeyError(f"no field {name!r} in this program state; fields so far: {sorted(self._all_names())} "
+                       "(its forks' included)")
+
+    def _all_names(self) -> set[str]:
+        names = set(self.fields)
+        for group in self._fork_groups:
             group.join()
-            if any(name in state._track.fields for state in group):
-                return [state._track.fields.get(name) for state in group]
-        known = sorted(self.fields)
-        raise KeyError(f"no field {name!r} in this program state; fields so far: {known}")
+            for state in group:
+                names |= state._all_names()
+        return names
 
     def get(self, name: str, default: Any = None) -> Any:
         try:

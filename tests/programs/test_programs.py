@@ -255,3 +255,22 @@ def test_gen_with_a_schema_or_a_grammar(model_tok):
         assert expr == "(" * expr.count("(") + "x" + ")" * expr.count("(")
     else:  # cut short by max_tokens inside the nesting: recorded as incomplete
         assert state.calls[1].finish_reason == "length_incomplete"
+
+
+def test_a_field_of_a_fork_of_a_fork_reads_from_the_root(model_tok):
+    """`st["b"]` raised KeyError for a field set two forks down, and its message listed no fork field."""
+    model, tok = model_tok
+
+    @hp.program
+    def nested(s):
+        s += "Q:"
+        for f in s.fork(2):
+            f += hp.gen("a", max_tokens=2)
+            for g in f.fork(2):
+                g += hp.gen("b", max_tokens=2)
+
+    state = nested.run(model, tok)
+    assert len(state["a"]) == 2 and [len(inner) for inner in state["b"]] == [2, 2]
+    assert all(isinstance(v, str) for inner in state["b"] for v in inner)
+    with pytest.raises(KeyError, match=r"fields so far: \['a', 'b'\]"):
+        state["zz"]
