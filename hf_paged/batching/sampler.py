@@ -195,12 +195,7 @@ class Sampler:
                 request = requests[i]
                 if len(request.output_ids) < request.params.min_new_tokens and request.params.eos_token_ids:
                     group[j, list(request.params.eos_token_ids)] = float("-inf")
-            if params.temperature != 1.0:
-                group = TemperatureLogitsWarper(params.temperature)(None, group)
-            if params.top_k:
-                group = TopKLogitsWarper(params.top_k)(None, group)
-            if params.top_p < 1.0:
-                group = TopPLogitsWarper(params.top_p)(None, group)
+            group = _warp(params, None, group)
             probs = torch.softmax(group.float(), dim=-1)
         except Exception:  # noqa: BLE001 -- row by row names the failing request
             return
@@ -261,14 +256,7 @@ class Sampler:
             row = proc(history, row)
         if len(request.output_ids) + len(pending) < params.min_new_tokens and params.eos_token_ids:
             row[:, list(params.eos_token_ids)] = float("-inf")
-        if params.do_sample:
-            if params.temperature != 1.0:
-                row = TemperatureLogitsWarper(params.temperature)(history, row)
-            if params.top_k:
-                row = TopKLogitsWarper(params.top_k)(history, row)
-            if params.top_p < 1.0:
-                row = TopPLogitsWarper(params.top_p)(history, row)
-        return row
+        return _warp(params, history, row) if params.do_sample else row
 
     def _pick(self, request: Request, row: torch.Tensor) -> int:
         if not isinstance(row, torch.Tensor):
@@ -280,6 +268,17 @@ class Sampler:
         if not bool(torch.isfinite(probs).all()):
             raise _not_finite(request.params.temperature)
         return int(torch.multinomial(probs, num_samples=1, generator=request.generator_on(probs.device)))
+
+
+def _warp(params, history: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+    """The request's own warpers (`SamplingParams` temperature, top-k, top-p), in stock's order."""
+    if params.temperature != 1.0:
+        scores = TemperatureLogitsWarper(params.temperature)(history, scores)
+    if params.top_k:
+        scores = TopKLogitsWarper(params.top_k)(history, scores)
+    if params.top_p < 1.0:
+        scores = TopPLogitsWarper(params.top_p)(history, scores)
+    return scores
 
 
 _RUN_BYTES = 1 << 20  # rows of logits warped at once: about a core's L2 (8 rows of a 32k vocabulary, 2 of 128k)
