@@ -97,7 +97,11 @@ def _measured_rule(shape: KVShape, rule: int) -> tuple[int, str]:
 
 
 def resolve_block_size(cfg: PagedConfig, model_config, dtype: torch.dtype, device=None) -> PagedConfig:
-    """`cfg` itself when its block size is a number; else a copy with the block size "auto" picks."""
+    """`cfg` itself when its block size is a number; else a copy with the block size "auto" picks. (The engine's
+    first read of its config: anything but a `PagedConfig` is a `TypeError` here.)"""
+    if not isinstance(cfg, PagedConfig):
+        hint = f"PagedConfig(**{cfg!r})" if isinstance(cfg, dict) else "PagedConfig(...)"
+        raise TypeError(f"the engine's config must be a PagedConfig, got {type(cfg).__name__}; pass {hint}"[:300])
     if cfg.block_size != "auto":
         return cfg
     return replace(cfg, block_size=choose_block_size(model_config, dtype, device).block_size)

@@ -263,3 +263,9 @@ def test_a_prompt_past_one_step_without_chunked_prefill_names_the_fix(model):
     error = outputs[long].error
     assert "max_num_batched_tokens=16" in error and "enable_chunked_prefill=True" in error
     assert outputs[short].error is None
+
+
+def test_a_config_that_is_no_paged_config_is_a_type_error(model):
+    """`Engine(model, {"block_size": 8})` raised a bare AttributeError ('dict' object has no attribute ...)."""
+    with pytest.raises(TypeError, match=r"must be a PagedConfig, got dict; pass PagedConfig\(\*\*\{'block_size': 8\}\)"):
+        Engine(model, {"block_size": 8})
