@@ -123,35 +123,14 @@ def test_the_top_level_holds_only_leaves_and_the_face():
 
 
 def _cycles(graph: dict[str, set[str]]) -> set[frozenset[str]]:
-    """Strongly connected components of more than one module (Tarjan)."""
-    index, low, stack, on_stack, out, counter = {}, {}, [], set(), set(), [0]
+    """Strongly connected components of more than one module (the compiler's Tarjan, `call_graph`)."""
+    from hf_paged.processors.automaton.call_graph import strongly_connected
 
-    def visit(v):
-        index[v] = low[v] = counter[0]
-        counter[0] += 1
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            component = set()
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                component.add(w)
-                if w == v:
-                    break
-            if len(component) > 1:
-                out.add(frozenset(component))
-
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return out
+    full = {v: set(ws) for v, ws in graph.items()}
+    for ws in graph.values():  # (it wants every edge's target as a key)
+        for w in ws:
+            full.setdefault(w, set())
+    return {frozenset(c) for c in strongly_connected(full) if len(c) > 1}
 
 
 def test_no_new_import_cycles():

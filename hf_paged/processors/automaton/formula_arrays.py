@@ -174,21 +174,19 @@ def formulas_from_arrays(texts: list[str]) -> list | None:  # -> list[productive
 
 def all_of(items: list):
     """A formula's conjunction, simplified (True / False absorbed, one item alone)."""
-    kept = []
-    for item in items:
-        if item is False:
-            return False
-        if item is not True:
-            kept.append(item)
-    return True if not kept else kept[0] if len(kept) == 1 else ("&", tuple(kept))
+    return _joined(items, "&", absorbing=False)
 
 
 def any_of(items: list):
     """A formula's disjunction, simplified (True / False absorbed, one item alone)."""
+    return _joined(items, "|", absorbing=True)
+
+
+def _joined(items: list, op: str, absorbing: bool):
     kept = []
     for item in items:
-        if item is True:
-            return True
-        if item is not False:
+        if item is absorbing:
+            return absorbing
+        if item is not (not absorbing):  # the identity drops out
             kept.append(item)
-    return False if not kept else kept[0] if len(kept) == 1 else ("|", tuple(kept))
+    return (not absorbing) if not kept else kept[0] if len(kept) == 1 else (op, tuple(kept))
