@@ -3,7 +3,7 @@ scheduling, batching and cancellation live in the engine loop.
 
     POST /v1/completions, /v1/chat/completions   (stream: server-sent events ending with `data: [DONE]`)
     POST /tokenize                                (vLLM's: a text's token ids under this server's tokenizer)
-    GET  /v1/models, /health (?detail=1), /metrics
+    GET  /v1/models, /v1/models/{id}, /health (?detail=1), /metrics
 
 Every error is an OpenAI error body with a 4xx (the client's fault: the field is named) or a 5xx without a
 traceback (ours: logged here). A client that goes away, streaming or not, has its requests aborted at once.
@@ -134,12 +134,21 @@ def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = 
         body = await run_in_threadpool(server.metrics.render)
         return Response(body, media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    def model_card() -> dict:
+        return {"id": server.settings.model_name, "object": "model", "created": 0, "owned_by": "hf_paged",
+                "max_model_len": engine.max_model_len, "block_size": engine.config.block_size,  # ours: for clients
+                "eos_token_ids": server.preparer.eos_token_ids}  # that tokenize
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": server.settings.model_name, "object": "model", "created": 0,
-                                            "owned_by": "hf_paged", "max_model_len": engine.max_model_len,
-                                            "block_size": engine.config.block_size,  # ours: for clients
-                                            "eos_token_ids": server.preparer.eos_token_ids}]}  # that tokenize
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model_id:path}")  # OpenAI's retrieve; a model id may hold "/" ("hf-paged/tiny-lm")
+    async def model(model_id: str) -> dict:
+        if model_id != server.settings.model_name:
+            raise ApiError(f"the model {model_id!r} does not exist; this server serves {server.settings.model_name!r}",
+                           status=404, param="model", code="model_not_found")
+        return model_card()
 
     @app.post("/tokenize")
     async def tokenize(request: Request) -> dict:  # vLLM's: what this server's tokenizer makes of a text

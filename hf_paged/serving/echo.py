@@ -108,20 +108,17 @@ def _check_scored(output: RequestOutput) -> None:
 
 
 def prompt_entries(prompt: list[int], start: int, output: RequestOutput | None, pieces: TokenPieces,
-                   textless: frozenset[int] = frozenset()) -> list[LogprobEntry]:
+                   text: PromptText) -> list[LogprobEntry]:
     """The prompt's entries: null before `start`, then the scored values (and alternatives, when asked); text
-    offsets are the pieces' running lengths, the `textless` positions (a BOS the tokenizer added to a text
-    prompt: `prompt_text.py`) counting none."""
-    entries, at = [], 0
+    offsets are where each token starts in the echoed text (`PromptText.offsets`)."""
+    entries = []
     values = (output.score_logprobs or []) if output is not None else []
     tops = output.score_top_logprobs if output is not None else None
-    for j, token in enumerate(prompt):
+    for j, (token, at) in enumerate(zip(prompt, text.offsets(prompt, pieces.bytes), strict=True)):
         if j < start or j - start >= len(values):
             entries.append(LogprobEntry(token, None, None, at))
         else:
             entries.append(LogprobEntry(token, float(values[j - start]), tops[j - start] if tops else [], at))
-        if j not in textless:
-            at += len(pieces.text(token))
     return entries
 
 
@@ -135,7 +132,7 @@ def echo_choices(echo: EchoRequest, outputs: list[RequestOutput], tokenizer: Any
         _check_scored(output)
         usage.prompt_tokens += len(prompt)
         usage.cached_tokens += output.num_cached_tokens
-        logprobs = completion_logprobs(prompt_entries(prompt, start, output, pieces, text.textless), pieces)
+        logprobs = completion_logprobs(prompt_entries(prompt, start, output, pieces, text), pieces)
         if output.score_top_logprobs is None:
             logprobs["top_logprobs"] = None  # logprobs: 0 scores the tokens only
         choice: dict[str, Any] = {
@@ -176,7 +173,7 @@ async def echo_prefixes(loop: EngineLoop, prompts: list[list[int]], texts: list[
         output = next(outputs) if len(prompt) >= 2 else None
         if output is not None:
             _check_scored(output)
-        prefixes.append(EchoPrefix(text.text, prompt_entries(prompt, 1, output, pieces, text.textless)))
+        prefixes.append(EchoPrefix(text.text, prompt_entries(prompt, 1, output, pieces, text)))
     return prefixes
 
 

@@ -1,7 +1,8 @@
 """Log-probabilities in OpenAI's shapes: the engine's `TokenLogprobs` entries -> a choice's `logprobs` object.
 
     completions  {"tokens": [piece], "token_logprobs": [lp], "top_logprobs": [{piece: lp}], "text_offset": [int]}
-                 (each top dict holds the top k and the chosen token, as vLLM's; echo's first prompt token: null)
+                 (each top dict holds the top k and the chosen token, as vLLM's; echo's first prompt token: null;
+                 a piece of a character is spelled "bytes:\\xe6\\x97", as OpenAI's API spells it)
     chat         {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}]}
 
 `EntryStream` keeps one choice's entries in step with the text the client sees: an entry goes out with the chunk
@@ -37,6 +38,7 @@ class TokenPieces:
         self.tokenizer = tokenizer
         self._text: dict[int, str] = {}
         self._bytes: dict[int, bytes] | None = None
+        self._special: frozenset[int] | None = None
 
     def text(self, token_id: int) -> str:
         piece = self._text.get(token_id)
@@ -55,6 +57,26 @@ class TokenPieces:
                 self._bytes = {}
         raw = self._bytes.get(token_id)
         return list(raw if raw is not None else self.text(token_id).encode("utf-8"))
+
+    def chat_bytes(self, token_id: int) -> list[int] | None:
+        """Chat's `bytes`: None for a special token (an EOS has no bytes in the text; OpenAI's null), so the
+        entries' bytes joined are the content's."""
+        if self._special is None:
+            self._special = frozenset(getattr(self.tokenizer, "all_special_ids", ()) or ())
+        return None if token_id in self._special else self.bytes(token_id)
+
+    def label(self, token_id: int) -> str:
+        """The token as a completions `tokens` item / `top_logprobs` key: its text, or, for bytes that are no whole
+        UTF-8 text (a piece of a character), OpenAI's "bytes:\\xe6\\x97" spelling, so no two such tokens share a
+        key and the text can be rebuilt from the tokens."""
+        piece = self.text(token_id)
+        if "\ufffd" not in piece:
+            return piece
+        raw = bytes(self.bytes(token_id))
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in raw)
 
 
 class EntryStream:
@@ -104,11 +126,13 @@ def completion_logprobs(entries: Sequence[LogprobEntry], pieces: TokenPieces, of
         if e.top is None:
             tops.append(None)
             continue
-        top = {pieces.text(t.token_id): t.logprob for t in e.top}
-        top.setdefault(pieces.text(e.token_id), e.logprob)  # the chosen token is always there (vLLM's shape)
+        top: dict[str, float] = {}
+        for t in e.top:  # most likely first: a later token with the same label never replaces an earlier one
+            top.setdefault(pieces.label(t.token_id), t.logprob)
+        top.setdefault(pieces.label(e.token_id), e.logprob)  # the chosen token is always there (vLLM's shape)
         tops.append(top)
     return {
-        "tokens": [pieces.text(e.token_id) for e in entries],
+        "tokens": [pieces.label(e.token_id) for e in entries],
         "token_logprobs": [e.logprob for e in entries],
         "top_logprobs": tops,
         "text_offset": [e.offset + offset for e in entries],
@@ -119,7 +143,7 @@ def chat_logprobs(entries: Sequence[LogprobEntry], pieces: TokenPieces) -> dict:
     """The chat `logprobs` object (`content`: one item per token, `top_logprobs`: exactly the top k)."""
 
     def item(token_id: int, logprob: float) -> dict:
-        return {"token": pieces.text(token_id), "logprob": logprob, "bytes": pieces.bytes(token_id)}
+        return {"token": pieces.text(token_id), "logprob": logprob, "bytes": pieces.chat_bytes(token_id)}
 
     return {"content": [{**item(e.token_id, e.logprob), "top_logprobs": [item(t.token_id, t.logprob)
                                                                           for t in e.top or []]}

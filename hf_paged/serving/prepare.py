@@ -22,7 +22,7 @@ from hf_paged.serving.prompt_chars import max_prompt_chars
 from hf_paged.serving.prompt_text import PromptText, prompt_text
 from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
-__all__ = ["ConstraintCache", "PreparedRequest", "Preparer"]
+__all__ = ["Constraint", "ConstraintCache", "PreparedRequest", "Preparer"]
 
 
 @dataclass(slots=True)
@@ -32,6 +32,17 @@ class PreparedRequest:
     stop: list[str] = field(default_factory=list)  # cut from the text the client sees
     retention: tuple[int | None, float] | None = None  # (tokens or None: all, seconds): keep prompts cached
     echo_texts: list[PromptText] | None = None  # completions' echo: each prompt as sent (`prompt_text.py`)
+
+
+@dataclass(frozen=True, slots=True)
+class Constraint:
+    """A request's output constraint: its kind, its spec, the field that gave it, and for a JSON schema whether
+    objects get their declared keys only (`response_format`'s `strict: true`, OpenAI's strict reading)."""
+
+    kind: str  # "json_schema" | "regex" | "choice" | "grammar"
+    spec: Any
+    param: str
+    declared_keys_only: bool = False
 
 
 class ConstraintCache:
@@ -47,15 +58,16 @@ class ConstraintCache:
         self._items: OrderedDict[tuple, Any] = OrderedDict()
         self._lock = threading.Lock()
 
-    def get(self, kind: str, spec: Any, whitespace: str | None = None) -> Any:
+    def get(self, kind: str, spec: Any, whitespace: str | None = None, declared_keys_only: bool = False) -> Any:
         """The processor for a constraint (built on a miss: call from a worker thread, it may compile);
-        `whitespace`: a JSON constraint's whitespace regex (None: the processor's bounded default)."""
-        key = (kind, json.dumps(spec, sort_keys=False, separators=(",", ":")), whitespace)
+        `whitespace`: a JSON constraint's whitespace regex (None: the processor's bounded default);
+        `declared_keys_only`: a JSON schema's objects without `additionalProperties` get their declared keys only."""
+        key = (kind, json.dumps(spec, sort_keys=False, separators=(",", ":")), whitespace, declared_keys_only)
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
                 return self._items[key]
-        processor = self._build(kind, spec, whitespace)
+        processor = self._build(kind, spec, whitespace, declared_keys_only)
         with self._lock:
             processor = self._items.setdefault(key, processor)
             self._items.move_to_end(key)
@@ -63,7 +75,7 @@ class ConstraintCache:
                 self._items.popitem(last=False)
         return processor
 
-    def _build(self, kind: str, spec: Any, whitespace: str | None) -> Any:
+    def _build(self, kind: str, spec: Any, whitespace: str | None, declared_keys_only: bool) -> Any:
         from hf_paged.processors import (
             ChoiceLogitsProcessor,
             GrammarLogitsProcessor,
@@ -73,7 +85,8 @@ class ConstraintCache:
 
         eos = self.eos_token_ids or None
         if kind == "json_schema":
-            return JSONSchemaLogitsProcessor(spec, self.tokenizer, eos_token_id=eos, whitespace=whitespace)
+            return JSONSchemaLogitsProcessor(spec, self.tokenizer, eos_token_id=eos, whitespace=whitespace,
+                                             undeclared_keys=not declared_keys_only)
         if kind == "regex":
             return RegexLogitsProcessor(spec, self.tokenizer, eos_token_id=eos)
         if kind == "grammar":
@@ -81,21 +94,22 @@ class ConstraintCache:
         return ChoiceLogitsProcessor(spec, self.tokenizer, eos_token_id=eos)
 
 
-def constraint_of(request: _Sampling) -> tuple[str, Any, str] | None:
-    """(kind, spec, the field that gave it) of the request's output constraint, or None."""
+def constraint_of(request: _Sampling) -> Constraint | None:
+    """The request's output constraint, or None."""
     fmt = request.response_format
     if fmt is not None and fmt.type == "json_schema":
-        return "json_schema", fmt.json_schema.schema_, "response_format"
+        return Constraint("json_schema", fmt.json_schema.schema_, "response_format",
+                          declared_keys_only=bool(fmt.json_schema.strict))
     if fmt is not None and fmt.type == "json_object":
-        return "json_schema", {"type": "object"}, "response_format"
+        return Constraint("json_schema", {"type": "object"}, "response_format")
     if request.guided_json is not None:
-        return "json_schema", request.guided_json, "guided_json"
+        return Constraint("json_schema", request.guided_json, "guided_json")
     if request.guided_regex is not None:
-        return "regex", request.guided_regex, "guided_regex"
+        return Constraint("regex", request.guided_regex, "guided_regex")
     if request.guided_choice is not None:
-        return "choice", request.guided_choice, "guided_choice"
+        return Constraint("choice", request.guided_choice, "guided_choice")
     if request.guided_grammar is not None:
-        return "grammar", request.guided_grammar, "guided_grammar"
+        return Constraint("grammar", request.guided_grammar, "guided_grammar")
     return None
 
 
@@ -103,20 +117,19 @@ def build_constraint(cache: ConstraintCache, request: _Sampling) -> list:
     """The request's processors (at most one); schema errors become a 400 naming the keyword's JSON pointer."""
     found = constraint_of(request)
     whitespace = request.guided_whitespace_pattern
-    if whitespace is not None and (found is None or found[0] != "json_schema"):
-        given = f"with {found[2]}" if found is not None else "without one"
+    if whitespace is not None and (found is None or found.kind != "json_schema"):
+        given = f"with {found.param}" if found is not None else "without one"
         raise ApiError("guided_whitespace_pattern applies to JSON constraints (response_format, guided_json); "
                        f"leave it out {given}", param="guided_whitespace_pattern", code="invalid_value")
     if found is None:
         return []
-    kind, spec, param = found
     try:
-        return [cache.get(kind, spec, whitespace)]
+        return [cache.get(found.kind, found.spec, whitespace, found.declared_keys_only)]
     except (SchemaError, TokenizerError, TypeError) as exc:
-        raise ApiError(f"{param}: {exc}", param=param, code="invalid_schema" if kind == "json_schema" else
-                       f"invalid_{kind}") from None
+        raise ApiError(f"{found.param}: {exc}", param=found.param,
+                       code="invalid_schema" if found.kind == "json_schema" else f"invalid_{found.kind}") from None
     except RecursionError:
-        raise ApiError(f"{param}: the schema nests too deeply to compile; flatten it", param=param,
+        raise ApiError(f"{found.param}: the schema nests too deeply to compile; flatten it", param=found.param,
                        code="invalid_schema") from None
 
 

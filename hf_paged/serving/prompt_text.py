@@ -1,15 +1,19 @@
-"""What `echo: true` shows of a prompt: its text, and which of its tokens have no text there.
+"""What `echo: true` shows of a prompt: its text, where each of its tokens starts there, and which have no text.
 
 A prompt sent as text is echoed as sent (OpenAI's and vLLM's echo; a client may cut its completion off with
 `text[len(prompt):]`), not as its tokens decode: a BOS the tokenizer added would put "<|bos|>" before it. Such an
 added token has an entry (its `tokens` piece, a null or scored log-probability) but no text: its offset is where the
-next token starts (`echo.prompt_entries` counts the pieces' running lengths, skipping these). A fast tokenizer's
-offset mapping names them (an empty span); without one, the tokenizer's special ids are taken as added. A prompt
-sent as token ids is echoed as its ids decode, special tokens included.
+next token starts. A prompt sent as token ids is echoed as its ids decode, special tokens included.
+
+Offsets (`text_offset`) count characters of that text. A fast tokenizer's offset mapping gives them (each token's
+start; an added token has an empty span); without one, the tokens' bytes are decoded in order and a token starts
+after the characters completed before it, so the bytes of one character split over several tokens all start at that
+character (as the generated tokens' offsets do, `logprobs.EntryStream`), never past the end of the text.
 """
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,23 +24,53 @@ __all__ = ["PromptText", "prompt_text"]
 class PromptText:
     text: str
     textless: frozenset[int] = field(default_factory=frozenset)  # positions of tokens with no text in `text`
+    starts: tuple[int, ...] | None = None  # each token's first character in `text` (None: count the bytes)
+
+    def offsets(self, ids: list[int], token_bytes: Any) -> list[int]:
+        """Each token's `text_offset`: the mapping's starts, else the characters its bytes complete before it
+        (`token_bytes(id)`: the token's bytes), the textless tokens adding none; clamped to the text's length."""
+        if self.starts is not None and len(self.starts) == len(ids):
+            return [min(start, len(self.text)) for start in self.starts]
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        out, at = [], 0
+        for j, token in enumerate(ids):
+            out.append(min(at, len(self.text)))
+            if j not in self.textless:
+                at += len(decoder.decode(bytes(token_bytes(token))))
+        return out
 
 
 def prompt_text(tokenizer: Any, sent: str | list[int], ids: list[int]) -> PromptText:
     """The echo of one prompt as the client `sent` it (text or ids), tokenized as `ids`."""
     if not isinstance(sent, str):
-        return PromptText(tokenizer.decode(ids, skip_special_tokens=False))
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        mapping = _offset_mapping(tokenizer, text, ids)  # the decoded text tokenizes back to the ids: its starts
+        return PromptText(text, starts=None if mapping is None else _starts(mapping))
     mapping = _offset_mapping(tokenizer, sent, ids)
     if mapping is not None:
-        return PromptText(sent, frozenset(j for j, (start, end) in enumerate(mapping) if start == end))
+        return PromptText(sent, frozenset(j for j, (start, end) in enumerate(mapping) if start == end),
+                          _starts(mapping))
     special = set(getattr(tokenizer, "all_special_ids", ()) or ())  # no mapping: special ids are the added ones
     return PromptText(sent, frozenset(j for j, token in enumerate(ids) if token in special))
 
 
+def _starts(mapping: list[tuple[int, int]]) -> tuple[int, ...]:
+    """Token starts from an offset mapping, never decreasing (a tokenizer may overlap neighbouring spans)."""
+    out, at = [], 0
+    for start, _ in mapping:
+        at = max(at, start)
+        out.append(at)
+    return tuple(out)
+
+
 def _offset_mapping(tokenizer: Any, text: str, ids: list[int]) -> list[tuple[int, int]] | None:
-    """Each token's (start, end) in `text` from a fast tokenizer, if it tokenizes `text` as `ids`; else None."""
-    try:
-        encoded = tokenizer(text, return_offsets_mapping=True)
-    except Exception:  # noqa: BLE001 -- a slow tokenizer has no offset mapping
-        return None
-    return list(encoded["offset_mapping"]) if list(encoded["input_ids"]) == list(ids) else None
+    """Each token's (start, end) in `text` from a fast tokenizer, if it tokenizes `text` as `ids` (with or without
+    its added special tokens); else None."""
+    for add_special_tokens in (True, False):
+        try:
+            encoded = tokenizer(text, return_offsets_mapping=True, add_special_tokens=add_special_tokens)
+        except Exception:  # noqa: BLE001 -- a slow tokenizer has no offset mapping
+            return None
+        if list(encoded["input_ids"]) == list(ids):
+            return list(encoded["offset_mapping"])
+    return None

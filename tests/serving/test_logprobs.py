@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from hf_paged.serving.logprobs import TokenPieces
 from tests.serving.test_errors import assert_error, post
 
 ATOL = 1e-5
@@ -36,13 +37,14 @@ def streamed(server, path, body) -> list[dict]:
 def check_completion(model, tokenizer, prompt, choice, k: int) -> None:
     """A completions choice's `logprobs` against the reference: its entries cover its tokens, top k + chosen."""
     lp, tokens = choice["logprobs"], choice["token_ids"]
+    label = TokenPieces(tokenizer).label  # a piece of a character is "bytes:\\xe6"
     assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == len(lp["text_offset"])
     ref = reference(model, prompt, tokens)[len(prompt):]
     for j, (piece, value, top) in enumerate(zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"])):
-        assert piece == tokenizer.decode([tokens[j]])
+        assert piece == label(tokens[j])
         assert abs(value - float(ref[j, tokens[j]])) < ATOL
         best = torch.topk(ref[j], k)
-        want = {tokenizer.decode([t]): float(v) for t, v in zip(best.indices.tolist(), best.values.tolist())}
+        want = {label(t): float(v) for t, v in zip(best.indices.tolist(), best.values.tolist())}
         assert set(top) == set(want) | {piece} and top[piece] == value
         assert all(abs(top[text] - v) < ATOL for text, v in want.items())
 
@@ -221,7 +223,7 @@ def test_echo_scoring_with_top_alternatives(server, tiny_lm):
     assert lp["top_logprobs"][0] is None
     for j in range(1, len(prompt)):
         best = torch.topk(ref[j], 2)
-        assert {tokenizer.decode([t]) for t in best.indices.tolist()} <= set(lp["top_logprobs"][j])
+        assert {TokenPieces(tokenizer).label(t) for t in best.indices.tolist()} <= set(lp["top_logprobs"][j])
 
 
 @pytest.mark.parametrize(

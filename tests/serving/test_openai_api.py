@@ -134,6 +134,25 @@ def test_json_schema_output_parses_and_validates(client):
         jsonschema.validate(json.loads(out.choices[0].message.content), SCHEMA)
 
 
+def test_strict_json_schema_gives_the_declared_keys_only(client):
+    """OpenAI's `strict: true`: objects get exactly their declared keys (the h54 pass saw `{"a" : 0, "assing" :
+    "assing" }` from a schema without `additionalProperties`, strict on)."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"]}
+    for seed in range(4):
+        out = client.chat.completions.create(
+            model="tiny-lm", messages=[{"role": "user", "content": "x"}], max_tokens=60, seed=seed, temperature=1.0,
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}},
+        )
+        assert out.choices[0].finish_reason == "stop"
+        assert set(json.loads(out.choices[0].message.content)) == {"a"}
+
+
+def test_retrieve_a_model_by_id(client):
+    assert client.models.retrieve("tiny-lm").id == "tiny-lm"
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("hf-paged/other")
+
+
 def test_guided_grammar(client):
     """vLLM's `guided_grammar` extra: a Lark grammar; the text is a sentence of it."""
     import lark

@@ -9,6 +9,7 @@ import json
 import pytest
 import torch
 
+from hf_paged.serving.logprobs import TokenPieces
 from tests.serving.test_errors import assert_error, post
 from tests.serving.test_openai_api import engine_greedy
 
@@ -84,7 +85,7 @@ def test_echo_scores_every_prompt_token_like_a_stock_forward(server, tiny_lm):
     want = _stock_logprobs(model, ids)
     assert got[0] is None and len(got) == len(ids)
     assert max(abs(a - b) for a, b in zip(got[1:], want[1:])) < 1e-4
-    assert choice["logprobs"]["tokens"] == [tokenizer.decode([t]) for t in ids]
+    assert choice["logprobs"]["tokens"] == [TokenPieces(tokenizer).label(t) for t in ids]
     assert choice["logprobs"]["top_logprobs"] is None and choice["finish_reason"] == "length"
     assert out["usage"]["prompt_tokens"] == len(ids) and out["usage"]["completion_tokens"] == 0
 
