@@ -334,20 +334,25 @@ def _params_per_prompt(gen_config: GenerationConfig, factory: ProcessorFactory, 
                        left_pads=None, room: int | None = None, **overrides: Any) -> list[SamplingParams]:
     """The one translation of a `GenerationConfig` for the engine (`generate` and `generate_batch` alike): its
     options (`SamplingParams.from_generation_config`), and stock's processor list. That list holds stock's warpers
-    (temperature, top-k, top-p) in stock's order, so the sampler must not apply them again.
+    (temperature, top-k, top-p) and `min_new_tokens`' EOS suppression in stock's order, so the sampler must not
+    apply them again.
     - `generate` (`padded_rows`: its input_ids, `left_pads`: each row's leading padding): stock's list for the
       padded batch, each row's processors reading the row as stock's do (`processor_prompt_ids`, its padding
       included; the repetition penalty skipping the leading pads as stock's does);
-    - `generate_batch`: each prompt as stock `generate` of that prompt alone (`room`: no limit was given, generate
-      up to the model's `room` positions)."""
+    - `generate_batch`: each prompt with stock's list for that prompt alone, from the config as given (as
+      transformers' own `generate_batch`: no default top-k of 50 is added to a sampled config that names none,
+      which stock `generate` adds), `room`: no limit was given, generate up to the model's `room` positions."""
     base = SamplingParams.from_generation_config(gen_config, **overrides)
     plain = {"temperature": 1.0, "top_k": None, "top_p": 1.0}
     if padded_rows is not None:
-        return [base.replace(logits_processors=factory.for_prompt_length(len(row), base.max_new_tokens, pads),
-                             processor_prompt_ids=row, **plain) for row, pads in zip(padded_rows, left_pads)]
-    params = []
-    for prompt in prompts:
-        new = base.max_new_tokens if room is None else max(room - len(prompt), 1)
-        params.append(base.replace(logits_processors=factory.for_prompt_length(len(prompt), new),
-                                   max_new_tokens=new, **plain))
+        params = [base.replace(logits_processors=factory.for_prompt_length(len(row), base.max_new_tokens, pads),
+                               processor_prompt_ids=row, **plain) for row, pads in zip(padded_rows, left_pads)]
+    else:
+        params = []
+        for prompt in prompts:
+            new = base.max_new_tokens if room is None else max(room - len(prompt), 1)
+            params.append(base.replace(logits_processors=factory.for_prompt_length(len(prompt), new),
+                                       max_new_tokens=new, **plain))
+    if base.min_new_tokens:  # stock's list holds EOS back, before its warpers (checked above against constraints);
+        params = [p.replace(min_new_tokens=0) for p in params]  # the sampler's own would act after them
     return params

@@ -2,9 +2,9 @@
 
 Stock `generate` builds one `LogitsProcessorList` from the generation config (repetition penalty, bad words,
 suppressions, warpers...) plus the user's `logits_processor`. The engine calls the same objects per request with
-that request's own history (`generate`: the padded row, as stock's processors see it). `min_new_tokens` is left to
-the sampler (it counts each request's own prompt); processors that depend on the prompt length (and
-`forced_eos_token_id`, on the length to generate) get a list per distinct length.
+that request's own history (`generate`: the padded row, as stock's processors see it). Processors that depend on
+the prompt length (`min_new_tokens`'s EOS suppression among them, which must sit where stock puts it: before the
+warpers) and `forced_eos_token_id` (on the length to generate) get a list per distinct length.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ class ProcessorFactory:
     def __init__(self, model, generation_config: GenerationConfig, user_processors, device) -> None:
         self.model = model
         config = copy.deepcopy(generation_config)
-        config.min_new_tokens = None  # the sampler enforces it per request
         prepare_special_tokens(model, config, device)
         self.config = config
         self.user = LogitsProcessorList(user_processors or [])
@@ -30,7 +29,7 @@ class ProcessorFactory:
         self.forced_eos = config.forced_eos_token_id is not None  # forced at the last new token (max_length - 1)
         self.length_dependent = (
             config.begin_suppress_tokens is not None or config.exponential_decay_length_penalty is not None
-            or self.forced_eos
+            or self.forced_eos or bool(config.min_new_tokens)
         )
         self.repetition = config.repetition_penalty not in (None, 1.0)  # skips a row's left padding, as stock's
         self._lists: dict[int | None, list] = {}
