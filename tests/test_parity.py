@@ -2,10 +2,11 @@
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 import hf_paged
 from hf_paged import PagedCache, PagedConfig
-from tests.tiny_models import FAMILIES, left_pad, ragged_prompts, tiny_model
+from tests.tiny_models import FAMILIES, left_pad, ragged_prompts, stock_greedy, tiny_model
 
 LENGTHS = [3, 17, 33, 50, 8, 70]  # ragged: left padding up to 70; with 40 new tokens contexts cross 64
 MAX_NEW = 40
@@ -32,6 +33,24 @@ def test_wrapped_generate_matches_stock(family_model, block_size):
         hf_paged.unwrap(model)
     assert out.shape == stock.shape
     assert torch.equal(out, stock), f"{family}, block_size {block_size}"
+
+
+def test_decodes_sharing_cached_blocks_match_stock(family_model):
+    """Rows whose leading blocks are the same cached blocks decode together (the cascade: the shared part read
+    once); a soft-capped model (gemma2) attends them as one softmax like any other (it read only the rows' own
+    blocks before)."""
+    family, model, *_ = family_model
+    prefix = ragged_prompts([40], seed=5)[0]
+    prompts = [prefix + tail for tail in ragged_prompts([3, 9, 14], seed=6)]
+    want = stock_greedy(model, prompts, 12)
+    hf_paged.wrap(model, block_size=4)
+    try:
+        model.generate_batch([prefix], GenerationConfig(max_new_tokens=1))  # the prefix, cached
+        outs = model.generate_batch(prompts, GenerationConfig(max_new_tokens=12))
+        assert hf_paged.engine_of(model).stats()["prompt_tokens_cached"] >= 3 * 40
+    finally:
+        hf_paged.unwrap(model)
+    assert [out.generated_tokens for out in outs.values()] == want, family
 
 
 @pytest.mark.parametrize("block_size", [1, 16, 64])

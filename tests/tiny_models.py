@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 from transformers import (
+    Gemma2Config,
+    Gemma2ForCausalLM,
     GemmaConfig,
     GemmaForCausalLM,
     GPT2Config,
@@ -30,6 +32,10 @@ FAMILIES = {
     "qwen2": lambda: Qwen2ForCausalLM(Qwen2Config(**DECODER)),
     "mistral": lambda: MistralForCausalLM(MistralConfig(sliding_window=24, **DECODER)),
     "gemma": lambda: GemmaForCausalLM(GemmaConfig(head_dim=8, **DECODER)),
+    # soft-capped attention scores, a sliding layer beside a full one (and the scale Gemma 2 takes from
+    # query_pre_attn_scalar)
+    "gemma2": lambda: Gemma2ForCausalLM(Gemma2Config(head_dim=8, sliding_window=24, attn_logit_softcapping=2.0,
+                                                     query_pre_attn_scalar=12, **DECODER)),
     "gpt2": lambda: GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=512, **COMMON)),
     "phi3": lambda: Phi3ForCausalLM(Phi3Config(**DECODER)),
 }
@@ -38,7 +44,7 @@ FAMILIES = {
 def tiny_model(family: str = "llama", seed: int = 0) -> torch.nn.Module:
     torch.manual_seed(seed)
     model = FAMILIES[family]().eval()
-    model.config._attn_implementation = "sdpa"
+    model.config._attn_implementation = "eager" if family == "gemma2" else "sdpa"  # (sdpa has no soft-capping)
     model.generation_config.eos_token_id = None
     model.generation_config.pad_token_id = 0
     return model

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 
 from hf_paged.cache.head_merge import LayerMerge
-from hf_paged.cache.kernels.reference import AttentionPlan, DecodeGroup
+from hf_paged.cache.kernels.reference import AttentionPlan, DecodeGroup, uncascade
 
 __all__ = ["MergedIndices", "run_merged_plan"]
 
@@ -69,6 +69,7 @@ def _decode_context(d: DecodeGroup, key_cache: torch.Tensor, value_cache: torch.
     """A decode group's keys `[n, kept, L, D]`, values `[n, kv_heads, L, D]` and mask `[n, 1, 1, L]` (or None):
     the shared blocks of a cascade first, then each row's own blocks (unwritten slots zeroed and masked)."""
     n, bs, dim = d.rows.numel(), key_cache.shape[1], key_cache.shape[-1]
+    d = uncascade(d, bs)
     if d.span is not None and d.mask is None:  # rows of one length: positions start .. end - 1, nothing masked
         k = key_cache.index_select(0, d.blocks).view(n, -1, key_cache.shape[2], dim)[:, d.span.start : d.span.end]
         v = value_cache.index_select(0, d.blocks).view(n, -1, value_cache.shape[2], dim)[:, d.span.start : d.span.end]
@@ -79,16 +80,8 @@ def _decode_context(d: DecodeGroup, key_cache: torch.Tensor, value_cache: torch.
         own = cache.index_select(0, d.blocks).view(n * d.max_blocks * bs, heads, dim)
         if d.invalid.numel():
             own.index_fill_(0, d.invalid, 0)
-        own = own.view(n, d.max_blocks * bs, heads, dim)
-        if d.shared_blocks is not None:
-            shared = cache.index_select(0, d.shared_blocks).view(1, -1, heads, dim).expand(n, -1, -1, -1)
-            own = torch.cat([shared, own], dim=1)
-        parts.append(own.transpose(1, 2))
-    mask = d.mask
-    if mask is not None and d.shared_blocks is not None:  # the shared prefix is visible to every row
-        seen = torch.ones(n, 1, 1, d.shared_blocks.numel() * bs, dtype=torch.bool, device=mask.device)
-        mask = torch.cat([seen, mask], dim=-1)
-    return parts[0], parts[1], mask
+        parts.append(own.view(n, d.max_blocks * bs, heads, dim).transpose(1, 2))
+    return parts[0], parts[1], d.mask
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, idx: MergedIndices,

@@ -103,3 +103,34 @@ def test_hidden_blocks_are_invisible_like_removed_ones(q_len):
     got = run_attention_plan(hidden, query, key, value, scale=0.3)
     assert torch.allclose(got, run_attention_plan(removed, query, key, value, scale=0.3), atol=1e-6)
     assert not torch.allclose(got, run_attention_plan(full, query, key, value, scale=0.3), atol=1e-3)
+
+
+def test_hidden_blocks_of_decodes_that_share_leading_blocks():
+    """Decode rows that share >= 4 leading blocks attend them once (cascade); PyramidKV's hidden positions count
+    from block 0, the shared blocks included (the h55 pass: they were applied to the rows' own blocks and the
+    shared part dropped: passkeys 0/10 with prefix caching on)."""
+    torch.manual_seed(0)
+    key, value = torch.randn(12, 4, 1, 8), torch.randn(12, 4, 1, 8)
+    query = torch.randn(2, 2, 8)
+    tables = torch.tensor([[5, 2, 0, 3, 7, 8], [5, 2, 0, 3, 9, 10]])  # 4 shared blocks, then each row's own
+    full = build_attention_plan(tables, [0, 1, 2], [23, 21], 4)
+    assert full.decodes[0].shared_blocks is not None
+    hidden = hide_positions(full, {0: torch.arange(4, 8), 1: torch.arange(16, 20)}, [0, 1, 2], [23, 21], 4)
+    got = run_attention_plan(hidden, query, key, value, scale=0.3)
+    for row, table, length in ((0, [5, 0, 3, 7, 8], 19), (1, [5, 2, 0, 3, 10], 17)):  # the hidden block removed
+        alone = build_attention_plan(torch.tensor([table]), [0, 1], [length], 4)
+        want = run_attention_plan(alone, query[row : row + 1], key, value, scale=0.3)
+        assert torch.allclose(got[row : row + 1], want, atol=1e-6), row
+
+
+def test_soft_capped_decodes_that_share_leading_blocks_read_the_shared_blocks():
+    torch.manual_seed(0)
+    key, value = torch.randn(12, 4, 1, 8), torch.randn(12, 4, 1, 8)
+    query = torch.randn(2, 2, 8) * 4
+    tables = torch.tensor([[5, 2, 0, 3, 7, 8], [5, 2, 0, 3, 9, 10]])
+    got = run_attention_plan(build_attention_plan(tables, [0, 1, 2], [23, 21], 4), query, key, value, scale=0.3,
+                             softcap=2.0)
+    for row, length in ((0, 23), (1, 21)):
+        alone = build_attention_plan(tables[row : row + 1], [0, 1], [length], 4)
+        want = run_attention_plan(alone, query[row : row + 1], key, value, scale=0.3, softcap=2.0)
+        assert torch.allclose(got[row : row + 1], want, atol=1e-6), row

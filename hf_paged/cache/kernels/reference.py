@@ -201,6 +201,23 @@ def _equal_rows(tables, rows, length, max_blocks, block_size, sliding_window) ->
                        span=RowSpan(start, length, first))
 
 
+def uncascade(d: DecodeGroup, block_size: int) -> DecodeGroup:
+    """A cascade group as a plain one: the shared blocks put back at the head of every row (their positions
+    visible), `invalid` and `mask` shifted past them. For what the cascade's two-part softmax cannot do: a
+    soft-capped score, or per-row hidden positions in the shared part (PyramidKV)."""
+    if d.shared_blocks is None:
+        return d
+    n, own, shared = d.rows.numel(), d.max_blocks, d.shared_blocks.numel()
+    blocks = torch.cat([d.shared_blocks.expand(n, shared), d.blocks.view(n, own)], dim=1).reshape(-1)
+    old, width = own * block_size, (shared + own) * block_size
+    invalid = d.invalid // old * width + shared * block_size + d.invalid % old
+    mask = d.mask
+    if mask is not None:
+        seen = torch.ones(n, 1, 1, shared * block_size, dtype=torch.bool, device=mask.device)
+        mask = torch.cat([seen, mask], dim=-1)
+    return DecodeGroup(d.rows, blocks, shared + own, invalid, mask)
+
+
 def span_tail(d: DecodeGroup, block_size: int) -> torch.Tensor:
     """The flat positions past the context of a span group's rows (what a masked read of its blocks zeroes)."""
     width = d.max_blocks * block_size
@@ -266,6 +283,8 @@ def run_attention_plan(
         o = _sdpa(q, k, v, group.mask, causal=group.mask is None, scale=scale, softcap=softcap)
         out[group.q_start : group.q_end] = o[0].transpose(0, 1)
     for d in plan.decodes:
+        if d.shared_blocks is not None and softcap is not None:  # the cascade's merge has no soft-capping
+            d = uncascade(d, key_cache.shape[1])
         n, length = d.rows.numel(), d.max_blocks * key_cache.shape[1]
         q = query.index_select(0, d.rows).unsqueeze(2)  # [n, H, 1, D]
         if d.span is not None and d.mask is None:
@@ -279,7 +298,7 @@ def run_attention_plan(
             v.index_fill_(0, d.invalid, 0)
         k = k.view(n, length, num_kv_heads, head_dim).transpose(1, 2).to(query.dtype)
         v = v.view(n, length, num_kv_heads, head_dim).transpose(1, 2).to(query.dtype)
-        if d.shared_blocks is not None and softcap is None:
+        if d.shared_blocks is not None:
             shared_k = key_cache.index_select(0, d.shared_blocks).view(-1, num_kv_heads, head_dim).to(query.dtype)
             shared_v = value_cache.index_select(0, d.shared_blocks).view(-1, num_kv_heads, head_dim).to(query.dtype)
             out[d.rows] = _cascade_decode(q.squeeze(2), shared_k, shared_v, k, v, d.mask, scale)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from hf_paged.cache.kernels.reference import AttentionPlan, DecodeGroup, PrefillGroup, span_tail
+from hf_paged.cache.kernels.reference import AttentionPlan, DecodeGroup, PrefillGroup, span_tail, uncascade
 
 
 def hide_positions(plan: AttentionPlan, hidden: dict[int, torch.Tensor], query_start_loc: list[int],
@@ -28,6 +28,7 @@ def hide_positions(plan: AttentionPlan, hidden: dict[int, torch.Tensor], query_s
         if all(i is None for i in seqs):
             decodes.append(d)
             continue
+        d = uncascade(d, block_size)  # hidden positions count from block 0, shared blocks included
         shape = (d.rows.numel(), 1, 1, d.max_blocks * block_size)  # columns: table positions (whole blocks)
         mask = d.mask.clone() if d.mask is not None else torch.ones(shape, dtype=torch.bool, device=d.rows.device)
         invalid = d.invalid
