@@ -256,6 +256,8 @@ class PagedConfig:
         for name, changed, used, needs in (
             ("kv_keep_ratio", self.kv_keep_ratio != 1.0, pruning, "kv_pruning"),
             ("kv_budget_tokens", self.kv_budget_tokens is not None, pruning, "kv_pruning"),
+            ("kv_pruning", self.kv_pruning == "snapkv", self.kv_keep_ratio < 1 or self.kv_budget_tokens is not None,
+             "kv_keep_ratio < 1 or kv_budget_tokens (SnapKV keeps that much of a prompt; by default, all)"),
             ("num_sink_tokens", self.num_sink_tokens != 16, windowed, "kv_pruning or kv_streaming_heads"),
             ("window_tokens", self.window_tokens != 256, windowed, "kv_pruning or kv_streaming_heads"),
             ("prefix_eviction_policy", self.prefix_eviction_policy != "lru", self.enable_prefix_caching,
@@ -380,11 +382,8 @@ def unknown_fields_message(names: Iterable[str]) -> str | None:
 
 def _is_head_table(heads: Any) -> bool:
     """One tuple/list of KV head indices (ints >= 0) per layer."""
-    return isinstance(heads, (tuple, list)) and all(
-        isinstance(layer, (tuple, list)) and all(isinstance(h, int) and not isinstance(h, bool) and h >= 0
-                                                 for h in layer)
-        for layer in heads
-    )
+    return isinstance(heads, (tuple, list)) and all(isinstance(layer, (tuple, list)) and all(
+        isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in layer) for layer in heads)
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:

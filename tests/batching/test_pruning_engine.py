@@ -104,7 +104,7 @@ def test_prefix_shared_blocks_are_never_evicted(model):
 def test_eviction_on_the_stock_cache_path_is_refused(model):
     from hf_paged import PagedCache
 
-    cache = PagedCache(model.config, PagedConfig(block_size=BS, num_blocks=32, kv_pruning="snapkv"))
+    cache = PagedCache(model.config, PagedConfig(block_size=BS, num_blocks=32, kv_pruning="snapkv", kv_keep_ratio=0.5))
     with pytest.raises(ValueError, match="kv_pruning='snapkv' needs the hf_paged attention"):
         model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=2, cache=cache)
 

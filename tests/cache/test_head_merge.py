@@ -153,7 +153,7 @@ def test_merges_that_do_not_fit_the_model_are_refused(model, table, message):
     ({"head_merge": ((0, 2, 1, 3),)}, "must be a head of the layer that represents itself"),
     ({"head_merge": "((0, 1),)"}, "must be None or one tuple per layer"),
     ({"head_merge": MERGE, "kv_cache_dtype": "int8"}, "does not work with kv_cache_dtype='int8'"),
-    ({"head_merge": MERGE, "kv_pruning": "snapkv"}, "does not work with kv_pruning='snapkv'"),
+    ({"head_merge": MERGE, "kv_pruning": "snapkv", "kv_keep_ratio": 0.5}, "does not work with kv_pruning='snapkv'"),
 ])
 def test_config_errors(overrides, message):
     with pytest.raises(ValueError, match=message):

@@ -134,3 +134,11 @@ def test_soft_capped_decodes_that_share_leading_blocks_read_the_shared_blocks():
         alone = build_attention_plan(tables[row : row + 1], [0, 1], [length], 4)
         want = run_attention_plan(alone, query[row : row + 1], key, value, scale=0.3, softcap=2.0)
         assert torch.allclose(got[row : row + 1], want, atol=1e-6), row
+
+
+def test_snapkv_that_keeps_everything_is_refused():
+    """kv_keep_ratio 1 (the default) and no budget: SnapKV would keep every block (h55: 0 of 40 dropped)."""
+    with pytest.raises(ValueError, match=r"kv_pruning='snapkv' does nothing here: it acts only with kv_keep_ratio < 1"):
+        PagedConfig(kv_pruning="snapkv")
+    PagedConfig(kv_pruning="snapkv", kv_keep_ratio=0.5)
+    PagedConfig(kv_pruning="streaming")  # bounds a long generation at any ratio

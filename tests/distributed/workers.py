@@ -152,7 +152,7 @@ def tensor_parallel(args: list[str]) -> dict:
         hf_paged.unwrap(model)
         entry["head_table"] = _error_of(
             lambda m=model: hf_paged.wrap(m, kv_cache_dtype="int8", kv_full_precision_heads=((0,), ())))
-        entry["snapkv"] = _error_of(lambda m=model: hf_paged.wrap(m, kv_pruning="snapkv"))
+        entry["snapkv"] = _error_of(lambda m=model: hf_paged.wrap(m, kv_pruning="snapkv", kv_keep_ratio=0.5))
         result[family] = entry
     odd = AutoModelForCausalLM.from_pretrained(root / "llama_odd_kv_heads", tp_plan="auto", dtype=torch.float32)
     result["odd_kv_heads"] = _error_of(lambda: hf_paged.wrap(odd))
