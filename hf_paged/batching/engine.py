@@ -136,12 +136,11 @@ class Engine:
             if arrival_time is not None:
                 request.arrival_time = arrival_time
             error = self.validate_prompt(request.prompt_ids, params) or self.speculator.check(params)
+            (self.scheduler.register if error is not None else self.scheduler.add)(request)
+            self.lifecycle.add_forks(request)  # (a refused request's forks end with it, each with an output)
             if error is not None:
-                self.scheduler.register(request)
                 self.lifecycle.end(request, RequestStatus.FAILED, "error", Failure(str(error), type(error)))
                 return request_id
-            self.scheduler.add(request)
-            self.lifecycle.add_forks(request)
             for constraint in request.processors.constraints:
                 constraint.prepare()  # constraints compile in the background while the prompt prefills
             self.metrics.num_prompt_tokens += len(request.prompt_ids) * params.num_return_sequences
@@ -236,7 +235,7 @@ class Engine:
                 self.lifecycle.fail(failure.request, failure.error)
             schedule = self.scheduler.schedule()
             if schedule.is_empty:
-                self._fail_unschedulable()
+                self._fail_unschedulable(schedule)
             else:
                 self._run(schedule, result)
             result.finished = self.lifecycle.take_ended()
@@ -319,11 +318,11 @@ class Engine:
             self.metrics.num_accepted_tokens += verdict.num_accepted
             self.appender.emit(request, verdict.token_ids, now, result, verdict.logprobs)
 
-    def _fail_unschedulable(self) -> None:
-        """Nothing could run although requests wait: the head of the queue can never fit. Fail it (no hang)."""
-        if self.scheduler.running or not self.scheduler.waiting or self.scheduler.is_loading:
-            return  # something runs, nothing waits, or blocks are being read for a waiting request
-        self.lifecycle.fail(self.scheduler.waiting[0][1], Failure(
+    def _fail_unschedulable(self, schedule: SchedulerOutput) -> None:
+        """Nothing ran or was preempted while requests wait: the one admission stopped on never fits; fail it."""
+        if self.scheduler.running or not self.scheduler.waiting or self.scheduler.is_loading or schedule.preempted:
+            return  # something runs, nothing waits, blocks are being read for a waiting request, or room was made
+        self.lifecycle.fail(schedule.blocked or self.scheduler.waiting[0][1], Failure(
             f"request needs more blocks than the pool can ever free ({self.cache.num_blocks} blocks of "
             f"{self.config.block_size}): raise PagedConfig.num_blocks or lower max_new_tokens", OutOfBlocksError))
 

@@ -16,7 +16,7 @@ import time
 
 from hf_paged.batching.metrics import EngineMetrics
 from hf_paged.batching.request import Failure, Request, RequestOutput, RequestStatus, fork_ids
-from hf_paged.batching.retry import Retrier
+from hf_paged.batching.retry import Retrier, retry_seed
 from hf_paged.batching.scheduler import Scheduler
 from hf_paged.batching.speculative import Speculator
 from hf_paged.cache.kv_manager import KVCacheManager
@@ -51,7 +51,8 @@ class RequestLifecycle:
             child.arrival_time = parent.arrival_time
             child.parent_id = parent.request_id
             if params.seed is not None:
-                child.seed = params.seed + k + 1  # its generator is made at its first draw (`generator_on`)
+                # a digest, not seed + k + 1 (fork 1 of seed 200 drew request seed 201's tokens); its generator
+                child.seed = retry_seed(params.seed, k + 1, 0)  # is made at its first draw (`generator_on`)
             self.scheduler.register(child)
             self.children.setdefault(parent.request_id, []).append(child)
 

@@ -36,8 +36,9 @@ class AttemptEnd:
 
 
 def retry_seed(seed: int | None, fork_index: int, attempt: int) -> int | None:
-    """The seed of attempt `attempt` (1, 2, ...) of fork `fork_index` (0: the request itself): a digest of the
-    request's seed, so reruns are reproducible; None when the request has no seed (the global generator then)."""
+    """The seed of attempt `attempt` (1, 2, ...; 0: a fork's first run) of fork `fork_index` (0: the request
+    itself): a digest of the request's seed, so reruns are reproducible and no two requests' streams coincide;
+    None when the request has no seed (the global generator then)."""
     if seed is None:
         return None
     digest = hashlib.blake2b(f"{seed}/{fork_index}/{attempt}".encode(), digest_size=8).digest()

@@ -48,6 +48,7 @@ class SchedulerOutput:
     scheduled: list[ScheduledRequest] = field(default_factory=list)
     preempted: list[Request] = field(default_factory=list)
     num_batched_tokens: int = 0
+    blocked: Request | None = None  # the waiting request admission stopped on (its blocks did not fit)
 
     @property
     def is_empty(self) -> bool:
@@ -209,8 +210,11 @@ class Scheduler:
 
     def _fit_drafts(self, request: Request, budget: int) -> int:
         """How many of a decode's drafted tokens run this step: what the budget leaves beside its last token, and
-        none when their blocks are not free without preempting."""
+        none when their blocks are not free without preempting, or for a prompt's last token (a 1-token chunk looks
+        like a decode): its first token comes the plain way, where its `n` forks are made."""
         drafts = request.draft_ids
+        if drafts and not request.output_ids:
+            drafts.clear()
         if not drafts:
             return 0
         del drafts[max(budget - 1, 0):]
@@ -270,6 +274,7 @@ class Scheduler:
                 if load.waiting or budget == 0:
                     continue  # blocks past its prefix hit are read or written (a share a step): the others go
             if not self._start(request):
+                out.blocked = request
                 break  # FCFS: do not let smaller requests overtake one that does not fit
             if admitted and self._waits_for_whole_step(request, budget):
                 self._unstart(request)
@@ -278,14 +283,14 @@ class Scheduler:
                 horizon = horizon if horizon is not None else self.lengths.horizon([request])
                 if not self.lengths.admits(request, horizon, reserve, alone=not self.running and not admitted):
                     self._unstart(request)
+                    out.blocked = request
                     break  # its blocks to the horizon do not fit beside the running requests' (FCFS)
             chunk = self._fit_chunk(request, budget, bounded)
             num_tokens = chunk.num_tokens
-            if num_tokens < request.num_tokens_to_compute and not self.config.enable_chunked_prefill:
+            if num_tokens < request.num_tokens_to_compute and not self.config.enable_chunked_prefill \
+                    or not self.kv.allocate_slots(request.request_id, num_tokens):
                 self._unstart(request)
-                break
-            if not self.kv.allocate_slots(request.request_id, num_tokens):
-                self._unstart(request)
+                out.blocked = request
                 break
             request.status = RequestStatus.RUNNING
             request.swapped = None  # swapped-in K/V now live in blocks

@@ -8,6 +8,7 @@ from transformers import GenerationConfig, LogitsProcessor, NoBadWordsLogitsProc
 
 import hf_paged
 from hf_paged import Engine, PagedConfig, RequestStatus, SamplingParams
+from hf_paged.batching.request import fork_ids
 from hf_paged.errors import SamplingError, UnsupportedGenerationError
 from tests.tiny_models import VOCAB, left_pad, ragged_prompts, tiny_model
 
@@ -63,6 +64,44 @@ def test_faulty_requests_fail_alone_and_pool_is_whole(model):
     assert "raise PagedConfig.num_blocks" in errors["pool"].error
     assert "boom" in errors["processor"].error
     assert engine.cache.pool.num_free_blocks == 64
+
+
+@pytest.mark.parametrize("policy", ["budget", "remaining"])
+def test_the_request_that_outgrew_the_pool_fails_not_the_one_waiting(model, policy):
+    """A step that only preempted made room, it did not find a request that can never fit (h53: the waiting
+    request that fits failed with OutOfBlocksError, and the one that outgrew the pool went on)."""
+    engine = Engine(model, PagedConfig(block_size=16, num_blocks=11, max_num_batched_tokens=23,
+                                       scheduling_policy=policy))
+    big = engine.add_request([7] * 143, SamplingParams(max_new_tokens=39))  # 182 tokens: past 11 x 16
+    engine.step()
+    small = engine.add_request([5] * 21, SamplingParams(max_new_tokens=6), priority=1)
+    outs = engine.run()
+    assert outs[big].status is RequestStatus.FAILED and "raise PagedConfig.num_blocks" in outs[big].error
+    assert outs[small].status is RequestStatus.FINISHED and len(outs[small].generated_tokens) == 6
+    assert engine.cache.pool.num_used_blocks == 0
+
+
+def test_the_request_admission_stopped_on_fails_not_the_queue_head(model):
+    """Admission takes the longest cached prefix first; the request it stopped on is the one that fails (h53: the
+    queue's head, which fits, failed)."""
+    engine = Engine(model, PagedConfig(block_size=1, num_blocks=40, max_num_seqs=1))
+    shared = list(range(10, 40))
+    first = engine.add_request(shared + [1], SamplingParams(max_new_tokens=2))
+    fits = engine.add_request(list(range(50, 60)), SamplingParams(max_new_tokens=5))
+    outgrows = engine.add_request(shared + [2, 3], SamplingParams(max_new_tokens=20))
+    outs = engine.run()
+    assert outs[first].status is RequestStatus.FINISHED and outs[fits].status is RequestStatus.FINISHED
+    assert outs[outgrows].status is RequestStatus.FAILED and "raise PagedConfig.num_blocks" in outs[outgrows].error
+
+
+def test_a_refused_request_ends_with_its_forks(model):
+    """n > 1 and a prompt refused at add_request: every fork id has the refusal as its output (h53: only the parent
+    existed; the forks raised KeyError, and generate_batch waited for the engine to go idle)."""
+    engine = Engine(model, PagedConfig(block_size=4, num_blocks=8))
+    rid = engine.add_request(list(range(3, 60)), SamplingParams(max_new_tokens=4, num_return_sequences=3))
+    outs = [engine.pop_output(i) for i in fork_ids(rid, 3)]
+    assert all(o.status is RequestStatus.FAILED and "needs 15 blocks but the pool has 8" in o.error for o in outs)
+    assert not engine.has_unfinished and engine.cache.pool.num_used_blocks == 0
 
 
 def test_abort_frees_blocks_at_once(model):
@@ -146,6 +185,18 @@ def test_sampling_is_seeded_per_request(model):
         return engine.run([rid])[rid].generated_tokens
 
     assert run() == run()
+
+
+def test_forks_do_not_repeat_another_seeds_stream(model):
+    """Fork k of a seeded request draws from a seed derived from it (h55: fork 1 of seed 200 gave exactly request
+    seed 201's tokens, when fork seeds were seed + k + 1)."""
+    engine = Engine(model, PagedConfig())
+    sampled = {"max_new_tokens": 16, "do_sample": True, "temperature": 1.5}
+    forked = engine.add_request([3, 4, 5, 6], SamplingParams(num_return_sequences=2, seed=200, **sampled))
+    alone = engine.add_request([3, 4, 5, 6], SamplingParams(seed=201, **sampled))
+    ids = [*fork_ids(forked, 2), alone]
+    outs = engine.run(ids)
+    assert outs[ids[1]].generated_tokens != outs[alone].generated_tokens
 
 
 def test_stop_conditions(model):

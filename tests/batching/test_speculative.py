@@ -135,6 +135,24 @@ def test_forks_speculate_each_on_its_own(model):
     assert all(o.num_draft_tokens > 0 for o in outs)
 
 
+def test_forks_of_a_prompt_whose_last_chunk_is_one_token(model):
+    """A 1-token last prompt chunk looks like a decode: it got drafts, its first token came through verification,
+    where no fork was made, and the forks, made a step late, never ended and held every request after them (h53)."""
+    prompt = [5, 6, 7, 8] * 4 + [5]  # 17 tokens, a budget of 8: chunks of 8, 8, then 1
+    engine = Engine(model, PagedConfig(block_size=4, num_blocks=64, max_num_batched_tokens=8))
+    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=6, num_return_sequences=2, num_speculative_tokens=3))
+    other = engine.add_request([9, 10, 11], SamplingParams(max_new_tokens=30), priority=-1)
+    for _ in range(300):
+        if not engine.has_unfinished:
+            break
+        engine.step()
+        engine.check_integrity()
+    assert not engine.has_unfinished
+    expected = stock_greedy(model, [prompt], 6)[0]
+    assert [engine.pop_output(i).generated_tokens for i in fork_ids(rid, 2)] == [expected] * 2
+    assert engine.pop_output(other).generated_tokens == stock_greedy(model, [[9, 10, 11]], 30)[0]
+
+
 # -- outputs and stats -----------------------------------------------------------------------------------
 def test_counts_in_outputs_and_stats(model):
     engine = Engine(model, PagedConfig(block_size=8))
