@@ -5,20 +5,38 @@ Used by `wrap` and by the draft-model drafter of speculative decoding.
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 
 from hf_paged.errors import UnsupportedModelError
 
 __all__ = ["check_supported"]
 
-# Families whose attention bypasses transformers' AttentionInterface or calls cache.update without its kwargs.
+# Families whose attention bypasses transformers' AttentionInterface, calls cache.update without its kwargs, or does
+# what the paged attention does not (each found to give other tokens than stock, or to crash, in a sweep of every
+# causal-LM type of transformers 5.25: tests/test_model_support.py).
+_NO_KWARGS = "its attention calls cache.update without the attention kwargs"
+_CACHE_POSITIONS = "its decoder takes positions from the cache's length, not from the step's positions"
 _UNSUPPORTED_MODEL_TYPES = {
-    "gpt_neox": "its attention calls cache.update without the attention kwargs",
-    "falcon": "its attention bypasses transformers' AttentionInterface",
+    "gpt_neox": _NO_KWARGS,
+    "falcon": _NO_KWARGS,
+    "ctrl": _NO_KWARGS,
     "bloom": "its attention bypasses transformers' AttentionInterface",
     "mpt": "its attention bypasses transformers' AttentionInterface",
     "stablelm": "its decoder layer calls self_attn without the attention kwargs",
     "nemotron": "its decoder layer calls self_attn without the attention kwargs",
+    "doge": "its attention adds a learned dynamic mask, which the paged attention does not apply",
+    "diffllama": "each layer calls the attention function twice (once per half of the values)",
+    "hrm_text": "it runs one stack of layers several times per token, with a cache entry per cycle",
+    "git": "its text attention runs inline on what cache.update returns",
+    "mllama": "its cross-attention layers read the vision states, not a paged cache",
+    "gemma4_text": "its layers have head dims of their own, which the paged pool does not size",
+    "gemma4_unified_text": "its layers have head dims of their own, which the paged pool does not size",
+    "marian": _CACHE_POSITIONS,
+    "pegasus": _CACHE_POSITIONS,
+    "bigbird_pegasus": _CACHE_POSITIONS,
+    "blenderbot": _CACHE_POSITIONS,
 }
 _SUPPORTED_LAYER_TYPES = {"full_attention", "sliding_attention"}
 
@@ -50,3 +68,9 @@ def check_supported(model: torch.nn.Module) -> None:
         )
     if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is None:
         raise UnsupportedModelError(f"{name} has no language-model head; wrap the *ForCausalLM class")
+    if "logits_to_keep" not in inspect.signature(type(model).forward).parameters:
+        raise UnsupportedModelError(f"{name}'s forward takes no logits_to_keep, so the engine cannot ask it for each "
+                                    "sequence's last position; use stock generate")
+    if any(getattr(module, "sinks", None) is not None for module in model.modules()):
+        raise UnsupportedModelError(f"{name} ({model_type}) has attention sinks (a learned logit per head in every "
+                                    "softmax), which the paged attention does not apply; use stock generate")
