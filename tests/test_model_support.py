@@ -61,3 +61,18 @@ def test_families_with_their_features_still_run():
         finally:
             hf_paged.unwrap(model)
         assert torch.equal(got, want), model_type
+
+
+def test_a_layer_that_calls_the_paged_attention_twice_in_a_step_fails_loudly(monkeypatch):
+    """The safety net under the refusals: a family no one listed that calls its attention twice per layer (as
+    DiffLlama does) fails its requests with the reason instead of reading overwritten values."""
+    from hf_paged.cache import model_support
+
+    model = tiny("diffllama")
+    monkeypatch.setattr(model_support, "_UNSUPPORTED_MODEL_TYPES", {})
+    hf_paged.wrap(model)
+    try:
+        with pytest.raises(UnsupportedModelError, match="called the paged attention twice in one forward"):
+            model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
+    finally:
+        hf_paged.unwrap(model)

@@ -59,6 +59,7 @@ class BlockLayer(CacheLayerMixin):
         """Engine path: store `[T, kv_heads, head_dim]` at the step's slots; return what attention reads."""
         if not self.is_initialized:  # transformers' layout [1, kv_heads, T, head_dim]
             self.lazy_initialization(key.transpose(0, 1)[None], value.transpose(0, 1)[None])
+        metadata.store_once(self)
         return self.store_packed(key, value, metadata)
 
     @abstractmethod

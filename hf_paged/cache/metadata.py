@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hf_paged.errors import UnsupportedModelError
+
 __all__ = ["ObservedScores", "PagedMetadata"]
 
 
@@ -51,6 +53,7 @@ class PagedMetadata:
     _on_device: dict = field(default_factory=dict)  # (name, device) -> tensor
     observed: ObservedScores = field(default_factory=ObservedScores)  # token pruning's scored queries and scores
     hidden: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
+    stored: set = field(default_factory=set)  # the layers that stored this step's keys (each once: `store_once`)
     # ^ PyramidKV: layer -> {seq index: table positions that layer must not see}
 
     @property
@@ -68,6 +71,14 @@ class PagedMetadata:
             tensor = make().to(device, non_blocking=True)
             self._on_device[key] = tensor
         return tensor
+
+    def store_once(self, layer: object) -> None:
+        """A layer stores a step's keys once: a model whose layer calls its attention twice (DiffLlama: once per
+        half of the values) would overwrite the first call's values with the second's, silently."""
+        if id(layer) in self.stored:
+            raise UnsupportedModelError("a layer called the paged attention twice in one forward (e.g. once per half "
+                                        "of its values), which it cannot serve; use stock generate for this model")
+        self.stored.add(id(layer))
 
     def slot_mapping_on(self, device: torch.device) -> torch.Tensor:
         return self._get("slot_mapping", device, lambda: self.slot_mapping)
