@@ -11,11 +11,15 @@ run in a loop); they share one lock file per cache (`lock_path`):
 
 The child watches its parent. Once the parent is gone it has `ORPHAN_GRACE_S` seconds to finish, then ends: what
 it compiled by then stays in the cache, and the next process compiles the rest.
+
+A cached kernel is valid for the digest of every file its family compiles from (`seal`), not only for its own
+file as numba has it: a helper edited in another module, or an upgrade, recompiles instead of loading a stale binary.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import os
 import subprocess
@@ -23,15 +27,18 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 try:
     import fcntl
 except ImportError:  # (not POSIX: no lock, every process compiles for itself)
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["ORPHAN_GRACE_S", "ChildResult", "Outcome", "child_main", "compile_in_child", "lock_path"]
+__all__ = ["ORPHAN_GRACE_S", "ChildResult", "Outcome", "child_main", "compile_in_child", "lock_path", "seal",
+           "sources_digest"]
 
 ORPHAN_GRACE_S = 20.0  # how long a child goes on compiling after its parent has exited
 PARENT_ENV = "HF_PAGED_COMPILE_PARENT"  # the parent's pid, for the child's watch
@@ -47,6 +54,27 @@ class Outcome(enum.Enum):
 class ChildResult:
     outcome: Outcome
     detail: str = ""  # the end of the child's stderr when it failed
+
+
+@functools.cache
+def sources_digest(*paths: str) -> str:
+    """A digest of the package's files under `paths` (relative to `hf_paged/`: a file, or a folder's `*.py`): what
+    a family of compiled kernels is built from, helpers in other modules included (`compat.seal_numba_cache`)."""
+    root, digest = Path(__file__).resolve().parent, hashlib.blake2b(digest_size=8)
+    for path in paths:
+        for file in sorted((root / path).glob("*.py")) if (root / path).is_dir() else [root / path]:
+            digest.update(file.name.encode() + b"\0" + file.read_bytes())
+    return digest.hexdigest()
+
+
+def seal(dispatchers: Iterable[Any], *paths: str) -> None:
+    """Key the on-disk cache of each numba dispatcher among `dispatchers` on the digest of `paths` too."""
+    from hf_paged.compat import seal_numba_cache
+
+    salt = sources_digest(*paths)
+    for d in dispatchers:
+        if hasattr(d, "py_func") and hasattr(d, "_cache"):
+            seal_numba_cache(d, salt)
 
 
 def lock_path() -> Path:

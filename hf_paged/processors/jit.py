@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hf_paged.background_compile import Outcome, compile_in_child
+from hf_paged.background_compile import Outcome, compile_in_child, seal
 from hf_paged.compat import numba_cache_index
 
 __all__ = ["Kernel", "helper", "is_compiled", "kernel", "start", "wait", "warm_up"]
@@ -44,6 +44,8 @@ KERNEL_MODULES = (
     "hf_paged.processors.automaton.nfa_kernel",
     "hf_paged.processors.automaton.utf8",
 )
+# what they compile from, helpers in other modules included: their on-disk cache is keyed on all of it
+KERNEL_SOURCES = ("processors/automaton", "processors/index", "processors/jit.py")
 _KERNELS: list[Kernel] = []
 _HELPERS: list[Callable[..., Any]] = []  # functions compiled kernels call (never run as Python: see `helper`)
 _WARM_UPS: list[Callable[[], None]] = []  # one call per kernel in the signatures its callers use
@@ -155,6 +157,7 @@ def _dispatchers() -> None:
     for k in _KERNELS:
         if k.dispatcher is None:
             k.dispatcher = njit(cache=True, nogil=True)(k.source)
+    seal([k.dispatcher for k in _KERNELS], *KERNEL_SOURCES)  # a helper edited in another module: recompile
 
 
 def _cached(dispatcher: Any) -> bool:

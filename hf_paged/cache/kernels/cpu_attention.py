@@ -30,7 +30,8 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from hf_paged.cache.kernels.cpu_prefetch import prefetch_lines
+from hf_paged.background_compile import seal
+from hf_paged.cache.kernels.cpu_prefetch import CPU_KERNEL_SOURCES, prefetch_lines
 
 MAX_KERNEL_QUERIES = 16  # queries per sequence from which a chunk goes to the torch path (matmul)
 # query x key pairs of a plain chunk above which it goes to the torch path: in the kernel, 16 queries over 2k cached
@@ -275,3 +276,6 @@ def attend_plain_parallel(q, key_cache, value_cache, tables, qsl, lens, seqs, sc
     for idx in prange(seqs.shape[0]):
         scores, acc = _scratch(q, qsl, lens, seqs[idx : idx + 1], window, q.shape[1] // key_cache.shape[2])
         _plain_seq(seqs[idx], q, key_cache, value_cache, tables, qsl, lens, scale, window, softcap, out, scores, acc)
+
+
+seal(list(globals().values()), *CPU_KERNEL_SOURCES)  # cached binaries keyed on every file above too

@@ -16,6 +16,12 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core.extending import intrinsic
 
+from hf_paged.background_compile import seal
+
+# what the CPU attention kernels compile from (they inline each other's helpers): their cache is keyed on all three
+CPU_KERNEL_SOURCES = ("cache/kernels/cpu_attention.py", "cache/kernels/cpu_quantized.py",
+                      "cache/kernels/cpu_prefetch.py")
+
 __all__ = ["prefetch_lines"]
 
 _LINE = 64  # bytes per cache line (x86-64, and the common Arm cores)
@@ -42,3 +48,6 @@ def prefetch_lines(address, nbytes):
     """Hint every cache line of `address .. address + nbytes - 1` (a hint: nothing is read, nothing can fault)."""
     for offset in range(0, nbytes, _LINE):
         _prefetch(address + offset)
+
+
+seal(list(globals().values()), *CPU_KERNEL_SOURCES)  # cached binaries keyed on every file above too

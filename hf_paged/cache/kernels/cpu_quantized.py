@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
+from hf_paged.background_compile import seal
 from hf_paged.cache.kernels.cpu_attention import (
     _FASTMATH,
     _add_value,
@@ -30,6 +31,7 @@ from hf_paged.cache.kernels.cpu_attention import (
     _write_out,
     softmax_row,
 )
+from hf_paged.cache.kernels.cpu_prefetch import CPU_KERNEL_SOURCES
 
 # format codes of `_dequant_row` (the Triton kernels' codes, `quantized.FORMAT_CODES`; fp8 as bytes)
 PLAIN, INT8, FP8, INT4 = 0, 1, 4, 3
@@ -334,3 +336,6 @@ def _first_full_reader(t, first, q_len, bs, r_lo, r_hi):
     block(t) < block(p), or p is the last slot of t's block. Rows before it read t from the tail."""
     block_end = (t // bs + 1) * bs - 1  # the last slot of t's block: a query there sees the block full
     return min(max(r_lo, block_end - first), r_hi)
+
+
+seal(list(globals().values()), *CPU_KERNEL_SOURCES)  # cached binaries keyed on every file above too
