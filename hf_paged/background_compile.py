@@ -12,8 +12,9 @@ run in a loop); they share one lock file per cache (`lock_path`):
 The child watches its parent. Once the parent is gone it has `ORPHAN_GRACE_S` seconds to finish, then ends: what
 it compiled by then stays in the cache, and the next process compiles the rest.
 
-A cached kernel is valid for the digest of every file its family compiles from (`seal`), not only for its own
-file as numba has it: a helper edited in another module, or an upgrade, recompiles instead of loading a stale binary.
+A cached kernel is valid for the digest of every file its family compiles from (`sources_digest`, sealed into its
+cache's stamp by `compat.seal_numba_cache`), not only for its own file as numba has it: a helper edited in another
+module, or an upgrade, recompiles instead of loading a stale binary.
 """
 
 from __future__ import annotations
@@ -27,17 +28,15 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 try:
     import fcntl
 except ImportError:  # (not POSIX: no lock, every process compiles for itself)
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["ORPHAN_GRACE_S", "ChildResult", "Outcome", "child_main", "compile_in_child", "lock_path", "seal",
+__all__ = ["ORPHAN_GRACE_S", "ChildResult", "Outcome", "child_main", "compile_in_child", "lock_path",
            "sources_digest"]
 
 ORPHAN_GRACE_S = 20.0  # how long a child goes on compiling after its parent has exited
@@ -65,16 +64,6 @@ def sources_digest(*paths: str) -> str:
         for file in sorted((root / path).glob("*.py")) if (root / path).is_dir() else [root / path]:
             digest.update(file.name.encode() + b"\0" + file.read_bytes())
     return digest.hexdigest()
-
-
-def seal(dispatchers: Iterable[Any], *paths: str) -> None:
-    """Key the on-disk cache of each numba dispatcher among `dispatchers` on the digest of `paths` too."""
-    from hf_paged.compat import seal_numba_cache
-
-    salt = sources_digest(*paths)
-    for d in dispatchers:
-        if hasattr(d, "py_func") and hasattr(d, "_cache"):
-            seal_numba_cache(d, salt)
 
 
 def lock_path() -> Path:

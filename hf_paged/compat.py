@@ -131,15 +131,19 @@ def numba_cache_index(dispatcher: Any) -> dict:
         return {}
 
 
-def seal_numba_cache(dispatcher: Any, salt: str) -> None:
-    """Make a `njit(cache=True)` function's on-disk cache valid only for `salt` too. numba keeps a cache while its
-    own file's modification time and size (`Dispatcher._cache._cache_file._source_stamp`) stay the same, so an
-    edited helper in another module (inlined into it) left a stale binary that crashed or gave wrong numbers after
-    an upgrade; the salt, a digest of every file its kernels compile from, goes into that stamp. Idempotent."""
-    cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
-    stamp = getattr(cache_file, "_source_stamp", None)
-    if stamp is not None and not (isinstance(stamp, tuple) and stamp[-1:] == (salt,)):
-        cache_file._source_stamp = (stamp, salt)
+def seal_numba_cache(dispatchers: Any, salt: str) -> None:
+    """Make the on-disk cache of each `njit(cache=True)` function among `dispatchers` (other objects are skipped)
+    valid only for `salt` too. numba keeps a cache while its own file's modification time and size
+    (`Dispatcher._cache._cache_file._source_stamp`) stay the same, so an edited helper in another module (inlined
+    into it) left a stale binary that crashed or gave wrong numbers; the salt, a digest of every file its family
+    compiles from, goes into that stamp. Idempotent."""
+    for dispatcher in dispatchers:
+        if not hasattr(dispatcher, "py_func"):
+            continue
+        cache_file = getattr(getattr(dispatcher, "_cache", None), "_cache_file", None)
+        stamp = getattr(cache_file, "_source_stamp", None)
+        if stamp is not None and not (isinstance(stamp, tuple) and stamp[-1:] == (salt,)):
+            cache_file._source_stamp = (stamp, salt)
 
 
 # -- torch: a module's own tensors -----------------------------------------------------------------------------------

@@ -35,14 +35,14 @@ def test_a_sealed_cache_is_stale_under_another_digest(tmp_path, monkeypatch):
     source = tmp_path / "kernel_mod.py"
     source.write_text(KERNEL)
     first = _fresh_dispatcher(source, "kernel_mod_a")
-    seal_numba_cache(first, "digest-1")
+    seal_numba_cache([first], "digest-1")
     assert first(3) == 6 and numba_cache_index(first)  # compiled and cached under digest-1
     same = _fresh_dispatcher(source, "kernel_mod_b")
-    seal_numba_cache(same, "digest-1")
-    seal_numba_cache(same, "digest-1")  # idempotent
+    seal_numba_cache([same], "digest-1")
+    seal_numba_cache([same], "digest-1")  # idempotent
     assert numba_cache_index(same)  # the same sources: loaded, not recompiled
     other = _fresh_dispatcher(source, "kernel_mod_c")
-    seal_numba_cache(other, "digest-2")
+    seal_numba_cache([other], "digest-2")
     assert not numba_cache_index(other)  # a helper changed somewhere: the cached binary is not used
 
 

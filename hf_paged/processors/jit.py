@@ -26,8 +26,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from hf_paged.background_compile import Outcome, compile_in_child, seal
-from hf_paged.compat import numba_cache_index
+from hf_paged.background_compile import Outcome, compile_in_child, sources_digest
+from hf_paged.compat import numba_cache_index, seal_numba_cache
 
 __all__ = ["Kernel", "helper", "is_compiled", "kernel", "start", "wait", "warm_up"]
 
@@ -157,7 +157,7 @@ def _dispatchers() -> None:
     for k in _KERNELS:
         if k.dispatcher is None:
             k.dispatcher = njit(cache=True, nogil=True)(k.source)
-    seal([k.dispatcher for k in _KERNELS], *KERNEL_SOURCES)  # a helper edited in another module: recompile
+    seal_numba_cache([k.dispatcher for k in _KERNELS], sources_digest(*KERNEL_SOURCES))  # helpers' files too
 
 
 def _cached(dispatcher: Any) -> bool:

@@ -30,8 +30,9 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from hf_paged.background_compile import seal
+from hf_paged.background_compile import sources_digest
 from hf_paged.cache.kernels.cpu_prefetch import CPU_KERNEL_SOURCES, prefetch_lines
+from hf_paged.compat import seal_numba_cache
 
 MAX_KERNEL_QUERIES = 16  # queries per sequence from which a chunk goes to the torch path (matmul)
 # query x key pairs of a plain chunk above which it goes to the torch path: in the kernel, 16 queries over 2k cached
@@ -278,4 +279,4 @@ def attend_plain_parallel(q, key_cache, value_cache, tables, qsl, lens, seqs, sc
         _plain_seq(seqs[idx], q, key_cache, value_cache, tables, qsl, lens, scale, window, softcap, out, scores, acc)
 
 
-seal(list(globals().values()), *CPU_KERNEL_SOURCES)  # cached binaries keyed on every file above too
+seal_numba_cache(list(globals().values()), sources_digest(*CPU_KERNEL_SOURCES))  # keyed on all 3 files

@@ -16,7 +16,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.core.extending import intrinsic
 
-from hf_paged.background_compile import seal
+from hf_paged.background_compile import sources_digest
+from hf_paged.compat import seal_numba_cache
 
 # what the CPU attention kernels compile from (they inline each other's helpers): their cache is keyed on all three
 CPU_KERNEL_SOURCES = ("cache/kernels/cpu_attention.py", "cache/kernels/cpu_quantized.py",
@@ -50,4 +51,4 @@ def prefetch_lines(address, nbytes):
         _prefetch(address + offset)
 
 
-seal(list(globals().values()), *CPU_KERNEL_SOURCES)  # cached binaries keyed on every file above too
+seal_numba_cache(list(globals().values()), sources_digest(*CPU_KERNEL_SOURCES))  # keyed on all 3 files

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from numba import njit, prange
 
-from hf_paged.background_compile import seal
+from hf_paged.background_compile import sources_digest
 from hf_paged.cache.kernels.cpu_attention import (
     _FASTMATH,
     _add_value,
@@ -32,6 +32,7 @@ from hf_paged.cache.kernels.cpu_attention import (
     softmax_row,
 )
 from hf_paged.cache.kernels.cpu_prefetch import CPU_KERNEL_SOURCES
+from hf_paged.compat import seal_numba_cache
 
 # format codes of `_dequant_row` (the Triton kernels' codes, `quantized.FORMAT_CODES`; fp8 as bytes)
 PLAIN, INT8, FP8, INT4 = 0, 1, 4, 3
@@ -338,4 +339,4 @@ def _first_full_reader(t, first, q_len, bs, r_lo, r_hi):
     return min(max(r_lo, block_end - first), r_hi)
 
 
-seal(list(globals().values()), *CPU_KERNEL_SOURCES)  # cached binaries keyed on every file above too
+seal_numba_cache(list(globals().values()), sources_digest(*CPU_KERNEL_SOURCES))  # keyed on all 3 files
