@@ -156,14 +156,12 @@ class Engine:
 
     def abort(self, request_id: str, *, error: str | None = None,
               error_type: type[BaseException] = RequestFailedError) -> None:
-        """End a request now; its blocks go back to the pool at once. With `error`, it ends FAILED with that error
-        (finish reason "error"; `error_type`: the class of the exception behind it) instead of as aborted by the
-        caller."""
+        """End a request now, with its `n` forks (a fork id: that fork alone); blocks go back to the pool at once. With
+        `error`, it ends FAILED with it (finish reason "error"; `error_type`: its class), else as aborted."""
         with self.lock:
             request = self.scheduler.requests.get(request_id)
-            if request is None or request.ended:
-                return
-            self.lifecycle.abort(request, Failure(error, error_type) if error is not None else None)
+            if request is not None:
+                self.lifecycle.abort_with_forks(request, Failure(error, error_type) if error is not None else None)
 
     @property
     def has_unfinished(self) -> bool:
@@ -332,8 +330,8 @@ class Engine:
 
     def reset_prefix_cache(self) -> int:
         """Forget every cached prefix (e.g. after the weights changed). Returns the entries dropped."""
-        radix = self.kv.prefix_cache
-        return radix.reset() if radix is not None else 0
+        with self.lock:  # (not while another thread steps)
+            return self.kv.prefix_cache.reset() if self.kv.prefix_cache is not None else 0
 
     def pin_prefix(self, token_ids: Sequence[int]) -> int:
         """Keep a cached prefix out of eviction until `unpin_prefix`: `KVCacheManager.pin_prefix`."""

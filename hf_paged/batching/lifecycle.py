@@ -94,6 +94,14 @@ class RequestLifecycle:
         self.scheduler.remove(request)
         self.end(request, RequestStatus.FAILED, reason, failure)
 
+    def abort_with_forks(self, request: Request, failure: Failure | None) -> None:
+        """`abort` for a request and each of its `n` forks still live, those already running on their own included
+        (a fork: itself alone)."""
+        n = request.params.num_return_sequences if request.parent_id is None else 1
+        for live in [self.scheduler.requests.get(rid) for rid in fork_ids(request.request_id, n)]:
+            if live is not None and not live.ended:
+                self.abort(live, failure)
+
     def end(self, request: Request, status: RequestStatus, reason: str, failure: Failure | None) -> None:
         """Record the end of a request already out of the schedule (or, with max_retries, queue its next
         attempt)."""

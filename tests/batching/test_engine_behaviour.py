@@ -104,6 +104,22 @@ def test_a_refused_request_ends_with_its_forks(model):
     assert not engine.has_unfinished and engine.cache.pool.num_used_blocks == 0
 
 
+def test_aborting_a_request_ends_its_running_forks(model):
+    """abort(request_id) ends every sequence of an n > 1 request, the forks already running on their own included
+    (h53: they went on to the end); a fork id aborts that fork alone."""
+    engine = Engine(model, PagedConfig(block_size=4))
+    rid = engine.add_request([3, 4, 5, 6], SamplingParams(max_new_tokens=40, num_return_sequences=3))
+    for _ in range(3):
+        engine.step()
+    ids = fork_ids(rid, 3)
+    assert all(engine.requests[i].status is RequestStatus.RUNNING for i in ids)
+    engine.abort(ids[2])
+    assert engine.requests[ids[2]].ended and not engine.requests[ids[1]].ended
+    engine.abort(rid)
+    assert not engine.has_unfinished and engine.cache.pool.num_used_blocks == 0
+    assert [engine.pop_output(i).finish_reason for i in ids] == ["abort"] * 3
+
+
 def test_abort_frees_blocks_at_once(model):
     engine = Engine(model, PagedConfig(block_size=4, num_blocks=64, enable_prefix_caching=False))
     rid = engine.add_request(list(range(3, 30)), SamplingParams(max_new_tokens=50))
