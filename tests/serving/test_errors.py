@@ -157,7 +157,7 @@ class Exploding(LogitsProcessor):
 
 def test_a_failing_processor_fails_only_its_request(server, engine):
     constraints = server.app.state.server.preparer.constraints
-    constraints._items[("regex", json.dumps("explode"), None, False)] = Exploding()  # what the cache returns for this regex
+    constraints._items[("regex", json.dumps("explode"), None, False)] = Exploding()  # what the cache returns
     try:
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             good = [pool.submit(post, server, "/v1/completions", {"prompt": f"def f{i}():", "max_tokens": 20,
