@@ -76,3 +76,18 @@ def test_a_layer_that_calls_the_paged_attention_twice_in_a_step_fails_loudly(mon
             model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
     finally:
         hf_paged.unwrap(model)
+
+
+def test_a_tensor_the_paged_attention_would_drop_fails_loudly(monkeypatch):
+    """Under the sinks refusal: an attention function handed a tensor it does not apply (gpt-oss's `s_aux`) fails
+    the request naming it, instead of attending without it."""
+    from hf_paged.api import wrapping
+
+    model = tiny("gpt_oss")
+    monkeypatch.setattr(wrapping, "check_supported", lambda m: None)  # past the refusal by its sinks
+    hf_paged.wrap(model)
+    try:
+        with pytest.raises(UnsupportedModelError, match=r"passes \['s_aux'\] to its attention function"):
+            model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
+    finally:
+        hf_paged.unwrap(model)

@@ -20,8 +20,13 @@ import torch
 
 from hf_paged.cache.attention_backends import TorchBackend
 from hf_paged.cache.layer_kv import layer_index
+from hf_paged.errors import UnsupportedModelError
 
 ATTENTION_NAME = "hf_paged"
+
+
+# tensors a model hands its attention function that say where the tokens are, which the engine's plan already knows
+_POSITIONAL_KWARGS = frozenset({"position_ids", "cache_position", "cu_seq_lens_q", "cu_seq_lens_k"})
 
 
 def paged_attention_forward(
@@ -49,6 +54,10 @@ def paged_attention_forward(
             f"[1, kv_heads, tokens, dim]; got query {tuple(query.shape)} and key {tuple(key.shape)}: the model "
             "probably calls cache.update without its attention kwargs (unsupported model)"
         )
+    unknown = sorted(k for k, v in kwargs.items() if isinstance(v, torch.Tensor) and k not in _POSITIONAL_KWARGS)
+    if unknown:  # data the paged attention would drop (gpt-oss's `s_aux` sinks, a bias): other tokens, silently
+        raise UnsupportedModelError(f"{type(module).__name__} passes {unknown} to its attention function, which the "
+                                    "paged attention does not apply; use stock generate for this model")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     # [1, heads, T, dim] -> [T, heads, dim]
     out = paged_backend.forward(layer_index(module), query[0].transpose(0, 1), key[0].transpose(0, 1),
