@@ -68,7 +68,8 @@ def check_supported(model: torch.nn.Module) -> None:
         )
     if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is None:
         raise UnsupportedModelError(f"{name} has no language-model head; wrap the *ForCausalLM class")
-    if "logits_to_keep" not in inspect.signature(type(model).forward).parameters:
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model  # (a PEFT wrapper)
+    if "logits_to_keep" not in inspect.signature(type(base).forward).parameters:
         raise UnsupportedModelError(f"{name}'s forward takes no logits_to_keep, so the engine cannot ask it for each "
                                     "sequence's last position; use stock generate")
     if any(getattr(module, "sinks", None) is not None for module in model.modules()):
