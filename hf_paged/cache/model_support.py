@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 
 import torch
+from transformers import PreTrainedModel
 
 from hf_paged.errors import UnsupportedModelError
 
@@ -68,8 +69,8 @@ def check_supported(model: torch.nn.Module) -> None:
         )
     if hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is None:
         raise UnsupportedModelError(f"{name} has no language-model head; wrap the *ForCausalLM class")
-    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model  # (a PEFT wrapper)
-    if "logits_to_keep" not in inspect.signature(type(base).forward).parameters:
+    # (a wrapper around a model, PEFT's or torch.compile's, passes the keyword on: only a model's own class is read)
+    if isinstance(model, PreTrainedModel) and "logits_to_keep" not in inspect.signature(type(model).forward).parameters:
         raise UnsupportedModelError(f"{name}'s forward takes no logits_to_keep, so the engine cannot ask it for each "
                                     "sequence's last position; use stock generate")
     if any(getattr(module, "sinks", None) is not None for module in model.modules()):
