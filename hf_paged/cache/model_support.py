@@ -31,7 +31,7 @@ _UNSUPPORTED_MODEL_TYPES = {
     "diffllama": "each layer calls the attention function twice (once per half of the values)",
     "hrm_text": "it runs one stack of layers several times per token, with a cache entry per cycle",
     "git": "its text attention runs inline on what cache.update returns",
-    "mllama": "its cross-attention layers read the vision states, not a paged cache",
+    "mllama_text_model": "its cross-attention layers read the vision states, not a paged cache",
     "gemma4_text": "its layers have head dims of their own, which the paged pool does not size",
     "gemma4_unified_text": "its layers have head dims of their own, which the paged pool does not size",
     "marian": _CACHE_POSITIONS,
