@@ -39,7 +39,8 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0
 def make_model(name: str, seed: int = 0):
     torch.manual_seed(seed)
     common = {"vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-                  "num_attention_heads": 4, "max_position_embeddings": MAX_POS, "eos_token_id": None, "pad_token_id": EOS,
+                  "num_attention_heads": 4, "max_position_embeddings": MAX_POS, "eos_token_id": None,
+                  "pad_token_id": EOS,
                   "bos_token_id": None}
     if name == "llama":
         model = LlamaForCausalLM(LlamaConfig(num_key_value_heads=4, **common))
@@ -96,7 +97,8 @@ class Stock:
             kwargs = {}
             if ckind is not None:
                 kwargs = {"logits_processor": [constraint(ckind)], "eos_token_id": EOS}
-            out = self.model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            mask = torch.ones(1, len(prompt), dtype=torch.long)
+            out = self.model.generate(torch.tensor([prompt]), attention_mask=mask,
                                       max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=EOS, **kwargs)
             self.memo[key] = out[0, len(prompt):].tolist()
         return self.memo[key]
@@ -183,7 +185,8 @@ def add_one(engine, rng, prompt_fn, specs, stock, allowed):
         params.update(eos_token_id=EOS)
     elif rng.random() < 0.15 and "stop" in allowed:
         full = stock.full(prompt, None)
-        spec.stop_ids = [rng.choice(full[: max(1, max_new)])] + ([rng.randint(0, VOCAB - 1)] if rng.random() < .5 else [])
+        first = rng.choice(full[: max(1, max_new)])  # (the draws in the order the seeds were found with)
+        spec.stop_ids = [first] + ([rng.randint(0, VOCAB - 1)] if rng.random() < 0.5 else [])
         params.update(eos_token_id=spec.stop_ids)
     if rng.random() < 0.08 and "raising" in allowed:
         spec.kind = "raising"
@@ -259,7 +262,7 @@ def run_seed(seed: int, model_name: str, models) -> list[str]:
                 engine.step()
                 engine.check_integrity()
             ops.append(("step", k))
-            if rng2.random() < RESET_P:  # (a second generator: the main one's draws, and so the seeds, stay as they were)
+            if rng2.random() < RESET_P:  # (a second generator: the main one's draws, so the seeds, stay as they were)
                 engine.reset_prefix_cache()
                 engine.check_integrity()
                 ops.append(("reset_prefix_cache",))
