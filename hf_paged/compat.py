@@ -123,7 +123,7 @@ def global_forward_hooks() -> bool:
 # -- numba: what its on-disk cache holds -------------------------------------------------------------------------
 def numba_cache_index(dispatcher: Any) -> dict:
     """The index of a `njit(cache=True)` function's on-disk cache (`Dispatcher._cache._cache_file._load_index`):
-    {(signature, codegen magic tuple): file}. Empty when nothing is cached or the internals moved: a caller reads
+    {(signature, codegen magic tuple, code hashes): file} (numba 0.68; read a key's first two items). Empty when nothing is cached or the internals moved: a caller reads
     that as "not cached", which only costs a compile in a child process."""
     try:
         return dict(dispatcher._cache._cache_file._load_index())

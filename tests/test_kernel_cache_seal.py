@@ -41,6 +41,11 @@ def test_a_sealed_cache_is_stale_under_another_digest(tmp_path, monkeypatch):
     seal_numba_cache([same], "digest-1")
     seal_numba_cache([same], "digest-1")  # idempotent
     assert numba_cache_index(same)  # the same sources: loaded, not recompiled
+    from hf_paged.cache.kernels.cpu_warm import CpuLaunch, in_cache
+
+    # the probe that decides whether a process needs a compiling child reads it as cached (it read every entry
+    # as missing, numba 0.68's keys having a third item, and started a child in every process)
+    assert in_cache(CpuLaunch(same, (3,))) and not in_cache(CpuLaunch(same, (3.5,)))
     other = _fresh_dispatcher(source, "kernel_mod_c")
     seal_numba_cache([other], "digest-2")
     assert not numba_cache_index(other)  # a helper changed somewhere: the cached binary is not used

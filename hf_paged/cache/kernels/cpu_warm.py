@@ -148,7 +148,10 @@ def in_cache(launch: CpuLaunch) -> bool:
         signature = tuple(dispatcher.typeof_pyval(a) for a in launch.args)
         if signature in dispatcher.overloads:
             return True
-        return (signature, dispatcher.targetctx.codegen().magic_tuple()) in numba_cache_index(dispatcher)
+        wanted = (signature, dispatcher.targetctx.codegen().magic_tuple())
+        # (numba 0.68 keys an entry (signature, magic tuple, code hashes): an exact 2-tuple test never matched, and
+        # every process started a compiling child to find everything cached)
+        return any(key[:2] == wanted for key in numba_cache_index(dispatcher))
     except Exception:  # noqa: BLE001 -- internal API: be conservative
         return False
 
