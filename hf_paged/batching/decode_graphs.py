@@ -113,6 +113,7 @@ class DecodeGraphs:
         return out[:n].to(torch.float32, copy=True)  # the static output is overwritten by the next replay
 
     def _forward(self, bucket: int, metadata: PagedMetadata) -> torch.Tensor:
+        metadata.stored.clear()  # one forward of the static metadata, run again each step (and thrice at capture)
         backend = TritonBackend(metadata, self.layers)
 
         def attend(attn, q, k, v, scaling, window):
