@@ -210,11 +210,8 @@ class Scheduler:
 
     def _fit_drafts(self, request: Request, budget: int) -> int:
         """How many of a decode's drafted tokens run this step: what the budget leaves beside its last token, and
-        none when their blocks are not free without preempting, or for a prompt's last token (a 1-token chunk looks
-        like a decode): its first token comes the plain way, where its `n` forks are made."""
+        none when their blocks are not free without preempting."""
         drafts = request.draft_ids
-        if drafts and not request.output_ids:
-            drafts.clear()
         if not drafts:
             return 0
         del drafts[max(budget - 1, 0):]

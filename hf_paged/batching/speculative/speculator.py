@@ -114,8 +114,9 @@ class Speculator:
             if not params.num_speculative_tokens:
                 continue
             request.draft_ids, request.draft_probs = [], None
-            if request.num_tokens_to_compute != 1:
-                continue  # a prompt chunk or forced tokens to compute first
+            if request.num_tokens_to_compute != 1 or not request.output_ids:
+                continue  # a prompt chunk or forced tokens to compute first; or a prompt's last token (a 1-token
+                # chunk looks like a decode), whose first token comes the plain way, where its `n` forks are made
             # the step emits up to k + 1 tokens: stay within max_new_tokens and the model's positions
             k = min(params.num_speculative_tokens, params.max_new_tokens - len(request.output_ids) - 1,
                     self.max_model_len - request.num_tokens - 1)
