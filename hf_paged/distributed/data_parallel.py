@@ -121,8 +121,6 @@ def run_sharded(model, inputs: Sequence[Sequence[int]], generation_config=None, 
         )
     if tp_size == 1:
         _check_not_sharded_weights(model)
-    if size > 1:
-        _check_same_inputs(prompts, group, size)
     try:  # built here at the latest: a pool too big for this rank's memory must fail on every rank, not hang them
         engine, failure = engine_of(model), None
     except Exception as error:  # noqa: BLE001 -- re-raised on every rank after the gather
@@ -130,6 +128,8 @@ def run_sharded(model, inputs: Sequence[Sequence[int]], generation_config=None, 
     budgets = _output_budgets(model, prompts, generation_config, kwargs)
     plan = plan_shards(prompts, 1 if tp_size > 1 else size, block_size=engine.config.block_size if engine else 16,
                        max_new_tokens=budgets)
+    if size > 1:
+        _check_same_inputs(prompts, (plan.rank_of, tuple(budgets)) if failure is None else None, group, size)
     mine = plan.indices(0 if tp_size > 1 else rank)
     local = _run_local(model, engine, prompts, mine, generation_config, rank, kwargs) if engine else \
         _RankResult([], 0.0, {}, failure)
@@ -207,18 +207,29 @@ def _output_budgets(model, prompts, generation_config, kwargs) -> list[int]:
     return [int(budget)] * len(prompts)
 
 
-def _check_same_inputs(prompts: list[list[int]], group, size: int) -> None:
+def _check_same_inputs(prompts: list[list[int]], plan: tuple | None, group, size: int) -> None:
+    """Every rank was given the same inputs and planned the same shards with the same output budgets (each rank
+    plans alone: ranks whose budgets or block sizes differ would generate different shares, some inputs twice, some
+    never, or answer each input with another length). `plan`: (each input's rank, each input's budget); None where
+    this rank's engine failed (its error is raised on every rank after the gather; plans not compared)."""
     digest = hashlib.blake2b(digest_size=16)
     for prompt in prompts:
         digest.update(len(prompt).to_bytes(8, "little"))
         digest.update(array("q", prompt).tobytes())
+    mine = (len(prompts), digest.hexdigest(), None if plan is None else hash(plan))
     seen: list[Any] = [None] * size
-    dist.all_gather_object(seen, (len(prompts), digest.hexdigest()), group=group)
-    if len(set(seen)) > 1:
-        counts = ", ".join(f"rank {r}: {n} inputs" for r, (n, _) in enumerate(seen))
+    dist.all_gather_object(seen, mine, group=group)
+    if len({s[:2] for s in seen}) > 1:
+        counts = ", ".join(f"rank {r}: {n} inputs" for r, (n, _, _) in enumerate(seen))
         raise InvalidConfigError(
             f"the ranks were given different inputs ({counts}, digests differ); hf_paged.distributed.generate_batch "
             "shards them itself: give every rank the whole list (not a per-rank split of it)"
+        )
+    if None not in {s[2] for s in seen} and len(set(seen)) > 1:
+        raise InvalidConfigError(
+            "the ranks were given the same inputs with different max_new_tokens (or num_return_sequences, "
+            "or wrapped with a different block_size): every rank must call with the same generation settings and "
+            "wrap with the same hf_paged.wrap options"
         )
 
 

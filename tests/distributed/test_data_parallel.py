@@ -41,6 +41,7 @@ def test_two_ranks_generate_what_one_process_does(tmp_path, single_process):
     # a failure on one rank raises on both (nobody hangs); so do different inputs per rank; the engine is whole
     assert got["bad_input"] == "InvalidPromptError"
     assert got["different_inputs"] == "InvalidConfigError"
+    assert got["different_budgets"] == "InvalidConfigError"
     assert got["after_errors"] == {k: single_process["greedy"][k] for k in ("req_0", "req_1", "req_2")}
     assert got["method"] == single_process["greedy"]  # model.generate_batch(..., distributed=True)
 

@@ -55,6 +55,9 @@ def data_parallel(args: list[str]) -> dict:
         "bad_input": _error_of(lambda: generate_batch(model, prompts[:4] + [[10_000]], max_new_tokens=2)),
         # a per-rank split given by mistake (different inputs on each rank) is refused on every rank
         "different_inputs": _error_of(lambda: generate_batch(model, prompts[: 4 + dist.get_rank()], max_new_tokens=2)),
+        # the same inputs with another output budget on each rank (each rank plans its shard alone) is refused too
+        "different_budgets": _error_of(
+            lambda: generate_batch(model, prompts, max_new_tokens=2 + 3 * dist.get_rank())),
     }
     hf_paged.engine_of(model).check_integrity()
     result["after_errors"] = tokens(generate_batch(model, prompts[:3], max_new_tokens=MAX_NEW_TOKENS))
