@@ -38,9 +38,12 @@ def engine_of(model: torch.nn.Module):
         raise ValueError("model is not wrapped: call hf_paged.wrap(model) first")
     if state.engine is None:
         from hf_paged.batching.engine import Engine
-        from hf_paged.distributed.tensor_parallel import engine_config
+        from hf_paged.distributed.tensor_parallel import engine_config, token_sync
 
         with _ENGINE_LOCK:  # threads calling generate at once must share one engine
             if state.engine is None:  # tensor parallel: every rank agrees on the pool size here
-                state.engine = Engine(model, engine_config(model, state.config))
+                engine = Engine(model, engine_config(model, state.config))
+                engine.sampler.sync = token_sync(model)  # tensor parallel: every rank takes the first's draws
+                engine.speculator.needs_seed = engine.sampler.sync is not None
+                state.engine = engine
     return state.engine

@@ -12,13 +12,17 @@ constraint; only a refused token costs the mask and a second pick (`constraint_m
 Rows of requests with `SamplingParams.logprobs` get their raw log-probabilities first (one log_softmax of those rows,
 before anything edits the logits; `logprobs.py`), and the chosen token's entry once it is picked.
 
+Under tensor parallelism every rank samples from the same all-reduced logits, but from its own generator: `sync`
+(set by the api for a split model) makes every rank take the first rank's picks, so ranks whose generators differ
+(an unseeded draw, a rank seeded differently) stay in step instead of feeding their forwards different tokens.
+
 `process` applies the same chain without picking, for a request whose history is extended by `pending` tokens
 not yet appended (speculative verification scores each drafted position with the drafts before it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +66,8 @@ class Sampler:
 
     def __init__(self) -> None:
         self.constraint_stats = ConstraintStats()
+        # tensor parallel: the first rank's tokens (None: that rank's row failed) replacing this rank's own
+        self.sync: Callable[[list[int | None]], list[int | None]] | None = None
 
     def __call__(self, requests: Sequence[Request], logits: torch.Tensor) -> SampleResult:
         n = len(requests)
@@ -103,6 +109,8 @@ class Sampler:
                 tokens[i] = self._pick(request, row)
             except Exception as exc:  # noqa: BLE001
                 errors[i] = Failure.of(exc, "sampling failed")
+        if self.sync is not None and special:  # (a plain greedy step picks the same on every rank)
+            _take_synced(self.sync(tokens), tokens, errors)
         logprobs: list[TokenLogprobs | None] = [None] * n
         if raw is not None:
             for i, entry in zip(asking, raw.tokens([tokens[i] for i in asking])):
@@ -268,6 +276,16 @@ class Sampler:
         if not bool(torch.isfinite(probs).all()):
             raise _not_finite(request.params.temperature)
         return int(torch.multinomial(probs, num_samples=1, generator=request.generator_on(probs.device)))
+
+
+def _take_synced(agreed: list[int | None], tokens: list[int | None], errors: list[Failure | None]) -> None:
+    """The first rank's verdict for each row, this rank's own failures kept where it failed there too."""
+    for i, token in enumerate(agreed):
+        if token is None and errors[i] is None:
+            errors[i] = Failure("sampling failed on the first tensor-parallel rank")
+        elif token is not None:
+            errors[i] = None
+        tokens[i] = token
 
 
 def _warp(params, history: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:

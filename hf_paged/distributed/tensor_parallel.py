@@ -14,8 +14,10 @@ receives). What this module adds:
 - refusals with the reason, for what cannot run (below).
 
 The ranks stay in step because the engine is deterministic: the same requests, the same blocks, the same
-schedule, the same (all-reduced) logits. Sampling draws on each rank: seed it alike (`SamplingParams(seed=...)`
-or `transformers.set_seed` on every rank), as stock `generate` under tensor parallelism needs too.
+schedule, the same (all-reduced) logits. Sampling draws on each rank from its own generator, so a step with a
+sampled row ends with every rank taking the first rank's tokens (`token_sync`, one small broadcast): ranks
+seeded differently, or not at all, stay in step (stock `generate` under tensor parallelism needs every rank seeded
+alike, or its ranks feed their forwards different tokens).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from hf_paged.errors import InvalidConfigError, UnsupportedModelError
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
-__all__ = ["check_tensor_parallel", "engine_config", "local_kv_heads", "tensor_parallel_size"]
+__all__ = ["check_tensor_parallel", "engine_config", "local_kv_heads", "tensor_parallel_size", "token_sync"]
 
 
 def tensor_parallel_size(model: PreTrainedModel) -> int:
@@ -112,6 +114,24 @@ def engine_config(model: PreTrainedModel, config: PagedConfig) -> PagedConfig:
     every: list[int | None] = [None] * tp_size
     dist.all_gather_object(every, int(num_blocks), group=_tp_group(model))
     return config.with_overrides(num_blocks=max(1, min(n for n in every if n is not None)))
+
+
+def token_sync(model: PreTrainedModel):
+    """For a split model, the sampler's `sync`: the first tensor-parallel rank's tokens, broadcast to the others
+    (-1 for a row that failed there). None for a model that is not split."""
+    if tensor_parallel_size(model) == 1:
+        return None
+    import torch
+    import torch.distributed as dist
+
+    group, device = _tp_group(model), next(model.parameters()).device
+
+    def sync(tokens: list[int | None]) -> list[int | None]:
+        agreed = torch.tensor([-1 if t is None else t for t in tokens], dtype=torch.long, device=device)
+        dist.broadcast(agreed, group_src=0, group=group)
+        return [None if t < 0 else t for t in agreed.tolist()]
+
+    return sync
 
 
 def _tp_group(model: PreTrainedModel):

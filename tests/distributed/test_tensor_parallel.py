@@ -50,6 +50,7 @@ def _single_process(path) -> dict:
 def test_two_ranks_equal_one_process(tmp_path, model_dir):
     ranks = run_ranks("tensor_parallel", tmp_path / "out", str(model_dir))
     assert ranks[0] == ranks[1]  # the ranks stayed in step: same pool, same schedule, same tokens
+    # (unseeded sampling included, each rank's generator seeded apart: `Sampler.sync`)
     for family in TP_FAMILIES:
         got, single = ranks[0][family], _single_process(model_dir / family)
         assert got["tp_size"] == 2 and got["local_kv_heads"] == single["num_kv_heads"] // 2
@@ -63,6 +64,7 @@ def test_two_ranks_equal_one_process(tmp_path, model_dir):
         # each rank's pages hold its own KV heads only: [num_blocks, block_size, local heads, head_dim]
         assert got["key_storage_shape"][1:3] == [BLOCK_SIZE, got["local_kv_heads"]]
         assert got["head_table"] == "InvalidConfigError" and got["snapkv"] == "InvalidConfigError"
+        assert got["unseeded_speculative"] == "UnsupportedGenerationError"
     assert ranks[0]["odd_kv_heads"] == "UnsupportedModelError"
 
 

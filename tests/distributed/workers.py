@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from transformers import GenerationConfig
 
 import hf_paged
 from hf_paged.distributed import generate_batch, run_sharded
@@ -145,6 +146,13 @@ def tensor_parallel(args: list[str]) -> dict:
             # seeded sampling draws the same on every rank (each rank samples from the same all-reduced logits)
             "sampled": tokens(model.generate_batch(tp_prompts(), sampling_params=tp_sampling_params())),
         }
+        # unseeded draws from generators seeded differently on each rank: every rank takes the first rank's tokens
+        torch.manual_seed(1000 + dist.get_rank())
+        entry["unseeded"] = tokens(model.generate_batch(
+            tp_prompts(), GenerationConfig(do_sample=True, max_new_tokens=MAX_NEW_TOKENS, top_k=0)))
+        # ... which does not reach speculative drafts and verdicts: unseeded sampled speculation is refused
+        entry["unseeded_speculative"] = _error_of(lambda m=model: m.generate(
+            torch.tensor(tp_prompts()[:1]), do_sample=True, max_new_tokens=4, prompt_lookup_num_tokens=2))
         engine.check_integrity()
         hf_paged.unwrap(model)
         # a budget in bytes buys blocks of the local KV heads: 2 layers x K and V x 4 slots x 1 head x 8 x fp32

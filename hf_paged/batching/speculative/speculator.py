@@ -76,6 +76,9 @@ class Speculator:
         self.vocab_size = vocab_size
         self.max_model_len = max_model_len
         self.unsupported = unsupported
+        # tensor parallel (set by the api): each rank drafts and accepts with its own generator, which the sampler's
+        # rank sync does not reach; only a seeded request draws alike everywhere
+        self.needs_seed = False
         self.prompt_lookup = PromptLookupProposer()
         self.draft_models: dict[int, DraftModelProposer] = {}  # id(draft model) -> its proposer
 
@@ -87,6 +90,11 @@ class Speculator:
         if self.unsupported is not None:
             return UnsupportedGenerationError(
                 f"speculative decoding (num_speculative_tokens={params.num_speculative_tokens}) {self.unsupported}")
+        if self.needs_seed and params.do_sample and params.seed is None:
+            return UnsupportedGenerationError(
+                "sampled speculative decoding under tensor parallelism needs a seed (SamplingParams(seed=...), the "
+                "same on every rank): each rank draws its drafts and its accept/reject verdicts itself, and unseeded "
+                "ranks would fall out of step")
         if params.draft_model is not None:
             try:
                 self._proposer_of(params)
