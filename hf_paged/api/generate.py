@@ -19,12 +19,18 @@ import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 
 from hf_paged.api.generate_criteria import LockstepCriteria
-from hf_paged.api.generate_inputs import check_priorities, check_prompts, checked_inputs, token_ids_of
+from hf_paged.api.generate_inputs import (
+    check_priorities,
+    check_prompts,
+    checked_inputs,
+    masked_after_start,
+    token_ids_of,
+)
 from hf_paged.api.generate_output import assemble_generate_output, make_streamer_hook
 from hf_paged.api.generate_processors import ProcessorFactory
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
 from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list, unsupported_modes
-from hf_paged.cache.sizing import long_rope_limit
+from hf_paged.cache.sizing import length_dependent_rope, windowed_attention
 from hf_paged.compat import (
     has_default_max_length,
     prepare_generation_config,
@@ -47,6 +53,11 @@ class IncompleteDocumentWarning(UserWarning):
     """Some rows of a constrained `generate` reached `max_new_tokens` before their document was complete (JSON
     schema, regex, choices, grammar): their text will not parse. `generate_batch` says it per request
     (`finish_reason == "length_incomplete"`)."""
+
+
+class RightPaddingWarning(UserWarning):
+    """`generate` got right-padded rows: each is continued after its last real token (as left padding would give),
+    where stock continues after the padding (and logs that its results will be wrong)."""
 
 
 class PositionLimitWarning(UserWarning):
@@ -111,6 +122,17 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
 
     input_ids, attention_mask = checked_inputs(input_ids, model_kwargs.get("attention_mask"), gen_config.pad_token_id,
                                                as_list(gen_config.eos_token_id))
+    right_padded, holes = masked_after_start(attention_mask)
+    if (right_padded or holes) and windowed_attention(model.config):
+        return _fallback(stock, f"attention_mask rows {(holes or right_padded)[:8]} have zeros after their first token "
+                         "on a model with sliding-window layers (stock's window counts the masked slots)", input_ids,
+                         generation_config, logits_processor, streamer, extra, kwargs, negative_prompt_ids,
+                         negative_prompt_attention_mask)
+    if right_padded:
+        warnings.warn(f"hf_paged: rows {right_padded[:8]} are right-padded; each is continued after its last real "
+                      "token (what left padding gives), where stock generate continues after the padding; for output "
+                      "identical to stock, pad on the left (tokenizer.padding_side = 'left')", RightPaddingWarning,
+                      stacklevel=2)
     prompts = [row[mask.bool()].tolist() for row, mask in zip(input_ids.cpu(), attention_mask.cpu())]
     engine = engine_of(model)
     padded_len = input_ids.shape[1]
@@ -118,9 +140,10 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     if max_new_tokens is None:  # stock's length: 20 new tokens by default, a prompt past max_length its ValueError
         max_new_tokens = stock_max_length(model, gen_config, default_max_length, padded_len) - padded_len
     longest = max((len(p) for p in prompts), default=0)
-    if longest + max_new_tokens > engine.max_model_len and long_rope_limit(model.config) is not None:
-        return _fallback(stock, f"a LongRoPE model past original_max_position_embeddings={engine.max_model_len} (its "
-                         "long factors apply to the whole sequence there)", input_ids, generation_config,
+    rope = length_dependent_rope(model.config)
+    if longest + max_new_tokens > engine.max_model_len and rope is not None:
+        return _fallback(stock, f"{rope} rotary frequencies past the model's {engine.max_model_len} positions (they "
+                         "change with the sequence's length there)", input_ids, generation_config,
                          logits_processor, streamer, extra, kwargs, negative_prompt_ids,
                          negative_prompt_attention_mask)
     check_prompts(engine, prompts, max_new_tokens)

@@ -42,6 +42,18 @@ def checked_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
     return input_ids, attention_mask
 
 
+def masked_after_start(attention_mask: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Rows whose mask has a 0 after the row's first 1: (right-padded rows, whose zeros after it all come at the
+    end; rows with a hole). Left padding is neither."""
+    mask = attention_mask.bool().cpu()
+    started = mask.long().cummax(dim=1).values.bool()
+    gaps = (started & ~mask).any(dim=1)
+    ended = torch.flip(torch.flip(mask.long(), [1]).cummax(dim=1).values.bool(), [1])  # a 1 at or after each slot
+    holes = (started & ended & ~mask).any(dim=1)
+    right = gaps & ~holes
+    return right.nonzero().flatten().tolist(), holes.nonzero().flatten().tolist()
+
+
 def check_prompts(engine, prompts: list[list[int]], max_new_tokens: int) -> None:
     """Raise before any work starts (stock generate users expect exceptions, not FAILED outputs)."""
     for i, prompt in enumerate(prompts):

@@ -277,6 +277,9 @@ def unsupported_modes(generation_config) -> list[str]:
     if getattr(gc, "encoder_repetition_penalty", None) not in (None, 1, 1.0) \
             or getattr(gc, "encoder_no_repeat_ngram_size", None):  # stock reads the batch's padded prompts
         modes.append("encoder_repetition_penalty / encoder_no_repeat_ngram_size")
+    if getattr(gc, "cache_implementation", None) == "quantized":  # lossy: stock's answers are its quantized cache's
+        modes.append("stock's quantized KV cache (cache_implementation='quantized'; hf_paged's own quantized blocks: "
+                     "PagedConfig(kv_cache_dtype='int8'))")
     return modes
 
 

@@ -40,6 +40,26 @@ def long_rope_limit(config) -> int | None:
     return int(short) if short else None
 
 
+def length_dependent_rope(config) -> str | None:
+    """The name of a rotary scheme whose frequencies change once a sequence passes the model's positions (stock
+    rotates what follows with other frequencies), else None: LongRoPE (Phi-3 128k) and dynamic NTK scaling."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    kind = params.get("rope_type", params.get("type")) if isinstance(params, dict) else None
+    return {"longrope": "LongRoPE", "dynamic": "dynamic NTK"}.get(kind)
+
+
+def windowed_attention(config) -> bool:
+    """Whether some layer of the model attends a sliding window or chunk of positions (config-level, erring towards
+    yes): such a window counts the masked slots of a padded row, where the engine keeps real tokens only."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if "sliding_attention" in (getattr(text, "layer_types", None) or ()) or getattr(text, "attention_chunk_size", None):
+        return True
+    if getattr(text, "window_size", None) or "local" in str(getattr(text, "attention_layers", "")):
+        return True  # GPT-Neo's local layers
+    return bool(getattr(text, "sliding_window", None)) and getattr(text, "use_sliding_window", True) is not False
+
+
 def kv_shape_of(config) -> KVShape:
     """Read layer count, KV heads and head size from a transformers config (decoder part)."""
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
