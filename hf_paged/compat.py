@@ -112,6 +112,17 @@ def module_is_hooked(module: Any) -> bool:
                 or module._compiled_call_impl is not None)
 
 
+def forward_hook_keys(module: Any) -> tuple:
+    """What runs around `module`'s forward, as comparable keys: its hooks' and pre-hooks' handle ids, the identity of
+    a per-instance `forward`, whether it was compiled in place (`nn.Module._forward_hooks`, `_forward_pre_hooks`,
+    `_compiled_call_impl`). Empty for a plain module."""
+    if not (module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__
+            or module._compiled_call_impl is not None):
+        return ()
+    return (tuple(module._forward_hooks), tuple(module._forward_pre_hooks), id(module.__dict__.get("forward")),
+            module._compiled_call_impl is not None)
+
+
 def global_forward_hooks() -> bool:
     """Whether any process-wide forward hook is registered (`torch.nn.modules.module._global_forward_hooks`,
     `_global_forward_pre_hooks`: `register_module_forward_hook` has no public reader)."""

@@ -344,13 +344,15 @@ class Engine:
             return self.kv.unpin_prefix(token_ids, self.config.block_extra_keys)
 
     def _check_weights(self) -> None:
-        """Drop the prefix cache when the weights moved since the last check (an optimizer step, a load). Runs on
-        steps that may admit requests (one pass over the parameter list), not on every decode step."""
-        fingerprint = weights_fingerprint(self.model)
-        if fingerprint != self._weights:
+        """Drop the prefix cache when the weights moved since the last check (an optimizer step, a load) or the
+        modules compute otherwise (a hook, an adapter turned off). Runs on steps that may admit requests (one pass
+        over the module tree), not on every decode step."""
+        fingerprint, before = weights_fingerprint(self.model), self._weights
+        if fingerprint != before:
             self._weights = fingerprint
             self.reset_prefix_cache()
-            self.runner.model_changed()
+            if fingerprint.weights != before.weights:
+                self.runner.model_changed()
 
     # -- drivers -----------------------------------------------------------------------------------------
     def run(self, request_ids: Iterable[str] | None = None, *, on_step=None) -> dict[str, RequestOutput]:

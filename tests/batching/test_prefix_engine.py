@@ -131,3 +131,47 @@ def test_changes_that_move_no_version_counter_invalidate_the_cache(change):
     before = engine.stats()["prompt_tokens_cached"]
     assert run(engine, prompts[1:2]) == stock_greedy(model, prompts[1:2], MAX_NEW)
     assert engine.stats()["prompt_tokens_cached"] == before  # no stale hit
+
+
+class _ToyAdapter(torch.nn.Module):
+    """A linear layer with an adapter that can be turned off, as PEFT's tuner layers: `disable_adapters`."""
+
+    def __init__(self, base: torch.nn.Linear):
+        super().__init__()
+        self.base = base
+        self.delta = torch.nn.Linear(base.in_features, base.out_features, bias=False)
+        torch.nn.init.normal_(self.delta.weight, std=1.0)
+        self.disable_adapters = False
+        self.active_adapters = ["default"]
+
+    def forward(self, x):
+        return self.base(x) if self.disable_adapters else self.base(x) + self.delta(x)
+
+
+@pytest.mark.parametrize("change", ["hook removed", "hook added", "adapter off"])
+def test_module_behaviour_changes_invalidate_the_cache(change):
+    """A forward hook removed or added, or a PEFT adapter turned off (`with peft_model.disable_adapter():`),
+    changes what the model computes without touching a weight: the prefix cache served keys of the old
+    behaviour (wrong tokens, no warning)."""
+    model = tiny_model("llama", seed=3)
+    layer = model.model.layers[0]
+    steer = torch.randn(model.config.hidden_size, generator=torch.Generator().manual_seed(5)) * 2
+
+    def hook(module, args, out):
+        return (out[0] + steer, *out[1:]) if isinstance(out, tuple) else out + steer
+
+    handle = layer.register_forward_hook(hook) if change == "hook removed" else None
+    if change == "adapter off":
+        layer.mlp.down_proj = _ToyAdapter(layer.mlp.down_proj)
+    prompts = shared_prompts()
+    engine = Engine(model, PagedConfig(block_size=8))
+    run(engine, prompts[:1])
+    if change == "hook removed":
+        handle.remove()
+    elif change == "hook added":
+        layer.register_forward_hook(hook)
+    else:
+        layer.mlp.down_proj.disable_adapters = True
+    before = engine.stats()["prompt_tokens_cached"]
+    assert run(engine, prompts[1:2]) == stock_greedy(model, prompts[1:2], MAX_NEW)
+    assert engine.stats()["prompt_tokens_cached"] == before  # no stale hit
