@@ -26,85 +26,17 @@ import time
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 from hf_paged.batching.drivable import Drivable
-from hf_paged.batching.logprobs import TokenLogprobs
+from hf_paged.batching.loop_requests import LoopClosedError, RequestDelta, Submission, _Sink
 from hf_paged.batching.loop_thread import serve, wake
 from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput, fork_ids
 from hf_paged.batching.sampling import SamplingParams
-from hf_paged.errors import RequestFailedError
+from hf_paged.errors import RequestFailedError, UnsupportedGenerationError
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["EngineLoop", "LoopClosedError", "RequestDelta", "Submission"]
-
-
-class LoopClosedError(RuntimeError):
-    """The engine loop was shut down: it takes no new requests."""
-
-
-@dataclass(slots=True)
-class RequestDelta:
-    """What one step gave one request: its new tokens, and its output once it has ended."""
-
-    request_id: str
-    new_token_ids: list[int]
-    output: RequestOutput | None = None  # set on the request's last delta
-    new_logprobs: list[TokenLogprobs] | None = None  # SamplingParams.logprobs: an entry per new token
-
-    @property
-    def finished(self) -> bool:
-        return self.output is not None
-
-
-_Put = Callable[[list[RequestDelta]], None]  # hands one step's deltas of one caller to that caller
-
-
-@dataclass(slots=True, eq=False)
-class _Sink:
-    put: _Put
-    tokens: bool  # every step's new tokens; False: only the ended requests (a caller that waits for results)
-
-
-class Submission:
-    """Requests submitted together by one synchronous caller; read them with `result()` or `steps()`."""
-
-    def __init__(self, loop: EngineLoop, request_ids: list[str], all_ids: list[str],
-                 deltas: queue.SimpleQueue[list[RequestDelta]]) -> None:
-        self.request_ids = request_ids  # one per prompt, in order
-        self.all_ids = all_ids  # with the forks of num_return_sequences after their parent
-        self._loop = loop
-        self._queue = deltas  # filled by the loop thread from the moment of submission
-        self._remaining = set(all_ids)
-
-    def steps(self) -> Iterator[list[RequestDelta]]:
-        """Each step's deltas of these requests, as they come, until all have ended. Leaving early (an exception,
-        Ctrl-C, `break`) aborts the requests still running."""
-        try:
-            for deltas in self._loop.follow(self._queue, lambda: bool(self._remaining), self._lost):
-                self._remaining.difference_update(d.request_id for d in deltas if d.finished)
-                yield deltas
-        finally:
-            if self._remaining:
-                self._loop.abort(*self._remaining)
-
-    def _lost(self) -> None:  # nothing left to run, yet these never ended (a shutdown race)
-        error = "the engine loop shut down before the request started"
-        self._queue.put([RequestDelta(rid, [], RequestOutput(rid, [], [], RequestStatus.FAILED, error=error,
-                                                              finish_reason="error")) for rid in self._remaining])
-
-    def result(self, on_step: Callable[[StepOutput], None] | None = None) -> dict[str, RequestOutput]:
-        """Wait for every request; `{request_id: output}` in submission order (forks after their parent).
-        `on_step` sees each step's new tokens and ended requests of this submission."""
-        outputs: dict[str, RequestOutput] = {}
-        for deltas in self.steps():
-            ended = [d.output for d in deltas if d.output is not None]
-            for out in ended:
-                outputs[out.request_id] = out
-            if on_step is not None:
-                on_step(StepOutput({d.request_id: d.new_token_ids for d in deltas if d.new_token_ids}, finished=ended))
-        return {rid: outputs[rid] for rid in self.all_ids}
 
 
 class EngineLoop:
@@ -128,6 +60,7 @@ class EngineLoop:
         # caller in the thread that loaded the model keeps its torch thread team: the loop thread's own team
         # costs a single caller 1.5x on a 2-core CPU (libgomp throttles spinning once teams outnumber cores).
         self._driver = threading.Lock()
+        self._turning: int | None = None  # the thread running a turn (callbacks of its step run in it)
         self._closed = False  # no new submissions
         self._stopping = False  # the thread exits once its commands are done
         engine.add_step_listener(self._dispatch)
@@ -195,7 +128,7 @@ class EngineLoop:
         with self._cond:
             if self._closed:
                 raise LoopClosedError("the engine loop was shut down; create a new Engine to serve again")
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # (dead: the parent's, in a forked child)
                 self._thread = threading.Thread(target=serve, args=(weakref.ref(self), self._cond),
                                                 name="hf_paged-engine-loop", daemon=True)
                 weakref.finalize(self, wake, self._cond)  # a loop nobody holds is collected: its thread ends
@@ -253,6 +186,10 @@ class EngineLoop:
                 wake: bool = True) -> tuple[list[str], list[str]]:
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; give one each")
+        if self._turning == threading.get_ident():  # it would wait for the step it is called from: for ever
+            raise UnsupportedGenerationError(
+                "generate called from inside a step of the same wrapped model (a processor, criterion or streamer of "
+                "another call): call it after that one returns, or use stock generate (type(model).generate(model, ...))")
         if self._closed:
             raise LoopClosedError("the engine loop was shut down; it takes no new requests")
         wanted = list(request_ids) if request_ids is not None else [None] * len(prompts)
@@ -294,7 +231,7 @@ class EngineLoop:
             self._commands.append(command)
             if wake:
                 self._cond.notify()
-        if self._thread is None and not self._closed:
+        if (self._thread is None or not self._thread.is_alive()) and not self._closed:
             self.start()
 
     def _wake(self) -> None:
@@ -322,13 +259,17 @@ class EngineLoop:
         with self._cond:
             commands = list(self._commands)
             self._commands.clear()
-        for command in commands:
-            try:
-                command()
-            except Exception:  # noqa: BLE001 -- a bad command must not stop the loop
-                logger.exception("hf_paged engine loop: a command failed")
-        if self._sinks:
-            self._step()
+        self._turning = threading.get_ident()
+        try:
+            for command in commands:
+                try:
+                    command()
+                except Exception:  # noqa: BLE001 -- a bad command must not stop the loop
+                    logger.exception("hf_paged engine loop: a command failed")
+            if self._sinks:
+                self._step()
+        finally:
+            self._turning = None
         return bool(commands or self._sinks)
 
     def _step(self) -> None:

@@ -1,6 +1,7 @@
 """One engine loop, many callers: threads and asyncio tasks share the engine's steps."""
 
 import asyncio
+import os
 import threading
 import time
 
@@ -305,3 +306,91 @@ def test_a_dropped_wrapped_model_is_collected_and_its_loop_thread_ends():
     assert gone() is None
     thread.join(timeout=30)
     assert not thread.is_alive()
+
+
+def _bounded(fn, seconds: float = 120):
+    """`fn()` in a daemon thread; its result, or a failure (not a hung test) when it does not return in time."""
+    box = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 -- handed to the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), f"did not return in {seconds}s (a deadlock)"
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
+
+
+def test_generate_from_inside_a_step_of_the_same_model_raises_instead_of_hanging():
+    """A logits processor (or criterion, or streamer) that calls generate on the same wrapped model waited for the
+    step it was called from: for ever."""
+    model = hf_paged.wrap(tiny_model("llama"))
+    prompt = torch.tensor([ragged_prompts([6], seed=2)[0]])
+
+    class Nested(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            model.generate(prompt, max_new_tokens=2, do_sample=False)
+            return scores
+
+    with pytest.raises(hf_paged.errors.UnsupportedGenerationError, match="inside a step"):
+        _bounded(lambda: model.generate(prompt, max_new_tokens=3, do_sample=False, logits_processor=[Nested()]))
+    expected = stock_greedy(model, prompt.tolist(), 3)[0]
+    assert _bounded(lambda: model.generate(prompt, max_new_tokens=3, do_sample=False))[0, 6:].tolist() == expected
+
+
+_FORK_SCRIPT = """
+import multiprocessing as mp, threading, torch, hf_paged
+from tests.tiny_models import ragged_prompts, stock_greedy, tiny_model
+torch.set_num_threads(1)  # (libgomp's pool is not fork-safe: a forked child runs one torch thread, as here)
+model = hf_paged.wrap(tiny_model("llama"))
+prompts = ragged_prompts([7, 9], seed=4)
+expected = [stock_greedy(model, prompts[:1], 4)[0], stock_greedy(model, prompts[1:], 12)[0][-4:]]
+model.generate(torch.tensor([prompts[0]]), max_new_tokens=2, do_sample=False)  # starts the parent's loop thread
+class Started:  # a streamer that says when the first caller's generate is under way (it drives the steps)
+    def __init__(self):
+        self.event = threading.Event()
+    def put(self, value):
+        self.event.set()
+    def end(self):
+        pass
+def child(results):
+    got, started = {}, Started()
+    def one(i, n, streamer=None):
+        got[i] = model.generate(torch.tensor([prompts[i]]), max_new_tokens=n, do_sample=False,
+                                streamer=streamer)[0, -4:].tolist()
+    first = threading.Thread(target=one, args=(0, 4, started), daemon=True)
+    first.start()
+    started.event.wait(30)
+    second = threading.Thread(target=one, args=(1, 12), daemon=True)  # outlives the driver: the loop thread's
+    second.start()
+    first.join(60)
+    second.join(60)
+    results.put([got.get(0), got.get(1)])
+context = mp.get_context("fork")
+results = context.Queue()
+process = context.Process(target=child, args=(results,))
+process.start()
+got = results.get(timeout=90)
+process.join(10)
+print("EQUAL" if got == expected else f"DIFFERENT {got} {expected}")
+"""
+
+
+def test_a_forked_child_starts_its_own_loop_thread():
+    """After `os.fork` (gunicorn --preload, multiprocessing's fork) the parent's loop thread does not exist in the
+    child, yet the loop still named it: two threads generating at once in the child, one never returned. (Its own
+    process: what a test run's other threads hold must not be forked with it.)"""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _FORK_SCRIPT], cwd=root, capture_output=True, text=True, check=False,
+                          timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)})
+    assert done.returncode == 0 and "EQUAL" in done.stdout, (done.stdout[-2000:], done.stderr[-4000:])

@@ -1,0 +1,84 @@
+"""What the engine loop hands its callers: each step's `RequestDelta`s, and the `Submission` a synchronous caller
+reads them from (`engine_loop.py`)."""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from hf_paged.batching.logprobs import TokenLogprobs
+from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput
+
+if TYPE_CHECKING:
+    from hf_paged.batching.engine_loop import EngineLoop
+
+__all__ = ["LoopClosedError", "RequestDelta", "Submission"]
+
+
+class LoopClosedError(RuntimeError):
+    """The engine loop was shut down: it takes no new requests."""
+
+
+@dataclass(slots=True)
+class RequestDelta:
+    """What one step gave one request: its new tokens, and its output once it has ended."""
+
+    request_id: str
+    new_token_ids: list[int]
+    output: RequestOutput | None = None  # set on the request's last delta
+    new_logprobs: list[TokenLogprobs] | None = None  # SamplingParams.logprobs: an entry per new token
+
+    @property
+    def finished(self) -> bool:
+        return self.output is not None
+
+
+_Put = Callable[[list[RequestDelta]], None]  # hands one step's deltas of one caller to that caller
+
+
+@dataclass(slots=True, eq=False)
+class _Sink:
+    put: _Put
+    tokens: bool  # every step's new tokens; False: only the ended requests (a caller that waits for results)
+
+
+class Submission:
+    """Requests submitted together by one synchronous caller; read them with `result()` or `steps()`."""
+
+    def __init__(self, loop: EngineLoop, request_ids: list[str], all_ids: list[str],
+                 deltas: queue.SimpleQueue[list[RequestDelta]]) -> None:
+        self.request_ids = request_ids  # one per prompt, in order
+        self.all_ids = all_ids  # with the forks of num_return_sequences after their parent
+        self._loop = loop
+        self._queue = deltas  # filled by the loop thread from the moment of submission
+        self._remaining = set(all_ids)
+
+    def steps(self) -> Iterator[list[RequestDelta]]:
+        """Each step's deltas of these requests, as they come, until all have ended. Leaving early (an exception,
+        Ctrl-C, `break`) aborts the requests still running."""
+        try:
+            for deltas in self._loop.follow(self._queue, lambda: bool(self._remaining), self._lost):
+                self._remaining.difference_update(d.request_id for d in deltas if d.finished)
+                yield deltas
+        finally:
+            if self._remaining:
+                self._loop.abort(*self._remaining)
+
+    def _lost(self) -> None:  # nothing left to run, yet these never ended (a shutdown race)
+        error = "the engine loop shut down before the request started"
+        self._queue.put([RequestDelta(rid, [], RequestOutput(rid, [], [], RequestStatus.FAILED, error=error,
+                                                              finish_reason="error")) for rid in self._remaining])
+
+    def result(self, on_step: Callable[[StepOutput], None] | None = None) -> dict[str, RequestOutput]:
+        """Wait for every request; `{request_id: output}` in submission order (forks after their parent).
+        `on_step` sees each step's new tokens and ended requests of this submission."""
+        outputs: dict[str, RequestOutput] = {}
+        for deltas in self.steps():
+            ended = [d.output for d in deltas if d.output is not None]
+            for out in ended:
+                outputs[out.request_id] = out
+            if on_step is not None:
+                on_step(StepOutput({d.request_id: d.new_token_ids for d in deltas if d.new_token_ids}, finished=ended))
+        return {rid: outputs[rid] for rid in self.all_ids}
