@@ -318,8 +318,9 @@ class Engine:
 
     def _fail_unschedulable(self, schedule: SchedulerOutput) -> None:
         """Nothing ran or was preempted while requests wait: the one admission stopped on never fits; fail it."""
-        if self.scheduler.running or not self.scheduler.waiting or self.scheduler.is_loading or schedule.preempted:
-            return  # something runs, nothing waits, blocks are being read for a waiting request, or room was made
+        if (self.scheduler.running or not self.scheduler.waiting or self.scheduler.is_loading or schedule.preempted
+                or schedule.num_load_tokens):
+            return  # something runs, nothing waits, blocks are read or were written for a waiting one, room was made
         self.lifecycle.fail(schedule.blocked or self.scheduler.waiting[0][1], Failure(
             f"request needs more blocks than the pool can ever free ({self.cache.num_blocks} blocks of "
             f"{self.config.block_size}): raise PagedConfig.num_blocks or lower max_new_tokens", OutOfBlocksError))

@@ -49,6 +49,7 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     num_batched_tokens: int = 0
     blocked: Request | None = None  # the waiting request admission stopped on (its blocks did not fit)
+    num_load_tokens: int = 0  # the step budget loads of waiting requests' blocks took (work done with nothing run)
 
     @property
     def is_empty(self) -> bool:
@@ -265,6 +266,7 @@ class Scheduler:
                 load = self.kv_transfer.load_step(request.request_id, self._cache_tokens(request),
                                                   self.extra_keys(request), budget)
                 budget -= load.num_tokens  # its block writes this step, as prompt tokens of the same cost
+                out.num_load_tokens += load.num_tokens
                 if load.blocked:
                     break  # the rest of its load does not fit beside the running requests: as a request that
                     # does not fit (FCFS), none behind it takes the blocks it waits for
