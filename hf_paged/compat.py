@@ -21,6 +21,8 @@ from typing import Any
 
 __all__ = [
     "CHECKED_WITH",
+    "compiled_in_place",
+    "forward_hook_keys",
     "get_attn_implementation",
     "global_forward_hooks",
     "has_attn_implementation",
@@ -110,6 +112,14 @@ def module_is_hooked(module: Any) -> bool:
     `_forward_pre_hooks`, `_compiled_call_impl`)."""
     return bool(module._forward_hooks or module._forward_pre_hooks or "forward" in module.__dict__
                 or module._compiled_call_impl is not None)
+
+
+def compiled_in_place(module: Any) -> bool:
+    """`module.compile()` (`nn.Module._compiled_call_impl`), or a per-instance `forward` made by `torch.compile`
+    (transformers' documented `model.forward = torch.compile(model.forward)`; dynamo marks it with
+    `_torchdynamo_orig_callable`)."""
+    return module._compiled_call_impl is not None or hasattr(module.__dict__.get("forward"),
+                                                             "_torchdynamo_orig_callable")
 
 
 def forward_hook_keys(module: Any) -> tuple:

@@ -32,6 +32,7 @@ from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
 from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list, unsupported_modes
 from hf_paged.cache.sizing import length_dependent_rope, windowed_attention
 from hf_paged.compat import (
+    compiled_in_place,
     has_default_max_length,
     prepare_generation_config,
     prepare_special_tokens,
@@ -87,10 +88,24 @@ def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, e
         return "output_attentions / output_hidden_states"
     if getattr(generation_config, "token_healing", False):
         return "token healing"
+    if model.training and _dropout_active(model):
+        return "a model in training mode with dropout (stock generate applies it; call model.eval() for the engine)"
+    if any(compiled_in_place(m) for m in model.modules()):
+        return "a model compiled in place (module.compile() or forward = torch.compile(forward))"
     other = sorted(k for k, v in kwargs.items() if k not in _ENGINE_MODEL_KWARGS and v is not None)
     if other:
         return f"model inputs {other}"
     return None
+
+
+def _dropout_active(model) -> bool:
+    """A dropout module with p > 0, or an attention module that drops attention weights in training mode."""
+    def drops(m) -> bool:
+        rate = getattr(m, "attention_dropout", None)
+        return (type(m).__name__.endswith("Dropout") and getattr(m, "p", 0) > 0) or (
+            isinstance(rate, (int, float)) and rate > 0)
+
+    return any(drops(m) for m in model.modules())
 
 
 def paged_generate(model, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None,
