@@ -260,3 +260,28 @@ def test_generate_names_the_rows_whose_constrained_document_was_cut_short():
             assert not [w for w in caught if issubclass(w.category, IncompleteDocumentWarning)]
     finally:
         hf_paged.unwrap(model)
+
+
+def test_a_deep_copy_after_generate_is_wrapped_with_its_own_engine():
+    """TRL's reference models and EMA copies deep-copy the model: after a first generate that raised (an engine holds
+    threads and locks)."""
+    import copy
+
+    model = hf_paged.wrap(tiny_model("llama"))
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    expected = model.generate(ids, max_new_tokens=4, do_sample=False)
+    twin = copy.deepcopy(model)
+    assert hf_paged.is_wrapped(twin) and twin.generate.__self__ is twin
+    assert torch.equal(twin.generate(ids, max_new_tokens=4, do_sample=False), expected)
+    assert hf_paged.engine_of(twin) is not hf_paged.engine_of(model)
+    hf_paged.unwrap(twin)
+    assert "generate" not in twin.__dict__
+
+
+def test_pickling_a_wrapped_model_says_what_to_save_instead():
+    """It wrote a file that could never be loaded (before the first generate), or failed on a lambda (after)."""
+    import io
+
+    model = hf_paged.wrap(tiny_model("llama"))
+    with pytest.raises(TypeError, match="state_dict"):
+        torch.save(model, io.BytesIO())

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import copy
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +26,19 @@ class _WrapState:
     config: PagedConfig
     saved: dict[str, Any]  # instance attributes we replaced (absent ones map to _MISSING)
     engine: Any = None  # created at first use
+
+    def __deepcopy__(self, memo: dict) -> _WrapState:
+        """A deep copy of a wrapped model (a reference model, an EMA copy) is wrapped alike, with an engine of its
+        own made at its first use (an engine holds threads and locks: it is not copied)."""
+        saved = {k: v if v is _MISSING else copy.deepcopy(v, memo) for k, v in self.saved.items()}
+        return _WrapState(self.config, saved)
+
+    def __reduce__(self):
+        raise TypeError(
+            "a model wrapped by hf_paged cannot be pickled (torch.save(model), pickle): its patched methods would not "
+            "load. Save its weights instead (model.save_pretrained(path) or torch.save(model.state_dict(), f)), or "
+            "call hf_paged.unwrap(model) first and wrap the loaded model again"
+        )
 
 
 def is_wrapped(model: torch.nn.Module) -> bool:
