@@ -274,3 +274,18 @@ def test_a_field_of_a_fork_of_a_fork_reads_from_the_root(model_tok):
     assert all(isinstance(v, str) for inner in state["b"] for v in inner)
     with pytest.raises(KeyError, match=r"fields so far: \['a', 'b'\]"):
         state["zz"]
+
+
+@pytest.mark.parametrize("regex", [r"[0-9]{10}", r"[a-z ]{20}"])
+def test_a_constrained_field_cut_short_keeps_max_tokens(model_tok, regex):
+    """A constrained field is asked for one token more than `max_tokens` (room for EOS or its literal's first
+    token); when the value itself was not closed, that spare token ended up in the value."""
+    model, tok = model_tok
+
+    @hp.program
+    def short(s):
+        s += "x = " + hp.gen("v", max_tokens=3, regex=regex)
+
+    record = short.run(model, tok).calls[0]
+    assert len(tok(record.value, add_special_tokens=False).input_ids) <= 3
+    assert record.finish_reason == "length_incomplete" and record.valid is False
