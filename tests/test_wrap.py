@@ -285,3 +285,33 @@ def test_pickling_a_wrapped_model_says_what_to_save_instead():
     model = hf_paged.wrap(tiny_model("llama"))
     with pytest.raises(TypeError, match="state_dict"):
         torch.save(model, io.BytesIO())
+
+
+def test_unwrap_while_another_thread_generates_says_so():
+    import threading
+    import time
+
+    model = hf_paged.wrap(tiny_model("llama"))
+    started, box = threading.Event(), {}
+
+    class Slow:  # a streamer that says when the call is under way, and slows it down
+        def put(self, value):
+            started.set()
+            time.sleep(0.01)
+
+        def end(self):
+            pass
+
+    def worker():
+        try:
+            model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=200, do_sample=False, streamer=Slow())
+        except Exception as exc:  # noqa: BLE001 -- handed to the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    assert started.wait(60)
+    hf_paged.unwrap(model)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert "unwrapped" in str(box.get("error"))

@@ -110,7 +110,7 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     if state is None:
         return model
     if state.engine is not None and state.engine._loop is not None:
-        state.engine._loop.shutdown()  # aborts what is still running and stops its thread
+        state.engine._loop.shutdown(reason="the model was unwrapped (hf_paged.unwrap) while this request ran")
     for name, value in state.saved.items():
         if value is _MISSING:
             model.__dict__.pop(name, None)

@@ -104,9 +104,10 @@ class EngineLoop:
         """End these requests before the next step (their blocks go back to the pool); unknown ids are ignored."""
         self._command(lambda: [self.engine.abort(rid) for rid in request_ids])
 
-    def abort_all(self) -> None:
-        """Abort every request of this loop's callers before the next step (e.g. a server shutting down)."""
-        self._command(lambda: [self.engine.abort(rid) for rid in list(self._sinks)])
+    def abort_all(self, reason: str | None = None) -> None:
+        """Abort every request of this loop's callers before the next step (e.g. a server shutting down); with
+        `reason`, each ends FAILED with it."""
+        self._command(lambda: [self.engine.abort(rid, error=reason) for rid in list(self._sinks)])
 
     @property
     def num_waiting(self) -> int:
@@ -146,9 +147,9 @@ class EngineLoop:
             on_ready()
         serve(lambda: self, self._cond)  # (holding the loop: the caller's thread owns it)
 
-    def shutdown(self, timeout: float = 0.0) -> None:
-        """Take no new requests, give those in flight up to `timeout` seconds to finish, abort the rest, and stop
-        the thread. The engine itself stays usable directly."""
+    def shutdown(self, timeout: float = 0.0, reason: str | None = None) -> None:
+        """Take no new requests, give those in flight up to `timeout` seconds to finish, abort the rest (failed with
+        `reason` when given), and stop the thread. The engine itself stays usable directly."""
         with self._cond:
             self._closed = True
         if self._thread is None:
@@ -156,7 +157,7 @@ class EngineLoop:
         deadline = time.monotonic() + timeout
         while self.num_in_flight and time.monotonic() < deadline:
             time.sleep(0.02)
-        self.abort_all()
+        self.abort_all(reason)
         with self._cond:
             self._stopping = True
             self._cond.notify()
