@@ -14,6 +14,7 @@ Four signals, all cheap enough for every step that admits requests:
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 
@@ -62,7 +63,7 @@ def weights_fingerprint(model: torch.nn.Module) -> Fingerprint:
         hooks = forward_hook_keys(module)
         if hooks:
             behaviour.append((i, hooks))
-        if hasattr(module, "disable_adapters"):  # a PEFT tuner layer
+        if _is_tuner_layer(type(module)):
             behaviour.append((i, _adapter_state(module)))
     state = tuple((t.data_ptr(), _version(t), t.dtype, t.device) for t in itertools.chain(params, buffers))
     picks = params[:1] + params[len(params) // 2:][:1] + params[-1:] if params else []
@@ -72,8 +73,20 @@ def weights_fingerprint(model: torch.nn.Module) -> Fingerprint:
     return Fingerprint(hash((state, _optimizer_steps, samples)), hash(tuple(behaviour)))
 
 
+@functools.cache
+def _is_tuner_layer(cls: type) -> bool:
+    """A PEFT tuner layer (LoRA and the others): `disable_adapters` is a property of its class (transformers'
+    `PreTrainedModel` has a method of that name)."""
+    return isinstance(getattr(cls, "disable_adapters", None), property)
+
+
 def _adapter_state(layer) -> tuple:
-    return tuple(str(getattr(layer, name, None)) for name in ("disable_adapters", "active_adapters", "merged_adapters"))
+    """Whether its adapters are off, which are active, which are merged (names only)."""
+    def names(value) -> tuple:
+        return (value,) if isinstance(value, str) else tuple(str(v) for v in value or ())
+
+    return (bool(layer.disable_adapters), names(getattr(layer, "active_adapters", ())),
+            names(getattr(layer, "merged_adapters", ())))
 
 
 def tensor_stamp(t: torch.Tensor) -> tuple:

@@ -141,11 +141,15 @@ class _ToyAdapter(torch.nn.Module):
         self.base = base
         self.delta = torch.nn.Linear(base.in_features, base.out_features, bias=False)
         torch.nn.init.normal_(self.delta.weight, std=1.0)
-        self.disable_adapters = False
+        self.off = False
         self.active_adapters = ["default"]
 
+    @property
+    def disable_adapters(self) -> bool:  # (a property, as PEFT's)
+        return self.off
+
     def forward(self, x):
-        return self.base(x) if self.disable_adapters else self.base(x) + self.delta(x)
+        return self.base(x) if self.off else self.base(x) + self.delta(x)
 
 
 @pytest.mark.parametrize("change", ["hook removed", "hook added", "adapter off"])
@@ -171,7 +175,7 @@ def test_module_behaviour_changes_invalidate_the_cache(change):
     elif change == "hook added":
         layer.register_forward_hook(hook)
     else:
-        layer.mlp.down_proj.disable_adapters = True
+        layer.mlp.down_proj.off = True
     before = engine.stats()["prompt_tokens_cached"]
     assert run(engine, prompts[1:2]) == stock_greedy(model, prompts[1:2], MAX_NEW)
     assert engine.stats()["prompt_tokens_cached"] == before  # no stale hit
