@@ -44,7 +44,7 @@ from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.sizing import kv_shape_of
 from hf_paged.config import PagedConfig
 from hf_paged.errors import HfPagedError, OutOfBlocksError, RequestFailedError
-from hf_paged.kv_transfer import KVStore, connector_for
+from hf_paged.kv_transfer import KVStore, connector_for, model_changed
 
 
 class Engine:
@@ -352,6 +352,7 @@ class Engine:
         if fingerprint != before:
             self._weights = fingerprint
             self.reset_prefix_cache()
+            model_changed(self.scheduler.kv_transfer, behaviour=fingerprint.behaviour != before.behaviour)  # disk too
             if fingerprint.weights != before.weights:
                 self.runner.model_changed()
 

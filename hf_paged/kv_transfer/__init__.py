@@ -1,6 +1,7 @@
 """KV blocks that move between engines and tiers: a connector at the engine boundary, its block format and stores.
 
-    layout.py        BlockLayout (model fingerprint, block size, layers, KV heads, dtype, storage format)
+    layout.py        BlockLayout (model fingerprint, block size, layers, KV heads, dtype, storage format, attention)
+    weights_checksum.py  tensor_checksum: every value of a tensor in one integer pass (the fingerprint's part)
     block_format.py  one block as bytes: header, tensors as stored, checksum
     codec.py         the engine's swap copies (`PagedCache.save_blocks`) <-> one block's named tensors
     stores.py        KVStore: InProcessStore (a dict), DirectoryStore (a file per block, bounded, LRU)
@@ -66,8 +67,16 @@ __all__ = [
     "fit_chunk",
     "flush_writes_to",
     "layout_of",
+    "model_changed",
     "model_fingerprint",
 ]
+
+
+def model_changed(connector: KVConnector | None, *, behaviour: bool) -> None:
+    """The engine saw new weights or a change of its modules' behaviour (`behaviour`): `KVConnector.model_changed`
+    (nothing without a connector)."""
+    if connector is not None:
+        connector.model_changed(behaviour=behaviour)
 
 
 def connector_for(config: PagedConfig, cache: PagedCache, model: torch.nn.Module,

@@ -26,6 +26,7 @@ tree stores or evicts blocks, before the pool reuses them (synchronous: ~0.5 ms 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict
 
@@ -96,6 +97,7 @@ class KVConnector:
         self.cache, self.kv, self.radix, self.store = cache, cache.manager, radix, store
         self.model, self.save_on, self.block_size = model, save_on, cache.block_size
         self._fixed_fingerprint = fingerprint
+        self._salt = ""  # set by `model_changed` when the modules' behaviour changed: keys no other engine shares
         self._layout: BlockLayout | None = None
         self._layout_epoch = -1
         self._namespace = b""
@@ -120,18 +122,28 @@ class KVConnector:
 
     # -- identity --------------------------------------------------------------------------------------
     def layout(self) -> BlockLayout:
-        """This engine's block layout; the fingerprint is taken again after the prefix cache was reset (new
-        weights)."""
+        """This engine's block layout; the fingerprint (every weight's values) is taken again after the prefix cache
+        was reset (new weights, or `Engine.reset_prefix_cache` after an edit the engine cannot see)."""
         dtype = next((layer.storage_dtype for layer in self.cache.block_layers if layer.storage_dtype is not None),
                      None) or next(self.model.parameters()).dtype
         if self._layout is None or self._layout_epoch != self.radix.epoch:
-            fingerprint = self._fixed_fingerprint or model_fingerprint(self.model)
+            fingerprint = (self._fixed_fingerprint or model_fingerprint(self.model)) + self._salt
             self._layout, self._layout_epoch = layout_of(self.cache, fingerprint, dtype), self.radix.epoch
             self._namespace = self._layout.namespace()
         elif self._layout.dtype != _name(dtype):  # the first forward stored K/V in another dtype than the weights'
             self._layout = layout_of(self.cache, self._layout.fingerprint, dtype)
             self._namespace = self._layout.namespace()
         return self._layout
+
+    def model_changed(self, *, behaviour: bool) -> None:
+        """The engine saw its model change (`Engine._check_weights`; it reset the prefix cache): no block saved
+        before is loaded again. New weights change the fingerprint (it reads every value); a change of what the
+        modules compute on the same weights (a hook, a PEFT adapter turned off: `behaviour`) does not, so from then
+        on the fingerprint carries a salt drawn for this change, which no other engine or later change shares (their
+        blocks are never loaded here, nor these there)."""
+        if behaviour:
+            self._salt = "+" + os.urandom(8).hex()
+        self._layout = None
 
     def _keys(self, digests: Sequence[bytes]) -> list[bytes]:
         self.layout()

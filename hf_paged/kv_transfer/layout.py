@@ -6,11 +6,11 @@ all of these; a block whose header names another layout is refused field by fiel
 loaded. Stores key blocks by `namespace()` + block digest, so two models (or two formats of one model) sharing a
 directory never even look at each other's files.
 
-The fingerprint is computed from the weights themselves (names, shapes, dtypes and a strided sample of the values of
-every parameter; a tensor-parallel rank samples its own shards, so each rank keys its own heads' blocks), so it is
-the same after a restart of the same model and differs for other weights. It samples, so
-a change confined to values between the samples goes unseen: pass `fingerprint=` (e.g. a revision id) to the
-connector when weights may differ that way.
+The fingerprint is computed from the weights themselves (names, shapes, dtypes and a checksum of every value of
+every parameter and buffer, `weights_checksum.py`; a tensor-parallel rank reads its own shards, so each rank keys its
+own heads' blocks), so it is the same after a restart of the same model and differs for other weights, down to one
+changed value. The layout also names what the K/V were computed under besides the weights (`attention`: token
+pruning, sparse prefill), so an engine never loads K/V its own prefill would not make.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import struct
 from dataclasses import asdict, dataclass, fields
 
 import torch
@@ -25,10 +26,9 @@ import torch
 from hf_paged.cache.compression.formats import BlockFormat
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.errors import KVBlockMismatchError
+from hf_paged.kv_transfer.weights_checksum import tensor_checksum
 
 __all__ = ["BlockLayout", "layout_of", "model_fingerprint"]
-
-_SAMPLES_PER_PARAMETER = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +42,7 @@ class BlockLayout:
     head_dim: int
     dtype: str  # the model dtype the K/V arrived in, e.g. "float32"
     storage: str  # "plain", or the quantized formats of keys and values with their scale layout
+    attention: str  # "full", or the pruning / sparse-prefill settings the K/V were computed under
 
     def namespace(self) -> bytes:
         """8 bytes naming this layout: the prefix of every store key (with the block digest after it)."""
@@ -66,11 +67,13 @@ class BlockLayout:
 def model_fingerprint(model: torch.nn.Module) -> str:
     """Hex digest of what a model computes its keys and values from: its config (RoPE theta and scaling, head
     sizes, windows...; not the fields that only name or report things) and every parameter's and buffer's name,
-    shape, dtype and a strided sample of its values (buffers: RoPE's inverse frequencies, which a config override
-    recomputes on the same weights).
+    shape, dtype and a checksum of all its values (`tensor_checksum`; buffers: RoPE's inverse frequencies, which a
+    config override recomputes on the same weights). Every tensor is read, the lm_head too (it feeds no K/V: a
+    change there costs hits, never a wrong load).
 
-    The same model gives the same fingerprint in every process (values are read, never addresses); any retraining,
-    another checkpoint or another RoPE changes it. Costs a few small copies per tensor."""
+    The same model gives the same fingerprint in every process (values are read, never addresses); any retraining
+    (one value of one tensor), another checkpoint or another RoPE changes it. Costs one read of the weights where
+    they are: about 240 ms of CPU time per GB on one core (`weights_checksum.py`)."""
     h = hashlib.blake2b(digest_size=16, person=b"hf_paged.model")
     config = getattr(model, "config", None)
     h.update(str(getattr(config, "model_type", type(model).__name__)).encode())
@@ -82,10 +85,8 @@ def model_fingerprint(model: torch.nn.Module) -> str:
         for name, p in itertools.chain(model.named_parameters(), model.named_buffers()):
             h.update(f"{name}|{tuple(p.shape)}|{p.dtype}".encode())
             local = p.to_local() if hasattr(p, "to_local") else p  # a tensor-parallel DTensor: this rank's shard
-            flat = local.detach().reshape(-1)  # (a reshape of the DTensor itself would gather across ranks)
-            step = max(1, flat.numel() // _SAMPLES_PER_PARAMETER)
-            sample = flat[::step][:_SAMPLES_PER_PARAMETER].to("cpu").contiguous()
-            h.update(sample.view(torch.uint8).numpy().tobytes())
+            # (a reshape of the DTensor itself would gather across ranks)
+            h.update(struct.pack("<Q", tensor_checksum(local)))
     return h.hexdigest()
 
 
@@ -103,6 +104,21 @@ def _format_name(fmt: BlockFormat) -> str:
     return "/".join(parts)
 
 
+def attention_of(config) -> str:
+    """What K/V were computed under besides the weights (`PagedConfig`): "full", or the settings of token pruning
+    (streaming drops blocks during a long prefill, so later chunks attend to sinks and a window; SnapKV and PyramidKV
+    compute a request's tokens after the prompt over the blocks they kept) and of sparse prefill (an
+    approximation). Blocks of one setting are never loaded by an engine with another."""
+    parts = []
+    if config.kv_pruning is not None:
+        parts.append(f"pruning={config.kv_pruning}/keep={config.kv_keep_ratio}/budget={config.kv_budget_tokens}/"
+                     f"sinks={config.num_sink_tokens}/window={config.window_tokens}")
+    if config.sparse_prefill is not None:
+        parts.append(f"sparse_prefill={config.sparse_prefill}/min={config.sparse_prefill_min_tokens}/"
+                     f"keep={config.sparse_keep_ratio}")
+    return ";".join(parts) or "full"
+
+
 def layout_of(cache: PagedCache, fingerprint: str, dtype: torch.dtype) -> BlockLayout:
     """The layout of the blocks `cache` stores for the model with `fingerprint`, K/V in `dtype`."""
     shape = cache.kv_shape
@@ -111,4 +127,4 @@ def layout_of(cache: PagedCache, fingerprint: str, dtype: torch.dtype) -> BlockL
         full = cache.paged_config.kv_full_precision_heads
         storage = f"k={_format_name(cache.key_format)};v={_format_name(cache.value_format)};full_heads={full}"
     return BlockLayout(fingerprint, cache.block_size, shape.num_layers, shape.num_kv_heads, shape.head_dim,
-                       str(dtype).removeprefix("torch."), storage)
+                       str(dtype).removeprefix("torch."), storage, attention_of(cache.paged_config))

@@ -12,7 +12,7 @@ from hf_paged.errors import KVBlockCorruptError, KVBlockMismatchError, KVTransfe
 from hf_paged.kv_transfer import BlockLayout, decode_block, encode_block, model_fingerprint
 from tests.tiny_models import tiny_model
 
-LAYOUT = BlockLayout("ab" * 16, 8, 2, 2, 8, "float32", "plain")
+LAYOUT = BlockLayout("ab" * 16, 8, 2, 2, 8, "float32", "plain", "full")
 DIGEST = bytes(range(16))
 TOKENS = list(range(10, 18))
 

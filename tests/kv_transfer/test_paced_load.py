@@ -46,8 +46,8 @@ def decode_engine(model, store, **overrides) -> Engine:
     cfg = {"block_size": BS, "max_prefill_tokens_per_step": BUDGET, **overrides}
     engine = Engine(model, PagedConfig(**cfg), kv_store=store)
     connector = engine.scheduler.kv_transfer
-    if store.nbytes:  # a blob's size (header included) from the start, as after the first load
-        connector._last_block_bytes = store.nbytes // LONG_BLOCKS
+    if store.nbytes:  # the largest blob's size (header included; headers differ by a few bytes) from the start: a
+        connector._last_block_bytes = max(store._lru.sizes.values())  # loaded chunk's mean never costs more
     prefill = 1e3  # tokens/s; a block's write: TOKENS_PER_BLOCK tokens' time (frozen: the same every run)
     connector.cost = TransferCostModel(bandwidth_prior=connector.block_bytes() * prefill / TOKENS_PER_BLOCK,
                                        prefill_prior=prefill, learn=False)
