@@ -8,7 +8,10 @@ sharding of requests over ranks (`accelerate launch` / `torchrun`) are HFLM's, s
 ones `--model hf` builds. What changes is how they run: all of a task's requests go to the engine at once
 (`generate_until` through `generate_batch`, each request with its `until` as stop strings and `max_gen_toks` as its
 own budget; `loglikelihood` and `loglikelihood_rolling` through `hf_paged.api.scoring`, where the choices of one
-context share its blocks) instead of HFLM's padded batches of `batch_size`.
+context share its blocks) instead of HFLM's padded batches of `batch_size`. Where HFLM refuses or answers without
+the model, so does PagedLM: an empty continuation is (0.0, True); one longer than `max_length` raises
+`ContinuationTooLongError` naming its task and document. A sampled generate_until request gets its own seed
+(`request_seeds`), so its draws do not depend on what else the engine runs.
 
     PagedLM(pretrained="path/or/hub-id" | loaded model, tokenizer=None, **hf_and_paged_args)
       hf_and_paged_args: HFLM's own arguments (dtype, device, max_length, add_bos_token, ...; `batch_size` is
@@ -20,7 +23,9 @@ context share its blocks) instead of HFLM's padded batches of `batch_size`.
 
 from __future__ import annotations
 
+import hashlib
 import inspect
+from collections import Counter
 from dataclasses import fields, replace
 from typing import Any
 
@@ -36,15 +41,28 @@ from hf_paged.api.scoring import loglikelihood, loglikelihood_rolling
 from hf_paged.batching.request import RequestStatus
 from hf_paged.config import PagedConfig
 from hf_paged.distributed import world
-from hf_paged.errors import InvalidConfigError, RequestFailedError, UnsupportedModelError
+from hf_paged.errors import InvalidConfigError, PromptTooLongError, RequestFailedError, UnsupportedModelError
 
-__all__ = ["PagedLM"]
+__all__ = ["ContinuationTooLongError", "PagedLM"]
 
 _PAGED_FIELDS = frozenset(f.name for f in fields(PagedConfig))
 _HFLM_ARGS = frozenset(inspect.signature(HFLM.__init__).parameters) - {"self", "kwargs"}
 # passed on to `from_pretrained` by HFLM, as `--model hf` takes them
 _FROM_PRETRAINED = frozenset({"attn_implementation", "low_cpu_mem_usage", "local_files_only", "cache_dir",
                               "torch_dtype", "device_map"})
+# PagedConfig fields that take an integer (lm-eval's CLI reads `num_blocks=-1` as the float -1.0)
+_INT_FIELDS = frozenset(f.name for f in fields(PagedConfig)
+                        if "int" in {t.strip() for t in str(f.type).split("|")} and "float" not in str(f.type))
+_DTYPE_ARGS = ("dtype", "torch_dtype", "softmax_dtype", "mixed_precision_dtype")
+
+
+class ContinuationTooLongError(PromptTooLongError):
+    """A loglikelihood continuation longer than `max_length`: no window of the model holds all of it (lm-eval's hf
+    refuses it too); `index` is its place in the requests given."""
+
+    def __init__(self, message: str, index: int) -> None:
+        super().__init__(message)
+        self.index = index
 
 
 @register_model("hf-paged")
@@ -57,18 +75,23 @@ class PagedLM(HFLM):
                                      "hub id) in --model_args, or PagedLM(pretrained=<path or loaded model>)")
         if isinstance(pretrained, str) and missing_model_path(pretrained):
             raise InvalidConfigError(f"model {pretrained!r} not found: give pretrained= a model directory or a hub id")
-        paged = {name: kwargs.pop(name) for name in list(kwargs) if name in _PAGED_FIELDS}
+        paged = {name: _integral(name, kwargs.pop(name)) for name in list(kwargs) if name in _PAGED_FIELDS}
         unknown = sorted(set(kwargs) - _HFLM_ARGS - _FROM_PRETRAINED)
         if unknown:
             raise InvalidConfigError(
                 f"unknown model argument(s) {unknown} for hf-paged: it takes lm-eval's hf arguments "
                 f"({', '.join(sorted(_HFLM_ARGS))}) and PagedConfig fields ({', '.join(sorted(_PAGED_FIELDS))})"
             )
-        config = PagedConfig(**paged)  # bad values raise here, before a model is loaded
+        _check_hf_arguments(kwargs)
+        try:
+            config = PagedConfig(**paged)  # bad values raise here, before a model is loaded
+        except (TypeError, ValueError) as exc:
+            raise InvalidConfigError(f"model arguments {paged}: {exc}") from None
         self._model_was_given = not isinstance(pretrained, str)  # HFLM then assumes one process; so do we
         super().__init__(pretrained=pretrained, tokenizer=tokenizer, **kwargs)
         if self.backend != "causal":
             raise UnsupportedModelError("hf-paged evaluates decoder-only models; use --model hf for seq2seq ones")
+        _refuse_offloaded(self.model, kwargs)
         if "max_num_batched_tokens" not in paged:
             config = replace(config, max_num_batched_tokens=_window_budget(config.max_num_batched_tokens,
                                                                            self.max_length))
@@ -101,15 +124,48 @@ class PagedLM(HFLM):
             dist.barrier()
 
     # -- log-likelihoods ---------------------------------------------------------------------------------------
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        """HFLM's (lm-eval's tokenization), with an empty continuation scored (0.0, True) even after an empty
+        context (where lm-eval's own tokenization fails), and a continuation too long for the model named by its
+        task and document."""
+        answers: list[tuple[float, bool] | None] = [None] * len(requests)
+        todo = [i for i, request in enumerate(requests) if tuple(request.args) != ("", "")]
+        for i in set(range(len(requests))) - set(todo):
+            answers[i] = (0.0, True)
+            self.cache_hook.add_partial("loglikelihood", tuple(requests[i].args), answers[i])
+        try:
+            scored = super().loglikelihood([requests[i] for i in todo], disable_tqdm=disable_tqdm)
+        except ContinuationTooLongError as exc:
+            request = requests[todo[exc.index]]
+            raise ContinuationTooLongError(f"task {request.task_name!r}, document {request.doc_id}, request "
+                                           f"{request.idx} (continuation {request.args[1][:60]!r}): {exc}",
+                                           index=todo[exc.index]) from None
+        for i, answer in zip(todo, scored, strict=True):
+            answers[i] = answer
+        return answers
+
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, override_bs=None) -> list[tuple[float, bool]]:
-        """HFLM's truncation (the last max_length + 1 tokens of context + continuation), all pairs in one call."""
-        pairs = []
-        for _, context_enc, continuation_enc in requests:
+        """HFLM's truncation (the last max_length + 1 tokens of context + continuation), all pairs in one call. An
+        empty continuation is (0.0, True) as HFLM answers it (nothing scored: no call); a continuation longer than
+        max_length raises `ContinuationTooLongError`, as HFLM refuses it, rather than scoring only its end."""
+        answers: list[tuple[float, bool] | None] = [None] * len(requests)
+        pairs, scored = [], []
+        for i, (_, context_enc, continuation_enc) in enumerate(requests):
+            if not continuation_enc:
+                answers[i] = (0.0, True)
+                continue
+            if len(continuation_enc) > self.max_length:
+                raise ContinuationTooLongError(
+                    f"the continuation has {len(continuation_enc)} tokens and max_length is {self.max_length}: no "
+                    f"window of the model holds it, so it cannot be scored whole (lm-eval's hf refuses it too); raise "
+                    f"max_length up to the model's positions, or shorten the choice", index=i)
             whole = (list(context_enc) + list(continuation_enc))[-(self.max_length + 1):]
-            num_scored = min(len(continuation_enc), len(whole) - 1)
+            num_scored = len(continuation_enc)
             pairs.append((whole[: len(whole) - num_scored], whole[len(whole) - num_scored:]))
-        results = loglikelihood(self.model, pairs, progress_bar=self._bar(disable_tqdm))
-        answers = [(r.logprob, r.is_greedy) for r in results]
+            scored.append(i)
+        results = loglikelihood(self.model, pairs, progress_bar=self._bar(disable_tqdm)) if pairs else []
+        for i, result in zip(scored, results, strict=True):
+            answers[i] = (result.logprob, result.is_greedy)
         for (request_str, _, _), answer in zip(requests, answers):
             if request_str is not None:
                 self.cache_hook.add_partial("loglikelihood", request_str, answer)
@@ -129,12 +185,15 @@ class PagedLM(HFLM):
     # -- generation --------------------------------------------------------------------------------------------
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         """Every request of each distinct `gen_kwargs` in one `generate_batch` (a task has one); text cut at the
-        first stop sequence as HFLM cuts it."""
+        first stop sequence as HFLM cuts it. A sampled request draws from its own generator, seeded by
+        `request_seeds` from lm-eval's torch seed and the request's place in its task, so its text does not depend
+        on the other tasks of the run or on the engine's schedule."""
         eos = self.tok_decode(self.eot_token_id, skip_special_tokens=False)
         groups: dict[str, list[int]] = {}
         for i, request in enumerate(requests):
             groups.setdefault(repr(sorted(request.args[1].items(), key=lambda kv: kv[0])), []).append(i)
         results: list[str | None] = [None] * len(requests)
+        seeds = request_seeds(requests, torch.initial_seed())
         for indices in groups.values():
             gen_kwargs = requests[indices[0]].args[1]
             kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
@@ -144,9 +203,11 @@ class PagedLM(HFLM):
             _greedy_unless_asked(kwargs)
             contexts = [requests[i].args[0] for i in indices]
             prompts = [self._encode_context(c, self.max_length - max_gen_toks) for c in contexts]
-            outputs = self.model.generate_batch(prompts, max_new_tokens=max_gen_toks, stop_strings=until,
-                                                tokenizer=self.tokenizer, progress_bar=self._bar(disable_tqdm),
-                                                **kwargs)
+            options = {"max_new_tokens": max_gen_toks, "stop_strings": until, "tokenizer": self.tokenizer, **kwargs}
+            if kwargs.get("do_sample"):  # each request its own seed: its samples whatever else runs in the step
+                options = {"sampling_params": _seeded(self.model, prompts, options,
+                                                      [seeds[i] for i in indices])}
+            outputs = self.model.generate_batch(prompts, progress_bar=self._bar(disable_tqdm), **options)
             for i, context, output in zip(indices, contexts, outputs.values()):
                 if output.status is not RequestStatus.FINISHED:
                     raise RequestFailedError(f"generate_until request {i} failed: {output.error}")
@@ -194,3 +255,67 @@ def _greedy_unless_asked(kwargs: dict) -> None:
         kwargs["do_sample"] = False
     if kwargs.get("do_sample") is False and kwargs["temperature"] == 0.0:
         kwargs.pop("temperature")
+
+
+def request_seeds(requests, seed: int) -> list[int]:
+    """One seed per generate_until request: blake2b of (lm-eval's torch seed, task name, document id, the request's
+    index within its document, the repeat: lm-eval passes a request `repeats` times). A request without a task
+    (a direct call) is keyed by its place in the list."""
+    seen: Counter = Counter()
+    seeds = []
+    for position, request in enumerate(requests):
+        task = getattr(request, "task_name", None)
+        key = (task, request.doc_id, request.idx) if task is not None else (None, position, 0)
+        repeat = seen[key]
+        seen[key] += 1
+        digest = hashlib.blake2b(repr((seed, *key, repeat)).encode(), digest_size=8).digest()
+        seeds.append(int.from_bytes(digest, "big") >> 1)  # SamplingParams.seed: below 2**63
+    return seeds
+
+
+def _seeded(model, prompts: list[list[int]], options: dict, seeds: list[int]) -> list:
+    """`generate_batch`'s own translation of these options per prompt (`_sampling_params_for`), each with its seed."""
+    from hf_paged.api.generate import _sampling_params_for
+
+    per_prompt = _sampling_params_for(model, prompts, None, None, None, dict(options))
+    return [params.replace(seed=seed) for params, seed in zip(per_prompt, seeds, strict=True)]
+
+
+def _integral(name: str, value: Any) -> Any:
+    """An integer PagedConfig field as an int: lm-eval's CLI reads `-1` as -1.0 (PagedConfig then names the range);
+    a value that is no integer is refused here, naming the argument."""
+    if name not in _INT_FIELDS or value is None or isinstance(value, int):  # (a bool: PagedConfig names it)
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if name == "block_size" and value == "auto":
+        return value
+    raise InvalidConfigError(f"model argument {name}={value!r}: an integer is wanted (e.g. {name}="
+                             f"{PagedConfig.__dataclass_fields__[name].default or 16})")
+
+
+def _check_hf_arguments(kwargs: dict) -> None:
+    """What HFLM would fail on with a traceback (an AttributeError, an AssertionError) refused by name first."""
+    for name in _DTYPE_ARGS:
+        value = kwargs.get(name)
+        if isinstance(value, str) and value != "auto" and not isinstance(getattr(torch, value, None), torch.dtype):
+            raise InvalidConfigError(f"model argument {name}={value!r} is not a torch dtype: use float32, bfloat16, "
+                                     "float16 or auto")
+    device = kwargs.get("device")
+    if (isinstance(device, str) and device.startswith("cuda") and not kwargs.get("parallelize")
+            and not torch.cuda.is_available()):
+        raise InvalidConfigError(f"device {device!r}, but this torch sees no CUDA device (torch "
+                                 f"{torch.__version__}, CUDA build: {torch.version.cuda}): use --device cpu")
+
+
+def _refuse_offloaded(model, kwargs: dict) -> None:
+    """A model with parameters on the `meta` device (`parallelize=True` / `device_map` offloading to disk or CPU
+    through accelerate hooks) cannot run on the engine, which reads weights and places its cache by their device."""
+    offloaded = [name for name, p in model.named_parameters() if p.device.type == "meta"]
+    if offloaded:
+        given = {k: kwargs[k] for k in ("parallelize", "device_map", "max_memory_per_gpu", "max_cpu_memory",
+                                        "offload_folder") if kwargs.get(k) not in (None, False)}
+        raise UnsupportedModelError(
+            f"hf-paged cannot evaluate a model offloaded by accelerate ({len(offloaded)} parameters on the meta "
+            f"device, e.g. {offloaded[0]}; model arguments {given}): drop parallelize=True / device_map so that "
+            "the model fits one device, or use --model hf for an offloaded model")
