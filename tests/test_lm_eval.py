@@ -114,17 +114,18 @@ def test_hf_paged_eval_runs_lm_eval_with_this_model(tmp_path, capsys):
 def test_model_args_without_a_model_take_the_embedded_one():
     """`--model_args block_size=32` alone was refused ("needs pretrained=PATH") where no --model_args runs the
     embedded model: both run it now, with the arguments given."""
-    from hf_paged.cli.eval import _lm_eval_arguments
+    from lm_eval._cli import HarnessCLI
+
+    from hf_paged.cli.eval import parse_arguments
 
     def model_args(*argv):
-        args = _lm_eval_arguments(list(argv))
-        return args[args.index("--model_args") + 1]
+        return parse_arguments(HarnessCLI(), list(argv)).model_args
 
-    embedded = f"pretrained={DEFAULT_MODEL_PATH}"
-    assert model_args() == f"{embedded},dtype=float32"
-    assert model_args("--model_args", "block_size=32") == f"{embedded},dtype=float32,block_size=32"
-    assert model_args("--model_args", "dtype=bfloat16,bogus=1") == f"{embedded},dtype=bfloat16,bogus=1"
-    assert model_args("--model_args", "pretrained=/m,block_size=8") == "pretrained=/m,block_size=8"
+    embedded = {"pretrained": str(DEFAULT_MODEL_PATH), "dtype": "float32"}
+    assert model_args() == embedded
+    assert model_args("--model_args", "block_size=32") == {**embedded, "block_size": 32}
+    assert model_args("--model_args", "dtype=bfloat16,bogus=1") == {**embedded, "dtype": "bfloat16", "bogus": 1}
+    assert model_args("--model_args", "pretrained=/m,block_size=8") == {"pretrained": "/m", "block_size": 8}
 
 
 def test_hf_paged_eval_refuses_another_backend(capsys):

@@ -4,9 +4,10 @@
     hf-paged eval           --model_args pretrained=PATH --tasks T                 # the same, on the paged engine
 
 Every other argument is lm-eval's own and means what it means there. Beyond it: `--model` may only say `hf` or
-`hf-paged`; `--batch_size` is accepted and unused (a task's requests all go to the engine at once); without
-`pretrained=` in `--model_args` the embedded tiny model is evaluated (in fp32 unless `dtype=` says otherwise) with
-the other arguments given; hf_paged's local tasks (`hf_paged_gen`, `hf_paged_mc`,
+`hf-paged`; `--batch_size` is accepted and unused (a task's requests all go to the engine at once); repeated
+`--model_args` merge as in `lm-eval run` (later keys win); without `pretrained=` in them the embedded tiny model is
+evaluated (in fp32 unless `dtype=` says otherwise; a note on stderr says so) with the other arguments given;
+`--model` / `--batch_size` without a value are refused (exit 2); hf_paged's local tasks (`hf_paged_gen`, `hf_paged_mc`,
 `hf_paged_ppl`: no hub) are always on the include path beside the caller's own.
 """
 
@@ -38,10 +39,8 @@ def run_eval(argv: list[str]) -> int:
         import hf_paged.integrations.lm_eval  # noqa: F401 -- registers the model `hf-paged`
     except ImportError as exc:
         raise CliError(f"hf-paged eval needs lm-evaluation-harness ({exc}); install it: pip install 'hf_paged[eval]'")
-    argv = _lm_eval_arguments(list(argv))
     parser = HarnessCLI()
-    args = parser._parser.parse_args(["run", *argv])  # (its `parse_args()` reads sys.argv)
-    args.include_path = _include_paths(args.include_path)
+    args = parse_arguments(parser, argv)
     try:
         parser.execute(args)
     except HfPagedError:
@@ -53,7 +52,20 @@ def run_eval(argv: list[str]) -> int:
     return 0
 
 
+def parse_arguments(parser, argv: list[str]):
+    """`hf-paged eval`'s argv as lm-eval's `HarnessCLI` parser reads it for `lm-eval run --model hf-paged`, with the
+    embedded model filled in when none is named and hf_paged's tasks on the include path."""
+    args = parser._parser.parse_args(["run", *_lm_eval_arguments(list(argv))])  # (`parse_args()` reads sys.argv)
+    if args.config is None:  # (a --config file may name the model itself)
+        args.model_args = _model_args(args.model_args)
+    args.include_path = _include_paths(args.include_path)
+    return args
+
+
 def _lm_eval_arguments(argv: list[str]) -> list[str]:
+    """argv for `lm-eval run`: `--model hf-paged`, `--batch_size` dropped, `--device` the machine's unless given.
+    `--model_args` stays for lm-eval's own parser, which merges repeated ones (later keys win) as `lm-eval run`
+    does; `_model_args` then fills in the embedded model when none is named."""
     model = _pop_option(argv, "--model", "-M")
     if model is not None and model not in ("hf", "hf-paged"):
         raise CliError(f"hf-paged eval runs the model hf-paged (lm-eval's hf on the paged engine), not --model "
@@ -61,15 +73,6 @@ def _lm_eval_arguments(argv: list[str]) -> list[str]:
     if _pop_option(argv, "--batch_size", "-b") is not None:
         print("hf-paged eval: note: --batch_size is unused: every request of a task runs on the engine at once "
               "(continuous batching)", file=sys.stderr)
-    from hf_paged.api.models import DEFAULT_MODEL_PATH
-
-    model_args = _pop_option(argv, "--model_args", "-a")
-    given = [] if model_args is None else [a.strip() for a in model_args.split(",") if a.strip()]
-    if not (model_args or "").lstrip().startswith("{") and not any(a.startswith("pretrained=") for a in given):
-        # no model named: the embedded one (fp32 unless dtype= is given; it is stored in fp16), with what was given
-        dtype = [] if any(a.startswith("dtype=") for a in given) else ["dtype=float32"]
-        model_args = ",".join([f"pretrained={DEFAULT_MODEL_PATH}", *dtype, *given])
-    argv += ["--model_args", model_args]
     if not any(a == "--device" or a.startswith("--device=") for a in argv):
         import torch
 
@@ -77,23 +80,55 @@ def _lm_eval_arguments(argv: list[str]) -> list[str]:
     return ["--model", "hf-paged", *argv]
 
 
+def _model_args(parsed: dict | None) -> dict:
+    """lm-eval's parsed `--model_args` (all of them merged), keys stripped of spaces (`a=1, b=2`); without
+    `pretrained=`, the embedded tiny model (fp32 unless `dtype=` is given: it is stored in fp16), said on stderr
+    so that a forgotten `pretrained=` is not mistaken for a run of one's own model."""
+    from hf_paged.api.models import DEFAULT_MODEL_PATH
+
+    given = {str(key).strip(): value for key, value in (parsed or {}).items()}
+    if given.get("pretrained") is not None:
+        return given
+    print(f"hf-paged eval: note: no pretrained= in --model_args: evaluating the embedded tiny model "
+          f"({DEFAULT_MODEL_PATH}); give --model_args pretrained=PATH to evaluate yours", file=sys.stderr)
+    return {"pretrained": str(DEFAULT_MODEL_PATH), "dtype": "float32", **{k: v for k, v in given.items()
+                                                                          if k != "pretrained"}}
+
+
 def _pop_option(argv: list[str], *names: str) -> str | None:
-    """Remove `--name VALUE` / `--name=VALUE` from argv; its value (the last one given), or None."""
+    """Remove `--name VALUE` / `--name=VALUE` from argv; its value (the last one given), or None. A value that is
+    another option (`--model --tasks T`) is refused: it would swallow that option."""
     value = None
     i = 0
     while i < len(argv):
         arg = argv[i]
         if arg in names:
-            if i + 1 >= len(argv):
-                raise CliError(f"{arg} needs a value")
+            if i + 1 >= len(argv) or _is_option(argv[i + 1]):
+                raise CliError(f"{arg} needs a value (e.g. {_EXAMPLES[names[0]]})")
             value = argv[i + 1]
             del argv[i : i + 2]
         elif any(arg.startswith(f"{name}=") for name in names):
             value = arg.split("=", 1)[1]
+            if not value:
+                raise CliError(f"{arg} needs a value (e.g. {names[0]}={_EXAMPLES[names[0]]})")
             del argv[i]
         else:
             i += 1
     return value
+
+
+_EXAMPLES = {"--model": "hf-paged", "--batch_size": "8"}
+
+
+def _is_option(arg: str) -> bool:
+    """`--tasks`, `-a`: an option name, not a value (a negative number is a value)."""
+    if not arg.startswith("-") or arg == "-":
+        return False
+    try:
+        float(arg)
+    except ValueError:
+        return True
+    return False
 
 
 def _include_paths(given: str | None) -> str | list[str]:

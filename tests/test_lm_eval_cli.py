@@ -1,0 +1,83 @@
+"""`hf-paged eval`'s arguments: repeated `--model_args` merge as `lm-eval run` merges them (the model named in the
+first is the one evaluated), the embedded model is announced when none is named, options without a value and bad
+model arguments end in one `hf-paged: error:` line with exit 2, never a traceback or another model."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+
+import pytest
+
+lm_eval = pytest.importorskip("lm_eval")
+
+import torch
+from lm_eval._cli import HarnessCLI
+
+from hf_paged.api.models import DEFAULT_MODEL_PATH
+from hf_paged.cli import main
+from hf_paged.cli.eval import parse_arguments
+
+MODEL = str(DEFAULT_MODEL_PATH)
+
+
+def _model_args(*argv: str) -> dict:
+    return parse_arguments(HarnessCLI(), list(argv)).model_args
+
+
+def test_repeated_model_args_merge_later_keys_winning(capsys):
+    """`--model_args pretrained=P --model_args dtype=float32` evaluated the embedded model (the last value alone
+    was kept), exit 0."""
+    assert _model_args("--model_args", "pretrained=/m,block_size=8", "--model_args", "dtype=float32",
+                       "--model_args", "block_size=32") == {"pretrained": "/m", "block_size": 32, "dtype": "float32"}
+    assert _model_args("--model_args", "pretrained=/m", "dtype=float16") == {"pretrained": "/m", "dtype": "float16"}
+    assert _model_args("--model_args", "pretrained=/m, dtype=float32") == {"pretrained": "/m", "dtype": "float32"}
+    assert "embedded" not in capsys.readouterr().err
+    assert _model_args("--model_args", "block_size=32")["pretrained"] == MODEL
+    assert "no pretrained= in --model_args: evaluating the embedded tiny model" in capsys.readouterr().err
+
+
+def test_the_model_named_in_the_first_model_args_is_the_one_evaluated(tmp_path, capsys):
+    mine = tmp_path / "my-model"
+    shutil.copytree(DEFAULT_MODEL_PATH, mine)
+    code = main(["eval", "--tasks", "hf_paged_mc", "--limit", "1", "--model_args", f"pretrained={mine}",
+                 "--model_args", "dtype=float32,block_size=32", "--output_path", str(tmp_path / "out")])
+    assert code == 0 and "embedded" not in capsys.readouterr().err
+    (result,) = (tmp_path / "out").rglob("results_*.json")
+    data = json.loads(result.read_text())
+    assert data["model_name"] == str(mine)
+    assert data["config"]["model_args"] == {"pretrained": str(mine), "dtype": "float32", "block_size": 32}
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--tasks", "hf_paged_mc", "--model"], "--model needs a value"),
+    (["--model", "--tasks", "hf_paged_mc"], "--model needs a value"),
+    (["--batch_size", "--tasks", "hf_paged_mc"], "--batch_size needs a value"),
+    (["--batch_size=", "--tasks", "hf_paged_mc"], "--batch_size= needs a value"),
+])
+def test_an_option_without_its_value_is_refused(argv, message, capsys):
+    """`--batch_size --include_path DIR` took `--include_path` as the batch size and left DIR behind."""
+    assert main(["eval", *argv]) == 2
+    assert f"hf-paged: error: {message}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("model_args", "message"), [
+    ("num_blocks=-1", r"PagedConfig.num_blocks must be >= 1, got -1"),  # lm-eval's CLI reads -1 as the float -1.0
+    ("num_blocks=2.5", r"model argument num_blocks=2.5: an integer is wanted"),
+    ("block_size=abc", r"model argument block_size='abc': an integer is wanted \(e.g. block_size=16\)"),
+    ("dtype=bogus", r"model argument dtype='bogus' is not a torch dtype: use float32"),
+])
+def test_bad_model_arguments_end_in_one_line_and_exit_2(model_args, message, capsys):
+    argv = ["--tasks", "hf_paged_mc", "--limit", "1", "--model_args", f"pretrained={MODEL},{model_args}"]
+    assert main(["eval", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if line.startswith("hf-paged: error:")]
+    assert re.search(message, line)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks a torch without CUDA")
+def test_device_cuda_without_cuda_is_refused_by_name(capsys):
+    assert main(["eval", "--tasks", "hf_paged_mc", "--limit", "1", "--device", "cuda"]) == 2
+    assert "hf-paged: error: device 'cuda', but this torch sees no CUDA device" in capsys.readouterr().err
