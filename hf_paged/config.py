@@ -90,9 +90,10 @@ class PagedConfig:
     cache_salt: str | None = None  # extra key of every block digest (separates tenants / adapters)
     # the disk tier (`hf_paged/kv_transfer/`): full blocks evicted from the prefix cache are written to this
     # directory (one file per block, checksummed, keyed by model fingerprint and block digest) and read back on a
-    # later prefix hit instead of being recomputed; survives a restart of the same model. None: no disk tier
+    # later prefix hit instead of being recomputed; survives a restart of the same model. One engine process per
+    # directory (a lock file: another process gets KVDirectoryInUseError); `~`, `$VARS` expanded. None: no disk tier
     kv_offload_dir: str | None = None
-    kv_offload_bytes: int = 2**30  # most bytes the disk tier's files may hold; least recently used files go first
+    kv_offload_bytes: int = 2**30  # most bytes of its files (LRU out); >= one file of the model's; with the dir only
     # -- KV compression --------------------------------------------------------------------------------
     kv_cache_dtype: str = "auto"  # "auto" | "fp8" | "int8" | "int4"; sets keys and values alike
     key_cache_dtype: str | None = None  # overrides kv_cache_dtype for keys (e.g. "int8" with values "int4")
@@ -268,6 +269,7 @@ class PagedConfig:
             ("value_quant_group", self.value_quant_group != "token", self.value_dtype != "auto",
              "a value_cache_dtype (or kv_cache_dtype)"),
             ("kv_scale_format", self.kv_scale_format != "fp16", quantized, "a kv_cache_dtype"),
+            ("kv_offload_bytes", self.kv_offload_bytes != 2**30, self.kv_offload_dir is not None, "kv_offload_dir"),
         ):
             if changed and not used:
                 raise InvalidConfigError(f"PagedConfig.{name}={getattr(self, name)!r} does nothing here: it acts "

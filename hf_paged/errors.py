@@ -17,6 +17,7 @@ __all__ = [
     "InvalidSchemaError",
     "KVBlockCorruptError",
     "KVBlockMismatchError",
+    "KVDirectoryInUseError",
     "KVTransferError",
     "LeftRecursionError",
     "OutOfBlocksError",
@@ -155,3 +156,9 @@ class KVBlockMismatchError(KVTransferError, ValueError):
 class KVBlockCorruptError(KVTransferError, ValueError):
     """A stored KV block is truncated or its checksum does not match its contents; it is never loaded (the disk
     tier deletes the file)."""
+
+
+class KVDirectoryInUseError(InvalidConfigError):
+    """A KV directory (`PagedConfig.kv_offload_dir`, a `DirectoryStore`) is held by another process: each engine
+    process needs a directory of its own (the store counts its files alone, and writes and deletes them as the only
+    writer). The message names the directory and the pid holding it, when readable."""

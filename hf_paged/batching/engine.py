@@ -345,14 +345,13 @@ class Engine:
             return self.kv.unpin_prefix(token_ids, self.config.block_extra_keys)
 
     def _check_weights(self) -> None:
-        """Drop the prefix cache when the weights moved since the last check (an optimizer step, a load) or the
-        modules compute otherwise (a hook, an adapter turned off). Runs on steps that may admit requests (one pass
-        over the module tree), not on every decode step."""
+        """Drop the prefix cache (and the disk tier's older blocks) when the weights moved (an optimizer step, a
+        load) or the modules compute otherwise (a hook, an adapter off). On steps that may admit requests only."""
         fingerprint, before = weights_fingerprint(self.model), self._weights
         if fingerprint != before:
             self._weights = fingerprint
             self.reset_prefix_cache()
-            model_changed(self.scheduler.kv_transfer, behaviour=fingerprint.behaviour != before.behaviour)  # disk too
+            model_changed(self.scheduler.kv_transfer, behaviour=fingerprint.behaviour != before.behaviour)
             if fingerprint.weights != before.weights:
                 self.runner.model_changed()
 

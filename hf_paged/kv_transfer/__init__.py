@@ -5,6 +5,8 @@
     block_format.py  one block as bytes: header, tensors as stored, checksum
     codec.py         the engine's swap copies (`PagedCache.save_blocks`) <-> one block's named tensors
     stores.py        KVStore: InProcessStore (a dict), DirectoryStore (a file per block, bounded, LRU)
+    dir_lock.py      one process per KV directory: a flock on its .lock file, counted per process
+    failure_log.py   FailureLog: store and connector failures counted by kind, the first of each logged
     ray_store.py     RayObjectStore: blocks in Ray's object store, found through a named KVBlockDirectory actor
                      (leases counted in blocks and bytes); ray imported only when one is built
     fetcher.py       reading and checking a sequence's blobs, at once or in a worker thread
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import torch
 
+from hf_paged.cache.digests import prefix_digests
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.config import PagedConfig
 from hf_paged.errors import InvalidConfigError
@@ -39,7 +42,7 @@ from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprin
 from hf_paged.kv_transfer.leases import LeasedStore
 from hf_paged.kv_transfer.ray_store import KVBlockDirectory, RayObjectStore
 from hf_paged.kv_transfer.step_times import ChunkFit, StepCost, StepTimes, fit_chunk
-from hf_paged.kv_transfer.stores import DirectoryStore, InProcessStore, KVStore
+from hf_paged.kv_transfer.stores import DirectoryStore, InProcessStore, KVStore, expand_path
 from hf_paged.kv_transfer.write_behind import WriteBehindStore, flush_writes_to
 
 __all__ = [
@@ -69,6 +72,7 @@ __all__ = [
     "layout_of",
     "model_changed",
     "model_fingerprint",
+    "one_file_bytes",
 ]
 
 
@@ -96,12 +100,32 @@ def connector_for(config: PagedConfig, cache: PagedCache, model: torch.nn.Module
                             f"{', '.join(missing)}), got {type(store).__name__}")
         return KVConnector(cache, model, store, save_on="store")
     if config.kv_offload_dir is not None:
-        per_block = cache.bytes_per_block(next(model.parameters()).dtype)
-        if config.kv_offload_bytes < per_block:
-            raise InvalidConfigError(f"kv_offload_bytes={config.kv_offload_bytes:,} holds no block of this model "
-                                     f"(one is {per_block:,} bytes of keys and values): nothing would ever be saved; "
-                                     "give at least a few thousand blocks' worth (default 1 GiB)")
-        flush_writes_to(config.kv_offload_dir)
-        disk = DirectoryStore(config.kv_offload_dir, config.kv_offload_bytes)
+        one_file = one_file_bytes(cache, model)
+        if config.kv_offload_bytes < one_file:
+            raise InvalidConfigError(f"kv_offload_bytes={config.kv_offload_bytes:,} holds no file of this model's "
+                                     f"blocks (one is {one_file:,} bytes: keys, values and its header), so nothing "
+                                     f"would ever be saved; give at least {one_file:,}, better a few thousand "
+                                     "blocks' worth (default 1 GiB)")
+        path = expand_path(config.kv_offload_dir)
+        flush_writes_to(path)
+        disk = DirectoryStore(path, config.kv_offload_bytes)
         return KVConnector(cache, model, disk, save_on="evict")
     return None
+
+
+def one_file_bytes(cache: PagedCache, model: torch.nn.Module) -> int:
+    """Bytes of the largest file one block of this engine makes on disk (header included, its token ids at their
+    widest): the smallest `kv_offload_bytes` that keeps anything. Exact for plain K/V; for quantized or merged
+    storage the tensor table is approximated (a few bytes short per layer)."""
+    dtype, shape, bs = next(model.parameters()).dtype, cache.kv_shape, cache.block_size
+    vocab = int(model.config.get_text_config(decoder=True).vocab_size)
+    if cache.compressed or cache.head_merges is not None:
+        per_side = cache.bytes_per_block(dtype) // (2 * shape.num_layers)
+        tensors = [(f"{i}.{side}.{part}", torch.zeros(per_side if part == "data" else 0, dtype=torch.uint8))
+                   for i in range(shape.num_layers) for side in "kv" for part in ("data", "scale")]
+    else:
+        tensors = [(f"{i}.{side}", torch.zeros(bs, shape.num_kv_heads, shape.head_dim, dtype=dtype))
+                   for i in range(shape.num_layers) for side in "kv"]
+    layout = layout_of(cache, "0" * 32, dtype)
+    digest = prefix_digests([0] * bs, bs, ())[0]
+    return len(encode_block(layout, digest, [max(vocab - 1, 0)] * bs, tensors))

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from hf_paged.errors import KVTransferError
 from hf_paged.kv_transfer.block_format import DecodedBlock, decode_block
+from hf_paged.kv_transfer.failure_log import FailureLog
 from hf_paged.kv_transfer.layout import BlockLayout
 from hf_paged.kv_transfer.stores import KVStore
 
@@ -54,8 +55,10 @@ class PendingFetch:
     epoch: int  # the prefix cache's epoch when asked: after a reset (new weights) the blocks are stale
 
 
-def read_blocks(store: KVStore, layout: BlockLayout, asks: Sequence[BlockAsk]) -> FetchResult:
-    """Read and check consecutive blocks; stop at the first blob missing or refused."""
+def read_blocks(store: KVStore, layout: BlockLayout, asks: Sequence[BlockAsk],
+                failures: FailureLog | None = None) -> FetchResult:
+    """Read and check consecutive blocks; stop at the first blob missing or refused (a store that raised: the
+    failure goes to `failures`)."""
     start, blocks, refused = time.perf_counter(), [], []
     for ask in asks:
         try:
@@ -66,7 +69,9 @@ def read_blocks(store: KVStore, layout: BlockLayout, asks: Sequence[BlockAsk]) -
         except KVTransferError:
             refused.append(ask.key)
             break
-        except Exception:  # noqa: BLE001 -- a store that failed to answer: stop here, the rest is recomputed
+        except Exception as exc:  # noqa: BLE001 -- a store that failed to answer: stop here, the rest is recomputed
+            if failures is not None:
+                failures.record("load", repr(exc))
             break
     return FetchResult(blocks, refused, time.perf_counter() - start)
 
@@ -76,6 +81,7 @@ class BlockFetcher:
 
     def __init__(self, store: KVStore) -> None:
         self.store = store
+        self.failures = FailureLog(f"KV reads from the {getattr(store, 'name', type(store).__name__)} store")
         self._pending: dict[Hashable, PendingFetch] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()  # the executor's creation (the table is the scheduler thread's alone)
@@ -97,7 +103,7 @@ class BlockFetcher:
         with self._lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf_paged-kv-fetch")
-        future = self._executor.submit(read_blocks, self.store, layout, list(asks))
+        future = self._executor.submit(read_blocks, self.store, layout, list(asks), self.failures)
         self._pending[seq_id] = PendingFetch(future, first, len(asks), epoch)
 
     def is_done(self, seq_id: Hashable) -> bool:

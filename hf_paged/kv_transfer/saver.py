@@ -20,6 +20,7 @@ from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.tree_nodes import TreeNode
 from hf_paged.kv_transfer.block_format import encode_block
 from hf_paged.kv_transfer.codec import block_tensors, is_transferable
+from hf_paged.kv_transfer.failure_log import FailureLog
 from hf_paged.kv_transfer.layout import BlockLayout
 from hf_paged.kv_transfer.stores import KVStore
 from hf_paged.kv_transfer.write_behind import WriteBehindStore
@@ -38,6 +39,7 @@ class BlockSaver:
                  layout: Callable[[], BlockLayout], keys: Callable[[Sequence[bytes]], list[bytes]], counters) -> None:
         self.cache, self.store, self.writer = cache, store, writer
         self._layout, self._keys, self.counters = layout, keys, counters
+        self.failures = FailureLog(f"KV saves to the {getattr(store, 'name', type(store).__name__)} store")
 
     def save(self, nodes: Sequence[TreeNode], *, wait: bool = False) -> int:
         """Save full cached blocks (tree nodes: digest, block id, token ids) the store does not hold yet; returns
@@ -65,6 +67,10 @@ class BlockSaver:
                 done += 1
                 self.counters.saved_blocks += 1
                 self.counters.saved_bytes += len(blob)
+            else:
+                self.counters.save_failures += 1
+                self.failures.record("save", f"the store refused a {len(blob):,}-byte block (over its bound, or a "
+                                             "storage error)")
         self.counters.save_seconds += time.perf_counter() - start
         return done
 
@@ -73,8 +79,9 @@ class BlockSaver:
         # half updated. A block that could not be saved is only a block a later hit recomputes.
         try:
             self.save(nodes)
-        except Exception:  # noqa: BLE001 -- counted; the engine goes on without the copy
+        except Exception as exc:  # noqa: BLE001 -- counted and logged once; the engine goes on without the copy
             self.counters.save_failures += 1
+            self.failures.record("save", repr(exc))
 
     def stats(self) -> dict[str, float]:
         """The writer's part of the counters (blocks it wrote count as saved)."""

@@ -4,8 +4,11 @@ Two transports:
 - `InProcessStore`: a dict shared by engines of one process (tests; a prefill engine handing blocks to a decode
   engine in the same process);
 - `DirectoryStore`: one file per block in a directory (the disk tier, `PagedConfig.kv_offload_dir`), bounded by
-  bytes, least recently used files deleted first, atomic writes (a temporary file renamed into place), and read
-  back after a restart: the files found at start are ordered by their modification times, which reads refresh.
+  bytes, least recently used files deleted first, atomic writes (a temporary file of this writer's own renamed into
+  place), and read back after a restart: the files found at start are ordered by their modification times, which
+  reads refresh. One process per directory (`dir_lock.py`: a `flock` on its `.lock` file); a directory removed
+  while open is made again at the next save; failures are counted and the first of each kind logged
+  (`failure_log.py`).
 
 A store knows nothing of layouts or tensors; it moves bytes. Checking what it returns is the connector's business
 (`block_format.decode_block`); a blob that fails the check is `delete`d.
@@ -13,15 +16,19 @@ A store knows nothing of layouts or tensors; it moves bytes. Checking what it re
 
 from __future__ import annotations
 
+import itertools
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from hf_paged.errors import InvalidConfigError
+from hf_paged.errors import InvalidConfigError, KVDirectoryInUseError
+from hf_paged.kv_transfer import dir_lock
+from hf_paged.kv_transfer.failure_log import FailureLog
 
-__all__ = ["DirectoryStore", "InProcessStore", "KVStore"]
+__all__ = ["DirectoryStore", "InProcessStore", "KVStore", "expand_path"]
 
 
 @runtime_checkable
@@ -131,9 +138,14 @@ class InProcessStore:
 class DirectoryStore:
     """One file per block (`<key hex>.kvb`) in `path`, at most `max_bytes` in all, least recently used first out.
 
-    Files are written to a temporary name and renamed, so a reader never sees half a file from this store (a crash
-    leaves at most a `.tmp` file, removed at the next start). A file that vanished or cannot be read is forgotten.
-    One engine process per directory: two processes writing one directory would each keep their own byte count.
+    Files are written to a temporary name of this writer's own (`<file>.<pid>-<n>.tmp`) and renamed, so a reader
+    never sees half a file (a crash leaves at most a `.tmp` file, removed when a process next opens the directory).
+    A file that vanished or cannot be read is forgotten. One engine process per directory: the store holds the
+    directory's lock (`dir_lock.py`) until `close()` (or until it is collected, or the process ends); another
+    process opening it gets `KVDirectoryInUseError`. Stores of one process may share it (each counts the files it
+    found at start and those it wrote). `~` and `$VARS` in `path` are expanded. A directory removed while open is
+    made again (empty) at the next save; save and read failures are counted (`failures.counts`) and the first of
+    each kind is logged.
     """
 
     name = "directory"
@@ -143,27 +155,22 @@ class DirectoryStore:
     def __init__(self, path: str | os.PathLike, max_bytes: int) -> None:
         if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1:
             raise ValueError(f"DirectoryStore max_bytes must be an int >= 1, got {max_bytes!r}")
-        self.path = Path(path)
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError):
-            raise InvalidConfigError(f"the KV directory {str(path)!r} (kv_offload_dir) is a file, or under one; give "
-                                     "a directory path") from None
-        except PermissionError:
-            raise InvalidConfigError(f"cannot create the KV directory {str(path)!r} (kv_offload_dir): permission "
-                                     "denied; give a directory this process may write") from None
-        except OSError as exc:  # a read-only filesystem, /proc, a missing device...
-            raise InvalidConfigError(f"cannot create the KV directory {str(path)!r} (kv_offload_dir): "
-                                     f"{exc.strerror or exc}; give a directory this process may write") from None
+        self.path = Path(expand_path(path))
+        self._make_directory(str(path))
         if not os.access(self.path, os.W_OK | os.X_OK):
             raise InvalidConfigError(f"the KV directory {str(path)!r} (kv_offload_dir) is not writable by this "
                                      "process; give one it may write")
+        first = dir_lock.lock(self.path)  # (raises KVDirectoryInUseError: another process holds it)
+        self._unlock = weakref.finalize(self, dir_lock.unlock, os.path.realpath(self.path))
+        self.failures = FailureLog(f"KV directory {str(self.path)!r}")
         self._lru = _LruBytes(max_bytes)
         self._lock = threading.Lock()
+        self._lost = False  # the directory was made again and another process took its lock: saves stop
         found = []
         for entry in os.scandir(self.path):
             if entry.name.endswith(".tmp"):
-                _unlink(entry.path)
+                if first:  # no store of this process writes here yet, and no other process may
+                    _unlink(entry.path)
             elif entry.name.endswith(self.SUFFIX) and entry.is_file():
                 try:
                     key = bytes.fromhex(entry.name[: -len(self.SUFFIX)])
@@ -175,6 +182,24 @@ class DirectoryStore:
             self._lru.add(key, size)
         for old in self._lru.victims(0):  # the bound may have shrunk since the files were written
             self._remove(old)
+
+    def _make_directory(self, given: str) -> None:
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError):
+            raise InvalidConfigError(f"the KV directory {given!r} (kv_offload_dir) is a file, or under one; give "
+                                     "a directory path") from None
+        except PermissionError:
+            raise InvalidConfigError(f"cannot create the KV directory {given!r} (kv_offload_dir): permission "
+                                     "denied; give a directory this process may write") from None
+        except OSError as exc:  # a read-only filesystem, /proc, a missing device...
+            raise InvalidConfigError(f"cannot create the KV directory {given!r} (kv_offload_dir): "
+                                     f"{exc.strerror or exc}; give a directory this process may write") from None
+
+    def close(self) -> None:
+        """Let go of the directory's lock (the last store of this process on it releases it). Idempotent; the
+        store must not be used after."""
+        self._unlock()
 
     def _file(self, key: bytes) -> Path:
         return self.path / f"{key.hex()}{self.SUFFIX}"
@@ -191,8 +216,13 @@ class DirectoryStore:
         try:
             data = file.read_bytes()
             os.utime(file)  # recency survives a restart
-        except OSError:
-            self.delete(key)
+        except OSError as exc:
+            self.failures.record("load", exc)
+            with self._lock:
+                if not self.path.is_dir():  # removed under us: every file it held is gone
+                    self._lru = _LruBytes(self._lru.max_bytes)
+                else:
+                    self._remove(key)
             return None
         return data
 
@@ -202,19 +232,48 @@ class DirectoryStore:
                 self._lru.sizes.move_to_end(key)
                 return True
             if len(data) > self._lru.max_bytes:  # type: ignore[operator]
+                self.failures.record("save", f"a file of {len(data):,} bytes is over the bound of "
+                                             f"{self._lru.max_bytes:,} (kv_offload_bytes)")
+                return False
+            if self._lost:
                 return False
             for old in self._lru.victims(len(data)):
                 self._remove(old)
-            file = self._file(key)
-            tmp = file.with_name(file.name + ".tmp")
-            try:
-                tmp.write_bytes(data)
-                os.replace(tmp, file)
-            except OSError:
-                _unlink(tmp)
+            if not self._write(key, data) and not (self._remade() and self._write(key, data)):
                 return False
             self._lru.add(key, len(data))
             return True
+
+    def _write(self, key: bytes, data: bytes) -> bool:
+        file = self._file(key)
+        tmp = file.with_name(f"{file.name}.{os.getpid()}-{next(_TMP_IDS)}.tmp")  # no other writer's name
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, file)
+        except OSError as exc:
+            _unlink(tmp)
+            if self.path.is_dir():  # (a removed directory is made again, then counted if that fails too)
+                self.failures.record("save", exc)
+            return False
+        return True
+
+    def _remade(self) -> bool:
+        """After a failed write: when the directory is gone, forget its files, make it again and take its new lock
+        (True: write again)."""
+        if self.path.is_dir():
+            return False
+        self._lru = _LruBytes(self._lru.max_bytes)  # every file it held went with it
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            dir_lock.relock(self.path)
+        except KVDirectoryInUseError as exc:  # another process made it and took it meanwhile: it is theirs now
+            self._lost = True
+            self.failures.record("save", exc)
+            return False
+        except OSError as exc:  # replaced by a file, a read-only parent...
+            self.failures.record("save", f"the directory was removed and cannot be made again: {exc}")
+            return False
+        return True
 
     def delete(self, key: bytes) -> None:
         with self._lock:
@@ -231,6 +290,14 @@ class DirectoryStore:
     @property
     def max_bytes(self) -> int:
         return self._lru.max_bytes  # type: ignore[return-value]
+
+
+_TMP_IDS = itertools.count()
+
+
+def expand_path(path: str | os.PathLike) -> str:
+    """`~` and `$VARS` expanded, as a shell would for an unquoted path (`kv_offload_dir`)."""
+    return os.path.expandvars(os.path.expanduser(os.fspath(path)))
 
 
 def _unlink(path) -> None:

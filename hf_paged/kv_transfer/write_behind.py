@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hf_paged.kv_transfer.failure_log import FailureLog
 from hf_paged.kv_transfer.stores import DirectoryStore, KVStore
 
 __all__ = ["WriteBehindStore", "WriterStats", "flush_writes_to"]
@@ -73,6 +74,7 @@ class WriteBehindStore:
         self.inner, self.max_queue_bytes, self.idle_seconds = inner, max_queue_bytes, idle_seconds
         self.name, self.background_reads = inner.name, inner.background_reads
         self.counters = WriterStats()
+        self.failures = FailureLog(f"KV writes to the {inner.name} store")
         self._queue: OrderedDict[bytes, _Queued] = OrderedDict()  # oldest first; owned under _cond
         self._queue_bytes = 0
         self._cond = threading.Condition()
@@ -177,8 +179,9 @@ class WriteBehindStore:
             try:
                 blob = queued.data()
                 ok = self.inner.put(key, blob)
-            except Exception:  # noqa: BLE001 -- a failed save loses only the copy; the block stays in the pool
+            except Exception as exc:  # noqa: BLE001 -- a failed save loses only the copy; the block stays in the pool
                 ok, blob = False, b""
+                self.failures.record("save", repr(exc))
             with self._cond:
                 self.counters.write_seconds += time.perf_counter() - start
                 if ok:
