@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -50,6 +51,7 @@ def test_a_forked_child_does_not_inherit_the_directory(tmp_path):
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: its parent's lock is not its own
+        signal.alarm(20)  # a child stuck on a lock another thread held at the fork dies instead of hanging the test
         try:
             DirectoryStore(tmp_path, 10_000)
             os.write(write, b"opened")
