@@ -15,7 +15,7 @@ from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
 from hf_paged.api.models import DEFAULT_MODEL_PATH
-from hf_paged.errors import PromptTooLongError, UnsupportedModelError
+from hf_paged.errors import PromptTooLongError, RequestFailedError, UnsupportedModelError
 from hf_paged.integrations.lm_eval import ContinuationTooLongError, PagedLM, _refuse_offloaded, request_seeds
 
 MODEL = str(DEFAULT_MODEL_PATH)
@@ -135,3 +135,12 @@ def test_a_model_offloaded_to_the_meta_device_is_refused_by_argument(lm):
     with pytest.raises(UnsupportedModelError, match=r"1 parameters on the meta device.*drop parallelize=True"):
         _refuse_offloaded(model, {"parallelize": True})
     _refuse_offloaded(lm.model, {})
+
+
+def test_a_failed_generation_names_its_task_and_document():
+    """It said "generate_until request 3", an index into lm-eval's reordered list, not a document."""
+    small = PagedLM(pretrained=MODEL, device="cpu", dtype="float32", max_length=64, num_blocks=2, block_size=16)
+    request = _instance("generate_until", ("a cat sat on the mat " * 2, {"until": ["\n"], "max_gen_toks": 20}),
+                        task="g", doc_id=5, idx=1)
+    with pytest.raises(RequestFailedError, match=r"generate_until task 'g', document 5, request 1 failed: .*blocks"):
+        small.generate_until([request])

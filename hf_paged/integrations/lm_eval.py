@@ -137,9 +137,8 @@ class PagedLM(HFLM):
             scored = super().loglikelihood([requests[i] for i in todo], disable_tqdm=disable_tqdm)
         except ContinuationTooLongError as exc:
             request = requests[todo[exc.index]]
-            raise ContinuationTooLongError(f"task {request.task_name!r}, document {request.doc_id}, request "
-                                           f"{request.idx} (continuation {request.args[1][:60]!r}): {exc}",
-                                           index=todo[exc.index]) from None
+            raise ContinuationTooLongError(f"{_name(request, todo[exc.index])} (continuation "
+                                           f"{request.args[1][:60]!r}): {exc}", index=todo[exc.index]) from None
         for i, answer in zip(todo, scored, strict=True):
             answers[i] = answer
         return answers
@@ -210,7 +209,7 @@ class PagedLM(HFLM):
             outputs = self.model.generate_batch(prompts, progress_bar=self._bar(disable_tqdm), **options)
             for i, context, output in zip(indices, contexts, outputs.values()):
                 if output.status is not RequestStatus.FINISHED:
-                    raise RequestFailedError(f"generate_until request {i} failed: {output.error}")
+                    raise RequestFailedError(f"generate_until {_name(requests[i], i)} failed: {output.error}")
                 text = self._postprocess(output.generated_tokens, until)
                 results[i] = text
                 self.cache_hook.add_partial("generate_until", (context, gen_kwargs), text)
@@ -271,6 +270,13 @@ def request_seeds(requests, seed: int) -> list[int]:
         digest = hashlib.blake2b(repr((seed, *key, repeat)).encode(), digest_size=8).digest()
         seeds.append(int.from_bytes(digest, "big") >> 1)  # SamplingParams.seed: below 2**63
     return seeds
+
+
+def _name(request, position: int) -> str:
+    """A request as its task names it ("task 'arc', document 7, request 2"); a bare one by its place in the list."""
+    if getattr(request, "task_name", None) is None:
+        return f"request {position}"
+    return f"task {request.task_name!r}, document {request.doc_id}, request {request.idx}"
 
 
 def _seeded(model, prompts: list[list[int]], options: dict, seeds: list[int]) -> list:
