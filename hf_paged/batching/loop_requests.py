@@ -6,13 +6,10 @@ from __future__ import annotations
 import queue
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from hf_paged.batching.logprobs import TokenLogprobs
 from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput
-
-if TYPE_CHECKING:
-    from hf_paged.batching.engine_loop import EngineLoop
 
 __all__ = ["LoopClosedError", "RequestDelta", "Submission"]
 
@@ -44,10 +41,19 @@ class _Sink:
     tokens: bool  # every step's new tokens; False: only the ended requests (a caller that waits for results)
 
 
+class _Loop(Protocol):
+    """What a `Submission` asks of its `EngineLoop`."""
+
+    def follow(self, deltas: queue.SimpleQueue[list[RequestDelta]], pending: Callable[[], bool],
+               on_lost: Callable[[], None]) -> Iterator[list[RequestDelta]]: ...
+
+    def abort(self, *request_ids: str) -> None: ...
+
+
 class Submission:
     """Requests submitted together by one synchronous caller; read them with `result()` or `steps()`."""
 
-    def __init__(self, loop: EngineLoop, request_ids: list[str], all_ids: list[str],
+    def __init__(self, loop: _Loop, request_ids: list[str], all_ids: list[str],
                  deltas: queue.SimpleQueue[list[RequestDelta]]) -> None:
         self.request_ids = request_ids  # one per prompt, in order
         self.all_ids = all_ids  # with the forks of num_return_sequences after their parent
