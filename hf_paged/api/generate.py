@@ -302,7 +302,7 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     prompts = token_ids_of(engine, inputs)
     if priorities is not None:
         check_priorities(priorities, len(prompts))
-    per_request = _sampling_params_for(model, prompts, generation_config, logits_processor, sampling_params, kwargs)
+    per_request = sampling_params_for(model, prompts, generation_config, logits_processor, sampling_params, kwargs)
     if record_timestamps:  # transformers' GenerationOutput.timestamps: one time per generated token
         per_request = [p.replace(record_timestamps=True) for p in per_request]
     # Engine ids are unique across concurrent callers; this call's outputs are renamed req_0, req_1, ... as
@@ -322,7 +322,9 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
 _OWN_KEYWORDS = frozenset({"constraint_mode", "max_retries"})
 
 
-def _sampling_params_for(model, inputs, generation_config, logits_processor, sampling_params, kwargs):
+def sampling_params_for(model, inputs, generation_config, logits_processor, sampling_params, kwargs):
+    """One `SamplingParams` per input, from `generate_batch`'s options (the given `sampling_params`, or the
+    generation config and keywords as `generate_batch` reads them): the one translation its callers share."""
     if sampling_params is not None:
         also = [name for name, given in (("generation_config", generation_config is not None),
                                          ("logits_processor", bool(logits_processor))) if given] + sorted(kwargs)

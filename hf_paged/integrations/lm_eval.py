@@ -280,10 +280,10 @@ def _name(request, position: int) -> str:
 
 
 def _seeded(model, prompts: list[list[int]], options: dict, seeds: list[int]) -> list:
-    """`generate_batch`'s own translation of these options per prompt (`_sampling_params_for`), each with its seed."""
-    from hf_paged.api.generate import _sampling_params_for
+    """`generate_batch`'s own translation of these options per prompt (`sampling_params_for`), each with its seed."""
+    from hf_paged.api.generate import sampling_params_for
 
-    per_prompt = _sampling_params_for(model, prompts, None, None, None, dict(options))
+    per_prompt = sampling_params_for(model, prompts, None, None, None, dict(options))
     return [params.replace(seed=seed) for params, seed in zip(per_prompt, seeds, strict=True)]
 
 
