@@ -298,6 +298,9 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
                                  "zip(input_ids, attention_mask)]")
     if not inputs:
         return {}
+    if model.training and _dropout_active(model):
+        warnings.warn("hf_paged: the model is in training mode with dropout, which generate_batch does not apply "
+                      "(it runs the model as in eval mode); call model.eval() first to silence this", stacklevel=2)
     engine = engine_of(model)
     prompts = token_ids_of(engine, inputs)
     if priorities is not None:
@@ -323,8 +326,7 @@ _OWN_KEYWORDS = frozenset({"constraint_mode", "max_retries"})
 
 
 def sampling_params_for(model, inputs, generation_config, logits_processor, sampling_params, kwargs):
-    """One `SamplingParams` per input, from `generate_batch`'s options (the given `sampling_params`, or the
-    generation config and keywords as `generate_batch` reads them): the one translation its callers share."""
+    """One `SamplingParams` per input from `generate_batch`'s options: the one translation its callers share."""
     if sampling_params is not None:
         also = [name for name, given in (("generation_config", generation_config is not None),
                                          ("logits_processor", bool(logits_processor))) if given] + sorted(kwargs)

@@ -61,3 +61,9 @@ def test_a_model_compiled_in_place_runs_on_stock(how):
         wrapped.forward = torch.compile(wrapped.forward, backend="eager")
     with pytest.warns(PagedFallbackWarning, match="compiled in place"):
         assert torch.equal(wrapped.generate(IDS, max_new_tokens=4, do_sample=False), expected)
+
+
+def test_generate_batch_in_training_mode_with_dropout_says_it_applies_none():
+    wrapped = hf_paged.wrap(_model(attention_dropout=0.5).train())
+    with pytest.warns(UserWarning, match="model.eval"):
+        wrapped.generate_batch([IDS[0].tolist()], max_new_tokens=2)
