@@ -32,8 +32,8 @@ _weights: dict[torch.device, torch.Tensor] = {}
 def _chunk_weights(device: torch.device) -> torch.Tensor:
     w = _weights.get(device)
     if w is None:
-        g = torch.Generator().manual_seed(0x5EED_4B56)
-        w = torch.randint(-(1 << 62), 1 << 62, (_CHUNK,), generator=g, dtype=torch.int64) * 2 + 1  # odd
+        g = torch.Generator(device="cpu").manual_seed(0x5EED_4B56)  # drawn on the CPU: the same words everywhere
+        w = torch.randint(-(1 << 62), 1 << 62, (_CHUNK,), generator=g, dtype=torch.int64, device="cpu") * 2 + 1  # odd
         w = _weights[device] = w.to(device)
     return w
 
