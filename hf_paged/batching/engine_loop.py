@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 import time
@@ -37,6 +38,20 @@ from hf_paged.errors import RequestFailedError, UnsupportedGenerationError
 logger = logging.getLogger(__name__)
 
 __all__ = ["EngineLoop", "LoopClosedError", "RequestDelta", "Submission"]
+
+_LOOPS: weakref.WeakSet[EngineLoop] = weakref.WeakSet()  # for `_after_fork`
+
+
+def _after_fork() -> None:
+    """In a forked child (gunicorn --preload, multiprocessing's fork) the parent's loop thread does not exist, yet
+    its condition still lists it as a waiter (a `notify` would wake nobody) and its locks may be held by it: each
+    loop gets fresh ones, and starts a thread of its own at its next submission."""
+    for loop in list(_LOOPS):
+        loop._cond, loop._driver = threading.Condition(), threading.Lock()
+        loop._thread, loop._turning = None, None
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 class EngineLoop:
@@ -64,6 +79,7 @@ class EngineLoop:
         self._closed = False  # no new submissions
         self._stopping = False  # the thread exits once its commands are done
         engine.add_step_listener(self._dispatch)
+        _LOOPS.add(self)
 
     # -- callers -----------------------------------------------------------------------------------------
     def submit(
