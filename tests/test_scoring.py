@@ -160,6 +160,9 @@ def test_rolling_windows_that_fit_a_step_are_never_split():
     (([5] * 600, [6]), PromptTooLongError, "cut the context from the left"),
     ((None, [5]), InvalidPromptError, "not a list of token ids"),
     ([[5]], InvalidPromptError, "request 1 is not a (context_ids, continuation_ids) pair"),
+    ({"context": [5], "continuation": [6]}, InvalidPromptError, "request 1 is a dict"),  # (was: "context 1 is text")
+    (([5, True], [6]), InvalidPromptError, "not a list of token ids"),  # (True was scored as token 1)
+    (({"input_ids": [5]}, [6]), InvalidPromptError, "tokenizer(text).input_ids"),
 ])
 def test_bad_pairs_are_refused_by_name(pair, error, words):
     model = hf_paged.wrap(tiny_model("llama"))

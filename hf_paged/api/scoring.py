@@ -125,8 +125,14 @@ def rolling_windows(tokens: Sequence[int], prefix_token_id: int, max_length: int
 def _token_list(ids, what: str) -> list[int]:
     if isinstance(ids, str | bytes):
         raise InvalidPromptError(f"{what} is text ({ids[:20]!r}...); encode it first, e.g. tokenizer(text).input_ids")
+    if isinstance(ids, dict):  # (a tokenizer's output: its input_ids are the list)
+        raise InvalidPromptError(f"{what} is a dict (keys {list(ids)[:3]}); give its token ids, e.g. "
+                                 "tokenizer(text).input_ids")
     try:
-        return [operator.index(t) for t in (ids.tolist() if hasattr(ids, "tolist") else ids)]
+        values = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        if any(isinstance(t, bool) for t in values):  # True would score token 1
+            raise TypeError
+        return [operator.index(t) for t in values]
     except TypeError:
         raise InvalidPromptError(f"{what} is not a list of token ids ({type(ids).__name__})") from None
 
@@ -141,6 +147,8 @@ class _Pair:
 
 
 def _check_pair(engine, i: int, pair) -> _Pair:
+    if isinstance(pair, dict | str | bytes):  # (unpacking would take a dict's keys, or a text's characters)
+        raise InvalidPromptError(f"request {i} is a {type(pair).__name__}, not a (context_ids, continuation_ids) pair")
     try:
         context, continuation = pair
     except (TypeError, ValueError):
