@@ -177,6 +177,8 @@ def test_rolling_refuses_bad_documents_and_lengths():
         model.loglikelihood_rolling([[4, 5], []])
     with pytest.raises(ValueError, match="max_length must be an int in"):
         model.loglikelihood_rolling([[4, 5]], max_length=10**6)
+    with pytest.raises(InvalidPromptError, match="prefix_token_id=999"):  # (it named "request 0: token ids [999]")
+        model.loglikelihood_rolling([[4, 5]], prefix_token_id=999)
 
 
 def test_unwrap_removes_the_scoring_methods():

@@ -84,6 +84,9 @@ def loglikelihood_rolling(model, documents: Sequence[Sequence[int]], *, max_leng
         raise ValueError(f"max_length must be an int in [1, {engine.max_model_len}] (the model's positions), got "
                          f"{max_length!r}")
     prefix = _prefix_token(model) if prefix_token_id is None else prefix_token_id
+    if isinstance(prefix, bool) or not isinstance(prefix, int) or not 0 <= prefix < engine.vocab_size:
+        raise InvalidPromptError(f"prefix_token_id={prefix!r} is no token id of this model (its vocabulary is [0, "
+                                 f"{engine.vocab_size})); give its BOS or EOS id, or leave it None")
     pairs, owner = [], []
     for d, document in enumerate(documents):
         tokens = _token_list(document, f"document {d}")
