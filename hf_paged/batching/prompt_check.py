@@ -66,7 +66,8 @@ def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, limits: Prom
     need = -(-num_tokens // limits.block_size)
     if need > limits.num_blocks:
         grows = whole_sequence and targets is None
-        what = f"prompt of {len(prompt_ids)} tokens" + (f" plus {output_name}={params.max_new_tokens}" if grows else "")
+        what = f"prompt of {len(prompt_ids)} tokens" + (f" plus {output_name}={params.max_new_tokens}" if grows else
+                                                          "" if targets is not None else " and its first new token")
         return PromptTooLongError(
             f"{what} needs {need} blocks but the pool has {limits.num_blocks} (of {limits.block_size} tokens): "
             + (f"lower {output_name}, or {pool_fix}" if grows else pool_fix)
