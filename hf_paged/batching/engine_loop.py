@@ -145,7 +145,7 @@ class EngineLoop:
         with self._cond:
             if self._closed:
                 raise LoopClosedError("the engine loop was shut down; create a new Engine to serve again")
-            if self._thread is None or not self._thread.is_alive():  # (dead: the parent's, in a forked child)
+            if self._thread is None:
                 self._thread = threading.Thread(target=serve, args=(weakref.ref(self), self._cond),
                                                 name="hf_paged-engine-loop", daemon=True)
                 weakref.finalize(self, wake, self._cond)  # a loop nobody holds is collected: its thread ends
@@ -248,7 +248,7 @@ class EngineLoop:
             self._commands.append(command)
             if wake:
                 self._cond.notify()
-        if (self._thread is None or not self._thread.is_alive()) and not self._closed:
+        if self._thread is None and not self._closed:
             self.start()
 
     def _wake(self) -> None:

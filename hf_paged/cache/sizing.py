@@ -32,21 +32,26 @@ def long_rope_limit(config) -> int | None:
     every position with its long factors, and stock `generate` recomputes the whole sequence when it crosses (its
     cache was rotated with the short ones): kept blocks cannot follow that, so the engine serves sequences up to it
     and `generate` runs longer ones on stock."""
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
-    if not isinstance(params, dict) or params.get("rope_type", params.get("type")) != "longrope":
+    text, params, kind = _rope(config)
+    if kind != "longrope":
         return None
     short = params.get("original_max_position_embeddings") or getattr(text, "original_max_position_embeddings", None)
     return int(short) if short else None
 
 
+def _rope(config) -> tuple:
+    """(the decoder's config, its rotary parameters (a dict, or None), their type name or None)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
+    if not isinstance(params, dict):
+        return text, None, None
+    return text, params, params.get("rope_type", params.get("type"))
+
+
 def length_dependent_rope(config) -> str | None:
     """The name of a rotary scheme whose frequencies change once a sequence passes the model's positions (stock
     rotates what follows with other frequencies), else None: LongRoPE (Phi-3 128k) and dynamic NTK scaling."""
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None)
-    kind = params.get("rope_type", params.get("type")) if isinstance(params, dict) else None
-    return {"longrope": "LongRoPE", "dynamic": "dynamic NTK"}.get(kind)
+    return {"longrope": "LongRoPE", "dynamic": "dynamic NTK"}.get(_rope(config)[2])
 
 
 def windowed_attention(config) -> bool:

@@ -350,7 +350,7 @@ from tests.tiny_models import ragged_prompts, stock_greedy, tiny_model
 torch.set_num_threads(1)  # (libgomp's pool is not fork-safe: a forked child runs one torch thread, as here)
 model = hf_paged.wrap(tiny_model("llama"))
 prompts = ragged_prompts([7, 9], seed=4)
-expected = [stock_greedy(model, prompts[:1], 4)[0], stock_greedy(model, prompts[1:], 12)[0][-4:]]
+expected = [stock_greedy(model, prompts[:1], 12)[0][-4:], stock_greedy(model, prompts[1:], 40)[0][-4:]]
 model.generate(torch.tensor([prompts[0]]), max_new_tokens=2, do_sample=False)  # starts the parent's loop thread
 class Started:  # a streamer that says when the first caller's generate is under way (it drives the steps)
     def __init__(self):
@@ -364,10 +364,10 @@ def child(results):
     def one(i, n, streamer=None):
         got[i] = model.generate(torch.tensor([prompts[i]]), max_new_tokens=n, do_sample=False,
                                 streamer=streamer)[0, -4:].tolist()
-    first = threading.Thread(target=one, args=(0, 4, started), daemon=True)
+    first = threading.Thread(target=one, args=(0, 12, started), daemon=True)
     first.start()
     started.event.wait(30)
-    second = threading.Thread(target=one, args=(1, 12), daemon=True)  # outlives the driver: the loop thread's
+    second = threading.Thread(target=one, args=(1, 40), daemon=True)  # outlives the driver: the loop thread's
     second.start()
     first.join(60)
     second.join(60)
