@@ -157,11 +157,12 @@ def test_bad_arguments_give_one_line_and_exit_status_2(argv, message, files, qui
     assert captured.out == ""
 
 
-def test_a_real_process_prints_one_line_without_traceback():
-    """`python -m hf_paged.cli` (the module run as `__main__`): a `CliError` raised in a helper (`cli_bench`) is
-    still the class `main` catches."""
+@pytest.mark.parametrize("module", ["hf_paged.cli", "hf_paged"])
+def test_a_real_process_prints_one_line_without_traceback(module):
+    """`python -m hf_paged.cli` and `python -m hf_paged` (the module run as `__main__`): a `CliError` raised in a
+    helper (`cli_bench`) is still the class `main` catches."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
-    run = subprocess.run([sys.executable, "-m", "hf_paged.cli", "bench", "--model", "/no/such/model"],
+    run = subprocess.run([sys.executable, "-m", module, "bench", "--model", "/no/such/model"],
                          capture_output=True, text=True, env=env, timeout=120)
     assert run.returncode == 2, run.stderr
     assert_one_line_error(run.stderr, "model '/no/such/model' not found")
