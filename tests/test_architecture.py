@@ -33,6 +33,7 @@ ALLOWED = {
             "errors", "lazy", "compat"},
     "integrations": {"compat", "distributed", "batching", "processors", "config", "errors", "lazy", "api"},
     "programs": {"compat", "batching", "cache", "processors", "config", "errors", "lazy", "api"},
+    "__main__": {"cli"},  # `python -m hf_paged`: the command line, nothing else
 }
 
 # Cycles present when this test was written (issue 19 removed the three inside `processors/`); a new cycle fails the
@@ -118,7 +119,7 @@ def test_the_top_level_holds_only_leaves_and_the_face():
     """At most 8 modules directly in `hf_paged/`: the face and the leaves every layer may use; the rest are stages
     in folders."""
     top = sorted(p.name for p in ROOT.glob("*.py"))
-    assert len(top) <= 8, top
+    assert len([p for p in top if p != "__main__.py"]) <= 8, top
     assert all(p.removesuffix(".py") in ALLOWED or p == "__init__.py" for p in top), top
 
 
