@@ -10,6 +10,7 @@ library's underscore names (`tests/test_compat.py::test_private_names_only_here`
                                  stock_logits_processors, get/set_attn_implementation, has_attn_implementation
     torch         2.13.0         module_is_hooked, global_forward_hooks
     numba         0.68.1         numba_cache_index
+    accelerate    1.16.0         execution_device (its hooks' `_hf_hook.execution_device`)
 
 The library imports happen inside the functions: this module is a leaf any layer may import.
 """
@@ -22,6 +23,7 @@ from typing import Any
 __all__ = [
     "CHECKED_WITH",
     "compiled_in_place",
+    "execution_device",
     "forward_hook_keys",
     "get_attn_implementation",
     "global_forward_hooks",
@@ -38,7 +40,7 @@ __all__ = [
     "stock_stopping_criteria",
 ]
 
-CHECKED_WITH = {"transformers": "5.25.0", "torch": "2.13.0", "numba": "0.68.1"}
+CHECKED_WITH = {"transformers": "5.25.0", "torch": "2.13.0", "numba": "0.68.1", "accelerate": "1.16.0"}
 
 
 # -- transformers: GenerationMixin's preparation steps, so the engine builds exactly what stock generate builds ----
@@ -139,6 +141,26 @@ def global_forward_hooks() -> bool:
     from torch.nn.modules import module
 
     return bool(module._global_forward_hooks or module._global_forward_pre_hooks)
+
+
+# -- accelerate: where a model with offloaded weights computes ------------------------------------------------------
+def execution_device(model: Any) -> Any:
+    """The device `model` computes on: its first parameter's that holds data, or, where accelerate offloads every
+    weight (`cpu_offload`, `disk_offload`, `device_map` with "cpu"/"disk" entries: parameters on the meta device,
+    loaded by the hooks around each module's forward), the execution device of the first hook that names one
+    (`module._hf_hook.execution_device`). The meta device when neither is known."""
+    import torch
+
+    meta = None
+    for param in model.parameters():
+        if param.device.type != "meta":
+            return param.device
+        meta = param.device
+    for module in model.modules():
+        device = getattr(getattr(module, "_hf_hook", None), "execution_device", None)
+        if device is not None:
+            return torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    return meta if meta is not None else torch.device("cpu")
 
 
 # -- numba: what its on-disk cache holds -------------------------------------------------------------------------

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent / "hf_paged"
 # The private names compat.py wraps: none may appear in another module of hf_paged.
 PRIVATE = re.compile(r"(?<!\w)(?:_prepare_generation_config|_prepare_special_tokens|_get_stopping_criteria|_get_logits_processor"
                      r"|_attn_implementation_internal|_forward_hooks|_forward_pre_hooks|_compiled_call_impl"
-                     r"|_global_forward|_cache_file|_load_index|_parameters\.values|_buffers\.values)")
+                     r"|_global_forward|_cache_file|_load_index|_parameters\.values|_buffers\.values|_hf_hook)")
 
 
 def test_private_names_only_here():

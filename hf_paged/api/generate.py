@@ -33,6 +33,7 @@ from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, a
 from hf_paged.cache.sizing import length_dependent_rope, windowed_attention
 from hf_paged.compat import (
     compiled_in_place,
+    execution_device,
     has_default_max_length,
     prepare_generation_config,
     prepare_special_tokens,
@@ -207,10 +208,8 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
                       "before their constrained document was complete, so their text will not parse; raise "
                       "max_new_tokens (or set SamplingParams.max_retries with generate_batch)",
                       IncompleteDocumentWarning, stacklevel=2)
-    return assemble_generate_output(
-        rows, ordered, gen_config, pad_token_id, factory.vocab_size,
-        scores=[o.scores or [] for o in ordered], logits=[o.logits or [] for o in ordered],
-    )
+    return assemble_generate_output(rows, ordered, gen_config, pad_token_id, factory.vocab_size,
+                                    scores=[o.scores or [] for o in ordered], logits=[o.logits or [] for o in ordered])
 
 
 def _stock_criteria(model, gen_config: GenerationConfig, stopping_criteria, tokenizer, padded_len: int,
@@ -356,7 +355,7 @@ def sampling_params_for(model, inputs, generation_config, logits_processor, samp
                          f"nor hf_paged's ({', '.join(sorted(_OWN_KEYWORDS))}); check the spelling")
     if kwargs:
         gen_config = GenerationConfig.from_dict({**gen_config.to_dict(), **kwargs})
-    factory = ProcessorFactory(model, gen_config, logits_processor, None)
+    factory = ProcessorFactory(model, gen_config, logits_processor, execution_device(model))
     overrides: dict[str, Any] = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {}
     if tokenizer is not None:
         overrides["tokenizer"] = tokenizer

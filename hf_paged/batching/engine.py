@@ -42,6 +42,7 @@ from hf_paged.cache.block_size import resolve_block_size
 from hf_paged.cache.kernels import check_backend as check_attention_backend
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.sizing import kv_shape_of
+from hf_paged.compat import execution_device
 from hf_paged.config import PagedConfig
 from hf_paged.errors import HfPagedError, OutOfBlocksError, RequestFailedError
 from hf_paged.kv_transfer import KVStore, connector_for, model_changed
@@ -58,13 +59,11 @@ class Engine:
 
     def __init__(self, model: torch.nn.Module, config: PagedConfig | None = None, *, kv_store: KVStore | None = None):
         self.model = model
-        param = next(model.parameters())
-        self.config = resolve_block_size(config or PagedConfig(), model.config, param.dtype, param.device)  # "auto"
-        check_attention_backend(self.config.attention_backend, param.device)
-        self.cache = PagedCache(
-            model.config, self.config, dtype=param.dtype, device=param.device,
-            prefix_cache=self.config.enable_prefix_caching,
-        )
+        dtype, device = next(model.parameters()).dtype, execution_device(model)  # (offloaded weights: the hooks')
+        self.config = resolve_block_size(config or PagedConfig(), model.config, dtype, device)  # "auto"
+        check_attention_backend(self.config.attention_backend, device)
+        self.cache = PagedCache(model.config, self.config, dtype=dtype, device=device,
+                                prefix_cache=self.config.enable_prefix_caching)
         self.kv = self.cache.manager
         self.scheduler = Scheduler(
             self.config, self.kv, extra_keys=self._extra_keys,

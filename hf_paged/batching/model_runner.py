@@ -24,6 +24,7 @@ from hf_paged.cache.attention_switch import attention_configs, use_attention
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.sparse_prefill import SparsePrefill
+from hf_paged.compat import execution_device
 
 
 class ModelRunner:
@@ -126,6 +127,6 @@ class ModelRunner:
 
 def _input_device(model: torch.nn.Module) -> torch.device:
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
-    if embeddings is not None and hasattr(embeddings, "weight"):
+    if embeddings is not None and hasattr(embeddings, "weight") and not embeddings.weight.is_meta:
         return embeddings.weight.device
-    return next(model.parameters()).device
+    return execution_device(model)  # (embeddings offloaded by accelerate: its hooks move them where they compute)

@@ -25,6 +25,7 @@ import torch
 
 from hf_paged.cache.attention_switch import attention_configs, use_attention
 from hf_paged.cache.head_merge import HeadMergePlan
+from hf_paged.compat import execution_device
 
 __all__ = ["calibrate_head_merge", "choose_layer_merge", "head_distances", "measure_head_distances",
            "plan_from_distances"]
@@ -46,7 +47,7 @@ def measure_head_distances(model: torch.nn.Module, samples: Sequence[Sequence[in
     if not samples:
         raise ValueError("calibrate_head_merge needs at least one sample; pass token id lists")
     total = None
-    device = next(model.parameters()).device
+    device = execution_device(model)
     with use_attention(attention_configs(model), "eager"):  # only eager attention returns the maps
         for sample in samples:
             out = model(torch.tensor([list(sample)], device=device), output_attentions=True, use_cache=False)

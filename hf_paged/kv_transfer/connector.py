@@ -35,6 +35,7 @@ import torch
 from hf_paged.cache.digests import prefix_digests
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.tree_nodes import TreeNode
+from hf_paged.compat import execution_device
 from hf_paged.errors import InvalidConfigError
 from hf_paged.kv_transfer.block_format import DecodedBlock
 from hf_paged.kv_transfer.codec import stack_blocks
@@ -112,7 +113,7 @@ class KVConnector:
         self.hot = HotBlockPublisher(store, self.saver, self._keys, self.block_size) if save_on == "hot" else None
         self.digests = RequestDigests(self.block_size)  # waiting requests' digests, hashed once
         self.cost = cost_model if cost_model is not None else TransferCostModel()
-        self._clock = StepClock(next(model.parameters()).device)  # times steps for the cost model
+        self._clock = StepClock(execution_device(model))  # times steps for the cost model
         self._recompute: set[Hashable] = set()  # sequences to load no (more) blocks for: the cost model chose
         # recomputing, or their paced load ended
         self.paced = PacedLoads(self)  # waiting requests' blocks written a chunk a step (paced_load.py)

@@ -42,6 +42,7 @@ import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
+from hf_paged.compat import execution_device
 from hf_paged.kv_transfer.block_format import DecodedBlock
 from hf_paged.kv_transfer.codec import ensure_storage
 from hf_paged.kv_transfer.cost_model import work_clock
@@ -80,7 +81,7 @@ class PacedLoads:
 
     def __init__(self, connector) -> None:
         self.c = connector  # the `KVConnector` these loads belong to (not imported here: it imports this module)
-        self._now = work_clock(next(connector.model.parameters()).device)  # the step clock's (`StepTimes` units)
+        self._now = work_clock(execution_device(connector.model))  # the step clock's (`StepTimes` units)
         self._staged: dict[Hashable, StagedLoad] = {}
         self._written: dict[Hashable, tuple[int, int]] = {}  # ended loads: the prompt tokens (start, end) written
         self._kept: dict[Hashable, StagedLoad] = {}  # a load whose head is read again (`_reask`): its blocks read

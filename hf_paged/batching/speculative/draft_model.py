@@ -21,6 +21,7 @@ from hf_paged.batching.speculative.draft import Draft
 from hf_paged.batching.step_inputs import build_step_inputs
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.sizing import kv_shape_of
+from hf_paged.compat import execution_device
 from hf_paged.config import PagedConfig
 from hf_paged.errors import UnsupportedGenerationError
 
@@ -47,7 +48,7 @@ class DraftModelProposer:
                              attention_backend=attention_backend)
         self.model = model
         self.vocab_size = vocab_size
-        self.cache = PagedCache(model.config, config, dtype=param.dtype, device=param.device)
+        self.cache = PagedCache(model.config, config, dtype=param.dtype, device=execution_device(model))
         self.kv = self.cache.manager
         self.runner = ModelRunner(model, self.cache)
         self.max_model_len = kv_shape_of(model.config).max_model_len

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from hf_paged.cache.attention_switch import attention_configs, use_attention
+from hf_paged.compat import execution_device
 
 
 @dataclass(slots=True)
@@ -85,7 +86,7 @@ def calibrate_retrieval_heads(
     with use_attention(attention_configs(model), "eager"):  # only eager attention returns the maps
         total = None
         for sample in samples:
-            ids = torch.tensor([list(sample)], device=next(model.parameters()).device)
+            ids = torch.tensor([list(sample)], device=execution_device(model))
             out = model(ids, output_attentions=True, use_cache=False)
             scores = retrieval_scores(out.attentions, num_kv_heads, window=window, num_sink_tokens=num_sink_tokens,
                                       num_queries=num_queries)
@@ -176,7 +177,7 @@ def calibrate_streaming_heads(
     AttentionInterface.register(_CALIBRATION_ATTENTION, masker)
     kl = torch.zeros(num_layers, num_kv_heads)
     with use_attention(attention_configs(model), _CALIBRATION_ATTENTION):
-        device = next(model.parameters()).device
+        device = execution_device(model)
         for sample in samples:
             ids = torch.tensor([list(sample)], device=device)
             masker.heads = set()
