@@ -88,6 +88,16 @@ def test_sampling_shapes_dtypes_and_dict_outputs(model, batch):
     assert repeated.shape == (6, ids.shape[1] + 4)
 
 
+def test_top_p_zero_keeps_the_most_likely_token_as_stock(model, batch):
+    """`do_sample=True, top_p=0.0`: stock's TopPLogitsWarper keeps the most likely token alone (greedy); the engine
+    refused it ("SamplingParams.top_p must be in (0, 1]")."""
+    ids, mask = batch
+    stock = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True, top_p=0.0)
+    assert torch.equal(stock, model.generate(ids, attention_mask=mask, max_new_tokens=6))
+    hf_paged.wrap(model)
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=True, top_p=0.0), stock)
+
+
 def test_eos_and_pad_like_stock(model, batch):
     ids, mask = batch
     free = model.generate(ids, attention_mask=mask, max_new_tokens=8)

@@ -103,8 +103,8 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.temperature must be > 0 when sampling, got {self.temperature!r}")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
             raise ValueError(f"SamplingParams.top_k must be None or an int >= 0, got {self.top_k!r}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p!r}")
+        if not 0 <= self.top_p <= 1:  # 0 keeps the most likely token alone, as stock's TopPLogitsWarper does
+            raise ValueError(f"SamplingParams.top_p must be in [0, 1], got {self.top_p!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not -(2**63) <= self.seed < 2**63):
             raise ValueError(f"SamplingParams.seed must be None or an int in [-2**63, 2**63), got {self.seed!r}")
