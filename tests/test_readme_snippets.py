@@ -1,5 +1,7 @@
 """Every ```python block of README.md runs as written, in order, in one namespace (the README says the snippets
-continue each other), with the model path swapped for the embedded model; the constrained one yields valid JSON."""
+continue each other), with the model path swapped for the embedded model; the constrained one yields valid JSON.
+The blocks that talk to `hf-paged serve` (the curl command, the OpenAI client, `hp.remote`) run against a real
+server on 127.0.0.1 over the embedded model, served under the README's model name."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ import contextlib
 import io
 import json
 import re
+import urllib.request
 from pathlib import Path
 
 import jsonschema
@@ -16,10 +19,12 @@ import hf_paged
 from hf_paged.api.models import DEFAULT_MODEL_PATH
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-# Blocks not run, by their first line, and why. Only what needs a GPU or a server belongs here.
+# Blocks not run in order, by their first line, and why. Only what needs a GPU or a server belongs here.
 SKIPPED = {
-    "from openai import OpenAI": "a client of a running `hf-paged serve` (tests/serving covers the server)",
+    "from openai import OpenAI": "a client of a running `hf-paged serve`: test_the_server_snippets",
+    'server = hp.remote("http://127.0.0.1:8000", timeout=120)': "a running `hf-paged serve`: test_the_server_snippets",
 }
+README_URL = "http://127.0.0.1:8000"  # where the README's server snippets find `hf-paged serve`
 # `path = "..."` names the user's model (a hub id): the embedded model stands in for it, offline.
 _PATH_LINE = re.compile(r'^path = "[^"\n]*"', re.MULTILINE)
 FINISH_REASONS = ("stop", "length", "length_incomplete", "scored", "abort", "error")  # every value the engine sets
@@ -103,3 +108,55 @@ def test_the_readme_says_what_a_new_user_needs(readme):
     table = readme[readme.index("| `finish_reason` |"):]
     rows = re.findall(r'^\| `"([a-z_]+)"` \|', table, re.MULTILINE)
     assert rows == list(FINISH_REASONS)
+
+
+def _server_block(readme: str, starts: str) -> str:
+    blocks = [b for b in re.findall(r"^```(?:python|bash)\n(.*?)^```", readme, re.DOTALL | re.MULTILINE) if starts in b]
+    assert len(blocks) == 1, f"one README block holds {starts!r}"
+    return blocks[0]
+
+
+def test_the_server_snippets_run_against_a_local_server(readme, ran):
+    """The curl command, the OpenAI client and `hp.remote`, as written, against the embedded model served as
+    `hf-paged serve` serves it (name `hf-paged/tiny-lm`); `hp.remote` gives the in-process program's fields."""
+    pytest.importorskip("fastapi")
+    pytest.importorskip("openai")
+    import torch
+
+    from hf_paged import Engine, PagedConfig
+    from hf_paged.serving import ServerSettings, build_app
+    from tests.serving.conftest import ServerThread, wait_idle
+
+    namespace, _ = ran
+    served, served_tokenizer = hf_paged.default_model()
+    engine = Engine(served, PagedConfig(block_size=16))
+    with ServerThread(build_app(engine, served_tokenizer, ServerSettings(model_name="hf-paged/tiny-lm"))) as server:
+        curl = _server_block(readme, "curl " + README_URL)
+        path = re.search(r"curl " + re.escape(README_URL) + r"(\S+)", curl).group(1)
+        body = re.search(r"-d '([^']*)'", curl).group(1)
+        request = urllib.request.Request(server.url + path, data=body.encode(),
+                                         headers={"content-type": "application/json"})
+        with urllib.request.urlopen(request, timeout=60) as response:
+            answer = json.loads(response.read())
+        assert answer["model"] == json.loads(body)["model"]
+        assert answer["choices"][0]["finish_reason"] in ("stop", "length")
+
+        torch.manual_seed(0)  # the chat request samples (OpenAI's default temperature 1) from the global generator
+        client = _server_block(readme, "from openai import OpenAI").replace(README_URL, server.url)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = compile(client, "README.md block 'from openai import OpenAI'", "exec")
+            exec(code, dict(namespace))  # noqa: S102 (the README's code)
+        jsonschema.validate(json.loads(out.getvalue()), namespace["schema"])  # the streamed text is one document
+
+        remote = _server_block(readme, f'hp.remote("{README_URL}"').replace(README_URL, server.url)
+        scope = dict(namespace)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            code = compile(remote, "README.md block 'server = hp.remote(...)'", "exec")
+            exec(code, scope)  # noqa: S102 (the README's code)
+        local, over_http = namespace["state"], scope["state"]
+        assert over_http["intent"] == local["intent"] and over_http["option"] == local["option"]  # greedy: equal
+        assert json.loads(scope["filled"].text)["intent"] in ("billing", "other")
+        assert out.getvalue().split() == [over_http["intent"], json.loads(scope["filled"].text)["intent"]]
+        wait_idle(engine)
