@@ -10,7 +10,10 @@ request (the continuous-batching engine), one preallocated bitmask.
 
 A guide state is a plain automaton state id: advancing walks the token's bytes through the byte automaton.
 EOS: every EOS/stop id is allowed exactly in final states. A row whose document emitted EOS, or that was fed a
-token the automaton refuses (e.g. forced by another processor), may only produce EOS from then on.
+token the automaton refuses (e.g. forced by another processor), may only produce EOS from then on. So may a row
+that reaches a dead end of the vocabulary: a state the text may continue from, but with no token that spells a
+continuation (a vocabulary without byte fallback that lacks a character, e.g. a Unigram one without `\\`); its
+`error` says so, and the document ends unfinished rather than with a row of -inf logits (NaN when sampled).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import numpy as np
 import torch
 from transformers import LogitsProcessor
 
-from hf_paged.errors import SchemaTooComplexError
+from hf_paged.errors import SchemaTooComplexError, TokenizerError
 from hf_paged.processors.automaton import Grammar, check_automaton, validate_regex
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index import (
@@ -169,12 +172,33 @@ class GuidedLogitsProcessor(LogitsProcessor):
     def _row_mask(self, state: GuideState, compiled: CompiledIndex) -> StateMask:
         if state.finished or state.error is not None:
             return self._eos_only
-        return compiled.mask(state.state)
+        mask = compiled.mask(state.state)
+        if mask.num_allowed == 0:
+            self._dead_end(state)
+            return self._eos_only
+        return mask
+
+    def _dead_end(self, state: GuideState) -> None:
+        state.error = (
+            f"no token of the vocabulary continues the text in automaton state {state.state} (the tokenizer cannot "
+            "spell any character the constraint allows next: a vocabulary without byte fallback)"
+        )
+        logger.warning("guided decoding: %s; the document is ended (only EOS allowed from now on)", state.error)
+
+    def _check_width(self, scores: torch.Tensor) -> None:
+        width, needed = scores.shape[-1], self.vocab.min_logits_width
+        if width < needed:
+            raise TokenizerError(
+                f"the logits have {width} columns but the tokenizer's vocabulary has ids up to {needed - 1} that the "
+                f"constraint may allow: the model cannot produce them. Build the processor with the model's own "
+                "tokenizer, or after adding tokens call model.resize_token_embeddings(len(tokenizer))"
+            )
 
     def _mask(self, states: Sequence[GuideState], scores: torch.Tensor) -> torch.Tensor:
         if self._copy_done is not None:  # the last asynchronous upload still reads the buffer we rewrite
             self._copy_done.synchronize()
             self._copy_done = None
+        self._check_width(scores)
         bitmask = self._ensure_rows(len(states))
         compiled = self.compiled
         masks = [self._row_mask(state, compiled) for state in states]
@@ -272,13 +296,19 @@ class GuidedLogitsProcessor(LogitsProcessor):
     def allows(self, request_id: str, generated: Sequence[int], token_id: int) -> bool:
         """True when `token_id` may follow `generated` for this request: the bit of the state's memoised mask when
         it has one, else a walk of the token's bytes; no vocabulary mask is computed (resample mode). EOS ids are
-        allowed exactly in final states (and alone once the document ended). The state is not moved."""
+        allowed exactly in final states (and alone once the document ended, or at a dead end of the vocabulary, which
+        an EOS asked at a state that is not final reads the state's mask to tell). The state is not moved."""
         state = self._request_state(request_id, generated)
         if state.finished or state.error is not None:
             return token_id in self._eos_set
         compiled = self.compiled
         if token_id in self._eos_set:
-            return compiled.index.is_final_state(state.state)
+            if compiled.index.is_final_state(state.state):
+                return True
+            if compiled.mask(state.state).num_allowed == 0:  # a dead end of the vocabulary: the document ends
+                self._dead_end(state)
+                return True
+            return False
         if not 0 <= token_id < self.vocab.vocab_size:
             return False
         mask = compiled.state_mask(state.state)

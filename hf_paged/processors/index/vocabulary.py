@@ -7,11 +7,25 @@ back to its raw bytes, offline:
 |--------------------------------------|--------------------------|----------------------------------------|
 | byte-level BPE (GPT-2, Llama 3, Qwen) | `Ġ{"`                    | inverse of GPT-2's `bytes_to_unicode`  |
 | SentencePiece with byte fallback      | `▁{"`, `<0x0A>`          | `▁` -> space, `<0xNN>` -> one byte      |
-| added non-special tokens             | `<tool>` (literal)       | its UTF-8 content                      |
+| added non-special tokens             | `<tool>`, `\n\n`, `ĠX`   | as the family's tokens (the decoder    |
+|                                      |                          | reads them too): `ĠX` -> " X" in a     |
+|                                      |                          | byte-level tokenizer, `\n\n` as UTF-8  |
 | anything else (WordPiece, ...)        | `##ab`                   | `tokenizer.decode([id])`               |
 
 Special tokens (BOS, PAD, EOS, chat markers...) are never part of the automaton: EOS is handled by the guide
-(outlines-core takes exactly ONE EOS id; the others are mirrored onto its bit by the processors).
+(outlines-core takes exactly ONE EOS id; the others are mirrored onto its bit by the processors). A constraint
+that allows the text `<|im_start|>` gets it spelled by regular tokens, never as the special token (outlines does
+the same); added tokens that are not special are text like any other.
+
+What the processors match is the tokens' bytes in sequence, as `decode` writes them after a prompt. Two decode
+options rewrite that text, so decode generated ids with them off to read back what was matched:
+- a SentencePiece dummy prefix (Metaspace `prepend_scheme="always"`, Llama's `add_dummy_prefix`): decoding the
+  generated ids alone drops the first token's leading space; `▁{` is `" {"` here (outlines reads it the same way),
+  so a constraint without leading whitespace never starts with it;
+- `clean_up_tokenization_spaces=True` (WordPiece and Unigram tokenizers; transformers 5 ignores it for BPE) turns
+  `"a ."` into `"a."`.
+Logits may be wider than `vocab_size` (padded lm_head rows: always masked), never narrower than
+`min_logits_width` (the processors raise `TokenizerError`).
 """
 
 from __future__ import annotations
@@ -43,6 +57,9 @@ class TokenVocabulary:
     kind: str  # "byte_level" | "sentencepiece" | "decode": how token strings were mapped to bytes
     # token bytes -> ids spelling them (regular tokens only): what the lazy token index builds its trie from
     tokens: dict[bytes, tuple[int, ...]] = field(default_factory=dict, compare=False, repr=False)
+    # 1 + the largest id a mask may allow (a regular token or an EOS): logits narrower than this cannot be masked
+    # (padded rows past `vocab_size` are fine; special ids past it are never allowed, so they need no column)
+    min_logits_width: int = 0
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -150,8 +167,11 @@ def token_bytes_map(tokenizer: Any) -> tuple[dict[int, bytes], set[int], str]:
         if token_id in special:
             continue
         if token_id in added:
-            out[token_id] = added[token_id].encode("utf-8")  # added tokens are matched literally
-        elif kind == "byte_level":
+            # `decode` runs an added token's content through the decoder like any token: a byte-level decoder turns
+            # "ĠX" into " X" (and "é", itself a byte-level character, into the lone byte 0xE9), keeping the UTF-8 of
+            # contents it cannot read ("\n\n", "  ", "中"); a SentencePiece one turns "▁" into a space
+            token = added[token_id]
+        if kind == "byte_level":
             raw = _byte_level_bytes(token)
             out[token_id] = raw if raw is not None else token.encode("utf-8")
         elif kind == "sentencepiece":
@@ -247,6 +267,7 @@ def build_vocabulary(tokenizer: Any, eos_token_id: int | Iterable[int] | None = 
                 num_tokens=sum(len(ids) for ids in grouped.values()),
                 kind=kind,
                 tokens={raw: tuple(ids) for raw, ids in grouped.items()},
+                min_logits_width=max(max((max(ids) for ids in grouped.values()), default=-1), *eos_ids) + 1,
             )
             _BY_FINGERPRINT[fingerprint] = cached
         _BY_TOKENIZER[memo_key] = (_ref(tokenizer), size, fingerprint)
