@@ -36,6 +36,7 @@ _LAZY = {
     "default_model": "hf_paged.api.models",
     "PagedFallbackWarning": "hf_paged.api.generate",
     "IncompleteDocumentWarning": "hf_paged.api.generate",
+    "weights_changed": "hf_paged.batching.weights",
 }
 
 __all__ = ["PagedConfig", "errors", *_LAZY]  # noqa: PLE0604 -- the lazy names are strings
@@ -73,5 +74,6 @@ if TYPE_CHECKING:  # pragma: no cover
     from hf_paged.batching.request import RequestOutput as RequestOutput
     from hf_paged.batching.request import RequestStatus as RequestStatus
     from hf_paged.batching.sampling import SamplingParams as SamplingParams
+    from hf_paged.batching.weights import weights_changed as weights_changed
     from hf_paged.cache.paged_cache import PagedCache as PagedCache
     from hf_paged.cache.paged_cache import PagedLayer as PagedLayer
