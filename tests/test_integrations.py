@@ -83,3 +83,66 @@ def test_device_map_model_generates(tmp_path):
     hf_paged.wrap(model)
     outs = model.generate_batch(ragged_prompts([6, 9]), max_new_tokens=6)
     assert [o.generated_tokens for o in outs.values()] == expected
+
+
+def _stock_without_autocast(model, prompts, max_new_tokens):
+    """Stock greedy generate with the model's own forward (accelerate's mixed-precision wrapper set aside)."""
+    wrapper = model.__dict__.pop("forward", None)
+    try:
+        was_wrapped = hf_paged.is_wrapped(model)
+        hf_paged.unwrap(model)
+        expected = stock_greedy(model, prompts, max_new_tokens)
+        if was_wrapped:
+            hf_paged.wrap(model, block_size=8)
+        return expected
+    finally:
+        if wrapper is not None:
+            model.forward = wrapper
+
+
+@pytest.mark.parametrize("prewrapped", [False, True])
+def test_trainer_callback_under_mixed_precision(tmp_path, prewrapped):
+    """Trainer(bf16=True) on fp32 weights: accelerate wraps `model.forward` in autocast. The engine's first forward
+    under it failed (keys and values of two dtypes) and every evaluation logged the metric of empty texts (0.0),
+    silently. The callback now generates with the original forward and puts the wrapper back."""
+    model = tiny_model("llama")
+    system = ragged_prompts([40], seed=11)[0]
+    prompts = [system + q for q in ragged_prompts([3, 5, 7], seed=12)]
+    if prewrapped:
+        hf_paged.wrap(model, block_size=8)
+    forwards = []
+
+    def matches_stock(texts, references):
+        forwards.append(model.__dict__.get("forward"))  # (the metric runs after the wrapper was put back)
+        return float([[int(t) for t in text.split()] for text in texts] == _stock_without_autocast(model, prompts, 8))
+
+    callback = PagedGenerationCallback(prompts, metric=matches_stock, max_new_tokens=8,
+                                       paged_config=hf_paged.PagedConfig(block_size=8))
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=4, eval_strategy="steps", eval_steps=2, bf16=True,
+                             per_device_train_batch_size=4, per_device_eval_batch_size=4, learning_rate=5e-2,
+                             report_to=[], use_cpu=True, save_strategy="no", logging_steps=1, disable_tqdm=True)
+    Trainer(model=model, args=args, train_dataset=RandomTokens(16), eval_dataset=RandomTokens(4, seed=1),
+            callbacks=[callback]).train()
+    assert [h["metrics"]["eval_generation_matches_stock"] for h in callback.history] == [1.0, 1.0]
+    assert all(h["tokens"] and all(h["tokens"]) for h in callback.history)
+    assert forwards[0] is not None and all(f is forwards[0] for f in forwards)  # accelerate's wrapper, kept
+    assert model.__dict__.get("forward") is forwards[0] and hf_paged.is_wrapped(model) == prewrapped
+
+
+def test_callback_evaluates_inside_autocast():
+    model = tiny_model("llama")
+    prompts = ragged_prompts([12, 7], seed=3)
+    callback = PagedGenerationCallback(prompts, max_new_tokens=6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        callback.evaluate(model)
+    assert callback.history[-1]["tokens"] == stock_greedy(model, prompts, 6)
+
+
+def test_callback_raises_when_a_generation_fails():
+    """A prompt the engine refuses (longer than the model's positions) ended FAILED with no tokens, and the
+    callback scored its empty text."""
+    model = tiny_model("llama")
+    callback = PagedGenerationCallback([[5] * 600, [6, 7, 8]], references=["", ""], max_new_tokens=4)
+    with pytest.raises(hf_paged.errors.RequestFailedError, match="prompt 0 failed at step 3: prompt of 600 tokens"):
+        callback.evaluate(model, step=3)
+    assert not hf_paged.is_wrapped(model) and not model.training

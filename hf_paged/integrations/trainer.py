@@ -8,6 +8,13 @@ Correct while the weights change between evaluations: the engine fingerprints th
 drops its prefix cache when they moved, so no K/V computed under old weights is ever reused. The model is left as
 found: its train/eval mode is restored, and it is unwrapped again unless it was wrapped before.
 
+Mixed precision (`TrainingArguments(bf16=True)` / `fp16=True` on fp32 weights): accelerate replaces `model.forward`
+with an autocast wrapper (keeping the original as `model._original_forward`). The engine computes in the weights'
+dtype and does not follow autocast (its first forward under it failed: keys and values of two dtypes), so each
+evaluation generates with the original forward and autocast off, as the model saved at the end computes, and puts
+the wrapper back.
+A prompt whose generation fails raises `RequestFailedError` naming it (its empty text was scored before).
+
 Several processes (`torchrun` / `accelerate launch`, Trainer in DDP): Trainer calls `on_evaluate` on every rank;
 each rank generates its shard of the prompts (`hf_paged.distributed.run_sharded`), the outputs are gathered, and
 every rank computes and logs the same numbers on all prompts (as Trainer's own eval metrics are the same on every
@@ -18,7 +25,8 @@ rank's time.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -26,6 +34,7 @@ from transformers import TrainerCallback
 
 from hf_paged.config import PagedConfig
 from hf_paged.distributed import run_sharded, world
+from hf_paged.errors import RequestFailedError
 
 
 def exact_match(texts: Sequence[str], references: Sequence[str]) -> float:
@@ -132,20 +141,25 @@ class PagedGenerationCallback(TrainerCallback):
         params = SamplingParams(max_new_tokens=self.max_new_tokens, eos_token_id=eos, logits_processors=processors)
         model.eval()
         try:
-            if not was_wrapped:
-                wrap(model, self.paged_config)
-            if self._spread():
-                run = run_sharded(model, prompt_ids, sampling_params=params)
-                outputs, seconds, per_rank = run.outputs, max(run.seconds), list(run.engine_stats)
-            else:
-                start = time.perf_counter()
-                outputs = model.generate_batch(prompt_ids, sampling_params=params)
-                seconds, per_rank = time.perf_counter() - start, None
-            stats = engine_of(model).stats()
+            with _original_forward(model), _autocast_off(model):
+                if not was_wrapped:
+                    wrap(model, self.paged_config)
+                if self._spread():
+                    run = run_sharded(model, prompt_ids, sampling_params=params)
+                    outputs, seconds, per_rank = run.outputs, max(run.seconds), list(run.engine_stats)
+                else:
+                    start = time.perf_counter()
+                    outputs = model.generate_batch(prompt_ids, sampling_params=params)
+                    seconds, per_rank = time.perf_counter() - start, None
+                stats = engine_of(model).stats()
         finally:
             if not was_wrapped:
                 unwrap(model)
             model.train(was_training)
+        for i, output in enumerate(outputs.values()):
+            if output.error is not None:
+                raise RequestFailedError(f"PagedGenerationCallback: the generation for prompt {i} failed at step "
+                                         f"{step}: {output.error}")
         tokens = [o.generated_tokens for o in outputs.values()]
         texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens] if tokenizer is not None else \
             [" ".join(map(str, t)) for t in tokens]
@@ -172,3 +186,33 @@ class PagedGenerationCallback(TrainerCallback):
                 raise ValueError("string prompts need a tokenizer: pass tokenizer= to PagedGenerationCallback")
             return tokenizer(prompt)["input_ids"]
         return [int(t) for t in prompt]
+
+
+@contextmanager
+def _original_forward(model: torch.nn.Module) -> Iterator[None]:
+    """Within: `model.forward` without accelerate's mixed-precision wrapper (`Accelerator.prepare_model` keeps the
+    forward it wrapped as `model._original_forward`: the class's, or an instance forward such as an offload hook's);
+    the wrapper is put back after. A model without one is left alone."""
+    wrapper, original = model.__dict__.get("forward"), model.__dict__.get("_original_forward")
+    if wrapper is None or original is None or original is wrapper:
+        yield
+        return
+    if getattr(original, "__self__", None) is model and getattr(original, "__func__", None) is type(model).forward:
+        del model.__dict__["forward"]  # (the class's own forward: no instance attribute, as before accelerate)
+    else:
+        model.__dict__["forward"] = original
+    try:
+        yield
+    finally:
+        model.__dict__["forward"] = wrapper
+
+
+@contextmanager
+def _autocast_off(model: torch.nn.Module) -> Iterator[None]:
+    """Within: autocast off for the model's device (an evaluation called inside `torch.autocast`)."""
+    device = next(model.parameters()).device.type
+    if not torch.amp.is_autocast_available(device):
+        yield
+        return
+    with torch.autocast(device_type=device, enabled=False):
+        yield
