@@ -160,3 +160,17 @@ def test_the_server_snippets_run_against_a_local_server(readme, ran):
         assert json.loads(scope["filled"].text)["intent"] in ("billing", "other")
         assert out.getvalue().split() == [over_http["intent"], json.loads(scope["filled"].text)["intent"]]
         wait_idle(engine)
+
+
+def test_the_first_command_prints_what_the_readme_says(readme):
+    """`hf-paged demo`, the README's first command (~7 s of CPU): its table's clock-free figures, 22/22 outputs
+    identical to stock, 8/8 JSON valid on both sides, and the hit rate and KV share the README quotes."""
+    from hf_paged.cli.demo import run_demo
+
+    table = run_demo(progress=False)
+    row = readme[readme.index("| `hf-paged demo` |"):].split("\n", 1)[0]
+    hit_rate, kv_share = re.search(r"(\d+)% hit rate, (\d+)% of dense KV bytes, 8/8 JSON valid, 22/22", row).groups()
+    assert re.search(r"\| outputs identical to stock +\| +- \| +22/22 \|", table), table
+    assert re.search(r"\| JSON outputs valid +\| +8/8 schema-valid \| +8/8 schema-valid \|", table), table
+    assert re.search(rf"\| prefix-cache hit rate +\| +- \| +{hit_rate}% \|", table), table
+    assert re.search(rf"\| KV bytes vs dense +\| +100% \| +{kv_share}% \|", table), table
