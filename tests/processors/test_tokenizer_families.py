@@ -17,9 +17,10 @@ import jsonschema
 import lark
 import pytest
 import torch
-from tokenizers import AddedToken
+from tokenizers import AddedToken, Tokenizer, models
+from transformers import PreTrainedTokenizerFast
 
-from hf_paged.errors import TokenizerError
+from hf_paged.errors import TokenizerError, UnsatisfiableSchemaError
 from hf_paged.processors import (
     ChoiceLogitsProcessor,
     GrammarLogitsProcessor,
@@ -226,24 +227,62 @@ def test_logits_narrower_than_the_vocabulary_are_refused():
     assert RegexLogitsProcessor("ab", t5).vocab.min_logits_width == len(t5)
 
 
-def test_a_dead_end_of_the_vocabulary_ends_the_document():
-    """`"a\\"b"` needs a backslash after `"a`, which t5_like cannot spell: the row's mask was all -inf (greedy took
-    token 0, `<pad>`; sampling drew from NaN). Now only EOS is allowed there and `error` says why."""
+def test_a_byte_no_token_holds_is_cut_from_the_automaton():
+    """`"a\\"b"` needs a backslash after `"a`, which t5_like has in no token: `a` was allowed after `"` and the row
+    was stuck there (a mask of -inf: greedy took token 0, `<pad>`; sampling drew from NaN). Now `a` is refused."""
     tok = t5_like()
     proc = JSONSchemaLogitsProcessor({"enum": ['a"b', "c"]}, tok)
-    ids = [tok.convert_tokens_to_ids(t) for t in ['"', "a"]]
-    assert proc.allows("r", ids[:1], ids[1])
+    quote, c = tok.convert_tokens_to_ids(['"', "c"])
+    assert set(allowed_ids(proc, "r", [quote], len(tok))) == {c}
+    assert proc.allows("r", [quote, c, quote], tok.eos_token_id)
+    with pytest.raises(UnsatisfiableSchemaError, match=r"no token of this one holds .* \(0x5c\)"):
+        _ = RegexLogitsProcessor(r"a\\b", tok).compiled  # (compiled on first use)
+
+
+def test_a_dead_end_of_the_vocabulary_ends_the_document():
+    """`b` is in the vocabulary only inside `xb`, so after `a` nothing spells the rest of `ab`: the row's mask was all
+    -inf. Now only EOS is allowed there and `error` says why."""
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("a", -1.0), ("c", -1.0), ("xb", -2.0)]
+    raw = Tokenizer(models.Unigram(pieces, unk_id=2))
+    raw.add_special_tokens(["<pad>", "</s>", "<unk>"])
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="</s>", unk_token="<unk>", pad_token="<pad>")
+    proc = RegexLogitsProcessor("ab|c", tok)
+    assert set(allowed_ids(proc, "r", [], len(tok))) == {3, 4}
     scores = torch.zeros(1, len(tok))
-    proc.process_rows(["r"], [ids], scores)
+    proc.process_rows(["r"], [[3]], scores)
     assert torch.isfinite(scores[0]).nonzero().flatten().tolist() == [tok.eos_token_id]
     assert "no token of the vocabulary" in proc.error("r") and not proc.is_complete("r")
     # stock generate's path, and the resample path (`allows`), agree
     rows = torch.zeros(1, len(tok) + 4)
-    proc(torch.tensor([[5, 6]]), torch.zeros(1, len(tok) + 4))
-    proc(torch.tensor([[5, 6, ids[0]]]), torch.zeros(1, len(tok) + 4))
-    proc(torch.tensor([[5, 6, *ids]]), rows)
+    proc(torch.tensor([[5, 4]]), torch.zeros(1, len(tok) + 4))
+    proc(torch.tensor([[5, 4, 3]]), rows)
     assert torch.isfinite(rows[0]).nonzero().flatten().tolist() == [tok.eos_token_id]
-    assert proc.allows("s", ids, tok.eos_token_id) and not proc.allows("s", ids, ids[1])
+    assert proc.allows("s", [3], tok.eos_token_id) and not proc.allows("s", [3], 5)
+
+
+def test_a_character_split_over_byte_tokens_is_finished_before_anything_else():
+    """llama_like spells 中 as <0xE4><0xB8><0xAD> when it likes: after a lead byte only continuation bytes may come
+    (never EOS, never a token starting with another lead byte or ASCII)."""
+    tok = FAMILIES["llama_like"]()
+    mapping, _, _ = token_bytes_map(tok)
+    proc = RegexLogitsProcessor("(中|é)+", tok)
+    lead, middle = tok.convert_tokens_to_ids(["<0xE4>", "<0xB8>"])
+    for generated in ([lead], [lead, middle]):
+        allowed = allowed_ids(proc, "r", generated, len(tok))
+        assert allowed and all(0x80 <= mapping[t][0] < 0xC0 for t in allowed)
+    assert proc.allows("r", [lead, middle, tok.convert_tokens_to_ids("<0xAD>")], tok.eos_token_id)
+
+
+def test_empty_and_duplicate_pieces():
+    """An empty piece is never allowed (it would never move the automaton); two pieces of the same bytes (`a` and
+    its byte-fallback `<0x61>`) are both allowed wherever one is."""
+    vocab = {"<unk>": 0, "</s>": 1, "": 2, "a": 3, "b": 4, "ab": 5, "▁a": 6, "<0x61>": 7}
+    raw = Tokenizer(models.BPE(vocab=vocab, merges=[("a", "b")], byte_fallback=True, unk_token="<unk>"))
+    raw.add_special_tokens(["<unk>", "</s>"])
+    tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="</s>", unk_token="<unk>")
+    proc = RegexLogitsProcessor("ab|a", tok)
+    assert allowed_ids(proc, "r", [], 8) == [3, 5, 7]
+    assert allowed_ids(proc, "r", [7], 8) == [1, 4]
 
 
 def tiny_llama(tok, num_padded_rows: int):

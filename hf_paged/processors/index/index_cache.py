@@ -30,6 +30,7 @@ from hf_paged.processors.automaton import ByteDFA, Grammar, GrammarDFA, build_au
 from hf_paged.processors.automaton.productive import never_ending_rules
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index.shared_trie import token_trie
+from hf_paged.processors.index.spellable import missing_bytes, spellable_only
 from hf_paged.processors.index.token_index import StateMask, TokenIndex
 from hf_paged.processors.index.vocabulary import TokenVocabulary
 
@@ -93,6 +94,9 @@ def _compile(
     start = time.perf_counter()  # (reported as `compile_s`, never a limit)
     if dfa is None:
         dfa = build_automaton(regex, budget)
+    built = dfa
+    if not dfa.lazy:  # a vocabulary without some byte: no state it could never leave (`spellable`)
+        dfa = spellable_only(dfa, vocab)
     compiled = CompiledIndex(TokenIndex(dfa, vocab, token_trie(vocab)), regex, vocab, 0.0, from_disk)
     if compiled.mask(dfa.initial).num_allowed == 0:
         if isinstance(regex, Grammar) and 0 in (stuck := never_ending_rules(regex)):
@@ -102,9 +106,11 @@ def _compile(
                 "give the recursion a way out (e.g. an anyOf with a non-recursive branch, or make the property "
                 "optional)"
             )
+        missing = missing_bytes(built, vocab) if not built.lazy else ""
         raise UnsatisfiableSchemaError(
             f"no token of this vocabulary can start a match of the constraint {describe(regex)}; check the "
             "schema/regex, or use a tokenizer whose tokens cover every character it needs"
+            + (f" (no token of this one holds {missing})" if missing else "")
         )
     compiled.compile_s = 0.0 if from_disk else time.perf_counter() - start
     return compiled
