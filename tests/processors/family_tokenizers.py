@@ -23,8 +23,31 @@ from functools import cache
 from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-WORDS = ["name", "age", "value", "true", "false", "null", "hello", "world", "café", "naïve", "中文", "数据", "😀",
-         "🎉", "price", "12", "3.5", "-7", "1e10", "yes", "no", "red", "blue"]
+WORDS = [
+    "name",
+    "age",
+    "value",
+    "true",
+    "false",
+    "null",
+    "hello",
+    "world",
+    "café",
+    "naïve",
+    "中文",
+    "数据",
+    "😀",
+    "🎉",
+    "price",
+    "12",
+    "3.5",
+    "-7",
+    "1e10",
+    "yes",
+    "no",
+    "red",
+    "blue",
+]
 
 
 def corpus() -> list[str]:
@@ -41,8 +64,12 @@ def corpus() -> list[str]:
 @cache
 def llama_like() -> PreTrainedTokenizerFast:
     """SentencePiece-style BPE: `<unk> <s> </s>`, 256 `<0xNN>` byte pieces, then ~300 trained pieces."""
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<s>", "</s>"],
-                                  initial_alphabet=list('▁{}":,[]0123456789.-+eE'), limit_alphabet=60)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<unk>", "<s>", "</s>"],
+        initial_alphabet=list('▁{}":,[]0123456789.-+eE'),
+        limit_alphabet=60,
+    )
     trained = Tokenizer(models.BPE(unk_token="<unk>"))
     trained.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     trained.train_from_iterator(corpus(), trainer)
@@ -53,8 +80,9 @@ def llama_like() -> PreTrainedTokenizerFast:
     merges = [tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in spec["merges"]]
     tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
-    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Metaspace(replacement="▁",
-                                                                                 prepend_scheme="always")])
+    tok.decoder = decoders.Sequence(
+        [decoders.ByteFallback(), decoders.Metaspace(replacement="▁", prepend_scheme="always")]
+    )
     tok.add_special_tokens(["<unk>", "<s>", "</s>"])
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
 
@@ -65,16 +93,37 @@ def qwen_like() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
     tok.train_from_iterator(corpus(), trainer)
     tok.add_special_tokens([AddedToken("<|im_start|>", special=True), AddedToken("<|im_end|>", special=True)])
     tok.add_tokens([AddedToken(text, special=False, normalized=False) for text in ("  ", "\n\n", "<tool>")])
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>")
 
 
-T5_PIECES = ["▁", *'{}":,[]=-.0123456789abcdefghijklmnopqrstuvwxyz', "é", "中", "文", "😀", "▁a", "▁b", "ab", "name",
-             '{"', '":', '"}', "▁{", '▁"', "▁1", "12", "中文", "café", "no"]
+T5_PIECES = [
+    "▁",
+    *'{}":,[]=-.0123456789abcdefghijklmnopqrstuvwxyz',
+    "é",
+    "中",
+    "文",
+    "😀",
+    "▁a",
+    "▁b",
+    "ab",
+    "name",
+    '{"',
+    '":',
+    '"}',
+    "▁{",
+    '▁"',
+    "▁1",
+    "12",
+    "中文",
+    "café",
+    "no",
+]
 
 
 @cache
