@@ -228,6 +228,13 @@ def test_logits_narrower_than_the_vocabulary_are_refused():
     allowed = torch.isfinite(wide[0]).nonzero().flatten().tolist()
     assert tok.convert_tokens_to_ids("<tool>") in allowed and max(allowed) < len(tok)  # "<" too: its spelling
     assert RegexLogitsProcessor("ab", t5).vocab.min_logits_width == len(t5)
+    padded = qwen_like.__wrapped__()  # a special token added past a model's rows: never allowed, so never needed
+    padded.add_special_tokens({"additional_special_tokens": ["<|pad|>"]})
+    choice = ChoiceLogitsProcessor(["ab"], padded)
+    assert choice.vocab.min_logits_width == len(padded) - 1
+    narrow = torch.zeros(1, len(padded) - 1)
+    choice(torch.tensor([[1, 2]]), narrow)
+    assert torch.isfinite(narrow[0]).any()
 
 
 def test_a_byte_no_token_holds_is_cut_from_the_automaton():
