@@ -44,8 +44,10 @@ class RequestLifecycle:
 
     # -- forks ---------------------------------------------------------------------------------------------
     def add_forks(self, parent: Request) -> None:
-        """Make the forks of a new request (`num_return_sequences - 1`); they wait for its first token."""
+        """Make the forks of a new request (`num_return_sequences - 1`); they wait for its first token. Every new
+        request passes here (also one refused at once): the request and its forks count as added."""
         params = parent.params
+        self.metrics.num_requests_added += params.num_return_sequences
         for k, child_id in enumerate(fork_ids(parent.request_id, params.num_return_sequences)[1:]):
             child = Request(child_id, parent.prompt_ids, params, parent.priority, parent.arrival_index)
             child.arrival_time = parent.arrival_time
@@ -86,11 +88,13 @@ class RequestLifecycle:
         """End a request (and its waiting forks) now: FAILED with `failure`, or aborted by the caller."""
         if failure is None:
             reason, failure = "abort", Failure("aborted by the caller")
-            self.metrics.num_requests_aborted += 1
         else:
             reason = "error"
         for child in self.children.pop(request.request_id, []):
             self.end(child, RequestStatus.FAILED, reason, failure)
+        siblings = self.children.get(request.parent_id or "", [])
+        if request in siblings:  # a fork still waiting for its parent: it must not run (nor end) at that token
+            siblings.remove(request)
         self.scheduler.remove(request)
         self.end(request, RequestStatus.FAILED, reason, failure)
 
@@ -128,7 +132,9 @@ class RequestLifecycle:
             if request.first_token_time is not None and len(request.output_ids) > 1:
                 span = request.last_token_time - request.first_token_time
                 self.metrics.time_per_output_token.append(span / (len(request.output_ids) - 1))
-        elif reason != "abort":
+        elif reason == "abort":  # counted here, once per request: forks that never ran end here too
+            self.metrics.num_requests_aborted += 1
+        else:
             self.metrics.num_requests_failed += 1
         if request.parent_id is None:
             self.metrics.num_prompt_tokens_cached += request.num_cached_tokens

@@ -20,6 +20,7 @@ def percentile(values, q: float) -> float | None:
 
 @dataclass(slots=True)
 class EngineMetrics:
+    num_requests_added: int = 0  # requests and their forks (n) added; each ends finished, failed or aborted
     num_requests_finished: int = 0
     num_requests_failed: int = 0
     num_requests_aborted: int = 0
@@ -42,6 +43,7 @@ class EngineMetrics:
     def summary(self, max_num_batched_tokens: int) -> dict:
         steps = max(self.num_steps, 1)
         return {
+            "requests_added": self.num_requests_added,
             "requests_finished": self.num_requests_finished,
             "requests_failed": self.num_requests_failed,
             "requests_aborted": self.num_requests_aborted,
