@@ -210,6 +210,21 @@ def test_specials_are_never_text_and_added_normal_tokens_are():
     assert set(allowed_ids(multi, "m", [*ab, end], len(tok))) == {tok.eos_token_id, end}  # ended: EOS only
 
 
+def test_a_tokenizer_whose_decode_cleans_up_spaces_is_named(caplog):
+    """A Unigram tokenizer with `clean_up_tokenization_spaces=True` decodes `a .` as `a.`: the processors match the
+    former, so building one says how to decode (BPE ones are not named: transformers 5 ignores the option there)."""
+    tok = t5_like.__wrapped__()
+    tok.clean_up_tokenization_spaces = True
+    ids = tok("a .", add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == "a." and tok.decode(ids, clean_up_tokenization_spaces=False) == "a ."
+    bpe = qwen_like.__wrapped__()
+    bpe.clean_up_tokenization_spaces = True
+    with caplog.at_level("WARNING", logger="hf_paged.processors.index.vocabulary"):
+        RegexLogitsProcessor("a .", tok)
+        RegexLogitsProcessor("a .", bpe)
+    assert len(caplog.records) == 1 and "clean_up_tokenization_spaces=False" in caplog.records[0].getMessage()
+
+
 def test_logits_narrower_than_the_vocabulary_are_refused():
     """A model whose lm_head has fewer rows than the tokenizer's ids (tokens added without resizing): the ids past
     its width were silently dropped (a mask allowing only those left a row of -inf)."""

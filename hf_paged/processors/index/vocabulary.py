@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import threading
 import weakref
 from collections.abc import Iterable
@@ -41,6 +42,8 @@ from typing import Any
 from hf_paged.errors import TokenizerError
 
 __all__ = ["TokenVocabulary", "build_vocabulary", "bytes_to_unicode", "token_bytes_map"]
+
+logger = logging.getLogger(__name__)
 
 _SP_SPACE = "\u2581"  # SentencePiece's "▁" word-boundary marker
 
@@ -181,6 +184,20 @@ def token_bytes_map(tokenizer: Any) -> tuple[dict[int, bytes], set[int], str]:
     return out, special, kind
 
 
+def _warn_cleanup(tokenizer: Any) -> None:
+    """`clean_up_tokenization_spaces=True` makes `decode` rewrite what the processors matched (`"a ."` -> `"a."`);
+    transformers 5 ignores it for BPE models, so only the others are named."""
+    if getattr(tokenizer, "clean_up_tokenization_spaces", False) is not True:
+        return
+    if _tokenizer_json(tokenizer).get("model", {}).get("type") == "BPE":
+        return
+    logger.warning(
+        "%s has clean_up_tokenization_spaces=True: decode(..., clean_up_tokenization_spaces=False) returns the text "
+        "a constraint matched (the clean-up removes spaces before punctuation, e.g. 'a .' -> 'a.')",
+        type(tokenizer).__name__,
+    )
+
+
 def _eos_ids(tokenizer: Any, eos_token_id: int | Iterable[int] | None) -> tuple[int, ...]:
     if eos_token_id is None:
         eos_token_id = getattr(tokenizer, "eos_token_id", None)
@@ -248,6 +265,7 @@ def build_vocabulary(tokenizer: Any, eos_token_id: int | Iterable[int] | None = 
         if seen is not None and seen[0]() is tokenizer and seen[1] == size and seen[2] in _BY_FINGERPRINT:
             return _BY_FINGERPRINT[seen[2]]
     mapping, special, kind = token_bytes_map(tokenizer)
+    _warn_cleanup(tokenizer)
     for eos in eos_ids:
         mapping.pop(eos, None)  # an EOS that is not marked special must still never be a regular token
     fingerprint = _fingerprint(mapping, eos_ids)
