@@ -3,7 +3,8 @@
 A body is read up to `ServerSettings.max_request_bytes` (413 past it, from the declared length before anything is
 read, else as soon as the count passes it), and only as JSON: a `Content-Type` other than JSON gets 415 (a web page
 can send `text/plain` or a form to a server on localhost without the browser asking first; no header is taken as
-JSON, as FastAPI does). Decoding and validating run on the event loop for small bodies and in a
+JSON, as FastAPI does) and uncompressed (a `Content-Encoding` such as gzip gets 415: it is not inflated, so a small
+body cannot become a large one). Decoding and validating run on the event loop for small bodies and in a
 worker thread past `OFF_LOOP_BYTES`: a 12 MB list of token ids took 3.8 s to decode and validate, during which every
 stream the server was sending stalled.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from typing import Any
 
 from pydantic import ValidationError
@@ -33,16 +35,20 @@ def _too_large(size: int, limit: int, declared: bool) -> ApiError:
                     status=413, code="request_too_large")
 
 
-def _check_media_type(value: str) -> None:
+def _check_media_type(value: str, encoding: str) -> None:
     media = value.split(";", 1)[0].strip().lower()
     if media and media != "application/json" and not media.endswith("+json"):
         raise ApiError(f"the request's Content-Type is {media!r}; this server reads JSON bodies only: send "
                        "'Content-Type: application/json' (curl: -H 'Content-Type: application/json' or --json)",
                        status=415, code="unsupported_media_type")
+    coding = encoding.strip().lower()
+    if coding not in ("", "identity"):  # read as JSON it was 'not valid JSON (... byte 0x8b ...)': say why
+        raise ApiError(f"the request's Content-Encoding is {coding!r}; this server reads uncompressed bodies only: "
+                       "send the JSON as it is, without Content-Encoding", status=415, code="unsupported_media_type")
 
 
 async def read_body(request: Request, limit: int) -> bytes:
-    _check_media_type(request.headers.get("content-type", ""))
+    _check_media_type(request.headers.get("content-type", ""), request.headers.get("content-encoding", ""))
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise _too_large(int(declared), limit, declared=True)
@@ -67,6 +73,9 @@ def decode_request(raw: bytes, model: type, model_name: str) -> Any:
     except RecursionError:  # the decoder recurses once per level: ~1,000 nested arrays/objects
         raise ApiError("the request body nests too deeply to parse (about 1,000 levels of arrays or objects); "
                        "send a flatter JSON object", code="invalid_json") from None
+    except ValueError as exc:  # an integer of more digits than Python converts (4,300): a 500 before
+        raise ApiError(f"the request body holds a number too long to read ({exc}); send numbers of at most "
+                       f"{sys.get_int_max_str_digits():,} digits", code="invalid_json") from None
     if _SURROGATE_ESCAPE.search(raw):  # (a pair escapes one astral character: fine; a lone half is no text)
         try:
             json.dumps(data, ensure_ascii=False).encode("utf-8")

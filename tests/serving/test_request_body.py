@@ -3,6 +3,7 @@ the event loop, so the streams a server is sending keep flowing while it decodes
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 
@@ -100,4 +101,30 @@ def test_a_body_that_is_not_declared_json_gets_415(small_limit_server, media_typ
 def test_json_or_no_content_type_is_read(small_limit_server, headers):
     body = json.dumps({"prompt": "hello", "max_tokens": 1})
     response = httpx.post(small_limit_server.url + "/v1/completions", content=body, headers=headers, timeout=60)
+    assert response.status_code == 200, response.text
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "seed", "n"])
+def test_a_number_past_pythons_digit_limit_is_a_400(small_limit_server, field):
+    """json.loads raises a bare ValueError for an integer of more than 4,300 digits: it was a 500."""
+    raw = b'{"prompt": "hello", "%s": 1%s}' % (field.encode(), b"0" * 5000)
+    error = assert_error(post(small_limit_server, "/v1/completions", raw), 400, None, ["number too long", "4,300"])
+    assert error["code"] == "invalid_json"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate", "br"])
+def test_a_compressed_body_gets_415_naming_its_encoding(small_limit_server, encoding):
+    """A compressed body is not inflated (a small body must not become a large one): the answer says so instead of
+    'not valid JSON (byte 0x8b)'."""
+    body = gzip.compress(json.dumps({"prompt": "hello", "max_tokens": 1}).encode())
+    response = httpx.post(small_limit_server.url + "/v1/completions", content=body, timeout=60,
+                          headers={"content-type": "application/json", "content-encoding": encoding})
+    error = assert_error(response, 415, None, [repr(encoding), "uncompressed"])
+    assert error["code"] == "unsupported_media_type"
+
+
+def test_an_identity_content_encoding_is_read(small_limit_server):
+    response = httpx.post(small_limit_server.url + "/v1/completions", timeout=60,
+                          content=json.dumps({"prompt": "hello", "max_tokens": 1}),
+                          headers={"content-type": "application/json", "content-encoding": "identity"})
     assert response.status_code == 200, response.text
