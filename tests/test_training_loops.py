@@ -210,3 +210,44 @@ def test_peft_lora_training_switching_and_merging():
     hf_paged.wrap(merged, block_size=8)
     _assert_matches_stock(merged, seed=15)
     _assert_matches_stock(tuned.merge_and_unload(), seed=16)  # merged in place: the wrapped inner model
+
+
+def _accelerate_mixed_precision(model) -> None:
+    """What `Accelerator.prepare_model` does with mixed precision bf16 (Trainer `bf16=True`) on the CPU."""
+    from accelerate.utils import convert_outputs_to_fp32
+
+    model._original_forward = model.forward
+    model.forward = convert_outputs_to_fp32(torch.autocast("cpu", dtype=torch.bfloat16)(model.forward))
+
+
+@pytest.mark.parametrize("autocast", ["torch.autocast", "accelerate's wrapper"])
+def test_generate_under_autocast_runs_stock(autocast):
+    """The engine computes in the weights' dtype: under autocast a fresh engine's first forward failed (keys fp32,
+    values bf16) and a warm one stored rounded keys and values, neither what stock computes. `generate` falls back."""
+    model = tiny_model("llama", seed=4)
+    hf_paged.wrap(model, block_size=8)
+    fp32 = _generate(model, stock=False, do_sample=False)  # (the engine warm, its prefix cache filled)
+    if autocast == "accelerate's wrapper":
+        _accelerate_mixed_precision(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast == "torch.autocast"):
+        with pytest.warns(hf_paged.PagedFallbackWarning, match="autocast"):
+            mixed = _generate(model, stock=False, do_sample=False, output_scores=True, return_dict_in_generate=True)
+        stock = _generate(model, stock=True, do_sample=False, output_scores=True, return_dict_in_generate=True)
+    assert torch.equal(mixed.sequences, stock.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(mixed.scores, stock.scores, strict=True))
+    model.__dict__.pop("forward", None)
+    assert torch.equal(_generate(model, stock=False, do_sample=False), fp32)
+
+
+def test_generate_batch_under_autocast_computes_in_the_weights_dtype():
+    model = tiny_model("llama", seed=4)
+    hf_paged.wrap(model, block_size=8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # (a fresh engine: its first forward failed here)
+        outputs = model.generate_batch(PROMPTS, max_new_tokens=NEW)
+    assert all(o.error is None for o in outputs.values())
+    ids, mask = left_pad(PROMPTS)
+    stock = type(model).generate(model, ids, attention_mask=mask, max_new_tokens=NEW, do_sample=False)
+    assert [o.generated_tokens for o in outputs.values()] == stock[:, -NEW:].tolist()
+    _accelerate_mixed_precision(model)
+    with pytest.raises(hf_paged.errors.UnsupportedGenerationError, match="keep_fp32_wrapper=False"):
+        model.generate_batch(PROMPTS, max_new_tokens=NEW)

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 
+from hf_paged.api.autocast import autocast_off, autocast_reason, refuse_mixed_precision_forward
 from hf_paged.api.generate_criteria import LockstepCriteria
 from hf_paged.api.generate_inputs import (
     check_priorities,
@@ -96,7 +97,7 @@ def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, e
     other = sorted(k for k, v in kwargs.items() if k not in _ENGINE_MODEL_KWARGS and v is not None)
     if other:
         return f"model inputs {other}"
-    return None
+    return autocast_reason(model)  # (api/autocast.py: the engine does not follow autocast)
 
 
 def _dropout_active(model) -> bool:
@@ -271,17 +272,16 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     """transformers' `generate_batch` signature on the paged engine; returns `{request_id: RequestOutput}` in input
     order (`req_0`, `req_1`, ...; forks of `num_return_sequences` as `req_0__child#0`, ... after their parent).
 
-    Beyond transformers: `logits_processor=` (applied per request with its own history), `sampling_params=`
-    (one `SamplingParams` for all, or one per input), `priorities=` (higher first), `distributed=True` (under
-    torchrun / accelerate: every rank passes the same inputs, generates its shard, and gets every output;
-    `hf_paged.distributed.generate_batch`). `record_timestamps=True` fills each output's `timestamps`
-    (as transformers'). `continuous_batching_config`, `persistent_manager` and `warmup` are accepted for
-    compatibility and ignored (the engine persists).
+    Beyond transformers: `logits_processor=` (applied per request with its own history), `sampling_params=` (one
+    `SamplingParams` for all, or one per input), `priorities=` (higher first), `distributed=True` (under torchrun /
+    accelerate: every rank passes the same inputs, generates its shard, and gets every output;
+    `hf_paged.distributed.generate_batch`). `record_timestamps=True` fills each output's `timestamps` (as
+    transformers'). `continuous_batching_config`, `persistent_manager`, `warmup`: ignored (the engine persists).
 
     Raises `InvalidPromptError` before any work when an input is not token ids of this model (empty, negative or
-    outside the vocabulary). Other per-request failures (a prompt beyond the model's positions or the pool, a
-    processor that raised) end that request `FAILED` with `error` set; the others run.
-    """
+    outside the vocabulary); `UnsupportedGenerationError` for a forward accelerate wrapped in autocast (the engine
+    computes in the weights' dtype: `torch.autocast` is turned off, `api/autocast.py`). Other per-request failures
+    (a prompt beyond the positions or the pool, a processor that raised) end it `FAILED` with `error`; others run."""
     from hf_paged.api.wrap_state import engine_of
     from hf_paged.batching.progress import progress_hook
 
@@ -300,6 +300,7 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     if model.training and _dropout_active(model):
         warnings.warn("hf_paged: the model is in training mode with dropout, which generate_batch does not apply "
                       "(it runs the model as in eval mode); call model.eval() first to silence this", stacklevel=2)
+    refuse_mixed_precision_forward(model)
     engine = engine_of(model)
     prompts = token_ids_of(engine, inputs)
     if priorities is not None:
@@ -311,8 +312,8 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     # transformers names them.
     submission = engine.loop.submit(prompts, per_request, priorities=priorities, stream=progress_bar)
     names = [c for i, p in enumerate(per_request) for c in fork_ids(f"req_{i}", p.num_return_sequences)]
-    with progress_hook(engine, len(names), enabled=progress_bar) as on_step:
-        outputs = submission.result(on_step)
+    with progress_hook(engine, len(names), enabled=progress_bar) as on_step, autocast_off(model):
+        outputs = submission.result(on_step)  # (steps driven in this thread: autocast off, as in the loop's)
     renamed = {}
     for name, output in zip(names, outputs.values()):
         output.request_id = name

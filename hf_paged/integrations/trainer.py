@@ -25,13 +25,13 @@ rank's time.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from transformers import TrainerCallback
 
+from hf_paged.api.autocast import autocast_off, original_forward
 from hf_paged.config import PagedConfig
 from hf_paged.distributed import run_sharded, world
 from hf_paged.errors import RequestFailedError
@@ -141,7 +141,7 @@ class PagedGenerationCallback(TrainerCallback):
         params = SamplingParams(max_new_tokens=self.max_new_tokens, eos_token_id=eos, logits_processors=processors)
         model.eval()
         try:
-            with _original_forward(model), _autocast_off(model):
+            with original_forward(model), autocast_off(model):
                 if not was_wrapped:
                     wrap(model, self.paged_config)
                 if self._spread():
@@ -186,33 +186,3 @@ class PagedGenerationCallback(TrainerCallback):
                 raise ValueError("string prompts need a tokenizer: pass tokenizer= to PagedGenerationCallback")
             return tokenizer(prompt)["input_ids"]
         return [int(t) for t in prompt]
-
-
-@contextmanager
-def _original_forward(model: torch.nn.Module) -> Iterator[None]:
-    """Within: `model.forward` without accelerate's mixed-precision wrapper (`Accelerator.prepare_model` keeps the
-    forward it wrapped as `model._original_forward`: the class's, or an instance forward such as an offload hook's);
-    the wrapper is put back after. A model without one is left alone."""
-    wrapper, original = model.__dict__.get("forward"), model.__dict__.get("_original_forward")
-    if wrapper is None or original is None or original is wrapper:
-        yield
-        return
-    if getattr(original, "__self__", None) is model and getattr(original, "__func__", None) is type(model).forward:
-        del model.__dict__["forward"]  # (the class's own forward: no instance attribute, as before accelerate)
-    else:
-        model.__dict__["forward"] = original
-    try:
-        yield
-    finally:
-        model.__dict__["forward"] = wrapper
-
-
-@contextmanager
-def _autocast_off(model: torch.nn.Module) -> Iterator[None]:
-    """Within: autocast off for the model's device (an evaluation called inside `torch.autocast`)."""
-    device = next(model.parameters()).device.type
-    if not torch.amp.is_autocast_available(device):
-        yield
-        return
-    with torch.autocast(device_type=device, enabled=False):
-        yield
