@@ -8,6 +8,7 @@ stops, and the process exits with status 0 (130 after Ctrl-C).
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import socket
@@ -154,9 +155,21 @@ def run_serve(args) -> int:
     host, port = sock.getsockname()[:2]
     logging.getLogger("hf_paged").info("serving %s on http://%s:%d", settings.model_name,
                                        f"[{host}]" if ":" in host else host, port)
+    _freeze_heap()  # before serving
     server.run(sockets=[sock])
     _save_kv_cache(engine)
+    _freeze_heap()  # and before the interpreter's own last collections
     return 130 if server.interrupted else 0
+
+
+def _freeze_heap() -> None:
+    """Move every object alive now out of the garbage collector's sight (`gc.freeze`, as vLLM does once its engine
+    has started). The model and the KV pool's bookkeeping are ~560k long-lived objects: after SIGTERM the
+    interpreter's last collections walked them all and kept the process alive ~10 s after uvicorn had finished
+    (2-core machine under load; ~1 s with the freeze); a full collection while serving would walk them too (0.8 s).
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def _bind(host: str, port: int) -> socket.socket:
