@@ -279,11 +279,11 @@ class Engine:
         if any(inputs.num_draft_tokens):  # speculating decodes have 1 + k rows each: verified apart
             split = self.speculator.split(inputs, logits)
             sampled, logits, drafted = split.requests, split.logits, split.drafted
-        samplers, row_of = list(sampled), list(range(len(sampled)))
+        samplers, row_of = [], []  # each request's forks right after it (stock's row order for the draws)
         for row, parent in enumerate(sampled):
             children = self.lifecycle.fork_children(parent)  # forks sample their first token from the parent's row
-            samplers.extend(children)
-            row_of.extend([row] * len(children))
+            samplers.extend([parent, *children])
+            row_of.extend([row] * (1 + len(children)))
         if len(samplers) != len(sampled):
             logits = logits.index_select(0, torch.tensor(row_of, device=logits.device))
         if drafted is not None:

@@ -119,9 +119,14 @@ class Scheduler:
             self.kv_transfer.prefetch(request.request_id, self._cache_tokens(request), self.extra_keys(request))
 
     def run_fork(self, request: Request) -> None:
-        """A fork starts running on blocks its parent shared with it (`KVCacheManager.fork`): no admission."""
+        """A fork starts running on blocks its parent shared with it (`KVCacheManager.fork`): no admission. It runs
+        right after its parent and older siblings, so a step's rows (and its draws from torch's global generator)
+        come in stock's order for `num_return_sequences` (each prompt's n rows together)."""
         request.status = RequestStatus.RUNNING
-        self.running.append(request)
+        family = (request.parent_id, request.request_id)
+        at = max((i for i, r in enumerate(self.running) if r.request_id in family or r.parent_id == request.parent_id),
+                 default=len(self.running) - 1)
+        self.running.insert(at + 1, request)
 
     def remove(self, request: Request) -> None:
         """Take a request out of the queues and give its blocks back (finish, abort, failure)."""

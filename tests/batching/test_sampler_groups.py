@@ -97,3 +97,25 @@ def test_a_run_whose_warper_raises_goes_row_by_row(monkeypatch):
     out = Sampler()(requests, logits.clone())
     assert out.errors == [None] * 3 and all(t is not None for t in out.token_ids)
     assert [len(r.scores) for r in requests] == [1, 1, 1]
+
+
+@pytest.mark.parametrize("warpers", [{}, {"top_k": 10}, {"temperature": 0.6, "top_p": 0.9}])
+def test_num_return_sequences_draws_in_stocks_row_order(warpers):
+    """`generate(do_sample=True, num_return_sequences=n)` under `torch.manual_seed`: stock draws from rows
+    [p0 x n, p1 x n, ...]; the engine drew parents first and forks after them ([p0, p1, p0', p1']), other tokens
+    from the same seed. Forks now run right after their parent (`Scheduler.run_fork`, the first step's samplers)."""
+    import hf_paged
+    from tests.tiny_models import tiny_model
+
+    model = tiny_model("llama")
+    ids = torch.tensor([[0, 0, 0, 5, 6, 7, 8, 9], [11, 12, 13, 14, 15, 16, 17, 18], [0, 21, 22, 23, 24, 25, 26, 27]])
+    kwargs = {"attention_mask": (ids != 0).long(), "max_new_tokens": 10, "do_sample": True, "pad_token_id": 0,
+              "eos_token_id": None, "num_return_sequences": 3, **warpers}  # no row ends early: one stream
+    torch.manual_seed(11)
+    stock = model.generate(ids, **kwargs)
+    hf_paged.wrap(model)
+    try:
+        torch.manual_seed(11)
+        assert torch.equal(model.generate(ids, **kwargs), stock)
+    finally:
+        hf_paged.unwrap(model)
