@@ -140,6 +140,11 @@ def test_the_server_snippets_run_against_a_local_server(readme, ran):
             answer = json.loads(response.read())
         assert answer["model"] == json.loads(body)["model"]
         assert answer["choices"][0]["finish_reason"] in ("stop", "length")
+        with urllib.request.urlopen(server.url + "/metrics", timeout=60) as response:
+            families = set(re.findall(r"^# HELP hf_paged:(\w+) ", response.read().decode(), re.MULTILINE))
+        undocumented = {f for f in families if not f.endswith("_created") and f not in readme
+                        and f.removesuffix("_total") not in readme}
+        assert not undocumented, f"metrics the README does not name: {sorted(undocumented)}"
 
         torch.manual_seed(0)  # the chat request samples (OpenAI's default temperature 1) from the global generator
         client = _server_block(readme, "from openai import OpenAI").replace(README_URL, server.url)
@@ -174,3 +179,20 @@ def test_the_first_command_prints_what_the_readme_says(readme):
     assert re.search(r"\| JSON outputs valid +\| +8/8 schema-valid \| +8/8 schema-valid \|", table), table
     assert re.search(rf"\| prefix-cache hit rate +\| +- \| +{hit_rate}% \|", table), table
     assert re.search(rf"\| KV bytes vs dense +\| +100% \| +{kv_share}% \|", table), table
+
+
+def test_the_serve_flags_the_readme_names_exist_and_every_one_is_named(readme):
+    """Every `--flag` on a README line of `hf-paged serve` (and its `# also:` list) is one of serve's options, and
+    every option of serve is named somewhere in the README."""
+    import argparse
+
+    from hf_paged.cli.commands import build_parser
+
+    subcommands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    options = {o for a in subcommands["serve"]._actions for o in a.option_strings}
+    lines = [line for line in readme.splitlines() if "hf-paged serve" in line and "transformers serve" not in line]
+    lines.append(re.search(r"^# also: (.*?)^```", readme, re.DOTALL | re.MULTILINE).group(1))
+    named = {flag for line in lines for flag in re.findall(r"(?<![\w-])--[a-z][a-z-]*", line)}
+    assert named <= options, f"not options of hf-paged serve: {sorted(named - options)}"
+    unnamed = {o for o in options if o.startswith("--") and o not in readme}
+    assert not unnamed, f"options of hf-paged serve the README does not name: {sorted(unnamed)}"
