@@ -27,7 +27,8 @@ __all__ = ["missing_bytes", "spellable_only", "token_alphabet"]
 def token_alphabet(vocab: TokenVocabulary) -> np.ndarray:
     """bool [256]: the bytes some regular token holds."""
     present = np.zeros(256, dtype=bool)
-    if sum(len(raw) == 1 for raw in vocab.tokens) == 256:  # every byte a token of its own: the usual case
+    singles = [bytes([b]) in vocab.tokens for b in range(256)]  # 256 lookups: once per compile, not a vocab walk
+    if all(singles):  # every byte a token of its own: the usual case (byte-level BPE, byte fallback)
         present[:] = True
         return present
     present[np.frombuffer(b"".join(vocab.tokens), dtype=np.uint8)] = True
