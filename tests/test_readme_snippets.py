@@ -196,3 +196,12 @@ def test_the_serve_flags_the_readme_names_exist_and_every_one_is_named(readme):
     assert named <= options, f"not options of hf-paged serve: {sorted(named - options)}"
     unnamed = {o for o in options if o.startswith("--") and o not in readme}
     assert not unnamed, f"options of hf-paged serve the README does not name: {sorted(unnamed)}"
+
+
+def test_every_setting_is_named_in_the_readme(readme):
+    """Each `PagedConfig` and `SamplingParams` field is a knob a user may need: the README names every one."""
+    import dataclasses
+
+    for cls in (hf_paged.PagedConfig, hf_paged.SamplingParams):
+        unnamed = [f.name for f in dataclasses.fields(cls) if not re.search(rf"\b{f.name}\b", readme)]
+        assert not unnamed, f"{cls.__name__} fields the README does not name: {unnamed}"
