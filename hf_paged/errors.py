@@ -105,7 +105,7 @@ class UnsatisfiableSchemaError(SchemaError):
 
 
 class SchemaTooComplexError(SchemaError):
-    """Compiling the schema would exceed the configured time or state budget."""
+    """Compiling the schema would exceed its `CompileBudget` (counts of work: states, edges, steps; never time)."""
 
 
 class InvalidRegexError(SchemaError):

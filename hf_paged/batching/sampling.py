@@ -9,6 +9,7 @@ from typing import Any
 
 from hf_paged.batching.constraint_protocol import is_constraint
 from hf_paged.batching.logprobs import check_logprobs
+from hf_paged.errors import InvalidConfigError
 
 # Most tokens drafted per step: a verification chunk of 1 + 15 queries still runs the in-place CPU attention
 # kernels (chunks of up to 16 queries a sequence); past that the step would fall back to the gather path.
@@ -95,40 +96,48 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"SamplingParams.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
+            raise InvalidConfigError(f"SamplingParams.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}")
         if (isinstance(self.temperature, bool) or not isinstance(self.temperature, int | float)
                 or not 0 <= self.temperature < float("inf")):  # (NaN too) a negative one is refused greedy or not
-            raise ValueError(f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature!r}")
+            raise InvalidConfigError(
+                f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature!r}"
+            )
         if self.do_sample and not self.temperature > 0:
-            raise ValueError(f"SamplingParams.temperature must be > 0 when sampling, got {self.temperature!r}")
+            raise InvalidConfigError(f"SamplingParams.temperature must be > 0 when sampling, got {self.temperature!r}")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
-            raise ValueError(f"SamplingParams.top_k must be None or an int >= 0, got {self.top_k!r}")
+            raise InvalidConfigError(f"SamplingParams.top_k must be None or an int >= 0, got {self.top_k!r}")
         if not 0 <= self.top_p <= 1:  # 0 keeps the most likely token alone, as stock's TopPLogitsWarper does
-            raise ValueError(f"SamplingParams.top_p must be in [0, 1], got {self.top_p!r}")
+            raise InvalidConfigError(f"SamplingParams.top_p must be in [0, 1], got {self.top_p!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not -(2**63) <= self.seed < 2**63):
-            raise ValueError(f"SamplingParams.seed must be None or an int in [-2**63, 2**63), got {self.seed!r}")
+            raise InvalidConfigError(
+                f"SamplingParams.seed must be None or an int in [-2**63, 2**63), got {self.seed!r}"
+            )
         self._check_eos()
         if not isinstance(self.num_return_sequences, int) or self.num_return_sequences < 1:
-            raise ValueError(f"SamplingParams.num_return_sequences must be >= 1, got {self.num_return_sequences!r}")
+            raise InvalidConfigError(
+                f"SamplingParams.num_return_sequences must be >= 1, got {self.num_return_sequences!r}"
+            )
         if self.stop_strings and self.tokenizer is None:
-            raise ValueError("SamplingParams.stop_strings needs `tokenizer=` to decode the output; pass it too")
+            raise InvalidConfigError("SamplingParams.stop_strings needs `tokenizer=` to decode the output; pass it too")
         if isinstance(self.stop_strings, str):
             self.stop_strings = [self.stop_strings]
         if self.logits_processors is None:
             self.logits_processors = []
         if (isinstance(self.logits_processors, str | bytes) or not isinstance(self.logits_processors, Sequence)
                 or not all(callable(p) for p in self.logits_processors)):
-            raise TypeError(f"SamplingParams.logits_processors must be a list of callables (transformers "
-                            f"`LogitsProcessor`s), got {self.logits_processors!r}")
+            raise InvalidConfigError(f"SamplingParams.logits_processors must be a list of callables (transformers "
+                                     f"`LogitsProcessor`s), got {self.logits_processors!r}")
         # (above max_new_tokens is allowed, as stock `generate` allows it: EOS stays suppressed to the end)
         if isinstance(self.min_new_tokens, bool) or not isinstance(self.min_new_tokens, int) or self.min_new_tokens < 0:
-            raise ValueError(f"SamplingParams.min_new_tokens must be an int >= 0, got {self.min_new_tokens!r}")
+            raise InvalidConfigError(f"SamplingParams.min_new_tokens must be an int >= 0, got {self.min_new_tokens!r}")
         constrained = any(is_constraint(p) for p in self.logits_processors)
         if self.min_new_tokens and constrained:
-            raise ValueError("SamplingParams.min_new_tokens holds EOS back past the end of a constrained document "
-                             "(JSON schema, regex, choices, grammar), where nothing else is allowed: drop "
-                             "min_new_tokens and bound the document's own length (minLength, minItems, the pattern)")
+            raise InvalidConfigError(
+                "SamplingParams.min_new_tokens holds EOS back past the end of a constrained document "
+                "(JSON schema, regex, choices, grammar), where nothing else is allowed: drop "
+                "min_new_tokens and bound the document's own length (minLength, minItems, the pattern)"
+            )
         check_logprobs(self.logprobs)
         self._check_speculative()
         self._check_constraint_options()
@@ -139,7 +148,7 @@ class SamplingParams:
         targets = self.score_targets
         if (not isinstance(targets, list | tuple) or not targets
                 or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in targets)):
-            raise ValueError(
+            raise InvalidConfigError(
                 f"SamplingParams.score_targets must be a non-empty list of token ids, got {targets!r}: a scored "
                 "continuation needs at least one token"
             )
@@ -148,25 +157,27 @@ class SamplingParams:
                                         ("num_speculative_tokens", self.num_speculative_tokens > 0),
                                         ("max_retries", self.max_retries > 0)) if on]
         if others:
-            raise ValueError(f"SamplingParams.score_targets (scoring) does not combine with {', '.join(others)}: a "
-                             "scored request generates nothing; drop them")
+            raise InvalidConfigError(
+                f"SamplingParams.score_targets (scoring) does not combine with {', '.join(others)}: a "
+                "scored request generates nothing; drop them"
+            )
         self.score_targets = list(targets)
 
     def _check_speculative(self) -> None:
         k = self.num_speculative_tokens
         if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_SPECULATIVE_TOKENS:
-            raise ValueError(
+            raise InvalidConfigError(
                 f"SamplingParams.num_speculative_tokens must be an int in [0, {MAX_SPECULATIVE_TOKENS}], got {k!r}"
             )
         if self.draft_model is not None and k == 0:
-            raise ValueError("SamplingParams.draft_model needs num_speculative_tokens >= 1 (tokens drafted per step)")
+            raise InvalidConfigError(
+                "SamplingParams.draft_model needs num_speculative_tokens >= 1 (tokens drafted per step)"
+            )
         n = self.prompt_lookup_max_ngram
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"SamplingParams.prompt_lookup_max_ngram must be an int >= 1, got {n!r}")
+            raise InvalidConfigError(f"SamplingParams.prompt_lookup_max_ngram must be an int >= 1, got {n!r}")
 
     def _check_constraint_options(self) -> None:
-        from hf_paged.errors import InvalidConfigError
-
         if self.constraint_mode not in CONSTRAINT_MODES:
             raise InvalidConfigError(
                 f"SamplingParams.constraint_mode must be one of {CONSTRAINT_MODES}, got {self.constraint_mode!r}"
@@ -207,8 +218,10 @@ class SamplingParams:
         try:
             self.eos_token_ids  # noqa: B018
         except (TypeError, ValueError):
-            raise ValueError(f"SamplingParams.eos_token_id must be None, a token id or a list of token ids (ints), "
-                             f"got {self.eos_token_id!r}") from None
+            raise InvalidConfigError(
+                f"SamplingParams.eos_token_id must be None, a token id or a list of token ids (ints), "
+                f"got {self.eos_token_id!r}"
+            ) from None
 
     @property
     def eos_token_ids(self) -> frozenset[int]:

@@ -297,6 +297,22 @@ def test_sampling_params_that_would_fail_later_are_refused_up_front(kwargs, erro
         SamplingParams(**kwargs)
 
 
+@pytest.mark.parametrize("kwargs", [
+    {"max_new_tokens": 0}, {"temperature": -1.0}, {"do_sample": True, "temperature": 0.0}, {"top_k": -1},
+    {"top_p": 1.5}, {"seed": True}, {"num_return_sequences": 0}, {"stop_strings": ["x"]}, {"logits_processors": [1]},
+    {"min_new_tokens": -1}, {"eos_token_id": "x"}, {"num_speculative_tokens": 16}, {"score_targets": []},
+    {"logprobs": 21}, {"constraint_mode": "nope"}, {"max_retries": -1},
+])
+def test_every_refused_sampling_param_is_one_error_class(kwargs):
+    """`except HfPagedError` (or InvalidConfigError) catches every refusal; `max_new_tokens=0` and others raised a
+    plain ValueError where `logprobs=21` raised InvalidConfigError (h64). It stays a ValueError and a TypeError."""
+    from hf_paged.errors import HfPagedError, InvalidConfigError
+
+    with pytest.raises(InvalidConfigError) as caught:
+        SamplingParams(**kwargs)
+    assert isinstance(caught.value, HfPagedError | ValueError) and isinstance(caught.value, TypeError)
+
+
 @pytest.mark.parametrize(("name", "value"), [("enable_prefix_caching", "no"), ("kv_huge_pages", 1),
                                              ("certified_argmax", "auto")])
 def test_a_switch_that_is_not_a_bool_is_refused(name, value):
