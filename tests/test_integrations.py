@@ -110,23 +110,34 @@ def test_trainer_callback_under_mixed_precision(tmp_path, prewrapped):
     prompts = [system + q for q in ragged_prompts([3, 5, 7], seed=12)]
     if prewrapped:
         hf_paged.wrap(model, block_size=8)
-    forwards = []
+    forwards, states = [], []
 
     def matches_stock(texts, references):
         forwards.append(model.__dict__.get("forward"))  # (the metric runs after the wrapper was put back)
         return float([[int(t) for t in text.split()] for text in texts] == _stock_without_autocast(model, prompts, 8))
 
-    callback = PagedGenerationCallback(prompts, metric=matches_stock, max_new_tokens=8,
-                                       paged_config=hf_paged.PagedConfig(block_size=8))
+    class StateChecking(PagedGenerationCallback):
+        def evaluate(self, model, tokenizer=None, step=0):
+            before = (model.training, model.config.use_cache, hf_paged.is_wrapped(model))
+            logs = super().evaluate(model, tokenizer, step)
+            states.append((before, (model.training, model.config.use_cache, hf_paged.is_wrapped(model))))
+            return logs
+
+    callback = StateChecking(prompts, metric=matches_stock, max_new_tokens=8,
+                             paged_config=hf_paged.PagedConfig(block_size=8))
+    # (activation checkpointing sets config.use_cache = False; eval_on_start evaluates before any step)
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=4, eval_strategy="steps", eval_steps=2, bf16=True,
+                             activation_checkpointing=True, eval_on_start=True,
                              per_device_train_batch_size=4, per_device_eval_batch_size=4, learning_rate=5e-2,
                              report_to=[], use_cpu=True, save_strategy="no", logging_steps=1, disable_tqdm=True)
     Trainer(model=model, args=args, train_dataset=RandomTokens(16), eval_dataset=RandomTokens(4, seed=1),
             callbacks=[callback]).train()
-    assert [h["metrics"]["eval_generation_matches_stock"] for h in callback.history] == [1.0, 1.0]
+    assert [h["step"] for h in callback.history] == [0, 2, 4]
+    assert [h["metrics"]["eval_generation_matches_stock"] for h in callback.history] == [1.0, 1.0, 1.0]
     assert all(h["tokens"] and all(h["tokens"]) for h in callback.history)
     assert forwards[0] is not None and all(f is forwards[0] for f in forwards)  # accelerate's wrapper, kept
     assert model.__dict__.get("forward") is forwards[0] and hf_paged.is_wrapped(model) == prewrapped
+    assert all(before == after for before, after in states)  # mode, use_cache, wrap state as found
 
 
 def test_callback_evaluates_inside_autocast():
