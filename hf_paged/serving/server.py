@@ -34,6 +34,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                              "cached); 0 refuses the field (default: %(default)s)")
     parser.add_argument("--max-request-bytes", type=int, default=None, metavar="BYTES",
                         help="the longest request body; longer ones get HTTP 413 (default: 32 MiB)")
+    parser.add_argument("--header-timeout", type=float, default=None, metavar="SECONDS",
+                        help="a connection must send a complete request head within this long of opening (or of its "
+                             "last response) or it is closed: slowloris (default: 30)")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
     parser.add_argument("--block-size", type=int, default=None)
@@ -105,6 +108,11 @@ def checked_paged_config(args):
         raise CliError(f"--max-request-bytes must be >= 1024, got {args.max_request_bytes}")
     if args.shutdown_timeout < 0:
         raise CliError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    if getattr(args, "header_timeout", None) is not None and not 0 < args.header_timeout < float("inf"):
+        raise CliError(f"--header-timeout must be a number of seconds > 0, got {args.header_timeout}")
+    if getattr(args, "header_timeout", None) is not None and args.replicas is not None:
+        raise CliError("--header-timeout is for one server; with --replicas Ray Serve's proxy takes the connections: "
+                       "leave it out")
     if getattr(args, "max_request_bytes", None) is not None and args.replicas is not None:
         raise CliError("--max-request-bytes is for one server; with --replicas the gateway and the replicas take the "
                        "default (32 MiB): leave it out")
@@ -130,6 +138,7 @@ def run_serve(args) -> int:
         import uvicorn
 
         from hf_paged.serving import ServerSettings, build_app
+        from hf_paged.serving.connections import DEFAULT_HEADER_TIMEOUT_S, header_deadline_protocol
     except ImportError as exc:
         raise CliError(f"serve needs the serve extra ({exc.name} is missing): pip install 'hf_paged[serve]'") from None
     config = checked_paged_config(args)
@@ -145,8 +154,10 @@ def run_serve(args) -> int:
     # At --shutdown-timeout the engine's requests are aborted, so each client gets a 503 error body (or an error event
     # on its stream); uvicorn's own cancel (a bare 500, a cut stream) only comes FLUSH_GRACE_S later, for a handler
     # that does not end after its abort (a fixed margin before uvicorn's cancel lost that race on a loaded machine).
+    header_timeout = getattr(args, "header_timeout", None) or DEFAULT_HEADER_TIMEOUT_S
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
-                               timeout_graceful_shutdown=args.shutdown_timeout + FLUSH_GRACE_S)
+                               timeout_graceful_shutdown=args.shutdown_timeout + FLUSH_GRACE_S,
+                               http=header_deadline_protocol(header_timeout))
     timer = threading.Timer(args.shutdown_timeout, engine.loop.abort_all)
     timer.daemon = True  # never keeps the process alive
     server = _ExitZeroServer(uv_config, on_exit=timer.start)
