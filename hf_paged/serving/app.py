@@ -162,6 +162,7 @@ def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = 
     async def completions(request: Request) -> Response:
         received = time.perf_counter()
         body = await server.parse(request, CompletionRequest)
+        server.gate.check_size(len(body.prompts()), body.n)  # before tokenizing them all
         if body.echo and body.max_tokens == 0:  # scoring: the prompt's log-probabilities, nothing generated
             return await _echo(server, request, body)
         return await _answer(server, request, body, server.preparer.completion, "text_completion", received)

@@ -44,3 +44,29 @@ def test_the_queue_is_bounded_by_default_relative_to_the_batch(tiny_lm):
     unbounded, _ = make_server(tiny_lm, settings=ServerSettings(model_name="tiny-lm", max_waiting=0), max_num_seqs=2)
     with unbounded:
         assert unbounded.app.state.server.gate.max_waiting is None
+
+
+def test_a_request_past_the_bound_is_refused_before_its_prompts_are_tokenized(tiny_lm, monkeypatch):
+    """100,000 one-character prompts were tokenized (7.6 s) before the 400 that their count alone decides."""
+    from hf_paged.serving.prepare import Preparer
+
+    calls = []
+    real = Preparer.tokenize
+
+    def counting(self, text, param, **kwargs):
+        calls.append(text)
+        return real(self, text, param, **kwargs)
+
+    monkeypatch.setattr(Preparer, "tokenize", counting)
+    server, engine = make_server(tiny_lm, settings=ServerSettings(model_name="tiny-lm", max_waiting=8))
+    with server:
+        for body in ({"prompt": ["x"] * 20, "max_tokens": 1}, {"prompt": "x", "n": 9, "max_tokens": 1},
+                     {"prompt": ["x"] * 20, "max_tokens": 0, "echo": True, "logprobs": 0}):
+            r = httpx.post(server.url + "/v1/completions", json=body, timeout=120)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "request_too_large", r.text
+            assert "--max-waiting" in r.json()["error"]["message"]
+        assert calls == []
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": ["x"] * 8, "max_tokens": 1}, timeout=120)
+        assert r.status_code == 200 and len(calls) == 8
+        wait_idle(engine, timeout=60)
+        assert server.app.state.server.num_admitted == 0
