@@ -251,3 +251,27 @@ def test_generate_batch_under_autocast_computes_in_the_weights_dtype():
     _accelerate_mixed_precision(model)
     with pytest.raises(hf_paged.errors.UnsupportedGenerationError, match="keep_fp32_wrapper=False"):
         model.generate_batch(PROMPTS, max_new_tokens=NEW)
+
+
+def test_scoring_and_engine_steps_under_autocast():
+    """Scoring (and any engine step) under autocast: a fresh pool took two dtypes (keys fp32, values bf16) and every
+    later request failed, autocast or not. The engine's forwards run with autocast off."""
+    model = tiny_model("llama", seed=4)
+    hf_paged.wrap(model, block_size=8)
+    context, continuation = PROMPTS[0], [7, 8, 9]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = model.loglikelihood([(context, continuation)])[0]
+    plain = model.loglikelihood([(context, continuation)])[0]
+    with torch.no_grad():
+        logits = type(model).forward(model, torch.tensor([context + continuation[:-1]])).logits[0, len(context) - 1:]
+    expected = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor([continuation]).T).sum().item()
+    assert mixed.logprob == plain.logprob and plain.logprob == pytest.approx(expected, abs=1e-4)
+    engine = hf_paged.engine_of(model)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        request = engine.add_request(PROMPTS[2], hf_paged.SamplingParams(max_new_tokens=NEW))
+        output = engine.run([request])[request]
+    stock = type(model).generate(model, torch.tensor([PROMPTS[2]]), max_new_tokens=NEW, do_sample=False)
+    assert output.generated_tokens == stock[0, -NEW:].tolist()
+    _accelerate_mixed_precision(model)
+    with pytest.raises(hf_paged.errors.UnsupportedGenerationError, match="loglikelihood on a model"):
+        model.loglikelihood([(context, continuation)])

@@ -1,12 +1,13 @@
 """Autocast and the paged engine: the engine computes in the weights' dtype; it does not follow autocast.
 
 Under `torch.autocast` the projections return bf16 (or fp16) while RoPE's products and the pool keep the weights'
-dtype: a fresh engine's first forward failed (keys fp32, values bf16: `KernelArgumentError`) and a warm one stored
-rounded keys and values, which neither stock under autocast nor stock without it computes. So a wrapped `generate`
-under autocast runs stock `generate` (with `PagedFallbackWarning`); `generate_batch` runs with autocast off; and a
-model whose forward accelerate wrapped in autocast (Trainer / `Accelerator` mixed precision, `bf16=True` or
-`fp16=True` on fp32 weights; the wrapper turns it on again inside every forward) is refused by `generate_batch`
-with what to pass instead. `PagedGenerationCallback` sets that wrapper aside for its own generation.
+dtype: a fresh engine's first forward failed (keys fp32, values bf16: `KernelArgumentError`, and the pool kept those
+dtypes, so every later request failed too) and a warm one stored rounded keys and values, which neither stock under
+autocast nor stock without it computes. So the engine's forwards run with autocast off (`ModelRunner`), a wrapped
+`generate` under autocast runs stock `generate` (with `PagedFallbackWarning`), and a model whose forward accelerate
+wrapped in autocast (Trainer / `Accelerator` mixed precision, `bf16=True` or `fp16=True` on fp32 weights; the
+wrapper turns it on again inside every forward) is refused by `generate_batch` and `loglikelihood` with what to pass
+instead. `PagedGenerationCallback` sets that wrapper aside for its own generation.
 """
 
 from __future__ import annotations
@@ -44,25 +45,14 @@ def mixed_precision_forward(model: torch.nn.Module) -> bool:
     return wrapper is not None and original is not None and original is not wrapper
 
 
-def refuse_mixed_precision_forward(model: torch.nn.Module) -> None:
-    """`generate_batch`'s refusal of a model whose forward accelerate wrapped in autocast."""
+def refuse_mixed_precision_forward(model: torch.nn.Module, what: str) -> None:
+    """`what`'s refusal (`generate_batch`, `loglikelihood`) of a model whose forward accelerate wrapped in autocast."""
     if mixed_precision_forward(model):
         raise UnsupportedGenerationError(
-            "generate_batch on a model whose forward accelerate wrapped in autocast (mixed precision: Trainer "
+            f"{what} on a model whose forward accelerate wrapped in autocast (mixed precision: Trainer "
             "bf16=True / fp16=True): the engine computes in the weights' dtype and does not follow autocast; pass "
             "accelerator.unwrap_model(model, keep_fp32_wrapper=False), or generate with PagedGenerationCallback, "
             "which sets the wrapper aside")
-
-
-@contextmanager
-def autocast_off(model: torch.nn.Module) -> Iterator[None]:
-    """Within: autocast off, in this thread, for the model's device."""
-    device = _device_type(model)
-    if device is None:
-        yield
-        return
-    with torch.autocast(device_type=device, enabled=False):
-        yield
 
 
 @contextmanager

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 
-from hf_paged.api.autocast import autocast_off, autocast_reason, refuse_mixed_precision_forward
+from hf_paged.api.autocast import autocast_reason, refuse_mixed_precision_forward
 from hf_paged.api.generate_criteria import LockstepCriteria
 from hf_paged.api.generate_inputs import (
     check_priorities,
@@ -280,7 +280,7 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
 
     Raises `InvalidPromptError` before any work when an input is not token ids of this model (empty, negative or
     outside the vocabulary); `UnsupportedGenerationError` for a forward accelerate wrapped in autocast (the engine
-    computes in the weights' dtype: `torch.autocast` is turned off, `api/autocast.py`). Other per-request failures
+    computes in the weights' dtype, with `torch.autocast` off: `api/autocast.py`). Other per-request failures
     (a prompt beyond the positions or the pool, a processor that raised) end it `FAILED` with `error`; others run."""
     from hf_paged.api.wrap_state import engine_of
     from hf_paged.batching.progress import progress_hook
@@ -300,7 +300,7 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     if model.training and _dropout_active(model):
         warnings.warn("hf_paged: the model is in training mode with dropout, which generate_batch does not apply "
                       "(it runs the model as in eval mode); call model.eval() first to silence this", stacklevel=2)
-    refuse_mixed_precision_forward(model)
+    refuse_mixed_precision_forward(model, "generate_batch")
     engine = engine_of(model)
     prompts = token_ids_of(engine, inputs)
     if priorities is not None:
@@ -312,8 +312,8 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     # transformers names them.
     submission = engine.loop.submit(prompts, per_request, priorities=priorities, stream=progress_bar)
     names = [c for i, p in enumerate(per_request) for c in fork_ids(f"req_{i}", p.num_return_sequences)]
-    with progress_hook(engine, len(names), enabled=progress_bar) as on_step, autocast_off(model):
-        outputs = submission.result(on_step)  # (steps driven in this thread: autocast off, as in the loop's)
+    with progress_hook(engine, len(names), enabled=progress_bar) as on_step:
+        outputs = submission.result(on_step)
     renamed = {}
     for name, output in zip(names, outputs.values()):
         output.request_id = name

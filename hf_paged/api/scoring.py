@@ -23,6 +23,7 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hf_paged.api.autocast import refuse_mixed_precision_forward
 from hf_paged.batching.progress import progress_hook
 from hf_paged.batching.request import RequestStatus
 from hf_paged.batching.sampling import SamplingParams
@@ -57,6 +58,7 @@ def loglikelihood(model, requests: Sequence[tuple[Sequence[int], Sequence[int]]]
     """
     from hf_paged.api.wrap_state import engine_of
 
+    refuse_mixed_precision_forward(model, "loglikelihood")
     engine = engine_of(model)
     pairs = [_check_pair(engine, i, pair) for i, pair in enumerate(requests)]
     results: list[Loglikelihood | None] = [None] * len(pairs)

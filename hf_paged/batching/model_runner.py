@@ -13,6 +13,8 @@ instead (`decode_graphs.py`, `PagedConfig.cuda_graphs`); every other step runs e
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from hf_paged.batching.certified_head import CertifiedArgmax
@@ -25,6 +27,21 @@ from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.sparse_prefill import SparsePrefill
 from hf_paged.compat import execution_device
+
+
+def _autocast_off(method):
+    """Run a forward of the runner with autocast off for its device, whichever thread steps: the pool holds the
+    weights' dtype, and under autocast the projections return another (a fresh pool failed: keys fp32, values bf16;
+    a pool in use stored rounded values). A forward that turns autocast on itself (accelerate's mixed-precision
+    wrapper of `model.forward`) is refused by the api before any request (`api/autocast.py`)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        device = self.device.type
+        if torch.amp.is_autocast_available(device) and torch.is_autocast_enabled(device):  # (~0.3 us when off)
+            with torch.autocast(device, enabled=False):
+                return method(self, *args, **kwargs)
+        return method(self, *args, **kwargs)
+    return run
 
 
 class ModelRunner:
@@ -66,6 +83,7 @@ class ModelRunner:
                             max_batch=cfg.max_num_seqs, max_blocks_per_seq=width,
                             attention_backend=cfg.attention_backend)
 
+    @_autocast_off
     @torch.inference_mode()
     def greedy_tokens(
         self, input_ids: list[int], positions: list[int], metadata: PagedMetadata, logits_rows: list[int]
@@ -91,6 +109,7 @@ class ModelRunner:
         """Route attention to `hf_paged` for one forward only; plain forwards keep the stock implementation."""
         return use_attention(self._configs, ATTENTION_NAME)
 
+    @_autocast_off
     @torch.inference_mode()
     def forward(
         self, input_ids: list[int], positions: list[int], metadata: PagedMetadata, logits_rows: list[int]

@@ -11,8 +11,7 @@ found: its train/eval mode is restored, and it is unwrapped again unless it was 
 Mixed precision (`TrainingArguments(bf16=True)` / `fp16=True` on fp32 weights): accelerate replaces `model.forward`
 with an autocast wrapper (keeping the original as `model._original_forward`). The engine computes in the weights'
 dtype and does not follow autocast (its first forward under it failed: keys and values of two dtypes), so each
-evaluation generates with the original forward and autocast off, as the model saved at the end computes, and puts
-the wrapper back.
+evaluation generates with the original forward, as the model saved at the end computes, and puts the wrapper back.
 A prompt whose generation fails raises `RequestFailedError` naming it (its empty text was scored before).
 
 Several processes (`torchrun` / `accelerate launch`, Trainer in DDP): Trainer calls `on_evaluate` on every rank;
@@ -31,7 +30,7 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
-from hf_paged.api.autocast import autocast_off, original_forward
+from hf_paged.api.autocast import original_forward
 from hf_paged.config import PagedConfig
 from hf_paged.distributed import run_sharded, world
 from hf_paged.errors import RequestFailedError
@@ -141,7 +140,7 @@ class PagedGenerationCallback(TrainerCallback):
         params = SamplingParams(max_new_tokens=self.max_new_tokens, eos_token_id=eos, logits_processors=processors)
         model.eval()
         try:
-            with original_forward(model), autocast_off(model):
+            with original_forward(model):  # (ambient autocast: the engine's forwards turn it off)
                 if not was_wrapped:
                     wrap(model, self.paged_config)
                 if self._spread():
