@@ -10,6 +10,7 @@
 | module            | cares about                                  | in -> out                                       |
 |-------------------|----------------------------------------------|-------------------------------------------------|
 | `sharding`        | which rank runs which prompt (pure, no torch)| prompts, ranks -> `ShardPlan`                   |
+| `agreement`       | ranks asked alike, or all raise the same     | each rank's call -> one verdict, every rank     |
 | `data_parallel`   | shard, run each rank's engine, gather        | wrapped model, prompts -> outputs on every rank |
 | `tensor_parallel` | a `tp_plan` model under the engine           | model, `PagedConfig` -> checks, agreed blocks   |
 """

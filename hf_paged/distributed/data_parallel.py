@@ -3,8 +3,9 @@
     every rank: the same inputs ─ plan_shards (no communication) ─ its own engine on its shard
                                                                    └─ all_gather_object ─ all outputs, input order
 
-Every rank must call with the same inputs (checked: one small collective before any work). A rank that fails
-makes every rank raise the same error (the results are gathered either way, so no rank is left waiting). Under
+Every rank must call with the same inputs and generation settings (checked: one small collective before any work,
+`agreement`). A rank that fails, getting ready or generating, makes every rank raise the same error (the exchange
+and the results carry errors too, so no rank is left waiting in a collective). Under
 tensor parallelism (`from_pretrained(..., tp_plan="auto")` over the whole world) nothing is sharded: the ranks
 compute every request together, and each already holds all outputs.
 """
@@ -15,7 +16,6 @@ import hashlib
 import operator
 import os
 import time
-from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 from hf_paged.api.wrap_state import engine_of, is_wrapped
 from hf_paged.batching.request import RequestOutput, fork_parent
+from hf_paged.distributed.agreement import CallSignature, agree, exchange, inputs_digest, settings_digests
 from hf_paged.distributed.sharding import ShardPlan, plan_shards
 from hf_paged.distributed.tensor_parallel import tensor_parallel_size
 from hf_paged.errors import InvalidConfigError, InvalidPromptError, UnsupportedGenerationError, UnsupportedModelError
@@ -92,7 +93,8 @@ def generate_batch(model, inputs: Sequence[Sequence[int]], generation_config=Non
         group: the process group to spread over (default: the whole job).
 
     Raises:
-        InvalidConfigError: the model is not wrapped, or the ranks were given different inputs.
+        InvalidConfigError: the model is not wrapped, or the ranks were given different inputs or generation
+            settings (`sampling_params`, `generation_config`, `max_new_tokens`, `do_sample`, ...).
         UnsupportedModelError: the weights are sharded over the ranks by FSDP or DeepSpeed ZeRO-3 (every forward
             needs every rank, so the ranks cannot run different prompts).
         UnsupportedGenerationError: a tensor-parallel model over part of the group only (pass `group=` the
@@ -109,30 +111,33 @@ def generate_batch(model, inputs: Sequence[Sequence[int]], generation_config=Non
 def run_sharded(model, inputs: Sequence[Sequence[int]], generation_config=None, *, group=None,
                 **kwargs: Any) -> DistributedRun:
     """`generate_batch`, with the plan, each rank's time and each rank's engine statistics."""
-    if not is_wrapped(model):
-        raise InvalidConfigError("model is not wrapped: call hf_paged.wrap(model) on every rank first")
-    prompts = _token_ids(inputs)
     rank, size = world(group)
-    tp_size = tensor_parallel_size(model)
-    if tp_size > 1 and tp_size != size:
-        raise UnsupportedGenerationError(
-            f"the model is tensor parallel over {tp_size} ranks but the group has {size}: pass group= the "
-            "data-parallel group (the ranks holding different copies of the model)"
-        )
-    if tp_size == 1:
-        _check_not_sharded_weights(model)
-    try:  # built here at the latest: a pool too big for this rank's memory must fail on every rank, not hang them
-        engine, failure = engine_of(model), None
-    except Exception as error:  # noqa: BLE001 -- re-raised on every rank after the gather
-        engine, failure = None, _picklable(error)
-    budgets = _output_budgets(model, prompts, generation_config, kwargs)
-    plan = plan_shards(prompts, 1 if tp_size > 1 else size, block_size=engine.config.block_size if engine else 16,
-                       max_new_tokens=budgets)
+    try:  # everything a rank can fail at before generating: the failure goes to every rank (`agreement`)
+        if not is_wrapped(model):
+            raise InvalidConfigError("model is not wrapped: call hf_paged.wrap(model) on every rank first")
+        prompts = _token_ids(inputs)
+        tp_size = tensor_parallel_size(model)
+        if tp_size > 1 and tp_size != size:
+            raise UnsupportedGenerationError(
+                f"the model is tensor parallel over {tp_size} ranks but the group has {size}: pass group= the "
+                "data-parallel group (the ranks holding different copies of the model)"
+            )
+        if tp_size == 1:
+            _check_not_sharded_weights(model)
+        engine = engine_of(model)  # built here at the latest: a pool too big for one rank's memory fails on all
+        budgets = _output_budgets(model, prompts, generation_config, kwargs)
+        plan = plan_shards(prompts, 1 if tp_size > 1 else size, block_size=engine.config.block_size,
+                           max_new_tokens=budgets)
+        settings = settings_digests(model, generation_config, kwargs) if size > 1 else ()
+    except Exception as error:
+        if size > 1:  # the others raise it after the exchange instead of waiting for this rank in it
+            exchange(CallSignature(0, "", (), None, _picklable(error)), group, size)
+        raise
     if size > 1:
-        _check_same_inputs(prompts, (plan.rank_of, tuple(budgets)) if failure is None else None, group, size)
+        plan_digest = hashlib.blake2b(repr((plan.rank_of, budgets)).encode(), digest_size=8).hexdigest()
+        agree(exchange(CallSignature(len(prompts), inputs_digest(prompts), settings, plan_digest), group, size), rank)
     mine = plan.indices(0 if tp_size > 1 else rank)
-    local = _run_local(model, engine, prompts, mine, generation_config, rank, kwargs) if engine else \
-        _RankResult([], 0.0, {}, failure)
+    local = _run_local(model, engine, prompts, mine, generation_config, rank, kwargs)
     own = local.outputs or []
     if tp_size > 1:
         local.outputs = None  # every rank computed every request: nothing to send
@@ -205,32 +210,6 @@ def _output_budgets(model, prompts, generation_config, kwargs) -> list[int]:
     config = generation_config if generation_config is not None else model.generation_config
     budget = kwargs.get("max_new_tokens") or getattr(config, "max_new_tokens", None) or 0
     return [int(budget)] * len(prompts)
-
-
-def _check_same_inputs(prompts: list[list[int]], plan: tuple | None, group, size: int) -> None:
-    """Every rank was given the same inputs and planned the same shards with the same output budgets (each rank
-    plans alone: ranks whose budgets or block sizes differ would generate different shares, some inputs twice, some
-    never, or answer each input with another length). `plan`: (each input's rank, each input's budget); None where
-    this rank's engine failed (its error is raised on every rank after the gather; plans not compared)."""
-    digest = hashlib.blake2b(digest_size=16)
-    for prompt in prompts:
-        digest.update(len(prompt).to_bytes(8, "little"))
-        digest.update(array("q", prompt).tobytes())
-    mine = (len(prompts), digest.hexdigest(), None if plan is None else hash(plan))
-    seen: list[Any] = [None] * size
-    dist.all_gather_object(seen, mine, group=group)
-    if len({s[:2] for s in seen}) > 1:
-        counts = ", ".join(f"rank {r}: {n} inputs" for r, (n, _, _) in enumerate(seen))
-        raise InvalidConfigError(
-            f"the ranks were given different inputs ({counts}, digests differ); hf_paged.distributed.generate_batch "
-            "shards them itself: give every rank the whole list (not a per-rank split of it)"
-        )
-    if None not in {s[2] for s in seen} and len(set(seen)) > 1:
-        raise InvalidConfigError(
-            "the ranks were given the same inputs with different max_new_tokens (or num_return_sequences, "
-            "or wrapped with a different block_size): every rank must call with the same generation settings and "
-            "wrap with the same hf_paged.wrap options"
-        )
 
 
 def _check_not_sharded_weights(model) -> None:

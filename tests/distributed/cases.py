@@ -43,3 +43,11 @@ def callback_prompts() -> list[list[int]]:
 
 def tokens(outputs: dict) -> dict[str, list[int]]:
     return {name: list(o.generated_tokens) for name, o in outputs.items()}
+
+
+def output_fields(outputs: dict) -> dict:
+    """What must survive the gather besides the tokens: finish reasons, logprobs (chosen and top), scores."""
+    return {name: {"finish_reason": o.finish_reason, "num_scores": len(o.scores),
+                   "logprobs": [[e.token_id, round(e.logprob, 5)] for e in o.logprobs],
+                   "top": [[t.token_id for t in e.top] for e in o.logprobs],
+                   "score_argmax": [int(s.argmax()) for s in o.scores]} for name, o in outputs.items()}

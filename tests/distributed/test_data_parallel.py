@@ -7,7 +7,14 @@ import pytest
 import hf_paged
 from hf_paged.distributed import generate_batch, run_sharded
 from hf_paged.errors import InvalidConfigError
-from tests.distributed.cases import BLOCK_SIZE, MAX_NEW_TOKENS, dp_prompts, dp_sampling_params, tokens
+from tests.distributed.cases import (
+    BLOCK_SIZE,
+    MAX_NEW_TOKENS,
+    dp_prompts,
+    dp_sampling_params,
+    output_fields,
+    tokens,
+)
 from tests.distributed.launch import run_ranks
 from tests.tiny_models import stock_greedy, tiny_model
 
@@ -20,12 +27,19 @@ def single_process():
     return {
         "greedy": tokens(model.generate_batch(prompts, max_new_tokens=MAX_NEW_TOKENS)),
         "sampled": tokens(model.generate_batch(prompts, sampling_params=dp_sampling_params())),
+        "fields": output_fields(model.generate_batch(prompts, sampling_params=hf_paged.SamplingParams(
+            max_new_tokens=3, logprobs=2, output_scores=True))),
         "stock": stock_greedy(hf_paged.unwrap(model), prompts, MAX_NEW_TOKENS),
     }
 
 
-def test_two_ranks_generate_what_one_process_does(tmp_path, single_process):
-    ranks = run_ranks("data_parallel", tmp_path)
+@pytest.fixture(scope="module")
+def data_parallel_ranks(tmp_path_factory) -> list[dict]:
+    return run_ranks("data_parallel", tmp_path_factory.mktemp("data_parallel"))
+
+
+def test_two_ranks_generate_what_one_process_does(data_parallel_ranks, single_process):
+    ranks = data_parallel_ranks
     assert ranks[0] == ranks[1]  # every rank holds every output, in input order
     got = ranks[0]
     assert list(got["greedy"]) == [f"req_{i}" for i in range(len(dp_prompts()))]
@@ -44,6 +58,24 @@ def test_two_ranks_generate_what_one_process_does(tmp_path, single_process):
     assert got["different_budgets"] == "InvalidConfigError"
     assert got["after_errors"] == {k: single_process["greedy"][k] for k in ("req_0", "req_1", "req_2")}
     assert got["method"] == single_process["greedy"]  # model.generate_batch(..., distributed=True)
+
+
+def test_two_ranks_refuse_alike_what_one_rank_cannot_run(data_parallel_ranks, single_process):
+    """A rank that fails before generating, or ranks given different settings: the same error on every rank (before
+    the fix, the others waited in the input check for the rank that had raised, or mixed shards sampled otherwise)."""
+    ranks = data_parallel_ranks
+    assert ranks[0] == ranks[1]
+    got = ranks[0]
+    assert got["bad_input_one_rank"] == "InvalidPromptError"
+    assert got["short_sampling_params_one_rank"] == "ValueError"
+    for case in ("different_temperature", "different_seed", "greedy_on_one_rank"):
+        assert got[case] == "InvalidConfigError", case
+    assert got["progress_bar_on_rank_0"] == {k: v[:2] for k, v in list(single_process["greedy"].items())[:2]}
+    assert got["no_inputs"] == {}
+    assert got["one_input"] == {"req_0": single_process["greedy"]["req_5"]}
+    assert got["fields"] == single_process["fields"]
+    assert {o["finish_reason"] for o in got["fields"].values()} == {"length"}
+    assert all(o["num_scores"] == 3 and len(o["top"][0]) == 2 for o in got["fields"].values())
 
 
 def test_accelerate_launch_without_process_group(tmp_path, single_process):

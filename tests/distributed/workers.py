@@ -26,6 +26,7 @@ from tests.distributed.cases import (
     callback_prompts,
     dp_prompts,
     dp_sampling_params,
+    output_fields,
     tokens,
     tp_prompts,
     tp_sampling_params,
@@ -60,11 +61,50 @@ def data_parallel(args: list[str]) -> dict:
         "different_budgets": _error_of(
             lambda: generate_batch(model, prompts, max_new_tokens=2 + 3 * dist.get_rank())),
     }
+    result.update(_hostile_calls(model, prompts))
     hf_paged.engine_of(model).check_integrity()
     result["after_errors"] = tokens(generate_batch(model, prompts[:3], max_new_tokens=MAX_NEW_TOKENS))
     # the wrapped model's own generate_batch, asked to spread the work
     result["method"] = tokens(model.generate_batch(prompts, max_new_tokens=MAX_NEW_TOKENS, distributed=True))
     return result
+
+
+def _class_of_error(fn) -> str | None:
+    """The class of whatever `fn` raised (plain ValueErrors included), None when it returned."""
+    try:
+        fn()
+    except Exception as error:  # noqa: BLE001 -- recorded by class, compared across ranks by the test
+        return type(error).__name__
+    return None
+
+
+def _hostile_calls(model, prompts: list[list[int]]) -> dict:
+    """Calls that differ between ranks, or that fail on one rank before it generates: every rank must raise the
+    same error class (none may wait in a collective for a rank that already raised), and a silent mix of shards
+    generated with different settings must be refused."""
+    rank, sampled = dist.get_rank(), hf_paged.SamplingParams(max_new_tokens=2, do_sample=True, seed=5)
+    return {
+        # a rank that fails before it generates (its inputs are not token ids; a per-input list of the wrong length)
+        "bad_input_one_rank": _class_of_error(
+            lambda: generate_batch(model, prompts[:3] + [[5, 6] if rank == 0 else "text"], max_new_tokens=2)),
+        "short_sampling_params_one_rank": _class_of_error(
+            lambda: generate_batch(model, prompts, sampling_params=[sampled] * (len(prompts) - rank))),
+        # the same inputs, other settings on one rank: each rank would generate its shard otherwise
+        "different_temperature": _class_of_error(lambda: generate_batch(
+            model, prompts, GenerationConfig(do_sample=True, temperature=0.5 + rank, max_new_tokens=2))),
+        "different_seed": _class_of_error(lambda: generate_batch(
+            model, prompts, sampling_params=hf_paged.SamplingParams(max_new_tokens=2, do_sample=True, seed=rank))),
+        "greedy_on_one_rank": _class_of_error(
+            lambda: generate_batch(model, prompts, max_new_tokens=2, do_sample=bool(rank))),
+        # what only shows on one rank may differ; no inputs, and fewer inputs than ranks, are answered on every rank
+        "progress_bar_on_rank_0": tokens(generate_batch(model, prompts[:2], max_new_tokens=2,
+                                                        progress_bar=rank == 0)),
+        "no_inputs": tokens(generate_batch(model, [], max_new_tokens=2)),
+        "one_input": tokens(generate_batch(model, prompts[5:6], max_new_tokens=MAX_NEW_TOKENS)),
+        # logprobs, scores and finish reasons come back through the gather
+        "fields": output_fields(generate_batch(model, prompts, sampling_params=hf_paged.SamplingParams(
+            max_new_tokens=3, logprobs=2, output_scores=True))),
+    }
 
 
 def accelerate_launch(args: list[str]) -> dict:

@@ -1,0 +1,128 @@
+"""Before any rank generates: every rank states what it was asked and whether it got ready, and all agree or all
+raise the same error. One small collective, no per-step cost.
+
+    rank r: CallSignature(inputs digest, settings digests, plan digest, error) ─ all_gather_object ─ agree() on each
+
+Why one exchange carries the errors too: a rank that raised before the exchange (an input that is not token ids,
+a `sampling_params` list of the wrong length, a model not wrapped on that rank) would leave the others waiting in
+the collective until the process group's timeout (30 minutes by default), or pair its next collective with theirs.
+Why the settings: each rank generates its own shard, so a rank given another temperature, seed or `do_sample`
+would return its shard generated otherwise, silently mixed into every rank's outputs (and under tensor
+parallelism the ranks would fall out of step).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+from array import array
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hf_paged.errors import InvalidConfigError
+
+__all__ = ["CallSignature", "agree", "exchange", "inputs_digest", "settings_digests"]
+
+# Arguments that may differ between ranks: they change nothing but what this rank shows (rank 0 alone draws the bar).
+_LOCAL_ONLY = frozenset({"progress_bar"})
+
+
+@dataclass(slots=True)
+class CallSignature:
+    """What one rank was asked, as digests (never the prompts themselves), and whether it got ready."""
+
+    num_inputs: int
+    inputs: str  # digest of every input's token ids
+    settings: tuple[tuple[str, str], ...]  # (argument, digest of its value), every argument but progress_bar
+    plan: str | None  # digest of the shard plan and output budgets (None where `error` is set)
+    error: BaseException | None = None  # what this rank raised getting ready (sent to every rank)
+
+
+def inputs_digest(prompts: Sequence[Sequence[int]]) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    for prompt in prompts:
+        digest.update(len(prompt).to_bytes(8, "little"))
+        digest.update(array("q", prompt).tobytes())
+    return digest.hexdigest()
+
+
+def settings_digests(model, generation_config, kwargs: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A digest of each generation argument (the model's own `generation_config` when none is given). Values are
+    compared by content; processors, tokenizers, draft models and validators by their class only (they may hold
+    per-rank state: a device, a counter)."""
+    given = {name: value for name, value in kwargs.items() if name not in _LOCAL_ONLY}
+    if generation_config is None and kwargs.get("sampling_params") is None:
+        given["model.generation_config"] = model.generation_config
+    else:
+        given["generation_config"] = generation_config
+    return tuple((name, hashlib.blake2b(_describe(value).encode(), digest_size=8).hexdigest())
+                 for name, value in sorted(given.items()))
+
+
+def _describe(value: Any, depth: int = 0) -> str:
+    """A deterministic text of `value`'s content (the same on every rank for equal settings)."""
+    from transformers import GenerationConfig
+
+    if value is None or isinstance(value, bool | int | float | str):
+        return repr(value)
+    if isinstance(value, GenerationConfig):
+        value = value.to_dict()
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):  # SamplingParams
+        return type(value).__name__ + _describe({f.name: getattr(value, f.name) for f in dataclasses.fields(value)},
+                                                depth)
+    if isinstance(value, torch.Tensor):
+        data = value.detach().cpu().contiguous()
+        return f"tensor{tuple(data.shape)}{data.dtype}:{hashlib.blake2b(data.numpy().tobytes()).hexdigest()}"
+    if depth < 4 and isinstance(value, Mapping):
+        items = sorted((repr(k), _describe(v, depth + 1)) for k, v in value.items())
+        return "{" + ",".join(f"{k}:{v}" for k, v in items) + "}"
+    if depth < 4 and isinstance(value, list | tuple):
+        return "[" + ",".join(_describe(v, depth + 1) for v in value) + "]"
+    return f"<{type(value).__module__}.{type(value).__qualname__}>"
+
+
+def exchange(mine: CallSignature, group, size: int) -> list[CallSignature]:
+    import torch.distributed as dist
+
+    every: list[Any] = [None] * size
+    dist.all_gather_object(every, mine, group=group)
+    return every
+
+
+def agree(every: Sequence[CallSignature], rank: int) -> None:
+    """Raise, on every rank alike, when a rank failed getting ready or the ranks were asked different things."""
+    mine = every[rank]
+    if mine.error is not None:
+        raise mine.error
+    for r, signature in enumerate(every):
+        if signature.error is not None:
+            signature.error.add_note(f"(raised on rank {r} of {len(every)} before generating; every rank raises it)")
+            raise signature.error
+    if len({(s.num_inputs, s.inputs) for s in every}) > 1:
+        counts = ", ".join(f"rank {r}: {s.num_inputs} inputs" for r, s in enumerate(every))
+        raise InvalidConfigError(
+            f"the ranks were given different inputs ({counts}, digests differ); hf_paged.distributed.generate_batch "
+            "shards them itself: give every rank the whole list (not a per-rank split of it)"
+        )
+    differing = _differing(every)
+    if differing:
+        raise InvalidConfigError(
+            f"the ranks were given the same inputs with different generation settings ({', '.join(differing)} "
+            "differ between ranks): each rank generates its own share, which would come back generated otherwise; "
+            "call generate_batch with the same settings on every rank"
+        )
+    if len({s.plan for s in every}) > 1:
+        raise InvalidConfigError(
+            "the ranks planned different shards for the same inputs and settings (wrapped with a different "
+            "block_size, or different max_new_tokens in the model's generation_config): every rank must wrap with "
+            "the same hf_paged.wrap options"
+        )
+
+
+def _differing(every: Sequence[CallSignature]) -> list[str]:
+    per_rank = [dict(s.settings) for s in every]
+    names = set().union(*per_rank)
+    return sorted(name for name in names if len({settings.get(name) for settings in per_rank}) > 1)
