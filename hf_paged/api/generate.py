@@ -190,7 +190,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     replay = None
     if criteria is not None:
         replay = LockstepCriteria(criteria, rows, submission.all_ids, pad_token_id, max_new_tokens,
-                                  lambda ids: engine.loop.abort(*ids))
+                                  lambda ids: engine.loop.abort(*ids), sync=engine.sampler.sync)
         on_step = replay.on_step
     outputs = submission.result(on_step)
     if streamer is not None:

@@ -27,8 +27,13 @@ class LockstepCriteria:
     """Replays stock's stopping checks over the engine's steps for one `generate` call (see the module doc)."""
 
     def __init__(self, criteria, input_ids: torch.Tensor, order: Sequence[str], pad_token_id: int,
-                 max_new_tokens: int, abort: Callable[[list[str]], None]) -> None:
+                 max_new_tokens: int, abort: Callable[[list[str]], None],
+                 sync: Callable[[list[int | None]], list[int | None]] | None = None) -> None:
         self.criteria = criteria
+        # tensor parallel: every rank takes the first rank's verdicts (`Sampler.sync`); a verdict that differs by rank
+        # (`max_time` on each rank's clock, a criterion that raised on one rank) would stop one rank's engine a step
+        # before another's, and their forwards' collectives would stop matching
+        self.sync = sync
         self.prompt_len = input_ids.shape[1]
         # stock's input_ids, grown a column a step: [rows, padded prompt + max_new_tokens], viewed up to step k
         self.ids = torch.cat([input_ids, input_ids.new_full((input_ids.shape[0], max_new_tokens), pad_token_id)], 1)
@@ -70,22 +75,17 @@ class LockstepCriteria:
             column.append(self.pad if stopped or k >= len(toks) else toks[k])
         self.ids[:, self.prompt_len + k] = torch.tensor(column, dtype=self.ids.dtype)
         self.num_steps = k + 1
-        try:
-            done = self.criteria(self.ids[:, : self.prompt_len + k + 1], None)
-        except Exception as exc:  # the caller's code: name it, end only this call's requests
+        done, error = self._verdicts(k)
+        if self.sync is not None:
+            agreed = self.sync([None] * len(self.order) if error is not None else [int(d) for d in done])
+            if agreed[0] is None:
+                error = error or StoppingCriterionError(
+                    "a stopping criterion raised on the first tensor-parallel rank; every rank ends this call")
+            else:
+                done, error = [bool(a) for a in agreed], None
+        if error is not None:
             self.abort([rid for rid, e in zip(self.order, self.ended) if not e])
-            names = ", ".join(type(c).__name__ for c in self.criteria)
-            raise StoppingCriterionError(
-                f"a stopping criterion ({names}) raised {type(exc).__name__}: {exc}; this generate call's requests "
-                "were aborted, the engine's other requests go on") from exc
-        done = [bool(d) for d in torch.as_tensor(done).reshape(-1).tolist()]
-        if len(done) == 1 and len(self.order) > 1:
-            done = done * len(self.order)
-        if len(done) != len(self.order):
-            self.abort([rid for rid, e in zip(self.order, self.ended) if not e])
-            raise StoppingCriterionError(
-                f"the stopping criteria returned {len(done)} values for {len(self.order)} rows; return one bool per "
-                "row of input_ids (or one for all)")
+            raise error
         for i, is_done in enumerate(done):
             if is_done and self.done_at[i] is None:
                 self.done_at[i] = k + 1
@@ -95,6 +95,26 @@ class LockstepCriteria:
         if ids:
             self.aborted.update(ids)
             self.abort(ids)
+
+    def _verdicts(self, k: int) -> tuple[list[bool], StoppingCriterionError | None]:
+        """Each row's verdict after stock step k, or the error that stops the call (raised by the caller)."""
+        try:
+            done = self.criteria(self.ids[:, : self.prompt_len + k + 1], None)
+        except Exception as exc:  # noqa: BLE001 -- the caller's code: name it, end only this call's requests
+            names = ", ".join(type(c).__name__ for c in self.criteria)
+            error = StoppingCriterionError(
+                f"a stopping criterion ({names}) raised {type(exc).__name__}: {exc}; this generate call's requests "
+                "were aborted, the engine's other requests go on")
+            error.__cause__ = exc
+            return [], error
+        done = [bool(d) for d in torch.as_tensor(done).reshape(-1).tolist()]
+        if len(done) == 1 and len(self.order) > 1:
+            done = done * len(self.order)
+        if len(done) != len(self.order):
+            return [], StoppingCriterionError(
+                f"the stopping criteria returned {len(done)} values for {len(self.order)} rows; return one bool per "
+                "row of input_ids (or one for all)")
+        return done, None
 
     def cut(self, row: int, tokens: list[int]) -> list[int]:
         """The row's tokens as stock returns them: up to its stop step (padding is added by the caller), or up to

@@ -68,6 +68,21 @@ def test_two_ranks_equal_one_process(tmp_path, model_dir):
     assert ranks[0]["odd_kv_heads"] == "UnsupportedModelError"
 
 
+def test_stopping_verdicts_are_the_first_ranks(tmp_path, model_dir):
+    """A criterion that stops (or raises) on one rank only: before the first rank's verdicts were taken everywhere,
+    the rank that went on ran a forward alone and gloo aborted it ("collective mismatch")."""
+    ranks = run_ranks("tensor_parallel_criteria", tmp_path / "out", str(model_dir))
+    assert ranks[0] == ranks[1]
+    got, single = ranks[0], _single_process(model_dir / "llama")
+    prompt, generated = tp_prompts()[0], single["stock"][0]
+    stopped, full = [prompt + generated[:3]], [prompt + generated]
+    assert got["stops_on_rank_0"] == stopped  # the first rank's verdict
+    assert got["stops_on_rank_1"] == full  # the other rank's verdict is not taken
+    assert got["raises_on_rank_0"] == "StoppingCriterionError"
+    assert got["raises_on_rank_1"] == full
+    assert got["after"] == single["paged"]  # still in step
+
+
 class _FakeTensorParallel(torch.nn.Module):
     """What `tensor_parallel` reads of a tp_plan model, without processes: `_tp_size`, `tp_plan`, the config."""
 

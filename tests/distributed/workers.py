@@ -210,6 +210,43 @@ def tensor_parallel(args: list[str]) -> dict:
     return result
 
 
+def tensor_parallel_criteria(args: list[str]) -> dict:
+    """Stopping criteria whose verdicts differ by rank (each rank's clock, a rank's own state): every rank takes the
+    first rank's, so the ranks' engines run the same steps (else one rank's extra forward pairs its collectives with
+    the other rank's next call)."""
+    from transformers import AutoModelForCausalLM, StoppingCriteria, StoppingCriteriaList
+
+    model = AutoModelForCausalLM.from_pretrained(Path(args[1]) / "llama", tp_plan="auto", dtype=torch.float32)
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
+    hf_paged.wrap(model, block_size=BLOCK_SIZE)
+    rank, prompt = dist.get_rank(), torch.tensor(tp_prompts()[:1])
+
+    class OnRank(StoppingCriteria):
+        def __init__(self, stop_rank: int, raises: bool = False):
+            self.stop_rank, self.raises = stop_rank, raises
+
+        def __call__(self, input_ids, scores, **kwargs):
+            if rank == self.stop_rank and input_ids.shape[1] >= prompt.shape[1] + 3:
+                if self.raises:
+                    raise RuntimeError(f"criterion failed on rank {rank}")
+                return torch.ones(input_ids.shape[0], dtype=torch.bool)
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    def generate(criterion) -> list | str:
+        try:
+            return model.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+                                  stopping_criteria=StoppingCriteriaList([criterion])).tolist()
+        except hf_paged.errors.HfPagedError as error:
+            return type(error).__name__
+
+    result = {name: generate(criterion) for name, criterion in (
+        ("stops_on_rank_0", OnRank(0)), ("stops_on_rank_1", OnRank(1)), ("raises_on_rank_0", OnRank(0, True)),
+        ("raises_on_rank_1", OnRank(1, True)))}
+    result["after"] = tokens(model.generate_batch(tp_prompts(), max_new_tokens=MAX_NEW_TOKENS))
+    hf_paged.engine_of(model).check_integrity()
+    return result
+
+
 def lm_eval_ranks(args: list[str]) -> dict:
     """`simple_evaluate(model="hf-paged")` on every rank: each scores its share; rank 0 gets every sample."""
     import lm_eval
@@ -229,7 +266,8 @@ def lm_eval_ranks(args: list[str]) -> dict:
             "resps": {t: {str(s["doc_id"]): s["resps"] for s in samples} for t, samples in out["samples"].items()}}
 
 
-CASES = {f.__name__: f for f in (data_parallel, accelerate_launch, callback, tensor_parallel, lm_eval_ranks)}
+CASES = {f.__name__: f for f in (data_parallel, accelerate_launch, callback, tensor_parallel, tensor_parallel_criteria,
+                                  lm_eval_ranks)}
 
 
 def main() -> None:
