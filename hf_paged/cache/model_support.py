@@ -47,6 +47,12 @@ def check_supported(model: torch.nn.Module) -> None:
     name = type(model).__name__
     config = getattr(model, "config", None)
     if config is None or not hasattr(model, "generate"):
+        inner = getattr(model, "module", None)
+        if hasattr(inner, "config") and hasattr(inner, "generate"):  # DistributedDataParallel, DataParallel, ...
+            raise UnsupportedModelError(
+                f"{name} holds the model in .module; wrap that one: hf_paged.wrap(model.module) (the same weights, "
+                "which training through the wrapper keeps updating)"
+            )
         raise UnsupportedModelError(f"{name} is not a transformers generative model (no config / generate)")
     if getattr(config, "is_encoder_decoder", False):
         raise UnsupportedModelError(f"{name} is an encoder-decoder model; hf_paged serves decoder-only causal LMs")

@@ -114,7 +114,10 @@ def run_sharded(model, inputs: Sequence[Sequence[int]], generation_config=None, 
     rank, size = world(group)
     try:  # everything a rank can fail at before generating: the failure goes to every rank (`agreement`)
         if not is_wrapped(model):
-            raise InvalidConfigError("model is not wrapped: call hf_paged.wrap(model) on every rank first")
+            inner = getattr(model, "module", None)  # DistributedDataParallel
+            hint = (f"pass the model {type(model).__name__} holds, wrapped: hf_paged.wrap(model.module)"
+                    if isinstance(inner, torch.nn.Module) else "call hf_paged.wrap(model)")
+            raise InvalidConfigError(f"model is not wrapped: {hint} on every rank first")
         prompts = _token_ids(inputs)
         tp_size = tensor_parallel_size(model)
         if tp_size > 1 and tp_size != size:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 import hf_paged
 from hf_paged.distributed import generate_batch, run_sharded
@@ -98,3 +99,15 @@ def test_one_process_is_the_models_own_generate_batch(single_process):
 def test_unwrapped_model_is_refused():
     with pytest.raises(InvalidConfigError, match="wrap"):
         generate_batch(tiny_model("llama"), [[5, 6, 7]], max_new_tokens=2)
+
+
+def test_a_model_inside_data_parallel_names_its_module():
+    """DDP (here its single-process cousin DataParallel, no process group needed) holds the model in `.module`."""
+    holder = torch.nn.DataParallel(tiny_model("llama"))
+    with pytest.raises(hf_paged.errors.UnsupportedModelError, match=r"hf_paged.wrap\(model.module\)"):
+        hf_paged.wrap(holder)
+    with pytest.raises(InvalidConfigError, match=r"DataParallel holds, wrapped: hf_paged.wrap\(model.module\)"):
+        generate_batch(holder, [[5, 6, 7]], max_new_tokens=2)
+    hf_paged.wrap(holder.module, block_size=BLOCK_SIZE)
+    assert tokens(generate_batch(holder.module, [[5, 6, 7]], max_new_tokens=2)) == tokens(
+        holder.module.generate_batch([[5, 6, 7]], max_new_tokens=2))
