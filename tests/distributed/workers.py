@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -232,7 +233,14 @@ def tensor_parallel_criteria(args: list[str]) -> dict:
                 return torch.ones(input_ids.shape[0], dtype=torch.bool)
             return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
+    loop = hf_paged.engine_of(model).loop
+    loop.start()  # idle before the first call (a loop thread started by a call may take that call's steps)
+
     def generate(criterion) -> list | str:
+        # The replay's verdicts are synced from the caller's thread, in step with the engine's forwards only when
+        # that thread drives them: the loop thread, woken by the end of the previous call, can take the next call's
+        # steps when it comes at once (a known race under tensor parallelism, not what this case checks).
+        time.sleep(0.2)
         try:
             return model.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
                                   stopping_criteria=StoppingCriteriaList([criterion])).tolist()
