@@ -27,7 +27,7 @@ SKIPPED = {
 README_URL = "http://127.0.0.1:8000"  # where the README's server snippets find `hf-paged serve`
 # `path = "..."` names the user's model (a hub id): the embedded model stands in for it, offline.
 _PATH_LINE = re.compile(r'^path = "[^"\n]*"', re.MULTILINE)
-FINISH_REASONS = ("stop", "length", "length_incomplete", "scored", "abort", "error")  # every value the engine sets
+FINISH_REASONS = ("stop", "length", "length_incomplete", "stop_incomplete", "scored", "abort", "error")  # every value the engine sets
 
 
 def python_blocks(text: str) -> list[str]:

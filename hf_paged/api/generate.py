@@ -27,7 +27,7 @@ from hf_paged.api.generate_inputs import (
     masked_after_start,
     token_ids_of,
 )
-from hf_paged.api.generate_output import assemble_generate_output, make_streamer_hook
+from hf_paged.api.generate_output import assemble_generate_output, incomplete_rows, make_streamer_hook
 from hf_paged.api.generate_processors import ProcessorFactory
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
 from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list, unsupported_modes
@@ -203,12 +203,8 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     if replay is not None:
         ordered = [replace(o, generated_tokens=replay.cut(i, list(o.generated_tokens)))
                    for i, o in enumerate(ordered)]
-    cut = [i for i, o in enumerate(ordered) if o.finish_reason == "length_incomplete"]
-    if cut:
-        warnings.warn(f"hf_paged: row(s) {cut} of this generate reached max_new_tokens={gen_config.max_new_tokens} "
-                      "before their constrained document was complete, so their text will not parse; raise "
-                      "max_new_tokens (or set SamplingParams.max_retries with generate_batch)",
-                      IncompleteDocumentWarning, stacklevel=2)
+    for message in incomplete_rows(ordered, gen_config.max_new_tokens):
+        warnings.warn(message, IncompleteDocumentWarning, stacklevel=2)
     return assemble_generate_output(rows, ordered, gen_config, pad_token_id, factory.vocab_size,
                                     scores=[o.scores or [] for o in ordered], logits=[o.logits or [] for o in ordered])
 

@@ -62,3 +62,20 @@ def make_streamer_hook(streamer, input_ids: torch.Tensor, order: list[str], pad_
             streamer.put(torch.tensor([n[j] if j < len(n) else pad_token_id for n in new]))
 
     return on_step
+
+
+def incomplete_rows(ordered: list[RequestOutput], max_new_tokens: int | None) -> list[str]:
+    """What `generate` warns of (`IncompleteDocumentWarning`): rows whose constrained document will not parse."""
+    messages = []
+    cut = [i for i, o in enumerate(ordered) if o.finish_reason == "length_incomplete"]
+    if cut:
+        messages.append(f"hf_paged: row(s) {cut} of this generate reached max_new_tokens={max_new_tokens} before "
+                        "their constrained document was complete, so their text will not parse; raise max_new_tokens "
+                        "(or set SamplingParams.max_retries with generate_batch)")
+    ended = [i for i, o in enumerate(ordered) if o.finish_reason == "stop_incomplete"]
+    if ended:
+        messages.append(f"hf_paged: row(s) {ended} of this generate ended (EOS) before their constrained document was "
+                        "complete, so their text will not parse: the constraint refused a token that another logits "
+                        "processor (bad_words_ids, suppress_tokens, sequence_bias, your own) left as the only choice, or "
+                        "the tokenizer cannot spell what the constraint allows next; drop the conflicting processor")
+    return messages

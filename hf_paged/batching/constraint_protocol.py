@@ -52,6 +52,11 @@ class RequestConstraint(Protocol):
         """Whether the request's document is complete (EOS allowed now, or produced), after `generated` (the
         request's whole output; None: as far as the constraint has read it, which may lack the last token)."""
 
+    def error(self, request_id: str) -> str | None:
+        """Why the constraint gave up on the request's document before it was complete (a token it refuses was
+        produced, or no token spells what it allows next: it allows EOS alone from then on), or None. A request
+        that then ends with EOS finishes `"stop_incomplete"`."""
+
     def release(self, request_id: str) -> None:
         """Forget the request's state (it ended)."""
 

@@ -112,6 +112,8 @@ class RequestLifecycle:
         if reason == "length" and any(not c.is_complete(request.request_id, request.output_ids)
                                       for c in request.processors.constraints):
             reason = "length_incomplete"  # max_new_tokens cut a constrained document short: it will not parse
+        elif reason == "stop" and any(c.error(request.request_id) is not None for c in request.processors.constraints):
+            reason = "stop_incomplete"  # EOS ended a document its constraint had given up on: it will not parse
         if request.params.max_retries:
             decision = self.retrier.end_attempt(request, status, reason)
             if decision.retry is not None:
@@ -163,3 +165,4 @@ class RequestLifecycle:
         for constraint in request.processors.constraints:
             constraint.release(request.request_id)
         self.speculator.release(request.request_id)
+

@@ -18,6 +18,9 @@ from hf_paged.batching.sampling import SamplingParams
 from hf_paged.errors import RequestFailedError
 
 _FORK_MARK = "__child#"
+# the finish reasons of a constrained document that will not parse: cut by max_new_tokens, or ended by EOS after its
+# constraint gave up on it (a token it refused was forced, or the vocabulary cannot spell what it allows next)
+INCOMPLETE = ("length_incomplete", "stop_incomplete")
 
 
 def fork_ids(request_id: str, num_sequences: int) -> list[str]:
@@ -217,8 +220,8 @@ class RequestOutput:
     generated_tokens: list[int]
     status: RequestStatus
     error: str | None = None
-    finish_reason: str | None = None  # "stop", "length", "length_incomplete" (a constrained document cut short),
-    # "scored" (a scoring request, SamplingParams.score_targets), "abort", "error"
+    finish_reason: str | None = None  # "stop", "length", "length_incomplete" / "stop_incomplete" (a constrained
+    # document cut short: INCOMPLETE), "scored" (a scoring request, SamplingParams.score_targets), "abort", "error"
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     created_time: float = 0.0
     lifespan: tuple[float, float] = (-1.0, -1.0)  # (first token time, finish time)

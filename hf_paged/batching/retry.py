@@ -2,7 +2,7 @@
 
 When a request with `max_retries >= 1` ends normally, `Retrier.end_attempt` records the attempt and decides:
 
-    finished --"length_incomplete"?---------------------------> retry (attempts left) | final
+    finished --"length_incomplete" / "stop_incomplete"?--------> retry (attempts left) | final
              \\-- validator(text) (default: JSON Schema) false? --> retry (attempts left) | final (valid=False)
                                                          true  --> final (valid=True)
 
@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hf_paged.batching.request import Failure, Request, RequestStatus, RetryAttempt, fork_parent
+from hf_paged.batching.request import INCOMPLETE, Failure, Request, RequestStatus, RetryAttempt, fork_parent
 from hf_paged.batching.sampling import SamplingParams
 
 __all__ = ["AttemptEnd", "Retrier", "document_text", "retry_seed", "schema_validator"]
@@ -106,7 +106,7 @@ class Retrier:
         """Record the attempt that ended with `status`/`reason`; return the next attempt, or None for the end."""
         params = request.params
         valid: bool | None = None
-        if status is RequestStatus.FINISHED and reason != "length_incomplete":
+        if status is RequestStatus.FINISHED and reason not in INCOMPLETE:
             validator = params.validator or self._default(params)
             if validator is not None:
                 try:
@@ -116,7 +116,7 @@ class Retrier:
                     return AttemptEnd(None, Failure(f"validator raised {type(exc).__name__}: {exc}; fix the validator",
                                                     type(exc)))
         request.attempts.append(self._attempt(request, reason, valid))
-        refused = status is RequestStatus.FINISHED and (reason == "length_incomplete" or valid is False)
+        refused = status is RequestStatus.FINISHED and (reason in INCOMPLETE or valid is False)
         if not refused or len(request.attempts) > params.max_retries:
             return AttemptEnd(None)
         return AttemptEnd(self._next(request))

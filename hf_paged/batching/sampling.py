@@ -48,12 +48,13 @@ class SamplingParams:
             vocabulary at every step; "resample" draws from the unconstrained distribution and computes the mask
             only when the draw is refused. Same output distribution (greedy: same tokens); see
             `batching/constraint_modes.py`. Not with top_k/top_p when sampling, nor with speculative decoding.
-        max_retries: rerun a request whose constrained document was cut short (`length_incomplete`) or whose text
-            `validator` refuses, up to this many times, each with a new seed derived from `seed`; the prompt's
-            blocks come from the prefix cache. The output records every attempt (`RequestOutput.attempts`).
+        max_retries: rerun a request whose constrained document was cut short (`length_incomplete`,
+            `stop_incomplete`) or whose text `validator` refuses, up to this many times, each with a new seed
+            derived from `seed`; the prompt's blocks come from the prefix cache. The output records every attempt
+            (`RequestOutput.attempts`).
         validator: `validator(text) -> bool`, called on each attempt that ended normally (text decoded with
             `tokenizer`, else with the constraint's vocabulary; the token ids when neither exists). Default: JSON
-            Schema validation for a `JSONSchemaLogitsProcessor` request, else only `length_incomplete` retries.
+            Schema validation for a `JSONSchemaLogitsProcessor` request, else only incomplete documents retry.
         score_targets: scoring instead of generating (`hf_paged.api.scoring`): n token ids whose log-probabilities are
             read at the prompt's last n positions (target i is the token after position len(prompt) - n + i, so the
             first n - 1 targets are the prompt's own last n - 1 tokens); the request ends once its prompt is

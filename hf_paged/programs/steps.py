@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 
+from hf_paged.batching.request import INCOMPLETE
 from hf_paged.processors.choice import escape_regex
 from hf_paged.programs.backend import GenRequest, Guide, RunContext
 from hf_paged.programs.calls import GenCall, SelectCall
@@ -145,7 +146,7 @@ def _cut(backend, call: GenCall, generated: list[int], finish_reason: str, lead:
     text = backend.decode(ids)
     if lead and text.startswith(lead):
         text = text[len(lead):]
-    complete = finish_reason != "length_incomplete" or isinstance(call.constraint, Text | None)
+    complete = finish_reason not in INCOMPLETE or isinstance(call.constraint, Text | None)
     stops = [text.find(s) for s in call.stop if s in text]
     if stops:
         value, finish_reason = text[: min(stops)], "stop"

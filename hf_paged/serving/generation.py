@@ -26,7 +26,8 @@ from hf_paged.serving.text import TextStream
 
 __all__ = ["ChoiceEvent", "Usage", "run_choices"]
 
-_FINISH_REASONS = {"stop": "stop", "length": "length", "length_incomplete": "length", "abort": "abort"}
+_FINISH_REASONS = {"stop": "stop", "length": "length", "length_incomplete": "length", "stop_incomplete": "stop",
+                   "abort": "abort"}
 
 
 @dataclass(slots=True)
@@ -40,7 +41,8 @@ class ChoiceEvent:
     token_ids: list[int] | None = None  # the tokens behind this event's text (and any held back before it)
     prompt_token_ids: list[int] | None = None  # on a choice's last event: its prompt
     finish_detail: str | None = None  # on the last event: the engine's own reason ("length_incomplete": a guided
-    # output cut short by max_tokens before its constraint closed; the client sees "length")
+    # output cut short by max_tokens before its constraint closed; the client sees "length"; "stop_incomplete":
+    # ended by EOS after its constraint gave up, the client sees "stop")
     logprobs: list[LogprobEntry] | None = None  # the log-probabilities of this event's tokens (None: not asked)
 
     def error_status(self) -> tuple[int, str]:

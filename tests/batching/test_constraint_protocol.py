@@ -56,6 +56,9 @@ class Script:
     def is_complete(self, request_id, generated=None):
         return False  # the script never ends a document: every cut is incomplete
 
+    def error(self, request_id):
+        return None  # it never gives up on a document
+
     def release(self, request_id):
         self.released.append(request_id)
 
