@@ -100,6 +100,10 @@ class EngineLoop:
     ) -> AsyncIterator[RequestDelta]:
         """Stream one request (and its forks) as deltas. Cancelling the consuming task, or closing the generator
         early (`contextlib.aclosing`), aborts what is still running; its blocks are freed before the next step."""
+        if self._callers_drive:
+            raise UnsupportedGenerationError(
+                "generate_async on a tensor-parallel model: every rank must run the same requests in the same steps, "
+                "which requests arriving on their own cannot promise; call generate / generate_batch on every rank")
         params = params or SamplingParams()
         event_loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[list[RequestDelta]] = asyncio.Queue()
@@ -185,7 +189,7 @@ class EngineLoop:
         """A synchronous caller's deltas from its queue while `pending()`. When nobody steps, the caller's own
         thread drives the turns (see `_driver`) and hands over to the loop thread when it leaves; `on_lost` is
         called when there is nothing left to run yet `pending()` holds."""
-        driving = self._driver.acquire(blocking=False)
+        driving = self._driver.acquire(blocking=self._callers_drive)
         try:
             while pending():
                 if driving:
@@ -258,7 +262,16 @@ class EngineLoop:
     # -- the loop thread -----------------------------------------------------------------------------------
     def _has_work(self) -> bool:
         """Commands, callers waiting, or a shutdown to carry out (read under `_cond`)."""
-        return bool(self._commands or self._sinks or self._stopping)
+        return bool(self._stopping or (not self._callers_drive and (self._commands or self._sinks)))
+
+    @property
+    def _callers_drive(self) -> bool:
+        """Tensor parallelism (the sampler syncs the ranks): every rank must issue the same collectives in the same
+        order, its forwards' and its caller's between steps (the first rank's stopping verdicts, `generate`), and a
+        caller's abort must take effect at the same step on every rank. So the synchronous caller drives its own
+        requests' steps, and the loop thread never steps (taking a call's steps when it woke at the end of the
+        previous one, it interleaved them with the caller's collectives: "collective mismatch")."""
+        return getattr(getattr(self.engine, "sampler", None), "sync", None) is not None
 
     def _one_turn(self, stopping: bool) -> bool:
         """One turn of the loop thread; False when the thread is to end."""

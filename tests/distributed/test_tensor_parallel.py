@@ -70,7 +70,9 @@ def test_two_ranks_equal_one_process(tmp_path, model_dir):
 
 def test_stopping_verdicts_are_the_first_ranks(tmp_path, model_dir):
     """A criterion that stops (or raises) on one rank only: before the first rank's verdicts were taken everywhere,
-    the rank that went on ran a forward alone and gloo aborted it ("collective mismatch")."""
+    the rank that went on ran a forward alone and gloo aborted it ("collective mismatch"). Calls back to back: the
+    loop thread, woken by one call's end, took the next call's steps in 1 run of 4 before callers drove them
+    (`EngineLoop._callers_drive`)."""
     ranks = run_ranks("tensor_parallel_criteria", tmp_path / "out", str(model_dir))
     assert ranks[0] == ranks[1]
     got, single = ranks[0], _single_process(model_dir / "llama")
@@ -81,6 +83,7 @@ def test_stopping_verdicts_are_the_first_ranks(tmp_path, model_dir):
     assert got["raises_on_rank_0"] == "StoppingCriterionError"
     assert got["raises_on_rank_1"] == full
     assert got["after"] == single["paged"]  # still in step
+    assert got["generate_async"] == "UnsupportedGenerationError"
 
 
 class _FakeTensorParallel(torch.nn.Module):

@@ -8,10 +8,10 @@ single-process run. Errors are recorded by class name (an error is chosen by its
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -233,14 +233,7 @@ def tensor_parallel_criteria(args: list[str]) -> dict:
                 return torch.ones(input_ids.shape[0], dtype=torch.bool)
             return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
-    loop = hf_paged.engine_of(model).loop
-    loop.start()  # idle before the first call (a loop thread started by a call may take that call's steps)
-
-    def generate(criterion) -> list | str:
-        # The replay's verdicts are synced from the caller's thread, in step with the engine's forwards only when
-        # that thread drives them: the loop thread, woken by the end of the previous call, can take the next call's
-        # steps when it comes at once (a known race under tensor parallelism, not what this case checks).
-        time.sleep(0.2)
+    def generate(criterion) -> list | str:  # back to back: the caller drives every step (`EngineLoop._callers_drive`)
         try:
             return model.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
                                   stopping_criteria=StoppingCriteriaList([criterion])).tolist()
@@ -251,6 +244,12 @@ def tensor_parallel_criteria(args: list[str]) -> dict:
         ("stops_on_rank_0", OnRank(0)), ("stops_on_rank_1", OnRank(1)), ("raises_on_rank_0", OnRank(0, True)),
         ("raises_on_rank_1", OnRank(1, True)))}
     result["after"] = tokens(model.generate_batch(tp_prompts(), max_new_tokens=MAX_NEW_TOKENS))
+
+    async def stream_one():  # requests arriving on their own: the ranks could not run them in the same steps
+        async for _ in hf_paged.engine_of(model).loop.generate_async(tp_prompts()[0], hf_paged.SamplingParams()):
+            break
+
+    result["generate_async"] = _error_of(lambda: asyncio.run(stream_one()))
     hf_paged.engine_of(model).check_integrity()
     return result
 
