@@ -92,15 +92,20 @@ def exchange(mine: CallSignature, group, size: int) -> list[CallSignature]:
     return every
 
 
+def raise_any_error(every: Sequence[Any], rank: int, when: str = "") -> None:
+    """Raise this rank's own `error` if it has one, else the first other rank's, with a note naming that rank: each
+    item of `every` is one rank's (a `CallSignature`, a rank's results), all ranks holding the same list."""
+    if every[rank].error is not None:
+        raise every[rank].error
+    for r, item in enumerate(every):
+        if item.error is not None:
+            item.error.add_note(f"(raised on rank {r} of {len(every)}{when})")
+            raise item.error
+
+
 def agree(every: Sequence[CallSignature], rank: int) -> None:
     """Raise, on every rank alike, when a rank failed getting ready or the ranks were asked different things."""
-    mine = every[rank]
-    if mine.error is not None:
-        raise mine.error
-    for r, signature in enumerate(every):
-        if signature.error is not None:
-            signature.error.add_note(f"(raised on rank {r} of {len(every)} before generating; every rank raises it)")
-            raise signature.error
+    raise_any_error(every, rank, " before generating; every rank raises it")
     if len({(s.num_inputs, s.inputs) for s in every}) > 1:
         counts = ", ".join(f"rank {r}: {s.num_inputs} inputs" for r, s in enumerate(every))
         raise InvalidConfigError(

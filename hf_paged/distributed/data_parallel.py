@@ -25,7 +25,14 @@ import torch.distributed as dist
 
 from hf_paged.api.wrap_state import engine_of, is_wrapped
 from hf_paged.batching.request import RequestOutput, fork_parent
-from hf_paged.distributed.agreement import CallSignature, agree, exchange, inputs_digest, settings_digests
+from hf_paged.distributed.agreement import (
+    CallSignature,
+    agree,
+    exchange,
+    inputs_digest,
+    raise_any_error,
+    settings_digests,
+)
 from hf_paged.distributed.sharding import ShardPlan, plan_shards
 from hf_paged.distributed.tensor_parallel import tensor_parallel_size
 from hf_paged.errors import InvalidConfigError, InvalidPromptError, UnsupportedGenerationError, UnsupportedModelError
@@ -149,11 +156,8 @@ def run_sharded(model, inputs: Sequence[Sequence[int]], generation_config=None, 
         results = [None] * size  # type: ignore[list-item]
         dist.all_gather_object(results, local, group=group)
     if local.error is not None:
-        raise local.error
-    for r, result in enumerate(results):
-        if result.error is not None:
-            result.error.add_note(f"(raised on rank {r} of {size})")
-            raise result.error
+        raise local.error  # (the object itself, with its traceback; the gathered copies have none)
+    raise_any_error(results, rank)
     outputs = own if tp_size > 1 else _in_input_order(results, len(prompts))
     return DistributedRun({o.request_id: o for o in outputs}, plan, tuple(r.seconds for r in results),
                           tuple(r.engine_stats for r in results))
