@@ -17,13 +17,13 @@ from contextlib import contextmanager
 
 import torch
 
+from hf_paged.compat import execution_device
 from hf_paged.errors import UnsupportedGenerationError
 
 
 def _device_type(model: torch.nn.Module) -> str | None:
     """The type of the device the model computes on, where autocast exists for it (else None)."""
-    parameter = next(model.parameters(), None)
-    device = parameter.device.type if parameter is not None else "cpu"
+    device = execution_device(model).type  # (offloaded weights sit on the meta device: where their hooks compute)
     return device if torch.amp.is_autocast_available(device) else None
 
 
