@@ -24,7 +24,7 @@ import torch
 
 from hf_paged.errors import InvalidConfigError
 
-__all__ = ["CallSignature", "agree", "exchange", "inputs_digest", "settings_digests"]
+__all__ = ["CallSignature", "agree", "exchange", "inputs_digest", "raise_any_error", "settings_digests"]
 
 # Arguments that may differ between ranks: they change nothing but what this rank shows (rank 0 alone draws the bar).
 _LOCAL_ONLY = frozenset({"progress_bar"})
@@ -75,7 +75,8 @@ def _describe(value: Any, depth: int = 0) -> str:
                                                 depth)
     if isinstance(value, torch.Tensor):
         data = value.detach().cpu().contiguous()
-        return f"tensor{tuple(data.shape)}{data.dtype}:{hashlib.blake2b(data.numpy().tobytes()).hexdigest()}"
+        raw = data.reshape(-1).view(torch.uint8).numpy().tobytes()  # (bytes: numpy has no bfloat16)
+        return f"tensor{tuple(data.shape)}{data.dtype}:{hashlib.blake2b(raw).hexdigest()}"
     if depth < 4 and isinstance(value, Mapping):
         items = sorted((repr(k), _describe(v, depth + 1)) for k, v in value.items())
         return "{" + ",".join(f"{k}:{v}" for k, v in items) + "}"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 from transformers import GenerationConfig, TemperatureLogitsWarper
 
 import hf_paged
@@ -53,3 +54,14 @@ def test_seeds_and_inputs_and_failures():
     with pytest.raises(InvalidPromptError, match="input 3") as raised:
         agree([_signature(model), failed], 0)  # the other rank's error, on this rank
     assert "rank 1 of 2" in raised.value.__notes__[0]
+
+
+def test_tensor_settings_of_any_dtype_are_compared_by_content():
+    """A bfloat16 tensor among the settings (numpy has no bfloat16: `.numpy()` raised) and a non-contiguous one."""
+    model = tiny_model("llama")
+    bias = torch.tensor([0.5, -1.0], dtype=torch.bfloat16)
+    same = settings_digests(model, None, {"bias": bias.clone()})
+    assert settings_digests(model, None, {"bias": bias}) == same
+    assert settings_digests(model, None, {"bias": bias * 2}) != same
+    ids = torch.tensor([[1, 2], [3, 4]])
+    assert settings_digests(model, None, {"ids": ids.t()}) == settings_digests(model, None, {"ids": ids.t().clone()})
