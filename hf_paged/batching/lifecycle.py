@@ -165,4 +165,3 @@ class RequestLifecycle:
         for constraint in request.processors.constraints:
             constraint.release(request.request_id)
         self.speculator.release(request.request_id)
-
