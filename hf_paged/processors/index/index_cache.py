@@ -128,6 +128,9 @@ class IndexCache:
             machine's load).
         max_regex_size: size estimate `validate_regex` refuses above (a cheap check before any automaton).
         max_workers: background compile threads.
+        max_disk_bytes: most bytes of index files in `cache_dir` (default 1 GiB; None: no limit). Past it, the files
+            least recently saved or loaded go (down to 80% of it, so a save rarely rescans the directory): a
+            long-running process meeting a new schema per request must not fill the disk.
 
     Example:
         >>> cache = IndexCache(max_entries=8)
@@ -143,6 +146,7 @@ class IndexCache:
         max_compile_s: float | None = None,
         max_regex_size: int = 200_000,
         max_workers: int = 2,
+        max_disk_bytes: int | None = 1 << 30,
     ) -> None:
         if max_entries < 1:
             raise ValueError(f"IndexCache.max_entries must be >= 1, got {max_entries}")
@@ -152,6 +156,10 @@ class IndexCache:
         self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
         self.max_compile_s = max_compile_s
         self.max_regex_size = max_regex_size
+        if max_disk_bytes is not None and max_disk_bytes < 1:
+            raise ValueError(f"IndexCache.max_disk_bytes must be >= 1 or None, got {max_disk_bytes}")
+        self.max_disk_bytes = max_disk_bytes
+        self._disk_bytes: int | None = None  # bytes of index files in cache_dir, counted at the first save
         self._entries: OrderedDict[str, CompiledIndex] = OrderedDict()
         self._in_flight: dict[str, Future] = {}
         self._lock = threading.Lock()
@@ -256,6 +264,10 @@ class IndexCache:
             dfa = ByteDFA.from_arrays(saved["transitions"], saved["initial"], saved["finals"])
         except Exception:  # noqa: BLE001 -- a truncated or foreign file: rebuild (and overwrite it)
             return None
+        try:
+            os.utime(path)  # used now: the last to go when the directory is trimmed
+        except OSError:
+            pass
         return _compile(regex, vocab, dfa, from_disk=True)
 
     def _save(self, key: str, compiled: CompiledIndex) -> None:
@@ -276,6 +288,40 @@ class IndexCache:
         with os.fdopen(fd, "wb") as handle:
             pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, path)
+        if self.max_disk_bytes is not None:
+            with self._lock:
+                size = os.path.getsize(path)
+                self._disk_bytes = _trim_dir(self.cache_dir, 0) if self._disk_bytes is None else self._disk_bytes + size
+                if self._disk_bytes > self.max_disk_bytes:  # (other processes may share the directory: rescan)
+                    self._disk_bytes = _trim_dir(self.cache_dir, int(0.8 * self.max_disk_bytes), keep=path)
+
+
+def _trim_dir(directory: str, limit: int, keep: str | None = None) -> int:
+    """Delete the least recently used `*.index` files of `directory` (by modification time: a load touches its
+    file) until their bytes are at most `limit` (0: count only); never `keep`. Returns the bytes left."""
+    files = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.endswith(".index"):
+                try:
+                    stat = entry.stat()
+                except OSError:  # (deleted by another process meanwhile)
+                    continue
+                files.append((stat.st_mtime, stat.st_size, entry.path))
+    total = sum(size for _, size, _ in files)
+    if limit <= 0:
+        return total
+    for _, size, path in sorted(files):
+        if total <= limit:
+            break
+        if path == keep:
+            continue
+        try:
+            os.remove(path)
+        except OSError:
+            continue
+        total -= size
+    return total
 
 
 def warm_up(compiled: CompiledIndex) -> None:

@@ -8,12 +8,13 @@ It sits above `token_trie` and the string-contents modules, which read the trie,
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 
 from hf_paged.processors import jit
 from hf_paged.processors.index.string_masks import body_plan
 from hf_paged.processors.index.string_tokens import JSON_KEY_ASCII, JSON_STRING_ASCII, body_tokens
 from hf_paged.processors.index.token_trie import TokenTrie, build_token_trie
-from hf_paged.processors.index.vocabulary import TokenVocabulary
+from hf_paged.processors.index.vocabulary import MAX_VOCABULARIES, TokenVocabulary
 
 __all__ = ["JIT_MIN_TOKENS", "token_trie"]
 
@@ -21,7 +22,8 @@ __all__ = ["JIT_MIN_TOKENS", "token_trie"]
 # nodes in Python faster than numba loads (~0.7 s of CPU in the background).
 JIT_MIN_TOKENS = 4096
 _LOCK = threading.Lock()
-_BY_FINGERPRINT: dict[str, TokenTrie] = {}
+# An LRU of `vocabulary.MAX_VOCABULARIES` tries: a trie dropped here lives on in the compiled indexes built over it
+_BY_FINGERPRINT: OrderedDict[str, TokenTrie] = OrderedDict()
 
 
 def token_trie(vocab: TokenVocabulary) -> TokenTrie:
@@ -38,4 +40,7 @@ def token_trie(vocab: TokenVocabulary) -> TokenTrie:
             if vocab.num_tokens >= JIT_MIN_TOKENS:  # (below, the Python walks cost less than loading numba)
                 jit.start()  # the compiled walks, loaded (or compiled in a child process) in the background
             _BY_FINGERPRINT[vocab.fingerprint] = trie
+            while len(_BY_FINGERPRINT) > MAX_VOCABULARIES:
+                _BY_FINGERPRINT.popitem(last=False)
+        _BY_FINGERPRINT.move_to_end(vocab.fingerprint)
         return trie

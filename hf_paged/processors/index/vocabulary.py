@@ -35,6 +35,7 @@ import json
 import logging
 import threading
 import weakref
+from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -225,11 +226,17 @@ def _fingerprint(mapping: dict[int, bytes], eos_ids: tuple[int, ...]) -> str:
 
 
 _LOCK = threading.Lock()
-_BY_FINGERPRINT: dict[str, TokenVocabulary] = {}
+# Both memos are LRUs: a process that meets many tokenizers over its life (a new tokenizer object per request, EOS
+# ids chosen per call) must not keep each one. A vocabulary dropped here lives on in the processors and compiled
+# indexes that hold it; a later build of the same tokenizer only reads it again (same fingerprint, same indexes).
+MAX_VOCABULARIES = 8  # vocabularies (fingerprints) kept: a 150k-token one holds tens of MB
+MAX_TOKENIZERS = 64  # tokenizer objects remembered (a weak reference, its size and fingerprint each)
+_BY_FINGERPRINT: OrderedDict[str, TokenVocabulary] = OrderedDict()
 # (id(tokenizer), eos ids asked) -> (a reference to it, len(tokenizer) when seen, fingerprint): skips re-reading
-# a tokenizer already converted. The reference guards against a recycled id(); len() changes when tokens are
-# added, which invalidates the entry.
-_BY_TOKENIZER: dict[tuple[int, tuple[int, ...] | None], tuple[Any, int, str]] = {}
+# a tokenizer already converted. The reference guards against a recycled id() (a new tokenizer at a dead one's
+# address gets its own vocabulary, never the dead one's); len() changes when tokens are added, which invalidates
+# the entry.
+_BY_TOKENIZER: OrderedDict[tuple[int, tuple[int, ...] | None], tuple[Any, int, str]] = OrderedDict()
 
 
 def _ref(obj: Any) -> Any:
@@ -263,6 +270,8 @@ def build_vocabulary(tokenizer: Any, eos_token_id: int | Iterable[int] | None = 
     with _LOCK:
         seen = _BY_TOKENIZER.get(memo_key)
         if seen is not None and seen[0]() is tokenizer and seen[1] == size and seen[2] in _BY_FINGERPRINT:
+            _BY_TOKENIZER.move_to_end(memo_key)
+            _BY_FINGERPRINT.move_to_end(seen[2])
             return _BY_FINGERPRINT[seen[2]]
     mapping, special, kind = token_bytes_map(tokenizer)
     _warn_cleanup(tokenizer)
@@ -288,5 +297,21 @@ def build_vocabulary(tokenizer: Any, eos_token_id: int | Iterable[int] | None = 
                 min_logits_width=max(max((max(ids) for ids in grouped.values()), default=-1), *eos_ids) + 1,
             )
             _BY_FINGERPRINT[fingerprint] = cached
+        _BY_FINGERPRINT.move_to_end(fingerprint)
         _BY_TOKENIZER[memo_key] = (_ref(tokenizer), size, fingerprint)
+        _BY_TOKENIZER.move_to_end(memo_key)
+        _trim(_BY_TOKENIZER, MAX_TOKENIZERS, dead=lambda entry: entry[0]() is None)
+        _trim(_BY_FINGERPRINT, MAX_VOCABULARIES)
     return cached
+
+
+def _trim(memo: OrderedDict, limit: int, dead: Any = None) -> None:
+    """Drop `memo`'s entries past `limit`: first those `dead(entry)` names (a collected tokenizer), then the least
+    recently used."""
+    if len(memo) <= limit:
+        return
+    if dead is not None:
+        for key in [key for key, entry in memo.items() if dead(entry)]:
+            del memo[key]
+    while len(memo) > limit:
+        memo.popitem(last=False)
