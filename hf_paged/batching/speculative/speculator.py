@@ -11,6 +11,7 @@ verified tokens only (drafts are never in a request's tokens), so a block droppe
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +28,10 @@ from hf_paged.batching.step_inputs import StepInputs
 from hf_paged.cache.kv_manager import KVCacheManager
 from hf_paged.config import PagedConfig
 from hf_paged.errors import HfPagedError, UnsupportedGenerationError
+
+# draft models whose proposers (their own paged KV pool each) an engine keeps: a caller passing a new draft model
+# object per request (or per job in a long-lived process) must not keep every one alive
+MAX_DRAFT_MODELS = 4
 
 
 def speculation_unsupported(config: PagedConfig, compressed: bool) -> str | None:
@@ -80,7 +85,9 @@ class Speculator:
         # rank sync does not reach; only a seeded request draws alike everywhere
         self.needs_seed = False
         self.prompt_lookup = PromptLookupProposer()
-        self.draft_models: dict[int, DraftModelProposer] = {}  # id(draft model) -> its proposer
+        # id(draft model) -> its proposer (which holds the model: the id is not recycled while listed), least
+        # recently used first; past MAX_DRAFT_MODELS an idle proposer goes with its model reference and KV pool
+        self.draft_models: OrderedDict[int, DraftModelProposer] = OrderedDict()
 
     def check(self, params: SamplingParams) -> HfPagedError | None:
         """Why a request with these params cannot run, as the error to fail it with, or None. Builds a draft
@@ -111,6 +118,10 @@ class Speculator:
             proposer = self.draft_models[id(model)] = DraftModelProposer(
                 model, vocab_size=self.vocab_size, block_size=self.config.block_size, num_blocks=self.num_blocks,
                 attention_backend=self.config.attention_backend)
+            idle = [key for key, other in self.draft_models.items() if not other.kv.seqs and other is not proposer]
+            for key in idle[: max(0, len(self.draft_models) - MAX_DRAFT_MODELS)]:
+                del self.draft_models[key]
+        self.draft_models.move_to_end(id(model))
         return proposer
 
     def propose(self, running: Sequence[Request]) -> list[DraftFailure]:
