@@ -149,3 +149,15 @@ def test_a_touched_file_outlives_older_ones(tmp_path):
     left = _index_files(tmp_path)
     assert f"{keys[1]}.index" not in left  # the least recently used went first
     assert f"{keys[0]}.index" in left and sum(left.values()) <= sum(sizes.values())
+
+
+def test_one_character_nodes_are_memoised_up_to_a_cap(monkeypatch):
+    """Regexes over many distinct characters (CJK enum values, say) keep at most `_CHARS_SIZE` shared nodes."""
+    from hf_paged.processors.automaton import syntax
+
+    monkeypatch.setattr(syntax, "_CHARS", {})
+    monkeypatch.setattr(syntax, "_CHARS_SIZE", 64)
+    first = [syntax.parse(chr(cp) + "x") for cp in range(0x4E00, 0x4E00 + 200)]
+    assert len(syntax._CHARS) == 64
+    again = [syntax.parse(chr(cp) + "x") for cp in range(0x4E00, 0x4E00 + 200)]
+    assert again == first  # a node built past the cap equals the memoised one

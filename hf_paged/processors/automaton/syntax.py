@@ -39,6 +39,7 @@ _CONTROL = {"n": 10, "t": 9, "r": 13, "f": 12, "v": 11, "a": 7}
 _NOT_NEWLINE = complement(((10, 10),))
 _DOT = Node("set", ranges=_NOT_NEWLINE)
 _CHARS: dict[int, Node] = {}  # code point -> its one-character node (shared: nodes are immutable)
+_CHARS_SIZE = 4096  # code points kept (~250 B each; the first met, ASCII among them): not one per character seen
 _EMPTY = Node("seq")
 
 
@@ -63,7 +64,9 @@ def parse(regex: str) -> Node:
 def _char(cp: int) -> Node:
     node = _CHARS.get(cp)
     if node is None:
-        node = _CHARS[cp] = Node("set", ranges=normalize([(cp, cp)]))
+        node = Node("set", ranges=normalize([(cp, cp)]))
+        if len(_CHARS) < _CHARS_SIZE:
+            _CHARS[cp] = node
     return node
 
 
