@@ -27,7 +27,8 @@ def missing_model_path(path: str) -> bool:
 
 
 def load_model(path: str, device: str = "cpu", dtype: str = "float32"):
-    """Model and tokenizer from a directory or hub id, with one-line errors."""
+    """Model and tokenizer from a directory or hub id, with one-line errors; `dtype="auto"`: the checkpoint's own
+    (its config's `dtype`, float32 when it names none)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -36,7 +37,8 @@ def load_model(path: str, device: str = "cpu", dtype: str = "float32"):
         raise CliError(f"model {path!r} not found: give a model directory or a hub id")
     path = str(Path(path).expanduser()) if path.startswith("~") else path
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).to(device).eval()
+        weights = dtype if dtype == "auto" else getattr(torch, dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=weights).to(device).eval()
         tokenizer = AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as exc:
         raise CliError(f"cannot load model {path!r}: {str(exc).splitlines()[0]}") from None

@@ -7,6 +7,7 @@ scheduling, batching and cancellation live in the engine loop.
 
 Every error is an OpenAI error body with a 4xx (the client's fault: the field is named) or a 5xx without a
 traceback (ours: logged here). A client that goes away, streaming or not, has its requests aborted at once.
+With `ServerSettings.api_key`, every route but /health and /metrics needs `Authorization: Bearer <key>` (`auth.py`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from hf_paged.batching.engine import Engine
 from hf_paged.batching.engine_loop import LoopClosedError
 from hf_paged.serving.admission import AdmissionGate, waiting_bound
+from hf_paged.serving.auth import ApiKeyAuth
 from hf_paged.serving.body import DEFAULT_MAX_REQUEST_BYTES, OFF_LOOP_BYTES, decode_request, read_body
+from hf_paged.serving.defaults import request_defaults
 from hf_paged.serving.echo import (
     EchoPrefix,
     EchoStream,
@@ -63,6 +66,9 @@ class ServerSettings:
     retry_after_s: int = 1  # the Retry-After of a 429
     max_cache_retention_s: float = 3600.0  # the longest cache_retention_seconds a request may ask (0: refused)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # a longer body gets 413 (read no further)
+    generation_config: str = "auto"  # omitted sampling fields: "auto" the model's generation_config, "vllm" OpenAI's
+    #   defaults, or a directory with a generation_config.json (`defaults.py`)
+    api_key: str | None = None  # requests but /health and /metrics need `Authorization: Bearer <key>` (`auth.py`)
 
 
 class _AppState:
@@ -73,7 +79,8 @@ class _AppState:
         self.loop = engine.loop
         self.tokenizer = tokenizer
         self.settings = settings
-        self.preparer = Preparer(engine, tokenizer, settings.max_cache_retention_s)
+        self.preparer = Preparer(engine, tokenizer, settings.max_cache_retention_s,
+                                 request_defaults(engine.model, settings.generation_config))
         self.pieces = TokenPieces(tokenizer)  # token texts and bytes for `logprobs` answers (memoised per id)
         self.metrics = ServerMetrics(self.loop, settings.model_name)
         self.retention = self.metrics.retention = PrefixRetention(engine)  # cache_retention_seconds' pins
@@ -121,6 +128,8 @@ def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = 
     app = FastAPI(title="hf-paged serve", lifespan=lifespan)
     app.state.server = server
     _error_handlers(app, server)
+    if server.settings.api_key is not None:
+        app.add_middleware(ApiKeyAuth, api_key=server.settings.api_key, on_rejected=server.metrics.observe_rejected)
 
     @app.get("/health")
     async def health(detail: int = 0) -> Response:

@@ -17,6 +17,7 @@ from typing import Any
 from hf_paged.batching.engine import Engine
 from hf_paged.batching.sampling import SamplingParams, as_list
 from hf_paged.errors import PromptTooLongError, SchemaError, TokenizerError
+from hf_paged.serving.defaults import RequestDefaults
 from hf_paged.serving.errors import ApiError
 from hf_paged.serving.prompt_chars import max_prompt_chars
 from hf_paged.serving.prompt_text import PromptText, prompt_text
@@ -136,10 +137,12 @@ def build_constraint(cache: ConstraintCache, request: _Sampling) -> list:
 class Preparer:
     """Turns requests into engine work for one engine and tokenizer."""
 
-    def __init__(self, engine: Engine, tokenizer: Any, max_retention_s: float = 0.0) -> None:
+    def __init__(self, engine: Engine, tokenizer: Any, max_retention_s: float = 0.0,
+                 defaults: RequestDefaults | None = None) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_retention_s = max_retention_s  # the server's --max-cache-retention (0: the field is refused)
+        self.defaults = defaults or RequestDefaults()  # for omitted sampling fields (`defaults.py`)
         gen_eos = as_list(getattr(engine.model.generation_config, "eos_token_id", None))
         tok_eos = [tokenizer.eos_token_id] if getattr(tokenizer, "eos_token_id", None) is not None else []
         self.eos_token_ids = list(dict.fromkeys(gen_eos + tok_eos))
@@ -149,7 +152,8 @@ class Preparer:
     def completion(self, request: CompletionRequest) -> PreparedRequest:
         sent = request.prompts()
         prompts = [list(prompt) if isinstance(prompt, list) else self.tokenize(prompt, "prompt") for prompt in sent]
-        prepared = self._prepare(request, prompts, request.max_tokens, "prompt", default_to_room=False)
+        max_tokens = request.max_tokens if "max_tokens" in request.model_fields_set else None
+        prepared = self._prepare(request, prompts, max_tokens, "prompt", default_to_room=False)
         if request.echo:
             prepared.echo_texts = [prompt_text(self.tokenizer, s, ids) for s, ids in zip(sent, prompts)]
         return prepared
@@ -186,9 +190,14 @@ class Preparer:
                  *, default_to_room: bool) -> PreparedRequest:
         max_len = self.engine.max_model_len
         longest = max(len(p) for p in prompts)
-        if max_tokens is None:  # chat's default: the room left in the model's positions and in the whole pool
+        if max_tokens is None:  # omitted: the config's max_new_tokens, else chat's room or completions' 16
             pool_tokens = self.engine.cache.num_blocks * self.engine.config.block_size
-            max_tokens = max(min(max_len, pool_tokens) - longest, 1) if default_to_room else 16
+            room = max(min(max_len, pool_tokens) - longest, 1)
+            configured = self.defaults.max_tokens  # the checkpoint's max_new_tokens (chat: within the room)
+            if default_to_room:
+                max_tokens = min(room, configured) if configured is not None else room
+            else:  # completions: OpenAI's 16
+                max_tokens = configured if configured is not None else 16
         if max_tokens < 1:
             name = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) is not None else "max_tokens"
             raise ApiError(f"{name} must be at least 1, got {max_tokens}", param=name, code="invalid_value")
@@ -199,10 +208,12 @@ class Preparer:
             self._check_prompt(prompt, max_tokens, prompt_param)
         stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
         processors = list(build_constraint(self.constraints, request))
-        if request.repetition_penalty not in (None, 1, 1.0):
+        penalty = request.repetition_penalty if request.repetition_penalty is not None \
+            else self.defaults.repetition_penalty
+        if penalty not in (None, 1, 1.0):
             from transformers import RepetitionPenaltyLogitsProcessor
 
-            processors.append(RepetitionPenaltyLogitsProcessor(float(request.repetition_penalty)))
+            processors.append(RepetitionPenaltyLogitsProcessor(float(penalty)))
         try:
             params = self._sampling_params(request, max_tokens, stop, processors)
         except ValueError as exc:  # a value the engine refuses that the request's own checks let through
@@ -227,13 +238,18 @@ class Preparer:
         return tokens, float(seconds)
 
     def _sampling_params(self, request: _Sampling, max_tokens: int, stop: list[str], processors: list) -> SamplingParams:
-        greedy = request.temperature == 0
+        # a field the request omits takes the server's default (the checkpoint's generation_config, `defaults.py`)
+        defaults = self.defaults
+        temperature = request.temperature if request.temperature is not None else defaults.temperature
+        top_p = request.top_p if request.top_p is not None else defaults.top_p
+        top_k = request.top_k if request.top_k is not None else defaults.top_k
+        greedy = temperature == 0
         return SamplingParams(
             max_new_tokens=max_tokens,
             do_sample=not greedy,
-            temperature=float(request.temperature) if request.temperature else 1.0,
-            top_p=float(request.top_p) if request.top_p is not None else 1.0,
-            top_k=request.top_k if request.top_k and request.top_k > 0 else None,
+            temperature=float(temperature) if temperature else 1.0,
+            top_p=float(top_p) if top_p is not None else 1.0,
+            top_k=top_k if top_k and top_k > 0 else None,
             seed=request.seed,
             eos_token_id=None if request.ignore_eos else (self.eos_token_ids or None),
             stop_strings=stop or None,

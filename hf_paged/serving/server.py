@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import gc
 import logging
+import os
 import signal
 import socket
 import threading
 from pathlib import Path
 
 __all__ = ["add_serve_arguments", "run_serve"]
+
+API_KEY_ENV = "HF_PAGED_API_KEY"  # (serving/auth.py's: this module imports without FastAPI)
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -24,7 +27,17 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float16", "bfloat16", "auto"),
+                        help="the weights' dtype; auto: the checkpoint's own (its config's dtype, e.g. bfloat16) "
+                             "(default: %(default)s)")
+    parser.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
+                        help="the sampling defaults of a request that omits temperature, top_p, top_k, "
+                             "repetition_penalty or max_tokens: auto takes the model's generation_config.json (as vLLM "
+                             "does; do_sample and max_length are not read), vllm ignores it (OpenAI's defaults), DIR "
+                             "reads DIR/generation_config.json (default: %(default)s)")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="requests must send 'Authorization: Bearer KEY' (else HTTP 401); /health and /metrics "
+                             f"stay open. Or set {API_KEY_ENV} (keeps the key out of ps)")
     parser.add_argument("--chat-template", default=None, help="a Jinja chat template file (overrides the tokenizer's)")
     parser.add_argument("--max-waiting", type=int, default=None,
                         help="most sequences (prompts x n) queued before new requests get HTTP 429 (default: 64 x "
@@ -121,6 +134,12 @@ def checked_paged_config(args):
     if getattr(args, "prefill_replicas", None) is not None and args.replicas is None:
         raise CliError("--prefill-replicas splits the replicas of --replicas N: give --replicas too (e.g. "
                        "--replicas 3 --prefill-replicas 1)")
+    if getattr(args, "generation_config", "auto") != "auto" and args.replicas is not None:
+        raise CliError("--generation-config is for one server; with --replicas the replicas take the model's "
+                       "(auto): leave it out")
+    if serve_api_key(args) is not None and args.replicas is not None:
+        raise CliError("--api-key (or HF_PAGED_API_KEY) is for one server; with --replicas Ray Serve's proxy takes the "
+                       "requests: put an authenticating proxy in front, and leave the key out")
     if getattr(args, "kv_share", False) and args.replicas is None:
         raise CliError("--kv-share shares hot prefixes between the replicas of --replicas N: give --replicas too "
                        "(e.g. --replicas 2 --kv-share)")
@@ -128,6 +147,29 @@ def checked_paged_config(args):
         return PagedConfig(**paged_overrides(args))
     except (TypeError, ValueError) as exc:
         raise CliError(str(exc)) from None
+
+
+def serve_api_key(args) -> str | None:
+    """The key clients must send: `--api-key`, else `HF_PAGED_API_KEY`, else None (no key); `CliError` when empty."""
+    from hf_paged.errors import CliError
+
+    key = getattr(args, "api_key", None)
+    source = "--api-key"
+    if key is None:
+        key, source = os.environ.get(API_KEY_ENV), API_KEY_ENV
+    if key is not None and not key.strip():
+        raise CliError(f"{source} is empty: give the key clients must send, or leave it out to serve without one")
+    return key
+
+
+def check_generation_config(args) -> None:
+    """`--generation-config` is auto, vllm or a directory holding a generation_config.json (`CliError` else)."""
+    from hf_paged.errors import CliError
+
+    mode = getattr(args, "generation_config", "auto")
+    if mode not in ("auto", "vllm") and not (Path(mode).expanduser() / "generation_config.json").is_file():
+        raise CliError(f"--generation-config {mode!r}: give auto (the model's), vllm (OpenAI's defaults), or a "
+                       "directory holding a generation_config.json")
 
 
 def run_serve(args) -> int:
@@ -142,12 +184,16 @@ def run_serve(args) -> int:
     except ImportError as exc:
         raise CliError(f"serve needs the serve extra ({exc.name} is missing): pip install 'hf_paged[serve]'") from None
     config = checked_paged_config(args)
+    check_generation_config(args)
+    api_key = serve_api_key(args)
     template = read_chat_template(args)
+    log_to_stderr(args.log_level)  # before the app is built: it logs the checkpoint's sampling defaults
     engine, tokenizer, name = _start_engine(args, config)
     if template is not None:
         tokenizer.chat_template = template
     settings = ServerSettings(model_name=args.served_model_name or name, max_waiting=args.max_waiting,
-                              max_cache_retention_s=args.max_cache_retention)
+                              max_cache_retention_s=args.max_cache_retention, generation_config=args.generation_config,
+                              api_key=api_key)
     if getattr(args, "max_request_bytes", None) is not None:
         settings.max_request_bytes = args.max_request_bytes
     app = build_app(engine, tokenizer, settings)
@@ -161,7 +207,6 @@ def run_serve(args) -> int:
     timer = threading.Timer(args.shutdown_timeout, engine.loop.abort_all)
     timer.daemon = True  # never keeps the process alive
     server = _ExitZeroServer(uv_config, on_exit=timer.start)
-    log_to_stderr(args.log_level)
     sock = _bind(args.host, args.port)  # before the URL is printed: a busy port is one error line, `--port 0` real
     host, port = sock.getsockname()[:2]
     logging.getLogger("hf_paged").info("serving %s on http://%s:%d", settings.model_name,
@@ -265,5 +310,6 @@ def _load(args):
     if args.model is None:
         from hf_paged.api.models import default_model
 
-        return default_model(dtype=getattr(__import__("torch"), args.dtype), device=args.device)
+        dtype = "auto" if args.dtype == "auto" else getattr(__import__("torch"), args.dtype)  # auto: its float16
+        return default_model(dtype=dtype, device=args.device)
     return load_model(args.model, args.device, args.dtype)
