@@ -31,9 +31,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from lm_eval.api.registry import register_model
-from lm_eval.models.huggingface import HFLM
-from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+
+try:
+    from lm_eval.api.registry import register_model
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.models.utils import handle_stop_sequences, normalize_gen_kwargs, postprocess_generated_text
+except ImportError as exc:
+    raise ImportError(f"hf_paged.integrations.lm_eval needs the eval extra, lm-eval>=0.4.13,<0.5 ({exc}): "
+                      "pip install 'hf_paged[eval]'") from None
 
 import hf_paged
 from hf_paged.api.loading import missing_model_path

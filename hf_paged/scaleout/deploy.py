@@ -24,13 +24,18 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from ray import serve
-from ray.serve.config import RequestRouterConfig
+try:  # the ray extra: Ray Serve, and the serve extra's Starlette under the gateway
+    from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    from hf_paged.scaleout.gateway import Gateway
+    from hf_paged.scaleout.ray_router import HfPagedRequestRouter
+except ImportError as exc:
+    raise ImportError(f"hf_paged.scaleout.deploy needs the ray extra ({exc.name} is missing): "
+                      "pip install 'hf_paged[ray]'") from None
 
 from hf_paged.scaleout.asgi import HttpCall, ResponseStart, forward
-from hf_paged.scaleout.gateway import Gateway
 from hf_paged.scaleout.metrics_merge import ReplicaMetrics
-from hf_paged.scaleout.ray_router import HfPagedRequestRouter
 from hf_paged.scaleout.spec import ReplicaSpec
 
 __all__ = ["EngineReplica", "Gateway", "ReplicaSpec", "build_application", "deploy", "worker_env"]

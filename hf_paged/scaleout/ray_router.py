@@ -30,7 +30,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+try:
+    from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+except ImportError as exc:
+    raise ImportError(f"hf_paged.scaleout.ray_router needs the ray extra ({exc.name} is missing): "
+                      "pip install 'hf_paged[ray]'") from None
 
 from hf_paged.scaleout import registry
 from hf_paged.scaleout.cache_events import CacheEvents
