@@ -27,7 +27,15 @@ def run_replicas(args) -> int:
     """Deploy the replicas with the single-server flags and serve until SIGTERM / Ctrl-C. Raises `CliError` for bad
     arguments (checked before Ray starts)."""
     from hf_paged.errors import CliError
-    from hf_paged.serving.server import checked_paged_config, log_to_stderr, paged_overrides, read_chat_template
+    from hf_paged.serving.auth import KeyCheck
+    from hf_paged.serving.server import (
+        check_generation_config,
+        checked_paged_config,
+        log_to_stderr,
+        paged_overrides,
+        read_chat_template,
+        serve_api_key,
+    )
 
     stop = _StopSignals()
     stop.install()  # from the start: a signal during the imports and checks ends the command before Ray starts
@@ -45,6 +53,8 @@ def run_replicas(args) -> int:
     if args.no_prefix_caching:
         raise CliError("--replicas routes by the replicas' prefix caches: drop --no-prefix-caching")
     checked_paged_config(args)
+    check_generation_config(args)
+    api_key = serve_api_key(args)
     paged = paged_overrides(args)  # --no-prefix-caching is refused above: the replicas route by their caches
     template = read_chat_template(args)
     try:
@@ -68,7 +78,9 @@ def run_replicas(args) -> int:
         handle = deploy(args.model, replicas=replicas, address=args.address, host=args.host, port=port,
                         served_model_name=args.served_model_name, device=args.device, dtype=args.dtype,
                         paged=paged, max_waiting=args.max_waiting, chat_template=template,
-                        prefill_replicas=prefill_replicas, kv_share=kv_share)
+                        prefill_replicas=prefill_replicas, kv_share=kv_share,
+                        generation_config=args.generation_config,
+                        api_key=None if api_key is None else KeyCheck.from_key(api_key))
         state = wait_until_ready(handle, READY_TIMEOUT_S)  # every replica reported to the router
         if not state.ready:
             raise CliError(f"{state.num_reported} of {replicas} replicas reported to the router within "

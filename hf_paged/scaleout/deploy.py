@@ -60,8 +60,9 @@ class EngineReplica:
             lambda: load_model(spec.model_path, spec.device, spec.dtype), PagedConfig(**spec.paged))
         if spec.chat_template is not None:
             tokenizer.chat_template = spec.chat_template
-        self.app = build_app(self.engine, tokenizer, ServerSettings(model_name=spec.name,
-                                                                    max_waiting=spec.max_waiting))
+        # (no api_key here: the gateway checks it; a replica is reached through Ray handles only)
+        self.app = build_app(self.engine, tokenizer, ServerSettings(model_name=spec.name, max_waiting=spec.max_waiting,
+                                                                    generation_config=spec.generation_config))
         self.kv_store = None
         if spec.kv_role is not None:
             from hf_paged.scaleout.kv_roles import attach_kv_role

@@ -38,6 +38,7 @@ from hf_paged.scaleout.asgi import HttpCall, ResponseStart
 from hf_paged.scaleout.drain import DrainGate
 from hf_paged.scaleout.metrics_merge import CONTENT_TYPE, ReplicaMetrics, render_scrape
 from hf_paged.scaleout.prompt_key import routing_info, template_shared_start
+from hf_paged.serving.auth import unauthorized_error
 from hf_paged.serving.body import DEFAULT_MAX_REQUEST_BYTES, OFF_LOOP_BYTES, read_body
 from hf_paged.serving.errors import ApiError
 from hf_paged.serving.prompt_chars import max_prompt_chars
@@ -86,6 +87,7 @@ class Gateway:
         if spec.chat_template is not None:
             self.tokenizer.chat_template = spec.chat_template  # the same prompt text as the replicas render
         self.block_size, self.extra_keys = spec.block_size, spec.extra_keys
+        self.key_check = spec.api_key  # `--api-key`: checked here, before anything is routed or tokenized
         # What every chat prompt starts with (the template's preamble): the router treats it as no affinity
         self.shared_start = template_shared_start(self.tokenizer)
         self.max_model_len = kv_shape_of(AutoConfig.from_pretrained(spec.model_path)).max_model_len
@@ -153,6 +155,9 @@ class Gateway:
 
     async def _answer(self, request: Request) -> Response:
         path = request.url.path
+        if self.key_check is not None and self.key_check.needed(path) and not self.key_check.authorized(
+                request.headers.raw):
+            return JSONResponse(unauthorized_error().body(), status_code=401, headers={"www-authenticate": "Bearer"})
         if path == "/hf_paged/router" and request.method == "GET":
             from hf_paged.scaleout import registry
 

@@ -4,7 +4,10 @@ gateway reads its block size and digest keys from it."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hf_paged.serving.auth import KeyCheck
 
 __all__ = ["ReplicaSpec"]
 
@@ -28,6 +31,9 @@ class ReplicaSpec:
     kv_directory: str = "hf_paged_kv_directory"  # the Ray object store's block directory (a named actor)
     kv_share: bool = False  # colocated replicas publish their prefix hits' blocks and load each other's (kv_share.py)
     kv_share_max_blocks: int | None = None  # the shared directory's lease in blocks (None: one replica's pool)
+    generation_config: str = "auto"  # `hf-paged serve --generation-config`: omitted sampling fields' defaults
+    api_key: KeyCheck | None = None  # `--api-key`, as its digest (the key itself never enters the cluster's state):
+    # the gateway answers 401 to a request without it, before routing or tokenizing anything
     prefill_timeout_s: float = 60.0  # a fault bound: a prefill not back by then (no prefill replica alive: Serve
     # queues the call until a replacement starts) is given up and the decode replica recomputes the prompt
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from hf_paged.serving.errors import ApiError
 
-__all__ = ["API_KEY_ENV", "OPEN_PATHS", "ApiKeyAuth"]
+__all__ = ["API_KEY_ENV", "OPEN_PATHS", "ApiKeyAuth", "KeyCheck", "unauthorized_error"]
 
 API_KEY_ENV = "HF_PAGED_API_KEY"  # the key from the environment: kept out of `ps` and shell history
 OPEN_PATHS = frozenset({"/health", "/metrics"})
@@ -26,34 +28,53 @@ def _digest(key: bytes) -> bytes:
     return hashlib.sha256(key).digest()
 
 
-class ApiKeyAuth:
-    """ASGI middleware: HTTP requests to any path but `OPEN_PATHS` need `Authorization: Bearer <api_key>`."""
+@dataclass(frozen=True, slots=True)
+class KeyCheck:
+    """The key's SHA-256 digest and the check of a request's headers against it. Plain data: `--replicas` hands it
+    to the gateway replica (pickled through Ray), so the key itself is never stored in the cluster's state."""
 
-    def __init__(self, app: Any, api_key: str, on_rejected: Any = None) -> None:
+    digest: bytes
+
+    @classmethod
+    def from_key(cls, api_key: str) -> KeyCheck:
         if not api_key:
             raise ValueError("api_key is empty: give the key clients must send, or serve without one")
-        self.app = app
-        self._digest = _digest(api_key.encode())
-        self._on_rejected = on_rejected  # called with the status of each refused request (metrics)
+        return cls(_digest(api_key.encode()))
 
-    def authorized(self, headers: list[tuple[bytes, bytes]]) -> bool:
+    def needed(self, path: str) -> bool:
+        """Whether a request to `path` must carry the key (every path but `OPEN_PATHS`)."""
+        return path not in OPEN_PATHS
+
+    def authorized(self, headers: Iterable[tuple[bytes, bytes]]) -> bool:
         """Whether the request's `Authorization` header is `Bearer <the key>` (scheme case-insensitive)."""
         values = [v for k, v in headers if k.lower() == b"authorization"]
         if len(values) != 1:
             return False
         scheme, _, token = values[0].strip().partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(_digest(token.strip()), self._digest)
+        return scheme.lower() == b"bearer" and hmac.compare_digest(_digest(token.strip()), self.digest)
+
+
+def unauthorized_error() -> ApiError:
+    """The 401 a request without the key gets (its response also carries `WWW-Authenticate: Bearer`)."""
+    return ApiError("missing or wrong API key: send the header 'Authorization: Bearer <key>' with the key this "
+                    "server was started with (--api-key or HF_PAGED_API_KEY)", status=401, code="invalid_api_key")
+
+
+class ApiKeyAuth:
+    """ASGI middleware: HTTP requests to any path but `OPEN_PATHS` need `Authorization: Bearer <api_key>`."""
+
+    def __init__(self, app: Any, api_key: str, on_rejected: Any = None) -> None:
+        self.app = app
+        self.check = KeyCheck.from_key(api_key)
+        self._on_rejected = on_rejected  # called with the status of each refused request (metrics)
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self.authorized(scope["headers"]):
+        if scope["type"] != "http" or not self.check.needed(scope["path"]) or self.check.authorized(scope["headers"]):
             await self.app(scope, receive, send)
             return
         if self._on_rejected is not None:
             self._on_rejected(401)
-        error = ApiError("missing or wrong API key: send the header 'Authorization: Bearer <key>' with the key this "
-                         "server was started with (--api-key or HF_PAGED_API_KEY)", status=401,
-                         code="invalid_api_key")
-        body = json.dumps(error.body()).encode()
+        body = json.dumps(unauthorized_error().body()).encode()
         await send({"type": "http.response.start", "status": 401,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 (b"www-authenticate", b"Bearer")]})

@@ -134,12 +134,6 @@ def checked_paged_config(args):
     if getattr(args, "prefill_replicas", None) is not None and args.replicas is None:
         raise CliError("--prefill-replicas splits the replicas of --replicas N: give --replicas too (e.g. "
                        "--replicas 3 --prefill-replicas 1)")
-    if getattr(args, "generation_config", "auto") != "auto" and args.replicas is not None:
-        raise CliError("--generation-config is for one server; with --replicas the replicas take the model's "
-                       "(auto): leave it out")
-    if serve_api_key(args) is not None and args.replicas is not None:
-        raise CliError("--api-key (or HF_PAGED_API_KEY) is for one server; with --replicas Ray Serve's proxy takes the "
-                       "requests: put an authenticating proxy in front, and leave the key out")
     if getattr(args, "kv_share", False) and args.replicas is None:
         raise CliError("--kv-share shares hot prefixes between the replicas of --replicas N: give --replicas too "
                        "(e.g. --replicas 2 --kv-share)")

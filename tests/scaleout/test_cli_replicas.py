@@ -77,3 +77,42 @@ def test_port_zero_is_a_free_port_told_to_serves_proxy():
 
     port = _free_port("127.0.0.1")
     assert 0 < port < 65536
+
+
+def test_api_key_and_generation_config_reach_the_deployment(monkeypatch, tmp_path):
+    """`--api-key` (as its digest, never the key) and `--generation-config` go into the replicas' spec; a bad
+    `--generation-config` is a one-line error before Ray starts. Was: both flags were refused with --replicas."""
+    pytest.importorskip("ray")
+    from hf_paged.scaleout import cli, deploy
+    from hf_paged.serving.auth import KeyCheck
+
+    seen = {}
+
+    class Cluster:
+        def __init__(self, address):
+            pass
+
+        def start(self):
+            pass
+
+        def check_cpus(self, n):
+            pass
+
+        def stop(self):
+            seen["stopped"] = True
+
+    class Deployed(Exception):
+        pass
+
+    def fake_deploy(model, **kwargs):
+        seen.update(kwargs)
+        raise Deployed
+
+    monkeypatch.setattr(cli, "_LocalCluster", Cluster)
+    monkeypatch.setattr(deploy, "deploy", fake_deploy)
+    monkeypatch.setenv("HF_PAGED_API_KEY", "s3cret")
+    with pytest.raises(Deployed):
+        main(["serve", "--replicas", "2", "--port", "8123", "--generation-config", "vllm"])
+    assert seen["generation_config"] == "vllm" and seen["stopped"]
+    assert seen["api_key"] == KeyCheck.from_key("s3cret") and b"s3cret" not in repr(seen["api_key"]).encode()
+    assert main(["serve", "--replicas", "2", "--generation-config", str(tmp_path)]) == 2  # no generation_config.json

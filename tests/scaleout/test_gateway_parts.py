@@ -183,3 +183,61 @@ def test_drain_gate_counts_a_stream_until_it_ends_and_refuses_once_closed():
     asyncio.run(run())
     with pytest.raises(RuntimeError, match="without a matching admit"):
         gate.done()
+
+
+def test_gateway_refuses_a_request_without_the_api_key_before_routing_it():
+    """`serve --replicas N --api-key K`: the gateway (the cluster's only HTTP face) answers 401 with the single
+    server's body to a request without the key, before reading, tokenizing or forwarding it; /health and /metrics
+    stay open. Was: the flag was refused with --replicas."""
+    pytest.importorskip("ray")
+    from starlette.requests import Request
+
+    from hf_paged.scaleout.gateway import Gateway
+    from hf_paged.scaleout.spec import ReplicaSpec
+    from hf_paged.serving.auth import KeyCheck
+
+    forwarded = []
+
+    class Stream:
+        def __init__(self):
+            self.items = [ResponseStart(200, [(b"content-type", b"application/json")]), b"{}"]
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            if not self.items:
+                raise StopAsyncIteration
+            return self.items.pop(0)
+
+    class Handle:
+        def options(self, **_):
+            return self
+
+        @property
+        def forward(self):
+            return self
+
+        def remote(self, call, routing=None):
+            forwarded.append(call.path)
+            return Stream()
+
+    gateway = Gateway(Handle(), ReplicaSpec(api_key=KeyCheck.from_key("s3cret")), wait_for_reports=False)
+
+    def answer(path, headers=()):
+        async def receive():
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        scope = {"type": "http", "method": "POST" if path.startswith("/v1") else "GET", "path": path,
+                 "query_string": b"", "headers": [(b"content-type", b"application/json"), *headers]}
+        return asyncio.run(gateway._answer(Request(scope, receive)))
+
+    refused = answer("/v1/models")
+    assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+    assert json.loads(refused.body)["error"]["code"] == "invalid_api_key"
+    assert answer("/hf_paged/router").status_code == 401  # the router's state is not public either
+    assert answer("/v1/models", [(b"authorization", b"Bearer wrong")]).status_code == 401
+    assert forwarded == []
+    assert answer("/v1/models", [(b"authorization", b"Bearer s3cret")]).status_code == 200
+    assert answer("/health").status_code == 200
+    assert forwarded == ["/v1/models", "/health"]

@@ -17,7 +17,7 @@ from hf_paged.serving import ServerSettings, build_app
 from hf_paged.serving.defaults import RequestDefaults, request_defaults
 from hf_paged.serving.prepare import Preparer
 from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest
-from hf_paged.serving.server import add_serve_arguments, check_generation_config, checked_paged_config
+from hf_paged.serving.server import add_serve_arguments, check_generation_config
 from tests.serving.conftest import ServerThread
 
 # Qwen2.5-style sampling defaults (with a penalty strong enough to change the tiny model's greedy text), and the
@@ -121,5 +121,3 @@ def test_the_flag(tmp_path):
         check_generation_config(_args("--generation-config", "greedy"))
     GenerationConfig(temperature=0.3, do_sample=True).save_pretrained(tmp_path)
     check_generation_config(_args("--generation-config", str(tmp_path)))
-    with pytest.raises(CliError, match="--generation-config is for one server"):
-        checked_paged_config(_args("--generation-config", "vllm", "--replicas", "2"))
