@@ -70,7 +70,8 @@ def test_new_tokenizer_objects_leave_at_most_max_tokenizers_entries(fresh_memos)
     assert build_vocabulary(kept[-1]) is build_vocabulary(kept[-2])
 
 
-def test_collected_tokenizers_are_dropped_before_live_ones(fresh_memos):
+def test_collected_tokenizers_are_dropped_before_live_ones(fresh_memos, monkeypatch):
+    monkeypatch.setattr(vocabulary, "MAX_TOKENIZERS", 4)  # (a full collection per tokenizer: a few, not 69)
     live = _byte_tokenizer()
     build_vocabulary(live)
     for _ in range(vocabulary.MAX_TOKENIZERS + 5):
