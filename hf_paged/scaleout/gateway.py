@@ -77,6 +77,7 @@ class Gateway:
     scrape_timeout_s = 5.0  # each replica's bound on its `/metrics`; the whole scrape gets 2 s more (Prometheus: 10 s)
 
     ready_wait_s = 30.0  # how long a request arriving before readiness waits for it (then 503)
+    key_check = None  # `--api-key` (`serving.auth.KeyCheck`): checked before anything is routed or tokenized
 
     def __init__(self, engine: Any, spec: ReplicaSpec, *, num_replicas: int = 1, wait_for_reports: bool = True
                  ) -> None:
@@ -87,7 +88,7 @@ class Gateway:
         if spec.chat_template is not None:
             self.tokenizer.chat_template = spec.chat_template  # the same prompt text as the replicas render
         self.block_size, self.extra_keys = spec.block_size, spec.extra_keys
-        self.key_check = spec.api_key  # `--api-key`: checked here, before anything is routed or tokenized
+        self.key_check = spec.api_key
         # What every chat prompt starts with (the template's preamble): the router treats it as no affinity
         self.shared_start = template_shared_start(self.tokenizer)
         self.max_model_len = kv_shape_of(AutoConfig.from_pretrained(spec.model_path)).max_model_len
