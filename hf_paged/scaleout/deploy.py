@@ -131,13 +131,18 @@ class EngineReplica:
 
 
 def worker_env() -> dict:
-    """A runtime env that lets Ray's workers import this hf_paged (an editable checkout is not on their path).
-    On a multi-node cluster install hf_paged on every node instead."""
+    """A runtime env that lets Ray's workers import this hf_paged (an editable checkout is not on their path);
+    nothing for an installed one, whose site-packages the workers have already (on PYTHONPATH it would come before
+    the standard library). On a multi-node cluster install hf_paged on every node instead."""
     import os
+    import site
     from pathlib import Path
 
-    root = str(Path(__file__).resolve().parents[2])
-    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    root = Path(__file__).resolve().parents[2]
+    installed = {Path(p).resolve() for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    if root in installed:
+        return {}
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
     return {"env_vars": {"PYTHONPATH": path}}
 
 

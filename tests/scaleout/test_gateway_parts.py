@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 
 import pytest
 from fastapi import FastAPI, Request
@@ -84,13 +85,13 @@ def tokenizer():
 def test_prompt_key_tokenizes_as_the_replicas_preparer(tokenizer):
     chat = {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
             "max_tokens": 7}
-    ids, output, n = prompt_ids("/v1/chat/completions", json.dumps(chat).encode(), tokenizer)
+    ids, output, _n = prompt_ids("/v1/chat/completions", json.dumps(chat).encode(), tokenizer)
     messages = [{**m.model_dump(exclude_none=True), "content": m.text()}
                 for m in ChatCompletionRequest.model_validate(chat).messages]
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert ids == tokenizer(text, add_special_tokens=False)["input_ids"] and output == 7
     completion = {"prompt": "hello world", "max_tokens": 3}
-    ids, output, n = prompt_ids("/v1/completions", json.dumps(completion).encode(), tokenizer)
+    ids, output, _n = prompt_ids("/v1/completions", json.dumps(completion).encode(), tokenizer)
     assert ids == tokenizer(CompletionRequest.model_validate(completion).prompts()[0])["input_ids"] and output == 3
     assert prompt_ids("/v1/completions", json.dumps({"prompt": [5, 6, 7], "n": 2}).encode(), tokenizer) == (
         [5, 6, 7], 16, 2)
@@ -241,3 +242,19 @@ def test_gateway_refuses_a_request_without_the_api_key_before_routing_it():
     assert answer("/v1/models", [(b"authorization", b"Bearer s3cret")]).status_code == 200
     assert answer("/health").status_code == 200
     assert forwarded == ["/v1/models", "/health"]
+
+
+def test_worker_env_adds_a_checkout_to_the_workers_path_but_not_an_installed_package(monkeypatch):
+    """From a wheel, hf_paged sits in site-packages, which Ray's workers import from already: putting it on
+    PYTHONPATH placed it before the standard library."""
+    pytest.importorskip("ray")
+    import site
+    from pathlib import Path
+
+    from hf_paged.scaleout import deploy
+
+    root = Path(deploy.__file__).resolve().parents[2]
+    monkeypatch.setattr(site, "getsitepackages", lambda: ["/nowhere/site-packages"])
+    assert deploy.worker_env()["env_vars"]["PYTHONPATH"].split(os.pathsep)[0] == str(root)  # this checkout
+    monkeypatch.setattr(site, "getsitepackages", lambda: ["/nowhere/site-packages", str(root)])
+    assert deploy.worker_env() == {}
