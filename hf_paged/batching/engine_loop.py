@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import queue
 import threading
 import time
@@ -28,7 +27,9 @@ import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 
+from hf_paged.batching import loop_fork
 from hf_paged.batching.drivable import Drivable
+from hf_paged.batching.interrupts import critical
 from hf_paged.batching.loop_requests import LoopClosedError, RequestDelta, Submission, _Sink
 from hf_paged.batching.loop_thread import serve, wake
 from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput, fork_ids
@@ -38,21 +39,6 @@ from hf_paged.errors import RequestFailedError, UnsupportedGenerationError
 logger = logging.getLogger(__name__)
 
 __all__ = ["EngineLoop", "LoopClosedError", "RequestDelta", "Submission"]
-
-_LOOPS: weakref.WeakSet[EngineLoop] = weakref.WeakSet()  # for `_after_fork`
-
-
-def _after_fork() -> None:
-    """In a forked child (gunicorn --preload, multiprocessing's fork) the parent's loop thread does not exist, yet
-    its condition still lists it as a waiter (a `notify` would wake nobody) and its locks may be held by it: each
-    loop gets fresh ones, and starts a thread of its own at its next submission."""
-    for loop in list(_LOOPS):
-        loop._cond, loop._driver = threading.Condition(), threading.Lock()
-        loop._thread, loop._turning = None, None
-
-
-os.register_at_fork(after_in_child=_after_fork)
-
 
 class EngineLoop:
     """Drives one `Engine` from a background thread; every method is thread-safe.
@@ -75,11 +61,12 @@ class EngineLoop:
         # caller in the thread that loaded the model keeps its torch thread team: the loop thread's own team
         # costs a single caller 1.5x on a 2-core CPU (libgomp throttles spinning once teams outnumber cores).
         self._driver = threading.Lock()
+        self._driver_owner: int | None = None  # the synchronous caller's thread holding `_driver`, if one does
         self._turning: int | None = None  # the thread running a turn (callbacks of its step run in it)
         self._closed = False  # no new submissions
         self._stopping = False  # the thread exits once its commands are done
         engine.add_step_listener(self._dispatch)
-        _LOOPS.add(self)
+        loop_fork.register(self)
 
     # -- callers -----------------------------------------------------------------------------------------
     def submit(
@@ -188,19 +175,28 @@ class EngineLoop:
                on_lost: Callable[[], None]) -> Iterator[list[RequestDelta]]:
         """A synchronous caller's deltas from its queue while `pending()`. When nobody steps, the caller's own
         thread drives the turns (see `_driver`) and hands over to the loop thread when it leaves; `on_lost` is
-        called when there is nothing left to run yet `pending()` holds."""
-        driving = self._driver.acquire(blocking=self._callers_drive)
+        called when there is nothing left to run yet `pending()` holds. A caller in the thread that drives already
+        (a streamer or stopping criterion of its call, run between turns, calling `generate` again) drives its own
+        turns too: waiting for the loop thread, which waits for the driver, it waited for ever."""
+        me = threading.get_ident()
+        nested = self._driver_owner == me
         try:
+            if not nested:
+                self._take_driver(me)
             while pending():
-                if driving:
+                if self._driver_owner == me:
                     while deltas.empty() and pending():
                         if not self._turn():
                             on_lost()
                 yield deltas.get()
         finally:
-            if driving:
-                self._driver.release()
-                self._wake()  # other callers' requests may still run: the loop thread takes over
+            if not nested and self._driver_owner == me:
+                self._hand_over()
+
+    @critical  # (cut between the two, the driver would stay taken by a caller that has left)
+    def _take_driver(self, me: int) -> None:
+        if self._driver.acquire(blocking=self._callers_drive):
+            self._driver_owner = me
 
     # -- submission ----------------------------------------------------------------------------------------
     def _submit(self, prompts, params, request_ids, priorities, sink: _Sink, *,
@@ -213,6 +209,17 @@ class EngineLoop:
                 "another call): call it after that one returns, or use stock generate (type(model).generate(model, ...))")
         if self._closed:
             raise LoopClosedError("the engine loop was shut down; it takes no new requests")
+        queued: list[str] = []
+        try:
+            return self._queue_add(prompts, params, request_ids, priorities, sink, wake, queued)
+        except BaseException:
+            if queued:  # a Ctrl-C raised as the submission ended: its caller never gets it to follow
+                self.abort(*queued)
+            raise
+
+    @critical  # (a Ctrl-C cutting it would leave ids reserved, the pending count off or the queue's lock taken)
+    def _queue_add(self, prompts, params, request_ids, priorities, sink: _Sink, wake: bool,
+                   queued: list[str]) -> tuple[list[str], list[str]]:
         wanted = list(request_ids) if request_ids is not None else [None] * len(prompts)
         ids: list[str] = []
         try:
@@ -238,11 +245,14 @@ class EngineLoop:
                         logger.exception("hf_paged engine loop: adding %s failed", rid)
                         self._fail_unadded(rid, p, f"{type(exc).__name__}: {exc}", type(exc))
 
+        add.request_ids = ids  # type: ignore[attr-defined]  # (a forked child gives them back: loop_fork.py)
         with self._cond:
             self._num_pending += len(all_ids)
         self._command(add, wake=wake)
+        queued.extend(all_ids)
         return ids, all_ids
 
+    @critical
     def _command(self, command: Callable[[], None], *, force: bool = False, wake: bool = True) -> None:
         """Queue `command` for the next turn. `wake=False`: the caller will drive the turns itself if it can (a
         synchronous submission); whoever drives next runs it in any case."""
@@ -255,7 +265,11 @@ class EngineLoop:
         if self._thread is None and not self._closed:
             self.start()
 
-    def _wake(self) -> None:
+    @critical  # (a Ctrl-C between the two would leave the other callers' requests unstepped)
+    def _hand_over(self) -> None:
+        """A synchronous caller stops driving: other callers' requests may still run, the loop thread takes over."""
+        self._driver_owner = None
+        self._driver.release()
         with self._cond:
             self._cond.notify()
 
@@ -283,9 +297,12 @@ class EngineLoop:
                 return False
         return True
 
+    @critical
     def _turn(self) -> bool:
         """Run the queued commands, then one step if a caller waits for requests (the driver lock is held).
-        Returns False when there was nothing to do."""
+        Returns False when there was nothing to do. In the main thread a Ctrl-C waits for the turn's end
+        (`interrupts.py`): cut inside a step, it left the pool, the requests and other callers' deliveries half
+        changed."""
         with self._cond:
             commands = list(self._commands)
             self._commands.clear()

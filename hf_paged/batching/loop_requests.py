@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
+from hf_paged.batching.interrupts import installed
 from hf_paged.batching.logprobs import TokenLogprobs
 from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput
 
@@ -63,11 +64,13 @@ class Submission:
 
     def steps(self) -> Iterator[list[RequestDelta]]:
         """Each step's deltas of these requests, as they come, until all have ended. Leaving early (an exception,
-        Ctrl-C, `break`) aborts the requests still running."""
+        Ctrl-C, `break`) aborts the requests still running. A Ctrl-C is held while this thread runs a step
+        (`interrupts`)."""
         try:
-            for deltas in self._loop.follow(self._queue, lambda: bool(self._remaining), self._lost):
-                self._remaining.difference_update(d.request_id for d in deltas if d.finished)
-                yield deltas
+            with installed():
+                for deltas in self._loop.follow(self._queue, lambda: bool(self._remaining), self._lost):
+                    self._remaining.difference_update(d.request_id for d in deltas if d.finished)
+                    yield deltas
         finally:
             if self._remaining:
                 self._loop.abort(*self._remaining)
