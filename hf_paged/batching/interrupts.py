@@ -12,7 +12,7 @@ interrupt arrives at the entry of its `__exit__`.
 So the functions that change the loop's or the engine's state are marked `@critical`. While the main thread runs
 inside one (its frame is on the stack: no counter that an interrupt could leave wrong), our SIGINT handler notes the
 signal instead of raising; the outermost critical call raises it when it returns, the state whole again (a step
-takes milliseconds, up to a long prefill chunk). Anywhere else (waiting for the loop thread, a streamer's `put`,
+takes milliseconds, up to a long prefill chunk; a second Ctrl-C meanwhile goes through). Anywhere else (waiting for the loop thread, a streamer's `put`,
 user code between steps) the signal goes at once to the handler we replaced (Python's `default_int_handler`,
 asyncio's, a notebook kernel's), as without us. Only the main thread receives signals; in other threads `critical`
 costs one check.
@@ -70,10 +70,13 @@ class _Guard:
         self.previous: Callable[[int, FrameType | None], Any] | None = None  # the handler ours replaced
 
     def handle(self, signum: int, frame: FrameType | None) -> None:
-        """Our SIGINT handler (it runs in the main thread, between two bytecodes of `frame`)."""
-        if _inside_critical(frame):
+        """Our SIGINT handler (it runs in the main thread, between two bytecodes of `frame`). A second Ctrl-C while
+        one is held goes through at once: the step may be stuck (a logits processor of the user's that never
+        returns), and a user pressing again wants out more than a whole pool."""
+        if _inside_critical(frame) and self.pending is None:
             self.pending = (signum, frame)
         else:
+            self.pending = None
             self.forward(signum, frame)
 
     def forward(self, signum: int, frame: FrameType | None) -> None:

@@ -297,6 +297,32 @@ def test_a_held_interrupt_reaches_the_replaced_handler_when_the_critical_call_re
         signal.signal(signal.SIGINT, before)
 
 
+def test_a_second_interrupt_inside_critical_code_goes_through_at_once():
+    """A step stuck in user code (a logits processor that never returns) stays interruptible: the first Ctrl-C is
+    held, a second raises there and then."""
+    ran_on = []
+
+    @interrupts.critical
+    def stuck():
+        signal.raise_signal(signal.SIGINT)
+        for _ in range(1000):
+            pass
+        ran_on.append("after the first")
+        signal.raise_signal(signal.SIGINT)
+        for _ in range(1000):
+            pass
+        ran_on.append("after the second")  # (never: the second raised inside)
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            stuck()
+        assert ran_on == ["after the first"] and interrupts._GUARD.pending is None
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 class _GenerateInside:
     """A stopping criterion and a streamer that call `generate` on the same wrapped model (self-checking), between
     the steps of the call they belong to."""
