@@ -13,9 +13,13 @@ from transformers import GenerationConfig
 
 import hf_paged
 from hf_paged import PagedConfig
+from hf_paged.batching.engine_loop import EngineLoop
 from tests.tiny_models import tiny_model
 
 ROOT = str(Path(hf_paged.__file__).resolve().parent)
+# The wrapper `interrupts.critical` puts around a function only forwards the call (a SIGINT held meanwhile): it is
+# the decorated function's frame, not a visit to interrupts.py (the same code object serves every decorated function)
+WRAPPERS = {EngineLoop._turn.__code__}
 
 
 def _chain(frame) -> list[str]:
@@ -23,6 +27,9 @@ def _chain(frame) -> list[str]:
     files: list[str] = []
     while frame is not None:
         name = frame.f_code.co_filename
+        if frame.f_code in WRAPPERS:
+            frame = frame.f_back
+            continue
         if name.startswith(ROOT) and (not files or files[-1] != name):
             files.append(name)
         frame = frame.f_back
