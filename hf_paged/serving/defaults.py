@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["GENERATION_CONFIG_MODES", "RequestDefaults", "request_defaults"]
+__all__ = ["GENERATION_CONFIG_MODES", "RequestDefaults", "check_mode", "request_defaults"]
 
 GENERATION_CONFIG_MODES = ("auto", "vllm")  # or a directory holding a generation_config.json
 
@@ -53,6 +53,13 @@ class RequestDefaults:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
+def check_mode(mode: str) -> None:
+    """`--generation-config MODE` is auto, vllm or a directory holding a generation_config.json (ValueError else)."""
+    if mode not in GENERATION_CONFIG_MODES and not (Path(mode).expanduser() / "generation_config.json").is_file():
+        raise ValueError(f"--generation-config {mode!r}: give auto (the model's), vllm (OpenAI's defaults), or a "
+                         "directory holding a generation_config.json")
+
+
 def request_defaults(model: Any, mode: str = "auto") -> RequestDefaults:
     """The request defaults `--generation-config MODE` gives for `model`: "auto" reads `model.generation_config`,
     "vllm" none, anything else is a directory with a `generation_config.json` (ValueError when it has none)."""
@@ -63,9 +70,7 @@ def request_defaults(model: Any, mode: str = "auto") -> RequestDefaults:
     else:
         from transformers import GenerationConfig
 
-        if not (Path(mode).expanduser() / "generation_config.json").is_file():
-            raise ValueError(f"--generation-config {mode!r}: give auto, vllm, or a directory holding a "
-                             "generation_config.json")
+        check_mode(mode)
         config = GenerationConfig.from_pretrained(str(Path(mode).expanduser()))
     defaults = RequestDefaults.from_generation_config(config) if config is not None else RequestDefaults()
     if defaults.as_dict():

@@ -16,9 +16,9 @@ import socket
 import threading
 from pathlib import Path
 
-__all__ = ["add_serve_arguments", "run_serve"]
+from hf_paged.serving.auth import API_KEY_ENV  # (auth.py imports no FastAPI: the command line works without it)
 
-API_KEY_ENV = "HF_PAGED_API_KEY"  # (serving/auth.py's: this module imports without FastAPI)
+__all__ = ["add_serve_arguments", "run_serve"]
 
 
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
@@ -159,11 +159,12 @@ def serve_api_key(args) -> str | None:
 def check_generation_config(args) -> None:
     """`--generation-config` is auto, vllm or a directory holding a generation_config.json (`CliError` else)."""
     from hf_paged.errors import CliError
+    from hf_paged.serving.defaults import check_mode
 
-    mode = getattr(args, "generation_config", "auto")
-    if mode not in ("auto", "vllm") and not (Path(mode).expanduser() / "generation_config.json").is_file():
-        raise CliError(f"--generation-config {mode!r}: give auto (the model's), vllm (OpenAI's defaults), or a "
-                       "directory holding a generation_config.json")
+    try:
+        check_mode(getattr(args, "generation_config", "auto"))
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
 
 
 def run_serve(args) -> int:

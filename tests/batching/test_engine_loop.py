@@ -12,6 +12,7 @@ from transformers import GenerationConfig, LogitsProcessor
 import hf_paged
 from hf_paged import Engine, PagedConfig, RequestStatus, SamplingParams
 from hf_paged.batching.engine_loop import LoopClosedError
+from tests.bounded import bounded
 from tests.tiny_models import left_pad, ragged_prompts, stock_greedy, tiny_model
 
 
@@ -309,22 +310,7 @@ def test_a_dropped_wrapped_model_is_collected_and_its_loop_thread_ends():
 
 
 def _bounded(fn, seconds: float = 120):
-    """`fn()` in a daemon thread; its result, or a failure (not a hung test) when it does not return in time."""
-    box = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 -- handed to the test
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"did not return in {seconds}s (a deadlock)"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return bounded(fn, seconds, "a deadlock")
 
 
 def test_generate_from_inside_a_step_of_the_same_model_raises_instead_of_hanging():

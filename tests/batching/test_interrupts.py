@@ -16,6 +16,7 @@ from transformers import LogitsProcessor
 import hf_paged
 from hf_paged import PagedConfig, SamplingParams
 from hf_paged.batching import interrupts
+from tests.bounded import bounded
 from tests.tiny_models import left_pad, ragged_prompts, stock_greedy, tiny_model
 
 pytestmark = pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
@@ -30,22 +31,7 @@ def model():
 
 
 def _bounded(fn, seconds: float = 60):
-    """`fn()` in a daemon thread: its result, or a failure (not a hung test) when it does not return in time."""
-    box: dict = {}
-
-    def run():
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 -- handed to the test
-            box["error"] = exc
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), f"did not return in {seconds}s (a hang)"
-    if "error" in box:
-        raise box["error"]
-    return box["value"]
+    return bounded(fn, seconds, "a hang")
 
 
 def _settled(engine, seconds: float = 10) -> dict:

@@ -10,27 +10,19 @@ import gc
 import os
 
 import pytest
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
 from hf_paged.processors import RegexLogitsProcessor
 from hf_paged.processors.index import shared_trie, vocabulary
 from hf_paged.processors.index.index_cache import IndexCache, index_key
 from hf_paged.processors.index.shared_trie import token_trie
-from hf_paged.processors.index.vocabulary import build_vocabulary, bytes_to_unicode
+from hf_paged.processors.index.vocabulary import build_vocabulary
+from tests.processors.toy_tokenizers import byte_level_bpe
 
 
 def _byte_tokenizer(merges: list[tuple[str, str]] = ()) -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer; each merge adds one token (so `merges` picks the vocabulary)."""
-    alphabet = list(bytes_to_unicode().values())
-    vocab = {ch: i for i, ch in enumerate(alphabet)}
-    for left, right in merges:
-        vocab[left + right] = len(vocab)
-    raw = Tokenizer(models.BPE(vocab=vocab, merges=list(merges)))
-    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    raw.decoder = decoders.ByteLevel()
-    raw.add_special_tokens([AddedToken("<eos>", special=True)])
-    return PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>")
+    """A new byte-level tokenizer object each call; each merge adds one token (so `merges` picks the vocabulary)."""
+    return PreTrainedTokenizerFast(tokenizer_object=byte_level_bpe(merges), eos_token="<eos>")
 
 
 @pytest.fixture()

@@ -33,20 +33,24 @@ BPE_MERGES = [
 ]
 
 
+def byte_level_bpe(merges=(), specials=("<eos>",)) -> Tokenizer:
+    """A new GPT-2-style byte-level BPE `Tokenizer`: 256 byte tokens, one token per merge, then `specials`."""
+    alphabet = list(bytes_to_unicode().values())
+    vocab = {ch: i for i, ch in enumerate(alphabet)}
+    for left, right in merges:
+        vocab[left + right] = len(vocab)
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(merges)))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(name, special=True) for name in specials])
+    return tok
+
+
 @cache
 def byte_level_tokenizer() -> PreTrainedTokenizerFast:
     """GPT-2-style byte-level BPE: 256 byte tokens, a few merges, specials <eos> <pad> <|end|>, an added
     non-special token <tool>."""
-    alphabet = list(bytes_to_unicode().values())
-    vocab = {ch: i for i, ch in enumerate(alphabet)}
-    for left, right in BPE_MERGES:
-        vocab[left + right] = len(vocab)
-    tok = Tokenizer(models.BPE(vocab=vocab, merges=list(BPE_MERGES)))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(
-        [AddedToken("<eos>", special=True), AddedToken("<pad>", special=True), AddedToken("<|end|>", special=True)]
-    )
+    tok = byte_level_bpe(BPE_MERGES, ("<eos>", "<pad>", "<|end|>"))
     tok.add_tokens([AddedToken("<tool>", special=False, normalized=False)])
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<pad>")
 
