@@ -49,7 +49,10 @@ class EngineMetrics:
             "requests_aborted": self.num_requests_aborted,
             "prompt_tokens": self.num_prompt_tokens,
             "prompt_tokens_cached": self.num_prompt_tokens_cached,
-            "prefix_hit_rate": self.num_prompt_tokens_cached / self.num_prompt_tokens if self.num_prompt_tokens else 0.0,
+            # served / looked up, both counted as a request ends (forks once, with their parent): the same ratio as
+            # /metrics' prefix_cache_hit_rate (prompt_tokens counts every fork and the requests still live)
+            "prefix_hit_rate": self.num_prompt_tokens_cached / self.num_prompt_tokens_queried
+            if self.num_prompt_tokens_queried else 0.0,
             "computed_tokens": self.num_computed_tokens,
             "generated_tokens": self.num_generated_tokens,
             "forced_tokens": self.num_forced_tokens,

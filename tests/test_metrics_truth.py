@@ -1,0 +1,29 @@
+"""Observability checked against counts made by hand: `Engine.stats()` (h75's hostile pass on the numbers
+operators alert and bill on)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hf_paged import Engine, PagedConfig, SamplingParams
+from tests.tiny_models import tiny_model
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_model("llama")
+
+
+def test_prefix_hit_rate_counts_a_request_with_n_forks_once(model):
+    """The hit rate is served / looked-up prompt tokens, as /metrics' prefix_cache_hit_rate: a request of n=4
+    on a cached 64-token prompt looks it up once (its forks share the parent's blocks) and is served 63 of 64
+    tokens; the ratio divided by `prompt_tokens` (which counts every fork) read 63 / 320 instead of 63 / 128."""
+    engine = Engine(model, PagedConfig(block_size=16, num_blocks=64))
+    prompt = list(range(3, 67))
+    engine.run([engine.add_request(prompt, SamplingParams(max_new_tokens=2))])  # warms the cache
+    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=2, num_return_sequences=4, do_sample=True, seed=1))
+    served = engine.run([rid])[rid].num_cached_tokens
+    stats = engine.stats()
+    assert stats["prompt_tokens"] == 64 + 4 * 64  # submitted: every fork's prompt
+    assert stats["prompt_tokens_queried"] == 2 * 64 and stats["prompt_tokens_cached"] == served == 63
+    assert stats["prefix_hit_rate"] == pytest.approx(63 / 128)
