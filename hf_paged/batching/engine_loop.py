@@ -13,7 +13,8 @@ A synchronous caller that finds nobody stepping drives the turns itself, in its 
 
 Requests of all callers run in the same steps. The loop sleeps on a condition while it has no request of its own
 (no busy-wait). A failing request ends FAILED with its error and the loop goes on; an exception out of a whole
-step fails the requests in flight, never the loop.
+step fails the requests in flight, never the loop. A synchronous submission is handed to the loop only once its
+caller reads it: an exception or Ctrl-C between `submit` and `result` leaves nothing running.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from hf_paged.batching import loop_fork
 from hf_paged.batching.drivable import Drivable
 from hf_paged.batching.interrupts import critical
-from hf_paged.batching.loop_requests import LoopClosedError, RequestDelta, Submission, _Sink
+from hf_paged.batching.loop_requests import LoopClosedError, Planned, RequestDelta, Submission, _Sink
 from hf_paged.batching.loop_thread import serve, wake
 from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput, fork_ids
 from hf_paged.batching.sampling import SamplingParams
@@ -74,12 +75,12 @@ class EngineLoop:
         request_ids: Sequence[str | None] | None = None, priorities: Sequence[int] | None = None,
         stream: bool = True,
     ) -> Submission:
-        """Queue prompts (one `SamplingParams` each) and return at once; ids are unique unless given, and a given
-        id already in use raises `ValueError` here. `stream=False`: the caller only wants the outputs, so it is
-        not woken at every step (its `steps()` then yield only ended requests)."""
+        """Reserve ids for prompts (one `SamplingParams` each; unique unless given, a given one in use raises
+        `ValueError` here); they run from `result()`/`steps()` on. `stream=False`: the caller only wants the outputs,
+        so it is not woken at every step (its `steps()` then yield only ended requests)."""
         deltas: queue.SimpleQueue[list[RequestDelta]] = queue.SimpleQueue()
-        ids, all_ids = self._submit(prompts, params, request_ids, priorities, _Sink(deltas.put, stream), wake=False)
-        return Submission(self, ids, all_ids, deltas)
+        planned = self._plan(prompts, params, request_ids, priorities, _Sink(deltas.put, stream))
+        return Submission(self, planned, deltas)
 
     async def generate_async(
         self, prompt_ids: Sequence[int], params: SamplingParams | None = None, *, request_id: str | None = None,
@@ -95,9 +96,10 @@ class EngineLoop:
         event_loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[list[RequestDelta]] = asyncio.Queue()
         sink = _Sink(lambda d: event_loop.call_soon_threadsafe(deltas.put_nowait, d), tokens=True)
-        (_rid,), all_ids = self._submit([prompt_ids], [params], [request_id], [priority], sink)
-        remaining = set(all_ids)
+        planned = self._plan([prompt_ids], [params], [request_id], [priority], sink)
+        remaining = set(planned.all_ids)
         try:
+            self.enqueue(planned)
             while remaining:
                 for delta in await deltas.get():
                     if delta.finished:
@@ -107,13 +109,13 @@ class EngineLoop:
             if remaining:
                 self.abort(*remaining)
 
+    @critical  # (a Ctrl-C landing as a caller's `finally` calls it would leave its requests running)
     def abort(self, *request_ids: str) -> None:
         """End these requests before the next step (their blocks go back to the pool); unknown ids are ignored."""
         self._command(lambda: [self.engine.abort(rid) for rid in request_ids])
 
     def abort_all(self, reason: str | None = None) -> None:
-        """Abort every request of this loop's callers before the next step (e.g. a server shutting down); with
-        `reason`, each ends FAILED with it."""
+        """Abort every request of this loop's callers before the next step; with `reason`, each ends FAILED with it."""
         self._command(lambda: [self.engine.abort(rid, error=reason) for rid in list(self._sinks)])
 
     @property
@@ -122,8 +124,7 @@ class EngineLoop:
         return self._num_pending + self.engine.num_waiting
 
     @property
-    def num_in_flight(self) -> int:
-        """Requests of this loop's callers that have not ended."""
+    def num_in_flight(self) -> int:  # requests of this loop's callers that have not ended
         return self._num_pending + len(self._sinks)
 
     @property
@@ -199,8 +200,8 @@ class EngineLoop:
             self._driver_owner = me
 
     # -- submission ----------------------------------------------------------------------------------------
-    def _submit(self, prompts, params, request_ids, priorities, sink: _Sink, *,
-                wake: bool = True) -> tuple[list[str], list[str]]:
+    def _plan(self, prompts, params, request_ids, priorities, sink: _Sink) -> Planned:
+        """Reserve the ids of a submission and build the command that adds it; nothing runs until `enqueue`."""
         if len(params) != len(prompts):
             raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; give one each")
         if self._turning == threading.get_ident():  # it would wait for the step it is called from: for ever
@@ -209,25 +210,22 @@ class EngineLoop:
                 "another call): call it after that one returns, or use stock generate (type(model).generate(model, ...))")
         if self._closed:
             raise LoopClosedError("the engine loop was shut down; it takes no new requests")
-        queued: list[str] = []
-        try:
-            return self._queue_add(prompts, params, request_ids, priorities, sink, wake, queued)
-        except BaseException:
-            if queued:  # a Ctrl-C raised as the submission ended: its caller never gets it to follow
-                self.abort(*queued)
-            raise
+        planned = Planned()
+        weakref.finalize(planned, self._give_back, planned.request_ids, planned.queued).atexit = False
+        self._reserve(prompts, params, request_ids, priorities, sink, planned)
+        return planned
 
-    @critical  # (a Ctrl-C cutting it would leave ids reserved, the pending count off or the queue's lock taken)
-    def _queue_add(self, prompts, params, request_ids, priorities, sink: _Sink, wake: bool,
-                   queued: list[str]) -> tuple[list[str], list[str]]:
+    @critical  # (a Ctrl-C cutting it would leave ids reserved and unknown to the caller)
+    def _reserve(self, prompts, params, request_ids, priorities, sink: _Sink, planned: Planned) -> None:
         wanted = list(request_ids) if request_ids is not None else [None] * len(prompts)
-        ids: list[str] = []
         try:
             for rid in wanted:
-                ids.append(self.engine.reserve_request_id(rid))
+                planned.request_ids.append(self.engine.reserve_request_id(rid))
         except ValueError:
-            self.engine.release_request_ids(ids)
+            self.engine.release_request_ids(planned.request_ids)
+            planned.request_ids.clear()
             raise
+        ids = planned.request_ids
         all_ids = [c for rid, p in zip(ids, params) for c in fork_ids(rid, p.num_return_sequences)]
         levels = list(priorities) if priorities is not None else [0] * len(prompts)
         items = list(zip(ids, prompts, params, levels))
@@ -246,11 +244,28 @@ class EngineLoop:
                         self._fail_unadded(rid, p, f"{type(exc).__name__}: {exc}", type(exc))
 
         add.request_ids = ids  # type: ignore[attr-defined]  # (a forked child gives them back: loop_fork.py)
+        planned.all_ids, planned.add = all_ids, add
+
+    @critical  # (cut, the pending count would be off or the queue's lock taken)
+    def enqueue(self, planned: Planned, *, wake: bool = True) -> None:
+        """Hand a planned submission to the loop (added at the next turn; once). `wake=False`: the caller drives."""
         with self._cond:
-            self._num_pending += len(all_ids)
-        self._command(add, wake=wake)
-        queued.extend(all_ids)
-        return ids, all_ids
+            if planned.queued[0] or self._stopping:  # (stopped since `submit`: `follow` tells the caller so)
+                return
+            planned.queued[0] = True
+            self._num_pending += len(planned.all_ids)
+            closed = self._closed
+        self._command(planned.add, wake=wake)
+        if closed:  # shut down since `submit`: its requests end at once, as those in flight did
+            self.abort(*planned.all_ids)
+
+    def _give_back(self, request_ids: list[str], queued: list[bool]) -> None:
+        """A planned submission dropped before `enqueue` (an exception or Ctrl-C before its caller read it): its ids
+        go back at the next turn (a finalizer's work: it must not wait on the ids' lock; `_cond`'s is reentrant)."""
+        with self._cond:
+            if not queued[0]:
+                queued[0] = True
+                self._commands.append(lambda: self.engine.release_request_ids(request_ids))
 
     @critical
     def _command(self, command: Callable[[], None], *, force: bool = False, wake: bool = True) -> None:

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from hf_paged.batching.interrupts import installed
 from hf_paged.batching.logprobs import TokenLogprobs
 from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput
 
-__all__ = ["LoopClosedError", "RequestDelta", "Submission"]
+__all__ = ["LoopClosedError", "Planned", "RequestDelta", "Submission"]
 
 
 class LoopClosedError(RuntimeError):
@@ -42,8 +42,21 @@ class _Sink:
     tokens: bool  # every step's new tokens; False: only the ended requests (a caller that waits for results)
 
 
+@dataclass(slots=True, eq=False, weakref_slot=True)
+class Planned:
+    """A submission whose ids are reserved and whose requests are not handed to the loop yet (`EngineLoop.enqueue`:
+    when its caller starts following it, so that an exception or Ctrl-C in between leaves nothing running)."""
+
+    request_ids: list[str] = field(default_factory=list)  # one per prompt
+    all_ids: list[str] = field(default_factory=list)  # with the forks of num_return_sequences after their parent
+    add: Callable[[], None] = lambda: None  # the loop command that adds the requests
+    queued: list[bool] = field(default_factory=lambda: [False])  # enqueued, or ids given back (shared with a finalizer)
+
+
 class _Loop(Protocol):
     """What a `Submission` asks of its `EngineLoop`."""
+
+    def enqueue(self, planned: Planned, *, wake: bool = True) -> None: ...
 
     def follow(self, deltas: queue.SimpleQueue[list[RequestDelta]], pending: Callable[[], bool],
                on_lost: Callable[[], None]) -> Iterator[list[RequestDelta]]: ...
@@ -52,15 +65,25 @@ class _Loop(Protocol):
 
 
 class Submission:
-    """Requests submitted together by one synchronous caller; read them with `result()` or `steps()`."""
+    """Requests submitted together by one synchronous caller; read them with `result()` or `steps()`. Nothing runs
+    before the caller starts reading: dropped unread (an exception or Ctrl-C between `submit` and `result`), a
+    submission gives its ids back and holds no block."""
 
-    def __init__(self, loop: _Loop, request_ids: list[str], all_ids: list[str],
-                 deltas: queue.SimpleQueue[list[RequestDelta]]) -> None:
-        self.request_ids = request_ids  # one per prompt, in order
-        self.all_ids = all_ids  # with the forks of num_return_sequences after their parent
+    def __init__(self, loop: _Loop, planned: Planned, deltas: queue.SimpleQueue[list[RequestDelta]]) -> None:
+        self.request_ids = planned.request_ids  # one per prompt, in order
+        self.all_ids = planned.all_ids  # with the forks of num_return_sequences after their parent
         self._loop = loop
-        self._queue = deltas  # filled by the loop thread from the moment of submission
-        self._remaining = set(all_ids)
+        self._planned = planned
+        self._queue = deltas  # filled by the loop once the requests are enqueued
+        self._remaining = set(planned.all_ids)
+        self._cancelled = False
+
+    def cancel(self) -> None:
+        """Abort these requests (any thread): those running end before the next step; before `steps()` started,
+        none will run."""
+        self._cancelled = True
+        if self._planned.queued[0] and self._remaining:
+            self._loop.abort(*self._remaining)
 
     def steps(self) -> Iterator[list[RequestDelta]]:
         """Each step's deltas of these requests, as they come, until all have ended. Leaving early (an exception,
@@ -68,6 +91,9 @@ class Submission:
         (`interrupts`)."""
         try:
             with installed():
+                self._loop.enqueue(self._planned, wake=False)
+                if self._cancelled:  # (`cancel` raced the enqueueing: one of the two aborts)
+                    self._loop.abort(*self._remaining)
                 for deltas in self._loop.follow(self._queue, lambda: bool(self._remaining), self._lost):
                     self._remaining.difference_update(d.request_id for d in deltas if d.finished)
                     yield deltas

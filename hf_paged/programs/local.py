@@ -82,8 +82,7 @@ class LocalBackend:
         """Run requests in the engine's continuous batch; their outputs in order. Aborted with the run."""
         run.check_open()
         submission = self.engine.loop.submit(prompts, params, stream=False)
-        loop, ids = self.engine.loop, submission.all_ids
-        handle = run.track(lambda: loop.abort(*ids))
+        handle = run.track(submission.cancel)  # (before it runs too: then nothing of it runs)
         try:
             outputs = submission.result()
         finally:
