@@ -27,3 +27,18 @@ def test_prefix_hit_rate_counts_a_request_with_n_forks_once(model):
     assert stats["prompt_tokens"] == 64 + 4 * 64  # submitted: every fork's prompt
     assert stats["prompt_tokens_queried"] == 2 * 64 and stats["prompt_tokens_cached"] == served == 63
     assert stats["prefix_hit_rate"] == pytest.approx(63 / 128)
+
+
+def test_requests_swapped_counts_the_preempted_requests_whose_kv_is_in_cpu_memory(model):
+    """preemption_mode='swap': each step, `requests_swapped` is the number of waiting requests holding a swapped
+    copy (vLLM v0's num_requests_swapped), and it returns to 0."""
+    engine = Engine(model, PagedConfig(block_size=4, num_blocks=12, max_num_seqs=4, preemption_mode="swap"))
+    ids = [engine.add_request(list(range(5 + i, 17 + i)), SamplingParams(max_new_tokens=16)) for i in range(4)]
+    seen = 0
+    while engine.has_unfinished:
+        engine.step()
+        swapped = sum(not r.ended and r.swapped is not None for r in engine.requests.values())
+        assert engine.stats()["requests_swapped"] == swapped
+        seen = max(seen, swapped)
+    engine.run(ids)
+    assert seen > 0 and engine.stats()["preemptions"] > 0 and engine.stats()["requests_swapped"] == 0

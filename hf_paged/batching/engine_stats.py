@@ -24,6 +24,7 @@ def engine_stats(*, metrics: EngineMetrics, max_num_batched_tokens: int, cache: 
     stats["kv_usage"] = stats["blocks_used"] / stats["blocks_total"]
     stats["requests_running"] = len(scheduler.running)
     stats["requests_waiting"] = len(scheduler.waiting) + lifecycle.num_waiting_forks  # as `Engine.num_waiting`
+    stats["requests_swapped"] = sum(r.swapped is not None for _, r in scheduler.waiting)  # of those, KV in CPU memory
     stats.update(sampler.constraint_stats.summary())
     stats["retries"] = lifecycle.retrier.num_retries
     stats["retried_requests"] = lifecycle.retrier.num_retried_requests

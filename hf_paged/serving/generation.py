@@ -148,5 +148,6 @@ def _last_event(index, text, delta, stream: TextStream, usage: Usage, metrics: S
     if output.status is RequestStatus.FAILED and output.finish_reason != "abort":  # counted by request_failed
         return ChoiceEvent(index, text, "error", output.error, len(delta.new_token_ids), output.error_type)
     reason = "stop" if stream.stopped else _FINISH_REASONS.get(output.finish_reason or "", "stop")
-    metrics.observe_finished(reason, e2e)
+    if reason != "abort":  # an aborted choice (the server shut down) is request_aborted, not a success, no e2e
+        metrics.observe_finished(reason, e2e)
     return ChoiceEvent(index, text, reason, num_tokens=len(delta.new_token_ids))

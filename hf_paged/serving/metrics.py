@@ -29,6 +29,7 @@ HEALTH_TARGETS = {
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                     20.0, 40.0, 80.0)
 _PREFIX = "hf_paged:"
+_FINISHED_REASONS = ("stop", "length")  # request_success's label values (an aborted choice is request_aborted)
 
 
 class ServerMetrics:
@@ -45,6 +46,8 @@ class ServerMetrics:
                              buckets=_LATENCY_BUCKETS, **labels).labels(model_name)
         self.success = Counter(f"{_PREFIX}request_success", "Finished requests (choices) by finish reason",
                                labelnames=["model_name", "finished_reason"], registry=self.registry)
+        for reason in _FINISHED_REASONS:  # at 0 from the start (as vLLM): rate() sees the first one finish
+            self.success.labels(model_name, reason)
         self.rejected = Counter(f"{_PREFIX}request_rejected", "Requests answered with an HTTP error, by status",
                                 labelnames=["model_name", "status"], registry=self.registry)
         self.snapshot: dict[str, Any] = {}
@@ -101,6 +104,8 @@ class _EngineCollector:
     _FAMILIES = (  # (family, name, engine stat, help); counters get Prometheus' `_total` suffix
         (GaugeMetricFamily, "num_requests_running", "requests_running", "Requests in the running batch"),
         (GaugeMetricFamily, "num_requests_waiting", "requests_waiting", "Requests queued, not yet running"),
+        (GaugeMetricFamily, "num_requests_swapped", "requests_swapped",
+         "Preempted requests whose KV waits in CPU memory (preemption_mode='swap'; also counted as waiting)"),
         (GaugeMetricFamily, "kv_cache_usage_perc", "kv_usage", "KV-cache usage: blocks in use / total (1 = full)"),
         (GaugeMetricFamily, "kv_cache_used_blocks", "blocks_used", "KV blocks held by live requests"),
         (GaugeMetricFamily, "kv_cache_total_blocks", "blocks_total", "KV blocks in the pool"),
@@ -125,7 +130,8 @@ class _EngineCollector:
          "Requests (choices) aborted: a client that disconnected or cancelled mid-request, a shutdown"),
         (CounterMetricFamily, "request_failed", "requests_failed",
          "Requests (choices) failed on their own input or a processor error"),
-        (CounterMetricFamily, "prompt_tokens", "prompt_tokens", "Prompt tokens submitted"),
+        (CounterMetricFamily, "prompt_tokens", "prompt_tokens",
+         "Prompt tokens submitted, each of n choices counting its prompt (as vLLM; a response's usage counts it once)"),
         (CounterMetricFamily, "generation_tokens", "generated_tokens", "Tokens generated"),
         (CounterMetricFamily, "num_steps", "steps", "Engine steps (forwards) run"),
         (CounterMetricFamily, "computed_tokens", "computed_tokens",

@@ -1,0 +1,69 @@
+"""/metrics checked against what the test made happen (h75's hostile pass): an aborted choice, the label sets a
+scrape shows before any request, the swapped-requests gauge. A real server on 127.0.0.1 (an ephemeral port)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+pytest.importorskip("fastapi")
+import httpx  # noqa: E402
+from prometheus_client import generate_latest  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from hf_paged import default_model  # noqa: E402
+from hf_paged.serving.metrics import ServerMetrics  # noqa: E402
+from tests.serving.conftest import make_server, wait_idle  # noqa: E402
+
+
+def samples(text: str) -> dict[tuple, float]:
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def test_request_success_reasons_are_exposed_at_zero_before_any_request():
+    """As vLLM: `rate(request_success_total{finished_reason="length"}[5m])` sees the first request end (a series
+    born at 1 hides it) and an alert on it has a series to read before any request."""
+    metrics = ServerMetrics(loop=None, model_name="m")
+    got = samples(generate_latest(metrics.registry).decode())
+    for reason in ("stop", "length"):
+        key = ("hf_paged:request_success_total", (("finished_reason", reason), ("model_name", "m")))
+        assert got[key] == 0.0
+    assert ("hf_paged:num_requests_swapped", (("model_name", "m"),)) in got
+
+
+def test_a_choice_the_server_aborts_is_counted_aborted_not_successful():
+    """A stream the engine aborts under the client (what a shutdown does): one request_aborted, no
+    request_success{finished_reason="abort"} and no e2e sample (README: request_success counts stop and length)."""
+    server, engine = make_server(default_model())
+    with server:
+        before = samples(httpx.get(server.url + "/metrics").text)
+        lines: list[str] = []
+
+        def stream() -> None:
+            body = {"prompt": "abort me", "max_tokens": 1000, "ignore_eos": True, "stream": True}
+            with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as response:
+                lines.extend(response.iter_lines())
+
+        client = threading.Thread(target=stream)
+        client.start()
+        deadline = time.monotonic() + 60
+        while not engine.stats()["generated_tokens"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for rid in [rid for rid, r in engine.requests.items() if not r.ended]:
+            engine.abort(rid)
+        client.join(timeout=60)
+        wait_idle(engine)
+        after = samples(httpx.get(server.url + "/metrics").text)
+    assert any("shutting_down" in line for line in lines)
+
+    def delta(name: str, **labels) -> float:
+        key = (name, tuple(sorted({"model_name": "tiny-lm", **labels}.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("hf_paged:request_aborted_total") == 1
+    assert delta("hf_paged:request_success_total", finished_reason="abort") == 0
+    assert delta("hf_paged:e2e_request_latency_seconds_count") == 0
+    assert delta("hf_paged:time_to_first_token_seconds_count") == 1
