@@ -67,3 +67,18 @@ def test_a_choice_the_server_aborts_is_counted_aborted_not_successful():
     assert delta("hf_paged:request_success_total", finished_reason="abort") == 0
     assert delta("hf_paged:e2e_request_latency_seconds_count") == 0
     assert delta("hf_paged:time_to_first_token_seconds_count") == 1
+
+
+def test_long_latencies_land_in_finite_buckets():
+    """A 100 s generation and a first token after 5 minutes in the queue: histogram_quantile() reads a bucket
+    bound near the truth, not the last finite bound (80 s, when every histogram stopped there: both were +Inf)."""
+    metrics = ServerMetrics(loop=None, model_name="m")
+    metrics.observe_finished("length", 100.0)
+    metrics.observe_tokens(None, 300.0)
+    got = samples(generate_latest(metrics.registry).decode())
+
+    def bucket(name: str, le: str) -> float:
+        return got[(f"hf_paged:{name}_bucket", (("le", le), ("model_name", "m")))]
+
+    assert bucket("e2e_request_latency_seconds", "60.0") == 0 and bucket("e2e_request_latency_seconds", "120.0") == 1
+    assert bucket("time_to_first_token_seconds", "160.0") == 0 and bucket("time_to_first_token_seconds", "640.0") == 1

@@ -26,8 +26,14 @@ HEALTH_TARGETS = {
     "batch_utilization": ("recent_batch_utilization", ">", 0.75, "tokens per step / token budget, last 256 steps"),
     "memory_pressure": ("kv_usage", "<", 0.90, "KV blocks in use / blocks in the pool"),
 }
+# Seconds. vLLM's bounds, so dashboards carry over: a latency past the last finite bound lands in +Inf, where
+# histogram_quantile() can only answer that bound (a 2-minute generation or a request queued 3 minutes behind a
+# long queue read "80 s" when every bucket stopped there).
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                    20.0, 40.0, 80.0)
+                    20.0, 40.0, 80.0)  # between two deliveries of one request
+_TTFT_BUCKETS = _LATENCY_BUCKETS + (160.0, 640.0, 2560.0)  # queueing included
+_E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                480.0, 960.0, 1920.0, 7680.0)
 _PREFIX = "hf_paged:"
 _FINISHED_REASONS = ("stop", "length")  # request_success's label values (an aborted choice is request_aborted)
 
@@ -39,11 +45,11 @@ class ServerMetrics:
         self.registry = CollectorRegistry()
         labels = {"labelnames": ["model_name"], "registry": self.registry}
         self.ttft = Histogram(f"{_PREFIX}time_to_first_token_seconds", "Time from request arrival to its first token",
-                              buckets=_LATENCY_BUCKETS, **labels).labels(model_name)
+                              buckets=_TTFT_BUCKETS, **labels).labels(model_name)
         self.itl = Histogram(f"{_PREFIX}inter_token_latency_seconds", "Time between two token deliveries of a request",
                              buckets=_LATENCY_BUCKETS, **labels).labels(model_name)
         self.e2e = Histogram(f"{_PREFIX}e2e_request_latency_seconds", "Time from request arrival to its last token",
-                             buckets=_LATENCY_BUCKETS, **labels).labels(model_name)
+                             buckets=_E2E_BUCKETS, **labels).labels(model_name)
         self.success = Counter(f"{_PREFIX}request_success", "Finished requests (choices) by finish reason",
                                labelnames=["model_name", "finished_reason"], registry=self.registry)
         for reason in _FINISHED_REASONS:  # at 0 from the start (as vLLM): rate() sees the first one finish
