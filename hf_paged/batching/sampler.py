@@ -1,9 +1,11 @@
 """`Sampler`: logits rows -> next tokens, per request (processors, warpers, seeds), in `generate`'s order.
 
 Order per row, as stock `generate`: logits processors (user and built-in, each with this request's own history)
--> min_new_tokens EOS suppression -> temperature -> top-k -> top-p -> argmax or a draw from the request's own
-generator. Rows without processors or sampling take a single batched argmax; sampled rows without stock processors
-(but row-only warpers) or a seed go through the chain in runs of consecutive rows with the same warpers, each run
+-> min_new_tokens EOS suppression -> temperature -> top-k -> top-p -> argmax or a draw: a seeded request's from
+noise keyed by its seed and the token's position (`seeded_draws.py`: the same tokens whatever the schedule,
+speculation or constraint mode), an unseeded one's from torch's global generator. Rows without processors or
+sampling take a single batched argmax; sampled rows without stock processors (but row-only warpers) or a seed go
+through the chain in runs of consecutive rows with the same warpers, each run
 drawing from torch's global generator at once, in row order.
 
 A constrained row in `constraint_mode="resample"` is processed without its mask, picked, and checked against the
@@ -40,6 +42,7 @@ from hf_paged.batching.constraint_modes import ConstraintStats, resample_checks
 from hf_paged.batching.constraint_protocol import RequestConstraint
 from hf_paged.batching.logprobs import RowLogprobs, TokenLogprobs
 from hf_paged.batching.request import Failure, Request
+from hf_paged.batching.seeded_draws import draw
 from hf_paged.errors import SamplingError
 
 
@@ -275,7 +278,7 @@ class Sampler:
         probs = torch.softmax(row.float(), dim=-1)
         if not bool(torch.isfinite(probs).all()):
             raise _not_finite(request.params.temperature)
-        return int(torch.multinomial(probs, num_samples=1, generator=request.generator_on(probs.device)))
+        return draw(request, probs, len(request.output_ids))  # a seeded row: keyed by its position
 
 
 def _take_synced(agreed: list[int | None], tokens: list[int | None], errors: list[Failure | None]) -> None:

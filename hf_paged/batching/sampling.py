@@ -30,7 +30,9 @@ class SamplingParams:
         max_new_tokens: most tokens to generate.
         do_sample: sample (True) or take the argmax (False, greedy).
         temperature, top_k, top_p: the usual warpers (applied after the logits processors, as in `generate`).
-        seed: seed of this request's own random generator (reproducible whatever the batch around it).
+        seed: seed of this request's own draws: its tokens depend on the prompt, these parameters and the seed,
+            not on the batch around it, the schedule, the cache, speculative decoding or `constraint_mode`
+            (`seeded_draws.py`; the model's logits must be the same, see README "Sampling and seeds").
         eos_token_id: id or ids that end the request (they are kept in the output, like `generate`).
         stop_strings: strings that end the request once the decoded output contains one (needs `tokenizer`).
         logits_processors: transformers `LogitsProcessor`s; each gets this request's own history as input_ids.

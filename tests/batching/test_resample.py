@@ -16,14 +16,14 @@ CHI2_7DOF_P001 = 24.32  # chi-square critical value, 7 degrees of freedom, p = 0
 
 
 def _draws(mode: str, logits: torch.Tensor, proc, num: int, seed: int, temperature: float = 1.0) -> list[int]:
-    """`num` first tokens drawn by the engine's sampler for one request at the constraint's start."""
+    """The first tokens drawn by the engine's sampler at the constraint's start for `num` requests seeded `seed`,
+    `seed + 1`, ... (a seeded request's draw at one position is a function of its seed: seeded_draws.py)."""
     sampler = Sampler()
     params = SamplingParams(do_sample=True, temperature=temperature, seed=seed, logits_processors=[proc],
                             constraint_mode=mode)
-    request = Request("r", [0], params)
-    request.generator = torch.Generator().manual_seed(seed)
     tokens = []
-    for _ in range(num):
+    for i in range(num):
+        request = Request("r", [0], params.replace(seed=seed + i))
         out = sampler([request], logits.clone())
         assert out.errors == [None]
         tokens.append(out.token_ids[0])

@@ -17,6 +17,7 @@ import torch
 from hf_paged.batching.model_runner import ModelRunner
 from hf_paged.batching.request import Request
 from hf_paged.batching.scheduler import ScheduledRequest, SchedulerOutput
+from hf_paged.batching.seeded_draws import draw
 from hf_paged.batching.speculative.draft import Draft
 from hf_paged.batching.step_inputs import build_step_inputs
 from hf_paged.cache.paged_cache import PagedCache
@@ -79,7 +80,7 @@ class DraftModelProposer:
             logits = logits[:, : self.vocab_size]
             for item, i, row in zip(scheduled, members, logits):
                 item.request.num_computed_tokens += item.num_tokens
-                token, q = _draw(requests[i], row)
+                token, q = _draw(requests[i], row, len(requests[i].output_ids) + len(tokens[i]))
                 item.request.output_ids.append(token)
                 tokens[i].append(token)
                 if q is not None:
@@ -129,10 +130,12 @@ class DraftModelProposer:
             assert self.kv.num_tokens(rid) >= mirror.num_computed_tokens, f"mirror {rid!r}: K/V without slots"
 
 
-def _draw(request: Request, row: torch.Tensor) -> tuple[int, torch.Tensor | None]:
-    """The draft token: the argmax for greedy requests, else a draw from the draft's distribution (returned too)."""
+def _draw(request: Request, row: torch.Tensor, position: int) -> tuple[int, torch.Tensor | None]:
+    """The draft token for output position `position`: the argmax for greedy requests, else a draw from the draft's
+    distribution (returned too); a seeded request's from the noise the model's own draw there will use (the coupled
+    race of `seeded_draws.py`: the draft is kept when both rank the same token first)."""
     params = request.params
     if not params.do_sample:
         return int(row.argmax()), None
     q = torch.softmax(row.float() / params.temperature, dim=-1)
-    return int(torch.multinomial(q, 1, generator=request.generator_on(q.device))), q
+    return draw(request, q, position), q

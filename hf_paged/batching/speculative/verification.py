@@ -7,8 +7,11 @@
         sampling   keep d_j with probability min(1, p_j(d_j) / q_j(d_j)), q_j the draft's distribution (a point
                    mass for prompt lookup); on the first rejection draw from norm(max(0, p_j - q_j)); all kept:
                    draw the bonus from p_3 (Leviathan et al. 2023, Chen et al. 2023)
-A step emits the kept drafts and one token of the model's own: greedy, exactly the tokens one-at-a-time decoding
-gives; sampled, tokens of the same distribution. Processors and warpers score position j with the drafts before it
+        seeded     the seeded race at each position (seeded_draws.py): keep d_j while it is the race's winner over
+                   p_j; the first winner that is not the draft, or r3's, is the model's token
+A step emits the kept drafts and one token of the model's own: greedy or seeded, exactly the tokens one-at-a-time
+decoding gives (whatever was drafted, however many drafts the step verified); unseeded, tokens of the same
+distribution. Processors and warpers score position j with the drafts before it
 as pending history, and only when those drafts were all kept: a processor's per-request state (a grammar's
 automaton) only ever sees a prefix of the final output, so it needs no rollback, and a draft its mask forbids is
 rejected like any other.
@@ -27,6 +30,7 @@ import torch
 from hf_paged.batching.logprobs import RowLogprobs, TokenLogprobs
 from hf_paged.batching.request import Failure, Request
 from hf_paged.batching.sampler import Sampler, is_plain_greedy
+from hf_paged.batching.seeded_draws import draw, request_seed
 
 
 @dataclass(slots=True)
@@ -110,7 +114,7 @@ def _verify_in_order(rows: DraftRows, members: list[int], sampler: Sampler, verd
             draft = request.draft_ids[j] if j < k else None
             if params.do_sample:
                 q = request.draft_probs[j] if draft is not None and request.draft_probs is not None else None
-                token, accepted = _judge_sampled(request, row[0], draft, q)
+                token, accepted = _judge_sampled(request, row[0], draft, q, len(request.output_ids) + j)
             else:
                 token = int(row[0].argmax())
                 accepted = token == draft
@@ -122,16 +126,20 @@ def _verify_in_order(rows: DraftRows, members: list[int], sampler: Sampler, verd
         alive, j = still, j + 1
 
 
-def _judge_sampled(request: Request, row: torch.Tensor, draft: int | None,
-                   q: torch.Tensor | None) -> tuple[int, bool]:
-    """(token, whether it is the kept draft): rejection sampling of `draft` against the model's `row` scores."""
+def _judge_sampled(request: Request, row: torch.Tensor, draft: int | None, q: torch.Tensor | None,
+                   position: int) -> tuple[int, bool]:
+    """(token, whether it is the kept draft) for output position `position`. A seeded request takes the seeded
+    race's winner over the model's distribution and keeps the draft when it is that winner (`seeded_draws.py`: the
+    tokens of decoding one at a time, whatever was drafted); an unseeded one, rejection sampling of `draft`."""
     probs = torch.softmax(row.float(), dim=-1)
-    generator = request.generator_on(probs.device)
+    if request_seed(request) is not None:
+        token = draw(request, probs, position)
+        return token, draft is not None and token == draft
     if draft is None:  # every draft kept: the bonus token, from the model's own distribution
-        return int(torch.multinomial(probs, 1, generator=generator)), False
+        return int(torch.multinomial(probs, 1)), False
     p_draft = float(probs[draft])
     q_draft = 1.0 if q is None else float(q[draft])
-    u = float(torch.rand(1, generator=generator, device=probs.device))
+    u = float(torch.rand(1, device=probs.device))
     if q_draft > 0 and u * q_draft < p_draft:  # u < p / q, with probability min(1, p / q)
         return draft, True
     if q is None:
@@ -141,4 +149,4 @@ def _judge_sampled(request: Request, row: torch.Tensor, draft: int | None,
         residual = (probs - q.to(probs.device, probs.dtype)).clamp_(min=0.0)
     if not float(residual.sum()) > 0.0:  # p == q up to rounding: nothing left to correct
         residual = probs
-    return int(torch.multinomial(residual, 1, generator=generator)), False
+    return int(torch.multinomial(residual, 1)), False
