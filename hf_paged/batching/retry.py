@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -98,9 +99,9 @@ class Retrier:
     def __init__(self) -> None:
         self.num_retries = 0  # attempts rerun
         self.num_retried_requests = 0  # requests that ran more than once (counted at their first retry)
-        # id(processor) -> (processor, its schema's validator): built once per processor (the reference held keeps
-        # the id from being reused while the entry lives)
-        self._validators: dict[int, tuple[Any, Callable]] = {}
+        # processor -> its schema's validator, built once per processor; weak: an entry lives as long as its
+        # processor and holds nothing alive (a processor keeps its compiled token index, which can weigh tens of MB)
+        self._validators: weakref.WeakKeyDictionary[Any, Callable] = weakref.WeakKeyDictionary()
 
     def end_attempt(self, request: Request, status: RequestStatus, reason: str) -> AttemptEnd:
         """Record the attempt that ended with `status`/`reason`; return the next attempt, or None for the end."""
@@ -145,9 +146,7 @@ class Retrier:
         proc = schema_processor(params)
         if proc is None:
             return None
-        entry = self._validators.get(id(proc))
-        if entry is None:
-            if len(self._validators) >= 64:  # processors come and go: keep the memo small
-                self._validators.clear()
-            entry = self._validators[id(proc)] = (proc, schema_validator(proc.schema))
-        return entry[1]
+        validator = self._validators.get(proc)
+        if validator is None:
+            validator = self._validators[proc] = schema_validator(proc.schema)
+        return validator

@@ -139,6 +139,13 @@ class GuidedLogitsProcessor(LogitsProcessor):
                 ) from None
         return self._compiled
 
+    @property
+    def num_index_bytes(self) -> int:
+        """Bytes of the compiled index this processor holds (`CompiledIndex.num_bytes`; 0 before it is compiled):
+        a processor keeps its index alive after `index_cache` drops it, so caches of processors weigh them by it."""
+        compiled = self._compiled
+        return 0 if compiled is None else compiled.num_bytes
+
     # -- per-sequence state ----------------------------------------------------------------------------
     def _new_state(self) -> GuideState:
         return GuideState(self.compiled.index.get_initial_state())

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -47,17 +46,39 @@ class Constraint:
 
 
 class ConstraintCache:
-    """Output-constraint processors by (kind, canonical spec), least recently used dropped past `capacity`.
+    """Output-constraint processors by (kind, canonical spec), least recently used dropped past `capacity` entries
+    or past `max_bytes` of compiled indexes.
 
-    A processor keeps one guide state per request id, so one object serves every request with the same schema;
-    the compiled token index behind it lives in the processors' own index cache."""
+    A processor keeps one guide state per request id, so one object serves every request with the same schema. It
+    also keeps its compiled token index alive (after the processors' index cache drops it), so this cache weighs
+    each processor by that index (`num_index_bytes`, re-read at every `get`: an index grows as decoding memoises
+    masks). A request in flight holds its processor itself: dropping it here never stops a running request.
 
-    def __init__(self, tokenizer: Any, eos_token_ids: list[int], capacity: int = 64) -> None:
+    Args:
+        capacity: most processors.
+        max_bytes: most bytes of their compiled indexes; None: the same budget as the process-wide index cache
+            (`IndexCache.max_bytes`, `HF_PAGED_INDEX_CACHE_MB`).
+    """
+
+    def __init__(self, tokenizer: Any, eos_token_ids: list[int], capacity: int = 64,
+                 max_bytes: int | None = None) -> None:
+        from hf_paged.processors.index import default_index_cache
+        from hf_paged.processors.index.byte_lru import ByteLRU
+
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids
         self.capacity = capacity
-        self._items: OrderedDict[tuple, Any] = OrderedDict()
+        self.max_bytes = max_bytes if max_bytes is not None else default_index_cache().max_bytes
+        self._items: ByteLRU[Any] = ByteLRU(capacity, self.max_bytes)
         self._lock = threading.Lock()
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of the processors' compiled indexes, as weighed at the last `get`."""
+        return self._items.num_bytes
+
+    def __len__(self) -> int:
+        return len(self._items)
 
     def get(self, kind: str, spec: Any, whitespace: str | None = None, declared_keys_only: bool = False) -> Any:
         """The processor for a constraint (built on a miss: call from a worker thread, it may compile);
@@ -65,16 +86,23 @@ class ConstraintCache:
         `declared_keys_only`: a JSON schema's objects without `additionalProperties` get their declared keys only."""
         key = (kind, json.dumps(spec, sort_keys=False, separators=(",", ":")), whitespace, declared_keys_only)
         with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        processor = self._build(kind, spec, whitespace, declared_keys_only)
+            processor = self._items.get(key)
+        if processor is None:
+            processor = self._build(kind, spec, whitespace, declared_keys_only)
         with self._lock:
-            processor = self._items.setdefault(key, processor)
-            self._items.move_to_end(key)
-            while len(self._items) > self.capacity:
-                self._items.popitem(last=False)
+            if self._items.peek(key) is None:
+                self._items.put(key, processor, 0)
+            processor = self._items.get(key)
+            self._weigh(key)
         return processor
+
+    def _weigh(self, key: tuple) -> None:
+        """Re-read every processor's index bytes (they compile and grow after they are stored), then enforce the
+        budget; never drops `key`'s, the one asked for now."""
+        for other in list(self._items):
+            if other != key:
+                self._items.resize(other, _index_bytes(self._items.peek(other)), touch=False, enforce=False)
+        self._items.resize(key, _index_bytes(self._items.peek(key)))
 
     def _build(self, kind: str, spec: Any, whitespace: str | None, declared_keys_only: bool) -> Any:
         from hf_paged.processors import (
@@ -93,6 +121,10 @@ class ConstraintCache:
         if kind == "grammar":
             return GrammarLogitsProcessor(spec, self.tokenizer, eos_token_id=eos)
         return ChoiceLogitsProcessor(spec, self.tokenizer, eos_token_id=eos)
+
+
+def _index_bytes(processor: Any) -> int:
+    return int(getattr(processor, "num_index_bytes", 0))  # (a processor of another kind: weighs nothing)
 
 
 def constraint_of(request: _Sampling) -> Constraint | None:

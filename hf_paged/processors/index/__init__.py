@@ -6,7 +6,8 @@ memoised per state and per compiled constraint.
         TrieWalk (token_walk, the compiled loop in walk_kernel), shortcuts for JSON-string contents
         (string_tokens, string_masks, closed_states), grammar states inside rules (grammar_masks, state_classes,
         past_stops)
-    IndexCache (index_cache): compiled indexes by key, LRU, on disk, built in the background
+    IndexCache (index_cache): compiled indexes by key, LRU bounded in measured bytes (byte_lru, sizes), on disk
+        (index_files), built in the background
     bitmask: the int32 bitmask rows the processors apply to logits
 
 Loaded on first use (like `hf_paged.processors`), so that importing a kernel module (`walk_kernel`,

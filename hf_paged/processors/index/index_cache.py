@@ -18,7 +18,6 @@ import pickle
 import tempfile
 import threading
 import time
-from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ from hf_paged.processors import jit
 from hf_paged.processors.automaton import ByteDFA, Grammar, GrammarDFA, build_automaton, check_regex_size, describe
 from hf_paged.processors.automaton.productive import never_ending_rules
 from hf_paged.processors.budget import CompileBudget
+from hf_paged.processors.index.byte_lru import ByteLRU
+from hf_paged.processors.index.index_files import trim_dir
 from hf_paged.processors.index.shared_trie import token_trie
 from hf_paged.processors.index.spellable import missing_bytes, spellable_only
 from hf_paged.processors.index.token_index import StateMask, TokenIndex
@@ -47,6 +48,8 @@ logger = logging.getLogger(__name__)
 # Computed in `IndexCache`'s background thread right after the index is published, not on the compile's path (half
 # of a median SchemaStore schema's index time): the caller waits for the automaton and the initial mask only.
 WARM_UNITS = 16
+DEFAULT_MAX_BYTES = 512 << 20  # see `IndexCache.max_bytes`
+MAX_BYTES_ENV = "HF_PAGED_INDEX_CACHE_MB"
 
 
 def index_key(kind: str, text: str | Grammar, whitespace: str | None, fingerprint: str, *extra: Any) -> str:
@@ -82,6 +85,11 @@ class CompiledIndex:
     def state_mask(self, state: int) -> StateMask | None:
         """The memoised mask of `state`, or None when no sequence has visited it yet."""
         return self.index.cached_mask(state)
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes the index holds (`TokenIndex.num_bytes`: masks as they come, the rest as last measured)."""
+        return self.index.num_bytes
 
 
 def _compile(
@@ -121,6 +129,12 @@ class IndexCache:
 
     Args:
         max_entries: indexes kept in memory (least recently used dropped first).
+        max_bytes: most bytes of indexes kept in memory (`CompiledIndex.num_bytes`: the automaton, its per-state
+            views, memoised masks; measured when an index is stored or hit, masks counted as decoding memoises them);
+            past it, the least recently used go, never the newest. Default `DEFAULT_MAX_BYTES` (512 MiB: eight
+            indexes grown to their mask cap, `token_index.MAX_CACHED_BYTES`; vLLM's default for xgrammar's cache);
+            the process-wide cache reads `HF_PAGED_INDEX_CACHE_MB`. None: count-bounded only. An index a running
+            request uses stays alive through the request's processor when the cache drops it.
         cache_dir: directory where compiled indexes are saved and looked up across processes; None: memory only.
         max_compile_s: None (default): wait for a build as long as it takes; its work budget (`CompileBudget`)
             bounds it, so a constraint compiles or is refused the same way on any machine. A number: give up
@@ -142,6 +156,7 @@ class IndexCache:
         self,
         max_entries: int = 64,
         *,
+        max_bytes: int | None = DEFAULT_MAX_BYTES,
         cache_dir: str | os.PathLike | None = None,
         max_compile_s: float | None = None,
         max_regex_size: int = 200_000,
@@ -152,7 +167,10 @@ class IndexCache:
             raise ValueError(f"IndexCache.max_entries must be >= 1, got {max_entries}")
         if max_compile_s is not None and max_compile_s <= 0:
             raise ValueError(f"IndexCache.max_compile_s must be > 0, got {max_compile_s}")
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1):
+            raise ValueError(f"IndexCache.max_bytes must be an int >= 1 or None, got {max_bytes!r}")
         self.max_entries = max_entries
+        self.max_bytes = max_bytes
         self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
         self.max_compile_s = max_compile_s
         self.max_regex_size = max_regex_size
@@ -160,7 +178,8 @@ class IndexCache:
             raise ValueError(f"IndexCache.max_disk_bytes must be >= 1 or None, got {max_disk_bytes}")
         self.max_disk_bytes = max_disk_bytes
         self._disk_bytes: int | None = None  # bytes of index files in cache_dir, counted at the first save
-        self._entries: OrderedDict[str, CompiledIndex] = OrderedDict()
+        # key -> index, weighed by `CompiledIndex.num_bytes`; a dropped index stops reporting its growth here
+        self._entries: ByteLRU[CompiledIndex] = ByteLRU(max_entries, max_bytes, on_drop=_stop_reporting)
         self._in_flight: dict[str, Future] = {}
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hf_paged-compile")
@@ -170,15 +189,23 @@ class IndexCache:
     def __len__(self) -> int:
         return len(self._entries)
 
+    @property
+    def num_bytes(self) -> int:
+        """Bytes of the indexes held in memory (as measured at their last store or hit, plus masks since)."""
+        return self._entries.num_bytes
+
     def get(self, key: str) -> CompiledIndex | None:
         """The cached index for `key` (memory, then disk), or None."""
         with self._lock:
             entry = self._entries.get(key)
-            if entry is not None:
-                self._entries.move_to_end(key)
-                self.num_hits += 1
-                return entry
-        return None
+            if entry is None:
+                return None
+            self.num_hits += 1
+        size = entry.index.measure()  # (outside the lock: a walk over its arrays; it grew since it was stored)
+        with self._lock:
+            if self._entries.peek(key) is entry:
+                self._entries.resize(key, size)
+        return entry
 
     def compile_async(self, key: str, regex: str | Grammar, vocab: TokenVocabulary, budget: CompileBudget | None = None
                       ) -> Future:
@@ -222,7 +249,16 @@ class IndexCache:
     def clear(self) -> None:
         """Drop every in-memory entry (files on disk stay)."""
         with self._lock:
+            for entry in self._entries.values():
+                _stop_reporting(None, entry)
             self._entries.clear()
+
+    def _grew(self, key: str, index: TokenIndex, num_bytes: int) -> None:
+        """`TokenIndex.on_grow` of an entry: a mask was memoised (the budget may drop older entries now)."""
+        with self._lock:
+            entry = self._entries.peek(key)
+            if entry is not None and entry.index is index:
+                self._entries.resize(key, self._entries.size_of(key) + num_bytes)
 
     # -- internals -----------------------------------------------------------------------------------
     def _build(self, key: str, regex: str | Grammar, vocab: TokenVocabulary, budget: CompileBudget | None) -> CompiledIndex:
@@ -232,11 +268,15 @@ class IndexCache:
                 check_regex_size(regex, self.max_regex_size)
                 compiled = _compile(regex, vocab, budget=budget.for_automaton() if budget is not None else None)
                 self._save(key, compiled)
+            if self.max_bytes is not None:  # one index's masks never take more than the whole budget
+                compiled.index.max_cached_bytes = min(compiled.index.max_cached_bytes, self.max_bytes)
+            size = compiled.index.measure()
             with self._lock:
-                self._entries[key] = compiled
-                self._entries.move_to_end(key)
-                while len(self._entries) > self.max_entries:
-                    self._entries.popitem(last=False)
+                replaced = self._entries.pop(key)  # (a concurrent build of the same key: keep the newest)
+                if replaced is not None:
+                    _stop_reporting(key, replaced)
+                compiled.index.on_grow = lambda index, num_bytes, key=key: self._grew(key, index, num_bytes)
+                self._entries.put(key, compiled, size)
             # the warm-up masks and a grammar's per-rule facts off the caller's path: the index is usable now,
             # decoding computes on first need what this has not reached yet
             try:
@@ -291,37 +331,14 @@ class IndexCache:
         if self.max_disk_bytes is not None:
             with self._lock:
                 size = os.path.getsize(path)
-                self._disk_bytes = _trim_dir(self.cache_dir, 0) if self._disk_bytes is None else self._disk_bytes + size
+                self._disk_bytes = trim_dir(self.cache_dir, 0) if self._disk_bytes is None else self._disk_bytes + size
                 if self._disk_bytes > self.max_disk_bytes:  # (other processes may share the directory: rescan)
-                    self._disk_bytes = _trim_dir(self.cache_dir, int(0.8 * self.max_disk_bytes), keep=path)
+                    self._disk_bytes = trim_dir(self.cache_dir, int(0.8 * self.max_disk_bytes), keep=path)
 
 
-def _trim_dir(directory: str, limit: int, keep: str | None = None) -> int:
-    """Delete the least recently used `*.index` files of `directory` (by modification time: a load touches its
-    file) until their bytes are at most `limit` (0: count only); never `keep`. Returns the bytes left."""
-    files = []
-    with os.scandir(directory) as entries:
-        for entry in entries:
-            if entry.name.endswith(".index"):
-                try:
-                    stat = entry.stat()
-                except OSError:  # (deleted by another process meanwhile)
-                    continue
-                files.append((stat.st_mtime, stat.st_size, entry.path))
-    total = sum(size for _, size, _ in files)
-    if limit <= 0:
-        return total
-    for _, size, path in sorted(files):
-        if total <= limit:
-            break
-        if path == keep:
-            continue
-        try:
-            os.remove(path)
-        except OSError:
-            continue
-        total -= size
-    return total
+def _stop_reporting(key: str | None, entry: CompiledIndex) -> None:
+    """An index the cache no longer holds: a request still using it keeps it alive, its growth is not the cache's."""
+    entry.index.on_grow = None
 
 
 def warm_up(compiled: CompiledIndex) -> None:
@@ -347,10 +364,25 @@ _DEFAULT: IndexCache | None = None
 _DEFAULT_LOCK = threading.Lock()
 
 
+def _env_max_bytes() -> int:
+    """`HF_PAGED_INDEX_CACHE_MB` in bytes (a positive number of MiB), else `DEFAULT_MAX_BYTES`."""
+    text = os.environ.get(MAX_BYTES_ENV, "").strip()
+    if not text:
+        return DEFAULT_MAX_BYTES
+    try:
+        mib = float(text)
+    except ValueError:
+        mib = -1.0
+    if not mib > 0 or mib == float("inf"):
+        raise ValueError(f"{MAX_BYTES_ENV}={text!r} is not a positive number of MiB; set e.g. {MAX_BYTES_ENV}=1024")
+    return max(1, int(mib * (1 << 20)))
+
+
 def default_index_cache() -> IndexCache:
     """The process-wide cache every processor uses unless given its own `index_cache=`."""
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
-            _DEFAULT = IndexCache(cache_dir=os.environ.get("HF_PAGED_INDEX_CACHE_DIR") or None)
+            _DEFAULT = IndexCache(cache_dir=os.environ.get("HF_PAGED_INDEX_CACHE_DIR") or None,
+                                  max_bytes=_env_max_bytes())
         return _DEFAULT

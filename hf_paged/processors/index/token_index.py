@@ -14,6 +14,7 @@ compiled from an end-anchored pattern, see `index_cache`; the property tests com
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,6 +22,7 @@ import numpy as np
 from hf_paged.processors.automaton.byte_dfa import ByteDFA
 from hf_paged.processors.index.bitmask import num_bitmask_words
 from hf_paged.processors.index.grammar_masks import GrammarMasks
+from hf_paged.processors.index.sizes import held_bytes
 from hf_paged.processors.index.string_masks import PlannedIds, count_bits, set_bits
 from hf_paged.processors.index.token_trie import TokenTrie
 from hf_paged.processors.index.token_walk import NARROW_BYTES, TrieWalk
@@ -70,6 +72,9 @@ class TokenIndex:
         self.eos_token_ids = vocab.eos_token_ids
         self.max_cached_bytes = max_cached_bytes
         self._cached_bytes = 0
+        self._other_bytes = 0  # everything else it holds, as `measure` last found it
+        # called with (self, bytes) after a mask is memoised (`IndexCache` counts its entries' growth with it)
+        self.on_grow: Callable[[TokenIndex, int], None] | None = None
         self._eos = np.asarray(self.eos_token_ids, dtype=np.int64)
         # a grammar automaton names states (and their finality) as walks reach them: read its array live
         self._finals = dfa.finals if dfa.lazy else dfa.finals.tolist()
@@ -116,11 +121,31 @@ class TokenIndex:
         if mask is None:
             with self._building:  # (one build at a time: `warm` may run in the background beside decoding)
                 mask = self._masks.get(state) or self._build_mask(state)
+            kept = False
             with self._lock:
                 if self._cached_bytes + mask.num_bytes <= self.max_cached_bytes and state not in self._masks:
                     self._masks[state] = mask
                     self._cached_bytes += mask.num_bytes
+                    kept = True
+            hook = self.on_grow
+            if kept and hook is not None:  # (outside the lock: the hook takes its owner's)
+                hook(self, mask.num_bytes)
         return mask
+
+    # -- memory ------------------------------------------------------------------------------------------
+    @property
+    def num_bytes(self) -> int:
+        """Bytes this index holds: its memoised masks (counted as they come) plus the automaton, its per-state views
+        and per-rule facts as `measure` last found them (they grow as decoding reaches new states). The vocabulary's
+        trie is shared by every index of the vocabulary and not counted."""
+        return self._cached_bytes + self._other_bytes
+
+    def measure(self) -> int:
+        """Measure what the index holds besides its masks now (`sizes.held_bytes`, a walk over its arrays); returns
+        `num_bytes`."""
+        rows = self.dfa.num_built + 1 if self.dfa.lazy else None  # (a grammar's arrays: the states named so far)
+        self._other_bytes = held_bytes(self, skip=(self.trie, self._masks, self._lock, self._building), mapped_rows=rows)
+        return self.num_bytes
 
     def warm(self, max_units: int) -> int:
         """Compute masks ahead of decoding, nearest the start first: narrow states (keys, punctuation, numbers: tens
