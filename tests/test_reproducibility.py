@@ -157,3 +157,59 @@ def test_seeded_resample_mode_gives_mask_modes_tokens():
 def test_noise_seeds_are_digests_of_seed_and_position():
     assert noise_seed(1, 1) != noise_seed(2, 0) and noise_seed(1, 0) != noise_seed(0, 1)
     assert 0 <= noise_seed(-(2**63), 10**9) < 2**63
+
+
+# -- unseeded rows: torch's global generator, stock's row order ----------------------------------------------------
+@pytest.mark.parametrize("options", [{}, {"num_return_sequences": 2}, {"repetition_penalty": 1.3}],
+                         ids=["warpers", "forks", "processor"])
+def test_unseeded_generate_repeats_under_manual_seed_with_a_warm_prefix_cache(options):
+    """Fails when the draws follow the schedule's order: the second call finds the prompts cached, the longest cached
+    prompts are admitted first, and the same `torch.manual_seed` gave other tokens than the first call (and stock)."""
+    import hf_paged
+    from tests.tiny_models import left_pad
+
+    stock, wrapped = tiny_model("llama"), hf_paged.wrap(tiny_model("llama"))
+    ids, mask = left_pad(ragged_prompts([7, 20, 33, 5], seed=3), 0)
+
+    def sampled(model):
+        torch.manual_seed(0)
+        out = model.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=10, top_k=50, **options)
+        return out[:, ids.shape[1]:].tolist()
+
+    reference = sampled(stock)
+    assert sampled(wrapped) == reference  # cold cache
+    assert sampled(wrapped) == reference  # the same prompts cached: admitted longest first
+
+
+_FRESH_PROCESS = """
+import json, torch
+from hf_paged import Engine, PagedConfig, SamplingParams
+from tests.tiny_models import ragged_prompts, tiny_model
+engine = Engine(tiny_model("llama"), PagedConfig(num_blocks=64, block_size=16))
+prompts = ragged_prompts([7, 20], seed=3)
+ids = [engine.add_request(p, SamplingParams(max_new_tokens=12, do_sample=True, seed=5, num_return_sequences=2,
+                                            num_speculative_tokens=2)) for p in prompts]
+torch.manual_seed(0)
+ids.append(engine.add_request(prompts[0], SamplingParams(max_new_tokens=12, do_sample=True)))
+outs = engine.run()
+print(json.dumps(sorted([rid, out.generated_tokens] for rid, out in outs.items())))
+"""
+
+
+def test_the_same_seeds_give_the_same_text_in_fresh_processes():
+    """A restart (another PYTHONHASHSEED, a new process's generator) repeats seeded and manual_seed'ed text."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    runs = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed, "OMP_NUM_THREADS": "1"}
+        done = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], cwd=root, env=env, capture_output=True,
+                              text=True, timeout=300, check=True)
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    assert runs[0] == runs[1]
+    assert len(runs[0]) == 5 and all(len(tokens) == 12 for _, tokens in runs[0])

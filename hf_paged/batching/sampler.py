@@ -87,7 +87,9 @@ class Sampler:
             idx = torch.tensor(plain, device=scores.device)
             for i, tok in zip(plain, scores.index_select(0, idx).argmax(dim=-1).tolist()):
                 tokens[i] = tok
-        special = [i for i in range(n) if tokens[i] is None]
+        # unseeded draws take torch's global stream in arrival order (stock's row order), not the schedule's: a warm
+        # prefix cache admits the longest cached prompts first, which put a second identical call's draws elsewhere
+        special = sorted((i for i in range(n) if tokens[i] is None), key=lambda i: _arrival_key(requests[i]))
         resampled = {i for i in special if resample_checks(requests[i])}
         self._apply_batched_processors(requests, scores, [i for i in special if i not in resampled], errors)
         self._draw_together(requests, logits, scores, [i for i in special if i not in resampled and errors[i] is None
@@ -279,6 +281,15 @@ class Sampler:
         if not bool(torch.isfinite(probs).all()):
             raise _not_finite(request.params.temperature)
         return draw(request, probs, len(request.output_ids))  # a seeded row: keyed by its position
+
+
+def _arrival_key(request: Request) -> tuple[int, int]:
+    """Where a row's draw goes in a step: by arrival (`add_request` order), a request's forks right after it in fork
+    order (stock's `num_return_sequences` rows: each prompt's n rows together)."""
+    if request.parent_id is None:
+        return request.arrival_index, 0
+    digits = request.request_id[len(request.parent_id):]
+    return request.arrival_index, 1 + int(digits[len(digits.rstrip("0123456789")):] or 0)
 
 
 def _take_synced(agreed: list[int | None], tokens: list[int | None], errors: list[Failure | None]) -> None:
