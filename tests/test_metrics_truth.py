@@ -42,3 +42,15 @@ def test_requests_swapped_counts_the_preempted_requests_whose_kv_is_in_cpu_memor
         seen = max(seen, swapped)
     engine.run(ids)
     assert seen > 0 and engine.stats()["preemptions"] > 0 and engine.stats()["requests_swapped"] == 0
+
+
+def test_scheduled_time_marks_the_end_of_a_request_s_wait_in_the_queue(model):
+    """One sequence at a time: the second request is admitted after the first finished, so its queue time
+    (scheduled - created) covers the first's whole run; each output orders created <= scheduled <= first token."""
+    engine = Engine(model, PagedConfig(block_size=16, num_blocks=64, max_num_seqs=1))
+    ids = [engine.add_request(list(range(3, 20)), SamplingParams(max_new_tokens=5)) for _ in range(2)]
+    outputs = engine.run(ids)
+    first, second = outputs[ids[0]], outputs[ids[1]]
+    for out in (first, second):
+        assert out.created_time <= out.scheduled_time <= out.lifespan[0] <= out.lifespan[1]
+    assert second.scheduled_time >= first.lifespan[1]  # it waited for the whole of the first request

@@ -82,3 +82,33 @@ def test_long_latencies_land_in_finite_buckets():
 
     assert bucket("e2e_request_latency_seconds", "60.0") == 0 and bucket("e2e_request_latency_seconds", "120.0") == 1
     assert bucket("time_to_first_token_seconds", "160.0") == 0 and bucket("time_to_first_token_seconds", "640.0") == 1
+
+
+def test_queue_time_per_request_and_time_per_output_token_per_choice():
+    """vLLM's request_queue_time_seconds (one sample per request: forks start on their parent's blocks) and
+    request_time_per_output_token_seconds (one per choice of two or more tokens)."""
+    server, engine = make_server(default_model(), max_num_seqs=2)
+    with server:
+        before = samples(httpx.get(server.url + "/metrics").text)
+        bodies = [{"prompt": "one", "max_tokens": 4, "ignore_eos": True, "n": 3, "temperature": 1.0, "seed": 3},
+                  {"prompt": "two", "max_tokens": 1, "ignore_eos": True},
+                  {"prompt": "three", "max_tokens": 6, "ignore_eos": True}]
+        answers: list[int] = []
+        clients = [threading.Thread(target=lambda b=b: answers.append(
+            httpx.post(server.url + "/v1/completions", json=b, timeout=120).status_code)) for b in bodies]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join(timeout=120)
+        wait_idle(engine)
+        after = samples(httpx.get(server.url + "/metrics").text)
+    assert answers == [200, 200, 200]
+
+    def delta(name: str) -> float:
+        key = (name, (("model_name", "tiny-lm"),))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("hf_paged:request_queue_time_seconds_count") == 3  # requests, not choices
+    assert delta("hf_paged:request_time_per_output_token_seconds_count") == 4  # 3 forks of 4 tokens + 6 tokens
+    assert delta("hf_paged:e2e_request_latency_seconds_count") == 5  # choices
+    assert delta("hf_paged:request_queue_time_seconds_sum") >= 0

@@ -114,6 +114,7 @@ class Request:
     parent_id: str | None = None  # set on forked children (num_return_sequences)
     num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.perf_counter)
+    scheduled_time: float | None = None  # first admitted to a step (arrival -> here: its time in the queue)
     first_token_time: float | None = None
     last_token_time: float | None = None
     finish_time: float | None = None
@@ -195,6 +196,7 @@ class Request:
             finish_reason=self.finish_reason,
             num_cached_tokens=self.num_cached_tokens,
             created_time=self.arrival_time,
+            scheduled_time=self.scheduled_time if self.scheduled_time is not None else -1.0,
             lifespan=(self.first_token_time or -1.0, self.finish_time or -1.0),
             scores=self.scores or None,
             logits=self.logits or None,
@@ -224,6 +226,7 @@ class RequestOutput:
     # document cut short: INCOMPLETE), "scored" (a scoring request, SamplingParams.score_targets), "abort", "error"
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     created_time: float = 0.0
+    scheduled_time: float = -1.0  # when it was first admitted to a step (-1: never); minus created_time: queue time
     lifespan: tuple[float, float] = (-1.0, -1.0)  # (first token time, finish time)
     scores: list[torch.Tensor] | None = None  # processed scores per generated token (output_scores)
     logits: list[torch.Tensor] | None = None  # raw logits per generated token (output_logits)

@@ -21,6 +21,7 @@ prefix hit that another engine or the disk tier holds are loaded by the `kv_tran
 
 from __future__ import annotations
 
+import time
 from bisect import insort
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -297,6 +298,8 @@ class Scheduler:
                 out.blocked = request
                 break
             request.status = RequestStatus.RUNNING
+            if request.scheduled_time is None:  # its first step: it queued from arrival until now
+                request.scheduled_time = time.perf_counter()
             request.swapped = None  # swapped-in K/V now live in blocks
             admitted.append(request)
             if self.lengths is not None:

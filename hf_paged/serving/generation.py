@@ -149,5 +149,5 @@ def _last_event(index, text, delta, stream: TextStream, usage: Usage, metrics: S
         return ChoiceEvent(index, text, "error", output.error, len(delta.new_token_ids), output.error_type)
     reason = "stop" if stream.stopped else _FINISH_REASONS.get(output.finish_reason or "", "stop")
     if reason != "abort":  # an aborted choice (the server shut down) is request_aborted, not a success, no e2e
-        metrics.observe_finished(reason, e2e)
+        metrics.observe_finished(reason, e2e, output)
     return ChoiceEvent(index, text, reason, num_tokens=len(delta.new_token_ids))

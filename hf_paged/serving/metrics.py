@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hf_paged.batching.engine_loop import EngineLoop
+from hf_paged.batching.request import RequestOutput, fork_parent
 
 __all__ = ["HEALTH_TARGETS", "ServerMetrics"]
 
@@ -50,6 +51,12 @@ class ServerMetrics:
                              buckets=_LATENCY_BUCKETS, **labels).labels(model_name)
         self.e2e = Histogram(f"{_PREFIX}e2e_request_latency_seconds", "Time from request arrival to its last token",
                              buckets=_E2E_BUCKETS, **labels).labels(model_name)
+        self.queue = Histogram(f"{_PREFIX}request_queue_time_seconds",
+                               "Time a request waited from its arrival in the engine to its first step",
+                               buckets=_E2E_BUCKETS, **labels).labels(model_name)
+        self.tpot = Histogram(f"{_PREFIX}request_time_per_output_token_seconds",
+                              "A choice's mean time per output token after its first (its decode time / (tokens - 1))",
+                              buckets=_LATENCY_BUCKETS, **labels).labels(model_name)
         self.success = Counter(f"{_PREFIX}request_success", "Finished requests (choices) by finish reason",
                                labelnames=["model_name", "finished_reason"], registry=self.registry)
         for reason in _FINISHED_REASONS:  # at 0 from the start (as vLLM): rate() sees the first one finish
@@ -68,9 +75,19 @@ class ServerMetrics:
         else:
             self.itl.observe(gap)
 
-    def observe_finished(self, reason: str, e2e: float) -> None:
+    def observe_finished(self, reason: str, e2e: float, output: RequestOutput | None = None) -> None:
+        """A choice that ended with `reason` ("stop", "length"), `e2e` seconds after its HTTP request arrived;
+        `output` (the engine's) gives its time per output token and, for a request (not a fork: forks start on
+        their parent's blocks, never queued), its queue time, as the engine's clock measured them."""
         self.success.labels(self.model_name, reason).inc()
         self.e2e.observe(e2e)
+        if output is None:
+            return
+        if output.scheduled_time >= 0 and fork_parent(output.request_id) == output.request_id:
+            self.queue.observe(max(0.0, output.scheduled_time - output.created_time))
+        first, finish = output.lifespan
+        if first >= 0 and finish >= first and len(output.generated_tokens) > 1:
+            self.tpot.observe((finish - first) / (len(output.generated_tokens) - 1))
 
     def observe_rejected(self, status: int) -> None:
         self.rejected.labels(self.model_name, str(status)).inc()
