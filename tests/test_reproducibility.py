@@ -213,3 +213,37 @@ def test_the_same_seeds_give_the_same_text_in_fresh_processes():
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     assert runs[0] == runs[1]
     assert len(runs[0]) == 5 and all(len(tokens) == 12 for _, tokens in runs[0])
+
+
+def test_unseeded_rows_sharing_an_uncached_prefix_match_stock_once_it_is_cached():
+    """README: the first call whose rows share a prefix not cached yet draws otherwise than stock (the later rows
+    wait a step for the first one's blocks); the calls after it, the prefix cached, give stock's tokens."""
+    import hf_paged
+    from tests.tiny_models import left_pad
+
+    stock, wrapped = tiny_model("llama"), hf_paged.wrap(tiny_model("llama"))
+    shared = ragged_prompts([24], seed=9)[0]
+    ids, mask = left_pad([shared + p for p in ragged_prompts([7, 20, 5], seed=3)], 0)
+
+    def sampled(model):
+        torch.manual_seed(0)
+        out = model.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=10, top_k=50)
+        return out[:, ids.shape[1]:].tolist()
+
+    reference = sampled(stock)
+    sampled(wrapped)  # cold: the first row computes the shared blocks, the others wait a step
+    assert sampled(wrapped) == reference
+    assert sampled(wrapped) == reference
+
+
+def test_int8_kv_cache_seeded_text_repeats_under_one_config(model):
+    """README: kv_cache_dtype="int8" changes the logits (with block_size), and repeats under one config."""
+    target = (PROMPTS[4], _seeded())
+    alone = _run(model, [target], kv_cache_dtype="int8")[0].generated_tokens
+    for config in ({}, {"enable_chunked_prefill": True, "max_num_batched_tokens": 8},
+                   {"num_blocks": 16, "block_size": 4, "preemption_mode": "recompute"}):
+        size = {"block_size": 16, **config}["block_size"]
+        target_alone = alone if size == 16 else _run(model, [target], kv_cache_dtype="int8",
+                                                     **config)[0].generated_tokens
+        outs = _run(model, _company(3) + [target], kv_cache_dtype="int8", **config)
+        assert outs[-1].generated_tokens == target_alone
