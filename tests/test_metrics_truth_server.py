@@ -3,6 +3,7 @@ scrape shows before any request, the swapped-requests gauge. A real server on 12
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -112,3 +113,65 @@ def test_queue_time_per_request_and_time_per_output_token_per_choice():
     assert delta("hf_paged:request_time_per_output_token_seconds_count") == 4  # 3 forks of 4 tokens + 6 tokens
     assert delta("hf_paged:e2e_request_latency_seconds_count") == 5  # choices
     assert delta("hf_paged:request_queue_time_seconds_sum") >= 0
+
+
+def test_metrics_agree_with_the_usage_of_a_mixed_workload():
+    """Completions and chat, streamed and not, n=2, a stop string, a JSON schema, a repeated prompt (prefix hit):
+    the /metrics deltas equal what the responses' `usage` and finish reasons add up to (a prompt of n choices
+    counts n times in prompt_tokens_total, once in usage)."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    work = [
+        ("/v1/completions", {"prompt": "hello world " * 5, "max_tokens": 7, "ignore_eos": True}),
+        ("/v1/completions", {"prompt": "hello world " * 5, "max_tokens": 7, "ignore_eos": True}),
+        ("/v1/completions", {"prompt": "the fox " * 4, "max_tokens": 5, "n": 2, "ignore_eos": True, "seed": 1,
+                             "temperature": 1.0}),
+        ("/v1/completions", {"prompt": "a b c d e f", "max_tokens": 30, "stop": [" "], "temperature": 0}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "n": 2,
+                                  "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True}),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "json"}], "max_tokens": 12, "temperature": 0,
+                                  "response_format": {"type": "json_schema",
+                                                      "json_schema": {"name": "x", "schema": schema}}}),
+    ]
+    server, engine = make_server(default_model())
+    prompt = completion = cached = choices = 0
+    reasons: dict[str, int] = {}
+    with server:
+        before = samples(httpx.get(server.url + "/metrics").text)
+        for path, body in work:
+            n = body.get("n", 1)
+            if body.get("stream"):
+                with httpx.stream("POST", server.url + path, json=body, timeout=120) as response:
+                    chunks = [json.loads(line[6:]) for line in response.iter_lines()
+                              if line.startswith("data: {")]
+                usage = chunks[-1]["usage"]
+                finished = [c["finish_reason"] for chunk in chunks for c in chunk["choices"] if c["finish_reason"]]
+            else:
+                answer = httpx.post(server.url + path, json=body, timeout=120).json()
+                usage, finished = answer["usage"], [c["finish_reason"] for c in answer["choices"]]
+            assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+            prompt += n * usage["prompt_tokens"]
+            completion += usage["completion_tokens"]
+            cached += usage["prompt_tokens_details"]["cached_tokens"]
+            choices += n
+            for reason in finished:
+                reasons[reason] = reasons.get(reason, 0) + 1
+        wait_idle(engine)
+        after = samples(httpx.get(server.url + "/metrics").text)
+
+    def delta(name: str, **labels) -> float:
+        key = (name, tuple(sorted({"model_name": "tiny-lm", **labels}.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert cached > 0 and reasons.get("stop", 0) >= 1  # the repeated prompt hit; the stop string ended one
+    assert delta("hf_paged:prompt_tokens_total") == prompt
+    assert delta("hf_paged:generation_tokens_total") == completion
+    assert delta("hf_paged:prefix_cache_hits_total") == cached
+    for name in ("request_added_total", "request_finished_total", "time_to_first_token_seconds_count",
+                 "e2e_request_latency_seconds_count"):
+        assert delta(f"hf_paged:{name}") == choices, name
+    assert delta("hf_paged:request_time_per_output_token_seconds_count") == choices  # each made 2+ tokens (greedy)
+    assert delta("hf_paged:request_queue_time_seconds_count") == len(work)
+    for reason, count in reasons.items():
+        assert delta("hf_paged:request_success_total", finished_reason=reason) == count
+    assert delta("hf_paged:num_requests_running") == delta("hf_paged:num_requests_waiting") == 0
+    assert after[("hf_paged:kv_cache_used_blocks", (("model_name", "tiny-lm"),))] == 0
