@@ -175,3 +175,27 @@ def test_metrics_agree_with_the_usage_of_a_mixed_workload():
         assert delta("hf_paged:request_success_total", finished_reason=reason) == count
     assert delta("hf_paged:num_requests_running") == delta("hf_paged:num_requests_waiting") == 0
     assert after[("hf_paged:kv_cache_used_blocks", (("model_name", "tiny-lm"),))] == 0
+
+
+def test_echo_scoring_choices_count_as_successes():
+    """Scoring (`echo: true, max_tokens: 0`, lm-eval's loglikelihood traffic) answers choices ending "length":
+    request_success and the e2e / queue histograms count them, as they count generated choices (they counted
+    none: an lm-eval run left request_success_total at 0)."""
+    server, engine = make_server(default_model())
+    with server:
+        before = samples(httpx.get(server.url + "/metrics").text)
+        answer = httpx.post(server.url + "/v1/completions", timeout=120, json={
+            "prompt": ["score this", "and this one"], "max_tokens": 0, "echo": True, "logprobs": 0})
+        wait_idle(engine)
+        after = samples(httpx.get(server.url + "/metrics").text)
+    assert [c["finish_reason"] for c in answer.json()["choices"]] == ["length", "length"]
+
+    def delta(name: str, **labels) -> float:
+        key = (name, tuple(sorted({"model_name": "tiny-lm", **labels}.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    assert delta("hf_paged:request_success_total", finished_reason="length") == 2
+    assert delta("hf_paged:e2e_request_latency_seconds_count") == 2
+    assert delta("hf_paged:request_queue_time_seconds_count") == 2
+    assert delta("hf_paged:request_finished_total") == 2
+    assert delta("hf_paged:time_to_first_token_seconds_count") == 0  # nothing generated

@@ -173,7 +173,7 @@ def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = 
         body = await server.parse(request, CompletionRequest)
         server.gate.check_size(len(body.prompts()), body.n)  # before tokenizing them all
         if body.echo and body.max_tokens == 0:  # scoring: the prompt's log-probabilities, nothing generated
-            return await _echo(server, request, body)
+            return await _echo(server, request, body, received)
         return await _answer(server, request, body, server.preparer.completion, "text_completion", received)
 
     @app.post("/v1/chat/completions")
@@ -217,7 +217,7 @@ async def _answer(server: _AppState, request: Request, body, prepare: Callable[[
     return JSONResponse(result)
 
 
-async def _echo(server: _AppState, request: Request, body: CompletionRequest) -> Response:
+async def _echo(server: _AppState, request: Request, body: CompletionRequest, received: float) -> Response:
     """Scoring (`echo.py`): the prompts' log-probabilities in one answer, aborted if the client leaves."""
     echo = await run_in_threadpool(prepare_echo, server.engine, server.tokenizer, body, server.preparer.tokenize)
     admission = server.gate.admit(len(echo.prompts))
@@ -231,6 +231,8 @@ async def _echo(server: _AppState, request: Request, body: CompletionRequest) ->
         return Response(status_code=499)  # the client is gone: nobody reads this
     usage = Usage()
     choices = echo_choices(echo, outputs, server.tokenizer, usage, return_token_ids=body.return_token_ids)
+    for output in outputs:  # each choice ends "length": a success, as a generated choice is (lm-eval's traffic)
+        server.metrics.observe_finished("length", time.perf_counter() - received, output)
     head = Head("text_completion", body.model or server.settings.model_name)
     return JSONResponse(head.envelope(choices, usage.as_dict()))
 
