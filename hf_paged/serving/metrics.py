@@ -53,7 +53,7 @@ class ServerMetrics:
                              buckets=_E2E_BUCKETS, **labels).labels(model_name)
         self.queue = Histogram(f"{_PREFIX}request_queue_time_seconds",
                                "Time a request waited from its arrival in the engine to its first step",
-                               buckets=_E2E_BUCKETS, **labels).labels(model_name)
+                               buckets=_TTFT_BUCKETS, **labels).labels(model_name)  # (a part of its TTFT)
         self.tpot = Histogram(f"{_PREFIX}request_time_per_output_token_seconds",
                               "A choice's mean time per output token after its first (its decode time / (tokens - 1))",
                               buckets=_LATENCY_BUCKETS, **labels).labels(model_name)
