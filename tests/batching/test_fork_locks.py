@@ -1,0 +1,93 @@
+"""A process forked while another thread of the parent holds one of hf_paged's locks (a thread creating an engine,
+reserving a request id, or loading the CPU kernels, while a DataLoader or multiprocessing pool forks its workers):
+the child's first use of that lock returns instead of waiting for ever on a thread that does not exist there."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Each case in its own process (what a test run's other threads hold must not be forked with it): a thread holds
+# the lock, the main thread forks, the child uses what the lock guards and exits 0; the parent waits at most 120 s.
+_SCRIPT = """
+import os, signal, sys, threading, time, torch, hf_paged
+from tests.tiny_models import tiny_model
+torch.set_num_threads(1)
+which = sys.argv[1]
+model = hf_paged.wrap(tiny_model("llama"))
+from hf_paged.cache.kernels import cpu_warm
+if which == "engine_lock":  # a thread building another model's engine
+    from hf_paged.api import wrap_state
+    lock = wrap_state._ENGINE_LOCK
+    use = lambda: hf_paged.engine_of(model)
+elif which == "request_ids":  # a thread reserving a request id
+    lock = hf_paged.engine_of(model)._ids.lock
+    use = lambda: model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=2, do_sample=False)
+elif which == "cpu_warm_lock":  # the kernel loader marking a variant ready
+    lock = cpu_warm._lock
+    use = lambda: cpu_warm.prepare([cpu_warm.variant_of(*cpu_warm.formats_for("int8", "int8"))])
+elif which == "cpu_warm_loading":  # the kernel loader's thread is mid-load: its variant's event never set here
+    lock, loading, original = None, threading.Event(), cpu_warm._load
+    def slow_load(variants):
+        loading.set()
+        time.sleep(3)
+        original(variants)
+    cpu_warm._load = slow_load
+    variant = cpu_warm.variant_of(*cpu_warm.formats_for("int8", "int8"))
+    cpu_warm.prepare([variant])
+    assert loading.wait(30)
+    def use():
+        cpu_warm._load = original
+        os.environ["HF_PAGED_JIT"] = "now"
+        cpu_warm.prepare([variant])
+        assert cpu_warm.wait([variant], timeout=0)
+elif which == "parallel_kernels":  # no lock: the parent ran numba's parallel kernels (GNU OpenMP) before
+    lock = None
+    assert cpu_warm.wait([cpu_warm.PLAIN], timeout=120)
+    torch.set_num_threads(2)
+    use = lambda: model.generate(torch.tensor([[3, 4, 5], [6, 7, 8]]), max_new_tokens=2, do_sample=False)
+    use()
+held, release = threading.Event(), threading.Event()
+def hold():
+    with lock:
+        held.set()
+        release.wait(60)
+if lock is not None:
+    threading.Thread(target=hold, daemon=True).start()
+    assert held.wait(30)
+pid = os.fork()
+if pid == 0:
+    try:
+        use()
+    except BaseException as exc:
+        print("CHILD FAILED", type(exc).__name__, exc, flush=True)
+        os._exit(3)
+    os._exit(0)
+release.set()
+deadline = time.monotonic() + 120
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("CHILD EXIT", os.waitstatus_to_exitcode(status))
+        break
+    if time.monotonic() > deadline:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        print("CHILD HUNG")
+        break
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.parametrize("which", ["engine_lock", "request_ids", "cpu_warm_lock", "cpu_warm_loading",
+                                   "parallel_kernels"])
+def test_a_child_forked_while_a_thread_holds_a_lock_uses_it(which):
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _SCRIPT, which], cwd=root, capture_output=True, text=True,
+                          check=False, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)})
+    assert "CHILD EXIT 0" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
