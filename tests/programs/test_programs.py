@@ -3,6 +3,8 @@ forks share blocks and run together, a program that raises frees everything, `ru
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -84,32 +86,62 @@ def test_select_ties_go_to_the_first_choice(model_tok):
     assert state["pick"] == max(scores, key=scores.get)  # max() keeps the first of equal keys, as select does
 
 
-def test_forks_share_the_prefix_blocks_and_run_in_the_same_steps(model_tok):
+def test_forks_share_the_prefix_blocks_and_run_in_the_same_steps(model_tok, monkeypatch):
     model, tok = model_tok
     engine = engine_of(model)
     snapshots = []
     engine.add_step_listener(lambda _: snapshots.append({rid: list(seq.block_ids)
                                                           for rid, seq in engine.kv.seqs.items()}))
+    # Each fork submits from its own thread: on a loaded machine one fork's 10 tokens could all run before the next
+    # fork's thread submitted (1 run in 12 failed). The forks' first step waits (bounded) until all three are
+    # submitted, so they run together whatever the threads' timing.
+    gate = _StepGate(engine, monkeypatch)
 
     @hp.program
     def branches(s):
         s += "A long shared prefix that fills several blocks of eight tokens. " + hp.gen("head", max_tokens=3)
-        for f in s.fork(3):
+        forks = s.fork(3)  # (the head has ended here)
+        gate.wait_for(3)
+        for f in forks:
             f += " Option: " + hp.gen("option", max_tokens=10)
 
     state = branches.run(model, tok)
     assert len(state["option"]) == 3 and len(state.forks) == 3
+    assert gate.waited == [3]
     # every fork's table starts with the same 8 blocks (64 tokens of prefix: the same physical blocks, shared)
     first_tables = {}
     for tables in snapshots:
         for rid, table in tables.items():
             first_tables.setdefault(rid, table)
     forks = [t for t in first_tables.values() if len(t) > 8]
-    assert len(forks) >= 3 and len(_common_prefix(forks)) >= 8
-    # and they ran batched: at least two of them in one step (all three, unless a loaded machine delays a thread)
+    assert len(forks) == 3 and len(_common_prefix(forks)) >= 8
+    # and they ran batched: all three in one step
     together = max((len(tables) for tables in snapshots), default=0)
-    assert together >= 2
+    assert together == 3
     assert state.tokens().cached >= 3 * 64
+
+
+class _StepGate:
+    """Holds the next engine step, once armed, until `n` requests of the loop's callers are in flight (submitted
+    and not ended), at most 60 s; `waited` records how many there were."""
+
+    def __init__(self, engine, monkeypatch) -> None:
+        self.engine, self.n, self.waited = engine, 0, []
+        step = engine.step
+
+        def gated(*args, **kwargs):
+            if self.n:
+                deadline = time.monotonic() + 60
+                while engine.loop.num_in_flight < self.n and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                self.waited.append(engine.loop.num_in_flight)
+                self.n = 0
+            return step(*args, **kwargs)
+
+        monkeypatch.setattr(engine, "step", gated)
+
+    def wait_for(self, n: int) -> None:
+        self.n = n
 
 
 def _common_prefix(tables: list[list[int]]) -> list[int]:
