@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import copy
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,17 @@ __all__ = ["engine_of", "is_wrapped"]
 _STATE_ATTR = "_hf_paged"
 _MISSING = object()
 _ENGINE_LOCK = threading.Lock()
+
+
+def _fresh_lock_after_fork() -> None:
+    """A child forked while another thread of the parent built an engine would wait for ever on the lock that thread
+    held (it does not exist in the child): the child starts with a free one. (A `with` in the forking thread itself
+    releases the object it took: the old one.)"""
+    global _ENGINE_LOCK
+    _ENGINE_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_fresh_lock_after_fork)
 
 
 @dataclass(slots=True)

@@ -7,7 +7,9 @@ is added later under its id (`Engine.add_reserved_request`, between two steps), 
 from __future__ import annotations
 
 import itertools
+import os
 import threading
+import weakref
 from collections.abc import Container, Iterable
 
 __all__ = ["RequestIds"]
@@ -21,6 +23,7 @@ class RequestIds:
         self.reserved: set[str] = set()  # ids handed out by `reserve`, not yet added
         self.lock = threading.Lock()  # guards ids only (never held during a step)
         self._counter = itertools.count()
+        _ALL.add(self)
 
     def reserve(self, request_id: str | None = None) -> str:
         """Claim `request_id` (a new unique one when None). Raises `ValueError` when it is in use or reserved."""
@@ -48,3 +51,17 @@ class RequestIds:
 
     def _taken(self, request_id: str) -> bool:
         return request_id in self.in_use or request_id in self.reserved
+
+
+_ALL: weakref.WeakSet[RequestIds] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while another thread of the parent reserved an id would wait for ever on its copy of the lock
+    (held by a thread that does not exist here): each gets a fresh one. (The ids set itself is never half-changed:
+    its updates are single bytecodes.)"""
+    for ids in list(_ALL):
+        ids.lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -154,6 +154,21 @@ def parallel_layer_ok() -> bool:
     return _parallel_ok
 
 
+def _after_fork_in_child() -> None:
+    """GNU OpenMP terminates a forked child at its first parallel region once the parent used it ("fork() called
+    from a process already using GNU OpenMP, this is unsafe"): a child of a process that ran numba's `omp` layer
+    (a multiprocessing pool's worker with several torch threads, a kernel load restarted there) runs the serial
+    kernels."""
+    global _parallel_ok
+    if _parallel_ok:
+        import numba
+
+        _parallel_ok = numba.threading_layer() != "omp"
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def _threads() -> bool:
     """Whether to spread sequences over threads: torch is given several, and numba has a thread-safe threading
     layer. numba runs as many threads as torch does."""

@@ -190,3 +190,21 @@ def _load(variants: list[KernelVariant]) -> None:
     finally:
         for v in variants:
             _started[v].set()
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while the loader thread worked (or held `_lock`): that thread does not exist here, so its lock
+    is fresh, and a variant it was loading starts again at the next `prepare` (its event would never be set:
+    `HF_PAGED_JIT=now` waited for ever). Every event is new too (its own lock may have been held mid-`set`)."""
+    global _lock, _started
+    _lock = threading.Lock()
+    _started = {v: _set_event() for v, e in _started.items() if e.is_set()}
+
+
+def _set_event() -> threading.Event:
+    event = threading.Event()
+    event.set()
+    return event
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
