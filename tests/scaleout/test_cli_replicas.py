@@ -29,25 +29,28 @@ def test_bad_replica_arguments_fail_before_ray_starts(argv, message, capsys):
 
 def test_a_local_cluster_gives_serves_proxy_time_to_start(monkeypatch):
     """Serve kills a proxy not ready within its default 5 s: on a loaded machine `serve --replicas 2` died at start-up
-    with ActorDiedError (4 of 5 starts at load 15-23). The cluster the command starts inherits a 60 s bound; a user's
-    own setting, and a cluster given by --address, are left alone."""
+    with ActorDiedError (4 of 5 starts at load 15-23). The cluster the command starts (`ray start --head`, whose
+    environment its raylet and Serve's controller inherit) gets a 60 s bound; a user's own setting, and a cluster
+    given by --address (joined, nothing started), are left alone."""
     ray = pytest.importorskip("ray")
-    from hf_paged.scaleout import cli
+    from hf_paged.scaleout.local_cluster import LocalCluster
 
     name = "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S"
-    seen = []
-    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.append((kwargs["address"], os.environ.get(name))))
+    seen, heads = [], []
+    monkeypatch.setattr(ray, "init", lambda **kwargs: seen.append(kwargs["address"]))
+    monkeypatch.setattr(LocalCluster, "_start_head", lambda self, env: heads.append(env.get(name)) or "127.0.0.1:1")
     monkeypatch.setenv(name, "unset below")  # (monkeypatch restores the variable after the test either way)
     monkeypatch.delenv(name)
-    cluster = cli._LocalCluster(None)
+    cluster = LocalCluster(None)
     cluster.start()
     shutil.rmtree(cluster.temp_dir)
     monkeypatch.setenv(name, "7")
     cluster.start()
     shutil.rmtree(cluster.temp_dir)
     monkeypatch.delenv(name)
-    cli._LocalCluster("ray://elsewhere:10001").start()
-    assert seen == [(None, "60"), (None, "7"), ("ray://elsewhere:10001", None)]
+    LocalCluster("ray://elsewhere:10001").start()
+    assert heads == ["60", "7"] and os.environ.get(name) is None  # the command's own environment is unchanged
+    assert seen == ["127.0.0.1:1", "127.0.0.1:1", "ray://elsewhere:10001"]
 
 
 def test_ray_start_failures_and_too_many_replicas_are_one_line_errors(monkeypatch):
@@ -55,7 +58,7 @@ def test_ray_start_failures_and_too_many_replicas_are_one_line_errors(monkeypatc
     forever (Serve's deploy blocks before our readiness timeout)."""
     ray = pytest.importorskip("ray")
     from hf_paged.errors import CliError
-    from hf_paged.scaleout import cli
+    from hf_paged.scaleout.local_cluster import LocalCluster
 
     def refuse(**kwargs):
         raise ConnectionError("could not connect to ray://127.0.0.1:1\nthe rest of the story")
@@ -63,19 +66,19 @@ def test_ray_start_failures_and_too_many_replicas_are_one_line_errors(monkeypatc
     monkeypatch.setattr(ray, "init", refuse)
     with pytest.raises(CliError, match=r"^could not start or join the Ray cluster at --address 'ray://127.0.0.1:1': "
                                        r"could not connect to ray://127.0.0.1:1$"):
-        cli._LocalCluster("ray://127.0.0.1:1").start()
+        LocalCluster("ray://127.0.0.1:1").start()
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
     monkeypatch.setattr(ray, "is_initialized", lambda: True)
-    cli._LocalCluster(None).check_cpus(2)
-    cli._LocalCluster("ray://elsewhere:10001").check_cpus(8)  # a cluster of its own may grow
+    LocalCluster(None).check_cpus(2)
+    LocalCluster("ray://elsewhere:10001").check_cpus(8)  # a cluster of its own may grow
     with pytest.raises(CliError, match="--replicas 3 needs 3 CPUs .* the local Ray cluster has 2"):
-        cli._LocalCluster(None).check_cpus(3)
+        LocalCluster(None).check_cpus(3)
 
 
 def test_port_zero_is_a_free_port_told_to_serves_proxy():
-    from hf_paged.scaleout.cli import _free_port
+    from hf_paged.scaleout.cli import free_port
 
-    port = _free_port("127.0.0.1")
+    port = free_port("127.0.0.1")
     assert 0 < port < 65536
 
 
@@ -108,7 +111,7 @@ def test_api_key_and_generation_config_reach_the_deployment(monkeypatch, tmp_pat
         seen.update(kwargs)
         raise Deployed
 
-    monkeypatch.setattr(cli, "_LocalCluster", Cluster)
+    monkeypatch.setattr(cli, "LocalCluster", Cluster)
     monkeypatch.setattr(deploy, "deploy", fake_deploy)
     monkeypatch.setenv("HF_PAGED_API_KEY", "s3cret")
     with pytest.raises(Deployed):

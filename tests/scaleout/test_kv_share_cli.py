@@ -29,8 +29,8 @@ def test_the_flag_reaches_deploy(monkeypatch):
         raise CliError("stop here")  # before serving: only the arguments are checked
 
     monkeypatch.setattr(deploy, "deploy", fake_deploy)
-    monkeypatch.setattr(cli._LocalCluster, "start", lambda self: None)
-    monkeypatch.setattr(cli._LocalCluster, "stop", lambda self: None)
+    monkeypatch.setattr(cli.LocalCluster, "start", lambda self: None)
+    monkeypatch.setattr(cli.LocalCluster, "stop", lambda self: None)
     monkeypatch.setattr(cli._StopSignals, "install", lambda self: None)
     assert main(["serve", "--replicas", "2", "--kv-share"]) == 2
     assert seen["kv_share"] is True and seen["prefill_replicas"] == 0

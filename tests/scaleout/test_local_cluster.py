@@ -1,0 +1,79 @@
+"""The local cluster's settings (`scaleout/local_cluster.py`), without starting Ray: its authentication agrees with
+the driver's, and `ray start` runs in a session of its own, bound to the command."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from hf_paged.scaleout import local_cluster
+from hf_paged.scaleout.local_cluster import LocalCluster
+
+CLEAN = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+
+
+def _in_fresh_process(code: str, env: dict[str, str]) -> dict:
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=120, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_before_rays_import_the_cluster_and_the_driver_get_one_token_of_its_own():
+    """~/.ray/auth_token made `ray start` require a token the driver (given an address) never sent: it retried the
+    GCS for minutes. Both now run in token mode with the cluster's own token."""
+    got = _in_fresh_process("""
+        import json, os, sys
+        from hf_paged.scaleout.local_cluster import LocalCluster
+        cluster = LocalCluster(None)
+        print(json.dumps({"head": cluster.head_env, "mode": os.environ.get("RAY_AUTH_MODE"),
+                          "token": os.environ.get("RAY_AUTH_TOKEN"), "ray": "ray" in sys.modules}))
+    """, CLEAN)
+    assert got["ray"] is False and got["mode"] == "token" and len(got["token"]) == 64
+    assert got["head"] == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": got["token"]}
+
+
+def test_a_users_setting_is_kept_and_a_joined_cluster_is_left_alone(monkeypatch):
+    got = _in_fresh_process("""
+        import json, os
+        from hf_paged.scaleout.local_cluster import LocalCluster
+        print(json.dumps({"head": LocalCluster(None).head_env, "token": os.environ.get("RAY_AUTH_TOKEN")}))
+    """, {**CLEAN, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "mine"})
+    assert got == {"head": {}, "token": "mine"}
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    assert LocalCluster("ray://elsewhere:10001").head_env == {}
+    assert "RAY_AUTH_MODE" not in os.environ
+
+
+def test_after_rays_import_the_head_is_told_the_drivers_mode(monkeypatch):
+    pytest.importorskip("ray")
+    import ray  # noqa: F401 -- imported: this process's Ray read its (absent) mode
+
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.delenv("RAY_AUTH_TOKEN", raising=False)
+    assert LocalCluster(None).head_env == {"RAY_AUTH_MODE": "disabled"}  # not ~/.ray/auth_token's token mode
+    assert "RAY_AUTH_MODE" not in os.environ and "RAY_AUTH_TOKEN" not in os.environ
+
+
+def test_ray_start_runs_in_its_own_session_and_dies_with_the_command(monkeypatch, tmp_path):
+    """What `_start_head` gives `ray start` (a stand-in here): a session of its own (a signal to the command's group
+    misses it) and SIGTERM when the command dies."""
+    seen = {}
+
+    class Popen:
+        def __init__(self, command, **kwargs):
+            seen.update(kwargs, command=command)
+            raise OSError("stop here")
+
+    monkeypatch.setattr(local_cluster.subprocess, "Popen", Popen)
+    cluster = LocalCluster.__new__(LocalCluster)
+    cluster.temp_dir = str(tmp_path)
+    with pytest.raises(OSError, match="stop here"):
+        cluster._start_head({})
+    assert seen["start_new_session"] is True and callable(seen["preexec_fn"])
+    command = seen["command"]
+    assert {"--head", "--block"} <= set(command) and command[command.index("--temp-dir") + 1] == str(tmp_path)
