@@ -29,6 +29,7 @@ _LAZY = {
     "IndexCache": "hf_paged.processors.index",
     "default_index_cache": "hf_paged.processors.index",
     "JSONSchemaLogitsProcessor": "hf_paged.processors.json_schema",
+    "NumberDigits": "hf_paged.processors.schema",
     "RegexLogitsProcessor": "hf_paged.processors.regex",
     "schema_to_grammar": "hf_paged.processors.schema",
     "schema_to_regex": "hf_paged.processors.schema",
@@ -54,7 +55,7 @@ if TYPE_CHECKING:  # pragma: no cover
     )
     from hf_paged.processors.json_schema import JSONSchemaLogitsProcessor
     from hf_paged.processors.regex import RegexLogitsProcessor
-    from hf_paged.processors.schema import schema_to_grammar, schema_to_regex
+    from hf_paged.processors.schema import NumberDigits, schema_to_grammar, schema_to_regex
 
 __all__ = [
     "ChoiceLogitsProcessor",
@@ -62,6 +63,7 @@ __all__ = [
     "GrammarLogitsProcessor",
     "IndexCache",
     "JSONSchemaLogitsProcessor",
+    "NumberDigits",
     "RegexLogitsProcessor",
     "TokenVocabulary",
     "allocate_token_bitmask",

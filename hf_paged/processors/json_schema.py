@@ -15,13 +15,14 @@ from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index import IndexCache
 from hf_paged.processors.schema import (
     MAX_SCHEMA_NESTING,
+    NumberDigits,
     check_nesting,
     check_text_nesting,
     load_schema,
     schema_to_grammar,
 )
 
-__all__ = ["MAX_SCHEMA_NESTING", "JSONSchemaLogitsProcessor", "check_nesting", "check_text_nesting", "load_schema"]
+__all__ = ["MAX_SCHEMA_NESTING", "JSONSchemaLogitsProcessor", "NumberDigits", "check_nesting", "check_text_nesting", "load_schema"]
 
 
 class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
@@ -32,6 +33,11 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
         tokenizer: the model's tokenizer (any HF fast tokenizer).
         whitespace: regex of the whitespace allowed between JSON tokens; None: at most one space (bounded, so a
             model cannot run away in spaces or newlines).
+        number_digits: most digits in a number's integer part, fraction and exponent (`NumberDigits(integer=,
+            fraction=, exponent=)`, each None for no bound), wherever the schema's own `minimum`/`maximum` leave a
+            side open: opt in to stop a model writing integers until `max_new_tokens` (integers longer than the bound
+            are then refused). None (default): at most 23 fraction and 3 exponent digits in numbers without bounds,
+            which refuses no value a double holds (every one has a shorter text), and nothing else.
         strict: raise `UnsupportedSchemaError` for keywords that cannot be enforced exactly; False: warn and use a
             looser constraint that still only allows valid JSON.
         undeclared_keys: objects that declare `properties` but have no `additionalProperties` keyword may also
@@ -64,6 +70,7 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
         tokenizer: Any,
         *,
         whitespace: str | None = None,
+        number_digits: NumberDigits | None = None,
         strict: bool = True,
         undeclared_keys: bool = True,
         eos_token_id: int | Iterable[int] | None = None,
@@ -85,10 +92,11 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
         budget = budget if budget is not None else CompileBudget()
         self.schema = load_schema(schema, budget)
         self.whitespace = whitespace
+        self.number_digits = number_digits
         self.strict = strict
         # a regex, or for a schema whose flat regex is over budget a `Grammar` of rules (`grammar_dfa`)
         try:
-            regex = schema_to_grammar(self.schema, whitespace=whitespace, strict=strict,
+            regex = schema_to_grammar(self.schema, whitespace=whitespace, number_digits=number_digits, strict=strict,
                                       undeclared_keys=undeclared_keys, budget=budget)
         except RecursionError:  # a safety net under MAX_SCHEMA_NESTING ($ref chains, unusual shapes)
             raise SchemaTooComplexError(
@@ -100,13 +108,18 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
         super().__init__(
             regex,
             tokenizer,
-            key_parts=("json_schema", canonical, whitespace, strict, undeclared_keys),
+            key_parts=("json_schema", canonical, whitespace, strict, undeclared_keys,
+                       *(() if number_digits is None else (list(_digits_key(number_digits)),))),
             eos_token_id=eos_token_id,
             index_cache=index_cache,
             backend=backend,
             budget=budget.for_automaton(),  # (the ladder already counted the automata it built; these rebuild them)
             translated=True,
         )
+
+
+def _digits_key(digits: NumberDigits) -> tuple:
+    return ("digits", digits.integer, digits.fraction, digits.exponent)
 
 
 _JSON_SPACE = frozenset((9, 10, 13, 32))  # the only whitespace JSON allows between tokens (RFC 8259)

@@ -8,6 +8,7 @@ stage compiles. Sound first: every text it matches is JSON that validates agains
                                        numbers, strings (pattern), objects (name_rules), arrays, finite values
         fragments                      the regex text algebra (`Rx`) every type writes in
         context                        one translation's options, budgets and error helpers
+        digits                         `NumberDigits`, the bounds on a number's digits (and their default)
     canonical_json (canonical)         an instance written the way the regex spells it (tests, benchmarks)
 
 Imports the automaton stage (grammar text, the checks), never the token index.
@@ -16,11 +17,14 @@ Imports the automaton stage (grammar text, the checks), never the token index.
 from __future__ import annotations
 
 from hf_paged.processors.schema.canonical import canonical_json
+from hf_paged.processors.schema.digits import DEFAULT_DIGITS, NumberDigits
 from hf_paged.processors.schema.ladder import schema_to_grammar, schema_to_regex
 from hf_paged.processors.schema.load import MAX_SCHEMA_NESTING, check_nesting, check_text_nesting, load_schema
 
 __all__ = [
+    "DEFAULT_DIGITS",
     "MAX_SCHEMA_NESTING",
+    "NumberDigits",
     "canonical_json",
     "check_nesting",
     "check_text_nesting",

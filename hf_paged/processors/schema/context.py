@@ -15,6 +15,7 @@ from typing import Any
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError, UnsupportedSchemaError
 from hf_paged.processors.automaton.grammar import MAX_RULES, call_regex
 from hf_paged.processors.budget import CompileBudget
+from hf_paged.processors.schema.digits import NumberDigits
 from hf_paged.processors.schema.fragments import Rx, raw
 
 __all__ = ["ANNOTATION_KEYWORDS", "DEFAULT_WHITESPACE", "Context", "CutShort", "pointer_join"]
@@ -57,6 +58,8 @@ class Context:
     Args:
         root: the whole schema, target of `#...` references.
         whitespace: regex of the whitespace allowed between JSON tokens.
+        number_digits: the user's bounds on a number's digits (`NumberDigits`); None: the default, which bounds
+            only fraction and exponent digits of numbers without bounds (no double value needs more).
         strict: raise on keywords we cannot enforce; False: warn and drop them (looser output).
         max_cost: budget of the estimated automaton size (see `Rx.cost`).
         max_ref_depth: how many times one `$ref` may be entered on one path (recursive schemas).
@@ -85,6 +88,7 @@ class Context:
 
     root: Any
     whitespace: str = DEFAULT_WHITESPACE
+    number_digits: NumberDigits | None = None  # the user's digit bounds; None: `numbers.DEFAULT_DIGITS`
     strict: bool = True
     max_cost: int = 10_000
     max_ref_depth: int = 3

@@ -17,6 +17,7 @@ from hf_paged.processors.automaton import Grammar, check_automaton
 from hf_paged.processors.automaton.productive import prune_dead_rules
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.schema.context import DEFAULT_WHITESPACE, MIN_RULE_COST, Context, CutShort
+from hf_paged.processors.schema.digits import NumberDigits
 from hf_paged.processors.schema.translate import translate
 
 __all__ = ["schema_to_grammar", "schema_to_regex"]
@@ -44,6 +45,7 @@ def schema_to_regex(
     schema: dict | bool,
     *,
     whitespace: str | None = None,
+    number_digits: NumberDigits | None = None,
     strict: bool = True,
     max_cost: int = 100_000,
     max_ref_depth: int = 3,
@@ -57,6 +59,9 @@ def schema_to_regex(
     Args:
         schema: the schema (dict or boolean).
         whitespace: regex of the whitespace allowed between tokens; None: `[ ]?` (bounded).
+        number_digits: most digits in a number's integer part, fraction and exponent (`NumberDigits`), everywhere
+            the schema leaves them open; None: the default, `DEFAULT_DIGITS` (fraction and exponent digits of
+            numbers without bounds only: no double value needs more).
         strict: raise `UnsupportedSchemaError` on keywords we cannot enforce; False: warn and drop them.
         max_cost: budget of the estimated automaton size; above it `SchemaTooComplexError`.
         max_ref_depth: times one `$ref` may be entered on one path (recursion is cut off beyond, soundly).
@@ -73,13 +78,14 @@ def schema_to_regex(
         SchemaTooComplexError (all from `hf_paged.errors`).
     """
     return _translate_ladder(schema, False, whitespace, strict, max_cost, max_ref_depth, max_repeat,
-                             max_string_repeat, undeclared_keys, budget)
+                             max_string_repeat, undeclared_keys, budget, number_digits)
 
 
 def schema_to_grammar(
     schema: dict | bool,
     *,
     whitespace: str | None = None,
+    number_digits: NumberDigits | None = None,
     strict: bool = True,
     max_cost: int = 100_000,
     max_ref_depth: int = 3,
@@ -94,12 +100,15 @@ def schema_to_grammar(
     before anything is capped or left out. What the processors compile (`automaton.build_automaton` takes both
     forms). Same arguments and errors as `schema_to_regex`."""
     return _translate_ladder(schema, True, whitespace, strict, max_cost, max_ref_depth, max_repeat,
-                             max_string_repeat, undeclared_keys, budget)
+                             max_string_repeat, undeclared_keys, budget, number_digits)
 
 
 def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, strict: bool, max_cost: int,
                       max_ref_depth: int, max_repeat: int, max_string_repeat: int, undeclared_keys: bool,
-                      budget: CompileBudget | None) -> str | Grammar:
+                      budget: CompileBudget | None, number_digits: NumberDigits | None = None) -> str | Grammar:
+    if number_digits is not None and not isinstance(number_digits, NumberDigits):
+        raise TypeError(f"number_digits must be a NumberDigits or None, got {type(number_digits).__name__}; give "
+                        "e.g. NumberDigits(integer=18, fraction=12, exponent=3)")
     if not isinstance(schema, (dict, bool)):
         raise InvalidSchemaError(f"a JSON Schema is an object or a boolean, got {type(schema).__name__}; "
                                  "pass a dict (parse JSON text with json.loads first)")
@@ -153,6 +162,7 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
         return Context(root=schema, strict=strict, max_cost=attempt.max_cost, max_ref_depth=attempt.ref_depth,
                        max_repeat=attempt.repeat, max_string_repeat=attempt.string_repeat,
                        extras_beside_declared=attempt.extras, narrow_strings=attempt.narrow, whitespace=ws,
+                       number_digits=number_digits,
                        translate=translate, prune_cost=attempt.prune_cost, undeclared_keys=undeclared_keys,
                        any_depth=attempt.any_depth, rules={} if attempt.calls else None,
                        min_rule_cost=attempt.rule_cost, budget=budget, checked=checked, ref_index=ref_index,

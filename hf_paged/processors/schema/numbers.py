@@ -19,12 +19,36 @@ from decimal import Context as DecimalContext
 from typing import Any
 
 from hf_paged.processors.schema.context import Context, pointer_join
+from hf_paged.processors.schema.digits import DEFAULT_DIGITS, NumberDigits
 from hf_paged.processors.schema.fragments import Rx, alt, raw, seq
 
-__all__ = ["INTEGER", "NUMBER", "decimal_range", "int_range", "integer_regex", "number_regex"]
+__all__ = ["INTEGER", "NUMBER", "NumberDigits", "decimal_range", "int_range", "integer_regex", "number_regex",
+           "number_text"]
 
 INTEGER = raw("-?(?:0|[1-9][0-9]*)", atomic=True)
-NUMBER = raw("-?(?:0|[1-9][0-9]*)(?:\\.[0-9]+)?(?:[eE][+\\-]?[0-9]+)?", atomic=True)
+NUMBER = raw("-?(?:0|[1-9][0-9]*)(?:\\.[0-9]+)?(?:[eE][+\\-]?[0-9]+)?", atomic=True)  # JSON's own grammar
+
+
+def _run(first: str, rest: int | None, lo: int = 0) -> str:
+    """`first` then `[0-9]` repeated lo..rest times (unbounded when rest is None)."""
+    if rest is None:
+        return first + ("[0-9]*" if lo == 0 else "[0-9]+")
+    return first + ("" if rest == 0 else f"[0-9]{{{lo},{rest}}}")
+
+
+def number_text(digits: NumberDigits | None, exponent: bool = True) -> Rx:
+    """The unbounded number (`exponent=False`: integer) with `digits`' bounds (None: `DEFAULT_DIGITS`)."""
+    d = digits if digits is not None else DEFAULT_DIGITS
+    if d == NumberDigits():
+        return NUMBER if exponent else INTEGER
+    whole = "-?(?:0|" + _run("[1-9]", None if d.integer is None else d.integer - 1) + ")"
+    if not exponent:
+        return raw(whole, atomic=True) if d.integer is not None else INTEGER
+    frac = "(?:\\." + _run("", d.fraction, 1) + ")?"
+    exp = "(?:[eE][+\\-]?" + _run("", d.exponent, 1) + ")?"
+    return raw(whole + frac + exp, atomic=True)
+
+
 _MAX_ENUMERATED_MULTIPLES = 256
 _MAX_FRACTION_DIGITS = 20  # bounds are rounded inward (stricter) to this many fraction digits
 
@@ -89,35 +113,46 @@ def _group(text: str) -> str:
 # -- decimals -------------------------------------------------------------------------------------------
 
 
-def decimal_range(lo: Decimal | None, hi: Decimal | None) -> Rx | None:
-    """Numbers `-?int(.frac)?` whose exact decimal value lies in [lo, hi] (inclusive; None: unbounded)."""
+def decimal_range(lo: Decimal | None, hi: Decimal | None, digits: NumberDigits | None = None) -> Rx | None:
+    """Numbers `-?int(.frac)?` whose exact decimal value lies in [lo, hi] (inclusive; None: unbounded); `digits`:
+    the user's bounds (an unbounded side gets at most `digits.integer` integer digits; every fraction at most
+    `digits.fraction` digits)."""
     if lo is not None and hi is not None and lo > hi:
         return None
     parts: list[Rx | None] = []
     if lo is None or lo < 0:  # negatives: magnitudes in (max(0, -hi), -lo], zero excluded ("-0" is not ours)
         m_lo = Decimal(0) if hi is None or hi >= 0 else -hi
         m_hi = None if lo is None else -lo
-        parts.append(seq(raw("\\-", atomic=True), _magnitudes(m_lo, m_lo == 0, m_hi)))
+        parts.append(seq(raw("\\-", atomic=True), _magnitudes(m_lo, m_lo == 0, m_hi, digits)))
     if hi is None or hi >= 0:
-        parts.append(_magnitudes(max(lo, Decimal(0)) if lo is not None else Decimal(0), False, hi))
+        parts.append(_magnitudes(max(lo, Decimal(0)) if lo is not None else Decimal(0), False, hi, digits))
     return alt(parts)
 
 
-def _magnitudes(lo: Decimal, lo_exclusive: bool, hi: Decimal | None) -> Rx | None:
+def _magnitudes(lo: Decimal, lo_exclusive: bool, hi: Decimal | None, digits: NumberDigits | None) -> Rx | None:
     """Non-negative `int(.frac)?` texts with value in [lo, hi] (or (lo, hi] when lo_exclusive)."""
     ia, fa = _split(lo)
+    n = digits.fraction if digits is not None else None
     if hi is None:
-        return alt([_with_frac(str(ia), _frac(fa, not lo_exclusive, None)), _with_any_frac(_naturals(ia + 1, None))])
+        top = _int_cap(digits)
+        top = top if top is not None and top >= ia + 1 else None  # (a schema's own bound above it keeps its meaning)
+        return alt([_with_frac(str(ia), _frac(fa, not lo_exclusive, None, n)),
+                    _with_any_frac(_naturals(ia + 1, top), n)])
     ib, fb = _split(hi)
     if ia == ib:
-        return _with_frac(str(ia), _frac(fa, not lo_exclusive, fb))
+        return _with_frac(str(ia), _frac(fa, not lo_exclusive, fb, n))
     return alt(
         [
-            _with_frac(str(ia), _frac(fa, not lo_exclusive, None)),
-            _with_any_frac(_naturals(ia + 1, ib - 1)),
-            _with_frac(str(ib), _frac(None, True, fb)),
+            _with_frac(str(ia), _frac(fa, not lo_exclusive, None, n)),
+            _with_any_frac(_naturals(ia + 1, ib - 1), n),
+            _with_frac(str(ib), _frac(None, True, fb, n)),
         ]
     )
+
+
+def _int_cap(digits: NumberDigits | None) -> int | None:
+    """The largest magnitude the user's `digits.integer` allows, or None."""
+    return None if digits is None or digits.integer is None else 10**digits.integer - 1
 
 
 def _split(d: Decimal) -> tuple[int, str]:
@@ -127,8 +162,8 @@ def _split(d: Decimal) -> tuple[int, str]:
     return int(int_part), frac.rstrip("0")
 
 
-def _with_any_frac(ints: Rx | None) -> Rx | None:
-    return seq(ints, raw("(?:\\.[0-9]+)?", atomic=True)) if ints is not None else None
+def _with_any_frac(ints: Rx | None, max_len: int | None = None) -> Rx | None:
+    return seq(ints, raw("(?:\\." + _run("", max_len, 1) + ")?", atomic=True)) if ints is not None else None
 
 
 def _with_frac(int_text: str, frac: tuple[str | None, bool]) -> Rx | None:
@@ -139,20 +174,26 @@ def _with_frac(int_text: str, frac: tuple[str | None, bool]) -> Rx | None:
     return raw(int_text + (f"(?:{dot})?" if empty_ok else f"(?:{dot})"))
 
 
-def _frac(a: str | None, a_inclusive: bool, b: str | None) -> tuple[str | None, bool]:
-    """Fraction digit strings s with 0.s >= 0.a (> when not inclusive) and 0.s <= 0.b (inclusive).
+def _frac(a: str | None, a_inclusive: bool, b: str | None, max_len: int | None = None) -> tuple[str | None, bool]:
+    """Fraction digit strings s with 0.s >= 0.a (> when not inclusive) and 0.s <= 0.b (inclusive), at most
+    `max_len` digits long (None: any length).
 
     Returns (regex of the non-empty such strings or None, whether the empty fraction -- value 0 -- is in).
     `a`/`b` are digit strings without trailing zeros ("" is zero); None means no bound on that side.
     """
     if a == "" and a_inclusive:
         a = None
+    if max_len == 0:
+        return None, a is None
     if a is None and b is None:
-        return "[0-9]+", True
+        return _run("", max_len, 1), True
     if a == "" and b is None:  # strictly positive fraction: some non-zero digit
-        return "[0-9]*[1-9][0-9]*", False
+        if max_len is None:
+            return "[0-9]*[1-9][0-9]*", False
+        return "(?:" + "|".join("0" * k + _run("[1-9]", max_len - 1 - k) for k in range(max_len)) + ")", False
     if b == "":  # upper bound zero: only zeros, and only if the lower bound allows zero
-        return ("0+", True) if a is None else (None, False)
+        return (_run("0", None if max_len is None else max_len - 1).replace("[0-9]", "0"), True) if a is None \
+            else (None, False)
     empty_ok = a is None  # value 0 satisfies the lower bound only when there is none (a is non-zero here)
     a0 = int(a[0]) if a else 0
     b0 = int(b[0]) if b is not None else 9
@@ -160,13 +201,13 @@ def _frac(a: str | None, a_inclusive: bool, b: str | None) -> tuple[str | None, 
     free_lo = a0 + 1 if a is not None else 0
     free_hi = b0 - 1 if b is not None else 9
     if free_lo <= free_hi:
-        parts.append(_digits(free_lo, free_hi) + "[0-9]*")
+        parts.append(_run(_digits(free_lo, free_hi), None if max_len is None else max_len - 1))
     for d in sorted({a0 if a is not None else -1, b0 if b is not None else -1} - {-1}):
         rest_a = a[1:] if a is not None and d == a0 else None
         rest_b = b[1:] if b is not None and d == b0 else None
         if a is not None and d < a0 or b is not None and d > b0:
             continue
-        ne, e = _frac(rest_a, a_inclusive, rest_b)
+        ne, e = _frac(rest_a, a_inclusive, rest_b, None if max_len is None else max_len - 1)
         if ne is not None:
             parts.append(str(d) + (f"(?:{ne})?" if e else f"(?:{ne})"))
         elif e:
@@ -251,6 +292,12 @@ def integer_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
     step = _multiple(schema, ctx, pointer)
     if lo is not None and hi is not None and lo > hi:
         return ctx.nothing(pointer, f"no integer lies within the minimum / maximum bounds ({lo} > {hi})")
+    top = _int_cap(ctx.number_digits)
+    if step in (None, 1) and top is not None:  # the user's digit bound on the sides the schema leaves open
+        if (lo, hi) == (None, None):
+            return number_text(ctx.number_digits, exponent=False)
+        lo = -top if lo is None and hi >= -top else lo
+        hi = top if hi is None and lo <= top else hi
     return _with_step(lo, hi, step, ctx, pointer)
 
 
@@ -311,9 +358,9 @@ def number_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
     if step == 1:
         return integer_regex(schema, ctx, pointer)
     if lo is None and hi is None:
-        return NUMBER
+        return number_text(ctx.number_digits)
     dlo = _safe_decimal(lo, lo_x, upper=False) if lo is not None else None
     dhi = _safe_decimal(hi, hi_x, upper=True) if hi is not None else None
     if dlo is not None and dhi is not None and dlo > dhi:
         return ctx.nothing(pointer, f"no number lies within the minimum / maximum bounds ({lo} > {hi})")
-    return decimal_range(dlo, dhi)
+    return decimal_range(dlo, dhi, ctx.number_digits)

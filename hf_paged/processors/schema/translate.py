@@ -28,7 +28,7 @@ from hf_paged.processors.schema.arrays import array_regex
 from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS, Context, pointer_join
 from hf_paged.processors.schema.fragments import Rx, alt, lit, opt, raw, rep, seq
 from hf_paged.processors.schema.name_rules import negated_required
-from hf_paged.processors.schema.numbers import NUMBER, integer_regex, number_regex
+from hf_paged.processors.schema.numbers import NumberDigits, integer_regex, number_regex, number_text
 from hf_paged.processors.schema.objects import object_regex
 from hf_paged.processors.schema.oneof import TYPES, inferred_types, narrow_exclusive, types_of
 from hf_paged.processors.schema.refs import merge_all, resolve_ref
@@ -231,34 +231,37 @@ def _none_valid(values: list[Any], schema: Any, ctx: Context) -> bool:
 # use only for rare control characters). A subset, still valid; it keeps the free value, which every open
 # object repeats for its undeclared keys, about a third of the automaton of the full string grammar.
 _ANY_STRING = raw('"(?:[^"\\\\\\x00-\\x1f]|\\\\["\\\\/bfnrt])*"', atomic=True)
-_SCALARS = alt([raw("null|true|false"), NUMBER, _ANY_STRING])
+
+
+def _scalars(digits: NumberDigits | None) -> Rx | None:
+    return alt([raw("null|true|false"), number_text(digits), _ANY_STRING])
 
 
 def any_value(ctx: Context, depth: int) -> Rx | None:
     """Any JSON value, arrays and objects nested at most `depth` deep (keys may repeat: anything is valid)."""
-    return _any_value_text(ctx.whitespace, depth)
+    return _any_value_text(ctx.whitespace, depth, ctx.number_digits)
 
 
 @functools.lru_cache(maxsize=64)
-def _any_value_text(whitespace: str | None, depth: int) -> Rx | None:
-    """`any_value`'s fragment, which depends only on the whitespace and the depth: built once per process (every
-    open object of every schema repeats it; each level's text is ~4x the one below)."""
+def _any_value_text(whitespace: str | None, depth: int, digits: NumberDigits | None = None) -> Rx | None:
+    """`any_value`'s fragment, which depends only on the whitespace, the depth and the number digits: built once
+    per process (every open object of every schema repeats it; each level's text is ~4x the one below)."""
     if depth <= 0:
-        return _SCALARS
-    return _any_value_parts(whitespace, _any_value_text(whitespace, depth - 1))
+        return _scalars(digits)
+    return _any_value_parts(whitespace, _any_value_text(whitespace, depth - 1, digits), digits)
 
 
 def _any_value_rule(ctx: Context) -> Rx | None:
     """The free value's grammar rule: arrays and objects of calls to itself (nested as deep as the call stack)."""
     inner = ctx.recursive_call("#any", lambda: None, "#")  # (being built: a call to the rule itself)
-    return _any_value_parts(ctx.whitespace, inner)
+    return _any_value_parts(ctx.whitespace, inner, ctx.number_digits)
 
 
-def _any_value_parts(whitespace: str | None, inner: Rx | None) -> Rx | None:
+def _any_value_parts(whitespace: str | None, inner: Rx | None, digits: NumberDigits | None) -> Rx | None:
     """Any scalar, or an array / object whose items and values are `inner`."""
     ws = raw(whitespace) if whitespace else Rx("", 0)
     sep = seq(ws, raw("\\,", atomic=True), ws)
     member = seq(_ANY_STRING, ws, raw("\\:", atomic=True), ws, inner)
     array = seq(raw("\\[", atomic=True), ws, opt(seq(inner, rep(seq(sep, inner), 0, None))), ws, raw("\\]", atomic=True))
     obj = seq(raw("\\{", atomic=True), ws, opt(seq(member, rep(seq(sep, member), 0, None))), ws, raw("\\}", atomic=True))
-    return alt([_SCALARS, array, obj])
+    return alt([_scalars(digits), array, obj])
