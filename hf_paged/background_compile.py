@@ -67,12 +67,23 @@ def sources_digest(*paths: str) -> str:
 
 
 def lock_path() -> Path:
-    """The lock of the numba cache in use: in `NUMBA_CACHE_DIR` when set; otherwise numba caches beside this
-    installation's sources, and the lock (in the temporary folder) is named after the installation's path."""
+    """The lock of the numba cache in use, inside the cache it guards (nothing left in the temporary folder, and
+    gone with the cache): in `NUMBA_CACHE_DIR` when set; otherwise numba caches beside this installation's sources
+    (`__pycache__` folders), and the lock is `hf_paged/__pycache__/hf_paged-compile.lock`. An installation numba
+    cannot write beside (read-only: numba uses its user-wide cache then) locks in the temporary folder, in a file
+    named after the installation's path."""
     cache_dir = os.environ.get("NUMBA_CACHE_DIR")
     if cache_dir:
         return Path(cache_dir) / "hf_paged-compile.lock"
-    digest = hashlib.blake2b(str(Path(__file__).resolve().parent).encode(), digest_size=8).hexdigest()
+    package = Path(__file__).resolve().parent
+    in_tree = package / "__pycache__"
+    try:
+        in_tree.mkdir(exist_ok=True)
+    except OSError:
+        pass
+    if os.access(in_tree, os.W_OK | os.X_OK):
+        return in_tree / "hf_paged-compile.lock"
+    digest = hashlib.blake2b(str(package).encode(), digest_size=8).hexdigest()
     return Path(tempfile.gettempdir()) / f"hf_paged-compile-{digest}.lock"
 
 
