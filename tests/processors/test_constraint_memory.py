@@ -55,6 +55,22 @@ def test_held_bytes_counts_each_buffer_once_and_mapped_arrays_by_rows():
     assert held_bytes([mapped], mapped_rows=None) == 1 << 22
 
 
+def test_held_bytes_reads_dicts_another_thread_fills():
+    """`IndexCache.get` measures an index while decoding or the warm-up fills its memo dicts: the walk copies a
+    dict's keys and values in one call, so a dict growing meanwhile never raises (here a key whose type check
+    grows the dict, deterministically, where a thread switch could)."""
+    table: dict = {}
+
+    class Growing:
+        @property
+        def __class__(self):  # (read by isinstance)
+            table[object()] = b"x"
+            return Growing
+
+    table[Growing()] = np.zeros(4, dtype=np.int8)
+    assert held_bytes({"memo": table}) >= 4
+
+
 def test_byte_lru_drops_least_recent_never_the_one_in_use():
     dropped = []
     lru: ByteLRU[str] = ByteLRU(None, 100, on_drop=lambda key, value: dropped.append(key))

@@ -57,12 +57,13 @@ def held_bytes(root: Any, skip: tuple[Any, ...] = (), mapped_rows: int | None = 
         elif isinstance(obj, array):
             total += obj.itemsize * len(obj)
         elif isinstance(obj, dict):
-            stack.extend(obj.values())
-            stack.extend(key for key in obj if not isinstance(key, _ATOMS))
+            # (`list(...)` copies in one C call, atomic under the GIL: another thread may be filling the dict)
+            stack.extend(list(obj.values()))
+            stack.extend(list(obj))
         elif isinstance(obj, (list, tuple)) and len(obj) > 64 and all(isinstance(x, _ATOMS) for x in obj[:64]):
             total += 8 * len(obj)  # a dense per-state table of numbers: 8 bytes a slot, items not visited
         elif isinstance(obj, (list, tuple, set, frozenset)):
-            stack.extend(obj)
+            stack.extend(list(obj))
         elif callable(obj) or isinstance(obj, ModuleType):  # code, classes, kernels: nothing a schema built
             continue
         else:

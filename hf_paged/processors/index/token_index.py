@@ -144,7 +144,13 @@ class TokenIndex:
         """Measure what the index holds besides its masks now (`sizes.held_bytes`, a walk over its arrays); returns
         `num_bytes`."""
         rows = self.dfa.num_built + 1 if self.dfa.lazy else None  # (a grammar's arrays: the states named so far)
-        self._other_bytes = held_bytes(self, skip=(self.trie, self._masks, self._lock, self._building), mapped_rows=rows)
+        for _ in range(3):  # (decoding or the warm-up may grow a set while it is read: read again)
+            try:
+                self._other_bytes = held_bytes(self, skip=(self.trie, self._masks, self._lock, self._building),
+                                               mapped_rows=rows)
+                break
+            except RuntimeError:
+                continue
         return self.num_bytes
 
     def warm(self, max_units: int) -> int:
