@@ -54,3 +54,16 @@ def test_scheduled_time_marks_the_end_of_a_request_s_wait_in_the_queue(model):
     for out in (first, second):
         assert out.created_time <= out.scheduled_time <= out.lifespan[0] <= out.lifespan[1]
     assert second.scheduled_time >= first.lifespan[1]  # it waited for the whole of the first request
+
+
+def test_a_fork_is_scheduled_when_its_parent_has_sampled_its_first_token(model):
+    """A fork of n=2 starts on its parent's blocks in the step of the parent's first token: its scheduled_time
+    is then (not -1, nor a later re-admission), so created -> scheduled is its wait for the parent's prefill."""
+    engine = Engine(model, PagedConfig(block_size=16, num_blocks=64))
+    rid = engine.add_request(list(range(3, 40)), SamplingParams(max_new_tokens=3, num_return_sequences=2,
+                                                                do_sample=True, seed=5))
+    fork = next(r for r in engine.requests if r != rid)
+    outputs = engine.run([rid, fork])
+    parent, child = outputs[rid], outputs[fork]
+    assert parent.created_time <= parent.scheduled_time < child.scheduled_time <= child.lifespan[0]  # same step
+    # as the parent's first token (`now` of that step is read after the fork starts)

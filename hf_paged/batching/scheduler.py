@@ -124,6 +124,8 @@ class Scheduler:
         right after its parent and older siblings, so a step's rows (and its draws from torch's global generator)
         come in stock's order for `num_return_sequences` (each prompt's n rows together)."""
         request.status = RequestStatus.RUNNING
+        if request.scheduled_time is None:
+            request.scheduled_time = time.perf_counter()
         family = (request.parent_id, request.request_id)
         at = max((i for i, r in enumerate(self.running) if r.request_id in family or r.parent_id == request.parent_id),
                  default=len(self.running) - 1)
