@@ -5,7 +5,9 @@ Two sources:
   worker thread so a long step never blocks the event loop): requests running/waiting, KV blocks, prefix-cache
   queries and hits, preemptions, token counters, batch utilisation;
 - latencies the server observes as a client would (from the moment the HTTP request arrived): time to first token,
-  inter-token latency, end-to-end latency, and finished requests by reason.
+  inter-token latency, end-to-end latency, and finished requests by reason; and, as each choice ends, two the
+  engine's clock measured (its `RequestOutput`): queue time (arrival in the engine to first step) and time per
+  output token.
 Each server has its own registry (several servers may live in one process, e.g. in tests).
 """
 
@@ -27,9 +29,9 @@ HEALTH_TARGETS = {
     "batch_utilization": ("recent_batch_utilization", ">", 0.75, "tokens per step / token budget, last 256 steps"),
     "memory_pressure": ("kv_usage", "<", 0.90, "KV blocks in use / blocks in the pool"),
 }
-# Seconds. vLLM's bounds, so dashboards carry over: a latency past the last finite bound lands in +Inf, where
-# histogram_quantile() can only answer that bound (a 2-minute generation or a request queued 3 minutes behind a
-# long queue read "80 s" when every bucket stopped there).
+# Seconds. TTFT and e2e end where vLLM v1's do (e2e: its very bounds): a latency past the last finite bound lands
+# in +Inf, where histogram_quantile() can only answer that bound (a 2-minute generation or a request queued 3
+# minutes behind a long queue read "80 s" when every histogram stopped there).
 _LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
                     20.0, 40.0, 80.0)  # between two deliveries of one request
 _TTFT_BUCKETS = _LATENCY_BUCKETS + (160.0, 640.0, 2560.0)  # queueing included
