@@ -164,7 +164,9 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
                          logits_processor, streamer, extra, kwargs, negative_prompt_ids,
                          negative_prompt_attention_mask)
     check_prompts(engine, prompts, max_new_tokens)
-    if longest + max_new_tokens > engine.max_model_len:  # stock goes on past them (with a logged reminder)
+    # rows end at the model's positions, a prompt of all of them after its one token (valid in stock too); stock goes
+    # on past them (with a logged reminder)
+    if longest + max_new_tokens > max(engine.max_model_len, longest + 1):
         warnings.warn(f"hf_paged: generation stops at the model's maximum of {engine.max_model_len} positions (a "
                       f"prompt of {longest} tokens + max_new_tokens={max_new_tokens}); rows that reach it end there, "
                       "where stock generate would go on past the positions the model was trained on",

@@ -51,10 +51,10 @@ def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, limits: Prom
                 f"scored sequence of {len(prompt_ids) + 1} tokens (context + continuation) exceeds the model's "
                 f"maximum of {limits.max_model_len} positions by more than one: cut the context from the left"
             )
-    elif len(prompt_ids) >= limits.max_model_len:
-        return PromptTooLongError(
-            f"prompt of {len(prompt_ids)} tokens leaves no room to generate within the model's maximum of "
-            f"{limits.max_model_len} positions: shorten it"
+    elif len(prompt_ids) > limits.max_model_len:  # (a prompt of all the positions still gets its first token, from
+        return PromptTooLongError(                # the last position, as in stock generate; rows stop there)
+            f"prompt of {len(prompt_ids)} tokens is longer than the model's maximum of {limits.max_model_len} "
+            "positions: shorten it"
         )
     if limits.max_prefill_tokens is not None and len(prompt_ids) > limits.max_prefill_tokens:
         return PromptTooLongError(
