@@ -247,3 +247,21 @@ def test_int8_kv_cache_seeded_text_repeats_under_one_config(model):
                                                      **config)[0].generated_tokens
         outs = _run(model, _company(3) + [target], kv_cache_dtype="int8", **config)
         assert outs[-1].generated_tokens == target_alone
+
+
+def test_rows_out_of_arrival_order_keep_their_own_constraint_masks():
+    """The draws go in arrival order, the constraint masks in row order: rows scheduled 0, 2, 1, 3 by arrival (a warm
+    prefix cache admits the longest cached first) each get their own state's mask. Failed with the arrival order
+    passed to the batched masking too: a contiguous run masked as one slice took the masks in the other order."""
+    tok = byte_tokenizer()
+    proc = RegexLogitsProcessor(r"[a-h]x+", tok, index_cache=IndexCache())
+    x, a = tok.convert_tokens_to_ids("x"), tok.convert_tokens_to_ids("a")
+    requests = []
+    for arrival, history in zip((0, 2, 1, 3), ([], [a], [], [a])):
+        request = Request(f"r{arrival}", [0], SamplingParams(logits_processors=[proc]), arrival_index=arrival)
+        request.output_ids = list(history)
+        requests.append(request)
+    logits = torch.zeros(4, len(tok))
+    logits[:, a] = 5.0  # the start state's favourite; after "a" only "x" is allowed
+    out = Sampler()(requests, logits)
+    assert out.token_ids == [a, x, a, x]

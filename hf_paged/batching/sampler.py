@@ -87,11 +87,13 @@ class Sampler:
             idx = torch.tensor(plain, device=scores.device)
             for i, tok in zip(plain, scores.index_select(0, idx).argmax(dim=-1).tolist()):
                 tokens[i] = tok
-        # unseeded draws take torch's global stream in arrival order (stock's row order), not the schedule's: a warm
-        # prefix cache admits the longest cached prompts first, which put a second identical call's draws elsewhere
-        special = sorted((i for i in range(n) if tokens[i] is None), key=lambda i: _arrival_key(requests[i]))
+        special = [i for i in range(n) if tokens[i] is None]
         resampled = {i for i in special if resample_checks(requests[i])}
         self._apply_batched_processors(requests, scores, [i for i in special if i not in resampled], errors)
+        # unseeded draws take torch's global stream in arrival order (stock's row order), not the schedule's: a warm
+        # prefix cache admits the longest cached prompts first, which put a second identical call's draws elsewhere
+        # (the batched processors above want row order: a contiguous run of rows is masked as one slice)
+        special.sort(key=lambda i: _arrival_key(requests[i]))
         self._draw_together(requests, logits, scores, [i for i in special if i not in resampled and errors[i] is None
                                                        and _drawn_together(requests[i])], tokens, errors)
         for i in special:
