@@ -18,6 +18,7 @@
     pd_placement.py  place_prefill, PlacementLedger: per prompt, the prefill replica or a local chunked prefill
     kv_share.py    attach_kv_share: colocated replicas share hot prefixes through one object-store directory
     cli.py         hf-paged serve --replicas N [--prefill-replicas P | --kv-share] [--address ADDR]
+    local_cluster.py  LocalCluster: the Ray cluster cli.py starts, in a session of its own (a group signal misses it)
 
 The policy imports neither Ray nor torch: it is tested and simulated alone (`benchmarks/routing_sim.py`).
 """
