@@ -86,10 +86,22 @@ def _describe(value: Any, depth: int = 0) -> str:
 
 
 def exchange(mine: CallSignature, group, size: int) -> list[CallSignature]:
+    """Every rank's signature (the call's first collective). A rank of the group that never calls, or calls fewer
+    times, leaves the others here until the process group's timeout: they then raise `InvalidConfigError` saying so,
+    instead of the backend's bare timeout (the wait itself is the backend's: no collective can tell a late rank from
+    one that will never come, so the bound is the group's timeout, set with `init_process_group(timeout=...)`)."""
     import torch.distributed as dist
 
     every: list[Any] = [None] * size
-    dist.all_gather_object(every, mine, group=group)
+    try:
+        dist.all_gather_object(every, mine, group=group)
+    except RuntimeError as exc:  # (DistBackendError and gloo's timeouts and closed connections are RuntimeErrors)
+        raise InvalidConfigError(
+            f"rank {dist.get_rank()}: not every rank of the group ({size} ranks) joined this "
+            f"hf_paged.distributed.generate_batch within the process group's timeout, or one left ({exc}); call it "
+            "on every rank, the same number of times, with the same inputs (a rank that skips a call leaves the "
+            "others waiting for that timeout: init_process_group(timeout=...))"
+        ) from exc
     return every
 
 
