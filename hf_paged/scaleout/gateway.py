@@ -96,6 +96,7 @@ class Gateway:
         self.gate = DrainGate()  # closed by the driver at shutdown (`begin_drain`)
         self.num_replicas, self.wait_for_reports = num_replicas, wait_for_reports
         self._ready = not wait_for_reports  # latched by `readiness()` once every replica has reported
+        self.num_rejected: dict[int, int] = {}  # HTTP status -> the gateway's own error answers (not a replica's)
 
     def readiness(self) -> Readiness:
         """Every replica in the router's view with a first report? Read-only on the router (it runs on its own
@@ -123,7 +124,7 @@ class Gateway:
 
     async def __call__(self, request: Request) -> Response:
         if not self.gate.admit():
-            return _error(503, "the server is shutting down; retry on another server", "shutting_down")
+            return self._counted(_error(503, "the server is shutting down; retry on another server", "shutting_down"))
         try:
             response = await self._answer(request)
         except BaseException:
@@ -133,6 +134,13 @@ class Gateway:
             response.body_iterator = self.gate.track(response.body_iterator)
         else:
             self.gate.done()
+        return self._counted(response)
+
+    def _counted(self, response: Response) -> Response:
+        """Count an error the gateway answered itself (401, 503 not ready / replica lost / draining, a body it
+        refused); a replica's answer (it names the replica) is counted by that replica's request_rejected."""
+        if response.status_code >= 400 and _REPLICA_HEADER not in response.headers:
+            self.num_rejected[response.status_code] = self.num_rejected.get(response.status_code, 0) + 1
         return response
 
     async def begin_drain(self) -> int:
@@ -221,7 +229,7 @@ class Gateway:
             for router in routers:
                 for reason, n in router.snapshot()["routed"].items():
                     routed[reason] = routed.get(reason, 0) + n
-        return render_scrape(results, routed=routed)
+        return render_scrape(results, routed=routed, rejected=self.num_rejected)
 
 
 async def _rest(stream: Any, content_type: str):
@@ -236,6 +244,9 @@ async def _rest(stream: Any, content_type: str):
                   b'"param": null, "code": "replica_lost"}}\n\ndata: [DONE]\n\n'
         else:
             raise  # the status line is sent: the client sees a truncated body, never a hang
+
+
+_REPLICA_HEADER = "x-hf-paged-replica"  # on every answer a replica gave (`EngineReplica.forward`)
 
 
 def _error(status: int, message: str, code: str, *, retry_after_s: int | None = None) -> Response:

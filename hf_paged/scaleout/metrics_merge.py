@@ -108,10 +108,10 @@ def merge_expositions(by_replica: Mapping[str, Sequence[MetricFamily]], own: Seq
     return "".join(line + "\n" for family in merged.values() for line in family.lines())
 
 
-def gateway_families(*, num_scraped: int, num_failed: int, routed: Mapping[str, int] | None = None
-                     ) -> list[MetricFamily]:
-    """The gateway's own view: replicas in this answer, replicas missing from it, and (cache-aware router only)
-    requests routed by reason."""
+def gateway_families(*, num_scraped: int, num_failed: int, routed: Mapping[str, int] | None = None,
+                     rejected: Mapping[int, int] | None = None) -> list[MetricFamily]:
+    """The gateway's own view: replicas in this answer, replicas missing from it, the errors it answered itself
+    by status (a replica's are its `request_rejected`), and (cache-aware router only) requests routed by reason."""
     families = [
         MetricFamily("hf_paged:metrics_replicas_scraped", "Replicas whose metrics are in this answer", "gauge",
                      [f"hf_paged:metrics_replicas_scraped {float(num_scraped)}"]),
@@ -119,6 +119,11 @@ def gateway_families(*, num_scraped: int, num_failed: int, routed: Mapping[str, 
                      "Replicas missing from this answer: failed, timed out or unreadable (1 if no replica answered)",
                      "gauge", [f"hf_paged:metrics_scrape_errors {float(num_failed)}"]),
     ]
+    if rejected is not None:
+        name = "hf_paged:gateway_requests_rejected_total"
+        samples = [f'{name}{{status="{status}"}} {float(n)}' for status, n in sorted(rejected.items())]
+        families.append(MetricFamily(name, "Requests the gateway answered with an error itself (401, 503 not ready "
+                                     "or draining or no replica left, a refused body), by status", "counter", samples))
     if routed is not None:
         name = "hf_paged:router_requests_routed_total"
         families.append(MetricFamily(name, "Requests the gateway's router placed, by reason", "counter",
@@ -128,7 +133,7 @@ def gateway_families(*, num_scraped: int, num_failed: int, routed: Mapping[str, 
 
 
 def render_scrape(results: Sequence[ReplicaMetrics | BaseException], *,
-                  routed: Mapping[str, int] | None = None) -> str:
+                  routed: Mapping[str, int] | None = None, rejected: Mapping[int, int] | None = None) -> str:
     """The gateway's `/metrics` body from the replicas' answers; an exception or an unreadable text counts as a
     scrape error and leaves that replica out."""
     by_replica: dict[str, list[MetricFamily]] = {}
@@ -141,7 +146,7 @@ def render_scrape(results: Sequence[ReplicaMetrics | BaseException], *,
             by_replica[result.replica] = parse_exposition(result.text)
         except ValueError:
             failed += 1
-    own = gateway_families(num_scraped=len(by_replica), num_failed=failed, routed=routed)
+    own = gateway_families(num_scraped=len(by_replica), num_failed=failed, routed=routed, rejected=rejected)
     return merge_expositions(by_replica, own)
 
 
