@@ -77,9 +77,10 @@ class LocalCluster:
         command = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", "--block",
                    "--node-ip-address", "127.0.0.1", "--port", str(port), "--temp-dir", self.temp_dir,
                    "--include-dashboard", "false"]
+        bind = _die_with_parent()
         self.head = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
-                                     preexec_fn=_die_with_parent())
+                                     preexec_fn=bind)  # noqa: PLW1509 -- one prctl call, no lock (as Ray's own)
         started, lines = threading.Event(), []
         threading.Thread(target=_follow, args=(self.head.stdout, lines, started), daemon=True,
                          name="hf_paged-ray-head").start()
