@@ -5,8 +5,8 @@ Order per row, as stock `generate`: logits processors (user and built-in, each w
 noise keyed by its seed and the token's position (`seeded_draws.py`: the same tokens whatever the schedule,
 speculation or constraint mode), an unseeded one's from torch's global generator. Rows without processors or
 sampling take a single batched argmax; sampled rows without stock processors (but row-only warpers) or a seed go
-through the chain in runs of consecutive rows with the same warpers, each run
-drawing from torch's global generator at once, in row order.
+through the chain in runs of consecutive rows with the same warpers, each run drawing from torch's global generator
+at once; unseeded rows draw in arrival order (stock's row order), whatever order the scheduler gave them.
 
 A constrained row in `constraint_mode="resample"` is processed without its mask, picked, and checked against the
 constraint; only a refused token costs the mask and a second pick (`constraint_modes.py`).
@@ -175,10 +175,10 @@ class Sampler:
                        rows: list[int], tokens: list[int | None], errors: list[Failure | None]) -> None:
         """Sampled rows with no stock processor but row-only warpers and no seed of their own, in runs of
         consecutive rows with the same warpers: the chain of `_process_row` on a run's rows at once (each row's
-        values as alone), then one draw from torch's global generator for the run. Runs follow the row order, so
-        the stream is the one `_pick` row by row takes (and stock's batch). A run is at most `_RUN_BYTES` of logits:
-        row by row was ~10 small ops a row (at 200 sampled rows of a 259-token vocabulary with top-k, a third of
-        the step), while a whole 32k-vocabulary batch at once streams every warper's pass through memory."""
+        values as alone), then one draw from torch's global generator for the run. Runs follow the rows' arrival
+        order, so the stream is the one `_pick` row by row takes (and stock's batch). A run is at most `_RUN_BYTES`
+        of logits: row by row was ~10 small ops a row (at 200 sampled rows of a 259-token vocabulary with top-k, a
+        third of the step), while a whole 32k-vocabulary batch at once streams every warper's pass through memory."""
         limit = max(1, _RUN_BYTES // (scores.shape[-1] * 4))
         run: list[int] = []
         key = None
