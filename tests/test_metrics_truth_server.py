@@ -189,6 +189,7 @@ def test_echo_scoring_choices_count_as_successes():
         wait_idle(engine)
         after = samples(httpx.get(server.url + "/metrics").text)
     assert [c["finish_reason"] for c in answer.json()["choices"]] == ["length", "length"]
+    usage = answer.json()["usage"]
 
     def delta(name: str, **labels) -> float:
         key = (name, tuple(sorted({"model_name": "tiny-lm", **labels}.items())))
@@ -199,3 +200,5 @@ def test_echo_scoring_choices_count_as_successes():
     assert delta("hf_paged:request_queue_time_seconds_count") == 2
     assert delta("hf_paged:request_finished_total") == 2
     assert delta("hf_paged:time_to_first_token_seconds_count") == 0  # nothing generated
+    # the scored texts' tokens, as usage counts them (the engine is given each prompt but its last token, a target)
+    assert delta("hf_paged:prompt_tokens_total") == usage["prompt_tokens"] == 11 + 13

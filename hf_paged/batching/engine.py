@@ -142,7 +142,8 @@ class Engine:
                 return request_id
             for constraint in request.processors.constraints:
                 constraint.prepare()  # constraints compile in the background while the prompt prefills
-            self.metrics.num_prompt_tokens += len(request.prompt_ids) * params.num_return_sequences
+            scored = len(request.prompt_ids) + (params.score_targets is not None)  # + a scoring's last target, as usage
+            self.metrics.num_prompt_tokens += scored * params.num_return_sequences
             return request_id
 
     def validate_prompt(self, prompt_ids: Sequence[int], params: SamplingParams, *, whole_sequence: bool = False,

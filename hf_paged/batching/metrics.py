@@ -24,7 +24,7 @@ class EngineMetrics:
     num_requests_finished: int = 0
     num_requests_failed: int = 0
     num_requests_aborted: int = 0
-    num_prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission)
+    num_prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission; scoring: + its last target)
     num_prompt_tokens_cached: int = 0  # of which served by the prefix cache
     num_prompt_tokens_queried: int = 0  # prompt tokens of ended requests that ran (each once, forks not counted)
     num_computed_tokens: int = 0  # tokens run through the model (prefill chunks, recompute, decodes)
