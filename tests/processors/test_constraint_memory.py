@@ -48,11 +48,12 @@ def compiled_size(num_keys: int) -> int:
 def test_held_bytes_counts_each_buffer_once_and_mapped_arrays_by_rows():
     base = np.zeros(1000, dtype=np.int32)
     holder = {"a": base, "view": base[10:20], "again": [base], "raw": b"x" * 100}
-    assert held_bytes(holder) == 4000 + 100
-    assert held_bytes(holder, skip=(base,)) == 100
+    slots = 4 * 16 + 8  # (the dict's four entries, the list's one slot)
+    assert held_bytes(holder) == 4000 + 100 + slots
+    assert held_bytes(holder, skip=(base,)) == 100 + slots
     mapped = np.frombuffer(mmap.mmap(-1, 1 << 22), dtype=np.int32).reshape(1024, 1024)  # 4 KiB a row
-    assert held_bytes([mapped], mapped_rows=3) == 3 * 4096
-    assert held_bytes([mapped], mapped_rows=None) == 1 << 22
+    assert held_bytes((mapped,), mapped_rows=3) == 3 * 4096 + 8
+    assert held_bytes((mapped,), mapped_rows=None) == (1 << 22) + 8
 
 
 def test_held_bytes_reads_dicts_another_thread_fills():

@@ -201,11 +201,18 @@ class IndexCache:
             if entry is None:
                 return None
             self.num_hits += 1
-        size = entry.index.measure()  # (outside the lock: a walk over its arrays; it grew since it was stored)
+        try:  # weigh it again off the caller's path (a walk over its arrays, up to ~0.1 s for a big grown grammar)
+            self._executor.submit(self._weigh, key, entry)
+        except RuntimeError:  # (the executor is shutting down)
+            pass
+        return entry
+
+    def _weigh(self, key: str, entry: CompiledIndex) -> None:
+        """Measure a hit's index (it grew since it was stored) and enforce the budget with its new weight."""
+        size = entry.index.measure()
         with self._lock:
             if self._entries.peek(key) is entry:
-                self._entries.resize(key, size)
-        return entry
+                self._entries.resize(key, size, touch=False)
 
     def compile_async(self, key: str, regex: str | Grammar, vocab: TokenVocabulary, budget: CompileBudget | None = None
                       ) -> Future:

@@ -5,7 +5,8 @@ strings (live bytes per state) and `array.array` rows, inside dicts, lists and s
 that object graph (attributes, dict values, list and tuple items) and adds up the buffers it meets: `ndarray.nbytes`,
 `len(bytes)`, `array.itemsize * len(array)`. Each object is counted once (by identity); the objects in `skip` and
 everything below them are not counted (shared structures with their own bounds: the vocabulary and its trie).
-Python's per-object overhead is not counted: the buffers are what grows with a schema and a vocabulary.
+Containers count 8 bytes a slot (16 a dict entry); Python's per-object overhead is not counted otherwise: the
+buffers are what grows with a schema and a vocabulary.
 
 An array on an anonymous mapping (`automaton.lazy_zeros`: a grammar automaton sizes its per-state arrays for a
 million states, and the OS hands out a page on its first write) counts the pages of its first `mapped_rows` rows,
@@ -23,7 +24,7 @@ import numpy as np
 
 __all__ = ["held_bytes"]
 
-_ATOMS = (int, float, bool, str, type(None), complex)
+_ATOMS = frozenset((int, float, bool, str, type(None), complex))  # (by exact type: one set lookup an item)
 
 
 def held_bytes(root: Any, skip: tuple[Any, ...] = (), mapped_rows: int | None = None) -> int:
@@ -34,7 +35,7 @@ def held_bytes(root: Any, skip: tuple[Any, ...] = (), mapped_rows: int | None = 
     stack = [root]
     while stack:
         obj = stack.pop()
-        if isinstance(obj, _ATOMS) or id(obj) in seen:
+        if type(obj) in _ATOMS or id(obj) in seen:
             continue
         seen.add(id(obj))
         if isinstance(obj, np.ndarray):
@@ -58,12 +59,15 @@ def held_bytes(root: Any, skip: tuple[Any, ...] = (), mapped_rows: int | None = 
             total += obj.itemsize * len(obj)
         elif isinstance(obj, dict):
             # (`list(...)` copies in one C call, atomic under the GIL: another thread may be filling the dict)
-            stack.extend(list(obj.values()))
-            stack.extend(list(obj))
-        elif isinstance(obj, (list, tuple)) and len(obj) > 64 and all(isinstance(x, _ATOMS) for x in obj[:64]):
-            total += 8 * len(obj)  # a dense per-state table of numbers: 8 bytes a slot, items not visited
+            pairs = list(obj.items())
+            total += 16 * len(pairs)  # a slot's two references
+            stack.extend([part for pair in pairs for part in pair if type(part) not in _ATOMS])
         elif isinstance(obj, (list, tuple, set, frozenset)):
-            stack.extend(list(obj))
+            items = list(obj)
+            total += 8 * len(items)  # a slot's reference (numbers in a per-state table: their whole cost, nearly)
+            if len(items) > 64 and all(type(item) in _ATOMS for item in items[:64]):
+                continue  # a table of numbers (per state, per token): its slots are its cost, items not visited
+            stack.extend([item for item in items if type(item) not in _ATOMS])
         elif callable(obj) or isinstance(obj, ModuleType):  # code, classes, kernels: nothing a schema built
             continue
         else:

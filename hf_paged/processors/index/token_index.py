@@ -73,6 +73,7 @@ class TokenIndex:
         self.max_cached_bytes = max_cached_bytes
         self._cached_bytes = 0
         self._other_bytes = 0  # everything else it holds, as `measure` last found it
+        self._measured_at: tuple | None = None  # (states named, masks memoised) at that walk
         # called with (self, bytes) after a mask is memoised (`IndexCache` counts its entries' growth with it)
         self.on_grow: Callable[[TokenIndex, int], None] | None = None
         self._eos = np.asarray(self.eos_token_ids, dtype=np.int64)
@@ -141,9 +142,14 @@ class TokenIndex:
         return self._cached_bytes + self._other_bytes
 
     def measure(self) -> int:
-        """Measure what the index holds besides its masks now (`sizes.held_bytes`, a walk over its arrays); returns
-        `num_bytes`."""
+        """Measure what the index holds besides its masks now (`sizes.held_bytes`, a walk over its arrays: ~50 ms
+        for a grammar index over a 20k-token vocabulary after 3,000 states); returns `num_bytes`. Walks again only
+        when states were named or masks memoised since the last walk (what its views and facts grow with)."""
         rows = self.dfa.num_built + 1 if self.dfa.lazy else None  # (a grammar's arrays: the states named so far)
+        signature = (rows, len(self._masks))
+        if signature == self._measured_at:
+            return self.num_bytes
+        self._measured_at = signature
         for _ in range(3):  # (decoding or the warm-up may grow a set while it is read: read again)
             try:
                 self._other_bytes = held_bytes(self, skip=(self.trie, self._masks, self._lock, self._building),
