@@ -1,5 +1,6 @@
 """Ctrl-C between `EngineLoop.submit` and the first step of the submitted requests: the caller's requests are
-released (aborted, blocks freed) whatever Python call the interrupt lands in, for `generate` and `generate_batch`."""
+released (aborted, blocks freed) whatever Python call the interrupt lands in, for `generate`, `generate_batch` and
+scoring."""
 
 from __future__ import annotations
 
@@ -8,12 +9,11 @@ import sys
 import threading
 
 import pytest
-import torch
 
 import hf_paged
 from hf_paged import PagedConfig
 from hf_paged.batching.engine_loop import EngineLoop
-from tests.batching.test_interrupts import IDLE, _bounded, _drain, _settled
+from tests.batching.test_interrupts import IDLE, _bounded, _drain, _same, _settled
 from tests.tiny_models import left_pad, ragged_prompts, tiny_model
 
 pytestmark = pytest.mark.skipif(threading.current_thread() is not threading.main_thread(),
@@ -24,6 +24,7 @@ CALLS = {
     "generate_streamer": lambda m, ids, mask, prompts: m.generate(
         ids[:1], attention_mask=mask[:1], max_new_tokens=4, do_sample=False, streamer=_Quiet()),
     "generate_batch": lambda m, ids, mask, prompts: m.generate_batch(prompts, max_new_tokens=4, do_sample=False),
+    "scoring": lambda m, ids, mask, prompts: m.loglikelihood([(p[:2], p[2:]) for p in prompts]),
 }
 
 
@@ -84,10 +85,7 @@ def test_ctrl_c_between_submit_and_the_first_step_releases_the_requests(kind):
             misses = misses + 1 if not tracer.fired else 0
             assert _settled(engine) == IDLE, (at, tracer.calls)
             engine.check_integrity()
-            out = _bounded(lambda: call(model, ids, mask, prompts))
-            same = torch.equal(out, expected) if isinstance(out, torch.Tensor) else \
-                [o.generated_tokens for o in out.values()] == [o.generated_tokens for o in expected.values()]
-            assert same, at
+            assert _same(_bounded(lambda: call(model, ids, mask, prompts)), expected), at
         assert at > 60  # (the sweep met that many calls between submit and the first step)
     finally:
         _bounded(lambda: hf_paged.unwrap(model), 30)
