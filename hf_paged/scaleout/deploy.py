@@ -38,7 +38,9 @@ from hf_paged.scaleout.asgi import HttpCall, ResponseStart, forward
 from hf_paged.scaleout.metrics_merge import ReplicaMetrics
 from hf_paged.scaleout.spec import ReplicaSpec
 
-__all__ = ["EngineReplica", "Gateway", "ReplicaSpec", "build_application", "deploy", "worker_env"]
+__all__ = ["APP_NAME", "EngineReplica", "Gateway", "ReplicaSpec", "build_application", "deploy", "worker_env"]
+
+APP_NAME = "hf_paged"  # the Serve application `deploy` runs (on a joined cluster, the one the command deletes at exit)
 
 
 class EngineReplica:
@@ -212,5 +214,5 @@ def deploy(model: str | None = None, *, replicas: int = 2, address: str | None =
     serve.start(http_options={"host": host, "port": port})
     spec = ReplicaSpec(model=model, kv_share=kv_share, **spec_fields)
     app = build_application(spec, replicas=replicas, router=router, prefill_replicas=prefill_replicas)
-    handle = serve.run(app, name="hf_paged", route_prefix="/", blocking=blocking)
+    handle = serve.run(app, name=APP_NAME, route_prefix="/", blocking=blocking)
     return handle

@@ -110,7 +110,7 @@ class LocalCluster:
     def stop(self) -> None:
         """Serve and the cluster down: `ray start` gets SIGTERM and stops its processes; then any process of ours
         still alive gets SIGTERM, then SIGKILL (Ray's agents otherwise outlive the raylet by up to a minute). A
-        cluster given by --address keeps running (this command's application and driver leave it)."""
+        cluster given by --address keeps running, and so do the other Serve applications on it (`_leave_serve`)."""
         import shutil
 
         import ray
@@ -118,8 +118,10 @@ class LocalCluster:
 
         self.pids = _descendants()  # the head's tree too: `--block` keeps it its processes' parent
         try:
-            if ray.is_initialized():
+            if ray.is_initialized() and self.address is None:
                 serve.shutdown()
+            elif ray.is_initialized():
+                _leave_serve(serve)
         finally:
             if ray.is_initialized():
                 ray.shutdown()
@@ -137,6 +139,17 @@ class LocalCluster:
             self.head.wait(timeout=HEAD_STOP_GRACE_S)
         except subprocess.TimeoutExpired:
             logger.warning("`ray start --head` outlived SIGTERM by %.0f s; reaping it", HEAD_STOP_GRACE_S)
+
+
+def _leave_serve(serve) -> None:
+    """Leave a joined cluster's Serve as it was before this command, but for our application: others' applications
+    keep running (`serve.shutdown()`, what Ray's own `serve run` does at exit, would delete every application on the
+    cluster); Serve itself is shut down only when no application is left on it."""
+    from hf_paged.scaleout.deploy import APP_NAME
+
+    serve.delete(APP_NAME)
+    if not serve.status().applications:
+        serve.shutdown()
 
 
 def _auth_env() -> dict[str, str]:

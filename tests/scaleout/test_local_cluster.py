@@ -77,3 +77,39 @@ def test_ray_start_runs_in_its_own_session_and_dies_with_the_command(monkeypatch
     assert seen["start_new_session"] is True and callable(seen["preexec_fn"])
     command = seen["command"]
     assert {"--head", "--block"} <= set(command) and command[command.index("--temp-dir") + 1] == str(tmp_path)
+
+
+class _FakeServe:
+    """What `LocalCluster.stop` asks of `ray.serve` on a joined cluster, recorded."""
+
+    def __init__(self, others: list[str]) -> None:
+        self.apps, self.calls = ["hf_paged", *others], []
+
+    def delete(self, name: str) -> None:
+        self.calls.append(("delete", name))
+        self.apps.remove(name)
+
+    def status(self):
+        return type("Status", (), {"applications": {name: None for name in self.apps}})()
+
+    def shutdown(self) -> None:
+        self.calls.append(("shutdown",))
+        self.apps.clear()
+
+
+@pytest.mark.parametrize("others", [["someone_elses_app"], []], ids=["shared", "ours-alone"])
+def test_leaving_a_joined_cluster_deletes_only_our_application(monkeypatch, others):
+    """`serve.shutdown()` at exit (Ray's own `serve run` does it) deleted every Serve application on a cluster given
+    by --address, other people's too; now only ours goes, and Serve with it only when nothing else runs there."""
+    import ray
+    from ray import serve
+
+    fake = _FakeServe(others)
+    for name in ("delete", "status", "shutdown"):
+        monkeypatch.setattr(serve, name, getattr(fake, name))
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "shutdown", lambda: None)
+    monkeypatch.setattr(local_cluster, "_descendants", set)
+    LocalCluster("ray://head:10001").stop()
+    assert fake.calls == ([("delete", "hf_paged")] if others else [("delete", "hf_paged"), ("shutdown",)])
+    assert fake.apps == others
