@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from types import MappingProxyType
 
@@ -31,11 +30,12 @@ from hf_paged.batching.prompt_check import PromptLimits, check_prompt
 from hf_paged.batching.prompt_logprobs import record_scored_rows
 from hf_paged.batching.request import Failure, Request, RequestOutput, RequestStatus, StepOutput, checked_arguments
 from hf_paged.batching.request_ids import RequestIds
-from hf_paged.batching.sampler import Sampler, SampleResult, plain_greedy_step
+from hf_paged.batching.sampler import Sampler, plain_greedy_step
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.batching.scheduler import Scheduler, SchedulerOutput
-from hf_paged.batching.speculative import DraftRows, Speculator, speculation_unsupported
+from hf_paged.batching.speculative import Speculator, speculation_unsupported
 from hf_paged.batching.step_inputs import build_step_inputs
+from hf_paged.batching.step_sampling import StepSampling
 from hf_paged.batching.swap import swap_in, swap_out
 from hf_paged.batching.weights import weights_fingerprint
 from hf_paged.cache.block_size import resolve_block_size
@@ -96,6 +96,7 @@ class Engine:
         self.lifecycle = RequestLifecycle(self.scheduler, self.kv, self.speculator, self.metrics)
         self.retrier = self.lifecycle.retrier
         self.appender = TokenAppender(self.lifecycle, self.metrics, self.max_model_len)
+        self.sampling = StepSampling(self.sampler, self.speculator, self.lifecycle, self.appender, self.metrics)
 
     # -- requests ----------------------------------------------------------------------------------------
     def add_request(
@@ -274,47 +275,7 @@ class Engine:
             for rows in inputs.scored:
                 if rows.request.num_computed_tokens == rows.request.num_tokens:
                     self.lifecycle.finish(rows.request, "scored")
-        if greedy:
-            return self._emit(inputs.sampled_requests, SampleResult.plain(logits), result)
-        sampled, drafted = inputs.sampled_requests, None
-        if any(inputs.num_draft_tokens):  # speculating decodes have 1 + k rows each: verified apart
-            split = self.speculator.split(inputs, logits)
-            sampled, logits, drafted = split.requests, split.logits, split.drafted
-        samplers, row_of = [], []  # each request's forks right after it (stock's row order for the draws)
-        for row, parent in enumerate(sampled):
-            children = self.lifecycle.fork_children(parent)  # forks sample their first token from the parent's row
-            samplers.extend([parent, *children])
-            row_of.extend([row] * (1 + len(children)))
-        if len(samplers) != len(sampled):
-            logits = logits.index_select(0, torch.tensor(row_of, device=logits.device))
-        if drafted is not None:
-            self._verify(drafted, result)
-        if not samplers:
-            return
-        with torch.inference_mode():  # the logits are inference tensors: processors may edit them in place
-            self._emit(samplers, self.sampler(samplers, logits), result)
-
-    def _emit(self, samplers: list[Request], sample: SampleResult, result: StepOutput) -> None:
-        now = time.perf_counter()
-        for request, token, failure, entry in zip(samplers, sample.token_ids, sample.errors, sample.logprobs):
-            if failure is not None:
-                self.lifecycle.fail(request, failure)
-            else:
-                self.appender.emit(request, [token], now, result, [entry])
-
-    def _verify(self, drafted: DraftRows, result: StepOutput) -> None:
-        """Keep each speculating request's accepted drafts and the model's next token; roll back the rest."""
-        with torch.inference_mode():
-            verdicts = self.speculator.verify(drafted, self.sampler)
-        now = time.perf_counter()
-        for request, verdict in zip(drafted.requests, verdicts):
-            if verdict.error is not None:
-                self.lifecycle.fail(request, verdict.error)
-                continue
-            self.speculator.settle(request, verdict)
-            self.metrics.num_draft_tokens += verdict.num_drafted
-            self.metrics.num_accepted_tokens += verdict.num_accepted
-            self.appender.emit(request, verdict.token_ids, now, result, verdict.logprobs)
+        self.sampling.sample(inputs, logits, result, greedy=greedy)  # steps 6-7 (step_sampling.py)
 
     def _fail_unschedulable(self, schedule: SchedulerOutput) -> None:
         """Nothing ran or was preempted while requests wait: the one admission stopped on never fits; fail it."""
