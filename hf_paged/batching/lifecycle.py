@@ -16,7 +16,7 @@ import time
 
 from hf_paged.batching.metrics import EngineMetrics
 from hf_paged.batching.request import Failure, Request, RequestOutput, RequestStatus, fork_ids
-from hf_paged.batching.retry import Retrier, retry_seed
+from hf_paged.batching.retry import Retrier, num_generated_tokens, retry_seed
 from hf_paged.batching.scheduler import Scheduler
 from hf_paged.batching.speculative import Speculator
 from hf_paged.cache.kv_manager import KVCacheManager
@@ -131,9 +131,10 @@ class RequestLifecycle:
             self.end(child, status, reason, failure)
         if status is RequestStatus.FINISHED:
             self.metrics.num_requests_finished += 1
-            if request.first_token_time is not None and len(request.output_ids) > 1:
+            num_tokens = num_generated_tokens(request)  # every attempt's: the span runs from the first one's
+            if request.first_token_time is not None and num_tokens > 1:
                 span = request.last_token_time - request.first_token_time
-                self.metrics.time_per_output_token.append(span / (len(request.output_ids) - 1))
+                self.metrics.time_per_output_token.append(span / (num_tokens - 1))
         elif reason == "abort":  # counted here, once per request: forks that never ran end here too
             self.metrics.num_requests_aborted += 1
         else:

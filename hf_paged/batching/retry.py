@@ -22,10 +22,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from hf_paged.batching.request import INCOMPLETE, Failure, Request, RequestStatus, RetryAttempt, fork_parent
+from hf_paged.batching.request import (
+    INCOMPLETE,
+    Failure,
+    Request,
+    RequestOutput,
+    RequestStatus,
+    RetryAttempt,
+    fork_parent,
+)
 from hf_paged.batching.sampling import SamplingParams
 
-__all__ = ["AttemptEnd", "Retrier", "document_text", "retry_seed", "schema_validator"]
+__all__ = ["AttemptEnd", "Retrier", "document_text", "num_generated_tokens", "retry_seed", "schema_validator"]
 
 
 @dataclass(slots=True)
@@ -44,6 +52,16 @@ def retry_seed(seed: int | None, fork_index: int, attempt: int) -> int | None:
         return None
     digest = hashlib.blake2b(f"{seed}/{fork_index}/{attempt}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def num_generated_tokens(request: Any) -> int:
+    """Tokens a `Request` or `RequestOutput` generated over all its attempts (max_retries: every run's, the refused
+    ones included; else its own): what its usage bills, what `generation_tokens_total` counted, what its time per
+    output token divides by. Every attempt's tokens were computed and sampled, so a retried request costs them all
+    (OpenAI and vLLM have no retries; `n` choices' usage likewise counts every choice's tokens)."""
+    attempts = request.attempts
+    return sum(a.num_tokens for a in attempts) if attempts else len(request.generated_tokens if isinstance(
+        request, RequestOutput) else request.output_ids)
 
 
 def _fork_index(request: Request) -> int:
@@ -133,7 +151,9 @@ class Retrier:
         self.num_retries += 1
         retry = Request(request.request_id, request.prompt_ids, request.params, request.priority,
                         request.arrival_index)
+        # the request's clock runs from its first attempt: arrival, first admission (its queue time) and first token
         retry.arrival_time, retry.first_token_time = request.arrival_time, request.first_token_time
+        retry.scheduled_time = request.scheduled_time
         retry.parent_id = request.parent_id
         retry.attempts = request.attempts
         retry.num_masks_computed = request.num_masks_computed

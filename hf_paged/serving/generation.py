@@ -18,6 +18,7 @@ from typing import Any
 
 from hf_paged.batching.engine_loop import EngineLoop
 from hf_paged.batching.request import RequestStatus, fork_ids, fork_parent
+from hf_paged.batching.retry import num_generated_tokens
 from hf_paged.errors import HfPagedError
 from hf_paged.serving.logprobs import EntryStream, LogprobEntry
 from hf_paged.serving.metrics import ServerMetrics
@@ -142,7 +143,7 @@ async def run_choices(
 
 def _last_event(index, text, delta, stream: TextStream, usage: Usage, metrics: ServerMetrics, e2e: float):
     output = delta.output
-    usage.completion_tokens += len(output.generated_tokens)
+    usage.completion_tokens += num_generated_tokens(output)  # max_retries: every attempt's, as /metrics counts
     if fork_parent(output.request_id) == output.request_id:  # forks share their parent's cached prompt
         usage.cached_tokens += output.num_cached_tokens
     if output.status is RequestStatus.FAILED and output.finish_reason != "abort":  # counted by request_failed

@@ -20,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from hf_paged.batching.engine_loop import EngineLoop
 from hf_paged.batching.request import RequestOutput, fork_parent
+from hf_paged.batching.retry import num_generated_tokens
 
 __all__ = ["HEALTH_TARGETS", "ServerMetrics"]
 
@@ -88,8 +89,9 @@ class ServerMetrics:
         if output.scheduled_time >= 0 and fork_parent(output.request_id) == output.request_id:
             self.queue.observe(max(0.0, output.scheduled_time - output.created_time))
         first, finish = output.lifespan
-        if first >= 0 and finish >= first and len(output.generated_tokens) > 1:
-            self.tpot.observe((finish - first) / (len(output.generated_tokens) - 1))
+        num_tokens = num_generated_tokens(output)  # max_retries: every attempt's (lifespan starts at the first's)
+        if first >= 0 and finish >= first and num_tokens > 1:
+            self.tpot.observe((finish - first) / (num_tokens - 1))
 
     def observe_rejected(self, status: int) -> None:
         self.rejected.labels(self.model_name, str(status)).inc()
