@@ -1,4 +1,4 @@
-"""Connections that send no complete request head in time are closed (slowloris).
+"""Connections that send no complete request head in time, or stop reading a response, are closed.
 
 uvicorn closes an idle keep-alive connection after `--timeout-keep-alive`, but a connection that trickles a
 request's headers a few bytes at a time (any byte cancels that timer) is held for as long as the client likes: 200
@@ -6,36 +6,67 @@ such connections stayed open for as long as h63 fed them, and enough of them tak
 which nobody else connects. Here each connection must start a new request (its head complete) within
 `header_timeout_s` of being opened or of its previous response ending, or it is closed; a request in progress (a
 long stream, a slow upload of its body) is never cut.
+
+A client that stops reading a response but keeps its socket open (a stalled stream reader) fills the socket buffers,
+then the transport's; uvicorn then pauses the handler at its next write, and has no write timeout, so the handler
+waited forever: its engine requests ran on to `max_tokens` into a buffer nobody reads, and the connection, the
+handler and every undelivered event stayed in memory until the client went away. Here a connection whose writes stay
+paused for `send_timeout_s` (nginx's `send_timeout`, 60 s by default: time between two successful writes) is
+aborted: uvicorn reports the disconnect, and the handler aborts the response's engine requests, as for a client that
+closed. A slow reader that keeps reading is never cut.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-__all__ = ["DEFAULT_HEADER_TIMEOUT_S", "header_deadline_protocol"]
+__all__ = ["DEFAULT_HEADER_TIMEOUT_S", "DEFAULT_SEND_TIMEOUT_S", "header_deadline_protocol"]
 
 DEFAULT_HEADER_TIMEOUT_S = 30.0  # nginx's client_header_timeout is 60 s; a real client sends its head at once
+DEFAULT_SEND_TIMEOUT_S = 60.0  # nginx's send_timeout: a client that reads nothing for this long is gone
 
 
-def header_deadline_protocol(header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, http: str = "auto") -> type:
+def header_deadline_protocol(header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S, http: str = "auto", *,
+                             send_timeout_s: float = DEFAULT_SEND_TIMEOUT_S) -> type:
     """uvicorn's HTTP protocol class (`http`: "auto", "httptools" or "h11", as uvicorn's `--http`) with a deadline on
-    request heads; pass it as `uvicorn.Config(http=...)`."""
-    if header_timeout_s <= 0:
-        raise ValueError(f"header_timeout_s must be > 0 seconds, got {header_timeout_s}")
+    request heads and one on stalled writes (`send_timeout_s`); pass it as `uvicorn.Config(http=...)`."""
+    for name, value in (("header_timeout_s", header_timeout_s), ("send_timeout_s", send_timeout_s)):
+        if not 0 < value < float("inf"):
+            raise ValueError(f"{name} must be a number of seconds > 0, got {value}")
     base = _protocol_class(http)
 
     class HeaderDeadlineProtocol(base):  # type: ignore[misc, valid-type]
         _deadline: asyncio.TimerHandle | None = None
         _seen_cycle: object = None  # the request cycle current when the deadline was armed
+        _stall: asyncio.TimerHandle | None = None  # armed while the transport has paused our writes
 
         def connection_made(self, transport) -> None:
             super().connection_made(transport)
             self._arm()
 
         def connection_lost(self, exc) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
+            for timer in (self._deadline, self._stall):
+                if timer is not None:
+                    timer.cancel()
             super().connection_lost(exc)
+
+        def pause_writing(self) -> None:
+            """The client is not reading what we send (its socket and our write buffer are full): abort the
+            connection unless writing resumes within `send_timeout_s`."""
+            super().pause_writing()
+            if self._stall is None:
+                self._stall = self.loop.call_later(send_timeout_s, self._stalled)
+
+        def resume_writing(self) -> None:
+            if self._stall is not None:
+                self._stall.cancel()
+                self._stall = None
+            super().resume_writing()
+
+        def _stalled(self) -> None:
+            # abort, not close: close() (also uvicorn's, after a response) waits to flush a buffer nobody reads
+            self._stall = None
+            self.transport.abort()
 
         def _arm(self) -> None:
             self._seen_cycle = self.cycle
