@@ -27,7 +27,7 @@ __all__ = ["HEALTH_TARGETS", "ServerMetrics"]
 # Our design notes' health figures: (engine stat, comparison, threshold, what it says).
 HEALTH_TARGETS = {
     "prefix_hit_rate": ("prefix_hit_rate", ">", 0.80, "prompt tokens served from the prefix cache"),
-    "batch_utilization": ("recent_batch_utilization", ">", 0.75, "tokens per step / token budget, last 256 steps"),
+    "batch_utilization": ("recent_batch_utilization", ">", 0.75, "tokens per step / token budget, last 256 steps; None when idle"),
     "memory_pressure": ("kv_usage", "<", 0.90, "KV blocks in use / blocks in the pool"),
 }
 # Seconds. TTFT and e2e end where vLLM v1's do (e2e: its very bounds): a latency past the last finite bound lands
@@ -68,6 +68,8 @@ class ServerMetrics:
                                 labelnames=["model_name", "status"], registry=self.registry)
         self.snapshot: dict[str, Any] = {}
         self.retention = None  # the server's PrefixRetention (its refused pins are reported)
+        self._steps_at_read: int | None = None  # engine steps at the last read of the figures
+        self._window_start = 0  # batch utilisation counts the steps after this one (the last idle read's)
         self.registry.register(_EngineCollector(self))
 
     # -- observations (event loop thread) ------------------------------------------------------------------
@@ -104,8 +106,24 @@ class ServerMetrics:
         queried = stats["prompt_tokens_queried"]
         stats["prefix_hit_rate"] = stats["prompt_tokens_cached"] / queried if queried else None
         stats["cache_retention_refused"] = self.retention.num_refused if self.retention is not None else 0
+        self._recent_utilization(stats)
         self.snapshot = stats
         return stats
+
+    def _recent_utilization(self, stats: dict[str, Any]) -> None:
+        """`recent_batch_utilization` over the engine's last steps (at most 256) since the server was last seen
+        idle: a read (/health, /metrics) that finds no step run since the previous read and nothing running or
+        waiting restarts the window, so an idle server reads None (no sample: idle), not its last busy figure;
+        `batch_utilization_steps` is the window's size."""
+        steps = stats["steps"]
+        if steps == self._steps_at_read and not stats["requests_running"] and not stats["requests_waiting"]:
+            self._window_start = steps
+        self._steps_at_read = steps
+        recent = list(self.loop.engine.metrics.recent_step_tokens)  # one C-level copy (the step thread appends)
+        window = max(0, min(len(recent), steps - self._window_start))
+        budget = self.loop.engine.config.max_num_batched_tokens
+        stats["recent_batch_utilization"] = sum(recent[len(recent) - window:]) / (window * budget) if window else None
+        stats["batch_utilization_steps"] = window
 
     def render(self) -> bytes:
         self.refresh()
@@ -120,6 +138,7 @@ class ServerMetrics:
             holds = None if value is None else (value > threshold if op == ">" else value < threshold)
             checks[name] = {"value": value, "comparison": op, "threshold": threshold, "holds": holds,
                             "meaning": meaning}
+        checks["batch_utilization"]["steps"] = stats["batch_utilization_steps"]  # its window (0: idle)
         return {"status": "ok" if self.loop.is_alive else "down", "engine_loop_alive": self.loop.is_alive,
                 "requests_running": stats["requests_running"], "requests_waiting": stats["requests_waiting"],
                 "checks": checks}
@@ -144,7 +163,7 @@ class _EngineCollector:
         (GaugeMetricFamily, "prefix_cache_hit_rate", "prefix_hit_rate",
          "Prompt tokens served from the prefix cache / prompt tokens"),
         (GaugeMetricFamily, "batch_utilization", "recent_batch_utilization",
-         "Tokens per step / token budget over the last 256 steps"),
+         "Tokens per step / token budget over the last 256 steps (since the server was last read idle)"),
         (CounterMetricFamily, "prefix_cache_queries", "prompt_tokens_queried",
          "Prompt tokens looked up in the prefix cache"),
         (CounterMetricFamily, "prefix_cache_hits", "prompt_tokens_cached",
