@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import weakref
+from typing import Any
+
 from hf_paged.batching.request import Request
+
+_SPECIAL_IDS: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
 
 
 def check_stop(request: Request, max_model_len: int) -> str | None:
@@ -19,9 +24,45 @@ def check_stop(request: Request, max_model_len: int) -> str | None:
 
 
 def _ends_with_stop_string(request: Request) -> bool:
+    """A stop string in the output's tail, read two ways: with special tokens spelled out (a stop string that is a
+    special token's text, "<|im_end|>", as stock's `StopStringCriteria` and lm-eval's `until` match it), and as the
+    text a client sees, special tokens skipped (the server's text; vLLM's stop check reads that text): "a", a special
+    token, "b" holds the stop string "ab" there, and the server cut its text at it, so the request must end too
+    (it ran on to max_tokens before, its text already cut)."""
     stops = request.params.stop_strings
+    tokenizer = request.params.tokenizer
     # A stop string of k characters spans at most k tokens (every token decodes to >= 1 character, or to part of
     # a multi-byte character: 4 bytes each at most); decode only that tail, not the whole output.
     window = 4 * max(len(s) for s in stops) + 1
-    tail = request.params.tokenizer.decode(request.output_ids[-window:], skip_special_tokens=False)
-    return any(s in tail for s in stops)
+    tail = request.output_ids[-window:]
+    if any(s in tokenizer.decode(tail, skip_special_tokens=False) for s in stops):
+        return True
+    special = _special_ids(tokenizer)
+    if not special.intersection(tail):
+        return False
+    # special tokens show no text there: the window counts the others only
+    shown: list[int] = []
+    for token_id in reversed(request.output_ids):
+        if token_id not in special:
+            shown.append(token_id)
+            if len(shown) == window:
+                break
+    text = tokenizer.decode(shown[::-1], skip_special_tokens=True)
+    return any(s in text for s in stops)
+
+
+def _special_ids(tokenizer: Any) -> frozenset[int]:
+    """The ids `decode(skip_special_tokens=True)` drops, once per tokenizer: `all_special_ids` and every added token
+    marked special (a chat model's `<|im_start|>`: the backend skips it, `all_special_ids` may not list it)."""
+    try:
+        return _SPECIAL_IDS[tokenizer]
+    except (KeyError, TypeError):  # (TypeError: a tokenizer that takes no weak reference is asked every time)
+        pass
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    special = frozenset(getattr(tokenizer, "all_special_ids", ()) or ()).union(
+        i for i, token in added.items() if getattr(token, "special", False))
+    try:
+        _SPECIAL_IDS[tokenizer] = special
+    except TypeError:
+        pass
+    return special
