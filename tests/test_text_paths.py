@@ -7,6 +7,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor
 
 from hf_paged import Engine, PagedConfig, SamplingParams
+from hf_paged.batching.stopping import special_ids
+from hf_paged.serving.logprobs import TokenPieces
 from hf_paged.serving.text import TextStream
 from tests.processors.toy_tokenizers import byte_level_tokenizer
 from tests.tiny_models import DECODER
@@ -76,3 +78,14 @@ def test_special_tokens_do_not_hide_a_stop_string_from_the_window():
                             logits_processors=[Force(forced, len(prompt))])
     out = _run(engine, prompt, params)
     assert out.finish_reason == "stop" and out.generated_tokens == forced[:-1]
+
+
+def test_chat_bytes_of_an_added_special_token_are_null():
+    """Chat's `bytes` joined are the content's bytes: a special token the content skips has null bytes (OpenAI's
+    null), also one that `all_special_ids` does not list (<|end|> here; before, its 7 bytes were given)."""
+    tok = byte_level_tokenizer()
+    pieces = TokenPieces(tok)
+    end, a = tok.convert_tokens_to_ids("<|end|>"), tok("a", add_special_tokens=False).input_ids[0]
+    assert pieces.chat_bytes(end) is None and pieces.chat_bytes(tok.eos_token_id) is None
+    assert pieces.chat_bytes(a) == [ord("a")]
+    assert special_ids(tok) == {tok.eos_token_id, tok.pad_token_id, end}

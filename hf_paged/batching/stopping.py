@@ -37,7 +37,7 @@ def _ends_with_stop_string(request: Request) -> bool:
     tail = request.output_ids[-window:]
     if any(s in tokenizer.decode(tail, skip_special_tokens=False) for s in stops):
         return True
-    special = _special_ids(tokenizer)
+    special = special_ids(tokenizer)
     if not special.intersection(tail):
         return False
     # special tokens show no text there: the window counts the others only
@@ -51,7 +51,7 @@ def _ends_with_stop_string(request: Request) -> bool:
     return any(s in text for s in stops)
 
 
-def _special_ids(tokenizer: Any) -> frozenset[int]:
+def special_ids(tokenizer: Any) -> frozenset[int]:
     """The ids `decode(skip_special_tokens=True)` drops, once per tokenizer: `all_special_ids` and every added token
     marked special (a chat model's `<|im_start|>`: the backend skips it, `all_special_ids` may not list it)."""
     try:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hf_paged.batching.logprobs import TokenLogprobs, TopLogprob
+from hf_paged.batching.stopping import special_ids
 
 __all__ = ["EntryStream", "LogprobEntry", "TokenPieces", "chat_logprobs", "completion_logprobs"]
 
@@ -62,7 +63,7 @@ class TokenPieces:
         """Chat's `bytes`: None for a special token (an EOS has no bytes in the text; OpenAI's null), so the
         entries' bytes joined are the content's."""
         if self._special is None:
-            self._special = frozenset(getattr(self.tokenizer, "all_special_ids", ()) or ())
+            self._special = special_ids(self.tokenizer)  # (an added special token that all_special_ids misses too)
         return None if token_id in self._special else self.bytes(token_id)
 
     def label(self, token_id: int) -> str:
