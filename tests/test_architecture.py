@@ -19,11 +19,12 @@ ALLOWED = {
     "lazy": set(),  # the lazy package faces' `__getattr__` (a leaf, like errors)
     "compat": set(),  # every use of another library's private API (a leaf)
     "background_compile": set(),  # numba kernels compiled in a child process, one per cache (a leaf)
+    "after_fork": set(),  # fresh module-level locks in a forked child (a leaf, any layer may use it)
     "config": {"errors"},
-    "cache": {"compat", "config", "errors", "lazy", "background_compile"},
-    "processors": {"compat", "config", "errors", "lazy", "background_compile"},
-    "kv_transfer": {"compat", "cache", "config", "errors", "lazy"},  # KV blocks between engines and tiers
-    "batching": {"compat", "cache", "kv_transfer", "processors", "config", "errors", "lazy"},
+    "cache": {"compat", "after_fork", "config", "errors", "lazy", "background_compile"},
+    "processors": {"compat", "after_fork", "config", "errors", "lazy", "background_compile"},
+    "kv_transfer": {"compat", "after_fork", "cache", "config", "errors", "lazy"},  # KV blocks between engines and tiers
+    "batching": {"compat", "after_fork", "cache", "kv_transfer", "processors", "config", "errors", "lazy"},
     "serving": {"compat", "batching", "cache", "processors", "config", "errors", "lazy", "api"},
     "scaleout": {"compat", "serving", "batching", "kv_transfer", "cache", "processors", "config", "errors", "lazy",
                  "api"},  # kv_transfer: prefill/decode replicas hand KV over through Ray's object store
@@ -32,7 +33,7 @@ ALLOWED = {
     "cli": {"api", "integrations", "serving", "scaleout", "distributed", "batching", "cache", "processors", "config",
             "errors", "lazy", "compat"},
     "integrations": {"compat", "distributed", "batching", "processors", "config", "errors", "lazy", "api"},
-    "programs": {"compat", "batching", "cache", "processors", "config", "errors", "lazy", "api"},
+    "programs": {"compat", "after_fork", "batching", "cache", "processors", "config", "errors", "lazy", "api"},
     "__main__": {"cli"},  # `python -m hf_paged`: the command line, nothing else
 }
 

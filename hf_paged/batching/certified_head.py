@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hf_paged.after_fork import renew_locks_after_fork
 from hf_paged.batching.lean_forward import _HEAD_CHUNK, MIN_PRUNED_ROWS, _head
 from hf_paged.batching.weights import tensor_stamp
 
@@ -104,6 +105,7 @@ def _packed(bf16: torch.Tensor) -> torch.Tensor | None:
 _COPIES: dict[int, tuple[weakref.ref, HeadCopy]] = {}
 _COPY_ROWS = 1024  # vocabulary rows per pass while copying: the passes over a slice stay in cache
 _BUILD_LOCK = threading.Lock()
+renew_locks_after_fork(globals(), "_BUILD_LOCK")  # a forked child gets a free lock (after_fork.py)
 
 
 def current_copy(weight: torch.Tensor) -> HeadCopy | None:

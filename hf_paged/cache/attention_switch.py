@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from hf_paged.after_fork import renew_locks_after_fork
 from hf_paged.compat import get_attn_implementation, has_attn_implementation, set_attn_implementation
 
 
@@ -30,6 +31,7 @@ def attention_configs(model: torch.nn.Module) -> list[Any]:
 # Forwards of several engines over one model may overlap (threads), and switches may nest: each config keeps its
 # own value and the switches in force, and always shows the latest one still in force (its own value when none).
 _lock = threading.Lock()
+renew_locks_after_fork(globals(), "_lock")  # a forked child gets a free lock (after_fork.py)
 _active: dict[int, tuple[str | None, list[tuple[object, str]]]] = {}  # id(config) -> (own value, switches)
 
 

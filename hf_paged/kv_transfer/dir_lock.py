@@ -21,6 +21,7 @@ import os
 import threading
 from dataclasses import dataclass
 
+from hf_paged.after_fork import renew_locks_after_fork
 from hf_paged.errors import KVDirectoryInUseError
 
 try:
@@ -42,6 +43,7 @@ class _Held:
 
 _held: dict[str, _Held] = {}  # real path of the directory -> this process's lock on it
 _guard = threading.Lock()
+renew_locks_after_fork(globals(), "_guard")  # a forked child gets a free lock (after_fork.py)
 
 
 def _key(path: str | os.PathLike) -> str:

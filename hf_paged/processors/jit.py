@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from hf_paged.after_fork import renew_locks_after_fork
 from hf_paged.background_compile import Outcome, compile_in_child, sources_digest
 from hf_paged.compat import numba_cache_index, seal_numba_cache
 
@@ -50,6 +51,7 @@ _KERNELS: list[Kernel] = []
 _HELPERS: list[Callable[..., Any]] = []  # functions compiled kernels call (never run as Python: see `helper`)
 _WARM_UPS: list[Callable[[], None]] = []  # one call per kernel in the signatures its callers use
 _LOCK = threading.Lock()
+renew_locks_after_fork(globals(), "_LOCK")  # a forked child gets a free lock (after_fork.py)
 _DONE = threading.Event()  # set once the kernels switched (or will never switch: off, or a failure)
 _thread: threading.Thread | None = None
 _CHILD_ROUNDS = 3  # waits for another process's compile before this one compiles what is still missing

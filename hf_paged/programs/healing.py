@@ -19,10 +19,13 @@ from dataclasses import dataclass
 
 import torch
 
+from hf_paged.after_fork import renew_locks_after_fork
+
 __all__ = ["HealingProcessor", "TokenHealing", "heal_prompt", "token_texts"]
 
 _TEXTS: dict[int, tuple[object, list[str]]] = {}  # id(tokenizer) -> (the tokenizer, each token's text)
 _TEXTS_LOCK = threading.Lock()
+renew_locks_after_fork(globals(), "_TEXTS_LOCK")  # a forked child gets a free lock (after_fork.py)
 _MAX_TOKENIZERS = 4
 
 

@@ -91,3 +91,76 @@ def test_a_child_forked_while_a_thread_holds_a_lock_uses_it(which):
                           check=False, timeout=480,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)})
     assert "CHILD EXIT 0" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
+
+
+# Every module-level lock in hf_paged (`_NAME = threading.Lock()` at a line's start), found in the sources so that a
+# new one is covered too; wrap_state and cpu_warm renew theirs with their own hooks (the cases above).
+_OWN_HOOKS = {("hf_paged.api.wrap_state", "_ENGINE_LOCK"), ("hf_paged.cache.kernels.cpu_warm", "_lock")}
+
+
+def _module_locks() -> list[tuple[str, str]]:
+    import re
+
+    root = Path(__file__).resolve().parents[2]
+    found = []
+    for path in sorted((root / "hf_paged").rglob("*.py")):
+        for name in re.findall(r"^(\w+) = threading\.R?Lock\(\)", path.read_text(), re.MULTILINE):
+            module = ".".join(path.relative_to(root).with_suffix("").parts)
+            if (module, name) not in _OWN_HOOKS:
+                found.append((module, name))
+    return found
+
+
+_HOLD_ALL = """
+import importlib, os, signal, sys, threading, time
+locks = [tuple(item.split(":")) for item in sys.argv[1:]]
+modules = {name: importlib.import_module(name) for name, _ in locks}
+held, release = threading.Event(), threading.Event()
+def hold():  # one thread holds every lock (a compile, a healing, a head build mid-way) while the main thread forks
+    taken = [getattr(modules[m], n) for m, n in locks]
+    for lock in taken:
+        lock.acquire()
+    held.set()
+    release.wait(60)
+    for lock in taken:
+        lock.release()
+threading.Thread(target=hold, daemon=True).start()
+assert held.wait(30)
+pid = os.fork()
+if pid == 0:  # each module's next `with _LOCK:` (the lock looked up by name, as the modules do)
+    stuck = []
+    for m, n in locks:
+        lock = getattr(modules[m], n)
+        if lock.acquire(timeout=5):
+            lock.release()
+        else:
+            stuck.append(f"{m}.{n}")
+    print("CHILD STUCK ON", stuck, flush=True)
+    # and one real use: the process-wide index cache (its lock guards its creation)
+    from hf_paged.processors.index.index_cache import default_index_cache
+    default_index_cache()
+    os._exit(1 if stuck else 0)
+release.set()
+deadline = time.monotonic() + 120
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("CHILD EXIT", os.waitstatus_to_exitcode(status))
+        break
+    if time.monotonic() > deadline:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        print("CHILD HUNG")
+        break
+    time.sleep(0.05)
+"""
+
+
+def test_module_level_locks_are_fresh_in_a_forked_child():
+    locks = _module_locks()
+    assert ("hf_paged.programs.healing", "_TEXTS_LOCK") in locks and len(locks) >= 14, locks  # the scan works
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run([sys.executable, "-c", _HOLD_ALL, *(f"{m}:{n}" for m, n in locks)], cwd=root,
+                          capture_output=True, text=True, check=False, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)})
+    assert "CHILD EXIT 0" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])

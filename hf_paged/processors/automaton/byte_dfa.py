@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from hf_paged.after_fork import renew_locks_after_fork
 from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors.automaton import nfa_kernel
 from hf_paged.processors.automaton.dfa import KERNEL_LIMIT, DenseDFA, FlatNFA, Subsets, determinize, flat_nfa, subsets
@@ -41,6 +42,7 @@ _FAILED: OrderedDict[tuple, tuple[int, str]] = OrderedDict()  # (regex, limits) 
 _SENTINEL, _SENTINEL_BYTE = "\\x01", 0x01
 _ANCHOR_OPEN, _ANCHOR_CLOSE = "(?:", ")\\z"  # `anchored`
 _LOCK = threading.Lock()
+renew_locks_after_fork(globals(), "_LOCK")  # a forked child gets a free lock (after_fork.py)
 
 
 @dataclass(slots=True)

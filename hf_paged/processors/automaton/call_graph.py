@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass
 
+from hf_paged.after_fork import renew_locks_after_fork
 from hf_paged.processors.automaton.grammar import DIGITS, Grammar
 
 __all__ = ["CallGraph", "call_graph", "call_number", "components", "strongly_connected"]
@@ -129,3 +130,4 @@ _NUMBERS: dict[str, int] = {}  # a call's digits -> its rule number
 _GRAPHS: OrderedDict[Grammar, CallGraph] = OrderedDict()
 _GRAPHS_SIZE = 16
 _LOCK = threading.Lock()
+renew_locks_after_fork(globals(), "_LOCK")  # a forked child gets a free lock (after_fork.py)

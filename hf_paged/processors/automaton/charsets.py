@@ -16,12 +16,15 @@ import sys
 import threading
 from functools import lru_cache
 
+from hf_paged.after_fork import renew_locks_after_fork
+
 __all__ = ["MAX_CODE_POINT", "Ranges", "category", "complement", "normalize", "utf8_sequences"]
 
 Ranges = tuple[tuple[int, int], ...]
 MAX_CODE_POINT = 0x10FFFF
 _SURROGATES = (0xD800, 0xDFFF)
 _LOCK = threading.Lock()
+renew_locks_after_fork(globals(), "_LOCK")  # a forked child gets a free lock (after_fork.py)
 
 
 def normalize(ranges: list[tuple[int, int]] | Ranges) -> Ranges:

@@ -11,6 +11,7 @@ from collections import OrderedDict
 
 import numpy as np
 
+from hf_paged.after_fork import renew_locks_after_fork
 from hf_paged.errors import InvalidRegexError
 from hf_paged.processors.automaton.byte_dfa import ByteDFA, PendingDFA, anchored, build_pending, byte_sets
 from hf_paged.processors.automaton.call_graph import call_graph
@@ -171,6 +172,7 @@ _RULES: OrderedDict[Grammar, tuple[list[Rule], int]] = OrderedDict()  # grammar 
 _RULES_SIZE = 8
 _RULES_LOCK = threading.Lock()
 _WRITE_LOCK = threading.Lock()  # a rule's table written once (`Rule._write`), whichever thread needs it first
+renew_locks_after_fork(globals(), "_RULES_LOCK", "_WRITE_LOCK")  # a forked child gets free locks (after_fork.py)
 
 
 def grammar_rules(grammar: Grammar, budget: CompileBudget | None = None) -> list[Rule]:

@@ -23,6 +23,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
+from hf_paged.after_fork import renew_locks_after_fork
 from hf_paged.errors import SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors import jit
 from hf_paged.processors.automaton import ByteDFA, Grammar, GrammarDFA, build_automaton, check_regex_size, describe
@@ -369,6 +370,7 @@ def _size(regex: str | Grammar) -> str:
 
 _DEFAULT: IndexCache | None = None
 _DEFAULT_LOCK = threading.Lock()
+renew_locks_after_fork(globals(), "_DEFAULT_LOCK")  # a forked child gets a free lock (after_fork.py)
 
 
 def _env_max_bytes() -> int:

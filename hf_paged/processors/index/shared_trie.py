@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
+from hf_paged.after_fork import renew_locks_after_fork
 from hf_paged.processors import jit
 from hf_paged.processors.index.string_masks import body_plan
 from hf_paged.processors.index.string_tokens import JSON_KEY_ASCII, JSON_STRING_ASCII, body_tokens
@@ -22,6 +23,7 @@ __all__ = ["JIT_MIN_TOKENS", "token_trie"]
 # nodes in Python faster than numba loads (~0.7 s of CPU in the background).
 JIT_MIN_TOKENS = 4096
 _LOCK = threading.Lock()
+renew_locks_after_fork(globals(), "_LOCK")  # a forked child gets a free lock (after_fork.py)
 # An LRU of `vocabulary.MAX_VOCABULARIES` tries: a trie dropped here lives on in the compiled indexes built over it
 _BY_FINGERPRINT: OrderedDict[str, TokenTrie] = OrderedDict()
 

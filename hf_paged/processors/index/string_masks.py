@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from hf_paged.after_fork import renew_locks_after_fork
 from hf_paged.processors.index.string_tokens import BodyTokens
 from hf_paged.processors.index.token_trie import TokenTrie
 
@@ -33,6 +34,7 @@ __all__ = ["BodyPlan", "PlannedIds", "body_plan", "count_bits", "group_words", "
 
 _MAX_GROUPS = 64  # first-byte groups memoised per plan (6 KB each with GPT-2)
 _LOCK = threading.Lock()
+renew_locks_after_fork(globals(), "_LOCK")  # a forked child gets a free lock (after_fork.py)
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from hf_paged.after_fork import renew_locks_after_fork
 from hf_paged.processors.index.token_trie import TokenTrie
 from hf_paged.processors.index.walk_kernel import pack_tokens
 
@@ -38,6 +39,7 @@ JSON_KEY_ASCII = sum(1 << byte for byte in range(0x20, 0x7F) if byte not in b'"\
 MAX_OTHERS = 4096  # past this many other tokens (a narrow body such as `[a-z]*`) the trie walk is cheaper
 _MAX_BODIES = 64  # memoised bodies per vocabulary
 _LOCK = threading.Lock()
+renew_locks_after_fork(globals(), "_LOCK")  # a forked child gets a free lock (after_fork.py)
 
 
 @dataclass(slots=True)

@@ -40,6 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from hf_paged.after_fork import renew_locks_after_fork
 from hf_paged.errors import TokenizerError
 
 __all__ = ["TokenVocabulary", "build_vocabulary", "bytes_to_unicode", "token_bytes_map"]
@@ -226,6 +227,7 @@ def _fingerprint(mapping: dict[int, bytes], eos_ids: tuple[int, ...]) -> str:
 
 
 _LOCK = threading.Lock()
+renew_locks_after_fork(globals(), "_LOCK")  # a forked child gets a free lock (after_fork.py)
 # Both memos are LRUs: a process that meets many tokenizers over its life (a new tokenizer object per request, EOS
 # ids chosen per call) must not keep each one. A vocabulary dropped here lives on in the processors and compiled
 # indexes that hold it; a later build of the same tokenizer only reads it again (same fingerprint, same indexes).
