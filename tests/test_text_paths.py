@@ -89,3 +89,58 @@ def test_chat_bytes_of_an_added_special_token_are_null():
     assert pieces.chat_bytes(end) is None and pieces.chat_bytes(tok.eos_token_id) is None
     assert pieces.chat_bytes(a) == [ord("a")]
     assert special_ids(tok) == {tok.eos_token_id, tok.pad_token_id, end}
+
+
+class Recording:
+    """A streamer that keeps what it is given; `fail_at`: the put that raises (counted from 1)."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.puts: list[list] = []
+        self.ends, self.fail_at = 0, fail_at
+
+    def put(self, value: torch.Tensor) -> None:
+        self.puts.append(value.tolist())
+        if len(self.puts) == self.fail_at:
+            raise KeyError("a streamer bug")
+
+    def end(self) -> None:
+        self.ends += 1
+
+
+def _wrapped():
+    import hf_paged
+    from tests.tiny_models import tiny_model
+
+    return hf_paged.wrap(tiny_model("llama"), num_blocks=64)
+
+
+def test_the_streamer_gets_the_rows_stock_gives_it():
+    """num_return_sequences=2: stock puts the expanded prompt ([2, len]: a TextStreamer then refuses the batch, as
+    stock's does) and one [2] tensor a step; the prompt went in unexpanded ([1, len]) before."""
+    from tests.tiny_models import tiny_model
+
+    ids = torch.tensor([[5, 6, 7]])
+    got = {}
+    for name, model in (("stock", tiny_model("llama")), ("paged", _wrapped())):
+        streamer = Recording()
+        model.generate(ids, max_new_tokens=3, do_sample=True, num_return_sequences=2, streamer=streamer)
+        got[name] = streamer
+    assert got["paged"].puts[0] == got["stock"].puts[0] == [[5, 6, 7], [5, 6, 7]]
+    assert [len(p) for p in got["paged"].puts[1:]] == [len(p) for p in got["stock"].puts[1:]] == [2, 2, 2]
+    assert got["paged"].ends == got["stock"].ends == 1
+
+
+def test_the_streamer_ends_once_also_when_generate_raises():
+    """A put that raises (or Ctrl-C in one) ends the call; the streamer still gets its one `end()`, so a
+    TextIteratorStreamer's reader thread is released (stock leaves it waiting forever; end() was skipped here too)."""
+    model = _wrapped()
+    streamer = Recording(fail_at=3)
+    try:
+        model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=6, do_sample=False, streamer=streamer)
+    except KeyError:
+        pass
+    else:
+        raise AssertionError("the streamer's error did not reach the caller")
+    assert streamer.ends == 1 and len(streamer.puts) == 3
+    out = model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=6, do_sample=False)  # the model still works
+    assert out.shape == (1, 9)

@@ -188,15 +188,17 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
                                max_new_tokens, input_ids.device) if lockstep else None
     # The engine's loop thread runs these together with every other caller's requests (any thread).
     submission = engine.loop.submit(prompts, params, stream=streamer is not None or lockstep)
-    on_step = make_streamer_hook(streamer, input_ids, submission.all_ids, pad_token_id)
+    on_step = make_streamer_hook(streamer, rows, submission.all_ids, pad_token_id)  # (stock puts the expanded rows)
     replay = None
     if criteria is not None:
         replay = LockstepCriteria(criteria, rows, submission.all_ids, pad_token_id, max_new_tokens,
                                   lambda ids: engine.loop.abort(*ids), sync=engine.sampler.sync)
         on_step = replay.on_step
-    outputs = submission.result(on_step)
-    if streamer is not None:
-        streamer.end()
+    try:
+        outputs = submission.result(on_step)
+    finally:  # also on an error (a streamer's put, Ctrl-C): a TextIteratorStreamer's reader is not left waiting
+        if streamer is not None:
+            streamer.end()
     failed = [o for o in outputs.values() if o.status is RequestStatus.FAILED
               and not (replay is not None and o.request_id in replay.aborted)]
     if failed:
