@@ -33,8 +33,8 @@ KV_ROLES = ("prefill", "decode")
 
 # Fields that shape the answer, not the prompt: a prefill drops them (a constraint would be compiled for one token)
 _ANSWER_ONLY = ("max_completion_tokens", "stream_options", "response_format", "guided_json", "guided_regex",
-                "guided_choice", "guided_grammar", "guided_whitespace_pattern", "logprobs", "top_logprobs",
-                "min_tokens", "best_of", "logit_bias", "echo", "prompt_logprobs_start")
+                "guided_choice", "guided_grammar", "guided_whitespace_pattern", "guided_number_digits", "logprobs",
+                "top_logprobs", "min_tokens", "best_of", "logit_bias", "echo", "prompt_logprobs_start")
 
 
 def attach_kv_role(engine: Engine, role: str, directory: str) -> RayObjectStore:

@@ -80,15 +80,19 @@ class ConstraintCache:
     def __len__(self) -> int:
         return len(self._items)
 
-    def get(self, kind: str, spec: Any, whitespace: str | None = None, declared_keys_only: bool = False) -> Any:
+    def get(self, kind: str, spec: Any, whitespace: str | None = None, declared_keys_only: bool = False,
+            number_digits: Any = None) -> Any:
         """The processor for a constraint (built on a miss: call from a worker thread, it may compile);
         `whitespace`: a JSON constraint's whitespace regex (None: the processor's bounded default);
-        `declared_keys_only`: a JSON schema's objects without `additionalProperties` get their declared keys only."""
-        key = (kind, json.dumps(spec, sort_keys=False, separators=(",", ":")), whitespace, declared_keys_only)
+        `declared_keys_only`: a JSON schema's objects without `additionalProperties` get their declared keys only;
+        `number_digits`: a JSON constraint's `NumberDigits` (None: the processor's default)."""
+        digits = None if number_digits is None else (number_digits.integer, number_digits.fraction,
+                                                     number_digits.exponent)
+        key = (kind, json.dumps(spec, sort_keys=False, separators=(",", ":")), whitespace, declared_keys_only, digits)
         with self._lock:
             processor = self._items.get(key)
         if processor is None:
-            processor = self._build(kind, spec, whitespace, declared_keys_only)
+            processor = self._build(kind, spec, whitespace, declared_keys_only, number_digits)
         with self._lock:
             if self._items.peek(key) is None:
                 self._items.put(key, processor, 0)
@@ -104,7 +108,8 @@ class ConstraintCache:
                 self._items.resize(other, _index_bytes(self._items.peek(other)), touch=False, enforce=False)
         self._items.resize(key, _index_bytes(self._items.peek(key)))
 
-    def _build(self, kind: str, spec: Any, whitespace: str | None, declared_keys_only: bool) -> Any:
+    def _build(self, kind: str, spec: Any, whitespace: str | None, declared_keys_only: bool,
+               number_digits: Any) -> Any:
         from hf_paged.processors import (
             ChoiceLogitsProcessor,
             GrammarLogitsProcessor,
@@ -115,7 +120,7 @@ class ConstraintCache:
         eos = self.eos_token_ids or None
         if kind == "json_schema":
             return JSONSchemaLogitsProcessor(spec, self.tokenizer, eos_token_id=eos, whitespace=whitespace,
-                                             undeclared_keys=not declared_keys_only)
+                                             undeclared_keys=not declared_keys_only, number_digits=number_digits)
         if kind == "regex":
             return RegexLogitsProcessor(spec, self.tokenizer, eos_token_id=eos)
         if kind == "grammar":
@@ -148,16 +153,22 @@ def constraint_of(request: _Sampling) -> Constraint | None:
 
 def build_constraint(cache: ConstraintCache, request: _Sampling) -> list:
     """The request's processors (at most one); schema errors become a 400 naming the keyword's JSON pointer."""
+    from hf_paged.processors.schema import DEFAULT_DIGITS, NumberDigits
+
     found = constraint_of(request)
-    whitespace = request.guided_whitespace_pattern
-    if whitespace is not None and (found is None or found.kind != "json_schema"):
-        given = f"with {found.param}" if found is not None else "without one"
-        raise ApiError("guided_whitespace_pattern applies to JSON constraints (response_format, guided_json); "
-                       f"leave it out {given}", param="guided_whitespace_pattern", code="invalid_value")
+    whitespace, digits = request.guided_whitespace_pattern, request.guided_number_digits
+    for name, value in (("guided_whitespace_pattern", whitespace), ("guided_number_digits", digits)):
+        if value is not None and (found is None or found.kind != "json_schema"):
+            given = f"with {found.param}" if found is not None else "without one"
+            raise ApiError(f"{name} applies to JSON constraints (response_format, guided_json); leave it out {given}",
+                           param=name, code="invalid_value")
     if found is None:
         return []
+    number_digits = None if digits is None else NumberDigits(*(  # a part left out keeps the default's bound
+        getattr(DEFAULT_DIGITS, part) if getattr(digits, part) is None else getattr(digits, part)
+        for part in ("integer", "fraction", "exponent")))
     try:
-        return [cache.get(found.kind, found.spec, whitespace, found.declared_keys_only)]
+        return [cache.get(found.kind, found.spec, whitespace, found.declared_keys_only, number_digits)]
     except (SchemaError, TokenizerError, TypeError) as exc:
         raise ApiError(f"{found.param}: {exc}", param=found.param,
                        code="invalid_schema" if found.kind == "json_schema" else f"invalid_{found.kind}") from None

@@ -70,6 +70,14 @@ class JSONSchemaFormat(_Strict):
     strict: StrictBool | None = None
 
 
+class NumberDigitsField(_Strict):
+    """`guided_number_digits`: most digits of a JSON constraint's numbers (`hf_paged.processors.NumberDigits`)."""
+
+    integer: Annotated[StrictInt, Field(ge=1)] | None = None
+    fraction: Annotated[StrictInt, Field(ge=1)] | None = None
+    exponent: Annotated[StrictInt, Field(ge=1)] | None = None
+
+
 class ResponseFormat(_Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JSONSchemaFormat | None = None
@@ -120,6 +128,9 @@ class _Sampling(_Strict):
     guided_grammar: StrictStr | None = None  # a context-free grammar in Lark's EBNF (`GrammarLogitsProcessor`)
     # the whitespace a JSON constraint allows between tokens (a regex; default at most one space, bounded)
     guided_whitespace_pattern: StrictStr | None = None
+    # hf_paged: most digits of a JSON constraint's numbers' integer part, fraction and exponent (each >= 1; a part
+    # left out keeps the default's bound: integer none, fraction 23, exponent 3)
+    guided_number_digits: NumberDigitsField | None = None
     # hf_paged: keep this prompt's prefix cached (pinned) for this long after its prompt is computed
     # (`serving/retention.py`), its first `cache_retention_tokens` tokens (default: the whole prompt)
     cache_retention_seconds: Annotated[Number, Field(gt=0, allow_inf_nan=False)] | None = None

@@ -157,7 +157,7 @@ class Exploding(LogitsProcessor):
 
 def test_a_failing_processor_fails_only_its_request(server, engine):
     constraints = server.app.state.server.preparer.constraints
-    constraints._items[("regex", json.dumps("explode"), None, False)] = Exploding()  # what the cache returns
+    constraints._items[("regex", json.dumps("explode"), None, False, None)] = Exploding()  # what the cache returns
     try:
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             good = [pool.submit(post, server, "/v1/completions", {"prompt": f"def f{i}():", "max_tokens": 20,
@@ -175,7 +175,7 @@ def test_a_failing_processor_fails_only_its_request(server, engine):
         events = [line for line in streamed.result().text.splitlines() if line.startswith("data: ")]
         assert "boom" in json.loads(events[0][6:])["error"]["message"] and events[-1] == "data: [DONE]"
     finally:
-        constraints._items.pop(("regex", json.dumps("explode"), None, False), None)
+        constraints._items.pop(("regex", json.dumps("explode"), None, False, None), None)
 
 
 def test_a_distribution_that_overflows_fails_only_its_request(server, engine):
@@ -203,7 +203,7 @@ def test_a_request_failing_on_its_own_input_answers_400(server, engine):
     """A typed error of the request's own making raised inside the engine (a constraint over its budget) is the
     client's 400, streamed or not; a processor's plain exception stays a 500 (above)."""
     constraints = server.app.state.server.preparer.constraints
-    constraints._items[("regex", json.dumps("too big"), None, False)] = OverBudget()
+    constraints._items[("regex", json.dumps("too big"), None, False, None)] = OverBudget()
     try:
         body = {"prompt": "x", "max_tokens": 20, "guided_regex": "too big"}
         error = assert_error(post(server, "/v1/completions", body), 400, words=["50,000 states"])
@@ -212,7 +212,7 @@ def test_a_request_failing_on_its_own_input_answers_400(server, engine):
         events = [line for line in streamed.text.splitlines() if line.startswith("data: ")]
         assert json.loads(events[0][6:])["error"]["code"] == "invalid_request" and events[-1] == "data: [DONE]"
     finally:
-        constraints._items.pop(("regex", json.dumps("too big"), None, False), None)
+        constraints._items.pop(("regex", json.dumps("too big"), None, False, None), None)
 
 
 def test_a_request_larger_than_the_queue_bound_is_a_400_not_a_flood(tiny_lm):
