@@ -12,6 +12,8 @@ only this command hears the signal; it drains, then stops the cluster itself. `-
 parent of Ray's processes (Ray binds them to it: they die with it), and this command binds `ray start` to itself
 (Linux `PR_SET_PDEATHSIG`), so a SIGKILL of the command still takes the cluster down. A cgroup-wide kill (systemd's
 default `KillMode=control-group`) reaches every process whatever its session: there `KillMode=mixed` is the fix.
+The cluster's temporary directory (`hf_paged-ray-*`) records the command's and `ray start`'s pid and start time; a
+SIGKILL leaves it behind, and the next start removes it once both are gone (`remove_stale_dirs`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ logger = logging.getLogger("hf_paged.scaleout")
 
 PROXY_READY_TIMEOUT_S = "60"  # Serve's proxy start-up bound in a cluster this command starts (Serve's default: 5 s)
 HEAD_START_TIMEOUT_S = 120.0  # `ray start --head` to "started" (~5 s idle; minutes at load 20 on 2 cores)
+TEMP_PREFIX = "hf_paged-ray-"  # the local cluster's temporary directory (`--temp-dir`), in the temporary folder
+OWNERS_FILE = "hf_paged-owners"  # in it: "pid start-time" of the command and of `ray start`, a line each
 HEAD_STOP_GRACE_S = 10.0  # `ray start --block` stops its processes on SIGTERM (~1-2 s), then this command reaps
 
 
@@ -55,11 +59,14 @@ class LocalCluster:
 
         address = self.address
         if address is None:
-            self.temp_dir = tempfile.mkdtemp(prefix="hf_paged-ray-")  # Ray's sockets and logs; short: socket paths
+            remove_stale_dirs(tempfile.gettempdir())  # left by a command killed with SIGKILL
+            self.temp_dir = tempfile.mkdtemp(prefix=TEMP_PREFIX)  # Ray's sockets and logs; short: socket paths
+            _write_owners(self.temp_dir, [os.getpid()])
             # Serve kills a proxy not ready within 5 s and the command died with ActorDiedError (4 of 5 starts at load
             # 15-23 on 2 cores); the raylet, and so Serve's controller, inherit the head's environment
             env = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": PROXY_READY_TIMEOUT_S, **os.environ, **self.head_env}
             address = self._start_head(env)
+            _write_owners(self.temp_dir, [os.getpid(), self.head.pid])  # the head's processes use it until it ends
         try:
             ray.init(address=address, runtime_env=worker_env(),
                      **({"include_dashboard": False} if self.address is not None else {}))
@@ -204,6 +211,42 @@ def free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+def _write_owners(temp_dir: str, pids: list[int]) -> None:
+    """Record who uses `temp_dir` (written whole, then renamed: a sweep never reads half a file)."""
+    lines = [f"{pid} {stat[2]}\n" for pid in pids if (stat := _stat(str(pid))) is not None]
+    path = os.path.join(temp_dir, OWNERS_FILE)
+    with open(path + ".new", "w") as f:
+        f.writelines(lines)
+    os.replace(path + ".new", path)
+
+
+def remove_stale_dirs(parent: str) -> list[str]:
+    """Remove the `hf_paged-ray-*` directories in `parent` whose recorded processes (the command, `ray start`) are all
+    gone: a command killed with SIGKILL cannot remove its own, and Ray's processes stop only after it (pdeathsig),
+    so the directory stays. A directory without the record (being created, or left by an older version), another
+    user's, or one whose command or head still runs (pid and start time both match) is kept. Returns those removed."""
+    import shutil
+
+    removed = []
+    for name in sorted(os.listdir(parent)) if os.path.isdir(parent) else ():
+        path = os.path.join(parent, name)
+        if not name.startswith(TEMP_PREFIX) or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue
+            with open(os.path.join(path, OWNERS_FILE)) as f:
+                owners = {(int(pid), int(start)) for pid, start in (line.split() for line in f if line.strip())}
+        except (OSError, ValueError):
+            continue
+        if owners and not _alive(owners):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    if removed:
+        logger.info("removed %d temporary directories of Ray clusters whose command was killed", len(removed))
+    return removed
 
 
 def _descendants() -> set[tuple[int, int]]:

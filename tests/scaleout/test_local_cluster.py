@@ -1,13 +1,16 @@
 """The local cluster's settings (`scaleout/local_cluster.py`), without starting Ray: its authentication agrees with
-the driver's, and `ray start` runs in a session of its own, bound to the command."""
+the driver's, `ray start` runs in a session of its own, bound to the command, and a killed command's temporary
+directory goes at the next start."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -113,3 +116,54 @@ def test_leaving_a_joined_cluster_deletes_only_our_application(monkeypatch, othe
     LocalCluster("ray://head:10001").stop()
     assert fake.calls == ([("delete", "hf_paged")] if others else [("delete", "hf_paged"), ("shutdown",)])
     assert fake.apps == others
+
+
+_KILLED_COMMAND = """
+import os, subprocess, sys, time
+import ray
+from hf_paged.scaleout import local_cluster
+def start_head(self, env):  # a stand-in `ray start --head --block`: a process that outlives the command for a while
+    self.head = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    return "127.0.0.1:1"
+local_cluster.LocalCluster._start_head = start_head
+ray.init = lambda **kwargs: None
+cluster = local_cluster.LocalCluster(None)
+cluster.start()
+print(cluster.temp_dir, cluster.head.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_commands_temporary_directory_goes_at_the_next_start_once_its_processes_are_gone(tmp_path):
+    """After a SIGKILL of `serve --replicas` nothing of it can remove its `hf_paged-ray-*` directory: the next start
+    removes it, but only once the command and its `ray start` (still running Ray's processes) are both gone."""
+    pytest.importorskip("ray")
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    command = subprocess.Popen([sys.executable, "-c", _KILLED_COMMAND], env=env, stdout=subprocess.PIPE, text=True)
+    head_pid = None
+    try:
+        temp_dir, head_pid = command.stdout.readline().split()
+        head_pid = int(head_pid)
+        assert os.path.dirname(temp_dir) == str(tmp_path)
+        mine = tmp_path / "hf_paged-ray-new"  # another command creating its directory (no record yet): kept
+        mine.mkdir()
+        assert local_cluster.remove_stale_dirs(str(tmp_path)) == []  # the command runs
+        command.kill()
+        command.wait()
+        assert local_cluster.remove_stale_dirs(str(tmp_path)) == []  # its `ray start` still runs
+        os.kill(head_pid, signal.SIGKILL)  # (not our child: reaped by init, or a zombie, which counts as gone)
+        for _ in range(600):
+            stat = local_cluster._stat(str(head_pid))
+            if stat is None or stat[0] == "Z":
+                break
+            time.sleep(0.05)
+        assert local_cluster.remove_stale_dirs(str(tmp_path)) == [temp_dir]
+        assert not os.path.exists(temp_dir) and mine.is_dir()
+    finally:
+        command.kill()
+        command.wait()
+        if head_pid is not None:
+            try:
+                os.kill(head_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
