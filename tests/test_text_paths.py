@@ -8,6 +8,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, LogitsProcessor
 
 from hf_paged import Engine, PagedConfig, SamplingParams
 from hf_paged.batching.stopping import special_ids
+from hf_paged.processors.index.vocabulary import bytes_to_unicode
 from hf_paged.serving.logprobs import TokenPieces
 from hf_paged.serving.text import TextStream
 from tests.processors.toy_tokenizers import byte_level_tokenizer
@@ -144,3 +145,35 @@ def test_the_streamer_ends_once_also_when_generate_raises():
     assert streamer.ends == 1 and len(streamer.puts) == 3
     out = model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=6, do_sample=False)  # the model still works
     assert out.shape == (1, 9)
+
+
+def _offsets(tokenizer, ids: list[int], sizes: list[int]) -> list[int]:
+    """The text offsets the server gives `ids` pushed in deltas of `sizes` (its TextStream beside, as the server)."""
+    from hf_paged.batching.logprobs import TokenLogprobs
+    from hf_paged.serving.logprobs import EntryStream
+
+    text, entries, at = TextStream(tokenizer), EntryStream(tokenizer), 0
+    for size in sizes:
+        delta = ids[at : at + size]
+        entries.push(delta, [TokenLogprobs(i, -1.0, []) for i in delta], len(text.text))
+        text.push(delta)
+        at += size
+    return [e.offset for e in entries.take(0, final=True)]
+
+
+def test_a_token_after_an_invalid_byte_starts_after_its_replacement_character():
+    """A byte that no later byte completes stays a U+FFFD of the text ("a\\ufffdbc"): the token after it starts
+    after it (offset 2); it was given 1, the text before it with its U+FFFD stripped as if the byte were a cut
+    character. A character cut across two tokens still gives both tokens its start."""
+    tok = byte_level_tokenizer()
+    char_of = bytes_to_unicode()  # byte -> the byte-level alphabet's character (one token each)
+
+    def ids_of_bytes(raw: bytes) -> list[int]:
+        return tok.convert_tokens_to_ids([char_of[b] for b in raw])
+
+    a, bc = ids_of_bytes(b"a"), ids_of_bytes(b"bc")
+    invalid, nichi = ids_of_bytes(b"\xff"), ids_of_bytes("日".encode())
+    ids = a + invalid + bc + nichi + a
+    assert tok.decode(ids) == "a\ufffdbc日a"
+    for sizes in ([1] * len(ids), [2, 1, 3, 1, 1], [len(ids)]):
+        assert _offsets(tok, ids, sizes) == [0, 1, 2, 3, 4, 4, 4, 5], sizes

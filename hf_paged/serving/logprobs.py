@@ -21,6 +21,8 @@ from hf_paged.batching.stopping import special_ids
 
 __all__ = ["EntryStream", "LogprobEntry", "TokenPieces", "chat_logprobs", "completion_logprobs"]
 
+_WINDOW = 8  # tokens before a new one that its text may change (the bytes of one character: 4 at most)
+
 
 @dataclass(slots=True)
 class LogprobEntry:
@@ -97,12 +99,30 @@ class EntryStream:
             self.token_ids.extend(token_ids)
             return
         for at, (token_id, entry) in enumerate(zip(token_ids, entries, strict=True)):
-            if at == 0 and num_chars_before is not None:
-                start = num_chars_before
-            else:
-                start = len(self.tokenizer.decode(self.token_ids, skip_special_tokens=True).rstrip("\ufffd"))
+            start = self._start(token_id, num_chars_before if at == 0 else None)
             self.token_ids.append(token_id)
             self.pending.append(LogprobEntry(entry.token_id, entry.logprob, entry.top, start))
+
+    def _start(self, token_id: int, num_chars_before: int | None) -> int:
+        """Where `token_id`'s text starts, after the tokens so far: the text before it, less the characters that it
+        changes or continues (a token of a cut character starts where that character does; an invalid byte that the
+        token shows is final stays a U+FFFD of the text, so the token starts after it). `num_chars_before`: that text without its trailing
+        U+FFFDs, as `TextStream.text` holds it. The tokens are read through a window of the last few (a character
+        has at most 4 bytes), so a push costs the same at any output length."""
+        decode = self.tokenizer.decode
+        window = self.token_ids[-_WINDOW:]
+        before = decode(window, skip_special_tokens=True)
+        after = decode(window + [token_id], skip_special_tokens=True)
+        cut = len(before.rstrip("\ufffd"))
+        if num_chars_before is None or (cut == 0 and len(window) < len(self.token_ids)):  # (all U+FFFD: count all)
+            whole = len(decode(self.token_ids, skip_special_tokens=True))
+        else:
+            whole = num_chars_before + len(before) - cut
+        same = 0
+        while same < min(len(before), len(after)) and before[same] == after[same]:
+            same += 1
+        # U+FFFDs still at the end after this token are a character it continues (or cannot tell yet): it starts there
+        return whole - len(before) + min(same, len(after.rstrip("\ufffd")))
 
     def take(self, num_shown: int, *, final: bool = False, cut: bool = False) -> list[LogprobEntry]:
         """The entries whose token starts inside the first `num_shown` characters of text (`final` and not `cut`:
