@@ -173,7 +173,16 @@ def test_a_token_after_an_invalid_byte_starts_after_its_replacement_character():
 
     a, bc = ids_of_bytes(b"a"), ids_of_bytes(b"bc")
     invalid, nichi = ids_of_bytes(b"\xff"), ids_of_bytes("日".encode())
-    ids = a + invalid + bc + nichi + a
-    assert tok.decode(ids) == "a\ufffdbc日a"
-    for sizes in ([1] * len(ids), [2, 1, 3, 1, 1], [len(ids)]):
-        assert _offsets(tok, ids, sizes) == [0, 1, 2, 3, 4, 4, 4, 5], sizes
+    lead, not_after_it = ids_of_bytes(b"\xc5"), ids_of_bytes(b"\xd4")  # a lead byte, then no continuation of it
+    ids = a + invalid + bc + nichi + a + lead + not_after_it + a
+    assert tok.decode(ids) == "a\ufffdbc日a\ufffd\ufffda"
+    for sizes in ([1] * len(ids), [2, 1, 3, 1, 1, 3], [len(ids)]):
+        assert _offsets(tok, ids, sizes) == [0, 1, 2, 3, 4, 4, 4, 5, 6, 7, 8], sizes
+    # echo of a prompt sent as these ids (no offset mapping: its decode does not tokenize back to them)
+    from hf_paged.serving.logprobs import TokenPieces
+    from hf_paged.serving.prompt_text import prompt_text
+
+    prompt = ids_of_bytes(b"\xe6\x97") + a + invalid + bc + lead + not_after_it + a
+    echo = prompt_text(tok, prompt, prompt)
+    assert echo.text == "\ufffda\ufffdbc\ufffd\ufffda"
+    assert echo.offsets(prompt, TokenPieces(tok).bytes) == [0, 0, 1, 2, 3, 4, 5, 6, 7]  # ("a" was given 0, "d4" 5)

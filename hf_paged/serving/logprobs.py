@@ -19,7 +19,7 @@ from typing import Any
 from hf_paged.batching.logprobs import TokenLogprobs, TopLogprob
 from hf_paged.batching.stopping import special_ids
 
-__all__ = ["EntryStream", "LogprobEntry", "TokenPieces", "chat_logprobs", "completion_logprobs"]
+__all__ = ["EntryStream", "LogprobEntry", "TokenPieces", "chat_logprobs", "completion_logprobs", "token_start"]
 
 _WINDOW = 8  # tokens before a new one that its text may change (the bytes of one character: 4 at most)
 
@@ -118,11 +118,7 @@ class EntryStream:
             whole = len(decode(self.token_ids, skip_special_tokens=True))
         else:
             whole = num_chars_before + len(before) - cut
-        same = 0
-        while same < min(len(before), len(after)) and before[same] == after[same]:
-            same += 1
-        # U+FFFDs still at the end after this token are a character it continues (or cannot tell yet): it starts there
-        return whole - len(before) + min(same, len(after.rstrip("\ufffd")))
+        return whole - len(before) + token_start(before, after)
 
     def take(self, num_shown: int, *, final: bool = False, cut: bool = False) -> list[LogprobEntry]:
         """The entries whose token starts inside the first `num_shown` characters of text (`final` and not `cut`:
@@ -137,6 +133,19 @@ class EntryStream:
         if final:
             self.pending = []
         return out
+
+
+def token_start(before: str, after: str) -> int:
+    """Where a token starts in `before` (the text of what precedes it), `after` being the text with it: after the
+    whole of `before` when it only adds characters (a U+FFFD of `before` that stays and gains a neighbour is an
+    invalid byte, final); else at the first character it changes, or at the U+FFFDs that still end the text (bytes
+    of a character it continues: each token of a cut character starts where the character does)."""
+    same = 0
+    while same < min(len(before), len(after)) and before[same] == after[same]:
+        same += 1
+    if same == len(before) and len(after) > len(before):
+        return same
+    return min(same, len(after.rstrip("\ufffd")))
 
 
 def completion_logprobs(entries: Sequence[LogprobEntry], pieces: TokenPieces, offset: int = 0) -> dict:

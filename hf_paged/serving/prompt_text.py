@@ -7,8 +7,9 @@ next token starts. A prompt sent as token ids is echoed as its ids decode, speci
 
 Offsets (`text_offset`) count characters of that text. A fast tokenizer's offset mapping gives them (each token's
 start; an added token has an empty span); without one, the tokens' bytes are decoded in order and a token starts
-after the characters completed before it, so the bytes of one character split over several tokens all start at that
-character (as the generated tokens' offsets do, `logprobs.EntryStream`), never past the end of the text.
+after the characters completed before it (an invalid byte's U+FFFD among them), so the bytes of one character split
+over several tokens all start at that character (as the generated tokens' offsets do, `logprobs.token_start`), never
+past the end of the text.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass, field
 from typing import Any
+
+from hf_paged.serving.logprobs import token_start
 
 __all__ = ["PromptText", "prompt_text"]
 
@@ -32,11 +35,13 @@ class PromptText:
         if self.starts is not None and len(self.starts) == len(ids):
             return [min(start, len(self.text)) for start in self.starts]
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        out, at = [], 0
+        out, at = [], 0  # `at`: characters the decoder gave out (final); it holds back the bytes of a cut one
         for j, token in enumerate(ids):
-            out.append(min(at, len(self.text)))
-            if j not in self.textless:
-                at += len(decoder.decode(bytes(token_bytes(token))))
+            raw = b"" if j in self.textless else bytes(token_bytes(token))
+            held = decoder.getstate()[0]
+            start = token_start(held.decode("utf-8", "replace"), (held + raw).decode("utf-8", "replace"))
+            out.append(min(at + start, len(self.text)))  # (held bytes that this token shows invalid come before it)
+            at += len(decoder.decode(raw))
         return out
 
 
