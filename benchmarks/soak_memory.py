@@ -41,8 +41,10 @@ TINY_LM = os.path.join(ROOT, "hf_paged", "assets", "tiny-lm")
 
 
 # -- the structures the inventory names -------------------------------------------------------------------------
-def cache_sizes(engine=None) -> dict[str, int]:
-    """Entries of each module-level memo (and of the engine's maps when given): what should stay under its cap."""
+def cache_sizes(engine=None, constraints=None) -> dict[str, int]:
+    """Entries of each module-level memo (and of the engine's maps, and of a server's `ConstraintCache`, when
+    given): what should stay under its cap. The two compiled-index caches also give their bytes (KiB), bounded by
+    `max_bytes` (`IndexCache`: 512 MiB, `HF_PAGED_INDEX_CACHE_MB`; the server's cache: the same budget)."""
     from hf_paged.processors.automaton import byte_dfa, call_graph, grammar_rules, productive, syntax
     from hf_paged.processors.index import index_cache, shared_trie, vocabulary
     from hf_paged.programs import healing
@@ -52,6 +54,7 @@ def cache_sizes(engine=None) -> dict[str, int]:
         "vocab_by_tokenizer": len(vocabulary._BY_TOKENIZER),
         "trie_by_fingerprint": len(shared_trie._BY_FINGERPRINT),
         "index_cache": len(index_cache.default_index_cache()),
+        "index_cache_kib": index_cache.default_index_cache().num_bytes // 1024,
         "byte_dfa_memo": len(byte_dfa._MEMO),
         "byte_dfa_failed": len(byte_dfa._FAILED),
         "grammar_rule_texts": len(grammar_rules._TEXTS),
@@ -71,6 +74,8 @@ def cache_sizes(engine=None) -> dict[str, int]:
             "prefix_nodes": len(engine.kv.prefix_cache._node_of_block) if engine.kv.prefix_cache is not None else 0,
             "kv_seqs": len(engine.kv.seqs),
         })
+    if constraints is not None:
+        sizes.update({"constraint_cache": len(constraints), "constraint_cache_kib": constraints.num_bytes // 1024})
     return sizes
 
 
@@ -137,7 +142,7 @@ class _Scenario:
         self.config = hf_paged.PagedConfig(block_size=16, num_blocks=64)
         if name != "serve":
             hf_paged.wrap(self.model, self.config)
-        self.client = None
+        self.client = self.constraints = None
         if name == "serve":
             from starlette.testclient import TestClient
 
@@ -145,7 +150,9 @@ class _Scenario:
             from hf_paged.serving import ServerSettings, build_app
 
             self._engine = Engine(self.model, self.config)
-            self.client = TestClient(build_app(self._engine, self.tok, ServerSettings(model_name="tiny")))
+            app = build_app(self._engine, self.tok, ServerSettings(model_name="tiny"))
+            self.constraints = app.state.server.preparer.constraints  # the server's ConstraintCache
+            self.client = TestClient(app)
             self.client.__enter__()
 
     def engine(self):
@@ -232,7 +239,7 @@ def run_scenario(name: str, calls: int, every: int, warmup: int, trace: bool, ma
             gc.collect()
             if trim:  # memory freed but kept by the C allocator goes back: what is left is live
                 ctypes.CDLL("libc.so.6").malloc_trim(0)
-            point = {"calls": i, "rss_mb": rss_bytes() / 2**20, "sizes": cache_sizes(scenario.engine())}
+            point = {"calls": i, "rss_mb": rss_bytes() / 2**20, "sizes": cache_sizes(scenario.engine(), scenario.constraints)}
             if trace:
                 point["traced_mb"] = tracemalloc.get_traced_memory()[0] / 2**20
                 if i >= warmup and base_snapshot is None:
