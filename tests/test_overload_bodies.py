@@ -43,3 +43,51 @@ def test_a_wrong_prompt_is_a_400_naming_it(prompt, message):
     with pytest.raises(ApiError) as info:
         decode_request(json.dumps({"prompt": prompt}).encode(), CompletionRequest, "m")
     assert info.value.status == 400 and info.value.param == "prompt" and message in str(info.value)
+
+
+def test_big_bodies_are_decoded_a_few_at_a_time(monkeypatch):
+    """Eight big bodies at once: at most MAX_BIG_BODIES_DECODING decode together (the rest wait, read), and all
+    are answered. Without the bound all eight decoded at once on anyio's worker threads."""
+    import threading
+    import time
+
+    import httpx
+
+    import hf_paged.serving.app as app_module
+    from hf_paged import default_model
+    from hf_paged.serving.admission import MAX_BIG_BODIES_DECODING
+    from hf_paged.serving.body import OFF_LOOP_BYTES
+    from tests.serving.conftest import make_server
+
+    lock, live, most = threading.Lock(), [0], [0]
+    real = app_module.decode_request
+
+    def counting(raw, model, name):
+        with lock:
+            live[0] += 1
+            most[0] = max(most[0], live[0])
+        try:
+            time.sleep(0.3)  # (overlap the decodes; what is asserted is how many ran together)
+            return real(raw, model, name)
+        finally:
+            with lock:
+                live[0] -= 1
+
+    monkeypatch.setattr(app_module, "decode_request", counting)
+    body = json.dumps({"prompt": [7] * (OFF_LOOP_BYTES // 2), "max_tokens": 1}).encode()
+    assert len(body) > OFF_LOOP_BYTES
+    server, _engine = make_server(default_model())
+    with server:
+        codes = []
+
+        def post():
+            codes.append(httpx.post(server.url + "/v1/completions", content=body, timeout=120,
+                                    headers={"Content-Type": "application/json"}).status_code)
+
+        threads = [threading.Thread(target=post) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    assert codes == [400] * 8  # (the prompt is longer than the model's context)
+    assert 1 <= most[0] <= MAX_BIG_BODIES_DECODING

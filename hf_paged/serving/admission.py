@@ -8,6 +8,10 @@ from hf_paged.batching.engine_loop import EngineLoop
 from hf_paged.serving.errors import ApiError
 
 DEFAULT_WAITING_BATCHES = 64  # the default bound: this many full batches (max_num_seqs) of sequences waiting
+# Big bodies (past body.OFF_LOOP_BYTES) decoded at once; the rest wait their turn, already read. Decoding and
+# validating one costs ~9x its size in memory (a 31 MB list of ids: 270 MB) and ~1 s of CPU: with anyio's 40 worker
+# threads, 40 at once would take ~10 GB and every core while streams and the engine wait.
+MAX_BIG_BODIES_DECODING = 2
 
 
 def waiting_bound(max_waiting: int | None, max_num_seqs: int) -> int | None:

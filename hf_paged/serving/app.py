@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hf_paged.batching.engine import Engine
 from hf_paged.batching.engine_loop import LoopClosedError
-from hf_paged.serving.admission import AdmissionGate, waiting_bound
+from hf_paged.serving.admission import MAX_BIG_BODIES_DECODING, AdmissionGate, waiting_bound
 from hf_paged.serving.auth import ApiKeyAuth
 from hf_paged.serving.body import DEFAULT_MAX_REQUEST_BYTES, OFF_LOOP_BYTES, decode_request, read_body
 from hf_paged.serving.defaults import request_defaults
@@ -87,11 +87,13 @@ class _AppState:
         self.background: set[asyncio.Task] = set()  # fire-and-forget tasks (pins)
         self.gate = AdmissionGate(self.loop, waiting_bound(settings.max_waiting, engine.config.max_num_seqs),
                                   settings.retry_after_s)  # --max-waiting
+        self.big_bodies = asyncio.Semaphore(MAX_BIG_BODIES_DECODING)  # big bodies decoded at once
 
     async def parse(self, request: Request, model: type) -> Any:
         raw = await read_body(request, self.settings.max_request_bytes)
         if len(raw) > OFF_LOOP_BYTES:  # a big body is decoded beside the event loop: streams keep flowing
-            return await run_in_threadpool(decode_request, raw, model, self.settings.model_name)
+            async with self.big_bodies:  # a few at a time: memory and CPU stay bounded under a flood of them
+                return await run_in_threadpool(decode_request, raw, model, self.settings.model_name)
         return decode_request(raw, model, self.settings.model_name)
 
     @property
