@@ -186,3 +186,38 @@ def test_a_token_after_an_invalid_byte_starts_after_its_replacement_character():
     echo = prompt_text(tok, prompt, prompt)
     assert echo.text == "\ufffda\ufffdbc\ufffd\ufffda"
     assert echo.offsets(prompt, TokenPieces(tok).bytes) == [0, 0, 1, 2, 3, 4, 5, 6, 7]  # ("a" was given 0, "d4" 5)
+
+
+def test_the_output_reads_after_the_prompt_so_a_leading_space_stays():
+    """SentencePiece (Llama's decoder strips the decoded text's first space): the prompt "a", the output "▁", "name"
+    reads " name" after it, as vLLM's detokenizer (started from the prompt's last tokens) and the prompt + output's
+    decode give; the output decoded alone read "name". The offsets count from that text."""
+    from tests.serving.test_text_stream import _llama_like
+
+    tok = _llama_like()
+    ids = tok("a name", add_special_tokens=False).input_ids
+    prompt, output = ids[:1], ids[1:]
+    assert tok.decode(output) == "name" and tok.decode(ids) == "a name"
+    stream = TextStream(tok, context=prompt)
+    assert "".join(stream.push([i]) for i in output) + stream.finish() == " name"
+    from hf_paged.batching.logprobs import TokenLogprobs
+    from hf_paged.serving.logprobs import EntryStream
+
+    for sizes in ([1, 1], [2]):
+        text, entries, at = TextStream(tok, context=prompt), EntryStream(tok, context=prompt), 0
+        for size in sizes:
+            delta = output[at : at + size]
+            entries.push(delta, [TokenLogprobs(i, -1.0, []) for i in delta], len(text.text))
+            text.push(delta)
+            at += size
+        assert [e.offset for e in entries.take(0, final=True)] == [0, 1], sizes
+
+
+def test_only_the_last_replacement_character_is_a_cut_character():
+    """f9 (invalid), e2 (a lead byte that e6 cuts off), then e6 97 84 ("敄" in three tokens): the tokens of 敄 all
+    start at its character (2), not at the first of the U+FFFDs before it."""
+    tok = byte_level_tokenizer()
+    char_of = bytes_to_unicode()
+    ids = tok.convert_tokens_to_ids([char_of[b] for b in b"a\xf9\xe2\xe6\x95\x84z"])
+    assert tok.decode(ids) == "a\ufffd\ufffd敄z"
+    assert _offsets(tok, ids, [1] * len(ids)) == [0, 1, 2, 3, 3, 3, 4]

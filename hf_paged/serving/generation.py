@@ -109,14 +109,18 @@ async def run_choices(
             rid = delta.request_id
             if rid not in index_of:
                 index_of.update({c: i * n + k for k, c in enumerate(fork_ids(fork_parent(rid), n))})
-            stream = texts.setdefault(rid, TextStream(tokenizer, prepared.stop))
+            if rid not in texts:  # (decoded after the prompt's last tokens: a first "▁Paris" reads " Paris")
+                texts[rid] = TextStream(tokenizer, prepared.stop, context=prepared.prompts[i])
+            stream = texts[rid]
             now = time.perf_counter()
             if delta.new_token_ids:
                 if rid not in timing and on_prefilled is not None and fork_parent(rid) == rid:
                     on_prefilled(i)
                 metrics.observe_tokens(now - timing[rid] if rid in timing else None, now - received)
                 timing[rid] = now
-            lps = entries.setdefault(rid, EntryStream(tokenizer)) if asks else None
+            if asks and rid not in entries:
+                entries[rid] = EntryStream(tokenizer, context=prepared.prompts[i])
+            lps = entries.get(rid)
             if lps is not None:  # (before the text stream moves on: its text so far is where these tokens start)
                 lps.push(delta.new_token_ids, delta.new_logprobs, len(stream.text))
             text = stream.push(delta.new_token_ids)

@@ -18,6 +18,7 @@ from typing import Any
 
 from hf_paged.batching.logprobs import TokenLogprobs, TopLogprob
 from hf_paged.batching.stopping import special_ids
+from hf_paged.serving.text import decode_context
 
 __all__ = ["EntryStream", "LogprobEntry", "TokenPieces", "chat_logprobs", "completion_logprobs", "token_start"]
 
@@ -85,9 +86,11 @@ class TokenPieces:
 class EntryStream:
     """One choice's entries, released as its text is shown (see the module docstring)."""
 
-    def __init__(self, tokenizer: Any) -> None:
+    def __init__(self, tokenizer: Any, context: Sequence[int] = ()) -> None:
+        """`context`: the prompt's last tokens, as the choice's `TextStream` has them (offsets count from its text)."""
         self.tokenizer = tokenizer
-        self.token_ids: list[int] = []
+        self.token_ids, prefix = decode_context(tokenizer, context)  # the context's tokens, then the output's
+        self._num_context_chars = len(prefix)
         self.pending: list[LogprobEntry] = []  # entries not sent yet, in order
 
     def push(self, token_ids: Sequence[int], entries: Sequence[TokenLogprobs] | None,
@@ -115,7 +118,7 @@ class EntryStream:
         after = decode(window + [token_id], skip_special_tokens=True)
         cut = len(before.rstrip("\ufffd"))
         if num_chars_before is None or (cut == 0 and len(window) < len(self.token_ids)):  # (all U+FFFD: count all)
-            whole = len(decode(self.token_ids, skip_special_tokens=True))
+            whole = len(decode(self.token_ids, skip_special_tokens=True)) - self._num_context_chars
         else:
             whole = num_chars_before + len(before) - cut
         return whole - len(before) + token_start(before, after)
@@ -138,14 +141,16 @@ class EntryStream:
 def token_start(before: str, after: str) -> int:
     """Where a token starts in `before` (the text of what precedes it), `after` being the text with it: after the
     whole of `before` when it only adds characters (a U+FFFD of `before` that stays and gains a neighbour is an
-    invalid byte, final); else at the first character it changes, or at the U+FFFDs that still end the text (bytes
-    of a character it continues: each token of a cut character starts where the character does)."""
+    invalid byte, final); else at the first character it changes, or at the U+FFFD that still ends the text (the
+    bytes of a character it continues: each token of a cut character starts where the character does)."""
     same = 0
     while same < min(len(before), len(after)) and before[same] == after[same]:
         same += 1
     if same == len(before) and len(after) > len(before):
         return same
-    return min(same, len(after.rstrip("\ufffd")))
+    # a U+FFFD that ends the text with this token is the one character whose bytes may still be cut (the U+FFFDs
+    # before it are bytes no later byte can complete)
+    return min(same, len(after) - 1) if after.endswith("\ufffd") else same
 
 
 def completion_logprobs(entries: Sequence[LogprobEntry], pieces: TokenPieces, offset: int = 0) -> dict:

@@ -16,14 +16,19 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["TextStream"]
+__all__ = ["CONTEXT_TOKENS", "TextStream", "decode_context"]
+
+CONTEXT_TOKENS = 5  # prompt tokens the output is decoded after (vLLM's detokenizer starts 5 tokens back too)
 
 
 class TextStream:
-    def __init__(self, tokenizer: Any, stop: Sequence[str] = ()) -> None:
+    def __init__(self, tokenizer: Any, stop: Sequence[str] = (), context: Sequence[int] = ()) -> None:
+        """`context`: the prompt's last tokens (a few do: `CONTEXT_TOKENS`). The output is decoded after them and
+        their text cut off, so a SentencePiece output's first "▁Paris" reads " Paris" (vLLM's detokenizer starts
+        from the prompt's last tokens too), not "Paris": a decode of the output alone drops that leading space."""
         self.tokenizer = tokenizer
         self.stop = list(stop)
-        self.token_ids: list[int] = []
+        self.token_ids: list[int] = []  # the context's tokens, then the output's
         self.text = ""  # everything decoded so far (whole characters only)
         self.num_sent = 0  # characters of `text` handed out
         self.stopped = False  # a stop sequence was found: nothing more is shown
@@ -32,21 +37,33 @@ class TextStream:
         self._start = 0  # the decode window's first token (the tokens of the push before `_read`)
         self._read = 0
         self._head = ""  # the decode of tokens [_start, _read)
+        self._context, self._num_context = "", 0  # the context's text (before `text`, not in it), its tokens
+        context, prefix = decode_context(tokenizer, context)
+        if context:
+            self.token_ids, self._context, self._num_context = context, prefix, len(context)
+            self._commit(prefix)
 
     def push(self, token_ids: Sequence[int]) -> str:
         """New text to show after these tokens ("" while a character or a possible stop sequence is incomplete)."""
         if self.stopped or not token_ids:
             return ""
         self.token_ids.extend(token_ids)
-        self.text = self._decoded(final=False)
+        self.text = self._without_context(self._decoded(final=False), final=False)
         return self._emit(final=False)
 
     def finish(self) -> str:
         """The rest of the text once the choice has ended."""
         if self.stopped:
             return ""
-        self.text = self._decoded(final=True)  # a cut character stays cut
+        self.text = self._without_context(self._decoded(final=True), final=True)  # a cut character stays cut
         return self._emit(final=True)
+
+    def _without_context(self, text: str, final: bool) -> str:
+        if text.startswith(self._context):
+            return text[len(self._context) :]
+        # (a decode that rewrote the context's text, a cleanup across the boundary: the output's own decode)
+        text = self.tokenizer.decode(self.token_ids[self._num_context :], skip_special_tokens=True)
+        return text if final else text.rstrip("\ufffd")
 
     def _decoded(self, final: bool) -> str:
         """The whole output's decode (its cut last character dropped unless `final`), from the window since the
@@ -95,3 +112,11 @@ def _held_back(text: str, stops: Sequence[str]) -> int:
         if any(s.startswith(tail) for s in stops):
             return k
     return 0
+
+
+def decode_context(tokenizer: Any, prompt: Sequence[int]) -> tuple[list[int], str]:
+    """The prompt's last `CONTEXT_TOKENS` tokens and their text, or none (([], "")) where that text ends inside a
+    character (the output's first bytes may complete it)."""
+    context = list(prompt)[-CONTEXT_TOKENS:]
+    prefix = tokenizer.decode(context, skip_special_tokens=True) if context else ""
+    return (context, prefix) if prefix and not prefix.endswith("\ufffd") else ([], "")
