@@ -112,3 +112,19 @@ def test_the_send_timeout_is_checked():
     for bad in (0, -1, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="send_timeout_s"):
             header_deadline_protocol(send_timeout_s=bad)
+
+
+def test_the_send_timeout_flag_is_checked():
+    import argparse
+
+    from hf_paged.errors import CliError
+    from hf_paged.serving.server import add_serve_arguments, checked_paged_config
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    assert parser.parse_args(["--send-timeout", "5"]).send_timeout == 5.0
+    for bad in ("0", "-1", "inf"):
+        with pytest.raises(CliError, match="--send-timeout"):
+            checked_paged_config(parser.parse_args(["--send-timeout", bad]))
+    with pytest.raises(CliError, match="--send-timeout"):
+        checked_paged_config(parser.parse_args(["--send-timeout", "5", "--replicas", "2"]))

@@ -50,6 +50,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--header-timeout", type=float, default=None, metavar="SECONDS",
                         help="a connection must send a complete request head within this long of opening (or of its "
                              "last response) or it is closed: slowloris (default: 30)")
+    parser.add_argument("--send-timeout", type=float, default=None, metavar="SECONDS",
+                        help="a connection whose client reads nothing of a response for this long (our writes stay "
+                             "blocked) is closed and its request aborted: a stalled reader (default: 60)")
     parser.add_argument("--shutdown-timeout", type=float, default=10.0,
                         help="seconds in-flight requests get to finish after SIGTERM before they are aborted")
     parser.add_argument("--block-size", type=int, default=None)
@@ -121,11 +124,13 @@ def checked_paged_config(args):
         raise CliError(f"--max-request-bytes must be >= 1024, got {args.max_request_bytes}")
     if args.shutdown_timeout < 0:
         raise CliError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
-    if getattr(args, "header_timeout", None) is not None and not 0 < args.header_timeout < float("inf"):
-        raise CliError(f"--header-timeout must be a number of seconds > 0, got {args.header_timeout}")
-    if getattr(args, "header_timeout", None) is not None and args.replicas is not None:
-        raise CliError("--header-timeout is for one server; with --replicas Ray Serve's proxy takes the connections: "
-                       "leave it out")
+    for flag in ("header_timeout", "send_timeout"):
+        value, name = getattr(args, flag, None), "--" + flag.replace("_", "-")
+        if value is not None and not 0 < value < float("inf"):
+            raise CliError(f"{name} must be a number of seconds > 0, got {value}")
+        if value is not None and args.replicas is not None:
+            raise CliError(f"{name} is for one server; with --replicas Ray Serve's proxy takes the connections: "
+                           "leave it out")
     if getattr(args, "max_request_bytes", None) is not None and args.replicas is not None:
         raise CliError("--max-request-bytes is for one server; with --replicas the gateway and the replicas take the "
                        "default (32 MiB): leave it out")
@@ -175,7 +180,11 @@ def run_serve(args) -> int:
         import uvicorn
 
         from hf_paged.serving import ServerSettings, build_app
-        from hf_paged.serving.connections import DEFAULT_HEADER_TIMEOUT_S, header_deadline_protocol
+        from hf_paged.serving.connections import (
+            DEFAULT_HEADER_TIMEOUT_S,
+            DEFAULT_SEND_TIMEOUT_S,
+            header_deadline_protocol,
+        )
     except ImportError as exc:
         raise CliError(f"serve needs the serve extra ({exc.name} is missing): pip install 'hf_paged[serve]'") from None
     config = checked_paged_config(args)
@@ -196,9 +205,10 @@ def run_serve(args) -> int:
     # on its stream); uvicorn's own cancel (a bare 500, a cut stream) only comes FLUSH_GRACE_S later, for a handler
     # that does not end after its abort (a fixed margin before uvicorn's cancel lost that race on a loaded machine).
     header_timeout = getattr(args, "header_timeout", None) or DEFAULT_HEADER_TIMEOUT_S
+    send_timeout = getattr(args, "send_timeout", None) or DEFAULT_SEND_TIMEOUT_S
     uv_config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level,
                                timeout_graceful_shutdown=args.shutdown_timeout + FLUSH_GRACE_S,
-                               http=header_deadline_protocol(header_timeout))
+                               http=header_deadline_protocol(header_timeout, send_timeout_s=send_timeout))
     timer = threading.Timer(args.shutdown_timeout, engine.loop.abort_all)
     timer.daemon = True  # never keeps the process alive
     server = _ExitZeroServer(uv_config, on_exit=timer.start)
