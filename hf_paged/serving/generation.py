@@ -149,7 +149,8 @@ def _last_event(index, text, delta, stream: TextStream, usage: Usage, metrics: S
     output = delta.output
     usage.completion_tokens += num_generated_tokens(output)  # max_retries: every attempt's, as /metrics counts
     if fork_parent(output.request_id) == output.request_id:  # forks share their parent's cached prompt
-        usage.cached_tokens += output.num_cached_tokens
+        # the prompt is billed once: its hit is the first attempt's (a retry's prompt comes back from the cache)
+        usage.cached_tokens += output.attempts[0].num_cached_tokens if output.attempts else output.num_cached_tokens
     if output.status is RequestStatus.FAILED and output.finish_reason != "abort":  # counted by request_failed
         return ChoiceEvent(index, text, "error", output.error, len(delta.new_token_ids), output.error_type)
     reason = "stop" if stream.stopped else _FINISH_REASONS.get(output.finish_reason or "", "stop")

@@ -42,4 +42,5 @@ def test_the_servers_usage_and_tpot_count_every_attempt():
     _last_event(0, "", SimpleNamespace(output=output, new_token_ids=[]), SimpleNamespace(stopped=False), usage,
                 metrics, 1.0)
     assert usage.completion_tokens == 11  # 8 + 3, as generation_tokens_total counted them
+    assert usage.cached_tokens == 0  # the prompt, billed once, was computed by the first attempt (not 36 cached)
     assert observed == [10.0 / 10]  # (12 - 2) s over 11 tokens' 10 gaps
