@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from hf_paged.serving.body import decode_request
 from hf_paged.serving.errors import ApiError
-from hf_paged.serving.protocol import CompletionRequest
+from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest
 
 NUM_IDS = 100_000
 
@@ -22,6 +22,20 @@ def test_a_long_prompt_of_ids_is_checked_once_per_id():
     with pytest.raises(ValidationError) as info:
         CompletionRequest.model_validate({"prompt": [7] * NUM_IDS + ["x"]})
     assert len(info.value.errors()) == 1  # (the plain union: 100,002, one per id from list[str] and more)
+
+
+@pytest.mark.parametrize(("model", "body"), [
+    (CompletionRequest, {"prompt": "x", "stop": [1] * NUM_IDS}),
+    (CompletionRequest, {"prompt": "x", "guided_choice": [1] * NUM_IDS}),
+    (ChatCompletionRequest, {"messages": [{"role": "user", "content": ["x"] * NUM_IDS}]}),
+    (ChatCompletionRequest, {"messages": [{"role": "user", "content": 5}] * NUM_IDS}),
+    (ChatCompletionRequest, {"messages": [{"role": "user", "content": "x"}], "tools": [1] * NUM_IDS}),
+])
+def test_a_long_bad_list_stops_at_its_first_bad_item(model, body):
+    """(Without `fail_fast`: one error per item, 100,000+; a 9 MB chat content of strings took 25 s and 3.8 GB.)"""
+    with pytest.raises(ValidationError) as info:
+        model.model_validate(body)
+    assert len(info.value.errors()) <= 3  # (one per branch of the field's union at most)
 
 
 @pytest.mark.parametrize("prompt", ["hi", "", ["a", "b"], [1, 2], [[1], [2, 3]], [], [[]]])
