@@ -64,7 +64,7 @@ class EngineLoop:
         self._driver = threading.Lock()
         self._driver_owner: int | None = None  # the synchronous caller's thread holding `_driver`, if one does
         self._turning: int | None = None  # the thread running a turn (callbacks of its step run in it)
-        self._closed = False  # no new submissions
+        self._closed: tuple[str | None] | None = None  # no new submissions: (the shutdown's reason,)
         self._stopping = False  # the thread exits once its commands are done
         engine.add_step_listener(self._dispatch)
         loop_fork.register(self)
@@ -110,9 +110,9 @@ class EngineLoop:
                 self.abort(*remaining)
 
     @critical  # (a Ctrl-C landing as a caller's `finally` calls it would leave its requests running)
-    def abort(self, *request_ids: str) -> None:
-        """End these requests before the next step (their blocks go back to the pool); unknown ids are ignored."""
-        self._command(lambda: [self.engine.abort(rid) for rid in request_ids])
+    def abort(self, *request_ids: str, error: str | None = None) -> None:
+        """End these requests before the next step (blocks freed; FAILED with `error` if given); unknown ids ignored."""
+        self._command(lambda: [self.engine.abort(rid, error=error) for rid in request_ids])
 
     def abort_all(self, reason: str | None = None) -> None:
         """Abort every request of this loop's callers before the next step; with `reason`, each ends FAILED with it."""
@@ -159,7 +159,7 @@ class EngineLoop:
         """Take no new requests, give those in flight up to `timeout` seconds to finish, abort the rest (failed with
         `reason` when given), and stop the thread. The engine itself stays usable directly."""
         with self._cond:
-            self._closed = True
+            self._closed = (reason,)
         if self._thread is None:
             return
         deadline = time.monotonic() + timeout
@@ -256,8 +256,8 @@ class EngineLoop:
             self._num_pending += len(planned.all_ids)
             closed = self._closed
         self._command(planned.add, wake=wake)
-        if closed:  # shut down since `submit`: its requests end at once, as those in flight did
-            self.abort(*planned.all_ids)
+        if closed:  # shut down since `submit`: its requests end at once, as those in flight did (with its reason)
+            self.abort(*planned.all_ids, error=closed[0])
 
     def _give_back(self, request_ids: list[str], queued: list[bool]) -> None:
         """A planned submission dropped before `enqueue` (an exception or Ctrl-C before its caller read it): its ids

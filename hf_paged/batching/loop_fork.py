@@ -63,7 +63,7 @@ def _after_fork_in_child() -> None:
             continue
         loop._driver, loop._driver_owner, loop._turning = threading.Lock(), None, None
         if not mine:  # a step of another thread never ended: its state, and the engine's lock, are unusable here
-            loop._closed = True
+            loop._closed = (None,)
             continue
         try:
             _drop_inherited(loop)
