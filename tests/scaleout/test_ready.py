@@ -46,7 +46,7 @@ def gateway_for(num_replicas: int, ready_wait_s: float) -> Gateway:
     gateway.engine = object()  # no deployment id: every router in the process counts
     gateway.gate = DrainGate()
     gateway.num_replicas, gateway.wait_for_reports, gateway._ready = num_replicas, True, False
-    gateway.ready_wait_s = ready_wait_s
+    gateway.ready_wait_s, gateway.num_rejected = ready_wait_s, {}
     return gateway
 
 
