@@ -21,8 +21,9 @@ by more than the two G_j (t in fp64 with its own error bound added): that column
 so it is what `argmax` of the exact product returns (its first index on ties: there are none).
 
 A row left open gets its candidates' exact fp32 entries from the very products the exact head runs (`_head`'s
-vocabulary slices containing them) on that row beside other rows up to `MIN_PRUNED_ROWS` (MKL gives a row the same
-bits in any product of that many rows or more, on one thread: what the lean forward's pruning rests on), and takes
+vocabulary slices containing them) on that row beside other rows up to this CPU's `min_rows` (MKL gives a row the
+same bits in any product of that many rows or more, on one thread: what the lean forward's pruning rests on;
+`row_kernels.py` measures it), and takes
 their argmax, lowest column on ties. Where the exact head does not slice or runs on several threads, the open rows'
 step computes the whole exact head instead. The result is the exact head's argmax in every case; only its cost
 depends on the proof.
@@ -37,7 +38,8 @@ from dataclasses import dataclass
 import torch
 
 from hf_paged.after_fork import renew_locks_after_fork
-from hf_paged.batching.lean_forward import _HEAD_CHUNK, MIN_PRUNED_ROWS, _head
+from hf_paged.batching.lean_forward import _HEAD_CHUNK, _head
+from hf_paged.batching.row_kernels import independent_rows
 from hf_paged.batching.weights import tensor_stamp
 
 _U32 = 2.0**-24  # fp32 unit roundoff
@@ -298,9 +300,10 @@ class CertifiedArgmax:
         rows = x.shape[0]
         weight = self.head.weight.detach()
         vocab = weight.shape[0]
-        sliced = (self.rows_independent and rows >= MIN_PRUNED_ROWS and torch.get_num_threads() == 1
-                  and vocab >= 4 * _HEAD_CHUNK and all(open_rows.values()))
-        if not sliced:
+        sliced = (self.rows_independent and torch.get_num_threads() == 1 and vocab >= 4 * _HEAD_CHUNK
+                  and all(open_rows.values()))
+        min_rows = independent_rows({(weight.shape[1], _HEAD_CHUNK)}) if sliced else None  # this CPU's (memoised)
+        if min_rows is None or rows < min_rows:
             self.stats.whole_heads += 1
             exact = _head(self.head, x)
             for r in open_rows:
@@ -308,7 +311,7 @@ class CertifiedArgmax:
             return
         last_start = (vocab // _HEAD_CHUNK - 1) * _HEAD_CHUNK  # `_head`'s last slice takes the remainder
         for r, candidates in open_rows.items():
-            others = [i for i in range(rows) if i != r][: MIN_PRUNED_ROWS - 1]
+            others = [i for i in range(rows) if i != r][: min_rows - 1]
             block = x[[r, *others]]
             values: dict[int, float] = {}
             for start in sorted({min(j // _HEAD_CHUNK * _HEAD_CHUNK, last_start) for j in candidates}):

@@ -17,8 +17,9 @@ dispatch, tensor parallelism) and `module.compile()`, checked at each forward.
 
 The last layer runs its o_proj, MLP and final norm on the rows whose logits are kept only (`prune`), where that
 gives the same bits: fp32 on the CPU with one torch thread, where a matmul's row does not depend on the other rows
-once there are at least `MIN_PRUNED_ROWS` (MKL takes other kernels below, so fewer kept rows are padded with other
-rows up to it; with several threads the rows are split among them and the rule breaks), and row widths that are
+once there are at least `min_rows` (MKL takes other kernels below, so fewer kept rows are padded with other rows up
+to it; measured per CPU by `row_kernels.py`: 4 on AVX2, 16 on AVX-512; with several threads the rows are split among
+them and the rule breaks), and row widths that are
 multiples of `_ROW_MULTIPLE` (elementwise ops never reach their scalar tail loop, whose transcendentals may round
 otherwise). A prefill chunk's rows whose logits nobody reads then skip ~1/layers of the step's matmuls. The
 self-check probes the pruned path too (built with one thread); where it disagrees, `prune` stays off.
@@ -33,6 +34,7 @@ from typing import NamedTuple
 
 import torch
 
+from hf_paged.batching.row_kernels import independent_rows
 from hf_paged.cache.attention_switch import attention_configs, own_attention, use_attention
 from hf_paged.compat import global_forward_hooks, module_is_hooked
 
@@ -43,7 +45,7 @@ _FAMILIES: dict[str, Callable[[torch.nn.Module], int | None]] = {
     "mistral": lambda attn: getattr(attn.config, "sliding_window", None),
 }
 _PROBE = "hf_paged_probe"
-MIN_PRUNED_ROWS = 4  # MKL's sgemm: rows of 1-3 row products differ from the same rows in a larger product
+MIN_PRUNED_ROWS = 4  # the fewest rows pruned on any CPU (AVX2 MKL: rows of 1-3-row products differ); per CPU: min_rows
 _ROW_MULTIPLE = 32  # two AVX-512 vectors: ATen's vectorized loops' step (their remainder runs scalar code)
 
 Attend = Callable[[torch.nn.Module, torch.Tensor, torch.Tensor, torch.Tensor, float, "int | None"], torch.Tensor]
@@ -141,6 +143,8 @@ class LeanForward:
                            for name, child in parent._modules.items() if child is not None)
         self._root = model
         self.prune = _prunable(model)  # the last layer after attention runs the kept rows only (module docstring)
+        self.min_rows = _min_rows(self) if self.prune else None  # this CPU's row threshold (`row_kernels.py`)
+        self.prune = self.min_rows is not None
 
     @classmethod
     def build(cls, model: torch.nn.Module) -> LeanForward | None:
@@ -179,7 +183,7 @@ class LeanForward:
         half = sin.shape[-1] // 2
         sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
         tokens = hidden.shape[0]
-        rows = _pruned_rows(keep, tokens) if self.prune and torch.get_num_threads() == 1 else None
+        rows = _pruned_rows(keep, tokens, self.min_rows) if self.prune and torch.get_num_threads() == 1 else None
         last = self.layers[-1].attn
         for in_norm, attn, q_proj, k_proj, v_proj, o_proj, window, post_norm, gate, up, down, act in self.layers:
             x = _rms_norm(in_norm, hidden)
@@ -199,10 +203,10 @@ class LeanForward:
         return hidden[keep] if rows is None else hidden[: keep.numel()]
 
 
-def _pruned_rows(keep: torch.Tensor, tokens: int) -> torch.Tensor | None:
-    """The rows the last layer runs after attention: `keep`, then other rows up to `MIN_PRUNED_ROWS`; None where
-    that saves no row (a decode step keeps every row)."""
-    count = max(keep.numel(), MIN_PRUNED_ROWS)
+def _pruned_rows(keep: torch.Tensor, tokens: int, min_rows: int = MIN_PRUNED_ROWS) -> torch.Tensor | None:
+    """The rows the last layer runs after attention: `keep`, then other rows up to `min_rows`; None where that
+    saves no row (a decode step keeps every row)."""
+    count = max(keep.numel(), min_rows)
     if count >= tokens:
         return None
     if keep.numel() == count:
@@ -224,6 +228,14 @@ def _check_classes(lean: LeanForward, model: torch.nn.Module) -> None:
     if any(type(m) not in (torch.nn.Linear, torch.nn.Embedding) for m in plain) or any(
             not type(m).__module__.startswith(family) for m in own):
         raise TypeError("a module of another class")
+
+
+def _min_rows(lean: LeanForward) -> int | None:
+    """The fewest rows from which the last layer's products (and the certified head's slices) give a row the bits
+    of a larger product on this CPU (`row_kernels.independent_rows`); None: no pruning."""
+    last = lean.layers[-1]
+    shapes = {(m.weight.shape[1], m.weight.shape[0]) for m in (last.o_proj, last.gate, last.up, last.down)}
+    return independent_rows(shapes | {(lean.head.weight.shape[1], _HEAD_CHUNK)})
 
 
 def _prunable(model: torch.nn.Module) -> bool:

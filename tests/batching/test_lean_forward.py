@@ -48,7 +48,7 @@ VARIANTS = {"qwen2-sliding": _sliding_qwen2, "llama-biases": _llama_with_biases}
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen2-sliding", "llama-biases"])
-def test_lean_logits_equal_the_stock_modules_bit_for_bit(family):
+def test_lean_logits_equal_the_stock_modules_bit_for_bit(family, kernels_ready):
     model = VARIANTS[family]() if family in VARIANTS else tiny_model(family)
     prompts = ragged_prompts([5, 30, 17, 1])
     config = PagedConfig(block_size=8, max_num_batched_tokens=24)  # chunked prefills beside decodes
