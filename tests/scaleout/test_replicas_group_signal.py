@@ -12,8 +12,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -21,23 +19,13 @@ import time
 import pytest
 
 from tests.ports import free_port
+from tests.scaleout.replicas_cli import alive, start_replicas
 
 pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
 psutil = pytest.importorskip("psutil")
 
 SHUTDOWN_TIMEOUT_S = 120  # the stream needs ~5-30 s of it: finishing is the point, not the abort
-
-
-def alive(processes: list) -> list:
-    out = []
-    for p in processes:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
 
 
 # SIGINT's live case is slow (~100 s): it differs from SIGTERM's only in the command's handler and exit status, which
@@ -48,22 +36,9 @@ def alive(processes: list) -> list:
 def test_a_signal_to_the_process_group_drains_the_stream_in_flight_and_leaves_nothing(signum, status):
     tmp = tempfile.mkdtemp(prefix="hfp", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hf_paged.cli", "serve", "--replicas", "2", "--port", str(port), "--block-size", "16",
-         "--num-blocks", "512", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "TMPDIR": tmp},
-        start_new_session=True)  # a group of its own, as a supervisor's child: the test signals that group
-    output: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            output.append(line)
-            if f" on http://127.0.0.1:{port} " in line:
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    # a group of its own, as a supervisor's child: the test signals that group
+    command = start_replicas(port, tmp, SHUTDOWN_TIMEOUT_S, start_new_session=True)
+    proc, output, ready, reader = command.proc, command.output, command.ready, command.reader
     try:
         assert ready.wait(420), "".join(output[-30:])  # ~40 s quiet; past 240 s at load ~20 beside other Ray clusters
         processes = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]

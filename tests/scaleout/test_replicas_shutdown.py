@@ -8,8 +8,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -17,41 +15,18 @@ import time
 import pytest
 
 from tests.ports import free_port
+from tests.scaleout.replicas_cli import alive, start_replicas
 
 pytest.importorskip("ray")
 httpx = pytest.importorskip("httpx")
 psutil = pytest.importorskip("psutil")
 
 
-def alive(processes: list) -> list:
-    out = []
-    for p in processes:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return out
-
-
 def test_sigterm_drains_aborts_the_rest_exits_0_and_leaves_no_process_or_file():
     tmp = tempfile.mkdtemp(prefix="hfp", dir="/tmp")  # short: Ray's socket paths must fit in 107 bytes
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "hf_paged.cli", "serve", "--replicas", "2", "--port", str(port), "--block-size", "16",
-         "--num-blocks", "512", "--shutdown-timeout", "2"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "TMPDIR": tmp})
-    output: list[str] = []
-    ready = threading.Event()
-
-    def read() -> None:
-        for line in proc.stdout:
-            output.append(line)
-            if f" on http://127.0.0.1:{port} " in line:
-                ready.set()
-
-    reader = threading.Thread(target=read, daemon=True)
-    reader.start()
+    command = start_replicas(port, tmp, 2)
+    proc, output, ready, reader = command.proc, command.output, command.ready, command.reader
     try:
         assert ready.wait(420), "".join(output[-30:])  # ~40 s quiet; past 240 s at load ~20 beside other Ray clusters
         processes = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
