@@ -11,6 +11,24 @@ from pathlib import Path
 
 import pytest
 
+# the parent's end of both scripts: let the holder go, then wait for the child, bounded (a hung child is killed)
+_WAIT_FOR_CHILD = """
+release.set()
+deadline = time.monotonic() + 120
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print("CHILD EXIT", os.waitstatus_to_exitcode(status))
+        break
+    if time.monotonic() > deadline:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        print("CHILD HUNG")
+        break
+    time.sleep(0.05)
+"""
+
+
 # Each case in its own process (what a test run's other threads hold must not be forked with it): a thread holds
 # the lock, the main thread forks, the child uses what the lock guards and exits 0; the parent waits at most 120 s.
 _SCRIPT = """
@@ -67,20 +85,7 @@ if pid == 0:
         print("CHILD FAILED", type(exc).__name__, exc, flush=True)
         os._exit(3)
     os._exit(0)
-release.set()
-deadline = time.monotonic() + 120
-while True:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        print("CHILD EXIT", os.waitstatus_to_exitcode(status))
-        break
-    if time.monotonic() > deadline:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        print("CHILD HUNG")
-        break
-    time.sleep(0.05)
-"""
+""" + _WAIT_FOR_CHILD
 
 
 @pytest.mark.parametrize("which", ["engine_lock", "request_ids", "cpu_warm_lock", "cpu_warm_loading",
@@ -140,20 +145,7 @@ if pid == 0:  # each module's next `with _LOCK:` (the lock looked up by name, as
     from hf_paged.processors.index.index_cache import default_index_cache
     default_index_cache()
     os._exit(1 if stuck else 0)
-release.set()
-deadline = time.monotonic() + 120
-while True:
-    done, status = os.waitpid(pid, os.WNOHANG)
-    if done:
-        print("CHILD EXIT", os.waitstatus_to_exitcode(status))
-        break
-    if time.monotonic() > deadline:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        print("CHILD HUNG")
-        break
-    time.sleep(0.05)
-"""
+""" + _WAIT_FOR_CHILD
 
 
 def test_module_level_locks_are_fresh_in_a_forked_child():
