@@ -8,8 +8,8 @@ import asyncio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hf_paged.scaleout.asgi import ResponseStart
 from hf_paged.scaleout.metrics_merge import render_scrape
+from tests.scaleout.fake_serve import FakeHandle, ReplicaAnswer
 
 
 def test_rejections_render_as_one_counter_family_by_status():
@@ -30,34 +30,9 @@ def test_the_gateway_counts_the_errors_it_answers_itself_not_a_replica_s():
     from hf_paged.scaleout.spec import ReplicaSpec
     from hf_paged.serving.auth import KeyCheck
 
-    class Stream:  # a replica answering 400 with its name in the header
-        def __init__(self):
-            self.items = [ResponseStart(400, [(b"content-type", b"application/json"),
-                                              (b"x-hf-paged-replica", b"r1")]), b"{}"]
-
-        def __aiter__(self):
-            return self
-
-        async def __anext__(self):
-            if not self.items:
-                raise StopAsyncIteration
-            return self.items.pop(0)
-
-    class Handle:
-        def options(self, **_):
-            return self
-
-        @property
-        def forward(self):
-            return self
-
-        def remote(self, call, routing=None):
-            return Stream()
-
-        def broadcast(self, method, **kwargs):
-            raise RuntimeError("no replica in this test")
-
-    gateway = Gateway(Handle(), ReplicaSpec(api_key=KeyCheck.from_key("k")), wait_for_reports=False)
+    # a replica answering 400 with its name in the header
+    handle = FakeHandle(lambda call: ReplicaAnswer(400, ((b"x-hf-paged-replica", b"r1"),)))
+    gateway = Gateway(handle, ReplicaSpec(api_key=KeyCheck.from_key("k")), wait_for_reports=False)
 
     def answer(path, headers=()):
         async def receive():

@@ -16,6 +16,7 @@ from hf_paged.scaleout import prompt_fingerprints
 from hf_paged.scaleout.asgi import HttpCall, ResponseStart, forward
 from hf_paged.scaleout.prompt_key import prompt_ids, routing_info
 from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest
+from tests.scaleout.fake_serve import FakeHandle, ReplicaAnswer
 
 
 def collect(app, call):
@@ -199,31 +200,11 @@ def test_gateway_refuses_a_request_without_the_api_key_before_routing_it():
 
     forwarded = []
 
-    class Stream:
-        def __init__(self):
-            self.items = [ResponseStart(200, [(b"content-type", b"application/json")]), b"{}"]
+    def respond(call):
+        forwarded.append(call.path)
+        return ReplicaAnswer(200)
 
-        def __aiter__(self):
-            return self
-
-        async def __anext__(self):
-            if not self.items:
-                raise StopAsyncIteration
-            return self.items.pop(0)
-
-    class Handle:
-        def options(self, **_):
-            return self
-
-        @property
-        def forward(self):
-            return self
-
-        def remote(self, call, routing=None):
-            forwarded.append(call.path)
-            return Stream()
-
-    gateway = Gateway(Handle(), ReplicaSpec(api_key=KeyCheck.from_key("s3cret")), wait_for_reports=False)
+    gateway = Gateway(FakeHandle(respond), ReplicaSpec(api_key=KeyCheck.from_key("s3cret")), wait_for_reports=False)
 
     def answer(path, headers=()):
         async def receive():
