@@ -39,6 +39,18 @@ def test_anchored_index_accepts_continuations_after_a_match():
     assert anchored("a|b") == r"(?:a|b)\z"
 
 
+def test_an_index_growing_in_the_background_is_not_a_use():
+    """`test_lru_evicts_the_least_recently_used` failed in a loaded full run: the background warm-up memoised a mask
+    of "b" after "a" was read, and growth counted as use, so "a" was evicted. Growth is now weighed, not touched."""
+    cache = IndexCache(max_entries=2)
+    cache.get_or_compile("a", "a", VOCAB)
+    b = cache.get_or_compile("b", "b", VOCAB)
+    assert cache.get("a") is not None
+    cache._grew("b", b.index, 64)  # what TokenIndex.on_grow reports when a mask of "b" is memoised
+    cache.get_or_compile("c", "c", VOCAB)
+    assert cache.get("b") is None and cache.get("a") is not None
+
+
 def test_lru_evicts_the_least_recently_used():
     cache = IndexCache(max_entries=2)
     cache.get_or_compile("a", "a", VOCAB)

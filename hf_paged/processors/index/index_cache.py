@@ -262,11 +262,12 @@ class IndexCache:
             self._entries.clear()
 
     def _grew(self, key: str, index: TokenIndex, num_bytes: int) -> None:
-        """`TokenIndex.on_grow` of an entry: a mask was memoised (the budget may drop older entries now)."""
+        """`TokenIndex.on_grow` of an entry: a mask was memoised (the budget may drop older entries now). Growth is
+        not use: the background warm-up grows an index nobody asked for again, which made it the most recent entry."""
         with self._lock:
             entry = self._entries.peek(key)
             if entry is not None and entry.index is index:
-                self._entries.resize(key, self._entries.size_of(key) + num_bytes)
+                self._entries.resize(key, self._entries.size_of(key) + num_bytes, touch=False)
 
     # -- internals -----------------------------------------------------------------------------------
     def _build(self, key: str, regex: str | Grammar, vocab: TokenVocabulary, budget: CompileBudget | None) -> CompiledIndex:
