@@ -66,7 +66,8 @@ class LocalCluster:
             # 15-23 on 2 cores); the raylet, and so Serve's controller, inherit the head's environment
             env = {"RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": PROXY_READY_TIMEOUT_S, **os.environ, **self.head_env}
             address = self._start_head(env)
-            _write_owners(self.temp_dir, [os.getpid(), self.head.pid])  # the head's processes use it until it ends
+            if self.head is not None:  # the head's processes use it until it ends
+                _write_owners(self.temp_dir, [os.getpid(), self.head.pid])
         try:
             ray.init(address=address, runtime_env=worker_env(),
                      **({"include_dashboard": False} if self.address is not None else {}))
