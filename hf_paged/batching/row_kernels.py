@@ -37,9 +37,9 @@ def independent_rows(shapes: set[tuple[int, int]]) -> int | None:
 def _last_dependent(k: int, n: int) -> int:
     """The largest sampled row count whose product differs from the same rows of a `PROBE_ROWS`-row one."""
     threads = torch.get_num_threads()
-    generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(n, k, generator=generator)
-    x = torch.randn(PROBE_ROWS, k, generator=generator)
+    generator = torch.Generator(device="cpu").manual_seed(0)  # (the CPU BLAS is what is measured)
+    weight = torch.randn(n, k, generator=generator, device="cpu")
+    x = torch.randn(PROBE_ROWS, k, generator=generator, device="cpu")
     try:
         torch.set_num_threads(1)
         with torch.inference_mode():
