@@ -51,7 +51,7 @@ class RequestLifecycle:
         for k, child_id in enumerate(fork_ids(parent.request_id, params.num_return_sequences)[1:]):
             child = Request(child_id, parent.prompt_ids, params, parent.priority, parent.arrival_index)
             child.arrival_time = parent.arrival_time
-            child.parent_id = parent.request_id
+            child.parent_id, child.fork_index = parent.request_id, k + 1
             if params.seed is not None:
                 # a digest, not seed + k + 1 (fork 1 of seed 200 drew request seed 201's tokens); its generator
                 child.seed = retry_seed(params.seed, k + 1, 0)  # is made at its first draw (`generator_on`)

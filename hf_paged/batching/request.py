@@ -112,6 +112,7 @@ class Request:
     timestamps: list[float] = field(default_factory=list)  # params.record_timestamps: perf_counter per token
     swapped: Any = None  # CPU copy of the K/V while swapped out
     parent_id: str | None = None  # set on forked children (num_return_sequences)
+    fork_index: int = 0  # 0: the request itself; k: its k-th fork (`fork_ids` order), for draw order and seeds
     num_preemptions: int = 0
     arrival_time: float = field(default_factory=time.perf_counter)
     scheduled_time: float | None = None  # first admitted to a step (arrival -> here: its time in the queue)

@@ -29,7 +29,6 @@ from hf_paged.batching.request import (
     RequestOutput,
     RequestStatus,
     RetryAttempt,
-    fork_parent,
 )
 from hf_paged.batching.sampling import SamplingParams
 
@@ -62,12 +61,6 @@ def num_generated_tokens(request: Any) -> int:
     attempts = request.attempts
     return sum(a.num_tokens for a in attempts) if attempts else len(request.generated_tokens if isinstance(
         request, RequestOutput) else request.output_ids)
-
-
-def _fork_index(request: Request) -> int:
-    if request.parent_id is None:
-        return 0
-    return int(request.request_id[len(fork_parent(request.request_id)):].rsplit("#", 1)[-1]) + 1
 
 
 def document_text(request: Request) -> str | list[int]:
@@ -154,10 +147,10 @@ class Retrier:
         # the request's clock runs from its first attempt: arrival, first admission (its queue time) and first token
         retry.arrival_time, retry.first_token_time = request.arrival_time, request.first_token_time
         retry.scheduled_time = request.scheduled_time
-        retry.parent_id = request.parent_id
+        retry.parent_id, retry.fork_index = request.parent_id, request.fork_index
         retry.attempts = request.attempts
         retry.num_masks_computed = request.num_masks_computed
-        retry.seed = retry_seed(request.params.seed, _fork_index(request), attempt)
+        retry.seed = retry_seed(request.params.seed, request.fork_index, attempt)
         return retry
 
     def _default(self, params: SamplingParams) -> Callable | None:

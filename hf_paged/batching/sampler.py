@@ -93,7 +93,7 @@ class Sampler:
         # unseeded draws take torch's global stream in arrival order (stock's row order), not the schedule's: a warm
         # prefix cache admits the longest cached prompts first, which put a second identical call's draws elsewhere
         # (the batched processors above want row order: a contiguous run of rows is masked as one slice)
-        special.sort(key=lambda i: _arrival_key(requests[i]))
+        special.sort(key=lambda i: (requests[i].arrival_index, requests[i].fork_index))
         self._draw_together(requests, logits, scores, [i for i in special if i not in resampled and errors[i] is None
                                                        and _drawn_together(requests[i])], tokens, errors)
         for i in special:
@@ -284,14 +284,6 @@ class Sampler:
             raise _not_finite(request.params.temperature)
         return draw(request, probs, len(request.output_ids))  # a seeded row: keyed by its position
 
-
-def _arrival_key(request: Request) -> tuple[int, int]:
-    """Where a row's draw goes in a step: by arrival (`add_request` order), a request's forks right after it in fork
-    order (stock's `num_return_sequences` rows: each prompt's n rows together)."""
-    if request.parent_id is None:
-        return request.arrival_index, 0
-    digits = request.request_id[len(request.parent_id):]
-    return request.arrival_index, 1 + int(digits[len(digits.rstrip("0123456789")):] or 0)
 
 
 def _take_synced(agreed: list[int | None], tokens: list[int | None], errors: list[Failure | None]) -> None:
