@@ -14,10 +14,10 @@ import torch
 
 from hf_paged.batching.constraint_protocol import RequestProcessors
 from hf_paged.batching.logprobs import TokenLogprobs, TopLogprob
+from hf_paged.batching.request_ids import FORK_MARK as _FORK_MARK
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.errors import RequestFailedError
 
-_FORK_MARK = "__child#"
 # the finish reasons of a constrained document that will not parse: cut by max_new_tokens, or ended by EOS after its
 # constraint gave up on it (a token it refused was forced, or the vocabulary cannot spell what it allows next)
 INCOMPLETE = ("length_incomplete", "stop_incomplete")

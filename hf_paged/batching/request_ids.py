@@ -12,7 +12,9 @@ import threading
 import weakref
 from collections.abc import Container, Iterable
 
-__all__ = ["RequestIds"]
+__all__ = ["FORK_MARK", "RequestIds"]
+
+FORK_MARK = "__child#"  # in the ids of a request's forks (`request.fork_ids`), never in an id a caller gives
 
 
 class RequestIds:
@@ -34,6 +36,9 @@ class RequestIds:
                     request_id = f"req_{next(self._counter)}"
             elif self._taken(request_id):
                 raise ValueError(f"request id {request_id!r} is already in use; pass a unique request_id (or none)")
+            elif FORK_MARK in request_id:  # a fork of another request would take this id (num_return_sequences)
+                raise ValueError(f"request id {request_id!r} contains {FORK_MARK!r}, which names the forks of a "
+                                 "request with num_return_sequences > 1; pass an id without it (or none)")
             self.reserved.add(request_id)
             return request_id
 

@@ -101,6 +101,8 @@ def test_request_ids_unique_and_duplicates_refused(model):
         auto = [engine.loop.submit([[3, 4]], [SamplingParams(max_new_tokens=2)]) for _ in range(5)]
         assert len({s.request_ids[0] for s in auto}) == 5
         given = engine.loop.submit([[3, 4]], [SamplingParams(max_new_tokens=30)], request_ids=["mine"])
+        with pytest.raises(ValueError, match="contains '__child#'"):  # a fork's id: the engine failed at its run
+            engine.loop.submit([[5]], [SamplingParams(max_new_tokens=2)], request_ids=["x__child#0"])
         with pytest.raises(ValueError, match="'mine' is already in use"):
             engine.loop.submit([[5]], [SamplingParams(max_new_tokens=2)], request_ids=["mine"])
         with pytest.raises(ValueError, match="already in use"):
