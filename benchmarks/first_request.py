@@ -19,6 +19,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.common import machine  # (sets HF_PAGED_JIT=now here; `trial` removes it from the children)
 
 _TRIAL = r"""
 import json, sys, time
@@ -53,7 +55,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=3)
     args = parser.parse_args()
-    print(f"python {sys.version.split()[0]}, {os.cpu_count()} cores; fresh process and empty numba cache per trial")
+    print(f"machine: {machine()}; fresh process and empty numba cache per trial (HF_PAGED_JIT unset there)")
     print("| kv_cache_dtype | trial | first s | second s | third s | bound 1.5 x second + 0.5 s | holds |")
     print("|---|---|---|---|---|---|---|")
     held = 0

@@ -32,6 +32,7 @@ import lm_eval
 from lm_eval.tasks import TaskManager
 
 import hf_paged
+from benchmarks.common import machine
 from benchmarks.lm_eval import TASKS_DIR, _llama50m
 from benchmarks.lm_eval_ppl_ab import _documents
 from hf_paged.batching import lean_forward, prompt_logprobs
@@ -93,6 +94,7 @@ def main() -> None:
     parser.add_argument("--changes", default="head,scores")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    print(f"machine: {machine()}", flush=True)
     tmp = tempfile.TemporaryDirectory()
     path = _llama50m(tmp.name)
     tasks, documents = TaskManager(include_path=TASKS_DIR, metadata={"pretrained": path}), _documents()

@@ -30,6 +30,9 @@ import hf_paged
 from hf_paged.api.models import DEFAULT_MODEL_PATH
 from hf_paged.integrations.lm_eval import PagedLM
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import machine
+
 
 class _Request:
     def __init__(self, text: str) -> None:
@@ -55,6 +58,7 @@ def main() -> None:
     parser.add_argument("--model", default="tiny", choices=("tiny", "llama50m"), help="as benchmarks/lm_eval.py's")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    print(f"machine: {machine()}", flush=True)
     tmp = tempfile.TemporaryDirectory()
     if args.model == "tiny":
         path = str(DEFAULT_MODEL_PATH)

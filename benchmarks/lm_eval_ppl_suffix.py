@@ -11,10 +11,15 @@ queries are fewer than keys, so one call cannot do it). Not built in the engine:
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import machine
 
 T, HEADS, KV_HEADS, DIM = 2048, 8, 2, 32
 SUFFIXES = (126, 122, 549, 382, 666, 944, 1817)  # scored rows of the later windows with a context (tokenized docs)
@@ -22,6 +27,7 @@ SUFFIXES = (126, 122, 549, 382, 666, 944, 1817)  # scored rows of the later wind
 
 def main(repeats: int = 3) -> None:
     torch.set_num_threads(1)
+    print(f"machine: {machine()}", flush=True)
     torch.manual_seed(0)
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu  # returns (out, logsumexp)
     scale = DIM ** -0.5

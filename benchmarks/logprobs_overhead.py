@@ -11,7 +11,9 @@ Two measurements, interleaved A/B pairs, CPU time (`time.process_time`), one tor
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
@@ -19,6 +21,9 @@ import torch
 from hf_paged import Engine, PagedConfig, SamplingParams, default_model
 from hf_paged.batching.request import Request
 from hf_paged.batching.sampler import Sampler
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import machine
 
 
 def sampler_pair(vocab: int, k: int, reps: int, seed: int) -> tuple[float, float]:
@@ -67,6 +72,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=8)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    print(f"machine: {machine()}", flush=True)
 
     ratios, base, extra = [], [], []
     for pair in range(args.pairs):

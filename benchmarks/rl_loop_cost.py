@@ -29,6 +29,9 @@ import hf_paged.batching.engine as engine_module
 from hf_paged.batching import weights as new_weights
 from hf_paged.cli.workloads import left_pad
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import machine
+
 BEFORE = "6d5d83a~1"  # the commit before the fingerprint split storage from values
 
 
@@ -60,6 +63,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    print(f"machine: {machine()}", flush=True)
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8,
                          num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024,

@@ -15,6 +15,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import hf_paged
+from benchmarks.common import machine
 from benchmarks.throughput import timed_generate_batch, workload_and_model
 from hf_paged.cache.kernels import causal_rows
 
@@ -26,6 +27,7 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=causal_rows.CAUSAL_ROW_BLOCK, help="the row block when on")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    print(f"machine: {machine()}", flush=True)
     work, model = workload_and_model(args.workload)
     params = [hf_paged.SamplingParams(max_new_tokens=w) for w in work.max_new_tokens]
 

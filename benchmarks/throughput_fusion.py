@@ -11,9 +11,14 @@ products (the condition `LeanForward` would need).
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import machine
 
 
 def best_us(fn, reps: int) -> float:
@@ -28,6 +33,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
+    print(f"machine: {machine()}", flush=True)
     torch.manual_seed(0)
     groups = {"q/k/v, 4 KV heads": (256, [256, 128, 128]), "q/k/v, 2 KV heads": (256, [256, 64, 64]),
               "gate/up": (256, [704, 704])}

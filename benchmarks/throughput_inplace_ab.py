@@ -19,6 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import hf_paged
+from benchmarks.common import machine
 from benchmarks.throughput import timed_generate_batch, workload_and_model
 from hf_paged.batching import lean_forward
 
@@ -43,6 +44,7 @@ def main() -> None:
     parser.add_argument("--old", default="cc319b2", help="the revision whose lean forward is 'before'")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    print(f"machine: {machine()}", flush=True)
     work, model = workload_and_model(args.workload)
     params = [hf_paged.SamplingParams(max_new_tokens=w) for w in work.max_new_tokens]
     calls = {"before": old_call(args.old), "in place": lean_forward.LeanForward.__call__}

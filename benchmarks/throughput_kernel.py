@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import subprocess
 import sys
 import tempfile
@@ -26,6 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 import hf_paged
 from hf_paged.cache.kernels import cpu_attention
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks.common import machine
 
 KERNEL = "hf_paged/cache/kernels/cpu_attention.py"
 
@@ -109,6 +113,7 @@ def main() -> None:
     parser.add_argument("--skip-end-to-end", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    print(f"machine: {machine()}", flush=True)
     with tempfile.TemporaryDirectory() as workdir:
         kernels = {f"before ({args.before})": kernel_at(args.before, workdir).attend_plain,
                    "working tree": cpu_attention.attend_plain}

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import machine
 
 
 def measured(fn) -> tuple[float, int, object]:
@@ -68,6 +69,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.child:
         return child(args.workload, args.stock, args.keep)
+    print(f"machine: {machine()}", flush=True)
     runs: dict[str, list[dict]] = {"0": [], "1": []}
     for r in range(args.repeats):
         for keep in ("0", "1") if r % 2 == 0 else ("1", "0"):  # alternate which goes first

@@ -16,6 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import hf_paged
+from benchmarks.common import machine
 from benchmarks.throughput import timed_generate_batch, workload_and_model
 from hf_paged.batching import lean_forward as lf
 from hf_paged.batching.lean_forward import _head, _linear, _pruned_rows, _rms_norm, _rope
@@ -33,7 +34,7 @@ def merged_call(self, input_ids, position_ids, keep, attend):
     half = sin.shape[-1] // 2
     sin = torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
     tokens = hidden.shape[0]
-    rows = _pruned_rows(keep, tokens) if self.prune and torch.get_num_threads() == 1 else None
+    rows = _pruned_rows(keep, tokens, self.min_rows) if self.prune and torch.get_num_threads() == 1 else None
     last = self.layers[-1].attn
     for in_norm, attn, q_proj, k_proj, v_proj, o_proj, window, post_norm, gate, up, down, act in self.layers:
         weights = _MERGED.get(id(q_proj))
@@ -61,6 +62,7 @@ def main() -> None:
     name = sys.argv[1] if len(sys.argv) > 1 else "gqa6"
     repeats = int(sys.argv[2]) if len(sys.argv) > 2 else 3
     torch.set_num_threads(1)
+    print(f"machine: {machine()}", flush=True)
     work, model = workload_and_model(name)
     params = [hf_paged.SamplingParams(max_new_tokens=w) for w in work.max_new_tokens]
     calls = {"split": SPLIT, "merged": merged_call}

@@ -14,6 +14,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import hf_paged
+from benchmarks.common import machine
 from benchmarks.throughput import timed_generate_batch, workload_and_model
 
 
@@ -23,6 +24,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     torch.set_num_threads(1)  # pruning runs with one torch thread only
+    print(f"machine: {machine()}", flush=True)
     work, model = workload_and_model(args.workload)
     params = [hf_paged.SamplingParams(max_new_tokens=w) for w in work.max_new_tokens]
 

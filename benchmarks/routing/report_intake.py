@@ -18,6 +18,7 @@ import random
 import time
 from dataclasses import dataclass, field
 
+from benchmarks.common import machine
 from hf_paged.scaleout.ray_router import HfPagedRequestRouter
 from hf_paged.scaleout.summary import CacheSummary
 
@@ -74,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--blocks", type=int, nargs="+", default=[8192, 100_000])
     parser.add_argument("--repeats", type=int, default=200)
     args = parser.parse_args(argv)
+    print(f"machine: {machine()}\n")
     print("| replicas | blocks a summary | unchanged: ms a request | unpack each: ms a request | all new: ms a request |")
     print("|---|---|---|---|---|")
     for num_blocks in args.blocks:
