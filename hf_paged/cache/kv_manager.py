@@ -201,7 +201,9 @@ class KVCacheManager:
         del seq.block_ids[keep_blocks:]
         self.pool.free(reversed(dropped))
         seq.num_tokens = min(seq.num_tokens, num_tokens)
-        seq.num_cached_blocks = min(seq.num_cached_blocks, keep_blocks)
+        # only whole kept blocks stay cached for this sequence: a kept partial block is copied on its next write
+        # (it is the tree's), and that copy must be inserted once it fills again
+        seq.num_cached_blocks = min(seq.num_cached_blocks, seq.num_tokens // self.block_size)
 
     def cache_tail(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple = ()) -> bool:
         """Before `free`: offer the sequence's last, partial block to the prefix cache (`RadixCache.insert_tail`)
