@@ -192,7 +192,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     replay = None
     if criteria is not None:
         replay = LockstepCriteria(criteria, rows, submission.all_ids, pad_token_id, max_new_tokens,
-                                  lambda ids: engine.loop.abort(*ids), sync=engine.sampler.sync)
+                                  lambda ids: engine.loop.abort(*ids, forks=False), sync=engine.sampler.sync)
         on_step = replay.on_step
     try:
         outputs = submission.result(on_step)

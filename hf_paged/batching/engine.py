@@ -156,13 +156,15 @@ class Engine:
         return check_prompt(prompt_ids, params, limits, whole_sequence=whole_sequence, **wording)
 
     def abort(self, request_id: str, *, error: str | None = None,
-              error_type: type[BaseException] = RequestFailedError) -> None:
-        """End a request now, with its `n` forks (a fork id: that fork alone); blocks go back to the pool at once. With
-        `error`, it ends FAILED with it (finish reason "error"; `error_type`: its class), else as aborted."""
+              error_type: type[BaseException] = RequestFailedError, forks: bool = True) -> None:
+        """End a request now, with its `n` forks (a fork id: that fork alone; `forks=False`: a parent alone, its
+        forks that run on their own go on); blocks go back to the pool at once. With `error`, it ends FAILED with it
+        (finish reason "error"; `error_type`: its class), else as aborted."""
         with self.lock:
             request = self.scheduler.requests.get(request_id)
             if request is not None:
-                self.lifecycle.abort_with_forks(request, Failure(error, error_type) if error is not None else None)
+                failure = Failure(error, error_type) if error is not None else None
+                (self.lifecycle.abort_with_forks if forks else self.lifecycle.abort)(request, failure)
 
     @property
     def has_unfinished(self) -> bool:

@@ -110,9 +110,9 @@ class EngineLoop:
                 self.abort(*remaining)
 
     @critical  # (a Ctrl-C landing as a caller's `finally` calls it would leave its requests running)
-    def abort(self, *request_ids: str, error: str | None = None) -> None:
-        """End these requests before the next step (blocks freed; FAILED with `error` if given); unknown ids ignored."""
-        self._command(lambda: [self.engine.abort(rid, error=error) for rid in request_ids])
+    def abort(self, *request_ids: str, error: str | None = None, forks: bool = True) -> None:
+        """End these requests before the next step (blocks freed; FAILED with `error`; `forks`: `Engine.abort`'s)."""
+        self._command(lambda: [self.engine.abort(rid, error=error, forks=forks) for rid in request_ids])
 
     def abort_all(self, reason: str | None = None) -> None:
         """Abort every request of this loop's callers before the next step; with `reason`, each ends FAILED with it."""
