@@ -20,13 +20,7 @@ from transformers import GenerationConfig, StoppingCriteriaList
 
 from hf_paged.api.autocast import autocast_reason, refuse_mixed_precision_forward
 from hf_paged.api.generate_criteria import LockstepCriteria
-from hf_paged.api.generate_inputs import (
-    check_priorities,
-    check_prompts,
-    checked_inputs,
-    masked_after_start,
-    token_ids_of,
-)
+from hf_paged.api.generate_inputs import check_priorities, check_prompts, checked_inputs, masked_after_start
 from hf_paged.api.generate_output import assemble_generate_output, incomplete_rows, make_streamer_hook
 from hf_paged.api.generate_processors import ProcessorFactory
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
@@ -41,7 +35,7 @@ from hf_paged.compat import (
     stock_max_length,
     stock_stopping_criteria,
 )
-from hf_paged.errors import HfPagedError, InvalidPromptError, RequestFailedError
+from hf_paged.errors import HfPagedError, InvalidPromptError, RequestFailedError, UnsupportedGenerationError
 
 # generate() arguments (besides generation options) the engine understands; `labels` (Seq2SeqTrainer's
 # predict_with_generate passes them) only make stock's forwards compute a loss nobody reads: ignored.
@@ -68,7 +62,7 @@ class PositionLimitWarning(UserWarning):
     there (`generate_batch`: `finish_reason == "length"`), shorter than stock's output, which runs past them."""
 
 
-def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, extra: dict) -> str | None:
+def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, extra: dict, rows: int) -> str | None:
     modes = unsupported_modes(generation_config)
     if modes:
         return modes[0]
@@ -76,6 +70,11 @@ def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, e
         from hf_paged.api.wrap_state import engine_of
 
         reason = engine_of(model).speculator.unsupported
+        if reason is not None and rows > 1:  # stock's assisted decoding takes one row: it would raise its own error
+            raise UnsupportedGenerationError(
+                f"assisted decoding (prompt_lookup_num_tokens / assistant_model) of {rows} rows: the paged engine's "
+                f"speculative decoding {reason}, and stock generate's assisted decoding takes one row at a time; "
+                "generate one row per call, or drop the assistant")
         if reason is not None:
             return f"assisted decoding (speculative decoding {reason})"
     stops = (extra.get("stopping_criteria") or generation_config.stop_strings is not None
@@ -132,7 +131,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
                          "max_retries=...) instead")
     default_max_length = has_default_max_length(model, generation_config, kwargs)
     gen_config, model_kwargs = prepare_generation_config(model, generation_config, **kwargs)
-    reason = _fallback_reason(model, gen_config, model_kwargs, {**extra, "streamer": streamer})
+    reason = _fallback_reason(model, gen_config, model_kwargs, {**extra, "streamer": streamer}, len(input_ids))
     if reason is not None:
         return _fallback(stock, reason, input_ids, generation_config, logits_processor, streamer, extra, kwargs,
                          negative_prompt_ids, negative_prompt_attention_mask)
@@ -282,6 +281,7 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
     outside the vocabulary); `UnsupportedGenerationError` for a forward accelerate wrapped in autocast (the engine
     computes in the weights' dtype, with `torch.autocast` off: `api/autocast.py`). Other per-request failures
     (a prompt beyond the positions or the pool, a processor that raised) end it `FAILED` with `error`; others run."""
+    from hf_paged.api.generate_inputs import token_ids_of
     from hf_paged.api.wrap_state import engine_of
     from hf_paged.batching.progress import progress_hook
 
