@@ -99,7 +99,9 @@ def run_once(model, tok, constraint, mode: str, sample: bool, max_new_tokens: in
     else:
         proc = RegexLogitsProcessor(constraint, tok, index_cache=cache)
     engine = Engine(model, PagedConfig())
-    sampler = engine.sampler = TimedSampler()
+    # the step's sampling holds the sampler it was built with (`StepSampling`); the stats read `engine.sampler`:
+    # both must be the timed one, or the table reads an idle sampler's zeros
+    sampler = engine.sampler = engine.sampling.sampler = TimedSampler()
     params = SamplingParams(max_new_tokens=max_new_tokens, eos_token_id=model.generation_config.eos_token_id,
                             logits_processors=[proc], constraint_mode=mode, do_sample=sample, seed=0)
     start = time.process_time()
