@@ -317,6 +317,11 @@ def fit_length(node: Node, min_len: int, max_len: int | None, max_repeat: int) -
     return None
 
 
+def _one_code_point(node: Node) -> bool:
+    """A class, or a group of just one (the parser writes `[a-z]+` as a repetition of `seq([a-z])`)."""
+    return node.kind == "set" or node.kind == "seq" and len(node.children) == 1 and node.children[0].kind == "set"
+
+
 def _raise_minimum(node: Node, min_len: int) -> Node | None:
     """Raise the lower count of the last open repetition of one code point until min_len is reached.
 
@@ -333,7 +338,7 @@ def _raise_minimum(node: Node, min_len: int) -> Node | None:
     kids = list(node.children)
     for i in range(len(kids) - 1, -1, -1):
         k = kids[i]
-        if k.kind == "rep" and k.children[0].kind == "set" and (k.hi is None or k.hi - k.lo >= deficit):
+        if k.kind == "rep" and _one_code_point(k.children[0]) and (k.hi is None or k.hi - k.lo >= deficit):
             kids[i] = Node("rep", children=k.children, lo=k.lo + deficit, hi=k.hi)
             return Node("seq", children=tuple(kids))
         if k.kind == "alt" and len(kids) == 1:
