@@ -55,3 +55,8 @@ def test_bounds_the_wrong_way_round_are_the_empty_language():
                    {"type": "integer", "minimum": 8, "maximum": 7}):
         with pytest.raises(UnsatisfiableSchemaError):
             schema_to_regex(schema)
+
+
+def test_max_items_below_the_prefix_cuts_the_tuple():
+    schema = {"type": "array", "prefixItems": [{"type": "integer"}] * 3, "maxItems": 2}
+    assert [accepts(schema, t) for t in ("[]", "[1]", "[1,2]", "[1,2,3]")] == [True, True, True, False]
