@@ -12,7 +12,9 @@ import torch
 from hf_paged.serving.logprobs import TokenPieces
 from tests.serving.test_errors import assert_error, post
 
-ATOL = 1e-5
+# fp32 logprobs through the engine's kernels vs a stock forward: other summation orders (and, in a fresh checkout,
+# the torch path until the numba kernels are compiled) differ by ~1e-5 on the embedded model; issue 44's tolerance
+ATOL = 1e-4
 
 
 def reference(model, prompt: list[int], generated: list[int]) -> torch.Tensor:
