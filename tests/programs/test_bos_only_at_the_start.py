@@ -12,6 +12,7 @@ import hf_paged
 from hf_paged import programs as hp
 from hf_paged.api.models import DEFAULT_MODEL_PATH
 from hf_paged.api.wrap_state import engine_of
+from tests.programs.test_programs import _stock_greedy
 
 
 @pytest.fixture(scope="module")
@@ -24,14 +25,6 @@ def bos_model_tok():
     engine = engine_of(model)
     engine.check_integrity()
     assert engine.cache.pool.num_used_blocks == 0
-
-
-def _stock_greedy(model, tok, ids: list[int], max_new_tokens: int) -> list[int]:
-    out = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                         max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.eos_token_id)
-    new = out[0, len(ids):].tolist()
-    return new[: new.index(tok.eos_token_id)] if tok.eos_token_id in new else new
 
 
 def test_bos_once_before_the_first_text_and_never_before_later_text(bos_model_tok):
