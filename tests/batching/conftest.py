@@ -2,8 +2,27 @@
 
 from __future__ import annotations
 
+import signal
+import threading
+
 import pytest
 import torch
+
+
+@pytest.fixture(autouse=True)
+def ctrl_c_raises():
+    """Python's own Ctrl-C handler while a test runs. A runner started with SIGINT ignored (a background job of a
+    non-interactive shell: `nohup python -m pytest &`) hands Python SIG_IGN, and Python then installs no handler:
+    `signal.raise_signal(SIGINT)` and `_thread.interrupt_main()` do nothing, and the Ctrl-C tests failed in such a run
+    (they pass in a foreground one)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture
