@@ -107,8 +107,8 @@ def main() -> None:
             runs = {side: _run(side, changes, task, path, args.limit, tasks, documents) for side in order}
             assert runs["before"][1] == runs["after"][1], f"{task} pair {i}: the outputs differ"
             assert runs["before"][2] == runs["after"][2]
-            for side in times:
-                times[side].append(runs[side][0])
+            for side, series in times.items():
+                series.append(runs[side][0])
             ratios.append(runs["before"][0] / runs["after"][0])
             print(f"{task} pair {i} ({args.changes}): before {runs['before'][0]:.2f} s, after {runs['after'][0]:.2f} s,"
                   f" before / after {ratios[-1]:.3f}, {runs['before'][2]} tokens, outputs identical, "
