@@ -37,6 +37,9 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.serve_common import die_with_parent
 
 WORDS = ["cache", "block", "prefix", "replica", "router", "token", "batch", "engine", "queue", "paged", "radix",
          "tree", "hot", "cold", "summary", "gateway", "drain", "serve", "chat", "template", "policy", "answer",
@@ -202,7 +205,10 @@ def one_run(args, seed: int, template: Path | None, log_dir: Path) -> dict:
     log_path = log_dir / f"serve_seed{seed}.log"
     t0 = time.perf_counter()
     with open(log_path, "w") as log:  # the child holds its own copy of the descriptor
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        # its own session (one signal stops its tree), and SIGTERM when this script dies without its finally block
+        # (a `timeout` around the benchmark left the server and its Ray cluster running for two hours)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=die_with_parent)  # noqa: PLW1509 -- setsid + prctl only: no lock taken
     row: dict = {"seed": seed, "port": port, "log": str(log_path)}
     try:
         deadline = time.monotonic() + args.start_timeout

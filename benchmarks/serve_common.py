@@ -105,7 +105,7 @@ def transformers_spec(args) -> ServerSpec:
     return ServerSpec("transformers serve", argv, port, False)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     os.setsid()  # its own process group: one signal stops the server and any worker it starts
     try:  # Linux: SIGTERM the server if this script dies without running its finally blocks (SIGKILL)
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -153,7 +153,7 @@ def running(spec: ServerSpec, ready_timeout_s: float) -> Iterator[Server]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     with log.open("w") as out:
         proc = subprocess.Popen(spec.argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                cwd=REPO, env=env, preexec_fn=_die_with_parent)
+                                cwd=REPO, env=env, preexec_fn=die_with_parent)
     try:
         url = f"http://127.0.0.1:{spec.port}"
         yield Server(spec, proc.pid, url, _wait_ready(proc, url, ready_timeout_s, log))
