@@ -8,11 +8,17 @@ from hf_paged.cache.kv_manager import BlockCopy, KVCacheManager
 from hf_paged.cache.radix import RadixCache
 
 
-def test_a_block_rewritten_after_a_truncate_into_it_is_cached_again():
+def _sequence() -> tuple[KVCacheManager, RadixCache]:
+    """A manager of 8 blocks of 4 tokens over a prefix cache, with one sequence "s"."""
     pool = BlockPool(8)
     cache = RadixCache(pool, block_size=4)
     kv = KVCacheManager(pool, 4, cache)
     kv.add_sequence("s")
+    return kv, cache
+
+
+def test_a_block_rewritten_after_a_truncate_into_it_is_cached_again():
+    kv, cache = _sequence()
     assert kv.allocate_slots("s", 8)
     kv.cache_full_blocks("s", [1, 2, 3, 4, 5, 6, 7, 8])
     old = list(kv.block_ids("s"))
@@ -32,10 +38,7 @@ def test_a_block_rewritten_after_a_truncate_into_it_is_cached_again():
 
 
 def test_truncate_to_a_block_boundary_keeps_the_whole_cached_blocks_counted():
-    pool = BlockPool(8)
-    cache = RadixCache(pool, block_size=4)
-    kv = KVCacheManager(pool, 4, cache)
-    kv.add_sequence("s")
+    kv, _ = _sequence()
     assert kv.allocate_slots("s", 12)
     kv.cache_full_blocks("s", list(range(1, 13)))
     kv.truncate("s", 8)
