@@ -49,15 +49,15 @@ echo "== 1/3 CUDA tests (kernels compiled, tests/gpu) =="
 XDIST=$("$PY" -c "import xdist" 2>/dev/null && echo "-n ${GPU_CHECK_WORKERS:-8}")
 timeout "${GPU_CHECK_TEST_TIMEOUT:-160}" "$PY" -m pytest tests/kernels tests/gpu tests/processors/test_bitmask.py \
     -q -m "not slow" -p no:cacheprovider $XDIST --deselect tests/kernels/test_kernel_compile.py \
-    --junitxml="$RESULTS/kernel_tests.xml" 2>&1 | tail -n 60
+    --junitxml="$RESULTS/kernel_tests.xml" -rfE --tb=short $("$PY" -c "import pytest_timeout" 2>/dev/null && echo --timeout=100) 2>&1 | tee "$RESULTS/kernel_tests.log" | tail -n 40
 
 echo "== 2/3 paged decode attention vs copy bandwidth (bf16, int8, int4 KV) =="
 timeout "${GPU_CHECK_DECODE_TIMEOUT:-130}" "$PY" scripts/gpu_bench_decode.py --sweep --warmup 3 --iters 20 \
-    --copy-bytes $((1 << 30)) --json "$RESULTS/decode_sweep.json" | grep '^|'
+    --copy-bytes $((1 << 30)) --json "$RESULTS/decode_sweep.json" 2>&1 | tee "$RESULTS/decode.log" | grep '^|'
 
 echo "== 3/3 end-to-end throughput, ~1B Llama, bf16: ragged, then shared prefix =="
-timeout "${GPU_CHECK_E2E_TIMEOUT:-230}" "$PY" scripts/gpu_bench_e2e.py --json "$RESULTS/e2e.json" \
-    | grep -E '"(name|tokens_per_s|seconds|error|note)"'
+timeout "${GPU_CHECK_E2E_TIMEOUT:-230}" "$PY" scripts/gpu_bench_e2e.py --json "$RESULTS/e2e.json" 2>&1 \
+    | tee "$RESULTS/e2e.log" | grep -E '"(name|tokens_per_s|seconds|error|note)"'
 
 echo
 echo "== results ($RESULTS) =="

@@ -22,6 +22,7 @@ def test_row_blocks_equal_dense_causal_attention(monkeypatch, context, new, in_r
     (group,) = plan.prefills
     assert group.causal
     out = run_attention_plan(plan, case.query, case.key_cache, case.value_cache, scale=case.scale)
+    in_rows = in_rows and case.query.device.type == "cpu"  # a CPU path: a GPU's kernels skip masked key blocks
     assert (group.row_blocks is not None) == in_rows
     if in_rows:  # blocks of 4 rows, each over the keys up to its last row
         assert [(b.start, b.end, b.num_keys) for b in group.row_blocks][:2] == [
