@@ -46,10 +46,13 @@ fi
 echo "== 1/3 CUDA tests (kernels compiled, tests/gpu) =="
 # -m "not slow" replaces the default "not slow and not gpu": the gpu-marked tests run here. Workers compile the
 # Triton kernels in parallel; each test has a time limit so that one hang cannot eat the run.
+# Every gpu-marked test file lies under one of these (tests/test_gpu_check_paths.py).
+GPU_TEST_PATHS=(tests/kernels tests/gpu tests/processors/test_bitmask.py tests/batching/test_logprobs_cuda.py)
 XDIST=$("$PY" -c "import xdist" 2>/dev/null && echo "-n ${GPU_CHECK_WORKERS:-8}")
-timeout "${GPU_CHECK_TEST_TIMEOUT:-160}" "$PY" -m pytest tests/kernels tests/gpu tests/processors/test_bitmask.py \
+timeout "${GPU_CHECK_TEST_TIMEOUT:-160}" "$PY" -m pytest "${GPU_TEST_PATHS[@]}" \
     -q -m "not slow" -p no:cacheprovider $XDIST --deselect tests/kernels/test_kernel_compile.py \
-    --junitxml="$RESULTS/kernel_tests.xml" -rfE --tb=short $("$PY" -c "import pytest_timeout" 2>/dev/null && echo --timeout=100) 2>&1 | tee "$RESULTS/kernel_tests.log" | tail -n 40
+    --junitxml="$RESULTS/kernel_tests.xml" -rfE --tb=short \
+    $("$PY" -c "import pytest_timeout" 2>/dev/null && echo --timeout=100) 2>&1 | tee "$RESULTS/kernel_tests.log" | tail -n 40
 
 echo "== 2/3 paged decode attention vs copy bandwidth (bf16, int8, int4 KV) =="
 timeout "${GPU_CHECK_DECODE_TIMEOUT:-130}" "$PY" scripts/gpu_bench_decode.py --sweep --warmup 3 --iters 20 \
