@@ -9,10 +9,12 @@
 #      `generate_batch` with its CUDA graphs off and on, hf_paged's `generate_batch` with its decode graphs on
 #      (the default on CUDA) and off; then benchmarks/prefix.py's shared-prefix workload (a 1000-token system
 #      prompt, one question per request) over the same paths, hf_paged with its prefix caching off too;
+#   4. the command line on CUDA (scripts/gpu_cli_check.py): `bench`, `generate --schema`, `serve` with int8 KV;
 # then one table (scripts/gpu_report.py). Every file lands in $GPU_CHECK_OUT (a temporary folder otherwise).
 #
 #   scripts/gpu_check.sh
 #   GPU_CHECK_OUT=$OUT scripts/gpu_check.sh
+#   GPU_CHECK_E2E_TIMEOUT=0 scripts/gpu_check.sh     # a stage's time limit (seconds) at 0 skips it
 #
 # Python packages the machine lacks can travel as wheels in .whl/ (cp312 manylinux; see the device notes): they
 # are installed into /tmp/site first. Exit status 0 only when every check with a target passed.
@@ -43,25 +45,32 @@ then
     exit 2
 fi
 
-echo "== 1/3 CUDA tests (kernels compiled, tests/gpu) =="
+echo "== 1/4 CUDA tests (kernels compiled, tests/gpu) =="
 # -m "not slow" replaces the default "not slow and not gpu": the gpu-marked tests run here. Workers compile the
 # Triton kernels in parallel; each test has a time limit so that one hang cannot eat the run.
 # Every gpu-marked test file lies under one of these (tests/test_gpu_check_paths.py).
 GPU_TEST_PATHS=(tests/kernels tests/gpu tests/processors/test_bitmask.py tests/batching/test_logprobs_cuda.py)
 XDIST=$("$PY" -c "import xdist" 2>/dev/null && echo "-n ${GPU_CHECK_WORKERS:-8}")
-timeout "${GPU_CHECK_TEST_TIMEOUT:-160}" "$PY" -m pytest "${GPU_TEST_PATHS[@]}" \
+[ "${GPU_CHECK_TEST_TIMEOUT:-160}" -gt 0 ] && timeout "${GPU_CHECK_TEST_TIMEOUT:-160}" "$PY" -m pytest "${GPU_TEST_PATHS[@]}" \
     -q -m "not slow" -p no:cacheprovider $XDIST --deselect tests/kernels/test_kernel_compile.py \
     --junitxml="$RESULTS/kernel_tests.xml" -rfE --tb=short \
     $("$PY" -c "import pytest_timeout" 2>/dev/null && echo --timeout=100) 2>&1 | tee "$RESULTS/kernel_tests.log" | tail -n 40
 
-echo "== 2/3 paged decode attention vs copy bandwidth (bf16, int8, int4 KV) =="
-timeout "${GPU_CHECK_DECODE_TIMEOUT:-130}" "$PY" scripts/gpu_bench_decode.py --sweep --warmup 3 --iters 20 \
+echo "== 2/4 paged decode attention vs copy bandwidth (bf16, int8, int4 KV) =="
+[ "${GPU_CHECK_DECODE_TIMEOUT:-130}" -gt 0 ] && timeout "${GPU_CHECK_DECODE_TIMEOUT:-130}" "$PY" scripts/gpu_bench_decode.py --sweep --warmup 3 --iters 20 \
     --copy-bytes $((1 << 30)) --json "$RESULTS/decode_sweep.json" 2>&1 | tee "$RESULTS/decode.log" | grep '^|'
 
-echo "== 3/3 end-to-end throughput, ~1B Llama, bf16: ragged, then shared prefix =="
-timeout "${GPU_CHECK_E2E_TIMEOUT:-230}" "$PY" scripts/gpu_bench_e2e.py --json "$RESULTS/e2e.json" 2>&1 \
+echo "== 3/4 end-to-end throughput, ~1B Llama, bf16: ragged, then shared prefix =="
+[ "${GPU_CHECK_E2E_TIMEOUT:-230}" -gt 0 ] && timeout "${GPU_CHECK_E2E_TIMEOUT:-230}" "$PY" scripts/gpu_bench_e2e.py --json "$RESULTS/e2e.json" 2>&1 \
     | tee "$RESULTS/e2e.log" | grep -E '"(name|tokens_per_s|seconds|error|note)"'
+
+echo "== 4/4 the command line on CUDA as a new user runs it: bench, generate --schema, serve =="
+cli_status=0
+if [ "${GPU_CHECK_CLI_TIMEOUT:-150}" -gt 0 ]; then
+    timeout "${GPU_CHECK_CLI_TIMEOUT:-150}" "$PY" scripts/gpu_cli_check.py 2>&1 | tee "$RESULTS/cli.log" | grep '^|'
+    cli_status=${PIPESTATUS[0]}
+fi
 
 echo
 echo "== results ($RESULTS) =="
-"$PY" scripts/gpu_report.py "$RESULTS"
+"$PY" scripts/gpu_report.py "$RESULTS" && [ "$cli_status" -eq 0 ]
