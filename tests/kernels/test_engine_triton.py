@@ -79,3 +79,37 @@ def test_triton_backend_on_cpu_without_the_interpreter_is_refused_up_front(monke
                                          num_attention_heads=2, num_key_value_heads=1)).eval()
     with pytest.raises(KernelArgumentError, match="TRITON_INTERPRET=1"):
         Engine(model, PagedConfig(attention_backend="triton"))
+
+
+@pytest.mark.parametrize("split_nibbles", [True, False])
+@pytest.mark.parametrize("setting", ["int4", "int4, values per head, log8 scales"])
+def test_engine_int4_decode_on_both_int4_kernels_matches_the_torch_path(setting, split_nibbles, monkeypatch):
+    # head_dim 32: the split-nibble kernel applies (launch.INT4_SPLIT_NIBBLES, both values), keys per channel and
+    # values per token or per head as the engine stores them.
+    from hf_paged.cache.kernels import launch, triton_decode
+
+    monkeypatch.setattr(launch, "INT4_SPLIT_NIBBLES", split_nibbles)
+    kernels = []
+    original = triton_decode.decode_launches
+
+    def spy(*args, **kwargs):
+        launches = original(*args, **kwargs)
+        kernels.append(launches[0].kernel.__name__)
+        return launches
+
+    monkeypatch.setattr(triton_decode, "decode_launches", spy)
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=128,
+                                         eos_token_id=None, pad_token_id=0)).eval().to(DEVICE)
+    prompts = ragged_prompts([3, 11, 21], seed=6, vocab=64)
+    outputs = {}
+    for backend in ("torch", "triton"):
+        config = PagedConfig(block_size=8, attention_backend=backend, max_num_batched_tokens=16, **COMPRESSED[setting])
+        engine = Engine(model, config)
+        ids = [engine.add_request(p, SamplingParams(max_new_tokens=5)) for p in prompts]
+        outs = engine.run(ids)
+        outputs[backend] = [outs[i].generated_tokens for i in ids]
+    assert outputs["triton"] == outputs["torch"]
+    expected = "_decode_split_kernel" if split_nibbles else "_decode_kernel"
+    assert len(kernels) >= 2 * 3 and set(kernels) == {expected}

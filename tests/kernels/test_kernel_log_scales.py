@@ -55,7 +55,7 @@ def test_log_codes_change_what_the_kernel_reads():
 
 
 _COMPILE = """
-import json, sys
+import dataclasses, json, sys
 sys.path.insert(0, sys.argv[1])
 import torch
 import gpu_compile_check as g
@@ -82,6 +82,8 @@ config = decode_launch_config(num_seqs=batch, num_heads=heads, num_kv_heads=kv_h
                               max_context_len=ctx, dtype=torch.bfloat16, num_sms=g.NUM_SMS, quantized=True)
 launches = [*decode_launches(query, key, value, tables, lens, torch.empty_like(query), scale=0.1, tail=tail,
                              config=config),
+            *decode_launches(query, key, value, tables, lens, torch.empty_like(query), scale=0.1, tail=tail,
+                             config=dataclasses.replace(config, split_nibbles=not config.split_nibbles))[:1],
             prefill_launch(packed, key, value, tables, qsl, lens, torch.empty_like(packed), scale=0.1, tail=tail)]
 results = []
 for launch in launches:
@@ -102,5 +104,7 @@ def test_log_scale_kernels_compile_for_sm90_and_sm80_without_spills(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     kernels = {(name, cap) for name, cap, *_ in results}
-    assert {("_decode_kernel", 90), ("_decode_kernel", 80), ("_prefill_kernel", 90), ("_prefill_kernel", 80)} <= kernels
+    # int4 decode on both kernels (launch.INT4_SPLIT_NIBBLES on and off)
+    assert {(name, cap) for name in ("_decode_kernel", "_decode_split_kernel", "_prefill_kernel") for cap in (90, 80)
+            } <= kernels  # fmt: skip
     assert all(spills == 0 and 0 < registers <= 255 for _, _, registers, spills, _ in results)

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "INT4_SPLIT_NIBBLES",
     "MAX_REGISTERS_PER_THREAD",
     "MAX_SHARED_MEMORY_BYTES",
     "MAX_SPLITS",
@@ -42,6 +43,11 @@ MAX_REGISTERS_PER_THREAD = 128
 MAX_SHARED_MEMORY_BYTES = 64 * 1024
 MIN_TILES_PER_SPLIT = 4  # a decode split shorter than this costs more in the merge than it wins in parallelism
 MAX_SPLITS = 64
+# int4 K and V: decode with the head dim split into even / odd nibble planes, scales folded out of per-token tiles
+# (`triton_int4`), instead of joining each tile's nibbles back and dequantizing every element (`load_kv_tile`).
+# The one switch of `DecodeLaunchConfig.split_nibbles`'s default; the GPU sweep times both ("int4:split" and
+# "int4:join" in scripts/gpu_bench_decode.py).
+INT4_SPLIT_NIBBLES = True
 
 
 @dataclass(slots=True)
@@ -84,6 +90,8 @@ class DecodeLaunchConfig:
     # K and V quantized per token (int8, fp8): fold their scales into the scores and probabilities instead of
     # dequantizing the tiles (`triton_common.attend_tile_folded`); ignored for other formats
     fold_scales: bool = True
+    # K and V int4, head_dim >= 32: the split-nibble kernel (`triton_int4`); ignored for other formats
+    split_nibbles: bool = INT4_SPLIT_NIBBLES
 
 
 @dataclass(slots=True, frozen=True)
@@ -176,6 +184,7 @@ def decode_launch_config(
                       8 if quantized else 4),
         num_stages=num_stages,
         dot_precision="ieee" if dtype == torch.float32 else "tf32",
+        split_nibbles=INT4_SPLIT_NIBBLES,  # read at each call: tests flip it
     )
 
 

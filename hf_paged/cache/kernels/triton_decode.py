@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from hf_paged.cache.kernels import launch, triton_common
+from hf_paged.cache.kernels import launch, triton_common, triton_int4
 from hf_paged.cache.kernels.launch import DecodeLaunchConfig, KernelLaunch, next_power_of_2
 from hf_paged.cache.kernels.quantized import FullPrecisionTail, QuantizedKV, kv_operand, tail_args
 
@@ -281,8 +281,9 @@ def decode_launches(
         query.stride(0), query.stride(1), block_tables.stride(0), out.stride(0), out.stride(1),
     )
     # fmt: on
+    split_nibbles = _split_nibbles(config, k_op, v_op, head_dim)
     main = KernelLaunch(
-        kernel=_decode_kernel,
+        kernel=triton_int4.split_nibble_kernel() if split_nibbles else _decode_kernel,
         grid=(num_seqs, num_kv_heads, splits),
         args=args,
         constexprs={
@@ -300,11 +301,12 @@ def decode_launches(
             "K_PER_CHANNEL": k_op.per_channel,
             "V_PER_CHANNEL": v_op.per_channel,
             "HAS_TAIL": tail is not None,
-            "FOLD_SCALES": config.fold_scales and _per_token(k_op) and _per_token(v_op),
         },
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
+    if not split_nibbles:  # the split-nibble kernel has no FOLD_SCALES: it folds int4 per-token scales itself
+        main.constexprs["FOLD_SCALES"] = config.fold_scales and _per_token(k_op) and _per_token(v_op)
     if splits == 1:
         return [main]
     merge = KernelLaunch(
@@ -346,3 +348,15 @@ def default_decode_config(query: torch.Tensor, key_cache: torch.Tensor | Quantiz
 def _per_token(op) -> bool:
     """int8 or fp8 (native conversion) with one scale per token: `triton_common.attend_tile_folded` applies."""
     return op.fmt % 8 in (1, 2) and not op.per_channel
+
+
+def _split_nibbles(config: DecodeLaunchConfig, k_op, v_op, head_dim: int) -> bool:
+    """K and V both int4 (any scale grouping, log8 codes too) and dots of inner dim head_dim / 2 >= 16:
+    `triton_int4`'s kernel, when the config asks for it. It reads a per-channel scale pair as one word (fp16: 4
+    bytes; codes: 2) and a zero pair as 2 bytes: a tensor not aligned to that keeps the joined tiles."""
+    def aligned(op) -> bool:
+        pair_bytes = 2 * op.scale.element_size()
+        return not op.per_channel or (op.scale.data_ptr() % pair_bytes == 0 and op.zero.data_ptr() % 2 == 0)
+
+    return (config.split_nibbles and k_op.fmt % 8 == 3 and v_op.fmt % 8 == 3 and head_dim >= 32 and aligned(k_op)
+            and aligned(v_op))  # fmt: skip
