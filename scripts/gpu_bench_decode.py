@@ -160,8 +160,9 @@ def run(args, copy: float | None = None, time_reference: bool = True) -> DecodeB
         key_cache, value_cache, tail, kv_block_bytes = quantize_inputs(kv_format, key_cache, value_cache,
                                                                        block_tables)  # fmt: skip
     config = default_decode_config(query, key_cache, value_cache, block_tables)  # what the kernel runs
-    if variant:
-        config = dataclasses.replace(config, fold_scales=variant != "nofold",
+    if variant:  # "nofold": int8/fp8 tiles dequantized; "4w": 4 warps; "join" / "split": int4 without / with
+        # the split-nibble kernel (`triton_int4`)
+        config = dataclasses.replace(config, fold_scales=variant != "nofold", split_nibbles=variant != "join",
                                      num_warps=4 if variant == "4w" else config.num_warps)
 
     def kernel():
@@ -193,6 +194,7 @@ def run(args, copy: float | None = None, time_reference: bool = True) -> DecodeB
         nbytes += blocks * kv_block_bytes - kv_plain
     copy = copy or copy_bandwidth(args.copy_bytes, device, iters=args.iters)
     fold = " fold" if kv_format in ("int8", "fp8") and config.fold_scales else ""
+    fold += " split" if kv_format == "int4" and config.split_nibbles and args.head_dim >= 32 else ""
     achieved = nbytes / (ms / 1e3)
     return DecodeBenchResult(
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu (Triton interpreter)",
@@ -213,10 +215,13 @@ def run(args, copy: float | None = None, time_reference: bool = True) -> DecodeB
 SWEEP_BATCHES = (1, 8, 32, 64, 256)
 SWEEP_CONTEXTS = (512, 4096, 32768)
 SWEEP_FORMATS = ("auto", "int8", "int4")
-# launch variants of the per-token formats, at the shapes of the acceptance (batch >= 32, context >= 4k): the
-# scales folded out of the tiles (the default) or not, 8 warps (the quantized default) or 4, and fp8
-VARIANTS = ("int8:nofold", "int8:4w", "fp8", "fp8:nofold")
-VARIANT_BATCHES, VARIANT_CONTEXTS = (32, 64, 256), (4096, 32768)
+# launch variants, at the shapes of the acceptance (batch >= 64, context >= 4k): int8/fp8 per token with the
+# scales folded out of the tiles (the default) or not, 8 warps (the quantized default) or 4, fp8; int4 (the "int4"
+# rows' layout: keys per channel, values per token) on the split-nibble kernel ("int4:split"; "int4:4w" on 4 warps
+# instead of the quantized 8) and on the joined tiles ("int4:join"), whatever `launch.INT4_SPLIT_NIBBLES` says, so
+# one run decides that default
+VARIANTS = ("int8:nofold", "int8:4w", "fp8", "fp8:nofold", "int4:join", "int4:split", "int4:4w")
+VARIANT_BATCHES, VARIANT_CONTEXTS = (64, 256), (4096, 32768)
 
 
 def sweep(args) -> list[DecodeBenchResult]:

@@ -8,6 +8,7 @@ Exit status 0 only when every check with a target passed. Pure Python: runs anyw
 from __future__ import annotations
 
 import json
+import math
 import sys
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -58,7 +59,8 @@ def sweep_rows(path: Path) -> list[Row]:
         return []
     results = json.loads(path.read_text())
     rows = []
-    for fmt in ("bf16", "int8", "int4", "int8:nofold", "int8:4w", "fp8", "fp8:nofold"):  # + launch variants
+    for fmt in ("bf16", "int8", "int4", "int8:nofold", "int8:4w", "fp8", "fp8:nofold", "int4:join", "int4:split",
+                "int4:4w"):
         mine = [r for r in results if r["shape"].endswith(f"KV {fmt}") or (fmt == "bf16" and r["shape"].endswith(
             "KV auto"))]
         if not mine:
@@ -73,6 +75,26 @@ def sweep_rows(path: Path) -> list[Row]:
             verdict = ("PASS" if worst["fraction_of_copy"] >= DECODE_TARGET else "FAIL") if target else ""
             rows.append(Row(f"  worst at batch >= 32, context >= 4k: {worst['shape']}",
                             f"{worst['fraction_of_copy']:.0%} of copy ({worst['decode_ms']:.3f} ms)", target, verdict))
+    return rows + int4_choice_rows(results)
+
+
+def int4_choice_rows(results: list[dict]) -> list[Row]:
+    """The int4 kernels side by side at the same shapes: "int4:split" vs "int4:join" decides
+    `launch.INT4_SPLIT_NIBBLES`, "int4:4w" vs "int4:split" the split kernel's warps; informative, no target."""
+    ms: dict[str, dict[str, float]] = {}
+    for r in results:
+        head, _, fmt = r["shape"].rpartition("KV ")
+        ms.setdefault(fmt, {})[head.split(",")[0]] = r["decode_ms"]
+    rows = []
+    for variant, base, what in (("int4:split", "int4:join", "int4 split-nibble vs joined tiles"),
+                                ("int4:4w", "int4:split", "int4 split-nibble, 4 warps vs 8")):  # fmt: skip
+        shapes = [s for s in ms.get(base, {}) if s in ms.get(variant, {})]
+        if not shapes:
+            continue
+        ratios = [ms[variant][s] / ms[base][s] for s in shapes]
+        mean = math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        text = ", ".join(f"{s} {ms[variant][s]:.3f} vs {ms[base][s]:.3f} ms" for s in shapes)
+        rows.append(Row(f"{what}: {mean:.2f}x the time (geo. mean, {len(shapes)} shapes)", text))
     return rows
 
 

@@ -87,3 +87,24 @@ def test_report_marks_missing_steps_as_failed(tmp_path, report, capsys):
     assert table.count("not run") == 4 and table.count("FAIL") == 3  # a missing compile check is information
     lines = table.splitlines()
     assert len({len(line) for line in lines}) == 1  # one aligned table
+
+
+def test_report_sets_the_int4_kernels_side_by_side(tmp_path, report, capsys):
+    # The sweep's "int4:split" / "int4:join" rows at the same shapes decide launch.INT4_SPLIT_NIBBLES.
+    bench = _load("gpu_bench_decode")
+    assert {"int4:join", "int4:split", "int4:4w"} <= set(bench.VARIANTS)
+    assert bench.parse_args(["--kv-format", "int4:split"]).kv_format == "int4:split"
+
+    def row(fmt, batch, context, ms):
+        return {"shape": f"b{batch} x ctx {context}, 32/8 heads x 128, bf16, block 16, KV {fmt}", "decode_ms": ms,
+                "fraction_of_copy": 0.2}  # fmt: skip
+
+    sweep = [row("int4:join", 64, 4096, 0.8), row("int4:split", 64, 4096, 0.4), row("int4:join", 256, 4096, 3.2),
+             row("int4:split", 256, 4096, 1.6), row("int4", 64, 4096, 0.8), row("int4:4w", 64, 4096, 0.6)]  # fmt: skip
+    (tmp_path / "decode_sweep.json").write_text(json.dumps(sweep))
+    report.main([str(tmp_path)])
+    table = capsys.readouterr().out
+    assert "decode sweep, KV int4:split: 2 shapes" in table and "decode sweep, KV int4:join: 2 shapes" in table
+    assert "int4 split-nibble vs joined tiles: 0.50x the time (geo. mean, 2 shapes)" in table
+    assert "b64 x ctx 4096 0.400 vs 0.800 ms" in table
+    assert "int4 split-nibble, 4 warps vs 8: 1.50x the time (geo. mean, 1 shapes)" in table
