@@ -122,3 +122,23 @@ def test_the_default_comes_from_one_constant(monkeypatch):
     for value in (True, False):
         monkeypatch.setattr(launch, "INT4_SPLIT_NIBBLES", value)
         assert default_decode_config(case.query, qc.key, qc.value, case.block_tables).split_nibbles is value
+
+
+def test_a_per_channel_scale_off_its_word_alignment_keeps_the_joined_tiles():
+    # The split kernel reads a channel pair's two fp16 scales as one 32-bit word; a scale view 2 bytes off that
+    # alignment (legal: last dim contiguous) must take the joined tiles, and still be right.
+    from hf_paged.cache.kernels import QuantizedKV
+
+    qc = _case(BlockFormat("int4", per_channel=True), TOKEN, seed=11)
+    scale = qc.key.scale
+    shifted = torch.empty(scale.numel() + 1, dtype=scale.dtype, device=scale.device)[1:].view(scale.shape)
+    shifted.copy_(scale)
+    assert shifted.data_ptr() % 4 == 2
+    qc.key = QuantizedKV(qc.key.data, shifted, "int4", qc.key.zero, per_channel=True)
+    c = qc.case
+    config = dataclasses.replace(default_decode_config(c.query, qc.key, qc.value, c.block_tables), split_nibbles=True)
+    (main, *_) = decode_launches(c.query, qc.key, qc.value, c.block_tables, c.context_lens, c.query.clone(),
+                                 scale=c.scale, tail=qc.tail, config=config)  # fmt: skip
+    assert main.kernel.__name__ == "_decode_kernel"
+    _check(paged_decode_attention_triton(c.query, qc.key, qc.value, c.block_tables, c.context_lens, scale=c.scale,
+                                         tail=qc.tail, config=config), qc, torch.float32)  # fmt: skip
