@@ -279,7 +279,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", help="write the result here")
     args = p.parse_args(argv)
     if args.tiny:
-        args.batch, args.context, args.heads, args.kv_heads, args.head_dim = 2, 40, 4, 2, 16
+        args.batch, args.context, args.heads, args.kv_heads, args.head_dim = 2, 40, 4, 2, 32  # 32: int4 splits
         args.dtype, args.warmup, args.iters, args.copy_bytes = "fp32", 0, 1, 1 << 20
     return args
 
