@@ -14,6 +14,7 @@ spill (local memory / stack), or shared memory over the target's per-block limit
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -146,8 +147,11 @@ def scenarios(quick: bool):
             config = decode_launch_config(num_seqs=batch, num_heads=heads, num_kv_heads=kv_heads,
                                           head_dim=head_dim, max_context_len=context, dtype=dtype,
                                           num_sms=NUM_SMS, quantized=True)  # fmt: skip
-            yield f"decode {tag}", decode_launches(query, key, value, tables, lens, torch.empty_like(query),
-                                                   scale=0.1, tail=tail, config=config)  # fmt: skip
+            # int4: both decode kernels, whichever launch.INT4_SPLIT_NIBBLES makes the default
+            for split in (False, True) if fmt == "int4" else (config.split_nibbles,):
+                yield (f"decode {tag}" + (" split" if split else ""),
+                       decode_launches(query, key, value, tables, lens, torch.empty_like(query), scale=0.1,
+                                       tail=tail, config=dataclasses.replace(config, split_nibbles=split)))
             yield f"prefill {tag}", [prefill_launch(packed, key, value, tables, qsl, lens, torch.empty_like(packed),
                                                     scale=0.1, tail=tail)]  # fmt: skip
         rows = torch.empty(256, kv_heads, head_dim, dtype=dtype, device=meta)

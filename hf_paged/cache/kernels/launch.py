@@ -46,8 +46,9 @@ MAX_SPLITS = 64
 # int4 K and V: decode with the head dim split into even / odd nibble planes, scales folded out of per-token tiles
 # (`triton_int4`), instead of joining each tile's nibbles back and dequantizing every element (`load_kv_tile`).
 # The one switch of `DecodeLaunchConfig.split_nibbles`'s default; the GPU sweep times both ("int4:split" and
-# "int4:join" in scripts/gpu_bench_decode.py).
-INT4_SPLIT_NIBBLES = True
+# "int4:join" in scripts/gpu_bench_decode.py). Off until a GPU lease has compiled, checked and timed it: the joined
+# tiles are what tests/gpu passed on an H100 (2026-12-06); the split kernel has run in the interpreter only.
+INT4_SPLIT_NIBBLES = False
 
 
 @dataclass(slots=True)
