@@ -51,6 +51,10 @@ def _run(qc, split_nibbles: bool, num_splits: int | None = None, window: int | N
     return paged_decode_attention_triton(c.query, qc.key, qc.value, c.block_tables, c.context_lens, scale=c.scale,
                                          tail=qc.tail, sliding_window=window, config=config)  # fmt: skip
 
+# The joined tiles (False) are the default kernel, which test_kernel_quantized.py and test_kernel_log_scales.py run
+# on the same formats in the default run; here they are the control, in the slow run only (CI's time).
+BOTH_KERNELS = [True, pytest.param(False, marks=pytest.mark.slow)]
+
 
 def _check(out, qc, dtype, window=None):
     assert out.dtype == dtype and torch.isfinite(out).all()
@@ -59,7 +63,7 @@ def _check(out, qc, dtype, window=None):
 
 @pytest.mark.parametrize("head_dim", [32, 64, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, BF16])
-@pytest.mark.parametrize("split_nibbles", [True, False])
+@pytest.mark.parametrize("split_nibbles", BOTH_KERNELS)
 def test_int4_per_token_decode_matches_oracle_and_reference(split_nibbles, dtype, head_dim):
     qc = _case(TOKEN, TOKEN, dtype=dtype, head_dim=head_dim, seed=head_dim)
     reference = paged_decode_attention(qc.case.query, qc.key, qc.value, qc.case.block_tables, qc.case.context_lens,
@@ -71,7 +75,7 @@ def test_int4_per_token_decode_matches_oracle_and_reference(split_nibbles, dtype
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-@pytest.mark.parametrize("split_nibbles", [True, False])
+@pytest.mark.parametrize("split_nibbles", BOTH_KERNELS)
 def test_int4_scale_groupings_and_log_codes(split_nibbles, layout):
     key, value = LAYOUTS[layout]
     for dtype in (torch.float32, torch.float16):
@@ -82,7 +86,7 @@ def test_int4_scale_groupings_and_log_codes(split_nibbles, layout):
 
 
 @pytest.mark.parametrize("num_heads,num_kv_heads", [(2, 2), (8, 1), (12, 4)])  # GQA 1, 8, 3 (rows padded)
-@pytest.mark.parametrize("split_nibbles", [True, False])
+@pytest.mark.parametrize("split_nibbles", BOTH_KERNELS)
 def test_int4_gqa_ratios_and_a_head_dim_not_a_power_of_two(split_nibbles, num_heads, num_kv_heads):
     key, value = LAYOUTS["K per channel, V per token (the engine's)"]
     for head_dim in (32, 48):  # 48: BLOCK_D 64, the last 8 pairs masked
