@@ -4,7 +4,8 @@
 #      included) and tests/gpu (greedy fp32 parity with stock generate on CUDA, seeded sampling with forks,
 #      max_retries, sampled speculation, int8 / int4 KV, a JSON-schema constraint, the server on 127.0.0.1);
 #   2. paged decode attention against a plain copy of the same bytes: bf16 / int8 / int4 KV, batch 1-256,
-#      context 512-32k, and launch variants of the per-token formats (scales folded or not, 4 or 8 warps, fp8);
+#      context 512-32k, and launch variants (int8/fp8 scales folded or not, 4 or 8 warps; int4 on the joined
+#      tiles and on the split-nibble kernel, 8 or 4 warps: what launch.INT4_SPLIT_NIBBLES waits for);
 #   3. end to end on a ragged workload, a ~1B random Llama in bf16: stock padded `generate`, transformers'
 #      `generate_batch` with its CUDA graphs off and on, hf_paged's `generate_batch` with its decode graphs on
 #      (the default on CUDA) and off; then benchmarks/prefix.py's shared-prefix workload (a 1000-token system
