@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.distributed.launch import run_ranks
+from tests.distributed.workers import lm_eval_task_manager
 
 lm_eval = pytest.importorskip("lm_eval")
 
@@ -13,14 +14,12 @@ TASKS, LIMIT = "hf_paged_gen,hf_paged_mc", 4
 
 
 def _one_process() -> dict:
-    from lm_eval.tasks import TaskManager
-
     import hf_paged.integrations.lm_eval  # noqa: F401 -- registers hf-paged
     from hf_paged.api.models import DEFAULT_MODEL_PATH
 
     out = lm_eval.simple_evaluate(
         model="hf-paged", model_args=f"pretrained={DEFAULT_MODEL_PATH},dtype=float32", tasks=TASKS.split(","),
-        task_manager=TaskManager(include_path=str(DEFAULT_MODEL_PATH.parent / "lm_eval_tasks")), limit=LIMIT,
+        task_manager=lm_eval_task_manager(), limit=LIMIT,
         device="cpu", log_samples=True)
     return {"results": {t: {k: v for k, v in r.items() if "," in k} for t, r in out["results"].items()},
             "resps": {t: {str(s["doc_id"]): s["resps"] for s in samples} for t, samples in out["samples"].items()}}
