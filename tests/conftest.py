@@ -1,5 +1,6 @@
 """Test-wide setup: the Triton interpreter on machines without CUDA (set before any kernel is defined),
-deterministic property tests, and lm-eval's bundled task index built once per session."""
+deterministic property tests, lm-eval's bundled task index built once per session, and the processors' kernels
+loaded from the session's start."""
 
 import os
 import sys
@@ -38,3 +39,30 @@ def _lm_eval_bundled_tasks_indexed_once():
     undo = build_bundled_once(TaskIndex)
     yield
     undo()
+
+
+
+_JIT_START = {"wanted": False, "started": False}
+
+
+def pytest_collection_finish(session):
+    """The processors' tests wait for their compiled kernels (`jit.wait`): note whether this session has any."""
+    _JIT_START["wanted"] = any(item.nodeid.startswith("tests/processors/") for item in session.items)
+
+
+def pytest_runtest_setup(item):
+    """Start loading the processors' compiled kernels (`hf_paged.processors.jit`) early where the session has
+    processors tests: on a cold numba cache (CI's fresh checkout) the compile child (nice 10) then runs beside the
+    tests that come first, instead of the first processors test waiting ~75 s for it. Not before the plain CPU
+    attention kernel is loaded, which the engine tests wait for (`kernels_ready`): compiles take one lock per cache,
+    one at a time. A warm cache loads in about a second, as any large vocabulary's first processor loads it; the
+    kernels and their Python twins give the same results (tests/processors/test_automaton.py)."""
+    if not _JIT_START["wanted"] or _JIT_START["started"]:
+        return
+    cpu_warm = sys.modules.get("hf_paged.cache.kernels.cpu_warm")
+    plain_loaded = cpu_warm is not None and cpu_warm.PLAIN in cpu_warm.ready_variants()
+    if plain_loaded or item.nodeid.startswith("tests/processors/"):
+        from hf_paged.processors import jit
+
+        _JIT_START["started"] = True
+        jit.start()
