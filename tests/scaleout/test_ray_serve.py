@@ -1,8 +1,11 @@
 """End to end on a local Ray cluster (num_cpus=2): 2 engine replicas of the tiny model behind the gateway.
 
-Three tests run by default on one cluster (serving, routing by cache, the router's view; `/metrics` across replicas;
-a replica killed mid-stream, last since it leaves Serve replacing the victim); a longer kill under load is marked
-slow.
+Four tests run by default on one cluster (readiness as the app starts; serving, routing by cache, the router's view;
+`/metrics` across replicas; a replica killed mid-stream, last since it leaves Serve replacing the victim); a longer
+kill under load is marked slow. The app starts without waiting for its replicas (as `deploy` starts it, but not
+blocked on them), and the module's fixture probes it meanwhile until the first 200: what it saw is the readiness
+test's (issue 37; the gateway's door without Ray is tests/scaleout/test_ready.py). One cluster and one app start for
+both, instead of a second cluster of its own for readiness (~40 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -23,15 +26,91 @@ SYSTEMS = [f"You are assistant number {k}. " + "Answer in one short sentence, ki
            for k in range(3)]
 
 
+START_S = 300  # the app's start-up bound: ~40-60 s on 2 loaded cores, past 120 s at load ~20
+
+
 @pytest.fixture(scope="module")
-def endpoint():
-    from hf_paged.scaleout.deploy import deploy
+def started():
+    """The app started without waiting for its engine replicas, probed until its first 200: a chat sent before
+    readiness (waits in the gateway, bounded, then routed), `/v1/models` polled meanwhile (our 503s counted, with
+    their Retry-After and message checked as they come), the router's view and readiness taken at the first 200."""
+    from ray import serve
+    from ray.serve.api import _run
+
+    from hf_paged.scaleout.deploy import APP_NAME, build_application
+    from hf_paged.scaleout.gateway import wait_until_ready
+    from hf_paged.scaleout.spec import ReplicaSpec
     from tests.ray_cluster import local_ray
 
     with local_ray(serve=True):
         port = free_port()
-        deploy(None, replicas=2, port=port, paged={"block_size": 16, "num_blocks": 512}, torch_threads=1)
-        yield f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        spec = ReplicaSpec(paged={"block_size": 16, "num_blocks": 512}, torch_threads=1)
+        # Not waiting for the application to run: the gateway is up while the engine replicas still load
+        handle = _run(build_application(spec, replicas=2), name=APP_NAME, route_prefix="/", _blocking=False)
+        early: dict = {}
+
+        def chat_early() -> None:  # sent before readiness: waits in the gateway (bounded), then routed
+            body = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
+            deadline = time.monotonic() + START_S
+            while time.monotonic() < deadline:
+                try:
+                    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
+                except httpx.HTTPError:
+                    time.sleep(0.2)
+                    continue
+                if r.headers.get("content-type", "").startswith("application/json") and r.status_code != 503:
+                    early.update(status=r.status_code, sent=time.monotonic())
+                    return
+                time.sleep(0.2)  # the proxy before the app exists, or not ready in 30 s
+
+        sender = threading.Thread(target=chat_early, daemon=True)
+        sender.start()
+        ours_503, bad_503, r = 0, [], None
+        deadline = time.monotonic() + START_S
+        while time.monotonic() < deadline:
+            try:
+                r = httpx.get(url + "/v1/models", timeout=30)
+            except httpx.HTTPError:
+                time.sleep(0.1)
+                continue
+            if r.status_code == 200:
+                break
+            if r.status_code == 503 and r.headers.get("content-type") == "application/json":
+                error = r.json()["error"]
+                if error.get("code") == "not_ready":  # ours (Serve's proxy answers others before the app exists)
+                    if r.headers["retry-after"] != "1" or "engine replicas have reported" not in error["message"]:
+                        bad_503.append((dict(r.headers), error))
+                    ours_503 += 1
+            time.sleep(0.1)
+        first = None if r is None else {"status": r.status_code, "json": r.json() if r.status_code == 200 else None}
+        view = httpx.get(url + "/hf_paged/router", timeout=30).json() if first and first["status"] == 200 else None
+        state = wait_until_ready(handle, 5.0)
+        sender.join(timeout=START_S)
+        yield {"url": url, "first": first, "view": view, "state": state, "early": early, "ours_503": ours_503,
+               "bad_503": bad_503}
+
+
+@pytest.fixture(scope="module")
+def endpoint(started):
+    return started["url"]
+
+
+def test_on_ray_the_first_200_comes_with_every_replica_in_the_router_view(started):
+    """Issue 37 on a real cluster: `/v1/models` answers 200 only once the router's view holds both replicas with a
+    first report (our 503s before it carry Retry-After: 1 and say so); readiness then holds (2 known, 2 reported);
+    the chat sent before readiness waited and was answered."""
+    first, view, state = started["first"], started["view"], started["state"]
+    assert first is not None, f"the app did not answer within {START_S} s"
+    assert first["status"] == 200 and first["json"]["data"][0]["id"] == "hf-paged/tiny-lm", first
+    assert not started["bad_503"], started["bad_503"]
+    assert len(view) == 1 and len(view[0]["replicas"]) == 2, view
+    # The probe was routed: the router took every replica's first report before choosing
+    assert all(r["num_reports"] >= 1 for r in view[0]["replicas"].values()), view
+    assert state.ready and (state.num_known, state.num_reported) == (2, 2)
+    assert started["early"].get("status") == 200, started["early"]
+    print(f"not-ready 503s seen before the first 200: {started['ours_503']}")
 
 
 def chat(client, system: str, question: str, **extra):

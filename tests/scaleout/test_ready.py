@@ -1,16 +1,16 @@
 """The gateway's readiness (issue 37): `GET /v1/models` and `/health` answer 503 (OpenAI-style error, Retry-After)
 until every engine replica is in the router's view with a first report; other requests wait for it, bounded.
 
-Without Ray Serve: the gateway's door against a fake router view. On a real local Ray cluster (~40-60 s on 2 loaded
-cores): the app started without waiting for its replicas, probed until the first 200, and the router's view then
-holds both replicas with their reports; a chat sent before readiness waits and is answered.
+Here without Ray Serve: the gateway's door against a fake router view. On a real local Ray cluster, in
+tests/scaleout/test_ray_serve.py (sharing that module's cluster and app start): the app started without waiting for
+its replicas, probed until the first 200, and the router's view then holds both replicas with their reports; a chat
+sent before readiness waits and is answered.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from dataclasses import dataclass
 
@@ -25,7 +25,6 @@ from hf_paged.scaleout import registry
 from hf_paged.scaleout.drain import DrainGate
 from hf_paged.scaleout.gateway import Gateway
 from hf_paged.scaleout.ray_router import ViewReadiness
-from tests.ports import free_port
 
 
 @dataclass(eq=False)  # hashable: the registry is a weak set
@@ -165,69 +164,3 @@ def test_the_router_counts_a_replica_reported_once_its_stats_hold_a_summary():
     router._replicas = {FakeId("a"): FakeReplica(FakeId("a"), {}), FakeId("b"): FakeReplica(FakeId("b"), {"seq": 1})}
     router._deployment_id = "d"
     assert router.view_readiness() == ViewReadiness(num_known=2, num_reported=1, deployment_id="d")
-
-
-# -- on a real local Ray cluster ------------------------------------------------------------------------------------
-
-def test_on_ray_the_first_200_comes_with_every_replica_in_the_router_view():
-    from ray import serve
-    from ray.serve.api import _run
-
-    from hf_paged.scaleout.deploy import build_application
-    from hf_paged.scaleout.gateway import wait_until_ready
-    from hf_paged.scaleout.spec import ReplicaSpec
-    from tests.ray_cluster import local_ray
-
-    with local_ray(serve=True):
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        spec = ReplicaSpec(paged={"block_size": 16, "num_blocks": 256}, torch_threads=1)
-        # Not waiting for the application to run: the gateway is up while the engine replicas still load
-        handle = _run(build_application(spec, replicas=2), name="hf_paged", route_prefix="/", _blocking=False)
-        early: dict = {}
-        start_s = 300  # the app's start-up bound: ~40-60 s on 2 loaded cores, past 120 s at load ~20
-
-        def chat_early() -> None:  # sent before readiness: waits in the gateway (bounded), then routed
-            body = {"messages": [{"role": "user", "content": "hello there"}], "max_tokens": 2}
-            deadline = time.monotonic() + start_s
-            while time.monotonic() < deadline:
-                try:
-                    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=120)
-                except httpx.HTTPError:
-                    time.sleep(0.2)
-                    continue
-                if r.headers.get("content-type", "").startswith("application/json") and r.status_code != 503:
-                    early.update(status=r.status_code, sent=time.monotonic())
-                    return
-                time.sleep(0.2)  # the proxy before the app exists, or not ready in 30 s
-
-        sender = threading.Thread(target=chat_early, daemon=True)
-        sender.start()
-        ours_503, r = 0, None
-        deadline = time.monotonic() + start_s
-        while time.monotonic() < deadline:
-            try:
-                r = httpx.get(url + "/v1/models", timeout=30)
-            except httpx.HTTPError:
-                time.sleep(0.1)
-                continue
-            if r.status_code == 200:
-                break
-            if r.status_code == 503 and r.headers.get("content-type") == "application/json":
-                error = r.json()["error"]
-                if error.get("code") == "not_ready":  # ours (Serve's proxy answers others before the app exists)
-                    assert r.headers["retry-after"] == "1" and "engine replicas have reported" in error["message"]
-                    ours_503 += 1
-            time.sleep(0.1)
-        assert r is not None, f"the app did not answer within {start_s} s"
-        assert r.status_code == 200 and r.json()["data"][0]["id"] == "hf-paged/tiny-lm"
-        view = httpx.get(url + "/hf_paged/router", timeout=30).json()
-        assert len(view) == 1 and len(view[0]["replicas"]) == 2, view
-        # The probe was routed: the router took every replica's first report before choosing
-        assert all(r["num_reports"] >= 1 for r in view[0]["replicas"].values()), view
-        state = wait_until_ready(handle, 5.0)
-        assert state.ready and (state.num_known, state.num_reported) == (2, 2)
-        sender.join(timeout=start_s)
-        assert early.get("status") == 200, early
-        print(f"not-ready 503s seen before the first 200: {ours_503}")
