@@ -37,6 +37,12 @@ def model_dir(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="module")
+def tp_ranks(model_dir, tmp_path_factory):
+    """Both rank cases in one torchrun launch (`workers.tensor_parallel_both`): each rank's results by case."""
+    return run_ranks("tensor_parallel_both", tmp_path_factory.mktemp("tp_out"), str(model_dir), timeout=400)
+
+
 def _single_process(path) -> dict:
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 0
@@ -47,8 +53,8 @@ def _single_process(path) -> dict:
             "sampled": tokens(model.generate_batch(tp_prompts(), sampling_params=tp_sampling_params()))}
 
 
-def test_two_ranks_equal_one_process(tmp_path, model_dir):
-    ranks = run_ranks("tensor_parallel", tmp_path / "out", str(model_dir))
+def test_two_ranks_equal_one_process(tp_ranks, model_dir):
+    ranks = [r["tensor_parallel"] for r in tp_ranks]
     assert ranks[0] == ranks[1]  # the ranks stayed in step: same pool, same schedule, same tokens
     # (unseeded sampling included, each rank's generator seeded apart: `Sampler.sync`)
     for family in TP_FAMILIES:
@@ -68,12 +74,12 @@ def test_two_ranks_equal_one_process(tmp_path, model_dir):
     assert ranks[0]["odd_kv_heads"] == "UnsupportedModelError"
 
 
-def test_stopping_verdicts_are_the_first_ranks(tmp_path, model_dir):
+def test_stopping_verdicts_are_the_first_ranks(tp_ranks, model_dir):
     """A criterion that stops (or raises) on one rank only: before the first rank's verdicts were taken everywhere,
     the rank that went on ran a forward alone and gloo aborted it ("collective mismatch"). Calls back to back: the
     loop thread, woken by one call's end, took the next call's steps in 1 run of 4 before callers drove them
     (`EngineLoop._callers_drive`)."""
-    ranks = run_ranks("tensor_parallel_criteria", tmp_path / "out", str(model_dir))
+    ranks = [r["criteria"] for r in tp_ranks]
     assert ranks[0] == ranks[1]
     got, single = ranks[0], _single_process(model_dir / "llama")
     prompt, generated = tp_prompts()[0], single["stock"][0]

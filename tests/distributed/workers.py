@@ -282,8 +282,14 @@ def lm_eval_ranks(args: list[str]) -> dict:
             "resps": {t: {str(s["doc_id"]): s["resps"] for s in samples} for t, samples in out["samples"].items()}}
 
 
+def tensor_parallel_both(args: list[str]) -> dict:
+    """`tensor_parallel`, then `tensor_parallel_criteria`, in one launch (torchrun and two ranks importing torch and
+    transformers cost as much again as either case); each loads its own models, as alone."""
+    return {"tensor_parallel": tensor_parallel(args), "criteria": tensor_parallel_criteria(args)}
+
+
 CASES = {f.__name__: f for f in (data_parallel, accelerate_launch, callback, tensor_parallel, tensor_parallel_criteria,
-                                  lm_eval_ranks)}
+                                  tensor_parallel_both, lm_eval_ranks)}
 
 
 def main() -> None:
