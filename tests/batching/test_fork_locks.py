@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,14 +89,37 @@ if pid == 0:
 """ + _WAIT_FOR_CHILD
 
 
-@pytest.mark.parametrize("which", ["engine_lock", "request_ids", "cpu_warm_lock", "cpu_warm_loading",
-                                   "parallel_kernels"])
-def test_a_child_forked_while_a_thread_holds_a_lock_uses_it(which):
-    root = Path(__file__).resolve().parents[2]
-    done = subprocess.run([sys.executable, "-c", _SCRIPT, which], cwd=root, capture_output=True, text=True,
-                          check=False, timeout=480,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)})
-    assert "CHILD EXIT 0" in done.stdout, (done.stdout[-2000:], done.stderr[-3000:])
+CASES = ["engine_lock", "request_ids", "cpu_warm_lock", "cpu_warm_loading", "parallel_kernels"]
+
+
+@pytest.fixture(scope="module")
+def case_outputs(tmp_path_factory):
+    """Every case's process started at once (each is its own process either way, and most of each is importing
+    torch: on 2 cores together they take about half the time of one after the other); (stdout, stderr) by case,
+    written to files (no pipe fills while another case is waited for)."""
+    root, logs = Path(__file__).resolve().parents[2], tmp_path_factory.mktemp("fork_locks")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(root)}
+    procs = {}
+    try:
+        for which in CASES:
+            with open(logs / f"{which}.out", "w") as out, open(logs / f"{which}.err", "w") as err:
+                procs[which] = subprocess.Popen([sys.executable, "-c", _SCRIPT, which], cwd=root, stdout=out,
+                                                stderr=err, env=env)
+        deadline = time.monotonic() + 480
+        for proc in procs.values():
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return {which: ((logs / f"{which}.out").read_text(), (logs / f"{which}.err").read_text()) for which in CASES}
+
+
+@pytest.mark.parametrize("which", CASES)
+def test_a_child_forked_while_a_thread_holds_a_lock_uses_it(which, case_outputs):
+    stdout, stderr = case_outputs[which]
+    assert "CHILD EXIT 0" in stdout, (stdout[-2000:], stderr[-3000:])
 
 
 # Every module-level lock in hf_paged (`_NAME = threading.Lock()` at a line's start), found in the sources so that a
