@@ -121,14 +121,21 @@ def _interrupt_after(seconds: float) -> threading.Timer:
     return timer
 
 
-def _drain(timer: threading.Timer | None = None) -> None:
-    """Cancel `timer`; an interrupt already sent is taken here, not in the next call."""
-    if timer is not None:
-        timer.cancel()
-        timer.join()
-    for _ in range(3):
+def _drain(timer: threading.Timer | None = None, step: _CtrlCAtStep | None = None) -> None:
+    """Stop the senders (cancel and join `timer`, disarm `step`), then take an interrupt already sent here, not in
+    the next call. Once they are stopped the interrupt flag is set or never will be, and the main thread takes it at
+    its next check, inside this loop; one taken anywhere in it (as `join` returns, say) restarts the drain. (The
+    sleeps alone were guarded before: an interrupt taken as `join` returned escaped to pytest and ended the run.)"""
+    while True:
         try:
-            time.sleep(0.002)
+            if timer is not None:
+                timer.cancel()
+                timer.join()
+            if step is not None:
+                step.arm(0)
+            for _ in range(3):
+                time.sleep(0.002)
+            return
         except KeyboardInterrupt:
             pass
 
@@ -156,17 +163,19 @@ class _CtrlCAtStep:
     arrives while that step's thread runs it (the main thread, or the loop thread while the main thread waits)."""
 
     def __init__(self, engine) -> None:
-        self.at = 0
+        self.at, self.lock = 0, threading.Lock()  # the lock: no press after `arm(0)` returns
         engine.add_step_listener(self)
 
     def arm(self, at: int) -> None:
-        self.at = at
+        with self.lock:
+            self.at = at
 
     def __call__(self, step) -> None:
-        if self.at:
-            self.at -= 1
-            if not self.at:
-                _thread.interrupt_main()
+        with self.lock:
+            if self.at:
+                self.at -= 1
+                if not self.at:
+                    _thread.interrupt_main()
 
 
 @pytest.mark.parametrize("kind", list(CALLS))
@@ -199,7 +208,7 @@ def test_ctrl_c_at_any_moment_of_a_call_leaves_nothing_behind(model, kind):
             ctrl_c.arm(0)
         except KeyboardInterrupt:  # (one at the last step may land after the call returned)
             interrupted += how == "step"
-        _drain(timer)
+        _drain(timer, ctrl_c)
         assert _settled(engine) == IDLE, (how, at)
         engine.check_integrity()
         assert _same(_bounded(lambda: call(model, ids, mask, prompts)), expected), (how, at)
