@@ -62,13 +62,24 @@ def test_an_option_without_its_value_is_refused(argv, message, capsys):
     assert f"hf-paged: error: {message}" in capsys.readouterr().err
 
 
+def _no_task_index(monkeypatch) -> None:
+    """A TaskManager built from here on fails the test: the arguments must be refused before it."""
+    from lm_eval.tasks import TaskManager
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("lm-eval built its TaskManager before the bad argument was refused")
+
+    monkeypatch.setattr(TaskManager, "__init__", refuse)
+
+
 @pytest.mark.parametrize(("model_args", "message"), [
     ("num_blocks=-1", r"PagedConfig.num_blocks must be >= 1, got -1"),  # lm-eval's CLI reads -1 as the float -1.0
     ("num_blocks=2.5", r"model argument num_blocks=2.5: an integer is wanted"),
     ("block_size=abc", r"model argument block_size='abc': an integer is wanted \(e.g. block_size=16\)"),
     ("dtype=bogus", r"model argument dtype='bogus' is not a torch dtype: use float32"),
 ])
-def test_bad_model_arguments_end_in_one_line_and_exit_2(model_args, message, capsys):
+def test_bad_model_arguments_end_in_one_line_and_exit_2(model_args, message, capsys, monkeypatch):
+    _no_task_index(monkeypatch)  # refused before lm-eval indexes its ~15k task files (~10 s)
     argv = ["--tasks", "hf_paged_mc", "--limit", "1", "--model_args", f"pretrained={MODEL},{model_args}"]
     assert main(["eval", *argv]) == 2
     err = capsys.readouterr().err
@@ -78,6 +89,7 @@ def test_bad_model_arguments_end_in_one_line_and_exit_2(model_args, message, cap
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks a torch without CUDA")
-def test_device_cuda_without_cuda_is_refused_by_name(capsys):
+def test_device_cuda_without_cuda_is_refused_by_name(capsys, monkeypatch):
+    _no_task_index(monkeypatch)
     assert main(["eval", "--tasks", "hf_paged_mc", "--limit", "1", "--device", "cuda"]) == 2
     assert "hf-paged: error: device 'cuda', but this torch sees no CUDA device" in capsys.readouterr().err

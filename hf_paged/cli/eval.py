@@ -41,6 +41,8 @@ def run_eval(argv: list[str]) -> int:
         raise CliError(f"hf-paged eval needs lm-evaluation-harness ({exc}); install it: pip install 'hf_paged[eval]'")
     parser = HarnessCLI()
     args = parse_arguments(parser, argv)
+    if args.config is None:  # refused now, not after lm-eval has indexed its ~15k task files (~10 s)
+        _check_model_arguments(args.model_args, args.device)
     try:
         parser.execute(args)
     except HfPagedError:
@@ -60,6 +62,17 @@ def parse_arguments(parser, argv: list[str]):
         args.model_args = _model_args(args.model_args)
     args.include_path = _include_paths(args.include_path)
     return args
+
+
+def _check_model_arguments(model_args: dict, device: str | None) -> None:
+    """What PagedLM refuses before it loads a model, given as lm-eval will give it: the model arguments, then
+    `--device` (lm-eval passes it beside them)."""
+    from hf_paged.integrations.lm_eval import check_model_arguments
+
+    given = {k: v for k, v in model_args.items() if k != "pretrained"}
+    if device is not None and "device" not in given:
+        given["device"] = device
+    check_model_arguments(model_args.get("pretrained"), given)
 
 
 def _lm_eval_arguments(argv: list[str]) -> list[str]:

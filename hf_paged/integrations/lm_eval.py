@@ -75,23 +75,7 @@ class PagedLM(HFLM):
     """lm-eval's HF model with every request on hf_paged's engine; see the module docstring."""
 
     def __init__(self, pretrained=None, tokenizer=None, **kwargs: Any) -> None:
-        if pretrained is None:
-            raise InvalidConfigError("hf-paged needs the model to evaluate: pretrained=PATH (a model directory or a "
-                                     "hub id) in --model_args, or PagedLM(pretrained=<path or loaded model>)")
-        if isinstance(pretrained, str) and missing_model_path(pretrained):
-            raise InvalidConfigError(f"model {pretrained!r} not found: give pretrained= a model directory or a hub id")
-        paged = {name: _integral(name, kwargs.pop(name)) for name in list(kwargs) if name in _PAGED_FIELDS}
-        unknown = sorted(set(kwargs) - _HFLM_ARGS - _FROM_PRETRAINED)
-        if unknown:
-            raise InvalidConfigError(
-                f"unknown model argument(s) {unknown} for hf-paged: it takes lm-eval's hf arguments "
-                f"({', '.join(sorted(_HFLM_ARGS))}) and PagedConfig fields ({', '.join(sorted(_PAGED_FIELDS))})"
-            )
-        _check_hf_arguments(kwargs)
-        try:
-            config = PagedConfig(**paged)  # bad values raise here, before a model is loaded
-        except (TypeError, ValueError) as exc:
-            raise InvalidConfigError(f"model arguments {paged}: {exc}") from None
+        paged, config = check_model_arguments(pretrained, kwargs)
         self._model_was_given = not isinstance(pretrained, str)  # HFLM then assumes one process; so do we
         super().__init__(pretrained=pretrained, tokenizer=tokenizer, **kwargs)
         if self.backend != "causal":
@@ -290,6 +274,31 @@ def _seeded(model, prompts: list[list[int]], options: dict, seeds: list[int]) ->
 
     per_prompt = sampling_params_for(model, prompts, None, None, None, dict(options))
     return [params.replace(seed=seed) for params, seed in zip(per_prompt, seeds, strict=True)]
+
+
+def check_model_arguments(pretrained, kwargs: dict) -> tuple[dict, PagedConfig]:
+    """Every refusal PagedLM makes before it loads a model, each naming the argument: no or a missing `pretrained`,
+    an unknown name, a non-integer count, a bad dtype or device, a PagedConfig value out of range. Takes the
+    PagedConfig fields out of `kwargs` (the rest are HFLM's); returns them and their config. `hf-paged eval` calls it
+    on the command line's arguments before lm-eval indexes its tasks (~10 s), so a typo fails at once."""
+    if pretrained is None:
+        raise InvalidConfigError("hf-paged needs the model to evaluate: pretrained=PATH (a model directory or a "
+                                 "hub id) in --model_args, or PagedLM(pretrained=<path or loaded model>)")
+    if isinstance(pretrained, str) and missing_model_path(pretrained):
+        raise InvalidConfigError(f"model {pretrained!r} not found: give pretrained= a model directory or a hub id")
+    paged = {name: _integral(name, kwargs.pop(name)) for name in list(kwargs) if name in _PAGED_FIELDS}
+    unknown = sorted(set(kwargs) - _HFLM_ARGS - _FROM_PRETRAINED)
+    if unknown:
+        raise InvalidConfigError(
+            f"unknown model argument(s) {unknown} for hf-paged: it takes lm-eval's hf arguments "
+            f"({', '.join(sorted(_HFLM_ARGS))}) and PagedConfig fields ({', '.join(sorted(_PAGED_FIELDS))})"
+        )
+    _check_hf_arguments(kwargs)
+    try:
+        config = PagedConfig(**paged)  # bad values raise here, before a model is loaded
+    except (TypeError, ValueError) as exc:
+        raise InvalidConfigError(f"model arguments {paged}: {exc}") from None
+    return paged, config
 
 
 def _integral(name: str, value: Any) -> Any:
