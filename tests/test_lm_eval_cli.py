@@ -38,6 +38,15 @@ def test_repeated_model_args_merge_later_keys_winning(capsys):
     assert "no pretrained= in --model_args: evaluating the embedded tiny model" in capsys.readouterr().err
 
 
+def test_a_device_in_the_model_arguments_is_the_one_device(capsys):
+    """`--model_args device=cpu` ended in a TypeError traceback (PagedLM got `device` twice): the `--device` this
+    command adds when none is given went beside it. Given both ways, it is refused by name."""
+    args = parse_arguments(HarnessCLI(), ["--model_args", "device=cpu", "--tasks", "hf_paged_mc"])
+    assert "device" not in args.model_args and args.device == "cpu"  # passed once, as lm-eval passes --device
+    assert main(["eval", "--model_args", "device=cpu", "--device", "cpu", "--tasks", "hf_paged_mc"]) == 2
+    assert "device is given twice, as device= in --model_args and as --device" in capsys.readouterr().err
+
+
 def test_the_model_named_in_the_first_model_args_is_the_one_evaluated(tmp_path, capsys):
     mine = tmp_path / "my-model"
     shutil.copytree(DEFAULT_MODEL_PATH, mine)

@@ -57,9 +57,14 @@ def run_eval(argv: list[str]) -> int:
 def parse_arguments(parser, argv: list[str]):
     """`hf-paged eval`'s argv as lm-eval's `HarnessCLI` parser reads it for `lm-eval run --model hf-paged`, with the
     embedded model filled in when none is named and hf_paged's tasks on the include path."""
+    device_given = any(a == "--device" or a.startswith("--device=") for a in argv)
     args = parser._parser.parse_args(["run", *_lm_eval_arguments(list(argv))])  # (`parse_args()` reads sys.argv)
     if args.config is None:  # (a --config file may name the model itself)
         args.model_args = _model_args(args.model_args)
+        if "device" in args.model_args:  # lm-eval passes --device beside the model arguments (its default when
+            if device_given:             # none is given: cuda:0): PagedLM got `device` twice, a TypeError
+                raise CliError("the device is given twice, as device= in --model_args and as --device: give one")
+            args.device = args.model_args.pop("device")
     args.include_path = _include_paths(args.include_path)
     return args
 
