@@ -45,6 +45,10 @@ def test_a_device_in_the_model_arguments_is_the_one_device(capsys):
     assert "device" not in args.model_args and args.device == "cpu"  # passed once, as lm-eval passes --device
     assert main(["eval", "--model_args", "device=cpu", "--device", "cpu", "--tasks", "hf_paged_mc"]) == 2
     assert "device is given twice, as device= in --model_args and as --device" in capsys.readouterr().err
+    # batch_size= there (a TypeError the same way): unused, as --batch_size is
+    args = parse_arguments(HarnessCLI(), ["--model_args", "batch_size=8,block_size=8", "--tasks", "hf_paged_mc"])
+    assert args.model_args == {"pretrained": MODEL, "dtype": "float32", "block_size": 8}
+    assert "batch_size= in --model_args is unused" in capsys.readouterr().err
 
 
 def test_the_model_named_in_the_first_model_args_is_the_one_evaluated(tmp_path, capsys):

@@ -4,7 +4,8 @@
     hf-paged eval           --model_args pretrained=PATH --tasks T                 # the same, on the paged engine
 
 Every other argument is lm-eval's own and means what it means there. Beyond it: `--model` may only say `hf` or
-`hf-paged`; `--batch_size` is accepted and unused (a task's requests all go to the engine at once); repeated
+`hf-paged`; `--batch_size` (or `batch_size=` in `--model_args`) is accepted and unused (a task's requests all go
+to the engine at once); `device=` in `--model_args` is passed as `--device` (not twice: lm-eval's TypeError); repeated
 `--model_args` merge as in `lm-eval run` (later keys win); without `pretrained=` in them the embedded tiny model is
 evaluated (in fp32 unless `dtype=` says otherwise; a note on stderr says so) with the other arguments given;
 `--model` / `--batch_size` without a value are refused (exit 2); hf_paged's local tasks (`hf_paged_gen`, `hf_paged_mc`,
@@ -65,6 +66,8 @@ def parse_arguments(parser, argv: list[str]):
             if device_given:             # none is given: cuda:0): PagedLM got `device` twice, a TypeError
                 raise CliError("the device is given twice, as device= in --model_args and as --device: give one")
             args.device = args.model_args.pop("device")
+        if args.model_args.pop("batch_size", None) is not None:  # (lm-eval passes its own: a TypeError too)
+            print(_BATCH_SIZE_NOTE.format("batch_size= in --model_args"), file=sys.stderr)
     args.include_path = _include_paths(args.include_path)
     return args
 
@@ -89,8 +92,7 @@ def _lm_eval_arguments(argv: list[str]) -> list[str]:
         raise CliError(f"hf-paged eval runs the model hf-paged (lm-eval's hf on the paged engine), not --model "
                        f"{model}; drop --model or use `lm-eval run` for other backends")
     if _pop_option(argv, "--batch_size", "-b") is not None:
-        print("hf-paged eval: note: --batch_size is unused: every request of a task runs on the engine at once "
-              "(continuous batching)", file=sys.stderr)
+        print(_BATCH_SIZE_NOTE.format("--batch_size"), file=sys.stderr)
     if not any(a == "--device" or a.startswith("--device=") for a in argv):
         import torch
 
@@ -136,6 +138,8 @@ def _pop_option(argv: list[str], *names: str) -> str | None:
 
 
 _EXAMPLES = {"--model": "hf-paged", "--batch_size": "8"}
+_BATCH_SIZE_NOTE = ("hf-paged eval: note: {} is unused: every request of a task runs on the engine at once "
+                    "(continuous batching)")
 
 
 def _is_option(arg: str) -> bool:
