@@ -91,3 +91,15 @@ def test_a_tensor_the_paged_attention_would_drop_fails_loudly(monkeypatch):
             model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=2, do_sample=False, pad_token_id=0)
     finally:
         hf_paged.unwrap(model)
+
+
+def test_a_float64_model_is_refused_at_wrap():
+    """A float64 model was wrapped, then every request failed in the kernels ("key_cache must have dtype float16,
+    bfloat16, float32"), on the torch backend too: refused at wrap, naming the fix."""
+    from tests.tiny_models import tiny_model
+
+    model = tiny_model("llama").double()
+    with pytest.raises(UnsupportedModelError, match=r"is in torch\.float64: .*model\.float\(\)"):
+        hf_paged.wrap(model)
+    assert "generate" not in model.__dict__  # left as it was
+    hf_paged.unwrap(hf_paged.wrap(model.float()))  # the same model in float32 runs

@@ -33,7 +33,8 @@ def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides:
     Raises:
         UnsupportedModelError: `model` is not a transformers generative model object (e.g. a hub id string), or
             one the engine cannot drive: an encoder-decoder, a family whose attention bypasses
-            `AttentionInterface` (GPT-NeoX, Falcon, Bloom, MPT), linear-attention layers, no language-model head;
+            `AttentionInterface` (GPT-NeoX, Falcon, Bloom, MPT), linear-attention layers, no language-model head,
+            weights in float64 (the engine holds float32, bfloat16 or float16);
             a tensor-parallel model whose KV heads the ranks cannot split evenly, or one loaded with pipeline,
             FSDP, expert or sequence parallelism beside it (`hf_paged.distributed.tensor_parallel`). Also a
             `TypeError`.

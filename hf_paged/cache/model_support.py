@@ -79,6 +79,11 @@ def check_supported(model: torch.nn.Module) -> None:
     if isinstance(model, PreTrainedModel) and "logits_to_keep" not in inspect.signature(type(model).forward).parameters:
         raise UnsupportedModelError(f"{name}'s forward takes no logits_to_keep, so the engine cannot ask it for each "
                                     "sequence's last position; use stock generate")
+    dtype = next((p.dtype for p in model.parameters() if p.is_floating_point()), None)
+    if dtype is not None and dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise UnsupportedModelError(f"{name} is in {dtype}: the paged KV pool and attention hold float32, bfloat16 or "
+                                    "float16 (every request failed in the kernels); convert it (model.float()) or use "
+                                    "stock generate")
     if any(getattr(module, "sinks", None) is not None for module in model.modules()):
         raise UnsupportedModelError(f"{name} ({model_type}) has attention sinks (a learned logit per head in every "
                                     "softmax), which the paged attention does not apply; use stock generate")
