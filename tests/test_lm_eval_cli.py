@@ -90,6 +90,8 @@ def _no_task_index(monkeypatch) -> None:
     ("num_blocks=2.5", r"model argument num_blocks=2.5: an integer is wanted"),
     ("block_size=abc", r"model argument block_size='abc': an integer is wanted \(e.g. block_size=16\)"),
     ("dtype=bogus", r"model argument dtype='bogus' is not a torch dtype: use float32"),
+    ("max_length=abc", r"model argument max_length='abc': a positive integer is wanted"),  # a TypeError traceback
+    ("max_length=-5", r"model argument max_length=-5: a positive integer is wanted"),  # refused at the first request
 ])
 def test_bad_model_arguments_end_in_one_line_and_exit_2(model_args, message, capsys, monkeypatch):
     _no_task_index(monkeypatch)  # refused before lm-eval indexes its ~15k task files (~10 s)

@@ -315,7 +315,15 @@ def _integral(name: str, value: Any) -> Any:
 
 
 def _check_hf_arguments(kwargs: dict) -> None:
-    """What HFLM would fail on with a traceback (an AttributeError, an AssertionError) refused by name first."""
+    """What HFLM would fail on with a traceback (an AttributeError, an AssertionError, a TypeError), or only at the
+    first request (a negative `max_length`), refused by name first."""
+    for name in ("max_length", "max_batch_size"):
+        value = kwargs.get(name)
+        if isinstance(value, float) and value.is_integer():  # (lm-eval's CLI reads -5 as -5.0)
+            kwargs[name] = value = int(value)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise InvalidConfigError(f"model argument {name}={value!r}: a positive integer is wanted (e.g. {name}="
+                                     f"{2048 if name == 'max_length' else 64})")
     for name in _DTYPE_ARGS:
         value = kwargs.get(name)
         if isinstance(value, str) and value != "auto" and not isinstance(getattr(torch, value, None), torch.dtype):
