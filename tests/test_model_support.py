@@ -47,6 +47,10 @@ def test_families_the_paged_attention_would_get_wrong_are_refused(model_type, re
     with pytest.raises(UnsupportedModelError, match=reason):
         hf_paged.wrap(model)
     assert "generate" not in vars(model) and "_hf_paged" not in vars(model)  # left as it was
+    # an engine built directly (as `hf-paged serve` and the replicas build theirs) refuses it too: it built one
+    # before and failed its first step with a KeyError from the pool (GPT-NeoX), or ran the wrong attention
+    with pytest.raises(UnsupportedModelError, match=reason):
+        hf_paged.Engine(model)
 
 
 def test_families_with_their_features_still_run():
@@ -82,9 +86,11 @@ def test_a_tensor_the_paged_attention_would_drop_fails_loudly(monkeypatch):
     """Under the sinks refusal: an attention function handed a tensor it does not apply (gpt-oss's `s_aux`) fails
     the request naming it, instead of attending without it."""
     from hf_paged.api import wrapping
+    from hf_paged.batching import engine
 
     model = tiny("gpt_oss")
-    monkeypatch.setattr(wrapping, "check_supported", lambda m: None)  # past the refusal by its sinks
+    for module in (wrapping, engine):  # past the refusal by its sinks
+        monkeypatch.setattr(module, "check_supported", lambda m: None)
     hf_paged.wrap(model)
     try:
         with pytest.raises(UnsupportedModelError, match=r"passes \['s_aux'\] to its attention function"):
@@ -101,5 +107,7 @@ def test_a_float64_model_is_refused_at_wrap():
     model = tiny_model("llama").double()
     with pytest.raises(UnsupportedModelError, match=r"is in torch\.float64: .*model\.float\(\)"):
         hf_paged.wrap(model)
+    with pytest.raises(UnsupportedModelError, match=r"is in torch\.float64"):  # `hf-paged serve --dtype auto`
+        hf_paged.Engine(model)
     assert "generate" not in model.__dict__  # left as it was
     hf_paged.unwrap(hf_paged.wrap(model.float()))  # the same model in float32 runs

@@ -40,6 +40,7 @@ from hf_paged.batching.swap import swap_in, swap_out
 from hf_paged.batching.weights import weights_fingerprint
 from hf_paged.cache.block_size import resolve_block_size
 from hf_paged.cache.kernels import check_backend as check_attention_backend
+from hf_paged.cache.model_support import check_supported
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.sizing import kv_shape_of
 from hf_paged.compat import execution_device
@@ -58,6 +59,7 @@ class Engine:
     """
 
     def __init__(self, model: torch.nn.Module, config: PagedConfig | None = None, *, kv_store: KVStore | None = None):
+        check_supported(model)  # what `wrap` refuses, refused here too (the server and replicas build engines)
         self.model = model
         dtype, device = next(model.parameters()).dtype, execution_device(model)  # (offloaded weights: the hooks')
         self.config = resolve_block_size(config or PagedConfig(), model.config, dtype, device)  # "auto"
