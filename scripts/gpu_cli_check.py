@@ -55,7 +55,7 @@ def check_generate(device: str, tmp: Path) -> str:
     assert run.returncode == 0, run.stderr[-600:]
     records = [json.loads(line) for line in run.stdout.splitlines() if line.strip()]
     assert len(records) == 6, run.stdout[-600:]
-    texts = [r.get("text", r.get("output")) for r in records]
+    texts = [r["text"] for r in records]
     valid = 0
     for text in texts:
         try:

@@ -58,7 +58,7 @@ def run_eval(argv: list[str]) -> int:
 def parse_arguments(parser, argv: list[str]):
     """`hf-paged eval`'s argv as lm-eval's `HarnessCLI` parser reads it for `lm-eval run --model hf-paged`, with the
     embedded model filled in when none is named and hf_paged's tasks on the include path."""
-    device_given = any(a == "--device" or a.startswith("--device=") for a in argv)
+    device_given = _names_option(argv, "--device")
     args = parser._parser.parse_args(["run", *_lm_eval_arguments(list(argv))])  # (`parse_args()` reads sys.argv)
     if args.config is None:  # (a --config file may name the model itself)
         args.model_args = _model_args(args.model_args)
@@ -93,7 +93,7 @@ def _lm_eval_arguments(argv: list[str]) -> list[str]:
                        f"{model}; drop --model or use `lm-eval run` for other backends")
     if _pop_option(argv, "--batch_size", "-b") is not None:
         print(_BATCH_SIZE_NOTE.format("--batch_size"), file=sys.stderr)
-    if not any(a == "--device" or a.startswith("--device=") for a in argv):
+    if not _names_option(argv, "--device"):
         import torch
 
         argv += ["--device", "cuda" if torch.cuda.is_available() else "cpu"]
@@ -140,6 +140,11 @@ def _pop_option(argv: list[str], *names: str) -> str | None:
 _EXAMPLES = {"--model": "hf-paged", "--batch_size": "8"}
 _BATCH_SIZE_NOTE = ("hf-paged eval: note: {} is unused: every request of a task runs on the engine at once "
                     "(continuous batching)")
+
+
+def _names_option(argv: list[str], name: str) -> bool:
+    """Whether argv gives `name`, as `--name VALUE` or `--name=VALUE`."""
+    return any(a == name or a.startswith(f"{name}=") for a in argv)
 
 
 def _is_option(arg: str) -> bool:
