@@ -108,3 +108,21 @@ def test_a_streaming_engine_loads_no_block_a_plain_prefill_computed(model, promp
     alone = disk_engine(model, tmp_path / "empty", num_blocks=64, **pruning)
     assert run(streaming, prompts) == run(alone, prompts)  # full-attention K/V loaded would change the tokens
     assert transfer_stats(streaming)["loaded_blocks"] == 0
+
+
+def test_reset_prefix_cache_after_an_edit_the_engine_cannot_see_loads_no_older_block(prompts, tmp_path):
+    """An edit through `.data` of a tensor the engine's cheap check does not sample moves nothing it watches; the
+    documented answer is `Engine.reset_prefix_cache()` (or `weights_changed()`). The reset alone must keep the
+    disk tier's older blocks out: the connector takes the fingerprint (every value) again after a reset."""
+    model = tiny_model("llama")
+    engine = disk_engine(model, tmp_path)
+    run(engine, prompts[:1])
+    evict_all(engine)
+    assert transfer_stats(engine)["saved_blocks"] >= 5
+    v_proj = model.model.layers[0].self_attn.v_proj.weight
+    with torch.no_grad():  # .data: no version counter moves; not a parameter the engine samples
+        v_proj.data.copy_(torch.randn(v_proj.shape, generator=torch.Generator().manual_seed(5)))
+    run(engine, [[5, 6, 7]])  # the engine steps and admits: it does not see the edit
+    engine.reset_prefix_cache()
+    assert run(engine, prompts[:1]) == stock_greedy(model, prompts[:1], MAX_NEW)
+    assert transfer_stats(engine)["loaded_blocks"] == 0
