@@ -52,7 +52,7 @@ def run_gen(run: RunContext, track: Track, call: GenCall) -> CallRecord:
     healing = None
     if call.heal and guide is None and after_text:  # a constraint decides the first bytes itself
         healing = heal_prompt(backend, prompt)
-        if healing is not None and any(s in healing.lead or healing.lead in s for s in call.stop):
+        if healing is not None and _stop_in_lead(healing.lead, call.stop):
             healing = None  # the healed token would hit a stop string at once
     lead = healing.lead if healing is not None else ""
     request_prompt = healing.prompt if healing is not None else prompt
@@ -173,6 +173,12 @@ def _cut(backend, call: GenCall, generated: list[int], finish_reason: str, lead:
             k += 1
         num_forced = len(ids) - k
     return _Cut(value, kept_text, ids, kept_text[len(ids_text):], finish_reason, complete, num_forced)
+
+
+def _stop_in_lead(lead: str, stops: tuple[str, ...]) -> bool:
+    """Whether a stop string can match a healed output at a position inside `lead` (the output starts with it, and
+    the engine looks for stops in the output): one inside the lead, or one that starts with a suffix of it."""
+    return any(s in lead or any(s.startswith(lead[k:]) for k in range(len(lead))) for s in stops)
 
 
 def _python_regex(pattern: str | None) -> re.Pattern | None:
