@@ -179,3 +179,29 @@ def test_stop_strings_with_a_streamer_fall_back_to_stock():
                            streamer=TextStreamer(tok))
     finally:
         hf_paged.unwrap(model)
+
+
+class AllDoneAfter(StoppingCriteria):
+    """Every row done once the batch has `steps` new tokens (one verdict for the whole batch)."""
+
+    def __init__(self, prompt_len: int, steps: int) -> None:
+        self.length = prompt_len + steps
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
+
+
+def test_a_row_that_ran_ahead_is_cut_back_to_the_step_where_all_stopped():
+    """No EOS criterion, so a stopped row keeps its real tokens; the short row decodes while the long one is still
+    in chunked prefill (32 tokens a step), so it holds several tokens more than step 3 when the criterion stops
+    everyone there: it must be cut back to 3, as stock returns it."""
+    model = tiny_model("llama")
+    ids, mask = left_pad(ragged_prompts([3, 160]))
+
+    def kwargs():
+        return {"max_new_tokens": 12, "eos_token_id": None, "pad_token_id": 0,
+                "stopping_criteria": StoppingCriteriaList([AllDoneAfter(ids.shape[1], 3)])}
+
+    stock, paged = _both(model, ids, mask, kwargs)
+    assert stock.shape[1] == ids.shape[1] + 3
+    assert torch.equal(paged, stock)
