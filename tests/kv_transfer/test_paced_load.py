@@ -246,3 +246,22 @@ def test_a_time_bounded_engine_keeps_every_step_within_its_ratio_of_a_decode_onl
 def test_a_time_ratio_without_a_step_clock_is_a_typed_error(model):
     with pytest.raises(InvalidConfigError, match="kv_store= or kv_offload_dir"):
         Engine(model, PagedConfig(block_size=BS, max_prefill_tokens_per_step=8, max_prefill_step_time_ratio=1.4))
+
+
+def test_a_load_may_overwrite_the_block_an_admission_copies_from_in_the_same_step(model):
+    """A admitted first in a step takes a cached block it shares the start of (copy-on-write: the copy is queued for
+    the forward, and A's reference to the source dropped, so it is evictable); B's load in the same step needs the
+    pool's last blocks and evicts that source, then writes its own K/V into it. The queued copy must read the old
+    contents (the connector applies pending copies before it writes), or A decodes from B's K/V."""
+    x = ragged_prompts([2 * BS + 1], seed=41)[0]
+    a = x[: 2 * BS - 2] + ragged_prompts([6], seed=42)[0]  # x's block 0, then 6 tokens of x's block 1 (shared partial)
+    b = ragged_prompts([3 * BS + 1], seed=43)[0]  # 3 full blocks in the store, none here
+    store = handed_over(model, b)
+    engine = decode_engine(model, store, num_blocks=6, max_prefill_tokens_per_step=None)  # one step loads all 3
+    run(engine, [x], max_new=1)  # x's 2 full blocks cached, idle
+    pool = engine.cache.pool
+    assert (pool.num_idle_cached_blocks, pool.num_free_blocks) == (2, 6)
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=6)) for p in (a, b)]
+    engine.step()  # A: block 0 hit, block 1 shared then copied (2 fresh blocks); B: 3 blocks, the last one evicted
+    assert transfer_stats(engine)["loaded_blocks"] == 3 and pool.num_evictions == 1  # (x's block 1: A's copy source)
+    assert step_all(engine, ids, []) == stock_greedy(model, [a, b], 6)
