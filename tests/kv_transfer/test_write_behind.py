@@ -76,6 +76,30 @@ def test_delete_of_a_queued_block_and_close_without_flush():
     assert store.queued_blocks == 0 and not kv_threads()
 
 
+def wait_for_writer(inner: GatedStore) -> None:
+    """Until the writer thread holds its first block at the gate (being written)."""
+    deadline = time.monotonic() + 5
+    while not inner.writers and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert inner.writers, "the writer thread never started"
+
+
+def test_a_block_deleted_while_it_is_written_is_never_served():
+    """A delete (a reader refused the blob) of a block the writer holds marks it: it is deleted once written. A read
+    meanwhile must miss, not hand out the refused blob again from the queue."""
+    inner = GatedStore()
+    store = WriteBehindStore(inner)
+    store.put(b"1", b"1" * 10)
+    wait_for_writer(inner)
+    store.delete(b"1")
+    assert store.get(b"1") is None
+    inner.gate.set()
+    assert store.flush(10)
+    assert store.get(b"1") is None and not inner.contains(b"1")
+    store.close()
+    assert not kv_threads()
+
+
 def test_the_step_thread_never_writes_and_outputs_match(model, prompts, expected, tmp_path):
     engine = disk_engine(model, tmp_path)
     writer = engine.scheduler.kv_transfer.saver.writer
