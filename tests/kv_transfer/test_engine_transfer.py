@@ -53,6 +53,23 @@ def test_two_engines_share_blocks_through_an_in_process_store(model, prompts, ex
     assert computed["prompt_tokens_cached"] == 5 * BS + 6 * BS
 
 
+def test_num_external_blocks_never_counts_the_last_tokens_block(model):
+    """The public ask without digests hashes the prompt itself: a block-aligned prompt whose every block the store
+    holds still counts one block fewer (the last token is always computed: its logits are needed), as with the
+    digests admission passes."""
+    prompt = ragged_prompts([3 * BS], seed=23)[0]
+    store = InProcessStore()
+    prefill = Engine(model, PagedConfig(block_size=BS), kv_store=store)
+    run(prefill, [prompt], max_new=1)
+    connector = prefill.scheduler.kv_transfer
+    keys = connector._keys(prefill.kv.prefix_cache.digests(prompt))
+    assert len(keys) == 3 and all(store.contains(k) for k in keys)  # the last token's block is stored too
+    reader = Engine(model, PagedConfig(block_size=BS), kv_store=store).scheduler.kv_transfer
+    assert reader.num_external_blocks(prompt) == 2
+    assert reader.num_external_blocks(prompt + [5]) == 3  # one token more: the third block is a prefix block
+    assert reader.num_external_blocks(prompt, num_cached_tokens=BS) == 1
+
+
 def test_evicted_blocks_come_back_from_disk_and_survive_a_restart(model, prompts, expected, tmp_path):
     engine = disk_engine(model, tmp_path)
     assert run(engine, prompts[:1]) == expected[:1]
