@@ -182,16 +182,19 @@ def test_stop_strings_with_a_streamer_fall_back_to_stock():
 
 
 class AllDoneAfter(StoppingCriteria):
-    """Every row done once the batch has `steps` new tokens (one verdict for the whole batch)."""
+    """Every row done once the batch has `steps` new tokens: a verdict per row, or one bool for all (a 1-element
+    tensor, which stock's `StoppingCriteriaList` broadcasts over the rows)."""
 
-    def __init__(self, prompt_len: int, steps: int) -> None:
-        self.length = prompt_len + steps
+    def __init__(self, prompt_len: int, steps: int, per_row: bool) -> None:
+        self.length, self.per_row = prompt_len + steps, per_row
 
     def __call__(self, input_ids, scores, **kwargs):
-        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
+        rows = input_ids.shape[0] if self.per_row else 1
+        return torch.full((rows,), input_ids.shape[1] >= self.length, dtype=torch.bool)
 
 
-def test_a_row_that_ran_ahead_is_cut_back_to_the_step_where_all_stopped():
+@pytest.mark.parametrize("per_row", [True, False], ids=["a verdict per row", "one verdict for all rows"])
+def test_a_row_that_ran_ahead_is_cut_back_to_the_step_where_all_stopped(per_row):
     """No EOS criterion, so a stopped row keeps its real tokens; the short row decodes while the long one is still
     in chunked prefill (32 tokens a step), so it holds several tokens more than step 3 when the criterion stops
     everyone there: it must be cut back to 3, as stock returns it."""
@@ -200,8 +203,42 @@ def test_a_row_that_ran_ahead_is_cut_back_to_the_step_where_all_stopped():
 
     def kwargs():
         return {"max_new_tokens": 12, "eos_token_id": None, "pad_token_id": 0,
-                "stopping_criteria": StoppingCriteriaList([AllDoneAfter(ids.shape[1], 3)])}
+                "stopping_criteria": StoppingCriteriaList([AllDoneAfter(ids.shape[1], 3, per_row)])}
 
     stock, paged = _both(model, ids, mask, kwargs)
     assert stock.shape[1] == ids.shape[1] + 3
+    assert torch.equal(paged, stock)
+
+
+class LastColumn(StoppingCriteria):
+    """Never stops; records the column stock's loop appended at each call."""
+
+    def __init__(self) -> None:
+        self.columns: list[list[int]] = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.columns.append(input_ids[:, -1].tolist())
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+
+def test_a_row_stopped_early_is_padded_in_the_input_ids_the_criteria_see():
+    """With an EOS criterion in the list stock pads a finished row: the criteria see `pad_token_id` in its column
+    from the next step on. The short row runs ahead during the long row's chunked prefill and is stopped by a
+    criterion (not by EOS) at its second token, so the engine holds real tokens for it beyond that step: the replayed
+    columns must still show the pad, call for call as stock shows them."""
+    model = tiny_model("llama")
+    ids, mask = left_pad(ragged_prompts([3, 160]))
+    stock_out = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=8, pad_token_id=0)
+    token = int(stock_out[0, ids.shape[1] + 1])  # the short row's second token
+    recorders: list[LastColumn] = []
+
+    def kwargs():
+        recorders.append(LastColumn())
+        return {"max_new_tokens": 8, "eos_token_id": 2, "pad_token_id": 0,
+                "stopping_criteria": StoppingCriteriaList([StopAfterToken(token, ids.shape[1]), recorders[-1]])}
+
+    stock, paged = _both(model, ids, mask, kwargs)
+    stock_columns, paged_columns = (r.columns for r in recorders)
+    assert [column[0] for column in stock_columns[2:]] == [0] * (len(stock_columns) - 2)  # padded from step 3 on
+    assert len(stock_columns) > 2 and paged_columns == stock_columns
     assert torch.equal(paged, stock)
