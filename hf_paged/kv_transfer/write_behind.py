@@ -6,9 +6,10 @@
 
 A block stays visible while queued: `contains` and `get` answer from the queue (a read of a block not yet written
 encodes it on the reader's thread), so a save never races a read into a miss. `delete` of a queued block drops it
-(or, when it is being written, deletes it once written). `flush` waits for the queue to empty; `close` flushes (or
-discards) and joins the thread. The thread also ends after `idle_seconds` with nothing to write and starts again
-at the next save, so an engine that is never closed leaves no thread behind for long.
+(or, when it is being written, deletes it once written: until then reads miss it, and a save of it again is written
+after it). `flush` waits for the queue to empty; `close` flushes (or discards) and joins the thread. The thread also
+ends after `idle_seconds` with nothing to write and starts again at the next save, so an engine that is never closed
+leaves no thread behind for long.
 
 Another engine of this process opening the same directory must see the files: `flush_writes_to(path)` flushes
 every live writer over a `DirectoryStore` at that path (`connector_for` calls it before opening the disk tier).
@@ -84,12 +85,15 @@ class WriteBehindStore:
 
     # -- KVStore ---------------------------------------------------------------------------------------
     def contains(self, key: bytes) -> bool:
-        return key in self._queue or self.inner.contains(key)
+        queued = self._queue.get(key)
+        if queued is not None:  # deleted while written: the inner store may hold it until the writer deletes it
+            return not queued.deleted
+        return self.inner.contains(key)
 
     def get(self, key: bytes) -> bytes | None:
         queued = self._queue.get(key)
-        if queued is not None and not queued.deleted:
-            return queued.data()
+        if queued is not None:
+            return None if queued.deleted else queued.data()
         return self.inner.get(key)
 
     def put(self, key: bytes, data: bytes) -> bool:
@@ -100,15 +104,16 @@ class WriteBehindStore:
     def put_deferred(self, key: bytes, make: Callable[[], bytes], size: int) -> bool:
         """Queue a blob that `make()` builds when it is written (or read first); `size`: its bytes, about."""
         with self._cond:
-            if key in self._queue and not self._queue[key].deleted:
+            queued = self._queue.get(key)
+            if queued is not None and not queued.deleted:
                 return True
-            if self.inner.contains(key):
+            if queued is None and self.inner.contains(key):  # (deleted while written: the inner copy goes)
                 return True
             if self._queue_bytes + size > self.max_queue_bytes:
                 self.counters.dropped_blocks += 1
                 return False
-            self._queue[key] = _Queued(make, size)
-            self._queue_bytes += size
+            self._queue[key] = _Queued(make, size)  # replacing one deleted while written: written after it (the
+            self._queue_bytes += size  # writer keeps the old entry, `_run`; the key keeps its place: next in line)
             self._closing = False
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="hf_paged-kv-write", daemon=True)
@@ -190,7 +195,11 @@ class WriteBehindStore:
                 else:
                     self.counters.write_failures += 1
                 deleted = queued.deleted  # read under the lock: a delete after this finds the key gone and deletes
-                self._dequeue(key)
+                if self._queue.get(key) is queued:
+                    self._dequeue(key)
+                else:  # saved again after its delete (`put_deferred`): the new entry stays, written next
+                    self._queue_bytes -= queued.size
+                    self._cond.notify_all()
             if deleted and ok:
                 self.inner.delete(key)
 

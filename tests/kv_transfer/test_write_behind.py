@@ -100,6 +100,27 @@ def test_a_block_deleted_while_it_is_written_is_never_served():
     assert not kv_threads()
 
 
+def test_a_block_saved_again_while_its_deleted_copy_is_written_is_written_once_and_counted_right():
+    """Deleted while written, then saved again (the block was evicted again): the store says it lacks the block
+    until the new save is queued, the old blob is deleted once written, the new one is written after it, and the
+    queue's bytes come back to zero (the new save replaced the old entry: the writer dequeued the new one unwritten
+    and the old one's bytes stayed counted for good, so the queue filled up and every later save was dropped)."""
+    inner = GatedStore()
+    store = WriteBehindStore(inner, max_queue_bytes=50)
+    store.put(b"k", b"o" * 30)
+    wait_for_writer(inner)
+    store.delete(b"k")
+    assert not store.contains(b"k")  # it will be deleted: admission must not count it
+    assert store.put(b"k", b"n" * 20)
+    assert store.contains(b"k") and store.get(b"k") == b"n" * 20
+    inner.gate.set()
+    assert store.flush(10)
+    assert store.queued_bytes == 0 and inner.get(b"k") == b"n" * 20
+    assert store.counters.written_blocks == 2 and store.put(b"j", b"j" * 50)  # the whole bound is free again
+    store.close()
+    assert not kv_threads()
+
+
 def test_the_step_thread_never_writes_and_outputs_match(model, prompts, expected, tmp_path):
     engine = disk_engine(model, tmp_path)
     writer = engine.scheduler.kv_transfer.saver.writer
