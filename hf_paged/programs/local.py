@@ -4,7 +4,8 @@ Every call of every state submits its requests to the engine's loop (`EngineLoop
 running states (forks, `run_batch` instances) join the same continuous batch. Between calls a state pins its prefix
 (`Engine.pin_prefix`): the blocks of its text stay in the prefix cache, so the next call prefills only its new text
 (and the last partial block). A pin refused (`PrefixPinLimitError`: pins would hold more than
-`PagedConfig.prefix_pin_share` of the pool) is skipped: the blocks then stay cached only until evicted.
+`PagedConfig.prefix_pin_share` of the pool) is skipped: the blocks then stay cached only until evicted. Without the
+prefix cache (`enable_prefix_caching=False`) nothing is pinned and each call prefills its whole prompt.
 """
 
 from __future__ import annotations
@@ -92,6 +93,8 @@ class LocalBackend:
 
     def pin(self, track: Track) -> None:
         """Pin the track's computed prefix in the prefix cache, then drop its older pin."""
+        if not self.engine.config.enable_prefix_caching:  # no cache to pin in: the program runs without reuse
+            return
         old = track.pinned
         try:
             num_tokens = self.engine.pin_prefix(track.ids)
