@@ -9,7 +9,8 @@ be any token whose text starts with the removed token's text:
     output:  [" billing", ...]             ->  the field's value is the text after the removed " "
 
 Only for unconstrained fields (a constraint already decides the field's first bytes) and only when the removed
-token has other tokens that extend it; otherwise the prompt is left as it is.
+token has other tokens that extend it; otherwise the prompt is left as it is. Special tokens never extend it: their
+text ("<eos>", "<|end|>") is a marker, not text that continues "<".
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from hf_paged.after_fork import renew_locks_after_fork
+from hf_paged.batching.stopping import special_ids
 
 __all__ = ["HealingProcessor", "TokenHealing", "heal_prompt", "token_texts"]
 
@@ -76,7 +78,9 @@ def heal_prompt(backend, prompt: list[int]) -> TokenHealing | None:
     lead = backend.decode(prompt[-1:])
     if not lead or "\ufffd" in lead:  # part of a character: no token text starts with it
         return None
-    allowed = torch.tensor([text.startswith(lead) for text in token_texts(backend.tokenizer)], dtype=torch.bool)
+    special = special_ids(backend.tokenizer) | backend.eos_ids
+    allowed = torch.tensor([text.startswith(lead) and i not in special
+                            for i, text in enumerate(token_texts(backend.tokenizer))], dtype=torch.bool)
     if int(allowed.sum()) <= 1:  # only the token itself: the model's choice is the same
         return None
     return TokenHealing(prompt[:-1], lead, HealingProcessor(len(prompt) - 1, allowed))
