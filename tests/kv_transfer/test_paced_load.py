@@ -182,7 +182,9 @@ def test_the_marginal_token_cost_is_the_slope_not_the_average():
 def test_blocks_read_in_the_background_are_written_a_share_a_step_too(model, long_prompt, short_prompts, expected,
                                                                        tmp_path):
     """A store that reads in a worker thread (a directory): the read comes first, then the same paced writes. The
-    reads wait until the first step has ended (they may start at arrival: without the gate, a fast read raced it)."""
+    reads wait until the first step has ended (they may start at arrival: without the gate, a fast read raced it),
+    and the next step waits for the read (a slow reader thread finished after the short requests: no step it wrote
+    in had decodes beside it)."""
     store = handed_over(model, long_prompt, DirectoryStore(tmp_path, 1 << 30))
     gate = threading.Event()
 
@@ -196,7 +198,16 @@ def test_blocks_read_in_the_background_are_written_a_share_a_step_too(model, lon
     ids = start_decoding(engine, short_prompts)
     ids.insert(0, engine.add_request(long_prompt, SamplingParams(max_new_tokens=6)))
     loads, decoding = [], []
-    assert step_all(engine, ids, loads, decoding=decoding, after_step=gate.set) == [expected[0], *expected[1:]]
+    fetcher = engine.scheduler.kv_transfer.fetcher
+
+    def read_after_the_first_step():
+        gate.set()
+        if ids[0] in fetcher:  # (once: the next step takes the read)
+            fetcher.wait(30)
+            assert fetcher.is_done(ids[0]), "the read never finished"
+
+    assert step_all(engine, ids, loads, decoding=decoding, after_step=read_after_the_first_step) == [
+        expected[0], *expected[1:]]
     assert max(n for n, d in zip(loads, decoding) if d) == BUDGET // TOKENS_PER_BLOCK and sum(loads) == LONG_BLOCKS
     assert loads[0] == 0  # the first step only started the read
     assert transfer_stats(engine)["load_failures"] == 0 and store.nbytes
