@@ -92,8 +92,9 @@ def test_a_block_deleted_while_it_is_written_is_never_served():
     store.put(b"1", b"1" * 10)
     wait_for_writer(inner)
     store.delete(b"1")
-    assert store.get(b"1") is None
-    inner.gate.set()
+    served = store.get(b"1")
+    inner.gate.set()  # (before asserting: a failure leaves no writer waiting at the gate for the next tests)
+    assert served is None
     assert store.flush(10)
     assert store.get(b"1") is None and not inner.contains(b"1")
     store.close()
@@ -110,10 +111,11 @@ def test_a_block_saved_again_while_its_deleted_copy_is_written_is_written_once_a
     store.put(b"k", b"o" * 30)
     wait_for_writer(inner)
     store.delete(b"k")
-    assert not store.contains(b"k")  # it will be deleted: admission must not count it
-    assert store.put(b"k", b"n" * 20)
-    assert store.contains(b"k") and store.get(b"k") == b"n" * 20
-    inner.gate.set()
+    held = store.contains(b"k")  # it will be deleted: admission must not count it
+    queued = store.put(b"k", b"n" * 20)
+    seen = store.contains(b"k"), store.get(b"k")
+    inner.gate.set()  # (before asserting: a failure leaves no writer waiting at the gate for the next tests)
+    assert not held and queued and seen == (True, b"n" * 20)
     assert store.flush(10)
     assert store.queued_bytes == 0 and inner.get(b"k") == b"n" * 20
     assert store.counters.written_blocks == 2 and store.put(b"j", b"j" * 50)  # the whole bound is free again
