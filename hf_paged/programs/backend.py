@@ -18,6 +18,7 @@ the in-process backend builds the processor, the server builds the same one from
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -25,7 +26,7 @@ from typing import Any, Literal, Protocol
 from hf_paged.programs.errors import ProgramAbortedError
 from hf_paged.programs.track import Track
 
-__all__ = ["GenRequest", "Generated", "Guide", "ProgramBackend", "RunContext", "Scored"]
+__all__ = ["GenRequest", "Generated", "Guide", "ProgramBackend", "RunContext", "Scored", "continuation_texts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +86,9 @@ class ProgramBackend(Protocol):
 
     def encode(self, text: str, *, first: bool) -> list[int]: ...
 
-    def decode(self, ids: Sequence[int]) -> str: ...
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text `ids` add after earlier text, special tokens spelled out (`continuation_texts`)."""
+        ...
 
     def generate(self, run: RunContext, request: GenRequest) -> Generated: ...
 
@@ -98,6 +101,40 @@ class ProgramBackend(Protocol):
         ...
 
     def unpin(self, track: Track) -> None: ...
+
+
+_ANCHORS: weakref.WeakKeyDictionary[Any, tuple[list[int], str]] = weakref.WeakKeyDictionary()
+
+
+def continuation_texts(tokenizer: Any, pieces: Sequence[Sequence[int]]) -> list[str]:
+    """The text each token-id list adds after earlier text (`decode` for programs: a field's tokens, a token given
+    back by healing). Decoded behind an anchor token and the anchor's text cut off, because some decoders change
+    what they decode first: a Llama-2-style SentencePiece decoder (`Strip`) drops its leading space, so "▁billing"
+    alone reads "billing" where the text it continues reads " billing"."""
+    anchor = _anchor(tokenizer)
+    if anchor is None:
+        return [tokenizer.decode(list(ids), skip_special_tokens=False) for ids in pieces]
+    anchor_ids, anchor_text = anchor
+    texts = tokenizer.batch_decode([anchor_ids + list(ids) for ids in pieces], skip_special_tokens=False)
+    return [text[len(anchor_text):] if text.startswith(anchor_text)
+            else tokenizer.decode(list(ids), skip_special_tokens=False) for text, ids in zip(texts, pieces)]
+
+
+def _anchor(tokenizer: Any) -> tuple[list[int], str] | None:
+    """Ids of a plain letter and their decoded text, once per tokenizer (None: the tokenizer cannot give one)."""
+    try:
+        return _ANCHORS[tokenizer]
+    except (KeyError, TypeError):  # (TypeError: a tokenizer that takes no weak reference is asked every time)
+        pass
+    ids = list(tokenizer("a", add_special_tokens=False)["input_ids"])
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    anchor = (ids, text) if ids and text else None
+    if anchor is not None:
+        try:
+            _ANCHORS[tokenizer] = anchor
+        except TypeError:
+            pass
+    return anchor
 
 
 class RunContext:

@@ -22,6 +22,7 @@ import torch
 
 from hf_paged.after_fork import renew_locks_after_fork
 from hf_paged.batching.stopping import special_ids
+from hf_paged.programs.backend import continuation_texts
 
 __all__ = ["HealingProcessor", "TokenHealing", "heal_prompt", "token_texts"]
 
@@ -32,12 +33,12 @@ _MAX_TOKENIZERS = 4
 
 
 def token_texts(tokenizer) -> list[str]:
-    """Each token id's text, decoded alone (memoised for a few tokenizers)."""
+    """Each token id's text as a continuation of earlier text (memoised for a few tokenizers)."""
     with _TEXTS_LOCK:
         held = _TEXTS.get(id(tokenizer))
         if held is not None and held[0] is tokenizer:
             return held[1]
-    texts = [tokenizer.decode([i], skip_special_tokens=False) for i in range(len(tokenizer))]
+    texts = continuation_texts(tokenizer, [[i] for i in range(len(tokenizer))])
     with _TEXTS_LOCK:
         if len(_TEXTS) >= _MAX_TOKENIZERS:
             _TEXTS.pop(next(iter(_TEXTS)))

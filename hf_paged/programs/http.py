@@ -38,7 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from hf_paged.errors import TokenizerError
-from hf_paged.programs.backend import Generated, GenRequest, RunContext, Scored
+from hf_paged.programs.backend import Generated, GenRequest, RunContext, Scored, continuation_texts
 from hf_paged.programs.errors import (
     FieldConstraintError,
     ServerRequestError,
@@ -134,7 +134,8 @@ class HTTPBackend:
         return list(self.tokenizer(text, add_special_tokens=first)["input_ids"])
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        """The text `ids` add after what precedes them (`continuation_texts`)."""
+        return continuation_texts(self.tokenizer, [ids])[0]
 
     def generate(self, run: RunContext, request: GenRequest) -> Generated:
         if request.healing is not None:

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from hf_paged.batching.request import RequestOutput, RequestStatus
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.errors import HfPagedError, PrefixPinLimitError
-from hf_paged.programs.backend import Generated, GenRequest, Guide, RunContext, Scored
+from hf_paged.programs.backend import Generated, GenRequest, Guide, RunContext, Scored, continuation_texts
 from hf_paged.programs.errors import ProgramError
 from hf_paged.programs.track import Track
 
@@ -55,7 +55,8 @@ class LocalBackend:
         return list(self.tokenizer(text, add_special_tokens=first)["input_ids"])
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        """The text `ids` add after what precedes them (`continuation_texts`)."""
+        return continuation_texts(self.tokenizer, [ids])[0]
 
     def generate(self, run: RunContext, request: GenRequest) -> Generated:
         processors = [self._processor(request.guide)] if request.guide is not None else \
