@@ -26,7 +26,8 @@ from typing import Any, Literal, Protocol
 from hf_paged.programs.errors import ProgramAbortedError
 from hf_paged.programs.track import Track
 
-__all__ = ["GenRequest", "Generated", "Guide", "ProgramBackend", "RunContext", "Scored", "continuation_texts"]
+__all__ = ["GenRequest", "Generated", "Guide", "ProgramBackend", "RunContext", "Scored", "continuation_ids",
+           "continuation_texts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +105,36 @@ class ProgramBackend(Protocol):
 
 
 _ANCHORS: weakref.WeakKeyDictionary[Any, tuple[list[int], str]] = weakref.WeakKeyDictionary()
+_NEWLINES: weakref.WeakKeyDictionary[Any, list[int] | None] = weakref.WeakKeyDictionary()
+
+
+def continuation_ids(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of `text` written after earlier text (`encode` for programs: text between two calls, a choice).
+    A SentencePiece tokenizer that prepends "▁" to whatever it encodes (Llama 2's `Prepend` normalizer) would give
+    "b" a space the text does not have ("▁b"): for such a tokenizer the text is encoded after a newline and the
+    newline's ids are cut off. Other tokenizers encode the text as it is."""
+    plain = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    newline = _newline_ids(tokenizer)
+    if newline is None:
+        return plain
+    ids = list(tokenizer("\n" + text, add_special_tokens=False)["input_ids"])
+    return ids[len(newline):] if ids[: len(newline)] == newline else plain
+
+
+def _newline_ids(tokenizer: Any) -> list[int] | None:
+    """The ids of "\n" when the tokenizer prepends a space to what it encodes ("a" reads " a" after other text),
+    else None; once per tokenizer."""
+    try:
+        return _NEWLINES[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    prepends = continuation_texts(tokenizer, [tokenizer("a", add_special_tokens=False)["input_ids"]])[0] != "a"
+    newline = list(tokenizer("\n", add_special_tokens=False)["input_ids"]) if prepends else None
+    try:
+        _NEWLINES[tokenizer] = newline
+    except TypeError:
+        pass
+    return newline
 
 
 def continuation_texts(tokenizer: Any, pieces: Sequence[Sequence[int]]) -> list[str]:

@@ -38,7 +38,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from hf_paged.errors import TokenizerError
-from hf_paged.programs.backend import Generated, GenRequest, RunContext, Scored, continuation_texts
+from hf_paged.programs.backend import Generated, GenRequest, RunContext, Scored, continuation_ids, continuation_texts
 from hf_paged.programs.errors import (
     FieldConstraintError,
     ServerRequestError,
@@ -131,7 +131,9 @@ class HTTPBackend:
                                  "tokenizer of the model the server runs")
 
     def encode(self, text: str, *, first: bool) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=first)["input_ids"])
+        if first:
+            return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+        return continuation_ids(self.tokenizer, text)
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text `ids` add after what precedes them (`continuation_texts`)."""

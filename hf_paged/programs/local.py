@@ -15,7 +15,15 @@ from collections.abc import Sequence
 from hf_paged.batching.request import RequestOutput, RequestStatus
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.errors import HfPagedError, PrefixPinLimitError
-from hf_paged.programs.backend import Generated, GenRequest, Guide, RunContext, Scored, continuation_texts
+from hf_paged.programs.backend import (
+    Generated,
+    GenRequest,
+    Guide,
+    RunContext,
+    Scored,
+    continuation_ids,
+    continuation_texts,
+)
 from hf_paged.programs.errors import ProgramError
 from hf_paged.programs.track import Track
 
@@ -52,7 +60,9 @@ class LocalBackend:
 
     def encode(self, text: str, *, first: bool) -> list[int]:
         """Token ids of `text`; the first text of a state gets the tokenizer's special tokens (e.g. BOS)."""
-        return list(self.tokenizer(text, add_special_tokens=first)["input_ids"])
+        if first:
+            return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+        return continuation_ids(self.tokenizer, text)
 
     def decode(self, ids: Sequence[int]) -> str:
         """The text `ids` add after what precedes them (`continuation_texts`)."""

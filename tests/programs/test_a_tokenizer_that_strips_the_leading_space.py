@@ -1,7 +1,9 @@
 """Field text is the tokens' text as a continuation, also for a Llama-2-style SentencePiece tokenizer whose decoder
 strips the leading space of what it decodes (`Strip(" ", 1, 0)`): decoding a field's tokens alone dropped the space
 of its first token ("▁billing" -> "billing"), so `s.text` ('Int:billing') disagreed with the tokens ('Int:
-billing'), and token healing after a trailing space never ran (the lone "▁" decoded to "")."""
+billing'), and token healing after a trailing space never ran (the lone "▁" decoded to ""). The same tokenizer
+prepends "▁" to whatever it encodes (`Prepend` normalizer): text appended between two calls was encoded with a
+space it does not have ("\nbill:" as "▁\nbill:"), so the model read 'Int: billing \nbill:'."""
 
 from __future__ import annotations
 
@@ -85,4 +87,23 @@ def test_healing_backs_up_a_trailing_space():
     state = intent.run(model, tok)
     assert tok.convert_ids_to_tokens(state.token_ids) == ["▁Int", ":", "▁billing"]  # the space re-grown
     assert state["intent"] == "billing" and state.text == "Int: billing"
+    hf_paged.unwrap(model)
+
+
+def test_text_between_calls_gets_no_space_it_does_not_have():
+    tok = _llama2_like_tokenizer()
+    assert tok.convert_ids_to_tokens(tok("b", add_special_tokens=False)["input_ids"]) == ["▁b"]  # prepends
+    model = _model_preferring(tok, "Int:", "▁billing")
+
+    @hp.program
+    def two(s):
+        s += "Int:" + hp.gen("a", max_tokens=1)
+        s += "\nbill:" + hp.gen("b", max_tokens=2)
+        s += "b" + hp.select("c", ["billing", "bi"])
+
+    state = two.run(model, tok)
+    tokens = tok.convert_ids_to_tokens(state.token_ids)
+    assert tokens[:8] == ["▁Int", ":", "▁billing", "<0x0A>", "bi", "ll", ":", "▁billing"]
+    assert state.text == tok.decode(state.token_ids, skip_special_tokens=True)  # the text the model read
+    assert state.text.startswith("Int: billing\nbill: billing")
     hf_paged.unwrap(model)
