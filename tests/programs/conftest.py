@@ -23,6 +23,17 @@ def tiny_byte_llama(seed: int = 0):
     return model, tok
 
 
+def wrapped_llama_over(tok):
+    """A tiny random Llama (seed 1) over `tok`'s vocabulary, EOS and padding the tokenizer's, wrapped with blocks of 8."""
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         max_position_embeddings=256, eos_token_id=tok.eos_token_id,
+                                         pad_token_id=tok.eos_token_id, bos_token_id=None)).eval()
+    model.generation_config.eos_token_id = tok.eos_token_id
+    return hf_paged.wrap(model, block_size=8, num_blocks=64)
+
+
 @pytest.fixture
 def model_tok():
     model, tok = tiny_byte_llama()

@@ -3,23 +3,13 @@
 from __future__ import annotations
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 import hf_paged
 from hf_paged import programs as hp
 from hf_paged.api.wrap_state import engine_of
 from hf_paged.programs.healing import HealingProcessor
 from tests.processors.toy_tokenizers import byte_level_tokenizer
-
-
-def _model(tok):
-    torch.manual_seed(1)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=256, eos_token_id=tok.eos_token_id,
-                                         pad_token_id=tok.eos_token_id, bos_token_id=None)).eval()
-    model.generation_config.eos_token_id = tok.eos_token_id
-    return hf_paged.wrap(model, block_size=8, num_blocks=64)
+from tests.programs.conftest import wrapped_llama_over
 
 
 @hp.program
@@ -29,7 +19,7 @@ def key_value(s, heal):
 
 def test_a_healed_field_equals_stock_generate_from_the_backed_up_prompt():
     tok = byte_level_tokenizer()
-    model = _model(tok)
+    model = wrapped_llama_over(tok)
     prompt = tok('Key: "name", value: ')["input_ids"]
     assert tok.decode(prompt[-1:]) == " "  # a lone space, which " \"" and "  " extend
     allowed = torch.tensor([tok.decode([i]).startswith(" ") for i in range(len(tok))])
@@ -51,7 +41,7 @@ def test_a_healed_field_equals_stock_generate_from_the_backed_up_prompt():
 
 def test_healing_leaves_a_token_nothing_extends_alone():
     tok = byte_level_tokenizer()
-    model = _model(tok)
+    model = wrapped_llama_over(tok)
 
     @hp.program
     def after_x(s):

@@ -7,29 +7,19 @@ string is looked for in the field's own text only (as it is for every other fiel
 from __future__ import annotations
 
 import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import PreTrainedTokenizerFast
 
 import hf_paged
 from hf_paged import programs as hp
 from hf_paged.api.wrap_state import engine_of
 from tests.processors.toy_tokenizers import byte_level_bpe
+from tests.programs.conftest import wrapped_llama_over
 
 
 def _tokenizer() -> PreTrainedTokenizerFast:
     # "http:/" ends with the token ":/", which "://" extends: healing backs it up
     tok = byte_level_bpe([(":", "/"), (":/", "/")], ("<eos>",))
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
-
-
-def _model(tok):
-    torch.manual_seed(1)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64,
-                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=256, eos_token_id=tok.eos_token_id,
-                                         pad_token_id=tok.eos_token_id, bos_token_id=None)).eval()
-    model.generation_config.eos_token_id = tok.eos_token_id
-    return hf_paged.wrap(model, block_size=8, num_blocks=64)
 
 
 @hp.program
@@ -42,7 +32,7 @@ def test_a_stop_string_the_healed_lead_could_hit_turns_healing_off(stop):
     tok = _tokenizer()
     prompt = tok("Link: http:/")["input_ids"]
     assert tok.decode(prompt[-1:]) == ":/"  # the lead healing would back up ("://" extends it)
-    model = _model(tok)
+    model = wrapped_llama_over(tok)
     healed = link.run(model, tok, heal=True, stop=stop)
     plain = link.run(model, tok, heal=False, stop=stop)
     assert healed.token_ids[: len(prompt)] == prompt  # the prompt keeps its last token
@@ -60,7 +50,7 @@ def test_a_stop_string_the_healed_lead_could_hit_turns_healing_off(stop):
 def test_a_stop_string_that_cannot_begin_inside_the_lead_keeps_healing(stop):
     tok = _tokenizer()
     prompt = tok("Link: http:/")["input_ids"]
-    model = _model(tok)
+    model = wrapped_llama_over(tok)
     healed = link.run(model, tok, heal=True, stop=stop)  # ("x:/" holds the lead, but no match can begin in it)
     assert healed.token_ids[: len(prompt) - 1] == prompt[:-1]
     assert tok.decode(healed.token_ids[len(prompt) - 1:]).startswith(":/")  # healed: the output starts with it
