@@ -11,7 +11,7 @@ from hf_paged import programs as hp
 from hf_paged.programs.connect import backend_for
 from hf_paged.programs.healing import heal_prompt
 from tests.processors.toy_tokenizers import byte_level_tokenizer
-from tests.programs.test_healing import _model
+from tests.programs.conftest import wrapped_llama_over
 
 TEXT = "Answer in XML: <"
 
@@ -23,7 +23,7 @@ def xml(s):
 
 def test_the_healed_token_is_never_a_special_one():
     tok = byte_level_tokenizer()  # specials <eos> <pad> <|end|>; "<tool>" is an added token that is not special
-    model = _model(tok)
+    model = wrapped_llama_over(tok)
     prompt = tok(TEXT)["input_ids"]
     specials = [tok.convert_tokens_to_ids(t) for t in ("<|end|>", "<pad>", "<eos>")]
     healing = heal_prompt(backend_for(model, tok), prompt)
