@@ -8,6 +8,7 @@ from typing import Any
 from hf_paged.batching.request import Request
 
 _SPECIAL_IDS: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
+_CUT = "\ufffd"  # what a decode gives for the bytes of a character cut short
 
 
 def check_stop(request: Request, max_model_len: int) -> str | None:
@@ -32,10 +33,12 @@ def _ends_with_stop_string(request: Request) -> bool:
     stops = request.params.stop_strings
     tokenizer = request.params.tokenizer
     # A stop string of k characters spans at most k tokens (every token decodes to >= 1 character, or to part of
-    # a multi-byte character: 4 bytes each at most); decode only that tail, not the whole output.
-    window = 4 * max(len(s) for s in stops) + 1
+    # a multi-byte character: 4 bytes each at most); decode only that tail, not the whole output. A tail that
+    # begins inside a character decodes its first bytes to U+FFFD: where a stop string holds U+FFFD, the whole
+    # output is read instead.
+    window = len(request.output_ids) if any(_CUT in s for s in stops) else 4 * max(len(s) for s in stops) + 1
     tail = request.output_ids[-window:]
-    if any(s in tokenizer.decode(tail, skip_special_tokens=False) for s in stops):
+    if any(s in _whole(tokenizer.decode(tail, skip_special_tokens=False)) for s in stops):
         return True
     special = special_ids(tokenizer)
     if not special.intersection(tail):
@@ -47,8 +50,15 @@ def _ends_with_stop_string(request: Request) -> bool:
             shown.append(token_id)
             if len(shown) == window:
                 break
-    text = tokenizer.decode(shown[::-1], skip_special_tokens=True)
+    text = _whole(tokenizer.decode(shown[::-1], skip_special_tokens=True))
     return any(s in text for s in stops)
+
+
+def _whole(text: str) -> str:
+    """`text` without the U+FFFD its end decodes to while a character's bytes are still coming: not text yet
+    (vLLM's detokenizer holds it back too), so a stop string of U+FFFD does not fire on a valid character's first
+    byte. A byte that stays invalid shows its U+FFFD once the next token follows it."""
+    return text.rstrip(_CUT)
 
 
 def special_ids(tokenizer: Any) -> frozenset[int]:
