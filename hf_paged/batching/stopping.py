@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import weakref
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from hf_paged.batching.request import Request
 
 _SPECIAL_IDS: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
+T = TypeVar("T")
 _CUT = "\ufffd"  # what a decode gives for the bytes of a character cut short
 
 
@@ -64,15 +66,25 @@ def _whole(text: str) -> str:
 def special_ids(tokenizer: Any) -> frozenset[int]:
     """The ids `decode(skip_special_tokens=True)` drops, once per tokenizer: `all_special_ids` and every added token
     marked special (a chat model's `<|im_start|>`: the backend skips it, `all_special_ids` may not list it)."""
-    try:
-        return _SPECIAL_IDS[tokenizer]
-    except (KeyError, TypeError):  # (TypeError: a tokenizer that takes no weak reference is asked every time)
-        pass
+    return per_tokenizer(_SPECIAL_IDS, tokenizer, _special_ids)
+
+
+def _special_ids(tokenizer: Any) -> frozenset[int]:
     added = getattr(tokenizer, "added_tokens_decoder", None) or {}
-    special = frozenset(getattr(tokenizer, "all_special_ids", ()) or ()).union(
+    return frozenset(getattr(tokenizer, "all_special_ids", ()) or ()).union(
         i for i, token in added.items() if getattr(token, "special", False))
+
+
+def per_tokenizer(table: weakref.WeakKeyDictionary, tokenizer: Any, compute: Callable[[Any], T]) -> T:
+    """`compute(tokenizer)`, kept in `table` while the tokenizer lives (a tokenizer that takes no weak reference is
+    computed for every time)."""
     try:
-        _SPECIAL_IDS[tokenizer] = special
+        return table[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    value = compute(tokenizer)
+    try:
+        table[tokenizer] = value
     except TypeError:
         pass
-    return special
+    return value

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from hf_paged.batching.stopping import per_tokenizer
 from hf_paged.programs.errors import ProgramAbortedError
 from hf_paged.programs.track import Track
 
@@ -124,17 +125,12 @@ def continuation_ids(tokenizer: Any, text: str) -> list[int]:
 def _newline_ids(tokenizer: Any) -> list[int] | None:
     """The ids of "\n" when the tokenizer prepends a space to what it encodes ("a" reads " a" after other text),
     else None; once per tokenizer."""
-    try:
-        return _NEWLINES[tokenizer]
-    except (KeyError, TypeError):
-        pass
+    return per_tokenizer(_NEWLINES, tokenizer, _find_newline_ids)
+
+
+def _find_newline_ids(tokenizer: Any) -> list[int] | None:
     prepends = continuation_texts(tokenizer, [tokenizer("a", add_special_tokens=False)["input_ids"]])[0] != "a"
-    newline = list(tokenizer("\n", add_special_tokens=False)["input_ids"]) if prepends else None
-    try:
-        _NEWLINES[tokenizer] = newline
-    except TypeError:
-        pass
-    return newline
+    return list(tokenizer("\n", add_special_tokens=False)["input_ids"]) if prepends else None
 
 
 def continuation_texts(tokenizer: Any, pieces: Sequence[Sequence[int]]) -> list[str]:
@@ -153,19 +149,13 @@ def continuation_texts(tokenizer: Any, pieces: Sequence[Sequence[int]]) -> list[
 
 def _anchor(tokenizer: Any) -> tuple[list[int], str] | None:
     """Ids of a plain letter and their decoded text, once per tokenizer (None: the tokenizer cannot give one)."""
-    try:
-        return _ANCHORS[tokenizer]
-    except (KeyError, TypeError):  # (TypeError: a tokenizer that takes no weak reference is asked every time)
-        pass
+    return per_tokenizer(_ANCHORS, tokenizer, _find_anchor)
+
+
+def _find_anchor(tokenizer: Any) -> tuple[list[int], str] | None:
     ids = list(tokenizer("a", add_special_tokens=False)["input_ids"])
     text = tokenizer.decode(ids, skip_special_tokens=False)
-    anchor = (ids, text) if ids and text else None
-    if anchor is not None:
-        try:
-            _ANCHORS[tokenizer] = anchor
-        except TypeError:
-            pass
-    return anchor
+    return (ids, text) if ids and text else None
 
 
 class RunContext:
