@@ -34,26 +34,42 @@ def _ends_with_stop_string(request: Request) -> bool:
     (it ran on to max_tokens before, its text already cut)."""
     stops = request.params.stop_strings
     tokenizer = request.params.tokenizer
-    # A stop string of k characters spans at most k tokens (every token decodes to >= 1 character, or to part of
-    # a multi-byte character: 4 bytes each at most); decode only that tail, not the whole output. A tail that
-    # begins inside a character decodes its first bytes to U+FFFD: where a stop string holds U+FFFD, the whole
-    # output is read instead.
-    window = len(request.output_ids) if any(_CUT in s for s in stops) else 4 * max(len(s) for s in stops) + 1
-    tail = request.output_ids[-window:]
-    if any(s in _whole(tokenizer.decode(tail, skip_special_tokens=False)) for s in stops):
+    # A stop string of k characters spans at most 4k tokens (every token decodes to >= 1 character, or to part of
+    # a multi-byte character: 4 bytes each at most); decode only that tail, not the whole output. A stop that holds
+    # U+FFFD reads a few tokens more (`_new_match`).
+    cut = any(_CUT in s for s in stops)
+    window = 4 * max(len(s) for s in stops) + (8 if cut else 1)
+    output = request.output_ids
+    tail = output[-window:]
+    if _new_match(tokenizer, tail, stops, cut, skip=False):
         return True
     special = special_ids(tokenizer)
     if not special.intersection(tail):
         return False
+    if cut and output[-1] in special:  # skipped, it settles no text there
+        return False
     # special tokens show no text there: the window counts the others only
     shown: list[int] = []
-    for token_id in reversed(request.output_ids):
+    for token_id in reversed(output):
         if token_id not in special:
             shown.append(token_id)
             if len(shown) == window:
                 break
-    text = _whole(tokenizer.decode(shown[::-1], skip_special_tokens=True))
-    return any(s in text for s in stops)
+    return _new_match(tokenizer, shown[::-1], stops, cut, skip=True)
+
+
+def _new_match(tokenizer: Any, ids: list[int], stops: list[str], cut: bool, skip: bool) -> bool:
+    """A stop string in the text of `ids` (`_whole`). With a stop that holds U+FFFD (`cut`): only a match that ends
+    in text the last id settled counts, because a tail that begins inside a character decodes its first bytes to
+    U+FFFD; the text before was checked as it settled, so this reads a bounded tail too (reading the whole output
+    made such a stop cost a decode of the whole output every step: quadratic over a long generation). The tail
+    has >= 4k + 4 tokens before the last one, past a cut character of <= 3: >= k whole characters, so a k-character
+    match that reaches the last id's text starts after the cut."""
+    text = _whole(tokenizer.decode(ids, skip_special_tokens=skip))
+    if not cut:
+        return any(s in text for s in stops)
+    before = len(_whole(tokenizer.decode(ids[:-1], skip_special_tokens=skip)))
+    return any(text.find(s, max(0, before - len(s) + 1)) >= 0 for s in stops)
 
 
 def _whole(text: str) -> str:
