@@ -219,12 +219,14 @@ def _pruned_rows(keep: torch.Tensor, tokens: int, min_rows: int = MIN_PRUNED_ROW
 def _check_classes(lean: LeanForward, model: torch.nn.Module) -> None:
     """Every module the lean forward reads is of the class it expects: plain `nn.Linear` / `nn.Embedding` (an
     adapter's or quantizer's replacement computes more than its `weight` says, even where a probe cannot tell, as
-    a LoRA adapter whose B is still zero), the rest the family's own transformers modules."""
+    a LoRA adapter whose B is still zero), the rest the family's own transformers modules (the MLP too: a subclass
+    whose forward clamps or branches would be bypassed, and the probe's small activations may not show it)."""
     plain = [lean.embed, lean.head, *(m for x in lean.layers
                                       for m in (x.q_proj, x.k_proj, x.v_proj, x.o_proj, x.gate, x.up, x.down))]
     family = f"transformers.models.{model.config.model_type}."
     own = [model.model, lean.norm, lean.rotary, *model.model.layers,
-           *(m for x in lean.layers for m in (x.in_norm, x.attn, x.post_norm))]
+           *(m for x in lean.layers for m in (x.in_norm, x.attn, x.post_norm)),
+           *(layer.mlp for layer in model.model.layers)]  # (its gate, up, down and act are read, not its forward)
     if any(type(m) not in (torch.nn.Linear, torch.nn.Embedding) for m in plain) or any(
             not type(m).__module__.startswith(family) for m in own):
         raise TypeError("a module of another class")
