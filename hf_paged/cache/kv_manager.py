@@ -245,9 +245,8 @@ class KVCacheManager:
             num_full = min(num_full, seq.num_prefix_blocks)
         if num_full <= seq.num_cached_blocks:
             return
-        self.prefix_cache.insert(
-            token_ids[: num_full * self.block_size], seq.block_ids[:num_full], extra_keys, epoch=seq.cache_epoch
-        )
+        self.prefix_cache.insert(token_ids[: num_full * self.block_size], seq.block_ids[:num_full], extra_keys,
+                                 epoch=seq.cache_epoch, known=seq.num_cached_blocks)
         seq.num_cached_blocks = num_full
 
     def pin_prefix(self, token_ids: Sequence[int], extra_keys: tuple, max_share: float) -> int:

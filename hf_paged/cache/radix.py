@@ -28,8 +28,16 @@ from hf_paged.cache.digests import chained_digest, encode_extra_keys, prefix_dig
 from hf_paged.cache.eviction_policy import EvictionPolicy, EvictionQueue, make_eviction_policy
 from hf_paged.cache.ghost_history import GhostHistory
 from hf_paged.cache.prefix_pins import PinnedPrefixes
-from hf_paged.cache.tree_checks import check_tree
-from hf_paged.cache.tree_nodes import BlockSink, InsertResult, PrefixMatch, TreeNode, TreeWalk, longest_partial_child
+from hf_paged.cache.tree_checks import check_insertable, check_tree
+from hf_paged.cache.tree_nodes import (
+    BlockSink,
+    InsertResult,
+    PrefixMatch,
+    TreeNode,
+    TreeWalk,
+    longest_partial_child,
+    own_path,
+)
 
 __all__ = ["InsertResult", "PrefixMatch", "RadixCache", "prefix_digests"]
 _PARTIAL_SCAN = 32  # children `partial_block` compares at most (bounded work at a node with many children)
@@ -177,6 +185,7 @@ class RadixCache:
         *,
         priority: int = 0,
         epoch: int | None = None,
+        known: int = 0,
     ) -> InsertResult:
         """Cache the full blocks of a sequence: `block_ids[i]` holds `token_ids[i*bs:(i+1)*bs]`.
 
@@ -187,13 +196,16 @@ class RadixCache:
 
         Pass `epoch=` the value of `self.epoch` when the request started computing: after a `reset()` (new
         weights) its blocks hold stale KV and the insert does nothing. `priority` feeds the "priority" policy.
+        `known`: the caller's first `known` blocks were inserted before (a running request as its blocks fill): when
+        the tree still holds exactly those blocks, the walk starts past them (`own_path`), not at the root.
         """
         if epoch is not None and epoch != self.epoch:
             return InsertResult(0, [], [])
-        extra, extra_keys, node, path = encode_extra_keys(extra_keys), tuple(extra_keys), self._root, []
-        bs, new_nodes, duplicates = self.block_size, list[TreeNode](), list[int]()
+        extra, extra_keys = encode_extra_keys(extra_keys), tuple(extra_keys)
+        path = own_path(self._node_of_block, self._root, block_ids, known, extra_keys) if known else []
+        node, bs, new_nodes, duplicates = path[-1] if path else self._root, self.block_size, list[TreeNode](), list[int]()
         try:  # on a misuse error, the blocks inserted so far stay valid and evictable
-            for i in range(min(len(block_ids), len(token_ids) // bs)):
+            for i in range(len(path), min(len(block_ids), len(token_ids) // bs)):
                 tokens, block_id = tuple(map(int, token_ids[i * bs : (i + 1) * bs])), int(block_ids[i])
                 child = self._node_of_block.get(block_id)
                 if child and child.parent is node and child.token_ids == tokens and child.extra_keys == extra_keys:
@@ -245,7 +257,7 @@ class RadixCache:
     def _add_node(self, parent: TreeNode, tokens: tuple[int, ...], block_id: int, digest: bytes,
                   extra_keys: tuple) -> TreeNode:
         """A new node under `parent` for an in-use block (the caller touches and queues it)."""
-        self._check_insertable(block_id)
+        check_insertable(self.pool, self._node_of_block, block_id)
         child = TreeNode(tokens, block_id, digest, parent, extra_keys, parent.depth + 1)
         parent.children[digest] = child
         self._node_of_block[block_id] = child
@@ -258,26 +270,14 @@ class RadixCache:
             self.events.record(BlockEventKind.STORED, digest)
         return child
 
-    def _check_insertable(self, block_id: int) -> None:
-        if not 0 <= block_id < self.pool.num_blocks:
-            raise ValueError(f"block id {block_id} is out of range: the pool has blocks 0..{self.pool.num_blocks - 1}")
-        if self.pool.ref_counts[block_id] == 0:
-            raise ValueError(
-                f"block {block_id} is not in use (ref_count 0): insert a request's blocks before freeing them"
-            )
-        if block_id in self._node_of_block:
-            raise ValueError(
-                f"block {block_id} is already cached for another prefix; a block holds one prefix: pass the "
-                "request's own block table with the tokens it was computed from (and the same extra_keys)"
-            )
-
     def _touch(self, path: list[TreeNode], *, hit: bool, priority: int = 0) -> None:
         # Whole root paths only: keeps parents ordered after their children for every built-in policy.
-        self._clock += 1
-        for node in path:
-            node.last_access = self._clock
+        self._clock = clock = self._clock + 1
+        for node in path:  # (a running request's inserts touch its whole path: kept to plain stores and compares)
+            node.last_access = clock
             node.hit_count += hit
-            node.priority = max(node.priority, priority)
+            if node.priority < priority:  # noqa: PLR1730 -- a compare, not a call to max(), on a hot loop
+                node.priority = priority
         if self._valuer is not None:
             self._valuer.revalue(path, hit=hit, now=self._churn(), inflation=self.inflation)
 

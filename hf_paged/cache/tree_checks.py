@@ -7,7 +7,7 @@ from typing import Any
 
 from hf_paged.cache.digests import encode_extra_keys
 
-__all__ = ["check_tree"]
+__all__ = ["check_insertable", "check_tree"]
 
 
 def check_tree(tree: Any, chained_digest: Callable[[bytes | None, tuple, bytes], bytes]) -> None:
@@ -43,3 +43,16 @@ def check_tree(tree: Any, chained_digest: Callable[[bytes | None, tuple, bytes],
         assert len(tree.ghosts) <= tree.ghosts.capacity, f"{len(tree.ghosts)} ghosts over {tree.ghosts.capacity}"
         live = [n.block_id for n in tree._node_of_block.values() if n.digest in tree.ghosts]
         assert not live, f"blocks {live} are cached and remembered as evicted at once"
+
+
+def check_insertable(pool: Any, node_of_block: dict, block_id: int) -> None:
+    """A block may become a tree node: in the pool's range, in use, not cached for another prefix already."""
+    if not 0 <= block_id < pool.num_blocks:
+        raise ValueError(f"block id {block_id} is out of range: the pool has blocks 0..{pool.num_blocks - 1}")
+    if pool.ref_counts[block_id] == 0:
+        raise ValueError(f"block {block_id} is not in use (ref_count 0): insert a request's blocks before freeing them")
+    if block_id in node_of_block:
+        raise ValueError(
+            f"block {block_id} is already cached for another prefix; a block holds one prefix: pass the "
+            "request's own block table with the tokens it was computed from (and the same extra_keys)"
+        )

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-__all__ = ["BlockSink", "InsertResult", "PrefixMatch", "TreeNode", "TreeWalk", "longest_partial_child"]
+__all__ = ["BlockSink", "InsertResult", "PrefixMatch", "TreeNode", "TreeWalk", "longest_partial_child", "own_path"]
 
 
 class BlockSink(Protocol):
@@ -88,3 +88,21 @@ def longest_partial_child(node: TreeNode, tokens: Sequence[int], extra_keys: tup
         if n > best_len:
             best, best_len = child, n
     return best, best_len
+
+
+def own_path(node_of_block: dict[int, TreeNode], root: TreeNode, block_ids: Sequence[int], known: int,
+             extra_keys: tuple) -> list[TreeNode]:
+    """The root path of the caller's first `known` blocks when the tree holds exactly those blocks, one a level
+    (each node's block is the caller's block at its depth), else []. Such a path holds the caller's tokens: each
+    node was verified on its tokens when it was inserted or matched, and a node never changes its block or
+    tokens. Costs pointer steps, not the hashes and token tuples of a walk from the root (which made a request's
+    inserts, one per filled block, quadratic in its length: 2.4 ms an insert at 32k tokens)."""
+    node = node_of_block.get(int(block_ids[known - 1]))
+    if node is None or node.depth != known or node.extra_keys != extra_keys:
+        return []
+    path = [node] * known
+    for i in range(known - 1, -1, -1):
+        if node is None or node.block_id != block_ids[i]:
+            return []
+        path[i], node = node, node.parent
+    return path if node is root else []
