@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from hf_paged.cache.block_pool import BlockPool
 from hf_paged.errors import InvalidConfigError
 
@@ -37,6 +39,8 @@ class SeqBlocks:
     num_dropped_tokens: int = 0  # tokens dropped by token pruning: table position = logical position - this
     num_prefix_blocks: int | None = None  # leading blocks still a true token prefix after pruning (None: all)
     cache_epoch: int = 0  # prefix-cache epoch when the sequence started: K/V of an older epoch is never inserted
+    row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # block_ids as int32 (`table_row`)
+    num_in_row: int = 0  # leading entries of `row` equal to block_ids (a change before them lowers it)
 
 
 class KVCacheManager:
@@ -58,6 +62,21 @@ class KVCacheManager:
 
     def block_ids(self, seq_id: Hashable) -> list[int]:
         return self.seqs[seq_id].block_ids
+
+    def table_row(self, seq_id: Hashable) -> np.ndarray:
+        """The sequence's block table as an int32 array (a view, valid until the table changes). Kept beside the list
+        and extended by what was appended since the last call: a step's block tables are built from these rows
+        (a copy each), not from every list's ints again (8.4 ms a step at 64 sequences of 2,048 blocks)."""
+        seq = self.seqs[seq_id]
+        ids, done = seq.block_ids, seq.num_in_row
+        if len(ids) > seq.row.shape[0]:
+            grown = np.empty(max(len(ids), 2 * seq.row.shape[0], 16), np.int32)
+            grown[:done] = seq.row[:done]
+            seq.row = grown
+        if len(ids) > done:
+            seq.row[done : len(ids)] = ids[done:]
+        seq.num_in_row = len(ids)
+        return seq.row[: len(ids)]
 
     def num_tokens(self, seq_id: Hashable) -> int:
         return self.seqs[seq_id].num_tokens
@@ -142,6 +161,7 @@ class KVCacheManager:
             self.pending_copies.append(BlockCopy(old_block, new_block))
             self.pool.free([old_block])
             seq.block_ids[-1] = new_block
+            seq.num_in_row = min(seq.num_in_row, len(seq.block_ids) - 1)
             need -= 1
         if need:
             seq.block_ids.extend(self.pool.allocate(need))
@@ -179,6 +199,7 @@ class KVCacheManager:
         dropped = [seq.block_ids[i] for i in drop]
         gone = set(drop)
         seq.block_ids = [b for i, b in enumerate(seq.block_ids) if i not in gone]
+        seq.num_in_row = min(seq.num_in_row, drop[0])
         seq.num_tokens -= len(drop) * self.block_size
         seq.num_dropped_tokens += len(drop) * self.block_size
         prefix = drop[0] if seq.num_prefix_blocks is None else min(seq.num_prefix_blocks, drop[0])
@@ -199,6 +220,7 @@ class KVCacheManager:
         keep_blocks = -(-num_tokens // self.block_size)
         dropped = seq.block_ids[keep_blocks:]
         del seq.block_ids[keep_blocks:]
+        seq.num_in_row = min(seq.num_in_row, keep_blocks)
         self.pool.free(reversed(dropped))
         seq.num_tokens = min(seq.num_tokens, num_tokens)
         # only whole kept blocks stay cached for this sequence: a kept partial block is copied on its next write
@@ -293,6 +315,9 @@ class KVCacheManager:
             assert seq.num_tokens <= capacity, f"sequence {seq_id!r}: {seq.num_tokens} tokens in {capacity} slots"
             assert capacity - seq.num_tokens < self.block_size or seq.num_tokens == 0, (
                 f"sequence {seq_id!r} holds a whole unused block"
+            )
+            assert seq.row[: seq.num_in_row].tolist() == seq.block_ids[: seq.num_in_row], (
+                f"sequence {seq_id!r}: its table row was not marked stale where its block ids changed"
             )
         self.pool.check_integrity(self.expected_ref_counts())
         if self.prefix_cache is not None:
