@@ -232,11 +232,12 @@ class CompressedKV:
     def format(self) -> BlockFormat:
         return self.groups[0][1]
 
-    def grow_staging(self, capacity: int) -> None:
-        """Hold at least `capacity` staging rows (grown by doubling: rows are resident once allocated)."""
-        extra = capacity - self.staging.shape[0]
-        if extra > 0:
-            extra = max(extra, self.staging.shape[0])
+    def grow_staging(self, capacity: int, limit: int) -> None:
+        """Hold at least `capacity` staging rows, grown by doubling (rows are resident once allocated) but never
+        past `limit`, the staging map's capacity: the rows `max_cache_bytes` paid for (`CompressionSpec`)."""
+        rows = self.staging.shape[0]
+        if capacity > rows:
+            extra = max(capacity, min(2 * rows, limit)) - rows
             with torch.inference_mode(False):  # grown during a forward, written by swaps outside inference mode
                 pad = self.staging.new_zeros((extra, *self.staging.shape[1:]))
                 self.staging = torch.cat((self.staging, pad))

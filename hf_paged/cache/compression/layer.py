@@ -75,7 +75,7 @@ class CompressedLayer(BlockLayer):
     def _fit(self) -> None:
         """Grow the staging rows and streaming slots to what the shared maps may now hand out."""
         for store in self.stores:
-            store.grow_staging(self.planner.staging.high_water)
+            store.grow_staging(self.planner.staging.high_water, self.planner.staging.capacity)
             store.grow_slots(self.planner.slots.capacity)
 
     # -- writes and reads --------------------------------------------------------------------------------
@@ -119,7 +119,7 @@ class CompressedLayer(BlockLayer):
             return
         for store in self.stores:
             for copy in staging_copies or ():
-                store.grow_staging(copy.num_rows)  # grown copy by copy: growth doubles, so the steps matter
+                store.grow_staging(copy.num_rows, self.planner.staging.capacity)  # copy by copy: rows double
                 store.staging[copy.dst_row] = store.staging[copy.src_row]
             for t in store.parts.values():
                 t[dst.to(self.device)] = t[src.to(self.device)]
@@ -146,7 +146,7 @@ class CompressedLayer(BlockLayer):
                 t[i] = copy.parts[k].to(self.device)
             for n, contents in copy.staged.items():
                 row = self.planner.staging_row_for_load(block_ids[n], block_ids)
-                store.grow_staging(self.planner.staging.high_water)
+                store.grow_staging(self.planner.staging.high_water, self.planner.staging.capacity)
                 store.staging[row] = contents.to(self.device)
 
     # -- sizes -----------------------------------------------------------------------------------------
