@@ -7,9 +7,10 @@ request's prompt blocks are computed once and kept on the request.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from hf_paged.batching.request import Request
+from hf_paged.cache.tree_nodes import TreeWalk
 
 
 class PrefixPolicy:
@@ -27,7 +28,17 @@ class PrefixPolicy:
         """Tokens of the request's prompt (minus its last token) the cache holds now; refreshes nothing."""
         if request.swapped is not None:
             return 0
-        return self.cache.peek(request.all_token_ids[:-1], self.extra_keys(request), self.digests(request))
+        return self._walk(request).end.depth * self.block_size
+
+    def _walk(self, request: Request) -> TreeWalk:
+        """The request's tokens but its last against the cache, from where its previous walk stopped (the tokens
+        only grow, and a node still in the tree holds the same prefix): a waiting request is re-read every step,
+        and walking its whole prefix again cost 117 ms a step for 256 prompts of 4k tokens on a cached 2k prefix."""
+        ids = request.prompt_ids if not request.output_ids else request.all_token_ids
+        walk = self.cache.resume_walk(_Head(ids, request.num_tokens - 1), self.extra_keys(request),
+                                      self.digests(request), request.prefix_end)
+        request.prefix_end = walk.end
+        return walk
 
     def computing(self, request: Request) -> list[bytes]:
         """Digests of the prompt blocks this request has still to compute."""
@@ -42,5 +53,19 @@ class PrefixPolicy:
         """True when the first block past the request's cached prefix is being computed by another request."""
         if not inflight or request.swapped is not None or request.num_preemptions:
             return False
-        return self.cache.is_inflight(request.all_token_ids[:-1], self.extra_keys(request), inflight,
-                                      self.digests(request))
+        return self._walk(request).next_digest in inflight
+
+
+class _Head(Sequence[int]):
+    """The first `n` of a list of token ids, sliced where read (the walk reads a block at a time), not copied."""
+
+    __slots__ = ("ids", "n")
+
+    def __init__(self, ids: list[int], n: int) -> None:
+        self.ids, self.n = ids, n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index):  # (slices inside the first n only: the walk's blocks end at n at most)
+        return self.ids[index]

@@ -121,6 +121,7 @@ class Request:
     finish_time: float | None = None
     num_forced_tokens: int = 0  # tokens appended by jump-forward (no sampling step of their own)
     prompt_digests: list[bytes] | None = None  # prefix-cache digests of the prompt's full blocks (computed once)
+    prefix_end: Any = None  # where its last walk of the prefix cache stopped (the next one starts there)
     # speculative decoding: tokens drafted for the next step (after the last token, not yet verified); the
     # scheduler may trim them to its budget. `draft_probs` [k, vocab]: the distribution each was drawn from
     # (None: a deterministic proposal, as prompt lookup's)

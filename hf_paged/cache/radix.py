@@ -10,12 +10,10 @@ keys), never on the digest alone. The tree takes no references: the caller `pool
 only marks its blocks cached in the pool and, as the pool's `Evictor`, gives idle ones back, leaves first, in
 policy order.
 
-Eviction order comes from an `EvictionQueue` (eviction_policy.py): a node enters it when created, touches update
-its statistics, read lazily. `listen()`: a bounded log of stored / removed / cleared blocks (block_events.py) for a
-router. `block_sink` (the KV connector's, `kv_transfer/`) hears of blocks stored and evicted while they hold K/V.
-A valued policy ("cost") also gets a churn clock (blocks newly cached / pool blocks), an inflation floor (the value
-of the last evicted block) and a ghost history of evicted blocks' reuse (ghost_history.py).
-`partial_block`: past a match, the cached block sharing the most of the next tokens (a caller copies them).
+Eviction order: an `EvictionQueue` (eviction_policy.py), statistics read lazily; "cost" adds a churn clock, an
+inflation floor and a ghost history (ghost_history.py). `listen()`: a log of block events (block_events.py) for a
+router; `block_sink` (kv_transfer/) hears of blocks stored and evicted while they hold K/V. `partial_block`: past
+a match, the cached block sharing the most of the next tokens.
 """
 
 from __future__ import annotations
@@ -106,11 +104,9 @@ class RadixCache:
 
     # -- lookup ----------------------------------------------------------------------------------------
     def match(self, token_ids: Sequence[int], extra_keys: tuple = ()) -> PrefixMatch:
-        """Longest cached prefix of full blocks equal to `token_ids`' (checked token by token).
-
-        Refreshes the served blocks for eviction but takes no reference: `pool.incref` the ids you keep. To
-        always recompute a prompt's last token (its logits are needed), pass `token_ids[:-1]`.
-        """
+        """Longest cached prefix of full blocks equal to `token_ids`' (checked token by token). Refreshes the served
+        blocks for eviction but takes no reference: `pool.incref` the ids you keep. To always recompute a prompt's
+        last token (its logits are needed), pass `token_ids[:-1]`."""
         bs, path = self.block_size, self._walk(token_ids, extra_keys).path
         self._touch(path, hit=True)
         if self.counting:
@@ -133,9 +129,8 @@ class RadixCache:
         return prefix_digests(token_ids, self.block_size, extra_keys)
 
     def peek(self, token_ids: Sequence[int], extra_keys: tuple = (), digests: Sequence[bytes] | None = None) -> int:
-        """Tokens of the longest cached prefix (full blocks), refreshing nothing and counting no query.
-
-        With `digests` (this sequence's `digests()`, computed once by the caller) nothing is hashed again."""
+        """Tokens of the longest cached prefix (full blocks), refreshing nothing and counting no query. With `digests`
+        (this sequence's `digests()`, computed once by the caller) nothing is hashed again."""
         return len(self._walk(token_ids, extra_keys, digests).path) * self.block_size
 
     def cached_digests(self, limit: int | None = None) -> list[bytes]:
@@ -152,29 +147,34 @@ class RadixCache:
 
     def is_inflight(self, token_ids: Sequence[int], extra_keys: tuple, inflight_digests: Collection[bytes],
                     digests: Sequence[bytes] | None = None) -> bool:
-        """Whether the first full block of `token_ids` past its cached prefix is being computed right now.
-
-        `inflight_digests` holds the `digests()` of the prompts still in prefill. When this is True, admitting
-        the request a step later turns that block (and what follows it) into a hit instead of a second
-        computation. Refreshes nothing and counts no query.
-        """
+        """Whether the first full block of `token_ids` past its cached prefix is being computed right now
+        (`inflight_digests`: the `digests()` of the prompts still in prefill): admitting the request a step later
+        turns that block (and what follows it) into a hit instead of a second computation. Refreshes nothing."""
         if not inflight_digests:
             return False
         return self._walk(token_ids, extra_keys, digests).next_digest in inflight_digests
 
-    def _walk(self, token_ids: Sequence[int], extra_keys: tuple, digests: Sequence[bytes] | None = None) -> TreeWalk:
-        extra, extra_keys, node, bs = encode_extra_keys(extra_keys), tuple(extra_keys), self._root, self.block_size
+    def _walk(self, token_ids: Sequence[int], extra_keys: tuple, digests: Sequence[bytes] | None = None,
+              after: TreeNode | None = None) -> TreeWalk:
+        extra, extra_keys, bs = encode_extra_keys(extra_keys), tuple(extra_keys), self.block_size
+        node = after if after is not None and after.attached and after.depth * bs <= len(token_ids) else self._root
         path: list[TreeNode] = []
-        for i, start in enumerate(range(0, len(token_ids) - bs + 1, bs)):
+        for i, start in enumerate(range(node.depth * bs, len(token_ids) - bs + 1, bs), node.depth):
             tokens = tuple(map(int, token_ids[start : start + bs]))
             digest = (digests[i] if digests is not None and i < len(digests)
                       else chained_digest(node.digest, tokens, extra))
             child = node.children.get(digest)
             if child is None or child.token_ids != tokens or child.extra_keys != extra_keys:
-                return TreeWalk(path, digest)  # absent, or a digest collision: serve only what the tokens prove
+                return TreeWalk(path, digest, node)  # absent, or a digest collision: serve only what the tokens prove
             path.append(child)
             node = child
-        return TreeWalk(path, None)
+        return TreeWalk(path, None, node)
+
+    def resume_walk(self, token_ids: Sequence[int], extra_keys: tuple, digests: Sequence[bytes] | None,
+                    after: TreeNode | None) -> TreeWalk:
+        """`peek`'s and `is_inflight`'s walk from `after` (an earlier walk's `end` for the same tokens) while it is in
+        the tree: a waiting request re-read each step costs the blocks cached since, not its prefix again."""
+        return self._walk(token_ids, extra_keys, digests, after)
 
     # -- insert ----------------------------------------------------------------------------------------
     def insert(

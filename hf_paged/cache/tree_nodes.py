@@ -41,8 +41,9 @@ class InsertResult:
 class TreeWalk:
     """Where a query leaves the tree."""
 
-    path: list[TreeNode]  # the cached blocks that equal the query's first full blocks
+    path: list[TreeNode]  # the cached blocks that equal the query's first full blocks (past `after`: `resume_walk`)
     next_digest: bytes | None  # digest of the query's first full block past them; None if there is none
+    end: TreeNode | None = None  # the last node matched (the root when none): its depth counts the blocks matched
 
 
 @dataclass(slots=True, eq=False)
