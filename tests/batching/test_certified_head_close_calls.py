@@ -95,3 +95,29 @@ def test_a_replaced_lm_head_is_the_one_the_certified_head_reads(one_thread):
         assert [outs[i].generated_tokens for i in ids] == want
         engine.runner.certified.ready(60)
     assert engine.runner.certified.head is model.lm_head
+
+
+def test_a_bf16_rounding_of_the_product_that_splits_two_columns_gets_the_exact_argmax(one_thread):
+    """Two columns whose fp32-accumulated bf16 products differ by 2^-12 around 130, on either side of a bf16
+    rounding boundary (ulp 1 there: 129.5 for round-to-nearest-even, 130 for truncation), ordered against their
+    exact values by the inputs' rounding: the rounded products split by a whole bf16 step, which only the bound's
+    term for the product's own rounding (2u max|A|) covers; counted as u/2, the exact argmax is left out."""
+    k, m, rest = torch.arange(0, 32), torch.arange(32, 64), torch.arange(64, WIDTH)
+    head = torch.nn.Linear(WIDTH, 2, bias=False).requires_grad_(False)
+    head.weight[0] = 1.0
+    head.weight[0, k] += 2**-7
+    head.weight[0, m] -= 2**-7
+    head.weight[1] = 1.0
+    rows = []
+    for last in (2.46875, 2.96875):  # x~ . w_1 just above 129.5, and just above 130
+        b = torch.ones(WIDTH)
+        b[m[:4]] = 1 + 2**-7
+        b[rest[-1]] = last
+        x = b.clone()
+        x[k] += 2**-9  # rounds back to b; x . (w_0 - w_1) = 2^-12 > 0 > x~ . (w_0 - w_1) = -2^-12
+        assert torch.equal(x.to(torch.bfloat16).float(), b)
+        rows.append(x)
+    x = torch.stack(rows)
+    bf16 = (x.to(torch.bfloat16) @ head.weight.to(torch.bfloat16).t()).float()
+    assert (bf16[:, 1] - bf16[:, 0]).max() == 1.0  # a whole step apart on this CPU's rounding
+    assert CertifiedArgmax(head).tokens(x) == [0, 0] == _head(head, x).argmax(-1).tolist()
