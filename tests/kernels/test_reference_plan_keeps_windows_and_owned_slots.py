@@ -66,3 +66,40 @@ def test_decode_rows_that_share_blocks_keep_their_sliding_window():
     plan = build_attention_plan(*args, 24)
     out = run_attention_plan(plan, case.query, case.key_cache, case.value_cache, scale=case.scale)
     torch.testing.assert_close(out, dense_attention(case, 24), **tolerance(torch.float32))
+
+
+def test_decode_rows_of_one_length_sharing_blocks_read_the_shared_part():
+    """Forked rows (parallel samples: one length, 5 shared leading blocks, then each its own): the cascade reads the
+    shared part once, and the rows' own parts are not taken for their whole context."""
+    case = make_case([90, 90, 90], [1, 1, 1], num_heads=4, num_kv_heads=2, head_dim=8, block_size=16,
+                     dtype=torch.float32, device=torch.device("cpu"))
+    for row in (1, 2):
+        case.block_tables[row, :5] = case.block_tables[0, :5]
+        case.dense_keys[row][:80], case.dense_values[row][:80] = case.dense_keys[0][:80], case.dense_values[0][:80]
+    plan = build_attention_plan(case.block_tables, case.query_start_loc.tolist(), case.context_lens.tolist(), 16)
+    (group,) = plan.decodes
+    assert group.shared_blocks is not None and group.shared_blocks.numel() == 5
+    out = run_attention_plan(plan, case.query, case.key_cache, case.value_cache, scale=case.scale)
+    torch.testing.assert_close(out, dense_attention(case), **tolerance(torch.float32))
+
+
+@pytest.mark.parametrize("window", [None, 6])
+def test_rows_of_one_length_whose_first_row_is_consecutive_read_each_row(window):
+    """Rows of one context length read as slices; the first row's blocks lie consecutively in the pool (a fresh
+    sequence's usually do), the others' do not: only a lone row is read as one slice of the pool."""
+    case = make_case([21, 21], [1, 1], num_heads=4, num_kv_heads=2, head_dim=8, block_size=4, dtype=torch.float32,
+                     spare_blocks=8, device=torch.device("cpu"))
+    keys, values = torch.full_like(case.key_cache, float("nan")), torch.full_like(case.value_cache, float("nan"))
+    pos = torch.arange(21)
+    for row, blocks in ((0, torch.arange(2, 8)), (1, torch.tensor([15, 9, 17, 8, 13, 11]))):
+        keys[blocks[pos // 4], pos % 4] = case.dense_keys[row]
+        values[blocks[pos // 4], pos % 4] = case.dense_values[row]
+        case.block_tables[row, :6] = blocks.to(torch.int32)
+    case.key_cache, case.value_cache = keys, values
+    plan = build_attention_plan(case.block_tables, case.query_start_loc.tolist(), case.context_lens.tolist(), 4,
+                                window)
+    (group,) = plan.decodes
+    assert group.span is not None and group.rows.numel() == 2
+    out = run_attention_plan(plan, case.query, case.key_cache, case.value_cache, scale=case.scale)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, dense_attention(case, window), **tolerance(torch.float32))
