@@ -40,20 +40,47 @@ class PrefixPolicy:
         request.prefix_end = walk.end
         return walk
 
-    def computing(self, request: Request) -> list[bytes]:
-        """Digests of the prompt blocks this request has still to compute."""
-        if request.num_computed_tokens >= len(request.prompt_ids):
-            return []
-        return self.digests(request)[request.num_computed_tokens // self.block_size :]
+    def inflight(self, running: Iterable[Request]) -> InFlight:
+        """The prompt blocks the running requests have still to compute (`should_wait` asks it); `InFlight.add` a
+        request admitted in the same step."""
+        inflight = InFlight(self)
+        for request in running:
+            inflight.add(request)
+        return inflight
 
-    def inflight(self, running: Iterable[Request]) -> set[bytes]:
-        return {d for r in running for d in self.computing(r)}
-
-    def should_wait(self, request: Request, inflight: set[bytes]) -> bool:
+    def should_wait(self, request: Request, inflight: InFlight) -> bool:
         """True when the first block past the request's cached prefix is being computed by another request."""
         if not inflight or request.swapped is not None or request.num_preemptions:
             return False
-        return self._walk(request).next_digest in inflight
+        walk = self._walk(request)
+        return walk.next_digest is not None and inflight.holds(walk.end.depth, walk.next_digest)
+
+
+class InFlight:
+    """Digests of the prompt blocks requests in prefill have still to compute, asked by block index: a block's
+    chained digest names its whole prefix, so a waiting request's block i can only equal another's block i. One
+    set per index asked, of one digest per prefilling request: the set of every block of every prefill, built each
+    step a request waited, cost 88 ms at 32 prefills with 6,000 blocks to go."""
+
+    def __init__(self, policy: PrefixPolicy) -> None:
+        self.policy = policy
+        self.computing: list[tuple[list[bytes], int]] = []  # (a request's prompt digests, its first block to compute)
+        self._at: dict[int, set[bytes]] = {}
+
+    def add(self, request: Request) -> None:
+        first = request.num_computed_tokens // self.policy.block_size
+        if request.num_computed_tokens < len(request.prompt_ids):
+            self.computing.append((self.policy.digests(request), first))
+            self._at.clear()
+
+    def __bool__(self) -> bool:
+        return bool(self.computing)
+
+    def holds(self, index: int, digest: bytes) -> bool:
+        at = self._at.get(index)
+        if at is None:
+            at = self._at[index] = {d[index] for d, first in self.computing if first <= index < len(d)}
+        return digest in at
 
 
 class _Head(Sequence[int]):

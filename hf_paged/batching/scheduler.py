@@ -256,7 +256,7 @@ class Scheduler:
             return budget  # the common decode-only step: no in-flight digests, no cache peeks
         candidates = [item[1] for item in self.waiting]
         policy = self.prefix_policy
-        inflight: set[bytes] = set()
+        inflight = None
         if policy is not None:
             inflight = policy.inflight(self.running)
             if 1 < len(candidates) <= _PREFIX_AWARE_QUEUE_LIMIT:
@@ -268,7 +268,7 @@ class Scheduler:
         for request in candidates:
             if budget == 0 or len(self.running) + len(admitted) >= self.config.max_num_seqs:
                 break
-            if policy is not None and policy.should_wait(request, inflight):
+            if inflight is not None and policy.should_wait(request, inflight):
                 continue  # its prefix is being computed by another request: wait, then hit the cache
             if self.kv_transfer is not None and request.swapped is None:
                 load = self.kv_transfer.load_step(request.request_id, self._cache_tokens(request),
@@ -306,8 +306,8 @@ class Scheduler:
             admitted.append(request)
             if self.lengths is not None:
                 reserve += self.lengths.need(request, horizon)
-            if policy is not None:
-                inflight.update(policy.computing(request))
+            if inflight is not None:
+                inflight.add(request)
             out.scheduled.append(ScheduledRequest(request, num_tokens))
             budget = max(0, budget - chunk.cost)
         if admitted:

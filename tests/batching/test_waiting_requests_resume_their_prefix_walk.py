@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-from hf_paged.batching.prefix_policy import PrefixPolicy
+from hf_paged.batching.prefix_policy import InFlight, PrefixPolicy
 from hf_paged.batching.request import Request
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.cache.block_pool import BlockPool
@@ -46,6 +46,13 @@ def _cache_prefix(cache: RadixCache, pool: BlockPool, tokens: list[int]) -> None
     pool.free(reversed(table))
 
 
+def _prefilling(policy: PrefixPolicy, index: int, digest: bytes) -> InFlight:
+    """What the scheduler asks: a request in prefill whose block `index` (still to compute) has `digest`."""
+    inflight = InFlight(policy)
+    inflight.computing.append(([b""] * index + [digest], 0))
+    return inflight
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_a_resumed_walk_answers_what_a_walk_from_the_root_answers(seed):
     rng = random.Random(seed)
@@ -68,9 +75,10 @@ def test_a_resumed_walk_answers_what_a_walk_from_the_root_answers(seed):
             tokens = request.all_token_ids[:-1]
             before = request.prefix_end.depth if request.prefix_end is not None else 0
             assert policy.cached_prefix_len(request) == cache.peek(tokens)
-            digest = cache._walk(tokens, ()).next_digest
-            inflight = {digest} if digest is not None and rng.random() < 0.5 else {b"other"}
-            assert policy.should_wait(request, inflight) == cache.is_inflight(tokens, (), inflight)
+            walk = cache._walk(tokens, ())
+            digest = walk.next_digest if walk.next_digest is not None and rng.random() < 0.5 else b"other"
+            inflight = _prefilling(policy, len(walk.path), digest)
+            assert policy.should_wait(request, inflight) == cache.is_inflight(tokens, (), {digest})
             checked += 1
             deeper += request.prefix_end.depth > before > 0
     assert checked == 1200 and deeper > 0 and cache.num_evicted > 0  # the premise: walks resumed and went deeper
@@ -88,8 +96,38 @@ def test_a_waiting_request_reread_walks_only_the_blocks_cached_since():
     for _ in range(10):  # every later step while it waits
         _Reads.reads = 0
         assert policy.cached_prefix_len(request) == 400
-        assert not policy.should_wait(request, {b"nothing in flight of it"})
+        assert not policy.should_wait(request, _prefilling(policy, 200, b"nothing in flight of it"))
         assert _Reads.reads == 2  # one block past the prefix, twice (was 402)
     _cache_prefix(cache, pool, system + [7, 7, 7, 8])  # another request cached two blocks more
     _Reads.reads = 0
     assert policy.cached_prefix_len(request) == 404 and _Reads.reads == 3
+
+
+def test_in_flight_blocks_asked_by_index_are_the_set_of_every_prefills_blocks():
+    """`InFlight` answers what the set of every block still to compute answered (built each step before: 88 ms
+    at 32 prefills with 6,000 blocks to go), requests admitted in the step included."""
+    rng = random.Random(0)
+    policy = _policy(8)[0]
+    requests = []
+    for i in range(40):
+        prompt = [rng.randrange(2) for _ in range(rng.randrange(1, 30))]
+        request = Request(f"r{i}", prompt, SamplingParams())
+        request.num_computed_tokens = rng.randrange(0, len(prompt) + 1)
+        requests.append(request)
+    running, admitted, waiting = requests[:15], requests[15:20], requests[20:]
+
+    def to_compute(prefilling):
+        return {d for r in prefilling if r.num_computed_tokens < len(r.prompt_ids)
+                for d in policy.digests(r)[r.num_computed_tokens // BS :]}
+
+    inflight, asked, held = policy.inflight(running), 0, 0
+    for prefilling in (running, running + admitted):
+        if len(prefilling) > len(running):
+            for request in admitted:  # admitted in the step, after some waiting requests were asked
+                inflight.add(request)
+        every = to_compute(prefilling)
+        for request in waiting:
+            for index, digest in enumerate(policy.digests(request)):
+                assert inflight.holds(index, digest) == (digest in every)
+                asked, held = asked + 1, held + (digest in every)
+    assert held and asked > held  # the premise: both answers occur
