@@ -4,9 +4,9 @@
     run_cpu_attention(plan, q, k, v, ...)        kernel for the short chunks and decodes, torch for long prefills
 
 A sequence whose chunk has at most `MAX_KERNEL_QUERIES` queries (decodes, short extends) is attended by the
-kernel in place, unless (plain blocks) its queries times its context pass `MAX_KERNEL_PAIRS`; a longer prefill
-chunk, or a short one after a long cached context, goes to the torch plan (`reference.build_attention_plan`),
-where one matmul over the chunk amortises the gather of its context.
+kernel in place, unless (plain blocks) its queries times its context pass `MAX_KERNEL_PAIRS` (never a decode: one
+query has no gather to share); a longer prefill chunk, or a short one after a long cached context, goes to the torch
+plan (`reference.build_attention_plan`), where one matmul over the chunk amortises the gather of its context.
 """
 
 from __future__ import annotations
