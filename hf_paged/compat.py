@@ -7,7 +7,8 @@ library's underscore names (`tests/test_compat.py::test_private_names_only_here`
 
     library       checked with   entries
     transformers  5.25.0         prepare_generation_config, prepare_special_tokens, stock_stopping_criteria,
-                                 stock_logits_processors, get/set_attn_implementation, has_attn_implementation
+                                 stock_logits_processors, get/set_attn_implementation, has_attn_implementation,
+                                 plain_decoder (`TokenizersBackend._decode`'s Rust call, without the Python around it)
     torch         2.13.0         module_is_hooked, global_forward_hooks
     numba         0.68.1         numba_cache_index
     accelerate    1.16.0         execution_device (its hooks' `_hf_hook.execution_device`)
@@ -31,6 +32,7 @@ __all__ = [
     "has_default_max_length",
     "module_is_hooked",
     "numba_cache_index",
+    "plain_decoder",
     "prepare_generation_config",
     "prepare_special_tokens",
     "seal_numba_cache",
@@ -204,3 +206,26 @@ def regex_parse_tree(pattern: str) -> Any:
     import re._parser as sre_parse
 
     return sre_parse.parse(pattern)
+
+
+# -- transformers: a fast tokenizer's decode without the Python around it ---------------------------------------------
+def plain_decoder(tokenizer: Any) -> Any:
+    """The Rust tokenizer (`backend_tokenizer`) whose `decode(ids, skip_special_tokens=...)` is all that
+    `tokenizer.decode` runs, or None: a `TokenizersBackend` that overrides neither `decode` nor `_decode` (in its
+    class or on the object), with no space clean-up to apply (`_decode` skips it for a BPE model). The Python around
+    the Rust call (converting every id, the batch check, the clean-up check) cost ~7x the decode in the stop-string
+    check, which runs for every token of every request with stop strings. (The backend holds no reference to
+    `tokenizer`: memoise it freely.)"""
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+    from transformers.tokenization_utils_tokenizers import TokenizersBackend
+
+    cls = type(tokenizer)
+    if not (isinstance(tokenizer, TokenizersBackend) and cls.decode is PreTrainedTokenizerBase.decode
+            and cls._decode is TokenizersBackend._decode and "decode" not in vars(tokenizer)):
+        return None
+    backend = tokenizer.backend_tokenizer
+    if tokenizer.clean_up_tokenization_spaces and not (
+            type(backend.model).__name__ == "BPE"
+            and not getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)):
+        return None
+    return backend

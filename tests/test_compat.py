@@ -93,3 +93,49 @@ def test_numba_cache_index(tmp_path, monkeypatch):
     index = compat.numba_cache_index(module.double)
     assert len(index) == 1 and next(iter(index))[0] == (numba.int64,)
     assert compat.numba_cache_index(double) == {}  # not a dispatcher: "not cached", no error
+
+
+def _tokenizers() -> dict:
+    """Fast tokenizers of four kinds: byte-level without clean-up, GPT-2's (clean-up on, a BPE model: skipped), a
+    SentencePiece-style one (byte fallback, a decoder that strips a leading space), a WordPiece one (clean-up on)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.programs.test_a_tokenizer_that_strips_the_leading_space import _llama2_like_tokenizer
+    from tests.tiny_models import byte_tokenizer
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())  # GPT-2's shape: byte-level BPE, a few merges, clean-up on
+    vocab = {ch: i for i, ch in enumerate(alphabet)} | {"Ġh": 256, "Ġhe": 257, "ll": 258, "Ġhell": 259, "<|endoftext|>": 260}
+    byte_bpe = Tokenizer(models.BPE(vocab=vocab, merges=[("Ġ", "h"), ("Ġh", "e"), ("l", "l"), ("Ġhe", "ll")]))
+    byte_bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_bpe.decoder = decoders.ByteLevel()
+    gpt2 = PreTrainedTokenizerFast(tokenizer_object=byte_bpe, eos_token="<|endoftext|>",
+                                   clean_up_tokenization_spaces=True)
+    wordpiece = Tokenizer(models.WordPiece({"[UNK]": 0, "[CLS]": 1, "hello": 2, "world": 3, "##s": 4, ",": 5, "!": 6},
+                                           unk_token="[UNK]"))
+    wordpiece.normalizer, wordpiece.pre_tokenizer = normalizers.BertNormalizer(), pre_tokenizers.BertPreTokenizer()
+    wordpiece.decoder = decoders.WordPiece()
+    bert = PreTrainedTokenizerFast(tokenizer_object=wordpiece, unk_token="[UNK]", cls_token="[CLS]",
+                                   clean_up_tokenization_spaces=True)
+    return {"bytes": byte_tokenizer(), "gpt2": gpt2, "sentencepiece": _llama2_like_tokenizer(), "wordpiece": bert}
+
+
+def test_plain_decoder_decodes_what_decode_decodes():
+    import random
+
+    rng = random.Random(0)
+    taken = {}
+    for name, tok in _tokenizers().items():
+        backend = compat.plain_decoder(tok)
+        taken[name] = backend is not None
+        size = len(tok)
+        for _ in range(300):
+            ids = [rng.randrange(size) for _ in range(rng.randrange(0, 12))]
+            for skip in (False, True):
+                expected = tok.decode(ids, skip_special_tokens=skip)
+                assert (backend.decode(ids, skip_special_tokens=skip) if backend else expected) == expected
+    # the fast path where decode runs nothing else; not where it cleans up spaces (WordPiece: "hello , world")
+    assert taken == {"bytes": True, "gpt2": True, "sentencepiece": True, "wordpiece": False}
+    patched = _tokenizers()["bytes"]
+    patched.decode = lambda ids, **kw: "patched"  # an override on the object: decode is what the caller set
+    assert compat.plain_decoder(patched) is None

@@ -7,8 +7,10 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from hf_paged.batching.request import Request
+from hf_paged.compat import plain_decoder
 
 _SPECIAL_IDS: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDictionary()
+_DECODERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 T = TypeVar("T")
 _CUT = "\ufffd"  # what a decode gives for the bytes of a character cut short
 
@@ -41,7 +43,8 @@ def _ends_with_stop_string(request: Request) -> bool:
     window = 4 * max(len(s) for s in stops) + (8 if cut else 1)
     output = request.output_ids
     tail = output[-window:]
-    if _new_match(tokenizer, tail, stops, cut, skip=False):
+    decode = _decoder(tokenizer)
+    if _new_match(decode, tail, stops, cut, skip=False):
         return True
     special = special_ids(tokenizer)
     if not special.intersection(tail):
@@ -55,21 +58,27 @@ def _ends_with_stop_string(request: Request) -> bool:
             shown.append(token_id)
             if len(shown) == window:
                 break
-    return _new_match(tokenizer, shown[::-1], stops, cut, skip=True)
+    return _new_match(decode, shown[::-1], stops, cut, skip=True)
 
 
-def _new_match(tokenizer: Any, ids: list[int], stops: list[str], cut: bool, skip: bool) -> bool:
+def _new_match(decode: Callable[..., str], ids: list[int], stops: list[str], cut: bool, skip: bool) -> bool:
     """A stop string in the text of `ids` (`_whole`). With a stop that holds U+FFFD (`cut`): only a match that ends
     in text the last id settled counts, because a tail that begins inside a character decodes its first bytes to
     U+FFFD; the text before was checked as it settled, so this reads a bounded tail too (reading the whole output
     made such a stop cost a decode of the whole output every step: quadratic over a long generation). The tail
     has >= 4k + 4 tokens before the last one, past a cut character of <= 3: >= k whole characters, so a k-character
     match that reaches the last id's text starts after the cut."""
-    text = _whole(tokenizer.decode(ids, skip_special_tokens=skip))
+    text = _whole(decode(ids, skip_special_tokens=skip))
     if not cut:
         return any(s in text for s in stops)
-    before = len(_whole(tokenizer.decode(ids[:-1], skip_special_tokens=skip)))
+    before = len(_whole(decode(ids[:-1], skip_special_tokens=skip)))
     return any(text.find(s, max(0, before - len(s) + 1)) >= 0 for s in stops)
+
+
+def _decoder(tokenizer: Any) -> Callable[..., str]:
+    """`tokenizer.decode`, or its Rust tokenizer's decode where that is all it runs (`compat.plain_decoder`)."""
+    backend = per_tokenizer(_DECODERS, tokenizer, plain_decoder)
+    return backend.decode if backend is not None else tokenizer.decode
 
 
 def _whole(text: str) -> str:
