@@ -3,7 +3,8 @@
 
 After each forward it drops blocks from the tables of the requests that need it:
 - snapkv: a request whose prompt ended in this step, from the attention scores its last prompt queries left in
-  the step's metadata (the most interested head of any layer decides a block's score);
+  the metadata of the steps that ran them (max over the chunks; the most interested head of any layer decides a
+  block's score);
 - pyramidkv: the same, per layer (see `hf_paged.cache.pruning`); `annotate` then hides, in each later step,
   the blocks a layer did not choose;
 - streaming: any request whose table outgrew its budget by a block (sinks + most recent tokens kept).
@@ -15,6 +16,7 @@ the sinks under streaming).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from hf_paged.batching.request import Request
 from hf_paged.batching.scheduler import SchedulerOutput
@@ -41,6 +43,8 @@ class KVPruner:
         self.num_dropped_blocks = 0  # blocks dropped so far (stats: kv_blocks_evicted)
         self.num_layers = num_layers
         self.hidden: dict[str, dict[int, list[int]]] = {}  # pyramidkv: request id -> layer -> hidden table blocks
+        # snapkv / pyramidkv: request id -> layer -> max observation scores of its prompt's chunks so far
+        self.pending: dict[str, dict[int, torch.Tensor]] = {}
 
     @property
     def observation_window(self) -> int:
@@ -72,13 +76,36 @@ class KVPruner:
         for i, item in enumerate(schedule.scheduled):
             request = item.request
             observed = metadata.observed
-            if self.policy == "snapkv" and i in observed.queries:
-                scores = list(observed.of(i).values())
-                self._prune(request, torch.stack(scores).cpu() if scores else None, window_only=False)
-            elif self.policy == "pyramidkv" and i in observed.queries:
-                self._prune_pyramid(request, {layer: s.cpu() for layer, s in observed.of(i).items()})
+            if self.policy in ("snapkv", "pyramidkv") and i in observed.queries:
+                layer_scores = self._observe(request, observed.of(i))
+                if layer_scores is None:  # the prompt goes on in a later chunk
+                    continue
+                if self.policy == "snapkv":
+                    scores = list(layer_scores.values())
+                    self._prune(request, torch.stack(scores) if scores else None, window_only=False)
+                else:
+                    self._prune_pyramid(request, layer_scores)
             elif self.policy == "streaming":
                 self._prune(request, None, window_only=True)
+
+    def _observe(self, request: Request, layer_scores: dict[int, torch.Tensor]) -> dict[int, torch.Tensor] | None:
+        """This chunk's observation scores merged into the request's earlier chunks' (max per key: each query's
+        scores see only the keys up to it, so a query scores the same in any chunk); the merged scores once the
+        prompt has ended, else None (kept for the next chunk)."""
+        rid = request.request_id
+        merged = self.pending.pop(rid, {})
+        for layer, s in layer_scores.items():
+            s, old = s.cpu(), merged.get(layer)
+            if old is not None:
+                width = max(old.shape[-1], s.shape[-1])
+                s = torch.maximum(F.pad(old, (0, width - old.shape[-1])), F.pad(s, (0, width - s.shape[-1])))
+            merged[layer] = s
+        if request.num_computed_tokens >= len(request.prompt_ids):
+            return merged
+        # requests that ended before their prompt did (aborted) leave nothing behind
+        self.pending = {r: p for r, p in self.pending.items() if r in self.kv.seqs}
+        self.pending[rid] = merged
+        return None
 
     def _prune(self, request: Request, token_scores: torch.Tensor | None, *, window_only: bool) -> None:
         c, rid = self.config, request.request_id

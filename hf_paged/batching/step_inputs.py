@@ -50,8 +50,8 @@ class StepInputs:
 
 def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size: int,
                       attention_backend: str = "auto", observation_window: int = 0) -> StepInputs:
-    """`observation_window` > 0: requests whose prompt ends in this step get their last prompt queries' attention
-    scored (SnapKV eviction reads `metadata.observed.scores` after the forward)."""
+    """`observation_window` > 0: requests whose chunk runs some of their prompt's last `observation_window` queries
+    get those queries' attention scored (SnapKV eviction reads `metadata.observed.scores` after the forward)."""
     input_ids: list[int] = []
     positions: list[int] = []
     slots: list[int] = []
@@ -74,8 +74,13 @@ def build_step_inputs(schedule: SchedulerOutput, kv: KVCacheManager, block_size:
         slots.extend(kv.slots(request.request_id, start, end))
         query_start_loc.append(query_start_loc[-1] + n)
         context_lens.append(end - kv.num_dropped_tokens(request.request_id))  # table positions, not logical
-        if observation_window and start < len(request.prompt_ids) <= end:
-            observed[i] = min(observation_window, n)
+        prompt_len = len(request.prompt_ids)
+        if observation_window and start < prompt_len and end > prompt_len - observation_window:
+            # The prompt's last queries vote whichever chunk runs them (a query's scores see only the keys up to it):
+            # a chunk ending inside the window scores its queries there, its last ones; the chunk that ends the
+            # prompt its last min(window, n). `KVPruner` keeps the max over the chunks, so chunking changes nothing.
+            window_start = max(start, prompt_len - observation_window)
+            observed[i] = min(observation_window, n) if end >= prompt_len else end - window_start
         tables.append(kv.table_row(request.request_id))
         score_start = request.score_start
         if score_start is not None:  # scoring: rows of its scored positions in this chunk; it never samples

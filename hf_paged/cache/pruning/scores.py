@@ -1,9 +1,9 @@
 """Attention scores that decide which blocks SnapKV and PyramidKV keep.
 
 The last `OBSERVATION_WINDOW` queries of a prompt vote: per head, the strongest attention any of them gives each
-key (`observation_scores`, computed by the attention path while it runs the prompt's last chunk), max-pooled over
-neighbouring positions, summed per block, then the most interested head's score over heads and layers
-(`pooled_block_scores`).
+key (`observation_scores`, computed by the attention path in whichever chunks run those queries, merged by max in
+`KVPruner`), max-pooled over neighbouring positions, summed per block, then the most interested head's score over
+heads and layers (`pooled_block_scores`).
 """
 
 from __future__ import annotations
