@@ -43,8 +43,8 @@ class KVPruner:
         self.num_dropped_blocks = 0  # blocks dropped so far (stats: kv_blocks_evicted)
         self.num_layers = num_layers
         self.hidden: dict[str, dict[int, list[int]]] = {}  # pyramidkv: request id -> layer -> hidden table blocks
-        # snapkv / pyramidkv: request id -> layer -> max observation scores of its prompt's chunks so far
-        self.pending: dict[str, dict[int, torch.Tensor]] = {}
+        # snapkv / pyramidkv: request id -> (the request, layer -> max observation scores of its prompt's chunks so far)
+        self.pending: dict[str, tuple[Request, dict[int, torch.Tensor]]] = {}
 
     @property
     def observation_window(self) -> int:
@@ -93,7 +93,9 @@ class KVPruner:
         scores see only the keys up to it, so a query scores the same in any chunk); the merged scores once the
         prompt has ended, else None (kept for the next chunk)."""
         rid = request.request_id
-        merged = self.pending.pop(rid, {})
+        owner, merged = self.pending.pop(rid, (request, {}))
+        if owner is not request:  # an earlier attempt under the same id (a retry): its scores are not this one's
+            merged = {}
         for layer, s in layer_scores.items():
             s, old = s.cpu(), merged.get(layer)
             if old is not None:
@@ -102,9 +104,9 @@ class KVPruner:
             merged[layer] = s
         if request.num_computed_tokens >= len(request.prompt_ids):
             return merged
-        # requests that ended before their prompt did (aborted) leave nothing behind
-        self.pending = {r: p for r, p in self.pending.items() if r in self.kv.seqs}
-        self.pending[rid] = merged
+        # requests that ended before their prompt did (aborted) leave nothing behind; swapped-out ones keep theirs
+        self.pending = {r: entry for r, entry in self.pending.items() if not entry[0].ended}
+        self.pending[rid] = (request, merged)
         return None
 
     def _prune(self, request: Request, token_scores: torch.Tensor | None, *, window_only: bool) -> None:

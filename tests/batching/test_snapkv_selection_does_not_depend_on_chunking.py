@@ -31,3 +31,46 @@ def test_tokens_and_drops_are_the_same_for_every_chunking(policy):
             assert run(model, [prompt], policy, max_num_batched_tokens=budget) == want, budget
     got, evicted = run(model, prompts, policy, max_num_batched_tokens=16)
     assert got == [t[0] for t, _ in alone] and evicted == sum(e for _, e in alone)
+
+
+def test_a_request_aborted_inside_its_window_leaves_no_scores_behind():
+    model = tiny_model("llama")
+    engine = Engine(model, PagedConfig(block_size=4, kv_pruning="snapkv", kv_keep_ratio=0.5, num_sink_tokens=4,
+                                       window_tokens=8, enable_prefix_caching=False, max_num_batched_tokens=16))
+    first, second = ragged_prompts([40, 37], seed=3)
+    gone = engine.add_request(first, SamplingParams(max_new_tokens=4))
+    engine.step()
+    engine.step()  # positions 16..31: inside the 32-query window, scored and kept for the next chunk
+    assert set(engine.pruner.pending) == {gone}
+    engine.abort(gone)
+    rid = engine.add_request(second, SamplingParams(max_new_tokens=4))
+    engine.step()
+    engine.step()  # the second prompt's chunk inside its window: the aborted request's scores are dropped
+    assert set(engine.pruner.pending) == {rid}
+    assert engine.run([rid])[rid].error is None and not engine.pruner.pending
+
+
+def test_a_swapped_out_request_keeps_its_earlier_chunks_scores():
+    """A request swapped out between two chunks of its window has no sequence in the manager until it is swapped
+    back in; its scores so far must survive another request's chunk meanwhile (the window's earlier queries are not
+    run again after a swap-in)."""
+    import torch
+
+    from hf_paged.batching.kv_pruning import KVPruner
+    from hf_paged.batching.request import Request
+    from hf_paged.cache.kv_manager import KVCacheManager
+
+    class NoSequences(KVCacheManager):
+        def __init__(self):
+            self.seqs = {}  # every request is swapped out, as far as the pruner can see
+
+    pruner = KVPruner(PagedConfig(block_size=4, kv_pruning="snapkv", kv_keep_ratio=0.5, num_sink_tokens=4,
+                                  window_tokens=8), NoSequences(), num_layers=1)
+    swapped, other = Request("swapped", list(range(40)), SamplingParams()), Request("b", list(range(40)), SamplingParams())
+    swapped.num_computed_tokens = other.num_computed_tokens = 32
+    assert pruner._observe(swapped, {0: torch.ones(2, 32)}) is None
+    assert pruner._observe(other, {0: torch.ones(2, 32)}) is None
+    assert set(pruner.pending) == {"swapped", "b"}
+    swapped.num_computed_tokens = 40  # swapped back in: its last chunk ends the prompt
+    merged = pruner._observe(swapped, {0: torch.zeros(2, 40)})
+    assert merged is not None and merged[0][:, :32].eq(1).all() and merged[0][:, 32:].eq(0).all()
