@@ -42,7 +42,6 @@ class KVPruner:
         self.kv = kv
         self.num_dropped_blocks = 0  # blocks dropped so far (stats: kv_blocks_evicted)
         self.num_layers = num_layers
-        self.hidden: dict[str, dict[int, list[int]]] = {}  # pyramidkv: request id -> layer -> hidden table blocks
         # snapkv / pyramidkv: request id -> (the request, layer -> max observation scores of its prompt's chunks so far)
         self.pending: dict[str, tuple[Request, dict[int, torch.Tensor]]] = {}
 
@@ -52,14 +51,14 @@ class KVPruner:
 
     def annotate(self, schedule: SchedulerOutput, metadata: PagedMetadata) -> None:
         """PyramidKV: tell each layer which kept blocks of each request it must not see."""
-        if not self.hidden:
+        if self.policy != "pyramidkv":
             return
         bs = self.config.block_size
         for i, item in enumerate(schedule.scheduled):
             request = item.request
             if request.num_computed_tokens < len(request.prompt_ids):
                 continue  # (re)computing its prompt: no selection applies yet
-            layers = self.hidden.get(request.request_id) or self.hidden.get(request.parent_id)
+            layers = self.kv.hidden_blocks(request.request_id)  # (with the table: a fork's came with its parent's)
             for layer, blocks in (layers or {}).items():
                 if blocks:
                     positions = (torch.tensor(blocks)[:, None] * bs + torch.arange(bs)).reshape(-1)
@@ -133,7 +132,7 @@ class KVPruner:
         c, rid, bs = self.config, request.request_id, self.config.block_size
         num_tokens = self.kv.num_tokens(rid)
         budget = self.budget_blocks(request)
-        self.hidden.pop(rid, None)
+        self.kv.set_hidden_blocks(rid, None)
         if -(-num_tokens // bs) <= budget or not layer_scores:
             return
         num_blocks = -(-num_tokens // bs)
@@ -149,7 +148,8 @@ class KVPruner:
         union = set().union(*chosen.values())
         drop = [i for i in range(num_blocks) if i not in union]
         new_index = {old: new for new, old in enumerate(sorted(union))}
-        self.hidden[rid] = {layer: sorted(new_index[j] for j in union - kept) for layer, kept in chosen.items()}
+        self.kv.set_hidden_blocks(rid, {layer: sorted(new_index[j] for j in union - kept)
+                                        for layer, kept in chosen.items()})
         self.kv.drop_blocks(rid, drop)
         self.num_dropped_blocks += len(drop)
 

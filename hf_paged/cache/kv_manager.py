@@ -38,6 +38,7 @@ class SeqBlocks:
     num_cached_blocks: int = 0  # leading blocks already inserted into the prefix cache
     num_dropped_tokens: int = 0  # tokens dropped by token pruning: table position = logical position - this
     num_prefix_blocks: int | None = None  # leading blocks still a true token prefix after pruning (None: all)
+    hidden: dict[int, list[int]] | None = None  # PyramidKV: layer -> table indices that layer must not see
     cache_epoch: int = 0  # prefix-cache epoch when the sequence started: K/V of an older epoch is never inserted
     row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # block_ids as int32 (`table_row`)
     num_in_row: int = 0  # leading entries of `row` equal to block_ids (a change before them lowers it)
@@ -177,7 +178,7 @@ class KVCacheManager:
         self.pool.incref(src.block_ids)
         self.seqs[dst_id] = SeqBlocks(
             list(src.block_ids), src.num_tokens, src.num_cached_blocks, cache_epoch=src.cache_epoch,
-            num_dropped_tokens=src.num_dropped_tokens, num_prefix_blocks=src.num_prefix_blocks,
+            num_dropped_tokens=src.num_dropped_tokens, num_prefix_blocks=src.num_prefix_blocks, hidden=src.hidden,
         )
 
     def is_private(self, block_id: int) -> bool:
@@ -208,10 +209,21 @@ class KVCacheManager:
         seq.num_cached_blocks = min(seq.num_cached_blocks, prefix)
         self.pool.free(reversed(dropped))
 
-    def restore_dropped(self, seq_id: Hashable, num_dropped_tokens: int) -> None:
-        """A swapped-in sequence keeps the logical offset it had (its table is no longer a token prefix)."""
+    def hidden_blocks(self, seq_id: Hashable) -> dict[int, list[int]] | None:
+        """PyramidKV: per layer, the table indices that layer must not see (None: none, or no such sequence)."""
+        seq = self.seqs.get(seq_id)
+        return seq.hidden if seq is not None else None
+
+    def set_hidden_blocks(self, seq_id: Hashable, hidden: dict[int, list[int]] | None) -> None:
+        """Set `hidden_blocks` (indices into the table as it is): forks share them, a free drops them."""
+        self.seqs[seq_id].hidden = hidden
+
+    def restore_dropped(self, seq_id: Hashable, num_dropped_tokens: int,
+                        hidden: dict[int, list[int]] | None = None) -> None:
+        """A swapped-in sequence keeps the logical offset it had (its table is no longer a token prefix) and the
+        blocks its layers hid."""
         seq = self.seqs[seq_id]
-        seq.num_dropped_tokens = num_dropped_tokens
+        seq.num_dropped_tokens, seq.hidden = num_dropped_tokens, hidden
         if num_dropped_tokens:
             seq.num_prefix_blocks = 0
 

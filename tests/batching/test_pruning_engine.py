@@ -116,7 +116,7 @@ def test_pyramidkv_keeps_the_union_and_hides_per_layer(model):
     rid = engine.add_request(prompts[0], SamplingParams(max_new_tokens=6))
     while engine.requests[rid].num_computed_tokens < 90:
         engine.step()
-    hidden = engine.pruner.hidden[rid]
+    hidden = engine.kv.hidden_blocks(rid)
     kept = len(engine.kv.block_ids(rid))
     # budget 27 tokens -> 7 blocks; layer 0 picks 10 (1.5x), layer 1 picks 4 (0.5x, floored at 3 sink+window)
     assert kept >= 10 and len(hidden[0]) == kept - 10 and len(hidden[1]) == kept - 4
