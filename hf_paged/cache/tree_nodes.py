@@ -98,6 +98,8 @@ def own_path(node_of_block: dict[int, TreeNode], root: TreeNode, block_ids: Sequ
     node was verified on its tokens when it was inserted or matched, and a node never changes its block or
     tokens. Costs pointer steps, not the hashes and token tuples of a walk from the root (which made a request's
     inserts, one per filled block, quadratic in its length: 2.4 ms an insert at 32k tokens)."""
+    if known > len(block_ids):  # (a caller's count past its table: nothing to trust)
+        return []
     node = node_of_block.get(int(block_ids[known - 1]))
     if node is None or node.depth != known or node.extra_keys != extra_keys:
         return []

@@ -112,3 +112,12 @@ def test_a_running_request_hashes_each_block_once(monkeypatch):
         cache.insert(tokens[: full * BS], table[:full], known=full - 1)
     assert len(hashed) == 500  # from the root: 500 * 501 / 2
     cache.check_integrity()
+
+
+def test_a_known_count_past_the_table_walks_from_the_root():
+    pool = BlockPool(8)
+    cache = RadixCache(pool, BS)
+    table = pool.allocate(2)
+    assert cache.insert([1, 2, 3, 4], table, known=5).num_new_blocks == 2  # (no IndexError, nothing skipped)
+    assert cache.insert([1, 2, 3, 4], table, known=2).cached_block_ids == table
+    cache.check_integrity()
