@@ -209,13 +209,21 @@ class Scheduler:
     def _fit_chunk(self, request: Request, budget: int, bounded: bool) -> ChunkFit:
         """A prompt chunk cut to the step's prompt `budget`: its tokens, and while requests decode in a step sized by
         time, its attention over its context too (`KVConnector.fit_chunk`: a chunk after a long context is shorter)."""
-        config = self.config
+        config, to_compute = self.config, self._to_compute(request)
         if bounded and config.max_prefill_step_time_ratio is not None and config.enable_chunked_prefill:
             return self.kv_transfer.fit_chunk(  # type: ignore[union-attr]  # (a ratio needs the connector)
-                request.num_tokens_to_compute, request.num_computed_tokens, budget,
+                to_compute, request.num_computed_tokens, budget,
                 config.max_prefill_tokens_per_step, config.max_prefill_step_time_ratio)
-        num_tokens = min(request.num_tokens_to_compute, budget)
+        num_tokens = min(to_compute, budget)
         return ChunkFit(num_tokens, num_tokens)
+
+    def _to_compute(self, request: Request) -> int:
+        """The tokens a prefill may compute in one go: all it has to, but a recompute after preemption under SnapKV /
+        PyramidKV stops at the prompt's end, where the prompt is pruned as it was the first time, before the
+        generated tokens are computed again over what it kept (they attended to that)."""
+        if self.config.kv_pruning in ("snapkv", "pyramidkv") and request.num_computed_tokens < len(request.prompt_ids):
+            return min(request.num_tokens_to_compute, len(request.prompt_ids) - request.num_computed_tokens)
+        return request.num_tokens_to_compute
 
     def _fit_drafts(self, request: Request, budget: int) -> int:
         """How many of a decode's drafted tokens run this step: what the budget leaves beside its last token, and
@@ -294,7 +302,7 @@ class Scheduler:
                     break  # its blocks to the horizon do not fit beside the running requests' (FCFS)
             chunk = self._fit_chunk(request, budget, bounded)
             num_tokens = chunk.num_tokens
-            if num_tokens < request.num_tokens_to_compute and not self.config.enable_chunked_prefill \
+            if num_tokens < self._to_compute(request) and not self.config.enable_chunked_prefill \
                     or not self.kv.allocate_slots(request.request_id, num_tokens):
                 self._unstart(request)
                 out.blocked = request
