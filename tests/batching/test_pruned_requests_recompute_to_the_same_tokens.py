@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from hf_paged import Engine, PagedConfig, SamplingParams
+from tests.cache.engine_parity import engine_tokens
 from tests.tiny_models import ragged_prompts, tiny_model
 
 PRUNING = {"block_size": 4, "kv_keep_ratio": 0.5, "num_sink_tokens": 4, "window_tokens": 8,
@@ -22,14 +22,8 @@ def model():
 
 
 def _run(model, prompts, **config):
-    engine = Engine(model, PagedConfig(**(PRUNING | config)))
-    ids = [engine.add_request(p, SamplingParams(max_new_tokens=24)) for p in prompts]
-    while engine.has_unfinished:
-        engine.step()
-        engine.check_integrity()
-    outs = [engine.pop_output(i) for i in ids]
-    assert all(o.error is None for o in outs)
-    return [o.generated_tokens for o in outs], engine.stats()["preemptions"]
+    tokens, engine = engine_tokens(model, prompts, max_new=24, **(PRUNING | config))
+    return tokens, engine.stats()["preemptions"]
 
 
 @pytest.mark.parametrize("policy", ["snapkv", "pyramidkv"])

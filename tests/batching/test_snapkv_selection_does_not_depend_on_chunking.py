@@ -5,20 +5,15 @@ token keeps what it keeps in one chunk, and its tokens are the same (they used t
 import pytest
 
 from hf_paged import Engine, PagedConfig, SamplingParams
+from tests.cache.engine_parity import engine_tokens
 from tests.tiny_models import ragged_prompts, tiny_model
 
 
 def run(model, prompts, policy, **config):
-    engine = Engine(model, PagedConfig(block_size=4, kv_pruning=policy, kv_keep_ratio=0.5, num_sink_tokens=4,
-                                       window_tokens=8, enable_prefix_caching=False, **config))
-    ids = [engine.add_request(p, SamplingParams(max_new_tokens=16)) for p in prompts]
-    while engine.has_unfinished:
-        engine.step()
-        engine.check_integrity()
-    outs = [engine.pop_output(i) for i in ids]
-    assert all(o.error is None for o in outs)
+    tokens, engine = engine_tokens(model, prompts, max_new=16, block_size=4, kv_pruning=policy, kv_keep_ratio=0.5,
+                                   num_sink_tokens=4, window_tokens=8, enable_prefix_caching=False, **config)
     assert not engine.pruner.pending  # nothing left behind
-    return [o.generated_tokens for o in outs], engine.stats()["kv_blocks_evicted"]
+    return tokens, engine.stats()["kv_blocks_evicted"]
 
 
 @pytest.mark.parametrize("policy", ["snapkv", "pyramidkv"])

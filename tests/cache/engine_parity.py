@@ -7,10 +7,11 @@ from hf_paged import Engine, PagedConfig, SamplingParams
 from tests.tiny_models import ragged_prompts, tiny_model
 
 
-def engine_tokens(model, prompts, **config) -> tuple[list[list[int]], Engine]:
-    """Greedy tokens of `prompts` (12 new each) through an `Engine(model, PagedConfig(**config))`."""
+def engine_tokens(model, prompts, max_new: int = 12, **config) -> tuple[list[list[int]], Engine]:
+    """Greedy tokens of `prompts` (`max_new` new each) through an `Engine(model, PagedConfig(**config))`, its
+    integrity checked after every step."""
     engine = Engine(model, PagedConfig(**config))
-    ids = [engine.add_request(p, SamplingParams(max_new_tokens=12)) for p in prompts]
+    ids = [engine.add_request(p, SamplingParams(max_new_tokens=max_new)) for p in prompts]
     while engine.has_unfinished:
         engine.step()
         engine.check_integrity()
