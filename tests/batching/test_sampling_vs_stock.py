@@ -1,0 +1,53 @@
+"""Regression cases where the engine's processed distribution parted from stock `generate`'s (h101's sampling
+comparison): each builds the case it was found on and checks the tokens and scores against stock."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import hf_paged
+from hf_paged.api.generate import PagedFallbackWarning
+
+VOCAB = 61  # not a multiple of 8
+
+
+@pytest.fixture(scope="module")
+def models():
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128, pad_token_id=0,
+                         eos_token_id=2)
+    stock = LlamaForCausalLM(config).eval()
+    return stock, hf_paged.wrap(copy.deepcopy(stock))
+
+
+def _on_engine(model, *args, **kwargs):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PagedFallbackWarning)
+        return model.generate(*args, **kwargs)
+
+
+@pytest.mark.parametrize("min_new_tokens", [0, 2])
+def test_min_new_tokens_takes_precedence_over_min_length(models, min_new_tokens):
+    """Stock's `_prepare_generated_length` sets min_length = prompt length + min_new_tokens whenever min_new_tokens
+    is set (0 too): a larger min_length in the same config holds EOS back no longer. The engine kept the config's
+    min_length, so EOS stayed masked up to it (other tokens, other scores)."""
+    stock, wrapped = models
+    ids = torch.tensor([[5, 17, 33, 8]])
+    free = stock.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None)[0, 4:].tolist()
+    at = min_new_tokens  # the greedy token at that step becomes EOS: stock may end there
+    eos = free[at]
+    assert eos not in free[:at]
+    kwargs = {"max_new_tokens": 8, "do_sample": False, "eos_token_id": eos, "min_new_tokens": min_new_tokens,
+              "min_length": 12, "output_scores": True, "return_dict_in_generate": True}
+    expected = stock.generate(ids, **kwargs)
+    got = _on_engine(wrapped, ids, **kwargs)
+    assert expected.sequences[0, -1] == eos and expected.sequences.shape[1] == 4 + at + 1
+    assert got.sequences.tolist() == expected.sequences.tolist()
+    for a, b in zip(got.scores, expected.scores):
+        torch.testing.assert_close(a, b)
