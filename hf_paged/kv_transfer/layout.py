@@ -10,7 +10,7 @@ The fingerprint is computed from the weights themselves (names, shapes, dtypes a
 every parameter and buffer, `weights_checksum.py`; a tensor-parallel rank reads its own shards, so each rank keys its
 own heads' blocks), so it is the same after a restart of the same model and differs for other weights, down to one
 changed value. The layout also names what the K/V were computed under besides the weights (`attention`: token
-pruning, sparse prefill), so an engine never loads K/V its own prefill would not make.
+pruning, sparse prefill, head merging), so an engine never loads K/V its own prefill would not make.
 """
 
 from __future__ import annotations
@@ -107,9 +107,12 @@ def _format_name(fmt: BlockFormat) -> str:
 def attention_of(config) -> str:
     """What K/V were computed under besides the weights (`PagedConfig`): "full", or the settings of token pruning
     (streaming drops blocks during a long prefill, so later chunks attend to sinks and a window; SnapKV and PyramidKV
-    compute a request's tokens after the prompt over the blocks they kept) and of sparse prefill (an
-    approximation). Blocks of one setting are never loaded by an engine with another."""
+    compute a request's tokens after the prompt over the blocks they kept), of sparse prefill (an approximation) and
+    of head merging (its table: a merged layer stores its representatives' key heads only, and its attention changes
+    what every later layer computes). Blocks of one setting are never loaded by an engine with another."""
     parts = []
+    if config.head_merge is not None:
+        parts.append(f"head_merge={[list(layer) for layer in config.head_merge]}")
     if config.kv_pruning is not None:
         parts.append(f"pruning={config.kv_pruning}/keep={config.kv_keep_ratio}/budget={config.kv_budget_tokens}/"
                      f"sinks={config.num_sink_tokens}/window={config.window_tokens}")
