@@ -28,6 +28,7 @@ from hf_paged.processors.schema.arrays import array_regex
 from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS, Context, pointer_join
 from hf_paged.processors.schema.fragments import Rx, alt, lit, opt, raw, rep, seq
 from hf_paged.processors.schema.name_rules import negated_required
+from hf_paged.processors.schema.non_integers import non_integer_regex
 from hf_paged.processors.schema.numbers import NumberDigits, integer_regex, number_regex, number_text
 from hf_paged.processors.schema.objects import object_regex
 from hf_paged.processors.schema.oneof import TYPES, inferred_types, narrow_exclusive, types_of
@@ -187,6 +188,8 @@ def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
             parts.append(integer_regex(schema, ctx, pointer))
         elif t == "number":
             parts.append(number_regex(schema, ctx, pointer))
+        elif t == _NON_INTEGER:
+            parts.append(non_integer_regex(schema, ctx, pointer))
         elif t == "string":
             parts.append(string_regex(schema, ctx, pointer))
         elif t == "array":
@@ -208,15 +211,23 @@ def _allowed_types(schema: dict, ctx: Context, pointer: str) -> list[str]:
     neg = schema.get("not")
     if neg is True or neg == {}:
         return []
+    non_integer = False
     if isinstance(neg, dict) and neg and set(neg) - ANNOTATION_KEYWORDS == {"type"}:
-        types -= types_of({"type": neg["type"]}) if neg["type"] != "number" else {"number", "integer"}
+        negated = types_of({"type": neg["type"]})
+        listed = {neg["type"]} if isinstance(neg["type"], str) else set(neg["type"])
+        # `not: {type: integer}` beside numbers: those with a fractional part (1.0 and 1e3 are integers too)
+        non_integer = "number" in types and "integer" in listed and "number" not in listed
+        types -= negated | ({"number"} if non_integer else set())
     elif neg is not None and neg is not False and negated_required(neg) is None:
         if "enum" not in schema and "const" not in schema:  # beside an enum, `not` filters the values
             ctx.unsupported("not", pointer, "only `not` of a `type`, of `required`, or of values beside an `enum` "
                             "is supported; remove `not`")
     if "integer" in types and "number" in types:
         types.discard("integer")
-    return [x for x in TYPES if x in types]
+    return [x for x in TYPES if x in types] + ([_NON_INTEGER] if non_integer else [])
+
+
+_NON_INTEGER = "non-integer"  # (a pseudo type of `_allowed_types`: numbers that are not integers)
 
 
 def _none_valid(values: list[Any], schema: Any, ctx: Context) -> bool:

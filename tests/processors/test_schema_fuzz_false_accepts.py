@@ -1,0 +1,60 @@
+"""Documents drawn through JSONSchemaLogitsProcessor's masks and validated with `jsonschema` (h98's differential
+fuzz, /tmp/h98): the minimal cases of the false accepts it found, each an invalid text the constraint let end."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from hf_paged.processors import JSONSchemaLogitsProcessor
+from hf_paged.processors.index import IndexCache
+from hf_paged.processors.schema import schema_to_regex
+from tests.processors.toy_tokenizers import byte_level_tokenizer, ids_of
+
+jsonschema = pytest.importorskip("jsonschema")
+
+
+def _ends(proc: JSONSchemaLogitsProcessor, text: str) -> bool:
+    """Whether `text`, fed token by token, may end with EOS (the masks' verdict)."""
+    index = proc.compiled.index
+    state = index.get_initial_state()
+    for token_id in ids_of(proc_tokenizer(), text):
+        state = index.get_next_state(state, token_id)
+        if state is None:
+            return False
+    return index.is_final_state(state)
+
+
+def proc_tokenizer():
+    return byte_level_tokenizer()
+
+
+# JSON Schema's integer is any number without a fractional part, and Python's float rounding makes more texts one
+NOT_INTEGER = {"type": "number", "not": {"type": "integer"}}
+INTEGER_TEXTS = ["5", "-0", "1.0", "2.50e1", "8.9E120", "1e-400", "1.00000000000000000001", "0.99999999999999999999",
+                 "12345678901234567.5"]
+FRACTION_TEXTS = ["0.5", "-1.25", "12345678901234.5", "0.000000000001"]
+
+
+def test_not_integer_numbers_refuse_every_integer_spelling():
+    validator = jsonschema.Draft202012Validator(NOT_INTEGER)
+    rx = schema_to_regex(NOT_INTEGER)
+    for text in INTEGER_TEXTS:
+        assert not validator.is_valid(json.loads(text)), text  # (the case is real)
+        assert re.fullmatch(rx, text) is None, text
+    for text in FRACTION_TEXTS:
+        assert validator.is_valid(json.loads(text)) and re.fullmatch(rx, text), text
+    proc = JSONSchemaLogitsProcessor(NOT_INTEGER, proc_tokenizer(), index_cache=IndexCache())
+    assert not _ends(proc, "8.9E120") and not _ends(proc, "3") and _ends(proc, "-1.25")
+
+
+def test_not_integer_beside_other_types_and_bounds():
+    rx = schema_to_regex({"type": ["number", "string"], "not": {"type": "integer"}, "maxLength": 1})
+    assert re.fullmatch(rx, "1.5") and re.fullmatch(rx, '"a"') and not re.fullmatch(rx, "1")
+    assert not re.fullmatch(schema_to_regex({"type": "number", "not": {"type": ["integer", "string"]}}), "1e2")
+    with pytest.raises(ValueError, match="not"):  # bounds and a fraction-only language are not intersected
+        schema_to_regex({"type": "number", "maximum": 3, "not": {"type": "integer"}})
+    with pytest.warns(UserWarning, match="not"):
+        schema_to_regex({"type": "number", "maximum": 3, "not": {"type": "integer"}}, strict=False)
