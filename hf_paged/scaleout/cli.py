@@ -80,7 +80,8 @@ def run_replicas(args) -> int:
                         served_model_name=args.served_model_name, device=args.device, dtype=args.dtype,
                         paged=paged, max_waiting=args.max_waiting, chat_template=template,
                         prefill_replicas=prefill_replicas, kv_share=kv_share,
-                        generation_config=args.generation_config,
+                        generation_config=args.generation_config, max_cache_retention_s=args.max_cache_retention,
+                        max_stop_sequences=args.max_stop_sequences,
                         api_key=None if api_key is None else KeyCheck.from_key(api_key))
         state = wait_until_ready(handle, READY_TIMEOUT_S)  # every replica reported to the router
         if not state.ready:

@@ -51,7 +51,7 @@ class EngineReplica:
         from hf_paged.config import PagedConfig
         from hf_paged.scaleout.replica import ReplicaReporter
         from hf_paged.scaleout.routing_stats import RoutingStats
-        from hf_paged.serving import ServerSettings, build_app
+        from hf_paged.serving import build_app
         from hf_paged.serving.engine_thread import engine_in_own_thread
 
         if spec.torch_threads:
@@ -62,9 +62,7 @@ class EngineReplica:
             lambda: load_model(spec.model_path, spec.device, spec.dtype), PagedConfig(**spec.paged))
         if spec.chat_template is not None:
             tokenizer.chat_template = spec.chat_template
-        # (no api_key here: the gateway checks it; a replica is reached through Ray handles only)
-        self.app = build_app(self.engine, tokenizer, ServerSettings(model_name=spec.name, max_waiting=spec.max_waiting,
-                                                                    generation_config=spec.generation_config))
+        self.app = build_app(self.engine, tokenizer, spec.server_settings())
         self.kv_store = None
         if spec.kv_role is not None:
             from hf_paged.scaleout.kv_roles import attach_kv_role

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from hf_paged.serving.app import ServerSettings
     from hf_paged.serving.auth import KeyCheck
 
 __all__ = ["ReplicaSpec"]
@@ -32,10 +33,24 @@ class ReplicaSpec:
     kv_share: bool = False  # colocated replicas publish their prefix hits' blocks and load each other's (kv_share.py)
     kv_share_max_blocks: int | None = None  # the shared directory's lease in blocks (None: one replica's pool)
     generation_config: str = "auto"  # `hf-paged serve --generation-config`: omitted sampling fields' defaults
+    max_cache_retention_s: float = 3600.0  # `--max-cache-retention`: the longest cache_retention_seconds (0: refused)
+    max_stop_sequences: int | None = None  # `--max-stop-sequences` (None: the server's default; 0: no bound)
     api_key: KeyCheck | None = None  # `--api-key`, as its digest (the key itself never enters the cluster's state):
     # the gateway answers 401 to a request without it, before routing or tokenizing anything
     prefill_timeout_s: float = 60.0  # a fault bound: a prefill not back by then (no prefill replica alive: Serve
     # queues the call until a replacement starts) is given up and the decode replica recomputes the prompt
+
+    def server_settings(self) -> ServerSettings:
+        """The single server's settings each replica's app runs with (no api_key: the gateway checks it; a replica
+        is reached through Ray handles only)."""
+        from hf_paged.serving.app import ServerSettings
+
+        settings = ServerSettings(model_name=self.name, max_waiting=self.max_waiting,
+                                  generation_config=self.generation_config,
+                                  max_cache_retention_s=self.max_cache_retention_s)
+        if self.max_stop_sequences is not None:
+            settings.max_stop_sequences = self.max_stop_sequences
+        return settings
 
     @property
     def model_path(self) -> str:

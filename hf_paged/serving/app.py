@@ -49,7 +49,7 @@ from hf_paged.serving.errors import ApiError
 from hf_paged.serving.generation import ChoiceEvent, Usage, run_choices
 from hf_paged.serving.logprobs import TokenPieces
 from hf_paged.serving.metrics import ServerMetrics
-from hf_paged.serving.prepare import PreparedRequest, Preparer
+from hf_paged.serving.prepare import DEFAULT_MAX_STOP_SEQUENCES, PreparedRequest, Preparer
 from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest
 from hf_paged.serving.retention import PrefixRetention
 
@@ -65,6 +65,7 @@ class ServerSettings:
     #   x the engine's max_num_seqs; 0: no bound
     retry_after_s: int = 1  # the Retry-After of a 429
     max_cache_retention_s: float = 3600.0  # the longest cache_retention_seconds a request may ask (0: refused)
+    max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES  # most `stop` strings a request may send (0: no bound)
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES  # a longer body gets 413 (read no further)
     generation_config: str = "auto"  # omitted sampling fields: "auto" the model's generation_config, "vllm" OpenAI's
     #   defaults, or a directory with a generation_config.json (`defaults.py`)
@@ -80,7 +81,8 @@ class _AppState:
         self.tokenizer = tokenizer
         self.settings = settings
         self.preparer = Preparer(engine, tokenizer, settings.max_cache_retention_s,
-                                 request_defaults(engine.model, settings.generation_config))
+                                 request_defaults(engine.model, settings.generation_config),
+                                 max_stop_sequences=settings.max_stop_sequences)
         self.pieces = TokenPieces(tokenizer)  # token texts and bytes for `logprobs` answers (memoised per id)
         self.metrics = ServerMetrics(self.loop, settings.model_name)
         self.retention = self.metrics.retention = PrefixRetention(engine)  # cache_retention_seconds' pins

@@ -22,7 +22,11 @@ from hf_paged.serving.prompt_chars import max_prompt_chars
 from hf_paged.serving.prompt_text import PromptText, prompt_text
 from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
 
-__all__ = ["Constraint", "ConstraintCache", "PreparedRequest", "Preparer"]
+__all__ = ["DEFAULT_MAX_STOP_SEQUENCES", "Constraint", "ConstraintCache", "PreparedRequest", "Preparer"]
+
+# Most `stop` strings a request may send (`--max-stop-sequences`). OpenAI takes 4 and TGI 4 by default; lm-eval's
+# local-completions sends a task's whole `until` list (a handful), so the bound leaves room for any of those.
+DEFAULT_MAX_STOP_SEQUENCES = 64
 
 
 @dataclass(slots=True)
@@ -181,10 +185,12 @@ class Preparer:
     """Turns requests into engine work for one engine and tokenizer."""
 
     def __init__(self, engine: Engine, tokenizer: Any, max_retention_s: float = 0.0,
-                 defaults: RequestDefaults | None = None) -> None:
+                 defaults: RequestDefaults | None = None, *,
+                 max_stop_sequences: int = DEFAULT_MAX_STOP_SEQUENCES) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.max_retention_s = max_retention_s  # the server's --max-cache-retention (0: the field is refused)
+        self.max_stop_sequences = max_stop_sequences  # the server's --max-stop-sequences (0: no bound)
         self.defaults = defaults or RequestDefaults()  # for omitted sampling fields (`defaults.py`)
         gen_eos = as_list(getattr(engine.model.generation_config, "eos_token_id", None))
         tok_eos = [tokenizer.eos_token_id] if getattr(tokenizer, "eos_token_id", None) is not None else []
@@ -249,7 +255,7 @@ class Preparer:
                            "raise max_tokens", param="min_tokens", code="invalid_value")
         for prompt in prompts:
             self._check_prompt(prompt, max_tokens, prompt_param)
-        stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+        stop = self._stop(request)
         processors = list(build_constraint(self.constraints, request))
         penalty = request.repetition_penalty if request.repetition_penalty is not None \
             else self.defaults.repetition_penalty
@@ -262,6 +268,17 @@ class Preparer:
         except ValueError as exc:  # a value the engine refuses that the request's own checks let through
             raise ApiError(str(exc), code="invalid_value") from None
         return PreparedRequest(prompts, params, stop, self._retention(request))
+
+    def _stop(self, request: _Sampling) -> list[str]:
+        """The request's stop strings, at most `max_stop_sequences` of them: the engine checks every one after each
+        token of the request, on the thread every request's step runs on (a 12 MB list of a million made a batch of
+        eight others 18x slower)."""
+        stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+        bound = self.max_stop_sequences
+        if bound and len(stop) > bound:
+            raise ApiError(f"stop has {len(stop):,} sequences; this server takes at most {bound} (its "
+                           "--max-stop-sequences): send fewer", param="stop", code="invalid_value")
+        return stop
 
     def _retention(self, request: _Sampling) -> tuple[int | None, float] | None:
         seconds, tokens = request.cache_retention_seconds, request.cache_retention_tokens

@@ -45,6 +45,9 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-cache-retention", type=float, default=3600.0, metavar="SECONDS",
                         help="the longest cache_retention_seconds a request may ask (its prompt's prefix kept "
                              "cached); 0 refuses the field (default: %(default)s)")
+    parser.add_argument("--max-stop-sequences", type=int, default=None, metavar="N",
+                        help="most stop strings a request may send (more get HTTP 400: the engine checks each after "
+                             "every token of the request); 0: no bound (default: 64)")
     parser.add_argument("--max-request-bytes", type=int, default=None, metavar="BYTES",
                         help="the longest request body; longer ones get HTTP 413 (default: 32 MiB)")
     parser.add_argument("--header-timeout", type=float, default=None, metavar="SECONDS",
@@ -120,6 +123,8 @@ def checked_paged_config(args):
         raise CliError(f"--max-waiting must be >= 0 (0: no bound), got {args.max_waiting}")
     if not 0 <= args.max_cache_retention < float("inf"):
         raise CliError(f"--max-cache-retention must be a number of seconds >= 0, got {args.max_cache_retention}")
+    if getattr(args, "max_stop_sequences", None) is not None and args.max_stop_sequences < 0:
+        raise CliError(f"--max-stop-sequences must be >= 0 (0: no bound), got {args.max_stop_sequences}")
     if getattr(args, "max_request_bytes", None) is not None and args.max_request_bytes < 1024:
         raise CliError(f"--max-request-bytes must be >= 1024, got {args.max_request_bytes}")
     if args.shutdown_timeout < 0:
@@ -200,6 +205,8 @@ def run_serve(args) -> int:
                               api_key=api_key)
     if getattr(args, "max_request_bytes", None) is not None:
         settings.max_request_bytes = args.max_request_bytes
+    if getattr(args, "max_stop_sequences", None) is not None:
+        settings.max_stop_sequences = args.max_stop_sequences
     app = build_app(engine, tokenizer, settings)
     # At --shutdown-timeout the engine's requests are aborted, so each client gets a 503 error body (or an error event
     # on its stream); uvicorn's own cancel (a bare 500, a cut stream) only comes FLUSH_GRACE_S later, for a handler
