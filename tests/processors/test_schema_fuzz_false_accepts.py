@@ -58,3 +58,15 @@ def test_not_integer_beside_other_types_and_bounds():
         schema_to_regex({"type": "number", "maximum": 3, "not": {"type": "integer"}})
     with pytest.warns(UserWarning, match="not"):
         schema_to_regex({"type": "number", "maximum": 3, "not": {"type": "integer"}}, strict=False)
+
+
+def test_a_unicode_property_pattern_is_unsupported_not_invalid():
+    """`\\p{L}` is valid ECMA-262 (what JSON Schema's `pattern` is) that Python's `re`, used by the meta-schema check,
+    rejects: the error is the translation's 'unsupported', not 'does not compile; fix the pattern'."""
+    from hf_paged.errors import UnsupportedSchemaError
+    from hf_paged.processors.schema import load_schema
+
+    with pytest.raises(UnsupportedSchemaError, match="Unicode property"):
+        load_schema({"type": "string", "pattern": "^\\p{L}+$"})
+    with pytest.raises(ValueError, match="does not compile"):
+        load_schema({"type": "string", "pattern": "^(+$"})

@@ -13,7 +13,7 @@ import json
 import re
 from typing import Any
 
-from hf_paged.errors import InvalidRegexError, InvalidSchemaError, SchemaTooComplexError
+from hf_paged.errors import InvalidRegexError, InvalidSchemaError, SchemaTooComplexError, UnsupportedSchemaError
 from hf_paged.processors.budget import CompileBudget
 
 __all__ = ["MAX_SCHEMA_NESTING", "check_nesting", "check_text_nesting", "load_schema"]
@@ -61,6 +61,11 @@ def load_schema(schema: Any, budget: CompileBudget | None = None) -> dict | bool
     except exceptions.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
         if exc.validator == "format" and exc.validator_value == "regex":
+            if re.search(r"\\[pP]\{", str(exc.instance)):  # valid ECMA-262 (`u` flag) that Python's `re` rejects
+                raise UnsupportedSchemaError(
+                    f"the pattern {exc.instance!r} at #/{where} uses \\p{{..}} (a Unicode property class), which we "
+                    "cannot translate; rewrite it with explicit character ranges"
+                ) from None
             raise InvalidRegexError(
                 f"the regex {exc.instance!r} at #/{where} does not compile; fix the pattern"
             ) from None
