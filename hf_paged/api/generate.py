@@ -384,7 +384,7 @@ def _params_per_prompt(gen_config: GenerationConfig, factory: ProcessorFactory, 
     - `generate_batch`: each prompt with stock's list for that prompt alone, from the config as given (as
       transformers' own `generate_batch`: no default top-k of 50 is added to a sampled config that names none,
       which stock `generate` adds), `room`: no limit was given, generate up to the model's `room` positions."""
-    base = SamplingParams.from_generation_config(gen_config, **overrides)
+    base = SamplingParams.from_generation_config(gen_config, stock_processors=True, **overrides)
     plain = {"temperature": 1.0, "top_k": None, "top_p": 1.0}
     if padded_rows is not None:
         params = [base.replace(logits_processors=factory.for_prompt_length(len(row), base.max_new_tokens, pads),

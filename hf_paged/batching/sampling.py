@@ -241,10 +241,24 @@ class SamplingParams:
         return replace(self, **changes)
 
     @classmethod
-    def from_generation_config(cls, generation_config, **overrides: Any) -> SamplingParams:
-        """Read the options the engine implements from a `GenerationConfig`; raise naming unsupported ones."""
+    def from_generation_config(cls, generation_config, *, stock_processors: bool = False,
+                               **overrides: Any) -> SamplingParams:
+        """Read the options the engine implements from a `GenerationConfig`; raise naming unsupported ones.
+
+        The fields stock `generate` turns into logits processors (repetition_penalty, min_p, bad_words_ids, ...,
+        `processor_fields`) are not `SamplingParams` fields: a config that sets one is refused, naming it, unless
+        `stock_processors=True` says the caller adds stock's processor list itself (as `generate` and
+        `generate_batch` do). They would be dropped silently otherwise."""
         check_generation_config(generation_config)
         gc = generation_config
+        dropped = [] if stock_processors else processor_fields(gc)
+        if dropped:
+            raise InvalidConfigError(
+                f"SamplingParams.from_generation_config cannot carry {', '.join(dropped)}: stock builds logits "
+                "processors for them, which SamplingParams has no field for; use model.generate_batch(prompts, "
+                "generation_config=...) (stock's processors per request), or pass them as logits_processors= (e.g. "
+                "transformers' RepetitionPenaltyLogitsProcessor, MinPLogitsWarper)"
+            )
         params: dict[str, Any] = {
             "do_sample": bool(gc.do_sample),
             # greedy: stock ignores the temperature (with a warning), whatever it is; so does the engine
@@ -272,6 +286,28 @@ class SamplingParams:
         names = {f.name for f in fields(cls)}
         params.update({k: v for k, v in overrides.items() if k in names})
         return cls(**params)
+
+
+# GenerationConfig fields stock generate turns into logits processors (transformers 5.x) and their neutral
+# values; the warpers among them act only when sampling. temperature / top_k / top_p / min_new_tokens are SamplingParams'.
+_PROCESSOR_FIELDS = {"repetition_penalty": (1.0,), "no_repeat_ngram_size": (0,), "bad_words_ids": (), "min_length": (0,),
+                     "sequence_bias": (), "suppress_tokens": (), "begin_suppress_tokens": (), "forced_bos_token_id": (),
+                     "forced_eos_token_id": (), "exponential_decay_length_penalty": (), "renormalize_logits": (False,),
+                     "remove_invalid_values": (False,), "watermarking_config": ()}
+_WARPER_FIELDS = {"min_p": (0.0,), "typical_p": (1.0,), "epsilon_cutoff": (0.0,), "eta_cutoff": (0.0,), "top_h": ()}
+
+
+def processor_fields(generation_config) -> list[str]:
+    """The fields of `generation_config` set to a value stock turns into a logits processor (none of them is a
+    `SamplingParams` field)."""
+    def set_(name: str, neutral: tuple) -> bool:
+        value = getattr(generation_config, name, None)
+        return value is not None and value not in neutral and not (isinstance(value, list | dict) and not value)
+
+    found = [name for name, neutral in _PROCESSOR_FIELDS.items() if set_(name, neutral)]
+    if generation_config.do_sample:
+        found += [name for name, neutral in _WARPER_FIELDS.items() if set_(name, neutral)]
+    return found
 
 
 def unsupported_modes(generation_config) -> list[str]:

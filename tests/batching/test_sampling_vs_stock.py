@@ -51,3 +51,23 @@ def test_min_new_tokens_takes_precedence_over_min_length(models, min_new_tokens)
     assert got.sequences.tolist() == expected.sequences.tolist()
     for a, b in zip(got.scores, expected.scores):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("fields", [{"repetition_penalty": 1.3}, {"do_sample": True, "min_p": 0.1},
+                                    {"no_repeat_ngram_size": 2, "bad_words_ids": [[5]]}, {"suppress_tokens": [4]}])
+def test_sampling_params_from_a_generation_config_refuses_fields_it_would_drop(fields):
+    """SamplingParams.from_generation_config read temperature/top-k/top-p and silently dropped every field stock
+    turns into a logits processor (a checkpoint's repetition_penalty, min_p, ...): an Engine request built from it
+    sampled from another distribution than stock. Now refused, naming the fields; generate/generate_batch pass
+    stock's processors themselves (stock_processors=True)."""
+    from transformers import GenerationConfig
+
+    from hf_paged import SamplingParams
+    from hf_paged.errors import InvalidConfigError
+
+    config = GenerationConfig(**fields)
+    with pytest.raises(InvalidConfigError, match=min(k for k in fields if k != "do_sample")):
+        SamplingParams.from_generation_config(config)
+    assert SamplingParams.from_generation_config(config, stock_processors=True).max_new_tokens >= 1
+    # greedy ignores the warpers, as stock does; neutral values are not fields set
+    SamplingParams.from_generation_config(GenerationConfig(min_p=0.1, repetition_penalty=1.0, typical_p=1.0))
