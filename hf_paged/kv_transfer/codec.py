@@ -19,7 +19,7 @@ from hf_paged.cache.compression.layer import SavedCompressedBlocks, SavedStore
 from hf_paged.cache.paged_cache import PagedCache
 from hf_paged.cache.paged_layer import SavedPlainBlocks
 
-__all__ = ["block_tensors", "ensure_storage", "is_transferable", "stack_blocks"]
+__all__ = ["block_tensors", "check_table", "ensure_storage", "is_transferable", "stack_blocks"]
 
 _SIDES = ("k", "v")
 
@@ -45,6 +45,16 @@ def block_tensors(saved: list, i: int) -> list[tuple[str, torch.Tensor]]:
         else:
             raise TypeError(f"layer {layer_idx}: cannot transfer {type(layer).__name__}")
     return out
+
+
+def check_table(cache: PagedCache, block_id: int, blocks: Sequence[dict[str, torch.Tensor]]) -> None:
+    """Raise `ValueError` unless every block holds exactly the tensors (names, dtypes, shapes) of this engine's own
+    copy of a block (`save_blocks` of `block_id`): the pool's indexed writes would broadcast a narrower tensor over
+    every head, or cast another dtype, without a word."""
+    expected = {name: (t.dtype, t.shape) for name, t in block_tensors(cache.save_blocks([block_id]), 0)}
+    for block in blocks:
+        if {name: (t.dtype, t.shape) for name, t in block.items()} != expected:
+            raise ValueError("a stored block's tensors are not this engine's block storage")
 
 
 def stack_blocks(blocks: Sequence[dict[str, torch.Tensor]], num_layers: int, compressed: bool) -> list:

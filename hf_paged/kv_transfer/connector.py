@@ -38,7 +38,7 @@ from hf_paged.cache.tree_nodes import TreeNode
 from hf_paged.compat import execution_device
 from hf_paged.errors import InvalidConfigError
 from hf_paged.kv_transfer.block_format import DecodedBlock
-from hf_paged.kv_transfer.codec import stack_blocks
+from hf_paged.kv_transfer.codec import check_table, stack_blocks
 from hf_paged.kv_transfer.cost_model import StepClock, TransferCostModel
 from hf_paged.kv_transfer.fetcher import BlockAsk, BlockFetcher, FetchResult
 from hf_paged.kv_transfer.hot_blocks import HotBlockPublisher, PeerStore
@@ -332,6 +332,7 @@ class KVConnector:
         # the forward; one of those sources may be a block just handed to this load: copy before writing over it.
         self.cache.apply_pending_copies()
         try:
+            check_table(self.cache, block_ids[0], [b.tensors for b in blocks])
             saved = stack_blocks([b.tensors for b in blocks], self.cache.kv_shape.num_layers, self.cache.compressed)
             self.cache.load_blocks(block_ids, saved)
         except (KeyError, RuntimeError, TypeError, ValueError):  # a table that does not fit this storage
