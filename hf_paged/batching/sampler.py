@@ -1,7 +1,8 @@
 """`Sampler`: logits rows -> next tokens, per request (processors, warpers, seeds), in `generate`'s order.
 
-Order per row, as stock `generate`: logits processors (user and built-in, each with this request's own history)
--> min_new_tokens EOS suppression -> temperature -> top-k -> top-p -> argmax or a draw: a seeded request's from
+Order per row, as stock `generate`: min_new_tokens' EOS suppression (stock's built-in processor, which its list puts
+before the caller's) -> logits processors (each with this request's own history; `generate` passes stock's whole
+list there) -> temperature -> top-k -> top-p -> argmax or a draw: a seeded request's from
 noise keyed by its seed and the token's position (`seeded_draws.py`: the same tokens whatever the schedule,
 speculation or constraint mode), an unseeded one's from torch's global generator. Rows without processors or
 sampling take a single batched argmax; sampled rows without stock processors (but row-only warpers) or a seed go
@@ -204,12 +205,12 @@ class Sampler:
         params = first.params
         try:
             group = scores.index_select(0, torch.tensor(members, device=scores.device))
-            for warper in first.processors.row_processors:  # the same objects on every member
-                group = warper(None, group)
-            for j, i in enumerate(members):
+            for j, i in enumerate(members):  # stock's built-in min_new_tokens, before the request's processors
                 request = requests[i]
                 if len(request.output_ids) < request.params.min_new_tokens and request.params.eos_token_ids:
                     group[j, list(request.params.eos_token_ids)] = float("-inf")
+            for warper in first.processors.row_processors:  # the same objects on every member
+                group = warper(None, group)
             group = _warp(params, None, group)
             probs = torch.softmax(group.float(), dim=-1)
         except Exception:  # noqa: BLE001 -- row by row names the failing request
@@ -263,14 +264,14 @@ class Sampler:
     def _process_row(self, request: Request, row: torch.Tensor, pending: Sequence[int] = ()) -> torch.Tensor:
         params = request.params
         history = None
+        if len(request.output_ids) + len(pending) < params.min_new_tokens and params.eos_token_ids:
+            row[:, list(params.eos_token_ids)] = float("-inf")  # stock's built-in, before the user's processors
         for proc in request.processors.row_processors:  # the constraints were applied in the batched pass
             if history is None:
                 prompt = request.prompt_ids if params.processor_prompt_ids is None else params.processor_prompt_ids
                 history = torch.tensor([prompt + request.output_ids + list(pending)], dtype=torch.long,
                                        device=row.device)
             row = proc(history, row)
-        if len(request.output_ids) + len(pending) < params.min_new_tokens and params.eos_token_ids:
-            row[:, list(params.eos_token_ids)] = float("-inf")
         return _warp(params, history, row) if params.do_sample else row
 
     def _pick(self, request: Request, row: torch.Tensor) -> int:

@@ -71,3 +71,29 @@ def test_sampling_params_from_a_generation_config_refuses_fields_it_would_drop(f
     assert SamplingParams.from_generation_config(config, stock_processors=True).max_new_tokens >= 1
     # greedy ignores the warpers, as stock does; neutral values are not fields set
     SamplingParams.from_generation_config(GenerationConfig(min_p=0.1, repetition_penalty=1.0, typical_p=1.0))
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_min_new_tokens_masks_eos_before_the_request_s_own_processors(seed):
+    """Stock's list holds its built-in MinNewTokensLengthLogitsProcessor before the caller's processors. The sampler
+    masked EOS after a SamplingParams' logits_processors: a caller's TopKLogitsWarper(2) with EOS most likely kept EOS
+    and one token, then EOS went, leaving one token to draw where stock keeps two (the drawn-together path, seed
+    None; the row path, seeded; speculative verification's `process` alike)."""
+    from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor, TopKLogitsWarper
+
+    from hf_paged import SamplingParams
+    from hf_paged.batching.request import Request
+    from hf_paged.batching.sampler import Sampler
+
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.5, -1.0, 0.0]])  # EOS (0) most likely
+    prompt = [1, 2, 3]
+    stock = MinNewTokensLengthLogitsProcessor(len(prompt), 1, torch.tensor([0]))(torch.tensor([prompt]), logits.clone())
+    stock = TopKLogitsWarper(2)(torch.tensor([prompt]), stock)
+    params = SamplingParams(do_sample=True, seed=seed, eos_token_id=0, min_new_tokens=1, output_scores=True,
+                            logits_processors=[TopKLogitsWarper(2)])
+    request = Request("r", prompt, params)
+    result = Sampler()([request], logits.clone())
+    assert result.errors == [None] and result.token_ids[0] in (1, 2)
+    torch.testing.assert_close(request.scores[0], stock[0])
+    processed = Sampler().process([Request("s", prompt, params)], logits.clone(), [[]])
+    torch.testing.assert_close(processed.rows[0][0], stock[0])
