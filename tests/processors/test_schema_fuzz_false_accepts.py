@@ -70,3 +70,17 @@ def test_a_unicode_property_pattern_is_unsupported_not_invalid():
         load_schema({"type": "string", "pattern": "^\\p{L}+$"})
     with pytest.raises(ValueError, match="does not compile"):
         load_schema({"type": "string", "pattern": "^(+$"})
+
+
+@pytest.mark.parametrize("pattern", ["^[^\\d]$", "^[^a\\d]$", "^[^\\w]$", "^[^\\s]$", "^[^\\S]$", "^[^\\D]$"])
+def test_a_negated_class_refuses_what_pythons_class_items_match(pattern):
+    """A negated class complements its items, so each `\\d \\w \\s` item in it must take its widest reading (ECMA's
+    or Python's, which jsonschema uses): the ASCII tables left the Unicode digits, letters and U+0085 in `[^..]`."""
+    schema = {"type": "string", "pattern": pattern}
+    validator = jsonschema.Draft202012Validator(schema)
+    rx = schema_to_regex(schema)
+    for char in ["\u0663", "\u0660", "\u00e9", "\u00aa", "\x85", "\ufeff", "\u2028", " ", "a", "_", "5", "%"]:
+        for text in {json.dumps(char), json.dumps(char, ensure_ascii=False)}:
+            if re.fullmatch(rx, text):
+                assert validator.is_valid(char), (pattern, text)
+    assert re.fullmatch(rx, {"^[^\\D]$": '"5"', "^[^\\S]$": '" "'}.get(pattern, '"%"'))  # (not everything refused)

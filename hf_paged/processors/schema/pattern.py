@@ -148,31 +148,36 @@ def _convert(op, av, pattern: str, where: str) -> Node:
 
 
 def _class(items: list, pattern: str, where: str) -> Ranges:
-    negate = False
+    negate = items[:1] == [(C.NEGATE, None)]
     ranges: Ranges = []
-    for op, av in items:
-        if op is C.NEGATE:
-            negate = True
-        elif op is C.LITERAL:
+    for op, av in items[1:] if negate else items:
+        if op is C.LITERAL:
             ranges.append((av, av))
         elif op is C.RANGE:
             ranges.append(av)
-        elif op is C.CATEGORY:
-            ranges.extend(_category(av))
+        elif op is C.CATEGORY:  # a negated class complements its items: take their widest meaning there
+            ranges.extend(_category(av, widest=negate))
         else:
             raise _unsupported(pattern, where, f"the class item {op}")
     return _complement(ranges) if negate else _normalize(ranges)
 
 
-def _category(cat) -> Ranges:
+_POSITIVE = {C.CATEGORY_DIGIT: C.CATEGORY_NOT_DIGIT, C.CATEGORY_WORD: C.CATEGORY_NOT_WORD,
+             C.CATEGORY_SPACE: C.CATEGORY_NOT_SPACE}  # (-> the key of `_python_category`'s table)
+
+
+def _category(cat, widest: bool = False) -> Ranges:
     r"""ECMA meaning, narrowed to what Python's `re` (used by jsonschema) also accepts: a text we write must
     pass both. \d \w stay ASCII; \s drops U+FEFF; \D \W \S exclude the Unicode digits / word / space
-    characters Python counts too."""
-    table = {C.CATEGORY_DIGIT: _DIGIT, C.CATEGORY_WORD: _WORD, C.CATEGORY_SPACE: _minus(_SPACE, [(0xFEFF, 0xFEFF)])}
-    if cat in table:
-        return list(table[cat])
-    ecma = {C.CATEGORY_NOT_DIGIT: _DIGIT, C.CATEGORY_NOT_WORD: _WORD, C.CATEGORY_NOT_SPACE: _SPACE}[cat]
-    return _complement(ecma + _python_category(cat))
+    characters Python counts too. `widest`: what either reading accepts, for an item of a negated class (whose
+    complement must then pass both: `[^\d]` refuses the Arabic-Indic digits Python's `\d` takes)."""
+    python_key = _POSITIVE.get(cat, cat)
+    ecma = {C.CATEGORY_NOT_DIGIT: _DIGIT, C.CATEGORY_NOT_WORD: _WORD, C.CATEGORY_NOT_SPACE: _SPACE}[python_key]
+    python = _python_category(python_key)
+    both, either = _intersect(ecma, python), _normalize(ecma + python)
+    if cat in _POSITIVE:
+        return either if widest else both
+    return _complement(both) if widest else _complement(either)
 
 
 @lru_cache(maxsize=4)
