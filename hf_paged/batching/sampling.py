@@ -40,7 +40,8 @@ class SamplingParams:
             `generate` gives each row as stock's processors see it, its padding included (stock's min_length,
             no_repeat_ngram_size, repetition_penalty read the padded rows).
         num_return_sequences: independent continuations of the same prompt (they share the prompt's blocks).
-        min_new_tokens: EOS is suppressed before this many tokens.
+        min_new_tokens: EOS is suppressed before this many tokens, and no stop string ends within them (vLLM's
+            min_tokens; `generate` keeps stock's rule, where only EOS waits).
         num_speculative_tokens: speculative decoding: tokens drafted per step and checked by the model in one
             forward (0: off). Greedy output is unchanged; sampled output keeps the model's distribution.
         draft_model: who drafts them: None for prompt lookup (n-grams of the request's own tokens), or a smaller

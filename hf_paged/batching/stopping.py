@@ -21,7 +21,8 @@ def check_stop(request: Request, max_model_len: int) -> str | None:
     last = request.output_ids[-1]
     if last in params.eos_token_ids and len(request.output_ids) >= params.min_new_tokens:
         return "stop"
-    if params.stop_strings and _ends_with_stop_string(request):
+    # (vLLM's min_tokens: no stop string ends within the first min_new_tokens tokens, as no EOS does)
+    if params.stop_strings and len(request.output_ids) > params.min_new_tokens and _ends_with_stop_string(request):
         return "stop"
     if len(request.output_ids) >= params.max_new_tokens or request.num_tokens >= max_model_len:
         return "length"
@@ -44,7 +45,8 @@ def _ends_with_stop_string(request: Request) -> bool:
     output = request.output_ids
     tail = output[-window:]
     decode = _decoder(tokenizer)
-    if _new_match(decode, tail, stops, cut, skip=False):
+    first = len(output) - len(tail)  # the tail's first token's index; min_new_tokens: no match ends in those tokens
+    if _new_match(decode, tail, stops, cut, skip=False, floor=max(0, request.params.min_new_tokens - first)):
         return True
     special = special_ids(tokenizer)
     if not special.intersection(tail):
@@ -53,26 +55,32 @@ def _ends_with_stop_string(request: Request) -> bool:
         return False
     # special tokens show no text there: the window counts the others only
     shown: list[int] = []
-    for token_id in reversed(output):
-        if token_id not in special:
-            shown.append(token_id)
+    floor = 0  # shown tokens among the first min_new_tokens
+    for index in range(len(output) - 1, -1, -1):
+        if output[index] not in special:
+            shown.append(output[index])
+            floor += index < request.params.min_new_tokens
             if len(shown) == window:
                 break
-    return _new_match(decode, shown[::-1], stops, cut, skip=True)
+    return _new_match(decode, shown[::-1], stops, cut, skip=True, floor=floor)
 
 
-def _new_match(decode: Callable[..., str], ids: list[int], stops: list[str], cut: bool, skip: bool) -> bool:
+def _new_match(decode: Callable[..., str], ids: list[int], stops: list[str], cut: bool, skip: bool,
+               floor: int = 0) -> bool:
     """A stop string in the text of `ids` (`_whole`). With a stop that holds U+FFFD (`cut`): only a match that ends
     in text the last id settled counts, because a tail that begins inside a character decodes its first bytes to
     U+FFFD; the text before was checked as it settled, so this reads a bounded tail too (reading the whole output
     made such a stop cost a decode of the whole output every step: quadratic over a long generation). The tail
     has >= 4k + 4 tokens before the last one, past a cut character of <= 3: >= k whole characters, so a k-character
-    match that reaches the last id's text starts after the cut."""
+    match that reaches the last id's text starts after the cut. `floor`: the first ids are among the first
+    min_new_tokens, where no match may end (vLLM's min_tokens; matches there were not checked as they came)."""
     text = _whole(decode(ids, skip_special_tokens=skip))
-    if not cut:
+    if not cut and not floor:
         return any(s in text for s in stops)
-    before = len(_whole(decode(ids[:-1], skip_special_tokens=skip)))
-    return any(text.find(s, max(0, before - len(s) + 1)) >= 0 for s in stops)
+    bound = len(_whole(decode(ids[:-1], skip_special_tokens=skip))) if cut else 0  # a match must end past it
+    if floor:
+        bound = max(bound, len(_whole(decode(ids[:floor], skip_special_tokens=skip))))
+    return any(text.find(s, max(0, bound - len(s) + 1)) >= 0 for s in stops)
 
 
 def _decoder(tokenizer: Any) -> Callable[..., str]:

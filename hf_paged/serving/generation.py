@@ -110,7 +110,8 @@ async def run_choices(
             if rid not in index_of:
                 index_of.update({c: i * n + k for k, c in enumerate(fork_ids(fork_parent(rid), n))})
             if rid not in texts:  # (decoded after the prompt's last tokens: a first "▁Paris" reads " Paris")
-                texts[rid] = TextStream(tokenizer, prepared.stop, context=prepared.prompts[i])
+                texts[rid] = TextStream(tokenizer, prepared.stop, context=prepared.prompts[i],
+                                        min_tokens=prepared.params.min_new_tokens)
             stream = texts[rid]
             now = time.perf_counter()
             if delta.new_token_ids:

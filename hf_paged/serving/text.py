@@ -22,12 +22,18 @@ CONTEXT_TOKENS = 5  # prompt tokens the output is decoded after (vLLM's detokeni
 
 
 class TextStream:
-    def __init__(self, tokenizer: Any, stop: Sequence[str] = (), context: Sequence[int] = ()) -> None:
+    def __init__(self, tokenizer: Any, stop: Sequence[str] = (), context: Sequence[int] = (),
+                 min_tokens: int = 0) -> None:
         """`context`: the prompt's last tokens (a few do: `CONTEXT_TOKENS`). The output is decoded after them and
         their text cut off, so a SentencePiece output's first "▁Paris" reads " Paris" (vLLM's detokenizer starts
-        from the prompt's last tokens too), not "Paris": a decode of the output alone drops that leading space."""
+        from the prompt's last tokens too), not "Paris": a decode of the output alone drops that leading space.
+        `min_tokens`: no stop sequence ends within the text of the first `min_tokens` tokens (vLLM's min_tokens;
+        the engine goes on past it, `stopping.check_stop`)."""
         self.tokenizer = tokenizer
         self.stop = list(stop)
+        self.min_tokens = min_tokens
+        self._num_output = 0  # output tokens pushed
+        self._floor = 0  # characters of `text` no stop sequence may end within (the first min_tokens tokens')
         self.token_ids: list[int] = []  # the context's tokens, then the output's
         self.text = ""  # everything decoded so far (whole characters only)
         self.num_sent = 0  # characters of `text` handed out
@@ -47,8 +53,14 @@ class TextStream:
         """New text to show after these tokens ("" while a character or a possible stop sequence is incomplete)."""
         if self.stopped or not token_ids:
             return ""
+        within = self.min_tokens - self._num_output
+        if 0 < within < len(token_ids):  # (a push of several tokens across the bound: its text there is the floor)
+            return self.push(token_ids[:within]) + self.push(token_ids[within:])
         self.token_ids.extend(token_ids)
+        self._num_output += len(token_ids)
         self.text = self._without_context(self._decoded(final=False), final=False)
+        if self._num_output <= self.min_tokens:
+            self._floor = len(self.text)
         return self._emit(final=False)
 
     def finish(self) -> str:
@@ -95,7 +107,7 @@ class TextStream:
         if self.stop:
             longest = max(len(s) for s in self.stop)
             start = max(0, self.num_sent - longest + 1)
-            hits = [i for i in (text.find(s, start) for s in self.stop) if i >= 0]
+            hits = [i for i in (_find_past(text, s, start, self._floor) for s in self.stop) if i >= 0]
             if hits:
                 end, self.stopped = min(hits), True
             elif not final:
@@ -103,6 +115,11 @@ class TextStream:
         end = max(end, self.num_sent)
         new, self.num_sent = text[self.num_sent : end], end
         return new
+
+
+def _find_past(text: str, stop: str, start: int, floor: int) -> int:
+    """The first occurrence of `stop` in `text` from `start` on that ends past `floor` characters (-1: none)."""
+    return text.find(stop, max(start, floor - len(stop) + 1))
 
 
 def _held_back(text: str, stops: Sequence[str]) -> int:

@@ -97,3 +97,50 @@ def test_min_new_tokens_masks_eos_before_the_request_s_own_processors(seed):
     torch.testing.assert_close(request.scores[0], stock[0])
     processed = Sampler().process([Request("s", prompt, params)], logits.clone(), [[]])
     torch.testing.assert_close(processed.rows[0][0], stock[0])
+
+
+def _stops_at(text: str, stop: str, min_new_tokens: int) -> int | None:
+    """The number of tokens (bytes of `text`) after which check_stop first says "stop" (None: never)."""
+    from hf_paged import SamplingParams
+    from hf_paged.batching.request import Request
+    from hf_paged.batching.stopping import check_stop
+    from tests.tiny_models import byte_tokenizer
+
+    tok = byte_tokenizer()
+    params = SamplingParams(max_new_tokens=100, stop_strings=[stop], tokenizer=tok, min_new_tokens=min_new_tokens)
+    request = Request("r", [1, 2], params)
+    for token in tok(text, add_special_tokens=False)["input_ids"]:  # one token a byte
+        request.output_ids.append(token)
+        if check_stop(request, 10_000) is not None:
+            return len(request.output_ids)
+    return None
+
+
+def test_no_stop_string_ends_within_min_new_tokens_as_vllm_min_tokens():
+    """vLLM's min_tokens (the server's `min_tokens`, SamplingParams.min_new_tokens): neither EOS nor a stop string
+    ends the output within its first min_tokens tokens (vLLM's detokenizer checks stop strings only past them,
+    tests/detokenizer/test_min_tokens.py there: min_tokens=5, stop "e" -> " is Lee, and I'm a stud"). The engine
+    stopped at the first "e" whatever min_new_tokens said. A match that only ends past them counts."""
+    assert _stops_at("xeyyeab", "e", 0) == 2
+    assert _stops_at("xeyyeab", "e", 3) == 5
+    # an occurrence inside the first tokens is not seen later either; one that ends past them is
+    assert _stops_at("xeyyab", "e", 3) is None
+    assert _stops_at("abcdef", "cd", 3) == 4
+
+
+def test_the_server_text_keeps_a_stop_sequence_within_min_tokens():
+    """The server's TextStream cut the text at a stop sequence inside the first min_tokens tokens (and the engine
+    ended there); vLLM shows it and stops at the first one ending past them. Pushed one token at a time or in one
+    chunk across the bound (speculative decoding emits several tokens at once)."""
+    from hf_paged.serving.text import TextStream
+    from tests.tiny_models import byte_tokenizer
+
+    tok = byte_tokenizer()
+    ids = tok("xeyyeab", add_special_tokens=False)["input_ids"]
+    one = TextStream(tok, ["e"], min_tokens=3)
+    shown = "".join(one.push([t]) for t in ids) + one.finish()
+    assert shown == "xeyy" and one.stopped
+    chunk = TextStream(tok, ["e"], min_tokens=3)
+    assert chunk.push(ids) + chunk.finish() == "xeyy"
+    plain = TextStream(tok, ["e"])
+    assert plain.push(ids) + plain.finish() == "x"
