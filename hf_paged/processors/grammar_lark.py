@@ -9,10 +9,14 @@ What of Lark is read, and how:
   language), terminals, literals with escapes and `i`, `/regex/` with flags `imsux`, `"a".."z"`, `| ? * + () []`,
   `~ n`, `~ n..m`, `%ignore`, `%import common.X [-> Y]` / `%import common (X, Y)` (our own table of Lark's
   `common` terminals), any `start=` rule.
-- The language is the grammar's, with terminals as sets of strings: what Lark's Earley parser with
-  `lexer="dynamic_complete"` accepts. Lark's standard and contextual lexers (LALR) tokenize greedily and may
-  refuse some of these texts (e.g. `"ab"` for `start: A "b"` with `A: /a+b?/`); lazy quantifiers are read as
-  greedy ones.
+- The language is the grammar's, with terminals as sets of strings and `%ignore` text as any number of matches
+  (`max_ignored=None`): what Lark's Earley parser with `lexer="dynamic_complete"` accepts, but for two places where
+  its lexer keeps to Python's preferred match. It reads a regex terminal as the match `re` prefers and that match's
+  prefixes (`A: /a|ab/` never reads `ab`; lazy quantifiers, read here as greedy ones, match their shortest), and an
+  `%ignore` pattern by its longest match only (with `%ignore WS`, `"a" " " "b"` refuses `"a\t b"`: the ignored run
+  takes the space the literal needs). Both times Lark refuses a sentence that we accept, never the reverse. Lark's
+  standard and contextual lexers (LALR) tokenize greedily and refuse more (e.g. `"ab"` for `start: A "b"` with
+  `A: /a+b?/`).
 - Direct left recursion is rewritten as repetition; other left recursion is refused (`LeftRecursionError`).
 - Refused with a typed error (`GrammarError` subclasses): templates, `%declare`, `%override`, `%extend`, imports
   of other modules, look-around, anchors, back-references in terminals, recursive terminals, and literals holding

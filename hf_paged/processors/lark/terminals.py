@@ -7,8 +7,9 @@ flags become classes (`[aA]`), `\\d \\w \\s` their code point ranges.
 A grammar's rule texts must never match the bytes that mark calls (`automaton.grammar`: 0x02 and 0x0E..0x1F): every
 class, `.` and negated literal is intersected with the characters outside them; a literal that holds one of them
 cannot be produced and is refused (`UnsupportedGrammarError`). Lazy quantifiers (`*?`) are read as greedy ones:
-a terminal is the *set* of strings its regex matches (what Lark's Earley `dynamic_complete` lexer also accepts),
-not the one match Python's `re` prefers.
+a terminal is the *set* of strings its regex matches, not the one match Python's `re` prefers. Lark's own Earley
+`dynamic_complete` lexer reads a terminal as the match `re` prefers and its prefixes, so it refuses a few texts of
+that set (`/a|ab/` never reads `ab`, `/a+?/` only `a`; `tests/processors/test_lark_set_semantics.py`).
 """
 
 from __future__ import annotations
