@@ -84,3 +84,24 @@ def test_a_negated_class_refuses_what_pythons_class_items_match(pattern):
             if re.fullmatch(rx, text):
                 assert validator.is_valid(char), (pattern, text)
     assert re.fullmatch(rx, {"^[^\\D]$": '"5"', "^[^\\S]$": '" "'}.get(pattern, '"%"'))  # (not everything refused)
+
+
+def test_unevaluated_properties_see_the_anyof_option_that_passed():
+    """An `anyOf` / `oneOf` option is evaluated in place: the properties of the option that passes count as evaluated
+    for its parent's `unevaluatedProperties: false`. Distributed as a sibling of the parent it did not, and the
+    schema below (valid: {"a": 1}) was refused as unsatisfiable."""
+    for key in ("anyOf", "oneOf"):
+        schema = {"type": "object", "unevaluatedProperties": False,
+                  key: [{"properties": {"a": {}}, "required": ["a"]}, {"properties": {"b": {}}, "required": ["b"]}]}
+        rx = schema_to_regex(schema)
+        validator = jsonschema.Draft202012Validator(schema)
+        for text in ['{"a":1}', '{"b":true}']:
+            assert validator.is_valid(json.loads(text)) and re.fullmatch(rx, text), text
+        for text in ["{}", '{"c":1}', '{"a":1,"c":1}']:
+            assert not validator.is_valid(json.loads(text)) and not re.fullmatch(rx, text), text
+    # an `allOf` part's unevaluatedProperties sees neither its siblings nor the parent's anyOf options
+    schema = {"allOf": [{"properties": {"foo": True}, "unevaluatedProperties": False}],
+              "anyOf": [{"properties": {"bar": True}}]}
+    rx = schema_to_regex(schema)
+    assert re.fullmatch(rx, '{"foo":1}') and not re.fullmatch(rx, '{"bar":1}')
+    assert not jsonschema.Draft202012Validator(schema).is_valid({"bar": 1})

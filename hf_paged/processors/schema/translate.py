@@ -120,6 +120,9 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
     else:
         ctx.cut()
         return [Branch(False, refs)]  # `$ref` chains deeper than the merge budget: cut off (sound)
+    # The schema's own unevaluatedProperties / unevaluatedItems (none merged in from an `allOf` part, which cannot see
+    # its siblings) see what the passing option evaluates: the option goes in as the schema's in-place child
+    sees_options = current is schema and ("unevaluatedProperties" in schema or "unevaluatedItems" in schema)
     for key in ("anyOf", "oneOf"):
         if isinstance(current, dict) and key in current:
             options = current[key]
@@ -128,7 +131,7 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
             rest = {k: v for k, v in current.items() if k != key}
             subs = []
             for i, option in enumerate(options):
-                merged = {"allOf": [rest, option]} if rest else option
+                merged = {**rest, "allOf": [option]} if sees_options else {"allOf": [rest, option]} if rest else option
                 option_calls = "recursion" if key == "anyOf" and calls != "never" else "never"
                 subs.append(branches(merged, ctx, pointer_join(pointer, key, i), refs, option_calls))
             if key == "oneOf" and len(options) > 1:
