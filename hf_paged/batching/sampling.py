@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields, replace
@@ -106,19 +107,27 @@ class SamplingParams:
             raise InvalidConfigError(
                 f"SamplingParams.temperature must be a finite number >= 0, got {self.temperature!r}"
             )
+        if not isinstance(self.do_sample, bool):  # ("yes" sampled, None was greedy: a typo must not pick either)
+            raise InvalidConfigError(f"SamplingParams.do_sample must be True or False, got {self.do_sample!r}")
         if self.do_sample and not self.temperature > 0:
             raise InvalidConfigError(f"SamplingParams.temperature must be > 0 when sampling, got {self.temperature!r}")
-        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not hasattr(self.top_k, "__index__")
+                                       or operator.index(self.top_k) < 0):  # (True was top_k=1)
             raise InvalidConfigError(f"SamplingParams.top_k must be None or an int >= 0, got {self.top_k!r}")
-        if not 0 <= self.top_p <= 1:  # 0 keeps the most likely token alone, as stock's TopPLogitsWarper does
-            raise InvalidConfigError(f"SamplingParams.top_p must be in [0, 1], got {self.top_p!r}")
+        if self.top_k is not None:
+            self.top_k = operator.index(self.top_k)  # (numpy's ints too)
+        if (isinstance(self.top_p, bool) or not isinstance(self.top_p, numbers.Real)
+                or not 0 <= self.top_p <= 1):  # 0 keeps the most likely token alone, as stock's TopPLogitsWarper does
+            raise InvalidConfigError(f"SamplingParams.top_p must be a number in [0, 1] (1: off), got {self.top_p!r}")
+        self.top_p = float(self.top_p)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not -(2**63) <= self.seed < 2**63):
             raise InvalidConfigError(
                 f"SamplingParams.seed must be None or an int in [-2**63, 2**63), got {self.seed!r}"
             )
         self._check_eos()
-        if not isinstance(self.num_return_sequences, int) or self.num_return_sequences < 1:
+        if (isinstance(self.num_return_sequences, bool) or not isinstance(self.num_return_sequences, int)
+                or self.num_return_sequences < 1):
             raise InvalidConfigError(
                 f"SamplingParams.num_return_sequences must be >= 1, got {self.num_return_sequences!r}"
             )

@@ -144,3 +144,19 @@ def test_the_server_text_keeps_a_stop_sequence_within_min_tokens():
     assert chunk.push(ids) + chunk.finish() == "xeyy"
     plain = TextStream(tok, ["e"])
     assert plain.push(ids) + plain.finish() == "x"
+
+
+@pytest.mark.parametrize("field, value", [("top_p", "0.5"), ("top_p", None), ("top_p", True), ("top_k", True),
+                                          ("do_sample", "yes"), ("do_sample", None), ("num_return_sequences", True)])
+def test_sampling_params_refuse_values_that_were_read_as_something_else(field, value):
+    """top_p of a string or None raised a bare TypeError ('<=' not supported) naming no field; top_k=True ran as
+    top_k=1, top_p=True as 1.0, do_sample="yes" sampled and None ran greedy, num_return_sequences=True as 1. Each is
+    an InvalidConfigError naming the field now; numpy's numbers still pass."""
+    import numpy as np
+
+    from hf_paged import SamplingParams
+    from hf_paged.errors import InvalidConfigError
+
+    with pytest.raises(InvalidConfigError, match=f"SamplingParams.{field}"):
+        SamplingParams(**{field: value})
+    assert SamplingParams(top_k=np.int64(3), top_p=np.float32(0.5)).top_k == 3
