@@ -105,3 +105,24 @@ def test_unevaluated_properties_see_the_anyof_option_that_passed():
     rx = schema_to_regex(schema)
     assert re.fullmatch(rx, '{"foo":1}') and not re.fullmatch(rx, '{"bar":1}')
     assert not jsonschema.Draft202012Validator(schema).is_valid({"bar": 1})
+
+
+def test_positive_multiples_of_a_power_of_ten_leave_out_zero():
+    """`multipleOf: 10` (100, 1000, ...) above 0: the suffix rule's placeholder for 'no multiple shorter than the
+    suffix' was a second `0` branch, which dropping the zero branch left in: 0 got through `exclusiveMinimum: 0`."""
+    for schema in ({"type": "integer", "exclusiveMinimum": 0, "multipleOf": 10},
+                   {"type": "number", "exclusiveMinimum": 0.5, "multipleOf": 100}):
+        rx = schema_to_regex(schema)
+        validator = jsonschema.Draft202012Validator(schema)
+        for text in ["0", "10", "100", "1000", "5", "110"]:
+            if re.fullmatch(rx, text):
+                assert validator.is_valid(json.loads(text)), (schema, text)
+        assert not re.fullmatch(rx, "0") and re.fullmatch(rx, "1000")
+
+
+def test_a_bound_exclusive_of_the_largest_double_is_unsatisfiable_not_a_crash():
+    from hf_paged.errors import UnsatisfiableSchemaError
+
+    for key, bound in (("exclusiveMinimum", 1.7976931348623157e308), ("exclusiveMaximum", -1.7976931348623157e308)):
+        with pytest.raises(UnsatisfiableSchemaError, match="largest"):
+            schema_to_regex({"type": "number", key: bound})

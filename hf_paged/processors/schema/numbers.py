@@ -258,13 +258,16 @@ def _int_bounds(lo: Any, lo_x: bool, hi: Any, hi_x: bool) -> tuple[int | None, i
     return ilo, ihi
 
 
-def _safe_decimal(v: Any, exclusive: bool, upper: bool) -> Decimal:
-    """A decimal bound that keeps both ints (exact) and floats (rounded) inside the float bound `v`."""
+def _safe_decimal(v: Any, exclusive: bool, upper: bool) -> Decimal | None:
+    """A decimal bound that keeps both ints (exact) and floats (rounded) inside the float bound `v`; None when no
+    finite double lies past it (exclusive of the largest double)."""
     if isinstance(v, int) and not exclusive:
         return Decimal(v)
     f = float(v)
     if exclusive:
         f = math.nextafter(f, -math.inf if upper else math.inf)
+        if not math.isfinite(f):  # beyond the largest double: no float there (an int could be; leave it out)
+            return None
     ctx = DecimalContext(prec=17, rounding=ROUND_FLOOR if upper else ROUND_CEILING)
     d = ctx.plus(Decimal(f))
     if d.as_tuple().exponent < -_MAX_FRACTION_DIGITS:  # e.g. nextafter(0) = 5e-324: round inward, shorter regex
@@ -338,7 +341,7 @@ def _suffix_rule(step: int) -> Rx | None:
     n = max(a, b) + k
     tails = [str(v).zfill(n) for v in range(0, 10**n, step)]
     short = [str(v) for v in range(step, 10**n, step)]  # multiples with fewer than n digits, no leading zeros
-    body = "(?:0|%s|[1-9][0-9]*(?:%s))" % ("|".join(short) or "0", "|".join(tails))
+    body = "(?:0|%s[1-9][0-9]*(?:%s))" % ("".join(v + "|" for v in short), "|".join(tails))  # (10**k: no short)
     return raw("-?" + body)
 
 
@@ -361,6 +364,8 @@ def number_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
         return number_text(ctx.number_digits)
     dlo = _safe_decimal(lo, lo_x, upper=False) if lo is not None else None
     dhi = _safe_decimal(hi, hi_x, upper=True) if hi is not None else None
+    if lo is not None and dlo is None or hi is not None and dhi is None:
+        return ctx.nothing(pointer, f"no double lies beyond the largest one ({hi if dhi is None and hi is not None else lo}, exclusive)")
     if dlo is not None and dhi is not None and dlo > dhi:
         return ctx.nothing(pointer, f"no number lies within the minimum / maximum bounds ({lo} > {hi})")
     return decimal_range(dlo, dhi, ctx.number_digits)
