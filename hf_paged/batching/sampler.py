@@ -225,7 +225,7 @@ class Sampler:
         drawn = [j for j, ok in enumerate(finite) if ok]
         for j, ok in enumerate(finite):
             if not ok:
-                errors[members[j]] = Failure.of(_not_finite(params.temperature), "sampling failed")
+                errors[members[j]] = Failure.of(not_finite_error(params.temperature), "sampling failed")
         if drawn:
             picked = probs if len(drawn) == len(members) else probs[drawn]
             for j, token in zip(drawn, torch.multinomial(picked, num_samples=1).flatten().tolist()):
@@ -282,7 +282,7 @@ class Sampler:
             return int(row.argmax(dim=-1))
         probs = torch.softmax(row.float(), dim=-1)
         if not bool(torch.isfinite(probs).all()):
-            raise _not_finite(request.params.temperature)
+            raise not_finite_error(request.params.temperature)
         return draw(request, probs, len(request.output_ids))  # a seeded row: keyed by its position
 
 
@@ -311,7 +311,7 @@ def _warp(params, history: torch.Tensor | None, scores: torch.Tensor) -> torch.T
 _RUN_BYTES = 1 << 20  # rows of logits warped at once: about a core's L2 (8 rows of a 32k vocabulary, 2 of 128k)
 
 
-def _not_finite(temperature: float) -> SamplingError:
+def not_finite_error(temperature: float) -> SamplingError:
     return SamplingError(
         f"the sampling distribution is not finite (temperature={temperature!r}): a temperature or penalty that "
         "overflows the logits, or a processor that wrote NaN; use a temperature >= 1e-5 (or greedy) and finite "

@@ -160,3 +160,29 @@ def test_sampling_params_refuse_values_that_were_read_as_something_else(field, v
     with pytest.raises(InvalidConfigError, match=f"SamplingParams.{field}"):
         SamplingParams(**{field: value})
     assert SamplingParams(top_k=np.int64(3), top_p=np.float32(0.5)).top_k == 3
+
+
+class _NoFiniteScores:
+    """A processor that leaves nothing to sample (every score -inf)."""
+
+    def __call__(self, input_ids, scores):
+        scores[:] = float("-inf")
+        return scores
+
+
+@pytest.mark.parametrize("seed", [None, 7])
+def test_verifying_drafts_against_a_row_that_is_not_a_distribution_fails_the_request_alone(seed):
+    """Decoding one token at a time fails such a request with SamplingError. Speculative verification drew anyway:
+    unseeded, torch.multinomial raised a RuntimeError out of Engine.step (every request of the engine with it);
+    seeded, the race's argmax over NaN emitted token 0 as if sampled (h101)."""
+    from hf_paged import SamplingParams
+    from hf_paged.batching.request import Request
+    from hf_paged.batching.sampler import Sampler
+    from hf_paged.batching.speculative import DraftRows, verify
+    from hf_paged.errors import SamplingError
+
+    request = Request("r", [1, 2, 3], SamplingParams(do_sample=True, seed=seed, num_speculative_tokens=2,
+                                                     logits_processors=[_NoFiniteScores()]))
+    request.draft_ids = [2, 4]
+    (verdict,) = verify(DraftRows([request], torch.randn(3, 6), [0], [2]), Sampler())
+    assert verdict.token_ids == [] and verdict.error is not None and verdict.error.error_type is SamplingError

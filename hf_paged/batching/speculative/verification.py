@@ -29,8 +29,9 @@ import torch
 
 from hf_paged.batching.logprobs import RowLogprobs, TokenLogprobs
 from hf_paged.batching.request import Failure, Request
-from hf_paged.batching.sampler import Sampler, is_plain_greedy
+from hf_paged.batching.sampler import Sampler, is_plain_greedy, not_finite_error
 from hf_paged.batching.seeded_draws import draw, request_seed
+from hf_paged.errors import SamplingError
 
 
 @dataclass(slots=True)
@@ -50,7 +51,7 @@ class Verdict:
     token_ids: list[int]  # the kept drafts, then the model's own next token (empty when `error`)
     num_drafted: int  # drafts verified
     num_accepted: int  # of which kept
-    error: Failure | None = None  # a processor failed: the request fails
+    error: Failure | None = None  # a processor failed or left no distribution: the request fails
     logprobs: list[TokenLogprobs] | None = None  # params.logprobs: one entry per token of `token_ids`
 
 
@@ -114,7 +115,11 @@ def _verify_in_order(rows: DraftRows, members: list[int], sampler: Sampler, verd
             draft = request.draft_ids[j] if j < k else None
             if params.do_sample:
                 q = request.draft_probs[j] if draft is not None and request.draft_probs is not None else None
-                token, accepted = _judge_sampled(request, row[0], draft, q, len(request.output_ids) + j)
+                try:
+                    token, accepted = _judge_sampled(request, row[0], draft, q, len(request.output_ids) + j)
+                except SamplingError as exc:  # as decoding one token at a time: the request fails, the step goes on
+                    verdicts[i] = Verdict([], k, 0, Failure.of(exc, "sampling failed"))
+                    continue
             else:
                 token = int(row[0].argmax())
                 accepted = token == draft
@@ -132,6 +137,8 @@ def _judge_sampled(request: Request, row: torch.Tensor, draft: int | None, q: to
     race's winner over the model's distribution and keeps the draft when it is that winner (`seeded_draws.py`: the
     tokens of decoding one at a time, whatever was drafted); an unseeded one, rejection sampling of `draft`."""
     probs = torch.softmax(row.float(), dim=-1)
+    if not bool(torch.isfinite(probs).all()):  # (the seeded race would take a token from NaN, multinomial raise)
+        raise not_finite_error(request.params.temperature)
     if request_seed(request) is not None:
         token = draw(request, probs, position)
         return token, draft is not None and token == draft
