@@ -105,6 +105,8 @@ class JSONSchemaLogitsProcessor(GuidedLogitsProcessor):
             ) from None
         # property order matters to the regex (keys are generated in schema order): never sort keys here
         canonical = json.dumps(self.schema, ensure_ascii=False, separators=(",", ":"))
+        if not canonical.isascii() and re.search("[\ud800-\udfff]", canonical):  # (lone surrogates: no UTF-8)
+            canonical = json.dumps(self.schema, separators=(",", ":"))
         super().__init__(
             regex,
             tokenizer,

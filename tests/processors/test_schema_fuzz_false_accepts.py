@@ -126,3 +126,14 @@ def test_a_bound_exclusive_of_the_largest_double_is_unsatisfiable_not_a_crash():
     for key, bound in (("exclusiveMinimum", 1.7976931348623157e308), ("exclusiveMaximum", -1.7976931348623157e308)):
         with pytest.raises(UnsatisfiableSchemaError, match="largest"):
             schema_to_regex({"type": "number", key: bound})
+
+
+def test_lone_surrogates_in_a_schema_are_written_as_escapes():
+    """JSON text may hold a lone surrogate (`"\\ud800"`); `json.loads` keeps it, UTF-8 cannot encode it: the processor
+    raised UnicodeEncodeError building its key. Values and names holding one are now spelled with `\\uXXXX`."""
+    text = '{"type": "object", "properties": {"\\ud800": {"enum": ["a", "\\udfff"]}}, "required": ["\\ud800"]}'
+    schema = json.loads(text)
+    proc = JSONSchemaLogitsProcessor(text, proc_tokenizer(), index_cache=IndexCache())
+    doc = '{"\\ud800":"\\udfff"}'
+    assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(doc)) and _ends(proc, doc)
+    assert not _ends(proc, '{"\\ud800":"b"}')

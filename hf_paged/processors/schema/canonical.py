@@ -9,12 +9,12 @@ alternatives (`anyOf`, `oneOf`, `$ref` + siblings...), the first branch the inst
 
 from __future__ import annotations
 
-import json
 import warnings
 from typing import Any
 
 from hf_paged.errors import HfPagedError
 from hf_paged.processors.schema.context import Context, pointer_join
+from hf_paged.processors.schema.fragments import json_string
 from hf_paged.processors.schema.objects import key_matches, member_order
 from hf_paged.processors.schema.refs import same_json
 from hf_paged.processors.schema.translate import branches, translate
@@ -130,7 +130,7 @@ def _write_object(s: dict, x: dict, ctx: Context, validator: Any, pointer: str, 
         text = _write(sub_schema, x[k], ctx, validator, pointer_join(pointer, "properties", k), depth + 1)
         if text is None:
             return None
-        members.append(json.dumps(k, ensure_ascii=False) + ":" + text)
+        members.append(json_string(k) + ":" + text)
     return "{" + ",".join(members) + "}"
 
 

@@ -12,6 +12,7 @@ limit) removes exactly the alternatives that need it instead of producing invali
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 from typing import NamedTuple
@@ -23,6 +24,7 @@ __all__ = [
     "char_class",
     "class_cost",
     "escape_text",
+    "json_string",
     "lit",
     "opt",
     "raw",
@@ -118,6 +120,16 @@ def rep(part: Rx | None, lo: int, hi: int | None) -> Rx | None:
         return Rx(g + quant, part.cost * max(lo, 1) + 2)
     quant = "?" if (lo, hi) == (0, 1) else "{%d}" % lo if lo == hi else "{%d,%d}" % (lo, hi)
     return Rx(g + quant, part.cost * hi + 2)
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def json_string(text: str) -> str:
+    """`json.dumps(text, ensure_ascii=False)`, with lone surrogates (which a JSON text may hold as `\\uXXXX` escapes,
+    `json.loads` reads them back, but UTF-8 cannot encode) written as escapes."""
+    out = json.dumps(text, ensure_ascii=False)
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", out) if _SURROGATE.search(out) else out
 
 
 def escape_text(text: str) -> str:

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hf_paged.processors.schema.context import Context, pointer_join
-from hf_paged.processors.schema.fragments import Rx, alt, lit, opt, raw, rep, seq
+from hf_paged.processors.schema.fragments import Rx, alt, json_string, lit, opt, raw, rep, seq
 from hf_paged.processors.schema.key_names import key_matches, not_in
 from hf_paged.processors.schema.name_rules import dependencies_of, forbidden_names, with_dependencies
 from hf_paged.processors.schema.pattern import emit, parse_pattern
@@ -182,7 +182,7 @@ def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
         value = None if name in forbidden else _value(parts, ctx, where)
         if value is not None and "propertyNames" in schema and not _name_ok(name, schema["propertyNames"], ctx, pointer):
             value = None
-        member = seq(lit(json.dumps(name, ensure_ascii=False)), colon, value) if value is not None else None
+        member = seq(lit(json_string(name)), colon, value) if value is not None else None
         elements.append((member, name in required))
     state = {"extras": _extras(schema, extra_schema, extra_names, ctx, pointer, colon)}
     min_p, max_p = schema.get("minProperties", 0), schema.get("maxProperties")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hf_paged.processors.schema.context import Context
+from hf_paged.processors.schema.fragments import json_string
 
 __all__ = ["dump_value", "finite_domain", "valid_values"]
 
@@ -130,11 +131,11 @@ def dump_value(value: Any) -> str | None:
 
         return format(Decimal(repr(value)), "f")
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+        return json_string(value)
     if isinstance(value, list):
         items = [dump_value(v) for v in value]
         return None if None in items else "[" + ",".join(items) + "]"  # type: ignore[arg-type]
     if isinstance(value, dict):
-        members = [(json.dumps(k, ensure_ascii=False), dump_value(v)) for k, v in value.items()]
+        members = [(json_string(k), dump_value(v)) for k, v in value.items()]
         return None if any(v is None for _, v in members) else "{" + ",".join(f"{k}:{v}" for k, v in members) + "}"
     return None
