@@ -39,10 +39,11 @@ def test_min_new_tokens_takes_precedence_over_min_length(models, min_new_tokens)
     min_length, so EOS stayed masked up to it (other tokens, other scores)."""
     stock, wrapped = models
     ids = torch.tensor([[5, 17, 33, 8]])
-    free = stock.generate(ids, max_new_tokens=6, do_sample=False, eos_token_id=None)[0, 4:].tolist()
-    at = min_new_tokens  # the greedy token at that step becomes EOS: stock may end there
+    free = stock.generate(ids, max_new_tokens=7, do_sample=False, eos_token_id=None)[0, 4:].tolist()
+    # the first greedy token from min_new_tokens on that did not come before becomes EOS: stock ends there, before
+    # the config's min_length (12: 8 new tokens)
+    at = next(i for i in range(min_new_tokens, len(free)) if free[i] not in free[:i])
     eos = free[at]
-    assert eos not in free[:at]
     kwargs = {"max_new_tokens": 8, "do_sample": False, "eos_token_id": eos, "min_new_tokens": min_new_tokens,
               "min_length": 12, "output_scores": True, "return_dict_in_generate": True}
     expected = stock.generate(ids, **kwargs)
