@@ -137,3 +137,45 @@ def test_lone_surrogates_in_a_schema_are_written_as_escapes():
     doc = '{"\\ud800":"\\udfff"}'
     assert jsonschema.Draft202012Validator(schema).is_valid(json.loads(doc)) and _ends(proc, doc)
     assert not _ends(proc, '{"\\ud800":"b"}')
+
+
+DRAWN_SCHEMAS = [
+    NOT_INTEGER,
+    {"type": "integer", "exclusiveMinimum": 0, "multipleOf": 10},
+    {"type": "string", "pattern": "^[^\\d\\s]{1,3}$"},
+    {"type": "object", "unevaluatedProperties": False,
+     "anyOf": [{"properties": {"a": {"type": "integer"}}, "required": ["a"]}, {"properties": {"b": {}}, "required": ["b"]}]},
+    {"type": "object", "required": ["n"], "additionalProperties": False,
+     "properties": {"n": {"type": "number", "exclusiveMinimum": 0.1, "maximum": 2.5}, "s": {"type": "string", "maxLength": 2}}},
+]
+
+
+@pytest.mark.parametrize("schema", DRAWN_SCHEMAS, ids=range(len(DRAWN_SCHEMAS)))
+def test_documents_drawn_through_the_masks_validate(schema):
+    """A small fixed-seed run of h98's sampler: random logits (biased toward EOS and closing characters so documents
+    end) masked by `process_rows` as the engine applies them; every document that ends with EOS must parse and
+    validate (the full fuzz, thousands of schemas x documents, lives outside the suite)."""
+    import torch
+
+    tok = proc_tokenizer()
+    proc = JSONSchemaLogitsProcessor(schema, tok, index_cache=IndexCache())
+    vocab_size, eos = proc.vocab.vocab_size, tok.eos_token_id
+    closing = torch.tensor([any(c in tok.decode([i]) for c in '"}],') for i in range(vocab_size)], dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    rows, ids = 16, [f"r{i}" for i in range(16)]
+    histories: list[list[int]] = [[] for _ in range(rows)]
+    for step in range(48):
+        live = [i for i in range(rows) if not histories[i] or histories[i][-1] != eos]
+        if not live:
+            break
+        scores = torch.rand(len(live), vocab_size, generator=gen) * 8 + closing * 3
+        scores[:, eos] += step * 0.5
+        proc.process_rows([ids[i] for i in live], [histories[i] for i in live], scores)
+        for row, pick in zip(live, scores.argmax(dim=1).tolist()):
+            histories[row].append(pick)
+    validator = jsonschema.Draft202012Validator(schema)
+    ended = [h for h in histories if h and h[-1] == eos]
+    assert len(ended) >= rows // 2
+    for history in ended:
+        text = tok.decode(history, skip_special_tokens=True)
+        assert validator.is_valid(json.loads(text)), text
