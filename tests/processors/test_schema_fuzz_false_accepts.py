@@ -70,6 +70,8 @@ def test_a_unicode_property_pattern_is_unsupported_not_invalid():
         load_schema({"type": "string", "pattern": "^\\p{L}+$"})
     with pytest.raises(ValueError, match="does not compile"):
         load_schema({"type": "string", "pattern": "^(+$"})
+    with pytest.raises(UnsupportedSchemaError, match="word boundaries"):  # (not "anchors (^ $)" alone)
+        schema_to_regex({"type": "string", "pattern": "\\bfoo\\b"})
 
 
 @pytest.mark.parametrize("pattern", ["^[^\\d]$", "^[^a\\d]$", "^[^\\w]$", "^[^\\s]$", "^[^\\S]$", "^[^\\D]$"])

@@ -104,7 +104,7 @@ def _top_alternatives(items: list, pattern: str, where: str) -> list[Node]:
     end = bool(items) and items[-1] == (C.AT, C.AT_END) and len(items) > int(start)
     body = items[int(start) : len(items) - int(end)]
     if _has_anchor(body):
-        raise _unsupported(pattern, where, "anchors (^ $) inside the pattern")
+        raise _unsupported(pattern, where, "anchors (^ $) or word boundaries (\\b \\B) inside the pattern")
     parts = ([] if start else [ANY]) + [_convert(op, av, pattern, where) for op, av in body] + ([] if end else [ANY])
     return [Node("seq", children=tuple(parts))]
 
