@@ -269,6 +269,17 @@ def _why_not(pattern: str, exc: Exception) -> str:
     return str(exc)[:300]
 
 
+def _comment_safe(anchored_regex: str) -> str:
+    """`anchored_regex` with its closing written so that a verbose-mode comment at the pattern's end cannot swallow
+    it: in `(?:(?x)a # c)\\z`, Rust reads `)\\z` as part of the comment (it runs to the end of the line). `(?x)\\n`
+    before the closing ends any such comment and is nothing otherwise (inside a comment the flag group is comment
+    text and the newline ends the comment; outside one the flag group sets verbose mode, which skips the newline,
+    for the rest of our own group only)."""
+    if not _is_anchored(anchored_regex) or "#" not in anchored_regex:
+        return anchored_regex
+    return anchored_regex[: -len(_ANCHOR_CLOSE)] + "(?x)\n" + _ANCHOR_CLOSE
+
+
 def _outlines_byte_dfa(anchored_regex: str, loops: bool = True) -> ByteDFA:
     """outlines-core's byte automaton of a pattern our parser leaves to it (no work budget: its build cannot be
     interrupted, only the caller's size estimate guards it)."""
@@ -279,7 +290,7 @@ def _outlines_byte_dfa(anchored_regex: str, loops: bool = True) -> ByteDFA:
     # JSON value nested two deep 0.92 s -> 0.016 s, an array of them 5.3 s -> 0.026 s; the same DFA). (A start
     # anchor inside the pattern then never matches; outlines-core cannot build one without the sentinel either.)
     try:
-        index = Index(_SENTINEL + anchored_regex, _probe_vocabulary())
+        index = Index(_SENTINEL + _comment_safe(anchored_regex), _probe_vocabulary())
     except ValueError as exc:  # (outlines-core raises plain ValueErrors: a pattern it cannot read or build)
         pattern = anchored_regex[len(_ANCHOR_OPEN):-len(_ANCHOR_CLOSE)] if _is_anchored(anchored_regex) else \
             anchored_regex
