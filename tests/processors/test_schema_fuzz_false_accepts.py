@@ -181,3 +181,14 @@ def test_documents_drawn_through_the_masks_validate(schema):
     for history in ended:
         text = tok.decode(history, skip_special_tokens=True)
         assert validator.is_valid(json.loads(text)), text
+
+
+def test_not_required_refuses_every_value_that_is_no_object():
+    """`required` holds for every value that is not an object, so `not: {required: [...]}` refuses them all: without
+    a `type`, {"not": {"required": ["z"]}} let 0, "a" and null through (h98's random object schemas)."""
+    for schema in ({"not": {"required": ["z"]}}, {"type": ["integer", "object"], "not": {"required": ["z"]}}):
+        rx = schema_to_regex(schema)
+        validator = jsonschema.Draft202012Validator(schema)
+        for text in ["0", '"a"', "null", "[]", '{"z":1}']:
+            assert not validator.is_valid(json.loads(text)) and not re.fullmatch(rx, text), (schema, text)
+        assert re.fullmatch(rx, '{"a":1}')

@@ -221,7 +221,9 @@ def _allowed_types(schema: dict, ctx: Context, pointer: str) -> list[str]:
         # `not: {type: integer}` beside numbers: those with a fractional part (1.0 and 1e3 are integers too)
         non_integer = "number" in types and "integer" in listed and "number" not in listed
         types -= negated | ({"number"} if non_integer else set())
-    elif neg is not None and neg is not False and negated_required(neg) is None:
+    elif neg is not None and neg is not False and negated_required(neg) is not None:
+        types &= {"object"}  # every other value has the names `required` asks for (it binds objects only): `not` fails
+    elif neg is not None and neg is not False:
         if "enum" not in schema and "const" not in schema:  # beside an enum, `not` filters the values
             ctx.unsupported("not", pointer, "only `not` of a `type`, of `required`, or of values beside an `enum` "
                             "is supported; remove `not`")
