@@ -192,3 +192,21 @@ def test_not_required_refuses_every_value_that_is_no_object():
         for text in ["0", '"a"', "null", "[]", '{"z":1}']:
             assert not validator.is_valid(json.loads(text)) and not re.fullmatch(rx, text), (schema, text)
         assert re.fullmatch(rx, '{"a":1}')
+
+
+@pytest.mark.parametrize(("schema", "invalid", "valid"), [
+    # one trigger under dependentRequired and dependentSchemas: the second replaced the first
+    ({"type": "object", "dependentRequired": {"b": ["a"]}, "dependentSchemas": {"b": {"required": ["c"]}}},
+     ['{"b":0,"c":1}', '{"b":0,"a":1}'], '{"b":0,"a":1,"c":2}'),
+    # an allOf part's additionalProperties binds keys only another part's patternProperties match
+    ({"type": "object", "allOf": [{"additionalProperties": {"type": "integer"}}, {"patternProperties": {"^a": {}}}]},
+     ['{"a":"x"}'], '{"a":1}'),
+    ({"type": "object", "patternProperties": {"^a": {}}, "allOf": [{"additionalProperties": {"type": "integer"}}]},
+     ['{"a":"x"}'], '{"a":1}'),
+])
+def test_object_keywords_merged_from_several_places_all_hold(schema, invalid, valid):
+    rx = schema_to_regex(schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    for text in invalid:
+        assert not validator.is_valid(json.loads(text)) and not re.fullmatch(rx, text), text
+    assert validator.is_valid(json.loads(valid)) and re.fullmatch(rx, valid)

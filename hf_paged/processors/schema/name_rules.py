@@ -53,8 +53,13 @@ def dependencies_of(schema: dict) -> dict[str, Any]:
     for key in ("dependencies", "dependentRequired", "dependentSchemas"):
         value = schema.get(key)
         if isinstance(value, dict):
-            deps.update(value)
+            for trigger, dep in value.items():  # (a trigger under two keywords must meet both)
+                deps[trigger] = {"allOf": [_as_schema(deps[trigger]), _as_schema(dep)]} if trigger in deps else dep
     return deps
+
+
+def _as_schema(dep: Any) -> Any:
+    return {"required": list(dep)} if isinstance(dep, list) else dep
 
 
 def with_dependencies(schema: dict, deps: dict[str, Any], ctx: Context, pointer: str) -> Rx | None:

@@ -257,7 +257,28 @@ def _merge(a: Any, b: Any, ctx: Context, pointer: str, *, parent: bool = False) 
                 if name not in own:
                     props[name] = {"allOf": [props[name], extra]} if extra is not False else False
             out["properties"] = props
+    _scope_patterns(a, b, out, parent)
     return out
+
+
+def _scope_patterns(a: dict, b: dict, out: dict, parent: bool) -> None:
+    """A part's additionalProperties (a later part's unevaluatedProperties) binds the keys only the other part's
+    `patternProperties` match too: they are not its own. Written as the extra schema under those patterns (stricter
+    where a key is also the owner's own name; sound)."""
+    owners = [(a, b, "additionalProperties"), (b, a, "additionalProperties"), (b, a, "unevaluatedProperties")]
+    if not parent:
+        owners.append((a, b, "unevaluatedProperties"))
+    for owner, other, extra_key in owners:
+        extra = owner.get(extra_key, True)
+        theirs = other.get("patternProperties")
+        if extra is True or extra == {} or not isinstance(theirs, dict) or not isinstance(out.get("patternProperties"), dict):
+            continue
+        own = owner.get("patternProperties") or {}
+        patterns = dict(out["patternProperties"])
+        for pattern in theirs:
+            if pattern not in own:
+                patterns[pattern] = {"allOf": [patterns[pattern], extra]} if extra is not False else False
+        out["patternProperties"] = patterns
 
 
 def _scope_items(a: dict, b: dict, out: dict) -> None:
