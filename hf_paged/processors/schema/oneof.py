@@ -46,12 +46,15 @@ def inferred_types(s: dict) -> set[str]:
     return found
 
 
-def types_of(s: Any) -> set[str]:
-    """The JSON types a (flattened) schema can produce; "integer" is included wherever "number" is."""
+def types_of(s: Any, accepted: bool = False) -> set[str]:
+    """The JSON types a (flattened) schema can produce; "integer" is included wherever "number" is. `accepted`: the
+    types it lets through instead (without `type`, every type: `{"minimum": 2}` accepts any string or object), which
+    is what deciding that another branch excludes it needs."""
     if s is True or not isinstance(s, dict):
         return set(TYPES) if s is not False else set()
     t = s.get("type")
-    types = {t} if isinstance(t, str) else set(t) if isinstance(t, list) else inferred_types(s) or set(TYPES)
+    types = ({t} if isinstance(t, str) else set(t) if isinstance(t, list)
+             else set(TYPES) if accepted else inferred_types(s) or set(TYPES))
     for values in ([s["const"]] if "const" in s else None, s.get("enum")):
         if isinstance(values, list):
             found = {_json_type(v) for v in values}
@@ -110,10 +113,10 @@ def _disjoint(a: list[Any], b: list[Any]) -> bool:
 
 
 def _narrow(b: dict, c: Any, none_valid: NoneValid, types_c: set[str] | None = None) -> dict | None:
-    """b narrowed so that no document of it satisfies c; None when no rule applies. `types_c`: `types_of(c)`, when
+    """b narrowed so that no document of it satisfies c; None when no rule applies. `types_c`: c's accepted types, when
     the caller has it."""
     types_b = types_of(b)  # (b is the same throughout: its types once)
-    if c is False or not (types_b & (types_of(c) if types_c is None else types_c)):
+    if c is False or not (types_b & (types_of(c, accepted=True) if types_c is None else types_c)):
         return b
     if not isinstance(c, dict):
         return None
@@ -125,7 +128,7 @@ def _narrow(b: dict, c: Any, none_valid: NoneValid, types_c: set[str] | None = N
     items_b, items_c = b.get("items"), c.get("items")
     if (types_b == {"array"} and isinstance(items_b, dict) and isinstance(items_c, dict)
             and "prefixItems" not in b and "prefixItems" not in c  # (else `items` skips the first items)
-            and not (types_of(items_b) & types_of(items_c))):
+            and not (types_of(items_b) & types_of(items_c, accepted=True))):
         # only the empty array can satisfy both: b's arrays keep at least one item
         return b if b.get("minItems", 0) >= 1 else dict(b, minItems=1)
     objects_only = types_b == {"object"}
@@ -167,7 +170,7 @@ def narrow_exclusive(options: list[list[Any]], none_valid: NoneValid) -> list[li
                 for k, c in enumerate(others):
                     types_c = types.get((j, k))
                     if types_c is None and c is not False:
-                        types_c = types[j, k] = types_of(c)
+                        types_c = types[j, k] = types_of(c, accepted=True)
                     nb = _narrow(b, c, none_valid, types_c)
                     if nb is None:
                         return None
