@@ -6,6 +6,9 @@ prompt alone, the pool's integrity holding after every step.
 
     python -m tests.fuzz.schedules --first-seed 0 --seeds 500      # prints every case that is not "ok"
 
+Run on 2026-12-06 (session 23), before this module took its shape: 1,239 draws of seeds 1000-2238, all "ok", and a
+few hundred more of its first version (seeds 5-~200: no failure but refusals of a then-unreachable combination).
+
 Outcomes: "ok"; "refused" (a `PagedConfig` or `SamplingParams` the library turns down with a clear error: a
 combination the draw does not avoid); "mismatch", "error" (a request failed), "hang" (no end after 5,000 steps).
 """
