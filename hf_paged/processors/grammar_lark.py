@@ -22,6 +22,9 @@ What of Lark is read, and how:
   of other modules, look-around, anchors, back-references in terminals, recursive terminals, and literals holding
   the control characters 0x02 / 0x0E..0x1F (reserved: they mark rule calls); classes and `.` never match those.
 - Calls nest at most `grammar_dfa.MAX_DEPTH` (128) deep: deeper nesting is never offered (sound, not complete).
+- An ambiguous grammar's automaton state holds one call stack per way to parse the text so far; a state that
+  would hold more than `grammar_dfa.MAX_CONFIGURATIONS` (1,024) raises `SchemaTooComplexError` when decoding
+  reaches it (`a: "x" a? a?` after about a dozen `x`: its parses grow like Fibonacci).
 """
 
 from __future__ import annotations

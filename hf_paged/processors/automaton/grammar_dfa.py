@@ -39,6 +39,9 @@ from hf_paged.processors.budget import CompileBudget
 __all__ = ["CAPACITY", "MAX_DEPTH", "GrammarDFA", "InsideView"]
 
 CAPACITY = 1 << 20  # states a grammar automaton may name (a row is 1 KB, allocated when first written)
+# configurations one state's row may step (its members' closures): an ambiguous grammar's parses of the text so far
+# multiply (~2x a byte: 17k configurations, 5 s for one row, after 19 bytes of one); the test grammars stay under 10
+MAX_CONFIGURATIONS = 1024
 ROOT_ROWS = 1 << 15  # a root rule up to this many states has its rows built at once (`build_root_rows`)
 CONTEXT_ROWS = 256  # a called rule up to this many states has its rows built when its context is first met
 MAX_VIEWS = 1 << 17  # memoised `inside_view`s (~200 bytes each), then cleared
@@ -71,6 +74,7 @@ class GrammarDFA:
     Args:
         grammar: the grammar (root and rules).
         capacity: most states named (then `SchemaTooComplexError`).
+        max_configurations: most call-stack configurations one state's row steps (then `SchemaTooComplexError`).
         budget: the work budget of the rules' automata (see `grammar_rules`).
 
     Raises:
@@ -81,10 +85,12 @@ class GrammarDFA:
     initial = 1
     dead = 0
 
-    def __init__(self, grammar: Grammar, capacity: int = CAPACITY, budget: CompileBudget | None = None):
+    def __init__(self, grammar: Grammar, capacity: int = CAPACITY, budget: CompileBudget | None = None,
+                 max_configurations: int = MAX_CONFIGURATIONS):
         self.grammar = grammar
         self.rules = grammar_rules(grammar, budget)
         self.capacity = capacity
+        self.max_configurations = max_configurations
         # zero-filled arrays: the OS hands out their pages on first write, so capacity costs address space only
         # (on one mapping: `lazy_zeros_many`)
         (self.transitions, self.finals, self.loops, self.has_loops, self.known, self._state_context,
@@ -372,6 +378,13 @@ class GrammarDFA:
             configs = self._stacks.closure(config)
         else:
             configs = [c for config in self._sets[state] for c in self._stacks.closure(config)]
+        if len(configs) > self.max_configurations:  # (a count of work: the same text fails on any machine)
+            raise SchemaTooComplexError(
+                f"a state of the grammar automaton holds {len(configs):,} call stacks (limit "
+                f"{self.max_configurations:,}): the grammar is ambiguous, its ways to parse the text so far multiply "
+                "with every character; write it so that a text parses one way (e.g. no rule that repeats a rule "
+                "which may itself be empty or repeat)"
+            )
         sets, inverse = self._stacks.step(configs)
         row = np.asarray([self._set_state(found) for found in sets], dtype=np.int32)[inverse]
         self.transitions[state] = row
