@@ -217,6 +217,8 @@ def test_object_keywords_merged_from_several_places_all_hold(schema, invalid, va
     ({"oneOf": [{"type": "object", "required": ["a"]}, {"multipleOf": 3, "minimum": -9, "maximum": 9}]}, '{"a":1}'),
     ({"oneOf": [{"type": "string", "maxLength": 1}, {"minimum": 2}]}, '""'),
     ({"oneOf": [{"type": "null"}, {"anyOf": [{"type": "integer"}, {"maximum": 9}]}]}, "null"),
+    # a branch with `const` writes its value whatever its other keywords' types: {"const": 1, "maxLength": 1} is 1
+    ({"allOf": [{"oneOf": [{"maxLength": 1}, {"required": ["b"]}]}, {"const": 1}]}, "1"),
 ])
 def test_oneof_exclusivity_reads_what_the_other_branches_accept(schema, invalid):
     """oneOf's exclusivity compared a branch's types with the types another branch is written as (its keywords'

@@ -54,7 +54,8 @@ def types_of(s: Any, accepted: bool = False) -> set[str]:
         return set(TYPES) if s is not False else set()
     t = s.get("type")
     types = ({t} if isinstance(t, str) else set(t) if isinstance(t, list)
-             else set(TYPES) if accepted else inferred_types(s) or set(TYPES))
+             else set(TYPES) if accepted or "const" in s or "enum" in s  # (values are written whatever their type)
+             else inferred_types(s) or set(TYPES))
     for values in ([s["const"]] if "const" in s else None, s.get("enum")):
         if isinstance(values, list):
             found = {_json_type(v) for v in values}
