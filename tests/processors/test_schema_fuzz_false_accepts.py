@@ -230,3 +230,14 @@ def test_oneof_exclusivity_reads_what_the_other_branches_accept(schema, invalid)
     except ValueError:  # (refusing the oneOf is sound too)
         return
     assert not re.fullmatch(rx, invalid)
+
+
+def test_a_merged_contains_keeps_each_parts_min_contains():
+    """`allOf` parts' `contains` merge into one; the merged minContains took the parent's 0 and dropped the part's
+    implicit 1, so {minContains: 0, allOf: [{contains: {const: 1}}]} accepted [] (h98's random array schemas)."""
+    for schema in ({"type": "array", "minContains": 0, "allOf": [{"contains": {"const": 1}}]},
+                   {"type": "array", "contains": {"type": "integer"}, "minContains": 0, "oneOf": [{"contains": True}]}):
+        rx = schema_to_regex(schema)
+        validator = jsonschema.Draft202012Validator(schema)
+        assert not validator.is_valid([]) and not re.fullmatch(rx, "[]"), schema
+        assert re.fullmatch(rx, "[1]")

@@ -233,6 +233,9 @@ def _merge(a: Any, b: Any, ctx: Context, pointer: str, *, parent: bool = False) 
                             "keep one")
     _scope_items(a, b, out)
     _scope_items(b, a, out)
+    if "contains" in out:  # each part's minContains counts its own `contains` (default 1; without one, nothing)
+        mins = [p.get("minContains", 1) for p in (a, b) if "contains" in p]
+        out["minContains"] = max(m for m in mins if isinstance(m, (int, float))) if mins else 1
     for owner in (b,) if parent else (a, b):
         if owner.get("unevaluatedItems") not in (None, True):
             # A child's unevaluatedItems sees only its own item keywords, not its siblings' ("cousins").
