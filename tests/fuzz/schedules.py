@@ -1,8 +1,10 @@
 """The master test under random schedules: a seed draws a model family, a `PagedConfig` (block size, step budget,
 pool size down to preemption, chunking, prefix cache and its eviction policy, the disk tier, sparse prefill that
 keeps every block), prompts that share prefixes or repeat, arrivals spread over steps, aborts, speculation (prompt
-lookup or a draft model), `n` forks and EOS ids; each request's greedy tokens must be stock `generate`'s for that
-prompt alone, the pool's integrity holding after every step.
+lookup or a draft model), `n` forks, EOS ids and seeded sampling; each greedy request's tokens must be stock
+`generate`'s for that prompt alone, each seeded request's those of the same request alone in a default engine
+without speculation (a seeded request's tokens depend on its prompt, parameters and seed only), the pool's integrity
+holding after every step.
 
     python -m tests.fuzz.schedules --first-seed 0 --seeds 500      # prints every case that is not "ok"
 
@@ -61,6 +63,20 @@ def stock_tokens(family: str, prompt: list[int], max_new: int, eos: int | None) 
     return _stock[key]
 
 
+def seeded_alone(family: str, prompt: list[int], params: dict) -> list[int]:
+    """A seeded request's tokens alone in a default engine, without speculation."""
+    plain = {k: v for k, v in params.items() if k not in ("num_speculative_tokens", "prompt_lookup_max_ngram",
+                                                           "draft_model", "num_return_sequences")}
+    key = (family, tuple(prompt), tuple(sorted(plain.items())))
+    if key not in _stock:
+        engine = Engine(model_of(family), PagedConfig())
+        request_id = engine.add_request(prompt, SamplingParams(**plain))
+        while engine.has_unfinished:
+            engine.step()
+        _stock[key] = engine.pop_output(request_id).generated_tokens
+    return _stock[key]
+
+
 def draw(seed: int) -> Case:
     r = random.Random(seed)
     family = r.choice(sorted(FAMILIES))
@@ -102,7 +118,11 @@ def draw(seed: int) -> Case:
             p.update(num_speculative_tokens=r.randint(1, 4), prompt_lookup_max_ngram=r.randint(1, 3))
         elif speculation < 0.25:
             p.update(num_speculative_tokens=r.randint(1, 4), draft_model=True)
-        if r.random() < 0.1:
+        if r.random() < 0.25:
+            p.update(do_sample=True, seed=r.randint(0, 2**31), temperature=r.choice([0.5, 1.0, 1.5]))
+            if r.random() < 0.5:
+                p.update(top_k=r.choice([2, 10]), top_p=r.choice([0.5, 0.9, 1.0]))
+        elif r.random() < 0.1:
             p["num_return_sequences"] = r.randint(2, 3)
         params.append(p)
         eos_ids.append(eos)
@@ -158,7 +178,10 @@ def _run(case: Case, config: dict) -> tuple[str, str]:
                 continue
             if out.error is not None:
                 return "error", f"request {i}, round {round_}: {out.error}"
-            want = stock_tokens(case.family, case.prompts[i], case.params[i]["max_new_tokens"], case.stock_eos[i])
+            if case.params[i].get("do_sample"):
+                want = seeded_alone(case.family, case.prompts[i], case.params[i])
+            else:
+                want = stock_tokens(case.family, case.prompts[i], case.params[i]["max_new_tokens"], case.stock_eos[i])
             if out.generated_tokens != want:
                 return "mismatch", f"request {i}, round {round_}: {out.generated_tokens} != stock {want}"
     return "ok", ""
