@@ -13,6 +13,7 @@ computed lazily from this table (`token_index.py`).
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ _MEMO_BYTES = 256 << 20  # ... and bytes of tables kept, whichever is reached fi
 _memo_bytes = 0  # bytes of the tables in `_MEMO` (under `_LOCK`)
 _FAILED: OrderedDict[tuple, tuple[int, str]] = OrderedDict()  # (regex, limits) -> (work, message) of a refused build
 _SENTINEL, _SENTINEL_BYTE = "\\x01", 0x01
+_MULTI_LINE = re.compile(r"\(\?[a-zA-Z-]*m")  # a flag group that may turn multi-line anchors on
 _ANCHOR_OPEN, _ANCHOR_CLOSE = "(?:", ")\\z"  # `anchored`
 _LOCK = threading.Lock()
 renew_locks_after_fork(globals(), "_LOCK")  # a forked child gets a free lock (after_fork.py)
@@ -289,8 +291,11 @@ def _outlines_byte_dfa(anchored_regex: str, loops: bool = True) -> ByteDFA:
     # Without it outlines-core spends most of the build near the start state on some patterns (measured: a free
     # JSON value nested two deep 0.92 s -> 0.016 s, an array of them 5.3 s -> 0.026 s; the same DFA). (A start
     # anchor inside the pattern then never matches; outlines-core cannot build one without the sentinel either.)
+    # A multi-line `^` matches after a newline: with `\n` as the sentinel it matches at the text's start too, as it
+    # should (`(?m)^a$` was refused as matching nothing); `\b` reads both sentinels as the non-word start of text.
+    sentinel, sentinel_byte = ("\\n", 0x0A) if _MULTI_LINE.search(anchored_regex) else (_SENTINEL, _SENTINEL_BYTE)
     try:
-        index = Index(_SENTINEL + _comment_safe(anchored_regex), _probe_vocabulary())
+        index = Index(sentinel + _comment_safe(anchored_regex), _probe_vocabulary())
     except ValueError as exc:  # (outlines-core raises plain ValueErrors: a pattern it cannot read or build)
         pattern = anchored_regex[len(_ANCHOR_OPEN):-len(_ANCHOR_CLOSE)] if _is_anchored(anchored_regex) else \
             anchored_regex
@@ -298,7 +303,7 @@ def _outlines_byte_dfa(anchored_regex: str, loops: bool = True) -> ByteDFA:
                                 "`regex` syntax (no look-around, no back-references)") from None
     table = index.get_transitions()  # {state: {byte (or 256 = EOS): next}}
     entry = index.get_initial_state()
-    initial = table.get(entry, {}).get(_SENTINEL_BYTE)
+    initial = table.get(entry, {}).get(sentinel_byte)
     if initial is None:
         raise UnsatisfiableSchemaError(f"the regex {anchored_regex[:200]!r} matches no text; check the schema/regex")
     table = {state: edges for state, edges in table.items() if state != entry}  # nothing leads back to it
