@@ -23,3 +23,18 @@ def test_a_multi_line_start_anchor_matches_at_the_start_of_the_text(regex, accep
     dfa = build_byte_dfa(anchored(regex), fresh=True)
     assert all(dfa.accepts(text) for text in accepted), regex
     assert not any(dfa.accepts(text) for text in refused), regex
+
+
+@pytest.mark.parametrize("regex, accepted, refused", [
+    ("(?i)^(yes|no)$", [b"YES", b"no"], [b"", b"yesno"]),
+    ("^(?i)a", [b"A", b"a"], [b"b"]),
+    ("(?i)\\Aab", [b"AB"], [b"b"]),
+    ("(?i)^a|b", [b"a", b"B"], [b"ab"]),
+    ("(?xi)^a # c", [b"A"], [b"a # c"]),
+])
+def test_a_leading_start_anchor_is_read_as_the_start_of_the_text(regex, accepted, refused):
+    """outlines-core cannot build a start anchor ("anchored universal start state doesn't exist"); a leading one (after
+    flag groups) is at the start of the text, where it holds, so it is dropped: `(?i)^(yes|no)$` was refused."""
+    dfa = build_byte_dfa(anchored(regex), fresh=True)
+    assert all(dfa.accepts(text) for text in accepted), regex
+    assert not any(dfa.accepts(text) for text in refused), regex

@@ -42,6 +42,7 @@ _memo_bytes = 0  # bytes of the tables in `_MEMO` (under `_LOCK`)
 _FAILED: OrderedDict[tuple, tuple[int, str]] = OrderedDict()  # (regex, limits) -> (work, message) of a refused build
 _SENTINEL, _SENTINEL_BYTE = "\\x01", 0x01
 _MULTI_LINE = re.compile(r"\(\?[a-zA-Z-]*m")  # a flag group that may turn multi-line anchors on
+_LEADING_ANCHOR = re.compile(r"\A((?:\(\?[a-zA-Z-]*\))*)(?:\^|\\A)(?![*+?{])")  # flag groups, then ^ or \A
 _ANCHOR_OPEN, _ANCHOR_CLOSE = "(?:", ")\\z"  # `anchored`
 _LOCK = threading.Lock()
 renew_locks_after_fork(globals(), "_LOCK")  # a forked child gets a free lock (after_fork.py)
@@ -272,14 +273,17 @@ def _why_not(pattern: str, exc: Exception) -> str:
 
 
 def _comment_safe(anchored_regex: str) -> str:
-    """`anchored_regex` with its closing written so that a verbose-mode comment at the pattern's end cannot swallow
-    it: in `(?:(?x)a # c)\\z`, Rust reads `)\\z` as part of the comment (it runs to the end of the line). `(?x)\\n`
-    before the closing ends any such comment and is nothing otherwise (inside a comment the flag group is comment
-    text and the newline ends the comment; outside one the flag group sets verbose mode, which skips the newline,
-    for the rest of our own group only)."""
-    if not _is_anchored(anchored_regex) or "#" not in anchored_regex:
+    """`anchored_regex` without a leading start anchor, and with its closing written so that a verbose-mode comment
+    at the pattern's end cannot swallow it: in `(?:(?x)a # c)\\z`, Rust reads `)\\z` as part of the comment (it runs
+    to the end of the line). `(?x)\\n` before the closing ends any such comment and is nothing otherwise (inside a
+    comment the flag group is comment text and the newline ends the comment; outside one the flag group sets
+    verbose mode, which skips the newline, for the rest of our own group only)."""
+    if not _is_anchored(anchored_regex):
         return anchored_regex
-    return anchored_regex[: -len(_ANCHOR_CLOSE)] + "(?x)\n" + _ANCHOR_CLOSE
+    # a start anchor that leads the pattern (after flag groups) is at the text's start, true there, and outlines-core
+    # cannot build one ("anchored universal start state doesn't exist"): `(?i)^(yes|no)$` was refused
+    inner = _LEADING_ANCHOR.sub(r"\1", anchored_regex[len(_ANCHOR_OPEN) : -len(_ANCHOR_CLOSE)], count=1)
+    return _ANCHOR_OPEN + inner + ("(?x)\n" if "#" in inner else "") + _ANCHOR_CLOSE
 
 
 def _outlines_byte_dfa(anchored_regex: str, loops: bool = True) -> ByteDFA:
