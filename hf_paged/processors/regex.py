@@ -18,8 +18,10 @@ class RegexLogitsProcessor(GuidedLogitsProcessor):
 
     Args:
         pattern: a regex in Rust `regex` syntax (as Python's `re`, without look-around or back-references). `\\d`,
-            `\\w`, `\\s` follow Python's Unicode tables; `\\p{..}`, nested classes, `(?i)` and `\\b` are compiled by
-            outlines-core, bounded only by the size estimate (`IndexCache(max_regex_size=...)`).
+            `\\w`, `\\s` follow Python's Unicode tables; a pattern with `\\p{..}`, nested classes, `(?i)` or `\\b` is
+            compiled whole by outlines-core, bounded only by the size estimate (`IndexCache(max_regex_size=...)`),
+            and its `\\d`, `\\w`, `\\s` follow Rust's (`\\w` without `²`, `\\s` without U+001C..U+001F). A start anchor
+            there holds only where it leads the pattern.
         tokenizer: the model's tokenizer.
         eos_token_id: the id(s) that end a document; default `tokenizer.eos_token_id`.
         index_cache: where compiled indexes live; default the process-wide cache.
