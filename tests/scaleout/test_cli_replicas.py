@@ -83,10 +83,12 @@ def test_port_zero_is_a_free_port_told_to_serves_proxy():
 
 
 def test_api_key_and_generation_config_reach_the_deployment(monkeypatch, tmp_path):
-    """`--api-key` (as its digest, never the key) and `--generation-config` go into the replicas' spec; a bad
-    `--generation-config` is a one-line error before Ray starts. Was: both flags were refused with --replicas."""
+    """`--api-key` (as its digest, never the key), `--generation-config`, `--max-stop-sequences` and
+    `--max-cache-retention` go into the replicas' spec; a bad `--generation-config` is a one-line error before Ray
+    starts. Was: the first two were refused with --replicas, the last read and dropped."""
     pytest.importorskip("ray")
     from hf_paged.scaleout import cli, deploy
+    from hf_paged.serving import ServerSettings
     from hf_paged.serving.auth import KeyCheck
 
     seen = {}
@@ -115,7 +117,13 @@ def test_api_key_and_generation_config_reach_the_deployment(monkeypatch, tmp_pat
     monkeypatch.setattr(deploy, "deploy", fake_deploy)
     monkeypatch.setenv("HF_PAGED_API_KEY", "s3cret")
     with pytest.raises(Deployed):
-        main(["serve", "--replicas", "2", "--port", "8123", "--generation-config", "vllm"])
+        main(["serve", "--replicas", "2", "--port", "8123", "--generation-config", "vllm", "--max-stop-sequences",
+              "5", "--max-cache-retention", "0"])
     assert seen["generation_config"] == "vllm" and seen["stopped"]
+    # the replicas' server settings (`--max-cache-retention` was read and dropped with --replicas before)
+    settings = deploy.ReplicaSpec(max_stop_sequences=seen["max_stop_sequences"],
+                                  max_cache_retention_s=seen["max_cache_retention_s"]).server_settings()
+    assert (settings.max_stop_sequences, settings.max_cache_retention_s) == (5, 0)
+    assert deploy.ReplicaSpec().server_settings().max_stop_sequences == ServerSettings().max_stop_sequences
     assert seen["api_key"] == KeyCheck.from_key("s3cret") and b"s3cret" not in repr(seen["api_key"]).encode()
     assert main(["serve", "--replicas", "2", "--generation-config", str(tmp_path)]) == 2  # no generation_config.json

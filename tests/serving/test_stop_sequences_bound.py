@@ -1,6 +1,5 @@
 """`--max-stop-sequences`: a request's `stop` list is bounded (the engine checks every string after each token of
-the request, on the thread all requests step on), the bound reaches the replicas of `--replicas`, and so does
-`--max-cache-retention` (which they ignored before)."""
+the request, on the thread all requests step on). With `--replicas`: tests/scaleout/test_cli_replicas.py."""
 
 from __future__ import annotations
 
@@ -62,41 +61,3 @@ def test_the_flag_is_checked_and_reaches_the_server_settings(monkeypatch):
     with pytest.raises(Built):
         main(["serve"])
     assert seen["settings"].max_stop_sequences == DEFAULT_MAX_STOP_SEQUENCES
-
-
-def test_replicas_get_the_stop_bound_and_the_retention_bound(monkeypatch):
-    pytest.importorskip("ray")
-    from hf_paged.cli import main
-    from hf_paged.scaleout import cli, deploy
-
-    seen = {}
-
-    class Cluster:
-        def __init__(self, address):
-            pass
-
-        def start(self):
-            pass
-
-        def check_cpus(self, n):
-            pass
-
-        def stop(self):
-            pass
-
-    class Deployed(Exception):
-        pass
-
-    def fake_deploy(model, **kwargs):
-        seen.update(kwargs)
-        raise Deployed
-
-    monkeypatch.setattr(cli, "LocalCluster", Cluster)
-    monkeypatch.setattr(deploy, "deploy", fake_deploy)
-    with pytest.raises(Deployed):
-        main(["serve", "--replicas", "2", "--max-stop-sequences", "5", "--max-cache-retention", "0"])
-    assert seen["max_stop_sequences"] == 5 and seen["max_cache_retention_s"] == 0
-    settings = deploy.ReplicaSpec(**{k: seen[k] for k in ("max_stop_sequences", "max_cache_retention_s")}) \
-        .server_settings()  # what each replica's app runs with
-    assert (settings.max_stop_sequences, settings.max_cache_retention_s) == (5, 0)
-    assert deploy.ReplicaSpec().server_settings().max_stop_sequences == DEFAULT_MAX_STOP_SEQUENCES
