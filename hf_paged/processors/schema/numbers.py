@@ -365,7 +365,8 @@ def number_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
     dlo = _safe_decimal(lo, lo_x, upper=False) if lo is not None else None
     dhi = _safe_decimal(hi, hi_x, upper=True) if hi is not None else None
     if lo is not None and dlo is None or hi is not None and dhi is None:
-        return ctx.nothing(pointer, f"no double lies beyond the largest one ({hi if dhi is None and hi is not None else lo}, exclusive)")
+        bound = hi if hi is not None and dhi is None else lo
+        return ctx.nothing(pointer, f"no double lies beyond the largest one ({bound}, exclusive)")
     if dlo is not None and dhi is not None and dlo > dhi:
         return ctx.nothing(pointer, f"no number lies within the minimum / maximum bounds ({lo} > {hi})")
     return decimal_range(dlo, dhi, ctx.number_digits)
