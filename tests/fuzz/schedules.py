@@ -21,7 +21,7 @@ import argparse
 import random
 import shutil
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -43,7 +43,6 @@ class Case:
     arrivals: list[int]  # the step at which each request is added
     aborts: list[bool]  # aborted two steps after its arrival (its tokens are not compared)
     rounds: int = 1  # the same requests again, after the first round ended (prefix hits of finished requests)
-    stock_eos: list[int | None] = field(default_factory=list)
 
 
 def model_of(family: str) -> torch.nn.Module:
@@ -107,7 +106,7 @@ def draw(seed: int) -> Case:
         config["num_blocks"] = r.choice([need, need + 2, 2 * need, 512 // config["block_size"] + 8])
     if r.random() < 0.15:
         config.update(kv_offload_dir="", enable_prefix_caching=True)  # (a temporary directory when it runs)
-    params, eos_ids = [], []
+    params = []
     for _ in prompts:
         p: dict = {"max_new_tokens": r.randint(1, 30)}
         eos = r.choice([None, None, r.randint(3, VOCAB - 1)])
@@ -125,10 +124,9 @@ def draw(seed: int) -> Case:
         elif r.random() < 0.1:
             p["num_return_sequences"] = r.randint(2, 3)
         params.append(p)
-        eos_ids.append(eos)
     rounds = 2 if config["enable_prefix_caching"] and r.random() < 0.5 else 1
     return Case(seed, family, config, prompts, params, [r.randint(0, 6) for _ in prompts],
-                [r.random() < 0.1 for _ in prompts], rounds, eos_ids)
+                [r.random() < 0.1 for _ in prompts], rounds)
 
 
 def run(case: Case) -> tuple[str, str]:
@@ -181,7 +179,8 @@ def _run(case: Case, config: dict) -> tuple[str, str]:
             if case.params[i].get("do_sample"):
                 want = seeded_alone(case.family, case.prompts[i], case.params[i])
             else:
-                want = stock_tokens(case.family, case.prompts[i], case.params[i]["max_new_tokens"], case.stock_eos[i])
+                want = stock_tokens(case.family, case.prompts[i], case.params[i]["max_new_tokens"],
+                                    case.params[i].get("eos_token_id"))
             if out.generated_tokens != want:
                 return "mismatch", f"request {i}, round {round_}: {out.generated_tokens} != stock {want}"
     return "ok", ""
