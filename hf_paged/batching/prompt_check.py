@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hf_paged.batching.sampling import SamplingParams
-from hf_paged.errors import HfPagedError, InvalidPromptError, PromptTooLongError
+from hf_paged.errors import HfPagedError, InvalidConfigError, InvalidPromptError, PromptTooLongError
 
 __all__ = ["PromptLimits", "check_prompt"]
 
@@ -26,10 +26,11 @@ class PromptLimits:
 def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, limits: PromptLimits, *,
                  whole_sequence: bool = False, output_name: str = "max_new_tokens",
                  pool_fix: str = "raise PagedConfig.num_blocks (or max_cache_bytes)") -> HfPagedError | None:
-    """`InvalidPromptError` (empty, ids outside the vocabulary, score targets that do not fit), `PromptTooLongError`
-    (no room to generate, or more blocks than the pool has), or None. `whole_sequence`: the pool must also hold
-    `max_new_tokens` more tokens (a server refuses up front what could never finish); by default only the prompt and
-    the first generated token must fit, and a request that outgrows the pool later ends with `OutOfBlocksError`.
+    """`InvalidPromptError` (empty, ids outside the vocabulary, score targets that do not fit), `InvalidConfigError`
+    (a logit_bias id outside the vocabulary), `PromptTooLongError` (no room to generate, or more blocks than the pool
+    has), or None. `whole_sequence`: the pool must also hold `max_new_tokens` more tokens (a server refuses up front
+    what could never finish); by default only the prompt and the first generated token must fit, and a request that
+    outgrows the pool later ends with `OutOfBlocksError`.
     `output_name` and `pool_fix` word the pool's message in the caller's terms (the server: `max_tokens`, its
     `--num-blocks` flag)."""
     if len(prompt_ids) == 0:
@@ -37,6 +38,10 @@ def check_prompt(prompt_ids: Sequence[int], params: SamplingParams, limits: Prom
     bad = [t for t in prompt_ids if not 0 <= t < limits.vocab_size]
     if bad:
         return InvalidPromptError(f"token ids {bad[:5]} are outside the vocabulary [0, {limits.vocab_size})")
+    bad = [t for t in params.logit_bias or () if t >= limits.vocab_size]
+    if bad:
+        return InvalidConfigError(f"SamplingParams.logit_bias names token ids {bad[:5]} outside the vocabulary "
+                                  f"[0, {limits.vocab_size}): bias this model's own token ids")
     targets = params.score_targets
     if targets is not None:
         if len(targets) > len(prompt_ids) or list(prompt_ids[len(prompt_ids) - len(targets) + 1:]) != targets[:-1]:

@@ -1,13 +1,14 @@
 """`Sampler`: logits rows -> next tokens, per request (processors, warpers, seeds), in `generate`'s order.
 
 Order per row, as stock `generate`: min_new_tokens' EOS suppression (stock's built-in processor, which its list puts
-before the caller's) -> logits processors (each with this request's own history; `generate` passes stock's whole
-list there) -> temperature -> top-k -> top-p -> argmax or a draw: a seeded request's from
-noise keyed by its seed and the token's position (`seeded_draws.py`: the same tokens whatever the schedule,
-speculation or constraint mode), an unseeded one's from torch's global generator. Rows without processors or
-sampling take a single batched argmax; sampled rows without stock processors (but row-only warpers) or a seed go
-through the chain in runs of consecutive rows with the same warpers, each run drawing from torch's global generator
-at once; unseeded rows draw in arrival order (stock's row order), whatever order the scheduler gave them.
+before the caller's) -> [OpenAI's logit_bias] -> logits processors (each with this request's own history; `generate`
+passes stock's whole list there) -> [presence and frequency penalties, `penalties.py`] -> temperature -> top-k ->
+top-p -> argmax or a draw: a seeded request's from noise keyed by its seed and the token's position
+(`seeded_draws.py`: the same tokens whatever the schedule, speculation or constraint mode), an unseeded one's from
+torch's global generator. Rows without processors, penalties or sampling take a single batched argmax; sampled rows
+without stock processors (but row-only warpers), penalties or a seed go through the chain in runs of consecutive rows
+with the same warpers, each run drawing from torch's global generator at once; unseeded rows draw in arrival order
+(stock's row order), whatever order the scheduler gave them.
 
 A constrained row in `constraint_mode="resample"` is processed without its mask, picked, and checked against the
 constraint; only a refused token costs the mask and a second pick (`constraint_modes.py`).
@@ -42,6 +43,7 @@ from transformers.generation.logits_process import (
 from hf_paged.batching.constraint_modes import ConstraintStats, resample_checks
 from hf_paged.batching.constraint_protocol import RequestConstraint
 from hf_paged.batching.logprobs import RowLogprobs, TokenLogprobs
+from hf_paged.batching.penalties import apply_logit_bias, apply_output_penalties, has_penalties
 from hf_paged.batching.request import Failure, Request
 from hf_paged.batching.seeded_draws import draw
 from hf_paged.errors import SamplingError
@@ -266,12 +268,16 @@ class Sampler:
         history = None
         if len(request.output_ids) + len(pending) < params.min_new_tokens and params.eos_token_ids:
             row[:, list(params.eos_token_ids)] = float("-inf")  # stock's built-in, before the user's processors
+        if params.logit_bias:  # then OpenAI's bias, processors, penalties, as vLLM (penalties.py)
+            row = apply_logit_bias(row, params.logit_bias)
         for proc in request.processors.row_processors:  # the constraints were applied in the batched pass
             if history is None:
                 prompt = request.prompt_ids if params.processor_prompt_ids is None else params.processor_prompt_ids
                 history = torch.tensor([prompt + request.output_ids + list(pending)], dtype=torch.long,
                                        device=row.device)
             row = proc(history, row)
+        if isinstance(row, torch.Tensor) and (params.presence_penalty or params.frequency_penalty):
+            row = apply_output_penalties(row, params, request.output_ids, pending)
         return _warp(params, history, row) if params.do_sample else row
 
     def _pick(self, request: Request, row: torch.Tensor) -> int:
@@ -322,8 +328,9 @@ def not_finite_error(temperature: float) -> SamplingError:
 def _drawn_together(request: Request) -> bool:
     """A sampled row `_draw_together` may take: no stock processor but the warpers that read nothing but the row
     (others are called per row with its history), no seed (its own generator's stream must not depend on which rows
-    share its step)."""
+    share its step), no penalties (they read its history)."""
     return (request.params.do_sample and request.seed is None and request.params.seed is None
+            and not has_penalties(request.params)
             and all(type(p.processor) in _ROW_ONLY_WARPERS for p in request.processors.row_processors))
 
 
@@ -347,6 +354,7 @@ def is_plain_greedy(request: Request) -> bool:
     return (
         not params.do_sample
         and not request.processors
+        and not has_penalties(params)
         and not params.output_scores
         and not params.output_logits
         and len(request.output_ids) >= params.min_new_tokens

@@ -10,6 +10,7 @@ from typing import Any
 
 from hf_paged.batching.constraint_protocol import is_constraint
 from hf_paged.batching.logprobs import check_logprobs
+from hf_paged.batching.penalties import check_logit_bias, check_penalty
 from hf_paged.errors import InvalidConfigError
 
 # Most tokens drafted per step: a verification chunk of 1 + 15 queries still runs the in-place CPU attention
@@ -68,6 +69,10 @@ class SamplingParams:
             model's raw distribution (log_softmax of the logits before processors, temperature, top-k/p and
             constraints). With `score_targets`: the k most likely tokens at each scored position
             (`RequestOutput.score_top_logprobs`).
+        presence_penalty, frequency_penalty: OpenAI's penalties, each in [-2, 2]: subtracted from the logit of every
+            token this request has generated (not its prompt), once (presence) or once per occurrence (frequency).
+        logit_bias: `{token id: bias}`, each in [-100, 100], added to those tokens' logits at every step. Where the
+            three sit among the processors and warpers: `batching/penalties.py`.
 
     Example:
         >>> SamplingParams(max_new_tokens=8, do_sample=True, temperature=0.7, seed=1).do_sample
@@ -98,6 +103,9 @@ class SamplingParams:
     logprobs: int | None = None  # None: off; 0: the chosen token's log-probability; k: also the top k (<= 20)
     processor_prompt_ids: list[int] | None = None  # the prompt as `logits_processors` see it (None: the prompt)
     record_timestamps: bool = False  # `RequestOutput.timestamps`: when each generated token was appended
+    presence_penalty: float = 0.0  # OpenAI's, over generated tokens (penalties.py)
+    frequency_penalty: float = 0.0
+    logit_bias: dict[int, float] | None = None  # {token id: bias in [-100, 100]}
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
@@ -152,6 +160,9 @@ class SamplingParams:
                 "min_new_tokens and bound the document's own length (minLength, minItems, the pattern)"
             )
         check_logprobs(self.logprobs)
+        self.presence_penalty = check_penalty("presence_penalty", self.presence_penalty)
+        self.frequency_penalty = check_penalty("frequency_penalty", self.frequency_penalty)
+        self.logit_bias = check_logit_bias(self.logit_bias)
         self._check_speculative()
         self._check_constraint_options()
         if self.score_targets is not None:

@@ -304,6 +304,12 @@ class Preparer:
         top_p = request.top_p if request.top_p is not None else defaults.top_p
         top_k = request.top_k if request.top_k is not None else defaults.top_k
         greedy = temperature == 0
+        bias = request.token_bias()
+        outside = sorted(t for t in bias or () if t >= self.engine.vocab_size)
+        if outside:
+            raise ApiError(f"logit_bias names token ids {outside[:5]} outside this model's vocabulary [0, "
+                           f"{self.engine.vocab_size}); bias its own token ids", param="logit_bias",
+                           code="invalid_value")
         return SamplingParams(
             max_new_tokens=max_tokens,
             do_sample=not greedy,
@@ -318,6 +324,9 @@ class Preparer:
             num_return_sequences=request.n,
             min_new_tokens=request.min_tokens,
             logprobs=request.num_logprobs,
+            presence_penalty=float(request.presence_penalty or 0),
+            frequency_penalty=float(request.frequency_penalty or 0),
+            logit_bias=bias,
         )
 
     def _check_prompt(self, prompt: list[int], max_tokens: int, param: str) -> None:

@@ -143,10 +143,10 @@ class _Sampling(_Strict):
     # log-probabilities: completions' `logprobs: N`; chat's `logprobs: true` + `top_logprobs: N` (checked per kind)
     logprobs: Any = None
     top_logprobs: Any = None
-    # known, refused unless neutral
-    logit_bias: dict[str, Number] | None = None
-    presence_penalty: Number | None = None
-    frequency_penalty: Number | None = None
+    # OpenAI's penalties over the generated tokens and bias per token id (`batching/penalties.py`)
+    logit_bias: dict[StrictStr, Annotated[Number, Field(ge=-100, le=100)]] | None = None
+    presence_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
     # vLLM extras
     top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
@@ -168,16 +168,21 @@ class _Sampling(_Strict):
     # vLLM: each choice carries `prompt_token_ids` and `token_ids` (generated, as the engine produced them)
     return_token_ids: StrictBool = False
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys_are_token_ids(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        for key in value or ():
+            if not key.isascii() or not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids as decimal strings (such as \"50256\"), got "
+                                 f"{key[:40]!r}")
+        return value
+
+    def token_bias(self) -> dict[int, float] | None:
+        """`logit_bias` as the engine's `{token id: bias}` (None when not given or empty)."""
+        return {int(key): float(bias) for key, bias in self.logit_bias.items()} if self.logit_bias else None
+
     def check_supported(self) -> None:
         """Raise `UnsupportedField` for the first field we know but cannot honour."""
-        refused = {
-            "logit_bias": bool(self.logit_bias),
-            "presence_penalty": self.presence_penalty not in (None, 0),
-            "frequency_penalty": self.frequency_penalty not in (None, 0),
-        }
-        for name, bad in refused.items():
-            if bad:
-                raise UnsupportedField(name, f"{name} is not supported by hf-paged serve; leave it out")
         guides = [name for name in _GUIDES if getattr(self, name) is not None
                   and not (name == "response_format" and self.response_format.type == "text")]
         if len(guides) > 1:
