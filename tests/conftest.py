@@ -42,6 +42,17 @@ def _lm_eval_bundled_tasks_indexed_once():
 
 
 
+@pytest.fixture
+def one_thread():
+    """Run the test with one torch thread: the lean forward's pruning and sliced head run only there, and the CPU
+    attention kernels run serial (their parallel variant, a second and slower numba compile, is tested where a test
+    asks for threads)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 _JIT_START = {"wanted": False, "started": False}
 
 

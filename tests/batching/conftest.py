@@ -6,7 +6,6 @@ import signal
 import threading
 
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
@@ -23,15 +22,6 @@ def ctrl_c_raises():
         yield
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-@pytest.fixture
-def one_thread():
-    """Run the test with one torch thread (the lean forward's pruning and sliced head run only there)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture

@@ -104,7 +104,10 @@ QUANTIZED = {
 
 @pytest.mark.parametrize("formats", list(QUANTIZED))
 @pytest.mark.parametrize("block_size", [8, 16])
-def test_quantized_kernel_matches_the_oracle(formats, block_size):
+def test_quantized_kernel_matches_the_oracle(formats, block_size, one_thread):
+    """Each pairing of block formats through the serial kernel: a pairing's first compile is tens of seconds on 2
+    cores, and the parallel variant's as much again (the parallel launch is
+    `test_sequences_spread_over_threads_give_the_same_output`'s)."""
     key, value = QUANTIZED[formats]
     case = make_case(*MIXED, num_heads=8, num_kv_heads=2, head_dim=32, block_size=block_size, dtype=torch.float32,
                      seed=block_size)

@@ -18,7 +18,7 @@ from tests.kernels.quantized_cases import dense_quantized_attention, quantize_ca
 make_case = functools.partial(_make_case, device=torch.device("cpu"))
 
 
-def test_log8_value_scales_beside_full_precision_keys():
+def test_log8_value_scales_beside_full_precision_keys(one_thread):  # serial: one numba compile, not two
     key, value = formats_for("auto", "int8", scale_format="log8")
     assert not key.is_quantized and not key.log_scale and value.log_scale  # the product's pairing
     case = make_case([1, 16, 17, 40, 33], [1, 1, 1, 7, 16], num_heads=4, num_kv_heads=2, head_dim=16, block_size=8,
