@@ -27,7 +27,7 @@ def test_sliced_head_equals_one_matmul_bit_for_bit(one_thread):
         assert _head(head, x).requires_grad
 
 
-def test_lean_logits_with_a_sliced_head_equal_the_stock_modules(one_thread):
+def test_lean_logits_with_a_sliced_head_equal_the_stock_modules(one_thread, kernels_ready):
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**{**DECODER, "vocab_size": 4 * _HEAD_CHUNK + 100})).eval()
     model.generation_config.eos_token_id = None
