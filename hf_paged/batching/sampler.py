@@ -2,8 +2,8 @@
 
 Order per row, as stock `generate`: min_new_tokens' EOS suppression (stock's built-in processor, which its list puts
 before the caller's) -> [OpenAI's logit_bias] -> logits processors (each with this request's own history; `generate`
-passes stock's whole list there) -> [presence and frequency penalties, `penalties.py`] -> temperature -> top-k ->
-top-p -> argmax or a draw: a seeded request's from noise keyed by its seed and the token's position
+passes stock's whole list there) -> [presence and frequency penalties, `penalties.py`] -> temperature -> [min-p] ->
+top-k -> top-p -> argmax or a draw: a seeded request's from noise keyed by its seed and the token's position
 (`seeded_draws.py`: the same tokens whatever the schedule, speculation or constraint mode), an unseeded one's from
 torch's global generator. Rows without processors, penalties or sampling take a single batched argmax; sampled rows
 without stock processors (but row-only warpers), penalties or a seed go through the chain in runs of consecutive rows
@@ -189,7 +189,7 @@ class Sampler:
             request = requests[i]
             params = request.params
             row_key = (tuple(id(p.processor) for p in request.processors.row_processors), params.temperature,
-                       params.top_k, params.top_p)
+                       params.min_p, params.top_k, params.top_p)
             if run and (row_key != key or len(run) == limit):
                 self._draw_run(requests, logits, scores, run, tokens, errors)
                 run = []
@@ -304,9 +304,12 @@ def _take_synced(agreed: list[int | None], tokens: list[int | None], errors: lis
 
 
 def _warp(params, history: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
-    """The request's own warpers (`SamplingParams` temperature, top-k, top-p), in stock's order."""
+    """The request's own warpers (`SamplingParams` temperature, min-p, top-k, top-p): stock's order, with min-p after
+    temperature as vLLM applies it."""
     if params.temperature != 1.0:
         scores = TemperatureLogitsWarper(params.temperature)(history, scores)
+    if params.min_p:
+        scores = MinPLogitsWarper(params.min_p)(history, scores)
     if params.top_k:
         scores = TopKLogitsWarper(params.top_k)(history, scores)
     if params.top_p < 1.0:

@@ -32,6 +32,8 @@ class SamplingParams:
         max_new_tokens: most tokens to generate.
         do_sample: sample (True) or take the argmax (False, greedy).
         temperature, top_k, top_p: the usual warpers (applied after the logits processors, as in `generate`).
+        min_p: drop the tokens less likely than `min_p` times the most likely one (0: off), after temperature and
+            before top-k/top-p (vLLM's order; stock `generate` applies its min_p last, from its own list).
         seed: seed of this request's own draws: its tokens depend on the prompt, these parameters and the seed,
             not on the batch around it, the schedule, the cache, speculative decoding or `constraint_mode`
             (`seeded_draws.py`; the model's logits must be the same, see README "Sampling and seeds").
@@ -84,6 +86,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float = 1.0
+    min_p: float = 0.0
     seed: int | None = None
     eos_token_id: int | list[int] | None = None
     stop_strings: list[str] | None = None
@@ -128,6 +131,9 @@ class SamplingParams:
                 or not 0 <= self.top_p <= 1):  # 0 keeps the most likely token alone, as stock's TopPLogitsWarper does
             raise InvalidConfigError(f"SamplingParams.top_p must be a number in [0, 1] (1: off), got {self.top_p!r}")
         self.top_p = float(self.top_p)
+        if isinstance(self.min_p, bool) or not isinstance(self.min_p, numbers.Real) or not 0 <= self.min_p <= 1:
+            raise InvalidConfigError(f"SamplingParams.min_p must be a number in [0, 1] (0: off), got {self.min_p!r}")
+        self.min_p = float(self.min_p)
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not -(2**63) <= self.seed < 2**63):
             raise InvalidConfigError(
@@ -207,12 +213,12 @@ class SamplingParams:
                 f"SamplingParams.constraint_mode must be one of {CONSTRAINT_MODES}, got {self.constraint_mode!r}"
             )
         if self.constraint_mode == "resample":
-            if self.do_sample and (self.top_k or self.top_p < 1.0):
+            if self.do_sample and (self.top_k or self.top_p < 1.0 or self.min_p):
                 raise InvalidConfigError(
-                    f"SamplingParams.constraint_mode='resample' with top_k={self.top_k}, top_p={self.top_p}: it draws "
-                    "from the unconstrained distribution first, which top_k/top_p truncate before the constraint "
-                    "does, so the output would not follow mask mode's distribution; drop top_k/top_p or use "
-                    "constraint_mode='mask'"
+                    f"SamplingParams.constraint_mode='resample' with top_k={self.top_k}, top_p={self.top_p}, "
+                    f"min_p={self.min_p}: it draws from the unconstrained distribution first, which they truncate "
+                    "before the constraint does, so the output would not follow mask mode's distribution; drop "
+                    "top_k/top_p/min_p or use constraint_mode='mask'"
                 )
             if self.num_speculative_tokens:
                 raise InvalidConfigError(

@@ -6,10 +6,11 @@ fields a request omits, as vLLM does (`--generation-config auto`, the default); 
 them (OpenAI's defaults: temperature 1, top_p 1, no top_k, no penalty); `--generation-config DIR` reads another
 `generation_config.json`. A field the request sends always wins (`temperature: 0` is greedy).
 
-Read: `temperature`, `top_p`, `top_k`, `repetition_penalty`, and `max_new_tokens` (the default `max_tokens`). Not
-read: `do_sample` (an OpenAI request that omits `temperature` samples, whatever the config says), `max_length`
-(it counts the prompt: GPT-2-era configs carry `max_length: 20`, transformers' old truncation, which would cut every
-answer), `min_p` (no request field for it either). The EOS ids are always the config's plus the tokenizer's.
+Read: `temperature`, `top_p`, `top_k`, `min_p`, `repetition_penalty`, and `max_new_tokens` (the default
+`max_tokens`), as vLLM reads them. Not read: `do_sample` (an OpenAI request that omits `temperature` samples,
+whatever the config says), `max_length` (it counts the prompt: GPT-2-era configs carry `max_length: 20`,
+transformers' old truncation, which would cut every answer). The EOS ids are always the config's plus the
+tokenizer's.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ class RequestDefaults:
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
+    min_p: float | None = None
     repetition_penalty: float | None = None
     max_tokens: int | None = None  # the config's max_new_tokens (chat: capped by the room the prompt leaves)
 
@@ -45,7 +47,7 @@ class RequestDefaults:
 
         top_k = value("top_k", 0)
         return cls(temperature=value("temperature", None), top_p=value("top_p", 1.0),
-                   top_k=top_k if top_k is None or top_k > 0 else None,
+                   top_k=top_k if top_k is None or top_k > 0 else None, min_p=value("min_p", 0.0),
                    repetition_penalty=value("repetition_penalty", 1.0), max_tokens=value("max_new_tokens", None))
 
     def as_dict(self) -> dict[str, Any]:

@@ -303,6 +303,7 @@ class Preparer:
         temperature = request.temperature if request.temperature is not None else defaults.temperature
         top_p = request.top_p if request.top_p is not None else defaults.top_p
         top_k = request.top_k if request.top_k is not None else defaults.top_k
+        min_p = request.min_p if request.min_p is not None else defaults.min_p
         greedy = temperature == 0
         bias = request.token_bias()
         outside = sorted(t for t in bias or () if t >= self.engine.vocab_size)
@@ -316,6 +317,7 @@ class Preparer:
             temperature=float(temperature) if temperature else 1.0,
             top_p=float(top_p) if top_p is not None else 1.0,
             top_k=top_k if top_k and top_k > 0 else None,
+            min_p=float(min_p or 0),
             seed=request.seed,
             eos_token_id=None if request.ignore_eos else (self.eos_token_ids or None),
             stop_strings=stop or None,

@@ -1,7 +1,7 @@
 """OpenAI request bodies (completions and chat), as pydantic models that refuse what we cannot honour.
 
-Fields follow OpenAI's API reference; `top_k`, `min_tokens`, `ignore_eos`, `repetition_penalty`, `guided_json`,
-`guided_regex`, `guided_choice` and `guided_grammar` (Lark EBNF) are vLLM's extras; `cache_retention_seconds` and
+Fields follow OpenAI's API reference; `top_k`, `min_p`, `min_tokens`, `ignore_eos`, `repetition_penalty`,
+`guided_json`, `guided_regex`, `guided_choice` and `guided_grammar` (Lark EBNF) are vLLM's extras; `cache_retention_seconds` and
 `cache_retention_tokens` are ours (a prompt prefix kept cached, `retention.py`). `return_token_ids` is vLLM's (each
 choice gets `prompt_token_ids` and `token_ids`; ours adds `finish_detail`, the engine's own finish reason).
 Completions take OpenAI's scoring form `echo: true, logprobs: N, max_tokens: 0` (the prompt's log-probabilities,
@@ -149,6 +149,7 @@ class _Sampling(_Strict):
     frequency_penalty: Annotated[Number, Field(ge=-2, le=2)] | None = None
     # vLLM extras
     top_k: Annotated[StrictInt, Field(ge=-1)] | None = None
+    min_p: Annotated[Number, Field(ge=0, le=1)] | None = None
     min_tokens: Annotated[StrictInt, Field(ge=0)] = 0
     ignore_eos: StrictBool = False
     repetition_penalty: Annotated[Number, Field(gt=0, allow_inf_nan=False)] | None = None

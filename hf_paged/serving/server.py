@@ -31,7 +31,7 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the weights' dtype; auto: the checkpoint's own (its config's dtype, e.g. bfloat16) "
                              "(default: %(default)s)")
     parser.add_argument("--generation-config", default="auto", metavar="auto|vllm|DIR",
-                        help="the sampling defaults of a request that omits temperature, top_p, top_k, "
+                        help="the sampling defaults of a request that omits temperature, top_p, top_k, min_p, "
                              "repetition_penalty or max_tokens: auto takes the model's generation_config.json (as vLLM "
                              "does; do_sample and max_length are not read), vllm ignores it (OpenAI's defaults), DIR "
                              "reads DIR/generation_config.json (default: %(default)s)")

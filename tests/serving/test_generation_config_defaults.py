@@ -22,7 +22,7 @@ from tests.serving.conftest import ServerThread
 
 # Qwen2.5-style sampling defaults (with a penalty strong enough to change the tiny model's greedy text), and the
 # GPT-2-era max_length=20 that counts the prompt
-SHIPPED = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "repetition_penalty": 1.8,
+SHIPPED = {"do_sample": True, "temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.8,
            "max_length": 20}
 
 
@@ -44,15 +44,16 @@ def test_omitted_fields_take_the_checkpoints_values(shipped):
     model, tokenizer = shipped
     preparer = _preparer(model, tokenizer)
     params = preparer.completion(CompletionRequest(prompt="def main():")).params
-    assert (params.do_sample, params.temperature, params.top_p, params.top_k) == (True, 0.6, 0.9, 20)
+    assert (params.do_sample, params.temperature, params.top_p, params.top_k, params.min_p) == \
+        (True, 0.6, 0.9, 20, 0.05)
     assert [type(p).__name__ for p in params.logits_processors] == ["RepetitionPenaltyLogitsProcessor"]
     assert params.logits_processors[0].penalty == 1.8
     assert params.max_new_tokens == 16  # max_length=20 is not read (it would count the prompt); OpenAI's 16
     # a field the request sends wins; temperature 0 is greedy, top_k -1 and repetition_penalty 1 turn them off
-    sent = preparer.completion(CompletionRequest(prompt="def main():", temperature=0, top_p=1, top_k=-1,
+    sent = preparer.completion(CompletionRequest(prompt="def main():", temperature=0, top_p=1, top_k=-1, min_p=0,
                                                  repetition_penalty=1, max_tokens=5)).params
-    assert (sent.do_sample, sent.top_p, sent.top_k, sent.logits_processors, sent.max_new_tokens) == \
-        (False, 1.0, None, [], 5)
+    assert (sent.do_sample, sent.top_p, sent.top_k, sent.min_p, sent.logits_processors, sent.max_new_tokens) == \
+        (False, 1.0, None, 0.0, [], 5)
     assert preparer.completion(CompletionRequest(prompt="x", temperature=1.1)).params.temperature == 1.1
 
 

@@ -1,6 +1,6 @@
-"""OpenAI's `presence_penalty`, `frequency_penalty` and `logit_bias` over HTTP: greedy answers are stock `generate`'s
-with the oracle processors of tests/batching/test_penalties.py, a bias never breaks a constraint, bad values are 400s
-naming the field."""
+"""OpenAI's `presence_penalty`, `frequency_penalty` and `logit_bias`, and vLLM's `min_p`, over HTTP: greedy answers
+are stock `generate`'s with the oracle processors of tests/batching/test_penalties.py, a bias never breaks a
+constraint, min_p 1 samples the greedy text, bad values are 400s naming the field."""
 
 from __future__ import annotations
 
@@ -56,7 +56,16 @@ def test_a_bias_never_lets_through_what_a_constraint_refuses(server, tiny_lm):
         assert all(c["text"] in choices for c in r.json()["choices"]), r.json()["choices"]
 
 
+def test_min_p_of_one_samples_the_greedy_answer(server):
+    greedy = complete(server, ignore_eos=True).json()["choices"][0]["token_ids"]
+    r = complete(server, ignore_eos=True, temperature=1.5, min_p=1, n=3)
+    assert r.status_code == 200, r.text
+    assert [c["token_ids"] for c in r.json()["choices"]] == [greedy] * 3
+
+
 @pytest.mark.parametrize(("body", "param", "words"), [
+    ({"min_p": 1.5}, "min_p", ["less than or equal to 1"]),
+    ({"min_p": -0.5}, "min_p", ["greater than or equal to 0"]),
     ({"presence_penalty": 2.5}, "presence_penalty", ["less than or equal to 2"]),
     ({"frequency_penalty": -3}, "frequency_penalty", ["greater than or equal to -2"]),
     ({"frequency_penalty": "high"}, "frequency_penalty", []),
