@@ -7,7 +7,7 @@
 
 Where they sit in a row's chain (`sampler.py`), as vLLM orders them: min_new_tokens' EOS mask -> logit_bias -> the
 request's logits processors (the server's `repetition_penalty`, which counts the prompt too, is one) -> presence and
-frequency -> temperature, top-k, top-p. A constraint's mask (`-inf`) comes before all of them and stays `-inf`: a
+frequency -> temperature, min-p, top-k, top-p. A constraint's mask (`-inf`) comes before all of them and stays `-inf`: a
 bias or a negative penalty never lets through a token a JSON schema refuses.
 """
 

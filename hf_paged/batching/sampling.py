@@ -86,7 +86,6 @@ class SamplingParams:
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float = 1.0
-    min_p: float = 0.0
     seed: int | None = None
     eos_token_id: int | list[int] | None = None
     stop_strings: list[str] | None = None
@@ -109,6 +108,7 @@ class SamplingParams:
     presence_penalty: float = 0.0  # OpenAI's, over generated tokens (penalties.py)
     frequency_penalty: float = 0.0
     logit_bias: dict[int, float] | None = None  # {token id: bias in [-100, 100]}
+    min_p: float = 0.0  # (last: the fields before keep their positions)
 
     def __post_init__(self) -> None:
         if isinstance(self.max_new_tokens, bool) or not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:

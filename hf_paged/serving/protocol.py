@@ -1,15 +1,16 @@
 """OpenAI request bodies (completions and chat), as pydantic models that refuse what we cannot honour.
 
 Fields follow OpenAI's API reference; `top_k`, `min_p`, `min_tokens`, `ignore_eos`, `repetition_penalty`,
-`guided_json`, `guided_regex`, `guided_choice` and `guided_grammar` (Lark EBNF) are vLLM's extras; `cache_retention_seconds` and
-`cache_retention_tokens` are ours (a prompt prefix kept cached, `retention.py`). `return_token_ids` is vLLM's (each
-choice gets `prompt_token_ids` and `token_ids`; ours adds `finish_detail`, the engine's own finish reason).
-Completions take OpenAI's scoring form `echo: true, logprobs: N, max_tokens: 0` (the prompt's log-probabilities,
-`serving/echo.py`), with our `prompt_logprobs_start` (the first prompt position scored), and `echo: true` with
-`max_tokens >= 1` (the prompt, then the generated text). Generated tokens' log-probabilities: completions'
-`logprobs: N`, chat's `logprobs: true` + `top_logprobs: N` (N in 0..20; `serving/logprobs.py`). An unknown field is refused (as
-OpenAI does: a typo such as `max_token` must not be ignored silently); fields we know but cannot honour are refused
-when set to anything but their neutral value, with the field named (`param`) in the 400 answer.
+`guided_json`, `guided_regex`, `guided_choice` and `guided_grammar` (Lark EBNF) are vLLM's extras;
+`cache_retention_seconds` and `cache_retention_tokens` are ours (a prompt prefix kept cached, `retention.py`).
+`return_token_ids` is vLLM's (each choice gets `prompt_token_ids` and `token_ids`; ours adds `finish_detail`, the
+engine's own finish reason). Completions take OpenAI's scoring form `echo: true, logprobs: N, max_tokens: 0` (the
+prompt's log-probabilities, `serving/echo.py`), with our `prompt_logprobs_start` (the first prompt position scored),
+and `echo: true` with `max_tokens >= 1` (the prompt, then the generated text). Generated tokens' log-probabilities:
+completions' `logprobs: N`, chat's `logprobs: true` + `top_logprobs: N` (N in 0..20; `serving/logprobs.py`). An
+unknown field is refused (as OpenAI does: a typo such as `max_token` must not be ignored silently); fields we know
+but cannot honour are refused when set to anything but their neutral value, with the field named (`param`) in the
+400 answer.
 """
 
 from __future__ import annotations
