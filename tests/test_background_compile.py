@@ -135,3 +135,38 @@ def test_the_warmed_signatures_are_the_ones_a_step_calls(settings, monkeypatch):
         assert all(len(o.generated_tokens) == 6 for o in outs.values())
     assert calls, "the steps never reached the CPU kernels"
     assert {k: len(k.overloads) for k in kernels} == before, "a step compiled a signature the warm-up missed"
+
+
+def test_the_loader_frees_its_warm_up_tensors_before_a_waiter_wakes(monkeypatch):
+    """A script that waits for a variant and returns made the process abort at exit now and then ("terminate called
+    without an active exception", status 134, after a first compile): the daemon loader thread, woken waiter gone,
+    was still freeing its warm-up tensors, released the GIL inside torch's dealloc, found the interpreter finalizing
+    and exited through C++ frames. Its tensors are now gone before any waiter is woken."""
+    import threading
+    import weakref
+
+    tensors: list[weakref.ref] = []
+    alive_at_wake: list[bool] = []
+
+    class Launch:
+        def __init__(self) -> None:
+            self.tensor = torch.zeros(4)
+            tensors.append(weakref.ref(self.tensor))
+
+        def run(self) -> None:
+            pass
+
+    class Wake(threading.Event):
+        def set(self) -> None:
+            alive_at_wake.append(any(ref() is not None for ref in tensors))
+            super().set()
+
+    variant = cpu_warm.KernelVariant((("int8", False, False, False), ("int8", False, False, False)))
+    monkeypatch.setattr(cpu_warm, "warm_launches", lambda v, parallel: [Launch(), Launch()])
+    monkeypatch.setattr(cpu_warm, "in_cache", lambda launch: True)  # nothing to compile
+    monkeypatch.setattr(cpu_warm, "_started", {variant: Wake()})
+    monkeypatch.setattr(cpu_warm, "_ready", set())
+    monkeypatch.setattr(cpu_warm, "_ready_snapshot", frozenset())
+    cpu_warm._load([variant])  # the loader thread's body, here on this thread
+    assert tensors and alive_at_wake == [False]
+    assert variant in cpu_warm.ready_variants()

@@ -165,22 +165,13 @@ def compile_here(encoded: str) -> None:
 
 
 def _load(variants: list[KernelVariant]) -> None:
+    """The loader thread. Its warm-up tensors are freed (in `_compile_and_load`'s frame) before a waiter is woken: a
+    daemon thread freeing a torch tensor releases the GIL, and one that then finds the interpreter finalizing (the
+    waiter's script returned) exits through torch's C++ frames, which aborts the process ("terminate called without
+    an active exception", seen at exit after a first compile)."""
     global _ready_snapshot
     try:
-        parallel = parallel_layer_ok()
-        launches = [launch for v in variants for launch in warm_launches(v, parallel)]
-        encoded = repr([v.formats for v in variants])
-        for _ in range(_CHILD_ROUNDS):
-            if all(in_cache(launch) for launch in launches):
-                break
-            done = compile_in_child(f"from hf_paged.cache.kernels import cpu_warm; cpu_warm.compile_here({encoded!r})")
-            if done.outcome is Outcome.FAILED:  # (then the calls below compile here, in this thread)
-                logger.info("hf_paged: compiling the CPU attention kernels in a child process failed (%s)",
-                            done.detail)
-            if done.outcome is not Outcome.WAITED:
-                break
-        for launch in launches:
-            launch.run()
+        _compile_and_load(variants)
         with _lock:
             _ready.update(variants)
             _ready_snapshot = frozenset(_ready)
@@ -190,6 +181,23 @@ def _load(variants: list[KernelVariant]) -> None:
     finally:
         for v in variants:
             _started[v].set()
+
+
+def _compile_and_load(variants: list[KernelVariant]) -> None:
+    """Load the variants' calls from numba's cache, compiling them in a child process first where they are missing."""
+    parallel = parallel_layer_ok()
+    launches = [launch for v in variants for launch in warm_launches(v, parallel)]
+    encoded = repr([v.formats for v in variants])
+    for _ in range(_CHILD_ROUNDS):
+        if all(in_cache(launch) for launch in launches):
+            break
+        done = compile_in_child(f"from hf_paged.cache.kernels import cpu_warm; cpu_warm.compile_here({encoded!r})")
+        if done.outcome is Outcome.FAILED:  # (then the calls below compile here, in this thread)
+            logger.info("hf_paged: compiling the CPU attention kernels in a child process failed (%s)", done.detail)
+        if done.outcome is not Outcome.WAITED:
+            break
+    for launch in launches:
+        launch.run()
 
 
 def _after_fork_in_child() -> None:
