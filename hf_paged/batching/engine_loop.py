@@ -4,7 +4,7 @@ Why a thread and not an asyncio task: a step is a blocking torch forward (millis
 prefill chunk). As a task it would freeze a server's event loop for that long, and `model.generate` callers in
 plain threads have no event loop at all. torch releases the GIL inside its kernels, so callers keep running.
 A synchronous caller that finds nobody stepping drives the turns itself, in its own thread (the common case of one
-`generate` call at a time keeps the caller's torch threads; see `_driver`), and hands over when its requests end.
+`generate` call at a time keeps the caller's torch threads; see `loop_driver.py`), and hands over when its requests end.
 
     callers (any thread or task)                      the loop thread (the only one that steps for them)
       submit() / generate_async(): ids reserved now  --commands-->  add_request / abort, between two steps
@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from hf_paged.batching import loop_fork
 from hf_paged.batching.drivable import Drivable
 from hf_paged.batching.interrupts import critical
+from hf_paged.batching.loop_driver import Driver
 from hf_paged.batching.loop_requests import LoopClosedError, Planned, RequestDelta, Submission, _Sink
 from hf_paged.batching.loop_thread import serve, wake
 from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput, fork_ids
@@ -58,11 +59,9 @@ class EngineLoop:
         self._sinks: dict[str, _Sink] = {}  # request id -> its caller; changed under the engine's lock
         self._num_pending = 0  # sequences (forks included) submitted whose add command has not run yet
         self._thread: threading.Thread | None = None
-        # Who steps: the loop thread, or a synchronous caller that found nobody stepping (`Submission.steps`). A
-        # caller in the thread that loaded the model keeps its torch thread team: the loop thread's own team
-        # costs a single caller 1.5x on a 2-core CPU (libgomp throttles spinning once teams outnumber cores).
-        self._driver = threading.Lock()
-        self._driver_owner: int | None = None  # the synchronous caller's thread holding `_driver`, if one does
+        # Who steps (loop_driver.py). A caller in the thread that loaded the model keeps its torch thread team: the
+        # loop thread's own team costs a single caller 1.5x on 2 cores (libgomp throttles once teams outnumber cores)
+        self._driver = Driver()
         self._turning: int | None = None  # the thread running a turn (callbacks of its step run in it)
         self._closed: tuple[str | None] | None = None  # no new submissions: (the shutdown's reason,)
         self._stopping = False  # the thread exits once its commands are done
@@ -145,7 +144,7 @@ class EngineLoop:
 
     def run_in_this_thread(self, on_ready: Callable[[], None] | None = None) -> None:
         """Make the calling thread the loop thread and run the loop until `shutdown` (instead of `start`). A server
-        that loads its model in this same thread keeps one torch thread team (see `_driver`). `on_ready` is called
+        that loads its model in this same thread keeps one torch thread team (loop_driver.py). `on_ready` is called
         once the thread is registered, before the first turn."""
         with self._cond:
             if self._closed or self._thread is not None:
@@ -173,31 +172,32 @@ class EngineLoop:
             self._thread.join()
 
     def follow(self, deltas: queue.SimpleQueue[list[RequestDelta]], pending: Callable[[], bool],
-               on_lost: Callable[[], None]) -> Iterator[list[RequestDelta]]:
-        """A synchronous caller's deltas from its queue while `pending()`. When nobody steps, the caller's own
-        thread drives the turns (see `_driver`) and hands over to the loop thread when it leaves; `on_lost` is
-        called when there is nothing left to run yet `pending()` holds. A caller in the thread that drives already
-        (a streamer or stopping criterion of its call, run between turns, calling `generate` again) drives its own
-        turns too: waiting for the loop thread, which waits for the driver, it waited for ever."""
+               on_lost: Callable[[], None], enqueue: Callable[[], None]) -> Iterator[list[RequestDelta]]:
+        """A synchronous caller's deltas from its queue while `pending()`. Unless another synchronous caller
+        drives, the caller's own thread drives the turns (loop_driver.py) and hands over to the loop thread when it
+        leaves; `enqueue` adds its requests once that is settled; `on_lost` is called when there is nothing left
+        to run yet `pending()` holds. A caller in the thread that drives already (a streamer or stopping criterion
+        of its call, run between turns, calling `generate` again) drives its own turns too: waiting for the loop
+        thread, which waits for the driver, it waited for ever."""
         me = threading.get_ident()
-        nested = self._driver_owner == me
+        nested = self._driver.owner == me
         try:
             if not nested:
                 self._take_driver(me)
+            enqueue()
             while pending():
-                if self._driver_owner == me:
+                if self._driver.owner == me:
                     while deltas.empty() and pending():
                         if not self._turn():
                             on_lost()
                 yield deltas.get()
         finally:
-            if not nested and self._driver_owner == me:
+            if not nested and self._driver.owner == me:
                 self._hand_over()
 
     @critical  # (cut between the two, the driver would stay taken by a caller that has left)
     def _take_driver(self, me: int) -> None:
-        if self._driver.acquire(blocking=self._callers_drive):
-            self._driver_owner = me
+        self._driver.take(me, always=self._callers_drive)
 
     # -- submission ----------------------------------------------------------------------------------------
     def _plan(self, prompts, params, request_ids, priorities, sink: _Sink) -> Planned:
@@ -283,15 +283,15 @@ class EngineLoop:
     @critical  # (a Ctrl-C between the two would leave the other callers' requests unstepped)
     def _hand_over(self) -> None:
         """A synchronous caller stops driving: other callers' requests may still run, the loop thread takes over."""
-        self._driver_owner = None
         self._driver.release()
         with self._cond:
             self._cond.notify()
 
     # -- the loop thread -----------------------------------------------------------------------------------
     def _has_work(self) -> bool:
-        """Commands, callers waiting, or a shutdown to carry out (read under `_cond`)."""
-        return bool(self._stopping or (not self._callers_drive and (self._commands or self._sinks)))
+        """A shutdown, or commands or callers' requests nobody else steps (read under `_cond`)."""
+        others = self._callers_drive or self._driver.callers_waiting
+        return bool(self._stopping or (not others and (self._commands or self._sinks)))
 
     @property
     def _callers_drive(self) -> bool:
@@ -304,7 +304,7 @@ class EngineLoop:
 
     def _one_turn(self, stopping: bool) -> bool:
         """One turn of the loop thread; False when the thread is to end."""
-        with self._driver:  # waits while a synchronous caller drives its own turns
+        with self._driver.loop_turn():  # waits while a synchronous caller drives its own turns
             self._turn()  # when stopping, this delivers the aborted requests' outputs
             if stopping and not self._commands:
                 if self._sinks:

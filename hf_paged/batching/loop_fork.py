@@ -20,6 +20,8 @@ import threading
 import weakref
 from typing import Any
 
+from hf_paged.batching.loop_driver import Driver
+
 EngineLoop = Any  # (batching.engine_loop.EngineLoop, which imports this module: no import back)
 
 __all__ = ["FORK_WAIT_S", "register"]
@@ -61,7 +63,7 @@ def _after_fork_in_child() -> None:
             if mine:
                 loop.engine.lock.release()
             continue
-        loop._driver, loop._driver_owner, loop._turning = threading.Lock(), None, None
+        loop._driver, loop._turning = Driver(), None
         if not mine:  # a step of another thread never ended: its state, and the engine's lock, are unusable here
             loop._closed = (None,)
             continue

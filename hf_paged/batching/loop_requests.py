@@ -91,15 +91,17 @@ class Submission:
         (`interrupts`)."""
         try:
             with installed():
-                self._loop.enqueue(self._planned, wake=False)
-                if self._cancelled:  # (`cancel` raced the enqueueing: one of the two aborts)
-                    self._loop.abort(*self._remaining)
-                for deltas in self._loop.follow(self._queue, lambda: bool(self._remaining), self._lost):
+                for deltas in self._loop.follow(self._queue, lambda: bool(self._remaining), self._lost, self._enqueue):
                     self._remaining.difference_update(d.request_id for d in deltas if d.finished)
                     yield deltas
         finally:
             if self._remaining:
                 self._loop.abort(*self._remaining)
+
+    def _enqueue(self) -> None:  # (once this caller drives, or another does: `EngineLoop.follow`)
+        self._loop.enqueue(self._planned, wake=False)
+        if self._cancelled:  # (`cancel` raced the enqueueing: one of the two aborts)
+            self._loop.abort(*self._remaining)
 
     def _lost(self) -> None:  # nothing left to run, yet these never ended (a shutdown race)
         error = "the engine loop shut down before the request started"
