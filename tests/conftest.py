@@ -12,6 +12,11 @@ from hypothesis import HealthCheck, settings
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# A crash of this process prints its Python stacks (pytest's faulthandler): Ray's driver, which the Ray modules start
+# in this process (tests/ray_cluster.py), would replace that SIGSEGV handler with its own, writing to its log, which
+# `ray.shutdown()` closes: a later segfault then said nothing ("Segmentation fault" alone, CI of 8eddab7)
+os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+
 torch.set_num_threads(min(torch.get_num_threads(), 2))
 
 # Property tests draw the same examples on every run (seeded from each test's code), so a red run is a bug that
