@@ -215,7 +215,6 @@ class DirectoryStore:
         file = self._file(key)
         try:
             data = file.read_bytes()
-            os.utime(file)  # recency survives a restart
         except OSError as exc:
             self.failures.record("load", exc)
             with self._lock:
@@ -224,6 +223,10 @@ class DirectoryStore:
                 else:
                     self._remove(key)
             return None
+        try:
+            os.utime(file)  # recency survives a restart
+        except OSError:  # (a file we may read but not touch: its bytes are good, only its age is older)
+            pass
         return data
 
     def put(self, key: bytes, data: bytes) -> bool:

@@ -112,6 +112,21 @@ def test_failures_are_counted_and_the_first_of_each_kind_logged(tmp_path, caplog
         warnings[0].getMessage()
 
 
+def test_a_file_whose_time_cannot_be_set_is_still_read(tmp_path, monkeypatch):
+    """Touching a file read (its recency for a restart) may fail where reading does not (a file of another user
+    on a shared tier): the bytes are served and the file kept; it was dropped as a failed load."""
+    store = DirectoryStore(tmp_path, 100)
+    assert store.put(b"k", b"x" * 10)
+
+    def refuse(path, *args, **kwargs):
+        raise PermissionError(1, "Operation not permitted", str(path))
+
+    monkeypatch.setattr(stores_module.os, "utime", refuse)
+    assert store.get(b"k") == b"x" * 10 and store.get(b"k") == b"x" * 10
+    assert store.contains(b"k") and store.failures.counts == {}
+    store.close()
+
+
 def test_a_save_the_store_refuses_is_counted(model, prompts, caplog):
     engine = Engine(model, PagedConfig(block_size=BS), kv_store=InProcessStore(max_bytes=100))  # no block fits
     with caplog.at_level(logging.WARNING, logger="hf_paged.kv_transfer"):
