@@ -3,8 +3,8 @@
 Why a thread and not an asyncio task: a step is a blocking torch forward (milliseconds up to a second for a long
 prefill chunk). As a task it would freeze a server's event loop for that long, and `model.generate` callers in
 plain threads have no event loop at all. torch releases the GIL inside its kernels, so callers keep running.
-A synchronous caller that finds nobody stepping drives the turns itself, in its own thread (the common case of one
-`generate` call at a time keeps the caller's torch threads; see `loop_driver.py`), and hands over when its requests end.
+A synchronous caller drives the turns in its own thread unless another synchronous caller does (one `generate` call
+at a time keeps the caller's torch threads; `loop_driver.py`), and hands over when its requests end.
 
     callers (any thread or task)                      the loop thread (the only one that steps for them)
       submit() / generate_async(): ids reserved now  --commands-->  add_request / abort, between two steps

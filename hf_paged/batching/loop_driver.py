@@ -54,7 +54,7 @@ class Driver:
         self.owner = me
         return True
 
-    def _wait_for_the_loop_turn(self) -> None:
+    def _wait_for_the_loop_turn(self) -> None:  # (a caller taking the lock first in between is waited for too)
         with self._count:
             self._waiting += 1
         try:
