@@ -181,6 +181,51 @@ def test_unseeded_generate_repeats_under_manual_seed_with_a_warm_prefix_cache(op
     assert sampled(wrapped) == reference  # the same prompts cached: admitted longest first
 
 
+class _StopAfter:
+    """A caller's criterion: a row is done once its last token is `token` (replayed between steps; the engine aborts
+    the row)."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+@pytest.mark.parametrize("how", ["eos", "eos_forks", "criterion"])
+def test_unseeded_generate_matches_stock_after_a_row_ends(how):
+    """Stock keeps a row that ended in its batch and draws for it until the call ends (its token replaced by padding);
+    the engine's ended row drew nothing, so every later row drew from a shifted stream: a sampled call matched stock
+    only until its first row ended (batching/stock_batch.py)."""
+    from transformers import StoppingCriteriaList
+
+    import hf_paged
+    from tests.tiny_models import left_pad
+
+    stock, wrapped = tiny_model("llama"), hf_paged.wrap(tiny_model("llama"))
+    ids, mask = left_pad(ragged_prompts([7, 20, 33, 5], seed=3), 0)
+    forks = {"num_return_sequences": 2} if how == "eos_forks" else {}
+
+    def sampled(model, stop=None, eos=None):
+        torch.manual_seed(0)
+        # a criterion's row is padded and aborted only beside an EOS criterion (stock pads finished rows only then)
+        kw = {"eos_token_id": stop} if how != "criterion" or stop is None else {
+            "stopping_criteria": StoppingCriteriaList([_StopAfter(stop)]), "eos_token_id": eos}
+        out = model.generate(ids, attention_mask=mask, do_sample=True, max_new_tokens=10, top_k=50, pad_token_id=0,
+                             **forks, **kw)
+        return out[:, ids.shape[1]:].tolist()
+
+    free = sampled(stock)
+    stop = free[1][2]  # the second row's third token: that row ends there, the others go on
+    eos = next(t for t in range(1, 250) if all(t not in row for row in free))  # an EOS criterion that never fires
+    reference = sampled(stock, stop, eos)
+    assert all(eos not in row for row in reference)
+    ends = [row.index(stop) if stop in row else None for row in reference]
+    assert ends[1] == 2 and None in ends  # one row ends early, another runs to the end
+    assert sampled(wrapped, stop, eos) == reference  # cold cache
+    assert sampled(wrapped, stop, eos) == reference  # warm
+
+
 _FRESH_PROCESS = """
 import json, torch
 from hf_paged import Engine, PagedConfig, SamplingParams

@@ -25,6 +25,7 @@ from hf_paged.api.generate_output import assemble_generate_output, incomplete_ro
 from hf_paged.api.generate_processors import ProcessorFactory
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
 from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list, unsupported_modes
+from hf_paged.batching.stock_batch import StockBatch
 from hf_paged.cache.sizing import length_dependent_rope, windowed_attention
 from hf_paged.compat import (
     compiled_in_place,
@@ -101,12 +102,9 @@ def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, e
 
 def _dropout_active(model) -> bool:
     """A dropout module with p > 0, or an attention module that drops attention weights in training mode."""
-    def drops(m) -> bool:
-        rate = getattr(m, "attention_dropout", None)
-        return (type(m).__name__.endswith("Dropout") and getattr(m, "p", 0) > 0) or (
-            isinstance(rate, (int, float)) and rate > 0)
-
-    return any(drops(m) for m in model.modules())
+    return any((type(m).__name__.endswith("Dropout") and getattr(m, "p", 0) > 0)
+               or (isinstance(rate := getattr(m, "attention_dropout", None), (int, float)) and rate > 0)
+               for m in model.modules())
 
 
 def paged_generate(model, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None,
@@ -175,9 +173,8 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     pad_token_id = gen_config.pad_token_id if gen_config.pad_token_id is not None else (eos[0] if eos else 0)
     factory = ProcessorFactory(model, gen_config, logits_processor, input_ids.device)
     num_seqs = gen_config.num_return_sequences or 1
-    # stop strings, max_time and the caller's criteria: stock's own list, replayed over the engine's steps
-    lockstep = bool(stopping_criteria) or gen_config.stop_strings is not None or gen_config.max_time is not None
     # stop strings, max_time and the caller's criteria run as stock's own list (LockstepCriteria), not in the engine
+    lockstep = bool(stopping_criteria) or gen_config.stop_strings is not None or gen_config.max_time is not None
     params = _params_per_prompt(gen_config, factory, prompts, padded_rows=input_ids.tolist(),
                                 left_pads=attention_mask.ne(0).int().argmax(dim=1).tolist(),
                                 max_new_tokens=max_new_tokens, eos_token_id=eos or None, stop_strings=None,
@@ -185,7 +182,6 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     rows = input_ids.repeat_interleave(num_seqs, dim=0)
     criteria = _stock_criteria(model, gen_config, stopping_criteria, model_kwargs.get("tokenizer"), padded_len,
                                max_new_tokens, input_ids.device) if lockstep else None
-    # The engine's loop thread runs these together with every other caller's requests (any thread).
     submission = engine.loop.submit(prompts, params, stream=streamer is not None or lockstep)
     on_step = make_streamer_hook(streamer, rows, submission.all_ids, pad_token_id)  # (stock puts the expanded rows)
     replay = None
@@ -193,9 +189,12 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
         replay = LockstepCriteria(criteria, rows, submission.all_ids, pad_token_id, max_new_tokens,
                                   lambda ids: engine.loop.abort(*ids, forks=False), sync=engine.sampler.sync)
         on_step = replay.on_step
+    # sampled: rows that ended still take their draws, as in stock's batch (stock_batch.py)
+    stock = StockBatch.register(engine.sampler.stock_batches, submission.all_ids if gen_config.do_sample else ())
     try:
         outputs = submission.result(on_step)
     finally:  # also on an error (a streamer's put, Ctrl-C): a TextIteratorStreamer's reader is not left waiting
+        stock.unregister()
         if streamer is not None:
             streamer.end()
     failed = [o for o in outputs.values() if o.status is RequestStatus.FAILED

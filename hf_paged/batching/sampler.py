@@ -46,6 +46,7 @@ from hf_paged.batching.logprobs import RowLogprobs, TokenLogprobs
 from hf_paged.batching.penalties import apply_logit_bias, apply_output_penalties, has_penalties
 from hf_paged.batching.request import Failure, Request
 from hf_paged.batching.seeded_draws import draw
+from hf_paged.batching.stock_batch import NO_GHOSTS, StockBatch, draw_ghosts, ghost_counts
 from hf_paged.errors import SamplingError
 
 
@@ -74,6 +75,7 @@ class Sampler:
         self.constraint_stats = ConstraintStats()
         # tensor parallel: the first rank's tokens (None: that rank's row failed) replacing this rank's own
         self.sync: Callable[[list[int | None]], list[int | None]] | None = None
+        self.stock_batches: dict[str, StockBatch] = {}  # request id -> its `generate` call's rows (stock_batch.py)
 
     def __call__(self, requests: Sequence[Request], logits: torch.Tensor) -> SampleResult:
         n = len(requests)
@@ -97,8 +99,10 @@ class Sampler:
         # prefix cache admits the longest cached prompts first, which put a second identical call's draws elsewhere
         # (the batched processors above want row order: a contiguous run of rows is masked as one slice)
         special.sort(key=lambda i: (requests[i].arrival_index, requests[i].fork_index))
+        # a `generate` call's ended rows still take their draws, as in stock's batch (stock_batch.py)
+        ghosts = ghost_counts(self.stock_batches, requests, special) if self.stock_batches else {}
         self._draw_together(requests, logits, scores, [i for i in special if i not in resampled and errors[i] is None
-                                                       and _drawn_together(requests[i])], tokens, errors)
+                                                       and _drawn_together(requests[i])], tokens, errors, ghosts)
         for i in special:
             if errors[i] is not None or tokens[i] is not None:
                 continue
@@ -116,7 +120,10 @@ class Sampler:
             try:  # a row the processors left unusable (None, NaN, a temperature that overflows it): this one fails
                 if request.params.output_scores:
                     request.scores.append(row[0].clone())
+                before, after = ghosts.get(i, NO_GHOSTS)
+                draw_ghosts(before, row)
                 tokens[i] = self._pick(request, row)
+                draw_ghosts(after, row)
             except Exception as exc:  # noqa: BLE001
                 errors[i] = Failure.of(exc, "sampling failed")
         if self.sync is not None and special:  # (a plain greedy step picks the same on every rank)
@@ -175,7 +182,8 @@ class Sampler:
                     errors[i] = failure
 
     def _draw_together(self, requests: Sequence[Request], logits: torch.Tensor, scores: torch.Tensor,
-                       rows: list[int], tokens: list[int | None], errors: list[Failure | None]) -> None:
+                       rows: list[int], tokens: list[int | None], errors: list[Failure | None],
+                       ghosts: dict[int, tuple[int, int]]) -> None:
         """Sampled rows with no stock processor but row-only warpers and no seed of their own, in runs of
         consecutive rows with the same warpers: the chain of `_process_row` on a run's rows at once (each row's
         values as alone), then one draw from torch's global generator for the run. Runs follow the rows' arrival
@@ -190,11 +198,17 @@ class Sampler:
             params = request.params
             row_key = (tuple(id(p.processor) for p in request.processors.row_processors), params.temperature,
                        params.min_p, params.top_k, params.top_p)
-            if run and (row_key != key or len(run) == limit):
+            before, after = ghosts.get(i, NO_GHOSTS)
+            if run and (row_key != key or len(run) == limit or before):
                 self._draw_run(requests, logits, scores, run, tokens, errors)
                 run = []
+            draw_ghosts(before, scores)
             key = row_key
             run.append(i)
+            if after:
+                self._draw_run(requests, logits, scores, run, tokens, errors)
+                run = []
+                draw_ghosts(after, scores)
         if run:
             self._draw_run(requests, logits, scores, run, tokens, errors)
 
