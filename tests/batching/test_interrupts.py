@@ -115,12 +115,6 @@ def test_ctrl_c_inside_a_step_the_main_thread_drives_harms_no_other_caller(model
         == want_mine
 
 
-def _interrupt_after(seconds: float) -> threading.Timer:
-    timer = threading.Timer(seconds, _thread.interrupt_main)
-    timer.start()
-    return timer
-
-
 def _drain(timer: threading.Timer | None = None, step: _CtrlCAtStep | None = None) -> None:
     """Stop the senders (cancel and join `timer`, disarm `step`), then take an interrupt already sent here, not in
     the next call. Once they are stopped the interrupt flag is set or never will be, and the main thread takes it at
@@ -197,11 +191,15 @@ def test_ctrl_c_at_any_moment_of_a_call_leaves_nothing_behind(model, kind):
     moments = [("step", k) for k in range(1, num_steps + 1)] + [("clock", rng.uniform(0, duration)) for _ in range(8)]
     interrupted = 0
     for how, at in moments:
-        timer = _interrupt_after(at) if how == "clock" else None
-        if how == "step":
-            ctrl_c.arm(at)
+        # started inside the `try`: a timer of ~0 s fired while `start` still waited for its thread, and the
+        # interrupt, raised there (threading.py, `Condition.wait`), escaped to pytest and ended the whole run
+        timer = threading.Timer(at, _thread.interrupt_main) if how == "clock" else None
         try:
             try:
+                if timer is not None:
+                    timer.start()
+                else:
+                    ctrl_c.arm(at)
                 call(model, ids, mask, prompts)
             except KeyboardInterrupt:
                 interrupted += how == "step"
