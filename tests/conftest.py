@@ -46,7 +46,6 @@ def _lm_eval_bundled_tasks_indexed_once():
     undo()
 
 
-
 @pytest.fixture
 def one_thread():
     """Run the test with one torch thread: the lean forward's pruning and sliced head run only there, and the CPU
