@@ -241,3 +241,12 @@ def test_a_merged_contains_keeps_each_parts_min_contains():
         validator = jsonschema.Draft202012Validator(schema)
         assert not validator.is_valid([]) and not re.fullmatch(rx, "[]"), schema
         assert re.fullmatch(rx, "[1]")
+
+
+def test_const_true_and_const_one_are_different_values_under_all_of():
+    """`allOf` merging took `const: true` and `const: 1` for one value (Python's `True == 1`): `{"k": true}` passed a
+    property that nothing satisfies."""
+    rx = re.compile(schema_to_regex({"properties": {"k": {"allOf": [{"const": True}, {"const": 1}]}}}))
+    assert rx.fullmatch("{}") and not rx.fullmatch('{"k":true}') and not rx.fullmatch('{"k":1}')
+    rx = re.compile(schema_to_regex({"properties": {"k": {"allOf": [{"const": [True]}, {"enum": [[1], [True]]}]}}}))
+    assert rx.fullmatch('{"k":[true]}') and not rx.fullmatch('{"k":[1]}')

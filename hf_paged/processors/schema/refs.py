@@ -185,7 +185,7 @@ def _merge(a: Any, b: Any, ctx: Context, pointer: str, *, parent: bool = False) 
             out.setdefault(key, vb)  # annotations and unknown keywords: the first one wins (they never restrict)
             continue
         va = out[key]
-        if va == vb:
+        if va == vb and same_json(va, vb):  # (Python's == alone takes `const: true` and `const: 1` for one)
             continue
         if key in _MIN_KEYS or key in ("minimum", "exclusiveMinimum") and _numeric(va, vb):
             out[key] = max(va, vb)
@@ -296,7 +296,13 @@ def _numeric(a: Any, b: Any) -> bool:
 
 
 def same_json(a: Any, b: Any) -> bool:
-    """JSON equality: 1 == 1.0, but True != 1."""
+    """JSON equality: 1 == 1.0, but True != 1, at any depth (Python's `[True] == [1]` holds)."""
+    if a is b:
+        return True
     if isinstance(a, bool) or isinstance(b, bool):
         return type(a) is type(b) and a == b
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same_json(v, b[k]) for k, v in a.items())
+    if isinstance(a, list):
+        return isinstance(b, list) and len(a) == len(b) and all(map(same_json, a, b))
     return a == b
