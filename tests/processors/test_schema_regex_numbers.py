@@ -119,8 +119,9 @@ def test_finite_domains_are_checked_value_by_value():
          "not": {"const": 6}}
     rx = re.compile(schema_to_regex(s))
     assert [v for v in range(8) if rx.fullmatch(str(v))] == [2, 5]
-    with pytest.raises(UnsupportedSchemaError, match="`if`"):
-        schema_to_regex({"type": "integer", "minimum": 0, "if": {"maximum": 3}, "then": {"minimum": 2}})  # unbounded
+    # unbounded: (maximum 3 and minimum 2) or above 3 (`conditionals.py`), no finite set
+    rx = re.compile(schema_to_regex({"type": "integer", "minimum": 0, "if": {"maximum": 3}, "then": {"minimum": 2}}))
+    assert [v for v in range(8) if rx.fullmatch(str(v))] == [2, 3, 4, 5, 6, 7] and rx.fullmatch("123456789")
 
 
 def test_bounded_multiples_beyond_the_enumeration_limit_are_checked_as_a_finite_set():

@@ -22,6 +22,7 @@ __all__ = [
     "Rx",
     "alt",
     "char_class",
+    "class_char",
     "class_cost",
     "escape_text",
     "json_string",
@@ -166,6 +167,11 @@ def char_class(ranges: list[tuple[int, int]]) -> str | None:
     if len(ranges) == 1 and ranges[0][0] == ranges[0][1]:
         return items[0]  # a single code point needs no class
     return "[" + "".join(items) + "]"
+
+
+def class_char(cp: int) -> str:
+    """Code point `cp` as written inside a character class."""
+    return _escape_char(cp, in_class=True)
 
 
 def _minus_surrogates(lo: int, hi: int) -> list[tuple[int, int]]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hf_paged.processors.schema.context import Context
+from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS, Context
 from hf_paged.processors.schema.fragments import Rx, alt
 
 __all__ = ["dependencies_of", "forbidden_names", "negated_required", "with_dependencies"]
@@ -33,8 +33,8 @@ def forbidden_names(schema: dict, required: list[str], ctx: Context, pointer: st
     """`not` of `required` lists: keep one name of each list absent (a sound subset of 'not all present'),
     reusing names already kept out so that as few as possible go."""
     neg = schema.get("not")
-    if neg is None:
-        return set()
+    if neg is None or isinstance(neg, dict) and set(neg) - ANNOTATION_KEYWORDS == {"type"}:
+        return set()  # (`not` of types other than object: `translate._allowed_types` applied it)
     clauses = negated_required(neg)
     if clauses is None:
         ctx.unsupported("not", pointer, "only `not: {required: [...]}` is supported on objects; remove `not`")

@@ -22,8 +22,8 @@ from hf_paged.processors.schema.context import Context, pointer_join
 from hf_paged.processors.schema.digits import DEFAULT_DIGITS, NumberDigits
 from hf_paged.processors.schema.fragments import Rx, alt, raw, seq
 
-__all__ = ["INTEGER", "NUMBER", "NumberDigits", "decimal_range", "int_range", "integer_regex", "number_regex",
-           "number_text"]
+__all__ = ["INTEGER", "NUMBER", "NumberDigits", "decimal_range", "int_range", "integer_regex", "number_bounds",
+           "number_regex", "number_text"]
 
 INTEGER = raw("-?(?:0|[1-9][0-9]*)", atomic=True)
 NUMBER = raw("-?(?:0|[1-9][0-9]*)(?:\\.[0-9]+)?(?:[eE][+\\-]?[0-9]+)?", atomic=True)  # JSON's own grammar
@@ -220,7 +220,7 @@ def _frac(a: str | None, a_inclusive: bool, b: str | None, max_len: int | None =
 # -- schema keywords ------------------------------------------------------------------------------------
 
 
-def _bounds(schema: dict, ctx: Context, pointer: str) -> tuple[Any, bool, Any, bool]:
+def number_bounds(schema: dict, ctx: Context, pointer: str) -> tuple[Any, bool, Any, bool]:
     """(minimum, min_exclusive, maximum, max_exclusive) across draft-4 and draft-6+ spellings."""
     lo, lo_x, hi, hi_x = schema.get("minimum"), False, schema.get("maximum"), False
     for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
@@ -291,7 +291,7 @@ def _multiple(schema: dict, ctx: Context, pointer: str) -> int | None:
 
 def integer_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
     """Regex of the integers allowed by `minimum`/`maximum`/`exclusive*`/`multipleOf`."""
-    lo, hi = _int_bounds(*_bounds(schema, ctx, pointer))
+    lo, hi = _int_bounds(*number_bounds(schema, ctx, pointer))
     step = _multiple(schema, ctx, pointer)
     if lo is not None and hi is not None and lo > hi:
         return ctx.nothing(pointer, f"no integer lies within the minimum / maximum bounds ({lo} > {hi})")
@@ -353,7 +353,7 @@ def _positive_suffix(step: int) -> str:
 
 def number_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
     """Regex of the numbers allowed by the bound keywords (no exponent once bounded)."""
-    lo, lo_x, hi, hi_x = _bounds(schema, ctx, pointer)
+    lo, lo_x, hi, hi_x = number_bounds(schema, ctx, pointer)
     step = _multiple(schema, ctx, pointer)
     if step is not None and step != 1:
         ilo, ihi = _int_bounds(lo, lo_x, hi, hi_x)

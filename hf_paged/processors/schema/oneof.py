@@ -22,7 +22,7 @@ from typing import Any
 
 from hf_paged.processors.schema.refs import same_json
 
-__all__ = ["TYPES", "TYPE_KEYWORDS", "inferred_types", "narrow_exclusive", "types_of"]
+__all__ = ["TYPES", "TYPE_KEYWORDS", "inferred_types", "json_type", "narrow_exclusive", "types_of"]
 
 TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
 TYPE_KEYWORDS = {
@@ -58,7 +58,7 @@ def types_of(s: Any, accepted: bool = False) -> set[str]:
              else inferred_types(s) or set(TYPES))
     for values in ([s["const"]] if "const" in s else None, s.get("enum")):
         if isinstance(values, list):
-            found = {_json_type(v) for v in values}
+            found = {json_type(v) for v in values}
             if "integer" in found:  # (an integer value is a number too)
                 found.add("number")
             types &= found
@@ -67,7 +67,8 @@ def types_of(s: Any, accepted: bool = False) -> set[str]:
     return types
 
 
-def _json_type(v: Any) -> str:
+def json_type(v: Any) -> str:
+    """The JSON type of a value ("integer" for integral numbers, 1.0 included)."""
     if v is None:
         return "null"
     if isinstance(v, bool):

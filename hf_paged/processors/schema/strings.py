@@ -17,24 +17,24 @@ from hf_paged.processors.schema.context import Context, pointer_join
 from hf_paged.processors.schema.fragments import Rx, raw, rep, seq
 from hf_paged.processors.schema.pattern import Node, emit, fit_length, parse_pattern
 
-__all__ = ["FORMATS", "STRING", "quoted", "string_regex"]
+__all__ = ["ANY_CHAR", "FORMATS", "PLAIN", "STRING", "quoted", "string_regex"]
 
-_PLAIN = '[^"\\\\\\x00-\\x1f]'
+PLAIN = '[^"\\\\\\x00-\\x1f]'
 _SHORT_ESCAPE = '\\\\["\\\\/bfnrt]'
 _BMP_ESCAPE = "\\\\u(?:[0-9a-cA-Ce-fE-F][0-9a-fA-F]{3}|[dD][0-7][0-9a-fA-F]{2})"  # no lone surrogate halves
 _PAIR_ESCAPE = "\\\\u[dD][89abAB][0-9a-fA-F]{2}\\\\u[dD][c-fC-F][0-9a-fA-F]{2}"
 # One code point of an unbounded string: every spelling JSON allows (except lone surrogates).
-_ANY_CHAR = raw(f"(?:{_PLAIN}|{_SHORT_ESCAPE}|{_BMP_ESCAPE}|{_PAIR_ESCAPE})", atomic=True)
+ANY_CHAR = raw(f"(?:{PLAIN}|{_SHORT_ESCAPE}|{_BMP_ESCAPE}|{_PAIR_ESCAPE})", atomic=True)
 # One code point of a counted string: bare characters and the short escapes except \" and \\. Those two (and
 # \uXXXX) inside a counted repetition make outlines-core 0.2.14's index build exponential in the count (measured on a 256-byte vocabulary: `{0,12}` 0.2 s, `{0,16}` 3.8 s; without them `{0,256}`
 # stays in milliseconds), so bounded strings give them up: a subset of the valid strings, still sound.
-_COUNTED_CHAR = Rx(f"(?:{_PLAIN}|\\\\[/bfnrt])", 34)
+_COUNTED_CHAR = Rx(f"(?:{PLAIN}|\\\\[/bfnrt])", 34)
 # The same below U+0800 (ASCII and two-byte UTF-8: Latin, Greek, Cyrillic, Hebrew, Arabic...): ~3 automaton
 # states per counted character instead of ~9 (each counted position needs its own UTF-8 continuation states).
 # Translations that must shrink to fit the budget use it before capping lengths harder or leaving members out.
 _NARROW_COUNTED_CHAR = Rx("(?:[\\x20-\\x21\\x23-\\x5b\\x5d-\\x7f\\u0080-\\u07ff]|\\\\[/bfnrt])", 12)
 _QUOTE = raw('"', atomic=True)
-STRING = Rx(f'"{_ANY_CHAR.text}*"', _ANY_CHAR.cost + 3)
+STRING = Rx(f'"{ANY_CHAR.text}*"', ANY_CHAR.cost + 3)
 
 _HH = "(?:[01][0-9]|2[0-3])"
 _MS = "[0-5][0-9]"

@@ -25,7 +25,9 @@ from typing import Any
 
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError
 from hf_paged.processors.schema.arrays import array_regex
+from hf_paged.processors.schema.conditionals import expand_conditionals, has_conditionals
 from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS, Context, pointer_join
+from hf_paged.processors.schema.excluded import excluded_values, leave_out
 from hf_paged.processors.schema.fragments import Rx, alt, lit, opt, raw, rep, seq
 from hf_paged.processors.schema.name_rules import negated_required
 from hf_paged.processors.schema.non_integers import non_integer_regex
@@ -96,7 +98,7 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
     if not isinstance(schema, dict):
         raise ctx.invalid(pointer, f"a schema must be an object or a boolean, got {schema!r}", "fix the sub-schema")
     refs: list[str] = list(entered or [])
-    current: Any = _double_negation(schema)
+    current: Any = expand_conditionals(_double_negation(schema))
     for _ in range(_MAX_MERGE_ROUNDS):
         if not isinstance(current, dict) or not ("$ref" in current or "allOf" in current):
             break
@@ -116,6 +118,9 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
                 return [Branch(False, refs)]
             refs.append(target.pointer)
             parts.insert(0, target.schema)
+        if has_conditionals(rest, parts):  # (each part's `if`, before merging them)
+            expanded = expand_conditionals({**rest, "allOf": parts})
+            rest, parts = {k: v for k, v in expanded.items() if k != "allOf"}, expanded["allOf"]
         current = _double_negation(merge_all([rest] + [_double_negation(p) for p in parts], ctx, pointer))
     else:
         ctx.cut()
@@ -177,28 +182,24 @@ def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
         return alt(lit(t) for t in (dump_value(v) for v in valid_values(finite, rest, ctx)) if t is not None)
     types = _allowed_types(schema, ctx, pointer)
     if "if" in schema and ("then" in schema or "else" in schema):
-        ctx.unsupported("if", pointer, "conditional schemas need negation; rewrite as `anyOf` of exclusive cases")
+        why = ("beside `unevaluatedProperties`/`unevaluatedItems` (which see only what a passing `if` evaluates)"
+               if "unevaluatedProperties" in schema or "unevaluatedItems" in schema else "its condition has keywords we "
+               "cannot negate (`pattern`, `$ref`, ...), or the conditionals combine into more than 64 cases")
+        ctx.unsupported("if", pointer, f"{why}; rewrite them as `anyOf` of exclusive cases")
     for key in ("$dynamicRef", "$recursiveRef"):
         if key in schema:
             ctx.unsupported(key, pointer, "use a plain `$ref` to a `$defs` entry")
+    excluded = excluded_values(schema["not"]) if "not" in schema else None  # (`not` of values: `excluded.py`)
     parts: list[Rx | None] = []
     for t in types:
-        if t == "null":
-            parts.append(lit("null"))
-        elif t == "boolean":
-            parts.append(raw("true|false"))
-        elif t == "integer" and "number" not in types:
-            parts.append(integer_regex(schema, ctx, pointer))
-        elif t == "number":
-            parts.append(number_regex(schema, ctx, pointer))
-        elif t == _NON_INTEGER:
-            parts.append(non_integer_regex(schema, ctx, pointer))
-        elif t == "string":
-            parts.append(string_regex(schema, ctx, pointer))
-        elif t == "array":
-            parts.append(array_regex(schema, ctx, pointer, dump_value))
-        elif t == "object":
-            parts.append(object_regex(schema, ctx, pointer))
+        if t == "integer" and "number" in types:
+            continue
+        build = _BY_TYPE[t]  # (called from here: a helper frame in between, one more per nesting level, made a deep
+        # schema's compile 2x slower on CPython 3.11, its frame stack mapping and unmapping a chunk ~4x as often)
+        if excluded is None:
+            parts.append(build(schema, ctx, pointer))
+        else:
+            parts.append(leave_out(t, schema, excluded, lambda s, build=build: build(s, ctx, pointer), ctx, pointer))
     return alt(parts)
 
 
@@ -224,15 +225,27 @@ def _allowed_types(schema: dict, ctx: Context, pointer: str) -> list[str]:
     elif neg is not None and neg is not False and negated_required(neg) is not None:
         types &= {"object"}  # every other value has the names `required` asks for (it binds objects only): `not` fails
     elif neg is not None and neg is not False:
-        if "enum" not in schema and "const" not in schema:  # beside an enum, `not` filters the values
-            ctx.unsupported("not", pointer, "only `not` of a `type`, of `required`, or of values beside an `enum` "
-                            "is supported; remove `not`")
+        # beside an enum, `not` filters the values; `not` of values alone leaves them out (`excluded.py`)
+        if "enum" not in schema and "const" not in schema and excluded_values(neg) is None:
+            ctx.unsupported("not", pointer, "only `not` of a `type`, of `required`, or of values (`const`, `enum`) is "
+                            "supported; remove `not`")
     if "integer" in types and "number" in types:
         types.discard("integer")
     return [x for x in TYPES if x in types] + ([_NON_INTEGER] if non_integer else [])
 
 
 _NON_INTEGER = "non-integer"  # (a pseudo type of `_allowed_types`: numbers that are not integers)
+
+_BY_TYPE = {  # `_allowed_types`' names -> the regex of a schema's values of that type
+    "null": lambda schema, ctx, pointer: lit("null"),
+    "boolean": lambda schema, ctx, pointer: raw("true|false"),
+    "integer": integer_regex,
+    "number": number_regex,
+    _NON_INTEGER: non_integer_regex,
+    "string": string_regex,
+    "array": functools.partial(array_regex, canonical=dump_value),
+    "object": object_regex,
+}
 
 
 def _none_valid(values: list[Any], schema: Any, ctx: Context) -> bool:
