@@ -193,3 +193,23 @@ def test_the_processor_masks_follow_the_conditionals():
     assert ends('{"kind":"x","n":3}') and ends('{"kind":"y","s":""}') and ends('{"kind":"xy","s":"a"}')
     assert not ends('{"kind":"x"}') and not ends('{"kind":"x","n":"a"}') and not ends('{"kind":"y","n":"a"}')
     assert not ends('{"kind":"xy","n":1}') and not ends('{"kind":"xy","s":""}')
+
+
+@pytest.mark.parametrize("options", [
+    [{"enum": ["x"]}, {"type": "string"}],  # (tldr's platform: any string but "x")
+    [{"required": ["a"]}, {"required": ["b"]}, {"properties": {"a": {"type": "integer"}}}],
+    [{"type": "integer"}, {"type": ["integer", "string"]}],
+    [{"properties": {"a": {"const": "x"}}, "required": ["a"]}, {"properties": {"b": {"enum": [1, 2]}}}],
+    [{"type": "object", "required": ["k", "a"], "properties": {"k": {"const": "x"}, "a": {"type": "object"}}},
+     {"type": "object", "required": ["k"], "properties": {"k": {"const": "none"}}}, {"type": "null"}],
+])
+def test_one_of_with_overlapping_options_is_each_option_where_no_other_holds(options):
+    valid, accepted = _check({"oneOf": options}, ["a", "b", "k"], [{"x": 1}, 0, 3])
+    assert valid > 0 and accepted > 0
+
+
+def test_one_of_whose_options_cannot_be_negated_is_still_refused():
+    with pytest.raises(UnsupportedSchemaError, match="`oneOf`"):
+        schema_to_regex({"oneOf": [{"type": "string", "pattern": "^a"}, {"type": "string", "maxLength": 3}]})
+    with pytest.raises(UnsupportedSchemaError, match="`oneOf`"):
+        schema_to_regex({"oneOf": [{"required": ["a"]}, {"properties": {"a": {"pattern": "x"}}}]})

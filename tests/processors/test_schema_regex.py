@@ -75,8 +75,10 @@ def test_one_of_narrowed_to_exclusive_branches_or_rejected():
     assert accepts(tagged, '{"t":"a","x":1}') and not accepts(tagged, "{}")  # tag made required: exactly one
     keyed = {"oneOf": [{"required": ["a"]}, {"required": ["b"]}]}
     assert accepts(keyed, '{"a":1}') and not accepts(keyed, '{"a":1,"b":2}')
-    with pytest.raises(UnsupportedSchemaError, match=r"oneOf.*'#/oneOf'"):
-        schema_to_regex({"oneOf": [{"type": "integer"}, {"type": "number"}]})
+    either = {"oneOf": [{"type": "integer"}, {"type": "number"}]}  # each where the other fails: the fractions
+    assert accepts(either, "1.5") and not accepts(either, "1") and not accepts(either, '"a"')
+    with pytest.raises(UnsupportedSchemaError, match=r"oneOf.*'#/oneOf'"):  # (no complement of a pattern)
+        schema_to_regex({"oneOf": [{"type": "string", "pattern": "^a"}, {"type": "string", "pattern": "b$"}]})
 
 
 def test_one_of_narrowing_rules_for_arrays_counts_and_finite_sides():

@@ -6,6 +6,7 @@ conditions real schemas use: `type`, `required`, `const` / `enum`, `properties` 
 `not`, `allOf`, `anyOf`. Several conditionals on one property's values (`if: {properties: {kind: {const: "a"}}}`,
 one per kind: the common way to write a tagged union) become one alternative per value of that property, not
 2^n. A condition we cannot negate stays in place and the translation refuses it as before (`UnsupportedSchemaError`).
+The same negation writes a `oneOf` whose options may overlap (`exactly_one`): each option and not the others.
 
 Schemas with `unevaluatedProperties` / `unevaluatedItems` are left alone: those see what `if` evaluates only when it
 holds, which a merged alternative cannot tell.
@@ -13,13 +14,15 @@ holds, which a merged alternative cannot tell.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from typing import Any
 
 from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS
 from hf_paged.processors.schema.refs import same_json
 from hf_paged.processors.schema.values import finite_domain
 
-__all__ = ["expand_conditionals", "has_conditionals", "negate"]
+__all__ = ["MAX_COMBINED", "exactly_one", "expand_conditionals", "has_conditionals", "negate"]
 
 _CONDITIONAL = ("if", "then", "else")
 _TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
@@ -141,6 +144,29 @@ def _tagged(name: str, tests: list[tuple[list[Any], bool, Any, Any]]) -> list[An
                         lambda listed, required, value=value: any(same_json(value, v) for v in listed)))
     out.append(case({"type": "object", "required": [name], "properties": {name: {"not": {"enum": values}}}},
                     lambda listed, required: False))
+    return out
+
+
+def exactly_one(options: list[Any], resolve: Callable[[Any], Any]) -> list[Any] | None:
+    """`oneOf: options` whose options may overlap, as one schema per option that holds where that option holds and
+    no other does: `option and not-other and ...` (False where another option never fails); None when an option
+    cannot be negated (`resolve` gives the schema a bare `$ref` names) or one option would need more than
+    `MAX_COMBINED` alternatives."""
+    negated = []
+    for option in options:
+        found = negate(resolve(option))
+        if found is None:
+            return None
+        negated.append(found)
+    out: list[Any] = []
+    for i, option in enumerate(options):
+        others = [found for j, found in enumerate(negated) if j != i]
+        if any(not found for found in others):
+            out.append(False)  # (another option holds everywhere: this one never holds alone)
+            continue
+        if math.prod(len(found) for found in others) > MAX_COMBINED:
+            return None
+        out.append(_all([option] + [found[0] if len(found) == 1 else {"anyOf": found} for found in others]))
     return out
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError
 from hf_paged.processors.schema.arrays import array_regex
-from hf_paged.processors.schema.conditionals import expand_conditionals, has_conditionals
+from hf_paged.processors.schema.conditionals import exactly_one, expand_conditionals, has_conditionals
 from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS, Context, pointer_join
 from hf_paged.processors.schema.excluded import excluded_values, leave_out
 from hf_paged.processors.schema.fragments import Rx, alt, lit, opt, raw, rep, seq
@@ -144,6 +144,12 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
                 ctx.budget.spend("checks", num_branches * num_branches)  # (every branch against every other's)
                 narrowed = narrow_exclusive([[b.schema for b in bs] for bs in subs],
                                             lambda values, sub: _none_valid(values, sub, ctx))
+                alone = None if narrowed is not None or sees_options else exactly_one(
+                    options, lambda option: _resolved(option, ctx, pointer))
+                if alone is not None:  # each option where no other holds (`conditionals.exactly_one`)
+                    return [b for i, option in enumerate(alone) for b in branches(
+                        {"allOf": [rest, option]} if rest else option, ctx, pointer_join(pointer, key, i), refs,
+                        "never")]
                 if narrowed is None:
                     ctx.unsupported("oneOf", pointer, "its branches may overlap (exactly-one cannot be checked); use "
                                     "`anyOf`, or make branches disjoint by `type`, `required` keys or a `const` "
@@ -153,6 +159,13 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
                     subs = [[Branch(n, b.refs) for n, b in zip(ns, bs)] for ns, bs in zip(narrowed, kept)]
             return [b for bs in subs for b in bs]
     return [Branch(current, refs)]
+
+
+def _resolved(option: Any, ctx: Context, pointer: str) -> Any:
+    """The schema a bare `$ref` option names (one step), else the option."""
+    if isinstance(option, dict) and set(option) - ANNOTATION_KEYWORDS == {"$ref"}:
+        return resolve_ref(option["$ref"], ctx, pointer).schema
+    return option
 
 
 def _double_negation(schema: Any) -> Any:
