@@ -70,6 +70,18 @@ elif which == "parallel_kernels":  # no lock: the parent ran numba's parallel ke
     torch.set_num_threads(2)
     use = lambda: model.generate(torch.tensor([[3, 4, 5], [6, 7, 8]]), max_new_tokens=2, do_sample=False)
     use()
+    probe = os.fork()  # stock torch first: on some CPUs (MKL on AMD, GNU OpenMP) its own matmul hangs in the child
+    if probe == 0:
+        torch.randn(6, 32) @ torch.randn(32, 96)
+        os._exit(0)
+    deadline = time.monotonic() + 30
+    while not os.waitpid(probe, os.WNOHANG)[0]:
+        if time.monotonic() > deadline:
+            os.kill(probe, signal.SIGKILL)
+            os.waitpid(probe, 0)
+            print("PLATFORM HANG", flush=True)
+            sys.exit(0)
+        time.sleep(0.05)
 held, release = threading.Event(), threading.Event()
 def hold():
     with lock:
@@ -119,6 +131,9 @@ def case_outputs(tmp_path_factory):
 @pytest.mark.parametrize("which", CASES)
 def test_a_child_forked_while_a_thread_holds_a_lock_uses_it(which, case_outputs):
     stdout, stderr = case_outputs[which]
+    if "PLATFORM HANG" in stdout:  # (seen on an AMD EPYC with AVX2 only: torch 2.13's MKL sgemm in GNU OpenMP)
+        pytest.skip("this platform's torch hangs a forked child at its first matmul once the parent ran one on two "
+                    "threads (GNU OpenMP): stock fails the same way, nothing here to test")
     assert "CHILD EXIT 0" in stdout, (stdout[-2000:], stderr[-3000:])
 
 

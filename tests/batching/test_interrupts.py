@@ -149,7 +149,10 @@ def _same(a, b) -> bool:
         return torch.equal(a, b)
     if isinstance(a, dict):
         return [o.generated_tokens for o in a.values()] == [o.generated_tokens for o in b.values()]
-    return [(r.logprob, r.is_greedy) for r in a] == [(r.logprob, r.is_greedy) for r in b]
+    # (a context computed again in other chunks, or by the CPU kernels once they loaded: fp32 sums in another order;
+    # the scoring path's promise is a stock forward's numbers within 1e-4)
+    return len(a) == len(b) and all(x.is_greedy == y.is_greedy and abs(x.logprob - y.logprob) <= 1e-4
+                                    for x, y in zip(a, b))
 
 
 class _CtrlCAtStep:

@@ -54,4 +54,8 @@ def test_the_same_merge_loads_and_answers_as_alone(model, prompt):
     tokens, logits = answer(engine, prompt)
     assert transfer_stats(engine)["loaded_blocks"] == 5
     alone_tokens, alone_logits = answer(Engine(model, PagedConfig(block_size=BS, head_merge=KEEP_HEAD_1)), prompt)
-    assert tokens == alone_tokens and torch.equal(logits, alone_logits)
+    # (the same tokens; logits to the last bits only on one attention path: the CPU kernels load beside the first
+    # engines, so an earlier engine may attend with SDPA and a later one with the kernel, or a chunk of 5 rows with
+    # another SDPA path than one of 45: fp32 sums in another order. Another merge moves them by ~1e-3, measured)
+    assert tokens == alone_tokens and torch.allclose(logits, alone_logits, rtol=1e-5, atol=1e-5), \
+        (logits - alone_logits).abs().max()
