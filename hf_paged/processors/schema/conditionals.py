@@ -190,14 +190,14 @@ def negate(schema: Any) -> list[Any] | None:
     for key, value in schema.items():
         if key in ANNOTATION_KEYWORDS:
             continue
-        part = _negate_keyword(key, value, schema)
+        part = _negate_keyword(key, value)
         if part is None or len(out) + len(part) > _MAX_NEGATED:
             return None
         out.extend(part)
     return out
 
 
-def _negate_keyword(key: str, value: Any, schema: dict) -> list[Any] | None:
+def _negate_keyword(key: str, value: Any) -> list[Any] | None:
     if key == "type":
         listed = [value] if isinstance(value, str) else value
         if not isinstance(listed, list) or not all(t in _TYPES for t in listed):
