@@ -141,6 +141,8 @@ def test_not_of_strings_leaves_out_every_spelling_of_them():
         schema_to_regex({"type": "string", "maxLength": 3, "not": {"const": "ab"}})
     rx = re.compile(schema_to_regex({"type": "string", "maxLength": 3, "not": {"const": "abcd"}}))  # (invalid anyway)
     assert rx.fullmatch('"abc"')
+    with pytest.raises(UnsupportedSchemaError, match="more than 64 characters"):  # (not a RecursionError)
+        schema_to_regex({"type": "string", "not": {"const": "x" * 5000}})
 
 
 def test_an_unsatisfiable_branch_set_is_refused():

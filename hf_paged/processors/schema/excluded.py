@@ -18,7 +18,9 @@ from hf_paged.processors.schema.oneof import json_type
 from hf_paged.processors.schema.strings import ANY_CHAR, FORMATS, PLAIN
 from hf_paged.processors.schema.values import valid_values
 
-__all__ = ["excluded_values", "leave_out"]
+__all__ = ["MAX_EXCLUDED_LENGTH", "excluded_values", "leave_out"]
+
+MAX_EXCLUDED_LENGTH = 64  # longest string `not` may leave out (the trie recurses once per character)
 
 
 def excluded_values(neg: Any) -> list[Any] | None:
@@ -59,6 +61,10 @@ def leave_out(kind: str, schema: dict, values: list[Any], build, ctx: Context, p
                    if not any(v is value for v in mine))
     if kind in ("integer", "number", "non-integer"):
         return alt(build(piece) for piece in _pieces(rest, sorted(set(mine)), ctx, pointer))
+    if kind == "string" and max(map(len, mine)) > MAX_EXCLUDED_LENGTH:
+        ctx.unsupported("not", pointer, f"a string of more than {MAX_EXCLUDED_LENGTH} characters cannot be left out "
+                        "(its trie is written one level per character); list the allowed values in an `enum` instead")
+        return build(rest)
     if kind == "string" and not any(k in rest for k in ("pattern", "minLength", "maxLength")) \
             and rest.get("format") not in FORMATS:  # (a format we do not enforce is an annotation)
         return string_not_in(mine)
