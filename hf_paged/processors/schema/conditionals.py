@@ -19,15 +19,14 @@ from collections.abc import Callable
 from typing import Any
 
 from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS
-from hf_paged.processors.schema.refs import same_json
+from hf_paged.processors.schema.oneof import TYPES
+from hf_paged.processors.schema.refs import MAX_CROSS, same_json
 from hf_paged.processors.schema.values import finite_domain
 
-__all__ = ["MAX_COMBINED", "exactly_one", "expand_conditionals", "has_conditionals", "negate"]
+__all__ = ["exactly_one", "expand_conditionals", "has_conditionals", "negate"]
 
 _CONDITIONAL = ("if", "then", "else")
-_TYPES = ("null", "boolean", "integer", "number", "string", "array", "object")
 _MAX_NEGATED = 64  # alternatives one negation may write (`anyOf` negates into a product)
-MAX_COMBINED = 64  # alternatives one schema's conditionals may make together (as `refs`' `anyOf` crossing allows)
 _DRAFT4_FLAGS = ("exclusiveMinimum", "exclusiveMaximum")
 _BOUNDS = {  # keyword -> (type it binds, the keyword of its negation, how the bound moves)
     "minimum": ("number", "exclusiveMaximum", 0), "exclusiveMinimum": ("number", "maximum", 0),
@@ -91,14 +90,14 @@ def _rewrite(found: list) -> tuple[list[list[Any]], list]:
             by_name.setdefault(tag[0], []).append((tag[1], tag[2], then, otherwise, condition))
             continue
         negated = negate(condition)
-        if negated is None or combined * (len(negated) + 1) > MAX_COMBINED:
+        if negated is None or combined * (len(negated) + 1) > MAX_CROSS:
             left.append((condition, then, otherwise))
             continue
         alternatives.append([_all([condition, then])] + [_all([n, otherwise]) for n in negated])
         combined *= len(negated) + 1
     for name, tests in by_name.items():
         options = _tagged(name, [test[:4] for test in tests])
-        if combined * len(options) > MAX_COMBINED:
+        if combined * len(options) > MAX_CROSS:
             left.extend((test[4], test[2], test[3]) for test in tests)
             continue
         alternatives.append(options)
@@ -137,7 +136,7 @@ def _tagged(name: str, tests: list[tuple[list[Any], bool, Any, Any]]) -> list[An
         return _all([head] + [then if holds(listed, required) else otherwise
                               for listed, required, then, otherwise in tests])
 
-    out = [case({"type": [t for t in _TYPES if t != "object"]}, lambda listed, required: True),
+    out = [case({"type": [t for t in TYPES if t != "object"]}, lambda listed, required: True),
            case({"type": "object", "properties": {name: False}}, lambda listed, required: not required)]
     for value in values:
         out.append(case({"type": "object", "required": [name], "properties": {name: {"const": value}}},
@@ -151,7 +150,7 @@ def exactly_one(options: list[Any], resolve: Callable[[Any], Any]) -> list[Any] 
     """`oneOf: options` whose options may overlap, as one schema per option that holds where that option holds and
     no other does: `option and not-other and ...` (False where another option never fails); None when an option
     cannot be negated (`resolve` gives the schema a bare `$ref` names) or one option would need more than
-    `MAX_COMBINED` alternatives."""
+    `MAX_CROSS` alternatives."""
     negated = []
     for option in options:
         found = negate(resolve(option))
@@ -164,7 +163,7 @@ def exactly_one(options: list[Any], resolve: Callable[[Any], Any]) -> list[Any] 
         if any(not found for found in others):
             out.append(False)  # (another option holds everywhere: this one never holds alone)
             continue
-        if math.prod(len(found) for found in others) > MAX_COMBINED:
+        if math.prod(len(found) for found in others) > MAX_CROSS:
             return None
         out.append(_all([option] + [found[0] if len(found) == 1 else {"anyOf": found} for found in others]))
     return out
@@ -200,11 +199,11 @@ def negate(schema: Any) -> list[Any] | None:
 def _negate_keyword(key: str, value: Any) -> list[Any] | None:
     if key == "type":
         listed = [value] if isinstance(value, str) else value
-        if not isinstance(listed, list) or not all(t in _TYPES for t in listed):
+        if not isinstance(listed, list) or not all(t in TYPES for t in listed):
             return None
         if "integer" in listed and "number" not in listed:
             return [{"not": {"type": listed}}]  # (the non-integer numbers: `not` of a type is translated exactly)
-        others = [t for t in _TYPES if t not in listed and not (t == "integer" and "number" in listed)]
+        others = [t for t in TYPES if t not in listed and not (t == "integer" and "number" in listed)]
         return [{"type": others}] if others else []
     if key == "required" and isinstance(value, list) and all(isinstance(n, str) for n in value):
         return [{"type": "object", "properties": {name: False}} for name in dict.fromkeys(value)]

@@ -13,6 +13,7 @@ from typing import Any
 
 from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS, Context
 from hf_paged.processors.schema.fragments import Rx, alt, class_char, lit, raw, seq
+from hf_paged.processors.schema.key_names import bare_char
 from hf_paged.processors.schema.numbers import number_bounds
 from hf_paged.processors.schema.oneof import json_type
 from hf_paged.processors.schema.strings import ANY_CHAR, FORMATS, PLAIN
@@ -93,7 +94,7 @@ def _pieces(schema: dict, cuts: list[Any], ctx: Context, pointer: str) -> list[d
 def _tighter_low(lo: Any, exclusive: bool, cut: Any) -> tuple[Any, bool] | None:
     if cut is None:
         return None if lo is None else (lo, exclusive)
-    if lo is None or cut > lo or cut == lo:
+    if lo is None or cut >= lo:
         return cut, True
     return lo, exclusive
 
@@ -101,7 +102,7 @@ def _tighter_low(lo: Any, exclusive: bool, cut: Any) -> tuple[Any, bool] | None:
 def _tighter_high(hi: Any, exclusive: bool, cut: Any) -> tuple[Any, bool] | None:
     if cut is None:
         return None if hi is None else (hi, exclusive)
-    if hi is None or cut < hi or cut == hi:
+    if hi is None or cut <= hi:
         return cut, True
     return hi, exclusive
 
@@ -144,16 +145,13 @@ def _trie(suffixes: tuple[str, ...]) -> tuple[Rx | None, Rx | None]:
             kids.setdefault(suffix[0], []).append(suffix[1:])
         else:
             ends = True
-    holes = "".join(class_char(ord(c)) for c in kids if _bare(c))
+    holes = "".join(class_char(ord(c)) for c in kids if bare_char(c))
     leave: list[Rx | None] = [raw(PLAIN[:-1] + holes + "]", atomic=True)]  # a bare character no value has here
     short: list[Rx | None] = [] if ends else [Rx("", 0)]
     for c, below in kids.items():
-        if _bare(c):  # (a kid only an escape spells: no bare text goes on below it)
+        if bare_char(c):  # (a kid only an escape spells: no bare text goes on below it)
             below_leave, below_short = _trie(tuple(below))
             leave.append(None if below_leave is None else seq(lit(c), below_leave))
             short.append(None if below_short is None else seq(lit(c), below_short))
     return alt(leave), alt(short)
 
-
-def _bare(c: str) -> bool:
-    return c >= " " and c not in '"\\'

@@ -10,7 +10,7 @@ from functools import lru_cache
 from hf_paged.processors.schema.fragments import Rx, alt, char_class, escape_text, raw, rep, seq
 from hf_paged.processors.schema.pattern import emit, parse_pattern
 
-__all__ = ["key_matches", "not_in"]
+__all__ = ["bare_char", "key_matches", "not_in"]
 
 _KEY_CHARS = [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E)]  # extra keys: printable ASCII, no escapes (cheap classes)
 
@@ -95,7 +95,7 @@ def _kids(suffixes: tuple[str, ...]) -> list[tuple[str, tuple[str, ...]]]:
     return kids
 
 
-def _regular(c: str) -> bool:
+def bare_char(c: str) -> bool:
     """Whether a key character is spelled bare (quotes, backslashes and control characters need escapes)."""
     return c >= " " and c != '"' and c != "\\"
 
@@ -110,7 +110,7 @@ def _walk_parts(suffixes: tuple[str, ...]) -> tuple[list[str], int, bool, list[s
     short: list[str] = [] if suffixes and not suffixes[0] else [""]
     short_cost, leave_compound, short_compound = 0, False, False
     for c, below in kids:
-        if _regular(c):
+        if bare_char(c):
             below_leave, below_leave_cost, below_short, below_short_cost = _node_text(below)
             char = escape_text(c)  # (`lit(c)`: cost 1)
             if below_leave is not None:
@@ -134,7 +134,7 @@ def _node_text(suffixes: tuple[str, ...]) -> tuple[str | None, int, str | None, 
     short: list[str] = [] if not suffixes[0] else [""]
     short_cost = 0
     for c, below in kids:
-        if _regular(c):
+        if bare_char(c):
             below_leave, below_leave_cost, below_short, below_short_cost = _node_text(below)
             char = _bare(c)
             if below_leave is not None:
@@ -167,7 +167,7 @@ def _tail(suffix: str) -> tuple[str | None, int, str | None, int]:
     the others' class or go on, `(?:[others]|c ...)` (cost 4 + 1 + below + 2); keys end there or go on,
     `(?:|c ...)` (cost 1 + below + 2), or just "" above the name's own end. Its first character that needs an
     escape ends the walk: its kid is never spelled (the node's texts: the others' class, and "")."""
-    end = next((k for k, c in enumerate(suffix) if not _regular(c)), None)
+    end = next((k for k, c in enumerate(suffix) if not bare_char(c)), None)
     chain = suffix if end is None else suffix[:end]
     if end is None:  # the name's end: no kid; keys leave through any character, none may end here
         leave, leave_cost, short, short_cost = _key_chars_but(()), 4, None, 0

@@ -139,7 +139,7 @@ def _resolve(ref: str, ctx: Context, pointer: str) -> RefTarget:
 
 # -- allOf ----------------------------------------------------------------------------------------------
 
-_MAX_CROSS = 64
+MAX_CROSS = 64  # `anyOf` pairs two merged `anyOf` lists may make (`conditionals` keeps to it too)
 _MIN_KEYS = ("minLength", "minItems", "minProperties", "minContains")
 _MAX_KEYS = ("maxLength", "maxItems", "maxProperties", "maxContains")
 _KNOWN = frozenset(
@@ -222,7 +222,7 @@ def _merge(a: Any, b: Any, ctx: Context, pointer: str, *, parent: bool = False) 
             out["allOf"] = list(out.get("allOf", [])) + [{"$ref": vb}]
         elif key in ("anyOf", "oneOf"):
             # (one/any of A) and (one/any of B) == one/any of the pairs allOf(a, b): exact for both keywords.
-            if len(va) * len(vb) > _MAX_CROSS:
+            if len(va) * len(vb) > MAX_CROSS:
                 ctx.unsupported(key, pointer, f"two `{key}` lists under `allOf` would need {len(va) * len(vb)} "
                                 "combinations; merge them by hand")
             out[key] = [{"allOf": [x, y]} for x in va for y in vb]
