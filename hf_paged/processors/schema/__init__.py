@@ -6,6 +6,7 @@ stage compiles. Sound first: every text it matches is JSON that validates agains
                                        the work budget (`automaton.check_automaton`)
         translate                      $ref / allOf merges (refs), anyOf / oneOf branches (oneof), type by type:
                                        numbers, strings (pattern), objects (name_rules), arrays, finite values
+        reuse                          a node's translation reused within a try (keyed by the $refs it can reach)
         fragments                      the regex text algebra (`Rx`) every type writes in
         context                        one translation's options, budgets and error helpers
         digits                         `NumberDigits`, the bounds on a number's digits (and their default)

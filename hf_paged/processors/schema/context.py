@@ -101,10 +101,13 @@ class Context:
     prune_cost: int | None = None  # when set: drop optional members / alternatives costlier than this budget
     budget: CompileBudget = field(default_factory=CompileBudget)  # work counted across the ladder's tries
     checked: dict[str, list[int]] = field(default_factory=dict)  # `valid_values` memo, shared by the ladder's tries
+    finite: dict[str, tuple[Rx | None]] = field(default_factory=dict)  # `finite_regex` memo, shared by them too
     empty: list[str] = field(default_factory=list)  # the first parts found to allow no value (`nothing`): told
     #   when the whole schema allows none
     max_visits: int = 20_000  # sub-schema translations allowed in this try (recursive $refs multiply them)
     num_visits: int = 0
+    branch_checks: int = 0  # the budget's checks of `oneOf` branches against each other so far (`reuse.py`)
+    built_work: tuple[int, ...] = (0,) * 6  # the `work_counters` spent building rules so far (`reuse.py`)
     num_cut: int = 0  # places a flat translation allows less than the schema (free values' depth, extras, recursion)
     stop_at_cut: bool = False  # raise `CutShort` at the first cut instead of counting it
     num_pruned: int = 0  # optional properties and anyOf branches dropped to fit the budget (reported once)
@@ -113,6 +116,7 @@ class Context:
     rule_texts: list[str | None] = field(default_factory=list)  # rule n's text at n - 1 (None: matches nothing)
     ref_rules: dict[str, int] = field(default_factory=dict)  # recursive rule (`$ref` target, free value) -> number
     _defining: set[int] = field(default_factory=set)  # recursive rules being built (calls to them are fine)
+    defining: list[str] = field(default_factory=list)  # their keys (`$ref` targets, the free value), outermost first
     _recursive: set[int] = field(default_factory=set)  # rules called while being built
     _built: dict[int, Rx | None] = field(default_factory=dict)  # recursive rules' translations
     _called: set[int] = field(default_factory=set)  # rules some text calls (the others compile as nothing)
@@ -124,6 +128,9 @@ class Context:
     resolved: dict = field(default_factory=dict)  # local `#/...` $ref -> RefTarget (`refs.resolve_ref`'s memo)
     draft4: bool = False  # `$schema` says draft-04 (boolean exclusiveMinimum/Maximum)
     validator: Any = None  # jsonschema validator of the root, built on first use (value checks evolve it)
+    reach: Any = None  # `reuse.Reach` of the root, shared by the ladder's tries; None: translations are not reused
+    translations: dict | None = None  # this try's reusable translations (`reuse.py`), from the first node seen twice
+    seen: set[int] = field(default_factory=set)  # nodes translated so far, until then
 
     def unsupported(self, keyword: str, pointer: str, fix: str, *, restricts: bool = True) -> None:
         """Report a keyword we cannot enforce: raise when strict, warn otherwise."""
@@ -161,6 +168,23 @@ class Context:
             error.pointer, error.cost = pointer, rx.cost  # type: ignore[attr-defined]
             raise error
         return rx
+
+    def work_counters(self) -> tuple[int, ...]:
+        """What a translation's work and effects are counted in: cuts, members left out, visits (this try's and the
+        budget's), the budget's text, `branch_checks`."""
+        budget = self.budget
+        return (self.num_cut, self.num_pruned, self.num_visits, budget.visits, budget.text, self.branch_checks)
+
+    def visit(self, count: int = 1) -> None:
+        """Count `count` sub-schema translations against `max_visits` and the budget's `visits` (a reused one counts
+        all that translating it again would: `reuse.py`)."""
+        self.num_visits += count
+        self.budget.spend("visits", count)
+        if self.num_visits > self.max_visits:
+            raise SchemaTooComplexError(
+                f"translating the schema visited more than {self.max_visits:,} sub-schemas (deep or mutually "
+                "recursive $refs); lower max_ref_depth or simplify the schema"
+            )
 
     def cut(self) -> None:
         """Count a place where this translation allows less than the schema (undeclared keys left out, a free
@@ -212,10 +236,16 @@ class Context:
         if number is None:
             number = self.ref_rules[key] = self._new_rule(pointer)
             self._defining.add(number)
+            self.defining.append(key)
+            start, built = self.work_counters(), self.built_work
             try:
                 rx = build()
             finally:
                 self._defining.discard(number)
+                self.defining.pop()
+            # (work done once, not again where a translation that built the rule is reused: `reuse.py`; the rules
+            # built inside this one are in its count already)
+            self.built_work = tuple(b + now - s for b, now, s in zip(built, self.work_counters(), start))
             self._define_rule(number, rx, pointer)
             self._built[number] = rx
         if number in self._defining:

@@ -18,6 +18,7 @@ from hf_paged.processors.automaton.productive import prune_dead_rules
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.schema.context import DEFAULT_WHITESPACE, MIN_RULE_COST, Context, CutShort
 from hf_paged.processors.schema.digits import NumberDigits
+from hf_paged.processors.schema.reuse import Reach
 from hf_paged.processors.schema.translate import translate
 
 __all__ = ["schema_to_grammar", "schema_to_regex"]
@@ -149,8 +150,10 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
     attempts += shrinking
     num_exact = sum(a.prune_cost is None and not a.narrow for a in attempts)
     checked: dict[str, list[int]] = {}  # instance checks, shared by every try (`Context.checked`)
+    finite: dict = {}  # the regexes of finite domains, shared too (`Context.finite`)
     ref_index: dict = {}  # the document's `$id`s and anchors, indexed once for every try (`Context.ref_index`)
     resolved: dict = {}  # its local `$ref`s, resolved once for every try (`Context.resolved`)
+    reach = Reach()  # the `$ref` targets each node can reach, for every try (`Context.reach`)
     failures: set[tuple] = set()  # (pointer, cost) of the cost failures of full-budget tries
     stuck: bool | None = None  # False: the non-pruning tries cannot help
     automaton_error: SchemaTooComplexError | None = None  # the first automaton over its limits
@@ -166,7 +169,7 @@ def _translate_ladder(schema: dict | bool, calls: bool, whitespace: str | None, 
                        translate=translate, prune_cost=attempt.prune_cost, undeclared_keys=undeclared_keys,
                        any_depth=attempt.any_depth, rules={} if attempt.calls else None,
                        min_rule_cost=attempt.rule_cost, budget=budget, checked=checked, ref_index=ref_index,
-                       resolved=resolved, stop_at_cut=stop_at_cut)
+                       resolved=resolved, stop_at_cut=stop_at_cut, reach=reach, finite=finite)
 
     cut_tries: list[_Attempt] = []  # with calls: flat tries from the first that cut (the fallback: `_first_cut`)
     for n, attempt in enumerate(attempts):

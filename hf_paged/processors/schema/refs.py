@@ -12,9 +12,10 @@ import math
 from typing import Any
 from urllib.parse import unquote
 
+from hf_paged.errors import InvalidSchemaError
 from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS, Context, pointer_join
 
-__all__ = ["RefTarget", "merge_all", "resolve_ref", "same_json"]
+__all__ = ["RefTarget", "local_target", "merge_all", "resolve_ref", "same_json"]
 
 
 class RefTarget:
@@ -77,12 +78,7 @@ def resolve_ref(ref: Any, ctx: Context, pointer: str) -> RefTarget:
     """Find the target of `ref` inside the root schema; remote documents are unsupported."""
     if not isinstance(ref, str):
         raise ctx.invalid(pointer_join(pointer, "$ref"), f"`$ref` must be a string, got {ref!r}", "fix it")
-    if not ctx.ref_index:  # built once per translation, on the first reference
-        draft = ctx.root.get("$schema") if isinstance(ctx.root, dict) else None
-        old_draft = isinstance(draft, str) and any(f"draft-0{n}" in draft for n in (3, 4, 6, 7))
-        _index_ids(ctx.root, "#", ctx.ref_index, old_draft)
-        ctx.ref_index[""] = RefTarget(ctx.root, "#")  # marks the index as built, even with no $id at all
-    ids = ctx.ref_index
+    ids = _ids(ctx)
     if _NESTED_BASE in ids:
         # `#/...` inside a sub-schema with its own `$id` resolves against that sub-schema, not the root:
         # we do not track scopes, so we refuse rather than risk following the wrong target.
@@ -95,6 +91,27 @@ def resolve_ref(ref: Any, ctx: Context, pointer: str) -> RefTarget:
             found = ctx.resolved[ref] = _resolve(ref, ctx, pointer)
         return found
     return _resolve(ref, ctx, pointer)
+
+
+def local_target(ref: Any, ctx: Context) -> RefTarget | None:
+    """`resolve_ref` for a reference within this document (`#...`), without its errors and warnings: None for any
+    other reference, one that does not resolve, or a document whose nested `$id`s change the base URI."""
+    if not isinstance(ref, str) or not ref.startswith("#") or _NESTED_BASE in _ids(ctx):
+        return None
+    try:
+        return resolve_ref(ref, ctx, "#")
+    except InvalidSchemaError:
+        return None
+
+
+def _ids(ctx: Context) -> dict:
+    """The document's `$id`s and anchors (`Context.ref_index`), indexed on the first reference of the compile."""
+    if not ctx.ref_index:
+        draft = ctx.root.get("$schema") if isinstance(ctx.root, dict) else None
+        old_draft = isinstance(draft, str) and any(f"draft-0{n}" in draft for n in (3, 4, 6, 7))
+        _index_ids(ctx.root, "#", ctx.ref_index, old_draft)
+        ctx.ref_index[""] = RefTarget(ctx.root, "#")  # marks the index as built, even with no $id at all
+    return ctx.ref_index
 
 
 def _resolve(ref: str, ctx: Context, pointer: str) -> RefTarget:

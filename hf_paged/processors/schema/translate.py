@@ -23,7 +23,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from hf_paged.errors import InvalidSchemaError, SchemaTooComplexError
+from hf_paged.errors import InvalidSchemaError
 from hf_paged.processors.schema.arrays import array_regex
 from hf_paged.processors.schema.conditionals import exactly_one, expand_conditionals, has_conditionals
 from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS, Context, pointer_join
@@ -35,8 +35,9 @@ from hf_paged.processors.schema.numbers import NumberDigits, integer_regex, numb
 from hf_paged.processors.schema.objects import object_regex
 from hf_paged.processors.schema.oneof import TYPES, inferred_types, narrow_exclusive, types_of
 from hf_paged.processors.schema.refs import merge_all, resolve_ref
+from hf_paged.processors.schema.reuse import mark, remember, reuse_key, reused
 from hf_paged.processors.schema.strings import string_regex
-from hf_paged.processors.schema.values import dump_value, finite_domain, valid_values
+from hf_paged.processors.schema.values import dump_value, finite_domain, finite_regex, valid_values
 
 __all__ = ["Branch", "branches", "dump_value", "translate"]
 
@@ -54,21 +55,32 @@ class Branch:
 
 def translate(schema: Any, ctx: Context, pointer: str) -> Rx | None:
     """Regex fragment of one (sub-)schema; None when nothing satisfies it."""
-    ctx.num_visits += 1
-    ctx.budget.spend("visits")
-    if ctx.num_visits > ctx.max_visits:
-        raise SchemaTooComplexError(
-            f"translating the schema visited more than {ctx.max_visits:,} sub-schemas (deep or mutually "
-            "recursive $refs); lower max_ref_depth or simplify the schema"
-        )
+    key = reuse_key(schema, ctx)
+    if key is not None:
+        hit = reused(key, ctx)
+        if hit is not None:
+            return hit[0]
+        before = mark(ctx)
+    ctx.visit()
     out = []
     for branch in branches(schema, ctx, pointer):
         ctx.ref_stack.extend(branch.refs)
         try:
             if branch.call is not None:
                 out.append(ctx.ref_rule(branch.call, branch.schema, pointer))
-            else:
-                out.append(_plain(branch.schema, ctx, pointer))
+                continue
+            # a node of the document as an alternative (a `$ref` target written in place): reused like a node's
+            # translation (`reuse.py`), under a key of its own (no visit or `check_cost` of its own to count again)
+            part_key = None if branch.schema is schema else reuse_key(branch.schema, ctx, part=True)
+            hit = None if part_key is None else reused(part_key, ctx)
+            if hit is not None:
+                out.append(hit[0])
+                continue
+            started = None if part_key is None else mark(ctx)
+            rx = _plain(branch.schema, ctx, pointer)
+            if started is not None and (rx is None or rx.cost <= ctx.max_cost):
+                remember(part_key, rx, started, ctx)
+            out.append(rx)
         finally:
             del ctx.ref_stack[len(ctx.ref_stack) - len(branch.refs):]
     result = alt(out)
@@ -78,7 +90,10 @@ def translate(schema: Any, ctx: Context, pointer: str) -> Rx | None:
             kept.pop()  # leave out the costliest alternative: a subset, still sound
             ctx.num_pruned += 1
         result = alt(kept)
-    return ctx.check_cost(result, pointer)
+    result = ctx.check_cost(result, pointer)
+    if key is not None:
+        remember(key, result, before, ctx)
+    return result
 
 
 def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None = None,
@@ -142,6 +157,7 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
             if key == "oneOf" and len(options) > 1:
                 num_branches = sum(map(len, subs))
                 ctx.budget.spend("checks", num_branches * num_branches)  # (every branch against every other's)
+                ctx.branch_checks += num_branches * num_branches
                 narrowed = narrow_exclusive([[b.schema for b in bs] for bs in subs],
                                             lambda values, sub: _none_valid(values, sub, ctx))
                 alone = None if narrowed is not None or sees_options else exactly_one(
@@ -192,7 +208,7 @@ def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
     if finite is not None:
         # the candidates are the enum itself: checking them against it again would cost O(n^2) comparisons
         rest = {k: v for k, v in schema.items() if k != "enum"} if "enum" in schema else schema
-        return alt(lit(t) for t in (dump_value(v) for v in valid_values(finite, rest, ctx)) if t is not None)
+        return finite_regex(finite, rest, ctx)
     types = _allowed_types(schema, ctx, pointer)
     if "if" in schema and ("then" in schema or "else" in schema):
         why = ("beside `unevaluatedProperties`/`unevaluatedItems` (which see only what a passing `if` evaluates)"

@@ -14,9 +14,9 @@ from collections.abc import Callable
 from typing import Any
 
 from hf_paged.processors.schema.context import Context
-from hf_paged.processors.schema.fragments import json_string
+from hf_paged.processors.schema.fragments import Rx, alt, json_string, lit
 
-__all__ = ["dump_value", "finite_domain", "valid_values"]
+__all__ = ["dump_value", "finite_domain", "finite_regex", "valid_values"]
 
 _MAX_FINITE_INTEGERS = 4096  # integers of a bounded range tried one by one against the whole schema
 _FEW_MULTIPLES = 256  # `numbers` writes up to this many multiples of a step itself
@@ -56,16 +56,36 @@ def finite_domain(schema: dict) -> list[Any] | None:
     return list(range(first, hi + 1, stride))
 
 
-def valid_values(values: list[Any], schema: Any, ctx: Context) -> list[Any]:
+def finite_regex(values: list[Any], schema: Any, ctx: Context) -> Rx | None:
+    """The alternation of the `values` that satisfy `schema` (`valid_values`), memoised by content for the compile
+    (`Context.finite`: a long enum repeated in several places, or met again by a later try, is written once)."""
+    key = _content_key(values, schema)
+    found = None if key is None else ctx.finite.get(key)
+    if found is None:
+        found = (alt(lit(t) for t in (dump_value(v) for v in valid_values(values, schema, ctx, key)) if t is not None),)
+        if key is not None:
+            ctx.finite[key] = found
+    return found[0]
+
+
+def _content_key(values: list[Any], schema: Any) -> str | None:
+    try:
+        return json.dumps([schema, values], sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError):  # (values JSON cannot spell: check them, unmemoised)
+        return None
+
+
+_UNKNOWN = "?"  # `valid_values`' key not made yet
+
+
+def valid_values(values: list[Any], schema: Any, ctx: Context, key: str | None = _UNKNOWN) -> list[Any]:
     """The `values` that satisfy `schema` per jsonschema (references resolve against the root); each value is one
-    of the budget's `checks`. Memoised across the ladder's tries (`Context.checked`, keyed by content: the same
-    enum beside the same keywords is checked once per compile)."""
+    of the budget's `checks`. Memoised across the ladder's tries (`Context.checked`, keyed by content, `key` when the
+    caller made it: the same enum beside the same keywords is checked once per compile)."""
     import jsonschema
 
-    try:
-        key = json.dumps([schema, values], sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError):  # (values JSON cannot spell: check them, unmemoised)
-        key = None
+    if key is _UNKNOWN:
+        key = _content_key(values, schema)
     if key is not None and key in ctx.checked:
         return [values[i] for i in ctx.checked[key]]
     ctx.budget.spend("checks", len(values))
@@ -118,8 +138,10 @@ def _type_names(value: Any) -> bool:
 
 def dump_value(value: Any) -> str | None:
     """Compact JSON of a value in our number format (positional decimals, integral floats as ints)."""
-    if value is None or isinstance(value, bool):
-        return json.dumps(value)
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
