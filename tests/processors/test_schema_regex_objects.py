@@ -229,6 +229,8 @@ def test_optional_members_and_undeclared_keys_write_the_keys_loop_once():
     ({"type": "integer", "exclusiveMinimum": 5, "exclusiveMaximum": 6}, "no integer lies within"),
     ({"type": "object", "properties": {"a": {"type": "string", "minLength": 3, "maxLength": 1}}, "required": ["a"]},
      "#/properties/a: minLength 3 > maxLength 1"),
+    # without `type`, the keywords' type is what we write (a sound narrowing): the text says so, and how to widen it
+    ({"properties": {"a": False}, "required": ["a"]}, "#: no object satisfies it, and without `type`"),
 ])
 def test_an_empty_schema_names_the_part_that_allows_nothing(schema, why):
     """Every such schema got the same text, naming no keyword or place."""

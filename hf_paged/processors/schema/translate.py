@@ -229,7 +229,11 @@ def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
             parts.append(build(schema, ctx, pointer))
         else:
             parts.append(leave_out(t, schema, excluded, lambda s, build=build: build(s, ctx, pointer), ctx, pointer))
-    return alt(parts)
+    result = alt(parts)
+    if result is None and types and "type" not in schema and inferred_types(schema):
+        ctx.nothing(pointer, f"no {' or '.join(types)} satisfies it, and without `type` its keywords are read as asking "
+                    "for that (JSON Schema would let any other type through: say which with `type`)")
+    return result
 
 
 def _allowed_types(schema: dict, ctx: Context, pointer: str) -> list[str]:
