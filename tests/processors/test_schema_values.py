@@ -3,11 +3,14 @@ does, draft by draft (a keyword the root's draft does not know is skipped by bot
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jsonschema
 import pytest
 
 from hf_paged.processors.schema.context import Context
-from hf_paged.processors.schema.values import _simple_check, valid_values
+from hf_paged.processors.schema.values import _simple_check, _type_check, valid_values
 
 VALUES = [None, True, False, 0, 1, 1.0, 1.5, -2, "a", "1", "", [], [1], [1.0], {}, {"a": 1}, {"a": 1.0}]
 SCHEMAS = [
@@ -39,3 +42,37 @@ def test_other_keywords_take_the_evolved_validator():
         assert _simple_check(validator, schema) is None
     ctx = Context(root={})
     assert valid_values(["a", "ab", 3], {"type": "string", "maxLength": 1}, ctx) == ["a"]
+
+
+ALL_DRAFTS = [jsonschema.Draft3Validator, jsonschema.Draft4Validator, jsonschema.Draft6Validator,
+              jsonschema.Draft7Validator, jsonschema.Draft201909Validator, jsonschema.Draft202012Validator]
+TYPES = ["string", "integer", "number", "boolean", "null", "array", "object"]
+
+
+@pytest.mark.parametrize("schema", [{}, {"title": "t", "description": "d"}, *({"type": t} for t in TYPES),
+                                    {"type": ["integer", "string"]}, {"type": ["number", "null", "boolean"]},
+                                    {"type": ["array", "object"], "default": []}])
+def test_a_plain_type_is_checked_without_jsonschema_as_every_draft_would(schema):
+    """`_type_check`: what each draft's type checker says, in plain Python; where drafts disagree (an integral float
+    beside "integer"), or for anything but a plain `type`, it leaves the values to jsonschema."""
+    values = [*VALUES, 2.0, -0.0, 10**30, float("inf")]
+    for value in values:
+        check = _type_check(schema, [value])
+        verdicts = {draft(schema).is_valid(value) for draft in ALL_DRAFTS}
+        if check is None:
+            assert "integer" in str(schema.get("type")) and type(value) is float and value.is_integer()
+            assert verdicts == {True, False}  # (drafts 3-4 say no, 6 on say yes)
+        else:
+            assert verdicts == {check(value)}, (schema, value)
+    for other in ({"type": "any"}, {"type": [{"type": "string"}]}, {"type": "string", "maxLength": 2},
+                  {"const": 1}, {"type": "string", "$ref": "#/x"}):
+        assert _type_check(other, ["a"]) is None
+
+
+def test_enums_and_consts_of_plain_types_compile_without_importing_jsonschema():
+    """jsonschema's import (~90 ms) no longer lands on a process's first schema with an enum or a const."""
+    code = ("import sys; from hf_paged.processors.schema import schema_to_grammar; "
+            "schema_to_grammar({'type': 'object', 'properties': {'a': {'type': 'string', 'enum': ['x', 'y']}, "
+            "'b': {'const': 3}, 'c': {'enum': [1, 'z', None]}}}); print('jsonschema' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False", out.stderr[-2000:]

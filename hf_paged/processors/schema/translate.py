@@ -206,8 +206,10 @@ def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
         return None
     finite = finite_domain(schema)
     if finite is not None:
-        # the candidates are the enum itself: checking them against it again would cost O(n^2) comparisons
-        rest = {k: v for k, v in schema.items() if k != "enum"} if "enum" in schema else schema
+        # the candidates are the enum itself (or the const): checking them against it again would cost O(n^2)
+        # comparisons (and, for a const, jsonschema's import: `values._type_check` takes a plain `type` only)
+        drop = "enum" if "enum" in schema else "const" if "const" in schema else None
+        rest = {k: v for k, v in schema.items() if k != drop} if drop else schema
         return finite_regex(finite, rest, ctx)
     types = _allowed_types(schema, ctx, pointer)
     if "if" in schema and ("then" in schema or "else" in schema):

@@ -13,7 +13,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from hf_paged.processors.schema.context import Context
+from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS, Context
 from hf_paged.processors.schema.fragments import Rx, alt, json_string, lit
 
 __all__ = ["dump_value", "finite_domain", "finite_regex", "valid_values"]
@@ -82,26 +82,53 @@ def valid_values(values: list[Any], schema: Any, ctx: Context, key: str | None =
     """The `values` that satisfy `schema` per jsonschema (references resolve against the root); each value is one
     of the budget's `checks`. Memoised across the ladder's tries (`Context.checked`, keyed by content, `key` when the
     caller made it: the same enum beside the same keywords is checked once per compile)."""
-    import jsonschema
-
     if key is _UNKNOWN:
         key = _content_key(values, schema)
     if key is not None and key in ctx.checked:
         return [values[i] for i in ctx.checked[key]]
     ctx.budget.spend("checks", len(values))
     try:
-        if ctx.validator is None:
-            root = ctx.root if isinstance(ctx.root, dict) else {}
-            ctx.validator = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)(root)
-        check = _simple_check(ctx.validator, schema)
+        check = _type_check(schema, values)
         if check is None:
-            check = ctx.validator.evolve(schema=schema).is_valid
+            import jsonschema  # (~90 ms to import: not for the enums of plain types most schemas have)
+
+            if ctx.validator is None:
+                root = ctx.root if isinstance(ctx.root, dict) else {}
+                ctx.validator = jsonschema.validators.validator_for(root, default=jsonschema.Draft202012Validator)(root)
+            check = _simple_check(ctx.validator, schema)
+            if check is None:
+                check = ctx.validator.evolve(schema=schema).is_valid
         kept = [i for i, v in enumerate(values) if check(v)]
         if key is not None:
             ctx.checked[key] = kept
         return [values[i] for i in kept]
     except Exception as exc:
         raise ctx.invalid("#", f"cannot check values against the schema ({exc})", "fix the sub-schema") from exc
+
+
+_TYPE_OF = {str: "string", bool: "boolean", type(None): "null", list: "array", dict: "object", int: "integer",
+            float: "number"}  # (a value's JSON type by its Python class, as json.loads makes them)
+
+
+def _type_check(schema: Any, values: list[Any]) -> Callable[[Any], bool] | None:
+    """jsonschema's verdict for a schema of a `type` and annotations only, in plain Python: what every draft's type
+    checker says (an integer is a number; a bool is no integer). None for any other schema, and where drafts differ:
+    draft 3's "any", an integral float beside "integer" (draft 6 on counts 1.0 in, drafts 3 and 4 do not)."""
+    if not isinstance(schema, dict) or not all(k == "type" or k in ANNOTATION_KEYWORDS for k in schema):
+        return None
+    listed = schema.get("type", list(_ALL_TYPES))
+    listed = [listed] if isinstance(listed, str) else listed
+    if not isinstance(listed, list) or not all(isinstance(t, str) and t in _ALL_TYPES for t in listed):
+        return None  # (draft 3's "any" and schemas in `type`, a name no draft knows: jsonschema decides)
+    names = set(listed) | ({"integer"} if "number" in listed else set())
+    if not all(type(v) in _TYPE_OF for v in values):
+        return None
+    if "integer" in names and "number" not in names and any(type(v) is float and v.is_integer() for v in values):
+        return None
+    return lambda value: _TYPE_OF[type(value)] in names
+
+
+_ALL_TYPES = frozenset(_TYPE_OF.values())
 
 
 def _simple_check(validator: Any, schema: Any) -> Callable[[Any], bool] | None:
