@@ -107,7 +107,7 @@ class Context:
     max_visits: int = 20_000  # sub-schema translations allowed in this try (recursive $refs multiply them)
     num_visits: int = 0
     branch_checks: int = 0  # the budget's checks of `oneOf` branches against each other so far (`reuse.py`)
-    built_work: tuple[int, ...] = (0,) * 6  # the `work_counters` spent building rules so far (`reuse.py`)
+    built_work: tuple[int, ...] = (0,) * 5  # the `work_counters` spent building rules so far (`reuse.py`)
     num_cut: int = 0  # places a flat translation allows less than the schema (free values' depth, extras, recursion)
     stop_at_cut: bool = False  # raise `CutShort` at the first cut instead of counting it
     num_pruned: int = 0  # optional properties and anyOf branches dropped to fit the budget (reported once)
@@ -115,8 +115,8 @@ class Context:
     min_rule_cost: int = MIN_RULE_COST  # values cheaper than this are written in place (0: every value a rule)
     rule_texts: list[str | None] = field(default_factory=list)  # rule n's text at n - 1 (None: matches nothing)
     ref_rules: dict[str, int] = field(default_factory=dict)  # recursive rule (`$ref` target, free value) -> number
-    _defining: set[int] = field(default_factory=set)  # recursive rules being built (calls to them are fine)
-    defining: list[str] = field(default_factory=list)  # their keys (`$ref` targets, the free value), outermost first
+    defining: list[str] = field(default_factory=list)  # keys (`$ref` targets, the free value) of the recursive rules
+    #   being built (calls to them are fine), outermost first
     _recursive: set[int] = field(default_factory=set)  # rules called while being built
     _built: dict[int, Rx | None] = field(default_factory=dict)  # recursive rules' translations
     _called: set[int] = field(default_factory=set)  # rules some text calls (the others compile as nothing)
@@ -170,10 +170,9 @@ class Context:
         return rx
 
     def work_counters(self) -> tuple[int, ...]:
-        """What a translation's work and effects are counted in: cuts, members left out, visits (this try's and the
-        budget's), the budget's text, `branch_checks`."""
-        budget = self.budget
-        return (self.num_cut, self.num_pruned, self.num_visits, budget.visits, budget.text, self.branch_checks)
+        """What a translation's work and effects are counted in: cuts, members left out, visits (`visit` counts this
+        try's and the budget's together), the budget's text, `branch_checks`."""
+        return (self.num_cut, self.num_pruned, self.num_visits, self.budget.text, self.branch_checks)
 
     def visit(self, count: int = 1) -> None:
         """Count `count` sub-schema translations against `max_visits` and the budget's `visits` (a reused one counts
@@ -235,20 +234,18 @@ class Context:
         number = self.ref_rules.get(key)
         if number is None:
             number = self.ref_rules[key] = self._new_rule(pointer)
-            self._defining.add(number)
             self.defining.append(key)
             start, built = self.work_counters(), self.built_work
             try:
                 rx = build()
             finally:
-                self._defining.discard(number)
                 self.defining.pop()
             # (work done once, not again where a translation that built the rule is reused: `reuse.py`; the rules
             # built inside this one are in its count already)
             self.built_work = tuple(b + now - s for b, now, s in zip(built, self.work_counters(), start))
             self._define_rule(number, rx, pointer)
             self._built[number] = rx
-        if number in self._defining:
+        if key in self.defining:
             self._recursive.add(number)
         elif self.rule_texts[number - 1] is None:
             return None

@@ -168,13 +168,12 @@ def reused(key: tuple, ctx: Context) -> tuple[Rx | None] | None:
     hit = ctx.translations.get(key)  # type: ignore[union-attr]  (a key is made only once there is a dict)
     if hit is None:
         return None
-    rx, (cuts, pruned, visits, budget_visits, text, checks), empty = hit
+    rx, (cuts, pruned, visits, text, checks), empty = hit
     for _ in range(cuts):
         ctx.cut()
     ctx.num_pruned += pruned
     ctx.empty.extend(why for why in empty if why not in ctx.empty and len(ctx.empty) < 3)
-    ctx.num_visits += visits - budget_visits  # (`visit` adds the rest to both)
-    ctx.visit(budget_visits)
+    ctx.visit(visits)
     ctx.budget.spend("text", text)
     ctx.budget.spend("checks", checks)  # (only `oneOf`'s checks: a value check is memoised by content already)
     ctx.branch_checks += checks
