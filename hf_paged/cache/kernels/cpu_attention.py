@@ -12,6 +12,8 @@ read, so unwritten slots never matter, and nothing is copied.
     quantized: key t is read from the quantized block when its block is full at p (block(t) < block(p), or p is
     its block's last slot), else from the full-precision tail (`FullPrecisionTail`, the Triton kernels' rule)
 
+A decode (one query) over plain blocks with head_dim a multiple of 8: `cpu_decode`, the same passes in 8-lane
+vectors; `_decode_seq` below for other head sizes.
 Quantized caches: `cpu_quantized` (loops per KV head over blocks dequantized as they are read). fp32 only (numba has
 no half-precision arithmetic on the CPU); the caller keeps the torch path for other dtypes.
 Accumulation is fp32, scores are kept per chunk in scratch rows, so a chunk of q queries needs q x heads x L floats;
@@ -31,7 +33,9 @@ import numpy as np
 from numba import njit, prange
 
 from hf_paged.background_compile import sources_digest
+from hf_paged.cache.kernels.cpu_decode import decode_seq_vectorized
 from hf_paged.cache.kernels.cpu_prefetch import CPU_KERNEL_SOURCES, prefetch_lines
+from hf_paged.cache.kernels.cpu_simd import softmax_row
 from hf_paged.compat import seal_numba_cache
 
 MAX_KERNEL_QUERIES = 16  # queries per sequence from which a chunk goes to the torch path (matmul)
@@ -118,45 +122,10 @@ def _write_out(out, acc, q0, q_len, h, g):
             out[q0 + r, h * g + j] = acc[r * g + j]
 
 
-@njit(cache=True, nogil=True, fastmath=True, inline="always")
-def softmax_row(s, width):
-    """s[:width] (one query's scores, all valid) -> its probabilities, in place.
-
-    exp by Cephes' expf polynomial, in loops the compiler vectorizes (numba's `np.exp` is a scalar libm call
-    there: 2.3x slower over a row): x = s - max <= 0 is clamped at -87 (exp(-87) ~ 1.6e-38, nothing beside the
-    row's 1), x = k ln2 + r with |r| <= ln2 / 2, exp(r) by a degree-7 polynomial (1-2 ulp, as libm), 2^k as the
-    bits of a float."""
-    m = s[0]
-    for c in range(1, width):
-        m = max(m, s[c])
-    bits = np.empty(width, np.int32)
-    for c in range(width):
-        x = max(s[c] - m, np.float32(-87.0))
-        k = np.floor(x * np.float32(1.44269504) + np.float32(0.5))
-        r = x - k * np.float32(0.693359375) + k * np.float32(2.12194440e-4)  # ln 2 in two parts
-        p = np.float32(1.9875691500e-4)
-        p = p * r + np.float32(1.3981999507e-3)
-        p = p * r + np.float32(8.3334519073e-3)
-        p = p * r + np.float32(4.1665795894e-2)
-        p = p * r + np.float32(1.6666665459e-1)
-        p = p * r + np.float32(5.0000001201e-1)
-        s[c] = p * r * r + r + np.float32(1.0)
-        bits[c] = (np.int32(k) + np.int32(127)) << np.int32(23)
-    two_k = bits.view(np.float32)
-    total = np.float32(0.0)
-    for c in range(width):
-        e = s[c] * two_k[c]
-        s[c] = e
-        total += e
-    inv = np.float32(1.0) / total
-    for c in range(width):
-        s[c] *= inv
-
-
 @njit(cache=True, nogil=True, fastmath=True)
 def _decode_seq(q, q0, key_cache, value_cache, table, lo, length, scale, scores, acc, out):
-    """One query (row q0, the sequence's last position) of every head: keys lo .. length - 1. The common case, in
-    the tightest loops: each key row (all KV heads, contiguous in its block) is read once for every query head
+    """One query (row q0, the sequence's last position) of every head: keys lo .. length - 1 (head sizes that are
+    not a multiple of 8; the others: `cpu_decode`), in the tightest scalar loops: each key row (all KV heads, contiguous in its block) is read once for every query head
     (GQA groups included), and each value row once; scores [heads, keys] and acc [heads, dim] are scratch.
     While a block's row r is read, row r of the next block (the first value block after the last key block) is
     prefetched: a block ahead, the memory wait overlaps the arithmetic (`cpu_prefetch`)."""
@@ -210,7 +179,11 @@ def _plain_seq(i, q, key_cache, value_cache, tables, qsl, lens, scale, window, s
     first = length - q_len
     lo = 0 if window <= 0 else max(0, first - window + 1)
     if q_len == 1 and softcap <= 0:
-        _decode_seq(q, q0, key_cache, value_cache, tables[i], lo, length, scale, scores, acc, out)
+        if key_cache.shape[3] % 8 == 0 and q.flags.c_contiguous and key_cache.flags.c_contiguous \
+                and value_cache.flags.c_contiguous:
+            decode_seq_vectorized(q, q0, key_cache, value_cache, tables[i], lo, length, scale, scores, acc, out)
+        else:
+            _decode_seq(q, q0, key_cache, value_cache, tables[i], lo, length, scale, scores, acc, out)
         return
     _chunk_seq(q, q0, q_len, key_cache, value_cache, tables[i], lo, length, first, window, scale, softcap, scores,
                acc, out)
@@ -279,4 +252,4 @@ def attend_plain_parallel(q, key_cache, value_cache, tables, qsl, lens, seqs, sc
         _plain_seq(seqs[idx], q, key_cache, value_cache, tables, qsl, lens, scale, window, softcap, out, scores, acc)
 
 
-seal_numba_cache(list(globals().values()), sources_digest(*CPU_KERNEL_SOURCES))  # keyed on all 3 files
+seal_numba_cache(list(globals().values()), sources_digest(*CPU_KERNEL_SOURCES))  # keyed on all 5 files

@@ -339,4 +339,4 @@ def _first_full_reader(t, first, q_len, bs, r_lo, r_hi):
     return min(max(r_lo, block_end - first), r_hi)
 
 
-seal_numba_cache(list(globals().values()), sources_digest(*CPU_KERNEL_SOURCES))  # keyed on all 3 files
+seal_numba_cache(list(globals().values()), sources_digest(*CPU_KERNEL_SOURCES))  # keyed on all 5 files
