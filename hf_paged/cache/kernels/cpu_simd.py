@@ -130,13 +130,14 @@ def vscale(typingctx, a, x):
 
 @intrinsic
 def vfma(typingctx, a, b, c):
-    """a * b + c in every lane, rounded once."""
+    """a * b + c in every lane: one fused instruction where the CPU has FMA (`llvm.fmuladd`: a multiply and an add
+    elsewhere, where `llvm.fma` would call libm's `fmaf` lane by lane)."""
     if not (a == b == c == f32x8):
         return None
 
     def codegen(context, builder, signature, args):
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_LANES, [_LANES] * 3), "llvm.fma.v8f32")
-        return builder.call(fma, args)
+        fn_type = ir.FunctionType(_LANES, [_LANES] * 3)
+        return builder.call(cgutils.get_or_insert_function(builder.module, fn_type, "llvm.fmuladd.v8f32"), args)
 
     return f32x8(a, b, c), codegen
 
