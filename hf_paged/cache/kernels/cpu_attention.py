@@ -125,10 +125,11 @@ def _write_out(out, acc, q0, q_len, h, g):
 @njit(cache=True, nogil=True, fastmath=True)
 def _decode_seq(q, q0, key_cache, value_cache, table, lo, length, scale, scores, acc, out):
     """One query (row q0, the sequence's last position) of every head: keys lo .. length - 1 (head sizes that are
-    not a multiple of 8; the others: `cpu_decode`), in the tightest scalar loops: each key row (all KV heads, contiguous in its block) is read once for every query head
-    (GQA groups included), and each value row once; scores [heads, keys] and acc [heads, dim] are scratch.
-    While a block's row r is read, row r of the next block (the first value block after the last key block) is
-    prefetched: a block ahead, the memory wait overlaps the arithmetic (`cpu_prefetch`)."""
+    not a multiple of 8; the others: `cpu_decode`), in the tightest scalar loops: each key row (all KV heads,
+    contiguous in its block) is read once for every query head (GQA groups included), and each value row once;
+    scores [heads, keys] and acc [heads, dim] are scratch. While a block's row r is read, row r of the next block
+    (the first value block after the last key block) is prefetched: a block ahead, the memory wait overlaps the
+    arithmetic (`cpu_prefetch`)."""
     bs, num_kv_heads, dim = key_cache.shape[1], key_cache.shape[2], key_cache.shape[3]
     heads = q.shape[1]
     g = heads // num_kv_heads

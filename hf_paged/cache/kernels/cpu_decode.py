@@ -13,8 +13,9 @@ loads and stores each head's accumulator at every key. Here (head_dim a multiple
 The same keys and values as the scalar kernel are read (a sequence's own slots lo .. length - 1 only), with the
 next block prefetched; the sums are ordered otherwise (fp32 rounding: within the kernel tests' tolerance of the
 dense oracle). One thread, AMD EPYC with AVX2, 8 heads of 32 (`benchmarks/throughput_kernel.py --before 3bfffa8`):
-0.56-0.70x the scalar kernel's time a key where the blocks stay in cache, 0.65-0.96x scattered over a pool larger
-than the caches (the reads from memory bound both there: ~6 GB/s for 4 KB blocks in random order on that box).
+0.58-0.70x the scalar kernel's time a key where the blocks stay in cache, 0.77-1.00x scattered over a pool larger
+than the caches (4 KV heads there: 1 KB a key at ~14 GB/s, that box's rate for 4 KB blocks in random order, binds
+both kernels).
 """
 
 from __future__ import annotations

@@ -29,9 +29,9 @@ from hf_paged.cache.kernels.cpu_attention import (
     _scratch,
     _softmax_rows,
     _write_out,
-    softmax_row,
 )
 from hf_paged.cache.kernels.cpu_prefetch import CPU_KERNEL_SOURCES
+from hf_paged.cache.kernels.cpu_simd import softmax_row
 from hf_paged.compat import seal_numba_cache
 
 # format codes of `_dequant_row` (the Triton kernels' codes, `quantized.FORMAT_CODES`; fp8 as bytes)
