@@ -60,14 +60,17 @@ def test_plain_kernel_matches_dense_attention(num_heads, num_kv_heads, block_siz
 
 @pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(12, 2, 48), (5, 5, 64), (8, 1, 8), (6, 3, 20)])
 @pytest.mark.parametrize("block_size,window", [(1, None), (16, None), (32, None), (16, 11)])
-def test_decodes_match_dense_attention_at_every_shape(num_heads, num_kv_heads, head_dim, block_size, window):
-    """Decodes only (`cpu_decode`'s vectors where head_dim % 8 == 0, the scalar loop for 20): GQA groups of 6
-    (4 heads + 2 single heads), 1 and 8, contexts around the kernel's groups of 8 keys and its blocks' edges."""
-    lens = [1, 7, 8, 9, 15, 16, 17, 33, 100]
-    case = make_case(lens, [1] * len(lens), num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+def test_decodes_and_short_chunks_match_dense_attention_at_every_shape(num_heads, num_kv_heads, head_dim, block_size,
+                                                                       window):
+    """`cpu_decode`'s vectors where head_dim % 8 == 0 (the scalar loops for 20): GQA groups of 6 (4 heads + 2 single
+    heads), 1 and 8; decodes and chunks of up to 16 queries, contexts around the kernel's groups of 8 keys and its
+    blocks' edges."""
+    lens, q_lens = [1, 7, 8, 9, 15, 16, 17, 33, 100], [1, 7, 8, 1, 15, 16, 3, 9, 1]
+    case = make_case(lens, q_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
                      block_size=block_size, dtype=torch.float32, seed=head_dim + block_size)
-    out = run_cpu_attention(_plan(case, window), case.query, case.key_cache, case.value_cache, scale=case.scale,
-                            softcap=None)
+    plan = _plan(case, window)
+    assert plan.seqs.tolist() == list(range(len(lens))) and not plan.long_seqs
+    out = run_cpu_attention(plan, case.query, case.key_cache, case.value_cache, scale=case.scale, softcap=None)
     assert torch.isfinite(out).all()
     torch.testing.assert_close(out, dense_attention(case, window), **tolerance(torch.float32))
 

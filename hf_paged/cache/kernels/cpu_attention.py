@@ -12,8 +12,8 @@ read, so unwritten slots never matter, and nothing is copied.
     quantized: key t is read from the quantized block when its block is full at p (block(t) < block(p), or p is
     its block's last slot), else from the full-precision tail (`FullPrecisionTail`, the Triton kernels' rule)
 
-A decode (one query) over plain blocks with head_dim a multiple of 8: `cpu_decode`, the same passes in 8-lane
-vectors; `_decode_seq` below for other head sizes.
+Plain blocks with head_dim a multiple of 8 (no soft-capping): `cpu_decode`, the same passes in 8-lane vectors for a
+decode or a short chunk; `_decode_seq` and `_chunk_seq` below for the others.
 Quantized caches: `cpu_quantized` (loops per KV head over blocks dequantized as they are read). fp32 only (numba has
 no half-precision arithmetic on the CPU); the caller keeps the torch path for other dtypes.
 Accumulation is fp32, scores are kept per chunk in scratch rows, so a chunk of q queries needs q x heads x L floats;
@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit, prange
 
 from hf_paged.background_compile import sources_digest
-from hf_paged.cache.kernels.cpu_decode import decode_seq_vectorized
+from hf_paged.cache.kernels.cpu_decode import attend_seq_vectorized
 from hf_paged.cache.kernels.cpu_prefetch import CPU_KERNEL_SOURCES, prefetch_lines
 from hf_paged.cache.kernels.cpu_simd import softmax_row
 from hf_paged.compat import seal_numba_cache
@@ -124,8 +124,8 @@ def _write_out(out, acc, q0, q_len, h, g):
 
 @njit(cache=True, nogil=True, fastmath=True)
 def _decode_seq(q, q0, key_cache, value_cache, table, lo, length, scale, scores, acc, out):
-    """One query (row q0, the sequence's last position) of every head: keys lo .. length - 1 (head sizes that are
-    not a multiple of 8; the others: `cpu_decode`), in the tightest scalar loops: each key row (all KV heads,
+    """One query (row q0, the sequence's last position) of every head: keys lo .. length - 1 (where `cpu_decode`
+    does not apply), in the tightest scalar loops: each key row (all KV heads,
     contiguous in its block) is read once for every query head (GQA groups included), and each value row once;
     scores [heads, keys] and acc [heads, dim] are scratch. While a block's row r is read, row r of the next block
     (the first value block after the last key block) is prefetched: a block ahead, the memory wait overlaps the
@@ -179,12 +179,13 @@ def _plain_seq(i, q, key_cache, value_cache, tables, qsl, lens, scale, window, s
         return
     first = length - q_len
     lo = 0 if window <= 0 else max(0, first - window + 1)
+    if softcap <= 0 and key_cache.shape[3] % 8 == 0 and q.flags.c_contiguous and key_cache.flags.c_contiguous \
+            and value_cache.flags.c_contiguous:
+        attend_seq_vectorized(q, q0, q_len, key_cache, value_cache, tables[i], lo, length, window, scale, scores, acc,
+                              out)
+        return
     if q_len == 1 and softcap <= 0:
-        if key_cache.shape[3] % 8 == 0 and q.flags.c_contiguous and key_cache.flags.c_contiguous \
-                and value_cache.flags.c_contiguous:
-            decode_seq_vectorized(q, q0, key_cache, value_cache, tables[i], lo, length, scale, scores, acc, out)
-        else:
-            _decode_seq(q, q0, key_cache, value_cache, tables[i], lo, length, scale, scores, acc, out)
+        _decode_seq(q, q0, key_cache, value_cache, tables[i], lo, length, scale, scores, acc, out)
         return
     _chunk_seq(q, q0, q_len, key_cache, value_cache, tables[i], lo, length, first, window, scale, softcap, scores,
                acc, out)
