@@ -39,10 +39,11 @@ from hf_paged.cache.kernels.cpu_simd import softmax_row
 from hf_paged.compat import seal_numba_cache
 
 MAX_KERNEL_QUERIES = 16  # queries per sequence from which a chunk goes to the torch path (matmul)
-# query x key pairs of a plain chunk above which it goes to the torch path: in the kernel, 16 queries over 2k cached
-# keys took ~1.7x the torch path's time, 8 over 2k ~1.25x; 2 over 2k, or 8 over 512, were faster in the kernel
-# (`benchmarks/mixed_step.py --kernel-pairs`, 8 layers of the 60M Llama, issue 39)
-MAX_KERNEL_PAIRS = 8192
+# query x key pairs of a plain chunk above which it goes to the torch path. With `cpu_decode`'s vectors (8 sequences,
+# heads 8 x 32 over 2 KV heads and 8 x 64 over 4, one thread): the kernel's time against the torch path's 0.22-0.28x
+# at 2 queries, 0.48-0.62x at 4, 0.71-0.97x at 8 over 512-2,048 keys, 0.98-0.99x at 16 over 512 and 1.00-1.16x at 16
+# over 2,048 (the scalar kernel had been ~1.25x at 8 over 2k, hence 8,192 before)
+MAX_KERNEL_PAIRS = 16384
 _FASTMATH = {"nsz", "arcp", "contract", "reassoc"}  # no "nnan"/"ninf": scores are compared, never assumed finite
 @njit(cache=True, nogil=True, fastmath=_FASTMATH)
 def _softmax_rows(scores, q_len, g, first, lo, hi_key, window):
