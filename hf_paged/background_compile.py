@@ -4,10 +4,16 @@ A process whose numba cache lacks kernels has a child compile them (its own inte
 priority), never the caller's threads. Many processes often start together (torchrun, a Ray replica set, a script
 run in a loop); they share one lock file per cache (`lock_path`):
 
-    lock free   -> take it, start the child with the lock's open file handed down (the lock lives as long as
-                   either holds it), wait for the child                               -> COMPILED or FAILED
-    lock taken  -> another process is filling the cache: wait until it lets go        -> WAITED (the caller
-                   reads the cache again, and compiles what is still missing)
+    take the lock (waiting while another process fills the cache), then read the cache again:
+      complete  -> another process filled it                                          -> WAITED
+      missing   -> start the child with the lock's open file handed down (the lock lives as long as either
+                   holds it), wait for the child                                      -> COMPILED or FAILED
+
+Nothing compiles on the caller's threads, nor on a background thread of the caller's process unless its child
+FAILED (no usable interpreter, say): numba's compiler enters `warnings.catch_warnings`, which swaps the process's
+warning filters for all threads (Python < 3.14), so a compile on a loader thread made a caller's own
+`catch_warnings` / `pytest.warns` miss the warnings raised meanwhile (seen in CI: a cold cache, two loaders of one
+process waiting on each other, then compiling in their threads).
 
 The child watches its parent. Once the parent is gone it has `ORPHAN_GRACE_S` seconds to finish, then ends: what
 it compiled by then stays in the cache, and the next process compiles the rest.
@@ -30,6 +36,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 
 try:
     import fcntl
@@ -46,7 +53,7 @@ PARENT_ENV = "HF_PAGED_COMPILE_PARENT"  # the parent's pid, for the child's watc
 class Outcome(enum.Enum):
     COMPILED = "compiled"  # this process's child compiled (exit status 0)
     FAILED = "failed"  # this process's child failed (`ChildResult.detail` says why)
-    WAITED = "waited"  # another process held the lock and has let go
+    WAITED = "waited"  # the cache was complete (filled by another process, or before this one asked)
 
 
 @dataclass(slots=True, frozen=True)
@@ -87,19 +94,21 @@ def lock_path() -> Path:
     return Path(tempfile.gettempdir()) / f"hf_paged-compile-{digest}.lock"
 
 
-def compile_in_child(code: str, env: dict[str, str] | None = None) -> ChildResult:
-    """Run `code` (Python source that compiles kernels and fills the cache) in a child process, or wait for the
-    process that holds the cache's lock. Blocks: call it from a background thread."""
+def compile_in_child(code: str, complete: Callable[[], bool], env: dict[str, str] | None = None) -> ChildResult:
+    """Make the cache `complete()`: run `code` (Python source that compiles kernels and fills the cache) in a child
+    process unless the cache is complete once this process holds the lock. Blocks (call it from a background
+    thread) while another process compiles, however many do in turn: each waiter reads the cache when its turn
+    comes, so the work is one compile per missing piece, never a count of rounds after which a loader gives up."""
+    if complete():
+        return ChildResult(Outcome.WAITED)
     if fcntl is None:
         return _run_child(code, env, None)
     path = lock_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # until the compiling process (or its orphaned child) lets go
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (until the compiling process, or its orphaned child, lets go)
+        if complete():
             return ChildResult(Outcome.WAITED)
         return _run_child(code, env, fd)
     finally:

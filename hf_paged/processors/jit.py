@@ -54,7 +54,6 @@ _LOCK = threading.Lock()
 renew_locks_after_fork(globals(), "_LOCK")  # a forked child gets a free lock (after_fork.py)
 _DONE = threading.Event()  # set once the kernels switched (or will never switch: off, or a failure)
 _thread: threading.Thread | None = None
-_CHILD_ROUNDS = 3  # waits for another process's compile before this one compiles what is still missing
 
 
 class Kernel:
@@ -171,17 +170,11 @@ def _cached(dispatcher: Any) -> bool:
 def _load_all() -> None:
     try:
         _dispatchers()
-        for _ in range(_CHILD_ROUNDS):  # another process compiling: wait for it, then read the cache again
-            if all(_cached(k.dispatcher) for k in _KERNELS):
-                break
-            done = compile_in_child("from hf_paged.processors import jit; jit.compile_here()",
-                                    {"HF_PAGED_JIT": "child"})
-            if done.outcome is Outcome.FAILED:  # (then the warm-ups below compile here, in this thread)
-                logger.info("hf_paged: compiling the kernels in a child process failed (%s); compiling in a "
-                            "background thread", done.detail)
-                break
-            if done.outcome is Outcome.COMPILED:
-                break
+        done = compile_in_child("from hf_paged.processors import jit; jit.compile_here()",
+                                lambda: all(_cached(k.dispatcher) for k in _KERNELS), {"HF_PAGED_JIT": "child"})
+        if done.outcome is Outcome.FAILED:  # (then the warm-ups below compile here, in this thread)
+            logger.info("hf_paged: compiling the kernels in a child process failed (%s); compiling in a "
+                        "background thread", done.detail)
         for call in _WARM_UPS:
             call()
         for k in _KERNELS:

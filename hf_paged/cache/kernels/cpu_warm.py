@@ -47,7 +47,6 @@ class KernelVariant:
 
 
 PLAIN = KernelVariant()
-_CHILD_ROUNDS = 3  # waits for another process's compile before this one compiles what is still missing
 _ready: set[KernelVariant] = set()
 _ready_snapshot: frozenset[KernelVariant] = frozenset()
 _started: dict[KernelVariant, threading.Event] = {}  # set once the variant is ready or will never be
@@ -188,14 +187,10 @@ def _compile_and_load(variants: list[KernelVariant]) -> None:
     parallel = parallel_layer_ok()
     launches = [launch for v in variants for launch in warm_launches(v, parallel)]
     encoded = repr([v.formats for v in variants])
-    for _ in range(_CHILD_ROUNDS):
-        if all(in_cache(launch) for launch in launches):
-            break
-        done = compile_in_child(f"from hf_paged.cache.kernels import cpu_warm; cpu_warm.compile_here({encoded!r})")
-        if done.outcome is Outcome.FAILED:  # (then the calls below compile here, in this thread)
-            logger.info("hf_paged: compiling the CPU attention kernels in a child process failed (%s)", done.detail)
-        if done.outcome is not Outcome.WAITED:
-            break
+    done = compile_in_child(f"from hf_paged.cache.kernels import cpu_warm; cpu_warm.compile_here({encoded!r})",
+                            lambda: all(in_cache(launch) for launch in launches))
+    if done.outcome is Outcome.FAILED:  # (then the calls below compile here, in this thread)
+        logger.info("hf_paged: compiling the CPU attention kernels in a child process failed (%s)", done.detail)
     for launch in launches:
         launch.run()
 
