@@ -8,7 +8,6 @@ import importlib.util
 import sys
 
 import numba
-import pytest
 
 from hf_paged.background_compile import sources_digest
 from hf_paged.compat import numba_cache_index, seal_numba_cache

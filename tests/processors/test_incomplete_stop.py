@@ -13,9 +13,9 @@ import torch
 
 import hf_paged
 from hf_paged import RequestStatus, SamplingParams
+from hf_paged.api.generate import IncompleteDocumentWarning
 from hf_paged.batching.request import Request
 from hf_paged.batching.retry import Retrier
-from hf_paged.api.generate import IncompleteDocumentWarning
 from hf_paged.processors import JSONSchemaLogitsProcessor
 from tests.processors.test_generate import SCHEMA, tiny_model
 from tests.processors.toy_tokenizers import byte_level_tokenizer
