@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import struct
-import warnings
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -101,9 +100,7 @@ def decode_block(data: bytes | bytearray | memoryview, layout: BlockLayout, dige
     if token_ids is not None and stored_tokens != tuple(map(int, token_ids)):
         raise KVBlockMismatchError("stored KV block holds other token ids than the prompt's block (a digest "
                                    "collision or a misplaced file); it is not loaded")
-    with warnings.catch_warnings():  # a bytes blob is read-only: its tensors are only read (stacked, then loaded)
-        warnings.simplefilter("ignore", UserWarning)
-        buffer = torch.frombuffer(view, dtype=torch.uint8, count=size - _CHECKSUM - start, offset=start)
+    buffer = _bytes_tensor(view[start : size - _CHECKSUM])
     tensors, offset = {}, 0
     for name, dtype, shape in table:
         count = torch.Size(shape).numel() * _ITEMSIZE[dtype]
@@ -114,3 +111,15 @@ def decode_block(data: bytes | bytearray | memoryview, layout: BlockLayout, dige
     if offset != len(buffer):
         raise KVBlockCorruptError(f"KV block payload holds {len(buffer)} bytes, its table {offset}")
     return DecodedBlock(stored_digest, stored_tokens, tensors, size)
+
+
+def _bytes_tensor(payload: memoryview) -> torch.Tensor:
+    """A uint8 tensor over `payload`, copied first when it is read-only (a `bytes` blob): torch warns on a read-only
+    buffer, and silencing that with `warnings.catch_warnings` here, on the fetch worker's thread, would swap the
+    warning filters of every thread (a caller's own `catch_warnings` could lose its warnings, or keep ours). The
+    copy is one pass over bytes the checksum has just read."""
+    if len(payload) == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    if payload.readonly:
+        payload = memoryview(bytearray(payload))
+    return torch.frombuffer(payload, dtype=torch.uint8)

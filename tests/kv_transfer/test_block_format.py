@@ -31,6 +31,22 @@ def test_round_trip_is_exact_and_aligned():
         assert block.tensors[name].dtype == t.dtype and torch.equal(block.tensors[name], t)
 
 
+def test_decoding_touches_no_warning_filters(monkeypatch):
+    """Blocks are decoded on the fetch worker's thread: `warnings.catch_warnings` there would swap the filters of
+    every thread (a caller's `catch_warnings` or `pytest.warns` could lose a warning, or keep our filter). A
+    read-only blob (`bytes`) is copied instead of silencing torch's warning about it."""
+    import warnings
+
+    def refuse(self):
+        raise AssertionError("decode_block entered warnings.catch_warnings")
+
+    blob = encode_block(LAYOUT, DIGEST, TOKENS, tensors())
+    monkeypatch.setattr(warnings.catch_warnings, "__enter__", refuse)
+    for data in (blob, bytearray(blob), memoryview(blob)):
+        block = decode_block(data, LAYOUT, DIGEST, TOKENS)
+        assert all(torch.equal(block.tensors[name], t) for name, t in tensors())
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn])
 def test_half_and_eight_bit_floats_round_trip(dtype):
     t = torch.randn(8, 2, 8).to(dtype)
