@@ -48,6 +48,23 @@ __all__ = ["ORPHAN_GRACE_S", "ChildResult", "Outcome", "child_main", "compile_in
 
 ORPHAN_GRACE_S = 20.0  # how long a child goes on compiling after its parent has exited
 PARENT_ENV = "HF_PAGED_COMPILE_PARENT"  # the parent's pid, for the child's watch
+_HELD: set[int] = set()  # the lock's descriptors open in this process now (a forked child closes its copies)
+
+
+def _close_inherited() -> None:
+    """In a forked child: close the copies of the lock's descriptors. A lock belongs to the open file, shared by
+    every copy, so a DataLoader worker forked while a loader thread compiled would hold the lock as long as it
+    lives, and every other process's loader (the other torchrun ranks) would wait that long."""
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_inherited)
 
 
 class Outcome(enum.Enum):
@@ -106,12 +123,14 @@ def compile_in_child(code: str, complete: Callable[[], bool], env: dict[str, str
     path = lock_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    _HELD.add(fd)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # (until the compiling process, or its orphaned child, lets go)
         if complete():
             return ChildResult(Outcome.WAITED)
         return _run_child(code, env, fd)
     finally:
+        _HELD.discard(fd)
         os.close(fd)
 
 

@@ -63,3 +63,41 @@ def test_a_loader_returns_with_the_cache_complete_whatever_held_the_lock_before_
         assert results and ours.exists() != other_fills_it  # its own child ran only when the cache lacked it
         assert results[0].outcome is (Outcome.WAITED if other_fills_it else Outcome.COMPILED)
         ours.unlink(missing_ok=True)
+
+
+def test_a_process_forked_while_the_lock_is_held_does_not_keep_it(monkeypatch, tmp_path):
+    """A DataLoader worker forked while a loader thread compiles shares the lock's open file: unless it closes its
+    copy, the lock stays held for the worker's life and every other process's loader waits that long."""
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    marker = tmp_path / "done"
+
+    def compile_slowly():
+        compile_in_child(f"import time; time.sleep(1); open({str(marker)!r}, 'w').close()", marker.exists)
+
+    loader = threading.Thread(target=compile_slowly)
+    loader.start()
+    deadline = time.monotonic() + 30
+    while not _held_elsewhere() and time.monotonic() < deadline:  # the loader holds it, its child sleeps
+        time.sleep(0.02)
+    pid = os.fork()
+    if pid == 0:  # the worker: lives past the compile, touches nothing
+        time.sleep(4)
+        os._exit(0)
+    try:
+        loader.join(30)
+        assert marker.exists() and not loader.is_alive()
+        assert not _held_elsewhere(), "the forked process kept the compile lock"
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+
+
+def _held_elsewhere() -> bool:
+    fd = os.open(lock_path(), os.O_RDWR | os.O_CREAT)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
