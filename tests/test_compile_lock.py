@@ -101,3 +101,16 @@ def _held_elsewhere() -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def test_the_processors_cache_counts_as_whole_only_once_its_child_finished(monkeypatch, tmp_path):
+    """A compiling child that ends early (its parent gone, its grace over) leaves some kernels cached in part of
+    their signatures: an entry for every kernel is not enough, the child's mark written after its last warm-up is."""
+    from hf_paged.processors import jit
+
+    assert jit.wait(1800), "the processors' kernels did not load"
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(jit, "_cached", lambda dispatcher: True)  # an entry for every kernel
+    assert not jit._complete()
+    jit.compile_here()  # (every signature is loaded in this process already: it only writes the mark)
+    assert jit._complete_mark().exists() and jit._complete()

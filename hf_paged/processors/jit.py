@@ -27,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hf_paged.after_fork import renew_locks_after_fork
-from hf_paged.background_compile import Outcome, compile_in_child, sources_digest
+from hf_paged.background_compile import Outcome, compile_in_child, lock_path, sources_digest
 from hf_paged.compat import numba_cache_index, seal_numba_cache
 
 __all__ = ["Kernel", "helper", "is_compiled", "kernel", "start", "wait", "warm_up"]
@@ -140,10 +140,12 @@ def wait(timeout: float | None = None) -> bool:
 
 
 def compile_here() -> None:
-    """The child process: compile every kernel in the callers' signatures and write numba's cache."""
+    """The child process: compile every kernel in the callers' signatures and write numba's cache, then the mark
+    that the cache is whole (`_complete`)."""
     _dispatchers()
     for call in _WARM_UPS:
         call()
+    _complete_mark().touch()
 
 
 def _dispatchers() -> None:
@@ -161,6 +163,18 @@ def _dispatchers() -> None:
     seal_numba_cache([k.dispatcher for k in _KERNELS], sources_digest(*KERNEL_SOURCES))  # helpers' files too
 
 
+def _complete_mark():
+    """The file a compiling child writes once every warm-up has compiled (beside the compile lock, named after the
+    kernels' sources). A child that ended before (its parent exited, its grace ran out) leaves kernels cached in
+    some of their signatures only: without the mark, the loader would find an entry for each and compile the
+    missing signatures on its own thread."""
+    return lock_path().parent / f"hf_paged-jit-{sources_digest(*KERNEL_SOURCES)}.complete"
+
+
+def _complete() -> bool:
+    return _complete_mark().exists() and all(_cached(k.dispatcher) for k in _KERNELS)
+
+
 def _cached(dispatcher: Any) -> bool:
     """Whether numba's on-disk cache has an entry for this function (its index; numba's internals, so any
     surprise reads as "not cached", which only costs a child process)."""
@@ -171,7 +185,7 @@ def _load_all() -> None:
     try:
         _dispatchers()
         done = compile_in_child("from hf_paged.processors import jit; jit.compile_here()",
-                                lambda: all(_cached(k.dispatcher) for k in _KERNELS), {"HF_PAGED_JIT": "child"})
+                                _complete, {"HF_PAGED_JIT": "child"})
         if done.outcome is Outcome.FAILED:  # (then the warm-ups below compile here, in this thread)
             logger.info("hf_paged: compiling the kernels in a child process failed (%s); compiling in a "
                         "background thread", done.detail)
