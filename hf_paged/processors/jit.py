@@ -54,6 +54,25 @@ _LOCK = threading.Lock()
 renew_locks_after_fork(globals(), "_LOCK")  # a forked child gets a free lock (after_fork.py)
 _DONE = threading.Event()  # set once the kernels switched (or will never switch: off, or a failure)
 _thread: threading.Thread | None = None
+_restart = False  # a forked child whose parent was loading: the next kernel call starts a loader here
+
+
+def _after_fork_in_child() -> None:
+    """A child forked while the loader worked (a DataLoader or pool worker forked right after a processor was
+    built): that thread does not exist here, so the kernels would stay Python bodies for the child's life and
+    `wait` would never see them. The child's next kernel call starts a loader of its own (a child that never calls
+    one starts nothing); a finished loading carries over. The event is new either way (its own lock may have been
+    held mid-`set`)."""
+    global _DONE, _thread, _restart
+    done = _DONE.is_set()
+    _DONE = threading.Event()
+    if done:
+        _DONE.set()
+    elif _thread is not None:
+        _thread, _restart = None, True
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 class Kernel:
@@ -72,6 +91,8 @@ class Kernel:
     def __call__(self, *args: Any) -> Any:
         compiled = self.compiled
         if compiled is None:
+            if _restart:
+                start()
             return self.python(*args)
         try:
             return compiled(*args)
@@ -118,7 +139,8 @@ def is_compiled() -> bool:
 def start() -> None:
     """Load (or, in a child process, compile) the kernels in the background; idempotent, returns at once (waits
     for the switch when `HF_PAGED_JIT=now`)."""
-    global _thread
+    global _thread, _restart
+    _restart = False
     mode = os.environ.get("HF_PAGED_JIT", "background")
     if mode == "child":  # (the compiling child: `compile_here` does the work)
         return

@@ -50,6 +50,7 @@ PLAIN = KernelVariant()
 _ready: set[KernelVariant] = set()
 _ready_snapshot: frozenset[KernelVariant] = frozenset()
 _started: dict[KernelVariant, threading.Event] = {}  # set once the variant is ready or will never be
+_pending_after_fork: list[KernelVariant] = []  # loading when this process was forked: started again at a step
 _lock = threading.Lock()
 
 
@@ -63,7 +64,12 @@ def variant_of(key_format: BlockFormat, value_format: BlockFormat) -> KernelVari
 
 
 def ready_variants() -> frozenset[KernelVariant]:
-    """The variants loaded now (a step's metadata keeps this snapshot for all its layers)."""
+    """The variants loaded now (a step's metadata keeps this snapshot for all its layers). In a child forked while
+    some were loading, the first call starts their loading here (`_after_fork_in_child`)."""
+    global _pending_after_fork
+    if _pending_after_fork:
+        pending, _pending_after_fork = _pending_after_fork, []
+        prepare(pending)
     return _ready_snapshot
 
 
@@ -197,10 +203,13 @@ def _compile_and_load(variants: list[KernelVariant]) -> None:
 
 def _after_fork_in_child() -> None:
     """A child forked while the loader thread worked (or held `_lock`): that thread does not exist here, so its lock
-    is fresh, and a variant it was loading starts again at the next `prepare` (its event would never be set:
-    `HF_PAGED_JIT=now` waited for ever). Every event is new too (its own lock may have been held mid-`set`)."""
-    global _lock, _started
+    is fresh, and a variant it was loading starts again at the next `prepare` or at the child's first step
+    (`ready_variants`: an engine forked with its process would otherwise stay on the torch path for good; its event
+    would never be set: `HF_PAGED_JIT=now` waited for ever). Every event is new too (its own lock may have been
+    held mid-`set`)."""
+    global _lock, _started, _pending_after_fork
     _lock = threading.Lock()
+    _pending_after_fork = [v for v, e in _started.items() if not e.is_set()]  # (an engine forked with its steps)
     _started = {v: _set_event() for v, e in _started.items() if e.is_set()}
 
 
