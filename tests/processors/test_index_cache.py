@@ -152,3 +152,42 @@ def test_a_pattern_the_automaton_refuses_is_named_with_its_fault(pattern, why):
     boundaries' with no way out."""
     with pytest.raises(InvalidRegexError, match=re.escape(why)):
         RegexLogitsProcessor(pattern, byte_level_tokenizer())
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_process_forked_mid_build_finishes_the_build_and_compiles_new_ones(monkeypatch):
+    """A DataLoader or pool worker forked while a build ran: the executor's threads stay in the parent, and the
+    child's first constrained step (the build's future) or first new schema waited for ever. The child reruns the
+    orphaned builds on a fresh executor; the futures its callers hold settle."""
+    cache = IndexCache(max_entries=4)
+    gate, entered, original = threading.Event(), threading.Event(), IndexCache._build
+
+    def build(self, key, *args):
+        if key == "held" and not entered.is_set():  # the parent's build: still running when the process forks
+            entered.set()
+            gate.wait(30)
+        return original(self, key, *args)
+
+    monkeypatch.setattr(IndexCache, "_build", build)
+    held = cache.compile_async("held", "ab+", VOCAB)
+    assert entered.wait(30)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: nothing here may raise past os._exit
+        ok = False
+        try:
+            first = held.result(timeout=20)  # the future taken before the fork
+            fresh = cache.get_or_compile("fresh", "c+", VOCAB)  # a build asked for after it
+            ok = walk(first.index, [V["a"], V["b"]]) is not None and walk(fresh.index, [V["c"]]) is not None
+        finally:
+            os.write(write, b"1" if ok else b"0")
+            os._exit(0)
+    os.close(write)
+    try:
+        answer = os.read(read, 1)
+    finally:
+        gate.set()
+        os.close(read)
+        os.waitpid(pid, 0)
+    assert answer == b"1", "the forked child's builds did not finish"
+    assert held.result(timeout=30) is not None  # the parent's own build went on

@@ -14,23 +14,22 @@ import hashlib
 import json
 import logging
 import os
-import pickle
-import tempfile
 import threading
 import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from hf_paged.after_fork import renew_locks_after_fork
+from hf_paged.after_fork import call_after_fork, renew_locks_after_fork, settle
 from hf_paged.errors import SchemaTooComplexError, UnsatisfiableSchemaError
 from hf_paged.processors import jit
 from hf_paged.processors.automaton import ByteDFA, Grammar, GrammarDFA, build_automaton, check_regex_size, describe
 from hf_paged.processors.automaton.productive import never_ending_rules
 from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index.byte_lru import ByteLRU
-from hf_paged.processors.index.index_files import trim_dir
+from hf_paged.processors.index.index_files import read_automaton, trim_dir, write_automaton
 from hf_paged.processors.index.shared_trie import token_trie
 from hf_paged.processors.index.spellable import missing_bytes, spellable_only
 from hf_paged.processors.index.token_index import StateMask, TokenIndex
@@ -181,9 +180,11 @@ class IndexCache:
         self._disk_bytes: int | None = None  # bytes of index files in cache_dir, counted at the first save
         # key -> index, weighed by `CompiledIndex.num_bytes`; a dropped index stops reporting its growth here
         self._entries: ByteLRU[CompiledIndex] = ByteLRU(max_entries, max_bytes, on_drop=_stop_reporting)
-        self._in_flight: dict[str, Future] = {}
+        self._in_flight: dict[str, tuple[Future, tuple]] = {}  # key -> its build's future and arguments
         self._lock = threading.Lock()
+        self._max_workers = max_workers
         self._executor = ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="hf_paged-compile")
+        _LIVE.add(self)
         self.num_hits = 0
         self.num_misses = 0
 
@@ -228,11 +229,12 @@ class IndexCache:
             done.set_result(entry)
             return done
         with self._lock:
-            future = self._in_flight.get(key)
-            if future is None:
-                self.num_misses += 1
-                future = self._executor.submit(self._build, key, regex, vocab, budget)
-                self._in_flight[key] = future
+            flight = self._in_flight.get(key)
+            if flight is not None:
+                return flight[0]
+            self.num_misses += 1
+            future = self._executor.submit(self._build, key, regex, vocab, budget)
+            self._in_flight[key] = (future, (regex, vocab, budget))
         return future
 
     def get_or_compile(self, key: str, regex: str | Grammar, vocab: TokenVocabulary, budget: CompileBudget | None = None
@@ -269,6 +271,18 @@ class IndexCache:
             if entry is not None and entry.index is index:
                 self._entries.resize(key, self._entries.size_of(key) + num_bytes, touch=False)
 
+    def _after_fork_in_child(self) -> None:
+        """A child forked while builds ran (a DataLoader or pool worker forked right after a processor was built):
+        their threads, and the executor's, do not exist here, so every build would wait for ever (a hang at the
+        child's first constrained step, or its first new schema). The child gets a fresh lock and executor, and the
+        orphaned builds run again here, each settling the future its caller already holds."""
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=self._max_workers, thread_name_prefix="hf_paged-compile")
+        orphans, self._in_flight = self._in_flight, {}
+        for key, (future, args) in orphans.items():
+            if not future.done():
+                self.compile_async(key, *args).add_done_callback(lambda done, held=future: settle(held, done))
+
     # -- internals -----------------------------------------------------------------------------------
     def _build(self, key: str, regex: str | Grammar, vocab: TokenVocabulary, budget: CompileBudget | None) -> CompiledIndex:
         try:
@@ -302,47 +316,32 @@ class IndexCache:
 
     def _load(self, key: str, regex: str | Grammar, vocab: TokenVocabulary) -> CompiledIndex | None:
         path = self._path(key)
-        if path is None or not os.path.exists(path):
+        arrays = None if path is None else read_automaton(path, regex, vocab.fingerprint)
+        if arrays is None:
             return None
         try:
-            with open(path, "rb") as handle:
-                saved = pickle.load(handle)
-            # the key is a digest: check what it stands for before trusting the file
-            if saved.get("regex") != regex or saved.get("fingerprint") != vocab.fingerprint:
-                return None
-            dfa = ByteDFA.from_arrays(saved["transitions"], saved["initial"], saved["finals"])
-        except Exception:  # noqa: BLE001 -- a truncated or foreign file: rebuild (and overwrite it)
+            dfa = ByteDFA.from_arrays(*arrays)
+        except Exception:  # noqa: BLE001 -- a foreign file's arrays: rebuild (and overwrite it)
             return None
-        try:
-            os.utime(path)  # used now: the last to go when the directory is trimmed
-        except OSError:
-            pass
         return _compile(regex, vocab, dfa, from_disk=True)
 
     def _save(self, key: str, compiled: CompiledIndex) -> None:
         path = self._path(key)
         if path is None or compiled.index.dfa.lazy:  # a grammar's rows are built on demand: nothing to save
             return
-        os.makedirs(self.cache_dir, exist_ok=True)
-        payload = {
-            "regex": compiled.regex,
-            "fingerprint": compiled.vocab.fingerprint,
-            # the automaton only: token masks are lazy (computed per state on first visit), never saved
-            "transitions": compiled.index.dfa.transitions,
-            "initial": compiled.index.dfa.initial,
-            "finals": compiled.index.dfa.finals,
-        }
-        # write then rename, so a concurrent reader never sees half a file
-        fd, tmp = tempfile.mkstemp(dir=self.cache_dir, suffix=".tmp")
-        with os.fdopen(fd, "wb") as handle:
-            pickle.dump(payload, handle, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
+        dfa = compiled.index.dfa  # the automaton only: token masks are lazy (computed per state on first visit)
+        write_automaton(self.cache_dir, path, compiled.regex, compiled.vocab.fingerprint, dfa.transitions, dfa.initial,
+                        dfa.finals)
         if self.max_disk_bytes is not None:
             with self._lock:
                 size = os.path.getsize(path)
                 self._disk_bytes = trim_dir(self.cache_dir, 0) if self._disk_bytes is None else self._disk_bytes + size
                 if self._disk_bytes > self.max_disk_bytes:  # (other processes may share the directory: rescan)
                     self._disk_bytes = trim_dir(self.cache_dir, int(0.8 * self.max_disk_bytes), keep=path)
+
+
+_LIVE: weakref.WeakSet[IndexCache] = weakref.WeakSet()  # every cache of this process
+call_after_fork(_LIVE, "_after_fork_in_child")
 
 
 def _stop_reporting(key: str | None, entry: CompiledIndex) -> None:
