@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from hf_paged.after_fork import call_after_fork
 from hf_paged.kv_transfer.failure_log import FailureLog
 from hf_paged.kv_transfer.stores import DirectoryStore, KVStore
 
@@ -33,6 +34,7 @@ __all__ = ["WriteBehindStore", "WriterStats", "flush_writes_to"]
 
 DEFAULT_QUEUE_BYTES = 64 * 2**20
 _LIVE: weakref.WeakSet[WriteBehindStore] = weakref.WeakSet()
+call_after_fork(_LIVE, "_after_fork_in_child")
 
 
 @dataclass(slots=True)
@@ -166,6 +168,15 @@ class WriteBehindStore:
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join()
+
+    def _after_fork_in_child(self) -> None:
+        """A child forked while the writer ran: its thread stayed in the parent, which writes what was queued then.
+        The child drops its copy of the queue (a read of those blocks misses; the parent writes them), takes a fresh
+        lock, and starts a writer of its own at its next save (before this, saves queued until the queue was full,
+        and a `flush` waited for ever)."""
+        self._cond = threading.Condition()
+        self._queue, self._queue_bytes = OrderedDict(), 0
+        self._thread, self._closing = None, False
 
     def _dequeue(self, key: bytes) -> None:
         queued = self._queue.pop(key)
