@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 
+from hf_paged.after_fork import call_after_fork
 from hf_paged.errors import KVTransferError
 from hf_paged.kv_transfer.block_format import DecodedBlock, decode_block
 from hf_paged.kv_transfer.failure_log import FailureLog
@@ -53,6 +55,7 @@ class PendingFetch:
     first: int  # table index of the first block asked
     num_blocks: int  # blocks asked
     epoch: int  # the prefix cache's epoch when asked: after a reset (new weights) the blocks are stale
+    read: tuple = ()  # `read_blocks`' arguments (a child forked mid-read reads again)
 
 
 def read_blocks(store: KVStore, layout: BlockLayout, asks: Sequence[BlockAsk],
@@ -85,6 +88,7 @@ class BlockFetcher:
         self._pending: dict[Hashable, PendingFetch] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()  # the executor's creation (the table is the scheduler thread's alone)
+        _LIVE.add(self)
 
     def __len__(self) -> int:
         """Reads asked and not yet taken or forgotten."""
@@ -100,11 +104,23 @@ class BlockFetcher:
 
     def submit(self, seq_id: Hashable, layout: BlockLayout, asks: Sequence[BlockAsk], *, first: int,
                epoch: int) -> None:
+        read = (self.store, layout, list(asks), self.failures)
+        self._pending[seq_id] = PendingFetch(self._worker().submit(read_blocks, *read), first, len(asks), epoch, read)
+
+    def _worker(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hf_paged-kv-fetch")
-        future = self._executor.submit(read_blocks, self.store, layout, list(asks), self.failures)
-        self._pending[seq_id] = PendingFetch(future, first, len(asks), epoch)
+            return self._executor
+
+    def _after_fork_in_child(self) -> None:
+        """A child forked mid-read: the worker thread stayed in the parent, so its reads would never finish here
+        (the requests waiting on them waited for ever, and so did every later read). The child takes a fresh lock
+        and a worker of its own, and reads what was in flight again."""
+        self._lock, self._executor = threading.Lock(), None
+        for fetch in self._pending.values():
+            if not fetch.future.done():
+                fetch.future = self._worker().submit(read_blocks, *fetch.read)
 
     def is_done(self, seq_id: Hashable) -> bool:
         return self._pending[seq_id].future.done()
@@ -140,3 +156,7 @@ class BlockFetcher:
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=True, cancel_futures=True)
+
+
+_LIVE: weakref.WeakSet[BlockFetcher] = weakref.WeakSet()  # every fetcher of this process
+call_after_fork(_LIVE, "_after_fork_in_child")
