@@ -37,7 +37,11 @@ def renew_locks_after_fork(namespace: MutableMapping[str, object], *names: str) 
 def call_after_fork(objects: weakref.WeakSet, method: str) -> None:
     """In a forked child, call `method` of every object still in `objects` (the instances of a class whose threads
     stay in the parent: an executor's workers, a loader)."""
-    os.register_at_fork(after_in_child=lambda: [getattr(obj, method)() for obj in list(objects)])
+    def redo() -> None:
+        for obj in list(objects):
+            getattr(obj, method)()
+
+    os.register_at_fork(after_in_child=redo)
 
 
 def settle(held: Future, done: Future) -> None:
