@@ -62,7 +62,7 @@ def loglikelihood(model, requests: Sequence[tuple[Sequence[int], Sequence[int]]]
     engine = engine_of(model)
     pairs = [_check_pair(engine, i, pair) for i, pair in enumerate(requests)]
     results: list[Loglikelihood | None] = [None] * len(pairs)
-    with progress_hook(engine, len(pairs), enabled=progress_bar, verb="Scoring") as on_step:
+    with progress_hook(engine, len(pairs), enabled=progress_bar, verb="Scoring", prompts=True) as on_step:
         for wave in _waves(pairs, _wave_tokens(engine)):
             prompts = [pairs[i].context + pairs[i].continuation[:-1] for i in wave]
             outputs = engine.loop.submit(prompts, [pairs[i].params for i in wave]).result(on_step)
