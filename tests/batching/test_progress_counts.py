@@ -11,10 +11,13 @@ from hf_paged.batching.progress import progress_hook
 from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput
 
 
+_INIT = tqdm.auto.tqdm.__init__
+
+
 def _bar_text(monkeypatch, prompts: bool, step: StepOutput) -> str:
-    stream, original = io.StringIO(), tqdm.auto.tqdm.__init__
+    stream = io.StringIO()
     monkeypatch.setattr(tqdm.auto.tqdm, "__init__",
-                        lambda self, *a, **k: original(self, *a, **{**k, "file": stream, "mininterval": 0}))
+                        lambda self, *a, **k: _INIT(self, *a, **{**k, "file": stream, "mininterval": 0}))
     with progress_hook(None, 1, enabled=True, verb="Scoring", prompts=prompts) as on_step:
         on_step(step)
     return stream.getvalue()
