@@ -15,9 +15,12 @@ A call that fails is raised by the next read of that state (or when the program 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import deque
 from typing import Any, Self
 
+from hf_paged.after_fork import call_after_fork
+from hf_paged.errors import RequestFailedError
 from hf_paged.programs.backend import RunContext
 from hf_paged.programs.calls import GenCall, SelectCall, parts_of
 from hf_paged.programs.steps import run_gen, run_select
@@ -48,6 +51,7 @@ class ProgramState:
         self._error: BaseException | None = None
         self._fork_groups: list[ForkGroup] = []
         self.return_value: Any = None  # what the program function returned
+        _LIVE.add(self)
 
     # -- writing ---------------------------------------------------------------------------------------------
     def __iadd__(self, other: Any) -> Self:
@@ -163,6 +167,16 @@ class ProgramState:
             return f"ProgramState({state}, fields={sorted(self._track.fields)}, text={self._track.text[-40:]!r})"
 
     # -- the worker ------------------------------------------------------------------------------------------
+    def _after_fork_in_child(self) -> None:
+        """A child forked while this state's worker ran: the worker and the engine requests of its calls stay in the
+        parent (the child's engine drops them), so a read here waited for ever. It raises instead."""
+        self._cond = threading.Condition()
+        if self._busy:
+            self._busy, self._ops = False, deque()
+            self._error = RequestFailedError(
+                "this process was forked while the program's calls ran; they belong to the parent process: run the "
+                "program again in the child")
+
     def _raise_error(self) -> None:
         if self._error is not None:
             raise self._error
@@ -192,3 +206,7 @@ class ProgramState:
 
 
 _MISSING = object()
+
+
+_LIVE: weakref.WeakSet[ProgramState] = weakref.WeakSet()  # every state of this process (`_after_fork_in_child`)
+call_after_fork(_LIVE, "_after_fork_in_child")
