@@ -10,7 +10,6 @@ import tqdm.auto
 from hf_paged.batching.progress import progress_hook
 from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput
 
-
 _INIT = tqdm.auto.tqdm.__init__
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from hf_paged.kv_transfer import BlockLayout, InProcessStore
 from hf_paged.kv_transfer.fetcher import BlockAsk, BlockFetcher
+from tests.forked import holds_in_forked_child
 
 LAYOUT = BlockLayout("ab" * 16, 8, 2, 2, 8, "float32", "plain", "full")
 ASKS = [BlockAsk(b"missing", bytes(16), list(range(8)))]  # (a miss: the read ends with no block)
@@ -46,25 +47,13 @@ def test_a_child_forked_mid_read_reads_again_and_reads_new_blocks():
     fetcher = BlockFetcher(store)
     fetcher.submit("parent", LAYOUT, ASKS, first=0, epoch=0)
     assert store.reading.wait(10)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        ok = False
-        try:
-            store.gate.set()  # (the child's copy of the store answers at once)
-            fetcher.submit("child", LAYOUT, ASKS, first=0, epoch=0)
-            old, new = _taken(fetcher, "parent"), _taken(fetcher, "child")
-            ok = old is not None and new is not None and old.future.result().blocks == []
-        finally:
-            os.write(write, b"1" if ok else b"0")
-            os._exit(0)
-    os.close(write)
-    try:
-        answer = os.read(read, 1)
-    finally:
-        store.gate.set()
-        os.close(read)
-        os.waitpid(pid, 0)
-    assert answer == b"1", "the forked child's reads did not finish"
+
+    def child() -> bool:
+        store.gate.set()  # (the child's copy of the store answers at once)
+        fetcher.submit("child", LAYOUT, ASKS, first=0, epoch=0)
+        old, new = _taken(fetcher, "parent"), _taken(fetcher, "child")
+        return old is not None and new is not None and old.future.result().blocks == []
+
+    assert holds_in_forked_child(child, after=store.gate.set), "the forked child's reads did not finish"
     assert _taken(fetcher, "parent") is not None
     fetcher.close()

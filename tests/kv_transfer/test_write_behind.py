@@ -10,6 +10,7 @@ from hf_paged import SamplingParams
 from hf_paged.cache.digests import prefix_digests
 from hf_paged.kv_transfer import DirectoryStore, InProcessStore, WriteBehindStore
 from hf_paged.kv_transfer.request_digests import RequestDigests
+from tests.forked import holds_in_forked_child
 from tests.kv_transfer.test_engine_transfer import BS, disk_engine, evict_all, run, transfer_stats
 from tests.tiny_models import ragged_prompts
 
@@ -246,31 +247,17 @@ def test_a_long_queue_hashes_each_waiting_prompt_once(model, tmp_path):
 def test_a_process_forked_while_the_writer_ran_writes_its_own_saves():
     """The writer thread stays in the parent: a child forked meanwhile queued its saves until the queue was full, and
     its `flush` waited for ever. It drops its copy of the parent's queue and starts a writer of its own."""
-    import os
-
     inner = GatedStore()
     store = WriteBehindStore(inner)
     assert store.put(b"parent", b"p" * 64)
     deadline = time.monotonic() + 10
     while not inner.writers and time.monotonic() < deadline:  # the writer is inside the parent's put
         time.sleep(0.01)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        ok = False
-        try:
-            inner.gate.set()  # (the child's copy of the store writes at once)
-            ok = store.put(b"child", b"c" * 64) and store.flush(timeout=10) and inner.get(b"child") == b"c" * 64
-        finally:
-            os.write(write, b"1" if ok else b"0")
-            os._exit(0)
-    os.close(write)
-    try:
-        answer = os.read(read, 1)
-    finally:
-        inner.gate.set()
-        os.close(read)
-        os.waitpid(pid, 0)
-    assert answer == b"1", "the forked child's save was not written"
+
+    def child() -> bool:
+        inner.gate.set()  # (the child's copy of the store writes at once)
+        return store.put(b"child", b"c" * 64) and store.flush(timeout=10) and inner.get(b"child") == b"c" * 64
+
+    assert holds_in_forked_child(child, after=inner.gate.set), "the forked child's save was not written"
     assert store.flush(timeout=10) and inner.get(b"parent") == b"p" * 64
     store.close()

@@ -15,6 +15,7 @@ from hf_paged.processors.automaton import anchored, validate_regex
 from hf_paged.processors.automaton.regex_size import estimate_regex_size
 from hf_paged.processors.index.index_cache import IndexCache, index_key
 from hf_paged.processors.index.vocabulary import build_vocabulary
+from tests.forked import holds_in_forked_child
 from tests.processors.toy_tokenizers import byte_level_tokenizer
 
 VOCAB = build_vocabulary(byte_level_tokenizer())
@@ -171,23 +172,11 @@ def test_a_process_forked_mid_build_finishes_the_build_and_compiles_new_ones(mon
     monkeypatch.setattr(IndexCache, "_build", build)
     held = cache.compile_async("held", "ab+", VOCAB)
     assert entered.wait(30)
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: nothing here may raise past os._exit
-        ok = False
-        try:
-            first = held.result(timeout=20)  # the future taken before the fork
-            fresh = cache.get_or_compile("fresh", "c+", VOCAB)  # a build asked for after it
-            ok = walk(first.index, [V["a"], V["b"]]) is not None and walk(fresh.index, [V["c"]]) is not None
-        finally:
-            os.write(write, b"1" if ok else b"0")
-            os._exit(0)
-    os.close(write)
-    try:
-        answer = os.read(read, 1)
-    finally:
-        gate.set()
-        os.close(read)
-        os.waitpid(pid, 0)
-    assert answer == b"1", "the forked child's builds did not finish"
+
+    def child() -> bool:
+        first = held.result(timeout=20)  # the future taken before the fork
+        fresh = cache.get_or_compile("fresh", "c+", VOCAB)  # a build asked for after it
+        return walk(first.index, [V["a"], V["b"]]) is not None and walk(fresh.index, [V["c"]]) is not None
+
+    assert holds_in_forked_child(child, after=gate.set), "the forked child's builds did not finish"
     assert held.result(timeout=30) is not None  # the parent's own build went on
