@@ -55,7 +55,7 @@ class PendingFetch:
     first: int  # table index of the first block asked
     num_blocks: int  # blocks asked
     epoch: int  # the prefix cache's epoch when asked: after a reset (new weights) the blocks are stale
-    read: tuple = ()  # `read_blocks`' arguments (a child forked mid-read reads again)
+    asked: tuple = ()  # (layout, asks) of the read: a child forked mid-read reads again
 
 
 def read_blocks(store: KVStore, layout: BlockLayout, asks: Sequence[BlockAsk],
@@ -104,8 +104,11 @@ class BlockFetcher:
 
     def submit(self, seq_id: Hashable, layout: BlockLayout, asks: Sequence[BlockAsk], *, first: int,
                epoch: int) -> None:
-        read = (self.store, layout, list(asks), self.failures)
-        self._pending[seq_id] = PendingFetch(self._worker().submit(read_blocks, *read), first, len(asks), epoch, read)
+        asked = (layout, list(asks))
+        self._pending[seq_id] = PendingFetch(self._read(asked), first, len(asks), epoch, asked)
+
+    def _read(self, asked: tuple) -> Future[FetchResult]:
+        return self._worker().submit(read_blocks, self.store, *asked, self.failures)
 
     def _worker(self) -> ThreadPoolExecutor:
         with self._lock:
@@ -120,7 +123,7 @@ class BlockFetcher:
         self._lock, self._executor = threading.Lock(), None
         for fetch in self._pending.values():
             if not fetch.future.done():
-                fetch.future = self._worker().submit(read_blocks, *fetch.read)
+                fetch.future = self._read(fetch.asked)
 
     def is_done(self, seq_id: Hashable) -> bool:
         return self._pending[seq_id].future.done()
