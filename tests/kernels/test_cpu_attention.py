@@ -136,6 +136,25 @@ def test_quantized_kernel_matches_the_oracle(formats, block_size, one_thread):
     torch.testing.assert_close(out, dense_quantized_attention(qc), **tolerance(torch.float32))
 
 
+@pytest.mark.parametrize("formats", ["int8", "int4 (K per channel)", "plain K, int8 V"])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(12, 2, 48), (8, 1, 8), (6, 3, 20)])
+@pytest.mark.parametrize("block_size,window", [(1, None), (16, None), (16, 11)])
+def test_quantized_decodes_match_the_oracle_at_every_shape(formats, num_heads, num_kv_heads, head_dim, block_size,
+                                                           window, one_thread):
+    """`cpu_quantized_decode`'s vectors where head_dim % 8 == 0 (the scalar loops for 20): GQA groups of 6 (4 heads
+    + 2 single heads, 48 dims: 32 + 2 x 8 lanes), 1 and 8; decodes whose last block is open (read from the tail)
+    or full (from the cache), contexts around the groups of 8 keys, beside short chunks."""
+    key, value = QUANTIZED[formats]
+    lens, q_lens = [1, 7, 8, 9, 15, 16, 17, 33, 100], [1, 7, 1, 1, 15, 1, 3, 1, 1]
+    case = make_case(lens, q_lens, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                     block_size=block_size, dtype=torch.float32, seed=head_dim + block_size)
+    qc = requantize(quantize_case(case, "int8", "int8", seed=3), key, value)
+    out = run_cpu_attention(_plan(case, window, quantized=True), case.query, qc.key, qc.value, scale=case.scale,
+                            softcap=None, tail=qc.tail)
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out, dense_quantized_attention(qc, window), **tolerance(torch.float32))
+
+
 def test_quantized_kernel_sliding_window():
     case = make_case(*MIXED, num_heads=4, num_kv_heads=2, head_dim=16, block_size=8, dtype=torch.float32, seed=4)
     qc = quantize_case(case, "int8", "int4", seed=2)

@@ -255,4 +255,4 @@ def attend_plain_parallel(q, key_cache, value_cache, tables, qsl, lens, seqs, sc
         _plain_seq(seqs[idx], q, key_cache, value_cache, tables, qsl, lens, scale, window, softcap, out, scores, acc)
 
 
-seal_numba_cache(list(globals().values()), sources_digest(*CPU_KERNEL_SOURCES))  # keyed on all 5 files
+seal_numba_cache(list(globals().values()), sources_digest(*CPU_KERNEL_SOURCES))  # keyed on all 7 files

@@ -19,9 +19,10 @@ from numba.core.extending import intrinsic
 from hf_paged.background_compile import sources_digest
 from hf_paged.compat import seal_numba_cache
 
-# what the CPU attention kernels compile from (they inline each other's helpers): their cache is keyed on all five
-CPU_KERNEL_SOURCES = ("cache/kernels/cpu_attention.py", "cache/kernels/cpu_decode.py", "cache/kernels/cpu_prefetch.py",
-                      "cache/kernels/cpu_quantized.py", "cache/kernels/cpu_simd.py")
+# what the CPU attention kernels compile from (they inline each other's helpers): their cache is keyed on all seven
+CPU_KERNEL_SOURCES = ("cache/kernels/cpu_attention.py", "cache/kernels/cpu_decode.py", "cache/kernels/cpu_dequant.py",
+                      "cache/kernels/cpu_prefetch.py", "cache/kernels/cpu_quantized.py",
+                      "cache/kernels/cpu_quantized_decode.py", "cache/kernels/cpu_simd.py")
 
 __all__ = ["prefetch_lines"]
 
@@ -51,4 +52,4 @@ def prefetch_lines(address, nbytes):
         _prefetch(address + offset)
 
 
-seal_numba_cache(list(globals().values()), sources_digest(*CPU_KERNEL_SOURCES))  # keyed on all 5 files
+seal_numba_cache(list(globals().values()), sources_digest(*CPU_KERNEL_SOURCES))  # keyed on all 7 files
