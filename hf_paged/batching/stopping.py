@@ -13,6 +13,7 @@ _SPECIAL_IDS: weakref.WeakKeyDictionary[Any, frozenset[int]] = weakref.WeakKeyDi
 _DECODERS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 T = TypeVar("T")
 _CUT = "\ufffd"  # what a decode gives for the bytes of a character cut short
+MAX_CUT = 3  # U+FFFD a character still coming can show (`settled`)
 
 
 def check_stop(request: Request, max_model_len: int) -> str | None:
@@ -67,19 +68,19 @@ def _ends_with_stop_string(request: Request) -> bool:
 
 def _new_match(decode: Callable[..., str], ids: list[int], stops: list[str], cut: bool, skip: bool,
                floor: int = 0) -> bool:
-    """A stop string in the text of `ids` (`_whole`). With a stop that holds U+FFFD (`cut`): only a match that ends
+    """A stop string in the text of `ids` (`settled`). With a stop that holds U+FFFD (`cut`): only a match that ends
     in text the last id settled counts, because a tail that begins inside a character decodes its first bytes to
     U+FFFD; the text before was checked as it settled, so this reads a bounded tail too (reading the whole output
     made such a stop cost a decode of the whole output every step: quadratic over a long generation). The tail
     has >= 4k + 4 tokens before the last one, past a cut character of <= 3: >= k whole characters, so a k-character
     match that reaches the last id's text starts after the cut. `floor`: the first ids are among the first
     min_new_tokens, where no match may end (vLLM's min_tokens; matches there were not checked as they came)."""
-    text = _whole(decode(ids, skip_special_tokens=skip))
+    text = settled(decode(ids, skip_special_tokens=skip))
     if not cut and not floor:
         return any(s in text for s in stops)
-    bound = len(_whole(decode(ids[:-1], skip_special_tokens=skip))) if cut else 0  # a match must end past it
+    bound = len(settled(decode(ids[:-1], skip_special_tokens=skip))) if cut else 0  # a match must end past it
     if floor:
-        bound = max(bound, len(_whole(decode(ids[:floor], skip_special_tokens=skip))))
+        bound = max(bound, len(settled(decode(ids[:floor], skip_special_tokens=skip))))
     return any(text.find(s, max(0, bound - len(s) + 1)) >= 0 for s in stops)
 
 
@@ -89,11 +90,16 @@ def _decoder(tokenizer: Any) -> Callable[..., str]:
     return backend.decode if backend is not None else tokenizer.decode
 
 
-def _whole(text: str) -> str:
+def settled(text: str) -> str:
     """`text` without the U+FFFD its end decodes to while a character's bytes are still coming: not text yet
     (vLLM's detokenizer holds it back too), so a stop string of U+FFFD does not fire on a valid character's first
-    byte. A byte that stays invalid shows its U+FFFD once the next token follows it."""
-    return text.rstrip(_CUT)
+    byte. A character still coming has at most 3 of its bytes written, and a decoder shows at most one U+FFFD a
+    byte (a byte-fallback decoder one each, a UTF-8 decoder one for them all): only the last `MAX_CUT` U+FFFD are
+    held back. The ones before are broken bytes for good, so a run of invalid bytes (a model biased to 0xFF) is text
+    a stop string of U+FFFD ends (all of them held back, it ran to max_tokens while the client's text was cut)."""
+    held = min(MAX_CUT, len(text) - len(text.rstrip(_CUT)))
+    return text[: len(text) - held]
+
 
 
 def special_ids(tokenizer: Any) -> frozenset[int]:

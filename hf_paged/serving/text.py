@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from hf_paged.batching.stopping import settled
+
 __all__ = ["CONTEXT_TOKENS", "TextStream", "decode_context"]
 
 CONTEXT_TOKENS = 5  # prompt tokens the output is decoded after (vLLM's detokenizer starts 5 tokens back too)
@@ -75,7 +77,7 @@ class TextStream:
             return text[len(self._context) :]
         # (a decode that rewrote the context's text, a cleanup across the boundary: the output's own decode)
         text = self.tokenizer.decode(self.token_ids[self._num_context :], skip_special_tokens=True)
-        return text if final else text.rstrip("\ufffd")
+        return text if final else settled(text)
 
     def _decoded(self, final: bool) -> str:
         """The whole output's decode (its cut last character dropped unless `final`), from the window since the
@@ -88,13 +90,13 @@ class TextStream:
                 if final or not new.endswith("\ufffd"):  # (else a character may still be cut: wait for its bytes)
                     self._commit(self._done + new)
                     return self._done
-                return self._done + new.rstrip("\ufffd")
+                return self._done + settled(new)
         # the windows do not add up here (a byte-fallback run that later bytes make invalid, a rewrite across
         # tokens): the whole decode, and the windows go on from it
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if self._incremental and not text.endswith("\ufffd"):
             self._commit(text)
-        return text if final else text.rstrip("\ufffd")
+        return text if final else settled(text)
 
     def _commit(self, text: str) -> None:
         """`text` is final for every token so far; the next window starts at the tokens since the last commit."""

@@ -10,7 +10,7 @@ import pytest
 
 from hf_paged.batching.request import Request
 from hf_paged.batching.sampling import SamplingParams
-from hf_paged.batching.stopping import check_stop
+from hf_paged.batching.stopping import check_stop, settled
 from tests.tiny_models import byte_tokenizer
 
 
@@ -54,11 +54,11 @@ def test_a_stop_of_the_replacement_character_waits_for_the_character_to_complete
 
 def _first_stop_reading_the_whole_output(stops: list[str], tokens: list[int]) -> int | None:
     """The oracle: the first step whose whole output, special tokens spelled out or skipped, holds a stop string
-    (the text's trailing U+FFFD held back)."""
+    (the text's trailing U+FFFD held back: `settled`)."""
     tok = byte_tokenizer()
     for step in range(1, len(tokens) + 1):
         for skip in (False, True):
-            if any(s in tok.decode(tokens[:step], skip_special_tokens=skip).rstrip("\ufffd") for s in stops):
+            if any(s in settled(tok.decode(tokens[:step], skip_special_tokens=skip)) for s in stops):
                 return step
     return None
 
@@ -115,3 +115,15 @@ def test_a_stop_holding_the_replacement_character_decodes_a_bounded_tail_each_st
         assert check_stop(request, 100_000) is None
     assert len(request.output_ids) == 2000
     assert max(decoded) <= 4 * 1 + 8  # the tail of a one-character stop, whatever the output's length
+
+
+def test_a_run_of_invalid_bytes_ends_a_stop_of_the_replacement_character():
+    """Only the last 3 U+FFFD of a text can still be a character's first bytes (`settled`): the ones before are
+    broken text. A model biased to an invalid byte (the server's `logit_bias`) wrote U+FFFD until max_tokens while
+    the client's text was cut at the first one, and the tokens were computed and billed."""
+    tok = byte_tokenizer()
+    ff = tok.convert_tokens_to_ids("Ń")  # byte 0xFF: never part of a character
+    assert tok.decode([ff, ff]) == "\ufffd\ufffd"
+    assert _verdicts("\ufffd", [ff] * 5) == [None, None, None, "stop", "stop"]
+    assert settled("ab\ufffd\ufffd\ufffd\ufffd\ufffd") == "ab\ufffd\ufffd"
+    assert settled("ab\ufffd") == settled("ab") == "ab"

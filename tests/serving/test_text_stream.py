@@ -10,6 +10,7 @@ import random
 import pytest
 from tokenizers import decoders
 
+from hf_paged.batching.stopping import settled
 from hf_paged.serving.text import TextStream
 from tests.processors.hostile_inputs import gpt2_or_toy
 from tests.processors.toy_tokenizers import byte_level_tokenizer, sentencepiece_tokenizer
@@ -20,7 +21,7 @@ class WholeDecode(TextStream):
 
     def _decoded(self, final: bool) -> str:
         text = self.tokenizer.decode(self.token_ids, skip_special_tokens=True)
-        return text if final else text.rstrip("\ufffd")
+        return text if final else settled(text)
 
 
 class Counting:
