@@ -18,7 +18,6 @@ the dense oracle).
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
 from hf_paged.background_compile import sources_digest
