@@ -136,9 +136,9 @@ def build_app(engine: Engine, tokenizer: Any, settings: ServerSettings | None = 
         app.add_middleware(ApiKeyAuth, api_key=server.settings.api_key, on_rejected=server.metrics.observe_rejected)
 
     @app.get("/health")
-    async def health(detail: int = 0) -> Response:
+    async def health(detail: str = "") -> Response:
         status = 200 if server.loop.is_alive else 503
-        if not detail:
+        if detail.strip().lower() in ("", "0", "false", "no", "off"):  # (?detail=1, =true, =yes: the details)
             return Response(status_code=status)
         return JSONResponse(await run_in_threadpool(server.metrics.health), status_code=status)
 

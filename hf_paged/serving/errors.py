@@ -50,4 +50,21 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str | None, str]:
             kinds.remove("an integer")
         value = same[0].get("input")
         return param, f"Input should be {' or '.join(kinds)}, got {type(value).__name__} {value!r}"[:300]
+    inside = [e for e in same if e["type"] not in _KINDS]  # a union branch that took the value and found it wrong
+    if inside and same[0]["type"] in _KINDS:  # (not the first branch's "should be a valid string")
+        return param, f"{_path(inside[0]['loc'])}: {inside[0]['msg']}"
     return param, same[0]["msg"]
+
+
+def _path(loc: tuple) -> str:
+    """pydantic's location as a client wrote it, without the union branches' names: messages[0].content[1].type."""
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif "[" not in part and part not in _BRANCHES:
+            out += f".{part}" if out else part
+    return out
+
+
+_BRANCHES = {"str", "int", "float", "bool", "list", "dict", "none"}

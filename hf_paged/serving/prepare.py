@@ -27,6 +27,7 @@ __all__ = ["DEFAULT_MAX_STOP_SEQUENCES", "Constraint", "ConstraintCache", "Prepa
 # Most `stop` strings a request may send (`--max-stop-sequences`). OpenAI takes 4 and TGI 4 by default; lm-eval's
 # local-completions sends a task's whole `until` list (a handful), so the bound leaves room for any of those.
 DEFAULT_MAX_STOP_SEQUENCES = 64
+MIN_TEMPERATURE = 1e-5  # a lower positive temperature samples greedily: its logits overflow (vLLM: greedy below it)
 
 
 @dataclass(slots=True)
@@ -247,15 +248,20 @@ class Preparer:
                 max_tokens = min(room, configured) if configured is not None else room
             else:  # completions: OpenAI's 16
                 max_tokens = configured if configured is not None else 16
+        name = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) is not None else "max_tokens"
         if max_tokens < 1:
-            name = "max_completion_tokens" if getattr(request, "max_completion_tokens", None) is not None else "max_tokens"
             raise ApiError(f"{name} must be at least 1, got {max_tokens}", param=name, code="invalid_value")
         if request.min_tokens > max_tokens:  # the engine would stop at max_tokens: min_tokens could not hold
             raise ApiError(f"min_tokens={request.min_tokens} is more than max_tokens={max_tokens}; lower min_tokens or "
                            "raise max_tokens", param="min_tokens", code="invalid_value")
         for prompt in prompts:
-            self._check_prompt(prompt, max_tokens, prompt_param)
+            self._check_prompt(prompt, max_tokens, prompt_param, name)
         stop = self._stop(request)
+        found = constraint_of(request)
+        if request.min_tokens and found is not None:  # (the engine's refusal, named as the request names it)
+            raise ApiError(f"min_tokens holds the end of text back past the end of the {found.param} document, where "
+                           "nothing else is allowed: leave min_tokens out and bound the document's own length "
+                           "(minLength, minItems, the pattern)", param="min_tokens", code="invalid_value")
         processors = list(build_constraint(self.constraints, request))
         penalty = request.repetition_penalty if request.repetition_penalty is not None \
             else self.defaults.repetition_penalty
@@ -304,7 +310,7 @@ class Preparer:
         top_p = request.top_p if request.top_p is not None else defaults.top_p
         top_k = request.top_k if request.top_k is not None else defaults.top_k
         min_p = request.min_p if request.min_p is not None else defaults.min_p
-        greedy = temperature == 0
+        greedy = temperature is not None and temperature < MIN_TEMPERATURE  # (sampling's limit as it falls)
         bias = request.token_bias()
         outside = sorted(t for t in bias or () if t >= self.engine.vocab_size)
         if outside:
@@ -331,15 +337,15 @@ class Preparer:
             logit_bias=bias,
         )
 
-    def _check_prompt(self, prompt: list[int], max_tokens: int, param: str) -> None:
+    def _check_prompt(self, prompt: list[int], max_tokens: int, param: str, max_name: str = "max_tokens") -> None:
         max_len = self.engine.max_model_len
         if not prompt:
             raise ApiError(f"{param} is empty: give at least one token", param=param, code="empty_prompt")
         if len(prompt) + max_tokens > max_len:
             raise ApiError(
                 f"this model's maximum context length is {max_len} tokens, but {len(prompt)} prompt tokens plus "
-                f"max_tokens={max_tokens} ask for {len(prompt) + max_tokens}; shorten the {param} or lower max_tokens",
-                param=param if len(prompt) >= max_len else "max_tokens", code="context_length_exceeded",
+                f"{max_name}={max_tokens} ask for {len(prompt) + max_tokens}; shorten the {param} or lower {max_name}",
+                param=param if len(prompt) >= max_len else max_name, code="context_length_exceeded",
             )
         pool_tokens = self.engine.cache.num_blocks * self.engine.config.block_size
         if len(prompt) + 1 > pool_tokens:  # lowering max_tokens cannot help: say what can
@@ -347,9 +353,9 @@ class Preparer:
                            f"(the prompt and at least one generated token must fit); shorten the {param}, or restart "
                            "the server with a larger --num-blocks", param=param, code="context_length_exceeded")
         error = self.engine.validate_prompt(  # the pool must hold the whole answer: refused up front, not cut short
-            prompt, SamplingParams(max_new_tokens=max_tokens), whole_sequence=True, output_name="max_tokens",
+            prompt, SamplingParams(max_new_tokens=max_tokens), whole_sequence=True, output_name=max_name,
             pool_fix="restart the server with a larger --num-blocks")
         if isinstance(error, PromptTooLongError):
-            raise ApiError(str(error), param="max_tokens", code="context_length_exceeded")
+            raise ApiError(str(error), param=max_name, code="context_length_exceeded")
         if error is not None:
             raise ApiError(str(error), param=param, code="invalid_prompt")

@@ -117,6 +117,9 @@ class ResponseFormat(_Strict):
     def _schema_given(self) -> ResponseFormat:
         if self.type == "json_schema" and self.json_schema is None:
             raise ValueError('response_format of type "json_schema" needs a "json_schema": {"schema": {...}} object')
+        if self.type != "json_schema" and self.json_schema is not None:  # (ignored, the answer would not follow it)
+            raise ValueError(f'a "json_schema" is followed with response_format type "json_schema", not '
+                             f'"{self.type}": send {{"type": "json_schema", "json_schema": ...}}')
         return self
 
 
@@ -174,7 +177,7 @@ class _Sampling(_Strict):
     @classmethod
     def _bias_keys_are_token_ids(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         for key in value or ():
-            if not key.isascii() or not key.isdigit():
+            if not key.isascii() or not key.isdigit() or len(key) > 20:  # (int() of 4,300 digits raises)
                 raise ValueError(f"logit_bias keys must be token ids as decimal strings (such as \"50256\"), got "
                                  f"{key[:40]!r}")
         return value

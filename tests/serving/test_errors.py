@@ -84,7 +84,11 @@ DEEP = {"type": "object", "properties": {"xs": {"type": "array", "contains": {"t
          ["whitespace='(x'"]),
         ({"prompt": "x", "guided_json": {"type": "object"}, "guided_whitespace_pattern": ",?"}, "guided_json",
          ["no JSON whitespace"]),  # documents that did not parse, ending "stop"
-        ({"prompt": "x", "guided_regex": "ab", "min_tokens": 3}, None, ["min_new_tokens", "constrained document"]),
+        ({"prompt": "x", "guided_regex": "ab", "min_tokens": 3}, "min_tokens", ["min_tokens", "guided_regex"]),
+        # found by a hostile pass (session 30): a 400 naming no field, or a schema silently ignored
+        pytest.param({"prompt": "x", "logit_bias": {"9" * 5000: 1}}, "logit_bias", ["token ids"], id="bias-digits"),
+        pytest.param({"prompt": "x", "response_format": {"type": "json_object", "json_schema": {"schema": {}}}},
+                     "response_format", ['type "json_schema"'], id="schema-beside-json-object"),
         # found by a hostile pass (issue 36): each was a 500 or silently accepted before
         pytest.param('{"prompt": ' + "[" * 5000 + "]" * 5000 + "}", None, ["nests too deeply"], id="deep-array"),
         pytest.param('{"prompt": "x", "metadata": ' + '{"a": ' * 5000 + "1" + "}" * 5001, None,
@@ -109,6 +113,11 @@ def test_bad_chat_requests_get_400(server, tiny_lm):
                                                         "max_completion_tokens": 0}), 400, "max_completion_tokens")
     assert_error(post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                                                         "tools": [{"type": "function"}]}), 400, "tools")
+    long = {"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 5000}  # (never said max_tokens)
+    assert_error(post(server, "/v1/chat/completions", long), 400, "max_completion_tokens", ["max_completion_tokens="])
+    image = [{"type": "image_url", "image_url": {"url": "https://x"}}]  # (read "should be a valid string" before)
+    assert_error(post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": image}]}), 400,
+                 "messages", ["messages[0].content[0].type", "'text'"])
     tokenizer = tiny_lm.tokenizer
     template, tokenizer.chat_template = tokenizer.chat_template, None
     try:
@@ -179,16 +188,18 @@ def test_a_failing_processor_fails_only_its_request(server, engine):
 
 
 def test_a_distribution_that_overflows_fails_only_its_request(server, engine):
-    """A temperature so small that the logits overflow (1e-40: inf / NaN after the softmax) failed every request in
-    flight with a 500 (the draw ran outside the per-request guard); now that request alone gets a 400 naming it."""
+    """A distribution that overflows (a temperature of 1e-40 once, now greedy below 1e-5; a repetition penalty of
+    1e-300 divides the prompt's tokens' logits to inf: NaN after the softmax) failed every request in flight with a
+    500 (the draw ran outside the per-request guard); now that request alone gets a 400 naming it."""
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
         good = [pool.submit(post, server, "/v1/completions", {"prompt": f"def f{i}():", "max_tokens": 20,
                                                              "ignore_eos": True}) for i in range(2)]
-        bad = pool.submit(post, server, "/v1/completions", {"prompt": "hi", "max_tokens": 4, "temperature": 1e-40})
+        bad = pool.submit(post, server, "/v1/completions", {"prompt": "hi hi hi", "max_tokens": 4, "temperature": 1,
+                                                            "repetition_penalty": 1e-300, "seed": 0})
     for future in good:
         assert future.result().status_code == 200
         assert future.result().json()["usage"]["completion_tokens"] == 20
-    assert_error(bad.result(), 400, words=["not finite", "temperature=1e-40"])
+    assert_error(bad.result(), 400, words=["not finite"])
     wait_idle(engine)
     metrics = httpx.get(server.url + "/metrics", timeout=30).text  # a failure is no success (it counted as one)
     assert 'finished_reason="error"' not in metrics and "hf_paged:request_failed_total" in metrics
@@ -298,3 +309,19 @@ def test_an_answer_the_pool_cannot_hold_is_refused_up_front_in_api_terms(tiny_lm
         body = response.json()
         assert body["choices"][0]["finish_reason"] == "length"
         assert body["usage"]["prompt_tokens"] + body["usage"]["completion_tokens"] == 128
+
+
+def test_a_temperature_below_1e_5_samples_greedily_and_health_reads_detail_words(server):
+    """Found by a hostile pass (session 30): `temperature: 1e-300` passed the checks, then its logits overflowed in
+    the engine (a 400 naming no field, an error event when streamed); `/health?detail=true` answered FastAPI's 422
+    body, not OpenAI's."""
+    body = {"prompt": "def main():", "max_tokens": 8}
+    greedy = post(server, "/v1/completions", {**body, "temperature": 0})
+    for tiny in (1e-300, 5e-324, 9e-6):
+        tiny_answer = post(server, "/v1/completions", {**body, "temperature": tiny, "seed": 1})
+        assert tiny_answer.status_code == 200, tiny_answer.text
+        assert tiny_answer.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+    for word in ("true", "yes", "1"):
+        health = httpx.get(server.url + "/health", params={"detail": word}, timeout=60)
+        assert health.status_code == 200 and "checks" in health.json(), health.text
+    assert httpx.get(server.url + "/health", params={"detail": "false"}, timeout=60).content == b""
