@@ -5,6 +5,7 @@ import warnings
 import pytest
 import torch
 from transformers import (
+    GenerationConfig,
     GPTNeoXConfig,
     GPTNeoXForCausalLM,
     NemotronConfig,
@@ -22,6 +23,7 @@ from hf_paged.errors import (
     InvalidPromptError,
     OutOfBlocksError,
     PromptTooLongError,
+    UnsupportedGenerationError,
     UnsupportedModelError,
 )
 from tests.tiny_models import left_pad, ragged_prompts, tiny_model
@@ -137,6 +139,30 @@ def test_unsupported_modes_fall_back_with_one_warning(model, batch):
     fallbacks = [w for w in caught if issubclass(w.category, PagedFallbackWarning)]
     assert len(fallbacks) == 1 and "beam search" in str(fallbacks[0].message)
     assert torch.equal(out, stock)
+
+
+def test_synthid_watermarking_falls_back_and_generate_batch_refuses_it(model, batch):
+    """SynthID's processor keeps one state for the batch (a context per row, advanced once a call): called once per
+    row and step, it mixed the rows, and a batch of 2 came out with another watermark than stock's (found by a
+    hostile pass, session 30)."""
+    from transformers.generation.configuration_utils import SynthIDTextWatermarkingConfig
+
+    ids, mask = batch
+    config = SynthIDTextWatermarkingConfig(ngram_len=3, keys=[11, 22, 33, 44])
+    sampled = dict(max_new_tokens=6, do_sample=True, watermarking_config=config)
+    torch.manual_seed(0)
+    stock = model.generate(ids, attention_mask=mask, **sampled)
+    hf_paged.wrap(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.manual_seed(0)
+        out = model.generate(ids, attention_mask=mask, **sampled)
+    fallbacks = [w for w in caught if issubclass(w.category, PagedFallbackWarning)]
+    assert len(fallbacks) == 1 and "SynthID" in str(fallbacks[0].message)
+    assert torch.equal(out, stock)
+    with pytest.raises(UnsupportedGenerationError, match="SynthID"):
+        model.generate_batch([[3, 4, 5]], GenerationConfig(max_new_tokens=2, watermarking_config=config))
+    hf_paged.unwrap(model)
 
 
 def test_beam_search_through_paged_cache_argument(model, batch):

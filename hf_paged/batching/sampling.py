@@ -356,6 +356,10 @@ def unsupported_modes(generation_config) -> list[str]:
     if getattr(gc, "encoder_repetition_penalty", None) not in (None, 1, 1.0) \
             or getattr(gc, "encoder_no_repeat_ngram_size", None):  # stock reads the batch's padded prompts
         modes.append("encoder_repetition_penalty / encoder_no_repeat_ngram_size")
+    if type(getattr(gc, "watermarking_config", None)).__name__ == "SynthIDTextWatermarkingConfig":
+        # (its processor keeps one state for the batch, a context per row advanced once a call: called once per row
+        # and step, as the engine calls processors, it mixes the rows and its watermark fails detection)
+        modes.append("SynthID text watermarking (watermarking_config)")
     if getattr(gc, "cache_implementation", None) == "quantized":  # lossy: stock's answers are its quantized cache's
         modes.append("stock's quantized KV cache (cache_implementation='quantized'; hf_paged's own quantized blocks: "
                      "PagedConfig(kv_cache_dtype='int8'))")
