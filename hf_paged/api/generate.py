@@ -18,17 +18,17 @@ from typing import Any
 import torch
 from transformers import GenerationConfig, StoppingCriteriaList
 
-from hf_paged.api.autocast import autocast_reason, refuse_mixed_precision_forward
+from hf_paged.api.autocast import refuse_mixed_precision_forward
 from hf_paged.api.generate_criteria import LockstepCriteria
+from hf_paged.api.generate_fallback import dropout_active, fallback_reason
 from hf_paged.api.generate_inputs import check_priorities, check_prompts, checked_inputs, masked_after_start
 from hf_paged.api.generate_output import assemble_generate_output, incomplete_rows, make_streamer_hook
 from hf_paged.api.generate_processors import ProcessorFactory
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
-from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list, unsupported_modes
+from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list
 from hf_paged.batching.stock_batch import StockBatch
 from hf_paged.cache.sizing import length_dependent_rope, windowed_attention
 from hf_paged.compat import (
-    compiled_in_place,
     execution_device,
     has_default_max_length,
     prepare_generation_config,
@@ -36,11 +36,7 @@ from hf_paged.compat import (
     stock_max_length,
     stock_stopping_criteria,
 )
-from hf_paged.errors import HfPagedError, InvalidPromptError, RequestFailedError, UnsupportedGenerationError
-
-# generate() arguments (besides generation options) the engine understands; `labels` (Seq2SeqTrainer's
-# predict_with_generate passes them) only make stock's forwards compute a loss nobody reads: ignored.
-_ENGINE_MODEL_KWARGS = {"attention_mask", "use_cache", "tokenizer", "labels"}
+from hf_paged.errors import HfPagedError, InvalidPromptError, RequestFailedError
 
 
 class PagedFallbackWarning(UserWarning):
@@ -61,50 +57,6 @@ class RightPaddingWarning(UserWarning):
 class PositionLimitWarning(UserWarning):
     """`generate` was asked for more tokens than the model's positions hold (`max_position_embeddings`): rows stop
     there (`generate_batch`: `finish_reason == "length"`), shorter than stock's output, which runs past them."""
-
-
-def _fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, extra: dict, rows: int) -> str | None:
-    modes = unsupported_modes(generation_config)
-    if modes:
-        return modes[0]
-    if extra.get("assistant_model") is not None or generation_config.prompt_lookup_num_tokens:
-        from hf_paged.api.wrap_state import engine_of
-
-        reason = engine_of(model).speculator.unsupported
-        if reason is not None and rows > 1:  # stock's assisted decoding takes one row: it would raise its own error
-            raise UnsupportedGenerationError(
-                f"assisted decoding (prompt_lookup_num_tokens / assistant_model) of {rows} rows: the paged engine's "
-                f"speculative decoding {reason}, and stock generate's assisted decoding takes one row at a time; "
-                "generate one row per call, or drop the assistant")
-        if reason is not None:
-            return f"assisted decoding (speculative decoding {reason})"
-    stops = (extra.get("stopping_criteria") or generation_config.stop_strings is not None
-             or generation_config.max_time is not None)
-    if stops and extra.get("streamer") is not None:
-        return "stopping criteria with a streamer"  # (replayed criteria may cut back tokens already streamed)
-    if extra.get("prefix_allowed_tokens_fn") is not None:
-        return "prefix_allowed_tokens_fn"
-    if extra.get("custom_generate") is not None or extra.get("synced_gpus"):
-        return "custom_generate / synced_gpus"
-    if generation_config.output_attentions or generation_config.output_hidden_states:
-        return "output_attentions / output_hidden_states"
-    if getattr(generation_config, "token_healing", False):
-        return "token healing"
-    if model.training and _dropout_active(model):
-        return "a model in training mode with dropout (stock generate applies it; call model.eval() for the engine)"
-    if any(compiled_in_place(m) for m in model.modules()):
-        return "a model compiled in place (module.compile() or forward = torch.compile(forward))"
-    other = sorted(k for k, v in kwargs.items() if k not in _ENGINE_MODEL_KWARGS and v is not None)
-    if other:
-        return f"model inputs {other}"
-    return autocast_reason(model)  # (api/autocast.py: the engine does not follow autocast)
-
-
-def _dropout_active(model) -> bool:
-    """A dropout module with p > 0, or an attention module that drops attention weights in training mode."""
-    return any((type(m).__name__.endswith("Dropout") and getattr(m, "p", 0) > 0)
-               or (isinstance(rate := getattr(m, "attention_dropout", None), (int, float)) and rate > 0)
-               for m in model.modules())
 
 
 def paged_generate(model, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None,
@@ -129,7 +81,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
                          "max_retries=...) instead")
     default_max_length = has_default_max_length(model, generation_config, kwargs)
     gen_config, model_kwargs = prepare_generation_config(model, generation_config, **kwargs)
-    reason = _fallback_reason(model, gen_config, model_kwargs, {**extra, "streamer": streamer}, len(input_ids))
+    reason = fallback_reason(model, gen_config, model_kwargs, {**extra, "streamer": streamer}, len(input_ids))
     if reason is not None:
         return _fallback(stock, reason, input_ids, generation_config, logits_processor, streamer, extra, kwargs,
                          negative_prompt_ids, negative_prompt_attention_mask)
@@ -296,7 +248,7 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
                                  "zip(input_ids, attention_mask)]")
     if not inputs:
         return {}
-    if model.training and _dropout_active(model):
+    if model.training and dropout_active(model):
         warnings.warn("hf_paged: the model is in training mode with dropout, which generate_batch does not apply "
                       "(it runs the model as in eval mode); call model.eval() first to silence this", stacklevel=2)
     refuse_mixed_precision_forward(model, "generate_batch")
@@ -353,6 +305,7 @@ def sampling_params_for(model, inputs, generation_config, logits_processor, samp
     if unknown:  # a typo (max_new_token=) would otherwise run with the defaults
         raise ValueError(f"generate_batch got unknown keyword argument(s) {unknown}: neither GenerationConfig fields "
                          f"nor hf_paged's ({', '.join(sorted(_OWN_KEYWORDS))}); check the spelling")
+    _refuse_unread_limits(kwargs, generation_config, max_new_tokens)
     if kwargs:
         gen_config = GenerationConfig.from_dict({**gen_config.to_dict(), **kwargs})
     factory = ProcessorFactory(model, gen_config, logits_processor, execution_device(model))
@@ -369,6 +322,20 @@ def sampling_params_for(model, inputs, generation_config, logits_processor, samp
 
         room = engine_of(model).max_model_len
     return _params_per_prompt(gen_config, factory, inputs, room=room, **overrides)
+
+
+def _refuse_unread_limits(kwargs: dict, generation_config: GenerationConfig | None, max_new_tokens) -> None:
+    """`max_time` and `max_length`, which `generate_batch` does not read (nor does transformers' own): a limit the
+    caller named must not be dropped silently (found by a hostile pass: 2,000 tokens for max_time=0.2, the model's
+    positions for max_length=12)."""
+    if kwargs.get("max_time") is not None or (generation_config is not None and generation_config.max_time is not None):
+        raise ValueError("generate_batch got max_time: it runs each request to its own end (transformers' "
+                         "generate_batch ignores max_time too); bound each with max_new_tokens, or use "
+                         "model.generate(..., max_time=) for a time limit")
+    if kwargs.get("max_length") is not None and max_new_tokens is None:
+        raise ValueError(f"generate_batch got max_length={kwargs['max_length']}: it counts each request's new "
+                         "tokens, not prompt plus output (transformers' generate_batch does not read max_length "
+                         "either); give max_new_tokens")
 
 
 def _params_per_prompt(gen_config: GenerationConfig, factory: ProcessorFactory, prompts, padded_rows=None,

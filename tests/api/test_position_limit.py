@@ -80,3 +80,22 @@ def test_generate_batch_without_max_new_tokens_runs_to_the_positions(short_model
         assert len(short_model.generate_batch([[5, 6, 7]], config, max_new_tokens=4)["req_0"].generated_tokens) == 4
     finally:
         hf_paged.unwrap(short_model)
+
+
+def test_generate_batch_refuses_the_limits_it_does_not_read(short_model):
+    """`max_time` and `max_length` (transformers' `generate_batch` reads neither): a limit the caller named was dropped
+    silently, 2,000 tokens for max_time=0.2 (found by a hostile pass, session 30)."""
+    from transformers import GenerationConfig
+
+    hf_paged.wrap(short_model)
+    try:
+        with pytest.raises(ValueError, match="max_time"):
+            short_model.generate_batch([[5, 6, 7]], max_new_tokens=8, max_time=0.2)
+        with pytest.raises(ValueError, match="max_time"):
+            short_model.generate_batch([[5, 6, 7]], GenerationConfig(max_new_tokens=8, max_time=0.2))
+        with pytest.raises(ValueError, match="max_length=12.*give max_new_tokens"):
+            short_model.generate_batch([[5, 6, 7]], max_length=12)
+        out = short_model.generate_batch([[5, 6, 7]], max_length=12, max_new_tokens=3)  # (max_new_tokens rules)
+        assert len(out["req_0"].generated_tokens) == 3
+    finally:
+        hf_paged.unwrap(short_model)
