@@ -242,3 +242,35 @@ def test_a_row_stopped_early_is_padded_in_the_input_ids_the_criteria_see():
     assert [column[0] for column in stock_columns[2:]] == [0] * (len(stock_columns) - 2)  # padded from step 3 on
     assert len(stock_columns) > 2 and paged_columns == stock_columns
     assert torch.equal(paged, stock)
+
+
+class LastTokenIs(StoppingCriteria):
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_criteria_with_assisted_decoding_of_one_row_run_stock():
+    """Stock's assisted decoding checks the criteria once per accepted draft (a last-token check can be stepped
+    over); the engine checked them per token: another answer, no warning (found by a hostile pass, session 30).
+    One row runs stock now; several rows (stock's assisted decoding takes one) stay on the engine."""
+    import copy
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, bos_token_id=1,
+                         eos_token_id=2)
+    stock = LlamaForCausalLM(config).eval()
+    wrapped = hf_paged.wrap(copy.deepcopy(stock))
+    prompt = stock.generate(torch.tensor([[10, 11, 12]]), max_new_tokens=9, pad_token_id=0)  # a cycle to look up
+    kwargs = dict(max_new_tokens=12, pad_token_id=0, prompt_lookup_num_tokens=4)
+    cycle = prompt[0, 3:].tolist()
+    expected = stock.generate(prompt, stopping_criteria=[LastTokenIs(cycle[1])], **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = wrapped.generate(prompt, stopping_criteria=[LastTokenIs(cycle[1])], **kwargs)
+    fallbacks = [w for w in caught if issubclass(w.category, PagedFallbackWarning)]
+    assert len(fallbacks) == 1 and "assisted decoding" in str(fallbacks[0].message)
+    assert torch.equal(out, expected)

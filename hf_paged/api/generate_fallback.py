@@ -19,7 +19,8 @@ def fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, ex
     modes = unsupported_modes(generation_config)
     if modes:
         return modes[0]
-    if extra.get("assistant_model") is not None or generation_config.prompt_lookup_num_tokens:
+    assisted = extra.get("assistant_model") is not None or bool(generation_config.prompt_lookup_num_tokens)
+    if assisted:
         from hf_paged.api.wrap_state import engine_of
 
         reason = engine_of(model).speculator.unsupported
@@ -34,6 +35,8 @@ def fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, ex
              or generation_config.max_time is not None)
     if stops and extra.get("streamer") is not None:
         return "stopping criteria with a streamer"  # (replayed criteria may cut back tokens already streamed)
+    if stops and assisted and rows == 1:  # (stock's assisted decoding takes one row: more run on the engine alone)
+        return "stopping criteria with assisted decoding (stock checks them once per accepted draft, not per token)"
     if extra.get("prefix_allowed_tokens_fn") is not None:
         return "prefix_allowed_tokens_fn"
     if extra.get("custom_generate") is not None or extra.get("synced_gpus"):
