@@ -180,7 +180,7 @@ def _quantized_seq(i, q, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_sca
         return
     first = length - q_len
     lo = 0 if window <= 0 else max(0, first - window + 1)
-    if q_len == 1 and softcap <= 0 and vector_decode_applies(q, tail_k, tail_v):
+    if q_len == 1 and softcap <= 0 and vector_decode_applies(q, tail_k, tail_v, k_fmt, v_fmt):
         for h in range(num_kv_heads):
             decode_head_vectorized(q, q0, h, g, k_data, k_scale, k_zero, k_fmt, k_layout, v_data, v_scale, v_zero,
                                    v_fmt, v_layout, log_scale, tail_k, tail_v, tail_tables[i], tables[i], lo, length,
