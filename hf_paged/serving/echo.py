@@ -34,6 +34,7 @@ from hf_paged.errors import HfPagedError, PromptTooLongError
 from hf_paged.serving.errors import ApiError
 from hf_paged.serving.generation import ChoiceEvent, Usage
 from hf_paged.serving.logprobs import LogprobEntry, TokenPieces, completion_logprobs
+from hf_paged.serving.prepare import checked_bias
 from hf_paged.serving.prompt_text import PromptText, prompt_text
 from hf_paged.serving.protocol import CompletionRequest
 
@@ -53,6 +54,7 @@ def prepare_echo(engine: Engine, tokenizer: Any, request: CompletionRequest,
                  tokenize: Callable[[str, str], list[int]]) -> EchoRequest:
     """The scoring requests of an echo request, or an `ApiError` (400) naming the field. `tokenize(text, param)`:
     the server's (`Preparer.tokenize`: a text too long to fit is refused before it is tokenized)."""
+    checked_bias(request, engine.vocab_size)  # (read by no scoring, refused as a generation refuses it)
     prompts, starts, params, texts = [], [], [], []
     for prompt in request.prompts():
         ids = list(prompt) if isinstance(prompt, list) else list(tokenize(prompt, "prompt"))

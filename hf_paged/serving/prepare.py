@@ -20,7 +20,7 @@ from hf_paged.serving.defaults import RequestDefaults
 from hf_paged.serving.errors import ApiError
 from hf_paged.serving.prompt_chars import max_prompt_chars
 from hf_paged.serving.prompt_text import PromptText, prompt_text
-from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, _Sampling
+from hf_paged.serving.protocol import ChatCompletionRequest, CompletionRequest, UnsupportedField, _Sampling
 
 __all__ = ["DEFAULT_MAX_STOP_SEQUENCES", "Constraint", "ConstraintCache", "PreparedRequest", "Preparer"]
 
@@ -154,6 +154,14 @@ def constraint_of(request: _Sampling) -> Constraint | None:
     if request.guided_grammar is not None:
         return Constraint("grammar", request.guided_grammar, "guided_grammar")
     return None
+
+
+def checked_bias(request: _Sampling, vocab_size: int) -> dict[int, float] | None:
+    """The request's `logit_bias` as `{token id: bias}`, or a 400 naming an id outside the vocabulary."""
+    try:
+        return request.token_bias(vocab_size)
+    except UnsupportedField as exc:
+        raise ApiError(str(exc), param=exc.param, code="invalid_value") from None
 
 
 def build_constraint(cache: ConstraintCache, request: _Sampling) -> list:
@@ -311,12 +319,7 @@ class Preparer:
         top_k = request.top_k if request.top_k is not None else defaults.top_k
         min_p = request.min_p if request.min_p is not None else defaults.min_p
         greedy = temperature is not None and temperature < MIN_TEMPERATURE  # (sampling's limit as it falls)
-        bias = request.token_bias()
-        outside = sorted(t for t in bias or () if t >= self.engine.vocab_size)
-        if outside:
-            raise ApiError(f"logit_bias names token ids {outside[:5]} outside this model's vocabulary [0, "
-                           f"{self.engine.vocab_size}); bias its own token ids", param="logit_bias",
-                           code="invalid_value")
+        bias = checked_bias(request, self.engine.vocab_size)
         return SamplingParams(
             max_new_tokens=max_tokens,
             do_sample=not greedy,

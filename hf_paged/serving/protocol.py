@@ -182,9 +182,17 @@ class _Sampling(_Strict):
                                  f"{key[:40]!r}")
         return value
 
-    def token_bias(self) -> dict[int, float] | None:
-        """`logit_bias` as the engine's `{token id: bias}` (None when not given or empty)."""
-        return {int(key): float(bias) for key, bias in self.logit_bias.items()} if self.logit_bias else None
+    def token_bias(self, vocab_size: int) -> dict[int, float] | None:
+        """`logit_bias` as the engine's `{token id: bias}` (None when not given or empty).
+
+        Raises:
+            UnsupportedField: an id outside the model's vocabulary `[0, vocab_size)`."""
+        bias = {int(key): float(bias) for key, bias in self.logit_bias.items()} if self.logit_bias else None
+        outside = sorted(t for t in bias or () if t >= vocab_size)
+        if outside:
+            raise UnsupportedField("logit_bias", f"logit_bias names token ids {outside[:5]} outside this model's "
+                                   f"vocabulary [0, {vocab_size}); bias its own token ids")
+        return bias
 
     def check_supported(self) -> None:
         """Raise `UnsupportedField` for the first field we know but cannot honour."""

@@ -87,6 +87,8 @@ DEEP = {"type": "object", "properties": {"xs": {"type": "array", "contains": {"t
         ({"prompt": "x", "guided_regex": "ab", "min_tokens": 3}, "min_tokens", ["min_tokens", "guided_regex"]),
         # found by a hostile pass (session 30): a 400 naming no field, or a schema silently ignored
         pytest.param({"prompt": "x", "logit_bias": {"9" * 5000: 1}}, "logit_bias", ["token ids"], id="bias-digits"),
+        pytest.param({"prompt": "xy", "echo": True, "max_tokens": 0, "logprobs": 0, "logit_bias": {"99999": 1}},
+                     "logit_bias", ["outside this model's vocabulary"], id="bias-outside-vocab-scoring"),
         pytest.param({"prompt": "x", "response_format": {"type": "json_object", "json_schema": {"schema": {}}}},
                      "response_format", ['type "json_schema"'], id="schema-beside-json-object"),
         # found by a hostile pass (issue 36): each was a 500 or silently accepted before
