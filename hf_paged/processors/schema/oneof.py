@@ -155,8 +155,15 @@ def _narrow(b: dict, c: Any, none_valid: NoneValid, types_c: set[str] | None = N
     return None
 
 
-def narrow_exclusive(options: list[list[Any]], none_valid: NoneValid) -> list[list[Any]] | None:
-    """Narrow every flattened branch of every `oneOf` option against all branches of the other options."""
+def narrow_exclusive(options: list[list[Any]], none_valid: NoneValid,
+                     others: list[list[Any]] | None = None) -> list[list[Any]] | None:
+    """Narrow every flattened branch of every `oneOf` option against all branches of the other options.
+
+    `others`: the branches as the other options see them, where they differ from `options` (a branch cut off by
+    the recursion limit is False in `options`, left out of the output, but still excluded from its siblings' as the
+    schema it stands for: documents deeper than the limit satisfy it all the same).
+    """
+    others = options if others is None else others
     out: list[list[Any]] = []
     types: dict[tuple[int, int], set[str]] = {}  # (option, branch) -> its `types_of`, once (every other branch reads it)
     for i, subs in enumerate(options):
@@ -166,10 +173,10 @@ def narrow_exclusive(options: list[list[Any]], none_valid: NoneValid) -> list[li
                 continue
             if b is True or not isinstance(b, dict):
                 b = {}
-            for j, others in enumerate(options):
+            for j, theirs in enumerate(others):
                 if j == i:
                     continue
-                for k, c in enumerate(others):
+                for k, c in enumerate(theirs):
                     types_c = types.get((j, k))
                     if types_c is None and c is not False:
                         types_c = types[j, k] = types_of(c, accepted=True)

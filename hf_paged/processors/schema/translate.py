@@ -23,7 +23,7 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from hf_paged.errors import InvalidSchemaError
+from hf_paged.errors import InvalidSchemaError, UnsupportedSchemaError
 from hf_paged.processors.schema.arrays import array_regex
 from hf_paged.processors.schema.conditionals import exactly_one, expand_conditionals, has_conditionals
 from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS, Context, pointer_join
@@ -41,7 +41,8 @@ from hf_paged.processors.schema.values import dump_value, finite_domain, finite_
 
 __all__ = ["Branch", "branches", "dump_value", "translate"]
 
-_MAX_MERGE_ROUNDS = 16
+_FREE_MERGE_ROUNDS = 16  # merge rounds one visit covers (the depth real schemas nest `allOf` / `$ref` to); each
+# round beyond counts one more visit (`Context.visit`), so a deep chain is merged in full within the work budget
 
 
 @dataclass(slots=True)
@@ -51,6 +52,9 @@ class Branch:
     schema: Any  # a dict without $ref/allOf/anyOf/oneOf at its top level, or a boolean
     refs: list[str]  # $ref targets entered to build it (they count toward the recursion limit)
     call: str | None = None  # with grammar rules: the `$ref` target whose rule stands for this branch
+    # cut off by `max_ref_depth` (`schema` is False: it matches nothing here), the schema it stands for, merged one
+    # level: what a `oneOf` sibling must still exclude (read as matching nothing, it would let the overlap through)
+    cut: Any = None
 
 
 def translate(schema: Any, ctx: Context, pointer: str) -> Rx | None:
@@ -106,7 +110,8 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
     `"never"` (a `oneOf` option: exclusivity is decided on the flattened branches).
 
     `entered` are the `$ref` targets already resolved on the way here; a target entered `max_ref_depth`
-    times (counting the translation's stack too) yields the empty branch: recursion is cut off soundly.
+    times (counting the translation's stack too) yields the empty branch: recursion is cut off soundly (`Branch.cut`
+    keeps what it stands for, which a `oneOf` sibling must still exclude).
     """
     if isinstance(schema, bool):
         return [Branch(schema, [])]
@@ -114,9 +119,14 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
         raise ctx.invalid(pointer, f"a schema must be an object or a boolean, got {schema!r}", "fix the sub-schema")
     refs: list[str] = list(entered or [])
     current: Any = expand_conditionals(_double_negation(schema))
-    for _ in range(_MAX_MERGE_ROUNDS):
-        if not isinstance(current, dict) or not ("$ref" in current or "allOf" in current):
-            break
+    num_rounds = 0
+    # Merged to any depth (a branch cut short here would read as matching nothing, and a `oneOf` sibling would then
+    # be taken as exclusive of it: a false accept); each `$ref` entered counts toward `max_ref_depth` and each `allOf`
+    # level is a node of the document, so the rounds end, and those past `_FREE_MERGE_ROUNDS` count as visits
+    while isinstance(current, dict) and ("$ref" in current or "allOf" in current):
+        num_rounds += 1
+        if num_rounds > _FREE_MERGE_ROUNDS:
+            ctx.visit()
         parts = current.get("allOf", [])
         if not isinstance(parts, list):
             raise ctx.invalid(pointer_join(pointer, "allOf"), "`allOf` must be a list", "fix it")
@@ -130,16 +140,13 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
                 return [Branch(target.schema, refs, call=target.pointer)]  # the target's rule (`Context.ref_rule`)
             if entered >= ctx.max_ref_depth:
                 ctx.cut()
-                return [Branch(False, refs)]
+                return [Branch(False, refs, cut=_cut_view([rest, target.schema] + parts, ctx, pointer))]
             refs.append(target.pointer)
             parts.insert(0, target.schema)
         if has_conditionals(rest, parts):  # (each part's `if`, before merging them)
             expanded = expand_conditionals({**rest, "allOf": parts})
             rest, parts = {k: v for k, v in expanded.items() if k != "allOf"}, expanded["allOf"]
         current = _double_negation(merge_all([rest] + [_double_negation(p) for p in parts], ctx, pointer))
-    else:
-        ctx.cut()
-        return [Branch(False, refs)]  # `$ref` chains deeper than the merge budget: cut off (sound)
     # The schema's own unevaluatedProperties / unevaluatedItems (none merged in from an `allOf` part, which cannot see
     # its siblings) see what the passing option evaluates: the option goes in as the schema's in-place child
     sees_options = current is schema and ("unevaluatedProperties" in schema or "unevaluatedItems" in schema)
@@ -159,7 +166,8 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
                 ctx.budget.spend("checks", num_branches * num_branches)  # (every branch against every other's)
                 ctx.branch_checks += num_branches * num_branches
                 narrowed = narrow_exclusive([[b.schema for b in bs] for bs in subs],
-                                            lambda values, sub: _none_valid(values, sub, ctx))
+                                            lambda values, sub: _none_valid(values, sub, ctx),
+                                            [[b.schema if b.cut is None else b.cut for b in bs] for bs in subs])
                 alone = None if narrowed is not None or sees_options else exactly_one(
                     options, lambda option: _resolved(option, ctx, pointer))
                 if alone is not None:  # each option where no other holds (`conditionals.exactly_one`)
@@ -175,6 +183,15 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
                     subs = [[Branch(n, b.refs) for n, b in zip(ns, bs)] for ns, bs in zip(narrowed, kept)]
             return [b for bs in subs for b in bs]
     return [Branch(current, refs)]
+
+
+def _cut_view(parts: list[Any], ctx: Context, pointer: str) -> Any:
+    """What a branch cut off by the recursion limit stands for, merged one level (`Branch.cut`); True (anything: no
+    sibling can be shown exclusive of it) where the parts do not merge."""
+    try:
+        return merge_all(parts, ctx, pointer)
+    except (InvalidSchemaError, UnsupportedSchemaError):
+        return True
 
 
 def _resolved(option: Any, ctx: Context, pointer: str) -> Any:
