@@ -104,6 +104,21 @@ def test_conditions_negate_exactly(condition):
         assert valid > 0 and accepted > 0
 
 
+@pytest.mark.parametrize("schema", [
+    {"if": {"minLength": 1}, "else": {}},  # (every value is valid: `[100]` was refused, only strings came out)
+    {"if": {"required": ["c"]}, "then": {"not": {"type": "object"}}},  # ("x" was refused)
+    {"if": {"required": ["c"]}, "then": {"not": {"type": "object"}},  # (fuzz seed 10272: was 'unsatisfiable')
+     "else": {"oneOf": [{"type": "number", "multipleOf": 2}, {"type": "number", "multipleOf": 3}]}},
+    {"if": {"allOf": [{"minLength": 2}, {"anyOf": [{"maximum": 3}, {"maxLength": 3}]}]},
+     "then": {"not": {"type": ["boolean", "null"]}}, "else": {"type": "integer"}},  # ([100] was refused)
+])
+def test_a_condition_holds_for_every_value_of_the_types_its_keywords_do_not_bind(schema):
+    """A type's keywords constrain only values of that type: the `then` case takes the other types whole, though the
+    translation reads a schema without `type` as its keywords' types."""
+    valid, accepted = _check(schema, ["c"], [[100], [], 4, 6, "abcd"])
+    assert accepted == valid > 0
+
+
 def test_then_and_else_alone_do_nothing_without_if():
     rx = re.compile(schema_to_regex({"type": "object", "then": {"required": ["a"]}, "else": False}))
     assert rx.fullmatch("{}")

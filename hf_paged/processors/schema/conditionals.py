@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS
-from hf_paged.processors.schema.oneof import TYPES
+from hf_paged.processors.schema.oneof import TYPE_KEYWORDS, TYPES
 from hf_paged.processors.schema.refs import MAX_CROSS, same_json
 from hf_paged.processors.schema.values import finite_domain
 
@@ -54,7 +54,7 @@ def expand_conditionals(schema: Any) -> Any:
             part = _split(part, found)
         if part != {}:
             kept.append(part)
-    alternatives, left = _rewrite(found)
+    alternatives, left = _rewrite(found, _listed_types(schema.get("type", list(TYPES))) or set(TYPES))
     if not alternatives and len(left) == len(found):
         return schema  # nothing rewritten: as it was (the translation names the `if` it refuses)
     for condition, then, otherwise in left:
@@ -80,8 +80,9 @@ def _split(schema: dict, found: list) -> dict:
     return {k: v for k, v in schema.items() if k not in _CONDITIONAL}
 
 
-def _rewrite(found: list) -> tuple[list[list[Any]], list]:
-    """(one list of alternatives per rewritten group of conditionals, the conditionals left as they were)."""
+def _rewrite(found: list, types: set[str]) -> tuple[list[list[Any]], list]:
+    """(one list of alternatives per rewritten group of conditionals, the conditionals left as they were); `types`:
+    those the schema around them allows."""
     by_name: dict[str, list] = {}
     alternatives, left, combined = [], [], 1
     for condition, then, otherwise in found:
@@ -90,11 +91,12 @@ def _rewrite(found: list) -> tuple[list[list[Any]], list]:
             by_name.setdefault(tag[0], []).append((tag[1], tag[2], then, otherwise, condition))
             continue
         negated = negate(condition)
-        if negated is None or combined * (len(negated) + 1) > MAX_CROSS:
+        holds = _holds(condition, types)
+        if negated is None or combined * (len(negated) + len(holds)) > MAX_CROSS:
             left.append((condition, then, otherwise))
             continue
-        alternatives.append([_all([condition, then])] + [_all([n, otherwise]) for n in negated])
-        combined *= len(negated) + 1
+        alternatives.append([_all([h, then]) for h in holds] + [_all([n, otherwise]) for n in negated])
+        combined *= len(negated) + len(holds)
     for name, tests in by_name.items():
         options = _tagged(name, [test[:4] for test in tests])
         if combined * len(options) > MAX_CROSS:
@@ -103,6 +105,53 @@ def _rewrite(found: list) -> tuple[list[list[Any]], list]:
         alternatives.append(options)
         combined *= len(options)
     return alternatives, left
+
+
+def _holds(condition: Any, types: set[str]) -> list[Any]:
+    """Schemas whose union holds exactly where `condition` does among values of `types`, each of them typed where
+    `condition` is not.
+
+    A keyword of one type holds for every value of the others (`{minLength: 1}` holds for `[100]`), but the
+    translation reads a schema without `type` as its keywords' types (`translate._allowed_types`): `condition` alone
+    as the `then` case would leave those values to the `else` case, which excludes them (`negate` writes the negation
+    typed). So the types `condition` holds for wholly are their own case, and `condition` is kept to the others."""
+    whole = _holds_wholly(condition) & types
+    if not whole or whole == types:
+        return [condition] if not whole else [True]
+    rest = [t for t in TYPES if t not in whole]
+    return [{"type": [t for t in TYPES if t in whole]}, _all([condition, {"type": rest}])]
+
+
+def _listed_types(value: Any) -> set[str] | None:
+    """The types a `type` keyword's value allows (an integer is a number); None when it is not a list of names."""
+    listed = [value] if isinstance(value, str) else value
+    if not isinstance(listed, list) or not all(isinstance(t, str) for t in listed):
+        return None
+    return set(listed) & set(TYPES) | ({"integer"} if "number" in listed else set())
+
+
+def _holds_wholly(schema: Any) -> set[str]:
+    """The JSON types every value of which satisfies `schema` (a subset where unsure: keywords other than type-bound
+    ones, `type`, `allOf` and `anyOf` count as holding for none)."""
+    if schema is True or schema == {}:
+        return set(TYPES)
+    if not isinstance(schema, dict):
+        return set()
+    out = set(TYPES)
+    for key, value in schema.items():
+        if key in ANNOTATION_KEYWORDS:
+            continue
+        bound = {t for t, keys in TYPE_KEYWORDS.items() if key in keys} | ({"string"} if key == "format" else set())
+        if bound:
+            out -= bound | ({"integer"} if "number" in bound else set())
+        elif key == "type" and _listed_types(value) is not None:
+            out &= _listed_types(value)  # type: ignore[operator]
+        elif key in ("allOf", "anyOf") and isinstance(value, list) and value:
+            found = [_holds_wholly(part) for part in value]
+            out &= set.intersection(*found) if key == "allOf" else set.union(*found)
+        else:
+            return set()
+    return out
 
 
 def _tag(condition: Any) -> tuple[str, list[Any], bool] | None:
