@@ -4,8 +4,8 @@ stage compiles. Sound first: every text it matches is JSON that validates agains
     load_schema (load)                 text / dict / pydantic class -> a checked schema, nesting counted
     schema_to_regex, schema_to_grammar (ladder)   tries the translation with smaller caps until its automata fit
                                        the work budget (`automaton.check_automaton`)
-        translate                      $ref / allOf merges (refs), anyOf / oneOf branches (oneof), type by type:
-                                       numbers, strings (pattern), objects (name_rules), arrays, finite values
+        translate                      $ref / allOf merges (refs, contains), anyOf / oneOf branches (oneof), type
+                                       by type: numbers, strings (pattern), objects (name_rules), arrays, finite values
         reuse                          a node's translation reused within a try (keyed by the $refs it can reach)
         fragments                      the regex text algebra (`Rx`) every type writes in
         context                        one translation's options, budgets and error helpers

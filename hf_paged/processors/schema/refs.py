@@ -13,6 +13,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from hf_paged.errors import InvalidSchemaError
+from hf_paged.processors.schema.contains import PENDING, defer_contains
 from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS, Context, pointer_join
 
 __all__ = ["RefTarget", "local_target", "merge_all", "resolve_ref", "same_json"]
@@ -198,12 +199,17 @@ def _merge(a: Any, b: Any, ctx: Context, pointer: str, *, parent: bool = False) 
         raise ctx.invalid(pointer, f"a schema must be an object or a boolean, got {b!r}", "fix the sub-schema")
     out = dict(a)
     for key, vb in b.items():
+        if key == PENDING:
+            out[key] = list(out.get(key, [])) + list(vb)
+            continue
         if key in ANNOTATION_KEYWORDS or key not in out or key not in _KNOWN:
             out.setdefault(key, vb)  # annotations and unknown keywords: the first one wins (they never restrict)
             continue
         va = out[key]
         if va == vb and same_json(va, vb):  # (Python's == alone takes `const: true` and `const: 1` for one)
             continue
+        if key == "contains":
+            continue  # (two different ones ask for an item each, not one item of both: `defer_contains` below)
         if key in _MIN_KEYS or key in ("minimum", "exclusiveMinimum") and _numeric(va, vb):
             out[key] = max(va, vb)
         elif key in _MAX_KEYS or key in ("maximum", "exclusiveMaximum") and _numeric(va, vb):
@@ -278,6 +284,8 @@ def _merge(a: Any, b: Any, ctx: Context, pointer: str, *, parent: bool = False) 
                     props[name] = {"allOf": [props[name], extra]} if extra is not False else False
             out["properties"] = props
     _scope_patterns(a, b, out, parent)
+    if "contains" in a and "contains" in b and not same_json(a["contains"], b["contains"]):
+        defer_contains(a, b, out)
     return out
 
 

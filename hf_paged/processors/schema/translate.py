@@ -26,6 +26,7 @@ from typing import Any
 from hf_paged.errors import InvalidSchemaError, UnsupportedSchemaError
 from hf_paged.processors.schema.arrays import array_regex
 from hf_paged.processors.schema.conditionals import exactly_one, expand_conditionals, has_conditionals
+from hf_paged.processors.schema.contains import PENDING, resolve_contains
 from hf_paged.processors.schema.context import ANNOTATION_KEYWORDS, Context, pointer_join
 from hf_paged.processors.schema.excluded import excluded_values, leave_out
 from hf_paged.processors.schema.fragments import Rx, alt, lit, opt, raw, rep, seq
@@ -147,6 +148,8 @@ def branches(schema: Any, ctx: Context, pointer: str, entered: list[str] | None 
             expanded = expand_conditionals({**rest, "allOf": parts})
             rest, parts = {k: v for k, v in expanded.items() if k != "allOf"}, expanded["allOf"]
         current = _double_negation(merge_all([rest] + [_double_negation(p) for p in parts], ctx, pointer))
+    if isinstance(current, dict) and PENDING in current:  # (several `contains`: placed once the branch is whole)
+        current = resolve_contains(current, ctx, pointer)
     # The schema's own unevaluatedProperties / unevaluatedItems (none merged in from an `allOf` part, which cannot see
     # its siblings) see what the passing option evaluates: the option goes in as the schema's in-place child
     sees_options = current is schema and ("unevaluatedProperties" in schema or "unevaluatedItems" in schema)
