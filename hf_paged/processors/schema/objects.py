@@ -163,7 +163,9 @@ def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
             ctx.unsupported("unevaluatedProperties", pointer, "only `false` is supported; use additionalProperties")
         extra_schema = False
     forbidden = forbidden_names(schema, required, ctx, pointer)
-    names = member_order(props, required)
+    allowed = _listed_names(schema.get("propertyNames"))
+    # (`propertyNames` of listed names: every key is one of them, each then written as a declared member)
+    names = member_order(props, required) + [n for n in allowed or [] if n not in props and n not in required]
     ws = raw(ctx.whitespace) if ctx.whitespace else Rx("", 0)
     colon = seq(ws, raw("\\:", atomic=True), ws)
     # Forbidden names may be undeclared: the extras must not spell them either.
@@ -221,6 +223,12 @@ def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
                         f"repeated key from a new one), so at most {declared + 1} "
                         f"{'property is' if declared == 0 else 'properties are'} assured here: "
                         "declare the properties it needs, or lower minProperties")
+    unwritten = _unwritten_keys(schema, extra_schema, extra_names, allowed)
+    if (out is None and unwritten and int(min_p) > declared and (max_p is None or int(min_p) <= int(max_p))
+            and all(m is not None for m, req in elements if req)):  # (not "no document satisfies": "not written")
+        ctx.unsupported("minProperties", pointer, f"{unwritten} are not written here, so at most {declared} "
+                        f"{'property is' if declared == 1 else 'properties are'} assured: declare the properties it "
+                        "needs in `properties`, or lower minProperties")
     if ctx.prune_cost is not None and out is not None and out.cost > ctx.prune_cost:
         if state["extras"] is not None:  # undeclared keys go first: they cost a whole generic value
             state["extras"] = None
@@ -266,12 +274,37 @@ def _name_ok(name: str, names_schema: Any, ctx: Context, pointer: str) -> bool:
     return rx is not None and re.fullmatch(rx.text, json.dumps(name, ensure_ascii=False)) is not None
 
 
+def _listed_names(names_schema: Any) -> list[str] | None:
+    """The names a `propertyNames` of `enum` / `const` lists (its other keywords still checked, `_name_ok`)."""
+    if not isinstance(names_schema, dict):
+        return None
+    listed = [names_schema["const"]] if "const" in names_schema else names_schema.get("enum")
+    return list(dict.fromkeys(n for n in listed if isinstance(n, str))) if isinstance(listed, list) else None
+
+
+def _unwritten_keys(schema: dict, extra_schema: Any, names: list[str], allowed: list[str] | None) -> str | None:
+    """Which undeclared keys the schema allows that `_extras` does not write (a try's cut, `left out`, aside), or None:
+    a pattern key could spell a declared name, and so could a key `propertyNames` allows (but one of listed names)."""
+    patterns = schema.get("patternProperties")
+    if "propertyNames" in schema:
+        if (allowed is None and schema["propertyNames"] is not False and (extra_schema is not False or bool(patterns))
+                and (names or patterns)):
+            return "undeclared keys that `propertyNames` allows (beside declared names or `patternProperties`)"
+        return None
+    return "keys of `patternProperties` beside declared names" if patterns and names else None
+
+
 def _extras_kind(schema: dict, extra_schema: Any, names: list[str], ctx: Context) -> str:
     """How this try writes the object's undeclared keys (`_extras`): "none"; "patterns" (keys drawn from
     `patternProperties`); "left out" (a cut: the schema allows them beside the declared `names`, this try keeps the
-    declared ones alone); "value" (any key but the names, with `additionalProperties`' value)."""
+    declared ones alone); "value" (any key but the names, with `additionalProperties`' value); "names" (keys that
+    `propertyNames` allows, when there are no names they could spell, with `additionalProperties`' value)."""
     if "propertyNames" in schema:
-        return "none"  # (a free key could violate it)
+        names_schema = schema["propertyNames"]
+        if (names or schema.get("patternProperties") or extra_schema is False or names_schema is False
+                or _listed_names(names_schema) is not None):
+            return "none"  # (a key it allows could spell a declared name; listed names are all declared)
+        return "names"
     if schema.get("patternProperties"):
         return "patterns"
     if extra_schema is False:
@@ -287,7 +320,8 @@ def _cuts_extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context
     """Whether `_extras` cuts (`Context.cut`) in this try: keys left out, or a free value, which a flat translation
     nests only `any_depth` deep."""
     kind = _extras_kind(schema, extra_schema, names, ctx)
-    return kind == "left out" or (kind == "value" and ctx.rules is None and (extra_schema is True or extra_schema == {}))
+    return kind == "left out" or (kind in ("value", "names") and ctx.rules is None
+                                  and (extra_schema is True or extra_schema == {}))
 
 
 def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, pointer: str, colon: Rx) -> Rx | None:
@@ -296,7 +330,9 @@ def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, poi
     Free keys are bare-character strings that spell no declared name (a complement trie of the names), after
     the declared members; beside declared names only while `ctx.extras_beside_declared`. With `patternProperties` and no
     declared names, keys are drawn from the patterns instead, and their value must satisfy every pattern's
-    schema (a key may match several). Never with `propertyNames` (a free key could violate it).
+    schema (a key may match several). With `propertyNames` and no declared names, keys are the strings it allows
+    (listed names are declared members instead, `_listed_names`); beside declared names, none (such a key could
+    spell one of them).
     """
     kind = _extras_kind(schema, extra_schema, names, ctx)
     if kind == "patterns":
@@ -312,11 +348,14 @@ def _extras(schema: dict, extra_schema: Any, names: list[str], ctx: Context, poi
         return seq(key_rx, colon, value) if value is not None else None
     if kind == "left out":
         ctx.cut()
-    if kind != "value":
+    if kind not in ("value", "names"):
         return None
     value = ctx.value(extra_schema, pointer_join(pointer, "additionalProperties"))
     if value is None:
         return None
+    if kind == "names":
+        key_rx = ctx.sub({"allOf": [schema["propertyNames"], {"type": "string"}]}, pointer_join(pointer, "propertyNames"))
+        return None if key_rx is None else seq(key_rx, colon, value)
     # A rule in a grammar when long (the complement trie of many names, which each count of members repeats); a
     # short one stays in place: called, its key would run beside the declared keys' (two stacks at once, slower
     # masks)
