@@ -3,31 +3,68 @@
 
 from __future__ import annotations
 
-import json
 import re
+from dataclasses import dataclass
 from functools import lru_cache
 
 from hf_paged.processors.schema.fragments import Rx, alt, char_class, escape_text, raw, rep, seq
-from hf_paged.processors.schema.pattern import emit, parse_pattern
+from hf_paged.processors.schema.pattern import Node, parse_pattern
 
-__all__ = ["bare_char", "key_matches", "not_in"]
+__all__ = ["KeyMatch", "bare_char", "key_matches", "key_readings", "not_in"]
 
 _KEY_CHARS = [(0x20, 0x21), (0x23, 0x5B), (0x5D, 0x7E)]  # extra keys: printable ASCII, no escapes (cheap classes)
 
 
+@dataclass(slots=True, frozen=True)
+class KeyMatch:
+    """Whether a `patternProperties` pattern applies to one property name, under each reading a validator may use.
+
+    The two disagree on a few names (`\\s` and U+FEFF, `\\d` and non-ASCII digits, `.` and `\\r`, `$` before a
+    final newline): where they do, the pattern's schema is applied (stricter under either validator), and so is
+    `additionalProperties` when under one reading no pattern applies (`objects.py`)."""
+
+    ecma: bool  # ECMA-262 search (what JSON Schema specifies; ajv and most non-Python validators)
+    python: bool  # `re.search(pattern, name)`, what `jsonschema` does
+
+    @property
+    def either(self) -> bool:
+        return self.ecma or self.python
+
+
 def key_matches(pattern: str, name: str, where: str) -> bool:
-    """ECMA `pattern` search semantics on a property name (through the same translation as strings)."""
-    regex = _key_regex(pattern, where)
-    return regex is not None and regex.fullmatch(json.dumps(name, ensure_ascii=False)[1:-1]) is not None
+    """Whether `pattern` applies to the property `name` under ECMA or Python search semantics (`KeyMatch.either`)."""
+    return key_readings(pattern, name, where).either
+
+
+def key_readings(pattern: str, name: str, where: str) -> KeyMatch:
+    """ECMA and Python `pattern` search on the decoded property name (never its JSON spelling: a name with `\\`,
+    `"` or a control character is written with escapes that the pattern's classes do not describe)."""
+    ecma, python = _name_regexes(pattern, where)
+    return KeyMatch(ecma=ecma.fullmatch(name) is not None, python=python.search(name) is not None)
 
 
 @lru_cache(maxsize=512)
-def _key_regex(pattern: str, where: str) -> re.Pattern | None:
-    """`key_matches`' compiled translation of `pattern`, memoised: an object tests every declared name against each
-    of its patterns, and the ladder translates the schema once per try (a pattern's parse and emit ~2 ms; errors
-    are not memoised, so each names its own place)."""
-    body = emit(parse_pattern(pattern, where), None)
-    return None if body is None else re.compile(body.text)
+def _name_regexes(pattern: str, where: str) -> tuple[re.Pattern, re.Pattern]:
+    """`key_readings`' two compiled regexes over a decoded name, memoised: an object tests every declared name
+    against each of its patterns, and the ladder translates the schema once per try (a pattern's parse ~2 ms;
+    errors are not memoised, so each names its own place). ECMA: the pattern's `Node` with ECMA's classes, anchors
+    resolved (a whole-name match); Python: the pattern itself, after the one ECMA spelling `parse_pattern` rewrites
+    too (named groups `(?<n>`)."""
+    node = parse_pattern(pattern, where, ecma=True)
+    return re.compile(_decoded(node)), re.compile(re.sub(r"\(\?<(?![=!])", "(?P<", pattern))
+
+
+def _decoded(node: Node) -> str:
+    """A Python regex of the code point strings `node` matches (every code point as `\\U........`)."""
+    if node.kind == "set":
+        if not node.ranges:
+            return "(?!)"
+        return "[" + "".join(f"\\U{lo:08x}" + ("" if lo == hi else f"-\\U{hi:08x}") for lo, hi in node.ranges) + "]"
+    if node.kind == "seq":
+        return "(?:" + "".join(_decoded(kid) for kid in node.children) + ")"
+    if node.kind == "alt":
+        return "(?:" + "|".join(_decoded(kid) for kid in node.children) + ")"
+    return f"(?:{_decoded(node.children[0])}){{{node.lo},{'' if node.hi is None else node.hi}}}"
 
 
 def not_in(names: list[str]) -> Rx:

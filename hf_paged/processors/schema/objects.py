@@ -22,7 +22,7 @@ from typing import Any
 
 from hf_paged.processors.schema.context import Context, pointer_join
 from hf_paged.processors.schema.fragments import Rx, alt, json_string, lit, opt, raw, rep, seq
-from hf_paged.processors.schema.key_names import key_matches, not_in
+from hf_paged.processors.schema.key_names import key_matches, key_readings, not_in
 from hf_paged.processors.schema.name_rules import dependencies_of, forbidden_names, with_dependencies
 from hf_paged.processors.schema.pattern import emit, parse_pattern
 
@@ -176,11 +176,11 @@ def object_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
     for name in names:
         where = pointer_join(pointer, "properties", name)
         parts = [props[name]] if name in props else []
-        for pat, sub in patterns.items():
-            if key_matches(pat, name, pointer_join(pointer, "patternProperties", pat)):
-                parts.append(sub)
-        if name not in props and len(parts) == 0:
-            parts.append(extra_schema)
+        readings = {pat: key_readings(pat, name, pointer_join(pointer, "patternProperties", pat)) for pat in patterns}
+        parts += [patterns[pat] for pat, match in readings.items() if match.either]  # (JSON Schema: all of them)
+        ecma_hit, python_hit = (any(m.ecma for m in readings.values()), any(m.python for m in readings.values()))
+        if name not in props and not (ecma_hit and python_hit):
+            parts.append(extra_schema)  # (no pattern applies under one reading or both: `KeyMatch`)
         value = None if name in forbidden else _value(parts, ctx, where)
         if value is not None and "propertyNames" in schema and not _name_ok(name, schema["propertyNames"], ctx, pointer):
             value = None

@@ -54,9 +54,13 @@ ANY = Node("rep", children=(Node("set", ranges=((0, MAX_CODE_POINT),)),), lo=0, 
 
 
 @lru_cache(maxsize=1024)
-def parse_pattern(pattern: str, where: str) -> Node:
+def parse_pattern(pattern: str, where: str, *, ecma: bool = False) -> Node:
     """Parse an ECMA pattern into a `Node` matching whole strings (anchors resolved). Memoised (the ladder translates
-    a schema once per try; a `Node` is immutable); errors are not, so each names its own place."""
+    a schema once per try; a `Node` is immutable); errors are not, so each names its own place.
+
+    `\\d \\w \\s` and their negations take what both ECMA and Python's `re` accept (a text we write must pass
+    both); `ecma=True`: ECMA-262's own classes, to decide whether a pattern applies to a given name, where a
+    narrower reading would skip a `patternProperties` schema that an ECMA validator applies (`key_names.py`)."""
     source = re.sub(r"\(\?<(?![=!])", "(?P<", pattern)  # ECMA named groups
     if re.search(r"\\[pP]\{|\\c[A-Za-z]|\[\^?\]", source):
         raise UnsupportedSchemaError(
@@ -69,22 +73,22 @@ def parse_pattern(pattern: str, where: str) -> Node:
         raise InvalidRegexError(f"pattern {pattern!r} at {where!r} does not compile: {exc}; fix the regex") from exc
     if parsed.state.flags & ~(re.UNICODE | getattr(re, "U", 0)):
         raise _unsupported(pattern, where, "inline flags such as (?i)")
-    alternatives = _top_alternatives(list(parsed), pattern, where)
+    alternatives = _top_alternatives(list(parsed), pattern, where, ecma)
     return Node("alt", children=tuple(alternatives)) if len(alternatives) > 1 else alternatives[0]
 
 
-def _top_alternatives(items: list, pattern: str, where: str) -> list[Node]:
+def _top_alternatives(items: list, pattern: str, where: str, ecma: bool) -> list[Node]:
     """Split anchors off the top level: each alternative becomes [.*]body[.*] as its anchors say."""
     if len(items) == 1 and items[0][0] is C.BRANCH:
         out: list[Node] = []
         for branch in items[0][1][1]:
-            out.extend(_top_alternatives(list(branch), pattern, where))
+            out.extend(_top_alternatives(list(branch), pattern, where, ecma))
         return out
     if len(items) == 1 and items[0][0] is C.SUBPATTERN and _has_anchor(items):
         _, (_, add, dele, sub) = items[0]
         if add or dele:
             raise _unsupported(pattern, where, "inline flags")
-        return _top_alternatives(list(sub), pattern, where)
+        return _top_alternatives(list(sub), pattern, where, ecma)
     # An anchor inside a group or an alternation (Python's parser also factors a common `^` out of
     # `^a$|^b$`): distribute its branches over the rest, so every anchor ends up at an end of the text.
     for pos, (op, av) in enumerate(items):
@@ -98,14 +102,15 @@ def _top_alternatives(items: list, pattern: str, where: str) -> list[Node]:
                 branches = av[1]
             out = []
             for branch in branches:
-                out.extend(_top_alternatives(items[:pos] + list(branch) + items[pos + 1 :], pattern, where))
+                out.extend(_top_alternatives(items[:pos] + list(branch) + items[pos + 1 :], pattern, where, ecma))
             return out
     start = bool(items) and items[0] == (C.AT, C.AT_BEGINNING)
     end = bool(items) and items[-1] == (C.AT, C.AT_END) and len(items) > int(start)
     body = items[int(start) : len(items) - int(end)]
     if _has_anchor(body):
         raise _unsupported(pattern, where, "anchors (^ $) or word boundaries (\\b \\B) inside the pattern")
-    parts = ([] if start else [ANY]) + [_convert(op, av, pattern, where) for op, av in body] + ([] if end else [ANY])
+    parts = ([] if start else [ANY]) + [_convert(op, av, pattern, where, ecma) for op, av in body]
+    parts += [] if end else [ANY]
     return [Node("seq", children=tuple(parts))]
 
 
@@ -122,7 +127,7 @@ def _has_anchor(items: list) -> bool:
     return False
 
 
-def _convert(op, av, pattern: str, where: str) -> Node:
+def _convert(op, av, pattern: str, where: str, ecma: bool) -> Node:
     if op is C.LITERAL:
         return _set([(av, av)])
     if op is C.NOT_LITERAL:
@@ -130,24 +135,24 @@ def _convert(op, av, pattern: str, where: str) -> Node:
     if op is C.ANY:
         return _set(_complement(_LINE_TERMINATORS))
     if op is C.IN:
-        return _set(_class(av, pattern, where))
+        return _set(_class(av, pattern, where, ecma))
     if op is C.SUBPATTERN:
         if av[1] or av[2]:
             raise _unsupported(pattern, where, "inline flags")
-        return Node("seq", children=tuple(_convert(o, a, pattern, where) for o, a in av[3]))
+        return Node("seq", children=tuple(_convert(o, a, pattern, where, ecma) for o, a in av[3]))
     if op is C.BRANCH:
-        return Node("alt", children=tuple(Node("seq", children=tuple(_convert(o, a, pattern, where) for o, a in b))
-                                          for b in av[1]))
+        return Node("alt", children=tuple(
+            Node("seq", children=tuple(_convert(o, a, pattern, where, ecma) for o, a in b)) for b in av[1]))
     if op in (C.MAX_REPEAT, C.MIN_REPEAT):  # lazy and greedy repeats match the same language
         lo, hi, sub = av
-        body = Node("seq", children=tuple(_convert(o, a, pattern, where) for o, a in sub))
+        body = Node("seq", children=tuple(_convert(o, a, pattern, where, ecma) for o, a in sub))
         return Node("rep", children=(body,), lo=lo, hi=None if hi == C.MAXREPEAT else hi)
     names = {C.GROUPREF: "backreferences", C.ASSERT: "lookahead/lookbehind", C.ASSERT_NOT: "negative lookaround",
              C.AT: "anchors and word boundaries", C.CATEGORY: "character categories"}
     raise _unsupported(pattern, where, names.get(op, f"the regex construct {op}"))
 
 
-def _class(items: list, pattern: str, where: str) -> Ranges:
+def _class(items: list, pattern: str, where: str, ecma: bool) -> Ranges:
     negate = items[:1] == [(C.NEGATE, None)]
     ranges: Ranges = []
     for op, av in items[1:] if negate else items:
@@ -156,7 +161,7 @@ def _class(items: list, pattern: str, where: str) -> Ranges:
         elif op is C.RANGE:
             ranges.append(av)
         elif op is C.CATEGORY:  # a negated class complements its items: take their widest meaning there
-            ranges.extend(_category(av, widest=negate))
+            ranges.extend(_category(av, widest=negate, ecma=ecma))
         else:
             raise _unsupported(pattern, where, f"the class item {op}")
     return _complement(ranges) if negate else _normalize(ranges)
@@ -166,19 +171,21 @@ _POSITIVE = {C.CATEGORY_DIGIT: C.CATEGORY_NOT_DIGIT, C.CATEGORY_WORD: C.CATEGORY
              C.CATEGORY_SPACE: C.CATEGORY_NOT_SPACE}  # (-> the key of `_python_category`'s table)
 
 
-def _category(cat, widest: bool = False) -> Ranges:
+def _category(cat, widest: bool = False, ecma: bool = False) -> Ranges:
     r"""ECMA meaning, narrowed to what Python's `re` (used by jsonschema) also accepts: a text we write must
     pass both. \d \w stay ASCII; \s drops U+FEFF; \D \W \S exclude the Unicode digits / word / space
     characters Python counts too. `widest`: what either reading accepts, for an item of a negated class (whose
     complement must then pass both: `[^\d]` refuses the Arabic-Indic digits Python's `\d` takes)."""
     python_key = _POSITIVE.get(cat, cat)
-    ecma = {C.CATEGORY_NOT_DIGIT: _DIGIT, C.CATEGORY_NOT_WORD: _WORD, C.CATEGORY_NOT_SPACE: _SPACE}[python_key]
+    own = {C.CATEGORY_NOT_DIGIT: _DIGIT, C.CATEGORY_NOT_WORD: _WORD, C.CATEGORY_NOT_SPACE: _SPACE}[python_key]
+    if ecma:  # ECMA-262's own class (`parse_pattern(ecma=True)`)
+        return own if cat in _POSITIVE else _complement(own)
     if cat in _POSITIVE and not widest:  # (ECMA's few code points that Python's class takes too: the common case,
         # `\d` `\w` `\s`, without `_python_category`'s pass over every code point, ~80 ms on a process's first)
         matches = re.compile(_PYTHON_CLASS[python_key]).fullmatch
-        return _normalize([(cp, cp) for lo, hi in ecma for cp in range(lo, hi + 1) if matches(chr(cp))])
+        return _normalize([(cp, cp) for lo, hi in own for cp in range(lo, hi + 1) if matches(chr(cp))])
     python = _python_category(python_key)
-    both, either = _intersect(ecma, python), _normalize(ecma + python)
+    both, either = _intersect(own, python), _normalize(own + python)
     if cat in _POSITIVE:
         return either if widest else both
     return _complement(both) if widest else _complement(either)
