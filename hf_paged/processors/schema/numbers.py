@@ -5,10 +5,12 @@ digit. Python's `json` turns a text with a fraction or exponent into a float and
 float, so the decimal bound we compare against is chosen such that float rounding cannot push an accepted
 text over the schema's bound:
 
-    upper bound b (float) --exclusive?--> b' = nextafter(b, -inf) --> exact decimal of b', rounded down to
+    upper bound b --> b' = the largest double <= b (< b when exclusive) --> exact decimal of b', rounded down to
     17 significant digits (still rounds to b', and never above it)
 
-Texts without fraction parse to Python ints, compared exactly with the float bound, which is below it too.
+An integer bound that is a double (all up to 2**53) is kept exactly. Texts without fraction parse to Python ints,
+compared exactly with the bound: for an integer bound, the integers between the decimal bound and the schema's (a
+bound no double equals, such as 2**63 - 1; an exclusive one) are added as an exact range.
 """
 
 from __future__ import annotations
@@ -259,15 +261,22 @@ def _int_bounds(lo: Any, lo_x: bool, hi: Any, hi_x: bool) -> tuple[int | None, i
 
 
 def _safe_decimal(v: Any, exclusive: bool, upper: bool) -> Decimal | None:
-    """A decimal bound that keeps both ints (exact) and floats (rounded) inside the float bound `v`; None when no
-    finite double lies past it (exclusive of the largest double)."""
-    if isinstance(v, int) and not exclusive:
-        return Decimal(v)
-    f = float(v)
-    if exclusive:
+    """The bound of the texts with a fraction, which parse to floats (rounded to the nearest double): the double
+    nearest `v` on its inner side (never `v` itself when exclusive), as a decimal rounded inward to 17 significant
+    digits, so that every text within it rounds to a double within `v`; None when no finite double lies inside.
+
+    An integer bound that no double equals (past 2**53: 2**63 - 1) is not kept exactly: `9223372036854775806.5`
+    parses to 2**63, over it. Integer texts parse to exact Python ints, bounded apart (`number_regex`)."""
+    try:
+        f = float(v)
+    except OverflowError:  # an int beyond the doubles
+        f = math.inf if v > 0 else -math.inf
+    if f == v and isinstance(v, int) and not exclusive:
+        return Decimal(v)  # (a double: every text within it rounds within it; exact, as the integer texts)
+    if (f > v if upper else f < v) or (exclusive and f == v):
         f = math.nextafter(f, -math.inf if upper else math.inf)
-        if not math.isfinite(f):  # beyond the largest double: no float there (an int could be; leave it out)
-            return None
+    if not math.isfinite(f):  # beyond the largest double: no float there
+        return None
     ctx = DecimalContext(prec=17, rounding=ROUND_FLOOR if upper else ROUND_CEILING)
     d = ctx.plus(Decimal(f))
     if d.as_tuple().exponent < -_MAX_FRACTION_DIGITS:  # e.g. nextafter(0) = 5e-324: round inward, shorter regex
@@ -362,11 +371,23 @@ def number_regex(schema: dict, ctx: Context, pointer: str) -> Rx | None:
         return integer_regex(schema, ctx, pointer)
     if lo is None and hi is None:
         return number_text(ctx.number_digits)
-    dlo = _safe_decimal(lo, lo_x, upper=False) if lo is not None else None
+    ilo, ihi = _int_bounds(lo, lo_x, hi, hi_x)  # integer texts: exact Python ints, compared exactly
+    dlo = _safe_decimal(lo, lo_x, upper=False) if lo is not None else None  # texts with a fraction: rounded floats
     dhi = _safe_decimal(hi, hi_x, upper=True) if hi is not None else None
-    if lo is not None and dlo is None or hi is not None and dhi is None:
+    if lo is not None and dlo is None or hi is not None and dhi is None:  # (integers past it: ~309 digits, left out)
         bound = hi if hi is not None and dhi is None else lo
         return ctx.nothing(pointer, f"no double lies beyond the largest one ({bound}, exclusive)")
-    if dlo is not None and dhi is not None and dlo > dhi:
-        return ctx.nothing(pointer, f"no number lies within the minimum / maximum bounds ({lo} > {hi})")
-    return decimal_range(dlo, dhi, ctx.number_digits)
+    if dlo is not None and dhi is not None and dlo > dhi:  # no double within the bounds: integers alone
+        if ilo > ihi:  # type: ignore[operator]
+            return ctx.nothing(pointer, f"no number lies within the minimum / maximum bounds ({lo} > {hi})")
+        return int_range(ilo, ihi)
+    parts = [decimal_range(dlo, dhi, ctx.number_digits)]
+    # The integers an integer bound allows and the decimal bound leaves out (a bound no double equals, an exclusive
+    # one, one past 17 digits): [ilo, ceil(dlo)) and (floor(dhi), ihi]. (Not for a float bound, whose integers were
+    # never kept exactly: its 17 digits of a double such as 1.7976931348623157e308 leave out ~300-digit integers,
+    # whose range would quadruple the regex.)
+    if isinstance(lo, int) and dlo is not None and ilo < (first := int(dlo.to_integral_value(ROUND_CEILING))):
+        parts.append(int_range(ilo, first - 1 if ihi is None else min(first - 1, ihi)))
+    if isinstance(hi, int) and dhi is not None and ihi > (last := int(dhi.to_integral_value(ROUND_FLOOR))):
+        parts.append(int_range(last + 1 if ilo is None else max(last + 1, ilo), ihi))
+    return alt(parts)
