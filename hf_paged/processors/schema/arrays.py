@@ -4,7 +4,10 @@
     \\[ ws  P0 ( ws,ws P1 ( ws,ws R (ws,ws R){lo-1,hi-1} )? )?  ws \\]
           prefix items nest, so item i+1 only after item i      the rest repeat, counted
 
-`contains` is enforced on the first items (a sound subset: an array whose match sits later is not produced).
+`contains` is placed on items that can hold it: one match at any of the first few positions that can (the
+`prefixItems` ones and the first after them), or `minContains` matches on the earliest positions that can (a sound
+subset: an array whose matches sit elsewhere is not produced; a schema is refused as unsatisfiable only when no
+position can hold a match, where no array can).
 `uniqueItems` cannot be checked by a regex in general; when every item comes from a finite set of at most
 a few dozen values, we write each value at most once, in the set's order, which is unique by construction;
 otherwise (and when at most one item is required) arrays hold at most one item, with the pruning warning.
@@ -13,10 +16,12 @@ otherwise (and when at most one item is required) arrays hold at most one item, 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from hf_paged.processors.schema.context import Context, pointer_join
-from hf_paged.processors.schema.fragments import Rx, lit, opt, raw, rep, seq
+from hf_paged.processors.schema.fragments import Rx, alt, lit, opt, raw, rep, seq
 from hf_paged.processors.schema.objects import ordered_members
 
 __all__ = ["array_regex"]
@@ -48,18 +53,33 @@ def array_regex(schema: dict, ctx: Context, pointer: str, canonical: Any) -> Rx 
     min_items = int(schema.get("minItems", 0))
     max_items = schema.get("maxItems")
     max_items = None if max_items is None else int(max_items)
-    prefix_schemas, rest, min_items = _contains(schema, prefix_schemas, rest, min_items, ctx, pointer)
     if max_items is not None and min_items > max_items:
         return ctx.nothing(pointer, f"minItems {min_items} > maxItems {max_items}")
+    memo: dict[tuple[int, int], tuple[Any, Rx | None]] = {}  # (the item kept: its id stays its own)
+
+    def value(i: int, item: Any) -> Rx | None:  # (placements share most items, and `_contains` probes some first)
+        if (i, id(item)) not in memo:
+            memo[i, id(item)] = item, ctx.value(item, pointer_join(pointer, "prefixItems", i))
+        return memo[i, id(item)][1]
+
+    placements = _contains(schema, prefix_schemas, rest, min_items, max_items, value, ctx, pointer)
+    if not placements:
+        return ctx.nothing(pointer, "no item the array may hold can match `contains`")
     ws = raw(ctx.whitespace) if ctx.whitespace else Rx("", 0)
     sep = seq(ws, raw("\\,", atomic=True), ws)
     assert sep is not None
     if schema.get("uniqueItems") is True and (max_items is None or max_items > 1):
-        body = _unique(prefix_schemas, rest, min_items, max_items, sep, ctx, pointer, canonical)
+        first = placements[0]
+        body = _unique(first.items, rest, first.min_items, max_items, sep, ctx, pointer, canonical)
     else:
-        prefix = [ctx.value(s, pointer_join(pointer, "prefixItems", i)) for i, s in enumerate(prefix_schemas)]
+        values = [[value(i, item) for i, item in enumerate(p.items)] for p in placements]
         rest_rx = None if rest is False else ctx.value(rest, pointer_join(pointer, "items"))
-        body = _sequence(prefix, rest_rx, min_items, ctx.cap(max_items, min_items), sep)
+        bodies = [_sequence(v, rest_rx, p.min_items, ctx.cap(max_items, p.min_items), sep)
+                  for v, p in zip(values, placements)]
+        body = alt(bodies)
+        if ctx.prune_cost is not None and body is not None and body.cost > ctx.prune_cost and len(placements) > 1:
+            body = bodies[0]  # the earliest placement alone (a subset, as a pruned anyOf branch)
+            ctx.num_pruned += 1
     return ctx.check_cost(seq(raw("\\[", atomic=True), ws, body, ws, raw("\\]", atomic=True)), pointer)
 
 
@@ -97,22 +117,51 @@ def _sequence(prefix: list[Rx | None], rest: Rx | None, lo: int, hi: int | None,
     return first if lo > 0 else opt(first) if first is not None else Rx("", 0)
 
 
-def _contains(schema: dict, prefix: list[Any], rest: Any, min_items: int, ctx: Context, pointer: str):
-    """Put `contains` on the first `minContains` items (default 1)."""
-    if "contains" not in schema:
-        return prefix, rest, min_items
-    if "maxContains" in schema:
+@dataclass(slots=True)
+class _Placement:
+    """Where `contains` matches sit in one alternative: the item schemas at positions 0.. (`prefixItems`, the matches
+    folded into their positions' schemas; past the prefix, `items` and the match), and the least item count."""
+
+    items: list[Any]
+    min_items: int
+
+
+_MAX_PLACEMENTS = 4  # positions one `contains` match may take in one regex (each a copy of the array's text)
+
+
+def _contains(schema: dict, prefix: list[Any], rest: Any, min_items: int, max_items: int | None,
+              value: Callable[[int, Any], Rx | None], ctx: Context, pointer: str) -> list[_Placement]:
+    """Where `contains` matches go: with one match (`minContains` 1, the default), each of the earliest
+    `_MAX_PLACEMENTS` positions whose item can match (the `prefixItems` ones, then the first after them), one
+    alternative each; with more, the earliest `minContains` positions that can. `[]` when none can (then no array
+    satisfies the schema, or none within `maxItems`). `value(i, item)`: an item's translation at position i."""
+    need = int(schema.get("minContains", 1)) if "contains" in schema else 0
+    if "maxContains" in schema and "contains" in schema:
         ctx.unsupported("maxContains", pointer, "an upper bound on matching items needs negation; remove it")
-    need = int(schema.get("minContains", 1))
-    contains = schema["contains"]
-    prefix = list(prefix)
-    for i in range(need):
-        base = prefix[i] if i < len(prefix) else rest
-        if i < len(prefix):
-            prefix[i] = {"allOf": [base, contains]}
-        else:
-            prefix.append({"allOf": [base, contains]})
-    return prefix, rest, max(min_items, need)
+    if need <= 0:
+        return [_Placement(list(prefix), min_items)]
+    n = len(prefix)
+    placed = [{"allOf": [base, schema["contains"]]} for base in [*prefix, rest]]  # (the last: any item past them)
+    can: list[int] = []  # positions that can hold a match, probed in order until enough are found
+    for i, item in enumerate(placed):
+        if len(can) >= (_MAX_PLACEMENTS if need == 1 else need):
+            break
+        if value(i, item) is not None:
+            can.append(i)
+    if need == 1:
+        choices = [[i] for i in can[:_MAX_PLACEMENTS]]
+    else:  # every position past the prefix can hold a match, or none can
+        positions = [i for i in can if i < n] + (list(range(n, n + need)) if n in can else [])
+        choices = [positions[:need]] if len(positions) >= need else []
+    out = []
+    for chosen in choices:
+        count = max(min_items, chosen[-1] + 1)
+        if max_items is None or count <= max_items:
+            items = list(prefix) + [placed[n]] * (chosen[-1] + 1 - n)  # (past the prefix, every position chosen)
+            for i in chosen:
+                items[i] = placed[min(i, n)]
+            out.append(_Placement(items, count))
+    return out
 
 
 def _unique(prefix: list[Any], rest: Any, lo: int, hi: int | None, sep: Rx, ctx: Context, pointer: str,
