@@ -14,7 +14,7 @@ import pytest
 from hf_paged.processors import JSONSchemaLogitsProcessor
 from hf_paged.processors.index import IndexCache
 from hf_paged.processors.schema.key_names import key_matches, key_readings
-from tests.processors.toy_tokenizers import byte_level_tokenizer, ids_of
+from tests.processors.toy_tokenizers import accepts, byte_level_tokenizer
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -55,15 +55,6 @@ def test_each_reading_agrees_with_its_regex_engine_on_every_decoded_name():
     assert {(p, n) for p in PATTERNS for n in NAMES} >= set(ECMA_DIFFERS)  # (every listed difference was checked)
 
 
-def _ends(proc: JSONSchemaLogitsProcessor, text: str) -> bool:
-    index = proc.compiled.index
-    state = index.get_initial_state()
-    for token_id in ids_of(byte_level_tokenizer(), text):
-        state = index.get_next_state(state, token_id)
-        if state is None:
-            return False
-    return index.is_final_state(state)
-
 
 ONE_CHAR_INTEGER = {"^.$": {"type": "integer"}}
 CASES = [  # (schema, texts that jsonschema refuses, texts it accepts)
@@ -85,9 +76,9 @@ def test_an_escaped_name_gets_every_matching_pattern_schema(schema, invalid, val
     validator = jsonschema.Draft202012Validator(schema)
     proc = JSONSchemaLogitsProcessor(schema, byte_level_tokenizer(), index_cache=IndexCache())
     for text in invalid:
-        assert not validator.is_valid(json.loads(text)) and not _ends(proc, text), text
+        assert not validator.is_valid(json.loads(text)) and not accepts(proc, text), text
     for text in valid:
-        assert validator.is_valid(json.loads(text)) and _ends(proc, text), text
+        assert validator.is_valid(json.loads(text)) and accepts(proc, text), text
 
 
 def test_where_the_readings_differ_both_sides_bind():
@@ -96,6 +87,6 @@ def test_where_the_readings_differ_both_sides_bind():
     schema = {"type": "object", "required": ["é"], "patternProperties": {"^\\W": {"minimum": 0}},
               "additionalProperties": {"type": "integer", "maximum": 10}}
     proc = JSONSchemaLogitsProcessor(schema, byte_level_tokenizer(), index_cache=IndexCache())
-    assert _ends(proc, '{"é":5}')
-    assert not _ends(proc, '{"é":11}')  # additionalProperties (the Python reading)
-    assert not _ends(proc, '{"é":-1}')  # the pattern's minimum (the ECMA reading)
+    assert accepts(proc, '{"é":5}')
+    assert not accepts(proc, '{"é":11}')  # additionalProperties (the Python reading)
+    assert not accepts(proc, '{"é":-1}')  # the pattern's minimum (the ECMA reading)

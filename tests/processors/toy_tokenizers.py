@@ -102,3 +102,15 @@ def sentencepiece_tokenizer() -> PreTrainedTokenizerFast:
 def ids_of(tokenizer: PreTrainedTokenizerFast, text: str) -> list[int]:
     """Token ids of `text` without special tokens."""
     return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def accepts(proc, text: str, tokenizer: PreTrainedTokenizerFast | None = None) -> bool:
+    """Whether `text`, in `tokenizer`'s tokens (the byte-level toy's by default), walks a processor's index (or the
+    index itself) from its initial state to a final one."""
+    index = getattr(getattr(proc, "compiled", None), "index", proc)
+    state = index.get_initial_state()
+    for token_id in ids_of(tokenizer or byte_level_tokenizer(), text):
+        state = index.get_next_state(state, token_id)
+        if state is None:
+            return False
+    return bool(index.is_final_state(state))
