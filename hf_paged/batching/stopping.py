@@ -101,7 +101,6 @@ def settled(text: str) -> str:
     return text[: len(text) - held]
 
 
-
 def special_ids(tokenizer: Any) -> frozenset[int]:
     """The ids `decode(skip_special_tokens=True)` drops, once per tokenizer: `all_special_ids` and every added token
     marked special (a chat model's `<|im_start|>`: the backend skips it, `all_special_ids` may not list it)."""
