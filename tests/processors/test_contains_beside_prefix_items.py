@@ -19,7 +19,6 @@ from tests.processors.toy_tokenizers import accepts, byte_level_tokenizer
 jsonschema = pytest.importorskip("jsonschema")
 
 
-
 BOOLEAN, STRING, INTEGER = {"type": "boolean"}, {"type": "string"}, {"type": "integer"}
 
 

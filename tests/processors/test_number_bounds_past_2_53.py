@@ -20,7 +20,6 @@ from tests.processors.toy_tokenizers import accepts, byte_level_tokenizer
 jsonschema = pytest.importorskip("jsonschema")
 
 
-
 @pytest.mark.parametrize("schema, refused, accepted", [
     ({"type": "number", "maximum": 2**63 - 1}, ["9223372036854775807.0", "9223372036854775806.5", "9223372036854775808"],
      ["9223372036854775807", "9223372036854775806", "9223372036854774699.5", "-3.25"]),

@@ -77,7 +77,6 @@ def test_deep_merges_count_against_the_work_budget():
         schema_to_regex(deep, budget=CompileBudget(max_visits=100))
 
 
-
 def test_an_option_cut_off_by_the_recursion_limit_still_excludes_its_sibling():
     """Past `max_ref_depth` the recursive option is left out; its sibling must still not spell what it matches: at
     depth 2 `{"m":1,"n":1}` satisfies both `node` and `{required: [m]}` (it was accepted)."""

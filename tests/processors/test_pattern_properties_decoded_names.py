@@ -55,7 +55,6 @@ def test_each_reading_agrees_with_its_regex_engine_on_every_decoded_name():
     assert {(p, n) for p in PATTERNS for n in NAMES} >= set(ECMA_DIFFERS)  # (every listed difference was checked)
 
 
-
 ONE_CHAR_INTEGER = {"^.$": {"type": "integer"}}
 CASES = [  # (schema, texts that jsonschema refuses, texts it accepts)
     ({"type": "object", "properties": {"\\": {"type": "string"}}, "patternProperties": ONE_CHAR_INTEGER},

@@ -8,13 +8,13 @@ import re
 
 import pytest
 
+from hf_paged.errors import UnsatisfiableSchemaError
 from hf_paged.processors import JSONSchemaLogitsProcessor
 from hf_paged.processors.index import IndexCache
 from hf_paged.processors.schema import schema_to_regex
 from tests.processors.toy_tokenizers import accepts, byte_level_tokenizer
 
 jsonschema = pytest.importorskip("jsonschema")
-
 
 
 def proc_tokenizer():
@@ -240,3 +240,14 @@ def test_const_true_and_const_one_are_different_values_under_all_of():
     assert rx.fullmatch("{}") and not rx.fullmatch('{"k":true}') and not rx.fullmatch('{"k":1}')
     rx = re.compile(schema_to_regex({"properties": {"k": {"allOf": [{"const": [True]}, {"enum": [[1], [True]]}]}}}))
     assert rx.fullmatch('{"k":[true]}') and not rx.fullmatch('{"k":[1]}')
+
+
+def test_an_enum_beside_a_format_keeps_the_strings_the_format_spells():
+    """`format` is enforced on every string, but an enum's values were checked by jsonschema, which asserts no
+    format: `"nope"` came out of `{"format": "date", "enum": [...]}` (found by the session-30 fuzz)."""
+    rx = re.compile(schema_to_regex({"type": "string", "format": "date", "enum": ["2020-01-01", "nope"]}))
+    assert rx.fullmatch('"2020-01-01"') and not rx.fullmatch('"nope"')
+    mixed = re.compile(schema_to_regex({"format": "date", "enum": ["nope", 3]}))  # (a format binds strings only)
+    assert mixed.fullmatch("3") and not mixed.fullmatch('"nope"')
+    with pytest.raises(UnsatisfiableSchemaError):
+        schema_to_regex({"format": "date", "const": "nope"})

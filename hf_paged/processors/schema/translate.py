@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,7 +38,7 @@ from hf_paged.processors.schema.objects import object_regex
 from hf_paged.processors.schema.oneof import TYPES, inferred_types, narrow_exclusive, types_of
 from hf_paged.processors.schema.refs import merge_all, resolve_ref
 from hf_paged.processors.schema.reuse import mark, remember, reuse_key, reused
-from hf_paged.processors.schema.strings import string_regex
+from hf_paged.processors.schema.strings import FORMATS, string_regex
 from hf_paged.processors.schema.values import dump_value, finite_domain, finite_regex, valid_values
 
 __all__ = ["Branch", "branches", "dump_value", "translate"]
@@ -215,6 +216,15 @@ def _double_negation(schema: Any) -> Any:
     return schema
 
 
+def _formatted(values: list[Any], fmt: str, ctx: Context, pointer: str) -> list[Any]:
+    """The `values` a `format` we enforce allows: its strings that the format's regex spells (jsonschema checks an
+    enum's values without a format checker, so `{"format": "date", "enum": ["nope"]}` let "nope" through, where every
+    other string beside that format is held to it); other types as they are."""
+    body = string_regex({"type": "string", "format": fmt}, ctx, pointer)
+    spelled = re.compile(body.text) if body is not None else None
+    return [v for v in values if not isinstance(v, str) or (spelled is not None and spelled.fullmatch(dump_value(v)))]
+
+
 def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
     """Regex of a schema without $ref/allOf/anyOf/oneOf at its top."""
     if schema is True or schema == {}:
@@ -230,6 +240,8 @@ def _plain(schema: Any, ctx: Context, pointer: str) -> Rx | None:
         # comparisons (and, for a const, jsonschema's import: `values._type_check` takes a plain `type` only)
         drop = "enum" if "enum" in schema else "const" if "const" in schema else None
         rest = {k: v for k, v in schema.items() if k != drop} if drop else schema
+        if isinstance(rest.get("format"), str) and rest["format"] in FORMATS:
+            finite = _formatted(finite, rest["format"], ctx, pointer)
         return finite_regex(finite, rest, ctx)
     types = _allowed_types(schema, ctx, pointer)
     if "if" in schema and ("then" in schema or "else" in schema):
