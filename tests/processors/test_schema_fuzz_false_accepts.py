@@ -251,3 +251,13 @@ def test_an_enum_beside_a_format_keeps_the_strings_the_format_spells():
     assert mixed.fullmatch("3") and not mixed.fullmatch('"nope"')
     with pytest.raises(UnsatisfiableSchemaError):
         schema_to_regex({"format": "date", "const": "nope"})
+
+
+def test_not_false_holds_for_every_value_and_not_true_for_none():
+    """`{"type": "object", "not": false}` was refused with a message about `not: {required: [...]}` (found by the
+    session-30 fuzz; the suite's `not#6`)."""
+    rx = re.compile(schema_to_regex({"type": "object", "not": False}))
+    assert rx.fullmatch("{}") and rx.fullmatch('{"a":1}') and not rx.fullmatch("1")
+    for never in ({"type": "object", "not": True}, {"not": {}}):
+        with pytest.raises(UnsatisfiableSchemaError):
+            schema_to_regex(never)

@@ -206,10 +206,17 @@ def _resolved(option: Any, ctx: Context, pointer: str) -> Any:
 
 
 def _double_negation(schema: Any) -> Any:
-    """`not: {not: X}` is X: fold it into an `allOf` part so the usual merging applies."""
-    if not isinstance(schema, dict) or "unevaluatedProperties" in schema or "unevaluatedItems" in schema:
-        return schema  # `not` drops annotations: folding it would let unevaluated* see its properties
+    """`not: {not: X}` is X: fold it into an `allOf` part so the usual merging applies. `not: false` holds for
+    every value and is dropped; `not: true` (or `{}`) for none."""
+    if not isinstance(schema, dict):
+        return schema
     neg = schema.get("not")
+    if neg is False:
+        return {k: v for k, v in schema.items() if k != "not"}
+    if neg is True or neg == {}:
+        return False
+    if "unevaluatedProperties" in schema or "unevaluatedItems" in schema:
+        return schema  # `not` drops annotations: folding it would let unevaluated* see its properties
     if isinstance(neg, dict) and set(neg) - ANNOTATION_KEYWORDS == {"not"}:
         rest = {k: v for k, v in schema.items() if k != "not"}
         return {**rest, "allOf": list(rest.get("allOf", [])) + [neg["not"]]}
