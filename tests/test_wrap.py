@@ -129,6 +129,34 @@ def test_streamer_receives_tokens(model):
     assert [c[0] for c in streamer.chunks[1:]] == out[0, 3:].tolist()
 
 
+def test_an_assisted_streamer_gets_stock_shaped_chunks(model):
+    """Stock's assisted decoding puts each accepted draft as one `[1, k]` tensor; the engine put one 1-D tensor per
+    token (a streamer written for stock's shapes broke; found by a hostile pass, session 30)."""
+
+    class Collect:
+        def __init__(self):
+            self.chunks = []
+
+        def put(self, value):
+            self.chunks.append(value)
+
+        def end(self):
+            pass
+
+    prompt = torch.tensor([[3, 4, 5, 6, 3, 4, 5, 6, 3, 4]])
+    kwargs = dict(max_new_tokens=12, prompt_lookup_num_tokens=3)
+    stock_streamer = Collect()
+    stock = model.generate(prompt, streamer=stock_streamer, **kwargs)
+    hf_paged.wrap(model)
+    streamer = Collect()
+    out = model.generate(prompt, streamer=streamer, **kwargs)
+    assert torch.equal(out, stock)
+    for collected in (stock_streamer, streamer):
+        assert all(c.dim() == 2 and c.shape[0] == 1 for c in collected.chunks[1:])
+        assert torch.cat(collected.chunks[1:], dim=1).tolist() == [out[0, prompt.shape[1]:].tolist()]
+    hf_paged.unwrap(model)
+
+
 def test_unsupported_modes_fall_back_with_one_warning(model, batch):
     ids, mask = batch
     stock = model.generate(ids, attention_mask=mask, max_new_tokens=5, num_beams=2)

@@ -135,7 +135,9 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     criteria = _stock_criteria(model, gen_config, stopping_criteria, model_kwargs.get("tokenizer"), padded_len,
                                max_new_tokens, input_ids.device) if lockstep else None
     submission = engine.loop.submit(prompts, params, stream=streamer is not None or lockstep)
-    on_step = make_streamer_hook(streamer, rows, submission.all_ids, pad_token_id)  # (stock puts the expanded rows)
+    assisted = len(rows) == 1 and (assistant_model is not None or bool(gen_config.prompt_lookup_num_tokens))
+    on_step = make_streamer_hook(streamer, rows, submission.all_ids, pad_token_id,  # (stock puts the expanded rows)
+                                 assisted=assisted)
     replay = None
     if criteria is not None:
         replay = LockstepCriteria(criteria, rows, submission.all_ids, pad_token_id, max_new_tokens,

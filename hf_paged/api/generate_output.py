@@ -50,14 +50,20 @@ def _per_step(per_row: list[list[torch.Tensor]] | None, steps: int, pad: int, vo
     return tuple(out)
 
 
-def make_streamer_hook(streamer, input_ids: torch.Tensor, order: list[str], pad_token_id: int) -> Callable | None:
-    """Feed `streamer` like stock generate: the prompt first, then one `[rows]` tensor of new tokens per step."""
+def make_streamer_hook(streamer, input_ids: torch.Tensor, order: list[str], pad_token_id: int,
+                       assisted: bool = False) -> Callable | None:
+    """Feed `streamer` like stock generate: the prompt first, then one `[rows]` tensor of new tokens per step;
+    `assisted` (one row, as stock's assisted decoding takes): one `[1, k]` tensor of the tokens a step accepted."""
     if streamer is None:
         return None
     streamer.put(input_ids.cpu())
 
     def on_step(step) -> None:
         new = [step.new_tokens.get(rid, []) for rid in order]
+        if assisted:
+            if new[0]:
+                streamer.put(torch.tensor([new[0]]))
+            return
         for j in range(max((len(n) for n in new), default=0)):
             streamer.put(torch.tensor([n[j] if j < len(n) else pad_token_id for n in new]))
 
