@@ -323,7 +323,7 @@ class Preparer:
         return SamplingParams(
             max_new_tokens=max_tokens,
             do_sample=not greedy,
-            temperature=1.0 if greedy else float(temperature),  # (greedy reads none: 1e-300 never reaches it)
+            temperature=1.0 if greedy or temperature is None else float(temperature),  # (greedy reads none)
             top_p=float(top_p) if top_p is not None else 1.0,
             top_k=top_k if top_k and top_k > 0 else None,
             min_p=float(min_p or 0),
