@@ -244,6 +244,47 @@ def test_a_row_stopped_early_is_padded_in_the_input_ids_the_criteria_see():
     assert torch.equal(paged, stock)
 
 
+class RepeatsInScores(StoppingCriteria):
+    """Reads the `scores` stock's loop passes: a row is done once its last two steps' argmax agree (raises when they
+    are missing); records what it saw."""
+
+    def __init__(self) -> None:
+        self.seen: list[torch.Tensor | None] = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.seen.append(None if scores is None else torch.stack(scores).clone())
+        if scores is None or len(scores) < 2:
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+        return scores[-1].argmax(-1) == scores[-2].argmax(-1)
+
+
+@pytest.mark.parametrize("output_scores", [True, False])
+def test_criteria_get_the_scores_stock_passes(output_scores):
+    """Stock passes its `scores` tuple (one processed `[rows, vocab]` row per step so far) to the criteria when the
+    call returns scores, else None; the replay passed None always (found by a hostile pass, session 30). The rows
+    run out of step (chunked prefill); no EOS, so no row is padded and every score is a real one."""
+    model = tiny_model("llama")
+    ids, mask = left_pad(ragged_prompts([3, 60, 17]))
+    recorders: list[RepeatsInScores] = []
+
+    def kwargs():
+        recorders.append(RepeatsInScores())
+        return {"max_new_tokens": 10, "eos_token_id": None, "pad_token_id": 0, "output_scores": output_scores,
+                "return_dict_in_generate": True, "stopping_criteria": StoppingCriteriaList([recorders[-1]])}
+
+    stock, paged = _both(model, ids, mask, kwargs)
+    assert torch.equal(paged.sequences, stock.sequences)
+    stock_seen, paged_seen = (r.seen for r in recorders)
+    assert len(paged_seen) == len(stock_seen) > 1
+    if not output_scores:
+        assert stock_seen == paged_seen == [None] * len(stock_seen)
+        return
+    for at, (mine, theirs) in enumerate(zip(paged_seen, stock_seen)):
+        assert mine.shape == theirs.shape == (at + 1, 3, model.config.vocab_size)
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.stack(paged.scores), torch.stack(stock.scores), rtol=1e-4, atol=1e-4)
+
+
 class LastTokenIs(StoppingCriteria):
     def __init__(self, token: int) -> None:
         self.token = token

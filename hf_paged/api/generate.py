@@ -141,7 +141,9 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     replay = None
     if criteria is not None:
         replay = LockstepCriteria(criteria, rows, submission.all_ids, pad_token_id, max_new_tokens,
-                                  lambda ids: engine.loop.abort(*ids, forks=False), sync=engine.sampler.sync)
+                                  lambda ids: engine.loop.abort(*ids, forks=False), sync=engine.sampler.sync,
+                                  scores_vocab=factory.vocab_size if gen_config.return_dict_in_generate
+                                  and gen_config.output_scores else None)
         on_step = replay.on_step
     # sampled: rows that ended still take their draws, as in stock's batch (stock_batch.py)
     stock = StockBatch.register(engine.sampler.stock_batches, submission.all_ids if gen_config.do_sample else ())
@@ -157,7 +159,8 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
         raise failure_error(failed[0])
     ordered = list(outputs.values())
     if replay is not None:
-        ordered = [replace(o, generated_tokens=replay.cut(i, list(o.generated_tokens)))
+        ordered = [replace(o, generated_tokens=replay.cut(i, list(o.generated_tokens)),
+                           scores=o.scores and replay.cut(i, o.scores), logits=o.logits and replay.cut(i, o.logits))
                    for i, o in enumerate(ordered)]
     for message in incomplete_rows(ordered, gen_config.max_new_tokens):
         warnings.warn(message, IncompleteDocumentWarning, stacklevel=2)

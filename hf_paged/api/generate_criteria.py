@@ -10,7 +10,9 @@ the engine's steps: step k is evaluated once every row still running has its k-t
 would build (`MaxLengthCriteria`, `MaxTimeCriteria`, `StopStringCriteria`, `EosTokenCriteria` and the caller's,
 merged as stock merges them). A row marked done is aborted in the engine; one that had run ahead is cut back to
 its k tokens (greedy rows do not depend on each other, so the result is stock's, token for token). The list is
-called once per stock step, as stock calls it: its cost is the caller's criteria's.
+called once per stock step, as stock calls it: its cost is the caller's criteria's. With `output_scores` and
+`return_dict_in_generate` it gets stock's `scores` tuple too (one `[rows, vocab]` tensor per step, grown a step at a
+time: what the call returns as `scores`, a finished row's entries -inf but at its pad); else `None`, as stock.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ class LockstepCriteria:
 
     def __init__(self, criteria, input_ids: torch.Tensor, order: Sequence[str], pad_token_id: int,
                  max_new_tokens: int, abort: Callable[[list[str]], None],
-                 sync: Callable[[list[int | None]], list[int | None]] | None = None) -> None:
+                 sync: Callable[[list[int | None]], list[int | None]] | None = None,
+                 scores_vocab: int | None = None) -> None:
         self.criteria = criteria
         # tensor parallel: every rank takes the first rank's verdicts (`Sampler.sync`); a verdict that differs by rank
         # (`max_time` on each rank's clock, a criterion that raised on one rank) would stop one rank's engine a step
@@ -48,6 +51,12 @@ class LockstepCriteria:
         self.done_at: list[int | None] = [None] * len(order)  # the stock step after which the row is finished
         self.num_steps = 0  # stock steps replayed so far
         self.aborted: set[str] = set()
+        # stock's `scores` argument: None, or (with `scores_vocab`, the width of a row) one [rows, vocab] per step
+        self.scores: tuple[torch.Tensor, ...] | None = None if scores_vocab is None else ()
+        self.row_scores: list[list[torch.Tensor]] = [[] for _ in order]
+        if scores_vocab is not None:
+            self.filler = torch.full((scores_vocab,), float("-inf"), device=input_ids.device)
+            self.filler[pad_token_id] = 0.0
 
     @property
     def finished(self) -> bool:
@@ -56,6 +65,8 @@ class LockstepCriteria:
     def on_step(self, step: StepOutput) -> None:
         for rid, new in step.new_tokens.items():
             self.tokens[self.row_of[rid]].extend(new)
+        for rid, new in step.new_scores.items():
+            self.row_scores[self.row_of[rid]].extend(new)
         for out in step.finished:
             self.ended[self.row_of[out.request_id]] = True
         while not self.finished and self._step_ready():
@@ -69,11 +80,16 @@ class LockstepCriteria:
 
     def _run_step(self) -> None:
         k = self.num_steps
-        column = []
+        column, rows = [], []
         for i, toks in enumerate(self.tokens):
             stopped = self.done_at[i] is not None and self.pads_finished
             column.append(self.pad if stopped or k >= len(toks) else toks[k])
+            if self.scores is not None:
+                mine = self.row_scores[i]
+                rows.append(self.filler if stopped or k >= len(mine) else mine[k].to(self.filler.device))
         self.ids[:, self.prompt_len + k] = torch.tensor(column, dtype=self.ids.dtype)
+        if self.scores is not None:
+            self.scores += (torch.stack(rows),)
         self.num_steps = k + 1
         done, error = self._verdicts(k)
         if self.sync is not None:
@@ -99,7 +115,7 @@ class LockstepCriteria:
     def _verdicts(self, k: int) -> tuple[list[bool], StoppingCriterionError | None]:
         """Each row's verdict after stock step k, or the error that stops the call (raised by the caller)."""
         try:
-            done = self.criteria(self.ids[:, : self.prompt_len + k + 1], None)
+            done = self.criteria(self.ids[:, : self.prompt_len + k + 1], self.scores)
         except Exception as exc:  # noqa: BLE001 -- the caller's code: name it, end only this call's requests
             names = ", ".join(type(c).__name__ for c in self.criteria)
             error = StoppingCriterionError(

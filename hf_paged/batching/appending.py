@@ -55,6 +55,8 @@ class TokenAppender:
                 result.new_tokens.setdefault(rid, []).append(token)
                 if entry is not None:
                     result.new_logprobs.setdefault(rid, []).append(entry)
+                if request.params.output_scores and len(request.scores) >= len(request.output_ids):
+                    result.new_scores.setdefault(rid, []).append(request.scores[len(request.output_ids) - 1])
             self.metrics.num_generated_tokens += 1
             if request.first_token_time is None:
                 request.first_token_time = now

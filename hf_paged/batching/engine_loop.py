@@ -381,8 +381,8 @@ class EngineLoop:
         for rid, tokens in step.new_tokens.items():
             sink = self._sinks.get(rid)
             if sink is not None and sink.tokens:
-                delta = RequestDelta(rid, tokens, new_logprobs=step.new_logprobs.get(rid))
-                per_caller.setdefault(id(sink), (sink, {}))[1][rid] = delta
+                per_caller.setdefault(id(sink), (sink, {}))[1][rid] = RequestDelta(
+                    rid, tokens, new_logprobs=step.new_logprobs.get(rid), new_scores=step.new_scores.get(rid))
         for output in step.finished:
             sink = self._sinks.pop(output.request_id, None)
             if sink is None:

@@ -27,6 +27,7 @@ class RequestDelta:
     new_token_ids: list[int]
     output: RequestOutput | None = None  # set on the request's last delta
     new_logprobs: list[TokenLogprobs] | None = None  # SamplingParams.logprobs: an entry per new token
+    new_scores: list | None = None  # SamplingParams.output_scores: each new token's processed row of scores
 
     @property
     def finished(self) -> bool:
@@ -117,5 +118,6 @@ class Submission:
             for out in ended:
                 outputs[out.request_id] = out
             if on_step is not None:
-                on_step(StepOutput({d.request_id: d.new_token_ids for d in deltas if d.new_token_ids}, finished=ended))
+                on_step(StepOutput({d.request_id: d.new_token_ids for d in deltas if d.new_token_ids}, finished=ended,
+                                   new_scores={d.request_id: d.new_scores for d in deltas if d.new_scores}))
         return {rid: outputs[rid] for rid in self.all_ids}

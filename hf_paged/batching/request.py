@@ -277,6 +277,7 @@ class StepOutput:
 
     new_tokens: dict[str, list[int]] = field(default_factory=dict)
     new_logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)  # of new_tokens (params.logprobs)
+    new_scores: dict[str, list[torch.Tensor]] = field(default_factory=dict)  # of new_tokens (params.output_scores)
     finished: list[RequestOutput] = field(default_factory=list)
 
 
