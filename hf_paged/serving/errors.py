@@ -44,15 +44,21 @@ def validation_message(errors: list[dict[str, Any]]) -> tuple[str | None, str]:
     loc = errors[0]["loc"]
     param = str(loc[0]) if loc else None
     same = [e for e in errors if e["loc"][:1] == loc[:1]]
+    paths = [_path(e["loc"]) for e in same]
+    # a union branch that took the value and found a part of it wrong (a list of strings with a number in it):
+    # that part, not the other branches' "should be a string"
+    deep = [(e, p) for e, p in zip(same, paths) if len(p) > len(min(paths, key=len))]
+    if len(same) > 1 and deep:
+        return param, f"{deep[0][1]}: {deep[0][0]['msg']}"
     if len(same) > 1 and all(e["type"] in _KINDS for e in same):
         kinds = list(dict.fromkeys(_KINDS[e["type"]] for e in same))
         if "a number" in kinds and "an integer" in kinds:
             kinds.remove("an integer")
-        value = same[0].get("input")
-        return param, f"Input should be {' or '.join(kinds)}, got {type(value).__name__} {value!r}"[:300]
-    inside = [e for e in same if e["type"] not in _KINDS]  # a union branch that took the value and found it wrong
-    if inside and same[0]["type"] in _KINDS:  # (not the first branch's "should be a valid string")
-        return param, f"{_path(inside[0]['loc'])}: {inside[0]['msg']}"
+        value, where = same[0].get("input"), paths[0]
+        where = f"{where}: " if where != param else ""
+        return param, f"{where}Input should be {' or '.join(kinds)}, got {type(value).__name__} {value!r}"[:300]
+    if paths[0] != param:  # inside a list or object: say where (messages[2].content: ...)
+        return param, f"{paths[0]}: {same[0]['msg']}"
     return param, same[0]["msg"]
 
 
@@ -67,4 +73,4 @@ def _path(loc: tuple) -> str:
     return out
 
 
-_BRANCHES = {"str", "int", "float", "bool", "list", "dict", "none"}
+_BRANCHES = {"str", "int", "float", "bool", "list", "dict", "none", "text", "texts", "ids", "id_lists"}  # (and tags)

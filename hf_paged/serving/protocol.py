@@ -15,10 +15,12 @@ but cannot honour are refused when set to anything but their neutral value, with
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Discriminator,
     Field,
@@ -30,6 +32,7 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+from pydantic_core import PydanticCustomError
 
 from hf_paged.batching.logprobs import MAX_LOGPROBS
 
@@ -42,7 +45,17 @@ __all__ = [
     "UnsupportedField",
 ]
 
-Number = StrictInt | StrictFloat
+
+
+def _finite(value: Any) -> Any:
+    """NaN and infinities (JSON's NaN/Infinity extensions) named as such before a bound is checked (pydantic read
+    `temperature: NaN` as "Input should be greater than or equal to 0")."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PydanticCustomError("finite_number", "Input should be a finite number")
+    return value
+
+
+Number = Annotated[StrictInt | StrictFloat, BeforeValidator(_finite)]
 
 
 # Lists stop at their first bad item (pydantic's `fail_fast`): collecting one error per item made a 5 MB `stop` of
@@ -284,8 +297,18 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # tool_calls, refusal, ... pass through to the chat template
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | Annotated[list[TextPart], Field(fail_fast=True)] | None = None
+    content: StrictStr | Annotated[list[TextPart], Field(fail_fast=True)] | None = Field(None, validate_default=True)
     name: StrictStr | None = None
+
+    @field_validator("content")
+    @classmethod
+    def _content_given(cls, value: Any, info: Any) -> Any:
+        # OpenAI's rule: only an assistant turn may have no content (its tool_calls or refusal say what it did); a
+        # null user or system content is a client's bug, which read as "" would answer a question nobody asked
+        if value is None and info.data.get("role", "assistant") != "assistant":
+            raise PydanticCustomError("content_missing", "a {role} message needs content (a string or a list of text "
+                                      "parts), got null", {"role": info.data["role"]})
+        return value
 
     def text(self) -> str:
         if isinstance(self.content, list):

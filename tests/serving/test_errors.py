@@ -102,6 +102,12 @@ DEEP = {"type": "object", "properties": {"xs": {"type": "array", "contains": {"t
         pytest.param('{"prompt": "x", "temperature": 1e309}', "temperature", ["finite"], id="inf-temperature"),
         pytest.param('{"prompt": "x", "repetition_penalty": 1e309}', "repetition_penalty", ["finite"],
                      id="inf-penalty"),
+        # found by a hostile pass (session 30): NaN read "should be greater than or equal to 0"; an item of a list
+        # read as the other union branch's "should be a string"
+        pytest.param('{"prompt": "x", "temperature": NaN}', "temperature", ["finite number"], id="nan-temperature"),
+        pytest.param('{"prompt": "x", "top_p": NaN}', "top_p", ["finite number"], id="nan-top-p"),
+        pytest.param('{"prompt": "x", "logit_bias": {"3": NaN}}', "logit_bias", ["finite number"], id="nan-bias"),
+        ({"prompt": "x", "stop": ["a", 3]}, "stop", ["stop[1]", "a valid string"]),
     ],
 )
 def test_bad_completion_requests_get_400(server, body, param, words):
@@ -120,6 +126,16 @@ def test_bad_chat_requests_get_400(server, tiny_lm):
     image = [{"type": "image_url", "image_url": {"url": "https://x"}}]  # (read "should be a valid string" before)
     assert_error(post(server, "/v1/chat/completions", {"messages": [{"role": "user", "content": image}]}), 400,
                  "messages", ["messages[0].content[0].type", "'text'"])
+    # only an assistant turn may have no content (OpenAI's rule); a null question was answered as "" before
+    for messages, where in (([{"role": "user", "content": None}], "messages[0].content"),
+                            ([{"role": "user"}], "messages[0].content"),
+                            ([{"role": "user", "content": "x"}, {"role": "system", "content": None}],
+                             "messages[1].content")):
+        assert_error(post(server, "/v1/chat/completions", {"messages": messages}), 400, "messages",
+                     [where, "needs content"])
+    assert post(server, "/v1/chat/completions", {"messages": [{"role": "assistant", "content": None},
+                                                              {"role": "user", "content": "x"}],
+                                                 "max_tokens": 2}).status_code == 200
     tokenizer = tiny_lm.tokenizer
     template, tokenizer.chat_template = tokenizer.chat_template, None
     try:
