@@ -19,6 +19,7 @@ from hf_paged.batching.request import Failure, Request, RequestOutput, RequestSt
 from hf_paged.batching.retry import Retrier, num_generated_tokens, retry_seed
 from hf_paged.batching.scheduler import Scheduler
 from hf_paged.batching.speculative import Speculator
+from hf_paged.batching.stopping import stop_boundary
 from hf_paged.cache.kv_manager import KVCacheManager
 
 __all__ = ["RequestLifecycle"]
@@ -114,6 +115,8 @@ class RequestLifecycle:
             reason = "length_incomplete"  # max_new_tokens cut a constrained document short: it will not parse
         elif reason == "stop" and any(c.error(request.request_id) is not None for c in request.processors.constraints):
             reason = "stop_incomplete"  # EOS ended a document its constraint had given up on: it will not parse
+        elif reason == "stop" and _cut_by_stop_string(request):
+            reason = "stop_incomplete"  # a stop string cut the document short: the text before it will not parse
         if request.params.max_retries:
             decision = self.retrier.end_attempt(request, status, reason)
             if decision.retry is not None:
@@ -166,3 +169,14 @@ class RequestLifecycle:
         for constraint in request.processors.constraints:
             constraint.release(request.request_id)
         self.speculator.release(request.request_id)
+
+
+def _cut_by_stop_string(request: Request) -> bool:
+    """Whether a stop string ended a constrained request inside its document: the tokens that spell the text before
+    the stop string leave a constraint incomplete, or that text ends inside a token (found by a hostile pass: a
+    choice cut to "a" by `stop=["b"]` ended "stop", and a program called it valid)."""
+    constraints = request.processors.constraints
+    if not constraints or not request.params.stop_strings or request.output_ids[-1] in request.params.eos_token_ids:
+        return False
+    k = stop_boundary(request)
+    return k is None or any(not c.is_complete(request.request_id, request.output_ids[:k]) for c in constraints)

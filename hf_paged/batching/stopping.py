@@ -84,6 +84,33 @@ def _new_match(decode: Callable[..., str], ids: list[int], stops: list[str], cut
     return any(text.find(s, max(0, bound - len(s) + 1)) >= 0 for s in stops)
 
 
+def stop_boundary(request: Request) -> int | None:
+    """How many of the output's tokens spell exactly its text before the first stop string (the text a client
+    gets, special tokens skipped), or None when that text ends inside a token or no stop string shows in it (a
+    match with special tokens spelled out). Read once, when a stop string has ended a constrained request: whether
+    the document it cut is complete is asked of those tokens (`RequestLifecycle.end`). A few decodes: the prefix is
+    found by bisection (a prefix's text grows with its tokens)."""
+    decode = _decoder(request.params.tokenizer)
+    output = request.output_ids
+
+    def text_of(k: int) -> str:
+        return settled(decode(output[:k], skip_special_tokens=True))
+
+    text = text_of(len(output))
+    found = [at for at in (text.find(s) for s in request.params.stop_strings) if at >= 0]
+    if not found:
+        return None
+    cut = min(found)
+    lo, hi = 0, len(output)  # the most tokens whose text is no longer than the text before the stop string
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if len(text_of(mid)) <= cut:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo if text_of(lo) == text[:cut] else None
+
+
 def _decoder(tokenizer: Any) -> Callable[..., str]:
     """`tokenizer.decode`, or its Rust tokenizer's decode where that is all it runs (`compat.plain_decoder`)."""
     backend = per_tokenizer(_DECODERS, tokenizer, plain_decoder)

@@ -7,6 +7,7 @@ from typing import Any
 
 from hf_paged.errors import SchemaError
 from hf_paged.processors.base import GuidedLogitsProcessor
+from hf_paged.processors.budget import CompileBudget
 from hf_paged.processors.index import IndexCache
 
 __all__ = ["ChoiceLogitsProcessor", "escape_regex"]
@@ -28,9 +29,11 @@ class ChoiceLogitsProcessor(GuidedLogitsProcessor):
         eos_token_id: the id(s) that end a document; default `tokenizer.eos_token_id`.
         index_cache: where compiled indexes live; default the process-wide cache.
         backend: how masks are applied (see `apply_token_bitmask_`).
+        budget: the work limits of the compile (`CompileBudget`); counts, the same on any machine.
 
     Raises:
         SchemaError: `choices` is empty or holds something other than non-empty strings.
+        SchemaTooComplexError: the choices' automaton is over one of `budget`'s limits.
 
     Example:
         >>> processor = ChoiceLogitsProcessor(["positive", "negative", "neutral"], tokenizer)  # doctest: +SKIP
@@ -44,6 +47,7 @@ class ChoiceLogitsProcessor(GuidedLogitsProcessor):
         eos_token_id: int | Iterable[int] | None = None,
         index_cache: IndexCache | None = None,
         backend: str = "auto",
+        budget: CompileBudget | None = None,
     ) -> None:
         if isinstance(choices, str) or not isinstance(choices, Iterable):
             raise SchemaError(f"choices must be a list of strings, got {type(choices).__name__}; e.g. ['yes', 'no']")
@@ -59,4 +63,5 @@ class ChoiceLogitsProcessor(GuidedLogitsProcessor):
             eos_token_id=eos_token_id,
             index_cache=index_cache,
             backend=backend,
+            budget=budget,
         )

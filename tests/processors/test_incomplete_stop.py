@@ -67,3 +67,28 @@ def test_an_incomplete_document_is_retried_without_validating_it(reason):
     decision = Retrier().end_attempt(request, RequestStatus.FINISHED, reason)
     assert decision.retry is not None and decision.error is None  # (the validator that would raise was not called)
     assert [a.finish_reason for a in request.attempts] == [reason]
+
+
+@pytest.mark.parametrize("choices, stop, reason", [
+    (["abc", "abd"], "b", "stop_incomplete"),  # cut to "a": no choice
+    (["xy", "xyz"], "z", "stop"),  # "xyz" cut to "xy", a choice (or "xy" then EOS)
+    (["xy", "xyz"], "y", "stop_incomplete"),  # cut to "x"
+])
+def test_a_stop_string_that_cuts_the_document_ends_it_stop_incomplete(setup, choices, stop, reason):
+    """Found by a hostile pass (session 31): a stop string inside a constrained document ended it "stop", so a
+    program called the value valid (and `max_retries` did not retry it); the text before the stop string decides."""
+    from hf_paged.processors import ChoiceLogitsProcessor
+
+    tok, model, _ = setup
+    hf_paged.wrap(model)
+    try:
+        params = SamplingParams(max_new_tokens=12, stop_strings=[stop], tokenizer=tok, eos_token_id=tok.eos_token_id,
+                                logits_processors=[ChoiceLogitsProcessor(choices, tok)])
+        out = next(iter(model.generate_batch([tok.encode("A:")], sampling_params=params).values()))
+        assert out.finish_reason == reason, (out.finish_reason, tok.decode(out.generated_tokens))
+        schema = SamplingParams(max_new_tokens=40, stop_strings=[":"], tokenizer=tok, eos_token_id=tok.eos_token_id,
+                                logits_processors=[JSONSchemaLogitsProcessor(SCHEMA, tok)])
+        out = next(iter(model.generate_batch([tok.encode("A:")], sampling_params=schema).values()))
+        assert out.finish_reason == "stop_incomplete" and ":" in tok.decode(out.generated_tokens)
+    finally:
+        hf_paged.unwrap(model)

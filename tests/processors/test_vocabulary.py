@@ -74,3 +74,30 @@ def test_tokenizer_without_eos_is_refused():
     with pytest.raises(TokenizerError, match="eos_token_id="):
         build_vocabulary(tok)
     assert build_vocabulary(tok, eos_token_id=1).eos_token_ids == (1,)
+
+
+@pytest.mark.parametrize("bad, words", [
+    (10**9, "not an id of the tokenizer's vocabulary (0..278)"),  # (every step's mask was that wide: 30 GB)
+    (279, "not an id of the tokenizer's vocabulary"),
+    (-1, "not an id"),
+    ([3, 10**9], "1000000000"),
+    ("x", "a token id (an int)"),  # (Python's "invalid literal for int()" before)
+    (3.5, "a token id (an int)"),  # ("'float' object is not iterable" before)
+    ([], "non-empty list"),
+    ([True], "a token id"),
+])
+def test_a_bad_eos_token_id_is_refused_naming_it(bad, words):
+    """Found by a hostile pass (session 31): an id past the vocabulary was accepted, and a later mask tried to take
+    memory for that many columns; a text or a float raised Python's own errors."""
+    with pytest.raises(TokenizerError, match="eos_token_id") as caught:
+        build_vocabulary(byte_level_tokenizer(), eos_token_id=bad)
+    assert words in str(caught.value)
+
+
+def test_eos_token_ids_as_tensors_or_numpy_ints_are_ids():
+    import numpy as np
+    import torch
+
+    tok = byte_level_tokenizer()
+    for given in (torch.tensor(tok.eos_token_id), np.int64(tok.eos_token_id), torch.tensor([tok.eos_token_id])):
+        assert build_vocabulary(tok, eos_token_id=given).eos_token_ids == (tok.eos_token_id,)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import operator
 import threading
 import weakref
 from collections import OrderedDict
@@ -200,7 +201,10 @@ def _warn_cleanup(tokenizer: Any) -> None:
     )
 
 
-def _eos_ids(tokenizer: Any, eos_token_id: int | Iterable[int] | None) -> tuple[int, ...]:
+def _eos_ids(tokenizer: Any, eos_token_id: int | Iterable[int] | None, size: int | None = None) -> tuple[int, ...]:
+    """The EOS ids asked (default the tokenizer's), each an id of the tokenizer's vocabulary of `size` ids; a
+    `TokenizerError` naming `eos_token_id` for anything else (an id past the vocabulary made every step's mask
+    that wide: 10**9 asked for 30 GB)."""
     if eos_token_id is None:
         eos_token_id = getattr(tokenizer, "eos_token_id", None)
     if eos_token_id is None:
@@ -208,11 +212,21 @@ def _eos_ids(tokenizer: Any, eos_token_id: int | Iterable[int] | None) -> tuple[
             f"{type(tokenizer).__name__} has no EOS token, so a finished document could never end: pass "
             "`eos_token_id=` (an id or a list of ids, e.g. model.generation_config.eos_token_id)"
         )
-    ids = (eos_token_id,) if isinstance(eos_token_id, int) else tuple(dict.fromkeys(int(i) for i in eos_token_id))
-    if not ids or any(isinstance(i, bool) or i < 0 for i in ids):
-        raise TokenizerError(
-            f"eos_token_id must be a non-negative id or a non-empty list of them, got {eos_token_id!r}"
-        )
+    single = isinstance(eos_token_id, str | bytes) or not isinstance(eos_token_id, Iterable) or getattr(
+        eos_token_id, "ndim", None) == 0  # (a 0-d tensor or array: one id)
+    items = [eos_token_id] if single else list(eos_token_id)
+    try:
+        if not items or any(isinstance(i, bool | float | str | bytes) for i in items):
+            raise TypeError
+        ids = tuple(dict.fromkeys(operator.index(i) for i in items))
+    except TypeError:
+        raise TokenizerError(f"eos_token_id must be a token id (an int) or a non-empty list of them, got "
+                             f"{eos_token_id!r:.80}") from None
+    bad = [i for i in ids if i < 0 or (size is not None and i >= size)]
+    if bad:
+        raise TokenizerError(f"eos_token_id {bad[0]} is not an id of the tokenizer's vocabulary (0..{size - 1}); "
+                             "pass the model's EOS id (model.generation_config.eos_token_id)" if size is not None
+                             else f"eos_token_id must be a non-negative id, got {bad[0]}")
     return ids
 
 
@@ -265,10 +279,10 @@ def build_vocabulary(tokenizer: Any, eos_token_id: int | Iterable[int] | None = 
     """
     from outlines_core import Vocabulary  # heavy native import, only when a processor is built
 
-    asked = None if eos_token_id is None else _eos_ids(tokenizer, eos_token_id)
-    eos_ids = _eos_ids(tokenizer, asked)
-    memo_key = (id(tokenizer), asked)
     size = len(tokenizer) if hasattr(tokenizer, "__len__") else tokenizer.get_vocab_size(with_added_tokens=True)
+    asked = None if eos_token_id is None else _eos_ids(tokenizer, eos_token_id, size)
+    eos_ids = _eos_ids(tokenizer, asked, size)
+    memo_key = (id(tokenizer), asked)
     with _LOCK:
         seen = _BY_TOKENIZER.get(memo_key)
         if seen is not None and seen[0]() is tokenizer and seen[1] == size and seen[2] in _BY_FINGERPRINT:
