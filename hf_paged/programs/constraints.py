@@ -176,11 +176,10 @@ def regex_text(constraint: Constraint, *, json_string: bool, stop_char: str | No
         values = [_json_body(c) if json_string else c for c in constraint.choices]
         return "(?:" + "|".join(escape_regex(v) for v in values) + ")"
     if isinstance(constraint, Regex):
-        if json_string:  # the value is a string the pattern matches, written as a JSON string body (escaped)
-            from hf_paged.processors.schema import schema_to_regex
+        if json_string:  # the value is a string the pattern matches (Rust syntax), written as a JSON string body
+            from hf_paged.processors.schema import regex_string_body
 
-            quoted = schema_to_regex({"type": "string", "pattern": f"^(?:{constraint.pattern})$"})
-            return "(?:" + quoted[1:-1] + ")"  # (the translator writes '"' + body + '"')
+            return "(?:" + regex_string_body(constraint.pattern) + ")"
         return "(?:" + constraint.pattern + ")"
     if isinstance(constraint, Text):
         if json_string:

@@ -193,3 +193,16 @@ def test_an_instruction_is_seen_by_its_field_only(model_tok):
                 **_holes(response=hp.text(max_tokens=16, instruction=instruction)))
     with pytest.raises(hp.FieldConstraintError, match="instruction"):
         hp.text(instruction="  ")
+
+
+def test_a_json_string_regex_hole_reads_rust_syntax(model_tok):
+    """h4 P10: the hole between quotes read its regex as a schema `pattern` (Python's `re`): 'a]]]' for this class
+    intersection (outside quotes, Rust's consonants)."""
+    from hf_paged.processors.automaton.byte_dfa import anchored, build_byte_dfa
+
+    model, tok = model_tok
+    rust = build_byte_dfa(anchored(r"[a-z&&[^aeiou]]{3}"))
+    for mode in ("item_by_item", "one_shot"):
+        filled = hp.fill(model, tok, "Data:\n", '{"a": "[a]"}', mode=mode, a=hp.regex(r"[a-z&&[^aeiou]]{3}"))
+        value = json.loads(filled.text)["a"]
+        assert value == filled.fields["a"] and rust.accepts(value.encode()), value

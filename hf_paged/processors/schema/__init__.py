@@ -11,6 +11,7 @@ stage compiles. Sound first: every text it matches is JSON that validates agains
         context                        one translation's options, budgets and error helpers
         digits                         `NumberDigits`, the bounds on a number's digits (and their default)
     canonical_json (canonical)         an instance written the way the regex spells it (tests, benchmarks)
+    regex_string_body (regex_body)     a user's Rust regex as regex text over JSON string bodies (template holes)
 
 Imports the automaton stage (grammar text, the checks), never the token index.
 """
@@ -21,6 +22,7 @@ from hf_paged.processors.schema.canonical import canonical_json
 from hf_paged.processors.schema.digits import DEFAULT_DIGITS, NumberDigits
 from hf_paged.processors.schema.ladder import schema_to_grammar, schema_to_regex
 from hf_paged.processors.schema.load import MAX_SCHEMA_NESTING, check_nesting, check_text_nesting, load_schema
+from hf_paged.processors.schema.regex_body import regex_string_body
 
 __all__ = [
     "DEFAULT_DIGITS",
@@ -30,6 +32,7 @@ __all__ = [
     "check_nesting",
     "check_text_nesting",
     "load_schema",
+    "regex_string_body",
     "schema_to_grammar",
     "schema_to_regex",
 ]
