@@ -27,6 +27,7 @@ from hf_paged.errors import InvalidRegexError, SchemaTooComplexError, Unsatisfia
 from hf_paged.processors.automaton import nfa_kernel
 from hf_paged.processors.automaton.dfa import KERNEL_LIMIT, DenseDFA, FlatNFA, Subsets, determinize, flat_nfa, subsets
 from hf_paged.processors.automaton.nfa import build_nfa
+from hf_paged.processors.automaton.python_syntax import rust_only
 from hf_paged.processors.automaton.syntax import parse
 from hf_paged.processors.automaton.tree import Unsupported
 from hf_paged.processors.budget import CompileBudget
@@ -41,6 +42,7 @@ _MEMO_BYTES = 256 << 20  # ... and bytes of tables kept, whichever is reached fi
 _memo_bytes = 0  # bytes of the tables in `_MEMO` (under `_LOCK`)
 _FAILED: OrderedDict[tuple, tuple[int, str]] = OrderedDict()  # (regex, limits) -> (work, message) of a refused build
 _SENTINEL, _SENTINEL_BYTE = "\\x01", 0x01
+_BYTE_MODE = re.compile(r"\(\?([a-zA-Z]*)-([a-zA-Z]*)u([a-zA-Z]*)([:)])")  # a flag group turning Unicode off
 _MULTI_LINE = re.compile(r"\(\?[a-zA-Z-]*m")  # a flag group that may turn multi-line anchors on
 _LEADING_ANCHOR = re.compile(r"\A((?:\(\?[a-zA-Z-]*\))*)(?:\^|\\A)(?![*+?{])")  # flag groups, then ^ or \A
 _ANCHOR_OPEN, _ANCHOR_CLOSE = "(?:", ")\\z"  # `anchored`
@@ -259,17 +261,35 @@ def _is_anchored(regex: str) -> bool:
 def _why_not(pattern: str, exc: Exception) -> str:
     """What is wrong with a pattern outlines-core refused, in the pattern's own terms (its messages name our
     wrapping of it, or a state number)."""
-    import re
-
     if re.search(r"(?<!\\)\\[bB]", pattern):
         return "word boundaries (\\b, \\B) have no automaton here; remove them, or write (?-u:\\b) for ASCII ones"
     if re.search(r"(?<!\\)\\[Az]", pattern):
         return "\\A and \\z anchor nothing here: the whole text must match already; remove them"
-    try:
-        re.compile(pattern)
-    except re.error as error:  # Python's reading names the place (an unbalanced group, a bad repeat)
-        return f"{error.msg} at position {error.pos}"
+    if rust_only(pattern) is None and not _BYTE_MODE.search(pattern):  # (Python's parser misreads, and warns
+        # about, Rust-only syntax)
+        try:
+            re.compile(pattern)
+        except re.error as error:  # Python's reading names the place (an unbalanced group, a bad repeat)
+            return f"{error.msg} at position {error.pos}"
     return str(exc)[:300]
+
+
+def _unicode_on(flags: re.Match) -> str:
+    """A `_BYTE_MODE` flag group without its `-u`."""
+    on, off = flags.group(1), flags.group(2) + flags.group(3)
+    group = on + ("-" + off if off else "")
+    return f"(?{group}{flags.group(4)}" if group else "(?:" if flags.group(4) == ":" else ""
+
+
+def _builds(pattern: str) -> bool:
+    """Whether outlines-core builds `pattern` (a variant of a refused one, to tell the user what was wrong)."""
+    from outlines_core import Index
+
+    try:
+        Index(_SENTINEL + anchored(pattern), _probe_vocabulary())
+    except ValueError:
+        return False
+    return True
 
 
 def _comment_safe(anchored_regex: str) -> str:
@@ -303,6 +323,18 @@ def _outlines_byte_dfa(anchored_regex: str, loops: bool = True) -> ByteDFA:
     except ValueError as exc:  # (outlines-core raises plain ValueErrors: a pattern it cannot read or build)
         pattern = anchored_regex[len(_ANCHOR_OPEN):-len(_ANCHOR_CLOSE)] if _is_anchored(anchored_regex) else \
             anchored_regex
+        if _BYTE_MODE.search(pattern) and _builds(_BYTE_MODE.sub(_unicode_on, pattern)):
+            raise InvalidRegexError(
+                f"the regex {pattern[:200]!r} uses byte mode (?-u) where it matches bytes that are not UTF-8 "
+                "(`(?-u:.)`, `(?-u:\\xFF)`, ...): a constraint holds text, so byte mode is supported only where it "
+                "matches UTF-8 text, as in Rust's `regex::Regex`, which refuses these too; drop the -u, or write the "
+                "ASCII class you mean, e.g. (?-u:[\\x00-\\x7F])") from None
+        if "Found no transitions from state" in str(exc) and not re.search(r"(?<!\\)\\[bBAz]", pattern):
+            # (every byte a token: a state that leads nowhere; an anchor or a boundary that never holds is named below)
+            raise UnsatisfiableSchemaError(
+                f"the regex {pattern[:200]!r} matches no text, or has a part that matches none (an empty class such "
+                "as [a&&b]), which outlines-core, the builder of its Rust-only syntax, cannot build; remove that "
+                "part") from None
         raise InvalidRegexError(f"the regex {pattern[:200]!r} does not compile: {_why_not(pattern, exc)}; use Rust "
                                 "`regex` syntax (no look-around, no back-references)") from None
     table = index.get_transitions()  # {state: {byte (or 256 = EOS): next}}

@@ -17,7 +17,7 @@ from hf_paged.errors import InvalidRegexError, SchemaTooComplexError
 from hf_paged.processors.automaton.charsets import MAX_CODE_POINT, Ranges, category, complement, normalize
 from hf_paged.processors.automaton.tree import END, START, Node, Unsupported
 
-__all__ = ["EVERYTHING", "class_ranges", "parse_python"]
+__all__ = ["EVERYTHING", "class_ranges", "parse_python", "rust_only"]
 
 _RUST_ONLY = ("\\p", "\\P", "\\x{", "\\u{", "\\U{", "\\z")
 _TOKENS = re.compile(r"\\.|(\[\^?\]?(?:\\.|[^\]\\])*\])", re.DOTALL)  # escapes (skipped) and whole classes
@@ -30,6 +30,17 @@ _CATEGORIES = {
 EVERYTHING: Ranges = normalize([(0, MAX_CODE_POINT)])  # (every scalar value: no surrogates)
 
 
+def rust_only(regex: str) -> str | None:
+    """What in `regex` Python's parser reads differently from Rust's, or not at all, ahead of parsing (it would
+    also warn: "Possible set intersection"), or None."""
+    if any(marker in regex for marker in _RUST_ONLY):
+        return "Rust-only escapes"
+    for body in _TOKENS.findall(regex):  # (Python warns on `||` too; Rust reads it as two `|`: ours to read)
+        if body and any(op in _ESCAPE.sub("e", body[1:-1]) for op in ("[", "&&", "--", "~~", "||")):
+            return "nested classes or class set operations"
+    return None
+
+
 def parse_python(regex: str) -> Node:
     """The tree of `regex` (matched against whole texts).
 
@@ -38,11 +49,9 @@ def parse_python(regex: str) -> Node:
         InvalidRegexError: look-around, back-references, atomic groups, possessive repeats.
         SchemaTooComplexError: nested too deeply for the parser.
     """
-    if any(marker in regex for marker in _RUST_ONLY):
-        raise Unsupported("Rust-only escapes")
-    for body in _TOKENS.findall(regex):
-        if body and any(op in _ESCAPE.sub("e", body[1:-1]) for op in ("[", "&&", "--", "~~")):
-            raise Unsupported("nested classes or class set operations")
+    why = rust_only(regex)
+    if why is not None:
+        raise Unsupported(why)
     source = re.sub(r"\(\?<(?![=!])", "(?P<", regex) if "(?<" in regex else regex
     try:
         parsed = P.parse(source)

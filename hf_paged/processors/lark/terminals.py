@@ -30,6 +30,7 @@ __all__ = ["RESERVED", "literal_regex", "python_regex", "range_regex", "set_rege
 RESERVED: Ranges = ((0x02, 0x02), (0x0E, 0x1F))  # call marks of `automaton.grammar`: never inside a rule's text
 _ALLOWED: Ranges = complement(normalize(RESERVED))
 _PLAIN = re.compile(r"[A-Za-z0-9 _]")
+_EMPTY_CLASS = "[^\\x00-\\U0010ffff]"  # a class of no code point, in the syntax our fast reader parses
 _FLAGS = {"i": re.IGNORECASE, "m": re.MULTILINE, "s": re.DOTALL, "x": re.VERBOSE, "u": re.UNICODE}
 
 
@@ -46,11 +47,13 @@ def _allowed(ranges: Ranges) -> Ranges:
 
 
 def set_regex(ranges: Ranges, where: str) -> str:
-    """A class matching one code point of `ranges`, minus the reserved ones.
+    """A class matching one code point of `ranges`, minus the reserved ones (a class of none when `ranges` is empty).
 
     Raises:
         UnsupportedGrammarError: nothing is left (the class held only reserved control characters).
     """
+    if not ranges:  # an empty class (`[^\s\S]`): it matches no character, as in the regex (a rule needing it
+        return _EMPTY_CLASS  # is dropped; a grammar that needs it everywhere matches no text)
     kept = _allowed(ranges)
     if not kept:
         raise UnsupportedGrammarError(
