@@ -135,10 +135,11 @@ def _quantifier(node: Rep) -> str:
     return "?" if (node.lo, node.hi) == (0, 1) else f"{{{node.lo}}}" if node.lo == node.hi else f"{{{node.lo},{node.hi}}}"
 
 
-def _undefined(kind: str, ref: Ref, known: list[str]) -> str:
+def _undefined(kind: str, ref: Ref, known: list[str], inside: str = "") -> str:
     close = difflib.get_close_matches(ref.name, known, n=1)
     hint = f"did you mean {close[0]!r}? " if close else ""
-    where = f" (line {ref.line}, column {ref.column})" if ref.line else ""
+    place = [f"line {ref.line}, column {ref.column}"] if ref.line else []
+    where = f" ({', '.join([*place, *([f'in {inside}'] if inside else [])])})" if place or inside else ""
     how = "define it (`NAME: ...`) or `%import common.NAME`" if kind == "terminal" else "define it (`name: ...`)"
     return f"the {kind} {ref.name!r}{where} is not defined; {hint}{how}"
 
@@ -286,6 +287,7 @@ def compile_lark(source: str, start: str = "start", budget: CompileBudget | None
                     pending.append(ref.name)
                 else:
                     terminals.text(ref)  # (undefined or recursive terminals are refused here, in source order)
+        _check_unused(grammar, terminals.texts)
         check_rules(bodies, lambda leaf: re.fullmatch(
             terminals.text(leaf) if isinstance(leaf, Ref) else leaf_regex(leaf, "a rule"), "") is not None)
         ignores = [terminals.expr(node, "%ignore") for node in grammar.ignores]
@@ -303,6 +305,30 @@ def compile_lark(source: str, start: str = "start", budget: CompileBudget | None
             "the grammar nests too deeply to compile (rules or groups hundreds of levels deep); flatten it") from None
     constraint = Grammar(root, tuple(texts)) if texts else root
     return LarkCompiled(constraint, ("", *rules.order), tuple(sorted(rewritten)))
+
+
+def _check_unused(grammar: LarkGrammar, imported: dict[str, str]) -> None:
+    """Refuse, as Lark does, an undefined name or a recursive terminal in a definition the start rule never reaches
+    (those are not compiled): the README promises `UndefinedRuleError` for any undefined rule or terminal."""
+    terminal_refs: dict[str, set[str]] = {}
+    for kind, definitions in (("rule", grammar.rules), ("terminal", grammar.terminals)):
+        for name, definition in definitions.items():
+            used = set()
+            for ref in _refs(definition.body):
+                if _is_rule(ref.name) and ref.name not in grammar.rules:
+                    raise UndefinedRuleError(_undefined("rule", ref, list(grammar.rules), f"the {kind} {name}"))
+                if not _is_rule(ref.name) and ref.name not in grammar.terminals and ref.name not in imported:
+                    raise UndefinedRuleError(_undefined("terminal", ref, [*grammar.terminals, *imported],
+                                                        f"the {kind} {name}"))
+                used.add(ref.name)
+            if kind == "terminal":
+                terminal_refs[name] = used & grammar.terminals.keys()
+    for component in strongly_connected(terminal_refs):
+        if len(component) > 1 or component[0] in terminal_refs[component[0]]:
+            cycle = " -> ".join([*component, component[0]])
+            raise UnsupportedGrammarError(
+                f"the terminal {component[0]} refers to itself ({cycle}); terminals are regular: make the recursive "
+                "part a rule (a lowercase name)")
 
 
 def _refs(node: Node) -> list[Ref]:
