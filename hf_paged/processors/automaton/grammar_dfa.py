@@ -30,6 +30,7 @@ import numpy as np
 
 from hf_paged.errors import SchemaTooComplexError
 from hf_paged.processors.automaton.grammar import Grammar
+from hf_paged.processors.automaton.grammar_depth import NestingLimit
 from hf_paged.processors.automaton.grammar_rules import Rule, grammar_rules
 from hf_paged.processors.automaton.grammar_stacks import MAX_DEPTH, CallStacks
 from hf_paged.processors.automaton.lazy_zeros import lazy_zeros_many
@@ -88,7 +89,8 @@ class GrammarDFA:
     def __init__(self, grammar: Grammar, capacity: int = CAPACITY, budget: CompileBudget | None = None,
                  max_configurations: int = MAX_CONFIGURATIONS):
         self.grammar = grammar
-        self.rules = grammar_rules(grammar, budget)
+        self.rules = list(grammar_rules(grammar, budget))  # (its own list: pruned copies join it, `NestingLimit`)
+        self.limit = NestingLimit(self.rules, grammar)
         self.capacity = capacity
         self.max_configurations = max_configurations
         # zero-filled arrays: the OS hands out their pages on first write, so capacity costs address space only
@@ -104,7 +106,7 @@ class GrammarDFA:
         self._context_ids: dict[tuple, int] = {}  # prefix + (rule,) -> context
         self._sets: dict[int, frozenset] = {}  # states of several configurations
         self._set_ids: dict[frozenset, int] = {}
-        self._stacks = CallStacks(self.rules)  # closures and subset steps of configurations
+        self._stacks = CallStacks(self.rules, self.limit)  # closures and subset steps of configurations
         self._inside_masks: dict[tuple[int, bool], np.ndarray] = {}  # (rule, called) -> `inside_mask`
         self._views: dict[int, InsideView | None] = {}  # state -> `inside_view`
         self._lock = threading.RLock()

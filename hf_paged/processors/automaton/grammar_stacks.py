@@ -5,7 +5,8 @@ the current position on top: (rule, return state, ..., rule, state). A state of 
 them; reading a byte moves every configuration of the set's closure along its top rule's edge.
 
     closure   every configuration reachable from one without reading a byte: calls entered (below MAX_DEPTH
-              frames), finished callees returned from (the caller's top is its return state already)
+              frames; near it, the callee's copy pruned to what can end in the levels left, `grammar_depth`),
+              finished callees returned from (the caller's top is its return state already)
     is_final  the closure holds the root, uncalled, in a final state
     step      the sets of next configurations of a set of configurations, one per distinct column of next rule
               states, and which byte leads to which (the row of a boundary state, before its sets are named)
@@ -20,22 +21,23 @@ from collections.abc import Iterable
 import numpy as np
 
 from hf_paged.errors import InvalidRegexError
+from hf_paged.processors.automaton.grammar_depth import MAX_DEPTH, NestingLimit
 from hf_paged.processors.automaton.grammar_rules import Rule
 
 __all__ = ["MAX_DEPTH", "CallStacks"]
-
-MAX_DEPTH = 128  # calls nested deeper are not entered (a subset: sound; a document that deep may find no way out)
 
 
 class CallStacks:
     """The configurations of one grammar's rules, their closures memoised (the caller serialises access).
 
     Args:
-        rules: the grammar's rules, the root first (`grammar_rules`).
+        rules: the grammar's rules, the root first (`grammar_rules`), and the pruned copies `limit` adds.
+        limit: which rule a call enters at each depth (`grammar_depth.NestingLimit`).
     """
 
-    def __init__(self, rules: list[Rule]) -> None:
+    def __init__(self, rules: list[Rule], limit: NestingLimit) -> None:
         self.rules = rules
+        self.limit = limit
         self._closures: dict[tuple, list[tuple]] = {}
 
     def closure(self, config: tuple) -> list[tuple]:
@@ -53,9 +55,11 @@ class CallStacks:
             moves = []
             if len(current) < 2 * MAX_DEPTH:
                 for callee, back in rules[rule].calls.get(state, ()):
-                    if not 0 < callee < len(rules):  # (a text that spells a mark byte some other way: `grammar.py`)
+                    if not 0 < callee < self.limit.num_rules:  # (a text that spells a mark byte some other way)
                         raise InvalidRegexError(f"rule {rule} calls rule {callee}, which the grammar does not have")
-                    moves.append(current[:-1] + (back, callee, rules[callee].initial))
+                    entered = self.limit.rule_at(callee, len(current) // 2 + 1)  # (None: it cannot end that deep)
+                    if entered is not None:
+                        moves.append(current[:-1] + (back, entered, rules[entered].initial))
             if len(current) > 2 and rules[rule].finals[state]:
                 moves.append(current[:-2])  # the caller's top is its return state already
             for move in moves:

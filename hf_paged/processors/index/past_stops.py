@@ -8,7 +8,7 @@ used to name a context per key token crossing into the value (`":{"`, `":["`, `"
 
     alive        one token's rest, on call stacks of (rule, state) frames built from the stop state's own
                  context, stepped on the rules' own tables exactly as the automaton's closure would (calls
-                 entered below MAX_DEPTH frames, callees returned from); the steps memoised per (stacks, byte), so
+                 entered below MAX_DEPTH frames, near it as pruned copies: `grammar_depth`; callees returned from); the steps memoised per (stacks, byte), so
                  the tokens through one stop share them
     rests_alive  many tokens' rests (a string's closing quote in a rule of its own: ~100 GPT-2 tokens): on the
                  automaton's rows, every rest from one state in one compiled call (`walk_tokens`), the rows they
@@ -43,7 +43,10 @@ class GrammarStops:
         rules = self.dfa.rules
         if len(frames) < MAX_DEPTH:  # most often one callee reads all of it on its own table: alive
             for callee_index, _ in rules[frames[-1][0]].calls.get(frames[-1][1], ()):
-                callee = rules[callee_index]
+                entered = self.dfa.limit.rule_at(callee_index, len(frames) + 1)  # (near the limit: a pruned copy)
+                if entered is None:
+                    continue
+                callee = rules[entered]
                 table, current, dead = callee.table, callee.initial, callee.dead
                 for byte in rest:
                     current = table[current, byte]
@@ -116,7 +119,9 @@ class GrammarStops:
             moves = []
             if len(stack) < MAX_DEPTH:
                 for callee, back in rule.calls.get(state, ()):
-                    moves.append(stack[:-1] + ((rule_index, back), (callee, rules[callee].initial)))
+                    entered = self.dfa.limit.rule_at(callee, len(stack) + 1)
+                    if entered is not None:
+                        moves.append(stack[:-1] + ((rule_index, back), (entered, rules[entered].initial)))
             if len(stack) > 1 and rule.finals[state]:
                 moves.append(stack[:-1])  # (the caller's top holds its return state already)
             for move in moves:
