@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from hf_paged.processors.automaton.python_syntax import rust_only
 from hf_paged.processors.choice import escape_regex
 from hf_paged.programs.backend import RunContext
 from hf_paged.programs.calls import GenCall
@@ -123,6 +124,8 @@ def _tokens_within(backend, ids: list[int], spans: list[tuple[int, int]]) -> int
 
 
 def _python_regex(flat: str) -> re.Pattern | None:
+    if rust_only(flat) is not None:  # (Python reads it otherwise, and warns: split on the literals alone)
+        return None
     try:
         return re.compile(flat, re.DOTALL)
     except re.error:  # Rust-only syntax: split on the literals alone

@@ -16,6 +16,7 @@ import json
 import re
 
 from hf_paged.batching.request import INCOMPLETE
+from hf_paged.processors.automaton.python_syntax import rust_only
 from hf_paged.processors.choice import escape_regex
 from hf_paged.programs.backend import GenRequest, Guide, RunContext
 from hf_paged.programs.calls import GenCall, SelectCall
@@ -182,8 +183,10 @@ def _stop_in_lead(lead: str, stops: tuple[str, ...]) -> bool:
 
 
 def _python_regex(pattern: str | None) -> re.Pattern | None:
+    if pattern is None or rust_only(pattern) is not None:  # (Python reads it otherwise, and warns)
+        return None
     try:
-        return re.compile(pattern, re.DOTALL) if pattern is not None else None
+        return re.compile(pattern, re.DOTALL)
     except re.error:  # Rust-only syntax
         return None
 
