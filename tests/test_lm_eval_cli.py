@@ -92,6 +92,11 @@ def _no_task_index(monkeypatch) -> None:
     ("dtype=bogus", r"model argument dtype='bogus' is not a torch dtype: use float32"),
     ("max_length=abc", r"model argument max_length='abc': a positive integer is wanted"),  # a TypeError traceback
     ("max_length=-5", r"model argument max_length=-5: a positive integer is wanted"),  # refused at the first request
+    # a TypeError traceback inside the tokenizer at the first request, exit 1:
+    ("prefix_token_id=-1", r"model argument prefix_token_id=-1: a token id is wanted, an integer >= 0"),
+    ("prefix_token_id=1.5", r"model argument prefix_token_id=1.5: a token id is wanted"),
+    ("prefix_token_id=abc", r"model argument prefix_token_id='abc': a token id is wanted"),
+    ("add_bos_token=maybe", r"model argument add_bos_token='maybe': True or False is wanted"),
 ])
 def test_bad_model_arguments_end_in_one_line_and_exit_2(model_args, message, capsys, monkeypatch):
     _no_task_index(monkeypatch)  # refused before lm-eval indexes its ~15k task files (~10 s)

@@ -316,7 +316,8 @@ def _integral(name: str, value: Any) -> Any:
 
 def _check_hf_arguments(kwargs: dict) -> None:
     """What HFLM would fail on with a traceback (an AttributeError, an AssertionError, a TypeError), or only at the
-    first request (a negative `max_length`), refused by name first."""
+    first request (a negative `max_length`, a `prefix_token_id` that is no integer, an `add_bos_token` that is no
+    boolean), refused by name first. (A `prefix_token_id` past the vocabulary is refused once the model is loaded.)"""
     for name in ("max_length", "max_batch_size"):
         value = kwargs.get(name)
         if isinstance(value, float) and value.is_integer():  # (lm-eval's CLI reads -5 as -5.0)
@@ -324,6 +325,18 @@ def _check_hf_arguments(kwargs: dict) -> None:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise InvalidConfigError(f"model argument {name}={value!r}: a positive integer is wanted (e.g. {name}="
                                      f"{2048 if name == 'max_length' else 64})")
+    value = kwargs.get("prefix_token_id")  # (a TypeError inside the tokenizer at the first request)
+    if isinstance(value, float) and value.is_integer():
+        kwargs["prefix_token_id"] = value = int(value)
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise InvalidConfigError(f"model argument prefix_token_id={value!r}: a token id is wanted, an integer >= 0 "
+                                 "(e.g. the model's BOS id; leave it out to use the model's BOS, else EOS, id)")
+    value = kwargs.get("add_bos_token")
+    if value is not None and not isinstance(value, bool):
+        if not (isinstance(value, int) and value in (0, 1)):
+            raise InvalidConfigError(f"model argument add_bos_token={value!r}: True or False is wanted (e.g. "
+                                     "add_bos_token=True)")
+        kwargs["add_bos_token"] = bool(value)
     for name in _DTYPE_ARGS:
         value = kwargs.get(name)
         if isinstance(value, str) and value != "auto" and not isinstance(getattr(torch, value, None), torch.dtype):
