@@ -113,3 +113,28 @@ def test_device_cuda_without_cuda_is_refused_by_name(capsys, monkeypatch):
     _no_task_index(monkeypatch)
     assert main(["eval", "--tasks", "hf_paged_mc", "--limit", "1", "--device", "cuda"]) == 2
     assert "hf-paged: error: device 'cuda', but this torch sees no CUDA device" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("option", "message"), [
+    ("--output_path={file}/sub", r"--output_path '.*/afile/sub': '.*/afile' is a file, not a folder"),
+    ("--output_path={file}/deeper/results.json", r"'.*/afile' is a file, not a folder"),
+    ("--output_path={file}", r"--output_path '.*/afile': '.*/afile' is a file, not a folder"),
+    ("--include_path={missing}", r"--include_path '.*/missing' does not exist: give the folder of your task files"),
+])
+def test_a_path_that_cannot_be_used_is_refused_before_the_run(option, message, tmp_path, capsys, monkeypatch):
+    """`--output_path afile/sub` ran the whole evaluation, then logged "Could not save results aggregated" and exited
+    0; `--include_path /nonexistent` was taken silently."""
+    (tmp_path / "afile").write_text("x")
+    _no_task_index(monkeypatch)
+    option = option.format(file=tmp_path / "afile", missing=tmp_path / "missing")
+    assert main(["eval", "--tasks", "hf_paged_mc", "--limit", "1", option]) == 2
+    (line,) = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hf-paged: error:")]
+    assert re.search(message, line)
+
+
+def test_an_output_path_to_be_made_is_taken(tmp_path):
+    from hf_paged.cli.eval import _check_output_path
+
+    _check_output_path(str(tmp_path / "new" / "deeper"))  # lm-eval makes it, parents included
+    _check_output_path(str(tmp_path / "new" / "results.json"))
+    _check_output_path("relative-folder")

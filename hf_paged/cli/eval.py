@@ -14,7 +14,9 @@ evaluated (in fp32 unless `dtype=` says otherwise; a note on stderr says so) wit
 
 from __future__ import annotations
 
+import os
 import sys
+from pathlib import Path
 
 from hf_paged.errors import CliError, HfPagedError
 
@@ -42,6 +44,7 @@ def run_eval(argv: list[str]) -> int:
         raise CliError(f"hf-paged eval needs lm-evaluation-harness ({exc}); install it: pip install 'hf_paged[eval]'")
     parser = HarnessCLI()
     args = parse_arguments(parser, argv)
+    _check_run_arguments(args)
     if args.config is None:  # refused now, not after lm-eval has indexed its ~15k task files (~10 s)
         _check_model_arguments(args.model_args, args.device)
     try:
@@ -70,6 +73,33 @@ def parse_arguments(parser, argv: list[str]):
             print(_BATCH_SIZE_NOTE.format("batch_size= in --model_args"), file=sys.stderr)
     args.include_path = _include_paths(args.include_path)
     return args
+
+
+def _check_run_arguments(args) -> None:
+    """What lm-eval takes and fails on only after the whole evaluation (an `--output_path` under a regular file:
+    results not saved, exit 0), or never (an `--include_path` that does not exist), refused up front."""
+    if args.include_path is not None and not isinstance(args.include_path, str):  # (ours is always last)
+        given = args.include_path[0]
+        if not os.path.exists(given):
+            raise CliError(f"--include_path {given!r} does not exist: give the folder of your task files")
+    if args.output_path:
+        _check_output_path(args.output_path)
+
+
+def _check_output_path(given: str) -> None:
+    """lm-eval writes its results into the folder `--output_path` (made with its parents), or beside it for a name
+    ending in `.json`: the nearest part of that folder that exists must be a writable folder."""
+    path = Path(given)
+    folder = path.parent if path.suffix == ".json" else path
+    existing = folder
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        what = "a dangling link" if existing.is_symlink() and not existing.exists() else "a file"
+        raise CliError(f"--output_path {given!r}: {str(existing)!r} is {what}, not a folder, so no results could be "
+                       "saved there; give a folder (made if missing) or a file name ending in .json")
+    if not os.access(existing, os.W_OK):
+        raise CliError(f"--output_path {given!r}: folder {str(existing)!r} is not writable; pick another path")
 
 
 def _check_model_arguments(model_args: dict, device: str | None) -> None:
