@@ -138,3 +138,22 @@ def test_an_output_path_to_be_made_is_taken(tmp_path):
     _check_output_path(str(tmp_path / "new" / "deeper"))  # lm-eval makes it, parents included
     _check_output_path(str(tmp_path / "new" / "results.json"))
     _check_output_path("relative-folder")
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--limit", "-1"], "--limit must be > 0, got -1"),  # lm-eval's own message, after the model was loaded
+    (["--limit", "0"], "--limit must be > 0, got 0"),
+    (["--num_fewshot", "-1"], "--num_fewshot must be >= 0, got -1"),  # taken silently
+])
+def test_a_count_out_of_range_is_refused_before_the_model_loads(argv, message, capsys, monkeypatch):
+    _no_task_index(monkeypatch)
+    assert main(["eval", "--tasks", "hf_paged_mc", *argv]) == 2
+    assert f"hf-paged: error: {message}" in capsys.readouterr().err
+
+
+def test_a_fraction_of_a_task_is_still_a_limit():
+    from hf_paged.cli.eval import _check_run_arguments
+
+    args = parse_arguments(HarnessCLI(), ["--tasks", "hf_paged_mc", "--limit", "0.5", "--num_fewshot", "0"])
+    _check_run_arguments(args)
+    assert args.limit == 0.5 and args.num_fewshot == 0

@@ -76,8 +76,15 @@ def parse_arguments(parser, argv: list[str]):
 
 
 def _check_run_arguments(args) -> None:
-    """What lm-eval takes and fails on only after the whole evaluation (an `--output_path` under a regular file:
-    results not saved, exit 0), or never (an `--include_path` that does not exist), refused up front."""
+    """What lm-eval takes and fails on only after the model is loaded (`--limit -1`), or after the whole evaluation
+    (an `--output_path` under a regular file: results not saved, exit 0), or never (`--include_path` that does not
+    exist, `--num_fewshot -1`), refused up front."""
+    if args.limit is not None and args.limit <= 0:
+        raise CliError(f"--limit must be > 0, got {args.limit:g}: a count of examples per task (e.g. --limit 10) or "
+                       "a fraction of them in (0, 1] (e.g. --limit 0.1)")
+    if args.num_fewshot is not None and args.num_fewshot < 0:
+        raise CliError(f"--num_fewshot must be >= 0, got {args.num_fewshot}: the number of examples before each "
+                       "question (0 for none)")
     if args.include_path is not None and not isinstance(args.include_path, str):  # (ours is always last)
         given = args.include_path[0]
         if not os.path.exists(given):
