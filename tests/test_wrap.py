@@ -272,6 +272,20 @@ def test_wrap_errors_are_typed(model):
         hf_paged.wrap(model, block_size=32)
 
 
+def test_rewrap_with_an_explicit_config_that_differs_is_refused(model):
+    """`wrap(m, PagedConfig(block_size=16))` on a model wrapped with block_size=32 kept 32 silently: a config equal
+    to the defaults was taken for no config at all."""
+    hf_paged.wrap(model, block_size=32)
+    with pytest.raises(InvalidConfigError, match=r"already wrapped with a different PagedConfig \(block_size: 32 -> "
+                                                 r"16\); call hf_paged.unwrap\(model\) first"):
+        hf_paged.wrap(model, PagedConfig(block_size=16))
+    with pytest.raises(InvalidConfigError, match=r"\(block_size: 32 -> 16\)"):
+        hf_paged.wrap(model, PagedConfig())  # explicit defaults differ too
+    assert hf_paged.wrap(model) is model  # no config asked: the model keeps its settings
+    assert hf_paged.wrap(model, PagedConfig(block_size=32)) is model  # the same settings
+    assert hf_paged.engine_of(model).config.block_size == 32
+
+
 def test_help_of_wrap_lists_what_it_raises():
     doc = hf_paged.wrap.__doc__
     raises = doc[doc.index("Raises:"):]

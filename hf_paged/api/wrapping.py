@@ -7,6 +7,7 @@ attention implementation is only switched during the engine's own forwards.
 
 from __future__ import annotations
 
+from dataclasses import fields
 from types import MethodType
 from typing import Any
 
@@ -67,13 +68,17 @@ def wrap(model: torch.nn.Module, config: PagedConfig | None = None, **overrides:
     message = unknown_fields_message(overrides)
     if message:
         raise InvalidConfigError(message)
+    asked = config is not None or bool(overrides)  # (a bare `wrap(model)` of a wrapped model keeps its settings)
     base = config or PagedConfig()
     config = base.with_overrides(**overrides) if overrides else base
     state: _WrapState | None = model.__dict__.get(_STATE_ATTR)
     if state is not None:
-        if config != state.config and (overrides or config != PagedConfig()):
+        if asked and config != state.config:  # (an explicit PagedConfig equal to the defaults was ignored)
+            differ = [f"{f.name}: {getattr(state.config, f.name)!r} -> {getattr(config, f.name)!r}"
+                      for f in fields(config) if getattr(config, f.name) != getattr(state.config, f.name)]
             raise InvalidConfigError(
-                "model is already wrapped with a different PagedConfig; call hf_paged.unwrap(model) first"
+                f"model is already wrapped with a different PagedConfig ({'; '.join(differ)}); call "
+                "hf_paged.unwrap(model) first"
             )
         return model
     check_supported(model)
