@@ -97,6 +97,9 @@ class InProcessStore:
     background_reads = False  # memory copies: read inside the admission
 
     def __init__(self, max_bytes: int | None = None) -> None:
+        if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 1):
+            raise ValueError(f"InProcessStore max_bytes must be an int >= 1 (bytes, e.g. 1 << 30 for 1 GiB) or None "
+                             f"(no bound), got {max_bytes!r}")
         self._blobs: dict[bytes, bytes] = {}
         self._lru = _LruBytes(max_bytes)
         self._lock = threading.Lock()

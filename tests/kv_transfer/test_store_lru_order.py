@@ -71,3 +71,13 @@ def test_a_blob_over_the_whole_bound_is_refused_and_evicts_nothing(make_store):
     assert not store.put(b"z", b"z" * 31)
     assert _held(store, [b"a", b"b", b"c", b"z"]) == [b"a", b"b", b"c"]
     assert store.nbytes == 30
+
+
+@pytest.mark.parametrize("max_bytes", [0, -5, 1.5, "1GB", True])
+def test_a_bound_that_is_no_byte_count_is_refused_at_construction(max_bytes, tmp_path):
+    """InProcessStore took these: every block was refused then ("1GB": a TypeError logged by the saver thread)."""
+    with pytest.raises(ValueError, match=rf"InProcessStore max_bytes must be an int >= 1 .* got {max_bytes!r}"):
+        InProcessStore(max_bytes)
+    with pytest.raises(ValueError, match=rf"DirectoryStore max_bytes must be an int >= 1, got {max_bytes!r}"):
+        DirectoryStore(tmp_path / "kv", max_bytes)
+    assert InProcessStore().put(b"k", b"blob") and InProcessStore(4).put(b"k", b"blob")
