@@ -22,7 +22,7 @@ import threading
 from dataclasses import dataclass
 
 from hf_paged.after_fork import renew_locks_after_fork
-from hf_paged.errors import KVDirectoryInUseError
+from hf_paged.errors import InvalidConfigError, KVDirectoryInUseError
 
 try:
     import fcntl
@@ -94,7 +94,14 @@ def _take(path: str | os.PathLike) -> int:
     if fcntl is None:
         return -1
     file = os.path.join(path, LOCK_NAME)
-    fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(file, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:  # (a `.lock` that is a directory: IsADirectoryError; one this process may not write)
+        what = "is a directory" if isinstance(exc, IsADirectoryError) else f"cannot be opened ({exc.strerror or exc})"
+        raise InvalidConfigError(
+            f"the KV directory {os.fspath(path)!r} (kv_offload_dir) holds {file!r}, which {what}: that name is the "
+            "directory's lock file; remove or rename it, or give another kv_offload_dir"
+        ) from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

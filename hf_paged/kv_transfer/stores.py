@@ -190,6 +190,12 @@ class DirectoryStore:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except (FileExistsError, NotADirectoryError):
+            link = _dangling_link(self.path)
+            if link is not None:
+                raise InvalidConfigError(
+                    f"the KV directory {given!r} (kv_offload_dir) is{'' if link == self.path else ' under'} a "
+                    f"dangling link: {str(link)!r} points to {os.readlink(link)!r}, which does not exist; make that "
+                    "directory or give another path") from None
             raise InvalidConfigError(f"the KV directory {given!r} (kv_offload_dir) is a file, or under one; give "
                                      "a directory path") from None
         except PermissionError:
@@ -304,6 +310,13 @@ _TMP_IDS = itertools.count()
 def expand_path(path: str | os.PathLike) -> str:
     """`~` and `$VARS` expanded, as a shell would for an unquoted path (`kv_offload_dir`)."""
     return os.path.expandvars(os.path.expanduser(os.fspath(path)))
+
+
+def _dangling_link(path: Path) -> Path | None:
+    """`path` or the nearest of its folders that exists as a name, when that name is a link to nothing."""
+    while not os.path.lexists(path) and path != path.parent:
+        path = path.parent
+    return path if path.is_symlink() and not path.exists() else None
 
 
 def _unlink(path) -> None:

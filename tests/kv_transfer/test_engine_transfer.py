@@ -344,3 +344,22 @@ def test_a_store_that_raises_while_written_leaves_the_pool_whole(model, prompts,
     assert run(engine, prompts) == expected  # every insert and eviction tried to save
     assert transfer_stats(engine)["save_failures"] > 0
     engine.check_integrity()
+
+
+def test_a_dangling_link_as_kv_directory_is_named_so(tmp_path: Path):
+    """A link to nothing was called "a file, or under one"."""
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    for path in (tmp_path / "link", tmp_path / "link" / "sub"):
+        with pytest.raises(InvalidConfigError, match=r"dangling link: '.*/link' points to '.*/gone', which does not "
+                                                     r"exist; make that directory or give another path"):
+            DirectoryStore(path, max_bytes=100)
+
+
+def test_a_lock_name_that_is_a_directory_is_a_config_error(model, tmp_path: Path):
+    """A `.lock` directory inside kv_offload_dir was a raw IsADirectoryError at the first generate."""
+    (tmp_path / ".lock").mkdir()
+    with pytest.raises(InvalidConfigError, match=r"holds '.*/\.lock', which is a directory: that name is the "
+                                                 r"directory's lock file; remove or rename it"):
+        DirectoryStore(tmp_path, max_bytes=100)
+    with pytest.raises(InvalidConfigError, match="which is a directory"):
+        Engine(model, PagedConfig(block_size=BS, kv_offload_dir=str(tmp_path)))
