@@ -162,6 +162,8 @@ def test_rolling_windows_that_fit_a_step_are_never_split():
     ([[5]], InvalidPromptError, "request 1 is not a (context_ids, continuation_ids) pair"),
     ({"context": [5], "continuation": [6]}, InvalidPromptError, "request 1 is a dict"),  # (was: "context 1 is text")
     (([5, True], [6]), InvalidPromptError, "not a list of token ids"),  # (True was scored as token 1)
+    (([5, 6], [3.0]), InvalidPromptError, "continuation 1 is not a list of token ids (list): it holds 3.0 (float)"),
+    (([5, True], [6]), InvalidPromptError, "it holds True (bool)"),
     (({"input_ids": [5]}, [6]), InvalidPromptError, "tokenizer(text).input_ids"),
 ])
 def test_bad_pairs_are_refused_by_name(pair, error, words):
@@ -179,6 +181,10 @@ def test_rolling_refuses_bad_documents_and_lengths():
         model.loglikelihood_rolling([[4, 5]], max_length=10**6)
     with pytest.raises(InvalidPromptError, match="prefix_token_id=999"):  # (it named "request 0: token ids [999]")
         model.loglikelihood_rolling([[4, 5]], prefix_token_id=999)
+    with pytest.raises(InvalidPromptError, match=rf"document 2: token ids \[{VOCAB + 3}\] are outside the vocabulary"):
+        model.loglikelihood_rolling([[5] * 600, [6] * 10, [7, 8, VOCAB + 3]])  # (it named "request 3", a window)
+    with pytest.raises(InvalidPromptError, match=r"document 0 is not a list of token ids \(list\): it holds 1.5"):
+        model.loglikelihood_rolling([[4, 1.5]])
 
 
 def test_unwrap_removes_the_scoring_methods():

@@ -94,6 +94,10 @@ def loglikelihood_rolling(model, documents: Sequence[Sequence[int]], *, max_leng
         tokens = _token_list(document, f"document {d}")
         if not tokens:
             raise InvalidPromptError(f"document {d} is empty: a rolling log-likelihood needs at least one token")
+        bad = [t for t in tokens if not 0 <= t < engine.vocab_size]
+        if bad:  # (found here, not in a window's request: its index would name the window, not the document)
+            raise InvalidPromptError(f"document {d}: token ids {bad[:5]} are outside the vocabulary [0, "
+                                     f"{engine.vocab_size})")
         for window in rolling_windows(tokens, prefix, max_length):
             pairs.append(window)
             owner.append(d)
@@ -135,11 +139,20 @@ def _token_list(ids, what: str) -> list[int]:
                                  "tokenizer(text).input_ids")
     try:
         values = ids.tolist() if hasattr(ids, "tolist") else list(ids)
-        if any(isinstance(t, bool) for t in values):  # True would score token 1
-            raise TypeError
-        return [operator.index(t) for t in values]
     except TypeError:
         raise InvalidPromptError(f"{what} is not a list of token ids ({type(ids).__name__})") from None
+    out = []
+    for t in values:
+        try:
+            if isinstance(t, bool):  # True would score token 1
+                raise TypeError
+            out.append(operator.index(t))
+        except TypeError:
+            raise InvalidPromptError(
+                f"{what} is not a list of token ids ({type(ids).__name__}): it holds {t!r} ({type(t).__name__}), not "
+                "a token id; give ints, e.g. tokenizer(text).input_ids"
+            ) from None
+    return out
 
 
 @dataclass(frozen=True, slots=True)
