@@ -118,10 +118,12 @@ BAD_ARGUMENTS = [
     (["generate", "--prompts", "PROMPTS", "--max-new-tokens", "-1"], "--max-new-tokens must be >= 1, got -1"),
     (["generate", "--prompts", "PROMPTS", "--max-new-tokens", "1.5"], "invalid int value: '1.5'"),
     (["generate", "--prompts", "/no/prompts.jsonl"], "prompts file '/no/prompts.jsonl' not found"),
+    (["generate", "--prompts", "DIR"], "is a directory, not a file"),  # (it said "not found")
     (["generate", "--prompts", "NOT_JSONL"], ":1: not JSON"),
     (["generate", "--prompts", "LATIN1"], "is not UTF-8 text"),
     (["generate", "--prompts", "SURROGATE"], ":1: the prompt holds a lone UTF-16 surrogate"),
     (["generate", "--prompts", "PROMPTS", "--schema", "/no/schema.json"], "schema file '/no/schema.json' not found"),
+    (["generate", "--prompts", "PROMPTS", "--schema", "DIR"], "is a directory, not a file"),
     (["generate", "--prompts", "PROMPTS", "--schema", "BAD_JSON"], "does not parse as JSON"),
     (["generate", "--prompts", "PROMPTS", "--schema", "NOT_A_SCHEMA"], "not a valid JSON Schema"),
     (["generate", "--prompts", "PROMPTS", "--schema", "DEEP_500"], "nests deeper than 64 JSON levels"),

@@ -140,10 +140,17 @@ def _check_plotting() -> None:
                        "--plot out") from None
 
 
-def read_prompts(path: str) -> list[str]:
+def _input_file(what: str, path: str) -> Path:
     file = Path(path)
+    if file.is_dir():
+        raise CliError(f"{what} file {path!r} is a directory, not a file; give the path of the file in it")
     if not file.is_file():
-        raise CliError(f"prompts file {path!r} not found")
+        raise CliError(f"{what} file {path!r} not found")
+    return file
+
+
+def read_prompts(path: str) -> list[str]:
+    file = _input_file("prompts", path)
     try:
         text = file.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
@@ -178,9 +185,7 @@ def read_schema(path: str | None):
     from hf_paged.errors import HfPagedError
     from hf_paged.processors.json_schema import MAX_SCHEMA_NESTING, load_schema
 
-    file = Path(path)
-    if not file.is_file():
-        raise CliError(f"schema file {path!r} not found")
+    file = _input_file("schema", path)
     try:
         schema = json.loads(file.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
