@@ -333,6 +333,14 @@ class GuidedLogitsProcessor(LogitsProcessor):
             return False
         return state.finished or self.compiled.index.is_final_state(state.state)
 
+    def accepts(self, generated: Sequence[int]) -> bool:
+        """True when `generated` (an output from its first token) is a whole document: its automaton ends in a final
+        state (EOS would be allowed next) or it ends with EOS, no token refused. No request's state is read or kept:
+        this asks about any token list, e.g. an output cut back to a budget."""
+        state = self._new_state()
+        self._catch_up(state, generated)
+        return state.error is None and (state.finished or self.compiled.index.is_final_state(state.state))
+
     def error(self, request_id: str) -> str | None:
         """Why the request's document was cut short (a refused token), or None."""
         state = self._requests.get(request_id)

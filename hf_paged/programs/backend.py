@@ -28,7 +28,7 @@ from hf_paged.programs.errors import ProgramAbortedError
 from hf_paged.programs.track import Track
 
 __all__ = ["GenRequest", "Generated", "Guide", "ProgramBackend", "RunContext", "Scored", "continuation_ids",
-           "continuation_texts"]
+           "continuation_texts", "guide_processor"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +38,17 @@ class Guide:
     kind: Literal["regex", "json_schema", "grammar"]
     spec: Any
     start: str = "start"  # a grammar's start rule
+
+
+def guide_processor(guide: Guide, tokenizer: Any, eos_token_id: Any = None):
+    """The logits processor that enforces `guide` (its compiled index comes from the process-wide cache)."""
+    from hf_paged.processors import GrammarLogitsProcessor, JSONSchemaLogitsProcessor, RegexLogitsProcessor
+
+    if guide.kind == "regex":
+        return RegexLogitsProcessor(guide.spec, tokenizer, eos_token_id=eos_token_id)
+    if guide.kind == "json_schema":
+        return JSONSchemaLogitsProcessor(guide.spec, tokenizer, eos_token_id=eos_token_id)
+    return GrammarLogitsProcessor(guide.spec, tokenizer, start=guide.start, eos_token_id=eos_token_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +107,11 @@ class ProgramBackend(Protocol):
 
     def score(self, run: RunContext, what: str, prompts: list[list[int]], start: int) -> Scored:
         """Log-probabilities of `prompt[start:]` given what precedes each position, for every prompt."""
+        ...
+
+    def accepts(self, guide: Guide, token_ids: Sequence[int]) -> bool:
+        """Whether `token_ids` (an output from its first token) are a whole document of `guide`: the processor's
+        automaton ends in an accepting state. Asked of an output cut back to its field's budget."""
         ...
 
     def pin(self, track: Track) -> None:

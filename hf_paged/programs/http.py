@@ -38,7 +38,16 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from hf_paged.errors import TokenizerError
-from hf_paged.programs.backend import Generated, GenRequest, RunContext, Scored, continuation_ids, continuation_texts
+from hf_paged.programs.backend import (
+    Generated,
+    GenRequest,
+    Guide,
+    RunContext,
+    Scored,
+    continuation_ids,
+    continuation_texts,
+    guide_processor,
+)
 from hf_paged.programs.errors import (
     FieldConstraintError,
     ServerRequestError,
@@ -162,6 +171,11 @@ class HTTPBackend:
         choice = data["choices"][0]
         return Generated(list(choice["token_ids"]), choice.get("finish_detail") or choice["finish_reason"] or "length",
                          len(request.prompt), _cached(data))
+
+    def accepts(self, guide: Guide, token_ids: Sequence[int]) -> bool:
+        """Whether `token_ids` are a whole document of `guide`, asked of the processor built here (the server has no
+        such question; the same processor from the same tokenizer gives the server's answer)."""
+        return guide_processor(guide, self.tokenizer, sorted(self.eos_ids) or None).accepts(token_ids)
 
     def score(self, run: RunContext, what: str, prompts: list[list[int]], start: int) -> Scored:
         body = {"model": self.model_name, "prompt": prompts, "echo": True, "logprobs": 0, "max_tokens": 0,

@@ -23,6 +23,7 @@ from hf_paged.programs.backend import (
     Scored,
     continuation_ids,
     continuation_texts,
+    guide_processor,
 )
 from hf_paged.programs.errors import ProgramError
 from hf_paged.programs.track import Track
@@ -121,13 +122,11 @@ class LocalBackend:
             track.pinned = None
 
     def _processor(self, guide: Guide):
-        from hf_paged.processors import GrammarLogitsProcessor, JSONSchemaLogitsProcessor, RegexLogitsProcessor
+        return guide_processor(guide, self.tokenizer, self.eos_token_id)
 
-        if guide.kind == "regex":
-            return RegexLogitsProcessor(guide.spec, self.tokenizer, eos_token_id=self.eos_token_id)
-        if guide.kind == "json_schema":
-            return JSONSchemaLogitsProcessor(guide.spec, self.tokenizer, eos_token_id=self.eos_token_id)
-        return GrammarLogitsProcessor(guide.spec, self.tokenizer, start=guide.start, eos_token_id=self.eos_token_id)
+    def accepts(self, guide: Guide, token_ids: Sequence[int]) -> bool:
+        """Whether `token_ids` are a whole document of `guide` (its processor's accepting state)."""
+        return self._processor(guide).accepts(token_ids)
 
 
 def _check(what: str, output: RequestOutput) -> None:

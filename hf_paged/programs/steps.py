@@ -71,8 +71,10 @@ def run_gen(run: RunContext, track: Track, call: GenCall) -> CallRecord:
         )
         output = backend.generate(run, request)
         cut = _cut(backend, call, output.token_ids, output.finish_reason, lead)
-        if guide is not None and len(cut.ids) - cut.num_forced > call.max_tokens:  # the spare token went into an
-            cut = _cut(backend, call, output.token_ids[: call.max_tokens], "length_incomplete", lead)  # unclosed value
+        if guide is not None and len(cut.ids) - cut.num_forced > call.max_tokens:  # the spare token went into the
+            kept = output.token_ids[: call.max_tokens]  # value: cut it back; what is left is whole when the
+            whole = not call.suffix and backend.accepts(guide, kept)  # constraint's automaton accepts it there
+            cut = _cut(backend, call, kept, "length" if whole else "length_incomplete", lead)
         valid = cut.complete and validate(call, cut.value)
         record.tokens.add(TokenCounts(output.num_prompt_tokens - output.num_cached_tokens, output.num_cached_tokens,
                                       len(output.token_ids), cut.num_forced, 1))

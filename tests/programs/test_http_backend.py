@@ -149,6 +149,20 @@ def test_retries_sample_with_the_same_seeds_over_http(setup):
     _same_records(local, remote)
 
 
+def test_a_field_cut_at_its_budget_is_judged_alike_over_http(setup):
+    model, tok, server, _ = setup
+
+    @hp.program
+    def cut(s):
+        s += "Name: " + hp.gen("whole", max_tokens=6, regex=r"[a-z]{3,}") + "\n"
+        s += "Name: " + hp.gen("part", max_tokens=6, regex=r"[a-z]{8,}")
+
+    local = cut.run(model, tok)
+    remote = cut.run(hp.remote(server.url), tok)
+    _same_records(local, remote)
+    assert [(c.finish_reason, c.tokens.generated) for c in remote.calls] == [("length", 7), ("length_incomplete", 7)]
+
+
 def test_a_recursive_grammar_field_over_http_equals_in_process(setup):
     model, tok, server, _ = setup
 
