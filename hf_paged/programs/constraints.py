@@ -19,6 +19,7 @@ from typing import Any
 
 from hf_paged.processors.choice import escape_regex
 from hf_paged.programs.errors import FieldConstraintError
+from hf_paged.programs.hole_regex import group
 
 __all__ = [
     "JSON_BODY_CHAR",
@@ -167,20 +168,19 @@ def as_constraint(where: str, value: Any) -> Constraint:
 
 
 def regex_text(constraint: Constraint, *, json_string: bool, stop_char: str | None,
-               max_chars: int | None = None) -> str | None:
+               max_chars: int | None = None, where: str = "hp.regex") -> str | None:
     """The constraint as regex text to join with forced literals, or None when it has no flat regex (a recursive
     grammar or schema). `json_string`: the hole sits between quotes (a text's value is a JSON string body);
     `stop_char`: the first character of the literal after the hole (free text never contains it); `max_chars`:
-    bound a free text's characters (one-shot templates, where tokens cannot be counted per hole)."""
+    bound a free text's characters (one-shot templates, where tokens cannot be counted per hole); `where`: the
+    hole or field, for errors."""
     if isinstance(constraint, Choices):
         values = [_json_body(c) if json_string else c for c in constraint.choices]
         return "(?:" + "|".join(escape_regex(v) for v in values) + ")"
     if isinstance(constraint, Regex):
         if json_string:  # the value is a string the pattern matches (Rust syntax), written as a JSON string body
-            from hf_paged.processors.schema import regex_string_body
-
-            return "(?:" + regex_string_body(constraint.pattern) + ")"
-        return "(?:" + constraint.pattern + ")"
+            return "(?:" + _json_string_body(constraint.pattern, where) + ")"
+        return group(constraint.pattern)
     if isinstance(constraint, Text):
         if json_string:
             char = JSON_BODY_CHAR
@@ -198,6 +198,19 @@ def regex_text(constraint: Constraint, *, json_string: bool, stop_char: str | No
 
     compiled = compile_lark(constraint.grammar, constraint.start, None, 1).constraint
     return "(?:" + compiled + ")" if isinstance(compiled, str) else None
+
+
+def _json_string_body(pattern: str, where: str) -> str:
+    """Regex text of the JSON string bodies whose decoded text `pattern` (Rust syntax) matches in full
+    (`processors.schema.regex_string_body`); its errors name the hole."""
+    from hf_paged.errors import InvalidRegexError, UnsupportedSchemaError
+    from hf_paged.processors.schema import regex_string_body
+
+    try:
+        return regex_string_body(pattern)
+    except (InvalidRegexError, UnsupportedSchemaError) as exc:
+        raise type(exc)(f"{where}: the regex {pattern!r} sits between quotes, so its value is written as a JSON "
+                        f"string body: {exc}") from exc
 
 
 def _json_body(value: str) -> str:

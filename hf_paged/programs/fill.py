@@ -25,10 +25,10 @@ from typing import Any
 from hf_paged.programs.backend import RunContext
 from hf_paged.programs.calls import GenCall, SelectCall
 from hf_paged.programs.connect import backend_for
-from hf_paged.programs.constraints import Choices, Text, regex_text
+from hf_paged.programs.constraints import Choices, Regex, Text, regex_text
 from hf_paged.programs.errors import FieldConstraintError, TemplateError
 from hf_paged.programs.one_shot import run_one_shot
-from hf_paged.programs.steps import run_gen, run_select
+from hf_paged.programs.steps import guide_for, run_gen, run_select
 from hf_paged.programs.template import TemplatePlan, parallel_groups, parse_template
 from hf_paged.programs.track import Attempt, CallRecord, TokenCounts, Track
 
@@ -121,6 +121,9 @@ def fill(model, tokenizer, prompt: str, template: str, mode: str = "item_by_item
     if instructed and mode != "item_by_item":
         raise TemplateError(f"holes {instructed} have an instruction, which item by item filling places before the "
                             "record: use mode='item_by_item' (one_shot makes every field in one generation)")
+    for i, hole in enumerate(plan.holes):  # a regex hole that cannot be enforced fails before anything runs
+        if isinstance(hole.constraint, Regex):
+            guide_for(hole_call(plan, i, temperature, seed), f"hole [{hole.name}]")
     run = RunContext(backend_for(model, tokenizer))
     track = run.new_track()
     track.append_text(prompt + plan.literals[0])
@@ -170,7 +173,7 @@ def hole_call(plan: TemplatePlan, i: int, temperature: float, seed: int | None) 
     literal = plan.next_literal(i)
     constraint = hole.constraint
     stop_char = literal[0] if literal else None
-    flat = regex_text(constraint, json_string=hole.json_string, stop_char=stop_char)
+    flat = regex_text(constraint, json_string=hole.json_string, stop_char=stop_char, where=f"hole [{hole.name}]")
     if isinstance(constraint, Text) and not literal:
         flat = None  # free text to the end: no constraint at all
     suffix = literal if flat is not None or isinstance(constraint, Text) else ""

@@ -47,7 +47,7 @@ def run_one_shot(run: RunContext, track: Track, plan: TemplatePlan, calls: list[
         # a free text is bounded by its characters (the regex), and a character is at most 4 byte-level tokens
         budget += 4 * bound if bound is not None else hole.constraint.max_tokens
         flat = regex_text(hole.constraint, json_string=hole.json_string, stop_char=literal[:1] or None,
-                          max_chars=bound)
+                          max_chars=bound, where=f"hole [{hole.name}]")
         if flat is None:
             raise TemplateError(
                 f"hole [{hole.name}]: its constraint compiles to recursive rules, not one regex, so mode='one_shot' "

@@ -20,12 +20,13 @@ from hf_paged.processors.automaton.python_syntax import rust_only
 from hf_paged.processors.choice import escape_regex
 from hf_paged.programs.backend import GenRequest, Guide, RunContext
 from hf_paged.programs.calls import GenCall, SelectCall
-from hf_paged.programs.constraints import Schema, Text, regex_text
+from hf_paged.programs.constraints import Regex, Schema, Text, regex_text
 from hf_paged.programs.errors import FieldConstraintError, ProgramError, ValidatorError
 from hf_paged.programs.healing import heal_prompt
+from hf_paged.programs.hole_regex import check_composed
 from hf_paged.programs.track import Attempt, CallRecord, TokenCounts, Track
 
-__all__ = ["field_value", "flush", "run_gen", "run_select", "validate"]
+__all__ = ["field_value", "flush", "guide_for", "run_gen", "run_select", "validate"]
 
 _PARTIAL_ESCAPE = re.compile(r"(\\+)(u[0-9a-fA-F]{0,3})?$")
 
@@ -49,7 +50,7 @@ def run_gen(run: RunContext, track: Track, call: GenCall) -> CallRecord:
         raise FieldConstraintError(f"{what}: heal=True needs the in-process backend (its first token is held by a "
                                    f"processor the server cannot take); drop heal= for {type(backend).__name__}")
     prompt = flush(run, track, what)
-    guide = _guide(call)
+    guide = guide_for(call, what)
     healing = None
     if call.heal and guide is None and after_text:  # a constraint decides the first bytes itself
         healing = heal_prompt(backend, prompt)
@@ -243,18 +244,21 @@ def field_value(call: GenCall, value: str):
     return value
 
 
-def _guide(call: GenCall) -> Guide | None:
-    """The constraint that holds the field (and its forced suffix), as data for the backend; None: free text."""
+def guide_for(call: GenCall, what: str) -> Guide | None:
+    """The constraint that holds the field (and its forced suffix), as data for the backend; None: free text. A
+    regex field's composed regex is compiled here, so that an error names the user's pattern (`hole_regex`)."""
     constraint = call.constraint if call.constraint is not None else Text(call.max_tokens, None, 0)
     suffix = escape_regex(call.suffix)
-    if call.regex is not None:
-        return Guide("regex", call.regex + suffix)
-    if isinstance(constraint, Text) and not call.suffix:
-        return None
     stop_char = call.suffix[0] if call.suffix else None
-    flat = regex_text(constraint, json_string=call.json_string, stop_char=stop_char)
+    flat = call.regex
+    if flat is None and not (isinstance(constraint, Text) and not call.suffix):
+        flat = regex_text(constraint, json_string=call.json_string, stop_char=stop_char, where=what)
+    if flat is not None and isinstance(constraint, Regex):
+        check_composed(what, constraint.pattern, flat + suffix, call.suffix)
     if flat is not None:
         return Guide("regex", flat + suffix)
+    if isinstance(constraint, Text):
+        return None
     if isinstance(constraint, Schema):
         return Guide("json_schema", constraint.schema)
     return Guide("grammar", constraint.grammar, constraint.start)
