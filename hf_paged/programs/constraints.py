@@ -19,7 +19,7 @@ from typing import Any
 
 from hf_paged.processors.choice import escape_regex
 from hf_paged.programs.errors import FieldConstraintError
-from hf_paged.programs.hole_regex import group
+from hf_paged.programs.hole_regex import group, strip_end_anchors
 
 __all__ = [
     "JSON_BODY_CHAR",
@@ -178,9 +178,10 @@ def regex_text(constraint: Constraint, *, json_string: bool, stop_char: str | No
         values = [_json_body(c) if json_string else c for c in constraint.choices]
         return "(?:" + "|".join(escape_regex(v) for v in values) + ")"
     if isinstance(constraint, Regex):
+        body = strip_end_anchors(constraint.pattern)  # the value is matched whole: its ends are the value's
         if json_string:  # the value is a string the pattern matches (Rust syntax), written as a JSON string body
-            return "(?:" + _json_string_body(constraint.pattern, where) + ")"
-        return group(constraint.pattern)
+            return "(?:" + _json_string_body(body, constraint.pattern, where) + ")"
+        return group(body)
     if isinstance(constraint, Text):
         if json_string:
             char = JSON_BODY_CHAR
@@ -200,14 +201,14 @@ def regex_text(constraint: Constraint, *, json_string: bool, stop_char: str | No
     return "(?:" + compiled + ")" if isinstance(compiled, str) else None
 
 
-def _json_string_body(pattern: str, where: str) -> str:
-    """Regex text of the JSON string bodies whose decoded text `pattern` (Rust syntax) matches in full
-    (`processors.schema.regex_string_body`); its errors name the hole."""
+def _json_string_body(body: str, pattern: str, where: str) -> str:
+    """Regex text of the JSON string bodies whose decoded text `body` (the user's `pattern`, Rust syntax, without its
+    end anchors) matches in full (`processors.schema.regex_string_body`); errors name the hole and `pattern`."""
     from hf_paged.errors import InvalidRegexError, UnsupportedSchemaError
     from hf_paged.processors.schema import regex_string_body
 
     try:
-        return regex_string_body(pattern)
+        return regex_string_body(body)
     except (InvalidRegexError, UnsupportedSchemaError) as exc:
         raise type(exc)(f"{where}: the regex {pattern!r} sits between quotes, so its value is written as a JSON "
                         f"string body: {exc}") from exc

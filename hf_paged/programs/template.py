@@ -15,8 +15,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from hf_paged.programs.constraints import Constraint, GrammarText, Schema, as_constraint
+from hf_paged.programs.constraints import Constraint, GrammarText, Regex, Schema, as_constraint
 from hf_paged.programs.errors import TemplateError
+from hf_paged.programs.hole_regex import inner_anchors, strip_end_anchors
 
 __all__ = ["Hole", "TemplatePlan", "parse_template"]
 
@@ -51,7 +52,7 @@ def parse_template(template: str, constraints: dict[str, Any]) -> TemplatePlan:
     Raises:
         TemplateError: not a string, no hole, an unbalanced hole (`[name` without `]`, or `name]` without `[`),
             a name used twice, a hole without a constraint, a constraint for no hole, a schema or grammar hole
-            between quotes.
+            between quotes, a regex with an anchor inside it (anchors at its ends mean the hole's ends).
         FieldConstraintError: a constraint that is not one.
     """
     if not isinstance(template, str):
@@ -82,8 +83,23 @@ def parse_template(template: str, constraints: dict[str, Any]) -> TemplatePlan:
             raise TemplateError(f"hole [{name}] sits between quotes (a JSON string body) but {kind}: put the hole "
                                 f"outside the quotes ({{\"{name}\": [{name}]}}), or use hp.regex / hp.text / choices "
                                 "for a string")
+        if isinstance(constraint, Regex):
+            _check_anchors(name, constraint.pattern)
         holes.append(Hole(name, constraint, json_string, column))
     return TemplatePlan(tuple(literals), tuple(holes))
+
+
+def _check_anchors(name: str, pattern: str) -> None:
+    """A hole's value is matched whole: anchors at the pattern's ends mean its ends (`strip_end_anchors`); one left
+    inside (in a group, under a repetition) would hold only at the ends of the whole generation, silently
+    dropping the alternatives that hold it."""
+    inside = inner_anchors(strip_end_anchors(pattern))
+    if inside:
+        anchor, position = inside[0]
+        raise TemplateError(
+            f"hole [{name}]: the regex {pattern!r} has the anchor {anchor!r} inside it (position {position} once the "
+            "anchors at its ends are dropped); a hole's value is matched whole, so anchors mean its ends only at the "
+            "pattern's start or end, outside groups: move it there or remove it (e.g. '(?:a|b)$' -> 'a|b')")
 
 
 def _split(template: str) -> tuple[list[str], list[tuple[str, int]]]:
