@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
+from hf_paged.after_fork import call_after_fork
 from hf_paged.batching.stopping import per_tokenizer
 from hf_paged.programs.errors import ProgramAbortedError
 from hf_paged.programs.track import Track
@@ -174,6 +175,10 @@ def _find_anchor(tokenizer: Any) -> tuple[list[int], str] | None:
     return (ids, text) if ids and text else None
 
 
+_RUNS: weakref.WeakSet[RunContext] = weakref.WeakSet()  # every run of this process (`_after_fork_in_child`)
+call_after_fork(_RUNS, "_after_fork_in_child")
+
+
 class RunContext:
     """One program run: the requests it has in flight (each with its way to cancel), its tracks (whose pins it
     releases), an abort switch."""
@@ -186,6 +191,15 @@ class RunContext:
         self._tracks: list[Track] = []
         self.aborted = False
         self.finished = False  # the program returned: its states take no new calls
+        # notified whenever one of the run's states goes idle or fails (`ProgramState.join` waits on it, so the first
+        # error of any fork is seen at once, not after the forks before it in order have finished)
+        self.settled = threading.Condition()
+        _RUNS.add(self)
+
+    def _after_fork_in_child(self) -> None:
+        """Fresh locks in a forked child (a thread of the parent may have held them)."""
+        self._lock = threading.Lock()
+        self.settled = threading.Condition()
 
     def new_track(self, track: Track | None = None) -> Track:
         track = track if track is not None else Track()

@@ -9,7 +9,9 @@ queue. So forks written one after another in a loop run together:
         f += "Option: " + hp.gen("option")    # queued on each fork; both requests run in the same engine steps
     s["option"]                               # waits for both: ["...", "..."] (a field of forks, as a list)
 
-A call that fails is raised by the next read of that state (or when the program returns).
+A call that fails is raised by the next read of that state (or when the program returns). A wait on several states
+(the program's end, a read of a field its forks write) raises the first failure of any of them as soon as it
+happens; the program then raises, and `Program.run` aborts the requests of the others.
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ class ForkGroup(list):
     """The states made by one `fork(n)`, in order."""
 
     def join(self) -> ForkGroup:
-        """Wait for every fork's queued calls; raises the first error."""
-        for state in self:
-            state.join()
+        """Wait for every fork's queued calls (and their forks'); raises the first error as soon as a call fails."""
+        if self:
+            _wait([tree for state in self for tree in state._tree()], raise_errors=True)
         return self
 
 
@@ -150,16 +152,15 @@ class ProgramState:
         return total
 
     def join(self, *, raise_errors: bool = True) -> ProgramState:
-        """Wait for this state and all its forks; raises the first error (unless `raise_errors=False`)."""
-        first: BaseException | None = None
-        for state in [self, *self.forks]:
-            try:
-                state.sync() if state is self else state.join(raise_errors=raise_errors)
-            except BaseException as exc:  # noqa: BLE001 -- wait for the others, then raise the first
-                first = first or exc
-        if first is not None and raise_errors:
-            raise first
+        """Wait for this state and all its forks (at any depth). Raises the first error as soon as any of them fails,
+        without waiting for the others (they run on: a program that does not catch it is aborted, and with it
+        their requests); `raise_errors=False` waits for all."""
+        _wait(self._tree(), raise_errors=raise_errors)
         return self
+
+    def _tree(self) -> list[ProgramState]:
+        """This state and its forks, at any depth, in order."""
+        return [self, *(state for fork in self.forks for state in fork._tree())]
 
     def __repr__(self) -> str:
         with self._cond:
@@ -181,13 +182,17 @@ class ProgramState:
         if self._error is not None:
             raise self._error
 
+    def _notify_run(self) -> None:
+        with self._run.settled:  # (after this state's own lock is released: `_wait` reads it under this one)
+            self._run.settled.notify_all()
+
     def _drain(self) -> None:
         while True:
             with self._cond:
                 if not self._ops:
                     self._busy = False
                     self._cond.notify_all()
-                    return
+                    break
                 op = self._ops.popleft()
             try:
                 if isinstance(op, str):
@@ -202,7 +207,23 @@ class ProgramState:
                     self._ops.clear()
                     self._busy = False
                     self._cond.notify_all()
+                self._notify_run()
                 return
+        self._notify_run()
+
+
+def _wait(states: list[ProgramState], *, raise_errors: bool) -> None:
+    """Wait until every state in `states` (one run's) is idle, or with `raise_errors` until one has failed: then
+    raise the first error in order."""
+    settled = states[0]._run.settled
+    with settled:
+        while True:
+            failed = [state._error for state in states if state._error is not None]
+            if failed and raise_errors:
+                raise failed[0]
+            if not any(state._busy for state in states):
+                return
+            settled.wait()
 
 
 _MISSING = object()
