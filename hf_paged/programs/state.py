@@ -25,6 +25,7 @@ from hf_paged.after_fork import call_after_fork
 from hf_paged.errors import RequestFailedError
 from hf_paged.programs.backend import RunContext
 from hf_paged.programs.calls import GenCall, SelectCall, parts_of
+from hf_paged.programs.errors import FieldConstraintError
 from hf_paged.programs.steps import run_gen, run_select
 from hf_paged.programs.track import CallRecord, TokenCounts, Track
 
@@ -52,6 +53,7 @@ class ProgramState:
         self._busy = False  # a worker thread is running the queue
         self._error: BaseException | None = None
         self._fork_groups: list[ForkGroup] = []
+        self._names: set[str] = set()  # fields this state's own calls write (not those copied from its parent)
         self.return_value: Any = None  # what the program function returned
         _LIVE.add(self)
 
@@ -60,6 +62,7 @@ class ProgramState:
         parts = parts_of(other)
         with self._cond:
             self._raise_error()
+            self._claim_names(parts)
             if not self._busy and all(isinstance(p, str) for p in parts):
                 for part in parts:  # text alone, nothing queued: append it now
                     self._track.append_text(part)
@@ -70,6 +73,20 @@ class ProgramState:
                 self._busy = True
                 threading.Thread(target=self._drain, name="hf_paged-program-state", daemon=True).start()
         return self
+
+    def _claim_names(self, parts: tuple) -> None:
+        """Refuse a field name this state's own calls already write: the second value would silently replace the
+        first. (A fork may reuse a name it copied from its parent, and a parent one its forks write: `s[name]` reads
+        the state's own field first, then its forks'.)"""
+        calls = [part for part in parts if isinstance(part, GenCall | SelectCall)]
+        for i, call in enumerate(calls):
+            if call.name in self._names or any(c.name == call.name for c in calls[:i]):
+                kind = "hp.gen" if isinstance(call, GenCall) else "hp.select"
+                raise FieldConstraintError(
+                    f"{kind}({call.name!r}): this state already has a call writing field {call.name!r}; a second one "
+                    f"would silently replace its value in s[{call.name!r}]: give each call its own name (e.g. "
+                    f"f\"{call.name}_{{i}}\" in a loop)")
+        self._names.update(c.name for c in calls)
 
     def fork(self, n: int = 2) -> ForkGroup:
         """`n` states continuing from this one's text; they share its prefix blocks through the prefix cache (this
