@@ -8,6 +8,8 @@ user's pattern, not our composition.
     inner_anchors(p)           the anchors left inside p (in a group, under a quantifier): in a template they
                                would hold only at the ends of the whole generation, so `parse_template` refuses them
     check_composed(what, ...)  the composed regex compiles and matches something, or a typed error in p's terms
+    rust_only_classes(p)       p's classes that Python's `re` reads otherwise (nested, `&&` `--` `~~`): where a
+                               Python reading stands in for Rust's (a JSON string hole, splitting values), it is off
 
 Why the new line: in verbose mode (`(?x)`) a `#` starts a comment that runs to the end of the line, so in
 `(?:(?x) a b # c)` the closing `)` is comment text. `(?x)\\n` before the closing ends any such comment and is
@@ -21,8 +23,9 @@ from __future__ import annotations
 import re
 
 from hf_paged.errors import InvalidRegexError, UnsatisfiableSchemaError
+from hf_paged.processors.automaton.python_syntax import rust_only
 
-__all__ = ["check_composed", "group", "inner_anchors", "strip_end_anchors"]
+__all__ = ["check_composed", "group", "inner_anchors", "python_regex", "rust_only_classes", "strip_end_anchors"]
 
 _VERBOSE_FLAG = re.compile(r"\(\?[A-Za-z]*x")  # (?x), (?ix), (?x:...): a `#` may start a comment
 _FLAG_GROUP = re.compile(r"\(\?([A-Za-z]*)(?:-([A-Za-z]*))?([:)])")  # (?flags) or (?flags:
@@ -87,6 +90,38 @@ def strip_end_anchors(pattern: str) -> str:
 def inner_anchors(pattern: str) -> list[tuple[str, int]]:
     """The text-boundary anchors of `pattern` (`^ $ \\A \\z`, not multi-line ones) with their positions."""
     return [(pattern[t[1]:t[2]], t[1]) for t in _tokens(pattern) if t[0] in ("start", "end")]
+
+
+def python_regex(pattern: str | None) -> re.Pattern | None:
+    """Python's reading of a Rust pattern (DOTALL: `.` spans lines, as the composed regexes say where they mean
+    otherwise), or None where it cannot read it (Rust-only syntax) or would read it otherwise (`rust_only_classes`)."""
+    if pattern is None or rust_only_classes(pattern) or rust_only(pattern) is not None:
+        return None
+    try:
+        return re.compile(pattern, re.DOTALL)
+    except re.error:
+        return None
+
+
+def rust_only_classes(pattern: str) -> list[str]:
+    """The classes of `pattern` that Rust and Python's `re` read differently: a nested class (`[a-z&&[^aeiou]]`,
+    `[[:alpha:]]`) or a set operation (`&&`, `--`, `~~`), which Python takes as literal characters."""
+    found = []
+    for _, start, end, _ in _tokens(pattern):
+        if pattern[start] != "[":
+            continue
+        body = pattern[start + 1 : end - 1]
+        j = 1 if body.startswith("^") else 0
+        j += 1 if body.startswith("]", j) else 0
+        while j < len(body):
+            if body[j] == "\\":
+                j += 2
+                continue
+            if body[j] == "[" or body[j : j + 2] in ("&&", "--", "~~"):
+                found.append(pattern[start:end])
+                break
+            j += 1
+    return found
 
 
 def _tokens(pattern: str) -> list[tuple[str, int, int, int]]:

@@ -7,15 +7,14 @@ the text before that field is kept (its tokens stay in the prefix cache) and `fi
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
-from hf_paged.processors.automaton.python_syntax import rust_only
 from hf_paged.processors.choice import escape_regex
 from hf_paged.programs.backend import RunContext
 from hf_paged.programs.calls import GenCall
 from hf_paged.programs.constraints import Text, regex_text
 from hf_paged.programs.errors import TemplateError
+from hf_paged.programs.hole_regex import python_regex
 from hf_paged.programs.steps import field_value, flush, run_gen, validate
 from hf_paged.programs.template import TemplatePlan
 from hf_paged.programs.track import Attempt, CallRecord, TokenCounts, Track
@@ -88,7 +87,7 @@ def split_fields(output: str, plan: TemplatePlan, flats: list[str], finished: bo
     spans, pos = [], 0
     for i in range(len(plan.holes)):
         literal = plan.next_literal(i)
-        pattern = _python_regex(flats[i])
+        pattern = python_regex(flats[i])
         if not literal:
             end = len(output)
             closed = i == len(plan.holes) - 1 and finished and (pattern is None
@@ -121,15 +120,6 @@ def _tokens_within(backend, ids: list[int], spans: list[tuple[int, int]]) -> int
             count += 1
         start = end
     return count
-
-
-def _python_regex(flat: str) -> re.Pattern | None:
-    if rust_only(flat) is not None:  # (Python reads it otherwise, and warns: split on the literals alone)
-        return None
-    try:
-        return re.compile(flat, re.DOTALL)
-    except re.error:  # Rust-only syntax: split on the literals alone
-        return None
 
 
 def _truncate(run: RunContext, track: Track, prompt_len: int, text_before: str, kept: str) -> None:

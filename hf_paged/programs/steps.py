@@ -16,14 +16,13 @@ import json
 import re
 
 from hf_paged.batching.request import INCOMPLETE
-from hf_paged.processors.automaton.python_syntax import rust_only
 from hf_paged.processors.choice import escape_regex
 from hf_paged.programs.backend import GenRequest, Guide, RunContext
 from hf_paged.programs.calls import GenCall, SelectCall
 from hf_paged.programs.constraints import Regex, Schema, Text, regex_text
 from hf_paged.programs.errors import FieldConstraintError, ProgramError, ValidatorError
 from hf_paged.programs.healing import heal_prompt
-from hf_paged.programs.hole_regex import check_composed
+from hf_paged.programs.hole_regex import check_composed, python_regex
 from hf_paged.programs.track import Attempt, CallRecord, TokenCounts, Track
 
 __all__ = ["field_value", "flush", "guide_for", "run_gen", "run_select", "validate"]
@@ -185,25 +184,16 @@ def _stop_in_lead(lead: str, stops: tuple[str, ...]) -> bool:
     return any(s in lead or any(s.startswith(lead[k:]) for k in range(len(lead))) for s in stops)
 
 
-def _python_regex(pattern: str | None) -> re.Pattern | None:
-    if pattern is None or rust_only(pattern) is not None:  # (Python reads it otherwise, and warns)
-        return None
-    try:
-        return re.compile(pattern, re.DOTALL)
-    except re.error:  # Rust-only syntax
-        return None
-
-
 def _matches(pattern: str | None, value: str) -> bool:
     """Whether `value` is a whole match of the field's regex (False when Python's `re` cannot read it)."""
-    compiled = _python_regex(pattern)
+    compiled = python_regex(pattern)
     return compiled is not None and compiled.fullmatch(value) is not None
 
 
 def _before_partial_suffix(call: GenCall, text: str) -> str:
     """The value of a field cut short, without the start of its literal: the first split where the rest begins the
     literal and the value matches the field's regex (Python's `re`, when it reads the pattern)."""
-    pattern = _python_regex(call.regex)
+    pattern = python_regex(call.regex)
     for k in range(len(text) + 1):
         if call.suffix.startswith(text[k:]) and (pattern is None or pattern.fullmatch(text, 0, k) is not None):
             return text[:k]
