@@ -72,9 +72,7 @@ def run_gen(run: RunContext, track: Track, call: GenCall) -> CallRecord:
         output = backend.generate(run, request)
         cut = _cut(backend, call, output.token_ids, output.finish_reason, lead)
         if guide is not None and len(cut.ids) - cut.num_forced > call.max_tokens:  # the spare token went into the
-            kept = output.token_ids[: call.max_tokens]  # value: cut it back; what is left is whole when the
-            whole = not call.suffix and backend.accepts(guide, kept)  # constraint's automaton accepts it there
-            cut = _cut(backend, call, kept, "length" if whole else "length_incomplete", lead)
+            cut = _cut_to_budget(backend, call, guide, output.token_ids[: call.max_tokens], lead)  # value: cut back
         valid = cut.complete and validate(call, cut.value)
         record.tokens.add(TokenCounts(output.num_prompt_tokens - output.num_cached_tokens, output.num_cached_tokens,
                                       len(output.token_ids), cut.num_forced, 1))
@@ -176,6 +174,20 @@ def _cut(backend, call: GenCall, generated: list[int], finish_reason: str, lead:
             k += 1
         num_forced = len(ids) - k
     return _Cut(value, kept_text, ids, kept_text[len(ids_text):], finish_reason, complete, num_forced)
+
+
+def _cut_to_budget(backend, call: GenCall, guide: Guide, kept: list[int], lead: str) -> _Cut:
+    """The field cut back to its `max_tokens` tokens. Whole when the value's own constraint (the field's regex
+    without its forced literal) accepts those tokens: the automaton's answer, for any pattern (Python's `re`, which
+    `_cut` falls back on, cannot read `(?i)` inside a group or `\\p{..}`). Asked only when the tokens are the value
+    exactly (no start of the literal among them)."""
+    cut = _cut(backend, call, kept, "length_incomplete", lead)
+    if cut.complete or backend.decode(kept) != lead + cut.value or (call.suffix and call.regex is None):
+        return cut
+    value_guide = Guide("regex", call.regex) if call.suffix else guide
+    if backend.accepts(value_guide, kept):
+        cut.complete, cut.finish_reason = True, "length"
+    return cut
 
 
 def _stop_in_lead(lead: str, stops: tuple[str, ...]) -> bool:

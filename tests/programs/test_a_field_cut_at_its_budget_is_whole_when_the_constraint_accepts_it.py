@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from hf_paged import programs as hp
 from hf_paged.programs.backend import Guide
 from hf_paged.programs.local import LocalBackend
@@ -55,3 +57,13 @@ def test_the_backend_asks_the_processors_automaton(model_tok):
     assert backend.accepts(guide, ids) and backend.accepts(guide, [])
     assert not backend.accepts(guide, ids[:3])
     assert not backend.accepts(guide, tok("abc", add_special_tokens=False)["input_ids"])  # a refused token
+
+
+@pytest.mark.parametrize("pattern", [r"\p{Ll}{3,}", r"(?i)[a-z]{3,}"])
+def test_a_template_hole_cut_at_its_budget_asks_the_automaton_too(model_tok, pattern):
+    # Python's `re` (the old judge of a hole's value) cannot read these: the values were valid=False
+    model, tok = model_tok
+    filled = hp.fill(model, tok, "P:\n", "Name: [a] end", a=hp.regex(pattern, max_tokens=6))
+    detail = filled.details["a"]
+    assert detail.tokens.generated == 7 and filled.text == f"Name: {filled.fields['a']} end"
+    assert (detail.finish_reason, detail.valid) == ("length", True)
