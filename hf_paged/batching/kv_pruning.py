@@ -8,9 +8,11 @@ After each forward it drops blocks from the tables of the requests that need it:
 - pyramidkv: the same, per layer (see `hf_paged.cache.pruning`); `annotate` then hides, in each later step,
   the blocks a layer did not choose;
 - streaming: any request whose table outgrew its budget by a block (sinks + most recent tokens kept).
-It also decides which blocks may enter the prefix cache: a block that pruning may still drop must stay private,
-so a request's blocks are offered to the prefix cache only once they are safe (after SnapKV's selection; only
-the sinks under streaming).
+It also decides which blocks may enter the prefix cache: only K/V a plain prefill of the same tokens writes, so a
+request's blocks are offered once they are final (after SnapKV's selection, the table's leading blocks before the
+first dropped one; only the sinks under streaming). Which blocks a request keeps never depends on the prefix cache:
+shared blocks are dropped like private ones, and a prefix hit stops short of the prompt's observation window
+(`Scheduler._cache_tokens`).
 """
 
 from __future__ import annotations
@@ -117,7 +119,11 @@ class KVPruner:
             return
         block_ids = self.kv.block_ids(rid)
         full = num_tokens // bs
-        droppable = [i < full and self.kv.is_private(b) for i, b in enumerate(block_ids)]
+        # Every full block may go, shared ones too (a prefix hit's, a fork's: the table only lets go of its
+        # reference): which blocks a request keeps depends on its tokens, never on who else holds them, so a prompt
+        # keeps the same blocks whatever the prefix cache held when it started (the h5 pass: kept shared blocks
+        # took the budget and changed greedy output with the cache state)
+        droppable = [i < full for i in range(len(block_ids))]
         # Streaming keeps the sinks and the most recent tokens that fit the budget.
         window = budget * bs - c.num_sink_tokens if window_only else c.window_tokens
         scores = pooled_block_scores(token_scores, bs) if token_scores is not None else None
@@ -137,7 +143,7 @@ class KVPruner:
             return
         num_blocks = -(-num_tokens // bs)
         full = num_tokens // bs
-        droppable = [i < full and self.kv.is_private(b) for i, b in enumerate(self.kv.block_ids(rid))]
+        droppable = [i < full for i in range(num_blocks)]  # shared blocks too (`_prune`)
         floor = -(-(c.num_sink_tokens + c.window_tokens) // bs)
         chosen: dict[int, set[int]] = {}
         for layer, layer_budget in enumerate(pyramid_budgets(budget, self.num_layers, floor)):

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from hf_paged.batching.decode_lengths import DecodeLengths
 from hf_paged.batching.request import Request, RequestStatus
 from hf_paged.cache.kv_manager import KVCacheManager
+from hf_paged.cache.pruning import OBSERVATION_WINDOW
 from hf_paged.config import PagedConfig
 from hf_paged.errors import InvalidConfigError
 from hf_paged.kv_transfer import ChunkFit, KVConnector
@@ -347,12 +348,17 @@ class Scheduler:
             request.num_cached_tokens = cached
         return True
 
-    @staticmethod
-    def _cache_tokens(request: Request) -> list[int]:
+    def _cache_tokens(self, request: Request) -> list[int]:
         """The tokens a prefix hit may serve (the last one is always computed)."""
+        tokens = request.all_token_ids
         if request.score_start is not None:  # scoring: its first scored position is computed, never served from cache
-            return request.all_token_ids[: request.score_start + 1]
-        return request.all_token_ids
+            tokens = tokens[: request.score_start + 1]
+        if self.config.kv_pruning in ("snapkv", "pyramidkv"):
+            # SnapKV / PyramidKV rank the prompt's blocks by the attention of its last OBSERVATION_WINDOW queries,
+            # so those are always computed: a hit that served some would leave their votes out and the selection
+            # (and the output) would depend on what the cache held (the h5 pass)
+            tokens = tokens[: max(len(request.prompt_ids) - OBSERVATION_WINDOW, 0) + 1]
+        return tokens
 
     @property
     def is_loading(self) -> bool:

@@ -37,7 +37,9 @@ class SeqBlocks:
     num_tokens: int = 0  # slots claimed: tokens written or being written by the current forward
     num_cached_blocks: int = 0  # leading blocks already inserted into the prefix cache
     num_dropped_tokens: int = 0  # tokens dropped by token pruning: table position = logical position - this
-    num_prefix_blocks: int | None = None  # leading blocks still a true token prefix after pruning (None: all)
+    # leading blocks the prefix cache may take after pruning (None: all): a true token prefix (before the first
+    # dropped block) whose K/V no pruned view wrote (PyramidKV's hiding: the blocks full when it began)
+    num_prefix_blocks: int | None = None
     hidden: dict[int, list[int]] | None = None  # PyramidKV: layer -> table indices that layer must not see
     cache_epoch: int = 0  # prefix-cache epoch when the sequence started: K/V of an older epoch is never inserted
     row: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int32))  # block_ids as int32 (`table_row`)
@@ -182,11 +184,12 @@ class KVCacheManager:
         )
 
     def is_private(self, block_id: int) -> bool:
-        """Held by one block table only and not in the prefix cache: token pruning may drop it."""
+        """Held by one block table only and not in the prefix cache: dropping it frees it."""
         return self.pool.ref_counts[block_id] == 1 and not self.pool.is_cached(block_id)
 
     def drop_blocks(self, seq_id: Hashable, table_indices: Sequence[int]) -> None:
-        """Drop full, private blocks from a sequence's table (token pruning); later positions move up the table.
+        """Drop full blocks from a sequence's table (token pruning); later positions move up the table. A shared
+        block (another table's, the prefix cache's) only loses this table's reference: its K/V stay for the others.
 
             before: | b0 | b1 | b2 | b3 | b4: partial |   drop [1, 2]   after: | b0 | b3 | b4 |, dropped += 2 * bs
         """
@@ -196,8 +199,9 @@ class KVCacheManager:
             return
         full = seq.num_tokens // self.block_size
         for i in drop:
-            if i >= full or not self.is_private(seq.block_ids[i]):
-                raise ValueError(f"block {i} of sequence {seq_id!r} is not a full private block: it cannot be dropped")
+            if not 0 <= i < full:
+                raise ValueError(f"block {i} of sequence {seq_id!r} is not one of its {full} full blocks: "
+                                 "only full blocks can be dropped")
         dropped = [seq.block_ids[i] for i in drop]
         gone = set(drop)
         seq.block_ids = [b for i, b in enumerate(seq.block_ids) if i not in gone]
@@ -215,8 +219,14 @@ class KVCacheManager:
         return seq.hidden if seq is not None else None
 
     def set_hidden_blocks(self, seq_id: Hashable, hidden: dict[int, list[int]] | None) -> None:
-        """Set `hidden_blocks` (indices into the table as it is): forks share them, a free drops them."""
-        self.seqs[seq_id].hidden = hidden
+        """Set `hidden_blocks` (indices into the table as it is): forks share them, a free drops them. Once a layer
+        hides a block, K/V written later come from a pruned view: the prefix cache takes only the blocks full now."""
+        seq = self.seqs[seq_id]
+        seq.hidden = hidden
+        if hidden and any(hidden.values()):
+            full = seq.num_tokens // self.block_size
+            seq.num_prefix_blocks = full if seq.num_prefix_blocks is None else min(seq.num_prefix_blocks, full)
+            seq.num_cached_blocks = min(seq.num_cached_blocks, seq.num_prefix_blocks)
 
     def restore_dropped(self, seq_id: Hashable, num_dropped_tokens: int,
                         hidden: dict[int, list[int]] | None = None) -> None:
@@ -224,7 +234,7 @@ class KVCacheManager:
         blocks its layers hid."""
         seq = self.seqs[seq_id]
         seq.num_dropped_tokens, seq.hidden = num_dropped_tokens, hidden
-        if num_dropped_tokens:
+        if num_dropped_tokens or (hidden and any(hidden.values())):
             seq.num_prefix_blocks = 0
 
     def truncate(self, seq_id: Hashable, num_tokens: int) -> None:

@@ -32,11 +32,11 @@ def test_snapkv_fills_the_budget_with_the_best_scored_blocks():
     assert plan.drop_indices == [2, 4, 5]  # kept: sink 0, window 6 7, best scored 3 and 1
 
 
-def test_shared_blocks_are_kept_and_count_against_the_budget():
+def test_blocks_that_may_not_be_dropped_are_kept_and_count_against_the_budget():
     scores = torch.tensor([0.0, 5.0, 1.0, 9.0, 2.0, 0.0, 0.0, 0.0])
-    evictable = [True, True, True, False, True, True, True, True]  # block 3 is shared through the prefix cache
+    evictable = [True, True, True, False, True, True, True, True]  # block 3 may not be dropped
     plan = select_blocks(32, 4, evictable, budget_blocks=5, num_sink_tokens=4, window_tokens=8, block_scores=scores)
-    assert plan.drop_indices == [2, 4, 5]  # 3 kept as shared, then 1 by score
+    assert plan.drop_indices == [2, 4, 5]  # 3 kept as it must be, then 1 by score
 
 
 def test_budget_follows_keep_ratio_with_a_floor_of_sinks_plus_window():
@@ -69,19 +69,19 @@ def test_pooled_block_scores_take_the_most_interested_head():
     assert pooled_block_scores(token, 4).tolist() == [3.0, 4.0, 2.0]
 
 
-def test_manager_evicts_private_full_blocks_and_shifts_new_slots():
+def test_manager_drops_full_blocks_and_shifts_new_slots():
     pool = BlockPool(8)
     kv = KVCacheManager(pool, 4)
     kv.add_sequence("a")
     kv.allocate_slots("a", 14)  # blocks [0, 1, 2, 3], 14 tokens
     kv.fork("a", "b")  # every block now shared
-    with pytest.raises(ValueError, match="not a full private block"):
-        kv.drop_blocks("a", [1])
+    kv.drop_blocks("b", [1])  # a shared block leaves b's table only
+    assert kv.block_ids("b") == [0, 2, 3] and kv.block_ids("a") == [0, 1, 2, 3] and pool.ref_counts[1] == 1
     kv.free("b")
     kv.drop_blocks("a", [1, 2])
     assert kv.block_ids("a") == [0, 3] and kv.num_tokens("a") == 6 and kv.num_dropped_tokens("a") == 8
     assert kv.slots("a", 14, 16) == [3 * 4 + 2, 3 * 4 + 3]  # logical 14, 15 -> table positions 6, 7
-    with pytest.raises(ValueError, match="not a full private block"):
+    with pytest.raises(ValueError, match="only full blocks can be dropped"):
         kv.drop_blocks("a", [1])  # the partial last block stays
     kv.check_integrity()
     assert pool.num_free_blocks == 6

@@ -17,8 +17,9 @@ Policies (`PagedConfig.kv_pruning`, the config's name for the pruning policy):
 
 Dropped blocks leave the block table, so a table position no longer equals a logical position: the manager keeps
 the number of dropped tokens per sequence (`KVCacheManager.num_dropped_tokens`; new tokens land at
-`position - num_dropped_tokens`), and RoPE positions stay logical (keys were rotated when stored). Only private
-blocks are dropped: a block shared through the prefix cache or with a fork is kept whatever its score.
+`position - num_dropped_tokens`), and RoPE positions stay logical (keys were rotated when stored). Any full block
+may be dropped: a block shared through the prefix cache or with a fork only leaves this table (the others keep it),
+so what a request keeps depends on its tokens, never on what the prefix cache held when it started.
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def select_blocks(
     num_tokens: int, block_size: int, droppable: list[bool], *, budget_blocks: int, num_sink_tokens: int,
     window_tokens: int, block_scores: torch.Tensor | None = None,
 ) -> PruningPlan:
-    """Choose the blocks to drop from a table of `num_tokens` tokens (`droppable[i]`: block i is full and private).
+    """Choose the blocks to drop from a table of `num_tokens` tokens (`droppable[i]`: block i may go; the engine
+    passes every full block).
 
     Sinks (the blocks holding the first `num_sink_tokens` table positions) and the blocks holding the last
     `window_tokens` positions are kept. The rest of the budget goes to the highest `block_scores` (SnapKV); with no
