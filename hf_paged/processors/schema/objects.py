@@ -14,7 +14,6 @@ property more than the declared ones written, for sure; two may be the same key)
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable
@@ -25,6 +24,7 @@ from hf_paged.processors.schema.fragments import Rx, alt, json_string, lit, opt,
 from hf_paged.processors.schema.key_names import key_matches, key_readings, not_in
 from hf_paged.processors.schema.name_rules import dependencies_of, forbidden_names, with_dependencies
 from hf_paged.processors.schema.pattern import emit, parse_pattern
+from hf_paged.processors.schema.values import valid_values
 
 __all__ = ["key_matches", "member_order", "object_regex", "ordered_members"]
 
@@ -270,8 +270,18 @@ def _value(parts: list[Any], ctx: Context, where: str) -> Rx | None:
 
 
 def _name_ok(name: str, names_schema: Any, ctx: Context, pointer: str) -> bool:
+    """Whether a declared name satisfies `propertyNames`: its JSON spelling matches the names' regex, or, where the
+    spelling holds an escape the regex of a bounded or patterned string never writes (`\\"`, `\\\\`, `\\uXXXX`:
+    `strings.py`), jsonschema says so of the decoded name (the regex cannot: `{"required": ["\\""],
+    "propertyNames": {"maxLength": 3}}` was refused as unsatisfiable)."""
     rx = ctx.sub(names_schema, pointer_join(pointer, "propertyNames"))
-    return rx is not None and re.fullmatch(rx.text, json.dumps(name, ensure_ascii=False)) is not None
+    spelled = json_string(name)
+    if rx is not None and re.fullmatch(rx.text, spelled) is not None:
+        return True
+    return _UNSPELLED_ESCAPE.search(spelled) is not None and bool(valid_values([name], names_schema, ctx))
+
+
+_UNSPELLED_ESCAPE = re.compile(r'\\["\\u]')
 
 
 def _listed_names(names_schema: Any) -> list[str] | None:
