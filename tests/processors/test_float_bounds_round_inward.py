@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
+from decimal import Decimal
 
 import pytest
 
@@ -37,3 +38,25 @@ def test_a_float_bound_never_lets_in_a_number_past_it(keyword, bound, outward):
             assert validator.is_valid(json.loads(text)), text
     if not keyword.startswith("exclusive"):
         assert re.fullmatch(rx, repr(bound)) is not None  # the bound itself is in range
+
+
+# Doubles above their shortest text (0.1 is 0.1000000000000000055...) and below it (0.122 is 0.1219999999999999973...)
+FLOAT_BOUNDS = [0.1, 0.001, 0.3, 0.7, 1 / 3, 123.456, 4.35, 0.07, 1e-7, 1.5e-5, 999999999999999.9, 0.122, 2.5, -0.1,
+                -0.001, -4.35]
+
+
+@pytest.mark.parametrize("bound", FLOAT_BOUNDS)
+def test_an_inclusive_bound_admits_its_own_shortest_text(bound):
+    """Rounded inward to 17 digits, `minimum: 0.1` refused "0.1" (the decimal bound became 0.10000000000000001) and
+    `minimum = maximum = 0.1` was unsatisfiable (the schema fuzz's false refusals); the shortest text parses to the
+    bound itself, so every decimal on its inner side is within the bound too."""
+    text = format(Decimal(repr(bound)), "f")  # (bounded numbers are written without an exponent)
+    for schema in ({"type": "number", "minimum": bound}, {"type": "number", "maximum": bound},
+                   {"type": "number", "minimum": bound, "maximum": bound}):
+        rx = schema_to_regex(schema)
+        assert re.fullmatch(rx, text) is not None, (schema, text)
+        validator = jsonschema.Draft202012Validator(schema)
+        for near in (math.nextafter(bound, math.inf), math.nextafter(bound, -math.inf)):
+            for spelling in (repr(near), f"{near:.17f}", f"{near:.20f}", f"{bound:.17f}", f"{bound:.20f}"):
+                if re.fullmatch(rx, spelling) is not None:  # (never a number past the bound)
+                    assert validator.is_valid(json.loads(spelling)), (schema, spelling)

@@ -6,7 +6,8 @@ float, so the decimal bound we compare against is chosen such that float roundin
 text over the schema's bound:
 
     upper bound b --> b' = the largest double <= b (< b when exclusive) --> exact decimal of b', rounded down to
-    17 significant digits (still rounds to b', and never above it)
+    17 significant digits (still rounds to b', and never above it), or, below 2**53, the shortest text of b' where
+    that is larger (it rounds to b' too: 0.1, whose exact decimal is 0.1000000000000000055)
 
 An integer bound that is a double (all up to 2**53) is kept exactly. Texts without fraction parse to Python ints,
 compared exactly with the bound: for an integer bound, the integers between the decimal bound and the schema's (a
@@ -279,6 +280,11 @@ def _safe_decimal(v: Any, exclusive: bool, upper: bool) -> Decimal | None:
         return None
     ctx = DecimalContext(prec=17, rounding=ROUND_FLOOR if upper else ROUND_CEILING)
     d = ctx.plus(Decimal(f))
+    # f's shortest text parses to f as well (0.1's "0.1", where 17 digits gave 0.10000000000000001): the outer of the
+    # two; below 2**53, where no integer text (an exact int) lies between them (2**60's is 1152921504606847000)
+    if abs(f) < 2**53:
+        shortest = Decimal(repr(f))
+        d = max(d, shortest) if upper else min(d, shortest)
     if d.as_tuple().exponent < -_MAX_FRACTION_DIGITS:  # e.g. nextafter(0) = 5e-324: round inward, shorter regex
         d = d.quantize(Decimal(1).scaleb(-_MAX_FRACTION_DIGITS), rounding=ROUND_FLOOR if upper else ROUND_CEILING)
     return d
