@@ -21,9 +21,9 @@ from collections import deque
 
 import numpy as np
 
-from hf_paged.processors.automaton.byte_dfa import byte_sets
 from hf_paged.processors.automaton.call_graph import call_graph, components
 from hf_paged.processors.automaton.grammar import Grammar
+from hf_paged.processors.automaton.grammar_rules import TableLoops
 
 __all__ = ["MAX_DEPTH", "NestingLimit", "PrunedRule", "depth_bound"]
 
@@ -50,7 +50,7 @@ def depth_bound(grammar: Grammar) -> int:
     return 1 + max(bound)
 
 
-class PrunedRule:
+class PrunedRule(TableLoops):
     """A rule (`grammar_rules.Rule`) cut to the states that can end with `levels` levels of calls below them: the
     same state numbers, edges into the others going to the dead state, calls kept where the callee can end one level
     further down and the state returned to can end (read like a `Rule`)."""
@@ -73,18 +73,6 @@ class PrunedRule:
         self.nbytes = table.nbytes
         self._loops: np.ndarray | None = None
         self._has_loops: np.ndarray | None = None
-
-    @property
-    def loops(self) -> np.ndarray:
-        if self._loops is None:
-            self._loops = byte_sets(self.table == np.arange(self.table.shape[0], dtype=np.int32)[:, None])
-        return self._loops
-
-    @property
-    def has_loops(self) -> np.ndarray:
-        if self._has_loops is None:
-            self._has_loops = self.loops.any(axis=1)
-        return self._has_loops
 
 
 class NestingLimit:

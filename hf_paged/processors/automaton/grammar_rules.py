@@ -18,10 +18,35 @@ from hf_paged.processors.automaton.call_graph import call_graph
 from hf_paged.processors.automaton.grammar import DIGITS, MARK, WIDTH, Grammar
 from hf_paged.processors.budget import CompileBudget
 
-__all__ = ["Rule", "grammar_rules"]
+__all__ = ["Rule", "TableLoops", "grammar_rules"]
 
 
-class Rule:
+class TableLoops:
+    """`loops` / `has_loops` of a rule's `table`, derived on first need (a `Rule`, or a copy pruned near the nesting
+    limit, `grammar_depth.PrunedRule`; each has `_loops` / `_has_loops` slots)."""
+
+    __slots__ = ()
+
+    @property
+    def loops(self) -> np.ndarray:
+        """uint64 [S + 1, 4]: the bytes that keep a state where it is. Derived on first need (when decoding first
+        builds the rule's rows): most rules of a big grammar are not reached by the first mask, and the compile
+        never reads them. (Computed twice by two threads at once: the same value.)"""
+        if self._loops is None:
+            table = self.table
+            states = np.arange(table.shape[0], dtype=np.int32)[:, None]
+            self._loops = byte_sets(table == states)
+        return self._loops
+
+    @property
+    def has_loops(self) -> np.ndarray:
+        """bool [S + 1]: whether a state has any byte in `loops`."""
+        if self._has_loops is None:
+            self._has_loops = self.loops.any(axis=1)
+        return self._has_loops
+
+
+class Rule(TableLoops):
     """One rule's automaton, its call edges taken out. Its table is written on first need (`table`, `dead`,
     `finals`, `calls`, `has_calls` all wait for it): the compile counts every rule's work, but the first mask reaches
     few rules, and `IndexCache`'s background step (`TokenIndex.prepare`) writes the others' before decoding meets
@@ -93,24 +118,6 @@ class Rule:
         if self._table is None:
             self._write()
         return self._has_calls  # type: ignore[return-value]
-
-    @property
-    def loops(self) -> np.ndarray:
-        """uint64 [S + 1, 4]: the bytes that keep a state where it is. Derived on first need (when decoding first
-        builds the rule's rows): most rules of a big grammar are not reached by the first mask, and the compile
-        never reads them. (Computed twice by two threads at once: the same value.)"""
-        if self._loops is None:
-            table = self.table
-            states = np.arange(table.shape[0], dtype=np.int32)[:, None]
-            self._loops = byte_sets(table == states)
-        return self._loops
-
-    @property
-    def has_loops(self) -> np.ndarray:
-        """bool [S + 1]: whether a state has any byte in `loops`."""
-        if self._has_loops is None:
-            self._has_loops = self.loops.any(axis=1)
-        return self._has_loops
 
 
 def _memo_hit(memo: OrderedDict, key, budget: CompileBudget):
