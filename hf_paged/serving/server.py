@@ -79,7 +79,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     parser.add_argument("--replicas", type=int, default=None,
                         help="run N engine replicas on Ray Serve, routed by prefix cache (needs hf_paged[ray])")
-    parser.add_argument("--address", default=None, help="with --replicas: join this Ray cluster (default: local)")
+    parser.add_argument("--address", default=None, help="run the replicas on this Ray cluster (default: a local one "
+                        "the command starts); without --replicas: one replica there")
     parser.add_argument("--prefill-replicas", type=int, default=None,
                         help="with --replicas N: run P of the N replicas as prefill workers whose KV the other N - P "
                              "load and decode from (prefill/decode disaggregation, blocks through Ray's object store)")
@@ -141,6 +142,9 @@ def checked_paged_config(args):
                        "default (32 MiB): leave it out")
     if args.kv_offload_dir is not None and args.replicas is not None:  # each replica would count the files alone
         raise CliError("--kv-offload-dir is for one engine; with --replicas leave it out")
+    if args.served_model_name is not None and not args.served_model_name.strip():  # (it fell back to the default)
+        raise CliError("--served-model-name is empty: give the model id clients send, or leave it out to use the "
+                       "model's own name")
     if getattr(args, "prefill_replicas", None) is not None and args.replicas is None:
         raise CliError("--prefill-replicas splits the replicas of --replicas N: give --replicas too (e.g. "
                        "--replicas 3 --prefill-replicas 1)")

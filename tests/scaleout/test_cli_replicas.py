@@ -20,6 +20,8 @@ from hf_paged.cli import main
     (["serve", "--replicas", "2", "--prefill-replicas", "2"], "--prefill-replicas must leave at least one decode"),
     (["serve", "--replicas", "3", "--prefill-replicas", "-1"], "--prefill-replicas must leave at least one decode"),
     (["serve", "--prefill-replicas", "1"], "--prefill-replicas splits the replicas of --replicas N"),
+    (["serve", "--served-model-name", ""], "--served-model-name is empty"),  # (the default name came instead)
+    (["serve", "--replicas", "2", "--served-model-name", " "], "--served-model-name is empty"),
 ])
 def test_bad_replica_arguments_fail_before_ray_starts(argv, message, capsys):
     assert main(argv) == 2
