@@ -322,7 +322,7 @@ class KVConnector:
         """A read's blocks; its refused blobs counted and deleted (they can never become valid under their keys)."""
         self.counters.fetch_seconds += result.seconds
         for key in result.refused:
-            self.counters.rejected_blocks += 1
+            self.counters.reject(1, "a checksum, header or model fingerprint that does not match")
             self.store.delete(key)
         return result.blocks
 
@@ -336,7 +336,7 @@ class KVConnector:
             saved = stack_blocks([b.tensors for b in blocks], self.cache.kv_shape.num_layers, self.cache.compressed)
             self.cache.load_blocks(block_ids, saved)
         except (KeyError, RuntimeError, TypeError, ValueError):  # a table that does not fit this storage
-            self.counters.rejected_blocks += len(blocks)
+            self.counters.reject(len(blocks), "tensors that do not fit this cache's storage")
             for key in self._keys([b.digest for b in blocks]):
                 self.store.delete(key)
             return False

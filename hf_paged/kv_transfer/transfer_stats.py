@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+
+_LOG = logging.getLogger("hf_paged")
 
 __all__ = ["KVTransferStats"]
 
@@ -30,3 +33,11 @@ class KVTransferStats:
     prefetched_reads: int = 0  # background reads started when the request arrived (not when admitted)
     load_waits: int = 0  # steps a load waited for a free block to write its next chunk into (a full pool)
     reread_loads: int = 0  # loads asked again from a shorter local hit (blocks before them evicted meanwhile)
+
+    def reject(self, count: int, why: str) -> None:
+        """Count `count` refused blobs (deleted by the caller); logged when the total reaches 1, 2, 4, 8, ... (a
+        directory of damaged files is seen in the log, in a bounded number of lines)."""
+        before, self.rejected_blocks = self.rejected_blocks, self.rejected_blocks + count
+        if count and before.bit_length() < self.rejected_blocks.bit_length():
+            _LOG.warning("hf_paged: %d KV block(s) refused from the store so far (%s); deleted, their tokens are "
+                         "recomputed", self.rejected_blocks, why)

@@ -96,7 +96,7 @@ def test_save_cached_writes_the_whole_cache_before_a_shutdown(model, prompts, ex
     assert transfer_stats(restarted)["loaded_blocks"] == 6
 
 
-def test_corrupt_and_truncated_files_are_refused_counted_and_deleted(model, prompts, expected, tmp_path):
+def test_corrupt_and_truncated_files_are_refused_counted_and_deleted(model, prompts, expected, tmp_path, caplog):
     engine = disk_engine(model, tmp_path)
     run(engine, prompts[:1])
     evict_all(engine)
@@ -108,7 +108,12 @@ def test_corrupt_and_truncated_files_are_refused_counted_and_deleted(model, prom
     data = bytearray(blobs[first])
     data[len(data) // 2] ^= 0xFF  # one flipped byte in the payload
     first.write_bytes(bytes(data))
-    assert run(restarted, prompts[:1]) == expected[:1]
+    with caplog.at_level("WARNING", logger="hf_paged"):
+        assert run(restarted, prompts[:1]) == expected[:1]
+    # logged too (it was only counted: found by a hostile pass, session 31), in lines bounded by powers of two
+    assert [r.getMessage() for r in caplog.records if "refused from the store" in r.getMessage()] == [
+        "hf_paged: 1 KV block(s) refused from the store so far (a checksum, header or model fingerprint that does not "
+        "match); deleted, their tokens are recomputed"]
     stats = transfer_stats(restarted)
     assert stats == {**stats, "loaded_blocks": 0, "rejected_blocks": 1, "load_failures": 1}
     assert not first.exists()
@@ -363,3 +368,15 @@ def test_a_lock_name_that_is_a_directory_is_a_config_error(model, tmp_path: Path
         DirectoryStore(tmp_path, max_bytes=100)
     with pytest.raises(InvalidConfigError, match="which is a directory"):
         Engine(model, PagedConfig(block_size=BS, kv_offload_dir=str(tmp_path)))
+
+
+def test_refusals_are_logged_in_lines_bounded_by_powers_of_two(caplog):
+    from hf_paged.kv_transfer.transfer_stats import KVTransferStats
+
+    stats = KVTransferStats()
+    with caplog.at_level("WARNING", logger="hf_paged"):
+        for _ in range(10):
+            stats.reject(1, "why")
+        stats.reject(20, "why")  # 30: past 16
+    counts = [int(r.getMessage().split()[1]) for r in caplog.records]
+    assert stats.rejected_blocks == 30 and counts == [1, 2, 4, 8, 30]
