@@ -62,13 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from hf_paged.errors import HfPagedError
 
+    argv_given = argv
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         if argv[:1] == ["eval"]:  # lm-eval's own arguments, parsed by lm-eval
             from hf_paged.cli.eval import run_eval
 
             return run_eval(argv[1:])
-        return _run(build_parser().parse_args(argv))
+        args = build_parser().parse_args(argv)
+        args.whole_process = argv_given is None  # the `hf-paged` command itself, not a call from Python code
+        return _run(args)
     except (CliError, HfPagedError) as exc:
         print(f"hf-paged: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
@@ -105,7 +108,12 @@ def _run(args: argparse.Namespace) -> int:
             from hf_paged.scaleout.cli import run_replicas
 
             return run_replicas(args)
-        return run_serve(args)
+        code = run_serve(args)
+        if getattr(args, "whole_process", False):
+            from hf_paged.serving.server import end_process
+
+            end_process(code)
+        return code
     else:
         run_generate(args)
     return 0

@@ -131,6 +131,8 @@ def test_sigterm_finishes_or_aborts_in_flight_requests_and_exits_0(timeout, body
             time.sleep(0.02)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=150) == 0  # (past the longest --shutdown-timeout above)
+        output = proc.stdout.read().decode(errors="replace")  # (the process has ended: the pipe is at its end)
+        assert "nanobind: leaked" not in output, output[-2000:]  # (a frozen heap's cycles at finalization: end_process)
         for t in threads:
             t.join(timeout=150)
         (plain_status, plain), (stream_status, events) = result[False], result[True]
