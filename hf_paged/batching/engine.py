@@ -282,13 +282,20 @@ class Engine:
         self.sampling.sample(inputs, logits, result, greedy=greedy)  # steps 6-7 (step_sampling.py)
 
     def _fail_unschedulable(self, schedule: SchedulerOutput) -> None:
-        """Nothing ran or was preempted while requests wait: the one admission stopped on never fits; fail it."""
+        """Nothing ran or was preempted while requests wait: the one admission stopped on never fits; fail it. Or the
+        one running request cannot get the blocks of its next tokens from the whole pool (`SchedulerOutput.stuck`)."""
+        if schedule.stuck is not None:
+            self.lifecycle.fail(schedule.stuck, self._out_of_blocks())
+            return
         if (self.scheduler.running or not self.scheduler.waiting or self.scheduler.is_loading or schedule.preempted
                 or schedule.num_load_tokens):
             return  # something runs, nothing waits, blocks are read or were written for a waiting one, room was made
-        self.lifecycle.fail(schedule.blocked or self.scheduler.waiting[0][1], Failure(
-            f"request needs more blocks than the pool can ever free ({self.cache.num_blocks} blocks of "
-            f"{self.config.block_size}): raise PagedConfig.num_blocks or lower max_new_tokens", OutOfBlocksError))
+        self.lifecycle.fail(schedule.blocked or self.scheduler.waiting[0][1], self._out_of_blocks())
+
+    def _out_of_blocks(self) -> Failure:
+        return Failure(f"request needs more blocks than the pool can ever free ({self.cache.num_blocks} blocks of "
+                       f"{self.config.block_size}): raise PagedConfig.num_blocks or lower max_new_tokens",
+                       OutOfBlocksError)
 
     # -- prefix cache ------------------------------------------------------------------------------------
     def _extra_keys(self, request: Request) -> tuple:

@@ -2,7 +2,8 @@
 
 One step, under a token budget (`max_num_batched_tokens`) and `max_num_seqs`:
   1. running requests, decodes first, then running prefills (chunked: a long prompt takes what budget is left);
-     a request that cannot get its blocks preempts the lowest-priority, latest running request (possibly itself);
+     a request that cannot get its blocks preempts the lowest-priority, latest running request (possibly itself;
+     one running alone is `stuck` instead, and the engine fails it: no one else holds blocks it could wait for);
   2. waiting requests by priority then arrival (preferring long prefix-cache hits, with an FCFS fallback when the
      queue is long), as long as budget, sequence slots and blocks last; a scoring prompt that a whole step holds
      is not split behind others admitted in the step: it waits for the next (`_waits_for_whole_step`).
@@ -51,6 +52,7 @@ class SchedulerOutput:
     preempted: list[Request] = field(default_factory=list)
     num_batched_tokens: int = 0
     blocked: Request | None = None  # the waiting request admission stopped on (its blocks did not fit)
+    stuck: Request | None = None  # the one running request, whose next tokens the whole pool cannot hold
     num_load_tokens: int = 0  # the step budget loads of waiting requests' blocks took (work done with nothing run)
 
     @property
@@ -180,7 +182,7 @@ class Scheduler:
                 prompt_budget, bounded = self._prompt_budget(sum(r.num_tokens_to_compute == 1 for r in order)), True
                 reserve = self._admission_reserve(prompt_budget)
             prompt_budget = max(0, min(prompt_budget - (chunk.cost if chunk is not None else 0), budget))
-        if not out.preempted:  # admitting while preempting would thrash
+        if not out.preempted and out.stuck is None:  # admitting while preempting would thrash
             left = self._admit(out, prompt_budget, bounded)
             budget -= prompt_budget - left
         out.num_batched_tokens = sum(item.num_tokens for item in out.scheduled)  # (block loads not counted)
@@ -238,6 +240,15 @@ class Scheduler:
         return len(drafts)
 
     def _allocate_or_preempt(self, request: Request, num_tokens: int, scheduled_ids: set[str], out) -> bool:
+        """Claim the slots of `request`'s next `num_tokens`, preempting others (or itself) for them. A request running
+        alone takes no one's blocks: when the pool cannot hold its next tokens it is `out.stuck` (the engine fails it)
+        rather than preempting itself: its recompute would end in the same place (under SnapKV / PyramidKV, whose
+        recompute stops at the pruned prompt and so was re-admitted at once, for ever: h7 F0)."""
+        if len(self.running) == 1 and not self.is_loading:
+            if self.kv.allocate_slots(request.request_id, num_tokens):
+                return True
+            out.stuck = request
+            return False
         while not self.kv.allocate_slots(request.request_id, num_tokens):
             victims = [r for r in self.running if r.request_id not in scheduled_ids]
             victim = min(victims, key=self.lengths.victim_key if self.lengths is not None
