@@ -22,7 +22,7 @@ from hf_paged.api.autocast import refuse_mixed_precision_forward
 from hf_paged.api.generate_criteria import LockstepCriteria
 from hf_paged.api.generate_fallback import dropout_active, fallback_reason
 from hf_paged.api.generate_inputs import check_priorities, check_prompts, checked_inputs, masked_after_start
-from hf_paged.api.generate_output import assemble_generate_output, incomplete_rows, make_streamer_hook
+from hf_paged.api.generate_output import StreamEnd, assemble_generate_output, incomplete_rows, make_streamer_hook
 from hf_paged.api.generate_processors import ProcessorFactory
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
 from hf_paged.batching.sampling import MAX_SPECULATIVE_TOKENS, SamplingParams, as_list
@@ -64,16 +64,32 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
                    assistant_model=None, streamer=None, negative_prompt_ids=None, negative_prompt_attention_mask=None,
                    custom_generate=None, **kwargs: Any):
     """Stock `generate` signature, run on the paged engine. See the module docstring."""
+    stock = type(model).generate.__get__(model)
+    # the streamer's one end(), also when the call raises (a check, a put, a processor, Ctrl-C), so that a
+    # TextIteratorStreamer's reader is not left waiting; not after handing the call to stock, which ends it itself
+    stream = StreamEnd(streamer)
+    try:
+        return _paged_generate(model, stock, stream, inputs, generation_config, logits_processor, stopping_criteria,
+                               prefix_allowed_tokens_fn, synced_gpus, assistant_model, negative_prompt_ids,
+                               negative_prompt_attention_mask, custom_generate, kwargs)
+    finally:
+        stream.end()
+
+
+def _paged_generate(model, stock, stream: StreamEnd, inputs, generation_config, logits_processor, stopping_criteria,
+                    prefix_allowed_tokens_fn, synced_gpus, assistant_model, negative_prompt_ids,
+                    negative_prompt_attention_mask, custom_generate, kwargs: dict[str, Any]):
     from hf_paged.api.wrap_state import engine_of
 
-    stock = type(model).generate.__get__(model)
+    streamer = stream.streamer
     extra = {"stopping_criteria": stopping_criteria, "prefix_allowed_tokens_fn": prefix_allowed_tokens_fn,
              "synced_gpus": synced_gpus, "assistant_model": assistant_model, "custom_generate": custom_generate}
     input_ids = inputs if inputs is not None else kwargs.pop("input_ids", None)
     if input_ids is None or "inputs_embeds" in kwargs or kwargs.get("cache") is not None \
             or kwargs.get("past_key_values") is not None or negative_prompt_ids is not None:
         return _fallback(stock, "inputs_embeds / an explicit cache / no input_ids", inputs, generation_config,
-                         logits_processor, streamer, extra, kwargs, negative_prompt_ids, negative_prompt_attention_mask)
+                         logits_processor, stream.to_stock(), extra, kwargs, negative_prompt_ids,
+                         negative_prompt_attention_mask)
     own = sorted(_OWN_KEYWORDS & set(kwargs))
     if own:  # stock would refuse them as unused model kwargs, after a fallback warning
         raise ValueError(f"{own} are generate_batch options (one output per request, with its attempts); generate "
@@ -83,8 +99,8 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     gen_config, model_kwargs = prepare_generation_config(model, generation_config, **kwargs)
     reason = fallback_reason(model, gen_config, model_kwargs, {**extra, "streamer": streamer}, len(input_ids))
     if reason is not None:
-        return _fallback(stock, reason, input_ids, generation_config, logits_processor, streamer, extra, kwargs,
-                         negative_prompt_ids, negative_prompt_attention_mask)
+        return _fallback(stock, reason, input_ids, generation_config, logits_processor, stream.to_stock(), extra,
+                         kwargs, negative_prompt_ids, negative_prompt_attention_mask)
 
     input_ids, attention_mask = checked_inputs(input_ids, model_kwargs.get("attention_mask"), gen_config.pad_token_id,
                                                as_list(gen_config.eos_token_id))
@@ -92,13 +108,13 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     if (right_padded or holes) and windowed_attention(model.config):
         return _fallback(stock, f"attention_mask rows {(holes or right_padded)[:8]} have zeros after their first token "
                          "on a model with sliding-window layers (stock's window counts the masked slots)", input_ids,
-                         generation_config, logits_processor, streamer, extra, kwargs, negative_prompt_ids,
+                         generation_config, logits_processor, stream.to_stock(), extra, kwargs, negative_prompt_ids,
                          negative_prompt_attention_mask)
     if right_padded:
         warnings.warn(f"hf_paged: rows {right_padded[:8]} are right-padded; each is continued after its last real "
                       "token (what left padding gives), where stock generate continues after the padding; for output "
                       "identical to stock, pad on the left (tokenizer.padding_side = 'left')", RightPaddingWarning,
-                      stacklevel=2)
+                      stacklevel=3)
     prompts = [row[mask.bool()].tolist() for row, mask in zip(input_ids.cpu(), attention_mask.cpu())]
     engine = engine_of(model)
     padded_len = input_ids.shape[1]
@@ -110,7 +126,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     if longest + max_new_tokens > engine.max_model_len and rope is not None:
         return _fallback(stock, f"{rope} rotary frequencies past the model's {engine.max_model_len} positions (they "
                          "change with the sequence's length there)", input_ids, generation_config,
-                         logits_processor, streamer, extra, kwargs, negative_prompt_ids,
+                         logits_processor, stream.to_stock(), extra, kwargs, negative_prompt_ids,
                          negative_prompt_attention_mask)
     check_prompts(engine, prompts, max_new_tokens)
     # rows end at the model's positions, a prompt of all of them after its one token (valid in stock too); stock goes
@@ -119,7 +135,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
         warnings.warn(f"hf_paged: generation stops at the model's maximum of {engine.max_model_len} positions (a "
                       f"prompt of {longest} tokens + max_new_tokens={max_new_tokens}); rows that reach it end there, "
                       "where stock generate would go on past the positions the model was trained on",
-                      PositionLimitWarning, stacklevel=2)
+                      PositionLimitWarning, stacklevel=3)
 
     eos = as_list(gen_config.eos_token_id)
     pad_token_id = gen_config.pad_token_id if gen_config.pad_token_id is not None else (eos[0] if eos else 0)
@@ -135,9 +151,10 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     criteria = _stock_criteria(model, gen_config, stopping_criteria, model_kwargs.get("tokenizer"), padded_len,
                                max_new_tokens, input_ids.device) if lockstep else None
     submission = engine.loop.submit(prompts, params, stream=streamer is not None or lockstep)
+    if streamer is not None:  # stock puts the expanded rows (a put that raises: the ids go back once collected)
+        streamer.put(rows.cpu())
     assisted = len(rows) == 1 and (assistant_model is not None or bool(gen_config.prompt_lookup_num_tokens))
-    on_step = make_streamer_hook(streamer, rows, submission.all_ids, pad_token_id,  # (stock puts the expanded rows)
-                                 assisted=assisted)
+    on_step = make_streamer_hook(streamer, submission.all_ids, pad_token_id, assisted=assisted)
     replay = None
     if criteria is not None:
         replay = LockstepCriteria(criteria, rows, submission.all_ids, pad_token_id, max_new_tokens,
@@ -149,10 +166,9 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
     stock = StockBatch.register(engine.sampler.stock_batches, submission.all_ids if gen_config.do_sample else ())
     try:
         outputs = submission.result(on_step)
-    finally:  # also on an error (a streamer's put, Ctrl-C): a TextIteratorStreamer's reader is not left waiting
+    finally:
         stock.unregister()
-        if streamer is not None:
-            streamer.end()
+        stream.end()  # (before the outputs are shaped: the reader's loop ends with the last token)
     failed = [o for o in outputs.values() if o.status is RequestStatus.FAILED
               and not (replay is not None and o.request_id in replay.aborted)]
     if failed:
@@ -163,7 +179,7 @@ def paged_generate(model, inputs: torch.Tensor | None = None, generation_config:
                            scores=o.scores and replay.cut(i, o.scores), logits=o.logits and replay.cut(i, o.logits))
                    for i, o in enumerate(ordered)]
     for message in incomplete_rows(ordered, gen_config.max_new_tokens):
-        warnings.warn(message, IncompleteDocumentWarning, stacklevel=2)
+        warnings.warn(message, IncompleteDocumentWarning, stacklevel=3)
     return assemble_generate_output(rows, ordered, gen_config, pad_token_id, factory.vocab_size,
                                     scores=[o.scores or [] for o in ordered], logits=[o.logits or [] for o in ordered])
 
@@ -212,7 +228,7 @@ def speculative_params(gen_config: GenerationConfig, assistant_model=None) -> di
 def _fallback(stock, reason, inputs, generation_config, logits_processor, streamer, extra, kwargs,
               negative_prompt_ids, negative_prompt_attention_mask):
     warnings.warn(f"hf_paged: {reason} is not supported by the paged engine; running stock generate",
-                  PagedFallbackWarning, stacklevel=3)
+                  PagedFallbackWarning, stacklevel=4)
     return stock(inputs, generation_config, logits_processor=logits_processor, streamer=streamer,
                  negative_prompt_ids=negative_prompt_ids, negative_prompt_attention_mask=negative_prompt_attention_mask,
                  **{k: v for k, v in extra.items() if v is not None}, **kwargs)

@@ -50,24 +50,68 @@ def _per_step(per_row: list[list[torch.Tensor]] | None, steps: int, pad: int, vo
     return tuple(out)
 
 
-def make_streamer_hook(streamer, input_ids: torch.Tensor, order: list[str], pad_token_id: int,
-                       assisted: bool = False) -> Callable | None:
-    """Feed `streamer` like stock generate: the prompt first, then one `[rows]` tensor of new tokens per step;
-    `assisted` (one row, as stock's assisted decoding takes): one `[1, k]` tensor of the tokens a step accepted."""
+class StreamEnd:
+    """Calls `streamer.end()` at most once, and never once the call went to stock generate (`to_stock`)."""
+
+    def __init__(self, streamer) -> None:
+        self.streamer, self.pending = streamer, streamer is not None
+
+    def to_stock(self):
+        self.pending = False
+        return self.streamer
+
+    def end(self) -> None:
+        if self.pending:
+            self.pending = False
+            self.streamer.end()
+
+
+def make_streamer_hook(streamer, order: list[str], pad_token_id: int, assisted: bool = False) -> Callable | None:
+    """Feed `streamer` the new tokens as stock generate does, after the prompt (put by the caller): one `[rows]`
+    tensor per stock step (`StreamReplay`); `assisted` (one row, as stock's assisted decoding takes): one `[1, k]`
+    tensor of the tokens a step accepted."""
     if streamer is None:
         return None
-    streamer.put(input_ids.cpu())
+    if not assisted:
+        return StreamReplay(streamer, order, pad_token_id).on_step
 
     def on_step(step) -> None:
-        new = [step.new_tokens.get(rid, []) for rid in order]
-        if assisted:
-            if new[0]:
-                streamer.put(torch.tensor([new[0]]))
-            return
-        for j in range(max((len(n) for n in new), default=0)):
-            streamer.put(torch.tensor([n[j] if j < len(n) else pad_token_id for n in new]))
+        new = step.new_tokens.get(order[0], [])
+        if new:
+            streamer.put(torch.tensor([new]))
 
     return on_step
+
+
+class StreamReplay:
+    """Stock's puts, replayed over the engine's steps (as `LockstepCriteria` replays its stopping checks).
+
+    Stock advances every row one token a step and puts each step's `[rows]` tensor: row i's k-th new token, or
+    `pad_token_id` for a row that already ended; its loop, and so its puts, end when every row has. The engine runs
+    rows at their own pace (a row waits for a slot, a chunked prefill, another row's prefix blocks; assisted rows
+    accept different numbers of drafts), so position k is put once every row has its k-th token or has ended:
+    the same number of puts, and the same tensors, as stock's (found by a hostile pass: pads mid-row, extra puts)."""
+
+    def __init__(self, streamer, order: list[str], pad_token_id: int) -> None:
+        self.streamer, self.pad = streamer, pad_token_id
+        self.row_of = {rid: i for i, rid in enumerate(order)}
+        self.tokens: list[list[int]] = [[] for _ in order]
+        self.ended = [False] * len(order)
+        self.num_puts = 0  # token positions put so far
+
+    def on_step(self, step) -> None:
+        for rid, new in step.new_tokens.items():
+            self.tokens[self.row_of[rid]].extend(new)
+        for out in step.finished:
+            self.ended[self.row_of[out.request_id]] = True
+        while self._ready(self.num_puts):
+            k = self.num_puts
+            self.num_puts = k + 1
+            self.streamer.put(torch.tensor([t[k] if k < len(t) else self.pad for t in self.tokens]))
+
+    def _ready(self, k: int) -> bool:
+        """Every row has its token k or has ended, and some row has one (else stock's loop ended before k)."""
+        return all(len(t) > k or e for t, e in zip(self.tokens, self.ended)) and any(len(t) > k for t in self.tokens)
 
 
 def incomplete_rows(ordered: list[RequestOutput], max_new_tokens: int | None) -> list[str]:
