@@ -43,14 +43,14 @@ def checked_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
 
 
 def masked_after_start(attention_mask: torch.Tensor) -> tuple[list[int], list[int]]:
-    """Rows whose mask has a 0 after the row's first 1: (right-padded rows, whose zeros after it all come at the
-    end; rows with a hole). Left padding is neither."""
+    """Rows whose mask has a 0 after the row's first 1: (right-padded rows, whose last slot is such a 0; rows with a
+    hole, a 0 between two 1s). A row can be both ([1, 0, 1, 0, 0]): it is right-padded, as stock reads its next
+    token's logits at a pad (a hole alone it reads as the engine does). Left padding is neither."""
     mask = attention_mask.bool().cpu()
     started = mask.long().cummax(dim=1).values.bool()
-    gaps = (started & ~mask).any(dim=1)
     ended = torch.flip(torch.flip(mask.long(), [1]).cummax(dim=1).values.bool(), [1])  # a 1 at or after each slot
     holes = (started & ended & ~mask).any(dim=1)
-    right = gaps & ~holes
+    right = started[:, -1] & ~mask[:, -1]
     return right.nonzero().flatten().tolist(), holes.nonzero().flatten().tolist()
 
 

@@ -54,6 +54,25 @@ def test_right_padding_continues_after_the_last_real_token_with_a_warning(llama)
         wrapped.generate(left, attention_mask=(left != 0).long(), max_new_tokens=2, do_sample=False)
 
 
+@pytest.mark.parametrize("row_mask", [[1, 0, 1, 0, 0], [0, 1, 0, 1, 0], [1, 1, 0, 1, 0]])
+@pytest.mark.parametrize("inferred", [False, True])
+def test_a_row_with_a_hole_and_right_padding_is_right_padded(llama, row_mask, inferred):
+    """A hole and zeros at the end: continued after its last real token with a `RightPaddingWarning`, as a
+    right-padded row (was: stock's answer differed, without a word; found by a hostile pass, h6)."""
+    stock, wrapped = llama
+    full, row = [21, 22, 23, 24, 25], [11, 12, 13, 14, 15]
+    tail = len(row_mask) - max(i for i, m in enumerate(row_mask) if m) - 1  # the zeros at the end, moved to the left
+    mask = torch.tensor([[1] * 5, row_mask])
+    left_mask = torch.tensor([[1] * 5, row_mask[-tail:] + row_mask[:-tail]])
+    ids = torch.tensor([full, [t if m else 0 for t, m in zip(row, row_mask)]])
+    left = torch.tensor([full, [t if m else 0 for t, m in zip(row[-tail:] + row[:-tail], left_mask[1].tolist())]])
+    expected = stock.generate(left, attention_mask=left_mask, max_new_tokens=4, do_sample=False)
+    with pytest.warns(RightPaddingWarning, match=r"rows \[1\]"):  # the mask given, or inferred from the pads
+        got = wrapped.generate(ids, **({} if inferred else {"attention_mask": mask}), max_new_tokens=4,
+                               do_sample=False)
+    assert torch.equal(got[:, 5:], expected[:, 5:])
+
+
 @pytest.mark.parametrize("layout", ["hole", "right"])
 def test_masked_slots_on_a_sliding_window_model_run_on_stock(mistral, layout):
     """Stock's window counts slots, masked ones included; the engine keeps real tokens only: stock answers."""
