@@ -326,7 +326,7 @@ def sampling_params_for(model, inputs, generation_config, logits_processor, samp
     if unknown:  # a typo (max_new_token=) would otherwise run with the defaults
         raise ValueError(f"generate_batch got unknown keyword argument(s) {unknown}: neither GenerationConfig fields "
                          f"nor hf_paged's ({', '.join(sorted(_OWN_KEYWORDS))}); check the spelling")
-    _refuse_unread_limits(kwargs, generation_config, max_new_tokens)
+    _refuse_unread_limits(kwargs, generation_config, max_new_tokens, model.generation_config)
     if kwargs:
         gen_config = GenerationConfig.from_dict({**gen_config.to_dict(), **kwargs})
     factory = ProcessorFactory(model, gen_config, logits_processor, execution_device(model))
@@ -345,18 +345,24 @@ def sampling_params_for(model, inputs, generation_config, logits_processor, samp
     return _params_per_prompt(gen_config, factory, inputs, room=room, **overrides)
 
 
-def _refuse_unread_limits(kwargs: dict, generation_config: GenerationConfig | None, max_new_tokens) -> None:
+def _refuse_unread_limits(kwargs: dict, generation_config: GenerationConfig | None, max_new_tokens,
+                          model_config: GenerationConfig) -> None:
     """`max_time` and `max_length`, which `generate_batch` does not read (nor does transformers' own): a limit the
-    caller named must not be dropped silently (found by a hostile pass: 2,000 tokens for max_time=0.2, the model's
-    positions for max_length=12)."""
+    caller named must not be dropped silently (found by hostile passes: 2,000 tokens for max_time=0.2, the model's
+    positions for max_length=12 as a keyword, in `generation_config=` or in `model.generation_config`)."""
     if kwargs.get("max_time") is not None or (generation_config is not None and generation_config.max_time is not None):
         raise ValueError("generate_batch got max_time: it runs each request to its own end (transformers' "
                          "generate_batch ignores max_time too); bound each with max_new_tokens, or use "
                          "model.generate(..., max_time=) for a time limit")
+    why = ("it counts each request's new tokens, not prompt plus output (transformers' generate_batch does not read "
+           "max_length either); give max_new_tokens")
     if kwargs.get("max_length") is not None and max_new_tokens is None:
-        raise ValueError(f"generate_batch got max_length={kwargs['max_length']}: it counts each request's new "
-                         "tokens, not prompt plus output (transformers' generate_batch does not read max_length "
-                         "either); give max_new_tokens")
+        raise ValueError(f"generate_batch got max_length={kwargs['max_length']}: {why}")
+    config, name = (model_config, "model.generation_config") if generation_config is None else \
+        (generation_config, "generation_config")
+    if config.max_length is not None and max_new_tokens is None and config.max_new_tokens is None:
+        raise ValueError(f"generate_batch got {name}.max_length={config.max_length}: {why} (or set {name}.max_length "
+                         "= None to run each request to EOS or the model's positions)")
 
 
 def _params_per_prompt(gen_config: GenerationConfig, factory: ProcessorFactory, prompts, padded_rows=None,
