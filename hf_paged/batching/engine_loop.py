@@ -34,7 +34,7 @@ from hf_paged.batching.interrupts import critical
 from hf_paged.batching.loop_driver import Driver
 from hf_paged.batching.loop_requests import LoopClosedError, Planned, RequestDelta, Submission, _Sink
 from hf_paged.batching.loop_thread import serve, wake
-from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput, fork_ids
+from hf_paged.batching.request import RequestOutput, RequestStatus, StepOutput, checked_submission, fork_ids
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.errors import RequestFailedError, UnsupportedGenerationError
 
@@ -91,7 +91,6 @@ class EngineLoop:
             raise UnsupportedGenerationError(
                 "generate_async on a tensor-parallel model: every rank must run the same requests in the same steps, "
                 "which requests arriving on their own cannot promise; call generate / generate_batch on every rank")
-        params = params or SamplingParams()
         event_loop = asyncio.get_running_loop()
         deltas: asyncio.Queue[list[RequestDelta]] = asyncio.Queue()
         sink = _Sink(lambda d: event_loop.call_soon_threadsafe(deltas.put_nowait, d), tokens=True)
@@ -202,8 +201,7 @@ class EngineLoop:
     # -- submission ----------------------------------------------------------------------------------------
     def _plan(self, prompts, params, request_ids, priorities, sink: _Sink) -> Planned:
         """Reserve the ids of a submission and build the command that adds it; nothing runs until `enqueue`."""
-        if len(params) != len(prompts):
-            raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; give one each")
+        prompts, params, levels = checked_submission(prompts, params, priorities)  # (the caller's errors: raised)
         if self._turning == threading.get_ident():  # it would wait for the step it is called from: for ever
             raise UnsupportedGenerationError(
                 "generate called from inside a step of the same wrapped model (a processor, criterion or streamer of "
@@ -212,22 +210,21 @@ class EngineLoop:
             raise LoopClosedError("the engine loop was shut down; it takes no new requests")
         planned = Planned()
         weakref.finalize(planned, self._give_back, planned.request_ids, planned.queued).atexit = False
-        self._reserve(prompts, params, request_ids, priorities, sink, planned)
+        self._reserve(prompts, params, request_ids, levels, sink, planned)
         return planned
 
     @critical  # (a Ctrl-C cutting it would leave ids reserved and unknown to the caller)
-    def _reserve(self, prompts, params, request_ids, priorities, sink: _Sink, planned: Planned) -> None:
+    def _reserve(self, prompts, params, request_ids, levels, sink: _Sink, planned: Planned) -> None:
         wanted = list(request_ids) if request_ids is not None else [None] * len(prompts)
         try:
             for rid in wanted:
                 planned.request_ids.append(self.engine.reserve_request_id(rid))
-        except ValueError:
+        except (ValueError, TypeError):  # (an id in use, or not a str)
             self.engine.release_request_ids(planned.request_ids)
             planned.request_ids.clear()
             raise
         ids = planned.request_ids
         all_ids = [c for rid, p in zip(ids, params) for c in fork_ids(rid, p.num_return_sequences)]
-        levels = list(priorities) if priorities is not None else [0] * len(prompts)
         items = list(zip(ids, prompts, params, levels))
         submitted = time.perf_counter()  # TTFT counts from here, not from when the loop got to the request
 

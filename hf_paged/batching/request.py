@@ -7,6 +7,7 @@ import math
 import operator
 import pickle
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -282,8 +283,14 @@ class StepOutput:
 
 
 def token_ids(prompt_ids: Any) -> list[int]:
-    """A prompt as a list of ints (a tensor or an array flattened, numpy's ints taken); `TypeError` naming the fix
-    for anything else (a text, floats, bools, nested lists)."""
+    """A prompt as a list of ints (a 1-D tensor or array, or a [1, L] one flattened; numpy's ints taken); `TypeError`
+    naming the fix for anything else (a text, floats, bools, nested lists, a tensor of several rows)."""
+    shape = tuple(getattr(prompt_ids, "shape", ()))
+    if len(shape) > 1 and not (len(shape) == 2 and shape[0] == 1):  # rows of a batch would run as one prompt
+        raise TypeError(f"prompt_ids of shape {list(shape)} is not one prompt (a list of ints, a 1-D tensor or a "
+                        "[1, L] row): add one request per row, or call generate_batch with the rows")
+    if len(shape) == 2:
+        prompt_ids = prompt_ids[0]
     if isinstance(prompt_ids, torch.Tensor):
         prompt_ids = prompt_ids.reshape(-1)
     if hasattr(prompt_ids, "tolist"):
@@ -307,3 +314,17 @@ def checked_arguments(prompt_ids: Any, params: SamplingParams | None, priority: 
     if params is not None and not isinstance(params, SamplingParams):
         raise TypeError(f"params must be a SamplingParams, got {type(params).__name__}")
     return token_ids(prompt_ids), params or SamplingParams()
+
+
+def checked_submission(prompts: Sequence[Any], params: Sequence[SamplingParams | None], priorities: Sequence[Any] | None,
+                       ) -> tuple[list[list[int]], list[SamplingParams], list[int]]:
+    """An `EngineLoop` submission's prompts, params (None: the defaults) and priorities (None: 0 each), checked as
+    `Engine.add_request` checks them, before any id is reserved: a text prompt or a dict of params raises its
+    `TypeError` to the caller (checked only when the loop added it, it ended FAILED after a logged traceback)."""
+    if len(params) != len(prompts):
+        raise ValueError(f"got {len(params)} SamplingParams for {len(prompts)} prompts; give one each")
+    levels = list(priorities) if priorities is not None else [0] * len(prompts)
+    if len(levels) != len(prompts):
+        raise ValueError(f"got {len(levels)} priorities for {len(prompts)} prompts; give one each")
+    checked = [checked_arguments(prompt, p, level) for prompt, p, level in zip(prompts, params, levels)]
+    return [prompt for prompt, _ in checked], [p for _, p in checked], levels

@@ -28,7 +28,11 @@ class RequestIds:
         _ALL.add(self)
 
     def reserve(self, request_id: str | None = None) -> str:
-        """Claim `request_id` (a new unique one when None). Raises `ValueError` when it is in use or reserved."""
+        """Claim `request_id` (a new unique one when None). Raises `ValueError` when it is in use or reserved,
+        `TypeError` when it is not a str."""
+        if request_id is not None and not isinstance(request_id, str):
+            raise TypeError(f"request_id must be a str (or None for a new unique one), got "
+                            f"{type(request_id).__name__} {request_id!r}")
         with self.lock:
             if request_id is None:
                 request_id = f"req_{next(self._counter)}"
