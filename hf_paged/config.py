@@ -85,7 +85,7 @@ class PagedConfig:
     # "lru" | "lfu" | "cost" (recompute cost x decayed reuse, remembered after eviction) | "slru" (LRU, reused
     # prefixes and what extends them protected for two pool turnovers); cache/eviction_policy.py
     prefix_eviction_policy: str = "lru"
-    # most of the pool that pinned prefixes (`Engine.pin_prefix`) may hold, as a share of its blocks
+    # most of the pool that pinned prefixes (`Engine.pin_prefix`) may hold, as a share of its blocks, in [0, 1)
     prefix_pin_share: float = 0.5
     cache_salt: str | None = None  # extra key of every block digest (separates tenants / adapters)
     # the disk tier (`hf_paged/kv_transfer/`): full blocks evicted from the prefix cache are written to this
@@ -187,9 +187,9 @@ class PagedConfig:
         _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
         _check_choice("prefix_eviction_policy", self.prefix_eviction_policy, PREFIX_EVICTION_POLICIES)
         if isinstance(self.prefix_pin_share, bool) or not isinstance(self.prefix_pin_share, (int, float)) \
-                or not 0 <= self.prefix_pin_share <= 1:
-            raise ValueError(f"PagedConfig.prefix_pin_share must be in [0, 1] (a share of the pool's blocks), got "
-                             f"{self.prefix_pin_share!r}")
+                or not 0 <= self.prefix_pin_share < 1:  # (pins never free themselves: they must not fill the pool)
+            raise ValueError(f"PagedConfig.prefix_pin_share must be in [0, 1) (the share of the pool's blocks pinned "
+                             f"prefixes may hold; at 1 they could fill it), got {self.prefix_pin_share!r}")
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         for name in ("key_cache_dtype", "value_cache_dtype"):
             value = getattr(self, name)

@@ -293,16 +293,21 @@ class Engine:
         self.lifecycle.fail(schedule.blocked or self.scheduler.waiting[0][1], self._out_of_blocks())
 
     def _out_of_blocks(self) -> Failure:
-        return Failure(f"request needs more blocks than the pool can ever free ({self.cache.num_blocks} blocks of "
-                       f"{self.config.block_size}): raise PagedConfig.num_blocks or lower max_new_tokens",
-                       OutOfBlocksError)
+        num_pinned = self.kv.prefix_cache.num_pinned_blocks if self.kv.prefix_cache is not None else 0
+        held, fix = ((f", {num_pinned} of them held by pinned prefixes", "unpin_prefix, lower PagedConfig."
+                      "prefix_pin_share, raise num_blocks") if num_pinned else ("", "raise PagedConfig.num_blocks"))
+        return Failure(  # (pins never free themselves)
+            f"request needs more blocks than the pool can ever free ({self.cache.num_blocks} blocks of "
+            f"{self.config.block_size}{held}): {fix} or lower max_new_tokens", OutOfBlocksError)
 
     # -- prefix cache ------------------------------------------------------------------------------------
     def _extra_keys(self, request: Request) -> tuple:
         return self.config.block_extra_keys
 
     def reset_prefix_cache(self) -> int:
-        """Forget every cached prefix (e.g. after the weights changed). Returns the entries dropped."""
+        """Forget every cached prefix (e.g. after the weights changed). Returns the entries dropped. Pins end with
+        it (`pin_prefix`: their KV is what is being dropped; a later `unpin_prefix` of them returns 0): pin again once
+        a request has computed the prefix anew."""
         with self.lock:  # (not while another thread steps)
             return self.kv.prefix_cache.reset() if self.kv.prefix_cache is not None else 0
 

@@ -301,7 +301,8 @@ class KVCacheManager:
         prefix_pin_share`), beyond it `PrefixPinLimitError` with the numbers."""
         if self.prefix_cache is None:
             raise InvalidConfigError("pin_prefix needs the prefix cache: PagedConfig(enable_prefix_caching=True)")
-        return self.prefix_cache.pin(list(token_ids), extra_keys, max_blocks=int(max_share * self.pool.num_blocks))
+        max_blocks = min(int(max_share * self.pool.num_blocks), self.pool.num_blocks - 1)  # one block stays unpinned
+        return self.prefix_cache.pin(list(token_ids), extra_keys, max_blocks=max_blocks)
 
     def unpin_prefix(self, token_ids: Sequence[int], extra_keys: tuple) -> int:
         """Undo one `pin_prefix` of the longest pinned prefix of `token_ids`; returns its tokens (0: none)."""

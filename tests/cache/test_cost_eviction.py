@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from hf_paged import Engine, PagedConfig, SamplingParams
+from hf_paged import Engine, PagedConfig, RequestStatus, SamplingParams
 from hf_paged.cache.block_pool import BlockPool
 from hf_paged.cache.digests import prefix_digests
 from hf_paged.cache.eviction_policy import CostPolicy, SLRUPolicy, make_eviction_policy
@@ -220,6 +220,36 @@ def test_engine_pin_prefix_keeps_a_document_through_a_burst():
     assert PagedConfig(prefix_pin_share=0.0).prefix_pin_share == 0.0
     with pytest.raises(ValueError, match="prefix_pin_share"):
         PagedConfig(prefix_pin_share=1.5)
+
+
+def test_pins_keep_a_block_unpinned_and_a_request_they_block_names_them():
+    """A request that fit the pool but not its unpinned part failed with "(16 blocks of 4): raise PagedConfig.
+    num_blocks", never naming the pins; `prefix_pin_share=1.0` was taken, so pins could fill the pool (h6 F11, h7 F5)."""
+    with pytest.raises(ValueError, match=r"prefix_pin_share must be in \[0, 1\)"):
+        PagedConfig(prefix_pin_share=1.0)
+    engine = Engine(tiny_model("llama"), PagedConfig(block_size=4, num_blocks=16))
+    docs, params = ragged_prompts([16, 16], seed=21), SamplingParams(max_new_tokens=1)
+    for doc in docs:
+        engine.run([engine.add_request(doc, params)])
+        assert engine.pin_prefix(doc) == 16
+    assert engine.stats()["prefix_pinned_blocks"] == 8
+    prompt = ragged_prompts([36], seed=5)[0]  # 36 + 3 tokens: 10 blocks of the 16, 8 of them pinned
+    out = engine.run([rid := engine.add_request(prompt, SamplingParams(max_new_tokens=3))])[rid]
+    assert out.status is RequestStatus.FAILED
+    assert "(16 blocks of 4, 8 of them held by pinned prefixes): unpin_prefix, lower PagedConfig.prefix_pin_share, " \
+           "raise num_blocks or lower max_new_tokens" in out.error
+    assert [engine.unpin_prefix(doc) for doc in docs] == [16, 16]
+    out = engine.run([rid := engine.add_request(prompt, SamplingParams(max_new_tokens=3))])[rid]
+    assert out.status is RequestStatus.FINISHED
+    engine.check_integrity()
+    small = Engine(tiny_model("llama"), PagedConfig(block_size=4, num_blocks=8))
+    small.config.prefix_pin_share = 1.0  # (changed after the config was checked: the pool still keeps a block)
+    for doc in docs:
+        small.run([small.add_request(doc, params)])
+    assert small.pin_prefix(docs[0]) == 16
+    with pytest.raises(PrefixPinLimitError, match="over the limit of 7 of 8"):
+        small.pin_prefix(docs[1])
+    small.check_integrity()
 
 
 # -- "slru": a reused prefix (and what extends it) protected for a bounded number of pool turnovers --------------
