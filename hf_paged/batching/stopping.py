@@ -25,6 +25,8 @@ def check_stop(request: Request, max_model_len: int) -> str | None:
     # (vLLM's min_tokens: no stop string ends within the first min_new_tokens tokens, as no EOS does)
     if params.stop_strings and len(request.output_ids) > params.min_new_tokens and _ends_with_stop_string(request):
         return "stop"
+    # The model's positions bound the whole sequence, prompt and output (stock's MaxLengthCriteria reminds past
+    # max_position_embeddings tokens); a prompt of all of them still gets its first token (prompt_check.py)
     if len(request.output_ids) >= params.max_new_tokens or request.num_tokens >= max_model_len:
         return "length"
     return None
