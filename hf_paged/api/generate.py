@@ -361,8 +361,11 @@ def _refuse_unread_limits(kwargs: dict, generation_config: GenerationConfig | No
     config, name = (model_config, "model.generation_config") if generation_config is None else \
         (generation_config, "generation_config")
     if config.max_length is not None and max_new_tokens is None and config.max_new_tokens is None:
-        raise ValueError(f"generate_batch got {name}.max_length={config.max_length}: {why} (or set {name}.max_length "
-                         "= None to run each request to EOS or the model's positions)")
+        # a warning, not an error: checkpoints ship max_length in generation_config.json (Llama 2: 4096), and a
+        # drop-in for transformers' generate_batch, which ignores it, must run their configs
+        warnings.warn(f"generate_batch does not read {name}.max_length={config.max_length}: {why}, or set "
+                      f"{name}.max_length = None to silence this; each request runs to EOS or the model's positions",
+                      PositionLimitWarning, stacklevel=4)
 
 
 def _params_per_prompt(gen_config: GenerationConfig, factory: ProcessorFactory, prompts, padded_rows=None,
