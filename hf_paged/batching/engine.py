@@ -335,7 +335,7 @@ class Engine:
     # -- drivers -----------------------------------------------------------------------------------------
     def run(self, request_ids: Iterable[str] | None = None, *, on_step=None) -> dict[str, RequestOutput]:
         """Step until the given requests (default: all) have ended; return and forget their outputs."""
-        wanted = list(request_ids) if request_ids is not None else list(self.requests)
+        wanted = self._wanted(request_ids, "run")
         while any(not self.requests[rid].ended for rid in wanted):
             step = self.step()
             if on_step is not None:
@@ -346,8 +346,7 @@ class Engine:
         """Yield `(request_id, new_tokens, finished)` as tokens arrive, until the given requests have ended.
 
         Tokens are read from the requests themselves, so none is missed when another thread steps too."""
-        wanted = list(request_ids) if request_ids is not None else list(self.requests)
-        seen = dict.fromkeys(wanted, 0)
+        seen = dict.fromkeys(self._wanted(request_ids, "stream"), 0)
         while seen:
             if any(not self.requests[rid].ended for rid in seen):
                 self.step()
@@ -361,6 +360,21 @@ class Engine:
                     yield rid, list(tokens), request.ended
                 if request.ended:
                     del seen[rid]
+
+    def _wanted(self, request_ids: Iterable[str] | None, method: str) -> list[str]:
+        """`run` / `stream`'s ids: every request's by default; one id alone (a str, once read as its characters) or
+        an unknown one is a `TypeError` / `KeyError` naming it."""
+        if request_ids is None:
+            return list(self.requests)
+        if isinstance(request_ids, str):
+            raise TypeError(f"Engine.{method} takes a list of request ids, got the str {request_ids!r}: pass "
+                            f"[{request_ids!r}]")
+        wanted = list(request_ids)
+        unknown = [rid for rid in wanted if rid not in self.requests]
+        if unknown:
+            raise KeyError(f"Engine.{method}: no request {unknown[0]!r} in this engine: an id from add_request, not "
+                           "popped or forgotten yet")
+        return wanted
 
     def stats(self) -> dict:
         """Counters and gauges of the engine, its cache, scheduler, sampler and retries (`engine_stats.py`)."""

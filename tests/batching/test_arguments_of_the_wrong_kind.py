@@ -76,3 +76,16 @@ def test_the_loop_takes_none_for_the_default_params_as_add_request_does(engine):
 
     assert asyncio.run(stream())[0].status is RequestStatus.FINISHED
     _nothing_claimed(engine)
+
+
+def test_run_and_stream_name_a_lone_id_and_an_unknown_one(engine):
+    """`Engine.stream("req_0")` iterated the id's characters (KeyError: 'r'); an unknown id was a bare KeyError
+    (h6 F13)."""
+    rid = engine.add_request([5, 6, 7], SamplingParams(max_new_tokens=2))
+    for method in (engine.run, lambda ids: list(engine.stream(ids))):
+        with pytest.raises(TypeError, match=rf"takes a list of request ids, got the str '{rid}': pass \['{rid}'\]"):
+            method(rid)
+        with pytest.raises(KeyError, match="no request 'nope' in this engine"):
+            method(["nope"])
+    assert len(engine.run([rid])[rid].generated_tokens) == 2
+    _nothing_claimed(engine)
