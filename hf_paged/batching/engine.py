@@ -261,6 +261,9 @@ class Engine:
             for item in schedule.scheduled:
                 self.lifecycle.fail(item.request, failure)
             return
+        for i in inputs.metadata.sparse_rows:  # chunks attended block-sparsely: their K/V are no plain prefill's
+            item = schedule.scheduled[i]
+            self.kv.end_prefix(item.request.request_id, item.request.num_computed_tokens)
         self.metrics.num_steps += 1
         self.metrics.num_computed_tokens += len(inputs.input_ids)
         self.metrics.recent_step_tokens.append(len(inputs.input_ids))

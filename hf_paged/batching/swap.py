@@ -14,6 +14,7 @@ class SwappedKV:
     num_dropped_tokens: int  # of those, dropped by token pruning before the swap
     layers: list  # per layer: what `PagedCache.save_blocks` copied (None for a layer never written)
     hidden: dict[int, list[int]] | None = None  # PyramidKV's hidden table blocks per layer (`hidden_blocks`)
+    num_prefix_blocks: int | None = None  # leading blocks the prefix cache may take (`KVCacheManager.prefix_blocks`)
 
 
 def swap_out(cache: PagedCache, request: Request) -> None:
@@ -23,7 +24,8 @@ def swap_out(cache: PagedCache, request: Request) -> None:
     num_blocks = -(-(request.num_computed_tokens - dropped) // cache.block_size)
     layers = cache.save_blocks(block_ids[:num_blocks])
     request.swapped = SwappedKV(request.num_computed_tokens, dropped, layers,
-                                cache.manager.hidden_blocks(request.request_id))
+                                cache.manager.hidden_blocks(request.request_id),
+                                cache.manager.prefix_blocks(request.request_id))
 
 
 def swap_in(cache: PagedCache, request: Request) -> bool:
@@ -34,7 +36,7 @@ def swap_in(cache: PagedCache, request: Request) -> bool:
     if not manager.allocate_slots(request.request_id, swapped.num_tokens - swapped.num_dropped_tokens):
         manager.free(request.request_id)
         return False
-    manager.restore_dropped(request.request_id, swapped.num_dropped_tokens, swapped.hidden)
+    manager.restore_dropped(request.request_id, swapped.num_dropped_tokens, swapped.hidden, swapped.num_prefix_blocks)
     cache.load_blocks(manager.block_ids(request.request_id), swapped.layers)
     request.num_computed_tokens = swapped.num_tokens
     return True

@@ -24,7 +24,8 @@ step's plans, each built by the first layer that needs it: torch gather plans (d
 Sparse prefill (`PagedConfig.sparse_prefill`, `cache/sparse_prefill.py`): over plain blocks, with no window, soft
 cap, hidden blocks or observation, the step's long prefill chunks (`SparsePrefill.applies`) are left out of the dense
 plans and attended block-sparsely on the torch path, whatever the backend (the Triton backend hands such steps to the
-torch one); compressed and merged layers stay dense.
+torch one); compressed and merged layers stay dense. The sequences attended so are named in the step's
+`metadata.sparse_rows`: the engine keeps their K/V out of the prefix cache (only a dense prefill's K/V are shared).
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ class TorchBackend:
         if self._sparse_seqs is None:
             qsl = m.query_start_loc
             self._sparse_seqs = [self.sparse.applies(qsl[i + 1] - qsl[i], c) for i, c in enumerate(m.context_lens)]
+            m.sparse_rows.update(i for i, s in enumerate(self._sparse_seqs) if s)  # (their K/V are not a prefix's)
         return self._sparse_seqs
 
     def _sparse_plan(self, device: torch.device, which: str, skip: list[bool]) -> AttentionPlan:

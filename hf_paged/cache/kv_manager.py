@@ -228,12 +228,25 @@ class KVCacheManager:
             seq.num_prefix_blocks = full if seq.num_prefix_blocks is None else min(seq.num_prefix_blocks, full)
             seq.num_cached_blocks = min(seq.num_cached_blocks, seq.num_prefix_blocks)
 
+    def end_prefix(self, seq_id: Hashable, position: int) -> None:
+        """K/V from logical `position` on were not written by a plain prefill (sparse prefill attended that chunk
+        block-sparsely; every later K/V depend on it): the prefix cache takes only the full blocks before it."""
+        seq = self.seqs[seq_id]
+        before = max(position - seq.num_dropped_tokens, 0) // self.block_size
+        seq.num_prefix_blocks = before if seq.num_prefix_blocks is None else min(seq.num_prefix_blocks, before)
+        seq.num_cached_blocks = min(seq.num_cached_blocks, seq.num_prefix_blocks)
+
+    def prefix_blocks(self, seq_id: Hashable) -> int | None:
+        """The leading blocks the prefix cache may take (None: all; `end_prefix`, pruning), e.g. for a swap."""
+        return self.seqs[seq_id].num_prefix_blocks
+
     def restore_dropped(self, seq_id: Hashable, num_dropped_tokens: int,
-                        hidden: dict[int, list[int]] | None = None) -> None:
-        """A swapped-in sequence keeps the logical offset it had (its table is no longer a token prefix) and the
-        blocks its layers hid."""
+                        hidden: dict[int, list[int]] | None = None, num_prefix_blocks: int | None = None) -> None:
+        """A swapped-in sequence keeps the logical offset it had (its table is no longer a token prefix), the
+        blocks its layers hid and the blocks the prefix cache may take (`prefix_blocks` when it was swapped out)."""
         seq = self.seqs[seq_id]
         seq.num_dropped_tokens, seq.hidden = num_dropped_tokens, hidden
+        seq.num_prefix_blocks = num_prefix_blocks
         if num_dropped_tokens or (hidden and any(hidden.values())):
             seq.num_prefix_blocks = 0
 

@@ -4,7 +4,8 @@ The engine builds one per step; the step's attention backend (`attention_backend
 reaches every attention call as the model kwarg `paged_backend`, so nothing per step lives in a global. It is a
 value of the step: derived device tensors are memoised on it, but the plans of the backend live in the backend,
 and no cache layer writes into it. Token pruning's question and answer (`observed`) and PyramidKV's hidden
-positions (`hidden`) are the engine's, filled before the forward (and `observed.scores` during it, by attention).
+positions (`hidden`) are the engine's, filled before the forward (and `observed.scores` during it, by attention);
+`sparse_rows` is attention's answer to the engine: which chunks ran block-sparse.
 """
 
 from __future__ import annotations
@@ -53,8 +54,11 @@ class PagedMetadata:
     _on_device: dict = field(default_factory=dict)  # (name, device) -> tensor
     observed: ObservedScores = field(default_factory=ObservedScores)  # token pruning's scored queries and scores
     hidden: dict[int, dict[int, torch.Tensor]] = field(default_factory=dict)
-    stored: set = field(default_factory=set)  # the layers that stored this step's keys (each once: `store_once`)
     # ^ PyramidKV: layer -> {seq index: table positions that layer must not see}
+    stored: set = field(default_factory=set)  # the layers that stored this step's keys (each once: `store_once`)
+    # the seq indices whose chunk some layer attended block-sparsely (filled during the forward by the backend,
+    # `sparse_seqs`): the engine keeps the K/V they wrote, and all later K/V of those requests, out of the prefix cache
+    sparse_rows: set = field(default_factory=set)
 
     @property
     def num_seqs(self) -> int:

@@ -109,7 +109,9 @@ def attention_of(config) -> str:
     (streaming drops blocks during a long prefill, so later chunks attend to sinks and a window; SnapKV and PyramidKV
     compute a request's tokens after the prompt over the blocks they kept), of sparse prefill (an approximation) and
     of head merging (its table: a merged layer stores its representatives' key heads only, and its attention changes
-    what every later layer computes). Blocks of one setting are never loaded by an engine with another."""
+    what every later layer computes). Blocks of one setting are never loaded by an engine with another. (Sparse
+    prefill's own chunks never reach the prefix cache, whence blocks are exported: its part of the key is a guard,
+    and keeps a sparse engine's blocks apart should that ever change.)"""
     parts = []
     if config.head_merge is not None:
         parts.append(f"head_merge={[list(layer) for layer in config.head_merge]}")
