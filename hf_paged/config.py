@@ -10,6 +10,14 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from hf_paged.config_checks import (
+    check_choice,
+    check_head_merge,
+    check_int,
+    check_sparse_prefill,
+    check_streaming_heads,
+    is_head_table,
+)
 from hf_paged.errors import InvalidConfigError
 
 KV_CACHE_DTYPES = ("auto", "fp8", "int8", "int4")
@@ -153,14 +161,14 @@ class PagedConfig:
             raise TypeError(f"PagedConfig.block_size must be an int (a power of two from 1 to 256) or \"auto\", got "
                             f"str ({self.block_size!r}); use e.g. 16 or \"auto\"")
         if self.block_size != "auto":
-            _check_int("block_size", self.block_size, minimum=1)
+            check_int("block_size", self.block_size, minimum=1)
             if not _is_power_of_two(self.block_size) or self.block_size > 256:
                 raise ValueError(
                     f"PagedConfig.block_size must be a power of two between 1 and 256 (or \"auto\"), got "
                     f"{self.block_size}; use e.g. 16"
                 )
         if self.num_blocks is not None:
-            _check_int("num_blocks", self.num_blocks, minimum=1)
+            check_int("num_blocks", self.num_blocks, minimum=1)
         for f in fields(self):  # every switch (a string such as "no" read as true before): ValueError and TypeError
             value = getattr(self, f.name)
             if f.type in ("bool", "bool | None") and not isinstance(value, bool) and not (
@@ -168,14 +176,14 @@ class PagedConfig:
                 allowed = "None (auto), True or False" if "None" in f.type else "True or False"
                 raise InvalidConfigError(f"PagedConfig.{f.name} must be {allowed}, got {value!r}")
         if self.max_cache_bytes is not None:
-            _check_int("max_cache_bytes", self.max_cache_bytes, minimum=1)
+            check_int("max_cache_bytes", self.max_cache_bytes, minimum=1)
         if isinstance(self.memory_fraction, bool) or not isinstance(self.memory_fraction, (int, float)) \
                 or not 0 < self.memory_fraction <= 1:
             raise ValueError(f"PagedConfig.memory_fraction must be in (0, 1], got {self.memory_fraction!r}")
-        _check_int("max_num_seqs", self.max_num_seqs, minimum=1)
-        _check_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
+        check_int("max_num_seqs", self.max_num_seqs, minimum=1)
+        check_int("max_num_batched_tokens", self.max_num_batched_tokens, minimum=1)
         if self.max_prefill_tokens_per_step is not None:
-            _check_int("max_prefill_tokens_per_step", self.max_prefill_tokens_per_step, minimum=1)
+            check_int("max_prefill_tokens_per_step", self.max_prefill_tokens_per_step, minimum=1)
         ratio = self.max_prefill_step_time_ratio
         if ratio is not None and (isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not ratio > 1):
             raise ValueError(f"PagedConfig.max_prefill_step_time_ratio must be a number > 1 (a step's time over a "
@@ -183,20 +191,20 @@ class PagedConfig:
         if ratio is not None and self.max_prefill_tokens_per_step is None:
             raise ValueError("PagedConfig.max_prefill_step_time_ratio bounds prompt tokens below "
                              "max_prefill_tokens_per_step (the bound until step times are measured): set both")
-        _check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
-        _check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
-        _check_choice("prefix_eviction_policy", self.prefix_eviction_policy, PREFIX_EVICTION_POLICIES)
+        check_choice("preemption_mode", self.preemption_mode, PREEMPTION_MODES)
+        check_choice("scheduling_policy", self.scheduling_policy, SCHEDULING_POLICIES)
+        check_choice("prefix_eviction_policy", self.prefix_eviction_policy, PREFIX_EVICTION_POLICIES)
         if isinstance(self.prefix_pin_share, bool) or not isinstance(self.prefix_pin_share, (int, float)) \
                 or not 0 <= self.prefix_pin_share < 1:  # (pins never free themselves: they must not fill the pool)
             raise ValueError(f"PagedConfig.prefix_pin_share must be in [0, 1) (the share of the pool's blocks pinned "
                              f"prefixes may hold; at 1 they could fill it), got {self.prefix_pin_share!r}")
-        _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         for name in ("key_cache_dtype", "value_cache_dtype"):
             value = getattr(self, name)
             if value is not None:
-                _check_choice(name, value, KV_CACHE_DTYPES)
-        _check_choice("value_quant_group", self.value_quant_group, VALUE_QUANT_GROUPS)
-        _check_choice("kv_scale_format", self.kv_scale_format, KV_SCALE_FORMATS)
+                check_choice(name, value, KV_CACHE_DTYPES)
+        check_choice("value_quant_group", self.value_quant_group, VALUE_QUANT_GROUPS)
+        check_choice("kv_scale_format", self.kv_scale_format, KV_SCALE_FORMATS)
         if self.kv_key_derotate and (self.key_cache_dtype or self.kv_cache_dtype) != "int4":
             raise ValueError(
                 f"PagedConfig.kv_key_derotate=True acts on int4 keys (quantized per channel) but the keys are "
@@ -210,23 +218,23 @@ class PagedConfig:
                 raise ValueError(f"PagedConfig got kv_pruning={self.kv_pruning!r} and its old name kv_eviction="
                                  f"{self.kv_eviction!r}; pass kv_pruning only")
             self.kv_pruning, self.kv_eviction = self.kv_eviction, None
-        _check_choice("kv_pruning", self.kv_pruning, KV_PRUNING_POLICIES)
+        check_choice("kv_pruning", self.kv_pruning, KV_PRUNING_POLICIES)
         if isinstance(self.kv_keep_ratio, bool) or not isinstance(self.kv_keep_ratio, (int, float)) \
                 or not 0 < self.kv_keep_ratio <= 1:
             raise ValueError(f"PagedConfig.kv_keep_ratio must be in (0, 1], got {self.kv_keep_ratio!r}")
-        _check_int("num_sink_tokens", self.num_sink_tokens, minimum=0)
-        _check_int("window_tokens", self.window_tokens, minimum=1)
+        check_int("num_sink_tokens", self.num_sink_tokens, minimum=0)
+        check_int("window_tokens", self.window_tokens, minimum=1)
         if self.kv_budget_tokens is not None:
-            _check_int("kv_budget_tokens", self.kv_budget_tokens, minimum=1)
+            check_int("kv_budget_tokens", self.kv_budget_tokens, minimum=1)
             floor = self.num_sink_tokens + self.window_tokens
             if self.kv_budget_tokens < floor:
                 raise ValueError(
                     f"PagedConfig.kv_budget_tokens={self.kv_budget_tokens} is smaller than num_sink_tokens + "
                     f"window_tokens = {floor}; allowed: None or an int >= {floor}"
                 )
-        _check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
-        _check_choice("sparse_prefill", self.sparse_prefill, SPARSE_PREFILL_PATTERNS)
-        _check_int("sparse_prefill_min_tokens", self.sparse_prefill_min_tokens, minimum=1)
+        check_choice("attention_backend", self.attention_backend, ATTENTION_BACKENDS)
+        check_choice("sparse_prefill", self.sparse_prefill, SPARSE_PREFILL_PATTERNS)
+        check_int("sparse_prefill_min_tokens", self.sparse_prefill_min_tokens, minimum=1)
         if isinstance(self.sparse_keep_ratio, bool) or not isinstance(self.sparse_keep_ratio, (int, float)):
             raise TypeError(f"PagedConfig.sparse_keep_ratio must be a float in (0, 1], got "
                             f"{type(self.sparse_keep_ratio).__name__} ({self.sparse_keep_ratio!r})")
@@ -235,17 +243,18 @@ class PagedConfig:
                              f"block keeps; 1 = dense), got {self.sparse_keep_ratio!r}")
         if self.kv_full_precision_heads is not None:
             heads = self.kv_full_precision_heads
-            if not _is_head_table(heads):
+            if not is_head_table(heads):
                 raise ValueError(
                     "PagedConfig.kv_full_precision_heads must be None or one tuple of KV head indices (ints >= 0) per "
                     f"layer, e.g. ((0,), (), (1,)); got {heads!r}"
                 )
             self.kv_full_precision_heads = tuple(tuple(layer) for layer in heads)
         if self.kv_streaming_heads is not None:
-            self._check_streaming_heads()
+            self.kv_streaming_heads = check_streaming_heads(self)
         self._check_offload()
         if self.head_merge is not None:
-            self._check_head_merge()
+            self.head_merge = check_head_merge(self)
+        check_sparse_prefill(self)
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise TypeError(f"PagedConfig.cache_salt must be a str or None, got {type(self.cache_salt).__name__}")
         self._check_inert()
@@ -291,62 +300,6 @@ class PagedConfig:
             raise ValueError(f"PagedConfig.kv_offload_bytes must be an int >= 1 (bytes of the disk tier), got "
                              f"{self.kv_offload_bytes!r}")
 
-    def _check_streaming_heads(self) -> None:
-        heads = self.kv_streaming_heads
-        if not _is_head_table(heads):
-            raise ValueError(
-                "PagedConfig.kv_streaming_heads must be None or one tuple of KV head indices (ints >= 0) per layer, "
-                f"e.g. ((), (1,), (0, 1)); got {heads!r}"
-            )
-        heads = self.kv_streaming_heads = tuple(tuple(sorted(set(layer))) for layer in heads)
-        full = self.kv_full_precision_heads or ()
-        for layer, chosen in enumerate(heads):
-            overlap = sorted(set(chosen) & set(full[layer] if layer < len(full) else ()))
-            if overlap:
-                raise ValueError(
-                    f"PagedConfig.kv_streaming_heads and kv_full_precision_heads both name layer {layer} KV heads "
-                    f"{overlap}; allowed: disjoint sets (a head either keeps its whole history or streams)"
-                )
-        # Streaming heads drop the history of their blocks as the window moves on: a block shared through the
-        # prefix cache, dropped again by token eviction or copied out by a swap would need that history.
-        unsupported = [
-            (name, value, allowed)
-            for name, value, allowed in (
-                ("enable_prefix_caching", self.enable_prefix_caching, False),
-                ("kv_pruning", self.kv_pruning, None),
-                ("preemption_mode", self.preemption_mode, "recompute"),
-            )
-            if value != allowed
-        ]
-        for name, value, allowed in unsupported:
-            raise ValueError(
-                f"PagedConfig.kv_streaming_heads does not work with {name}={value!r}; allowed with streaming heads: "
-                f"{name}={allowed!r} (or kv_streaming_heads=None)"
-            )
-
-    def _check_head_merge(self) -> None:
-        table = self.head_merge
-        if not _is_head_table(table) or not table or any(not layer for layer in table):
-            raise ValueError("PagedConfig.head_merge must be None or one tuple per layer naming each query head's "
-                             f"representative query head (ints >= 0), e.g. ((0, 1, 2, 3), (0, 0, 2, 2)); got {table!r}")
-        table = self.head_merge = tuple(tuple(layer) for layer in table)
-        for layer, reps in enumerate(table):
-            if any(r >= len(reps) or reps[r] != r for r in reps):
-                raise ValueError(f"PagedConfig.head_merge layer {layer} = {reps}: a representative must be a head of "
-                                 "the layer that represents itself (head_merge[layer][r] == r)")
-        # Merged layers store plain blocks with fewer key heads: compressed formats, pruning's scores over every
-        # key head and the disk tier's plain layout do not know them.
-        for name, value, allowed in (("kv_cache_dtype", self.kv_cache_dtype, "auto"),
-                                     ("key_cache_dtype", self.key_cache_dtype, None),
-                                     ("value_cache_dtype", self.value_cache_dtype, None),
-                                     ("kv_full_precision_heads", self.kv_full_precision_heads, None),
-                                     ("kv_streaming_heads", self.kv_streaming_heads, None),
-                                     ("kv_pruning", self.kv_pruning, None),
-                                     ("kv_offload_dir", self.kv_offload_dir, None)):
-            if value != allowed:
-                raise ValueError(f"PagedConfig.head_merge does not work with {name}={value!r}; allowed with "
-                                 f"head_merge: {name}={allowed!r} (or head_merge=None)")
-
     @property
     def block_extra_keys(self) -> tuple:
         """What every block digest includes besides its tokens (the cache salt, when set). Engines, the gateway
@@ -380,21 +333,3 @@ def unknown_fields_message(names: Iterable[str]) -> str | None:
     hints = [f"{name!r} -> {close[0]!r}" for name in unknown if (close := difflib.get_close_matches(name, valid, 1))]
     did_you_mean = f" (did you mean {', '.join(hints)}?)" if hints else ""
     return f"unknown PagedConfig field(s) {unknown}{did_you_mean}; valid fields: {valid}"
-
-
-def _is_head_table(heads: Any) -> bool:
-    """One tuple/list of KV head indices (ints >= 0) per layer."""
-    return isinstance(heads, (tuple, list)) and all(isinstance(layer, (tuple, list)) and all(
-        isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in layer) for layer in heads)
-
-
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"PagedConfig.{name} must be an int, got {type(value).__name__} ({value!r})")
-    if value < minimum:
-        raise ValueError(f"PagedConfig.{name} must be >= {minimum}, got {value}")
-
-
-def _check_choice(name: str, value: Any, allowed: tuple) -> None:
-    if value not in allowed:
-        raise ValueError(f"PagedConfig.{name} must be one of {list(allowed)}, got {value!r}")

@@ -20,7 +20,8 @@ ALLOWED = {
     "compat": set(),  # every use of another library's private API (a leaf)
     "background_compile": set(),  # numba kernels compiled in a child process, one per cache (a leaf)
     "after_fork": set(),  # fresh module-level locks in a forked child (a leaf, any layer may use it)
-    "config": {"errors"},
+    "config_checks": set(),  # PagedConfig's field checks and combination refusals (a leaf under config)
+    "config": {"errors", "config_checks"},
     "cache": {"compat", "after_fork", "config", "errors", "lazy", "background_compile"},
     "processors": {"compat", "after_fork", "config", "errors", "lazy", "background_compile"},
     "kv_transfer": {"compat", "after_fork", "cache", "config", "errors", "lazy"},  # KV blocks between engines and tiers

@@ -24,7 +24,7 @@ step's plans, each built by the first layer that needs it: torch gather plans (d
 Sparse prefill (`PagedConfig.sparse_prefill`, `cache/sparse_prefill.py`): over plain blocks, with no window, soft
 cap, hidden blocks or observation, the step's long prefill chunks (`SparsePrefill.applies`) are left out of the dense
 plans and attended block-sparsely on the torch path, whatever the backend (the Triton backend hands such steps to the
-torch one); compressed and merged layers stay dense. The sequences attended so are named in the step's
+torch one); quantized KV and head_merge are refused beside it (`config_checks`). The sequences attended so are named in the step's
 `metadata.sparse_rows`: the engine keeps their K/V out of the prefix cache (only a dense prefill's K/V are shared).
 """
 

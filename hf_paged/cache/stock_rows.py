@@ -128,3 +128,9 @@ class StockRows:
                 "heads to sinks + window); allowed on the stock cache= path: None. Use hf_paged.wrap(model, config) "
                 "so generate runs on the engine"
             )
+        if self.cfg.sparse_prefill is not None:
+            raise ValueError(
+                f"PagedConfig.sparse_prefill={self.cfg.sparse_prefill!r} needs the hf_paged attention (stock attention "
+                "attends every key densely, so it would run as if unset); allowed on the stock cache= path: None. Use "
+                "hf_paged.wrap(model, config) so generate runs on the engine"
+            )

@@ -140,3 +140,30 @@ def test_sparse_prefill_runs_through_the_engine_and_keeps_short_prompts_exact(st
     outs = _run(model, prompts, 12, sparse_prefill="auto", sparse_prefill_min_tokens=250, sparse_keep_ratio=0.3)
     assert outs[1:] == stock[1:]
     assert len(outs[0]) == 12
+
+
+@pytest.mark.parametrize("overrides, field", [
+    ({"kv_cache_dtype": "int8"}, "kv_cache_dtype"),
+    ({"value_cache_dtype": "int4"}, "value_cache_dtype"),
+    ({"kv_cache_dtype": "int8", "key_cache_dtype": "auto", "value_cache_dtype": "fp8"}, "value_cache_dtype"),
+    ({"head_merge": ((0, 0, 2, 2), (0, 1, 2, 3))}, "sparse_prefill"),
+])
+def test_sparse_prefill_beside_dense_only_layers_is_refused(overrides, field):
+    """Quantized and merged layers attend densely: sparse prefill beside them would do nothing (the h7 pass: accepted,
+    output bit-identical to the same config without it)."""
+    with pytest.raises(ValueError, match=rf"sparse_prefill.*{field}|{field}.*sparse_prefill|head_merge.*{field}"):
+        PagedConfig(sparse_prefill="block", **overrides)
+    PagedConfig(sparse_prefill="block", kv_cache_dtype="int8", key_cache_dtype="auto", value_cache_dtype="auto")
+
+
+def test_sparse_prefill_on_the_stock_cache_path_is_refused():
+    """The stock `cache=` path attends with stock attention (dense): refused like kv_pruning there, naming the field
+    and `hf_paged.wrap` (the h7 pass: accepted, scores bit-identical to dense)."""
+    from hf_paged import PagedCache
+
+    model = tiny_model("llama")
+    cache = PagedCache(model.config, PagedConfig(num_blocks=32, sparse_prefill="vertical_slash",
+                                                 sparse_prefill_min_tokens=64))
+    refused = r"sparse_prefill='vertical_slash' needs the hf_paged attention.*hf_paged.wrap"
+    with pytest.raises(ValueError, match=refused):
+        model.generate(torch.tensor([[3, 4, 5]]), max_new_tokens=2, cache=cache)
