@@ -15,6 +15,7 @@ import torch
 
 from hf_paged.cache.head_merge import LayerMerge
 from hf_paged.cache.head_merge_attention import MergedIndices
+from hf_paged.cache.huge_pages import pool_empty
 from hf_paged.cache.layer_kv import MergedBlocks
 from hf_paged.cache.metadata import PagedMetadata
 from hf_paged.cache.paged_layer import PagedLayer
@@ -28,8 +29,9 @@ class MergedLayer(PagedLayer):
     """A `PagedLayer` whose keys are stored for `merge.kept_kv_heads` only."""
 
     def __init__(self, layer_idx: int, rows: StockRows, merge: LayerMerge, *, num_blocks: int,
-                 block_size: int) -> None:
-        super().__init__(layer_idx, rows, num_blocks=num_blocks, block_size=block_size, attention_backend="torch")
+                 block_size: int, huge_pages: bool = False) -> None:
+        super().__init__(layer_idx, rows, num_blocks=num_blocks, block_size=block_size, attention_backend="torch",
+                         huge_pages=huge_pages)
         self.merge = merge
         self._kept: dict[torch.device, torch.Tensor] = {}
         self._indices: dict[torch.device, MergedIndices] = {}
@@ -45,8 +47,8 @@ class MergedLayer(PagedLayer):
         keys = (self.num_blocks, self.block_size, len(self.merge.kept_kv_heads), head_dim)
         values = (self.num_blocks, self.block_size, num_kv_heads, head_dim)
         with torch.inference_mode(False):  # swaps and copy-on-write write the storage outside inference mode
-            self.key_cache = torch.empty(keys, dtype=key_states.dtype, device=self.device)
-            self.value_cache = torch.empty(values, dtype=value_states.dtype, device=self.device)
+            self.key_cache = pool_empty(keys, key_states.dtype, self.device, huge_pages=self.huge_pages)[0]
+            self.value_cache = pool_empty(values, value_states.dtype, self.device, huge_pages=self.huge_pages)[0]
         self.is_initialized = True
 
     def store(self, key: torch.Tensor, value: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -116,7 +116,8 @@ class PagedCache(Cache):
             return CompressedLayer(layer_idx, self.rows, self.planner)
         merge = self.head_merges[layer_idx] if self.head_merges is not None else None
         if merge is not None and not merge.is_identity:
-            return MergedLayer(layer_idx, self.rows, merge, num_blocks=self.num_blocks, block_size=self.block_size)
+            return MergedLayer(layer_idx, self.rows, merge, num_blocks=self.num_blocks, block_size=self.block_size,
+                               huge_pages=self.paged_config.kv_huge_pages)
         return PagedLayer(layer_idx, self.rows, num_blocks=self.num_blocks, block_size=self.block_size,
                           attention_backend=self.paged_config.attention_backend,
                           huge_pages=self.paged_config.kv_huge_pages)

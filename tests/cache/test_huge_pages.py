@@ -73,3 +73,25 @@ def test_engine_on_huge_page_pools_keeps_parity():
         assert layer.key_cache.data_ptr() % HUGE_PAGE_BYTES == 0 and layer.value_cache.data_ptr() % HUGE_PAGE_BYTES == 0
     with pytest.raises(TypeError, match="kv_huge_pages must be True or False"):
         PagedConfig(kv_huge_pages="yes")
+
+
+@pytest.mark.skipif(thp_mode() not in ("always", "madvise"), reason="pools are 2 MiB-aligned only where THP is on")
+@pytest.mark.parametrize("overrides", [{"kv_cache_dtype": "int8"}, {"value_cache_dtype": "int4"},
+                                       {"head_merge": ((0, 0, 2, 2), (0, 1, 0, 1))}])
+def test_quantized_and_merged_pools_honour_huge_pages(overrides):
+    """kv_huge_pages reaches every pool kind (the h7 pass: quantized and merged layers took plain memory, silently),
+    and their output stays what it is without it."""
+    from hf_paged import Engine, PagedConfig
+    from tests.tiny_models import ragged_prompts, run_engine, tiny_model
+
+    model = tiny_model("llama")
+    prompts = ragged_prompts([5, 40], seed=3)
+    outs = []
+    for huge in (False, True):
+        engine = Engine(model, PagedConfig(kv_huge_pages=huge, num_blocks=64, block_size=16, **overrides))
+        outs.append(run_engine(engine, prompts, 6))
+    assert outs[0] == outs[1]
+    layer = engine.cache.block_layers[0]
+    pools = ([layer.key_cache, layer.value_cache] if "head_merge" in overrides
+             else [t for store in layer.stores for t in store.parts.values()])
+    assert pools and all(t.data_ptr() % HUGE_PAGE_BYTES == 0 for t in pools)

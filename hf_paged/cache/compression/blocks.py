@@ -211,13 +211,15 @@ class CompressedKV:
 
     def __init__(self, groups: list[tuple[list[int], BlockFormat]], num_blocks: int, block_size: int,
                  num_heads: int, head_dim: int, dtype: torch.dtype, device, staging_capacity: int,
-                 stream: tuple[list[int], BlockFormat] | None = None, slot_capacity: int = 0) -> None:
+                 stream: tuple[list[int], BlockFormat] | None = None, slot_capacity: int = 0,
+                 huge_pages: bool = False) -> None:
         self.groups = [(torch.tensor(heads, dtype=torch.long), fmt) for heads, fmt in groups if heads]
         self.whole = len(self.groups) == 1 and len(self.groups[0][0]) == num_heads
         self.dtype = dtype
         self.parts = {}
         for g, (heads, fmt) in enumerate(self.groups):
-            for name, t in fmt.allocate(num_blocks, block_size, len(heads), head_dim, dtype, device).items():
+            for name, t in fmt.allocate(num_blocks, block_size, len(heads), head_dim, dtype, device,
+                                        huge_pages=huge_pages).items():
                 self.parts[f"{g}.{name}"] = t
         self.staging = torch.zeros((staging_capacity, block_size, num_heads, head_dim), dtype=dtype, device=device)
         self.stream = None if stream is None or not stream[0] else (torch.tensor(stream[0], dtype=torch.long),

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 import torch
 
 from hf_paged.cache.compression.key_frame import rotate_by_offset
+from hf_paged.cache.huge_pages import pool_empty
 from hf_paged.config import KV_CACHE_DTYPES as KV_FORMATS
 from hf_paged.config import KV_SCALE_FORMATS as SCALE_FORMATS  # fp16 scales, or one-byte log codes
 from hf_paged.config import VALUE_QUANT_GROUPS as VALUE_GROUPS  # scales per token, or per (token, KV head)
@@ -95,11 +96,11 @@ class BlockFormat:
         return {"data": data, "scale": torch.uint8 if self.log_scale else _SCALE_DTYPE, "zero": torch.int8}
 
     def allocate(self, num_blocks: int, block_size: int, num_heads: int, head_dim: int,
-                 model_dtype: torch.dtype, device) -> dict[str, torch.Tensor]:
+                 model_dtype: torch.dtype, device, *, huge_pages: bool = False) -> dict[str, torch.Tensor]:
         dtypes = self.part_dtypes(model_dtype)
-        # torch.empty: pages are taken as blocks are first written (a zeroed pool is resident at once); a block is
-        # read only after it was written whole
-        return {name: torch.empty((num_blocks, *shape), dtype=dtypes[name], device=device)
+        # uninitialised: pages are taken as blocks are first written (a zeroed pool is resident at once); a block is
+        # read only after it was written whole. `huge_pages` (`PagedConfig.kv_huge_pages`): as `PagedLayer`'s pools
+        return {name: pool_empty((num_blocks, *shape), dtypes[name], device, huge_pages=huge_pages)[0]
                 for name, shape in self.part_shapes(block_size, num_heads, head_dim).items()}
 
     def bytes_per_block(self, block_size: int, num_heads: int, head_dim: int, model_dtype: torch.dtype) -> int:

@@ -59,10 +59,13 @@ class CompressedLayer(BlockLayer):
                 planner.staging.high_water)  # staging rows grow with use (`_fit`), not to the map's capacity at once
         key_groups, value_groups = spec.head_groups(self.layer_idx, num_kv_heads)
         key_stream, value_stream = spec.streaming_groups(self.layer_idx)
+        huge = spec.cfg.kv_huge_pages  # the block pools on 2 MiB-aligned memory, as `PagedLayer`'s
         with torch.inference_mode(False):  # swaps and copy-on-write write the storage outside inference mode
             self.compressed = (
-                CompressedKV(key_groups, *args, stream=key_stream, slot_capacity=planner.slots.capacity),
-                CompressedKV(value_groups, *args, stream=value_stream, slot_capacity=planner.slots.capacity),
+                CompressedKV(key_groups, *args, stream=key_stream, slot_capacity=planner.slots.capacity,
+                             huge_pages=huge),
+                CompressedKV(value_groups, *args, stream=value_stream, slot_capacity=planner.slots.capacity,
+                             huge_pages=huge),
             )
         self.is_initialized = True
 
