@@ -167,3 +167,34 @@ def test_max_cache_bytes_bounds_compressed_storage_staging_and_streaming_store(s
     assert stats["kv_staging_bytes"] > 0 and stats["kv_bytes_allocated"] <= budget
     with pytest.raises(ValueError, match="max_cache_bytes"):  # staging rows alone exceed it
         Engine(model, PagedConfig(block_size=8, max_cache_bytes=stats["kv_bytes_per_block"] * 2, **setting))
+
+
+@pytest.mark.parametrize("fmt", [BlockFormat("int4"), BlockFormat("int4", per_head=True),
+                                  BlockFormat("int4", per_channel=True), BlockFormat("int8"), BlockFormat("fp8")])
+def test_fp16_scales_saturate_instead_of_turning_huge_groups_into_nan(fmt):
+    """A group wider than the fp16 scale can express (int4: 15 x 65504 ~ 1e6) stores the largest finite scale, so its
+    values read back finite (the extremes clipped) and its small values as they were (the h7 pass: max|v| 3.5e6
+    gave an inf scale, NaN logits and token 0 with no error)."""
+    x = torch.randn(2, 16, 2, 8)
+    x[0, 3] *= 3.5e6 if fmt.name == "int4" else 5e7  # one token far past the fp16 range of its format's scale
+    back = fmt.dequantize(fmt.quantize(x), torch.float32)
+    assert torch.isfinite(back).all()
+    assert (back[0, 3].abs().max() > 1e5) and (back[0, 3].sign() == x[0, 3].sign()).float().mean() > 0.9
+    torch.testing.assert_close(back[1], x[1], atol=0.5, rtol=0)  # the other block is untouched by it
+
+
+def test_int4_cache_over_huge_values_gives_finite_logits():
+    from hf_paged import Engine, SamplingParams
+
+    model = tiny_model("gpt2")
+    with torch.no_grad():  # layer 0's values ~1e5..1e6: fp32 holds them, an fp16 int4 scale did not
+        attn = model.transformer.h[0].attn.c_attn
+        width = attn.weight.shape[1] // 3
+        attn.weight[:, 2 * width:] *= 1e7
+        attn.bias[2 * width:] *= 1e7
+    engine = Engine(model, PagedConfig(num_blocks=32, block_size=8, kv_cache_dtype="int4"))
+    rid = engine.add_request(ragged_prompts([40], seed=3)[0], SamplingParams(max_new_tokens=4, logprobs=0))
+    while engine.has_unfinished:
+        engine.step()
+    out = engine.pop_output(rid)
+    assert out.error is None and all(torch.isfinite(torch.tensor(x.logprob)) for x in out.logprobs)

@@ -34,8 +34,9 @@ allows.
 codes over 2^-16 .. 2^9.5 in steps of 2^0.1 = 7.2%. Encoding rounds UP to the next code, so no element clips: a
 group's step grows by at most 7.2% (3.5% on average), its error likewise. The range covers real models' K/V: an
 int4 group spans up to 15 x 724 (int8 amax up to 127 x 724, fp8 448 x 724); a group wider than that clips to the
-largest code (an fp16 scale overflows at 65504 alike); scales below 2^-16 are stored as 2^-16, an absolute error
-under 2^-17. Zero points stay int8: an int4 scale + zero costs 2 bytes instead of 3, a third of the overhead that
+largest code (an fp16 scale saturates at 65504 alike: an int4 group wider than ~1e6, int8 ~8e6, fp8 ~3e7 keeps
+its values finite, its extremes clipped; an inf scale made every read of the block NaN); scales below 2^-16 are
+stored as 2^-16, an absolute error under 2^-17. Zero points stay int8: an int4 scale + zero costs 2 bytes instead of 3, a third of the overhead that
 keeps 4-bit caches above a quarter of bf16 (int4 keys per channel: 0.688 -> 0.625 bytes per element). An fp8
 e4m3 scale would take one byte too, but its 3-bit mantissa steps by up to 12.5%. The fused kernels decode the
 code where they load the scale (`kernels/triton_common.load_kv_tile`, the same fp32 arithmetic).
@@ -56,6 +57,7 @@ from hf_paged.config import VALUE_QUANT_GROUPS as VALUE_GROUPS  # scales per tok
 _FP8_MAX = 448.0  # largest finite float8_e4m3fn
 _SCALE_DTYPE = torch.float16
 _TINY = 2.0**-24  # smallest positive fp16: a scale of exactly 0 would turn an all-zero group into NaN
+_HUGE = 65504.0  # largest finite fp16: a wider group's scale saturates here (its extremes clip) instead of inf -> NaN
 LOG_SCALE_STEPS = 10  # log8 codes per octave: consecutive scales differ by 2^(1/10) = 7.2%
 LOG_SCALE_ZERO = 160  # the log8 code of scale 1.0: codes 0..255 cover 2^-16 .. 2^9.5
 
@@ -164,7 +166,7 @@ def _store_scale(scale: torch.Tensor, log_scale: bool) -> tuple[torch.Tensor, to
     if log_scale:
         code = encode_log_scale(scale)
         return code, decode_log_scale(code)
-    stored = scale.clamp(min=_TINY).to(_SCALE_DTYPE)
+    stored = scale.clamp(min=_TINY, max=_HUGE).to(_SCALE_DTYPE)  # (inf in fp16 made every read of the group NaN)
     return stored, stored.float()
 
 
@@ -181,7 +183,10 @@ def _quantize_int4(x: torch.Tensor, per_channel: bool, per_head: bool = False,
     # The zero point is an int8 in quantized units: the scale must also reach |low| / 127, so a group far from 0
     # (an outlier channel with a small range) trades resolution for range instead of being clipped.
     stored, scale = _store_scale(torch.maximum((high - low) / 15.0, low.abs() / 127.0), log_scale)
-    zero = (-low / scale).round().clamp(-128, 127)
+    # A group wider than the largest stored scale covers (fp16 65504, log8 2^9.5) keeps the 15 steps nearest 0 and
+    # clips its extremes at both ends (from `low` up, its positive values all read back negative).
+    centre = torch.clamp(torch.zeros_like(low), min=low + 7.5 * scale, max=high - 7.5 * scale)
+    zero = torch.where(high - low > 15.0 * scale, 7.5 - centre / scale, -low / scale).round().clamp(-128, 127)
     q = (x / scale + zero).round().clamp(0, 15).to(torch.uint8)
     packed = q[..., 0::2] | (q[..., 1::2] << 4)  # even dims in the low nibble, odd dims in the high one
     shape = (x.shape[0], x.shape[2], x.shape[3]) if per_channel else x.shape[: 3 if per_head else 2]
