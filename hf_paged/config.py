@@ -266,8 +266,9 @@ class PagedConfig:
         for name, changed, used, needs in (
             ("kv_keep_ratio", self.kv_keep_ratio != 1.0, pruning, "kv_pruning"),
             ("kv_budget_tokens", self.kv_budget_tokens is not None, pruning, "kv_pruning"),
-            ("kv_pruning", self.kv_pruning == "snapkv", self.kv_keep_ratio < 1 or self.kv_budget_tokens is not None,
-             "kv_keep_ratio < 1 or kv_budget_tokens (SnapKV keeps that much of a prompt; by default, all)"),
+            ("kv_pruning", self.kv_pruning in ("snapkv", "pyramidkv"),
+             self.kv_keep_ratio < 1 or self.kv_budget_tokens is not None,
+             "kv_keep_ratio < 1 or kv_budget_tokens (SnapKV / PyramidKV keep that much of a prompt; by default, all)"),
             ("num_sink_tokens", self.num_sink_tokens != 16, windowed, "kv_pruning or kv_streaming_heads"),
             ("window_tokens", self.window_tokens != 256, windowed, "kv_pruning or kv_streaming_heads"),
             ("prefix_eviction_policy", self.prefix_eviction_policy != "lru", self.enable_prefix_caching,

@@ -44,6 +44,8 @@ def test_types_and_overrides():
     ({"kv_full_precision_heads": ((0,),)}, "a kv_cache_dtype"),
     ({"value_quant_group": "head"}, "a value_cache_dtype"),
     ({"kv_scale_format": "log8"}, "a kv_cache_dtype"),
+    ({"kv_pruning": "snapkv"}, "kv_keep_ratio < 1 or kv_budget_tokens"),
+    ({"kv_pruning": "pyramidkv"}, "kv_keep_ratio < 1 or kv_budget_tokens"),  # (h7: it dropped nothing, accepted)
 ])
 def test_a_field_nothing_reads_is_refused(kwargs, needs):
     """Each ran as if unset (the output equal to the defaults'), with no word."""
@@ -54,6 +56,8 @@ def test_a_field_nothing_reads_is_refused(kwargs, needs):
 
 def test_the_same_fields_with_what_reads_them_are_taken():
     PagedConfig(kv_pruning="snapkv", kv_keep_ratio=0.5, kv_budget_tokens=64, num_sink_tokens=4, window_tokens=32)
+    PagedConfig(kv_pruning="pyramidkv", kv_budget_tokens=512)
+    PagedConfig(kv_pruning="streaming")  # keep ratio 1: a rolling budget of the prompt's length as output grows
     PagedConfig(kv_cache_dtype="int8", value_quant_group="head", kv_scale_format="log8")
     PagedConfig(prefix_eviction_policy="cost", max_prefill_tokens_per_step=64)
     with pytest.raises(ValueError, match="kv_keep_ratio"):

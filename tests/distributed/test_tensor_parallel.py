@@ -117,8 +117,9 @@ def test_checks_without_processes():
     with pytest.raises(hf_paged.errors.InvalidConfigError, match="kv_streaming_heads"):
         check_tensor_parallel(_FakeTensorParallel(2, 2),
                               hf_paged.PagedConfig(kv_streaming_heads=((0,), ()), enable_prefix_caching=False))
+    pyramid = hf_paged.PagedConfig(kv_pruning="pyramidkv", kv_keep_ratio=0.5)  # (alone, refused as idle)
     with pytest.raises(hf_paged.errors.InvalidConfigError, match="pyramidkv"):
-        check_tensor_parallel(_FakeTensorParallel(2, 2), hf_paged.PagedConfig(kv_pruning="pyramidkv"))
+        check_tensor_parallel(_FakeTensorParallel(2, 2), pyramid)
     check_tensor_parallel(_FakeTensorParallel(2, 2), hf_paged.PagedConfig(kv_pruning="streaming"))
     # settings that already fix the pool size need no agreement between ranks (no collective)
     config = hf_paged.PagedConfig(num_blocks=7)
