@@ -63,7 +63,7 @@ class Engine:
         self.model = model
         dtype, device = next(model.parameters()).dtype, execution_device(model)  # (offloaded weights: the hooks')
         self.config = resolve_block_size(config or PagedConfig(), model.config, dtype, device)  # "auto"
-        check_attention_backend(self.config.attention_backend, device)
+        check_attention_backend(self.config.attention_backend, device, setting="PagedConfig.attention_backend")
         self.cache = PagedCache(model.config, self.config, dtype=dtype, device=device,
                                 prefix_cache=self.config.enable_prefix_caching)
         self.kv = self.cache.manager

@@ -247,13 +247,14 @@ def paged_prefill_attention(
     )
 
 
-def check_backend(backend: str, device: torch.device) -> None:
+def check_backend(backend: str, device: torch.device, *, setting: str = "backend") -> None:
     """Raise `KernelArgumentError` now when `backend` cannot run on `device` (an engine checks this once, instead
-    of failing every request at its first step)."""
-    _use_triton(backend, device)
+    of failing every request at its first step); `setting`: what the message calls it (the engine's
+    "PagedConfig.attention_backend")."""
+    _use_triton(backend, device, setting)
 
 
-def _use_triton(backend: str, device: torch.device) -> bool:
+def _use_triton(backend: str, device: torch.device, setting: str = "backend") -> bool:
     if backend == "torch" or (backend == "auto" and device.type != "cuda"):
         return False
     if backend == "auto" and importlib.util.find_spec("triton") is None:
@@ -262,8 +263,10 @@ def _use_triton(backend: str, device: torch.device) -> bool:
         from hf_paged.cache.kernels.triton_common import interpreter_enabled
 
         if not interpreter_enabled():
+            fix = (f"or set {setting}='auto' (the numba kernels on the CPU) or 'torch'" if setting != "backend"
+                   else "or pass backend='torch'")
             raise KernelArgumentError(
-                f"backend='triton' got tensors on {device}: move them to CUDA, set TRITON_INTERPRET=1 (before "
-                "importing triton) to run the CPU interpreter, or pass backend='torch'"
+                f"{setting}='triton' got tensors on {device}: move them to CUDA, set TRITON_INTERPRET=1 (before "
+                f"importing triton) to run the CPU interpreter, {fix}"
             )
     return True
