@@ -248,7 +248,8 @@ class PagedConfig:
                     "PagedConfig.kv_full_precision_heads must be None or one tuple of KV head indices (ints >= 0) per "
                     f"layer, e.g. ((0,), (), (1,)); got {heads!r}"
                 )
-            self.kv_full_precision_heads = tuple(tuple(layer) for layer in heads)
+            # (de-duplicated and sorted, as kv_streaming_heads: equal settings must name one KV layout)
+            self.kv_full_precision_heads = tuple(tuple(sorted(set(layer))) for layer in heads)
         if self.kv_streaming_heads is not None:
             self.kv_streaming_heads = check_streaming_heads(self)
         self._check_offload()
@@ -257,6 +258,8 @@ class PagedConfig:
         check_sparse_prefill(self)
         if self.cache_salt is not None and not isinstance(self.cache_salt, str):
             raise TypeError(f"PagedConfig.cache_salt must be a str or None, got {type(self.cache_salt).__name__}")
+        if self.cache_salt == "":  # (it keyed blocks exactly as no salt: a tenant's "" shared everyone's blocks)
+            raise ValueError("PagedConfig.cache_salt is empty, which separates nothing: give a non-empty str, or None")
         self._check_inert()
 
     def _check_inert(self) -> None:
@@ -275,7 +278,11 @@ class PagedConfig:
              "enable_prefix_caching=True"),
             ("max_prefill_tokens_per_step", self.max_prefill_tokens_per_step is not None,
              self.enable_chunked_prefill, "enable_chunked_prefill=True"),
-            ("kv_full_precision_heads", self.kv_full_precision_heads is not None, quantized, "a kv_cache_dtype"),
+            ("kv_full_precision_heads", self.kv_full_precision_heads is not None, quantized,
+             "a kv_cache_dtype (whose key_cache_dtype / value_cache_dtype are not both 'auto')"),
+            ("sparse_prefill_min_tokens", self.sparse_prefill_min_tokens != 8192, self.sparse_prefill is not None,
+             "sparse_prefill"),
+            ("sparse_keep_ratio", self.sparse_keep_ratio != 0.2, self.sparse_prefill is not None, "sparse_prefill"),
             ("value_quant_group", self.value_quant_group != "token", self.value_dtype != "auto",
              "a value_cache_dtype (or kv_cache_dtype)"),
             ("kv_scale_format", self.kv_scale_format != "fp16", quantized, "a kv_cache_dtype"),

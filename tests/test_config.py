@@ -46,6 +46,8 @@ def test_types_and_overrides():
     ({"kv_scale_format": "log8"}, "a kv_cache_dtype"),
     ({"kv_pruning": "snapkv"}, "kv_keep_ratio < 1 or kv_budget_tokens"),
     ({"kv_pruning": "pyramidkv"}, "kv_keep_ratio < 1 or kv_budget_tokens"),  # (h7: it dropped nothing, accepted)
+    ({"sparse_keep_ratio": 0.5}, "sparse_prefill"),  # (h7 F11)
+    ({"sparse_prefill_min_tokens": 100}, "sparse_prefill"),
 ])
 def test_a_field_nothing_reads_is_refused(kwargs, needs):
     """Each ran as if unset (the output equal to the defaults'), with no word."""
@@ -62,3 +64,13 @@ def test_the_same_fields_with_what_reads_them_are_taken():
     PagedConfig(prefix_eviction_policy="cost", max_prefill_tokens_per_step=64)
     with pytest.raises(ValueError, match="kv_keep_ratio"):
         PagedConfig(kv_pruning="snapkv", kv_keep_ratio=True)  # a bool is no ratio
+
+
+def test_an_empty_cache_salt_is_refused_and_equal_head_tables_are_one_layout():
+    """cache_salt="" keyed blocks exactly as no salt; ((0, 0), ()) and ((0,), ()) named two KV layouts, so equal
+    settings never shared blocks through a store (h7 F11)."""
+    with pytest.raises(ValueError, match="cache_salt is empty"):
+        PagedConfig(cache_salt="")
+    twice = PagedConfig(kv_cache_dtype="int8", kv_full_precision_heads=((1, 0, 0), ()))
+    assert twice.kv_full_precision_heads == ((0, 1), ())
+    PagedConfig(sparse_prefill="block", sparse_keep_ratio=0.5, sparse_prefill_min_tokens=100)

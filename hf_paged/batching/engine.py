@@ -29,6 +29,7 @@ from hf_paged.batching.prefix_policy import PrefixPolicy
 from hf_paged.batching.prompt_check import PromptLimits, check_prompt
 from hf_paged.batching.prompt_logprobs import record_scored_rows
 from hf_paged.batching.request import Failure, Request, RequestOutput, RequestStatus, StepOutput, checked_arguments
+from hf_paged.batching.request import token_ids as request_tokens
 from hf_paged.batching.request_ids import RequestIds
 from hf_paged.batching.sampler import Sampler, plain_greedy_step
 from hf_paged.batching.sampling import SamplingParams
@@ -317,12 +318,13 @@ class Engine:
     def pin_prefix(self, token_ids: Sequence[int]) -> int:
         """Keep a cached prefix out of eviction until `unpin_prefix`: `KVCacheManager.pin_prefix`."""
         with self.lock:
-            return self.kv.pin_prefix(token_ids, self.config.block_extra_keys, self.config.prefix_pin_share)
+            return self.kv.pin_prefix(request_tokens(token_ids), self.config.block_extra_keys,
+                                      self.config.prefix_pin_share)  # (ids checked: floats, texts were truncated)
 
     def unpin_prefix(self, token_ids: Sequence[int]) -> int:
         """Undo one `pin_prefix` of the longest pinned prefix of `token_ids`; returns its tokens (0: none)."""
         with self.lock:
-            return self.kv.unpin_prefix(token_ids, self.config.block_extra_keys)
+            return self.kv.unpin_prefix(request_tokens(token_ids), self.config.block_extra_keys)
 
     def _check_weights(self) -> None:
         """Drop the prefix cache (and the disk tier's older blocks) when the weights moved (an optimizer step, a

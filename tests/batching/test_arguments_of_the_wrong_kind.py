@@ -89,3 +89,12 @@ def test_run_and_stream_name_a_lone_id_and_an_unknown_one(engine):
             method(["nope"])
     assert len(engine.run([rid])[rid].generated_tokens) == 2
     _nothing_claimed(engine)
+
+
+def test_pin_prefix_takes_token_ids_only(engine):
+    """Floats were truncated (94.5 -> 94) and pinned; a text raised int()'s bare ValueError (h7 F11)."""
+    for bad in ([94.5, 3], "abc", [[1, 2]]):
+        with pytest.raises(TypeError, match="must be token ids"):
+            engine.pin_prefix(bad)
+        with pytest.raises(TypeError, match="must be token ids"):
+            engine.unpin_prefix(bad)
