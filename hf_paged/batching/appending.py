@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from hf_paged.batching.lifecycle import RequestLifecycle
 from hf_paged.batching.logprobs import TokenLogprobs
 from hf_paged.batching.metrics import EngineMetrics
-from hf_paged.batching.request import Request, StepOutput
+from hf_paged.batching.request import Failure, Request, StepOutput
 from hf_paged.batching.stopping import check_stop
 
 __all__ = ["TokenAppender"]
@@ -62,7 +62,11 @@ class TokenAppender:
                 request.first_token_time = now
                 self.metrics.time_to_first_token.append(now - request.arrival_time)
             request.last_token_time = now
-            reason = check_stop(request, self.max_model_len)
+            try:
+                reason = check_stop(request, self.max_model_len)
+            except Exception as exc:  # noqa: BLE001 -- its tokenizer's decode failed: this request fails alone
+                self.lifecycle.fail(request, Failure.of(exc, "stop-string check failed"))
+                return
             if reason is not None:
                 unused = len(tokens) - at - 1
                 if recorded and unused:

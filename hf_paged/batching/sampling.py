@@ -145,10 +145,7 @@ class SamplingParams:
             raise InvalidConfigError(
                 f"SamplingParams.num_return_sequences must be >= 1, got {self.num_return_sequences!r}"
             )
-        if self.stop_strings and self.tokenizer is None:
-            raise InvalidConfigError("SamplingParams.stop_strings needs `tokenizer=` to decode the output; pass it too")
-        if isinstance(self.stop_strings, str):
-            self.stop_strings = [self.stop_strings]
+        self._check_stop_strings()
         if self.logits_processors is None:
             self.logits_processors = []
         if (isinstance(self.logits_processors, str | bytes) or not isinstance(self.logits_processors, Sequence)
@@ -243,6 +240,17 @@ class SamplingParams:
                     "SamplingParams.validator has no effect with max_retries=0: set max_retries >= 1 (attempts to "
                     "rerun a request it refuses)"
                 )
+
+    def _check_stop_strings(self) -> None:
+        # (checked here: a bad entry or tokenizer failed in the step's stop check, every request of the step with it)
+        stops = [self.stop_strings] if isinstance(self.stop_strings, str) else self.stop_strings
+        if stops is not None and (not isinstance(stops, list | tuple) or not all(isinstance(s, str) for s in stops)):
+            raise InvalidConfigError(f"SamplingParams.stop_strings must be None, a string or a list of strings, "
+                                     f"got {self.stop_strings!r}")
+        self.stop_strings = list(stops) if stops is not None else None
+        if self.stop_strings and not callable(getattr(self.tokenizer, "decode", None)):
+            raise InvalidConfigError(f"SamplingParams.stop_strings needs `tokenizer=` (with a `decode`) to decode the "
+                                     f"output; got tokenizer={self.tokenizer!r}: pass the model's tokenizer")
 
     def _check_eos(self) -> None:
         try:

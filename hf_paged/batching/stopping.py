@@ -77,7 +77,10 @@ def _new_match(decode: Callable[..., str], ids: list[int], stops: list[str], cut
     has >= 4k + 4 tokens before the last one, past a cut character of <= 3: >= k whole characters, so a k-character
     match that reaches the last id's text starts after the cut. `floor`: the first ids are among the first
     min_new_tokens, where no match may end (vLLM's min_tokens; matches there were not checked as they came)."""
-    text = settled(decode(ids, skip_special_tokens=skip))
+    text = decode(ids, skip_special_tokens=skip)
+    if not isinstance(text, str):  # (a custom tokenizer's decode: fail this request, naming it)
+        raise TypeError(f"tokenizer.decode returned {type(text).__name__}, not str")
+    text = settled(text)
     if not cut and not floor:
         return any(s in text for s in stops)
     bound = len(settled(decode(ids[:-1], skip_special_tokens=skip))) if cut else 0  # a match must end past it
