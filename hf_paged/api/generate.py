@@ -21,7 +21,13 @@ from transformers import GenerationConfig, StoppingCriteriaList
 from hf_paged.api.autocast import refuse_mixed_precision_forward
 from hf_paged.api.generate_criteria import LockstepCriteria
 from hf_paged.api.generate_fallback import dropout_active, fallback_reason
-from hf_paged.api.generate_inputs import check_priorities, check_prompts, checked_inputs, masked_after_start
+from hf_paged.api.generate_inputs import (
+    check_priorities,
+    check_prompts,
+    checked_inputs,
+    masked_after_start,
+    per_input_params,
+)
 from hf_paged.api.generate_output import StreamEnd, assemble_generate_output, incomplete_rows, make_streamer_hook
 from hf_paged.api.generate_processors import ProcessorFactory
 from hf_paged.batching.request import RequestOutput, RequestStatus, fork_ids
@@ -262,7 +268,7 @@ def paged_generate_batch(model, inputs: list[list[int]], generation_config: Gene
 
         return distributed_generate_batch(model, inputs, generation_config, logits_processor=logits_processor,
                                           sampling_params=sampling_params, priorities=priorities,
-                                          progress_bar=progress_bar, **kwargs)
+                                          progress_bar=progress_bar, record_timestamps=record_timestamps, **kwargs)
     if isinstance(inputs, torch.Tensor):
         raise InvalidPromptError("generate_batch takes a list of token-id lists, not a tensor (a tensor's rows may "
                                  "hold padding): pass e.g. [row[mask.bool()].tolist() for row, mask in "
@@ -305,15 +311,7 @@ def sampling_params_for(model, inputs, generation_config, logits_processor, samp
         if also:  # they would be ignored: a processor dropped silently is an unconstrained answer
             raise ValueError(f"generate_batch got sampling_params and also {also}; put those options in the "
                              "SamplingParams (e.g. logits_processors=, max_new_tokens=) instead")
-        if isinstance(sampling_params, SamplingParams):
-            return [sampling_params] * len(inputs)
-        if isinstance(sampling_params, str | bytes | dict) or not isinstance(sampling_params, Sequence) or not all(
-                isinstance(p, SamplingParams) for p in sampling_params):
-            raise TypeError("sampling_params must be a SamplingParams or a list of them (one per input), got "
-                            f"{type(sampling_params).__name__}")
-        if len(sampling_params) != len(inputs):
-            raise ValueError(f"got {len(sampling_params)} sampling_params for {len(inputs)} inputs; give one each")
-        return list(sampling_params)
+        return per_input_params(sampling_params, len(inputs))
     if generation_config is not None and not isinstance(generation_config, GenerationConfig):
         hint = " (GenerationConfig(**that_dict), or its fields as keywords)" if isinstance(generation_config, dict) else ""
         raise TypeError("generation_config must be a transformers GenerationConfig, got "

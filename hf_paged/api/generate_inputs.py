@@ -11,7 +11,7 @@ import torch
 from hf_paged.batching.sampling import SamplingParams
 from hf_paged.errors import InvalidPromptError
 
-__all__ = ["check_priorities", "check_prompts", "checked_inputs", "token_ids_of"]
+__all__ = ["check_priorities", "check_prompts", "checked_inputs", "per_input_params", "token_ids_of"]
 
 
 def checked_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None, pad_token_id: int | None = None,
@@ -100,3 +100,16 @@ def check_priorities(priorities, num_inputs: int) -> None:
     bad = [p for p in priorities if isinstance(p, bool) or not isinstance(p, int)]
     if bad:
         raise TypeError(f"priorities must be ints (higher runs first), got {bad[0]!r}")
+
+
+def per_input_params(sampling_params, num_inputs: int) -> list[SamplingParams]:
+    """`sampling_params=` of `generate_batch` (one for all, or one per input) as one per input."""
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * num_inputs
+    if isinstance(sampling_params, str | bytes | dict) or not isinstance(sampling_params, Sequence) or not all(
+            isinstance(p, SamplingParams) for p in sampling_params):
+        raise TypeError("sampling_params must be a SamplingParams or a list of them (one per input), got "
+                        f"{type(sampling_params).__name__}")
+    if len(sampling_params) != num_inputs:
+        raise ValueError(f"got {len(sampling_params)} sampling_params for {num_inputs} inputs; give one each")
+    return list(sampling_params)

@@ -90,7 +90,7 @@ def weights_fingerprint(model: torch.nn.Module) -> Fingerprint:
     storage = tuple((t.data_ptr(), t.dtype, t.device, t.shape) for t in tensors)
     picks = params[:1] + params[len(params) // 2:][:1] + params[-1:] if params else []
     with torch.no_grad():
-        samples = tuple(_sample(p.to_local() if hasattr(p, "to_local") else p)  # (a DTensor: this rank's shard)
+        samples = tuple(sample_values(p.to_local() if hasattr(p, "to_local") else p)  # (a DTensor: this rank's shard)
                         for p in picks if not p.is_meta)
     values = (tuple(_version(t) for t in tensors), _changes, samples)
     return Fingerprint(hash(storage), hash(tuple(behaviour)), hash(values))
@@ -120,9 +120,9 @@ def tensor_stamp(t: torch.Tensor) -> tuple:
     process's optimizer steps and `weights_changed` calls, and a few of its values (`weights_fingerprint`'s signals,
     for one tensor)."""
     with torch.no_grad():
-        return t.data_ptr(), _version(t), tuple(t.shape), _changes, _sample(t)
+        return t.data_ptr(), _version(t), tuple(t.shape), _changes, sample_values(t)
 
 
-def _sample(t: torch.Tensor) -> tuple:
+def sample_values(t: torch.Tensor) -> tuple:
     flat = t.detach().reshape(-1)
     return tuple(flat[:: max(1, flat.numel() // _SAMPLES)][:_SAMPLES].tolist())

@@ -22,12 +22,19 @@ from typing import Any
 
 import torch
 
+from hf_paged.batching.weights import sample_values
 from hf_paged.errors import InvalidConfigError
 
-__all__ = ["CallSignature", "agree", "exchange", "inputs_digest", "raise_any_error", "settings_digests"]
+__all__ = ["CallSignature", "agree", "exchange", "inputs_digest", "raise_any_error", "settings_digests",
+           "weights_settings", "wrap_settings"]
 
 # Arguments that may differ between ranks: they change nothing but what this rank shows (rank 0 alone draws the bar).
 _LOCAL_ONLY = frozenset({"progress_bar"})
+# PagedConfig fields each rank may set for itself: its memory, its own disk tier, its graphs; no output changes.
+_PER_RANK_FIELDS = frozenset({"num_blocks", "max_cache_bytes", "memory_fraction", "kv_huge_pages", "kv_offload_dir",
+                              "kv_offload_bytes", "cuda_graphs", "cache_salt"})
+_WRAP = "PagedConfig."  # the prefix of the wrap's settings among a signature's `settings`
+_WEIGHTS = "model weights"
 
 
 @dataclass(slots=True)
@@ -60,6 +67,26 @@ def settings_digests(model, generation_config, kwargs: Mapping[str, Any]) -> tup
         given["generation_config"] = generation_config
     return tuple((name, hashlib.blake2b(_describe(value).encode(), digest_size=8).hexdigest())
                  for name, value in sorted(given.items()))
+
+
+def wrap_settings(config) -> tuple[tuple[str, str], ...]:
+    """The wrap's `PagedConfig` fields that change what a rank generates (KV dtype, pruning, head merging, sparse
+    prefill, block size, scheduling...), each as `(PagedConfig.<field>, its value's text)`: a rank wrapped otherwise
+    would return its shard generated otherwise (h8: one rank's int4 KV, silently mixed in)."""
+    return tuple((_WRAP + f.name, _describe(getattr(config, f.name))[:200]) for f in dataclasses.fields(config)
+                 if f.name not in _PER_RANK_FIELDS)
+
+
+def weights_settings(model) -> tuple[tuple[str, str], ...]:
+    """The weights' names, shapes and dtypes and a few values of the first, middle and last parameter (the sample
+    `batching.weights` watches): a rank holding another checkpoint would return its shard from another model. Not
+    a checksum of every value (`kv_transfer.layout.model_fingerprint` reads every byte: ~0.25 s per GB, every
+    call); data parallel only (tensor-parallel ranks hold different shards)."""
+    params = list(model.named_parameters())
+    picks = [p for _, p in params[:1] + params[len(params) // 2:][:1] + params[-1:] if not p.is_meta]
+    with torch.no_grad():
+        text = repr(([(n, tuple(p.shape), str(p.dtype)) for n, p in params], [sample_values(p) for p in picks]))
+    return ((_WEIGHTS, hashlib.blake2b(text.encode(), digest_size=8).hexdigest()),)
 
 
 def _describe(value: Any, depth: int = 0) -> str:
@@ -126,6 +153,19 @@ def agree(every: Sequence[CallSignature], rank: int) -> None:
             "shards them itself: give every rank the whole list (not a per-rank split of it)"
         )
     differing = _differing(every)
+    wrap = [name for name in differing if name.startswith(_WRAP)]
+    if wrap:
+        values = "; ".join(f"{name}: " + ", ".join(f"rank {r}: {dict(s.settings).get(name)}" for r, s in
+                                                   enumerate(every)) for name in wrap)
+        raise InvalidConfigError(
+            f"the ranks wrapped the model with different settings ({values}): each rank generates its own share, "
+            "which would come back generated otherwise; every rank must wrap with the same hf_paged.wrap options"
+        )
+    if _WEIGHTS in differing:
+        raise InvalidConfigError(
+            "the ranks hold different weights (their names, shapes, dtypes or sampled values differ): each rank "
+            "generates its own share with its own copy; load the same checkpoint on every rank"
+        )
     if differing:
         raise InvalidConfigError(
             f"the ranks were given the same inputs with different generation settings ({', '.join(differing)} "

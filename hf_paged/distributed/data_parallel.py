@@ -13,7 +13,6 @@ compute every request together, and each already holds all outputs.
 from __future__ import annotations
 
 import hashlib
-import operator
 import os
 import time
 from collections.abc import Sequence
@@ -23,8 +22,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hf_paged.api.generate_inputs import check_priorities, per_input_params, token_ids_of
 from hf_paged.api.wrap_state import engine_of, is_wrapped
 from hf_paged.batching.request import RequestOutput, fork_parent
+from hf_paged.batching.sampling import SamplingParams
 from hf_paged.distributed.agreement import (
     CallSignature,
     agree,
@@ -32,10 +33,12 @@ from hf_paged.distributed.agreement import (
     inputs_digest,
     raise_any_error,
     settings_digests,
+    weights_settings,
+    wrap_settings,
 )
 from hf_paged.distributed.sharding import ShardPlan, plan_shards
 from hf_paged.distributed.tensor_parallel import tensor_parallel_size
-from hf_paged.errors import InvalidConfigError, InvalidPromptError, UnsupportedGenerationError, UnsupportedModelError
+from hf_paged.errors import InvalidConfigError, UnsupportedGenerationError, UnsupportedModelError
 
 __all__ = ["DistributedRun", "generate_batch", "run_sharded", "world"]
 
@@ -125,7 +128,6 @@ def run_sharded(model, inputs: Sequence[Sequence[int]], generation_config=None, 
             hint = (f"pass the model {type(model).__name__} holds, wrapped: hf_paged.wrap(model.module)"
                     if isinstance(inner, torch.nn.Module) else "call hf_paged.wrap(model)")
             raise InvalidConfigError(f"model is not wrapped: {hint} on every rank first")
-        prompts = _token_ids(inputs)
         tp_size = tensor_parallel_size(model)
         if tp_size > 1 and tp_size != size:
             raise UnsupportedGenerationError(
@@ -135,17 +137,26 @@ def run_sharded(model, inputs: Sequence[Sequence[int]], generation_config=None, 
         if tp_size == 1:
             _check_not_sharded_weights(model)
         engine = engine_of(model)  # built here at the latest: a pool too big for one rank's memory fails on all
+        # every argument checked on the whole list, as model.generate_batch checks it in one process (its errors,
+        # the caller's indices), before any rank uses one: a rank that raised past here left the others waiting
+        prompts = token_ids_of(engine, inputs)
+        if kwargs.get("priorities") is not None:
+            check_priorities(kwargs["priorities"], len(prompts))
         budgets = _output_budgets(model, prompts, generation_config, kwargs)
         plan = plan_shards(prompts, 1 if tp_size > 1 else size, block_size=engine.config.block_size,
                            max_new_tokens=budgets)
-        settings = settings_digests(model, generation_config, kwargs) if size > 1 else ()
+        if size > 1:
+            settings = settings_digests(model, generation_config, kwargs) + wrap_settings(engine.config)
+            if tp_size == 1:
+                settings += weights_settings(model)
+            plan_digest = hashlib.blake2b(repr((plan.rank_of, budgets)).encode(), digest_size=8).hexdigest()
+            signature = CallSignature(len(prompts), inputs_digest(prompts), settings, plan_digest)
     except Exception as error:
         if size > 1:  # the others raise it after the exchange instead of waiting for this rank in it
             exchange(CallSignature(0, "", (), None, _picklable(error)), group, size)
         raise
     if size > 1:
-        plan_digest = hashlib.blake2b(repr((plan.rank_of, budgets)).encode(), digest_size=8).hexdigest()
-        agree(exchange(CallSignature(len(prompts), inputs_digest(prompts), settings, plan_digest), group, size), rank)
+        agree(exchange(signature, group, size), rank)
     mine = plan.indices(0 if tp_size > 1 else rank)
     local = _run_local(model, engine, prompts, mine, generation_config, rank, kwargs)
     own = local.outputs or []
@@ -195,28 +206,19 @@ def _in_input_order(results: list[_RankResult], num_inputs: int) -> list[Request
     return [o for outputs in by_input for o in outputs]
 
 
-def _token_ids(inputs) -> list[list[int]]:
-    prompts = []
-    for i, prompt in enumerate(inputs):
-        try:
-            prompts.append([operator.index(t) for t in prompt])
-        except TypeError:
-            raise InvalidPromptError(
-                f"input {i} of generate_batch is not a list of token ids ({type(prompt).__name__}); encode text "
-                "first, e.g. tokenizer(text).input_ids"
-            ) from None
-    return prompts
-
-
 def _output_budgets(model, prompts, generation_config, kwargs) -> list[int]:
-    """Each input's max_new_tokens as `generate_batch` will see it (only the balance depends on it)."""
+    """Each input's max_new_tokens as `generate_batch` will see it (only the balance depends on it); a
+    `sampling_params` or `max_new_tokens` that `generate_batch` refuses raises its error here."""
     params = kwargs.get("sampling_params")
-    if params is not None:
-        each = params if isinstance(params, Sequence) else [params] * len(prompts)
-        return [p.max_new_tokens * (p.num_return_sequences or 1) for p in each]
+    if params is not None:  # (the other options beside it are refused by each shard's call: the same on every rank)
+        each = per_input_params(params, len(prompts))
+        return [p.max_new_tokens * p.num_return_sequences for p in each]
+    budget = kwargs.get("max_new_tokens")
+    if budget is not None:
+        return [SamplingParams(max_new_tokens=budget).max_new_tokens] * len(prompts)  # (its error for a bad one)
     config = generation_config if generation_config is not None else model.generation_config
-    budget = kwargs.get("max_new_tokens") or getattr(config, "max_new_tokens", None) or 0
-    return [int(budget)] * len(prompts)
+    budget = getattr(config, "max_new_tokens", None)
+    return [budget if isinstance(budget, int) and budget > 0 else 0] * len(prompts)
 
 
 def _check_not_sharded_weights(model) -> None:

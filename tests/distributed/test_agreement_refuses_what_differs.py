@@ -9,7 +9,14 @@ import pytest
 import torch
 
 import hf_paged
-from hf_paged.distributed.agreement import CallSignature, agree, inputs_digest, settings_digests
+from hf_paged.distributed.agreement import (
+    CallSignature,
+    agree,
+    inputs_digest,
+    settings_digests,
+    weights_settings,
+    wrap_settings,
+)
 from hf_paged.errors import InvalidConfigError, InvalidPromptError
 from tests.tiny_models import tiny_model
 
@@ -55,3 +62,27 @@ def test_sampling_params_stand_for_the_models_generation_config():
     agree([_signature(first, sampling_params=params), _signature(second, sampling_params=params)], 0)
     with pytest.raises(InvalidConfigError, match="model.generation_config"):
         agree([_signature(first), _signature(second)], 0)  # no sampling_params: the models' configs count
+
+
+def test_ranks_wrapped_with_other_settings_are_refused_naming_the_field():
+    """h8 (F3): one rank's int4 KV was silently mixed into every rank's outputs (only block_size was compared)."""
+    model = tiny_model("llama")
+
+    def signed(config: hf_paged.PagedConfig) -> CallSignature:
+        one = _signature(model)
+        return CallSignature(1, one.inputs, one.settings + wrap_settings(config), "plan")
+
+    plain, int4 = signed(hf_paged.PagedConfig()), signed(hf_paged.PagedConfig(kv_cache_dtype="int4"))
+    with pytest.raises(InvalidConfigError, match=r"\(PagedConfig.kv_cache_dtype: rank 0: 'auto', rank 1: 'int4'\)"
+                                                 r".*same hf_paged.wrap options"):
+        agree([plain, int4], 0)
+    # each rank's own memory and disk tier may differ
+    agree([plain, signed(hf_paged.PagedConfig(num_blocks=64, memory_fraction=0.2, kv_offload_dir="/tmp/x"))], 0)
+
+
+def test_ranks_holding_other_weights_are_refused():
+    first, second = tiny_model("llama"), tiny_model("llama", seed=1)
+    same = CallSignature(1, "x", weights_settings(first), "plan")
+    agree([same, CallSignature(1, "x", weights_settings(tiny_model("llama")), "plan")], 0)
+    with pytest.raises(InvalidConfigError, match="the ranks hold different weights"):
+        agree([same, CallSignature(1, "x", weights_settings(second), "plan")], 0)

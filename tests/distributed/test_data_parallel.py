@@ -30,8 +30,26 @@ def single_process():
         "sampled": tokens(model.generate_batch(prompts, sampling_params=dp_sampling_params())),
         "fields": output_fields(model.generate_batch(prompts, sampling_params=hf_paged.SamplingParams(
             max_new_tokens=3, logprobs=2, output_scores=True))),
+        "one_process_errors": _one_process_errors(model, prompts),
         "stock": stock_greedy(hf_paged.unwrap(model), prompts, MAX_NEW_TOKENS),
     }
+
+
+def _one_process_errors(model, prompts) -> dict[str, str]:
+    n, params = len(prompts), hf_paged.SamplingParams(max_new_tokens=2)
+    calls = {"short_priorities_one_rank": lambda: model.generate_batch(prompts, max_new_tokens=2,
+                                                                       priorities=[0] * (n - 2)),
+             "huge_id_one_rank": lambda: model.generate_batch(prompts[:4] + [[5, 2**64]], max_new_tokens=2),
+             "bad_prompt_at_3": lambda: model.generate_batch(prompts[:3] + [[5, 500]] + prompts[4:], max_new_tokens=2),
+             "two_sampling_params": lambda: model.generate_batch(prompts, sampling_params=[params] * 2),
+             "a_none_sampling_params": lambda: model.generate_batch(prompts, sampling_params=[params] + [None] * (n - 1)),
+             "max_new_tokens_list": lambda: model.generate_batch(prompts, max_new_tokens=[2] * n)}
+    words = {}
+    for case, call in calls.items():
+        with pytest.raises(Exception) as caught:  # noqa: PT011 -- the class is compared, with the words
+            call()
+        words[case] = f"{type(caught.value).__name__}: {caught.value}"
+    return words
 
 
 @pytest.fixture(scope="module")
@@ -77,6 +95,31 @@ def test_two_ranks_refuse_alike_what_one_rank_cannot_run(data_parallel_ranks, si
     assert got["fields"] == single_process["fields"]
     assert {o["finish_reason"] for o in got["fields"].values()} == {"length"}
     assert all(o["num_scores"] == 3 and len(o["top"][0]) == 2 for o in got["fields"].values())
+
+
+def test_every_argument_is_checked_before_the_exchange_as_one_process_checks_it(data_parallel_ranks, single_process):
+    """h8 (F2, F3, F5, F9, F11, F12): the same words on every rank, the ones `model.generate_batch` says in one
+    process, naming the caller's index; a short `priorities` or a huge token id on one rank no longer leaves the
+    other waiting for the process group's timeout."""
+    ranks = data_parallel_ranks
+    got = ranks[0]
+    for case in ("short_priorities_one_rank", "huge_id_one_rank", "bad_prompt_at_3", "two_sampling_params",
+                 "a_none_sampling_params", "max_new_tokens_list", "timestamps", "different_wrap", "different_weights"):
+        assert ranks[1][case] == got[case], case
+    n = len(dp_prompts())
+    assert got["short_priorities_one_rank"] == f"ValueError: priorities must be a list of one int per input ({n}), got {n - 2}"
+    assert got["huge_id_one_rank"].startswith("InvalidPromptError: input 4 of generate_batch: token ids [18446744073709551616]")
+    assert got["bad_prompt_at_3"].startswith("InvalidPromptError: input 3 of generate_batch: token ids [500] are outside")
+    assert got["two_sampling_params"] == f"ValueError: got 2 sampling_params for {n} inputs; give one each"
+    assert got["a_none_sampling_params"].startswith("TypeError: sampling_params must be a SamplingParams or a list")
+    assert got["max_new_tokens_list"].startswith("InvalidConfigError: SamplingParams.max_new_tokens must be an int")
+    assert got["timestamps"] == [2, 2]
+    assert got["different_wrap"].startswith(
+        "InvalidConfigError: the ranks wrapped the model with different settings (PagedConfig.kv_cache_dtype: "
+        "rank 0: 'auto', rank 1: 'int8')")
+    assert got["different_weights"].startswith("InvalidConfigError: the ranks hold different weights")
+    for case, words in single_process["one_process_errors"].items():  # the words of model.generate_batch alone
+        assert got[case] == words, case
 
 
 def test_accelerate_launch_without_process_group(tmp_path, single_process):

@@ -63,6 +63,7 @@ def data_parallel(args: list[str]) -> dict:
             lambda: generate_batch(model, prompts, max_new_tokens=2 + 3 * dist.get_rank())),
     }
     result.update(_hostile_calls(model, prompts))
+    result.update(_checked_before_the_exchange(model, prompts))
     hf_paged.engine_of(model).check_integrity()
     result["after_errors"] = tokens(generate_batch(model, prompts[:3], max_new_tokens=MAX_NEW_TOKENS))
     # the wrapped model's own generate_batch, asked to spread the work
@@ -105,6 +106,42 @@ def _hostile_calls(model, prompts: list[list[int]]) -> dict:
         # logprobs, scores and finish reasons come back through the gather
         "fields": output_fields(generate_batch(model, prompts, sampling_params=hf_paged.SamplingParams(
             max_new_tokens=3, logprobs=2, output_scores=True))),
+    }
+
+
+def _words_of_error(fn) -> str | None:
+    """`"<class>: <message>"` of whatever `fn` raised (the ranks must raise the same words), None when it returned."""
+    try:
+        fn()
+    except Exception as error:  # noqa: BLE001 -- compared across ranks and with one process by the test
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def _checked_before_the_exchange(model, prompts: list[list[int]]) -> dict:
+    """h8: arguments used before the exchange (a short `priorities` hung the other rank for the process group's
+    timeout; a token id >= 2**63 gave a bare OverflowError on one rank) or checked by using them (a wrong-length
+    `sampling_params` named max_new_tokens; a bad prompt was named by its place in a shard); a `record_timestamps`
+    dropped; ranks wrapped with other PagedConfig settings or holding other weights, silently mixed."""
+    rank, n = dist.get_rank(), len(prompts)
+    other_wrap = hf_paged.wrap(tiny_model("llama"), block_size=BLOCK_SIZE, kv_cache_dtype="int8" if rank else "auto")
+    other_weights = hf_paged.wrap(tiny_model("llama", seed=rank), block_size=BLOCK_SIZE)
+    timed = model.generate_batch(prompts[:2], max_new_tokens=2, record_timestamps=True, distributed=True)
+    return {
+        "short_priorities_one_rank": _words_of_error(
+            lambda: generate_batch(model, prompts, max_new_tokens=2, priorities=[0] * (n - 2 * rank))),
+        "huge_id_one_rank": _words_of_error(
+            lambda: generate_batch(model, prompts[:4] + [[5, 2**64 if rank else 6]], max_new_tokens=2)),
+        "bad_prompt_at_3": _words_of_error(
+            lambda: generate_batch(model, prompts[:3] + [[5, 500]] + prompts[4:], max_new_tokens=2)),
+        "two_sampling_params": _words_of_error(lambda: generate_batch(
+            model, prompts, sampling_params=[hf_paged.SamplingParams(max_new_tokens=2)] * 2)),
+        "a_none_sampling_params": _words_of_error(lambda: generate_batch(
+            model, prompts, sampling_params=[hf_paged.SamplingParams(max_new_tokens=2), None] + [None] * (n - 2))),
+        "max_new_tokens_list": _words_of_error(lambda: generate_batch(model, prompts, max_new_tokens=[2] * n)),
+        "timestamps": [len(o.timestamps) for o in timed.values()],
+        "different_wrap": _words_of_error(lambda: generate_batch(other_wrap, prompts, max_new_tokens=2)),
+        "different_weights": _words_of_error(lambda: generate_batch(other_weights, prompts, max_new_tokens=2)),
     }
 
 
