@@ -15,7 +15,7 @@ from lm_eval.tasks import TaskManager
 import hf_paged
 from hf_paged.api.models import DEFAULT_MODEL_PATH
 from hf_paged.errors import InvalidConfigError
-from hf_paged.integrations.lm_eval import PagedLM
+from hf_paged.integrations.lm_eval import PagedLM, _window_budget
 
 TASKS_DIR = str(DEFAULT_MODEL_PATH.parent / "lm_eval_tasks")
 TASKS = ["hf_paged_gen", "hf_paged_mc", "hf_paged_ppl"]
@@ -84,7 +84,7 @@ def test_the_step_budget_holds_a_window_unless_given():
 
     assert budget() == 2048  # the embedded model's positions
     assert budget(max_num_batched_tokens=256) == 256
-    assert budget(max_length=10**5) == 4096
+    assert _window_budget(1024, 10**5) == 4096  # at most 4x the default (a max_length past the positions is refused)
     assert budget(max_length=64) == 1024  # never below the default
 
 

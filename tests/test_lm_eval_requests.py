@@ -14,8 +14,8 @@ import torch
 from lm_eval.api.instance import Instance
 from lm_eval.tasks import TaskManager
 
-from hf_paged.api.models import DEFAULT_MODEL_PATH
-from hf_paged.errors import PromptTooLongError, RequestFailedError, UnsupportedModelError
+from hf_paged.api.models import DEFAULT_MODEL_PATH, default_model
+from hf_paged.errors import InvalidConfigError, PromptTooLongError, RequestFailedError, UnsupportedModelError
 from hf_paged.integrations.lm_eval import ContinuationTooLongError, PagedLM, _refuse_offloaded, request_seeds
 
 MODEL = str(DEFAULT_MODEL_PATH)
@@ -144,3 +144,28 @@ def test_a_failed_generation_names_its_task_and_document():
                         task="g", doc_id=5, idx=1)
     with pytest.raises(RequestFailedError, match=r"generate_until task 'g', document 5, request 1 failed: .*blocks"):
         small.generate_until([request])
+
+
+@pytest.mark.parametrize(("gen_kwargs", "words"), [
+    ({"until": [None]}, r"until must be a string or a list of strings, got \[None\]"),
+    ({"until": None}, r"until must be a string or a list of strings, got None"),
+    ({"max_gen_toks": 0}, r"max_gen_toks must be >= 1, got 0"),
+    ({"max_gen_toks": -1}, r"max_gen_toks must be >= 1, got -1"),
+])
+def test_a_bad_until_or_max_gen_toks_names_itself_and_the_request(lm, gen_kwargs, words):
+    """h8 (F1, F7): until=[None] failed in the engine's stop check (every request of the step FAILED, a
+    RequestFailedError); max_gen_toks=0 named SamplingParams.max_new_tokens."""
+    request = _instance("generate_until", ("the cat", {"until": ["\n"], "max_gen_toks": 4, **gen_kwargs}),
+                        task="g", doc_id=3, idx=1)
+    with pytest.raises(InvalidConfigError, match=rf"generate_until task 'g', document 3, request 1: {words}"):
+        lm.generate_until([request])
+
+
+def test_max_length_past_the_models_positions_is_refused():
+    """h8 (F4): max_length=200 on a model of 64 positions was accepted; generations then stopped at 64 tokens
+    without a word, and a long context raised PromptTooLongError asking to cut what PagedLM cuts itself."""
+    model, tok = default_model()
+    model.config.max_position_embeddings = 64
+    with pytest.raises(InvalidConfigError, match=r"max_length=200 is more than the model's 64 positions.*<= 64"):
+        PagedLM(pretrained=model, tokenizer=tok, max_length=200)
+    assert PagedLM(pretrained=model, tokenizer=tok, max_length=64).max_length == 64

@@ -86,7 +86,19 @@ class PagedLM(HFLM):
                                                                            self.max_length))
         hf_paged.wrap(self.model, config)
         self._join_ranks()
-        hf_paged.engine_of(self.model)  # built with the model, as HFLM loads it (pool, the lean forward's self-check)
+        # built with the model, as HFLM loads it (pool, the lean forward's self-check)
+        self._fit_max_length(hf_paged.engine_of(self.model).max_model_len)
+
+    def _fit_max_length(self, limit: int) -> None:
+        """A max_length past the model's positions is refused when given (the engine runs no position past them: a
+        generation would end there, a longer context could not be scored; HFLM runs RoPE past them); a derived one
+        (the tokenizer's model_max_length, lm-eval's default 2048) becomes the model's own."""
+        if self.max_length > limit:
+            if self._max_length:
+                hf_paged.unwrap(self.model)  # (a model the caller gave goes back as it came)
+                raise InvalidConfigError(f"max_length={self.max_length} is more than the model's {limit} positions, "
+                                         f"which hf-paged never runs past: pass max_length <= {limit}")
+            self._max_length = limit
 
     # -- several processes ---------------------------------------------------------------------------------------
     def _join_ranks(self) -> None:
@@ -187,6 +199,12 @@ class PagedLM(HFLM):
             kwargs = normalize_gen_kwargs(gen_kwargs, self.max_gen_toks)
             until = handle_stop_sequences(kwargs.pop("until", None), eos=eos)
             max_gen_toks = kwargs.pop("max_gen_toks")
+            name = _name(requests[indices[0]], indices[0])
+            if not all(isinstance(stop, str) for stop in until):
+                raise InvalidConfigError(f"generate_until {name}: until must be a string or a list of strings, got "
+                                         f"{gen_kwargs.get('until')!r}")
+            if max_gen_toks < 1:
+                raise InvalidConfigError(f"generate_until {name}: max_gen_toks must be >= 1, got {max_gen_toks}")
             kwargs.pop("max_length", None)  # HFLM's padded-batch length: each request has max_gen_toks instead
             _greedy_unless_asked(kwargs)
             contexts = [requests[i].args[0] for i in indices]
