@@ -40,7 +40,7 @@ from hf_paged.errors import InvalidConfigError
 from hf_paged.kv_transfer.block_format import DecodedBlock
 from hf_paged.kv_transfer.codec import check_table, stack_blocks
 from hf_paged.kv_transfer.cost_model import StepClock, TransferCostModel
-from hf_paged.kv_transfer.fetcher import BlockAsk, BlockFetcher, FetchResult
+from hf_paged.kv_transfer.fetcher import BlockAsk, BlockFetcher, FetchResult, count_held
 from hf_paged.kv_transfer.hot_blocks import HotBlockPublisher, PeerStore
 from hf_paged.kv_transfer.layout import BlockLayout, layout_of, model_fingerprint
 from hf_paged.kv_transfer.paced_load import LoadStep, PacedLoads
@@ -162,11 +162,8 @@ class KVConnector:
         digests = digests if digests is not None else prefix_digests(token_ids[: limit * bs], bs, extra_keys)
         if self.hot is not None:  # a miss may ask the directory (a round trip) only for blocks worth it
             self.hot.worth_asking((limit - first) * bs, self.cost)
-        n = 0
-        for key in self._keys(digests[first:limit]):
-            if not self.store.contains(key):
-                break
-            n += 1
+        n, failed = count_held(self.store, self._keys(digests[first:limit]), self.fetcher.failures)
+        self.counters.load_failures += failed  # (a store that raised: a miss, the prefix recomputed)
         return n
 
     def load_step(self, seq_id: Hashable, token_ids: Sequence[int], extra_keys: tuple = (),

@@ -79,6 +79,21 @@ def read_blocks(store: KVStore, layout: BlockLayout, asks: Sequence[BlockAsk],
     return FetchResult(blocks, refused, time.perf_counter() - start)
 
 
+def count_held(store: KVStore, keys: Sequence[bytes], failures: FailureLog) -> tuple[int, bool]:
+    """How many of `keys`, in order, the store holds (up to the first it lacks), and whether it failed to answer:
+    a `contains` that raised (a network store that is down) is a miss there, logged once, as a failed read is."""
+    n = 0
+    for key in keys:
+        try:
+            if not store.contains(key):
+                break
+        except Exception as exc:  # noqa: BLE001 -- the rest is recomputed; the step goes on
+            failures.record("lookup", repr(exc))
+            return n, True
+        n += 1
+    return n, False
+
+
 class BlockFetcher:
     """Reads in a worker thread, at most one per sequence; results wait until the connector takes them."""
 
