@@ -244,7 +244,8 @@ class Scheduler:
         alone takes no one's blocks: when the pool cannot hold its next tokens it is `out.stuck` (the engine fails it)
         rather than preempting itself: its recompute would end in the same place (under SnapKV / PyramidKV, whose
         recompute stops at the pruned prompt and so was re-admitted at once, for ever: h7 F0)."""
-        if len(self.running) == 1 and not self.is_loading:
+        if len(self.running) == 1 and not self.is_loading and not any(  # (nor a waiting one's loaded blocks)
+                seq.block_ids for rid, seq in self.kv.seqs.items() if rid != request.request_id):
             if self.kv.allocate_slots(request.request_id, num_tokens):
                 return True
             out.stuck = request
