@@ -70,8 +70,8 @@ def slowdown_for(ratio: float) -> float:
     """A prompt token's cost in a decode step against a prefill replica's when steps are sized by time: a step that
     carries a chunk takes `ratio` decode-only steps, the chunk `ratio - 1` of them, so per chunk token the decode
     side spends ratio / (ratio - 1) of the token's own cost (3 at 1.5, ~3.9 at 1.35)."""
-    if not ratio > 1:
-        raise ValueError(f"a step-time ratio must be > 1, got {ratio!r}")
+    if not 1 < ratio < math.inf:
+        raise ValueError(f"a step-time ratio must be finite and > 1, got {ratio!r}")
     return ratio / (ratio - 1)
 
 
@@ -79,16 +79,17 @@ def place_prefill(num_tokens: int, *, block_size: int, queued_remote: int, queue
                   local_budget: int | None, num_prefill_replicas: int = 1, num_decode_replicas: int = 1,
                   slowdown: float = LOCAL_SLOWDOWN, drain: float = math.inf) -> Placement:
     """The side that gives `num_tokens` of prompt its first token sooner (module docstring); a pure function."""
-    if num_tokens < 0 or queued_remote < 0 or queued_local < 0:
-        raise ValueError(f"token counts must be >= 0, got prompt {num_tokens}, queued remote {queued_remote}, "
-                         f"queued local {queued_local}")
+    if not all(0 <= n < math.inf for n in (num_tokens, queued_remote, queued_local)):  # (NaN fails too: one NaN
+        # booked on a side made every later comparison false, and every later prompt went to the prefill side)
+        raise ValueError(f"token counts must be finite and >= 0, got prompt {num_tokens}, queued remote "
+                         f"{queued_remote}, queued local {queued_local}")
     if block_size < 1 or num_prefill_replicas < 1 or num_decode_replicas < 1:
         raise ValueError(f"block_size and replica counts must be >= 1, got {block_size}, {num_prefill_replicas}, "
                          f"{num_decode_replicas}")
-    if local_budget is not None and local_budget < 1:
-        raise ValueError(f"local_budget (the decode side's max_prefill_tokens_per_step) must be >= 1 or None, "
-                         f"got {local_budget}")
-    if slowdown < 1:
+    if local_budget is not None and not 1 <= local_budget < math.inf:
+        raise ValueError(f"local_budget (the decode side's max_prefill_tokens_per_step) must be a finite number "
+                         f">= 1 or None, got {local_budget}")
+    if not 1 <= slowdown < math.inf:
         raise ValueError(f"slowdown must be >= 1 (a token in a decode step is never cheaper), got {slowdown}")
     if not drain >= 0:
         raise ValueError(f"drain (token-times until the decode side stops decoding) must be >= 0, got {drain}")

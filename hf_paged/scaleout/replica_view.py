@@ -70,6 +70,10 @@ class ReplicaView:
                 pending.pop(key, None)
 
     def take_report(self, keys: frozenset, load_tokens: int) -> None:
+        if isinstance(load_tokens, bool) or not isinstance(load_tokens, int | float) \
+                or not 0 <= load_tokens < float("inf"):  # (int() of NaN / inf / None raised naming nothing: h8 F8)
+            raise ValueError(f"a replica's report needs load_tokens, its queued + running tokens, as a finite number "
+                             f">= 0; got {load_tokens!r}")
         self.keys = keys
         self.sent_before, self.sent = self.sent, set()  # what was sent two periods ago is in the report
         self.reported_load, self.sent_since_report, self.finished_since_report = int(load_tokens), 0, 0
@@ -83,6 +87,9 @@ class ReplicaView:
         the replica computed and evicted it), CLEARED drops everything (the weights changed)."""
         if not kinds:
             return
+        if len(kinds) != len(keys) or any(kind not in _KINDS for kind in kinds):  # (zip cut them, unknown codes cleared)
+            raise ValueError(f"block events need one key per kind and kinds among {sorted(_KINDS)}; got "
+                             f"{len(kinds)} kinds {list(kinds)[:8]} for {len(keys)} keys")
         held = self.keys if isinstance(self.keys, set) else set(self.keys)  # the report is shared: copy once
         for kind, key in zip(kinds, keys):
             if kind == BlockEventKind.STORED:
@@ -100,3 +107,6 @@ class ReplicaView:
 
     def refresh_load(self) -> None:
         self.load = max(0, self.reported_load + self.sent_since_report - self.finished_since_report)
+
+
+_KINDS = frozenset(int(kind) for kind in BlockEventKind)

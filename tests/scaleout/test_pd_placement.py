@@ -65,7 +65,7 @@ def test_without_a_decode_budget_nothing_with_a_block_is_local():
 
 
 def test_bad_inputs_raise_naming_the_argument():
-    with pytest.raises(ValueError, match="token counts must be >= 0"):
+    with pytest.raises(ValueError, match="token counts must be finite and >= 0"):
         place(-1)
     with pytest.raises(ValueError, match="queued remote -5"):
         place(10, queued_remote=-5)
@@ -75,6 +75,24 @@ def test_bad_inputs_raise_naming_the_argument():
         place(10, num_prefill_replicas=0)
     with pytest.raises(ValueError, match="slowdown must be >= 1"):
         place(10, slowdown=0.5)
+
+
+def test_nan_and_inf_are_refused_not_booked():
+    """One NaN placement booked NaN on a side, every later comparison was false and every later prompt went to the
+    prefill side (h8 F8); an infinite budget or ratio gave NaN costs."""
+    nan = math.nan
+    for kwargs in ({"queued_remote": nan}, {"queued_local": math.inf}, {"local_budget": math.inf},
+                   {"slowdown": nan}):
+        with pytest.raises(ValueError):
+            place(10, **kwargs)
+    with pytest.raises(ValueError, match="finite"):
+        place(nan)
+    with pytest.raises(ValueError, match="finite and > 1"):
+        slowdown_for(math.inf)
+    ledger = PlacementLedger(block_size=16, local_budget=32)
+    with pytest.raises(ValueError):
+        ledger.place(nan)
+    assert ledger.queued == {Side.PREFILL: 0, Side.LOCAL: 0}
 
 
 def test_the_ledger_books_each_side_until_done():

@@ -3,6 +3,8 @@ its summaries."""
 
 from __future__ import annotations
 
+import pytest
+
 from hf_paged.cache.block_events import BlockEventKind
 from hf_paged.scaleout import CacheAwareRouter, RouterConfig, RouteReason, RouteRequest
 from hf_paged.scaleout.replica_view import ReplicaView
@@ -58,3 +60,18 @@ def test_the_router_routes_by_what_events_told_it():
     assert router.route(request).num_cached_blocks == 1
     assert not router.apply_events("gone", bytes([S]), [11])  # an unknown replica: ignored
     router.check_integrity()
+
+
+def test_a_bad_report_or_event_batch_is_refused_naming_it():
+    """NaN / inf / None loads raised int()'s own errors naming nothing; events with fewer keys than kinds were cut
+    by zip and an unknown kind code cleared the view (h8 F8)."""
+    view = ReplicaView("a")
+    for load in (float("nan"), float("inf"), None, -1, True):
+        with pytest.raises(ValueError, match="load_tokens"):
+            view.take_report(frozenset({1}), load_tokens=load)
+    view.take_report(frozenset({1}), load_tokens=3)
+    with pytest.raises(ValueError, match="one key per kind"):
+        view.apply_events(bytes([S, S]), [5])
+    with pytest.raises(ValueError, match=r"kinds \[7\]"):
+        view.apply_events(bytes([7]), [5])
+    assert view.keys == {1} and view.reported_load == 3
