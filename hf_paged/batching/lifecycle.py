@@ -12,6 +12,7 @@ blocks stay in the prefix cache for the next one.
 
 from __future__ import annotations
 
+import logging
 import time
 
 from hf_paged.batching.metrics import EngineMetrics
@@ -23,6 +24,8 @@ from hf_paged.batching.stopping import stop_boundary
 from hf_paged.cache.kv_manager import KVCacheManager
 
 __all__ = ["RequestLifecycle"]
+
+logger = logging.getLogger("hf_paged")
 
 
 class RequestLifecycle:
@@ -167,7 +170,11 @@ class RequestLifecycle:
     def _forget(self, request: Request) -> None:
         """The request's constraints and drafters drop its state."""
         for constraint in request.processors.constraints:
-            constraint.release(request.request_id)
+            try:
+                constraint.release(request.request_id)
+            except Exception:  # noqa: BLE001 -- a user's constraint: the request still ends (an end that raised
+                # left it running for ever: h9), at worst its state stays with the constraint
+                logger.exception("hf_paged: %r failed to release request %s", constraint, request.request_id)
         self.speculator.release(request.request_id)
 
 

@@ -152,6 +152,11 @@ class SamplingParams:
                 or not all(callable(p) for p in self.logits_processors)):
             raise InvalidConfigError(f"SamplingParams.logits_processors must be a list of callables (transformers "
                                      f"`LogitsProcessor`s), got {self.logits_processors!r}")
+        classes = [p.__name__ for p in self.logits_processors if isinstance(p, type)]
+        if classes:  # (callable, so it passed; calling it built an instance per step, and its failure hung the loop)
+            raise InvalidConfigError(f"SamplingParams.logits_processors holds the class {classes[0]}, not an "
+                                     f"instance: pass {classes[0]}(...) (e.g. JSONSchemaLogitsProcessor(schema, "
+                                     "tokenizer))")
         # (above max_new_tokens is allowed, as stock `generate` allows it: EOS stays suppressed to the end)
         if isinstance(self.min_new_tokens, bool) or not isinstance(self.min_new_tokens, int) or self.min_new_tokens < 0:
             raise InvalidConfigError(f"SamplingParams.min_new_tokens must be an int >= 0, got {self.min_new_tokens!r}")
