@@ -106,3 +106,24 @@ def test_max_new_tokens_cutting_a_document_short_is_reported():
                                                                     logits_processors=[proc]))
     out = engine.run([rid])[rid]
     assert out.finish_reason == "length_incomplete" and len(out.generated_tokens) == 5
+
+
+def test_a_token_another_processor_bans_is_not_forced():
+    """Jump-forward appended the constraint's one allowed token unchecked, so a token `bad_words_ids` or
+    `suppress_tokens` bans entered the output, where stock's step masks it (h9). Beside other processors the engine
+    decides each token in a step, as stock does."""
+    from transformers import SuppressTokensLogitsProcessor
+
+    model, tok = model_and_tokenizer()
+    proc = JSONSchemaLogitsProcessor(SCHEMA, tok)
+    quote = tok('"')["input_ids"][-1]
+    ban = SuppressTokensLogitsProcessor([quote])
+    prompt = tok("Pets: ")["input_ids"]
+    stock = model.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, logits_processor=[proc, ban],
+                           eos_token_id=tok.eos_token_id, pad_token_id=tok.eos_token_id)[0, len(prompt):].tolist()
+    engine = Engine(model, PagedConfig(block_size=8))
+    rid = engine.add_request(prompt, SamplingParams(max_new_tokens=12, eos_token_id=tok.eos_token_id,
+                                                    logits_processors=[proc, ban]))
+    out = engine.run([rid])[rid]
+    assert quote not in out.generated_tokens and out.generated_tokens == stock[:len(out.generated_tokens)]
+    assert engine.stats()["forced_tokens"] == 0

@@ -100,7 +100,8 @@ def test_a_protocol_constraint_is_driven_by_the_engine(model):
     for force in (False, True):
         engine = Engine(model, PagedConfig(block_size=4, num_blocks=64))
         constraint = Script(script, force=force)
-        params = SamplingParams(max_new_tokens=8, logits_processors=[constraint, RepetitionPenaltyLogitsProcessor(1.3)])
+        params = SamplingParams(max_new_tokens=8, logits_processors=[constraint])  # (alone: other processors turn
+        # jump-forward off, as they may ban the forced token)
         ids = [engine.add_request(p, params) for p in prompts]
         assert constraint.prepared == 2  # compile started when each request was added
         while engine.has_unfinished:
@@ -112,6 +113,11 @@ def test_a_protocol_constraint_is_driven_by_the_engine(model):
     for plain, forced in zip(outs[False], outs[True]):
         assert plain.generated_tokens[:4] == script
         assert forced.generated_tokens == plain.generated_tokens  # jump-forward gives what decoding gives
+    engine = Engine(model, PagedConfig(block_size=4, num_blocks=64))  # beside a stock processor: a step a token
+    params = SamplingParams(max_new_tokens=8, logits_processors=[Script(script, force=True),
+                                                                 RepetitionPenaltyLogitsProcessor(1.3)])
+    out = engine.run([engine.add_request(prompts[0], params)])
+    assert next(iter(out.values())).generated_tokens[:4] == script and engine.stats()["forced_tokens"] == 0
 
 
 def test_a_document_cut_short_ends_length_incomplete(model):
