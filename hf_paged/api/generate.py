@@ -103,7 +103,8 @@ def _paged_generate(model, stock, stream: StreamEnd, inputs, generation_config, 
                          "max_retries=...) instead")
     default_max_length = has_default_max_length(model, generation_config, kwargs)
     gen_config, model_kwargs = prepare_generation_config(model, generation_config, **kwargs)
-    reason = fallback_reason(model, gen_config, model_kwargs, {**extra, "streamer": streamer}, len(input_ids))
+    reason = fallback_reason(model, gen_config, model_kwargs,
+                             {**extra, "streamer": streamer, "logits_processor": logits_processor}, len(input_ids))
     if reason is not None:
         return _fallback(stock, reason, input_ids, generation_config, logits_processor, stream.to_stock(), extra,
                          kwargs, negative_prompt_ids, negative_prompt_attention_mask)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from transformers import GenerationConfig
 
 from hf_paged.api.autocast import autocast_reason
+from hf_paged.batching.constraint_protocol import is_constraint
 from hf_paged.batching.sampling import unsupported_modes
 from hf_paged.compat import compiled_in_place
 from hf_paged.errors import UnsupportedGenerationError
@@ -37,6 +38,11 @@ def fallback_reason(model, generation_config: GenerationConfig, kwargs: dict, ex
         return "stopping criteria with a streamer"  # (replayed criteria may cut back tokens already streamed)
     if stops and assisted and rows == 1:  # (stock's assisted decoding takes one row: more run on the engine alone)
         return "stopping criteria with assisted decoding (stock checks them once per accepted draft, not per token)"
+    if (generation_config.min_new_tokens or generation_config.min_length) \
+            and any(is_constraint(p) for p in extra.get("logits_processor") or ()):
+        # (the engine refuses it, as EOS held back past a document's end leaves nothing allowed; stock runs it, and
+        # a minimum below the document's shortest length changes nothing there: h9)
+        return "min_new_tokens / min_length beside a constrained logits processor"
     if extra.get("prefix_allowed_tokens_fn") is not None:
         return "prefix_allowed_tokens_fn"
     if extra.get("custom_generate") is not None or extra.get("synced_gpus"):
