@@ -186,7 +186,9 @@ def _quantize_int4(x: torch.Tensor, per_channel: bool, per_head: bool = False,
     # A group wider than the largest stored scale covers (fp16 65504, log8 2^9.5) keeps the 15 steps nearest 0 and
     # clips its extremes at both ends (from `low` up, its positive values all read back negative).
     centre = torch.clamp(torch.zeros_like(low), min=low + 7.5 * scale, max=high - 7.5 * scale)
-    zero = torch.where(high - low > 15.0 * scale, 7.5 - centre / scale, -low / scale).round().clamp(-128, 127)
+    # (1.001: an fp16 scale rounded a hair below (high - low) / 15 is an ordinary group, zero-pointed as before)
+    wide = high - low > 15.0 * 1.001 * scale
+    zero = torch.where(wide, 7.5 - centre / scale, -low / scale).round().clamp(-128, 127)
     q = (x / scale + zero).round().clamp(0, 15).to(torch.uint8)
     packed = q[..., 0::2] | (q[..., 1::2] << 4)  # even dims in the low nibble, odd dims in the high one
     shape = (x.shape[0], x.shape[2], x.shape[3]) if per_channel else x.shape[: 3 if per_head else 2]
