@@ -244,13 +244,12 @@ class Scheduler:
         alone takes no one's blocks: when the pool cannot hold its next tokens it is `out.stuck` (the engine fails it)
         rather than preempting itself: its recompute would end in the same place (under SnapKV / PyramidKV, whose
         recompute stops at the pruned prompt and so was re-admitted at once, for ever: h7 F0)."""
-        if len(self.running) == 1 and not self.is_loading and not any(  # (nor a waiting one's loaded blocks)
-                seq.block_ids for rid, seq in self.kv.seqs.items() if rid != request.request_id):
-            if self.kv.allocate_slots(request.request_id, num_tokens):
-                return True
+        if self.kv.allocate_slots(request.request_id, num_tokens):
+            return True
+        if self._runs_alone(request):
             out.stuck = request
             return False
-        while not self.kv.allocate_slots(request.request_id, num_tokens):
+        while True:
             victims = [r for r in self.running if r.request_id not in scheduled_ids]
             victim = min(victims, key=self.lengths.victim_key if self.lengths is not None
                          else lambda r: (r.priority, -r.arrival_index))
@@ -258,7 +257,14 @@ class Scheduler:
             out.preempted.append(victim)
             if victim is request:
                 return False
-        return True
+            if self.kv.allocate_slots(request.request_id, num_tokens):
+                return True
+
+    def _runs_alone(self, request: Request) -> bool:
+        """No other request holds blocks (running, or waiting with blocks a load wrote) and none is being read: what
+        the pool cannot give `request` now it can never give it. Asked only when an allocation failed."""
+        return len(self.running) == 1 and not self.is_loading and not any(
+            seq.block_ids for rid, seq in self.kv.seqs.items() if rid != request.request_id)
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
